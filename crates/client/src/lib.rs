@@ -1,0 +1,2 @@
+//! Estafeta client (work in progress).
+#![deny(missing_docs)]

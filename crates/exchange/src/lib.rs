@@ -1,0 +1,2 @@
+//! Estafeta exchange (work in progress).
+#![deny(missing_docs)]

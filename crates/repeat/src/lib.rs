@@ -1,0 +1,2 @@
+//! Estafeta repeat (work in progress).
+#![deny(missing_docs)]

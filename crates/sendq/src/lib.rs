@@ -1,0 +1,2 @@
+//! Estafeta sendq (work in progress).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! Estafeta session (work in progress).
+#![deny(missing_docs)]
