@@ -1,0 +1,27 @@
+//! What can go wrong when asking for, saving or releasing a session.
+
+use crate::storage::StorageError;
+
+/// An engine operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The engine is stopping or stopped: no new commands are taken, and
+    /// commands that were queued are answered with this.
+    #[error("the session engine is stopping")]
+    Stopping,
+    /// The session is held by another command (only from the non-waiting
+    /// [`crate::Engine::try_get`]).
+    #[error("the session is busy")]
+    Busy,
+    /// Storage failed; a session that could not be saved stays in memory,
+    /// marked dirty, and is saved on a later attempt.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The session state could not be serialized.
+    #[error("session state does not serialize: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The engine's background task that ran a submitted command ended
+    /// without an answer (it panicked).
+    #[error("the submitted command did not complete")]
+    Lost,
+}

@@ -1,0 +1,126 @@
+//! The expiry manager: one task that finalizes expired sessions and flushes
+//! idle ones out of memory.
+//!
+//! Released sessions are announced to it through an unbounded channel, so
+//! a release never waits for the manager and shares no lock with it. It owns
+//! the expiry index outright.
+
+use crate::clock::Timestamp;
+use crate::engine::{Shared, State};
+use crate::index::ExpiryIndex;
+use crate::key::SessionKey;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The longest the manager sleeps without looking at the clock again, so
+/// that a wall-clock step is noticed.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// A session announced while already due is looked at again this much later
+/// (its finalization is running, was kept without a new deadline, or
+/// failed), so that the manager never spins on it.
+const DUE_AGAIN: Duration = Duration::from_secs(1);
+
+/// What the manager is told.
+pub(crate) enum ExpiryMsg<K> {
+    /// A session was released (or is known) with this expiration and last
+    /// access (`None`: not in memory).
+    Touch { key: K, expires_at: Option<Timestamp>, last_access: Option<Timestamp> },
+    /// A session ended.
+    Remove(K),
+    /// The engine stopped.
+    Stop,
+}
+
+/// What became of a flush attempt.
+pub(crate) enum Flushed {
+    /// Flushed, or not needed any more (touched or locked meanwhile; its
+    /// release announces it again).
+    Done,
+    /// Nothing to flush or it changed meanwhile.
+    Skipped,
+    /// It expires soon: stays in memory with this expiration and access.
+    KeepResident(Option<Timestamp>, Timestamp),
+    /// It was never stored and is gone now: forget it.
+    Forget,
+}
+
+fn apply<K: SessionKey, I: ExpiryIndex<K>>(index: &mut I, msg: ExpiryMsg<K>, now: Timestamp) -> bool {
+    match msg {
+        ExpiryMsg::Touch { key, expires_at, last_access } => {
+            let expires_at = expires_at.map(|t| if t <= now { now.after(DUE_AGAIN) } else { t });
+            index.touch(&key, expires_at, last_access);
+            true
+        }
+        ExpiryMsg::Remove(key) => {
+            index.remove(&key);
+            true
+        }
+        ExpiryMsg::Stop => false,
+    }
+}
+
+pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
+    shared: Weak<Shared<K, S>>,
+    mut index: I,
+    mut rx: mpsc::UnboundedReceiver<ExpiryMsg<K>>,
+) {
+    let mut due = Vec::new();
+    let mut idle = Vec::new();
+    loop {
+        let Some(engine) = shared.upgrade() else { return };
+        let now = engine.clock.now();
+        loop {
+            match rx.try_recv() {
+                Ok(msg) => {
+                    if !apply(&mut index, msg, now) {
+                        return;
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+            }
+        }
+        if engine.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+
+        index.take_expired(now, &mut due);
+        for key in due.drain(..) {
+            engine.expire_key(key).await;
+        }
+
+        let limit = engine.config.flush_count_limit;
+        let time_limit = engine.config.flush_time_limit;
+        if index.resident() > limit {
+            index.take_idle(None, index.resident() - limit * 9 / 10, &mut idle);
+        } else if index.oldest_idle().is_some_and(|t| now.since(t) >= time_limit) {
+            index.take_idle(Some(now.before(time_limit).after(Duration::from_millis(1))), usize::MAX, &mut idle);
+        }
+        for (key, last_access) in idle.drain(..) {
+            match engine.flush_key(key.clone(), last_access, now).await {
+                Flushed::Done | Flushed::Skipped => {}
+                Flushed::KeepResident(e, la) => index.touch(&key, e, Some(la)),
+                Flushed::Forget => index.remove(&key),
+            }
+        }
+
+        let now = engine.clock.now();
+        let next = [index.next_expiry(), index.oldest_idle().map(|t| t.after(time_limit))].into_iter().flatten().min();
+        let wait = next.map_or(MAX_SLEEP, |t| t.since(now).min(MAX_SLEEP));
+        drop(engine);
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(msg) => {
+                    let now = match shared.upgrade() { Some(e) => e.clock.now(), None => return };
+                    if !apply(&mut index, msg, now) {
+                        return;
+                    }
+                }
+                None => return,
+            },
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}

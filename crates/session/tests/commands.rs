@@ -1,0 +1,156 @@
+//! One command at a time per key, in arrival order; keys independent.
+
+mod common;
+
+use common::*;
+use estafeta_session::Error;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_increments_are_serialized() {
+    let (engine, _, _) = memory_engine().await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let n = 400;
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let engine = engine.clone();
+        let inside = inside.clone();
+        let overlaps = overlaps.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut s = engine.get("k".to_string(), true).await.unwrap().unwrap();
+            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            let before = s.state().n;
+            tokio::task::yield_now().await;
+            s.persistent_mut().n = before + 1;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            s.release().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    assert_eq!(read(&engine, "k").await.unwrap().n, n);
+}
+
+#[tokio::test(start_paused = true)]
+async fn queued_commands_run_in_submission_order() {
+    let (engine, _, _) = memory_engine().await;
+    let held = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    let mut handles = Vec::new();
+    for i in 0..5u64 {
+        handles.push(engine.submit("k".to_string(), true, move |mut s| async move {
+            let seen = s.state().note.clone();
+            s.persistent_mut().note.push_str(&i.to_string());
+            s.release().await.unwrap();
+            seen
+        }));
+    }
+    settle().await;
+    assert_eq!(engine.stats().queued, 5);
+    drop(held);
+    let mut seen = Vec::new();
+    for h in handles {
+        seen.push(h.await.unwrap().unwrap());
+    }
+    // Each command saw exactly the changes of those before it.
+    assert_eq!(seen, vec!["", "0", "01", "012", "0123"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_key_does_not_delay_another() {
+    let (engine, _, _) = memory_engine().await;
+    let _held = engine.get("slow".to_string(), true).await.unwrap().unwrap();
+    // The other key completes although "slow" is never released.
+    let n = tokio::time::timeout(Duration::from_secs(1), bump(&engine, "fast")).await;
+    assert_eq!(n.ok(), Some(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn absent_without_create_queues_nothing() {
+    let (engine, storage, hooks) = memory_engine().await;
+    assert!(engine.get("nobody".to_string(), false).await.unwrap().is_none());
+    assert!(engine.try_get("nobody".to_string(), false).await.unwrap().is_none());
+    let stats = engine.stats();
+    assert_eq!((stats.in_memory, stats.queued), (0, 0));
+    assert_eq!(storage.batches(), 0);
+    assert!(hooks.begins().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_get_answers_busy_at_once() {
+    let (engine, _, _) = memory_engine().await;
+    let held = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    assert!(matches!(engine.try_get("k".to_string(), true).await, Err(Error::Busy)));
+    assert_eq!(engine.stats().queued, 0);
+    drop(held);
+    assert!(engine.try_get("k".to_string(), true).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn lazy_creation_keeps_nothing_untouched() {
+    let (engine, storage, hooks) = memory_engine().await;
+    let s = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    assert!(s.is_new());
+    s.release().await.unwrap();
+    assert!(hooks.begins().is_empty());
+    assert_eq!(engine.stats().in_memory, 0);
+    assert_eq!(storage.batches(), 0);
+    assert!(read(&engine, "k").await.is_none());
+    // A change makes it real: one begin, one save.
+    bump(&engine, "k").await;
+    assert_eq!(hooks.begins().len(), 1);
+    assert_eq!(storage.batches(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_guard_releases_and_saves() {
+    let (engine, storage, _) = memory_engine().await;
+    {
+        let mut s = engine.get("k".to_string(), true).await.unwrap().unwrap();
+        s.persistent_mut().n = 7;
+    }
+    assert_eq!(read(&engine, "k").await.unwrap().n, 7);
+    settle().await;
+    assert_eq!(storage.batches(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_does_not_lose_the_session() {
+    let (engine, _, _) = memory_engine().await;
+    bump(&engine, "k").await;
+    let held = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    let waiter = engine.get("k".to_string(), true);
+    // Poll the waiter once so it queues, then give up on it.
+    let gave_up = tokio::time::timeout(Duration::from_millis(10), waiter).await;
+    assert!(gave_up.is_err());
+    drop(held);
+    assert_eq!(bump(&engine, "k").await, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_answers_queued_commands_and_saves_dirty_sessions() {
+    let (engine, storage, _) = memory_engine().await;
+    let mut held = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    let queued: Vec<_> = (0..3).map(|_| engine.submit("k".to_string(), true, |_s| async {})).collect();
+    settle().await;
+    let stopper = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.stop().await }
+    });
+    for q in queued {
+        assert!(matches!(q.await, Err(Error::Stopping)));
+    }
+    assert!(matches!(engine.get("other".to_string(), true).await, Err(Error::Stopping)));
+    // The running command finishes; its non-awaited release is saved by stop.
+    held.state_mut().n = 1;
+    held.persistent_mut().note = "last".into();
+    drop(held);
+    stopper.await.unwrap().unwrap();
+    assert!(storage.batches() >= 1);
+}
