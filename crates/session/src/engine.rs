@@ -390,11 +390,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     fn take_for_flush(&self, key: &K, last_access: Timestamp, now: Timestamp) -> Result<Box<SessionData<S>>, expiry::Flushed> {
         let mut shard = lock(self.shard(key));
         let Some(Slot::Free(s)) = shard.get(key) else { return Err(expiry::Flushed::Skipped) };
-        if s.last_access != last_access {
-            return Err(expiry::Flushed::Skipped);
+        if s.last_access > last_access {
+            return Err(expiry::Flushed::Skipped); // touched since it was picked
         }
         if s.expires_at.is_some_and(|t| t <= now.after(Duration::from_secs(5))) {
-            return Err(expiry::Flushed::KeepResident(s.expires_at, last_access));
+            return Err(expiry::Flushed::KeepResident(s.expires_at));
         }
         if !s.dirty {
             let stored = s.stored;

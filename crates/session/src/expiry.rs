@@ -40,8 +40,8 @@ pub(crate) enum Flushed {
     Done,
     /// Nothing to flush or it changed meanwhile.
     Skipped,
-    /// It expires soon: stays in memory with this expiration and access.
-    KeepResident(Option<Timestamp>, Timestamp),
+    /// It expires soon: stays in memory with this expiration.
+    KeepResident(Option<Timestamp>),
     /// It was never stored and is gone now: forget it.
     Forget,
 }
@@ -101,7 +101,8 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         for (key, last_access) in idle.drain(..) {
             match engine.flush_key(key.clone(), last_access, now).await {
                 Flushed::Done | Flushed::Skipped => {}
-                Flushed::KeepResident(e, la) => index.touch(&key, e, Some(la)),
+                // Looked at again a flush period from now, not at once.
+                Flushed::KeepResident(e) => index.touch(&key, e, Some(now)),
                 Flushed::Forget => index.remove(&key),
             }
         }
