@@ -36,6 +36,10 @@ pub struct FileName {
     pub subsystem: Id,
 }
 
+// Names, and the temporary names of writes (a dot and ".tmp" more), stay
+// under the 255-byte limit of common file systems.
+const _: () = assert!(FileName::MAX_LEN + 5 < 255);
+
 impl FileName {
     /// The suffix of every message file.
     pub const SUFFIX: &'static str = ".msg";
