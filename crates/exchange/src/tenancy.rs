@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -421,7 +421,12 @@ fn open_blocking(
     admin_token: Option<String>,
 ) -> Result<(Registry, AdminToken), TenancyError> {
     let configured = admin_token.map(Token::from_text).transpose()?;
-    std::fs::create_dir_all(dir).map_err(|e| TenancyError::io(dir, e))?;
+    // Private: it holds the admin token and the registry.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| TenancyError::io(dir, e))?;
     let db = Database::create(dir.join(REGISTRY_FILE)).map_err(redb::Error::from)?;
     let txn = db.begin_write().map_err(redb::Error::from)?;
     txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;

@@ -110,10 +110,13 @@ impl Mailboxes {
         let dir = root.clone();
         blocking(move || {
             std::fs::create_dir_all(&dir).map_err(|e| MailboxError::io(&dir, e))?;
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync::fsync_dir(parent).map_err(|e| MailboxError::io(parent, e))?;
-            }
-            Ok(())
+            // The folder's own entry must be durable too; a relative root
+            // like `estafeta-data` has the current folder as its parent.
+            let parent = match dir.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            sync::fsync_dir(parent).map_err(|e| MailboxError::io(parent, e))
         })
         .await?;
         Ok(Self {
@@ -321,7 +324,8 @@ impl Mailboxes {
         .await
     }
 
-    /// The file of message `id` in `loc`, if it is there.
+    /// The file of message `id` in `loc`, if it is there. This lists the
+    /// folder; to look up many ids, call [`list_names`](Self::list_names) once.
     pub async fn find(
         &self,
         loc: &Location,

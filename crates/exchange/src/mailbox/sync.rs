@@ -367,3 +367,74 @@ fn exists(path: &Path) -> bool {
 pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_flight(s: &Syncer) -> usize {
+        s.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn tickets_are_released_by_submit_and_by_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start(SyncConfig::default());
+        let ticket = syncer.ticket();
+        assert_eq!(in_flight(&syncer), 1);
+        drop(ticket);
+        assert_eq!(in_flight(&syncer), 0);
+
+        let gone = dir.path().join("gone");
+        let applied = syncer
+            .ticket()
+            .submit(Change::Delete { path: gone })
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::AlreadyDone);
+        assert_eq!(in_flight(&syncer), 0);
+        let stats = syncer.stats();
+        assert_eq!((stats.changes, stats.batches, stats.dir_fsyncs), (1, 1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_batch_does_not_wait_past_the_linger_for_a_silent_ticket() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start(SyncConfig {
+            max_batch: 8,
+            linger: Duration::from_millis(1),
+        });
+        let silent = syncer.ticket();
+        let applied = syncer
+            .ticket()
+            .submit(Change::Delete {
+                path: dir.path().join("x"),
+            })
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::AlreadyDone);
+        assert_eq!(in_flight(&syncer), 1);
+        drop(silent);
+    }
+
+    #[tokio::test]
+    async fn a_failed_directory_fsync_fails_its_changes() {
+        // A path whose parent is a file: the rename fails, and so would the fsync.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        let syncer = Syncer::start(SyncConfig::default());
+        let temp = dir.path().join(".t.tmp");
+        std::fs::write(&temp, b"{}").unwrap();
+        let err = syncer
+            .ticket()
+            .submit(Change::Publish {
+                temp: temp.clone(),
+                target: file.join("m.msg"),
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, MailboxError::Storage { .. }), "{err}");
+        assert!(!temp.exists(), "the temporary file is removed");
+    }
+}
