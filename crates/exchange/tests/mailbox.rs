@@ -512,3 +512,52 @@ async fn creating_a_mailbox_twice_is_fine() {
         );
     }
 }
+
+#[tokio::test]
+async fn many_moves_and_deletes_share_one_batch() {
+    let data = Data::with_config(patient()).await;
+    let queue = data.folder("db-a", Folder::Messages).await;
+    let log = Location::new(id("db-a"), Folder::Log);
+    let msgs: Vec<_> = (0..20).map(|seq| sized(seq, 10)).collect();
+    let names: Vec<_> = data
+        .mailboxes
+        .write_all(&queue, &msgs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+
+    let before = data.mailboxes.stats();
+    let mut moves: Vec<_> = names
+        .iter()
+        .map(|n| (n.clone(), queue.clone(), log.clone()))
+        .collect();
+    let outcomes = data.mailboxes.move_all(&moves).await;
+    assert!(outcomes.iter().all(|o| matches!(o, Ok(Outcome::Done))));
+    let after = data.mailboxes.stats();
+    assert_eq!(after.batches - before.batches, 1);
+    assert_eq!(
+        after.dir_fsyncs - before.dir_fsyncs,
+        2,
+        "source and target folder once each"
+    );
+    assert_eq!(data.mailboxes.list_names(&log).await.unwrap(), names);
+
+    // Repeating is harmless; a file that is nowhere fails alone.
+    moves.push((FileName::of(&sized(99, 10)), queue.clone(), log.clone()));
+    let outcomes = data.mailboxes.move_all(&moves).await;
+    assert!(
+        outcomes[..20]
+            .iter()
+            .all(|o| matches!(o, Ok(Outcome::AlreadyDone)))
+    );
+    assert!(matches!(outcomes[20], Err(MailboxError::NotFound { .. })));
+
+    let deleted = data.mailboxes.delete_all(&log, &names[..5]).await;
+    assert!(deleted.iter().all(|o| matches!(o, Ok(Outcome::Done))));
+    assert_eq!(
+        data.mailboxes.list_names(&log).await.unwrap(),
+        names[5..].to_vec()
+    );
+}

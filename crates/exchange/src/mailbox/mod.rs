@@ -352,6 +352,54 @@ impl Mailboxes {
         Ok(self.inner.syncer.ticket().submit(change).await?.into())
     }
 
+    /// Moves many files at once, each like [`move_file`](Self::move_file),
+    /// in one group commit. Returns one outcome per move, in order; a failed
+    /// move does not stop the others (repeat them: moves are idempotent).
+    pub async fn move_all(
+        &self,
+        moves: &[(FileName, Location, Location)],
+    ) -> Vec<Result<Outcome, MailboxError>> {
+        let changes = moves.iter().map(|(name, from, to)| {
+            let file = name.to_string();
+            Change::Move {
+                from: self.path(from).join(&file),
+                to: self.path(to).join(&file),
+            }
+        });
+        self.commit_all(changes.collect()).await
+    }
+
+    /// Deletes many files of one folder at once, each like
+    /// [`delete`](Self::delete), in one group commit. Returns one outcome
+    /// per file, in order.
+    pub async fn delete_all(
+        &self,
+        loc: &Location,
+        names: &[FileName],
+    ) -> Vec<Result<Outcome, MailboxError>> {
+        let dir = self.path(loc);
+        let changes = names.iter().map(|name| Change::Delete {
+            path: dir.join(name.to_string()),
+        });
+        self.commit_all(changes.collect()).await
+    }
+
+    /// Queues all changes before waiting for any, so they share one batch.
+    async fn commit_all(&self, changes: Vec<Change>) -> Vec<Result<Outcome, MailboxError>> {
+        // Every ticket first: the batch then waits until all are queued.
+        let tickets: Vec<_> = changes.iter().map(|_| self.inner.syncer.ticket()).collect();
+        let pending: Vec<_> = tickets
+            .into_iter()
+            .zip(changes)
+            .map(|(ticket, change)| ticket.send(change))
+            .collect();
+        let mut out = Vec::with_capacity(pending.len());
+        for p in pending {
+            out.push(p.wait().await.map(Outcome::from));
+        }
+        out
+    }
+
     /// Deletes a file durably. Idempotent: a file already gone is
     /// [`Outcome::AlreadyDone`].
     pub async fn delete(&self, loc: &Location, name: &FileName) -> Result<Outcome, MailboxError> {
@@ -384,12 +432,11 @@ impl Mailboxes {
         cutoff: Timestamp,
         keep: &HashSet<MessageId>,
     ) -> Result<usize, MailboxError> {
+        let mut expired = self.older_than(loc, cutoff).await?;
+        expired.retain(|name| !keep.contains(&name.id));
         let mut removed = 0;
-        for name in self.older_than(loc, cutoff).await? {
-            if keep.contains(&name.id) {
-                continue;
-            }
-            if self.delete(loc, &name).await? == Outcome::Done {
+        for outcome in self.delete_all(loc, &expired).await {
+            if outcome? == Outcome::Done {
                 removed += 1;
             }
         }

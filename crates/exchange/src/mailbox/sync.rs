@@ -165,12 +165,17 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// Submits the change and waits until it is applied and its directories
     /// are fsynced.
-    pub(crate) async fn submit(mut self, change: Change) -> Result<Applied, MailboxError> {
+    pub(crate) async fn submit(self, change: Change) -> Result<Applied, MailboxError> {
+        self.send(change).wait().await
+    }
+
+    /// Queues the change without waiting, so that a caller with many
+    /// changes can queue them all into one batch and then wait for each.
+    pub(crate) fn send(mut self, change: Change) -> Pending {
         let (reply, answer) = oneshot::channel();
         let sent = self.syncer.tx.send(Job { change, reply });
         self.release();
-        sent.map_err(|_| MailboxError::SyncStopped)?;
-        answer.await.map_err(|_| MailboxError::SyncStopped)?
+        Pending(sent.ok().map(|()| answer))
     }
 
     fn release(&mut self) {
@@ -178,6 +183,17 @@ impl Ticket {
             self.syncer.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             self.syncer.shared.progress.notify_one();
         }
+    }
+}
+
+/// A queued change whose outcome has not been awaited yet.
+pub(crate) struct Pending(Option<oneshot::Receiver<Result<Applied, MailboxError>>>);
+
+impl Pending {
+    /// Waits until the change is applied and its directories are fsynced.
+    pub(crate) async fn wait(self) -> Result<Applied, MailboxError> {
+        let answer = self.0.ok_or(MailboxError::SyncStopped)?;
+        answer.await.map_err(|_| MailboxError::SyncStopped)?
     }
 }
 
