@@ -160,6 +160,12 @@ impl Mailboxes {
 
     /// Writes `message` durably into `loc` and returns its file entry. On any
     /// error nothing is visible: the temporary file is removed.
+    ///
+    /// Cancellation: if this future is dropped before it completes, the
+    /// message may or may not appear (complete, never partial), and a hidden
+    /// temporary file may stay behind until [`sweep_temp_files`](Self::sweep_temp_files).
+    /// Run writes whose outcome must be known to completion (e.g. on a task
+    /// of their own, not on a request future a client can cancel).
     pub async fn write(
         &self,
         loc: &Location,
