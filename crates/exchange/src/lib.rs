@@ -1,2 +1,77 @@
-//! Estafeta exchange (work in progress).
+//! The message-exchange domain of Estafeta, with no HTTP in it.
+//!
+//! Devices (mobile applications) send messages to databases; processors
+//! working on a database fetch them in processes (the six-call protocol of
+//! API.md) and send replies back to devices. This crate holds the parts the
+//! server builds on:
+//!
+//! - [`id`]: [`Id`], the validated name of an enterprise, subsystem, database
+//!   or device: the only client-given text that may reach a path.
+//! - [`timestamp`] and [`ulid_ids`]: [`Timestamp`] (a message's `created_at`)
+//!   and the server-assigned [`MessageId`] and [`ProcessId`] (ULIDs).
+//! - [`wire`]: serde types (with OpenAPI schemas) for every request and
+//!   response body of the API, shared with the client crate.
+//! - [`mailbox`]: the mailboxes on disk, `<data>/<id>/{Messages,Prepared,Log,
+//!   Unknown,Error}`, one file per message, with durable, group-committed
+//!   writes, idempotent moves and deletes, selection for a process start, and
+//!   answers assembled from raw file bytes.
+//! - [`tenancy`] and [`token`]: the registry of enterprises, subsystems,
+//!   databases and devices (redb), and bearer tokens stored as hashes.
+//! - [`error`]: the typed errors of all of the above.
+//!
+//! # Example
+//!
+//! A device's message is written into a database's queue, chosen for a
+//! process start, and handed out as bytes that parse as the same message:
+//!
+//! ```
+//! use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
+//! use estafeta_exchange::wire::{Body, Message, StartResponse, Version};
+//! use estafeta_exchange::{Id, Timestamp, UlidGenerator};
+//! use std::time::SystemTime;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let data = tempfile::tempdir()?;
+//! let mailboxes = Mailboxes::open(data.path(), SyncConfig::default()).await?;
+//! let db: Id = "db-a".parse()?;
+//! mailboxes.create_mailbox(&db).await?;
+//!
+//! let ids = UlidGenerator::new();
+//! let now = SystemTime::now();
+//! let message = Message {
+//!     version: Version,
+//!     id: ids.message_id(now),
+//!     from: "phone-1".parse()?,
+//!     to: db.clone(),
+//!     subsystem: "sales".parse()?,
+//!     created_at: Timestamp::from_system_time(now),
+//!     body: Body::from_json(r#"{"order": 17}"#)?,
+//! };
+//! let queue = Location::new(db, Folder::Messages);
+//! mailboxes.write(&queue, &message).await?;
+//!
+//! let chosen = mailboxes.select(&queue, &Filter::default(), Limits::default()).await?;
+//! let names: Vec<_> = chosen.into_iter().map(|e| e.name).collect();
+//! let raw = mailboxes.read_array(&queue, &names).await?;
+//! let answer = StartResponse::ok_json_from_raw(ids.process_id(now), &raw.json);
+//! let parsed: StartResponse = serde_json::from_slice(&answer)?;
+//! assert_eq!(parsed.messages, Some(vec![message]));
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
+
+pub mod error;
+pub mod id;
+pub mod mailbox;
+pub mod tenancy;
+pub mod timestamp;
+pub mod token;
+pub mod ulid_ids;
+pub mod wire;
+
+pub use error::{IdError, LimitError, MailboxError, TenancyError};
+pub use id::Id;
+pub use timestamp::Timestamp;
+pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -1,0 +1,214 @@
+//! Typed errors of the exchange domain.
+//!
+//! Each module has its own error type so that callers match on exactly the
+//! failures an operation can have; the server maps them to HTTP codes
+//! (`IdError` → 400, `MailboxError::is_storage_full` → 503, and so on).
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why a string is not a valid [`Id`](crate::Id).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// The string is empty.
+    #[error("an id must not be empty")]
+    Empty,
+    /// The string is longer than [`Id::MAX_LEN`](crate::Id::MAX_LEN) bytes.
+    #[error("an id must be at most 64 characters long, got {0}")]
+    TooLong(usize),
+    /// The first character is not an ASCII letter or digit.
+    #[error("an id must start with a letter or a digit")]
+    BadStart,
+    /// A character outside `A-Z a-z 0-9 . -`.
+    #[error("an id may contain only A-Z a-z 0-9 . - (found {0:?})")]
+    BadChar(char),
+}
+
+/// Why a string is not a valid message or process id (a ULID).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a valid ULID: {0:?}")]
+pub struct UlidError(pub String);
+
+/// Why a string is not a valid timestamp.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not an RFC 3339 UTC timestamp: {0:?}")]
+pub struct TimestampError(pub String);
+
+/// Why a file name is not a message file name made by this crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileNameError {
+    /// The name does not have the `<time>_<id>_<from>_<to>_<subsystem>.msg` shape.
+    #[error("not a message file name: {0:?}")]
+    Shape(String),
+    /// The time part is not `YYYYMMDDTHHMMSSmmmZ`.
+    #[error("bad time in message file name: {0:?}")]
+    Time(String),
+    /// The message id part is not a ULID.
+    #[error(transparent)]
+    MessageId(#[from] UlidError),
+    /// A sender, recipient or subsystem part is not a valid id.
+    #[error(transparent)]
+    Id(#[from] IdError),
+}
+
+/// What went wrong with the storage under a mailbox operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageKind {
+    /// The disk (or a quota) is full: the server answers 503 and retries later.
+    Full,
+    /// Any other I/O failure (EIO, a path whose parent is not a folder, ...).
+    Io,
+}
+
+/// Failures of mailbox operations.
+///
+/// Every variant leaves nothing partial visible: a failed write has removed
+/// its temporary file, a failed move left the file in one of its two places.
+#[derive(Debug, thiserror::Error)]
+pub enum MailboxError {
+    /// The storage failed; `kind` tells a full disk from other I/O errors.
+    #[error("storage error ({kind:?}) at {path}: {source}")]
+    Storage {
+        /// Full disk or another I/O failure.
+        kind: StorageKind,
+        /// The path the failing operation touched.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Neither the source nor the target of a move holds the file.
+    #[error("message file {name} is in neither {from} nor {to}")]
+    NotFound {
+        /// The file name.
+        name: String,
+        /// The source folder.
+        from: PathBuf,
+        /// The target folder.
+        to: PathBuf,
+    },
+    /// A message file does not look like a JSON object (it was damaged
+    /// outside the server); it is not handed out.
+    #[error("message file {0} is not a JSON object")]
+    Corrupt(PathBuf),
+    /// A message could not be serialized (cannot happen for well-formed
+    /// [`Message`](crate::wire::Message) values; kept typed rather than panicking).
+    #[error("cannot serialize message: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// The group-commit task has stopped (the runtime is shutting down).
+    #[error("the mailbox sync task has stopped")]
+    SyncStopped,
+    /// A blocking task panicked or was cancelled.
+    #[error("a blocking storage task failed: {0}")]
+    Join(String),
+}
+
+impl MailboxError {
+    /// Wraps an I/O error with the path it happened at, classifying a full disk.
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let kind = if is_full(&source) {
+            StorageKind::Full
+        } else {
+            StorageKind::Io
+        };
+        Self::Storage {
+            kind,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// True when the failure is a full disk or quota (HTTP 503 with `Retry-After`).
+    pub fn is_storage_full(&self) -> bool {
+        matches!(
+            self,
+            Self::Storage {
+                kind: StorageKind::Full,
+                ..
+            }
+        )
+    }
+}
+
+/// ENOSPC and EDQUOT both mean "no room"; std names them `StorageFull` and
+/// `QuotaExceeded`.
+fn is_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// Failures of the tenancy registry.
+#[derive(Debug, thiserror::Error)]
+pub enum TenancyError {
+    /// The enterprise, subsystem, database or device already exists (409).
+    #[error("{kind} {id} already exists")]
+    AlreadyExists {
+        /// What kind of thing ("enterprise", "subsystem", "database or device").
+        kind: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// The enterprise does not exist (404).
+    #[error("unknown enterprise {0}")]
+    UnknownEnterprise(String),
+    /// The subsystem does not exist in the enterprise (404).
+    #[error("unknown subsystem {subsystem} in enterprise {enterprise}")]
+    UnknownSubsystem {
+        /// The enterprise.
+        enterprise: String,
+        /// The subsystem.
+        subsystem: String,
+    },
+    /// The configured admin token is empty or has surrounding whitespace.
+    #[error("the admin token must be non-empty printable text without surrounding whitespace")]
+    BadAdminToken,
+    /// The registry database failed.
+    #[error("registry storage: {0}")]
+    Storage(#[from] redb::Error),
+    /// A file under `.estafeta/` could not be read or written.
+    #[error("registry file {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A stored record could not be decoded (the registry file was damaged).
+    #[error("damaged registry record for {key}: {reason}")]
+    Corrupt {
+        /// The record's key.
+        key: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The operating system's random source failed.
+    #[error("random source failed: {0}")]
+    Random(String),
+    /// A blocking task panicked or was cancelled.
+    #[error("a blocking registry task failed: {0}")]
+    Join(String),
+}
+
+impl TenancyError {
+    /// Wraps an I/O error with the path it happened at.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Why a caller's start limits (API_1 `max_files`, `max_mb`) are unusable (400).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    /// `max_files` is 0.
+    #[error("max_files must be at least 1")]
+    NoFiles,
+    /// `max_mb` is zero, negative or not a finite number.
+    #[error("max_mb must be a positive number, got {0}")]
+    BadMegabytes(f64),
+}

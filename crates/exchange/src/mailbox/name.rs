@@ -1,0 +1,147 @@
+//! [`FileName`]: the name of a message file, which carries everything that
+//! routing, filtering, listing and retention need.
+//!
+//! `<created_at>_<message id>_<from>_<to>_<subsystem>.msg`, e.g.
+//! `20261125T100000123Z_01JD6Y…_phone-1_db-a_sales.msg`. The time is the
+//! fixed-width [`Timestamp::to_compact`] form and the message id a ULID, so
+//! names sort by creation time and then by arrival. Ids never contain `_`,
+//! so the fields split unambiguously. The longest name (three 64-character
+//! ids) is 245 bytes, under the usual 255-byte limit; the temporary name of
+//! a write adds 5.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::FileNameError;
+use crate::id::Id;
+use crate::timestamp::Timestamp;
+use crate::ulid_ids::MessageId;
+use crate::wire::Message;
+
+/// The parsed name of a message file.
+///
+/// Ordering is the chronological order of the API (oldest `created_at`
+/// first, then arrival), and agrees with the byte order of the names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileName {
+    /// The sender's creation time.
+    pub created_at: Timestamp,
+    /// The server-assigned message id.
+    pub id: MessageId,
+    /// The sender.
+    pub from: Id,
+    /// The recipient.
+    pub to: Id,
+    /// The subsystem.
+    pub subsystem: Id,
+}
+
+// Names, and the temporary names of writes (a dot and ".tmp" more), stay
+// under the 255-byte limit of common file systems.
+const _: () = assert!(FileName::MAX_LEN + 5 < 255);
+
+impl FileName {
+    /// The suffix of every message file.
+    pub const SUFFIX: &'static str = ".msg";
+
+    /// The longest possible name, in bytes.
+    pub const MAX_LEN: usize = 19 + 1 + MessageId::LEN + 3 * (1 + Id::MAX_LEN) + Self::SUFFIX.len();
+
+    /// The name of the file that holds `message`.
+    pub fn of(message: &Message) -> Self {
+        Self {
+            created_at: message.created_at,
+            id: message.id,
+            from: message.from.clone(),
+            to: message.to.clone(),
+            subsystem: message.subsystem.clone(),
+        }
+    }
+}
+
+impl fmt::Display for FileName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}_{}_{}_{}_{}{}",
+            self.created_at.to_compact(),
+            self.id,
+            self.from,
+            self.to,
+            self.subsystem,
+            Self::SUFFIX
+        )
+    }
+}
+
+impl FromStr for FileName {
+    type Err = FileNameError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let shape = || FileNameError::Shape(s.to_owned());
+        let stem = s.strip_suffix(Self::SUFFIX).ok_or_else(shape)?;
+        let mut parts = stem.split('_');
+        let mut next = || parts.next().ok_or_else(shape);
+        let (time, id, from, to, subsystem) = (next()?, next()?, next()?, next()?, next()?);
+        if parts.next().is_some() {
+            return Err(shape());
+        }
+        let created_at =
+            Timestamp::parse_compact(time).map_err(|_| FileNameError::Time(time.to_owned()))?;
+        let name = Self {
+            created_at,
+            id: id.parse()?,
+            from: Id::new(from)?,
+            to: Id::new(to)?,
+            subsystem: Id::new(subsystem)?,
+        };
+        // A name is accepted only in its canonical spelling, so that parsing
+        // and printing are inverse and no two names denote one message.
+        if name.to_string() != s {
+            return Err(shape());
+        }
+        Ok(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> FileName {
+        FileName {
+            created_at: Timestamp::parse_rfc3339("2026-11-25T10:00:00.123Z").unwrap(),
+            id: MessageId::from_parts(1_764_064_800_123, 42),
+            from: Id::new("phone-1").unwrap(),
+            to: Id::new("db-a").unwrap(),
+            subsystem: Id::new("sales").unwrap(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let n = sample();
+        let s = n.to_string();
+        assert!(s.starts_with("20261125T100000123Z_"));
+        assert!(s.ends_with("_phone-1_db-a_sales.msg"));
+        assert_eq!(s.parse::<FileName>().unwrap(), n);
+    }
+
+    #[test]
+    fn rejects_foreign_names() {
+        let good = sample().to_string();
+        let bad = [
+            String::new(),
+            ".tmp".to_owned(),
+            good.trim_end_matches(".msg").to_owned(),
+            good.replace("_sales", "_sales_extra"),
+            good.replace("_sales", ""),
+            good.replace("phone-1", "phone/1"),
+            good.replace("20261125T", "20261325T"),
+            good.to_lowercase(),
+        ];
+        for b in bad {
+            assert!(b.parse::<FileName>().is_err(), "{b}");
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! The registry of enterprises, subsystems, databases and devices, and
+//! authentication of bearer tokens.
+//!
+//! Records live in a redb file, `registry.redb`, in the server's state
+//! folder (`<data>/.estafeta/`); every change is a durable (fsynced) redb
+//! commit before it is acknowledged. A copy is kept in memory, so
+//! authentication and lookups, which every request makes, never touch the
+//! disk. Database and device ids share one namespace across the server:
+//! they name mailbox folders, and a message names its sender and recipient
+//! by id alone.
+//!
+//! Tokens are shown once and stored only as SHA-256 hashes. A presented
+//! token is hashed and looked up by its hash; the lookup cannot leak the
+//! secret (the attacker does not control the hash bytes), and the final
+//! comparison is constant-time. The admin token's hash is held in memory and
+//! compared in constant time as well.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::error::TenancyError;
+use crate::id::Id;
+use crate::token::{Token, TokenHash};
+
+/// Enterprise id → nothing.
+const ENTERPRISES: TableDefinition<'static, &str, ()> = TableDefinition::new("enterprises");
+/// (enterprise id, subsystem id) → nothing.
+const SUBSYSTEMS: TableDefinition<'static, (&str, &str), ()> = TableDefinition::new("subsystems");
+/// Database or device id → JSON [`Record`].
+const ENDPOINTS: TableDefinition<'static, &str, &str> = TableDefinition::new("endpoints");
+
+/// The registry file's name in the state folder.
+pub const REGISTRY_FILE: &str = "registry.redb";
+/// The admin token file's name in the state folder.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// Who a token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The administrator.
+    Admin,
+    /// A database (a processor working on it).
+    Database {
+        /// The database id.
+        id: Id,
+        /// Its enterprise.
+        enterprise: Id,
+    },
+    /// A mobile device.
+    Device {
+        /// The device id.
+        id: Id,
+        /// Its enterprise.
+        enterprise: Id,
+        /// Its subsystem (mobile application).
+        subsystem: Id,
+    },
+}
+
+/// What a registered database or device id is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A database.
+    Database,
+    /// A device running an application of the given subsystem.
+    Device {
+        /// The subsystem.
+        subsystem: Id,
+    },
+}
+
+/// A registered database or device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Its id (also its mailbox folder's name).
+    pub id: Id,
+    /// The enterprise that owns it.
+    pub enterprise: Id,
+    /// Database or device.
+    pub role: Role,
+}
+
+impl Endpoint {
+    /// The principal its token authenticates as.
+    fn principal(&self) -> Principal {
+        match &self.role {
+            Role::Database => Principal::Database {
+                id: self.id.clone(),
+                enterprise: self.enterprise.clone(),
+            },
+            Role::Device { subsystem } => Principal::Device {
+                id: self.id.clone(),
+                enterprise: self.enterprise.clone(),
+                subsystem: subsystem.clone(),
+            },
+        }
+    }
+}
+
+/// Where the admin token came from when the registry was opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminToken {
+    /// Given by the operator (`ESTAFETA_ADMIN_TOKEN`).
+    Configured,
+    /// Read from `<state>/admin-token`, made at an earlier start.
+    Existing,
+    /// Made now and saved to `<state>/admin-token` (mode 0600); the server
+    /// prints it once.
+    Generated(Token),
+}
+
+/// The stored form of an endpoint.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    enterprise: Id,
+    /// Present for devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device_subsystem: Option<Id>,
+    token_sha256: String,
+}
+
+/// The in-memory copy of the registry.
+#[derive(Default)]
+struct Cache {
+    /// Enterprise → its subsystems.
+    enterprises: BTreeMap<Id, BTreeSet<Id>>,
+    endpoints: BTreeMap<Id, (Endpoint, TokenHash)>,
+    by_token: HashMap<TokenHash, Id>,
+}
+
+impl Cache {
+    fn add_endpoint(&mut self, endpoint: Endpoint, hash: TokenHash) {
+        self.by_token.insert(hash, endpoint.id.clone());
+        self.endpoints.insert(endpoint.id.clone(), (endpoint, hash));
+    }
+}
+
+/// The tenancy registry. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    admin: TokenHash,
+    cache: RwLock<Cache>,
+}
+
+impl Registry {
+    /// Opens (creating if needed) the registry in the state folder `state_dir`
+    /// (`<data>/.estafeta`). The admin token is `admin_token` when given;
+    /// otherwise the one saved in `<state_dir>/admin-token`, or a new one made
+    /// and saved there with mode 0600 ([`AdminToken::Generated`]).
+    pub async fn open(
+        state_dir: impl Into<PathBuf>,
+        admin_token: Option<String>,
+    ) -> Result<(Self, AdminToken), TenancyError> {
+        let dir = state_dir.into();
+        blocking(move || open_blocking(&dir, admin_token)).await
+    }
+
+    /// Who `token` belongs to, or `None` for an unknown token (401).
+    pub fn authenticate(&self, token: &str) -> Option<Principal> {
+        let presented = TokenHash::of(token);
+        if self.inner.admin.ct_eq(&presented) {
+            return Some(Principal::Admin);
+        }
+        let cache = self.read();
+        let id = cache.by_token.get(&presented)?;
+        let (endpoint, stored) = cache.endpoints.get(id)?;
+        stored.ct_eq(&presented).then(|| endpoint.principal())
+    }
+
+    /// Creates an enterprise; [`TenancyError::AlreadyExists`] if it exists.
+    pub async fn create_enterprise(&self, id: Id) -> Result<(), TenancyError> {
+        self.write(move |inner| {
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+                if table.get(id.as_str()).map_err(redb::Error::from)?.is_some() {
+                    return Err(exists("enterprise", &id));
+                }
+                table.insert(id.as_str(), ()).map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            inner.write_cache().enterprises.entry(id).or_default();
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates a subsystem of an enterprise.
+    pub async fn create_subsystem(&self, enterprise: Id, id: Id) -> Result<(), TenancyError> {
+        self.write(move |inner| {
+            inner.require_enterprise(&enterprise)?;
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+                let key = (enterprise.as_str(), id.as_str());
+                if table.get(key).map_err(redb::Error::from)?.is_some() {
+                    return Err(exists("subsystem", &id));
+                }
+                table.insert(key, ()).map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            inner
+                .write_cache()
+                .enterprises
+                .entry(enterprise)
+                .or_default()
+                .insert(id);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates a database of an enterprise and returns its token (shown once).
+    pub async fn create_database(&self, enterprise: Id, id: Id) -> Result<Token, TenancyError> {
+        self.write(move |inner| {
+            inner.require_enterprise(&enterprise)?;
+            inner.add_endpoint(Endpoint {
+                id,
+                enterprise,
+                role: Role::Database,
+            })
+        })
+        .await
+    }
+
+    /// Creates a device of an enterprise, running `subsystem`'s application,
+    /// and returns its token (shown once).
+    pub async fn create_device(
+        &self,
+        enterprise: Id,
+        id: Id,
+        subsystem: Id,
+    ) -> Result<Token, TenancyError> {
+        self.write(move |inner| {
+            inner.require_enterprise(&enterprise)?;
+            let known = inner
+                .read_cache()
+                .enterprises
+                .get(&enterprise)
+                .is_some_and(|s| s.contains(&subsystem));
+            if !known {
+                return Err(TenancyError::UnknownSubsystem {
+                    enterprise: enterprise.into_string(),
+                    subsystem: subsystem.into_string(),
+                });
+            }
+            inner.add_endpoint(Endpoint {
+                id,
+                enterprise,
+                role: Role::Device { subsystem },
+            })
+        })
+        .await
+    }
+
+    /// Whether the enterprise exists.
+    pub fn enterprise_exists(&self, id: &Id) -> bool {
+        self.read().enterprises.contains_key(id)
+    }
+
+    /// All enterprises, sorted.
+    pub fn enterprises(&self) -> Vec<Id> {
+        self.read().enterprises.keys().cloned().collect()
+    }
+
+    /// The subsystems of an enterprise, sorted (empty if it does not exist).
+    pub fn subsystems(&self, enterprise: &Id) -> Vec<Id> {
+        self.read()
+            .enterprises
+            .get(enterprise)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The database or device registered under `id`.
+    pub fn endpoint(&self, id: &Id) -> Option<Endpoint> {
+        self.read().endpoints.get(id).map(|(e, _)| e.clone())
+    }
+
+    /// The enterprise that owns a database or device id.
+    pub fn enterprise_of(&self, id: &Id) -> Option<Id> {
+        self.read()
+            .endpoints
+            .get(id)
+            .map(|(e, _)| e.enterprise.clone())
+    }
+
+    /// Whether `id` is a database of `enterprise` (a device may send only to those).
+    pub fn is_database_of(&self, id: &Id, enterprise: &Id) -> bool {
+        self.read()
+            .endpoints
+            .get(id)
+            .is_some_and(|(e, _)| e.role == Role::Database && &e.enterprise == enterprise)
+    }
+
+    /// The subsystem of a device (`None` if `id` is not a device).
+    pub fn device_subsystem(&self, id: &Id) -> Option<Id> {
+        match self.read().endpoints.get(id) {
+            Some((
+                Endpoint {
+                    role: Role::Device { subsystem },
+                    ..
+                },
+                _,
+            )) => Some(subsystem.clone()),
+            _ => None,
+        }
+    }
+
+    /// All databases, sorted by id.
+    pub fn databases(&self) -> Vec<Endpoint> {
+        self.endpoints_where(|e| e.role == Role::Database)
+    }
+
+    /// All devices, sorted by id.
+    pub fn devices(&self) -> Vec<Endpoint> {
+        self.endpoints_where(|e| matches!(e.role, Role::Device { .. }))
+    }
+
+    fn endpoints_where(&self, keep: impl Fn(&Endpoint) -> bool) -> Vec<Endpoint> {
+        self.read()
+            .endpoints
+            .values()
+            .map(|(e, _)| e)
+            .filter(|e| keep(e))
+            .cloned()
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cache> {
+        self.inner.read_cache()
+    }
+
+    /// Runs a registry change on a blocking thread (redb commits fsync).
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, TenancyError> + Send + 'static,
+    ) -> Result<T, TenancyError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || f(&inner)).await
+    }
+}
+
+impl Inner {
+    // A poisoned lock only means a panic elsewhere; the cache is updated by
+    // single inserts after each commit, so it is still consistent.
+    fn read_cache(&self) -> std::sync::RwLockReadGuard<'_, Cache> {
+        self.cache.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_cache(&self) -> std::sync::RwLockWriteGuard<'_, Cache> {
+        self.cache.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn require_enterprise(&self, enterprise: &Id) -> Result<(), TenancyError> {
+        if self.read_cache().enterprises.contains_key(enterprise) {
+            Ok(())
+        } else {
+            Err(TenancyError::UnknownEnterprise(enterprise.to_string()))
+        }
+    }
+
+    /// Stores a new database or device with a fresh token, durably.
+    fn add_endpoint(&self, endpoint: Endpoint) -> Result<Token, TenancyError> {
+        let token = Token::generate()?;
+        let hash = token.hash();
+        let record = Record {
+            enterprise: endpoint.enterprise.clone(),
+            device_subsystem: match &endpoint.role {
+                Role::Database => None,
+                Role::Device { subsystem } => Some(subsystem.clone()),
+            },
+            token_sha256: hash.to_hex(),
+        };
+        let json = serde_json::to_string(&record).map_err(|e| TenancyError::Corrupt {
+            key: endpoint.id.to_string(),
+            reason: e.to_string(),
+        })?;
+        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        {
+            let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+            if table
+                .get(endpoint.id.as_str())
+                .map_err(redb::Error::from)?
+                .is_some()
+            {
+                return Err(exists("database or device", &endpoint.id));
+            }
+            table
+                .insert(endpoint.id.as_str(), json.as_str())
+                .map_err(redb::Error::from)?;
+        }
+        txn.commit().map_err(redb::Error::from)?;
+        self.write_cache().add_endpoint(endpoint, hash);
+        Ok(token)
+    }
+}
+
+fn exists(kind: &'static str, id: &Id) -> TenancyError {
+    TenancyError::AlreadyExists {
+        kind,
+        id: id.to_string(),
+    }
+}
+
+/// Opens the redb file, makes sure the tables exist, loads the cache, and
+/// settles the admin token.
+fn open_blocking(
+    dir: &Path,
+    admin_token: Option<String>,
+) -> Result<(Registry, AdminToken), TenancyError> {
+    let configured = admin_token.map(Token::from_text).transpose()?;
+    // Private: it holds the admin token and the registry.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| TenancyError::io(dir, e))?;
+    let db = Database::create(dir.join(REGISTRY_FILE)).map_err(redb::Error::from)?;
+    let txn = db.begin_write().map_err(redb::Error::from)?;
+    txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+    txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+    txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+    txn.commit().map_err(redb::Error::from)?;
+    let cache = load(&db)?;
+
+    let (admin, origin) = match configured {
+        Some(token) => (token.hash(), AdminToken::Configured),
+        None => match read_admin_token(dir)? {
+            Some(token) => (token.hash(), AdminToken::Existing),
+            None => {
+                let token = Token::generate()?;
+                save_admin_token(dir, &token)?;
+                (token.hash(), AdminToken::Generated(token))
+            }
+        },
+    };
+    let registry = Registry {
+        inner: Arc::new(Inner {
+            db,
+            admin,
+            cache: RwLock::new(cache),
+        }),
+    };
+    Ok((registry, origin))
+}
+
+/// Reads every table into memory.
+fn load(db: &Database) -> Result<Cache, TenancyError> {
+    let txn = db.begin_read().map_err(redb::Error::from)?;
+    let mut cache = Cache::default();
+    let corrupt = |key: &str, reason: String| TenancyError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    };
+    let stored_id = |s: &str| Id::new(s).map_err(|e| corrupt(s, e.to_string()));
+
+    let table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, _) = row.map_err(redb::Error::from)?;
+        cache
+            .enterprises
+            .insert(stored_id(key.value())?, BTreeSet::new());
+    }
+    let table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, _) = row.map_err(redb::Error::from)?;
+        let (enterprise, subsystem) = key.value();
+        cache
+            .enterprises
+            .entry(stored_id(enterprise)?)
+            .or_default()
+            .insert(stored_id(subsystem)?);
+    }
+    let table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, value) = row.map_err(redb::Error::from)?;
+        let id = stored_id(key.value())?;
+        let record: Record =
+            serde_json::from_str(value.value()).map_err(|e| corrupt(id.as_str(), e.to_string()))?;
+        let hash = TokenHash::from_hex(&record.token_sha256)
+            .ok_or_else(|| corrupt(id.as_str(), "bad token hash".to_owned()))?;
+        let role = match record.device_subsystem {
+            None => Role::Database,
+            Some(subsystem) => Role::Device { subsystem },
+        };
+        cache.add_endpoint(
+            Endpoint {
+                id,
+                enterprise: record.enterprise,
+                role,
+            },
+            hash,
+        );
+    }
+    Ok(cache)
+}
+
+/// The saved admin token, if there is one.
+fn read_admin_token(dir: &Path) -> Result<Option<Token>, TenancyError> {
+    let path = dir.join(ADMIN_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Token::from_text(text.trim_end()).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(TenancyError::io(path, e)),
+    }
+}
+
+/// Saves the admin token with mode 0600: written to a temporary file created
+/// with that mode (never readable by others, not even for a moment), fsynced,
+/// renamed, and the folder fsynced.
+fn save_admin_token(dir: &Path, token: &Token) -> Result<(), TenancyError> {
+    let path = dir.join(ADMIN_TOKEN_FILE);
+    let temp = dir.join(format!(".{ADMIN_TOKEN_FILE}.tmp"));
+    // A stale temporary file might have another mode; start from nothing.
+    let _ = std::fs::remove_file(&temp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut f| {
+            f.write_all(token.expose().as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temp, &path))
+        .and_then(|()| std::fs::File::open(dir)?.sync_all());
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        TenancyError::io(&path, e)
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TenancyError> + Send + 'static,
+) -> Result<T, TenancyError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TenancyError::Join(e.to_string()))?
+}
