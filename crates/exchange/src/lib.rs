@@ -65,6 +65,7 @@
 pub mod error;
 pub mod id;
 pub mod mailbox;
+pub mod service;
 pub mod tenancy;
 pub mod timestamp;
 pub mod token;
@@ -73,5 +74,6 @@ pub mod wire;
 
 pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;
+pub use service::{ErrorKind, Exchange, ExchangeConfig, ExchangeError, RecoveryReport, Upload};
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};
