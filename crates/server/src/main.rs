@@ -1,1 +1,107 @@
-fn main() {}
+//! The `estafeta` binary: parses the command line and hands over to the
+//! library (`serve`) or to the client (`admin …`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use estafeta_exchange::Exchange;
+use estafeta_exchange::tenancy::AdminToken;
+use estafeta_server::config::SETTINGS_HELP;
+use estafeta_server::operator::{self, AdminArgs};
+use estafeta_server::{Settings, run};
+
+/// Estafeta: a reliable message server between mobile devices and database
+/// processors.
+#[derive(Debug, Parser)]
+#[command(name = "estafeta", version, after_help = SETTINGS_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server (with no configuration at all: data in
+    /// ./estafeta-data, listening on 127.0.0.1:8080).
+    #[command(after_help = SETTINGS_HELP)]
+    Serve {
+        /// A TOML file with settings (default: estafeta.toml, if present).
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
+    /// Provision and inspect through the admin API: enterprise, subsystem,
+    /// database and device creation, processes, stats.
+    Admin(AdminArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ESTAFETA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    match cli.command {
+        Command::Serve { config } => runtime.block_on(serve(config)),
+        Command::Admin(args) => {
+            let out = runtime.block_on(operator::execute(&args))?;
+            println!("{out}");
+            Ok(())
+        }
+    }
+}
+
+async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let settings = Settings::load(config.as_deref())?;
+    tracing::info!(?settings, "starting");
+    let exchange_config = settings.exchange_config()?;
+    let (exchange, admin) =
+        Exchange::open(exchange_config, Arc::new(estafeta_session::SystemClock))
+            .await
+            .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
+    if let AdminToken::Generated(token) = admin {
+        let kept = settings.data_dir.join(".estafeta").join("admin-token");
+        println!(
+            "admin token: {} (kept in {})",
+            token.expose(),
+            kept.display()
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    println!("listening on {addr}");
+    run(listener, exchange, settings.http(), shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

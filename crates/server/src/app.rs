@@ -1,0 +1,56 @@
+//! [`app`]: the router of every route of API.md, with the body limit and
+//! the request counters.
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+
+use crate::error::ApiError;
+use crate::metrics;
+use crate::routes::{admin, device, ops, process};
+use crate::state::AppState;
+
+/// The server's router.
+pub fn app(state: AppState) -> Router {
+    let max_body = state.http().max_body_bytes;
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/v1/openapi.json", get(ops::openapi))
+        .route("/v1/admin/enterprises", post(admin::create_enterprise))
+        .route(
+            "/v1/admin/enterprises/{ent}/subsystems",
+            post(admin::create_subsystem),
+        )
+        .route(
+            "/v1/admin/enterprises/{ent}/databases",
+            post(admin::create_database),
+        )
+        .route(
+            "/v1/admin/enterprises/{ent}/devices",
+            post(admin::create_device),
+        )
+        .route("/v1/admin/processes", get(admin::processes))
+        .route("/v1/admin/stats", get(admin::stats))
+        .route(
+            "/v1/admin/databases/{db}/folders/{folder}",
+            get(admin::folder),
+        )
+        .route("/v1/messages", post(device::send_message))
+        .route("/v1/inbox", get(device::inbox))
+        .route("/v1/inbox/ack", post(device::ack))
+        .route("/v1/processes", post(process::start))
+        .route("/v1/processes/{pid}", get(process::status))
+        .route("/v1/processes/{pid}/accept", post(process::accept))
+        .route("/v1/processes/{pid}/prepare", post(process::prepare))
+        .route("/v1/processes/{pid}/commit", post(process::commit))
+        .route("/v1/processes/{pid}/rollback", post(process::rollback))
+        .route("/v1/processes/{pid}/abort", post(process::abort))
+        .fallback(|| async { ApiError::no_route() })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(state.clone(), metrics::count))
+        .with_state(state)
+}

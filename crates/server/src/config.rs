@@ -1,0 +1,309 @@
+//! [`Settings`]: the server's configuration, read from built-in defaults, an
+//! optional TOML file and `ESTAFETA_*` environment variables (in that order,
+//! later ones winning), and turned into the exchange's [`ExchangeConfig`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use estafeta_exchange::ExchangeConfig;
+use estafeta_exchange::mailbox::Limits;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The prefix of every environment variable the server reads.
+pub const ENV_PREFIX: &str = "ESTAFETA_";
+
+/// The configuration file read when `--config` is not given and it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "estafeta.toml";
+
+/// Settings whose values are text: the environment gives them as they are,
+/// so that a token or a folder name made of digits stays text.
+const TEXT_KEYS: [&str; 3] = ["data_dir", "listen", "admin_token"];
+
+/// Every setting, its environment variable and default, for `--help`.
+pub const SETTINGS_HELP: &str = "\
+Settings (environment variables; a TOML file may set the same keys in lower case without the prefix):
+  ESTAFETA_DATA_DIR         data folder: mailboxes and .estafeta/ [default: ./estafeta-data]
+  ESTAFETA_LISTEN           address to listen on [default: 127.0.0.1:8080]
+  ESTAFETA_ADMIN_TOKEN      admin token; when unset, one is made at first start, printed once
+                            and kept in <data>/.estafeta/admin-token
+  ESTAFETA_MAX_FILES        most messages a process start hands out [default: 10]
+  ESTAFETA_MAX_MB           most megabytes a process start hands out [default: 20]
+  ESTAFETA_STARTED_TIMEOUT  a STARTED process older than this times out [default: 10m]
+  ESTAFETA_READY_TIMEOUT    a READY_TO_COMMIT process older than this is in doubt [default: 5m]
+  ESTAFETA_RETENTION        files in Log, Prepared, Unknown, Error older than this are removed [default: 90d]
+  ESTAFETA_MAX_BODY_MB      a larger request body is answered 413 [default: 32]
+  ESTAFETA_REQUEST_TIMEOUT  a request body not received within this is answered 408 [default: 30s]
+Durations in humantime form: 2s, 10m, 90d. Precedence: defaults < TOML file < environment.";
+
+/// The configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source has a bad value or the file does not parse.
+    #[error("configuration: {0}")]
+    Invalid(#[from] Box<figment::Error>),
+    /// The message-start limits are out of range.
+    #[error("configuration: {0}")]
+    Limits(#[from] estafeta_exchange::LimitError),
+    /// `max_body_mb` is zero.
+    #[error("configuration: max_body_mb must be at least 1")]
+    NoBody,
+}
+
+/// The server's settings (see [`SETTINGS_HELP`]).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// The data folder.
+    pub data_dir: PathBuf,
+    /// The address to listen on (`host:port`).
+    pub listen: String,
+    /// The admin token; made and kept in the data folder when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<String>,
+    /// The server's file-count limit of a process start.
+    pub max_files: usize,
+    /// The server's megabyte limit of a process start.
+    pub max_mb: f64,
+    /// A STARTED process older than this times out.
+    #[serde(with = "humantime_text")]
+    pub started_timeout: Duration,
+    /// A READY_TO_COMMIT process older than this is in doubt.
+    #[serde(with = "humantime_text")]
+    pub ready_timeout: Duration,
+    /// Age after which files in `Log`, `Prepared`, `Unknown`, `Error` go.
+    #[serde(with = "humantime_text")]
+    pub retention: Duration,
+    /// The largest request body, in megabytes.
+    pub max_body_mb: u64,
+    /// How long a client may take to send its request body.
+    #[serde(with = "humantime_text")]
+    pub request_timeout: Duration,
+}
+
+impl Default for Settings {
+    /// The defaults of API.md: `estafeta serve` runs with no configuration.
+    fn default() -> Self {
+        let exchange = ExchangeConfig::new("./estafeta-data");
+        Settings {
+            data_dir: exchange.data_dir,
+            listen: "127.0.0.1:8080".to_owned(),
+            admin_token: None,
+            max_files: 10,
+            max_mb: 20.0,
+            started_timeout: exchange.started_timeout,
+            ready_timeout: exchange.ready_timeout,
+            retention: exchange.retention,
+            max_body_mb: 32,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The admin token stays out of logs.
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("data_dir", &self.data_dir)
+            .field("listen", &self.listen)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("max_files", &self.max_files)
+            .field("max_mb", &self.max_mb)
+            .field("started_timeout", &self.started_timeout)
+            .field("ready_timeout", &self.ready_timeout)
+            .field("retention", &self.retention)
+            .field("max_body_mb", &self.max_body_mb)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// The layered sources: defaults, then the TOML file (`file` if given,
+    /// which must exist; else `estafeta.toml` in the working folder if it
+    /// exists), then the `ESTAFETA_*` environment.
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        match file {
+            Some(path) => figment = figment.merge(Toml::file_exact(path)),
+            None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
+                figment = figment.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
+            }
+            None => {}
+        }
+        let env = Env::prefixed(ENV_PREFIX);
+        figment = figment.merge(env.clone().ignore(&TEXT_KEYS));
+        for (key, value) in env.only(&TEXT_KEYS).iter() {
+            figment = figment.merge(Serialized::default(key.as_str(), value));
+        }
+        figment
+    }
+
+    /// Reads and checks the settings (see [`Settings::figment`]).
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        let settings: Settings = Self::figment(file).extract().map_err(Box::new)?;
+        settings.exchange_config()?;
+        if settings.max_body_mb == 0 {
+            return Err(ConfigError::NoBody);
+        }
+        Ok(settings)
+    }
+
+    /// The exchange's part of the settings.
+    pub fn exchange_config(&self) -> Result<ExchangeConfig, ConfigError> {
+        let mut config = ExchangeConfig::new(&self.data_dir);
+        config.admin_token = self.admin_token.clone();
+        config.limits = Limits::new(self.max_files, self.max_mb)?;
+        config.started_timeout = self.started_timeout;
+        config.ready_timeout = self.ready_timeout;
+        config.retention = self.retention;
+        Ok(config)
+    }
+
+    /// The HTTP layer's part of the settings.
+    pub fn http(&self) -> HttpSettings {
+        HttpSettings {
+            max_body_bytes: usize::try_from(self.max_body_mb.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX),
+            request_timeout: self.request_timeout,
+            retention_interval: RETENTION_INTERVAL,
+        }
+    }
+}
+
+/// How often the retention sweep runs after the one at start-up.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// What the HTTP layer itself needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpSettings {
+    /// A larger request body is answered 413.
+    pub max_body_bytes: usize,
+    /// A request body not received within this is answered 408.
+    pub request_timeout: Duration,
+    /// The period of the retention sweep.
+    pub retention_interval: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Settings::default().http()
+    }
+}
+
+/// Durations as humantime text (`10m`, `90d`), as API.md writes them.
+mod humantime_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format_args!(
+                "bad duration {text:?} ({e}); write it like 30s, 10m or 90d"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+// figment's Jail closures return figment's (large) error type.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn defaults_are_those_of_the_api() {
+        Jail::expect_with(|_| {
+            let s = Settings::load(None).unwrap();
+            assert_eq!(s, Settings::default());
+            assert_eq!(s.data_dir, PathBuf::from("./estafeta-data"));
+            assert_eq!(s.listen, "127.0.0.1:8080");
+            assert_eq!(s.started_timeout, Duration::from_secs(600));
+            assert_eq!(s.ready_timeout, Duration::from_secs(300));
+            assert_eq!(s.retention, Duration::from_secs(90 * 86400));
+            assert_eq!(s.http().max_body_bytes, 32 << 20);
+            let x = s.exchange_config().unwrap();
+            assert_eq!(x.limits, Limits::default());
+            assert_eq!(x.admin_token, None);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn environment_overrides_file_overrides_defaults() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "estafeta.toml",
+                r#"
+                    data_dir = "/srv/from-file"
+                    listen = "0.0.0.0:9000"
+                    max_files = 3
+                    max_mb = 1.5
+                    ready_timeout = "7m"
+                "#,
+            )?;
+            jail.set_env("ESTAFETA_MAX_FILES", "4");
+            jail.set_env("ESTAFETA_LISTEN", "127.0.0.1:0");
+            jail.set_env("ESTAFETA_RETENTION", "2d");
+            let s = Settings::load(None).unwrap();
+            assert_eq!(s.data_dir, PathBuf::from("/srv/from-file"));
+            assert_eq!(s.listen, "127.0.0.1:0");
+            assert_eq!(s.max_files, 4);
+            assert_eq!(s.max_mb, 1.5);
+            assert_eq!(s.ready_timeout, Duration::from_secs(420));
+            assert_eq!(s.retention, Duration::from_secs(2 * 86400));
+            assert_eq!(s.started_timeout, Duration::from_secs(600));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn text_settings_stay_text_even_when_they_look_like_numbers() {
+        Jail::expect_with(|jail| {
+            jail.set_env("ESTAFETA_ADMIN_TOKEN", "0012345");
+            jail.set_env("ESTAFETA_DATA_DIR", "1e5");
+            let s = Settings::load(None).unwrap();
+            assert_eq!(s.admin_token.as_deref(), Some("0012345"));
+            assert_eq!(s.data_dir, PathBuf::from("1e5"));
+            assert!(!format!("{s:?}").contains("0012345"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_explicit_file_must_exist_and_bad_values_are_errors() {
+        Jail::expect_with(|jail| {
+            assert!(Settings::load(Some(Path::new("missing.toml"))).is_err());
+            jail.create_file("other.toml", "max_mb = 2")?;
+            assert_eq!(
+                Settings::load(Some(Path::new("other.toml")))
+                    .unwrap()
+                    .max_mb,
+                2.0
+            );
+
+            jail.set_env("ESTAFETA_STARTED_TIMEOUT", "ten minutes");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("bad duration"), "{err}");
+
+            jail.set_env("ESTAFETA_STARTED_TIMEOUT", "10m");
+            jail.set_env("ESTAFETA_MAX_FILES", "0");
+            assert!(matches!(Settings::load(None), Err(ConfigError::Limits(_))));
+
+            jail.set_env("ESTAFETA_MAX_FILES", "10");
+            jail.set_env("ESTAFETA_MAX_BODY_MB", "0");
+            assert!(matches!(Settings::load(None), Err(ConfigError::NoBody)));
+            Ok(())
+        });
+    }
+}

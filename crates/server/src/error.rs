@@ -1,0 +1,156 @@
+//! [`ApiError`]: every HTTP error answer, rendered as the error JSON of
+//! API.md (`{"version":1,"error":{"code":"…","message":"…"}}`).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use estafeta_exchange::wire::ErrorBody;
+use estafeta_exchange::{ErrorKind, ExchangeError};
+
+/// Seconds a client is asked to wait before retrying a 503.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
+/// An HTTP error answer: status, stable code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+}
+
+impl ApiError {
+    /// An error answer with the given status, code and message.
+    pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 401: no token, or one the server does not know.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 404: no such route.
+    pub fn no_route() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    }
+
+    /// 405: the route exists, the method does not.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this route",
+        )
+    }
+
+    /// 408: the client did not send its request body in time.
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time",
+        )
+    }
+
+    /// 413: the request body is over the configured size.
+    pub fn body_too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable code.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<ExchangeError> for ApiError {
+    fn from(e: ExchangeError) -> Self {
+        let status = match e.kind() {
+            ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError::new(status, e.code(), e.message())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody::new(self.code, self.message);
+        let mut response = (self.status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::to_bytes;
+
+    async fn render(e: ApiError) -> (StatusCode, Option<String>, serde_json::Value) {
+        let r = e.into_response();
+        let status = r.status();
+        let retry = r
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let bytes = to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn exchange_errors_keep_their_kind_code_and_message() {
+        let cases = [
+            (ErrorKind::BadRequest, 400),
+            (ErrorKind::Forbidden, 403),
+            (ErrorKind::NotFound, 404),
+            (ErrorKind::Conflict, 409),
+            (ErrorKind::Unprocessable, 422),
+            (ErrorKind::Unavailable, 503),
+        ];
+        for (kind, code) in cases {
+            let e = ExchangeError::new(kind, "some_code", "some text");
+            let (status, retry, json) = render(e.into()).await;
+            assert_eq!(status.as_u16(), code);
+            assert_eq!(retry.is_some(), code == 503);
+            assert_eq!(
+                json,
+                serde_json::json!({"version":1,"error":{"code":"some_code","message":"some text"}})
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unauthorized_names_the_scheme() {
+        let r = ApiError::unauthorized("no token").into_response();
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+    }
+}

@@ -1,0 +1,62 @@
+//! The Estafeta server: HTTP routing, authentication, configuration and
+//! shutdown around the exchange domain ([`estafeta_exchange::Exchange`]).
+//!
+//! - [`config`]: [`Settings`] from defaults, a TOML file and `ESTAFETA_*`
+//!   variables (figment), mapped to the exchange's configuration.
+//! - [`app`]: the router of every route of API.md; [`AppState`] holds the
+//!   exchange, readiness and counters.
+//! - [`extract`] and [`error`]: authentication and body parsing that answer
+//!   every bad request with the error JSON ([`ApiError`]).
+//! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
+//! - [`serve`]: [`run`], which serves a caller-bound listener until the
+//!   caller's shutdown signal, with start-up recovery in the background.
+//! - [`operator`]: the `estafeta admin …` commands, through the client crate.
+//!
+//! # Example
+//!
+//! The router answers without a socket (here the OpenAPI document, which
+//! needs no exchange):
+//!
+//! ```
+//! use utoipa::OpenApi;
+//! let doc = estafeta_server::openapi::ApiDoc::openapi();
+//! assert!(doc.paths.paths.contains_key("/v1/processes/{pid}/commit"));
+//! ```
+//!
+//! Serving, as the `estafeta serve` command does it:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use estafeta_exchange::Exchange;
+//! use estafeta_server::{Settings, run};
+//!
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let settings = Settings::load(None)?;
+//! let (exchange, _admin) =
+//!     Exchange::open(settings.exchange_config()?, Arc::new(estafeta_session::SystemClock)).await?;
+//! let listener = tokio::net::TcpListener::bind(&settings.listen).await?;
+//! run(listener, exchange, settings.http(), async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod openapi;
+pub mod operator;
+pub mod routes;
+pub mod serve;
+pub mod state;
+
+pub use app::app;
+pub use config::{HttpSettings, Settings};
+pub use error::ApiError;
+pub use serve::{ServeError, run};
+pub use state::AppState;

@@ -1,0 +1,130 @@
+//! [`ApiDoc`]: the OpenAPI document served on `/v1/openapi.json`, built from
+//! the handlers' `#[utoipa::path]` annotations and the wire types' schemas.
+
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr};
+use utoipa::{Modify, OpenApi};
+
+use crate::routes::{admin, device, ops, process};
+
+/// The name of the bearer security scheme in the document.
+pub const BEARER: &str = "bearer";
+
+/// The API's OpenAPI document.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Estafeta",
+        description = "Reliable message exchange between devices and database processors (API.md, version 1). \
+                       Every JSON body carries \"version\": 1; errors are {\"version\":1,\"error\":{\"code\",\"message\"}}."
+    ),
+    paths(
+        ops::healthz, ops::readyz, ops::metrics, ops::openapi,
+        admin::create_enterprise, admin::create_subsystem, admin::create_database,
+        admin::create_device, admin::processes, admin::stats, admin::folder,
+        device::send_message, device::inbox, device::ack,
+        process::start, process::accept, process::prepare, process::commit,
+        process::rollback, process::abort, process::status,
+    ),
+    components(schemas(estafeta_exchange::wire::ErrorBody)),
+    modifiers(&Conventions),
+    tags(
+        (name = "operations", description = "Health, readiness, metrics, this document"),
+        (name = "admin", description = "Provisioning and inspection (admin token)"),
+        (name = "devices", description = "Uploads and inbox (device token)"),
+        (name = "processes", description = "The six-call protocol (database token)"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Adds what every authenticated call shares: the bearer scheme, and the
+/// error answers 400, 401, 403 and 503 (and 413 where there is a body).
+struct Conventions;
+
+impl Modify for Conventions {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+                BEARER,
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .description(Some("An admin, database or device token"))
+                        .build(),
+                ),
+            );
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                item.get.as_mut(),
+                item.post.as_mut(),
+                item.put.as_mut(),
+                item.delete.as_mut(),
+            ];
+            for op in operations.into_iter().flatten() {
+                if op.security.is_some() {
+                    add_errors(op);
+                }
+            }
+        }
+    }
+}
+
+/// The shared error answers of an authenticated operation.
+fn add_errors(op: &mut Operation) {
+    let mut errors = vec![
+        (
+            "400",
+            "Malformed request: bad JSON, wrong version, missing field, bad id",
+        ),
+        ("401", "Missing or unknown token"),
+        ("403", "The token may not do this"),
+        (
+            "503",
+            "Recovering, stopping, or storage failing; see Retry-After",
+        ),
+    ];
+    if op.request_body.is_some() {
+        errors.push(("408", "The request body did not arrive in time"));
+        errors.push(("413", "The request body is over the configured size"));
+    }
+    for (code, description) in errors {
+        op.responses
+            .responses
+            .entry(code.to_owned())
+            .or_insert_with(|| {
+                RefOr::T(
+                    ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            "application/json",
+                            Content::new(Some(Ref::from_schema_name("ErrorBody"))),
+                        )
+                        .build(),
+                )
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authenticated_operations_carry_bearer_and_errors() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        assert_eq!(
+            doc["components"]["securitySchemes"][BEARER]["scheme"],
+            "bearer"
+        );
+        let send = &doc["paths"]["/v1/messages"]["post"];
+        for code in ["200", "201", "400", "401", "403", "408", "413", "503"] {
+            assert!(send["responses"][code].is_object(), "{code}");
+        }
+        assert!(doc["paths"]["/healthz"]["get"]["responses"]["401"].is_null());
+        assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
+    }
+}

@@ -1,0 +1,49 @@
+//! Operations: liveness, readiness, metrics and the OpenAPI document. None
+//! of them needs a token.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use utoipa::OpenApi;
+
+use crate::openapi::ApiDoc;
+use crate::state::AppState;
+
+/// `GET /healthz`: 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The server process runs")))]
+pub async fn healthz() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /readyz`: 200 once start-up recovery is done, 503 before it and
+/// while stopping.
+#[utoipa::path(get, path = "/readyz", tag = "operations", responses(
+    (status = 200, description = "Recovery done; serving"),
+    (status = 503, description = "Recovering or stopping")))]
+pub async fn readyz(State(state): State<AppState>) -> StatusCode {
+    if state.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics().render(state.is_ready()),
+    )
+}
+
+/// `GET /v1/openapi.json`: this API's OpenAPI document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
+    (status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
