@@ -182,3 +182,40 @@ async fn stop_answers_queued_commands_and_saves_dirty_sessions() {
     stopper.await.unwrap().unwrap();
     assert!(storage.batches() >= 1);
 }
+
+proptest::proptest! {
+    /// Per key, commands run exactly in submission order, whatever the
+    /// interleaving of keys and whichever keys were held at the start.
+    #[test]
+    fn queue_order_matches_submission_order(
+        ops in proptest::collection::vec(0u8..4, 1..60),
+        held in proptest::collection::vec(proptest::bool::ANY, 4),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let (engine, _, _) = memory_engine().await;
+            let mut guards = Vec::new();
+            for (k, h) in held.iter().enumerate() {
+                if *h {
+                    guards.push(engine.get(format!("k{k}"), true).await.unwrap().unwrap());
+                }
+            }
+            let mut handles = Vec::new();
+            for (i, k) in ops.iter().enumerate() {
+                handles.push(engine.submit(format!("k{k}"), true, move |mut s| async move {
+                    s.persistent_mut().note.push_str(&format!("{i},"));
+                    s.release().await.unwrap();
+                }));
+            }
+            drop(guards);
+            for h in handles {
+                h.await.unwrap().unwrap();
+            }
+            for k in 0..4u8 {
+                let want: String = ops.iter().enumerate().filter(|(_, o)| **o == k).map(|(i, _)| format!("{i},")).collect();
+                let got = read(&engine, &format!("k{k}")).await.map(|c| c.note).unwrap_or_default();
+                assert_eq!(got, want);
+            }
+        });
+    }
+}
