@@ -1,1 +1,215 @@
-fn main() {}
+//! Engine throughput against what a user would write instead, measured in
+//! the same run (see BENCHMARKS.md):
+//!
+//! - `in_memory/*`: acquire + change + release on 10,000 keys (uniform and
+//!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`.
+//! - `durable/*`: releases that each carry a persistent change, engine on
+//!   redb (group commit) vs one durable redb transaction per release.
+//! - `memory`: resident bytes per idle session (printed, from /proc).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use dashmap::DashMap;
+use estafeta_session::{Config, Engine, MemoryStorage, RedbStorage};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 10_000;
+const TASKS: u64 = 64;
+
+/// A small deterministic generator, so both sides see the same key sequence.
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Key sequences: uniform, or Zipf (s = 1) over the key space.
+fn keys(zipf: bool, n: usize, seed: u64) -> Vec<u64> {
+    let mut rng = XorShift(seed | 1);
+    if !zipf {
+        return (0..n).map(|_| rng.next() % KEYS).collect();
+    }
+    let mut cdf = Vec::with_capacity(KEYS as usize);
+    let mut total = 0.0;
+    for k in 1..=KEYS {
+        total += 1.0 / k as f64;
+        cdf.push(total);
+    }
+    (0..n)
+        .map(|_| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * total;
+            cdf.partition_point(|&c| c < u) as u64
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Run `per_task` operations on each of TASKS tasks; the elapsed time.
+async fn run_tasks<F, Fut>(iters: u64, zipf: bool, op: F) -> Duration
+where
+    F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let per_task = (iters / TASKS).max(1) as usize;
+    let seqs: Vec<Vec<u64>> = (0..TASKS).map(|t| keys(zipf, per_task, t + 1)).collect();
+    let start = Instant::now();
+    let handles: Vec<_> = seqs
+        .into_iter()
+        .map(|seq| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                for k in seq {
+                    op(k).await;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    start.elapsed()
+}
+
+fn in_memory(c: &mut Criterion) {
+    let rt = runtime();
+    for zipf in [false, true] {
+        let name = if zipf {
+            "in_memory/zipf"
+        } else {
+            "in_memory/uniform"
+        };
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(1));
+        group.measurement_time(Duration::from_secs(5));
+        let engine: Engine<u64, u64> = rt
+            .block_on(Engine::builder(Arc::new(MemoryStorage::new())).open())
+            .unwrap();
+        group.bench_function("engine", |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let engine = engine.clone();
+                run_tasks(iters, zipf, move |k| {
+                    let engine = engine.clone();
+                    async move {
+                        let mut s = engine.get(k, true).await.unwrap().unwrap();
+                        *s.state_mut() += 1;
+                    }
+                })
+            })
+        });
+        let map: Arc<DashMap<u64, Arc<tokio::sync::Mutex<u64>>>> = Arc::new(DashMap::new());
+        group.bench_function("dashmap_mutex", |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let map = map.clone();
+                run_tasks(iters, zipf, move |k| {
+                    let map = map.clone();
+                    async move {
+                        let m = map.entry(k).or_default().clone();
+                        *m.lock().await += 1;
+                    }
+                })
+            })
+        });
+        group.finish();
+    }
+}
+
+fn durable(c: &mut Criterion) {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("durable");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    let storage = Arc::new(RedbStorage::open(dir.path().join("engine.redb")).unwrap());
+    let engine: Engine<u64, u64> = rt
+        .block_on(Engine::builder(storage).config(Config::default()).open())
+        .unwrap();
+    group.bench_function("engine_group_commit", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let engine = engine.clone();
+            run_tasks(iters, false, move |k| {
+                let engine = engine.clone();
+                async move {
+                    let mut s = engine.get(k, true).await.unwrap().unwrap();
+                    *s.persistent_mut() += 1;
+                    s.release().await.unwrap();
+                }
+            })
+        })
+    });
+    use redb::ReadableTable;
+    let table: redb::TableDefinition<'_, u64, u64> = redb::TableDefinition::new("t");
+    let db = Arc::new(redb::Database::create(dir.path().join("plain.redb")).unwrap());
+    group.bench_function("fsync_per_release", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let db = db.clone();
+            run_tasks(iters, false, move |k| {
+                let db = db.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        let mut tx = db.begin_write().unwrap();
+                        tx.set_durability(redb::Durability::Immediate).unwrap();
+                        {
+                            let mut t = tx.open_table(table).unwrap();
+                            let v = t.get(k).unwrap().map(|g| g.value()).unwrap_or(0);
+                            t.insert(k, v + 1).unwrap();
+                        }
+                        tx.commit().unwrap();
+                    })
+                    .await
+                    .unwrap();
+                }
+            })
+        })
+    });
+    group.finish();
+}
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Not a timing: prints resident bytes per idle in-memory session.
+fn memory(_c: &mut Criterion) {
+    let rt = runtime();
+    let n = 1_000_000u64;
+    let before = resident_bytes();
+    let engine: Engine<u64, u64> = rt
+        .block_on(Engine::builder(Arc::new(MemoryStorage::new())).open())
+        .unwrap();
+    rt.block_on(async {
+        for k in 0..n {
+            let mut s = engine.get(k, true).await.unwrap().unwrap();
+            *s.state_mut() = k;
+        }
+        // Let the expiry manager index them all.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    let after = resident_bytes();
+    let per = (after.saturating_sub(before)) as f64 / n as f64;
+    println!(
+        "memory: {n} idle sessions (u64 key, u64 state): resident +{:.1} MiB, {per:.0} bytes per session (state itself: 8)",
+        (after - before) as f64 / (1 << 20) as f64
+    );
+    assert_eq!(engine.stats().in_memory, n);
+}
+
+criterion_group!(benches, in_memory, durable, memory);
+criterion_main!(benches);

@@ -10,14 +10,21 @@ use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "estafeta-session-example.redb".into());
-    let engine: Engine<String, u64> = Engine::builder(Arc::new(RedbStorage::open(&path)?)).open().await?;
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "estafeta-session-example.redb".into());
+    let engine: Engine<String, u64> = Engine::builder(Arc::new(RedbStorage::open(&path)?))
+        .open()
+        .await?;
     let started = Instant::now();
     let tasks: Vec<_> = (0..2000)
         .map(|i| {
             let engine = engine.clone();
             tokio::spawn(async move {
-                let mut s = engine.get(format!("counter-{}", i % 16), true).await?.ok_or("absent")?;
+                let mut s = engine
+                    .get(format!("counter-{}", i % 16), true)
+                    .await?
+                    .ok_or("absent")?;
                 *s.persistent_mut() += 1;
                 s.release().await?;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
@@ -37,7 +44,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         sum
     };
     let stats = engine.stats();
-    println!("counters in {path}: total {total} after this run ({:?})", started.elapsed());
+    println!(
+        "counters in {path}: total {total} after this run ({:?})",
+        started.elapsed()
+    );
     println!(
         "saves {} in {} durable transactions ({:.1} saves per fsync)",
         stats.saves,

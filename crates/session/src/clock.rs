@@ -8,19 +8,27 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A wall-clock instant in milliseconds since the Unix epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
     /// This instant moved forward by `d` (saturating).
     pub fn after(self, d: Duration) -> Timestamp {
-        Timestamp(self.0.saturating_add(d.as_millis().try_into().unwrap_or(u64::MAX)))
+        Timestamp(
+            self.0
+                .saturating_add(d.as_millis().try_into().unwrap_or(u64::MAX)),
+        )
     }
 
     /// This instant moved back by `d` (saturating at the epoch).
     pub fn before(self, d: Duration) -> Timestamp {
-        Timestamp(self.0.saturating_sub(d.as_millis().try_into().unwrap_or(u64::MAX)))
+        Timestamp(
+            self.0
+                .saturating_sub(d.as_millis().try_into().unwrap_or(u64::MAX)),
+        )
     }
 
     /// How long from `earlier` to this instant; zero if `earlier` is later.
@@ -67,7 +75,10 @@ pub struct TokioClock {
 impl TokioClock {
     /// A clock that reads `start_wall` now and moves with tokio's time.
     pub fn starting_at(start_wall: Timestamp) -> TokioClock {
-        TokioClock { start_wall, start: tokio::time::Instant::now() }
+        TokioClock {
+            start_wall,
+            start: tokio::time::Instant::now(),
+        }
     }
 }
 

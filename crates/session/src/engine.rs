@@ -22,8 +22,8 @@ use crate::stats::{Counters, Stats};
 use crate::storage::{Storage, Write};
 use crate::writer::{self, SaveRequest};
 use serde::{Serialize, de::DeserializeOwned};
-use std::collections::hash_map::{Entry, HashMap};
 use std::collections::VecDeque;
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
@@ -39,6 +39,9 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
 /// How long before a retry when finalization left a session still due.
 const FINALIZE_RETRY: Duration = Duration::from_secs(1);
+
+/// One lock-protected part of the cache.
+type Shard<K, S> = HashMap<K, Slot<K, S>>;
 
 type Waiter<K, S> = oneshot::Sender<Result<Held<K, S>, Error>>;
 
@@ -65,7 +68,8 @@ impl<K: SessionKey, S: State> Held<K, S> {
 impl<K: SessionKey, S: State> Drop for Held<K, S> {
     fn drop(&mut self) {
         if let Some((session, loaded)) = self.payload.take() {
-            self.shared.pass_on(self.key.clone(), session, loaded, false);
+            self.shared
+                .pass_on(self.key.clone(), session, loaded, false);
         }
     }
 }
@@ -77,7 +81,7 @@ enum Entered<K: SessionKey, S: State> {
 
 /// State shared by the engine handle, guards and background tasks.
 pub(crate) struct Shared<K: SessionKey, S: State> {
-    shards: Box<[Mutex<HashMap<K, Slot<K, S>>>]>,
+    shards: Box<[Mutex<Shard<K, S>>]>,
     hasher: RandomState,
     storage: Arc<dyn Storage>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -99,7 +103,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<K: SessionKey, S: State> Shared<K, S> {
-    fn shard(&self, key: &K) -> &Mutex<HashMap<K, Slot<K, S>>> {
+    fn shard(&self, key: &K) -> &Mutex<Shard<K, S>> {
         let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
         &self.shards[i]
     }
@@ -136,13 +140,21 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             },
         };
         drop(shard);
-        Ok(Entered::Held(Held { shared: self.clone(), key, payload: Some(payload) }))
+        Ok(Entered::Held(Held {
+            shared: self.clone(),
+            key,
+            payload: Some(payload),
+        }))
     }
 
     /// Wait for the key if queued, then make its session ready: loaded,
     /// finalized if its time has passed, recovered on first load, created if
     /// asked. `None`: no session and `create` was false.
-    async fn complete(self: &Arc<Self>, entered: Entered<K, S>, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
+    async fn complete(
+        self: &Arc<Self>,
+        entered: Entered<K, S>,
+        create: bool,
+    ) -> Result<Option<SessionGuard<K, S>>, Error> {
         let mut held = match entered {
             Entered::Held(h) => h,
             Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
@@ -163,7 +175,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             session = self.ready(&key, s).await;
         }
         if session.is_none() && create {
-            session = Some(Box::new(SessionData::fresh(S::default(), self.now(), self.generation)));
+            session = Some(Box::new(SessionData::fresh(
+                S::default(),
+                self.now(),
+                self.generation,
+            )));
         }
         match session {
             Some(s) => Ok(Some(SessionGuard::new(self.clone(), key, s))),
@@ -176,7 +192,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// Finalize a session whose time has passed, and run the first-load hook
     /// on one saved by an earlier run.
-    async fn ready(self: &Arc<Self>, key: &K, mut s: Box<SessionData<S>>) -> Option<Box<SessionData<S>>> {
+    async fn ready(
+        self: &Arc<Self>,
+        key: &K,
+        mut s: Box<SessionData<S>>,
+    ) -> Option<Box<SessionData<S>>> {
         if s.expires_at.is_some_and(|t| t <= self.now()) {
             Counters::add(&self.counters.finalize_calls, 1);
             let verdict = self.hooks.finalize(key, &mut s).await;
@@ -192,7 +212,12 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     }
 
     /// Carry out a hook's verdict.
-    async fn settle(self: &Arc<Self>, key: &K, mut s: Box<SessionData<S>>, verdict: Finalize) -> Option<Box<SessionData<S>>> {
+    async fn settle(
+        self: &Arc<Self>,
+        key: &K,
+        mut s: Box<SessionData<S>>,
+        verdict: Finalize,
+    ) -> Option<Box<SessionData<S>>> {
         match verdict {
             Finalize::Keep => {
                 if let Err(e) = self.save(key, &mut s).await {
@@ -203,9 +228,14 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             Finalize::End => {
                 if s.stored {
                     let (tx, rx) = oneshot::channel();
-                    let write = Write::Delete { key: key.to_bytes() };
+                    let write = Write::Delete {
+                        key: key.to_bytes(),
+                    };
                     let deleted = match self.writer_tx.send(SaveRequest { write, done: tx }) {
-                        Ok(()) => rx.await.map_err(|_| Error::Stopping).and_then(|r| r.map_err(Error::from)),
+                        Ok(()) => rx
+                            .await
+                            .map_err(|_| Error::Stopping)
+                            .and_then(|r| r.map_err(Error::from)),
                         Err(_) => Err(Error::Stopping),
                     };
                     if let Err(e) = deleted {
@@ -266,7 +296,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             state: &s.state,
         };
         let bytes = record::encode(&rec).map_err(Error::Encode)?;
-        Ok(Write::Put { key: key.to_bytes(), record: bytes, expires_at: s.expires_at })
+        Ok(Write::Put {
+            key: key.to_bytes(),
+            record: bytes,
+            expires_at: s.expires_at,
+        })
     }
 
     /// Save a session durably if it carries persistent changes.
@@ -276,7 +310,9 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         }
         let write = self.put(key, s)?;
         let (tx, rx) = oneshot::channel();
-        self.writer_tx.send(SaveRequest { write, done: tx }).map_err(|_| Error::Stopping)?;
+        self.writer_tx
+            .send(SaveRequest { write, done: tx })
+            .map_err(|_| Error::Stopping)?;
         rx.await.map_err(|_| Error::Stopping)??;
         s.dirty = false;
         s.stored = true;
@@ -286,7 +322,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// A command is done with the session: save it if needed, apply lazy
     /// creation, send the begin notification, hand it on.
-    pub(crate) async fn finish(self: Arc<Self>, key: K, mut s: Box<SessionData<S>>) -> Result<(), Error> {
+    pub(crate) async fn finish(
+        self: Arc<Self>,
+        key: K,
+        mut s: Box<SessionData<S>>,
+    ) -> Result<(), Error> {
         s.last_access = self.now();
         let result = self.save(&key, &mut s).await;
         let kept = self.begin_if_kept(&key, s);
@@ -323,13 +363,23 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// Hand the key to the next waiter, or free it (`evict`: drop it from
     /// memory instead, when nobody waits).
-    pub(crate) fn pass_on(self: &Arc<Self>, key: K, session: Option<Box<SessionData<S>>>, loaded: bool, evict: bool) {
+    pub(crate) fn pass_on(
+        self: &Arc<Self>,
+        key: K,
+        session: Option<Box<SessionData<S>>>,
+        loaded: bool,
+        evict: bool,
+    ) {
         let mut shard = lock(self.shard(&key));
         let mut payload = (session, loaded);
         if let Some(Slot::Locked(queue)) = shard.get_mut(&key) {
             while let Some(waiter) = queue.pop_front() {
                 self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                let held = Held { shared: self.clone(), key: key.clone(), payload: Some(payload) };
+                let held = Held {
+                    shared: self.clone(),
+                    key: key.clone(),
+                    payload: Some(payload),
+                };
                 match waiter.send(Ok(held)) {
                     Ok(()) => return,
                     // That waiter gave up; take the key back and try the next.
@@ -340,7 +390,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         }
         let touch = match payload.0 {
             Some(s) if !evict => {
-                let msg = ExpiryMsg::Touch { key: key.clone(), expires_at: s.expires_at, last_access: Some(s.last_access) };
+                let msg = ExpiryMsg::Touch {
+                    key: key.clone(),
+                    expires_at: s.expires_at,
+                    last_access: Some(s.last_access),
+                };
                 shard.insert(key, Slot::Free(s));
                 Some(msg)
             }
@@ -359,7 +413,9 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     /// The expiry manager found the key due: finalize it unless a command
     /// holds it (its release puts it back in the index).
     pub(crate) async fn expire_key(self: &Arc<Self>, key: K) {
-        let Ok(entered) = self.enter(key, false) else { return };
+        let Ok(entered) = self.enter(key, false) else {
+            return;
+        };
         match self.complete(entered, false).await {
             Ok(Some(guard)) => {
                 let _ = guard.release().await;
@@ -371,7 +427,12 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// Flush an idle session out of memory, if it is still idle since
     /// `last_access` and does not expire within five seconds.
-    pub(crate) async fn flush_key(self: &Arc<Self>, key: K, last_access: Timestamp, now: Timestamp) -> expiry::Flushed {
+    pub(crate) async fn flush_key(
+        self: &Arc<Self>,
+        key: K,
+        last_access: Timestamp,
+        now: Timestamp,
+    ) -> expiry::Flushed {
         let mut s = match self.take_for_flush(&key, last_access, now) {
             Ok(s) => s,
             Err(outcome) => return outcome,
@@ -387,20 +448,33 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// The synchronous part of a flush: drop a clean session at once, or
     /// lock a dirty one for saving (`Ok`).
-    fn take_for_flush(&self, key: &K, last_access: Timestamp, now: Timestamp) -> Result<Box<SessionData<S>>, expiry::Flushed> {
+    fn take_for_flush(
+        &self,
+        key: &K,
+        last_access: Timestamp,
+        now: Timestamp,
+    ) -> Result<Box<SessionData<S>>, expiry::Flushed> {
         let mut shard = lock(self.shard(key));
-        let Some(Slot::Free(s)) = shard.get(key) else { return Err(expiry::Flushed::Skipped) };
+        let Some(Slot::Free(s)) = shard.get(key) else {
+            return Err(expiry::Flushed::Skipped);
+        };
         if s.last_access > last_access {
             return Err(expiry::Flushed::Skipped); // touched since it was picked
         }
-        if s.expires_at.is_some_and(|t| t <= now.after(Duration::from_secs(5))) {
+        if s.expires_at
+            .is_some_and(|t| t <= now.after(Duration::from_secs(5)))
+        {
             return Err(expiry::Flushed::KeepResident(s.expires_at));
         }
         if !s.dirty {
             let stored = s.stored;
             shard.remove(key);
             Counters::add(&self.counters.flushes, 1);
-            return Err(if stored { expiry::Flushed::Done } else { expiry::Flushed::Forget });
+            return Err(if stored {
+                expiry::Flushed::Done
+            } else {
+                expiry::Flushed::Forget
+            });
         }
         match shard.insert(key.clone(), Slot::Locked(VecDeque::new())) {
             Some(Slot::Free(s)) => Ok(s),
@@ -413,7 +487,9 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     }
 
     fn any_locked(&self) -> bool {
-        self.shards.iter().any(|s| lock(s).values().any(|slot| matches!(slot, Slot::Locked(_))))
+        self.shards
+            .iter()
+            .any(|s| lock(s).values().any(|slot| matches!(slot, Slot::Locked(_))))
     }
 }
 
@@ -438,7 +514,9 @@ pub struct Engine<K: SessionKey, S: State> {
 
 impl<K: SessionKey, S: State> Clone for Engine<K, S> {
     fn clone(&self) -> Self {
-        Engine { shared: self.shared.clone() }
+        Engine {
+            shared: self.shared.clone(),
+        }
     }
 }
 
@@ -548,9 +626,11 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         let storage = shared.storage.clone();
         let batch: Vec<Write> = writes.iter().map(|(_, w)| w.clone()).collect();
         let n = batch.len() as u64;
-        blocking(move || storage.write(&batch)).await.inspect_err(|_| {
-            Counters::add(&shared.counters.storage_errors, 1);
-        })?;
+        blocking(move || storage.write(&batch))
+            .await
+            .inspect_err(|_| {
+                Counters::add(&shared.counters.storage_errors, 1);
+            })?;
         Counters::add(&shared.counters.saves, n);
         Counters::add(&shared.counters.save_batches, 1);
         for (key, _) in writes {
@@ -571,7 +651,9 @@ pub struct Submitted<R> {
 impl<R> Future for Submitted<R> {
     type Output = Result<Option<R>, Error>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| r.unwrap_or(Err(Error::Lost)))
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(Error::Lost)))
     }
 }
 
@@ -605,7 +687,13 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
 
     /// The expiry index (default: [`DefaultIndex`]).
     pub fn index<J: ExpiryIndex<K>>(self, index: J) -> Builder<K, S, J> {
-        Builder { storage: self.storage, clock: self.clock, hooks: self.hooks, config: self.config, index }
+        Builder {
+            storage: self.storage,
+            clock: self.clock,
+            hooks: self.hooks,
+            config: self.config,
+            index,
+        }
     }
 
     /// Open the engine: rebuild the expiry index from storage and start the
@@ -623,7 +711,9 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
         let (expiry_tx, expiry_rx) = mpsc::unbounded_channel();
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        let shards = (0..self.config.shards.max(1)).map(|_| Mutex::new(HashMap::new())).collect();
+        let shards = (0..self.config.shards.max(1))
+            .map(|_| Mutex::new(HashMap::new()))
+            .collect();
         let runtime = tokio::runtime::Handle::current();
         let shared = Arc::new(Shared {
             shards,
@@ -640,7 +730,12 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             counters: counters.clone(),
             runtime: runtime.clone(),
         });
-        runtime.spawn(writer::run(self.storage, counters, shared.config.max_batch, writer_rx));
+        runtime.spawn(writer::run(
+            self.storage,
+            counters,
+            shared.config.max_batch,
+            writer_rx,
+        ));
         runtime.spawn(expiry::run(Arc::downgrade(&shared), index, expiry_rx));
         Ok(Engine { shared })
     }

@@ -26,7 +26,11 @@ const DUE_AGAIN: Duration = Duration::from_secs(1);
 pub(crate) enum ExpiryMsg<K> {
     /// A session was released (or is known) with this expiration and last
     /// access (`None`: not in memory).
-    Touch { key: K, expires_at: Option<Timestamp>, last_access: Option<Timestamp> },
+    Touch {
+        key: K,
+        expires_at: Option<Timestamp>,
+        last_access: Option<Timestamp>,
+    },
     /// A session ended.
     Remove(K),
     /// The engine stopped.
@@ -46,9 +50,17 @@ pub(crate) enum Flushed {
     Forget,
 }
 
-fn apply<K: SessionKey, I: ExpiryIndex<K>>(index: &mut I, msg: ExpiryMsg<K>, now: Timestamp) -> bool {
+fn apply<K: SessionKey, I: ExpiryIndex<K>>(
+    index: &mut I,
+    msg: ExpiryMsg<K>,
+    now: Timestamp,
+) -> bool {
     match msg {
-        ExpiryMsg::Touch { key, expires_at, last_access } => {
+        ExpiryMsg::Touch {
+            key,
+            expires_at,
+            last_access,
+        } => {
             let expires_at = expires_at.map(|t| if t <= now { now.after(DUE_AGAIN) } else { t });
             index.touch(&key, expires_at, last_access);
             true
@@ -69,7 +81,9 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
     let mut due = Vec::new();
     let mut idle = Vec::new();
     loop {
-        let Some(engine) = shared.upgrade() else { return };
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
         let now = engine.clock.now();
         loop {
             match rx.try_recv() {
@@ -95,8 +109,15 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         let time_limit = engine.config.flush_time_limit;
         if index.resident() > limit {
             index.take_idle(None, index.resident() - limit * 9 / 10, &mut idle);
-        } else if index.oldest_idle().is_some_and(|t| now.since(t) >= time_limit) {
-            index.take_idle(Some(now.before(time_limit).after(Duration::from_millis(1))), usize::MAX, &mut idle);
+        } else if index
+            .oldest_idle()
+            .is_some_and(|t| now.since(t) >= time_limit)
+        {
+            index.take_idle(
+                Some(now.before(time_limit).after(Duration::from_millis(1))),
+                usize::MAX,
+                &mut idle,
+            );
         }
         for (key, last_access) in idle.drain(..) {
             match engine.flush_key(key.clone(), last_access, now).await {
@@ -108,7 +129,13 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         }
 
         let now = engine.clock.now();
-        let next = [index.next_expiry(), index.oldest_idle().map(|t| t.after(time_limit))].into_iter().flatten().min();
+        let next = [
+            index.next_expiry(),
+            index.oldest_idle().map(|t| t.after(time_limit)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let wait = next.map_or(MAX_SLEEP, |t| t.since(now).min(MAX_SLEEP));
         drop(engine);
         tokio::select! {

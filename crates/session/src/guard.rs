@@ -21,7 +21,11 @@ pub struct SessionGuard<K: SessionKey, S: State> {
 
 impl<K: SessionKey, S: State> SessionGuard<K, S> {
     pub(crate) fn new(shared: Arc<Shared<K, S>>, key: K, session: Box<SessionData<S>>) -> Self {
-        SessionGuard { shared, key, session: Some(session) }
+        SessionGuard {
+            shared,
+            key,
+            session: Some(session),
+        }
     }
 
     /// The session's key.
@@ -54,26 +58,35 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
 impl<K: SessionKey, S: State> Deref for SessionGuard<K, S> {
     type Target = SessionData<S>;
     fn deref(&self) -> &SessionData<S> {
-        self.session.as_deref().expect("a guard holds its session until it is released")
+        self.session
+            .as_deref()
+            .expect("a guard holds its session until it is released")
     }
 }
 
 impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
     fn deref_mut(&mut self) -> &mut SessionData<S> {
-        self.session.as_deref_mut().expect("a guard holds its session until it is released")
+        self.session
+            .as_deref_mut()
+            .expect("a guard holds its session until it is released")
     }
 }
 
 impl<K: SessionKey, S: State> Drop for SessionGuard<K, S> {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
-            self.shared.clone().release_from_drop(self.key.clone(), session);
+            self.shared
+                .clone()
+                .release_from_drop(self.key.clone(), session);
         }
     }
 }
 
 impl<K: SessionKey, S: State + std::fmt::Debug> std::fmt::Debug for SessionGuard<K, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionGuard").field("key", &self.key).field("session", &self.session).finish()
+        f.debug_struct("SessionGuard")
+            .field("key", &self.key)
+            .field("session", &self.session)
+            .finish()
     }
 }

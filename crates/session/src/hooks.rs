@@ -36,14 +36,22 @@ pub trait Hooks<K, S>: Send + Sync + 'static {
     /// may await (a "long call"), change the session and keep it with a new
     /// deadline, or end it. Commands that arrive meanwhile wait and then run
     /// on what it left.
-    fn finalize<'a>(&'a self, _key: &'a K, _session: &'a mut SessionData<S>) -> BoxFuture<'a, Finalize> {
+    fn finalize<'a>(
+        &'a self,
+        _key: &'a K,
+        _session: &'a mut SessionData<S>,
+    ) -> BoxFuture<'a, Finalize> {
         Box::pin(async { Finalize::End })
     }
 
     /// The session is loaded for the first time since the engine was opened
     /// and was saved before (by an earlier run). Runs before any command
     /// sees it; recovery goes here.
-    fn first_load<'a>(&'a self, _key: &'a K, _session: &'a mut SessionData<S>) -> BoxFuture<'a, Finalize> {
+    fn first_load<'a>(
+        &'a self,
+        _key: &'a K,
+        _session: &'a mut SessionData<S>,
+    ) -> BoxFuture<'a, Finalize> {
         Box::pin(async { Finalize::Keep })
     }
 }

@@ -67,7 +67,13 @@ mod tests {
         assert_eq!(back.state, vec![1, 2]);
         assert_eq!(back.expires_at, Some(Timestamp(3)));
         assert!(matches!(decode::<u32>(&[]), Err(DecodeError::Empty)));
-        assert!(matches!(decode::<u32>(&[9, b'1']), Err(DecodeError::UnknownVersion(9))));
-        assert!(matches!(decode::<u32>(&[1, b'x']), Err(DecodeError::Payload(_))));
+        assert!(matches!(
+            decode::<u32>(&[9, b'1']),
+            Err(DecodeError::UnknownVersion(9))
+        ));
+        assert!(matches!(
+            decode::<u32>(&[1, b'x']),
+            Err(DecodeError::Payload(_))
+        ));
     }
 }

@@ -37,8 +37,12 @@ pub(crate) async fn run(
         for (i, r) in batch.iter().enumerate() {
             last.insert(r.write.key(), i);
         }
-        let writes: Vec<Write> =
-            batch.iter().enumerate().filter(|(i, r)| last.get(r.write.key()) == Some(i)).map(|(_, r)| r.write.clone()).collect();
+        let writes: Vec<Write> = batch
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| last.get(r.write.key()) == Some(i))
+            .map(|(_, r)| r.write.clone())
+            .collect();
         let storage = storage.clone();
         let result = match tokio::task::spawn_blocking(move || storage.write(&writes)).await {
             Ok(r) => r,

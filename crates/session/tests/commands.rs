@@ -44,12 +44,14 @@ async fn queued_commands_run_in_submission_order() {
     let held = engine.get("k".to_string(), true).await.unwrap().unwrap();
     let mut handles = Vec::new();
     for i in 0..5u64 {
-        handles.push(engine.submit("k".to_string(), true, move |mut s| async move {
-            let seen = s.state().note.clone();
-            s.persistent_mut().note.push_str(&i.to_string());
-            s.release().await.unwrap();
-            seen
-        }));
+        handles.push(
+            engine.submit("k".to_string(), true, move |mut s| async move {
+                let seen = s.state().note.clone();
+                s.persistent_mut().note.push_str(&i.to_string());
+                s.release().await.unwrap();
+                seen
+            }),
+        );
     }
     settle().await;
     assert_eq!(engine.stats().queued, 5);
@@ -74,8 +76,20 @@ async fn a_held_key_does_not_delay_another() {
 #[tokio::test(start_paused = true)]
 async fn absent_without_create_queues_nothing() {
     let (engine, storage, hooks) = memory_engine().await;
-    assert!(engine.get("nobody".to_string(), false).await.unwrap().is_none());
-    assert!(engine.try_get("nobody".to_string(), false).await.unwrap().is_none());
+    assert!(
+        engine
+            .get("nobody".to_string(), false)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        engine
+            .try_get("nobody".to_string(), false)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let stats = engine.stats();
     assert_eq!((stats.in_memory, stats.queued), (0, 0));
     assert_eq!(storage.batches(), 0);
@@ -86,10 +100,19 @@ async fn absent_without_create_queues_nothing() {
 async fn try_get_answers_busy_at_once() {
     let (engine, _, _) = memory_engine().await;
     let held = engine.get("k".to_string(), true).await.unwrap().unwrap();
-    assert!(matches!(engine.try_get("k".to_string(), true).await, Err(Error::Busy)));
+    assert!(matches!(
+        engine.try_get("k".to_string(), true).await,
+        Err(Error::Busy)
+    ));
     assert_eq!(engine.stats().queued, 0);
     drop(held);
-    assert!(engine.try_get("k".to_string(), true).await.unwrap().is_some());
+    assert!(
+        engine
+            .try_get("k".to_string(), true)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -137,7 +160,9 @@ async fn a_cancelled_waiter_does_not_lose_the_session() {
 async fn stop_answers_queued_commands_and_saves_dirty_sessions() {
     let (engine, storage, _) = memory_engine().await;
     let mut held = engine.get("k".to_string(), true).await.unwrap().unwrap();
-    let queued: Vec<_> = (0..3).map(|_| engine.submit("k".to_string(), true, |_s| async {})).collect();
+    let queued: Vec<_> = (0..3)
+        .map(|_| engine.submit("k".to_string(), true, |_s| async {}))
+        .collect();
     settle().await;
     let stopper = tokio::spawn({
         let engine = engine.clone();
@@ -146,11 +171,51 @@ async fn stop_answers_queued_commands_and_saves_dirty_sessions() {
     for q in queued {
         assert!(matches!(q.await, Err(Error::Stopping)));
     }
-    assert!(matches!(engine.get("other".to_string(), true).await, Err(Error::Stopping)));
+    assert!(matches!(
+        engine.get("other".to_string(), true).await,
+        Err(Error::Stopping)
+    ));
     // The running command finishes; its non-awaited release is saved by stop.
     held.state_mut().n = 1;
     held.persistent_mut().note = "last".into();
     drop(held);
     stopper.await.unwrap().unwrap();
     assert!(storage.batches() >= 1);
+}
+
+proptest::proptest! {
+    /// Per key, commands run exactly in submission order, whatever the
+    /// interleaving of keys and whichever keys were held at the start.
+    #[test]
+    fn queue_order_matches_submission_order(
+        ops in proptest::collection::vec(0u8..4, 1..60),
+        held in proptest::collection::vec(proptest::bool::ANY, 4),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let (engine, _, _) = memory_engine().await;
+            let mut guards = Vec::new();
+            for (k, h) in held.iter().enumerate() {
+                if *h {
+                    guards.push(engine.get(format!("k{k}"), true).await.unwrap().unwrap());
+                }
+            }
+            let mut handles = Vec::new();
+            for (i, k) in ops.iter().enumerate() {
+                handles.push(engine.submit(format!("k{k}"), true, move |mut s| async move {
+                    s.persistent_mut().note.push_str(&format!("{i},"));
+                    s.release().await.unwrap();
+                }));
+            }
+            drop(guards);
+            for h in handles {
+                h.await.unwrap().unwrap();
+            }
+            for k in 0..4u8 {
+                let want: String = ops.iter().enumerate().filter(|(_, o)| **o == k).map(|(i, _)| format!("{i},")).collect();
+                let got = read(&engine, &format!("k{k}")).await.map(|c| c.note).unwrap_or_default();
+                assert_eq!(got, want);
+            }
+        });
+    }
 }

@@ -14,7 +14,9 @@ const CHILD_ENV: &str = "ESTAFETA_SESSION_CRASH_CHILD";
 /// The child's part: only does something when started by the parent.
 #[tokio::test]
 async fn crash_child() {
-    let Ok(path) = std::env::var(CHILD_ENV) else { return };
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let storage = Arc::new(RedbStorage::open(&path).unwrap());
     let engine = engine_with(storage, Recorder::new(), Config::default()).await;
     for i in 0..100 {
@@ -41,7 +43,10 @@ async fn persistent_state_survives_kill_9() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let ready = BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.contains("READY"));
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.contains("READY"));
     assert!(ready, "child did not get ready");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -49,7 +54,15 @@ async fn persistent_state_survives_kill_9() {
     let storage = Arc::new(RedbStorage::open(&path).unwrap());
     let engine = engine_with(storage, Recorder::new(), Config::default()).await;
     for i in 0..100 {
-        let c = read(&engine, &format!("k{i}")).await.expect("saved session survives");
-        assert_eq!(c, Counter { n: i, note: String::new() });
+        let c = read(&engine, &format!("k{i}"))
+            .await
+            .expect("saved session survives");
+        assert_eq!(
+            c,
+            Counter {
+                n: i,
+                note: String::new()
+            }
+        );
     }
 }

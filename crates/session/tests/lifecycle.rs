@@ -24,13 +24,29 @@ async fn end_notification_once_then_a_fresh_session() {
     create_expiring(&engine, "k", 5).await;
     assert_eq!(hooks.begins().len(), 1);
     tokio::time::sleep(LIFE * 3).await;
-    assert_eq!(hooks.ends(), vec![("k".to_string(), Counter { n: 5, note: String::new() })]);
-    assert!(storage.load(b"k").unwrap().is_none(), "ended session is deleted from storage");
+    assert_eq!(
+        hooks.ends(),
+        vec![(
+            "k".to_string(),
+            Counter {
+                n: 5,
+                note: String::new()
+            }
+        )]
+    );
+    assert!(
+        storage.load(b"k").unwrap().is_none(),
+        "ended session is deleted from storage"
+    );
     assert!(read(&engine, "k").await.is_none());
     assert_eq!(bump(&engine, "k").await, 1);
     assert_eq!(hooks.begins().len(), 2);
     tokio::time::sleep(LIFE * 3).await;
-    assert_eq!(hooks.ends().len(), 1, "no expiry set on the new one: no second end");
+    assert_eq!(
+        hooks.ends().len(),
+        1,
+        "no expiry set on the new one: no second end"
+    );
     assert_eq!(engine.stats().expiries, 1);
 }
 
@@ -40,7 +56,11 @@ async fn touching_every_half_timeout_keeps_it_alive() {
     create_expiring(&engine, "k", 0).await;
     for _ in 0..7 {
         tokio::time::sleep(LIFE / 2).await;
-        let mut s = engine.get("k".to_string(), false).await.unwrap().expect("still alive");
+        let mut s = engine
+            .get("k".to_string(), false)
+            .await
+            .unwrap()
+            .expect("still alive");
         let at = engine.now().after(LIFE);
         s.set_expires_at(Some(at));
         s.release().await.unwrap();
@@ -94,7 +114,10 @@ async fn a_locked_session_is_not_finalized_until_released() {
 async fn flush_by_count_keeps_data_and_deadlines() {
     let storage = Arc::new(MemoryStorage::new());
     let hooks = Recorder::new();
-    let config = Config { flush_count_limit: 100, ..Config::default() };
+    let config = Config {
+        flush_count_limit: 100,
+        ..Config::default()
+    };
     let engine = engine_with(storage.clone(), hooks.clone(), config).await;
     for i in 0..150u64 {
         create_expiring(&engine, &format!("k{i}"), i).await;
@@ -105,7 +128,11 @@ async fn flush_by_count_keeps_data_and_deadlines() {
     assert!(stats.in_memory <= 100, "in memory: {}", stats.in_memory);
     assert!(stats.flushes >= 50);
     for i in 0..150u64 {
-        let mut s = engine.get(format!("k{i}"), false).await.unwrap().expect("flushed session reads back");
+        let mut s = engine
+            .get(format!("k{i}"), false)
+            .await
+            .unwrap()
+            .expect("flushed session reads back");
         assert_eq!(s.state().n, i);
         assert!(s.expires_at().is_some());
         s.state_mut();
@@ -120,7 +147,10 @@ async fn flush_by_count_keeps_data_and_deadlines() {
 async fn flush_by_idle_time_and_non_persistent_changes_are_dropped() {
     let storage = Arc::new(MemoryStorage::new());
     let hooks = Recorder::new();
-    let config = Config { flush_time_limit: Duration::from_secs(30), ..Config::default() };
+    let config = Config {
+        flush_time_limit: Duration::from_secs(30),
+        ..Config::default()
+    };
     let engine = engine_with(storage.clone(), hooks.clone(), config).await;
     bump(&engine, "k").await;
     let mut s = engine.get("k".to_string(), false).await.unwrap().unwrap();
@@ -130,14 +160,23 @@ async fn flush_by_idle_time_and_non_persistent_changes_are_dropped() {
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(engine.stats().in_memory, 0);
     assert_eq!(engine.stats().flushes, 1);
-    assert_eq!(read(&engine, "k").await.unwrap(), Counter { n: 1, note: String::new() });
+    assert_eq!(
+        read(&engine, "k").await.unwrap(),
+        Counter {
+            n: 1,
+            note: String::new()
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_session_expiring_within_five_seconds_is_not_flushed() {
     let storage = Arc::new(MemoryStorage::new());
     let hooks = Recorder::new();
-    let config = Config { flush_time_limit: Duration::from_secs(10), ..Config::default() };
+    let config = Config {
+        flush_time_limit: Duration::from_secs(10),
+        ..Config::default()
+    };
     let engine = engine_with(storage, hooks.clone(), config).await;
     let mut s = engine.get("k".to_string(), true).await.unwrap().unwrap();
     s.persistent_mut().n = 1;
@@ -181,7 +220,10 @@ async fn a_corrupt_record_is_quarantined() {
     assert!(read(&engine, "bad").await.is_none());
     assert!(read(&engine, "future").await.is_none());
     assert_eq!(read(&engine, "good").await.unwrap().n, 1);
-    assert_eq!(storage.quarantined().unwrap(), vec![b"bad".to_vec(), b"future".to_vec()]);
+    assert_eq!(
+        storage.quarantined().unwrap(),
+        vec![b"bad".to_vec(), b"future".to_vec()]
+    );
     assert_eq!(engine.stats().quarantined, 2);
     // The key works again afterwards.
     assert_eq!(bump(&engine, "bad").await, 1);
@@ -205,13 +247,19 @@ async fn restart_rebuilds_expiry_and_runs_first_load_once() {
     let _engine = {
         // A clock that starts where the first run's clock left off.
         let engine = estafeta_session::Engine::<String, Counter>::builder(storage.clone())
-            .clock(Arc::new(estafeta_session::TokioClock::starting_at(T0.after(LIFE * 2))))
+            .clock(Arc::new(estafeta_session::TokioClock::starting_at(
+                T0.after(LIFE * 2),
+            )))
             .hooks(hooks.clone())
             .open()
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(hooks.ends().len(), 1, "finalized without anyone touching it");
+        assert_eq!(
+            hooks.ends().len(),
+            1,
+            "finalized without anyone touching it"
+        );
         assert_eq!(hooks.ends()[0].0, "expiring");
         assert_eq!(read(&engine, "forever").await.unwrap().n, 1);
         assert_eq!(hooks.first_loads.lock().unwrap().len(), 1);

@@ -31,7 +31,11 @@ pub struct ExchangeError {
 impl ExchangeError {
     /// An error of `kind` with a stable machine-readable `code`.
     pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
-        ExchangeError { kind, code, message: message.into() }
+        ExchangeError {
+            kind,
+            code,
+            message: message.into(),
+        }
     }
     /// The class of failure.
     pub fn kind(&self) -> ErrorKind {
@@ -64,7 +68,11 @@ impl ExchangeError {
 
 impl From<crate::error::MailboxError> for ExchangeError {
     fn from(e: crate::error::MailboxError) -> Self {
-        let code = if e.is_storage_full() { "storage_full" } else { "storage_error" };
+        let code = if e.is_storage_full() {
+            "storage_full"
+        } else {
+            "storage_error"
+        };
         tracing::error!(error = %e, "mailbox operation failed");
         ExchangeError::unavailable(code, e.to_string())
     }
@@ -73,7 +81,9 @@ impl From<crate::error::MailboxError> for ExchangeError {
 impl From<estafeta_session::Error> for ExchangeError {
     fn from(e: estafeta_session::Error) -> Self {
         match e {
-            estafeta_session::Error::Stopping => ExchangeError::unavailable("stopping", "the server is stopping"),
+            estafeta_session::Error::Stopping => {
+                ExchangeError::unavailable("stopping", "the server is stopping")
+            }
             other => {
                 tracing::error!(error = %other, "session operation failed");
                 ExchangeError::unavailable("storage_error", other.to_string())
@@ -86,8 +96,12 @@ impl From<crate::error::TenancyError> for ExchangeError {
     fn from(e: crate::error::TenancyError) -> Self {
         use crate::error::TenancyError as T;
         match e {
-            T::AlreadyExists { .. } => ExchangeError::new(ErrorKind::Conflict, "already_exists", e.to_string()),
-            T::UnknownEnterprise(_) | T::UnknownSubsystem { .. } => ExchangeError::not_found(e.to_string()),
+            T::AlreadyExists { .. } => {
+                ExchangeError::new(ErrorKind::Conflict, "already_exists", e.to_string())
+            }
+            T::UnknownEnterprise(_) | T::UnknownSubsystem { .. } => {
+                ExchangeError::not_found(e.to_string())
+            }
             T::BadAdminToken => ExchangeError::bad_request("bad_admin_token", e.to_string()),
             other => {
                 tracing::error!(error = %other, "registry operation failed");

@@ -2,22 +2,37 @@
 //! six-call process protocol, recovery and retention, each a method that
 //! the server's HTTP handlers call with the authenticated caller.
 
+mod admin;
 mod config;
+mod core;
+mod device;
 mod error;
+mod hooks;
+mod protocol;
+mod recovery;
+mod state;
 
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 
 use crate::mailbox::Folder;
+use crate::mailbox::{Mailboxes, SyncConfig};
+use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
+use crate::wire::ProcessState;
 use crate::wire::{
-    AbortRequest, AckRequest, AckResponse, AcceptRequest, CallResponse, CommitRequest, FolderListing, MessageAccepted,
-    PrepareRequest, ProcessList, ProcessStatus, RollbackRequest, SendMessage, StartRequest, Stats,
+    AbortRequest, AcceptRequest, AckRequest, AckResponse, CallResponse, CommitRequest,
+    FolderListing, MessageAccepted, PrepareRequest, ProcessList, ProcessStatus, RollbackRequest,
+    SendMessage, StartRequest, Stats,
 };
-use crate::Id;
-use estafeta_session::Clock;
-use std::sync::Arc;
+use crate::{Id, UlidGenerator};
+use admin::admin;
+use core::Core;
+use estafeta_session::{Clock, Engine, RedbStorage};
+use hooks::ExchangeHooks;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 /// What start-up processing found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,20 +63,57 @@ pub enum Upload {
 /// The exchange service. Cheap to clone.
 #[derive(Clone)]
 pub struct Exchange {
-    _clock: Arc<dyn Clock>,
-}
-
-fn not_built() -> ExchangeError {
-    ExchangeError::unavailable("not_ready", "not built yet")
+    core: Arc<Core>,
 }
 
 impl Exchange {
     /// Open the data folder: registry, mailboxes, sessions. Returns the admin
     /// token's provenance (print it when `Generated`). Call
     /// [`Exchange::recover`] before serving protocol calls.
-    pub async fn open(_config: ExchangeConfig, clock: Arc<dyn Clock>) -> Result<(Exchange, AdminToken), ExchangeError> {
-        let _ = clock;
-        Err(not_built())
+    pub async fn open(
+        config: ExchangeConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Exchange, AdminToken), ExchangeError> {
+        let state_dir = config.data_dir.join(".estafeta");
+        let (registry, admin_token) =
+            Registry::open(&state_dir, config.admin_token.clone()).await?;
+        let mailboxes = Mailboxes::open(&config.data_dir, SyncConfig::default()).await?;
+        let sessions_path = state_dir.join("sessions.redb");
+        let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
+            .await
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let core = Arc::new(Core {
+            config,
+            clock: clock.clone(),
+            registry,
+            mailboxes,
+            ids: UlidGenerator::new(),
+            sessions: OnceLock::new(),
+            ready: Default::default(),
+            recovery: Default::default(),
+        });
+        let hooks = Arc::new(ExchangeHooks {
+            core: Arc::downgrade(&core),
+        });
+        let engine = Engine::builder(Arc::new(storage))
+            .clock(clock)
+            .hooks(hooks)
+            .open()
+            .await?;
+        let _ = core.sessions.set(engine);
+        Ok((Exchange { core }, admin_token))
+    }
+
+    fn ready(&self) -> Result<(), ExchangeError> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(ExchangeError::unavailable(
+                "not_ready",
+                "start-up processing is not done yet",
+            ))
+        }
     }
 
     /// Start-up processing (API.md, seed 004): timed-out STARTED removed,
@@ -69,119 +121,206 @@ impl Exchange {
     /// moved to `Unknown`, retention applied. Protocol calls answer 503
     /// (`not_ready`) until it has run.
     pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
-        Err(not_built())
+        self.core.recover().await
     }
 
     /// Whether start-up processing is done.
     pub fn is_ready(&self) -> bool {
-        false
+        self.core.ready.load(Ordering::SeqCst)
     }
 
     /// Who a bearer token belongs to.
-    pub fn authenticate(&self, _token: &str) -> Option<Principal> {
-        None
+    pub fn authenticate(&self, token: &str) -> Option<Principal> {
+        self.core.registry.authenticate(token)
     }
 
     /// Admin: create an enterprise (409 if it exists).
-    pub async fn create_enterprise(&self, _who: &Principal, _id: Id) -> Result<(), ExchangeError> {
-        Err(not_built())
+    pub async fn create_enterprise(&self, who: &Principal, id: Id) -> Result<(), ExchangeError> {
+        admin(who)?;
+        Ok(self.core.registry.create_enterprise(id).await?)
     }
 
     /// Admin: create a subsystem of an enterprise.
-    pub async fn create_subsystem(&self, _who: &Principal, _enterprise: Id, _id: Id) -> Result<(), ExchangeError> {
-        Err(not_built())
+    pub async fn create_subsystem(
+        &self,
+        who: &Principal,
+        enterprise: Id,
+        id: Id,
+    ) -> Result<(), ExchangeError> {
+        admin(who)?;
+        Ok(self.core.registry.create_subsystem(enterprise, id).await?)
     }
 
     /// Admin: create a database of an enterprise; its token, shown once.
-    pub async fn create_database(&self, _who: &Principal, _enterprise: Id, _id: Id) -> Result<Token, ExchangeError> {
-        Err(not_built())
+    pub async fn create_database(
+        &self,
+        who: &Principal,
+        enterprise: Id,
+        id: Id,
+    ) -> Result<Token, ExchangeError> {
+        admin(who)?;
+        self.core.create_database(enterprise, id).await
     }
 
     /// Admin: create a device of an enterprise and subsystem; its token.
     pub async fn create_device(
         &self,
-        _who: &Principal,
-        _enterprise: Id,
-        _id: Id,
-        _subsystem: Id,
+        who: &Principal,
+        enterprise: Id,
+        id: Id,
+        subsystem: Id,
     ) -> Result<Token, ExchangeError> {
-        Err(not_built())
+        admin(who)?;
+        self.core.create_device(enterprise, id, subsystem).await
     }
 
-    /// Admin: every process not yet forgotten.
-    pub async fn processes(&self, _who: &Principal) -> Result<ProcessList, ExchangeError> {
-        Err(not_built())
+    /// Admin: the live, in-doubt and recently ended processes.
+    pub async fn processes(&self, who: &Principal) -> Result<ProcessList, ExchangeError> {
+        admin(who)?;
+        self.core.processes().await
     }
 
     /// Admin: counters per database and device.
-    pub async fn stats(&self, _who: &Principal) -> Result<Stats, ExchangeError> {
-        Err(not_built())
+    pub async fn stats(&self, who: &Principal) -> Result<Stats, ExchangeError> {
+        admin(who)?;
+        self.core.stats().await
     }
 
     /// Admin: the files of one folder of one mailbox.
-    pub async fn folder(&self, _who: &Principal, _mailbox: Id, _folder: Folder) -> Result<FolderListing, ExchangeError> {
-        Err(not_built())
+    pub async fn folder(
+        &self,
+        who: &Principal,
+        mailbox: Id,
+        folder: Folder,
+    ) -> Result<FolderListing, ExchangeError> {
+        admin(who)?;
+        self.core.folder(mailbox, folder).await
     }
 
     /// Device: upload a message to a database of its enterprise, durably.
-    pub async fn send(&self, _who: &Principal, _req: SendMessage) -> Result<(MessageAccepted, Upload), ExchangeError> {
-        Err(not_built())
+    pub async fn send(
+        &self,
+        who: &Principal,
+        req: SendMessage,
+    ) -> Result<(MessageAccepted, Upload), ExchangeError> {
+        self.ready()?;
+        self.core.send(who, req).await
     }
 
     /// Device: its unacknowledged messages, oldest first, as the JSON body
     /// of the answer (assembled from the files' bytes).
-    pub async fn inbox(&self, _who: &Principal, _limit: Option<usize>) -> Result<Vec<u8>, ExchangeError> {
-        Err(not_built())
+    pub async fn inbox(
+        &self,
+        who: &Principal,
+        limit: Option<usize>,
+    ) -> Result<Vec<u8>, ExchangeError> {
+        self.ready()?;
+        self.core.inbox(who, limit).await
     }
 
     /// Device: acknowledge messages (moved to `Log`).
-    pub async fn ack(&self, _who: &Principal, _req: AckRequest) -> Result<AckResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn ack(
+        &self,
+        who: &Principal,
+        req: AckRequest,
+    ) -> Result<AckResponse, ExchangeError> {
+        self.ready()?;
+        self.core.ack(who, req).await
     }
 
     /// API_1: start a process; the JSON body of the answer.
-    pub async fn start(&self, _who: &Principal, _req: StartRequest) -> Result<Vec<u8>, ExchangeError> {
-        Err(not_built())
+    pub async fn start(
+        &self,
+        who: &Principal,
+        req: StartRequest,
+    ) -> Result<Vec<u8>, ExchangeError> {
+        self.ready()?;
+        self.core.start(who, req).await
     }
 
     /// API_2: narrow the process's list.
-    pub async fn accept(&self, _who: &Principal, _pid: &str, _req: AcceptRequest) -> Result<CallResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn accept(
+        &self,
+        who: &Principal,
+        pid: &str,
+        req: AcceptRequest,
+    ) -> Result<CallResponse, ExchangeError> {
+        self.ready()?;
+        self.core.accept(who, pid, req).await
     }
 
     /// API_3: results and replies; READY_TO_COMMIT.
-    pub async fn prepare(&self, _who: &Principal, _pid: &str, _req: PrepareRequest) -> Result<CallResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn prepare(
+        &self,
+        who: &Principal,
+        pid: &str,
+        req: PrepareRequest,
+    ) -> Result<CallResponse, ExchangeError> {
+        self.ready()?;
+        self.core.prepare(who, pid, req).await
     }
 
     /// API_4: the processor committed.
-    pub async fn commit(&self, _who: &Principal, _pid: &str, _req: CommitRequest) -> Result<CallResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn commit(
+        &self,
+        who: &Principal,
+        pid: &str,
+        _req: CommitRequest,
+    ) -> Result<CallResponse, ExchangeError> {
+        self.ready()?;
+        self.core.commit(who, pid).await
     }
 
     /// API_5: the processor's commit failed.
-    pub async fn rollback(&self, _who: &Principal, _pid: &str, _req: RollbackRequest) -> Result<CallResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn rollback(
+        &self,
+        who: &Principal,
+        pid: &str,
+        req: RollbackRequest,
+    ) -> Result<CallResponse, ExchangeError> {
+        self.ready()?;
+        self.core
+            .give_up(who, pid, ProcessState::RolledBack, &req.error_text)
+            .await
     }
 
     /// API_6: the processor gave up.
-    pub async fn abort(&self, _who: &Principal, _pid: &str, _req: AbortRequest) -> Result<CallResponse, ExchangeError> {
-        Err(not_built())
+    pub async fn abort(
+        &self,
+        who: &Principal,
+        pid: &str,
+        req: AbortRequest,
+    ) -> Result<CallResponse, ExchangeError> {
+        self.ready()?;
+        self.core
+            .give_up(who, pid, ProcessState::Aborted, &req.message)
+            .await
     }
 
     /// A process's state (404 for an id never issued).
-    pub async fn process_status(&self, _who: &Principal, _pid: &str) -> Result<ProcessStatus, ExchangeError> {
-        Err(not_built())
+    pub async fn process_status(
+        &self,
+        who: &Principal,
+        pid: &str,
+    ) -> Result<ProcessStatus, ExchangeError> {
+        self.ready()?;
+        self.core.status(who, pid).await
     }
 
     /// Remove files older than the retention period (never one a live
     /// process refers to); the number removed.
     pub async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
-        Err(not_built())
+        self.core.retention_sweep().await
     }
 
     /// Stop: refuse new calls, let running ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
-        Err(not_built())
+        self.core.sessions()?.stop().await?;
+        Ok(())
+    }
+
+    /// The session engine's figures (for metrics).
+    pub fn session_stats(&self) -> Option<estafeta_session::Stats> {
+        self.core.sessions.get().map(Engine::stats)
     }
 }

@@ -76,7 +76,13 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> BucketIndex<K> {
 
 impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for BucketIndex<K> {
     fn touch(&mut self, key: &K, expires_at: Option<Timestamp>, last_access: Option<Timestamp>) {
-        let old = self.entries.insert(key.clone(), Entry { expires_at, last_access });
+        let old = self.entries.insert(
+            key.clone(),
+            Entry {
+                expires_at,
+                last_access,
+            },
+        );
         let (old_exp, old_la) = old.map_or((None, None), |e| (e.expires_at, e.last_access));
         if let Some(t) = expires_at
             && old_exp.map(|o| self.slice(o)) != Some(self.slice(t))
@@ -91,7 +97,10 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for BucketIndex
             self.resident += 1;
             // Copy forward unless the key is already in the newest slice.
             let same_slice = old_la.is_some_and(|o| self.slice(o) == self.slice(la))
-                && self.access.back().is_some_and(|(s, _)| *s == self.slice(la));
+                && self
+                    .access
+                    .back()
+                    .is_some_and(|(s, _)| *s == self.slice(la));
             if !same_slice {
                 self.push_access(key, la);
             }
@@ -116,7 +125,9 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for BucketIndex
             let whole = s < now_slice;
             let mut keep = Vec::new();
             for key in keys {
-                let Some(e) = self.entries.get(&key) else { continue };
+                let Some(e) = self.entries.get(&key) else {
+                    continue;
+                };
                 let Some(t) = e.expires_at else { continue };
                 if t.0 / self.slice_ms != s {
                     continue; // a stale copy: the key moved to another slice
@@ -145,9 +156,16 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for BucketIndex
             let entries = &self.entries;
             let slice_ms = self.slice_ms;
             first.get_mut().retain(|k| {
-                entries.get(k).and_then(|e| e.expires_at).is_some_and(|t| t.0 / slice_ms == s)
+                entries
+                    .get(k)
+                    .and_then(|e| e.expires_at)
+                    .is_some_and(|t| t.0 / slice_ms == s)
             });
-            let min = first.get().iter().filter_map(|k| entries.get(k).and_then(|e| e.expires_at)).min();
+            let min = first
+                .get()
+                .iter()
+                .filter_map(|k| entries.get(k).and_then(|e| e.expires_at))
+                .min();
             match min {
                 Some(t) => return Some(t),
                 None => {
@@ -169,17 +187,26 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for BucketIndex
         }
     }
 
-    fn take_idle(&mut self, idle_before: Option<Timestamp>, max: usize, out: &mut Vec<(K, Timestamp)>) {
+    fn take_idle(
+        &mut self,
+        idle_before: Option<Timestamp>,
+        max: usize,
+        out: &mut Vec<(K, Timestamp)>,
+    ) {
         let mut taken = 0;
         while taken < max {
-            let Some((s, keys)) = self.access.pop_front() else { break };
+            let Some((s, keys)) = self.access.pop_front() else {
+                break;
+            };
             if idle_before.is_some_and(|b| s > self.slice(b)) {
                 self.access.push_front((s, keys));
                 break;
             }
             let mut keep = Vec::new();
             for key in keys {
-                let Some(la) = self.access_current(&key, s) else { continue };
+                let Some(la) = self.access_current(&key, s) else {
+                    continue;
+                };
                 if taken >= max || idle_before.is_some_and(|b| la >= b) {
                     keep.push(key);
                     continue;

@@ -44,7 +44,9 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ListMapIndex<K> {
     }
 
     fn is_current(&self, seq: u64, key: &K) -> bool {
-        self.entries.get(key).is_some_and(|e| e.seq == seq && e.last_access.is_some())
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.seq == seq && e.last_access.is_some())
     }
 
     fn drop_stale_front(&mut self) {
@@ -59,7 +61,11 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ListMapIndex<K> {
     fn compact_if_sparse(&mut self) {
         if self.access.len() > 1024 && self.access.len() > 4 * self.resident {
             let entries = &self.entries;
-            self.access.retain(|(seq, k)| entries.get(k).is_some_and(|e| e.seq == *seq && e.last_access.is_some()));
+            self.access.retain(|(seq, k)| {
+                entries
+                    .get(k)
+                    .is_some_and(|e| e.seq == *seq && e.last_access.is_some())
+            });
         }
     }
 }
@@ -68,7 +74,14 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for ListMapInde
     fn touch(&mut self, key: &K, expires_at: Option<Timestamp>, last_access: Option<Timestamp>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let old = self.entries.insert(key.clone(), Entry { expires_at, last_access, seq });
+        let old = self.entries.insert(
+            key.clone(),
+            Entry {
+                expires_at,
+                last_access,
+                seq,
+            },
+        );
         if let Some(old) = old {
             if old.last_access.is_some() {
                 self.resident -= 1;
@@ -128,12 +141,21 @@ impl<K: Clone + Eq + Hash + Ord + Send + 'static> ExpiryIndex<K> for ListMapInde
         self.entries.get(key).and_then(|e| e.last_access)
     }
 
-    fn take_idle(&mut self, idle_before: Option<Timestamp>, max: usize, out: &mut Vec<(K, Timestamp)>) {
+    fn take_idle(
+        &mut self,
+        idle_before: Option<Timestamp>,
+        max: usize,
+        out: &mut Vec<(K, Timestamp)>,
+    ) {
         let mut taken = 0;
         while taken < max {
             self.drop_stale_front();
-            let Some((_, key)) = self.access.front() else { break };
-            let Some(entry) = self.entries.get_mut(key) else { break };
+            let Some((_, key)) = self.access.front() else {
+                break;
+            };
+            let Some(entry) = self.entries.get_mut(key) else {
+                break;
+            };
             let Some(la) = entry.last_access else { break };
             if idle_before.is_some_and(|b| la >= b) {
                 break;

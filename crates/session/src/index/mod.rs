@@ -40,7 +40,12 @@ pub trait ExpiryIndex<K>: Send + 'static {
     /// is before `idle_before` (any, if `None`); they are marked as no longer
     /// in memory (their expiration stays known) and appended to `out` with
     /// the last access they had.
-    fn take_idle(&mut self, idle_before: Option<Timestamp>, max: usize, out: &mut Vec<(K, Timestamp)>);
+    fn take_idle(
+        &mut self,
+        idle_before: Option<Timestamp>,
+        max: usize,
+        out: &mut Vec<(K, Timestamp)>,
+    );
     /// How many keys are in memory.
     fn resident(&self) -> usize;
     /// How many keys the index knows.

@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Touch { key: u8, expires: Option<u16>, resident: bool },
+    Touch {
+        key: u8,
+        expires: Option<u16>,
+        resident: bool,
+    },
     Remove(u8),
     Expire,
     TakeIdle(u8),
@@ -33,7 +37,11 @@ fn check<I: ExpiryIndex<u8>>(mut index: I, ops: Vec<Op>) -> Result<(), TestCaseE
     let mut now = 0u64;
     for op in ops {
         match op {
-            Op::Touch { key, expires, resident } => {
+            Op::Touch {
+                key,
+                expires,
+                resident,
+            } => {
                 let exp = expires.map(|e| Timestamp(now + u64::from(e)));
                 let la = resident.then_some(Timestamp(now));
                 index.touch(&key, exp, la);
@@ -47,8 +55,11 @@ fn check<I: ExpiryIndex<u8>>(mut index: I, ops: Vec<Op>) -> Result<(), TestCaseE
                 let mut got = Vec::new();
                 index.take_expired(Timestamp(now), &mut got);
                 got.sort();
-                let want: Vec<u8> =
-                    model.iter().filter(|(_, (e, _))| e.is_some_and(|e| e.0 <= now)).map(|(k, _)| *k).collect();
+                let want: Vec<u8> = model
+                    .iter()
+                    .filter(|(_, (e, _))| e.is_some_and(|e| e.0 <= now))
+                    .map(|(k, _)| *k)
+                    .collect();
                 model.retain(|k, _| !want.contains(k));
                 prop_assert_eq!(got, want);
             }
@@ -65,16 +76,28 @@ fn check<I: ExpiryIndex<u8>>(mut index: I, ops: Vec<Op>) -> Result<(), TestCaseE
                     }
                 }
                 if got.len() < usize::from(max) {
-                    let left = model.values().filter(|(_, la)| la.is_some_and(|la| la.0 < now)).count();
+                    let left = model
+                        .values()
+                        .filter(|(_, la)| la.is_some_and(|la| la.0 < now))
+                        .count();
                     prop_assert_eq!(left, 0);
                 }
             }
             Op::Tick(d) => now += u64::from(d),
         }
         prop_assert_eq!(index.len(), model.len());
-        prop_assert_eq!(index.resident(), model.values().filter(|(_, la)| la.is_some()).count());
-        prop_assert_eq!(index.next_expiry(), model.values().filter_map(|(e, _)| *e).min());
-        prop_assert_eq!(index.oldest_idle(), model.values().filter_map(|(_, la)| *la).min());
+        prop_assert_eq!(
+            index.resident(),
+            model.values().filter(|(_, la)| la.is_some()).count()
+        );
+        prop_assert_eq!(
+            index.next_expiry(),
+            model.values().filter_map(|(e, _)| *e).min()
+        );
+        prop_assert_eq!(
+            index.oldest_idle(),
+            model.values().filter_map(|(_, la)| *la).min()
+        );
     }
     Ok(())
 }

@@ -42,7 +42,9 @@ impl MemoryStorage {
     /// Store raw bytes under a key, bypassing the engine: lets tests plant a
     /// record that cannot be decoded.
     pub fn put_raw(&self, key: &[u8], record: &[u8]) {
-        self.tables().records.insert(key.to_vec(), (record.to_vec(), None));
+        self.tables()
+            .records
+            .insert(key.to_vec(), (record.to_vec(), None));
     }
 
     fn tables(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -63,7 +65,11 @@ impl Storage for MemoryStorage {
         let mut t = self.tables();
         for w in batch {
             match w {
-                Write::Put { key, record, expires_at } => {
+                Write::Put {
+                    key,
+                    record,
+                    expires_at,
+                } => {
                     t.records.insert(key.clone(), (record.clone(), *expires_at));
                 }
                 Write::Delete { key } => {

@@ -57,7 +57,11 @@ impl Storage for RedbStorage {
             let mut deadlines = tx.open_table(DEADLINES)?;
             for w in batch {
                 match w {
-                    Write::Put { key, record, expires_at } => {
+                    Write::Put {
+                        key,
+                        record,
+                        expires_at,
+                    } => {
                         sessions.insert(key.as_slice(), record.as_slice())?;
                         match expires_at {
                             Some(t) => deadlines.insert(key.as_slice(), t.0)?,

@@ -4,7 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use estafeta_session::{
-    BoxFuture, Config, Engine, Finalize, Hooks, MemoryStorage, SessionData, Storage, Timestamp, TokioClock,
+    BoxFuture, Config, Engine, Finalize, Hooks, MemoryStorage, SessionData, Storage, Timestamp,
+    TokioClock,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,12 +54,19 @@ impl Recorder {
 
 impl Hooks<String, Counter> for Recorder {
     fn begin(&self, key: &String, state: &Counter) {
-        self.begins.lock().unwrap().push((key.clone(), state.clone()));
+        self.begins
+            .lock()
+            .unwrap()
+            .push((key.clone(), state.clone()));
     }
     fn end(&self, key: &String, state: &Counter) {
         self.ends.lock().unwrap().push((key.clone(), state.clone()));
     }
-    fn finalize<'a>(&'a self, key: &'a String, s: &'a mut SessionData<Counter>) -> BoxFuture<'a, Finalize> {
+    fn finalize<'a>(
+        &'a self,
+        key: &'a String,
+        s: &'a mut SessionData<Counter>,
+    ) -> BoxFuture<'a, Finalize> {
         Box::pin(async move {
             self.finalized.lock().unwrap().push(key.clone());
             let on_expire = *self.on_expire.lock().unwrap();
@@ -73,9 +81,16 @@ impl Hooks<String, Counter> for Recorder {
             }
         })
     }
-    fn first_load<'a>(&'a self, key: &'a String, s: &'a mut SessionData<Counter>) -> BoxFuture<'a, Finalize> {
+    fn first_load<'a>(
+        &'a self,
+        key: &'a String,
+        s: &'a mut SessionData<Counter>,
+    ) -> BoxFuture<'a, Finalize> {
         Box::pin(async move {
-            self.first_loads.lock().unwrap().push((key.clone(), s.state().clone()));
+            self.first_loads
+                .lock()
+                .unwrap()
+                .push((key.clone(), s.state().clone()));
             Finalize::Keep
         })
     }

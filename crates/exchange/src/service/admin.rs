@@ -1,0 +1,193 @@
+//! Administration: provisioning, the process list, statistics, folders.
+
+use super::core::Core;
+use super::error::ExchangeError;
+use super::state::{Process, db_key};
+use crate::Id;
+use crate::mailbox::{FileEntry, Folder};
+use crate::tenancy::{Principal, Role};
+use crate::token::Token;
+use crate::wire::{
+    DatabaseStats, DeviceStats, FolderListing, ProcessList, ProcessState, ProcessSummary,
+    ResultStatus, Stats, Version,
+};
+
+pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
+    match who {
+        Principal::Admin => Ok(()),
+        _ => Err(ExchangeError::forbidden("this call needs the admin token")),
+    }
+}
+
+fn summary(p: &Process) -> ProcessSummary {
+    ProcessSummary {
+        process_id: p.id,
+        db_id: p.db.clone(),
+        state: p.state,
+        started_at: p.started_at,
+        ready_at: p.ready_at,
+        ended_at: p.ended_at,
+        messages: p.messages.len() as u64,
+        replies: p.replies.len() as u64,
+    }
+}
+
+impl Core {
+    pub(crate) async fn create_database(
+        &self,
+        enterprise: Id,
+        id: Id,
+    ) -> Result<Token, ExchangeError> {
+        let token = self
+            .registry
+            .create_database(enterprise, id.clone())
+            .await?;
+        self.mailboxes.create_mailbox(&id).await?;
+        Ok(token)
+    }
+
+    pub(crate) async fn create_device(
+        &self,
+        enterprise: Id,
+        id: Id,
+        subsystem: Id,
+    ) -> Result<Token, ExchangeError> {
+        let token = self
+            .registry
+            .create_device(enterprise, id.clone(), subsystem)
+            .await?;
+        self.mailboxes.create_mailbox(&id).await?;
+        Ok(token)
+    }
+
+    /// The live, in-doubt and recently ended processes of every database.
+    pub(crate) async fn processes(&self) -> Result<ProcessList, ExchangeError> {
+        let mut processes = Vec::new();
+        for db in self.registry.databases() {
+            let Some(g) = self.sessions()?.get(db_key(&db.id), false).await? else {
+                continue;
+            };
+            let rec = g.state();
+            processes.extend(
+                rec.process
+                    .iter()
+                    .chain(rec.in_doubt.iter())
+                    .chain(rec.recent.iter())
+                    .map(summary),
+            );
+        }
+        processes.sort_by_key(|p| p.started_at);
+        Ok(ProcessList {
+            version: Version,
+            processes,
+        })
+    }
+
+    pub(crate) async fn stats(&self) -> Result<Stats, ExchangeError> {
+        let mut databases = Vec::new();
+        for db in self.registry.databases() {
+            let waiting = self
+                .mailboxes
+                .list_names(&self.location(&db.id, Folder::Messages))
+                .await?
+                .len() as u64;
+            let mut s = DatabaseStats {
+                id: db.id.clone(),
+                enterprise: db.enterprise.clone(),
+                received: 0,
+                waiting,
+                processes: 0,
+                processed: 0,
+                deadlocks: 0,
+                incorrect: 0,
+                replies: 0,
+                not_committed: 0,
+                in_doubt: 0,
+            };
+            if let Some(g) = self.sessions()?.get(db_key(&db.id), false).await? {
+                let rec = g.state();
+                s.in_doubt = rec.in_doubt.len() as u64;
+                for p in rec
+                    .process
+                    .iter()
+                    .chain(rec.recent.iter())
+                    .chain(rec.in_doubt.iter())
+                {
+                    s.processes += 1;
+                    s.replies += p.replies.len() as u64;
+                    match p.state {
+                        ProcessState::Done => {
+                            s.processed += p.verdicts(ResultStatus::Processed).len() as u64;
+                            s.deadlocks += p.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
+                            s.incorrect +=
+                                p.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
+                        }
+                        ProcessState::RolledBack
+                        | ProcessState::Aborted
+                        | ProcessState::TimedOut => s.not_committed += 1,
+                        _ => {}
+                    }
+                }
+            }
+            s.received = s.waiting
+                + self
+                    .mailboxes
+                    .list_names(&self.location(&db.id, Folder::Log))
+                    .await?
+                    .len() as u64;
+            databases.push(s);
+        }
+        let mut devices = Vec::new();
+        for d in self.registry.devices() {
+            let Role::Device { subsystem } = d.role.clone() else {
+                continue;
+            };
+            let inbox = self
+                .mailboxes
+                .list_names(&self.location(&d.id, Folder::Messages))
+                .await?
+                .len() as u64;
+            let acked = self
+                .mailboxes
+                .list_names(&self.location(&d.id, Folder::Log))
+                .await?
+                .len() as u64;
+            devices.push(DeviceStats {
+                id: d.id.clone(),
+                enterprise: d.enterprise.clone(),
+                subsystem,
+                sent: 0,
+                duplicates: 0,
+                received: inbox + acked,
+                acked,
+            });
+        }
+        Ok(Stats {
+            version: Version,
+            databases,
+            devices,
+        })
+    }
+
+    pub(crate) async fn folder(
+        &self,
+        mailbox: Id,
+        folder: Folder,
+    ) -> Result<FolderListing, ExchangeError> {
+        if self.registry.endpoint(&mailbox).is_none() {
+            return Err(ExchangeError::not_found(format!(
+                "no database or device {mailbox}"
+            )));
+        }
+        let files: Vec<FileEntry> = self
+            .mailboxes
+            .list(&self.location(&mailbox, folder))
+            .await?;
+        Ok(FolderListing {
+            version: Version,
+            db_id: mailbox,
+            folder,
+            files: files.iter().map(Into::into).collect(),
+        })
+    }
+}

@@ -1,0 +1,214 @@
+//! Device calls: upload (idempotent per device and key), inbox,
+//! acknowledge. Each runs as a command on the device's session.
+
+use super::Upload as UploadOutcome;
+use super::core::Core;
+use super::error::ExchangeError;
+use super::state::{Upload, dev_key};
+use crate::Id;
+use crate::mailbox::{FileName, Folder};
+use crate::tenancy::Principal;
+use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
+use std::collections::HashSet;
+
+/// The longest idempotency key accepted.
+const MAX_KEY_LEN: usize = 200;
+/// Inbox answers hold at most this many messages.
+const MAX_INBOX: usize = 1000;
+
+struct Device<'a> {
+    id: &'a Id,
+    enterprise: &'a Id,
+}
+
+fn device(who: &Principal) -> Result<Device<'_>, ExchangeError> {
+    match who {
+        Principal::Device { id, enterprise, .. } => Ok(Device { id, enterprise }),
+        _ => Err(ExchangeError::forbidden("this call needs a device token")),
+    }
+}
+
+impl Core {
+    /// POST /v1/messages.
+    pub(crate) async fn send(
+        &self,
+        who: &Principal,
+        req: SendMessage,
+    ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
+        let dev = device(who)?;
+        let Principal::Device { subsystem, .. } = who else {
+            return Err(ExchangeError::forbidden("device token needed"));
+        };
+        if !self.registry.is_database_of(&req.to, dev.enterprise) {
+            return Err(ExchangeError::forbidden(format!(
+                "{} is not a database of this device's enterprise",
+                req.to
+            )));
+        }
+        if let Some(key) = &req.idempotency_key
+            && (key.is_empty() || key.len() > MAX_KEY_LEN)
+        {
+            return Err(ExchangeError::bad_request(
+                "bad_idempotency_key",
+                format!("idempotency_key must be 1–{MAX_KEY_LEN} bytes"),
+            ));
+        }
+        let now = self.now();
+        let mut message = Message {
+            version: Version,
+            id: self.ids.message_id(self.now_system()),
+            from: dev.id.clone(),
+            to: req.to.clone(),
+            subsystem: subsystem.clone(),
+            created_at: req.created_at.unwrap_or(now),
+            body: req.body,
+        };
+        let queue = self.location(&req.to, Folder::Messages);
+        let Some(key) = req.idempotency_key else {
+            self.mailboxes.write(&queue, &message).await?;
+            return Ok((
+                MessageAccepted {
+                    version: Version,
+                    id: message.id,
+                },
+                UploadOutcome::Created,
+            ));
+        };
+
+        let mut g = self
+            .sessions()?
+            .get(dev_key(dev.id), true)
+            .await?
+            .ok_or_else(|| {
+                ExchangeError::unavailable("storage_error", "device session unavailable")
+            })?;
+        if let Some(earlier) = g.state().keys.get(&key).cloned() {
+            drop(g);
+            if !self.exists_anywhere(&earlier.name).await {
+                // Recorded but not written (a crash in between): write the
+                // very same message now.
+                message.id = earlier.name.id;
+                message.created_at = earlier.name.created_at;
+                message.to = earlier.name.to.clone();
+                let queue = self.location(&earlier.name.to, Folder::Messages);
+                self.mailboxes.write(&queue, &message).await?;
+            }
+            return Ok((
+                MessageAccepted {
+                    version: Version,
+                    id: earlier.name.id,
+                },
+                UploadOutcome::Repeated,
+            ));
+        }
+        // The key and the file name are durable before the file is written.
+        let ttl_cutoff = now.as_millis().saturating_sub(
+            i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX),
+        );
+        let rec = g.persistent_mut();
+        rec.keys.retain(|_, u| u.at.as_millis() >= ttl_cutoff);
+        rec.keys.insert(
+            key.clone(),
+            Upload {
+                name: FileName::of(&message),
+                at: now,
+            },
+        );
+        if let Err(e) = g.save().await {
+            g.persistent_mut().keys.remove(&key);
+            return Err(e.into());
+        }
+        let written = self.mailboxes.write(&queue, &message).await;
+        if let Err(e) = written {
+            g.persistent_mut().keys.remove(&key);
+            drop(g);
+            return Err(e.into());
+        }
+        g.release().await?;
+        tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
+        Ok((
+            MessageAccepted {
+                version: Version,
+                id: message.id,
+            },
+            UploadOutcome::Created,
+        ))
+    }
+
+    /// Whether a message file is in any folder of its recipient's mailbox.
+    async fn exists_anywhere(&self, name: &FileName) -> bool {
+        let paths: Vec<_> = [
+            Folder::Messages,
+            Folder::Log,
+            Folder::Error,
+            Folder::Unknown,
+        ]
+        .into_iter()
+        .map(|f| {
+            self.mailboxes
+                .path(&self.location(&name.to, f))
+                .join(name.to_string())
+        })
+        .collect();
+        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
+            .await
+            .unwrap_or(true)
+    }
+
+    /// GET /v1/inbox.
+    pub(crate) async fn inbox(
+        &self,
+        who: &Principal,
+        limit: Option<usize>,
+    ) -> Result<Vec<u8>, ExchangeError> {
+        let dev = device(who)?;
+        let inbox = self.location(dev.id, Folder::Messages);
+        let mut names = self.mailboxes.list_names(&inbox).await?;
+        names.truncate(limit.unwrap_or(MAX_INBOX).min(MAX_INBOX));
+        let raw = self.mailboxes.read_array(&inbox, &names).await?;
+        Ok(Inbox::json_from_raw(&raw.json))
+    }
+
+    /// POST /v1/inbox/ack.
+    pub(crate) async fn ack(
+        &self,
+        who: &Principal,
+        req: AckRequest,
+    ) -> Result<AckResponse, ExchangeError> {
+        let dev = device(who)?;
+        // On the device's session, so acknowledgements of one device are
+        // serialized with each other.
+        let g = self.sessions()?.get(dev_key(dev.id), true).await?;
+        let inbox = self.location(dev.id, Folder::Messages);
+        let wanted: HashSet<_> = req.ids.iter().collect();
+        let names: Vec<FileName> = self
+            .mailboxes
+            .list_names(&inbox)
+            .await?
+            .into_iter()
+            .filter(|n| wanted.contains(&n.id))
+            .collect();
+        let log = self.location(dev.id, Folder::Log);
+        let moves: Vec<_> = names
+            .iter()
+            .map(|n| (n.clone(), inbox.clone(), log.clone()))
+            .collect();
+        let mut acked = 0;
+        let mut failed = None;
+        for r in self.mailboxes.move_all(&moves).await {
+            match r {
+                Ok(_) => acked += 1,
+                Err(crate::error::MailboxError::NotFound { .. }) => {}
+                Err(e) => failed = Some(e),
+            }
+        }
+        drop(g);
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        Ok(AckResponse {
+            version: Version,
+            acked,
+        })
+    }
+}

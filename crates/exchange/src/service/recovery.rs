@@ -1,0 +1,102 @@
+//! Start-up processing and retention.
+
+use super::RecoveryReport;
+use super::core::Core;
+use super::error::ExchangeError;
+use super::state::db_key;
+use crate::mailbox::Folder;
+use crate::{MessageId, Timestamp};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+impl Core {
+    /// Every database session is loaded, which runs the first-load hook on
+    /// each (timeouts, CLEANUP, in doubt); then files in `Prepared` that no
+    /// process refers to are moved to `Unknown` and reported; then
+    /// retention runs.
+    pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
+        let mut report = RecoveryReport::default();
+        for e in self
+            .registry
+            .databases()
+            .into_iter()
+            .chain(self.registry.devices())
+        {
+            self.mailboxes.create_mailbox(&e.id).await?;
+            self.mailboxes.sweep_temp_files(&e.id).await?;
+        }
+        for db in self.registry.databases() {
+            report.databases += 1;
+            let g = self.sessions()?.get(db_key(&db.id), true).await?;
+            let referenced: HashSet<MessageId> = match &g {
+                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+                None => HashSet::new(),
+            };
+            let prepared = self.location(&db.id, Folder::Prepared);
+            let orphans: Vec<_> = self
+                .mailboxes
+                .list_names(&prepared)
+                .await?
+                .into_iter()
+                .filter(|n| !referenced.contains(&n.id))
+                .collect();
+            if !orphans.is_empty() {
+                tracing::error!(
+                    target: "estafeta::alert", db = %db.id, files = orphans.len(),
+                    "orphaned files in Prepared with no process; moved to Unknown"
+                );
+                let unknown = self.location(&db.id, Folder::Unknown);
+                let moves: Vec<_> = orphans
+                    .iter()
+                    .map(|n| (n.clone(), prepared.clone(), unknown.clone()))
+                    .collect();
+                for r in self.mailboxes.move_all(&moves).await {
+                    r?;
+                }
+                report.orphans += orphans.len();
+            }
+            drop(g);
+        }
+        report.timed_out = self.recovery.timed_out.load(Ordering::Relaxed);
+        report.cleanups_finished = self.recovery.cleanups.load(Ordering::Relaxed);
+        report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
+        report.expired_files = self.retention_sweep().await?;
+        self.ready.store(true, Ordering::SeqCst);
+        tracing::info!(?report, "start-up processing done");
+        Ok(report)
+    }
+
+    /// Remove `Log`, `Prepared`, `Unknown` and `Error` files older than the
+    /// retention period, except those a live or in-doubt process refers to.
+    pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
+        let cutoff_ms = self
+            .now()
+            .as_millis()
+            .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
+        let cutoff = Timestamp::from_millis(cutoff_ms);
+        let mut removed = 0;
+        for e in self
+            .registry
+            .databases()
+            .into_iter()
+            .chain(self.registry.devices())
+        {
+            let keep: HashSet<MessageId> = match self.sessions()?.get(db_key(&e.id), false).await? {
+                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+                None => HashSet::new(),
+            };
+            for folder in [
+                Folder::Log,
+                Folder::Prepared,
+                Folder::Unknown,
+                Folder::Error,
+            ] {
+                removed += self
+                    .mailboxes
+                    .remove_older_than(&self.location(&e.id, folder), cutoff, &keep)
+                    .await?;
+            }
+        }
+        Ok(removed)
+    }
+}

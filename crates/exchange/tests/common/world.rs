@@ -1,0 +1,203 @@
+//! A whole exchange on a temporary data folder with a controlled clock,
+//! provisioned with two enterprises, databases and devices.
+#![allow(dead_code, unreachable_pub)]
+
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::*;
+use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId};
+use estafeta_session::{Timestamp as SessionTime, TokioClock};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const STARTED_TIMEOUT: Duration = Duration::from_secs(600);
+pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub ex: Exchange,
+    pub admin: Principal,
+    pub db: Principal,
+    pub db2: Principal,
+    pub phone: Principal,
+    pub phone2: Principal,
+    pub other_db: Principal,
+    pub other_phone: Principal,
+}
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+pub async fn open(dir: &std::path::Path, start: SessionTime) -> Exchange {
+    let mut config = ExchangeConfig::new(dir.join("data"));
+    config.admin_token = Some("a".repeat(64));
+    config.started_timeout = STARTED_TIMEOUT;
+    config.ready_timeout = READY_TIMEOUT;
+    let (ex, _) = Exchange::open(config, Arc::new(TokioClock::starting_at(start)))
+        .await
+        .unwrap();
+    ex.recover().await.unwrap();
+    ex
+}
+
+impl World {
+    pub async fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let ex = open(dir.path(), SessionTime(1_800_000_000_000)).await;
+        let admin = Principal::Admin;
+        for ent in ["acme", "other"] {
+            ex.create_enterprise(&admin, id(ent)).await.unwrap();
+            ex.create_subsystem(&admin, id(ent), id("sales"))
+                .await
+                .unwrap();
+        }
+        let mut tokens = Vec::new();
+        for (ent, db) in [("acme", "db-a"), ("acme", "db-b"), ("other", "db-x")] {
+            tokens.push(ex.create_database(&admin, id(ent), id(db)).await.unwrap());
+        }
+        for (ent, dev) in [
+            ("acme", "phone-1"),
+            ("acme", "phone-2"),
+            ("other", "phone-x"),
+        ] {
+            tokens.push(
+                ex.create_device(&admin, id(ent), id(dev), id("sales"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let p: Vec<Principal> = tokens
+            .iter()
+            .map(|t| ex.authenticate(t.expose()).unwrap())
+            .collect();
+        World {
+            dir,
+            ex,
+            admin,
+            db: p[0].clone(),
+            db2: p[1].clone(),
+            other_db: p[2].clone(),
+            phone: p[3].clone(),
+            phone2: p[4].clone(),
+            other_phone: p[5].clone(),
+        }
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// File count of a folder of a mailbox.
+    pub fn files(&self, mailbox: &str, folder: Folder) -> usize {
+        std::fs::read_dir(self.data().join(mailbox).join(folder.as_str()))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    pub async fn upload(&self, n: usize) -> Vec<MessageId> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let req = SendMessage {
+                version: Version,
+                to: id("db-a"),
+                body: Body::from_json(format!(r#"{{"n":{i}}}"#)).unwrap(),
+                created_at: None,
+                idempotency_key: None,
+            };
+            ids.push(self.ex.send(&self.phone, req).await.unwrap().0.id);
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        ids
+    }
+
+    pub async fn start(&self) -> StartResponse {
+        let req = StartRequest {
+            version: Version,
+            db_id: id("db-a"),
+            subsystems: None,
+            senders: None,
+            max_files: None,
+            max_mb: None,
+        };
+        serde_json::from_slice(&self.ex.start(&self.db, req).await.unwrap()).unwrap()
+    }
+
+    pub fn results(start: &StartResponse, status: ResultStatus) -> Vec<MessageResult> {
+        start
+            .messages
+            .iter()
+            .flatten()
+            .map(|m| MessageResult {
+                message_id: m.id,
+                status,
+                error_code: None,
+                error_text: None,
+            })
+            .collect()
+    }
+
+    pub async fn prepare(
+        &self,
+        pid: &str,
+        results: Vec<MessageResult>,
+        replies: usize,
+    ) -> CallStatus {
+        let replies = (0..replies)
+            .map(|i| Reply {
+                to: id("phone-1"),
+                body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
+                created_at: None,
+            })
+            .collect();
+        self.ex
+            .prepare(
+                &self.db,
+                pid,
+                PrepareRequest {
+                    version: Version,
+                    results,
+                    replies,
+                },
+            )
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub async fn commit(&self, pid: &str) -> CallStatus {
+        self.ex
+            .commit(&self.db, pid, CommitRequest { version: Version })
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub async fn rollback(&self, pid: &str) -> CallStatus {
+        self.ex
+            .rollback(
+                &self.db,
+                pid,
+                RollbackRequest {
+                    version: Version,
+                    error_text: "tx failed".into(),
+                },
+            )
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub async fn state(&self, pid: &str) -> ProcessState {
+        self.ex.process_status(&self.db, pid).await.unwrap().state
+    }
+
+    pub async fn inbox(&self) -> Inbox {
+        serde_json::from_slice(&self.ex.inbox(&self.phone, None).await.unwrap()).unwrap()
+    }
+}

@@ -1,0 +1,370 @@
+//! The six-call protocol through the service facade, transition by
+//! transition, on a controlled clock.
+
+#[path = "common/world.rs"]
+mod world;
+
+use estafeta_exchange::ErrorKind;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::*;
+use std::time::Duration;
+use world::*;
+
+#[tokio::test(start_paused = true)]
+async fn full_cycle_with_mixed_results() {
+    let w = World::new().await;
+    w.upload(3).await;
+    let s = w.start().await;
+    assert_eq!(s.status, StartStatus::Ok);
+    let msgs = s.messages.clone().unwrap();
+    assert_eq!(msgs.len(), 3);
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(w.state(&pid).await, ProcessState::Started);
+    let statuses = [
+        ResultStatus::Processed,
+        ResultStatus::ProcessedDeadlock,
+        ResultStatus::ProcessedIncorrect,
+    ];
+    let results = msgs
+        .iter()
+        .zip(statuses)
+        .map(|(m, st)| MessageResult {
+            message_id: m.id,
+            status: st,
+            error_code: Some(7),
+            error_text: None,
+        })
+        .collect();
+    assert_eq!(w.prepare(&pid, results, 2).await, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::ReadyToCommit);
+    assert_eq!(w.files("db-a", Folder::Prepared), 2);
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert_eq!(w.files("db-a", Folder::Log), 1);
+    assert_eq!(w.files("db-a", Folder::Error), 1);
+    assert_eq!(
+        w.files("db-a", Folder::Messages),
+        1,
+        "the deadlocked one stays"
+    );
+    assert_eq!(w.files("db-a", Folder::Prepared), 0);
+    assert_eq!(w.inbox().await.messages.len(), 2);
+    // Commit again: OK again.
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    // The deadlocked message comes again.
+    let again = w.start().await;
+    assert_eq!(again.messages.unwrap()[0].id, msgs[1].id);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_busy_and_accept_narrowing() {
+    let w = World::new().await;
+    assert_eq!(w.start().await.status, StartStatus::Idle);
+    w.upload(3).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(w.start().await.status, StartStatus::Busy);
+    let first = s.messages.unwrap()[0].id;
+    let r =
+        w.ex.accept(
+            &w.db,
+            &pid,
+            AcceptRequest {
+                version: Version,
+                message_ids: vec![first],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, CallStatus::Ok);
+    // Results must now name exactly the accepted one.
+    let bad =
+        w.ex.prepare(
+            &w.db,
+            &pid,
+            PrepareRequest {
+                version: Version,
+                results: vec![],
+                replies: vec![],
+            },
+        )
+        .await;
+    assert_eq!(bad.unwrap_err().kind(), ErrorKind::Unprocessable);
+    let one = vec![MessageResult {
+        message_id: first,
+        status: ResultStatus::Processed,
+        error_code: None,
+        error_text: None,
+    }];
+    assert_eq!(w.prepare(&pid, one, 0).await, CallStatus::Ok);
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(
+        w.files("db-a", Folder::Messages),
+        2,
+        "the others stay and come again"
+    );
+    assert_eq!(w.files("db-a", Folder::Log), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn started_timeout_then_late_prepare_is_cancelled() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    tokio::time::sleep(STARTED_TIMEOUT + Duration::from_secs(2)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::TimedOut);
+    let results = World::results(&s, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Cancelled);
+    assert_eq!(w.files("db-a", Folder::Prepared), 0, "nothing written");
+    assert_eq!(w.commit(&pid).await, CallStatus::Cancelled);
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    assert_eq!(
+        w.start().await.status,
+        StartStatus::Ok,
+        "the message comes again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_timeout_in_doubt_then_late_commit() {
+    let w = World::new().await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedIncorrect;
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
+    assert_eq!(
+        w.files("db-a", Folder::Unknown),
+        2,
+        "processed message and reply"
+    );
+    assert_eq!(w.files("db-a", Folder::Error), 1);
+    assert_eq!(
+        w.start().await.status,
+        StartStatus::Idle,
+        "in doubt does not block"
+    );
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert_eq!(w.files("db-a", Folder::Unknown), 0);
+    assert_eq!(w.files("db-a", Folder::Log), 1);
+    assert_eq!(w.inbox().await.messages.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_timeout_in_doubt_then_late_rollback() {
+    let w = World::new().await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedIncorrect;
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::RolledBack);
+    assert_eq!(
+        w.files("db-a", Folder::Messages),
+        2,
+        "both back in the queue"
+    );
+    assert_eq!(
+        w.files("db-a", Folder::Unknown) + w.files("db-a", Folder::Error),
+        0
+    );
+    assert!(w.inbox().await.messages.is_empty());
+    assert_eq!(w.commit(&pid).await, CallStatus::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rollback_and_abort_delete_replies() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(
+        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 2)
+            .await,
+        CallStatus::Ok
+    );
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    assert_eq!(w.files("db-a", Folder::Prepared), 0);
+    assert_eq!(w.files("db-a", Folder::Messages), 1);
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok, "again: still OK");
+    assert_eq!(w.commit(&pid).await, CallStatus::Cancelled);
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let r =
+        w.ex.abort(
+            &w.db,
+            &pid,
+            AbortRequest {
+                version: Version,
+                message: "user stop".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::Aborted);
+    // Never issued.
+    assert_eq!(
+        w.commit("01ARZ3NDEKTSV4RRFFQ69G5FAV").await,
+        CallStatus::Cancelled
+    );
+    assert_eq!(
+        w.ex.process_status(&w.db, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_upload_and_ack() {
+    let w = World::new().await;
+    let req = |k: &str| SendMessage {
+        version: Version,
+        to: "db-a".parse().unwrap(),
+        body: Body::from_json("{}").unwrap(),
+        created_at: None,
+        idempotency_key: Some(k.into()),
+    };
+    let (a, first) = w.ex.send(&w.phone, req("k1")).await.unwrap();
+    let (b, second) = w.ex.send(&w.phone, req("k1")).await.unwrap();
+    assert_eq!(a.id, b.id);
+    assert_eq!(
+        (first, second),
+        (
+            estafeta_exchange::Upload::Created,
+            estafeta_exchange::Upload::Repeated
+        )
+    );
+    assert_eq!(w.files("db-a", Folder::Messages), 1);
+    // Another device's same key is its own.
+    w.ex.send(&w.phone2, req("k1")).await.unwrap();
+    assert_eq!(w.files("db-a", Folder::Messages), 2);
+    // A reply, then ack.
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
+        .await;
+    w.commit(&pid).await;
+    let inbox = w.inbox().await;
+    let ids = inbox.messages.iter().map(|m| m.id).collect::<Vec<_>>();
+    let r =
+        w.ex.ack(
+            &w.phone,
+            AckRequest {
+                version: Version,
+                ids: ids.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.acked, 1);
+    let r =
+        w.ex.ack(
+            &w.phone,
+            AckRequest {
+                version: Version,
+                ids,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.acked, 0, "already acknowledged: not counted");
+    assert!(w.inbox().await.messages.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn authorization() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    // Another database's token cannot touch this process.
+    let e =
+        w.ex.commit(&w.db2, &pid, CommitRequest { version: Version })
+            .await
+            .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Forbidden);
+    assert_eq!(
+        w.ex.process_status(&w.db2, &pid).await.unwrap_err().kind(),
+        ErrorKind::Forbidden
+    );
+    // Enterprise isolation: a device cannot send to another enterprise's database.
+    let req = SendMessage {
+        version: Version,
+        to: "db-x".parse().unwrap(),
+        body: Body::from_json("{}").unwrap(),
+        created_at: None,
+        idempotency_key: None,
+    };
+    assert_eq!(
+        w.ex.send(&w.phone, req).await.unwrap_err().kind(),
+        ErrorKind::Forbidden
+    );
+    // Role checks.
+    assert_eq!(
+        w.ex.processes(&w.phone).await.unwrap_err().kind(),
+        ErrorKind::Forbidden
+    );
+    assert_eq!(
+        w.ex.inbox(&w.db, None).await.unwrap_err().kind(),
+        ErrorKind::Forbidden
+    );
+    let start = StartRequest {
+        version: Version,
+        db_id: "db-a".parse().unwrap(),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    };
+    assert_eq!(
+        w.ex.start(&w.other_db, start).await.unwrap_err().kind(),
+        ErrorKind::Forbidden
+    );
+    let _ = &w.other_phone;
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
+    let w = World::new().await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(
+        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
+            .await,
+        CallStatus::Ok
+    );
+    w.ex.shutdown().await.unwrap();
+    let World { ex, dir, db, .. } = w;
+    drop(ex);
+    // Let the old engine's tasks end and close their files.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let ex = open(dir.path(), estafeta_session::Timestamp(1_800_000_100_000)).await;
+    let files = |f: Folder| {
+        std::fs::read_dir(dir.path().join("data/db-a").join(f.as_str()))
+            .unwrap()
+            .count()
+    };
+    let st = ex.process_status(&db, &pid).await.unwrap();
+    assert_eq!(st.state, ProcessState::InDoubt);
+    assert_eq!(files(Folder::Unknown), 3);
+    let r = ex
+        .commit(&db, &pid, CommitRequest { version: Version })
+        .await
+        .unwrap();
+    assert_eq!(r.status, CallStatus::Ok);
+    assert_eq!(files(Folder::Log), 2);
+}
