@@ -1,0 +1,253 @@
+//! The shared harness of the server's tests: the library's `run` on a
+//! loopback port-0 listener over a temporary data folder, the real
+//! `estafeta` binary as a child process, and a provisioned tenancy.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use estafeta_client::Client;
+use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id};
+use estafeta_server::{HttpSettings, ServeError, run};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The admin token of in-process servers.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+pub fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// Opens an exchange on `data` with the test admin token.
+pub async fn open_exchange(data: &Path) -> Exchange {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some(ADMIN_TOKEN.to_owned());
+    let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
+        .await
+        .unwrap();
+    exchange
+}
+
+/// Waits until `/readyz` answers 200 (start-up recovery runs in the
+/// background); fails after many tries.
+pub async fn wait_ready(client: &Client) {
+    for _ in 0..1000 {
+        if client.readyz().await.unwrap() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server did not become ready");
+}
+
+/// The library's `run` on 127.0.0.1:0 in a temporary data folder.
+pub struct TestServer {
+    pub data: tempfile::TempDir,
+    pub addr: SocketAddr,
+    pub base: String,
+    /// A client with the admin token.
+    pub admin: Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl TestServer {
+    /// A ready server with the default HTTP settings.
+    pub async fn start() -> TestServer {
+        Self::start_with(HttpSettings::default()).await
+    }
+
+    /// A ready server with the given HTTP settings.
+    pub async fn start_with(http: HttpSettings) -> TestServer {
+        let data = tempfile::tempdir().unwrap();
+        let exchange = open_exchange(data.path()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run(listener, exchange, http, async move {
+            let _ = stopped.await;
+        }));
+        let base = format!("http://{addr}");
+        let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
+        wait_ready(&admin).await;
+        TestServer {
+            data,
+            addr,
+            base,
+            admin,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// A client with another token (empty: none).
+    pub fn client(&self, token: &str) -> Client {
+        self.admin.with_token(token)
+    }
+
+    /// A raw HTTP client for requests the typed client cannot make.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Signals shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.take().unwrap().await.unwrap()
+    }
+}
+
+/// A provisioned tenancy: enterprise `acme` (subsystem `sales`, databases
+/// `db-a` and `db-b`, devices `phone-1` and `phone-2`) and enterprise
+/// `other` (database `db-x`, device `phone-x`), each with its client.
+pub struct Tenancy {
+    pub db_a: Client,
+    pub db_b: Client,
+    pub db_x: Client,
+    pub phone1: Client,
+    pub phone2: Client,
+    pub phone_x: Client,
+}
+
+impl Tenancy {
+    pub async fn provision(admin: &Client) -> Tenancy {
+        for ent in ["acme", "other"] {
+            admin.create_enterprise(&id(ent)).await.unwrap();
+            admin
+                .create_subsystem(&id(ent), &id("sales"))
+                .await
+                .unwrap();
+        }
+        let db = |ent: &'static str, db: &'static str| async move {
+            let c = admin.create_database(&id(ent), &id(db)).await.unwrap();
+            admin.with_token(&c.token)
+        };
+        let dev = |ent: &'static str, dev: &'static str| async move {
+            let c = admin
+                .create_device(&id(ent), &id(dev), &id("sales"))
+                .await
+                .unwrap();
+            admin.with_token(&c.token)
+        };
+        Tenancy {
+            db_a: db("acme", "db-a").await,
+            db_b: db("acme", "db-b").await,
+            db_x: db("other", "db-x").await,
+            phone1: dev("acme", "phone-1").await,
+            phone2: dev("acme", "phone-2").await,
+            phone_x: dev("other", "phone-x").await,
+        }
+    }
+}
+
+/// An upload of `body` to `to`.
+pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
+    SendMessage {
+        version: Version,
+        to: id(to),
+        body: Body::from_json(body).unwrap(),
+        created_at: None,
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+/// A start call for `db` with no filters.
+pub fn start_request(db: &str) -> StartRequest {
+    StartRequest {
+        version: Version,
+        db_id: id(db),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    }
+}
+
+/// The real `estafeta` binary, started by [`Binary::serve`].
+pub struct Binary {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub base: String,
+    /// The admin token, when this start generated one and printed it.
+    pub printed_token: Option<String>,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// A command for the binary with no `ESTAFETA_*` setting inherited from
+/// the test's environment, run in `cwd` (so no stray `estafeta.toml`).
+pub fn estafeta(cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_estafeta"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ESTAFETA_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.current_dir(cwd).kill_on_drop(true);
+    cmd
+}
+
+impl Binary {
+    /// Starts `estafeta serve` (plus `args`) listening on 127.0.0.1:0 with
+    /// data in `data`, `env` added, and waits for its `listening on` line.
+    pub async fn serve(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, &str)]) -> Binary {
+        let mut cmd = estafeta(cwd);
+        cmd.arg("serve")
+            .args(args)
+            .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+            .env("ESTAFETA_DATA_DIR", data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut printed_token = None;
+        let addr = loop {
+            let mut line = String::new();
+            let n = stdout.read_line(&mut line).await.unwrap();
+            assert!(
+                n > 0,
+                "the server exited before listening: {:?}",
+                child.wait().await
+            );
+            if let Some(rest) = line.trim().strip_prefix("admin token: ") {
+                printed_token = rest.split_whitespace().next().map(str::to_owned);
+            }
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse::<SocketAddr>().unwrap();
+            }
+        };
+        Binary {
+            child,
+            addr,
+            base: format!("http://{addr}"),
+            printed_token,
+            stdout,
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub async fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.id().unwrap().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().await.unwrap();
+        // Drain what is left of stdout so nothing blocks the child.
+        let mut rest = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut self.stdout, &mut rest).await;
+        exit.code()
+    }
+}
