@@ -97,11 +97,16 @@ impl TestServer {
         format!("{}{path}", self.base)
     }
 
-    /// Signals shutdown and waits for `run` to return.
-    pub async fn stop(mut self) -> Result<(), ServeError> {
+    /// Signals shutdown without waiting for it.
+    pub fn signal_stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+
+    /// Signals shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        self.signal_stop();
         self.task.take().unwrap().await.unwrap()
     }
 }
