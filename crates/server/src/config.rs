@@ -35,7 +35,8 @@ Settings (environment variables; a TOML file may set the same keys in lower case
   ESTAFETA_READY_TIMEOUT    a READY_TO_COMMIT process older than this is in doubt [default: 5m]
   ESTAFETA_RETENTION        files in Log, Prepared, Unknown, Error older than this are removed [default: 90d]
   ESTAFETA_MAX_BODY_MB      a larger request body is answered 413 [default: 32]
-  ESTAFETA_REQUEST_TIMEOUT  a request body not received within this is answered 408 [default: 30s]
+  ESTAFETA_REQUEST_TIMEOUT  a request head not received within this drops the connection, a body
+                            is answered 408 [default: 30s]
 Durations in humantime form: 2s, 10m, 90d. Precedence: defaults < TOML file < environment.";
 
 /// The configuration could not be read.
@@ -77,7 +78,7 @@ pub struct Settings {
     pub retention: Duration,
     /// The largest request body, in megabytes.
     pub max_body_mb: u64,
-    /// How long a client may take to send its request body.
+    /// How long a client may take to send its request head, and its body.
     #[serde(with = "humantime_text")]
     pub request_timeout: Duration,
 }
@@ -183,7 +184,8 @@ pub const RETENTION_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 pub struct HttpSettings {
     /// A larger request body is answered 413.
     pub max_body_bytes: usize,
-    /// A request body not received within this is answered 408.
+    /// A request head not received within this drops the connection; a
+    /// body not received within it is answered 408.
     pub request_timeout: Duration,
     /// The period of the retention sweep.
     pub retention_interval: Duration,

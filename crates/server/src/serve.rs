@@ -1,13 +1,21 @@
 //! [`run`]: serve the router on a listener the caller bound, with start-up
 //! recovery in the background, the daily retention sweep, and graceful
 //! shutdown when the caller's signal fires.
+//!
+//! The accept loop is hyper's own rather than `axum::serve`, because the
+//! latter sets no header read timeout: a client that never finishes its
+//! request head would hold a connection, and a graceful shutdown, forever.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use axum::Router;
 use estafeta_exchange::{Exchange, ExchangeError};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -18,12 +26,9 @@ use crate::state::AppState;
 /// The longest wait between two attempts at start-up recovery.
 const MAX_RECOVERY_BACKOFF: Duration = Duration::from_secs(60);
 
-/// Serving stopped with an error.
+/// Serving ended with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The listener failed.
-    #[error("serving HTTP failed: {0}")]
-    Io(#[from] std::io::Error),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
     Shutdown(#[from] ExchangeError),
@@ -64,19 +69,16 @@ where
             stop_tx.send_replace(true);
         }
     };
-    // Small request/answer exchanges: do not let Nagle's algorithm hold them.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let served = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(signal)
-        .await;
+    let signal = tokio::spawn(signal);
+    serve_http(
+        listener,
+        app(state.clone()),
+        http.request_timeout,
+        stop_tx.subscribe(),
+    )
+    .await;
+    signal.abort();
 
-    // Also when serving failed before the signal: stop the background tasks.
-    state.set_ready(false);
-    stop_tx.send_replace(true);
     for task in [recovery, retention] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "a background task panicked");
@@ -84,7 +86,63 @@ where
     }
     exchange.shutdown().await?;
     tracing::info!("stopped");
-    served.map_err(ServeError::from)
+    Ok(())
+}
+
+/// Accepts connections until `stop`, then lets every open connection finish
+/// its request in flight and closes it. A request head must arrive within
+/// `header_timeout`.
+async fn serve_http(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopping| *stopping) => break,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(pair) => pair,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                // Out of file descriptors and the like: wait, do not spin.
+                tracing::error!(error = %e, "accepting a connection failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.wait_for(|stopping| *stopping) => break,
+                }
+            }
+        };
+        // Small request/answer exchanges: do not let Nagle's algorithm hold them.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+        let service = TowerToHyperService::new(router.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%remote, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Errors of one incoming connection, not of the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 /// Runs start-up recovery until it succeeds (or the server stops), then

@@ -454,3 +454,35 @@ async fn metrics_count_requests_by_route_and_status() {
     assert!(text.contains(r#"route="/healthz",status="200"}"#), "{text}");
     server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown() {
+    let http_settings = HttpSettings {
+        request_timeout: Duration::from_millis(200),
+        ..HttpSettings::default()
+    };
+    let server = TestServer::start_with(http_settings).await;
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    tcp.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    // The server closes the connection by itself once the head is late.
+    let mut rest = Vec::new();
+    let _ = tcp.read_to_end(&mut rest).await;
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+    // A second stalled client does not keep the server from stopping.
+    let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stalled
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    // A generous guard against a hang, not a timing assertion.
+    tokio::time::timeout(Duration::from_secs(60), server.stop())
+        .await
+        .expect("shutdown waited for a stalled client")
+        .unwrap();
+}
