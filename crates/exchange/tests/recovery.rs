@@ -1,0 +1,155 @@
+//! Start-up processing, retention, and storage failures through the
+//! service facade.
+
+#[path = "common/world.rs"]
+mod world;
+
+use estafeta_exchange::ErrorKind;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::*;
+use estafeta_session::Timestamp as SessionTime;
+use std::time::Duration;
+use world::*;
+
+const T0: u64 = 1_800_000_000_000;
+const DAY: u64 = 86_400_000;
+
+/// Shut the world's exchange down and reopen the folder at `at`.
+async fn restart(w: World, at: u64) -> (estafeta_exchange::Exchange, World) {
+    w.ex.shutdown().await.unwrap();
+    let World {
+        ex,
+        dir,
+        admin,
+        db,
+        db2,
+        phone,
+        phone2,
+        other_db,
+        other_phone,
+    } = w;
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let ex = open(dir.path(), SessionTime(at)).await;
+    (
+        ex.clone(),
+        World {
+            dir,
+            ex,
+            admin,
+            db,
+            db2,
+            phone,
+            phone2,
+            other_db,
+            other_phone,
+        },
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_removes_timed_out_started_processes() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let pid = w.start().await.process_id.unwrap().to_string();
+    let (_, w) = restart(w, T0 + 3_600_000).await;
+    assert_eq!(w.state(&pid).await, ProcessState::TimedOut);
+    assert_eq!(
+        w.start().await.status,
+        StartStatus::Ok,
+        "the message is free again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn orphans_in_prepared_are_moved_to_unknown() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(
+        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
+            .await,
+        CallStatus::Ok
+    );
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    // A reply file nobody refers to (as if a delete had failed).
+    let prepared = w.data().join("db-a/Prepared");
+    let stray = estafeta_exchange::mailbox::FileName {
+        created_at: estafeta_exchange::Timestamp::from_millis(T0 as i64),
+        id: estafeta_exchange::MessageId::from_parts(T0, 42),
+        from: "db-a".parse().unwrap(),
+        to: "phone-1".parse().unwrap(),
+        subsystem: "sales".parse().unwrap(),
+    }
+    .to_string();
+    std::fs::write(prepared.join(&stray), br#"{"version":1}"#).unwrap();
+    let (ex, w) = restart(w, T0 + 1000).await;
+    let _ = ex;
+    assert_eq!(w.files("db-a", Folder::Prepared), 0);
+    assert!(w.data().join("db-a/Unknown").join(&stray).exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn retention_removes_old_files_but_not_live_ones() {
+    let w = World::new().await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedIncorrect;
+    w.prepare(&pid, results, 1).await;
+    w.commit(&pid).await;
+    assert_eq!(
+        (w.files("db-a", Folder::Log), w.files("db-a", Folder::Error)),
+        (1, 1)
+    );
+    // A live process on a fresh message, prepared (a reply in Prepared).
+    w.upload(1).await;
+    let s = w.start().await;
+    let live = s.process_id.unwrap().to_string();
+    w.prepare(&live, World::results(&s, ResultStatus::Processed), 1)
+        .await;
+    let (ex, w) = restart(w, T0 + 91 * DAY).await;
+    let removed = ex.retention_sweep().await.unwrap();
+    assert_eq!(removed, 0, "start-up already swept");
+    assert_eq!(w.files("db-a", Folder::Log), 0);
+    assert_eq!(w.files("db-a", Folder::Error), 0);
+    // The live process was put in doubt at start-up; its files are kept.
+    assert_eq!(w.state(&live).await, ProcessState::InDoubt);
+    assert_eq!(w.files("db-a", Folder::Unknown), 2);
+    assert_eq!(
+        w.files("phone-1", Folder::Messages),
+        1,
+        "inboxes are not swept"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_write_is_503_and_other_databases_go_on() {
+    let w = World::new().await;
+    // db-a's queue folder is replaced by a file: every write there fails.
+    let queue = w.data().join("db-a/Messages");
+    std::fs::remove_dir_all(&queue).unwrap();
+    std::fs::write(&queue, b"not a folder").unwrap();
+    let req = |to: &str| SendMessage {
+        version: Version,
+        to: to.parse().unwrap(),
+        body: Body::from_json("{}").unwrap(),
+        created_at: None,
+        idempotency_key: Some(format!("key-{to}")),
+    };
+    let e = w.ex.send(&w.phone, req("db-a")).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    let (_, created) = w.ex.send(&w.phone, req("db-b")).await.unwrap();
+    assert_eq!(created, estafeta_exchange::Upload::Created);
+    // Once the folder is back, the same key goes through as a new message.
+    std::fs::remove_file(&queue).unwrap();
+    std::fs::create_dir(&queue).unwrap();
+    let (_, again) = w.ex.send(&w.phone, req("db-a")).await.unwrap();
+    assert_eq!(again, estafeta_exchange::Upload::Created);
+    assert_eq!(w.files("db-a", Folder::Messages), 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+}
