@@ -355,3 +355,60 @@ async fn authorization_between_devices_databases_and_enterprises() {
     forbidden(t.db_b.folder(&id("db-a"), Folder::Log).await.map(drop));
     server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_retention_timer_sweeps_while_serving() {
+    // Retention zero: everything in Log is expired at the next sweep, which
+    // comes every 50 ms here instead of daily.
+    let http = estafeta_server::HttpSettings {
+        retention_interval: std::time::Duration::from_millis(50),
+        ..Default::default()
+    };
+    let server = TestServer::start_custom(http, |c| c.retention = std::time::Duration::ZERO).await;
+    let t = Tenancy::provision(&server.admin).await;
+    for n in 0..2 {
+        t.phone1
+            .send(&message("db-a", &n.to_string(), None))
+            .await
+            .unwrap();
+    }
+    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let first = started.messages.unwrap()[0].id;
+    t.db_a.accept(&pid, &[first]).await.unwrap();
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![processed(first)],
+        replies: vec![],
+    };
+    t.db_a.prepare(&pid, &prepare).await.unwrap();
+    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+
+    let mut swept = false;
+    for _ in 0..1000 {
+        if server
+            .admin
+            .folder(&id("db-a"), Folder::Log)
+            .await
+            .unwrap()
+            .files
+            .is_empty()
+        {
+            swept = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(swept, "the processed message was never swept from Log");
+    let stats = server.admin.stats().await.unwrap();
+    let db_a = stats.databases.iter().find(|d| d.id == id("db-a")).unwrap();
+    assert_eq!(db_a.processed, 1);
+    // The queue is not subject to retention.
+    let queue = server
+        .admin
+        .folder(&id("db-a"), Folder::Messages)
+        .await
+        .unwrap();
+    assert_eq!(queue.files.len(), 1);
+    server.stop().await.unwrap();
+}

@@ -27,8 +27,14 @@ pub fn id(s: &str) -> Id {
 
 /// Opens an exchange on `data` with the test admin token.
 pub async fn open_exchange(data: &Path) -> Exchange {
+    open_exchange_with(data, |_| {}).await
+}
+
+/// Opens an exchange on `data` with the test admin token and `tweak`ed settings.
+pub async fn open_exchange_with(data: &Path, tweak: impl FnOnce(&mut ExchangeConfig)) -> Exchange {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
+    tweak(&mut config);
     let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
         .await
         .unwrap();
@@ -66,8 +72,16 @@ impl TestServer {
 
     /// A ready server with the given HTTP settings.
     pub async fn start_with(http: HttpSettings) -> TestServer {
+        Self::start_custom(http, |_| {}).await
+    }
+
+    /// A ready server with the given HTTP settings and `tweak`ed exchange settings.
+    pub async fn start_custom(
+        http: HttpSettings,
+        tweak: impl FnOnce(&mut ExchangeConfig),
+    ) -> TestServer {
         let data = tempfile::tempdir().unwrap();
-        let exchange = open_exchange(data.path()).await;
+        let exchange = open_exchange_with(data.path(), tweak).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
