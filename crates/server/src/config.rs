@@ -37,6 +37,7 @@ Settings (environment variables; a TOML file may set the same keys in lower case
   ESTAFETA_MAX_BODY_MB      a larger request body is answered 413 [default: 32]
   ESTAFETA_REQUEST_TIMEOUT  a request head not received within this drops the connection, a body
                             is answered 408 [default: 30s]
+  ESTAFETA_LOG              log filter on stderr, tracing EnvFilter syntax [default: info]
 Durations in humantime form: 2s, 10m, 90d. Precedence: defaults < TOML file < environment.";
 
 /// The configuration could not be read.

@@ -1,11 +1,12 @@
 //! Operations: liveness, readiness, metrics and the OpenAPI document. None
 //! of them needs a token.
 
-use axum::Json;
+use std::sync::LazyLock;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
 use crate::openapi::ApiDoc;
@@ -41,9 +42,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// The document never changes while the server runs: built once.
+static OPENAPI_JSON: LazyLock<Vec<u8>> =
+    LazyLock::new(|| serde_json::to_vec(&ApiDoc::openapi()).unwrap_or_default());
+
 /// `GET /v1/openapi.json`: this API's OpenAPI document.
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
     (status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi() -> Response {
+    super::raw_json(OPENAPI_JSON.clone())
 }
