@@ -1,6 +1,7 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`) or to the client (`admin …`).
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     match cli.command {
