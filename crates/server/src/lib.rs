@@ -3,12 +3,13 @@
 //!
 //! - [`config`]: [`Settings`] from defaults, a TOML file and `ESTAFETA_*`
 //!   variables (figment), mapped to the exchange's configuration.
-//! - [`app`]: the router of every route of API.md; [`AppState`] holds the
-//!   exchange, readiness and counters.
+//! - [`mod@app`]: [`app()`], the router of every route of API.md, whose
+//!   handlers live in [`routes`]; [`AppState`] ([`state`]) holds the
+//!   exchange, readiness and the request counters of [`metrics`].
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
 //!   every bad request with the error JSON ([`ApiError`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
-//! - [`serve`]: [`run`], which serves a caller-bound listener until the
+//! - [`mod@serve`]: [`run`], which serves a caller-bound listener until the
 //!   caller's shutdown signal, with start-up recovery in the background.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate.
 //!
