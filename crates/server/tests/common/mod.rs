@@ -256,10 +256,19 @@ impl Binary {
     }
 
     /// Sends SIGTERM and waits for the exit code.
-    pub async fn terminate(mut self) -> Option<i32> {
+    pub async fn terminate(self) -> Option<i32> {
+        self.signal("-TERM").await
+    }
+
+    /// Kills the server with SIGKILL (no chance to save anything) and waits for it.
+    pub async fn kill9(self) {
+        assert_eq!(self.signal("-KILL").await, None);
+    }
+
+    async fn signal(mut self, signal: &str) -> Option<i32> {
         let pid = self.child.id().unwrap().to_string();
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([signal, &pid])
             .status()
             .unwrap();
         assert!(status.success());
