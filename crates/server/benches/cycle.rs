@@ -1,0 +1,201 @@
+//! Messages per second through the whole cycle over real HTTP (device
+//! upload → start → prepare with one reply each → commit → the devices fetch
+//! and acknowledge their replies), with full durability, against the floor
+//! measured in the same run on the same disk: files created, written,
+//! fsynced and their folder fsynced, one at a time.
+//!
+//! `cargo bench -p estafeta-server --bench cycle`; the ratio (messages/s ÷
+//! floor files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use estafeta_client::Client;
+use estafeta_exchange::mailbox::Limits;
+use estafeta_exchange::wire::{
+    Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
+    StartRequest, StartStatus, Version,
+};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id};
+use estafeta_server::{HttpSettings, run};
+
+/// About the size of a small order message.
+const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"note":"deliver before noon"}}"#;
+/// Devices sending in parallel (each device's calls run one at a time).
+const DEVICES: usize = 10;
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The floor: one durable file at a time.
+fn floor_write(dir: &Path, bytes: &[u8]) {
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut f = std::fs::File::create(dir.join(format!("floor-{seq}.msg"))).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+struct World {
+    processor: Client,
+    devices: Vec<(Id, Client)>,
+}
+
+async fn world(data: &Path) -> World {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("bench-admin".to_owned());
+    config.limits = Limits::new(100, 20.0).unwrap();
+    let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    // The server runs until the bench process exits.
+    tokio::spawn(run(
+        listener,
+        exchange,
+        HttpSettings::default(),
+        std::future::pending(),
+    ));
+    let admin = Client::new(&base, "bench-admin").unwrap();
+    while !admin.readyz().await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    admin.create_enterprise(&id("acme")).await.unwrap();
+    admin
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    let db = admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let mut devices = Vec::new();
+    for n in 0..DEVICES {
+        let dev = id(&format!("phone-{n}"));
+        let c = admin
+            .create_device(&id("acme"), &dev, &id("sales"))
+            .await
+            .unwrap();
+        devices.push((dev, admin.with_token(&c.token)));
+    }
+    World {
+        processor: admin.with_token(&db.token),
+        devices,
+    }
+}
+
+/// One whole cycle of `batch` messages.
+async fn cycle(w: &World, batch: usize) {
+    let mut uploads = tokio::task::JoinSet::new();
+    for d in 0..DEVICES.min(batch) {
+        let client = w.devices[d].1.clone();
+        let count = batch / DEVICES.min(batch) + usize::from(d < batch % DEVICES.min(batch));
+        uploads.spawn(async move {
+            for _ in 0..count {
+                let msg = SendMessage {
+                    version: Version,
+                    to: id("db-a"),
+                    body: Body::from_json(BODY).unwrap(),
+                    created_at: None,
+                    idempotency_key: None,
+                };
+                client.send(&msg).await.unwrap();
+            }
+        });
+    }
+    uploads.join_all().await;
+
+    let start = StartRequest {
+        version: Version,
+        db_id: id("db-a"),
+        subsystems: None,
+        senders: None,
+        max_files: Some(batch as u64),
+        max_mb: None,
+    };
+    let started = w.processor.start(&start).await.unwrap();
+    assert_eq!(started.status, StartStatus::Ok);
+    let pid = started.process_id.unwrap();
+    let messages = started.messages.unwrap();
+    assert_eq!(messages.len(), batch);
+    let prepare = PrepareRequest {
+        version: Version,
+        results: messages
+            .iter()
+            .map(|m| MessageResult {
+                message_id: m.id,
+                status: ResultStatus::Processed,
+                error_code: None,
+                error_text: None,
+            })
+            .collect(),
+        replies: messages
+            .iter()
+            .map(|m| Reply {
+                to: m.from.clone(),
+                body: Body::from_json(r#"{"accepted":true}"#).unwrap(),
+                created_at: None,
+            })
+            .collect(),
+    };
+    assert_eq!(
+        w.processor.prepare(&pid, &prepare).await.unwrap().status,
+        CallStatus::Ok
+    );
+    assert_eq!(
+        w.processor.commit(&pid).await.unwrap().status,
+        CallStatus::Ok
+    );
+
+    let mut fetches = tokio::task::JoinSet::new();
+    for (_, client) in w.devices.iter().take(DEVICES.min(batch)) {
+        let client = client.clone();
+        fetches.spawn(async move {
+            let inbox = client.inbox(Some(batch)).await.unwrap();
+            let ids: Vec<_> = inbox.messages.iter().map(|m| m.id).collect();
+            client.ack(&ids).await.unwrap().acked
+        });
+    }
+    let acked: u64 = fetches.join_all().await.into_iter().sum();
+    assert_eq!(acked, batch as u64);
+}
+
+fn bench(c: &mut Criterion) {
+    let tmp = tempfile::tempdir_in(
+        std::env::var_os("BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let w = rt.block_on(world(&tmp.path().join("data")));
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir).unwrap();
+    let bytes = vec![b'x'; 300];
+
+    let mut group = c.benchmark_group("cycle");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("floor_one_file_at_a_time", |b| {
+        b.iter(|| floor_write(&floor_dir, &bytes))
+    });
+    for batch in [10usize, 100] {
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_function(format!("whole_cycle_batch_{batch}"), |b| {
+            b.to_async(&rt).iter(|| cycle(&w, batch))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
