@@ -81,6 +81,8 @@ impl<K: SessionKey, S: State> Drop for Held<K, S> {
 }
 
 enum Entered<K: SessionKey, S: State> {
+    /// A free session, taken at once (the common case: no hand-over).
+    Ready(SessionGuard<K, S>),
     Held(Held<K, S>),
     Queued(oneshot::Receiver<Result<Held<K, S>, Error>>),
 }
@@ -146,7 +148,14 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                     return Ok(Entered::Queued(rx));
                 }
                 Slot::Free(_) => match o.insert(Slot::Locked(VecDeque::new())) {
-                    Slot::Free(session) => (Some(session), true),
+                    Slot::Free(session) => {
+                        drop(shard);
+                        return Ok(Entered::Ready(SessionGuard::new(
+                            self.clone(),
+                            key,
+                            session,
+                        )));
+                    }
                     Slot::Locked(_) => (None, false),
                 },
             },
@@ -168,6 +177,17 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         create: bool,
     ) -> Result<Option<SessionGuard<K, S>>, Error> {
         let mut held = match entered {
+            Entered::Ready(guard) => {
+                if !self.needs_ready(&guard) {
+                    return Ok(Some(guard));
+                }
+                let (key, session) = guard.into_parts();
+                Held {
+                    shared: self.clone(),
+                    key,
+                    payload: Some((Some(session), true)),
+                }
+            }
             Entered::Held(h) => h,
             Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
         };
@@ -200,6 +220,13 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                 Ok(None)
             }
         }
+    }
+
+    /// Whether a session must be finalized or recovered before a command
+    /// may see it.
+    fn needs_ready(&self, s: &SessionData<S>) -> bool {
+        s.expires_at.is_some_and(|t| t <= self.now())
+            || (s.stored && s.generation < self.generation)
     }
 
     /// Finalize a session whose time has passed, and run the first-load hook
@@ -359,11 +386,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     }
 
     /// A guard was dropped without an awaited release.
-    pub(crate) fn release_from_drop(self: Arc<Self>, key: K, mut s: Box<SessionData<S>>) {
+    pub(crate) fn release_from_drop(self: &Arc<Self>, key: K, mut s: Box<SessionData<S>>) {
         if s.dirty {
-            let rt = self.runtime.clone();
-            rt.spawn(async move {
-                if let Err(e) = self.finish(key, s).await {
+            let shared = self.clone();
+            self.runtime.spawn(async move {
+                if let Err(e) = shared.finish(key, s).await {
                     tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
                 }
             });
