@@ -1,0 +1,670 @@
+//! The queue's bookkeeping, behind one lock: hosts, their per-type queues and
+//! windows, the ready queues, the round-robin list of hosts to serve, idle
+//! workers and deadlines.
+//!
+//! Everything here is synchronous and never waits; the tasks in
+//! [`crate::queue`] call into it and do their waiting outside the lock.
+//! Finished entries leave through an unbounded channel to the finalizer, so
+//! no completion runs while the lock is held.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::config::{Kind, QueueConfig};
+use crate::error::{ConfigError, SendError};
+use crate::transport::Request;
+use crate::window::Window;
+
+/// How an entry ended, handed to its completion.
+#[derive(Debug)]
+pub struct Done<H, P, A> {
+    /// The entry's host.
+    pub host: H,
+    /// The entry's request type.
+    pub kind: Kind,
+    /// The entry's payload, returned so that a caller can add it again.
+    pub payload: Arc<P>,
+    /// The transport's answer, or why the entry failed.
+    pub result: Result<A, SendError>,
+}
+
+/// A boxed completion callback.
+pub(crate) type Callback<H, P, A> = Box<dyn FnOnce(Done<H, P, A>) + Send>;
+
+/// Where an entry's outcome goes.
+pub(crate) enum Completion<H, P, A> {
+    /// Run by the finalizer task.
+    Callback(Callback<H, P, A>),
+    /// Sent by the finalizer task to a waiting caller.
+    Channel(oneshot::Sender<Done<H, P, A>>),
+}
+
+/// A finished entry on its way to the finalizer.
+pub(crate) struct Finished<H, P, A> {
+    pub(crate) completion: Completion<H, P, A>,
+    pub(crate) done: Done<H, P, A>,
+}
+
+/// Where an entry is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// In its type queue, window closed (or host down).
+    Waiting,
+    /// In the host's ready queue; counts as in flight.
+    Ready,
+    /// Handed to a send worker, not yet written.
+    Sending,
+    /// Written; waiting for the answer.
+    Sent,
+}
+
+struct Entry<H, P, A> {
+    host: H,
+    host_gen: u64,
+    kind: usize,
+    payload: Arc<P>,
+    completion: Completion<H, P, A>,
+    added: Instant,
+    deadline: Option<Instant>,
+    stage: Stage,
+    /// An answer that arrived before the sent event.
+    early: Option<Result<A, SendError>>,
+    /// When a worker took the entry, for the adaptive window's latency.
+    started: Option<Instant>,
+}
+
+struct TypeQueue {
+    /// Ids of waiting entries in order of adding; ids of entries that left
+    /// early (expired) are skipped when met.
+    waiting: VecDeque<u64>,
+    waiting_live: usize,
+    in_flight: usize,
+    window: Window,
+    one_shot_busy: bool,
+}
+
+struct HostQueue {
+    /// Tells this host apart from an earlier one with the same key that was removed.
+    generation: u64,
+    types: Vec<TypeQueue>,
+    /// Entry ids in the order their windows opened (prior one-shots in front).
+    ready: VecDeque<u64>,
+    sending: usize,
+    in_hostq: bool,
+    down: bool,
+    probe_failures: u32,
+}
+
+/// A send handed to a worker.
+pub(crate) struct Job<H, P> {
+    pub(crate) id: u64,
+    pub(crate) generation: u64,
+    pub(crate) request: Request<H, P>,
+}
+
+/// What a worker should do with a job it received.
+pub(crate) enum Verdict {
+    /// Write it.
+    Send,
+    /// It already finished (host down or removed, shutdown); skip it.
+    Skip,
+}
+
+/// Per host and type numbers, for dashboards and for callers that shed load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeStats {
+    /// Entries waiting for the window to open (or for the host to come up).
+    pub queued: usize,
+    /// Entries counted against the window: ready, being written, or sent and unanswered.
+    pub in_flight: usize,
+    /// The current window.
+    pub window: usize,
+    /// Age of the oldest entry not yet handed to a send worker.
+    pub oldest_queued: Option<Duration>,
+}
+
+/// The queue's state; see the module documentation.
+pub(crate) struct State<H, P, A> {
+    config: Arc<QueueConfig>,
+    hosts: HashMap<H, HostQueue>,
+    entries: HashMap<u64, Entry<H, P, A>>,
+    /// Hosts with ready entries and a free send slot, served round-robin.
+    hostq: VecDeque<H>,
+    idle_workers: Vec<usize>,
+    deadlines: BTreeSet<(Instant, u64)>,
+    next_id: u64,
+    next_generation: u64,
+    finalizer: Option<mpsc::UnboundedSender<Finished<H, P, A>>>,
+}
+
+impl<H, P, A> State<H, P, A>
+where
+    H: Clone + Eq + Hash,
+{
+    pub(crate) fn new(
+        config: Arc<QueueConfig>,
+        finalizer: mpsc::UnboundedSender<Finished<H, P, A>>,
+    ) -> Self {
+        let idle_workers = (0..config.workers).rev().collect();
+        Self {
+            config,
+            hosts: HashMap::new(),
+            entries: HashMap::new(),
+            hostq: VecDeque::new(),
+            idle_workers,
+            deadlines: BTreeSet::new(),
+            next_id: 0,
+            next_generation: 0,
+            finalizer: Some(finalizer),
+        }
+    }
+
+    fn new_host(&mut self) -> HostQueue {
+        self.next_generation += 1;
+        HostQueue {
+            generation: self.next_generation,
+            types: self
+                .config
+                .types
+                .iter()
+                .map(|t| TypeQueue {
+                    waiting: VecDeque::new(),
+                    waiting_live: 0,
+                    in_flight: 0,
+                    window: Window::new(t.window, t.adaptive.clone()),
+                    one_shot_busy: false,
+                })
+                .collect(),
+            ready: VecDeque::new(),
+            sending: 0,
+            in_hostq: false,
+            down: false,
+            probe_failures: 0,
+        }
+    }
+
+    /// Adds an entry. Returns whether the entry set the earliest deadline (the
+    /// expiry task should wake).
+    pub(crate) fn add(
+        &mut self,
+        host: H,
+        kind: Kind,
+        payload: P,
+        completion: Completion<H, P, A>,
+        now: Instant,
+    ) -> Result<bool, SendError> {
+        if self.is_closed() {
+            return Err(SendError::ShuttingDown);
+        }
+        let Some(tc) = self.config.types.get(kind.0) else {
+            return Err(ConfigError::UnknownKind(kind.0).into());
+        };
+        let (one_shot, may_go_down, deadline) = (
+            tc.prior_one_shot,
+            tc.queueable_if_down || tc.probe.is_some(),
+            tc.deadline.map(|d| now + d),
+        );
+        if !self.hosts.contains_key(&host) {
+            let hq = self.new_host();
+            self.hosts.insert(host.clone(), hq);
+        }
+        let hq = self.hosts.get_mut(&host).ok_or(SendError::HostRemoved)?;
+        if hq.down && !may_go_down {
+            return Err(SendError::HostDown);
+        }
+        let tq = &mut hq.types[kind.0];
+        if one_shot && tq.one_shot_busy {
+            return Err(SendError::Busy);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let generation = hq.generation;
+        let stage = if one_shot && tq.in_flight < tq.window.limit() {
+            tq.one_shot_busy = true;
+            tq.in_flight += 1;
+            hq.ready.push_front(id);
+            Stage::Ready
+        } else {
+            tq.one_shot_busy |= one_shot;
+            tq.waiting_live += 1;
+            if one_shot {
+                tq.waiting.push_front(id);
+            } else {
+                tq.waiting.push_back(id);
+            }
+            Stage::Waiting
+        };
+        self.entries.insert(
+            id,
+            Entry {
+                host: host.clone(),
+                host_gen: generation,
+                kind: kind.0,
+                payload: Arc::new(payload),
+                completion,
+                added: now,
+                deadline,
+                stage,
+                early: None,
+                started: None,
+            },
+        );
+        let mut earliest = false;
+        if let Some(d) = deadline {
+            earliest = self.deadlines.first().is_none_or(|(first, _)| d < *first);
+            self.deadlines.insert((d, id));
+        }
+        if stage == Stage::Waiting {
+            self.promote(&host, kind.0);
+        }
+        self.schedule(&host);
+        Ok(earliest)
+    }
+
+    /// Moves waiting entries of one type into the ready queue while its window is open.
+    fn promote(&mut self, host: &H, kind: usize) {
+        let probe = self.config.types[kind].probe.is_some();
+        let Some(hq) = self.hosts.get_mut(host) else {
+            return;
+        };
+        if hq.down && !probe {
+            return;
+        }
+        let tq = &mut hq.types[kind];
+        while tq.in_flight < tq.window.limit() {
+            let Some(id) = tq.waiting.pop_front() else {
+                break;
+            };
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.stage != Stage::Waiting {
+                continue;
+            }
+            e.stage = Stage::Ready;
+            tq.waiting_live -= 1;
+            tq.in_flight += 1;
+            if self.config.types[kind].prior_one_shot {
+                hq.ready.push_front(id);
+            } else {
+                hq.ready.push_back(id);
+            }
+        }
+    }
+
+    /// Puts a host on the manager's list if it has ready entries and a free send slot.
+    fn schedule(&mut self, host: &H) {
+        let Some(hq) = self.hosts.get_mut(host) else {
+            return;
+        };
+        if hq.in_hostq || hq.ready.is_empty() || hq.sending >= self.config.per_host_sends {
+            return;
+        }
+        hq.in_hostq = true;
+        self.hostq.push_back(host.clone());
+    }
+
+    /// Whether the manager has something to do: a host to serve and a worker to serve it.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.hostq.is_empty() && !self.idle_workers.is_empty()
+    }
+
+    /// Hands ready entries to idle workers, one per host in turn.
+    pub(crate) fn dispatch(&mut self, now: Instant) -> Vec<(usize, Job<H, P>)> {
+        let mut jobs = Vec::new();
+        while !self.idle_workers.is_empty() {
+            let Some(host) = self.hostq.pop_front() else {
+                break;
+            };
+            let Some(hq) = self.hosts.get_mut(&host) else {
+                continue;
+            };
+            hq.in_hostq = false;
+            if hq.sending >= self.config.per_host_sends {
+                continue;
+            }
+            let generation = hq.generation;
+            let mut picked = None;
+            while let Some(id) = hq.ready.pop_front() {
+                let Some(e) = self.entries.get(&id) else {
+                    continue;
+                };
+                if e.stage != Stage::Ready || e.host_gen != generation {
+                    continue;
+                }
+                if e.deadline.is_some_and(|d| d <= now) {
+                    self.expire(id);
+                    // `expire` may have promoted entries of this host; look again.
+                    break;
+                }
+                picked = Some(id);
+                break;
+            }
+            let Some(id) = picked else {
+                self.schedule(&host);
+                continue;
+            };
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            e.stage = Stage::Sending;
+            e.started = Some(now);
+            if let Some(d) = e.deadline {
+                self.deadlines.remove(&(d, id));
+            }
+            let request = Request {
+                host: host.clone(),
+                kind: Kind(e.kind),
+                payload: Arc::clone(&e.payload),
+            };
+            if let Some(hq) = self.hosts.get_mut(&host) {
+                hq.sending += 1;
+            }
+            if let Some(worker) = self.idle_workers.pop() {
+                jobs.push((
+                    worker,
+                    Job {
+                        id,
+                        generation,
+                        request,
+                    },
+                ));
+            }
+            self.schedule(&host);
+        }
+        jobs
+    }
+
+    /// Called by a worker before writing: fails the entry with "host down" if
+    /// its host went down since it was picked (or "host removed" if it is gone).
+    pub(crate) fn before_write(
+        &mut self,
+        worker: usize,
+        id: u64,
+        host: &H,
+        generation: u64,
+    ) -> Verdict {
+        let Some(e) = self.entries.get(&id) else {
+            self.after_write(worker, host, generation);
+            return Verdict::Skip;
+        };
+        let probe = self.config.types[e.kind].probe.is_some();
+        let refusal = match self.hosts.get(host) {
+            Some(hq) if hq.generation == generation => {
+                (hq.down && !probe).then_some(SendError::HostDown)
+            }
+            _ => Some(SendError::HostRemoved),
+        };
+        if let Some(err) = refusal {
+            self.finish(id, Err(err));
+            self.after_write(worker, host, generation);
+            return Verdict::Skip;
+        }
+        Verdict::Send
+    }
+
+    /// Frees the worker and the host's send slot.
+    fn after_write(&mut self, worker: usize, host: &H, generation: u64) {
+        self.idle_workers.push(worker);
+        if let Some(hq) = self.hosts.get_mut(host)
+            && hq.generation == generation
+        {
+            hq.sending -= 1;
+            self.schedule(host);
+        }
+    }
+
+    /// The sent event: the transport's send future resolved with `result`.
+    pub(crate) fn sent(
+        &mut self,
+        worker: usize,
+        id: u64,
+        host: &H,
+        generation: u64,
+        result: Result<(), SendError>,
+    ) {
+        self.after_write(worker, host, generation);
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        match (result, e.early.take()) {
+            (_, Some(answer)) => self.finish(id, answer),
+            (Err(err), None) => self.finish(id, Err(err)),
+            (Ok(()), None) => e.stage = Stage::Sent,
+        }
+    }
+
+    /// The answer event, from a [`crate::Reply`].
+    pub(crate) fn answer(&mut self, id: u64, result: Result<A, SendError>) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        match e.stage {
+            Stage::Sending => {
+                if e.early.is_none() {
+                    e.early = Some(result);
+                }
+            }
+            Stage::Sent => self.finish(id, result),
+            Stage::Waiting | Stage::Ready => {}
+        }
+    }
+
+    /// Finishes an entry that was handed to a worker or is queued: frees its
+    /// window slot, feeds the adaptive window and the probe policy, and sends
+    /// it to the finalizer.
+    fn finish(&mut self, id: u64, result: Result<A, SendError>) {
+        let Some(e) = self.entries.remove(&id) else {
+            return;
+        };
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, id));
+        }
+        let tc = &self.config.types[e.kind];
+        let probe = tc.probe.clone();
+        if let Some(hq) = self.hosts.get_mut(&e.host)
+            && hq.generation == e.host_gen
+        {
+            let tq = &mut hq.types[e.kind];
+            match e.stage {
+                Stage::Waiting => tq.waiting_live -= 1,
+                Stage::Ready | Stage::Sending | Stage::Sent => {
+                    tq.in_flight -= 1;
+                    let latency = match (&result, e.started) {
+                        (Ok(_), Some(started)) => Some(Instant::now() - started),
+                        _ => None,
+                    };
+                    if matches!(e.stage, Stage::Sending | Stage::Sent) {
+                        tq.window.record(latency);
+                    }
+                }
+            }
+            if tc.prior_one_shot {
+                tq.one_shot_busy = false;
+            }
+            if let Some(policy) = probe
+                && matches!(e.stage, Stage::Sending | Stage::Sent)
+            {
+                if result.is_ok() {
+                    hq.probe_failures = 0;
+                    if hq.down {
+                        self.host_up(&e.host);
+                    }
+                } else {
+                    hq.probe_failures += 1;
+                    if hq.probe_failures >= policy.failure_threshold && !hq.down {
+                        self.host_down(&e.host);
+                    }
+                }
+            }
+            self.promote(&e.host, e.kind);
+            self.schedule(&e.host);
+        }
+        self.deliver(e, result);
+    }
+
+    fn expire(&mut self, id: u64) {
+        if let Some(e) = self.entries.get(&id)
+            && matches!(e.stage, Stage::Waiting | Stage::Ready)
+        {
+            self.finish(id, Err(SendError::Expired));
+        }
+    }
+
+    /// Fails every queued entry whose deadline has passed. Returns the next deadline.
+    pub(crate) fn expire_due(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            self.expire(id);
+        }
+        self.deadlines.first().map(|(d, _)| *d)
+    }
+
+    /// Marks a host down: its ready queue fails with "connection aborted",
+    /// waiting entries of types that are not queueable fail with "host down".
+    pub(crate) fn host_down(&mut self, host: &H) {
+        let Some(hq) = self.hosts.get_mut(host) else {
+            return;
+        };
+        hq.down = true;
+        let ready: Vec<u64> = hq.ready.drain(..).collect();
+        let mut refused = Vec::new();
+        for (kind, tq) in hq.types.iter_mut().enumerate() {
+            let tc = &self.config.types[kind];
+            if !tc.queueable_if_down && tc.probe.is_none() {
+                refused.extend(tq.waiting.drain(..));
+            }
+        }
+        for id in ready {
+            if self.entries.get(&id).is_some_and(|e| e.stage == Stage::Ready) {
+                self.finish(id, Err(SendError::ConnectionAborted));
+            }
+        }
+        for id in refused {
+            if self.entries.get(&id).is_some_and(|e| e.stage == Stage::Waiting) {
+                self.finish(id, Err(SendError::HostDown));
+            }
+        }
+    }
+
+    /// Marks a host up and lets its queued entries go, in order.
+    pub(crate) fn host_up(&mut self, host: &H) {
+        let Some(hq) = self.hosts.get_mut(host) else {
+            return;
+        };
+        hq.down = false;
+        hq.probe_failures = 0;
+        for kind in 0..self.config.types.len() {
+            self.promote(host, kind);
+        }
+        self.schedule(host);
+    }
+
+    /// Removes a host: every entry not yet handed to a worker fails with
+    /// "host removed"; entries being written or sent are settled by their transport.
+    pub(crate) fn remove_host(&mut self, host: &H) {
+        let Some(hq) = self.hosts.get_mut(host) else {
+            return;
+        };
+        let mut unsent: Vec<u64> = hq.ready.drain(..).collect();
+        for tq in &mut hq.types {
+            unsent.extend(tq.waiting.drain(..));
+        }
+        for id in unsent {
+            if self
+                .entries
+                .get(&id)
+                .is_some_and(|e| matches!(e.stage, Stage::Waiting | Stage::Ready))
+            {
+                self.finish(id, Err(SendError::HostRemoved));
+            }
+        }
+        self.hosts.remove(host);
+    }
+
+    /// Whether the host is down (`None` for an unknown host).
+    pub(crate) fn is_down(&self, host: &H) -> Option<bool> {
+        self.hosts.get(host).map(|hq| hq.down)
+    }
+
+    pub(crate) fn window_is_full(&self, host: &H, kind: Kind) -> bool {
+        self.hosts
+            .get(host)
+            .and_then(|hq| hq.types.get(kind.0))
+            .is_some_and(|tq| tq.in_flight >= tq.window.limit())
+    }
+
+    pub(crate) fn stats(&self, host: &H, kind: Kind, now: Instant) -> Option<TypeStats> {
+        let hq = self.hosts.get(host)?;
+        let tq = hq.types.get(kind.0)?;
+        let queued_at = |id: &u64, stage| {
+            self.entries
+                .get(id)
+                .filter(|e| e.stage == stage && e.kind == kind.0)
+                .map(|e| e.added)
+        };
+        let oldest = [
+            tq.waiting.iter().find_map(|id| queued_at(id, Stage::Waiting)),
+            hq.ready.iter().find_map(|id| queued_at(id, Stage::Ready)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        Some(TypeStats {
+            queued: tq.waiting_live,
+            in_flight: tq.in_flight,
+            window: tq.window.limit(),
+            oldest_queued: oldest.map(|t| now - t),
+        })
+    }
+
+
+}
+
+/// Shutting down and delivering need nothing of the host key, so `Drop` can use them.
+impl<H, P, A> State<H, P, A> {
+    /// True once [`State::close`] ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.finalizer.is_none()
+    }
+
+    fn deliver(&mut self, e: Entry<H, P, A>, result: Result<A, SendError>) {
+        let finished = Finished {
+            completion: e.completion,
+            done: Done {
+                host: e.host,
+                kind: Kind(e.kind),
+                payload: e.payload,
+                result,
+            },
+        };
+        if let Some(tx) = &self.finalizer {
+            // The finalizer outlives the state's sender, so this cannot fail
+            // while the sender is here; a failure would mean the runtime is gone.
+            let _ = tx.send(finished);
+        }
+    }
+
+    /// Shuts down: every entry not yet finished fails with "shutting down",
+    /// and the finalizer's channel closes once they are delivered.
+    pub(crate) fn close(&mut self) {
+        let ids: Vec<u64> = self.entries.keys().copied().collect();
+        self.hosts.clear();
+        self.hostq.clear();
+        self.deadlines.clear();
+        for id in ids {
+            if let Some(e) = self.entries.remove(&id) {
+                self.deliver(e, Err(SendError::ShuttingDown));
+            }
+        }
+        self.finalizer = None;
+    }
+}

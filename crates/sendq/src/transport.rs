@@ -1,0 +1,86 @@
+//! The transport contract: how the queue hands one entry to a real protocol.
+//!
+//! "Sent" and "answered" are separate events, as in the seed: the future
+//! returned by [`Transport::send`] resolving is the *sent* event (the request
+//! is written out and the host may take its next send), and the [`Reply`] is
+//! how the *answer* comes back, at any later time and from any task. Only the
+//! answer (or an error) frees the entry's window slot.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::config::Kind;
+use crate::error::SendError;
+
+/// One entry as handed to a transport.
+#[derive(Debug)]
+pub struct Request<H, P> {
+    /// The host the entry is for.
+    pub host: H,
+    /// The entry's request type.
+    pub kind: Kind,
+    /// The entry's payload, shared with the queue until the entry is finished.
+    pub payload: Arc<P>,
+}
+
+/// Sends entries to hosts over one protocol.
+pub trait Transport<H, P>: Send + Sync + 'static {
+    /// What a successful answer carries back to the entry's completion.
+    type Answer: Send + 'static;
+
+    /// Writes `request` out. Resolving `Ok(())` is the *sent* event; the answer
+    /// goes through `reply`, which may be answered before this resolves (the
+    /// queue then completes the entry after the sent event, exactly once).
+    /// Resolving `Err` means the request could not be written; the entry fails
+    /// with that error unless `reply` already answered it.
+    fn send(
+        &self,
+        request: Request<H, P>,
+        reply: Reply<Self::Answer>,
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
+}
+
+/// Where a [`Reply`] delivers its answer: the queue, behind a trait object so
+/// that `Reply` carries only the answer type.
+pub(crate) trait ReplySink<A>: Send + Sync {
+    /// Records the outcome of entry `id`.
+    fn settle(&self, id: u64, result: Result<A, SendError>);
+}
+
+/// The way back for one entry's answer. Answer it once; dropping it unanswered
+/// fails the entry with [`SendError::ConnectionAborted`], so no entry is lost
+/// by a transport that forgets it.
+pub struct Reply<A: Send + 'static> {
+    id: u64,
+    sink: Option<Arc<dyn ReplySink<A>>>,
+}
+
+impl<A: Send + 'static> Reply<A> {
+    pub(crate) fn new(id: u64, sink: Arc<dyn ReplySink<A>>) -> Self {
+        Self {
+            id,
+            sink: Some(sink),
+        }
+    }
+
+    /// Delivers the answer (or the error) for this entry.
+    pub fn answer(mut self, result: Result<A, SendError>) {
+        if let Some(sink) = self.sink.take() {
+            sink.settle(self.id, result);
+        }
+    }
+}
+
+impl<A: Send + 'static> Drop for Reply<A> {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            sink.settle(self.id, Err(SendError::ConnectionAborted));
+        }
+    }
+}
+
+impl<A: Send + 'static> std::fmt::Debug for Reply<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply").field("id", &self.id).finish()
+    }
+}
