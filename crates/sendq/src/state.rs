@@ -668,3 +668,57 @@ impl<H, P, A> State<H, P, A> {
         self.finalizer = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TypeConfig;
+
+    type TestState = State<&'static str, u32, u32>;
+
+    fn state(types: Vec<TypeConfig>) -> (TestState, mpsc::UnboundedReceiver<Finished<&'static str, u32, u32>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (State::new(Arc::new(QueueConfig::new(types)), tx), rx)
+    }
+
+    fn add(st: &mut TestState, host: &'static str, payload: u32) {
+        let (tx, _rx) = oneshot::channel();
+        st.add(host, Kind(0), payload, Completion::Channel(tx), Instant::now())
+            .unwrap();
+    }
+
+    fn pick(st: &mut TestState) -> Job<&'static str, u32> {
+        let mut jobs = st.dispatch(Instant::now());
+        assert_eq!(jobs.len(), 1);
+        jobs.pop().unwrap().1
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_host_goes_down_after_being_picked_fails_with_host_down() {
+        let (mut st, mut done) = state(vec![TypeConfig::new("a", 2).queueable_if_down()]);
+        add(&mut st, "h", 1);
+        let job = pick(&mut st);
+        st.host_down(&"h");
+        assert!(matches!(st.before_write(0, job.id, &"h", job.generation), Verdict::Skip));
+        let finished = done.try_recv().unwrap();
+        assert!(matches!(finished.done.result, Err(SendError::HostDown)));
+        // The slot is free again and the worker is idle.
+        assert!(!st.window_is_full(&"h", Kind(0)));
+        assert_eq!(st.idle_workers.len(), st.config.workers);
+        assert_eq!(st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_host_is_removed_after_being_picked_fails_with_host_removed() {
+        let (mut st, mut done) = state(vec![TypeConfig::new("a", 2)]);
+        add(&mut st, "h", 1);
+        let job = pick(&mut st);
+        st.remove_host(&"h");
+        add(&mut st, "h", 2);
+        assert!(matches!(st.before_write(0, job.id, &"h", job.generation), Verdict::Skip));
+        let finished = done.try_recv().unwrap();
+        assert!(matches!(finished.done.result, Err(SendError::HostRemoved)));
+        // The new host of the same name is untouched by the old entry's slot.
+        assert_eq!(st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight, 1);
+    }
+}
