@@ -42,13 +42,23 @@
 
 mod config;
 mod error;
+mod http;
+mod probe;
 mod queue;
+mod sms;
+mod smtp;
 mod state;
 mod transport;
+mod webhook;
 mod window;
 
 pub use config::{Adaptive, Kind, ProbePolicy, QueueConfig, TypeConfig};
 pub use error::{ConfigError, SendError, TransportError};
+pub use http::HttpAnswer;
+pub use probe::{HttpProbe, ProbeRequest};
 pub use queue::{Pending, SendQueue};
+pub use sms::{SmsConfig, SmsMessage, SmsTransport};
+pub use smtp::{EmailMessage, SmtpAnswer, SmtpConfig, SmtpCredentials, SmtpSecurity, SmtpTransport};
 pub use state::{Done, TypeStats};
 pub use transport::{Reply, Request, Transport};
+pub use webhook::{WebhookAnswer, WebhookConfig, WebhookRequest, WebhookTransport};

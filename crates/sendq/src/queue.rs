@@ -298,18 +298,32 @@ where
     P: Send + Sync + 'static,
     T: Transport<H, P>,
 {
-    while let Some(Job {
-        id,
-        generation,
-        request,
-    }) = jobs.recv().await
-    {
-        let host = request.host.clone();
-        let verdict = shared.lock().before_write(index, id, &host, generation);
-        if let Verdict::Send = verdict {
+    while let Some(job) = jobs.recv().await {
+        let verdict = shared
+            .lock()
+            .before_write(index, job.id, &job.request.host, job.generation);
+        let mut next = match verdict {
+            Verdict::Send => Some(job),
+            Verdict::Skip => None,
+        };
+        // A job the worker picked for itself was checked under the same lock
+        // it was picked in, so it needs no second look before writing.
+        while let Some(Job {
+            id,
+            generation,
+            request,
+        }) = next
+        {
+            let host = request.host.clone();
             let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
             let result = shared.transport.send(request, Reply::new(id, sink)).await;
-            shared.lock().sent(index, id, &host, generation, result);
+            let work;
+            (next, work) = {
+                let mut st = shared.lock();
+                let next = st.sent(index, id, &host, generation, result, Instant::now());
+                (next, st.has_work())
+            };
+            shared.wake_if(work);
         }
         let work = shared.lock().has_work();
         shared.wake_if(work);

@@ -317,10 +317,21 @@ where
     /// Hands ready entries to idle workers, one per host in turn.
     pub(crate) fn dispatch(&mut self, now: Instant) -> Vec<(usize, Job<H, P>)> {
         let mut jobs = Vec::new();
-        while !self.idle_workers.is_empty() {
-            let Some(host) = self.hostq.pop_front() else {
+        while let Some(&worker) = self.idle_workers.last() {
+            let Some(job) = self.pick(now) else {
                 break;
             };
+            self.idle_workers.pop();
+            jobs.push((worker, job));
+        }
+        jobs
+    }
+
+    /// Takes the next entry to write: the first ready entry of the host at
+    /// the head of the round-robin list; the host goes to the back of the list.
+    fn pick(&mut self, now: Instant) -> Option<Job<H, P>> {
+        loop {
+            let host = self.hostq.pop_front()?;
             let Some(hq) = self.hosts.get_mut(&host) else {
                 continue;
             };
@@ -365,19 +376,13 @@ where
             if let Some(hq) = self.hosts.get_mut(&host) {
                 hq.sending += 1;
             }
-            if let Some(worker) = self.idle_workers.pop() {
-                jobs.push((
-                    worker,
-                    Job {
-                        id,
-                        generation,
-                        request,
-                    },
-                ));
-            }
             self.schedule(&host);
+            return Some(Job {
+                id,
+                generation,
+                request,
+            });
         }
-        jobs
     }
 
     /// Called by a worker before writing: fails the entry with "host down" if
@@ -411,6 +416,10 @@ where
     /// Frees the worker and the host's send slot.
     fn after_write(&mut self, worker: usize, host: &H, generation: u64) {
         self.idle_workers.push(worker);
+        self.release_host(host, generation);
+    }
+
+    fn release_host(&mut self, host: &H, generation: u64) {
         if let Some(hq) = self.hosts.get_mut(host)
             && hq.generation == generation
         {
@@ -420,6 +429,10 @@ where
     }
 
     /// The sent event: the transport's send future resolved with `result`.
+    ///
+    /// Returns the worker's next job if a host is ready, so a busy queue does
+    /// not pay two task wake-ups (worker to manager and back) per entry;
+    /// otherwise the worker goes idle and waits for the manager.
     pub(crate) fn sent(
         &mut self,
         worker: usize,
@@ -427,16 +440,21 @@ where
         host: &H,
         generation: u64,
         result: Result<(), SendError>,
-    ) {
-        self.after_write(worker, host, generation);
-        let Some(e) = self.entries.get_mut(&id) else {
-            return;
-        };
-        match (result, e.early.take()) {
-            (_, Some(answer)) => self.finish(id, answer),
-            (Err(err), None) => self.finish(id, Err(err)),
-            (Ok(()), None) => e.stage = Stage::Sent,
+        now: Instant,
+    ) -> Option<Job<H, P>> {
+        self.release_host(host, generation);
+        if let Some(e) = self.entries.get_mut(&id) {
+            match (result, e.early.take()) {
+                (_, Some(answer)) => self.finish(id, answer),
+                (Err(err), None) => self.finish(id, Err(err)),
+                (Ok(()), None) => e.stage = Stage::Sent,
+            }
         }
+        let next = self.pick(now);
+        if next.is_none() {
+            self.idle_workers.push(worker);
+        }
+        next
     }
 
     /// The answer event, from a [`crate::Reply`].
