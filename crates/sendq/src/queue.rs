@@ -87,10 +87,10 @@ where
     P: Send + Sync + 'static,
     T: Transport<H, P>,
 {
-    fn settle(&self, id: u64, result: Result<T::Answer, SendError>) {
+    fn settle(&self, id: u64, result: Result<T::Answer, SendError>, abandoned: bool) {
         let work = {
             let mut st = self.lock();
-            st.answer(id, result);
+            st.answer(id, result, abandoned);
             st.has_work()
         };
         self.wake_if(work);

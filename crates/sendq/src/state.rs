@@ -72,8 +72,9 @@ struct Entry<H, P, A> {
     added: Instant,
     deadline: Option<Instant>,
     stage: Stage,
-    /// An answer that arrived before the sent event.
-    early: Option<Result<A, SendError>>,
+    /// An answer that arrived before the sent event, and whether it only
+    /// says that the transport dropped its reply.
+    early: Option<(Result<A, SendError>, bool)>,
     /// When a worker took the entry, for the adaptive window's latency.
     started: Option<Instant>,
 }
@@ -445,8 +446,10 @@ where
         self.release_host(host, generation);
         if let Some(e) = self.entries.get_mut(&id) {
             match (result, e.early.take()) {
-                (_, Some(answer)) => self.finish(id, answer),
-                (Err(err), None) => self.finish(id, Err(err)),
+                // A write error explains a reply dropped on the way out better
+                // than "connection aborted" does.
+                (Err(err), Some((_, true)) | None) => self.finish(id, Err(err)),
+                (_, Some((answer, _))) => self.finish(id, answer),
                 (Ok(()), None) => e.stage = Stage::Sent,
             }
         }
@@ -458,14 +461,14 @@ where
     }
 
     /// The answer event, from a [`crate::Reply`].
-    pub(crate) fn answer(&mut self, id: u64, result: Result<A, SendError>) {
+    pub(crate) fn answer(&mut self, id: u64, result: Result<A, SendError>, abandoned: bool) {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
         match e.stage {
             Stage::Sending => {
                 if e.early.is_none() {
-                    e.early = Some(result);
+                    e.early = Some((result, abandoned));
                 }
             }
             Stage::Sent => self.finish(id, result),

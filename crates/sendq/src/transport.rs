@@ -43,8 +43,9 @@ pub trait Transport<H, P>: Send + Sync + 'static {
 /// Where a [`Reply`] delivers its answer: the queue, behind a trait object so
 /// that `Reply` carries only the answer type.
 pub(crate) trait ReplySink<A>: Send + Sync {
-    /// Records the outcome of entry `id`.
-    fn settle(&self, id: u64, result: Result<A, SendError>);
+    /// Records the outcome of entry `id`; `abandoned` when the reply was
+    /// dropped unanswered rather than answered.
+    fn settle(&self, id: u64, result: Result<A, SendError>, abandoned: bool);
 }
 
 /// The way back for one entry's answer. Answer it once; dropping it unanswered
@@ -66,7 +67,7 @@ impl<A: Send + 'static> Reply<A> {
     /// Delivers the answer (or the error) for this entry.
     pub fn answer(mut self, result: Result<A, SendError>) {
         if let Some(sink) = self.sink.take() {
-            sink.settle(self.id, result);
+            sink.settle(self.id, result, false);
         }
     }
 }
@@ -74,7 +75,7 @@ impl<A: Send + 'static> Reply<A> {
 impl<A: Send + 'static> Drop for Reply<A> {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            sink.settle(self.id, Err(SendError::ConnectionAborted));
+            sink.settle(self.id, Err(SendError::ConnectionAborted), true);
         }
     }
 }
