@@ -166,3 +166,17 @@ pub fn drain_calls(rx: &mut mpsc::UnboundedReceiver<Call>) -> Vec<Call> {
 pub fn payloads(calls: &[Call]) -> Vec<u32> {
     calls.iter().map(|c| c.payload).collect()
 }
+
+/// Serves `router` on a port-0 loopback listener; returns its address.
+pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    addr
+}
+
+/// A loopback address with nothing listening on it.
+pub async fn closed_port() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
