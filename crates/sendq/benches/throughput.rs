@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use estafeta_sendq::{Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig};
+use estafeta_sendq::{
+    Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig,
+};
 use tokio::sync::{Notify, Semaphore};
 
 const HOSTS: usize = 100;
@@ -151,7 +153,10 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     rt.block_on(queue.shutdown());
-    for (name, counters) in [("send queue", &queue_counters), ("baseline", &base_counters)] {
+    for (name, counters) in [
+        ("send queue", &queue_counters),
+        ("baseline", &base_counters),
+    ] {
         let exceeded = counters.exceeded.load(Ordering::SeqCst);
         println!(
             "{name}: window exceeded {exceeded} times; window reached {} times",

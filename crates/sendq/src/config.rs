@@ -196,7 +196,10 @@ mod tests {
 
     #[test]
     fn empty_and_zero_pools_are_refused() {
-        assert_eq!(QueueConfig::new(vec![]).validate(), Err(ConfigError::NoTypes));
+        assert_eq!(
+            QueueConfig::new(vec![]).validate(),
+            Err(ConfigError::NoTypes)
+        );
         let mut c = QueueConfig::new(vec![TypeConfig::new("a", 1)]);
         c.workers = 0;
         assert_eq!(c.validate(), Err(ConfigError::ZeroWorkers));

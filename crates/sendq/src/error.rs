@@ -52,7 +52,9 @@ pub enum ConfigError {
         name: String,
     },
     /// The adaptive window bounds are not `1 <= min <= window <= max`.
-    #[error("request type {kind} ({name}) has adaptive bounds that do not hold 1 <= min <= window <= max")]
+    #[error(
+        "request type {kind} ({name}) has adaptive bounds that do not hold 1 <= min <= window <= max"
+    )]
     AdaptiveBounds {
         /// Index of the type.
         kind: usize,

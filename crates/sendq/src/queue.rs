@@ -120,7 +120,10 @@ where
             finalizer: Mutex::new(None),
         });
         let finalizer = runtime.spawn(finalize(done_rx));
-        *shared.finalizer.lock().unwrap_or_else(PoisonError::into_inner) = Some(finalizer);
+        *shared
+            .finalizer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(finalizer);
         let mut workers = Vec::with_capacity(config.workers);
         for index in 0..config.workers {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -269,8 +272,10 @@ impl<H, P, A> Future for Pending<H, P, A> {
 }
 
 /// The manager: hands ready entries of hosts with a free send slot to idle workers.
-async fn manage<H, P, T>(shared: Arc<Shared<H, P, T>>, workers: Vec<mpsc::UnboundedSender<Job<H, P>>>)
-where
+async fn manage<H, P, T>(
+    shared: Arc<Shared<H, P, T>>,
+    workers: Vec<mpsc::UnboundedSender<Job<H, P>>>,
+) where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,
@@ -292,8 +297,11 @@ where
 }
 
 /// One send worker: writes one entry at a time through the transport.
-async fn work<H, P, T>(index: usize, shared: Arc<Shared<H, P, T>>, mut jobs: mpsc::UnboundedReceiver<Job<H, P>>)
-where
+async fn work<H, P, T>(
+    index: usize,
+    shared: Arc<Shared<H, P, T>>,
+    mut jobs: mpsc::UnboundedReceiver<Job<H, P>>,
+) where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,

@@ -184,13 +184,23 @@ mod tests {
 
     #[test]
     fn placeholders_are_filled_once_and_escaped() {
-        let out = fill("a={recipient}&b={text}&c={other}", "+1 2", "{text} & é", percent_encode);
+        let out = fill(
+            "a={recipient}&b={text}&c={other}",
+            "+1 2",
+            "{text} & é",
+            percent_encode,
+        );
         assert_eq!(out, "a=%2B1%202&b=%7Btext%7D%20%26%20%C3%A9&c={other}");
     }
 
     #[test]
     fn json_escaping_keeps_the_body_valid() {
-        let body = fill(r#"{"to":"{recipient}","text":"{text}"}"#, "1", "say \"hi\"\n", json_escape);
+        let body = fill(
+            r#"{"to":"{recipient}","text":"{text}"}"#,
+            "1",
+            "say \"hi\"\n",
+            json_escape,
+        );
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["text"], "say \"hi\"\n");
     }
@@ -202,11 +212,17 @@ mod tests {
             method: "NOT A METHOD".into(),
             ..SmsConfig::default()
         };
-        assert!(matches!(SmsTransport::new(bad_method), Err(ConfigError::Invalid { .. })));
+        assert!(matches!(
+            SmsTransport::new(bad_method),
+            Err(ConfigError::Invalid { .. })
+        ));
         let bad_url = SmsConfig {
             url: "not a url {text}".into(),
             ..SmsConfig::default()
         };
-        assert!(matches!(SmsTransport::new(bad_url), Err(ConfigError::InvalidUrl { .. })));
+        assert!(matches!(
+            SmsTransport::new(bad_url),
+            Err(ConfigError::InvalidUrl { .. })
+        ));
     }
 }

@@ -108,10 +108,12 @@ fn tls_error(e: impl std::fmt::Display) -> ConfigError {
 }
 
 fn mailbox(address: &str) -> Result<Mailbox, ConfigError> {
-    address.parse().map_err(|e: lettre::address::AddressError| ConfigError::InvalidAddress {
-        address: address.to_owned(),
-        reason: e.to_string(),
-    })
+    address.parse().map_err(
+        |e: lettre::address::AddressError| ConfigError::InvalidAddress {
+            address: address.to_owned(),
+            reason: e.to_string(),
+        },
+    )
 }
 
 impl SmtpTransport {

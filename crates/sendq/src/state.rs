@@ -565,12 +565,20 @@ where
             }
         }
         for id in ready {
-            if self.entries.get(&id).is_some_and(|e| e.stage == Stage::Ready) {
+            if self
+                .entries
+                .get(&id)
+                .is_some_and(|e| e.stage == Stage::Ready)
+            {
                 self.finish(id, Err(SendError::ConnectionAborted));
             }
         }
         for id in refused {
-            if self.entries.get(&id).is_some_and(|e| e.stage == Stage::Waiting) {
+            if self
+                .entries
+                .get(&id)
+                .is_some_and(|e| e.stage == Stage::Waiting)
+            {
                 self.finish(id, Err(SendError::HostDown));
             }
         }
@@ -633,7 +641,9 @@ where
                 .map(|e| e.added)
         };
         let oldest = [
-            tq.waiting.iter().find_map(|id| queued_at(id, Stage::Waiting)),
+            tq.waiting
+                .iter()
+                .find_map(|id| queued_at(id, Stage::Waiting)),
             hq.ready.iter().find_map(|id| queued_at(id, Stage::Ready)),
         ]
         .into_iter()
@@ -646,8 +656,6 @@ where
             oldest_queued: oldest.map(|t| now - t),
         })
     }
-
-
 }
 
 /// Shutting down and delivering need nothing of the host key, so `Drop` can use them.
@@ -697,15 +705,26 @@ mod tests {
 
     type TestState = State<&'static str, u32, u32>;
 
-    fn state(types: Vec<TypeConfig>) -> (TestState, mpsc::UnboundedReceiver<Finished<&'static str, u32, u32>>) {
+    fn state(
+        types: Vec<TypeConfig>,
+    ) -> (
+        TestState,
+        mpsc::UnboundedReceiver<Finished<&'static str, u32, u32>>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         (State::new(Arc::new(QueueConfig::new(types)), tx), rx)
     }
 
     fn add(st: &mut TestState, host: &'static str, payload: u32) {
         let (tx, _rx) = oneshot::channel();
-        st.add(host, Kind(0), payload, Completion::Channel(tx), Instant::now())
-            .unwrap();
+        st.add(
+            host,
+            Kind(0),
+            payload,
+            Completion::Channel(tx),
+            Instant::now(),
+        )
+        .unwrap();
     }
 
     fn pick(st: &mut TestState) -> Job<&'static str, u32> {
@@ -720,13 +739,19 @@ mod tests {
         add(&mut st, "h", 1);
         let job = pick(&mut st);
         st.host_down(&"h");
-        assert!(matches!(st.before_write(0, job.id, &"h", job.generation), Verdict::Skip));
+        assert!(matches!(
+            st.before_write(0, job.id, &"h", job.generation),
+            Verdict::Skip
+        ));
         let finished = done.try_recv().unwrap();
         assert!(matches!(finished.done.result, Err(SendError::HostDown)));
         // The slot is free again and the worker is idle.
         assert!(!st.window_is_full(&"h", Kind(0)));
         assert_eq!(st.idle_workers.len(), st.config.workers);
-        assert_eq!(st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight, 0);
+        assert_eq!(
+            st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight,
+            0
+        );
     }
 
     #[tokio::test]
@@ -736,10 +761,16 @@ mod tests {
         let job = pick(&mut st);
         st.remove_host(&"h");
         add(&mut st, "h", 2);
-        assert!(matches!(st.before_write(0, job.id, &"h", job.generation), Verdict::Skip));
+        assert!(matches!(
+            st.before_write(0, job.id, &"h", job.generation),
+            Verdict::Skip
+        ));
         let finished = done.try_recv().unwrap();
         assert!(matches!(finished.done.result, Err(SendError::HostRemoved)));
         // The new host of the same name is untouched by the old entry's slot.
-        assert_eq!(st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight, 1);
+        assert_eq!(
+            st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight,
+            1
+        );
     }
 }

@@ -99,7 +99,10 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
         assert_eq!(counts[i].load(Ordering::SeqCst), expected, "entry {i}");
         finalized += usize::from(expected);
     }
-    assert!(finalized > N / 2, "most entries were accepted ({finalized})");
+    assert!(
+        finalized > N / 2,
+        "most entries were accepted ({finalized})"
+    );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
 }
 
@@ -194,7 +197,11 @@ async fn the_adaptive_window_halves_on_errors_and_grows_on_fast_answers() {
     for _ in 0..30 {
         let batch = drain_calls(&mut calls);
         let window = q.stats(&"h", A).unwrap().window;
-        assert!(batch.len() <= window, "{} sends with a window of {window}", batch.len());
+        assert!(
+            batch.len() <= window,
+            "{} sends with a window of {window}",
+            batch.len()
+        );
         widths.push(window);
         for call in batch {
             call.reply.answer(Ok(0));
@@ -220,7 +227,10 @@ async fn probe_failures_beyond_the_threshold_mark_the_host_down_and_a_success_up
         settle().await;
     }
     assert_eq!(q.is_down(&"h"), Some(true));
-    assert!(matches!(q.add("h", A, 9, rec.callback()), Err(SendError::HostDown)));
+    assert!(matches!(
+        q.add("h", A, 9, rec.callback()),
+        Err(SendError::HostDown)
+    ));
     // Probes still go to a down host.
     q.add("h", B, 2, rec.callback()).unwrap();
     settle().await;

@@ -32,16 +32,27 @@ async fn failing_probes_mark_the_host_down_and_a_passing_one_marks_it_up() {
         .with_state(Arc::clone(&status));
     let addr = serve(router).await;
     let types = vec![TypeConfig::new("work", 2), TypeConfig::probe("health", 2)];
-    let q = SendQueue::new(QueueConfig::new(types), HttpProbe::new(Duration::from_secs(5)).unwrap()).unwrap();
+    let q = SendQueue::new(
+        QueueConfig::new(types),
+        HttpProbe::new(Duration::from_secs(5)).unwrap(),
+    )
+    .unwrap();
     let probe = || ProbeRequest {
         url: format!("http://{addr}/health"),
     };
 
     assert!(q.submit("api", PROBE, probe()).unwrap().await.is_err());
-    assert_eq!(q.is_down(&"api"), Some(false), "one failure is below the threshold");
+    assert_eq!(
+        q.is_down(&"api"),
+        Some(false),
+        "one failure is below the threshold"
+    );
     assert!(q.submit("api", PROBE, probe()).unwrap().await.is_err());
     assert_eq!(q.is_down(&"api"), Some(true));
-    assert!(matches!(q.submit("api", WORK, probe()), Err(SendError::HostDown)));
+    assert!(matches!(
+        q.submit("api", WORK, probe()),
+        Err(SendError::HostDown)
+    ));
 
     status.store(200, Ordering::SeqCst);
     let answer = q.submit("api", PROBE, probe()).unwrap().await.unwrap();
@@ -55,9 +66,18 @@ async fn failing_probes_mark_the_host_down_and_a_passing_one_marks_it_up() {
 async fn an_unreachable_host_is_marked_down() {
     let addr = closed_port().await;
     let types = vec![TypeConfig::new("work", 1), TypeConfig::probe("health", 1)];
-    let q = SendQueue::new(QueueConfig::new(types), HttpProbe::new(Duration::from_secs(5)).unwrap()).unwrap();
+    let q = SendQueue::new(
+        QueueConfig::new(types),
+        HttpProbe::new(Duration::from_secs(5)).unwrap(),
+    )
+    .unwrap();
     let url = format!("http://{addr}/health");
-    assert!(q.submit("api", PROBE, ProbeRequest { url }).unwrap().await.is_err());
+    assert!(
+        q.submit("api", PROBE, ProbeRequest { url })
+            .unwrap()
+            .await
+            .is_err()
+    );
     assert_eq!(q.is_down(&"api"), Some(true));
     q.shutdown().await;
 }

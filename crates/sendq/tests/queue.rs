@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use common::{Host, Manual, Outcome, Recorder, drain_calls, payloads, settle};
 use estafeta_sendq::{
-    Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport,
-    TypeConfig,
+    Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig,
 };
 
 const A: Kind = Kind(0);
@@ -111,7 +110,8 @@ async fn per_host_send_concurrency_is_never_exceeded() {
     let hosts = ["x", "y", "z"];
     for i in 0..60 {
         let kind = if i % 2 == 0 { A } else { B };
-        q.add(hosts[i as usize % 3], kind, i, rec.callback()).unwrap();
+        q.add(hosts[i as usize % 3], kind, i, rec.callback())
+            .unwrap();
     }
     let mut done = 0;
     while done < 60 {
@@ -172,13 +172,19 @@ async fn a_probe_added_behind_50_ready_entries_is_sent_next() {
     }
     q.add("h", B, 999, rec.callback()).unwrap();
     settle().await;
-    assert!(drain_calls(&mut calls).is_empty(), "one send at a time per host");
+    assert!(
+        drain_calls(&mut calls).is_empty(),
+        "one send at a time per host"
+    );
     for call in first {
         call.written.unwrap().send(()).unwrap();
     }
     settle().await;
     let next = drain_calls(&mut calls);
-    assert_eq!(next.iter().map(|c| (c.kind, c.payload)).collect::<Vec<_>>(), vec![(B, 999)]);
+    assert_eq!(
+        next.iter().map(|c| (c.kind, c.payload)).collect::<Vec<_>>(),
+        vec![(B, 999)]
+    );
     q.shutdown().await;
 }
 
@@ -189,9 +195,15 @@ async fn a_second_probe_while_one_is_unanswered_is_refused() {
     let q = SendQueue::new(config(types), transport).unwrap();
     let mut rec = Recorder::new();
     q.add("h", B, 1, rec.callback()).unwrap();
-    assert!(matches!(q.add("h", B, 2, rec.callback()), Err(SendError::Busy)));
+    assert!(matches!(
+        q.add("h", B, 2, rec.callback()),
+        Err(SendError::Busy)
+    ));
     settle().await;
-    assert!(matches!(q.add("h", B, 3, rec.callback()), Err(SendError::Busy)));
+    assert!(matches!(
+        q.add("h", B, 3, rec.callback()),
+        Err(SendError::Busy)
+    ));
     let probe = drain_calls(&mut calls).pop().unwrap();
     probe.reply.answer(Ok(1));
     settle().await;
@@ -215,7 +227,10 @@ async fn queueable_entries_survive_a_down_period_and_go_out_in_order() {
     drain_calls(&mut calls).pop().unwrap().reply.answer(Ok(0));
     q.host_down(&"h");
     assert_eq!(q.is_down(&"h"), Some(true));
-    assert!(matches!(q.add("h", B, 1, rec.callback()), Err(SendError::HostDown)));
+    assert!(matches!(
+        q.add("h", B, 1, rec.callback()),
+        Err(SendError::HostDown)
+    ));
     for i in 10..20 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -340,7 +355,8 @@ async fn ten_thousand_adds_with_one_stuck_worker_all_return_at_once() {
     let hosts = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
     for i in 1..=10_000u32 {
         let kind = if i % 2 == 0 { A } else { B };
-        q.add(hosts[i as usize % 10], kind, i, rec.callback()).unwrap();
+        q.add(hosts[i as usize % 10], kind, i, rec.callback())
+            .unwrap();
     }
     let mut counted = 0;
     for host in hosts {
@@ -351,7 +367,10 @@ async fn ten_thousand_adds_with_one_stuck_worker_all_return_at_once() {
     }
     assert_eq!(counted, 10_000);
     settle().await;
-    assert!(drain_calls(&mut calls).is_empty(), "the only worker is stuck");
+    assert!(
+        drain_calls(&mut calls).is_empty(),
+        "the only worker is stuck"
+    );
     q.shutdown().await;
     let fates = rec.drain();
     assert_eq!(fates.len(), 10_001);
@@ -373,7 +392,10 @@ async fn queued_entries_past_their_deadline_expire() {
     assert_eq!(payloads(&sent), vec![0]);
     tokio::time::sleep(Duration::from_secs(5)).await;
     q.add("h", A, 2, rec.callback()).unwrap();
-    assert_eq!(q.stats(&"h", A).unwrap().oldest_queued, Some(start.elapsed()));
+    assert_eq!(
+        q.stats(&"h", A).unwrap().oldest_queued,
+        Some(start.elapsed())
+    );
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(rec.drain(), vec![failed("h", 1, "expired")]);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -409,7 +431,10 @@ async fn an_answer_before_the_sent_event_completes_once_after_it() {
     q.add("h", A, 7, rec.callback()).unwrap();
     settle().await;
     let written = writes.try_recv().unwrap();
-    assert!(rec.drain().is_empty(), "not completed before the sent event");
+    assert!(
+        rec.drain().is_empty(),
+        "not completed before the sent event"
+    );
     assert_eq!(q.stats(&"h", A).unwrap().in_flight, 1);
     written.send(()).unwrap();
     settle().await;

@@ -22,20 +22,30 @@ fn gateway() -> (Router, mpsc::UnboundedReceiver<(String, String)>) {
     let router = Router::new()
         .route(
             "/json",
-            post(|State(tx): State<Gateway>, headers: HeaderMap, body: String| async move {
-                let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
-                let _ = tx.send((ct.to_owned(), body));
-                "queued"
-            }),
+            post(
+                |State(tx): State<Gateway>, headers: HeaderMap, body: String| async move {
+                    let ct = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    let _ = tx.send((ct.to_owned(), body));
+                    "queued"
+                },
+            ),
         )
         .route(
             "/get",
-            get(|State(tx): State<Gateway>, Query(q): Query<HashMap<String, String>>| async move {
-                let _ = tx.send((q["to"].clone(), q["msg"].clone()));
-                "queued"
-            }),
+            get(
+                |State(tx): State<Gateway>, Query(q): Query<HashMap<String, String>>| async move {
+                    let _ = tx.send((q["to"].clone(), q["msg"].clone()));
+                    "queued"
+                },
+            ),
         )
-        .route("/busy", post(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }))
+        .route(
+            "/busy",
+            post(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }),
+        )
         .with_state(tx);
     (router, rx)
 }
@@ -89,9 +99,11 @@ async fn a_get_gateway_gets_recipient_and_text_in_the_query() {
 async fn a_form_body_is_percent_encoded() {
     let router = Router::new().route(
         "/form",
-        post(|axum::Form(form): axum::Form<HashMap<String, String>>| async move {
-            format!("{}|{}", form["to"], form["text"])
-        }),
+        post(
+            |axum::Form(form): axum::Form<HashMap<String, String>>| async move {
+                format!("{}|{}", form["to"], form["text"])
+            },
+        ),
     );
     let addr = serve(router).await;
     let q = queue(SmsConfig {
@@ -114,6 +126,12 @@ async fn a_gateway_refusal_is_an_error() {
         ..SmsConfig::default()
     });
     let result = q.submit("gw", Kind(0), sms()).unwrap().await;
-    assert!(matches!(result, Err(SendError::Transport(TransportError::Status(429)))), "{result:?}");
+    assert!(
+        matches!(
+            result,
+            Err(SendError::Transport(TransportError::Status(429)))
+        ),
+        "{result:?}"
+    );
     q.shutdown().await;
 }

@@ -34,13 +34,18 @@ fn alert() -> EmailMessage {
 }
 
 fn queue(transport: SmtpTransport) -> SendQueue<&'static str, EmailMessage, SmtpTransport> {
-    SendQueue::new(QueueConfig::new(vec![TypeConfig::new("mail", 2)]), transport).unwrap()
+    SendQueue::new(
+        QueueConfig::new(vec![TypeConfig::new("mail", 2)]),
+        transport,
+    )
+    .unwrap()
 }
 
 #[tokio::test]
 async fn a_message_arrives_with_its_recipients_subject_and_body() {
     let mut server = smtp_server::start(Options::default()).await;
-    let transport = SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap();
+    let transport =
+        SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap();
     let q = queue(transport);
     let answer = q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
     assert_eq!(answer.code, "250");
@@ -48,9 +53,21 @@ async fn a_message_arrives_with_its_recipients_subject_and_body() {
     let got = server.received.recv().await.unwrap();
     assert_eq!(got.from, "alerts@estafeta.test");
     assert_eq!(got.to, vec!["ops@example.test", "oncall@example.test"]);
-    assert!(got.data.contains("Subject: Process in doubt\r\n"), "{}", got.data);
-    assert!(got.data.contains("Database 42: process 7 is in doubt.\r\n"), "{}", got.data);
-    assert!(got.data.contains("\r\n.leading dot line\r\n"), "dot-stuffing undone: {}", got.data);
+    assert!(
+        got.data.contains("Subject: Process in doubt\r\n"),
+        "{}",
+        got.data
+    );
+    assert!(
+        got.data.contains("Database 42: process 7 is in doubt.\r\n"),
+        "{}",
+        got.data
+    );
+    assert!(
+        got.data.contains("\r\n.leading dot line\r\n"),
+        "dot-stuffing undone: {}",
+        got.data
+    );
     assert_eq!((got.user, got.tls), (None, false));
     q.shutdown().await;
 }
@@ -63,22 +80,38 @@ async fn authentication_is_used_when_configured() {
     };
     let mut server = smtp_server::start(options).await;
     let port = server.addr.port();
-    let good = queue(SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "s3cret")))).unwrap());
-    good.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let good = queue(
+        SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "s3cret")))).unwrap(),
+    );
+    good.submit("relay", Kind(0), alert())
+        .unwrap()
+        .await
+        .unwrap();
     let got = server.received.recv().await.unwrap();
     assert_eq!(got.user.as_deref(), Some("ops"));
     good.shutdown().await;
 
-    let bad = queue(SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "wrong")))).unwrap());
+    let bad = queue(
+        SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "wrong")))).unwrap(),
+    );
     let refused = bad.submit("relay", Kind(0), alert()).unwrap().await;
-    assert!(matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
+        "{refused:?}"
+    );
     bad.shutdown().await;
 
     let anonymous = queue(SmtpTransport::new(&config(port, SmtpSecurity::None, None)).unwrap());
     let refused = anonymous.submit("relay", Kind(0), alert()).unwrap().await;
-    assert!(matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
+        "{refused:?}"
+    );
     anonymous.shutdown().await;
-    assert!(server.received.try_recv().is_err(), "nothing else was delivered");
+    assert!(
+        server.received.try_recv().is_err(),
+        "nothing else was delivered"
+    );
 }
 
 #[tokio::test]
@@ -92,8 +125,12 @@ async fn starttls_with_a_self_signed_root_and_authentication() {
     let security = SmtpSecurity::StartTls {
         root_certificate_pem: Some(root_pem),
     };
-    let transport =
-        SmtpTransport::new(&config(server.addr.port(), security, Some(("ops", "s3cret")))).unwrap();
+    let transport = SmtpTransport::new(&config(
+        server.addr.port(),
+        security,
+        Some(("ops", "s3cret")),
+    ))
+    .unwrap();
     let q = queue(transport);
     q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
     let got = server.received.recv().await.unwrap();
@@ -117,7 +154,10 @@ async fn starttls_refuses_a_certificate_it_does_not_trust() {
     };
     let q = queue(SmtpTransport::new(&config(server.addr.port(), security, None)).unwrap());
     let refused = q.submit("relay", Kind(0), alert()).unwrap().await;
-    assert!(matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
+        "{refused:?}"
+    );
     assert!(server.received.try_recv().is_err());
     q.shutdown().await;
 }
@@ -130,7 +170,8 @@ async fn bad_addresses_are_configuration_errors() {
     };
     assert!(SmtpTransport::new(&bad_from).is_err());
     let server = smtp_server::start(Options::default()).await;
-    let q = queue(SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap());
+    let q =
+        queue(SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap());
     let mut email = alert();
     email.to = vec!["nobody".into()];
     let refused = q.submit("relay", Kind(0), email).unwrap().await;

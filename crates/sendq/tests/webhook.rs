@@ -21,7 +21,11 @@ type Hooks = SendQueue<&'static str, WebhookRequest, WebhookTransport>;
 
 fn hooks(config: &WebhookConfig, window: usize) -> Hooks {
     let transport = WebhookTransport::new(config).unwrap();
-    SendQueue::new(QueueConfig::new(vec![TypeConfig::new("push", window)]), transport).unwrap()
+    SendQueue::new(
+        QueueConfig::new(vec![TypeConfig::new("push", window)]),
+        transport,
+    )
+    .unwrap()
 }
 
 fn hook(url: String, body: Value) -> WebhookRequest {
@@ -34,25 +38,41 @@ struct Seen {
     answer: Arc<Semaphore>,
 }
 
-async fn record(State(seen): State<Seen>, headers: HeaderMap, body: String) -> (StatusCode, &'static str) {
+async fn record(
+    State(seen): State<Seen>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, &'static str) {
     let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let _ = seen.tx.send((content_type, serde_json::from_str(&body).unwrap_or(Value::Null)));
+    let _ = seen.tx.send((
+        content_type,
+        serde_json::from_str(&body).unwrap_or(Value::Null),
+    ));
     // Wait for the test's go-ahead before answering.
     seen.answer.acquire().await.unwrap().forget();
     (StatusCode::OK, "thanks")
 }
 
-fn recorder(answers: usize) -> (Router, mpsc::UnboundedReceiver<(String, Value)>, Arc<Semaphore>) {
+fn recorder(
+    answers: usize,
+) -> (
+    Router,
+    mpsc::UnboundedReceiver<(String, Value)>,
+    Arc<Semaphore>,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
     let answer = Arc::new(Semaphore::new(answers));
     let router = Router::new()
         .route("/hook", post(record))
-        .route("/fail", post(|| async { (StatusCode::SERVICE_UNAVAILABLE, "down") }))
-        .route("/hang", post(|| std::future::pending::<&'static str>()))
+        .route(
+            "/fail",
+            post(|| async { (StatusCode::SERVICE_UNAVAILABLE, "down") }),
+        )
+        .route("/hang", post(std::future::pending::<&'static str>))
         .with_state(Seen {
             tx,
             answer: Arc::clone(&answer),
@@ -67,7 +87,11 @@ async fn a_json_post_with_a_2xx_status_is_the_answer() {
     let q = hooks(&WebhookConfig::default(), 4);
     let body = json!({"event": "message", "database": "db-1", "count": 3});
     let answer = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hook"), body.clone()))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hook"), body.clone()),
+        )
         .unwrap()
         .await
         .unwrap();
@@ -84,10 +108,20 @@ async fn any_other_status_is_an_error() {
     let addr = serve(router).await;
     let q = hooks(&WebhookConfig::default(), 4);
     let result = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/fail"), json!({})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/fail"), json!({})),
+        )
         .unwrap()
         .await;
-    assert!(matches!(result, Err(SendError::Transport(TransportError::Status(503)))), "{result:?}");
+    assert!(
+        matches!(
+            result,
+            Err(SendError::Transport(TransportError::Status(503)))
+        ),
+        "{result:?}"
+    );
     q.shutdown().await;
 }
 
@@ -99,13 +133,25 @@ async fn sent_and_answered_are_separate_events() {
     let addr = serve(router).await;
     let q = hooks(&WebhookConfig::default(), 2);
     let first = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hook"), json!({"n": 1})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hook"), json!({"n": 1})),
+        )
         .unwrap();
     let second = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hook"), json!({"n": 2})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hook"), json!({"n": 2})),
+        )
         .unwrap();
     let third = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hook"), json!({"n": 3})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hook"), json!({"n": 3})),
+        )
         .unwrap();
     let a = seen.recv().await.unwrap().1;
     let b = seen.recv().await.unwrap().1;
@@ -130,7 +176,11 @@ async fn a_webhook_that_does_not_answer_in_time_fails_with_a_timeout() {
     };
     let q = hooks(&config, 1);
     let result = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hang"), json!({})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hang"), json!({})),
+        )
         .unwrap()
         .await;
     match result {
@@ -145,14 +195,24 @@ async fn an_unreachable_webhook_or_a_bad_url_fails_with_a_typed_error() {
     let addr = closed_port().await;
     let q = hooks(&WebhookConfig::default(), 1);
     let refused = q
-        .submit("hooks", Kind(0), hook(format!("http://{addr}/hook"), json!({})))
+        .submit(
+            "hooks",
+            Kind(0),
+            hook(format!("http://{addr}/hook"), json!({})),
+        )
         .unwrap()
         .await;
-    assert!(matches!(refused, Err(SendError::Transport(TransportError::Http(_)))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SendError::Transport(TransportError::Http(_)))),
+        "{refused:?}"
+    );
     let bad = q
         .submit("hooks", Kind(0), hook("not a url".into(), json!({})))
         .unwrap()
         .await;
-    assert!(matches!(bad, Err(SendError::Config(ConfigError::InvalidUrl { .. }))), "{bad:?}");
+    assert!(
+        matches!(bad, Err(SendError::Config(ConfigError::InvalidUrl { .. }))),
+        "{bad:?}"
+    );
     q.shutdown().await;
 }

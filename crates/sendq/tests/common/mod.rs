@@ -86,7 +86,12 @@ impl Transport<Host, u32> for Manual {
         if let Some(wait) = wait {
             let _ = wait.await;
         }
-        self.writing.lock().unwrap().entry(request.host).or_default().0 -= 1;
+        self.writing
+            .lock()
+            .unwrap()
+            .entry(request.host)
+            .or_default()
+            .0 -= 1;
         Ok(())
     }
 }

@@ -75,7 +75,11 @@ pub async fn start(options: Options) -> SmtpServer {
 }
 
 async fn serve(mut stream: TcpStream, options: Arc<Options>, tx: mpsc::UnboundedSender<Received>) {
-    if stream.write_all(b"220 localhost ESMTP test\r\n").await.is_err() {
+    if stream
+        .write_all(b"220 localhost ESMTP test\r\n")
+        .await
+        .is_err()
+    {
         return;
     }
     let Some(stream) = session(stream, &options, false, &tx).await else {
@@ -141,7 +145,9 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
             to.push(address(&line));
             "250 OK\r\n".into()
         } else if upper.starts_with("DATA") {
-            io.write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n").await.ok()?;
+            io.write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n")
+                .await
+                .ok()?;
             let mut data = String::new();
             loop {
                 let l = read_line(&mut io).await?;
