@@ -45,6 +45,7 @@ mod error;
 mod http;
 mod probe;
 mod queue;
+mod slab;
 mod sms;
 mod smtp;
 mod state;

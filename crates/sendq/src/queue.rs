@@ -286,7 +286,7 @@ async fn manage<H, P, T>(
             if st.is_closed() {
                 return;
             }
-            st.dispatch(Instant::now())
+            st.dispatch()
         };
         for (worker, job) in jobs {
             // A worker only stops when this sender is dropped, so this cannot fail.
@@ -307,9 +307,7 @@ async fn work<H, P, T>(
     T: Transport<H, P>,
 {
     while let Some(job) = jobs.recv().await {
-        let verdict = shared
-            .lock()
-            .before_write(index, job.id, &job.request.host, job.generation);
+        let verdict = shared.lock().before_write(index, job.id, job.host_key);
         let mut next = match verdict {
             Verdict::Send => Some(job),
             Verdict::Skip => None,
@@ -318,17 +316,16 @@ async fn work<H, P, T>(
         // it was picked in, so it needs no second look before writing.
         while let Some(Job {
             id,
-            generation,
+            host_key,
             request,
         }) = next
         {
-            let host = request.host.clone();
             let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
             let result = shared.transport.send(request, Reply::new(id, sink)).await;
             let work;
             (next, work) = {
                 let mut st = shared.lock();
-                let next = st.sent(index, id, &host, generation, result, Instant::now());
+                let next = st.sent(index, id, host_key, result);
                 (next, st.has_work())
             };
             shared.wake_if(work);

@@ -5,7 +5,9 @@
 //! Everything here is synchronous and never waits; the tasks in
 //! [`crate::queue`] call into it and do their waiting outside the lock.
 //! Finished entries leave through an unbounded channel to the finalizer, so
-//! no completion runs while the lock is held.
+//! no completion runs while the lock is held. Entries and hosts live in slabs
+//! and refer to each other by key, so the host's own key is hashed only when
+//! a caller names it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
@@ -17,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
+use crate::slab::Slab;
 use crate::transport::Request;
 use crate::window::Window;
 
@@ -65,7 +68,8 @@ enum Stage {
 
 struct Entry<H, P, A> {
     host: H,
-    host_gen: u64,
+    /// The host's slab key; a removed host's key finds nothing.
+    host_key: u64,
     kind: usize,
     payload: Arc<P>,
     completion: Completion<H, P, A>,
@@ -80,7 +84,7 @@ struct Entry<H, P, A> {
 }
 
 struct TypeQueue {
-    /// Ids of waiting entries in order of adding; ids of entries that left
+    /// Keys of waiting entries in order of adding; keys of entries that left
     /// early (expired) are skipped when met.
     waiting: VecDeque<u64>,
     waiting_live: usize,
@@ -90,10 +94,8 @@ struct TypeQueue {
 }
 
 struct HostQueue {
-    /// Tells this host apart from an earlier one with the same key that was removed.
-    generation: u64,
     types: Vec<TypeQueue>,
-    /// Entry ids in the order their windows opened (prior one-shots in front).
+    /// Entry keys in the order their windows opened (prior one-shots in front).
     ready: VecDeque<u64>,
     sending: usize,
     in_hostq: bool,
@@ -104,7 +106,7 @@ struct HostQueue {
 /// A send handed to a worker.
 pub(crate) struct Job<H, P> {
     pub(crate) id: u64,
-    pub(crate) generation: u64,
+    pub(crate) host_key: u64,
     pub(crate) request: Request<H, P>,
 }
 
@@ -132,14 +134,13 @@ pub struct TypeStats {
 /// The queue's state; see the module documentation.
 pub(crate) struct State<H, P, A> {
     config: Arc<QueueConfig>,
-    hosts: HashMap<H, HostQueue>,
-    entries: HashMap<u64, Entry<H, P, A>>,
-    /// Hosts with ready entries and a free send slot, served round-robin.
-    hostq: VecDeque<H>,
+    names: HashMap<H, u64>,
+    hosts: Slab<HostQueue>,
+    entries: Slab<Entry<H, P, A>>,
+    /// Keys of hosts with ready entries and a free send slot, served round-robin.
+    hostq: VecDeque<u64>,
     idle_workers: Vec<usize>,
     deadlines: BTreeSet<(Instant, u64)>,
-    next_id: u64,
-    next_generation: u64,
     finalizer: Option<mpsc::UnboundedSender<Finished<H, P, A>>>,
 }
 
@@ -154,21 +155,21 @@ where
         let idle_workers = (0..config.workers).rev().collect();
         Self {
             config,
-            hosts: HashMap::new(),
-            entries: HashMap::new(),
+            names: HashMap::new(),
+            hosts: Slab::new(),
+            entries: Slab::new(),
             hostq: VecDeque::new(),
             idle_workers,
             deadlines: BTreeSet::new(),
-            next_id: 0,
-            next_generation: 0,
             finalizer: Some(finalizer),
         }
     }
 
-    fn new_host(&mut self) -> HostQueue {
-        self.next_generation += 1;
-        HostQueue {
-            generation: self.next_generation,
+    fn host_key(&mut self, host: &H) -> u64 {
+        if let Some(&key) = self.names.get(host) {
+            return key;
+        }
+        let hq = HostQueue {
             types: self
                 .config
                 .types
@@ -186,7 +187,10 @@ where
             in_hostq: false,
             down: false,
             probe_failures: 0,
-        }
+        };
+        let key = self.hosts.insert(hq);
+        self.names.insert(host.clone(), key);
+        key
     }
 
     /// Adds an entry. Returns whether the entry set the earliest deadline (the
@@ -210,11 +214,8 @@ where
             tc.queueable_if_down || tc.probe.is_some(),
             tc.deadline.map(|d| now + d),
         );
-        if !self.hosts.contains_key(&host) {
-            let hq = self.new_host();
-            self.hosts.insert(host.clone(), hq);
-        }
-        let hq = self.hosts.get_mut(&host).ok_or(SendError::HostRemoved)?;
+        let host_key = self.host_key(&host);
+        let hq = self.hosts.get_mut(host_key).ok_or(SendError::HostRemoved)?;
         if hq.down && !may_go_down {
             return Err(SendError::HostDown);
         }
@@ -222,14 +223,25 @@ where
         if one_shot && tq.one_shot_busy {
             return Err(SendError::Busy);
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let generation = hq.generation;
-        let stage = if one_shot && tq.in_flight < tq.window.limit() {
+        let id = self.entries.insert(Entry {
+            host,
+            host_key,
+            kind: kind.0,
+            payload: Arc::new(payload),
+            completion,
+            added: now,
+            deadline,
+            stage: Stage::Waiting,
+            early: None,
+            started: None,
+        });
+        if one_shot && tq.in_flight < tq.window.limit() {
             tq.one_shot_busy = true;
             tq.in_flight += 1;
             hq.ready.push_front(id);
-            Stage::Ready
+            if let Some(e) = self.entries.get_mut(id) {
+                e.stage = Stage::Ready;
+            }
         } else {
             tq.one_shot_busy |= one_shot;
             tq.waiting_live += 1;
@@ -238,42 +250,24 @@ where
             } else {
                 tq.waiting.push_back(id);
             }
-            Stage::Waiting
-        };
-        self.entries.insert(
-            id,
-            Entry {
-                host: host.clone(),
-                host_gen: generation,
-                kind: kind.0,
-                payload: Arc::new(payload),
-                completion,
-                added: now,
-                deadline,
-                stage,
-                early: None,
-                started: None,
-            },
-        );
+            self.promote(host_key, kind.0);
+        }
         let mut earliest = false;
         if let Some(d) = deadline {
             earliest = self.deadlines.first().is_none_or(|(first, _)| d < *first);
             self.deadlines.insert((d, id));
         }
-        if stage == Stage::Waiting {
-            self.promote(&host, kind.0);
-        }
-        self.schedule(&host);
+        self.schedule(host_key);
         Ok(earliest)
     }
 
     /// Moves waiting entries of one type into the ready queue while its window is open.
-    fn promote(&mut self, host: &H, kind: usize) {
-        let probe = self.config.types[kind].probe.is_some();
-        let Some(hq) = self.hosts.get_mut(host) else {
+    fn promote(&mut self, host_key: u64, kind: usize) {
+        let tc = &self.config.types[kind];
+        let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
-        if hq.down && !probe {
+        if hq.down && tc.probe.is_none() {
             return;
         }
         let tq = &mut hq.types[kind];
@@ -281,7 +275,7 @@ where
             let Some(id) = tq.waiting.pop_front() else {
                 break;
             };
-            let Some(e) = self.entries.get_mut(&id) else {
+            let Some(e) = self.entries.get_mut(id) else {
                 continue;
             };
             if e.stage != Stage::Waiting {
@@ -290,7 +284,7 @@ where
             e.stage = Stage::Ready;
             tq.waiting_live -= 1;
             tq.in_flight += 1;
-            if self.config.types[kind].prior_one_shot {
+            if tc.prior_one_shot {
                 hq.ready.push_front(id);
             } else {
                 hq.ready.push_back(id);
@@ -299,15 +293,15 @@ where
     }
 
     /// Puts a host on the manager's list if it has ready entries and a free send slot.
-    fn schedule(&mut self, host: &H) {
-        let Some(hq) = self.hosts.get_mut(host) else {
+    fn schedule(&mut self, host_key: u64) {
+        let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         if hq.in_hostq || hq.ready.is_empty() || hq.sending >= self.config.per_host_sends {
             return;
         }
         hq.in_hostq = true;
-        self.hostq.push_back(host.clone());
+        self.hostq.push_back(host_key);
     }
 
     /// Whether the manager has something to do: a host to serve and a worker to serve it.
@@ -316,10 +310,10 @@ where
     }
 
     /// Hands ready entries to idle workers, one per host in turn.
-    pub(crate) fn dispatch(&mut self, now: Instant) -> Vec<(usize, Job<H, P>)> {
+    pub(crate) fn dispatch(&mut self) -> Vec<(usize, Job<H, P>)> {
         let mut jobs = Vec::new();
         while let Some(&worker) = self.idle_workers.last() {
-            let Some(job) = self.pick(now) else {
+            let Some(job) = self.pick() else {
                 break;
             };
             self.idle_workers.pop();
@@ -330,26 +324,28 @@ where
 
     /// Takes the next entry to write: the first ready entry of the host at
     /// the head of the round-robin list; the host goes to the back of the list.
-    fn pick(&mut self, now: Instant) -> Option<Job<H, P>> {
+    fn pick(&mut self) -> Option<Job<H, P>> {
+        // Read the clock at most once, and only for entries that need it.
+        let mut clock = None;
+        let mut now = || *clock.get_or_insert_with(Instant::now);
         loop {
-            let host = self.hostq.pop_front()?;
-            let Some(hq) = self.hosts.get_mut(&host) else {
+            let host_key = self.hostq.pop_front()?;
+            let Some(hq) = self.hosts.get_mut(host_key) else {
                 continue;
             };
             hq.in_hostq = false;
             if hq.sending >= self.config.per_host_sends {
                 continue;
             }
-            let generation = hq.generation;
             let mut picked = None;
             while let Some(id) = hq.ready.pop_front() {
-                let Some(e) = self.entries.get(&id) else {
+                let Some(e) = self.entries.get(id) else {
                     continue;
                 };
-                if e.stage != Stage::Ready || e.host_gen != generation {
+                if e.stage != Stage::Ready || e.host_key != host_key {
                     continue;
                 }
-                if e.deadline.is_some_and(|d| d <= now) {
+                if e.deadline.is_some_and(|d| d <= now()) {
                     self.expire(id);
                     // `expire` may have promoted entries of this host; look again.
                     break;
@@ -358,74 +354,67 @@ where
                 break;
             }
             let Some(id) = picked else {
-                self.schedule(&host);
+                self.schedule(host_key);
                 continue;
             };
-            let Some(e) = self.entries.get_mut(&id) else {
+            let Some(e) = self.entries.get_mut(id) else {
                 continue;
             };
             e.stage = Stage::Sending;
-            e.started = Some(now);
+            if self.config.types[e.kind].adaptive.is_some() {
+                e.started = Some(now());
+            }
             if let Some(d) = e.deadline {
                 self.deadlines.remove(&(d, id));
             }
             let request = Request {
-                host: host.clone(),
+                host: e.host.clone(),
                 kind: Kind(e.kind),
                 payload: Arc::clone(&e.payload),
             };
-            if let Some(hq) = self.hosts.get_mut(&host) {
+            if let Some(hq) = self.hosts.get_mut(host_key) {
                 hq.sending += 1;
             }
-            self.schedule(&host);
+            self.schedule(host_key);
             return Some(Job {
                 id,
-                generation,
+                host_key,
                 request,
             });
         }
     }
 
-    /// Called by a worker before writing: fails the entry with "host down" if
-    /// its host went down since it was picked (or "host removed" if it is gone).
-    pub(crate) fn before_write(
-        &mut self,
-        worker: usize,
-        id: u64,
-        host: &H,
-        generation: u64,
-    ) -> Verdict {
-        let Some(e) = self.entries.get(&id) else {
-            self.after_write(worker, host, generation);
+    /// Called by a worker before writing a job the manager handed it: fails
+    /// the entry with "host down" if its host went down since it was picked
+    /// (or "host removed" if it is gone).
+    pub(crate) fn before_write(&mut self, worker: usize, id: u64, host_key: u64) -> Verdict {
+        let Some(e) = self.entries.get(id) else {
+            self.after_write(worker, host_key);
             return Verdict::Skip;
         };
         let probe = self.config.types[e.kind].probe.is_some();
-        let refusal = match self.hosts.get(host) {
-            Some(hq) if hq.generation == generation => {
-                (hq.down && !probe).then_some(SendError::HostDown)
-            }
-            _ => Some(SendError::HostRemoved),
+        let refusal = match self.hosts.get(host_key) {
+            Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
+            None => Some(SendError::HostRemoved),
         };
         if let Some(err) = refusal {
             self.finish(id, Err(err));
-            self.after_write(worker, host, generation);
+            self.after_write(worker, host_key);
             return Verdict::Skip;
         }
         Verdict::Send
     }
 
     /// Frees the worker and the host's send slot.
-    fn after_write(&mut self, worker: usize, host: &H, generation: u64) {
+    fn after_write(&mut self, worker: usize, host_key: u64) {
         self.idle_workers.push(worker);
-        self.release_host(host, generation);
+        self.release_host(host_key);
     }
 
-    fn release_host(&mut self, host: &H, generation: u64) {
-        if let Some(hq) = self.hosts.get_mut(host)
-            && hq.generation == generation
-        {
+    fn release_host(&mut self, host_key: u64) {
+        if let Some(hq) = self.hosts.get_mut(host_key) {
             hq.sending -= 1;
-            self.schedule(host);
+            self.schedule(host_key);
         }
     }
 
@@ -438,13 +427,11 @@ where
         &mut self,
         worker: usize,
         id: u64,
-        host: &H,
-        generation: u64,
+        host_key: u64,
         result: Result<(), SendError>,
-        now: Instant,
     ) -> Option<Job<H, P>> {
-        self.release_host(host, generation);
-        if let Some(e) = self.entries.get_mut(&id) {
+        self.release_host(host_key);
+        if let Some(e) = self.entries.get_mut(id) {
             match (result, e.early.take()) {
                 // A write error explains a reply dropped on the way out better
                 // than "connection aborted" does.
@@ -453,7 +440,7 @@ where
                 (Ok(()), None) => e.stage = Stage::Sent,
             }
         }
-        let next = self.pick(now);
+        let next = self.pick();
         if next.is_none() {
             self.idle_workers.push(worker);
         }
@@ -462,7 +449,7 @@ where
 
     /// The answer event, from a [`crate::Reply`].
     pub(crate) fn answer(&mut self, id: u64, result: Result<A, SendError>, abandoned: bool) {
-        let Some(e) = self.entries.get_mut(&id) else {
+        let Some(e) = self.entries.get_mut(id) else {
             return;
         };
         match e.stage {
@@ -480,7 +467,7 @@ where
     /// window slot, feeds the adaptive window and the probe policy, and sends
     /// it to the finalizer.
     fn finish(&mut self, id: u64, result: Result<A, SendError>) {
-        let Some(e) = self.entries.remove(&id) else {
+        let Some(e) = self.entries.remove(id) else {
             return;
         };
         if let Some(d) = e.deadline {
@@ -488,49 +475,46 @@ where
         }
         let tc = &self.config.types[e.kind];
         let probe = tc.probe.clone();
-        if let Some(hq) = self.hosts.get_mut(&e.host)
-            && hq.generation == e.host_gen
-        {
+        if let Some(hq) = self.hosts.get_mut(e.host_key) {
             let tq = &mut hq.types[e.kind];
+            let written = matches!(e.stage, Stage::Sending | Stage::Sent);
             match e.stage {
                 Stage::Waiting => tq.waiting_live -= 1,
-                Stage::Ready | Stage::Sending | Stage::Sent => {
-                    tq.in_flight -= 1;
-                    let latency = match (&result, e.started) {
-                        (Ok(_), Some(started)) => Some(Instant::now() - started),
-                        _ => None,
-                    };
-                    if matches!(e.stage, Stage::Sending | Stage::Sent) {
-                        tq.window.record(latency);
-                    }
-                }
+                Stage::Ready | Stage::Sending | Stage::Sent => tq.in_flight -= 1,
+            }
+            if written && tc.adaptive.is_some() {
+                let latency = match (&result, e.started) {
+                    (Ok(_), Some(started)) => Some(Instant::now() - started),
+                    _ => None,
+                };
+                tq.window.record(latency);
             }
             if tc.prior_one_shot {
                 tq.one_shot_busy = false;
             }
             if let Some(policy) = probe
-                && matches!(e.stage, Stage::Sending | Stage::Sent)
+                && written
             {
                 if result.is_ok() {
                     hq.probe_failures = 0;
                     if hq.down {
-                        self.host_up(&e.host);
+                        self.up(e.host_key);
                     }
                 } else {
                     hq.probe_failures += 1;
                     if hq.probe_failures >= policy.failure_threshold && !hq.down {
-                        self.host_down(&e.host);
+                        self.down(e.host_key);
                     }
                 }
             }
-            self.promote(&e.host, e.kind);
-            self.schedule(&e.host);
+            self.promote(e.host_key, e.kind);
+            self.schedule(e.host_key);
         }
         self.deliver(e, result);
     }
 
     fn expire(&mut self, id: u64) {
-        if let Some(e) = self.entries.get(&id)
+        if let Some(e) = self.entries.get(id)
             && matches!(e.stage, Stage::Waiting | Stage::Ready)
         {
             self.finish(id, Err(SendError::Expired));
@@ -552,7 +536,13 @@ where
     /// Marks a host down: its ready queue fails with "connection aborted",
     /// waiting entries of types that are not queueable fail with "host down".
     pub(crate) fn host_down(&mut self, host: &H) {
-        let Some(hq) = self.hosts.get_mut(host) else {
+        if let Some(&key) = self.names.get(host) {
+            self.down(key);
+        }
+    }
+
+    fn down(&mut self, host_key: u64) {
+        let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         hq.down = true;
@@ -565,20 +555,12 @@ where
             }
         }
         for id in ready {
-            if self
-                .entries
-                .get(&id)
-                .is_some_and(|e| e.stage == Stage::Ready)
-            {
+            if self.entries.get(id).is_some_and(|e| e.stage == Stage::Ready) {
                 self.finish(id, Err(SendError::ConnectionAborted));
             }
         }
         for id in refused {
-            if self
-                .entries
-                .get(&id)
-                .is_some_and(|e| e.stage == Stage::Waiting)
-            {
+            if self.entries.get(id).is_some_and(|e| e.stage == Stage::Waiting) {
                 self.finish(id, Err(SendError::HostDown));
             }
         }
@@ -586,21 +568,30 @@ where
 
     /// Marks a host up and lets its queued entries go, in order.
     pub(crate) fn host_up(&mut self, host: &H) {
-        let Some(hq) = self.hosts.get_mut(host) else {
+        if let Some(&key) = self.names.get(host) {
+            self.up(key);
+        }
+    }
+
+    fn up(&mut self, host_key: u64) {
+        let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         hq.down = false;
         hq.probe_failures = 0;
         for kind in 0..self.config.types.len() {
-            self.promote(host, kind);
+            self.promote(host_key, kind);
         }
-        self.schedule(host);
+        self.schedule(host_key);
     }
 
     /// Removes a host: every entry not yet handed to a worker fails with
     /// "host removed"; entries being written or sent are settled by their transport.
     pub(crate) fn remove_host(&mut self, host: &H) {
-        let Some(hq) = self.hosts.get_mut(host) else {
+        let Some(host_key) = self.names.get(host).copied() else {
+            return;
+        };
+        let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         let mut unsent: Vec<u64> = hq.ready.drain(..).collect();
@@ -610,40 +601,42 @@ where
         for id in unsent {
             if self
                 .entries
-                .get(&id)
+                .get(id)
                 .is_some_and(|e| matches!(e.stage, Stage::Waiting | Stage::Ready))
             {
                 self.finish(id, Err(SendError::HostRemoved));
             }
         }
-        self.hosts.remove(host);
+        self.names.remove(host);
+        self.hosts.remove(host_key);
+    }
+
+    fn host(&self, host: &H) -> Option<&HostQueue> {
+        self.names.get(host).and_then(|&key| self.hosts.get(key))
     }
 
     /// Whether the host is down (`None` for an unknown host).
     pub(crate) fn is_down(&self, host: &H) -> Option<bool> {
-        self.hosts.get(host).map(|hq| hq.down)
+        self.host(host).map(|hq| hq.down)
     }
 
     pub(crate) fn window_is_full(&self, host: &H, kind: Kind) -> bool {
-        self.hosts
-            .get(host)
+        self.host(host)
             .and_then(|hq| hq.types.get(kind.0))
             .is_some_and(|tq| tq.in_flight >= tq.window.limit())
     }
 
     pub(crate) fn stats(&self, host: &H, kind: Kind, now: Instant) -> Option<TypeStats> {
-        let hq = self.hosts.get(host)?;
+        let hq = self.host(host)?;
         let tq = hq.types.get(kind.0)?;
         let queued_at = |id: &u64, stage| {
             self.entries
-                .get(id)
+                .get(*id)
                 .filter(|e| e.stage == stage && e.kind == kind.0)
                 .map(|e| e.added)
         };
         let oldest = [
-            tq.waiting
-                .iter()
-                .find_map(|id| queued_at(id, Stage::Waiting)),
+            tq.waiting.iter().find_map(|id| queued_at(id, Stage::Waiting)),
             hq.ready.iter().find_map(|id| queued_at(id, Stage::Ready)),
         ]
         .into_iter()
@@ -685,12 +678,12 @@ impl<H, P, A> State<H, P, A> {
     /// Shuts down: every entry not yet finished fails with "shutting down",
     /// and the finalizer's channel closes once they are delivered.
     pub(crate) fn close(&mut self) {
-        let ids: Vec<u64> = self.entries.keys().copied().collect();
+        self.names.clear();
         self.hosts.clear();
         self.hostq.clear();
         self.deadlines.clear();
-        for id in ids {
-            if let Some(e) = self.entries.remove(&id) {
+        for id in self.entries.keys() {
+            if let Some(e) = self.entries.remove(id) {
                 self.deliver(e, Err(SendError::ShuttingDown));
             }
         }
@@ -728,7 +721,7 @@ mod tests {
     }
 
     fn pick(st: &mut TestState) -> Job<&'static str, u32> {
-        let mut jobs = st.dispatch(Instant::now());
+        let mut jobs = st.dispatch();
         assert_eq!(jobs.len(), 1);
         jobs.pop().unwrap().1
     }
@@ -740,7 +733,7 @@ mod tests {
         let job = pick(&mut st);
         st.host_down(&"h");
         assert!(matches!(
-            st.before_write(0, job.id, &"h", job.generation),
+            st.before_write(0, job.id, job.host_key),
             Verdict::Skip
         ));
         let finished = done.try_recv().unwrap();
@@ -762,7 +755,7 @@ mod tests {
         st.remove_host(&"h");
         add(&mut st, "h", 2);
         assert!(matches!(
-            st.before_write(0, job.id, &"h", job.generation),
+            st.before_write(0, job.id, job.host_key),
             Verdict::Skip
         ));
         let finished = done.try_recv().unwrap();
