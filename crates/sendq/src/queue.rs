@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
 use crate::state::{Completion, Done, Finished, Job, State, TypeStats, Verdict};
-use crate::transport::{Reply, ReplySink, Transport};
+use crate::transport::{Parking, Reply, ReplySink, Transport};
 
 /// Outbound requests per remote host and per request type, each type with a
 /// window of entries in flight. Cloning gives another handle to the same
@@ -306,6 +306,7 @@ async fn work<H, P, T>(
     P: Send + Sync + 'static,
     T: Transport<H, P>,
 {
+    let parking = Arc::new(Parking::new());
     while let Some(job) = jobs.recv().await {
         let verdict = shared.lock().before_write(index, job.id, job.host_key);
         let mut next = match verdict {
@@ -321,11 +322,14 @@ async fn work<H, P, T>(
         }) = next
         {
             let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
-            let result = shared.transport.send(request, Reply::new(id, sink)).await;
+            parking.open(id);
+            let reply = Reply::new(id, sink, Arc::clone(&parking));
+            let result = shared.transport.send(request, reply).await;
+            let parked = parking.close();
             let work;
             (next, work) = {
                 let mut st = shared.lock();
-                let next = st.sent(index, id, host_key, result);
+                let next = st.sent(index, id, host_key, result, parked);
                 (next, st.has_work())
             };
             shared.wake_if(work);

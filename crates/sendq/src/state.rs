@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
 use crate::slab::Slab;
-use crate::transport::Request;
+use crate::transport::{EarlyAnswer, Request};
 use crate::window::Window;
 
 /// How an entry ended, handed to its completion.
@@ -78,7 +78,7 @@ struct Entry<H, P, A> {
     stage: Stage,
     /// An answer that arrived before the sent event, and whether it only
     /// says that the transport dropped its reply.
-    early: Option<(Result<A, SendError>, bool)>,
+    early: Option<EarlyAnswer<A>>,
     /// When a worker took the entry, for the adaptive window's latency.
     started: Option<Instant>,
 }
@@ -429,10 +429,11 @@ where
         id: u64,
         host_key: u64,
         result: Result<(), SendError>,
+        parked: Option<EarlyAnswer<A>>,
     ) -> Option<Job<H, P>> {
         self.release_host(host_key);
         if let Some(e) = self.entries.get_mut(id) {
-            match (result, e.early.take()) {
+            match (result, parked.or_else(|| e.early.take())) {
                 // A write error explains a reply dropped on the way out better
                 // than "connection aborted" does.
                 (Err(err), Some((_, true)) | None) => self.finish(id, Err(err)),

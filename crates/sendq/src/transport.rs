@@ -7,7 +7,7 @@
 //! answer (or an error) frees the entry's window slot.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::config::Kind;
 use crate::error::SendError;
@@ -53,30 +53,80 @@ pub(crate) trait ReplySink<A>: Send + Sync {
 /// by a transport that forgets it.
 pub struct Reply<A: Send + 'static> {
     id: u64,
-    sink: Option<Arc<dyn ReplySink<A>>>,
+    sink: Option<(Arc<dyn ReplySink<A>>, Arc<Parking<A>>)>,
+}
+
+/// An answer that came while the transport's send was still running: the
+/// answer and whether the reply was only dropped.
+pub(crate) type EarlyAnswer<A> = (Result<A, SendError>, bool);
+
+/// Where an answer given while its worker is still inside
+/// [`Transport::send`] waits for the worker, so the common "answered at once"
+/// case takes no queue lock of its own.
+pub(crate) struct Parking<A> {
+    slot: Mutex<(u64, Option<EarlyAnswer<A>>)>,
+}
+
+impl<A> Parking<A> {
+    pub(crate) fn new() -> Self {
+        Self {
+            slot: Mutex::new((0, None)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<EarlyAnswer<A>>)> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The worker is about to call the transport for entry `id`.
+    pub(crate) fn open(&self, id: u64) {
+        *self.lock() = (id, None);
+    }
+
+    /// The transport's send returned: later answers go to the queue itself.
+    pub(crate) fn close(&self) -> Option<EarlyAnswer<A>> {
+        let mut slot = self.lock();
+        slot.0 = 0;
+        slot.1.take()
+    }
+
+    /// Parks the answer if entry `id`'s send is still running; gives it back otherwise.
+    fn park(&self, id: u64, answer: EarlyAnswer<A>) -> Option<EarlyAnswer<A>> {
+        let mut slot = self.lock();
+        if slot.0 == id && slot.1.is_none() {
+            slot.1 = Some(answer);
+            None
+        } else {
+            Some(answer)
+        }
+    }
 }
 
 impl<A: Send + 'static> Reply<A> {
-    pub(crate) fn new(id: u64, sink: Arc<dyn ReplySink<A>>) -> Self {
+    pub(crate) fn new(id: u64, sink: Arc<dyn ReplySink<A>>, parking: Arc<Parking<A>>) -> Self {
         Self {
             id,
-            sink: Some(sink),
+            sink: Some((sink, parking)),
+        }
+    }
+
+    fn settle(&mut self, result: Result<A, SendError>, abandoned: bool) {
+        if let Some((sink, parking)) = self.sink.take()
+            && let Some((result, abandoned)) = parking.park(self.id, (result, abandoned))
+        {
+            sink.settle(self.id, result, abandoned);
         }
     }
 
     /// Delivers the answer (or the error) for this entry.
     pub fn answer(mut self, result: Result<A, SendError>) {
-        if let Some(sink) = self.sink.take() {
-            sink.settle(self.id, result, false);
-        }
+        self.settle(result, false);
     }
 }
 
 impl<A: Send + 'static> Drop for Reply<A> {
     fn drop(&mut self) {
-        if let Some(sink) = self.sink.take() {
-            sink.settle(self.id, Err(SendError::ConnectionAborted), true);
-        }
+        self.settle(Err(SendError::ConnectionAborted), true);
     }
 }
 
