@@ -172,6 +172,8 @@ where
         payload: P,
         completion: Completion<H, P, T::Answer>,
     ) -> Result<(), SendError> {
+        // Allocate before taking the lock: it is shared with every worker.
+        let payload = Arc::new(payload);
         let (earliest, work) = {
             let mut st = self.shared.lock();
             let earliest = st.add(host, kind, payload, completion, Instant::now())?;
@@ -306,7 +308,10 @@ async fn work<H, P, T>(
     P: Send + Sync + 'static,
     T: Transport<H, P>,
 {
-    let parking = Arc::new(Parking::new());
+    // The worker's own parking spot; replies clone this rather than the
+    // shared queue, whose reference count every worker would fight over.
+    let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
+    let parking = Arc::new(Parking::new(sink));
     while let Some(job) = jobs.recv().await {
         let verdict = shared.lock().before_write(index, job.id, job.host_key);
         let mut next = match verdict {
@@ -321,9 +326,8 @@ async fn work<H, P, T>(
             request,
         }) = next
         {
-            let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
             parking.open(id);
-            let reply = Reply::new(id, sink, Arc::clone(&parking));
+            let reply = Reply::new(id, Arc::clone(&parking));
             let result = shared.transport.send(request, reply).await;
             let parked = parking.close();
             let work;

@@ -65,7 +65,10 @@ impl<T> Slab<T> {
 
     pub(crate) fn remove(&mut self, key: u64) -> Option<T> {
         let (index, generation) = split(key);
-        let slot = self.slots.get_mut(index).filter(|s| s.generation == generation)?;
+        let slot = self
+            .slots
+            .get_mut(index)
+            .filter(|s| s.generation == generation)?;
         let value = slot.value.take()?;
         self.free.push(index as u32);
         Some(value)

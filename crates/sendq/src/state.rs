@@ -78,7 +78,9 @@ struct Entry<H, P, A> {
     stage: Stage,
     /// An answer that arrived before the sent event, and whether it only
     /// says that the transport dropped its reply.
-    early: Option<EarlyAnswer<A>>,
+    /// Boxed: rare since answers usually park with the worker, and an entry
+    /// should stay small (they are many and touched once per step).
+    early: Option<Box<EarlyAnswer<A>>>,
     /// When a worker took the entry, for the adaptive window's latency.
     started: Option<Instant>,
 }
@@ -199,7 +201,7 @@ where
         &mut self,
         host: H,
         kind: Kind,
-        payload: P,
+        payload: Arc<P>,
         completion: Completion<H, P, A>,
         now: Instant,
     ) -> Result<bool, SendError> {
@@ -227,7 +229,7 @@ where
             host,
             host_key,
             kind: kind.0,
-            payload: Arc::new(payload),
+            payload,
             completion,
             added: now,
             deadline,
@@ -433,7 +435,7 @@ where
     ) -> Option<Job<H, P>> {
         self.release_host(host_key);
         if let Some(e) = self.entries.get_mut(id) {
-            match (result, parked.or_else(|| e.early.take())) {
+            match (result, parked.or_else(|| e.early.take().map(|b| *b))) {
                 // A write error explains a reply dropped on the way out better
                 // than "connection aborted" does.
                 (Err(err), Some((_, true)) | None) => self.finish(id, Err(err)),
@@ -456,7 +458,7 @@ where
         match e.stage {
             Stage::Sending => {
                 if e.early.is_none() {
-                    e.early = Some((result, abandoned));
+                    e.early = Some(Box::new((result, abandoned)));
                 }
             }
             Stage::Sent => self.finish(id, result),
@@ -556,12 +558,20 @@ where
             }
         }
         for id in ready {
-            if self.entries.get(id).is_some_and(|e| e.stage == Stage::Ready) {
+            if self
+                .entries
+                .get(id)
+                .is_some_and(|e| e.stage == Stage::Ready)
+            {
                 self.finish(id, Err(SendError::ConnectionAborted));
             }
         }
         for id in refused {
-            if self.entries.get(id).is_some_and(|e| e.stage == Stage::Waiting) {
+            if self
+                .entries
+                .get(id)
+                .is_some_and(|e| e.stage == Stage::Waiting)
+            {
                 self.finish(id, Err(SendError::HostDown));
             }
         }
@@ -637,7 +647,9 @@ where
                 .map(|e| e.added)
         };
         let oldest = [
-            tq.waiting.iter().find_map(|id| queued_at(id, Stage::Waiting)),
+            tq.waiting
+                .iter()
+                .find_map(|id| queued_at(id, Stage::Waiting)),
             hq.ready.iter().find_map(|id| queued_at(id, Stage::Ready)),
         ]
         .into_iter()
@@ -714,7 +726,7 @@ mod tests {
         st.add(
             host,
             Kind(0),
-            payload,
+            Arc::new(payload),
             Completion::Channel(tx),
             Instant::now(),
         )

@@ -53,7 +53,7 @@ pub(crate) trait ReplySink<A>: Send + Sync {
 /// by a transport that forgets it.
 pub struct Reply<A: Send + 'static> {
     id: u64,
-    sink: Option<(Arc<dyn ReplySink<A>>, Arc<Parking<A>>)>,
+    parking: Option<Arc<Parking<A>>>,
 }
 
 /// An answer that came while the transport's send was still running: the
@@ -65,12 +65,14 @@ pub(crate) type EarlyAnswer<A> = (Result<A, SendError>, bool);
 /// case takes no queue lock of its own.
 pub(crate) struct Parking<A> {
     slot: Mutex<(u64, Option<EarlyAnswer<A>>)>,
+    sink: Arc<dyn ReplySink<A>>,
 }
 
 impl<A> Parking<A> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(sink: Arc<dyn ReplySink<A>>) -> Self {
         Self {
             slot: Mutex::new((0, None)),
+            sink,
         }
     }
 
@@ -103,18 +105,18 @@ impl<A> Parking<A> {
 }
 
 impl<A: Send + 'static> Reply<A> {
-    pub(crate) fn new(id: u64, sink: Arc<dyn ReplySink<A>>, parking: Arc<Parking<A>>) -> Self {
+    pub(crate) fn new(id: u64, parking: Arc<Parking<A>>) -> Self {
         Self {
             id,
-            sink: Some((sink, parking)),
+            parking: Some(parking),
         }
     }
 
     fn settle(&mut self, result: Result<A, SendError>, abandoned: bool) {
-        if let Some((sink, parking)) = self.sink.take()
+        if let Some(parking) = self.parking.take()
             && let Some((result, abandoned)) = parking.park(self.id, (result, abandoned))
         {
-            sink.settle(self.id, result, abandoned);
+            parking.sink.settle(self.id, result, abandoned);
         }
     }
 
