@@ -6,6 +6,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
@@ -313,19 +314,23 @@ async fn work<H, P, T>(
     let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
     let parking = Arc::new(Parking::new(sink));
     while let Some(job) = jobs.recv().await {
-        let verdict = shared.lock().before_write(index, job.id, job.host_key);
-        let mut next = match verdict {
-            Verdict::Send => Some(job),
-            Verdict::Skip => None,
-        };
-        // A job the worker picked for itself was checked under the same lock
-        // it was picked in, so it needs no second look before writing.
+        let mut next = Some(job);
+        let mut handed = true;
         while let Some(Job {
             id,
             host_key,
             request,
-        }) = next
+            gone,
+        }) = next.take()
         {
+            // A job from the manager waited in a channel; a job the worker
+            // picked itself needs a look only if its host changed since.
+            if (handed || gone.load(Ordering::Acquire))
+                && let Verdict::Skip = shared.lock().before_write(index, id, host_key)
+            {
+                break;
+            }
+            handed = false;
             parking.open(id);
             let reply = Reply::new(id, Arc::clone(&parking));
             let result = shared.transport.send(request, reply).await;

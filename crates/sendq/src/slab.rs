@@ -83,12 +83,6 @@ impl<T> Slab<T> {
             .map(|(i, s)| (u64::from(s.generation) << 32) | i as u64)
             .collect()
     }
-
-    pub(crate) fn clear(&mut self) {
-        for key in self.keys() {
-            self.remove(key);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -106,7 +100,5 @@ mod tests {
         assert_eq!(slab.remove(a), None);
         assert_eq!(slab.get(b), Some(&"b"));
         assert_eq!(slab.keys(), vec![b]);
-        slab.clear();
-        assert_eq!(slab.get(b), None);
     }
 }

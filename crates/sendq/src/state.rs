@@ -12,6 +12,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -102,6 +103,10 @@ struct HostQueue {
     sending: usize,
     in_hostq: bool,
     down: bool,
+    /// Set while the host is down, and for good once it is removed or the
+    /// queue closes: lets a worker see without the lock whether a job it
+    /// picked needs a second look before writing.
+    gone: Arc<AtomicBool>,
     probe_failures: u32,
 }
 
@@ -110,6 +115,8 @@ pub(crate) struct Job<H, P> {
     pub(crate) id: u64,
     pub(crate) host_key: u64,
     pub(crate) request: Request<H, P>,
+    /// The host's [`HostQueue::gone`] flag.
+    pub(crate) gone: Arc<AtomicBool>,
 }
 
 /// What a worker should do with a job it received.
@@ -187,6 +194,7 @@ where
             ready: VecDeque::new(),
             sending: 0,
             in_hostq: false,
+            gone: Arc::new(AtomicBool::new(false)),
             down: false,
             probe_failures: 0,
         };
@@ -374,21 +382,24 @@ where
                 kind: Kind(e.kind),
                 payload: Arc::clone(&e.payload),
             };
-            if let Some(hq) = self.hosts.get_mut(host_key) {
-                hq.sending += 1;
-            }
+            let Some(hq) = self.hosts.get_mut(host_key) else {
+                continue;
+            };
+            hq.sending += 1;
+            let gone = Arc::clone(&hq.gone);
             self.schedule(host_key);
             return Some(Job {
                 id,
                 host_key,
                 request,
+                gone,
             });
         }
     }
 
-    /// Called by a worker before writing a job the manager handed it: fails
-    /// the entry with "host down" if its host went down since it was picked
-    /// (or "host removed" if it is gone).
+    /// Called by a worker before writing a job whose host may have changed
+    /// since it was picked: fails the entry with "host down" if its host went
+    /// down (or "host removed" if it is gone) and frees its slot.
     pub(crate) fn before_write(&mut self, worker: usize, id: u64, host_key: u64) -> Verdict {
         let Some(e) = self.entries.get(id) else {
             self.after_write(worker, host_key);
@@ -549,6 +560,7 @@ where
             return;
         };
         hq.down = true;
+        hq.gone.store(true, Ordering::Release);
         let ready: Vec<u64> = hq.ready.drain(..).collect();
         let mut refused = Vec::new();
         for (kind, tq) in hq.types.iter_mut().enumerate() {
@@ -589,6 +601,7 @@ where
             return;
         };
         hq.down = false;
+        hq.gone.store(false, Ordering::Release);
         hq.probe_failures = 0;
         for kind in 0..self.config.types.len() {
             self.promote(host_key, kind);
@@ -605,6 +618,7 @@ where
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
+        hq.gone.store(true, Ordering::Release);
         let mut unsent: Vec<u64> = hq.ready.drain(..).collect();
         for tq in &mut hq.types {
             unsent.extend(tq.waiting.drain(..));
@@ -692,7 +706,11 @@ impl<H, P, A> State<H, P, A> {
     /// and the finalizer's channel closes once they are delivered.
     pub(crate) fn close(&mut self) {
         self.names.clear();
-        self.hosts.clear();
+        for key in self.hosts.keys() {
+            if let Some(hq) = self.hosts.remove(key) {
+                hq.gone.store(true, Ordering::Release);
+            }
+        }
         self.hostq.clear();
         self.deadlines.clear();
         for id in self.entries.keys() {
@@ -744,7 +762,10 @@ mod tests {
         let (mut st, mut done) = state(vec![TypeConfig::new("a", 2).queueable_if_down()]);
         add(&mut st, "h", 1);
         let job = pick(&mut st);
+        assert!(!job.gone.load(Ordering::Acquire));
         st.host_down(&"h");
+        // The worker sees the change without the lock and takes a second look.
+        assert!(job.gone.load(Ordering::Acquire));
         assert!(matches!(
             st.before_write(0, job.id, job.host_key),
             Verdict::Skip
@@ -766,6 +787,7 @@ mod tests {
         add(&mut st, "h", 1);
         let job = pick(&mut st);
         st.remove_host(&"h");
+        assert!(job.gone.load(Ordering::Acquire));
         add(&mut st, "h", 2);
         assert!(matches!(
             st.before_write(0, job.id, job.host_key),
