@@ -141,12 +141,14 @@ where
 
     /// Adds an entry; `on_done` runs on the finalizer task when it ends.
     ///
-    /// Never waits. A refused entry (`Err`) was not added and `on_done` is not run.
+    /// Never waits. A refused entry (`Err`) was not added and `on_done` is not
+    /// run. The payload may be a `P` or the `Arc<P>` of a finished entry's
+    /// [`Done`], so a completion can add its entry again without a copy.
     pub fn add(
         &self,
         host: H,
         kind: Kind,
-        payload: P,
+        payload: impl Into<Arc<P>>,
         on_done: impl FnOnce(Done<H, P, T::Answer>) + Send + 'static,
     ) -> Result<(), SendError> {
         self.add_with(host, kind, payload, Completion::Callback(Box::new(on_done)))
@@ -159,7 +161,7 @@ where
         &self,
         host: H,
         kind: Kind,
-        payload: P,
+        payload: impl Into<Arc<P>>,
     ) -> Result<Pending<H, P, T::Answer>, SendError> {
         let (tx, rx) = oneshot::channel();
         self.add_with(host, kind, payload, Completion::Channel(tx))?;
@@ -170,11 +172,11 @@ where
         &self,
         host: H,
         kind: Kind,
-        payload: P,
+        payload: impl Into<Arc<P>>,
         completion: Completion<H, P, T::Answer>,
     ) -> Result<(), SendError> {
         // Allocate before taking the lock: it is shared with every worker.
-        let payload = Arc::new(payload);
+        let payload = payload.into();
         let (earliest, work) = {
             let mut st = self.shared.lock();
             let earliest = st.add(host, kind, payload, completion, Instant::now())?;

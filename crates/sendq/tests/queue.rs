@@ -442,3 +442,47 @@ async fn an_answer_before_the_sent_event_completes_once_after_it() {
     assert_eq!(q.stats(&"h", A).unwrap().in_flight, 0);
     q.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_completion_can_add_an_aborted_entry_again_without_a_copy() {
+    let (transport, mut calls) = Manual::holding_writes();
+    let types = vec![TypeConfig::new("keep", 4).queueable_if_down()];
+    let q = SendQueue::new(QueueConfig::new(types), transport).unwrap();
+    let mut rec = Recorder::new();
+    q.add("h", A, 1, rec.callback()).unwrap();
+    let again = q.clone();
+    let record = rec.callback();
+    q.add("h", A, 2, move |done| {
+        // Aborted while ready: put it back, as the seed's FHREMOVE finalizer does.
+        assert!(matches!(done.result, Err(SendError::ConnectionAborted)));
+        again
+            .add(done.host, done.kind, done.payload, record)
+            .unwrap();
+    })
+    .unwrap();
+    settle().await;
+    let writing = drain_calls(&mut calls);
+    assert_eq!(payloads(&writing), vec![1]);
+    q.host_down(&"h");
+    settle().await;
+    assert_eq!(
+        q.stats(&"h", A).unwrap().queued,
+        1,
+        "re-added and kept while down"
+    );
+    q.host_up(&"h");
+    for call in writing {
+        call.written.unwrap().send(()).unwrap();
+        call.reply.answer(Ok(1));
+    }
+    settle().await;
+    let resent = drain_calls(&mut calls);
+    assert_eq!(payloads(&resent), vec![2]);
+    for call in resent {
+        call.written.unwrap().send(()).unwrap();
+        call.reply.answer(Ok(2));
+    }
+    settle().await;
+    assert_eq!(rec.drain(), vec![ok("h", 1), ok("h", 2)]);
+    q.shutdown().await;
+}
