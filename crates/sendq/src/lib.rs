@@ -2,17 +2,41 @@
 //! type, each type with a window of requests in flight, so that one slow or
 //! dead host never holds back the others and no host gets more than it can take.
 //!
-//! Built from Gfarm's `netsendq` (seed 002). An entry joins its type queue at
-//! its host; while the type's window is open it moves to the host's ready
-//! queue and counts as in flight until its transport answers or it fails. A
-//! manager task hands ready entries of hosts that are not busy writing to a
-//! bounded pool of send workers, round-robin over hosts; adding never waits.
-//! One finalizer task runs completions one at a time, outside every lock, and
-//! every entry is finalized exactly once.
+//! Built from Gfarm's `netsendq` (seed 002):
 //!
-//! Transports: [`WebhookTransport`] (JSON POST), [`SmtpTransport`] (e-mail),
-//! [`SmsTransport`] (an HTTP SMS gateway) and [`HttpProbe`] (health probes),
-//! or any [`Transport`] of your own.
+//! - An entry joins its type queue at its host. While the type's window is
+//!   open it moves to the host's ready queue, in the order windows opened,
+//!   and counts as in flight until its transport answers or it fails. Only
+//!   the answer (or an error) frees the slot; being written out does not.
+//! - A manager task hands ready entries of hosts with a free send slot (one
+//!   by default, [`QueueConfig::per_host_sends`]) to a bounded pool of send
+//!   workers, round-robin over hosts. A worker that finishes a write takes the
+//!   next host from the same round-robin list itself, which spares two task
+//!   wake-ups per entry when the queue is busy. Adding never waits.
+//! - Per type: *queueable if down* (kept while the host is down, sent in order
+//!   when it is up) and *prior one-shot* (to the front of the ready queue; a
+//!   second one while the first is unanswered is refused with
+//!   [`SendError::Busy`]: the health probe, see [`TypeConfig::probe`]).
+//! - Host down ([`SendQueue::host_down`]): ready entries fail with
+//!   [`SendError::ConnectionAborted`], queued entries of other types with
+//!   [`SendError::HostDown`], queueable ones stay; written entries are settled
+//!   by their transport. Host removed: every unsent entry fails with
+//!   [`SendError::HostRemoved`].
+//! - Beyond the seed: a deadline per queued entry ([`SendError::Expired`]) and
+//!   an adaptive (AIMD) window per type ([`Adaptive`]). Time is Tokio's, so
+//!   tests drive it with `tokio::time::pause()`.
+//! - One finalizer task runs completions one at a time, outside every lock,
+//!   and every entry is finalized exactly once: answered, failed, expired,
+//!   aborted, removed, or failed with [`SendError::ShuttingDown`] by
+//!   [`SendQueue::shutdown`] (or when the last handle is dropped).
+//!
+//! The [`Transport`] contract keeps "sent" and "answered" apart: the future
+//! of [`Transport::send`] resolving is the sent event, and the [`Reply`] it is
+//! given carries the answer, from any task, at any time (an answer that comes
+//! first is held until the sent event). Transports here: [`WebhookTransport`]
+//! (JSON POST; sent when the body is written), [`SmtpTransport`] (e-mail,
+//! STARTTLS and AUTH), [`SmsTransport`] (an HTTP SMS gateway from URL, method
+//! and body templates) and [`HttpProbe`] (health probes).
 //!
 //! ```
 //! use estafeta_sendq::{Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig};
