@@ -23,7 +23,7 @@ const ENTRIES: usize = HOSTS * TYPES * PER_QUEUE;
 struct Counters {
     now: Vec<AtomicUsize>,
     exceeded: AtomicUsize,
-    max_ratio_hit: AtomicUsize,
+    reached: AtomicUsize,
 }
 
 impl Counters {
@@ -31,7 +31,7 @@ impl Counters {
         Arc::new(Self {
             now: (0..HOSTS * TYPES).map(|_| AtomicUsize::new(0)).collect(),
             exceeded: AtomicUsize::new(0),
-            max_ratio_hit: AtomicUsize::new(0),
+            reached: AtomicUsize::new(0),
         })
     }
 
@@ -41,7 +41,7 @@ impl Counters {
             self.exceeded.fetch_add(1, Ordering::SeqCst);
         }
         if n == WINDOWS[kind] {
-            self.max_ratio_hit.fetch_add(1, Ordering::Relaxed);
+            self.reached.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -169,7 +169,7 @@ fn bench(c: &mut Criterion) {
         let exceeded = counters.exceeded.load(Ordering::SeqCst);
         println!(
             "{name}: window exceeded {exceeded} times; window reached {} times",
-            counters.max_ratio_hit.load(Ordering::Relaxed)
+            counters.reached.load(Ordering::Relaxed)
         );
         assert_eq!(exceeded, 0, "{name} exceeded a window");
     }

@@ -45,10 +45,13 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
     let types = vec![
         TypeConfig::new("plain", 3),
         TypeConfig::new("keep", 2).queueable_if_down(),
+        // Short enough that some entries expire while queued behind a window of 1.
+        TypeConfig::new("soon", 1).deadline(Duration::from_micros(200)),
     ];
     let mut config = QueueConfig::new(types);
     config.workers = 4;
     let q = SendQueue::new(config, Scripted::default()).unwrap();
+    let expired = Arc::new(AtomicUsize::new(0));
     let counts: Arc<Vec<AtomicU8>> = Arc::new((0..N).map(|_| AtomicU8::new(0)).collect());
     let accepted: Arc<Vec<AtomicBool>> = Arc::new((0..N).map(|_| AtomicBool::new(false)).collect());
     let inside = Arc::new(AtomicBool::new(false));
@@ -58,6 +61,7 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
     let mut adders = Vec::new();
     for part in 0..4 {
         let (q, counts, accepted) = (q.clone(), counts.clone(), accepted.clone());
+        let expired = expired.clone();
         let (inside, overlaps) = (inside.clone(), overlaps.clone());
         adders.push(tokio::spawn(async move {
             for i in (part..N).step_by(4) {
@@ -69,11 +73,15 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
                 } else if i % 499 == 0 {
                     q.remove_host(&host);
                 }
-                let kind = if i % 3 == 0 { B } else { A };
+                let kind = Kind(i % 3);
                 let (counts, inside, overlaps) = (counts.clone(), inside.clone(), overlaps.clone());
+                let expired = expired.clone();
                 let added = q.add(host, kind, i as u32, move |done| {
                     if inside.swap(true, Ordering::SeqCst) {
                         overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if matches!(done.result, Err(SendError::Expired)) {
+                        expired.fetch_add(1, Ordering::SeqCst);
                     }
                     counts[*done.payload as usize].fetch_add(1, Ordering::SeqCst);
                     inside.store(false, Ordering::SeqCst);
@@ -104,6 +112,11 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
         "most entries were accepted ({finalized})"
     );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    // Entries stuck behind a never-answered one of the "soon" type expire.
+    assert!(
+        expired.load(Ordering::SeqCst) > 0,
+        "the expiry path was taken"
+    );
 }
 
 /// Answers every request at once, from the sending task.
