@@ -301,7 +301,9 @@ async fn manage<H, P, T>(
     }
 }
 
-/// One send worker: writes one entry at a time through the transport.
+/// One send worker: writes one entry at a time through the transport. After
+/// each write it takes the next ready host itself ([`State::sent`]); with
+/// nothing ready it goes idle and waits for the manager.
 async fn work<H, P, T>(
     index: usize,
     shared: Arc<Shared<H, P, T>>,
