@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::{Kind, QueueConfig};
-use crate::error::{ConfigError, SendError};
+use crate::error::{ConfigError, SendError, TransportError};
 use crate::state::{Completion, Done, Finished, Job, State, TypeStats, Verdict};
 use crate::transport::{Parking, Reply, ReplySink, Transport};
 
@@ -337,7 +337,7 @@ async fn work<H, P, T>(
             handed = false;
             parking.open(id);
             let reply = Reply::new(id, Arc::clone(&parking));
-            let result = shared.transport.send(request, reply).await;
+            let result = CatchPanic(pin!(shared.transport.send(request, reply))).await;
             let parked = parking.close();
             let work;
             (next, work) = {
@@ -349,6 +349,27 @@ async fn work<H, P, T>(
         }
         let work = shared.lock().has_work();
         shared.wake_if(work);
+    }
+}
+
+/// Turns a panic inside a transport's send into an error for that entry, so
+/// a transport bug costs one entry, not a send worker.
+struct CatchPanic<F>(F);
+
+impl<F: Future<Output = Result<(), SendError>> + Unpin> Future for CatchPanic<F> {
+    type Output = Result<(), SendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(poll) => poll,
+            Err(_) => {
+                tracing::error!("a send queue transport panicked while sending");
+                Poll::Ready(Err(
+                    TransportError::Other("the transport panicked".into()).into()
+                ))
+            }
+        }
     }
 }
 

@@ -296,3 +296,30 @@ async fn dropping_the_last_handle_shuts_the_queue_down() {
     drop(q);
     assert!(matches!(pending.await, Err(SendError::ShuttingDown)));
 }
+
+/// Panics on payload 13, echoes everything else.
+struct Fragile;
+
+impl Transport<Host, u32> for Fragile {
+    type Answer = u32;
+    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+        assert_ne!(*request.payload, 13, "transport bug");
+        reply.answer(Ok(*request.payload));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_transport_fails_its_entry_and_keeps_its_worker() {
+    let mut config = QueueConfig::new(vec![TypeConfig::new("a", 1)]);
+    config.workers = 1;
+    let q = SendQueue::new(config, Fragile).unwrap();
+    let bad = q.submit("h", A, 13).unwrap();
+    let good = q.submit("h", A, 14).unwrap();
+    assert!(matches!(
+        bad.await,
+        Err(SendError::Transport(TransportError::Other(_)))
+    ));
+    assert_eq!(good.await.unwrap(), 14);
+    q.shutdown().await;
+}
