@@ -346,6 +346,9 @@ async fn work<H, P, T>(
                 (next, st.has_work())
             };
             shared.wake_if(work);
+            // A transport that never waits would otherwise keep this thread
+            // from every other task (the finalizer among them) while work lasts.
+            tokio::task::consume_budget().await;
         }
         let work = shared.lock().has_work();
         shared.wake_if(work);
