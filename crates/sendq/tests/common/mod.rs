@@ -53,7 +53,7 @@ impl Manual {
         (transport, rx)
     }
 
-    /// Per host: the most sends that were being written at once.
+    /// Per host: (sends being written now, the most ever written at once).
     pub fn max_writing(&self) -> Arc<Mutex<HashMap<Host, (usize, usize)>>> {
         Arc::clone(&self.writing)
     }
