@@ -143,7 +143,7 @@ impl Model {
                 }
             }
             Some(Local::Prepared { pid, processed }) => {
-                if pick % 5 == 0 {
+                if pick.is_multiple_of(5) {
                     // The processor's own commit fails.
                     self.w.rollback(&pid).await;
                     self.db.settled.insert(pid);
