@@ -1,2 +1,91 @@
-//! Estafeta sendq (work in progress).
+//! Estafeta's send queue: outbound requests per remote host and per request
+//! type, each type with a window of requests in flight, so that one slow or
+//! dead host never holds back the others and no host gets more than it can take.
+//!
+//! Built from Gfarm's `netsendq` (seed 002):
+//!
+//! - An entry joins its type queue at its host. While the type's window is
+//!   open it moves to the host's ready queue, in the order windows opened,
+//!   and counts as in flight until its transport answers or it fails. Only
+//!   the answer (or an error) frees the slot; being written out does not.
+//! - A manager task hands ready entries of hosts with a free send slot (one
+//!   by default, [`QueueConfig::per_host_sends`]) to a bounded pool of send
+//!   workers, round-robin over hosts. A worker that finishes a write takes the
+//!   next host from the same round-robin list itself, which spares two task
+//!   wake-ups per entry when the queue is busy. Adding never waits.
+//! - Per type: *queueable if down* (kept while the host is down, sent in order
+//!   when it is up) and *prior one-shot* (to the front of the ready queue; a
+//!   second one while the first is unanswered is refused with
+//!   [`SendError::Busy`]: the health probe, see [`TypeConfig::probe`]).
+//! - Host down ([`SendQueue::host_down`]): ready entries fail with
+//!   [`SendError::ConnectionAborted`], queued entries of other types with
+//!   [`SendError::HostDown`], queueable ones stay; written entries are settled
+//!   by their transport. Host removed: every unsent entry fails with
+//!   [`SendError::HostRemoved`].
+//! - Beyond the seed: a deadline per queued entry ([`SendError::Expired`]) and
+//!   an adaptive (AIMD) window per type ([`Adaptive`]). Time is Tokio's, so
+//!   tests drive it with `tokio::time::pause()`.
+//! - One finalizer task runs completions one at a time, outside every lock,
+//!   and every entry is finalized exactly once: answered, failed, expired,
+//!   aborted, removed, or failed with [`SendError::ShuttingDown`] by
+//!   [`SendQueue::shutdown`] (or when the last handle is dropped).
+//!
+//! The [`Transport`] contract keeps "sent" and "answered" apart: the future
+//! of [`Transport::send`] resolving is the sent event, and the [`Reply`] it is
+//! given carries the answer, from any task, at any time (an answer that comes
+//! first is held until the sent event). Transports here: [`WebhookTransport`]
+//! (JSON POST; sent when the body is written), [`SmtpTransport`] (e-mail,
+//! STARTTLS and AUTH), [`SmsTransport`] (an HTTP SMS gateway from URL, method
+//! and body templates) and [`HttpProbe`] (health probes).
+//!
+//! ```
+//! use estafeta_sendq::{Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig};
+//!
+//! /// Answers every request with its payload doubled.
+//! struct Doubler;
+//!
+//! impl Transport<&'static str, u32> for Doubler {
+//!     type Answer = u32;
+//!     async fn send(&self, request: Request<&'static str, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+//!         reply.answer(Ok(*request.payload * 2));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let alerts = Kind(0);
+//! let queue = SendQueue::new(QueueConfig::new(vec![TypeConfig::new("alerts", 4)]), Doubler)?;
+//! let answer = queue.submit("ops.example", alerts, 21)?.await?;
+//! assert_eq!(answer, 42);
+//! queue.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
+
+mod config;
+mod error;
+mod http;
+mod probe;
+mod queue;
+mod slab;
+mod sms;
+mod smtp;
+mod state;
+mod transport;
+mod webhook;
+mod window;
+
+pub use config::{Adaptive, Kind, ProbePolicy, QueueConfig, TypeConfig};
+pub use error::{ConfigError, SendError, TransportError};
+pub use http::HttpAnswer;
+pub use probe::{HttpProbe, ProbeRequest};
+pub use queue::{Pending, SendQueue};
+pub use sms::{SmsConfig, SmsMessage, SmsTransport};
+pub use smtp::{
+    EmailMessage, SmtpAnswer, SmtpConfig, SmtpCredentials, SmtpSecurity, SmtpTransport,
+};
+pub use state::{Done, TypeStats};
+pub use transport::{Reply, Request, Transport};
+pub use webhook::{WebhookAnswer, WebhookConfig, WebhookRequest, WebhookTransport};

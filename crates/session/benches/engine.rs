@@ -55,12 +55,67 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Run `per_task` operations on each of TASKS tasks; the elapsed time.
-async fn run_tasks<F, Fut>(iters: u64, zipf: bool, op: F) -> Duration
-where
-    F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
+/// One operation on one key, as each side does it.
+trait Op: Clone + Send + Sync + 'static {
+    fn run(&self, key: u64) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Engine: acquire, change in memory, release (drop).
+#[derive(Clone)]
+struct EngineOp(Engine<u64, u64>);
+impl Op for EngineOp {
+    async fn run(&self, key: u64) {
+        let mut s = self.0.get(key, true).await.unwrap().unwrap();
+        *s.state_mut() += 1;
+    }
+}
+
+/// Baseline: a DashMap of tokio mutexes.
+#[derive(Clone)]
+struct DashMapOp(Arc<DashMap<u64, Arc<tokio::sync::Mutex<u64>>>>);
+impl Op for DashMapOp {
+    async fn run(&self, key: u64) {
+        let m = self.0.entry(key).or_default().clone();
+        *m.lock().await += 1;
+    }
+}
+
+/// Engine: a durable release per operation.
+#[derive(Clone)]
+struct DurableEngineOp(Engine<u64, u64>);
+impl Op for DurableEngineOp {
+    async fn run(&self, key: u64) {
+        let mut s = self.0.get(key, true).await.unwrap().unwrap();
+        *s.persistent_mut() += 1;
+        s.release().await.unwrap();
+    }
+}
+
+/// Baseline: one durable redb transaction per release.
+#[derive(Clone)]
+struct FsyncEachOp(Arc<redb::Database>);
+impl Op for FsyncEachOp {
+    async fn run(&self, key: u64) {
+        use redb::ReadableTable;
+        let db = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let table: redb::TableDefinition<'_, u64, u64> = redb::TableDefinition::new("t");
+            let mut tx = db.begin_write().unwrap();
+            tx.set_durability(redb::Durability::Immediate).unwrap();
+            {
+                let mut t = tx.open_table(table).unwrap();
+                let v = t.get(key).unwrap().map(|g| g.value()).unwrap_or(0);
+                t.insert(key, v + 1).unwrap();
+            }
+            tx.commit().unwrap();
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Run `iters` operations spread over TASKS tasks; the elapsed time.
+async fn run_tasks<O: Op>(iters: u64, zipf: bool, op: O) -> Duration {
     let per_task = (iters / TASKS).max(1) as usize;
     let seqs: Vec<Vec<u64>> = (0..TASKS).map(|t| keys(zipf, per_task, t + 1)).collect();
     let start = Instant::now();
@@ -70,7 +125,7 @@ where
             let op = op.clone();
             tokio::spawn(async move {
                 for k in seq {
-                    op(k).await;
+                    op.run(k).await;
                 }
             })
         })
@@ -96,29 +151,13 @@ fn in_memory(c: &mut Criterion) {
             .block_on(Engine::builder(Arc::new(MemoryStorage::new())).open())
             .unwrap();
         group.bench_function("engine", |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let engine = engine.clone();
-                run_tasks(iters, zipf, move |k| {
-                    let engine = engine.clone();
-                    async move {
-                        let mut s = engine.get(k, true).await.unwrap().unwrap();
-                        *s.state_mut() += 1;
-                    }
-                })
-            })
+            b.to_async(&rt)
+                .iter_custom(|iters| run_tasks(iters, zipf, EngineOp(engine.clone())))
         });
         let map: Arc<DashMap<u64, Arc<tokio::sync::Mutex<u64>>>> = Arc::new(DashMap::new());
         group.bench_function("dashmap_mutex", |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let map = map.clone();
-                run_tasks(iters, zipf, move |k| {
-                    let map = map.clone();
-                    async move {
-                        let m = map.entry(k).or_default().clone();
-                        *m.lock().await += 1;
-                    }
-                })
-            })
+            b.to_async(&rt)
+                .iter_custom(|iters| run_tasks(iters, zipf, DashMapOp(map.clone())))
         });
         group.finish();
     }
@@ -136,42 +175,13 @@ fn durable(c: &mut Criterion) {
         .block_on(Engine::builder(storage).config(Config::default()).open())
         .unwrap();
     group.bench_function("engine_group_commit", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let engine = engine.clone();
-            run_tasks(iters, false, move |k| {
-                let engine = engine.clone();
-                async move {
-                    let mut s = engine.get(k, true).await.unwrap().unwrap();
-                    *s.persistent_mut() += 1;
-                    s.release().await.unwrap();
-                }
-            })
-        })
+        b.to_async(&rt)
+            .iter_custom(|iters| run_tasks(iters, false, DurableEngineOp(engine.clone())))
     });
-    use redb::ReadableTable;
-    let table: redb::TableDefinition<'_, u64, u64> = redb::TableDefinition::new("t");
     let db = Arc::new(redb::Database::create(dir.path().join("plain.redb")).unwrap());
     group.bench_function("fsync_per_release", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let db = db.clone();
-            run_tasks(iters, false, move |k| {
-                let db = db.clone();
-                async move {
-                    tokio::task::spawn_blocking(move || {
-                        let mut tx = db.begin_write().unwrap();
-                        tx.set_durability(redb::Durability::Immediate).unwrap();
-                        {
-                            let mut t = tx.open_table(table).unwrap();
-                            let v = t.get(k).unwrap().map(|g| g.value()).unwrap_or(0);
-                            t.insert(k, v + 1).unwrap();
-                        }
-                        tx.commit().unwrap();
-                    })
-                    .await
-                    .unwrap();
-                }
-            })
-        })
+        b.to_async(&rt)
+            .iter_custom(|iters| run_tasks(iters, false, FsyncEachOp(db.clone())))
     });
     group.finish();
 }

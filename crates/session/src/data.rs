@@ -27,6 +27,8 @@ pub struct SessionData<S> {
     pub(crate) begun: bool,
     /// The storage generation it was last saved under.
     pub(crate) generation: u64,
+    /// Its key is in its shard's list for the expiry manager.
+    pub(crate) touch_pending: bool,
 }
 
 impl<S> SessionData<S> {
@@ -41,6 +43,7 @@ impl<S> SessionData<S> {
             touched: false,
             begun: false,
             generation,
+            touch_pending: false,
         }
     }
 

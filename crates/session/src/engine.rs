@@ -27,7 +27,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,7 +41,13 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 const FINALIZE_RETRY: Duration = Duration::from_secs(1);
 
 /// One lock-protected part of the cache.
-type Shard<K, S> = HashMap<K, Slot<K, S>>;
+pub(crate) struct Shard<K: SessionKey, S: State> {
+    slots: HashMap<K, Slot<K, S>>,
+    /// Keys released since the expiry manager last looked (each at most
+    /// once: see `SessionData::touch_pending`). The manager reads their
+    /// times from the slots, so a release costs no message and no wake-up.
+    touched: Vec<K>,
+}
 
 type Waiter<K, S> = oneshot::Sender<Result<Held<K, S>, Error>>;
 
@@ -75,6 +81,8 @@ impl<K: SessionKey, S: State> Drop for Held<K, S> {
 }
 
 enum Entered<K: SessionKey, S: State> {
+    /// A free session, taken at once (the common case: no hand-over).
+    Ready(SessionGuard<K, S>),
     Held(Held<K, S>),
     Queued(oneshot::Receiver<Result<Held<K, S>, Error>>),
 }
@@ -89,8 +97,14 @@ pub(crate) struct Shared<K: SessionKey, S: State> {
     pub(crate) config: Config,
     generation: u64,
     pub(crate) stopping: AtomicBool,
-    /// Signalled whenever a slot stops being locked: `stop` waits on it.
+    /// Signalled, while stopping, whenever a slot stops being locked:
+    /// `stop` waits on it.
     released: Notify,
+    /// Wakes the expiry manager before its planned time (a release with an
+    /// expiration earlier than `next_wake`).
+    pub(crate) wake_expiry: Arc<Notify>,
+    /// When the expiry manager plans to look next (ms since the epoch).
+    pub(crate) next_wake: AtomicU64,
     expiry_tx: mpsc::UnboundedSender<ExpiryMsg<K>>,
     writer_tx: mpsc::UnboundedSender<SaveRequest>,
     pub(crate) counters: Arc<Counters>,
@@ -118,7 +132,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
-        let payload = match shard.entry(key.clone()) {
+        let payload = match shard.slots.entry(key.clone()) {
             Entry::Vacant(v) => {
                 v.insert(Slot::Locked(VecDeque::new()));
                 (None, false)
@@ -134,7 +148,14 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                     return Ok(Entered::Queued(rx));
                 }
                 Slot::Free(_) => match o.insert(Slot::Locked(VecDeque::new())) {
-                    Slot::Free(session) => (Some(session), true),
+                    Slot::Free(session) => {
+                        drop(shard);
+                        return Ok(Entered::Ready(SessionGuard::new(
+                            self.clone(),
+                            key,
+                            session,
+                        )));
+                    }
                     Slot::Locked(_) => (None, false),
                 },
             },
@@ -156,6 +177,17 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         create: bool,
     ) -> Result<Option<SessionGuard<K, S>>, Error> {
         let mut held = match entered {
+            Entered::Ready(guard) => {
+                if !self.needs_ready(&guard) {
+                    return Ok(Some(guard));
+                }
+                let (key, session) = guard.into_parts();
+                Held {
+                    shared: self.clone(),
+                    key,
+                    payload: Some((Some(session), true)),
+                }
+            }
             Entered::Held(h) => h,
             Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
         };
@@ -188,6 +220,13 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                 Ok(None)
             }
         }
+    }
+
+    /// Whether a session must be finalized or recovered before a command
+    /// may see it.
+    fn needs_ready(&self, s: &SessionData<S>) -> bool {
+        s.expires_at.is_some_and(|t| t <= self.now())
+            || (s.stored && s.generation < self.generation)
     }
 
     /// Finalize a session whose time has passed, and run the first-load hook
@@ -273,6 +312,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                 touched: true,
                 begun: true,
                 generation: r.generation,
+                touch_pending: false,
             }))),
             Err(e) => {
                 tracing::error!(?key, error = %e, "session record does not decode; moving it aside");
@@ -346,11 +386,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     }
 
     /// A guard was dropped without an awaited release.
-    pub(crate) fn release_from_drop(self: Arc<Self>, key: K, mut s: Box<SessionData<S>>) {
+    pub(crate) fn release_from_drop(self: &Arc<Self>, key: K, mut s: Box<SessionData<S>>) {
         if s.dirty {
-            let rt = self.runtime.clone();
-            rt.spawn(async move {
-                if let Err(e) = self.finish(key, s).await {
+            let shared = self.clone();
+            self.runtime.spawn(async move {
+                if let Err(e) = shared.finish(key, s).await {
                     tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
                 }
             });
@@ -370,9 +410,14 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         loaded: bool,
         evict: bool,
     ) {
-        let mut shard = lock(self.shard(&key));
+        let mut guard = lock(self.shard(&key));
+        let shard = &mut *guard;
         let mut payload = (session, loaded);
-        if let Some(Slot::Locked(queue)) = shard.get_mut(&key) {
+        let Some(slot) = shard.slots.get_mut(&key) else {
+            tracing::error!(?key, "a released session had no slot; dropped");
+            return;
+        };
+        if let Slot::Locked(queue) = slot {
             while let Some(waiter) = queue.pop_front() {
                 self.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 let held = Held {
@@ -388,26 +433,50 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                 }
             }
         }
-        let touch = match payload.0 {
-            Some(s) if !evict => {
-                let msg = ExpiryMsg::Touch {
-                    key: key.clone(),
-                    expires_at: s.expires_at,
-                    last_access: Some(s.last_access),
-                };
-                shard.insert(key, Slot::Free(s));
-                Some(msg)
+        let mut wake = false;
+        match payload.0 {
+            Some(mut s) if !evict => {
+                if !s.touch_pending {
+                    s.touch_pending = true;
+                    shard.touched.push(key);
+                }
+                wake = s
+                    .expires_at
+                    .is_some_and(|t| t.0 < self.next_wake.load(Ordering::Relaxed));
+                *slot = Slot::Free(s);
             }
             _ => {
-                shard.remove(&key);
-                None
+                shard.slots.remove(&key);
             }
-        };
-        drop(shard);
-        if let Some(msg) = touch {
-            let _ = self.expiry_tx.send(msg);
         }
-        self.released.notify_waiters();
+        drop(guard);
+        if wake {
+            self.wake_expiry.notify_one();
+        }
+        if self.stopping.load(Ordering::Relaxed) {
+            self.released.notify_waiters();
+        }
+    }
+
+    /// For the expiry manager: the keys released since it last looked,
+    /// with their expiration and last access. Keys held by a command stay
+    /// listed for next time.
+    pub(crate) fn drain_touched(&self, out: &mut Vec<(K, Option<Timestamp>, Timestamp)>) {
+        for shard in self.shards.iter() {
+            let mut guard = lock(shard);
+            let shard = &mut *guard;
+            let keys = std::mem::take(&mut shard.touched);
+            for key in keys {
+                match shard.slots.get_mut(&key) {
+                    Some(Slot::Free(s)) => {
+                        s.touch_pending = false;
+                        out.push((key, s.expires_at, s.last_access));
+                    }
+                    Some(Slot::Locked(_)) => shard.touched.push(key),
+                    None => {}
+                }
+            }
+        }
     }
 
     /// The expiry manager found the key due: finalize it unless a command
@@ -455,7 +524,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         now: Timestamp,
     ) -> Result<Box<SessionData<S>>, expiry::Flushed> {
         let mut shard = lock(self.shard(key));
-        let Some(Slot::Free(s)) = shard.get(key) else {
+        let Some(Slot::Free(s)) = shard.slots.get(key) else {
             return Err(expiry::Flushed::Skipped);
         };
         if s.last_access > last_access {
@@ -468,7 +537,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         }
         if !s.dirty {
             let stored = s.stored;
-            shard.remove(key);
+            shard.slots.remove(key);
             Counters::add(&self.counters.flushes, 1);
             return Err(if stored {
                 expiry::Flushed::Done
@@ -476,20 +545,26 @@ impl<K: SessionKey, S: State> Shared<K, S> {
                 expiry::Flushed::Forget
             });
         }
-        match shard.insert(key.clone(), Slot::Locked(VecDeque::new())) {
+        match shard
+            .slots
+            .insert(key.clone(), Slot::Locked(VecDeque::new()))
+        {
             Some(Slot::Free(s)) => Ok(s),
             _ => Err(expiry::Flushed::Skipped),
         }
     }
 
     fn in_memory(&self) -> u64 {
-        self.shards.iter().map(|s| lock(s).len() as u64).sum()
+        self.shards.iter().map(|s| lock(s).slots.len() as u64).sum()
     }
 
     fn any_locked(&self) -> bool {
-        self.shards
-            .iter()
-            .any(|s| lock(s).values().any(|slot| matches!(slot, Slot::Locked(_))))
+        self.shards.iter().any(|s| {
+            lock(s)
+                .slots
+                .values()
+                .any(|slot| matches!(slot, Slot::Locked(_)))
+        })
     }
 }
 
@@ -591,7 +666,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         let shared = &self.shared;
         shared.stopping.store(true, Ordering::SeqCst);
         for shard in shared.shards.iter() {
-            for slot in lock(shard).values_mut() {
+            for slot in lock(shard).slots.values_mut() {
                 if let Slot::Locked(queue) = slot {
                     for waiter in queue.drain(..) {
                         shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -611,7 +686,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         }
         let mut writes = Vec::new();
         for shard in shared.shards.iter() {
-            for (key, slot) in lock(shard).iter() {
+            for (key, slot) in lock(shard).slots.iter() {
                 if let Slot::Free(s) = slot
                     && s.dirty
                 {
@@ -634,7 +709,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         Counters::add(&shared.counters.saves, n);
         Counters::add(&shared.counters.save_batches, 1);
         for (key, _) in writes {
-            if let Some(Slot::Free(s)) = lock(shared.shard(&key)).get_mut(&key) {
+            if let Some(Slot::Free(s)) = lock(shared.shard(&key)).slots.get_mut(&key) {
                 s.dirty = false;
                 s.stored = true;
             }
@@ -712,7 +787,12 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let shards = (0..self.config.shards.max(1))
-            .map(|_| Mutex::new(HashMap::new()))
+            .map(|_| {
+                Mutex::new(Shard {
+                    slots: HashMap::new(),
+                    touched: Vec::new(),
+                })
+            })
             .collect();
         let runtime = tokio::runtime::Handle::current();
         let shared = Arc::new(Shared {
@@ -725,6 +805,8 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             config: self.config,
             stopping: AtomicBool::new(false),
             released: Notify::new(),
+            wake_expiry: Arc::new(Notify::new()),
+            next_wake: AtomicU64::new(0),
             expiry_tx,
             writer_tx,
             counters: counters.clone(),

@@ -1,9 +1,12 @@
 //! The expiry manager: one task that finalizes expired sessions and flushes
 //! idle ones out of memory.
 //!
-//! Released sessions are announced to it through an unbounded channel, so
-//! a release never waits for the manager and shares no lock with it. It owns
-//! the expiry index outright.
+//! It owns the expiry index outright. Releases do not message it: each
+//! shard lists the keys released since the manager last looked, and the
+//! manager reads their times from the cache when it wakes (at the next
+//! deadline, at most a second later, or at once when a release brings a
+//! deadline earlier than the one it sleeps towards). So the hot path pays
+//! one vector push per released key, at most once per key per look.
 
 use crate::clock::Timestamp;
 use crate::engine::{Shared, State};
@@ -14,23 +17,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// The longest the manager sleeps without looking at the clock again, so
-/// that a wall-clock step is noticed.
+/// The longest the manager sleeps without looking again, so that releases
+/// reach the index and a wall-clock step is noticed within a second.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// A session announced while already due is looked at again this much later
 /// (its finalization is running, was kept without a new deadline, or
 /// failed), so that the manager never spins on it.
 const DUE_AGAIN: Duration = Duration::from_secs(1);
 
-/// What the manager is told.
+/// What the manager is told besides releases.
 pub(crate) enum ExpiryMsg<K> {
-    /// A session was released (or is known) with this expiration and last
-    /// access (`None`: not in memory).
-    Touch {
-        key: K,
-        expires_at: Option<Timestamp>,
-        last_access: Option<Timestamp>,
-    },
     /// A session ended.
     Remove(K),
     /// The engine stopped.
@@ -40,7 +36,7 @@ pub(crate) enum ExpiryMsg<K> {
 /// What became of a flush attempt.
 pub(crate) enum Flushed {
     /// Flushed, or not needed any more (touched or locked meanwhile; its
-    /// release announces it again).
+    /// release lists it again).
     Done,
     /// Nothing to flush or it changed meanwhile.
     Skipped,
@@ -50,27 +46,15 @@ pub(crate) enum Flushed {
     Forget,
 }
 
-fn apply<K: SessionKey, I: ExpiryIndex<K>>(
+fn touch<K: SessionKey, I: ExpiryIndex<K>>(
     index: &mut I,
-    msg: ExpiryMsg<K>,
+    key: &K,
+    expires_at: Option<Timestamp>,
+    last_access: Timestamp,
     now: Timestamp,
-) -> bool {
-    match msg {
-        ExpiryMsg::Touch {
-            key,
-            expires_at,
-            last_access,
-        } => {
-            let expires_at = expires_at.map(|t| if t <= now { now.after(DUE_AGAIN) } else { t });
-            index.touch(&key, expires_at, last_access);
-            true
-        }
-        ExpiryMsg::Remove(key) => {
-            index.remove(&key);
-            true
-        }
-        ExpiryMsg::Stop => false,
-    }
+) {
+    let expires_at = expires_at.map(|t| if t <= now { now.after(DUE_AGAIN) } else { t });
+    index.touch(key, expires_at, Some(last_access));
 }
 
 pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
@@ -80,6 +64,10 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
 ) {
     let mut due = Vec::new();
     let mut idle = Vec::new();
+    let mut touched = Vec::new();
+    let Some(wake) = shared.upgrade().map(|e| e.wake_expiry.clone()) else {
+        return;
+    };
     loop {
         let Some(engine) = shared.upgrade() else {
             return;
@@ -87,17 +75,17 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         let now = engine.clock.now();
         loop {
             match rx.try_recv() {
-                Ok(msg) => {
-                    if !apply(&mut index, msg, now) {
-                        return;
-                    }
-                }
+                Ok(ExpiryMsg::Remove(key)) => index.remove(&key),
+                Ok(ExpiryMsg::Stop) | Err(mpsc::error::TryRecvError::Disconnected) => return,
                 Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
         }
         if engine.stopping.load(Ordering::SeqCst) {
             return;
+        }
+        engine.drain_touched(&mut touched);
+        for (key, expires_at, last_access) in touched.drain(..) {
+            touch(&mut index, &key, expires_at, last_access, now);
         }
 
         index.take_expired(now, &mut due);
@@ -113,11 +101,8 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
             .oldest_idle()
             .is_some_and(|t| now.since(t) >= time_limit)
         {
-            index.take_idle(
-                Some(now.before(time_limit).after(Duration::from_millis(1))),
-                usize::MAX,
-                &mut idle,
-            );
+            let before = now.before(time_limit).after(Duration::from_millis(1));
+            index.take_idle(Some(before), usize::MAX, &mut idle);
         }
         for (key, last_access) in idle.drain(..) {
             match engine.flush_key(key.clone(), last_access, now).await {
@@ -137,17 +122,14 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         .flatten()
         .min();
         let wait = next.map_or(MAX_SLEEP, |t| t.since(now).min(MAX_SLEEP));
+        engine.next_wake.store(now.after(wait).0, Ordering::Relaxed);
         drop(engine);
         tokio::select! {
             msg = rx.recv() => match msg {
-                Some(msg) => {
-                    let now = match shared.upgrade() { Some(e) => e.clock.now(), None => return };
-                    if !apply(&mut index, msg, now) {
-                        return;
-                    }
-                }
-                None => return,
+                Some(ExpiryMsg::Remove(key)) => index.remove(&key),
+                Some(ExpiryMsg::Stop) | None => return,
             },
+            _ = wake.notified() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }

@@ -28,6 +28,16 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
         }
     }
 
+    /// Take the session out without releasing the key (the engine goes on
+    /// holding it).
+    pub(crate) fn into_parts(mut self) -> (K, Box<SessionData<S>>) {
+        let session = self
+            .session
+            .take()
+            .expect("a guard holds its session until it is released");
+        (self.key.clone(), session)
+    }
+
     /// The session's key.
     pub fn key(&self) -> &K {
         &self.key
