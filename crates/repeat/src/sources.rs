@@ -1,0 +1,251 @@
+//! The dispatcher's view of the sources: a read cursor, the next due time
+//! and the entries in flight per source, and the order in which sources are
+//! read (fair or nearest first).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Bound;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::entry::lower_bound;
+use crate::store::Store;
+use crate::{Entry, Options, Position, SourceOrder, StoreError};
+
+/// One source as the dispatcher tracks it.
+#[derive(Debug)]
+struct Source {
+    /// Where the next read starts; every position before it was handed out,
+    /// or has since been reported placed (which moves the cursor back).
+    cursor: Bound<Position>,
+    /// Due second of the first entry at or after the cursor; `None` when the
+    /// source had nothing more when last read.
+    head: Option<u64>,
+    /// Handed out and not yet settled; reads pass over these.
+    in_flight: HashSet<Position>,
+    /// Consecutive failed reads.
+    failures: u32,
+    /// No read before this instant (backoff after a failure).
+    retry_at: Option<Instant>,
+}
+
+impl Source {
+    fn new() -> Self {
+        Self {
+            cursor: Bound::Unbounded,
+            // Unknown until read: read it at the first chance.
+            head: Some(0),
+            in_flight: HashSet::new(),
+            failures: 0,
+            retry_at: None,
+        }
+    }
+
+    fn ready(&self, now: u64, mono: Instant) -> bool {
+        self.head.is_some_and(|h| h <= now) && self.retry_at.is_none_or(|t| t <= mono)
+    }
+}
+
+/// A failed read of one source.
+#[derive(Debug)]
+pub(crate) struct ReadFailure {
+    pub(crate) source: String,
+    pub(crate) failures: u32,
+    pub(crate) error: StoreError,
+}
+
+/// All sources, by name.
+#[derive(Debug, Default)]
+pub(crate) struct Sources {
+    sources: BTreeMap<String, Source>,
+    /// The fair order starts its next pass at the first source at or after this name.
+    next_start: String,
+}
+
+impl Sources {
+    /// Sources known to exist when the dispatcher starts.
+    pub(crate) fn new(names: Vec<String>) -> Self {
+        Self {
+            sources: names.into_iter().map(|n| (n, Source::new())).collect(),
+            next_start: String::new(),
+        }
+    }
+
+    /// An entry was placed at `at` in `source`: read it from there.
+    pub(crate) fn placed(&mut self, source: String, at: Position) {
+        let s = self.sources.entry(source).or_insert_with(Source::new);
+        s.head = Some(s.head.map_or(at.due, |h| h.min(at.due)));
+        let cursor = std::mem::replace(&mut s.cursor, Bound::Unbounded);
+        s.cursor = lower_bound(cursor, Bound::Included(at));
+    }
+
+    /// The outcome of a handed-out entry is durable: stop passing over it.
+    pub(crate) fn settled(&mut self, source: &str, at: &Position) {
+        if let Some(s) = self.sources.get_mut(source) {
+            s.in_flight.remove(at);
+        }
+    }
+
+    /// A handed-out entry was not removed after all (an at-most-once removal
+    /// failed): forget it was handed out and read it again.
+    pub(crate) fn unsettle(&mut self, source: &str, at: Position) {
+        if let Some(s) = self.sources.get_mut(source) {
+            s.in_flight.remove(&at);
+        }
+        self.placed(source.to_owned(), at);
+    }
+
+    /// Whether some source has an entry due at `now` and may be read.
+    pub(crate) fn any_ready(&self, now: u64, mono: Instant) -> bool {
+        self.sources.values().any(|s| s.ready(now, mono))
+    }
+
+    /// The earliest due second known over all sources.
+    pub(crate) fn next_due(&self) -> Option<u64> {
+        self.sources.values().filter_map(|s| s.head).min()
+    }
+
+    /// The earliest instant a failing source may be read again.
+    pub(crate) fn next_retry(&self) -> Option<Instant> {
+        self.sources.values().filter_map(|s| s.retry_at).min()
+    }
+
+    /// Reads up to `limit` entries due at `now` in the configured order,
+    /// marking them in flight. Failing sources are put on backoff and
+    /// returned; they do not stop the others.
+    pub(crate) fn take<S: Store>(
+        &mut self,
+        store: &S,
+        now: u64,
+        mono: Instant,
+        limit: usize,
+        options: &Options,
+    ) -> (Vec<Entry>, Vec<ReadFailure>) {
+        let mut ready: Vec<String> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| s.ready(now, mono))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut taken = Vec::new();
+        let mut failed = Vec::new();
+        match options.order {
+            SourceOrder::NearestFirst => {
+                ready.sort_by_key(|n| (self.sources.get(n).and_then(|s| s.head), n.clone()));
+                for name in ready {
+                    let want = limit - taken.len();
+                    if want == 0 {
+                        break;
+                    }
+                    self.read(
+                        store,
+                        &name,
+                        now,
+                        mono,
+                        want,
+                        options,
+                        &mut taken,
+                        &mut failed,
+                    );
+                }
+            }
+            SourceOrder::Fair => {
+                let start = ready.partition_point(|n| *n < self.next_start);
+                ready.rotate_left(start);
+                let order = ready.clone();
+                let mut served_first = None;
+                while taken.len() < limit && !ready.is_empty() {
+                    let share = ((limit - taken.len()) / ready.len()).max(1);
+                    let mut still = Vec::new();
+                    let mut served = 0;
+                    for name in &ready {
+                        let want = share.min(limit - taken.len());
+                        if want == 0 {
+                            break;
+                        }
+                        served += 1;
+                        let got = self.read(
+                            store,
+                            name,
+                            now,
+                            mono,
+                            want,
+                            options,
+                            &mut taken,
+                            &mut failed,
+                        );
+                        let more = self.sources.get(name).is_some_and(|s| s.ready(now, mono));
+                        if got == want && more {
+                            still.push(name.clone());
+                        }
+                    }
+                    served_first.get_or_insert(served);
+                    ready = still;
+                }
+                // The next pass starts at the first source not served in this
+                // pass's first round, or one further if all were served.
+                if let Some(served) = served_first {
+                    let next = if served >= order.len() {
+                        1 % order.len()
+                    } else {
+                        served
+                    };
+                    self.next_start = order[next].clone();
+                }
+            }
+        }
+        (taken, failed)
+    }
+
+    /// Reads one source; returns how many entries it gave.
+    #[allow(clippy::too_many_arguments)]
+    fn read<S: Store>(
+        &mut self,
+        store: &S,
+        name: &str,
+        now: u64,
+        mono: Instant,
+        want: usize,
+        options: &Options,
+        taken: &mut Vec<Entry>,
+        failed: &mut Vec<ReadFailure>,
+    ) -> usize {
+        let Some(s) = self.sources.get_mut(name) else {
+            return 0;
+        };
+        let in_flight = &s.in_flight;
+        let result = store.scan(name, s.cursor.as_ref(), now, want, &|at| {
+            in_flight.contains(at)
+        });
+        match result {
+            Ok(scan) => {
+                s.failures = 0;
+                s.retry_at = None;
+                if let Some(last) = scan.last {
+                    s.cursor = Bound::Excluded(last);
+                }
+                s.head = scan.next_due;
+                let got = scan.entries.len();
+                for entry in scan.entries {
+                    s.in_flight.insert(entry.position());
+                    taken.push(entry);
+                }
+                got
+            }
+            Err(error) => {
+                s.failures = s.failures.saturating_add(1);
+                let delay = options
+                    .source_backoff
+                    .saturating_mul(1 << (s.failures - 1).min(16))
+                    .min(options.source_backoff_max);
+                s.retry_at = Some(mono + delay.max(Duration::from_millis(1)));
+                failed.push(ReadFailure {
+                    source: name.to_owned(),
+                    failures: s.failures,
+                    error,
+                });
+                0
+            }
+        }
+    }
+}
