@@ -102,6 +102,19 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
         self.write(vec![Op::Put(entry)]).await.map(drop)
     }
 
+    /// Schedules many entries in one durable commit (ids replace existing
+    /// entries as with [`schedule`](Self::schedule)); all or nothing.
+    pub async fn schedule_all(&self, entries: Vec<Entry>) -> Result<(), Error> {
+        for entry in &entries {
+            check_source(&entry.source)?;
+            check_id(&entry.id)?;
+            check_payload(&entry.payload)?;
+        }
+        self.write(entries.into_iter().map(Op::Put).collect())
+            .await
+            .map(drop)
+    }
+
     /// Cancels the entry with `id`; `false` if there was none. A handler
     /// already running for it is not interrupted.
     pub async fn cancel(&self, id: &str) -> Result<bool, Error> {

@@ -23,6 +23,8 @@ struct Source {
     head: Option<u64>,
     /// Handed out and not yet settled; reads pass over these.
     in_flight: HashSet<Position>,
+    /// Whether `head` comes from a read (or a placement), not a guess.
+    known: bool,
     /// Consecutive failed reads.
     failures: u32,
     /// No read before this instant (backoff after a failure).
@@ -35,6 +37,7 @@ impl Source {
             cursor: Bound::Unbounded,
             // Unknown until read: read it at the first chance.
             head: Some(0),
+            known: false,
             in_flight: HashSet::new(),
             failures: 0,
             retry_at: None,
@@ -131,6 +134,14 @@ impl Sources {
         let mut failed = Vec::new();
         match options.order {
             SourceOrder::NearestFirst => {
+                // Learn the real next due time of sources not read yet (a
+                // read with limit 0 only looks), so "nearest" is true.
+                for name in &ready {
+                    if self.sources.get(name).is_some_and(|s| !s.known) {
+                        self.read(store, name, now, mono, 0, options, &mut taken, &mut failed);
+                    }
+                }
+                ready.retain(|n| self.sources.get(n).is_some_and(|s| s.ready(now, mono)));
                 ready.sort_by_key(|n| (self.sources.get(n).and_then(|s| s.head), n.clone()));
                 for name in ready {
                     let want = limit - taken.len();
@@ -221,6 +232,7 @@ impl Sources {
             Ok(scan) => {
                 s.failures = 0;
                 s.retry_at = None;
+                s.known = true;
                 if let Some(last) = scan.last {
                     s.cursor = Bound::Excluded(last);
                 }
