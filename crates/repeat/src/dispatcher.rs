@@ -173,7 +173,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             (sources, taken)
         })
         .await;
-        let (sources, (entries, failures)) = match read {
+        let (sources, pass) = match read {
             Ok(read) => read,
             // The source state went with the panicking store; stop rather
             // than hand entries out twice.
@@ -184,13 +184,17 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             }
         };
         self.sources = Some(sources);
-        if !failures.is_empty() {
+        {
             let mut health = self
                 .counters()
                 .health
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            for failure in failures {
+            for name in pass.recovered {
+                tracing::info!(source = %name, "source readable again");
+                health.remove(&name);
+            }
+            for failure in pass.failed {
                 tracing::warn!(source = %failure.source, failures = failure.failures, error = %failure.error, "reading a source failed; retrying with backoff");
                 health.insert(
                     failure.source,
@@ -198,16 +202,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 );
             }
         }
-        if !entries.is_empty() {
-            let mut health = self
-                .counters()
-                .health
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            for entry in &entries {
-                health.remove(&entry.source);
-            }
-        }
+        let entries = pass.entries;
 
         let (run, skip): (Vec<Entry>, Vec<Entry>) =
             entries.into_iter().partition(|e| match options.misfire {

@@ -57,6 +57,17 @@ pub(crate) struct ReadFailure {
     pub(crate) error: StoreError,
 }
 
+/// What one pass over the sources produced.
+#[derive(Debug, Default)]
+pub(crate) struct Pass {
+    /// Due entries taken, now in flight.
+    pub(crate) entries: Vec<Entry>,
+    /// Sources whose read failed.
+    pub(crate) failed: Vec<ReadFailure>,
+    /// Sources read successfully after failing before.
+    pub(crate) recovered: Vec<String>,
+}
+
 /// All sources, by name.
 #[derive(Debug, Default)]
 pub(crate) struct Sources {
@@ -123,41 +134,31 @@ impl Sources {
         mono: Instant,
         limit: usize,
         options: &Options,
-    ) -> (Vec<Entry>, Vec<ReadFailure>) {
+    ) -> Pass {
         let mut ready: Vec<String> = self
             .sources
             .iter()
             .filter(|(_, s)| s.ready(now, mono))
             .map(|(n, _)| n.clone())
             .collect();
-        let mut taken = Vec::new();
-        let mut failed = Vec::new();
+        let mut pass = Pass::default();
         match options.order {
             SourceOrder::NearestFirst => {
                 // Learn the real next due time of sources not read yet (a
                 // read with limit 0 only looks), so "nearest" is true.
                 for name in &ready {
                     if self.sources.get(name).is_some_and(|s| !s.known) {
-                        self.read(store, name, now, mono, 0, options, &mut taken, &mut failed);
+                        self.read(store, name, now, mono, 0, options, &mut pass);
                     }
                 }
                 ready.retain(|n| self.sources.get(n).is_some_and(|s| s.ready(now, mono)));
                 ready.sort_by_key(|n| (self.sources.get(n).and_then(|s| s.head), n.clone()));
                 for name in ready {
-                    let want = limit - taken.len();
+                    let want = limit - pass.entries.len();
                     if want == 0 {
                         break;
                     }
-                    self.read(
-                        store,
-                        &name,
-                        now,
-                        mono,
-                        want,
-                        options,
-                        &mut taken,
-                        &mut failed,
-                    );
+                    self.read(store, &name, now, mono, want, options, &mut pass);
                 }
             }
             SourceOrder::Fair => {
@@ -165,26 +166,17 @@ impl Sources {
                 ready.rotate_left(start);
                 let order = ready.clone();
                 let mut served_first = None;
-                while taken.len() < limit && !ready.is_empty() {
-                    let share = ((limit - taken.len()) / ready.len()).max(1);
+                while pass.entries.len() < limit && !ready.is_empty() {
+                    let share = ((limit - pass.entries.len()) / ready.len()).max(1);
                     let mut still = Vec::new();
                     let mut served = 0;
                     for name in &ready {
-                        let want = share.min(limit - taken.len());
+                        let want = share.min(limit - pass.entries.len());
                         if want == 0 {
                             break;
                         }
                         served += 1;
-                        let got = self.read(
-                            store,
-                            name,
-                            now,
-                            mono,
-                            want,
-                            options,
-                            &mut taken,
-                            &mut failed,
-                        );
+                        let got = self.read(store, name, now, mono, want, options, &mut pass);
                         let more = self.sources.get(name).is_some_and(|s| s.ready(now, mono));
                         if got == want && more {
                             still.push(name.clone());
@@ -205,7 +197,7 @@ impl Sources {
                 }
             }
         }
-        (taken, failed)
+        pass
     }
 
     /// Reads one source; returns how many entries it gave.
@@ -218,8 +210,7 @@ impl Sources {
         mono: Instant,
         want: usize,
         options: &Options,
-        taken: &mut Vec<Entry>,
-        failed: &mut Vec<ReadFailure>,
+        pass: &mut Pass,
     ) -> usize {
         let Some(s) = self.sources.get_mut(name) else {
             return 0;
@@ -230,6 +221,9 @@ impl Sources {
         });
         match result {
             Ok(scan) => {
+                if s.failures > 0 {
+                    pass.recovered.push(name.to_owned());
+                }
                 s.failures = 0;
                 s.retry_at = None;
                 s.known = true;
@@ -240,7 +234,7 @@ impl Sources {
                 let got = scan.entries.len();
                 for entry in scan.entries {
                     s.in_flight.insert(entry.position());
-                    taken.push(entry);
+                    pass.entries.push(entry);
                 }
                 got
             }
@@ -251,7 +245,7 @@ impl Sources {
                     .saturating_mul(1 << (s.failures - 1).min(16))
                     .min(options.source_backoff_max);
                 s.retry_at = Some(mono + delay.max(Duration::from_millis(1)));
-                failed.push(ReadFailure {
+                pass.failed.push(ReadFailure {
                     source: name.to_owned(),
                     failures: s.failures,
                     error,
