@@ -1,14 +1,17 @@
 //! The default store: one redb file, a table per source plus an id index.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ops::Bound;
 use std::path::Path;
 
 use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    TableHandle, WriteTransaction,
 };
 
 use super::{Applied, Op, Scan, SourceCount, Store, collect_scan};
-use crate::{Entry, Position, StoreError};
+use crate::{Position, StoreError};
 
 /// The id index: id → (source, due).
 const IDS: TableDefinition<'_, &str, (&str, u64)> = TableDefinition::new("repeat.ids");
@@ -57,15 +60,44 @@ fn decode(id: &str, value: &[u8]) -> Result<(u32, Vec<u8>), StoreError> {
     }
 }
 
-/// One write transaction's view of the id index and the source tables.
+/// A removed entry: (source, due, attempt, payload).
+type Taken = (String, u64, u32, Vec<u8>);
+
+/// An open source table inside a write transaction.
+type SourceTableMut<'t> = Table<'t, (u64, &'static str), &'static [u8]>;
+
+/// One write transaction with its tables opened once, not once per op.
 struct Writer<'t> {
-    txn: &'t redb::WriteTransaction,
+    txn: &'t WriteTransaction,
+    ids: Table<'t, &'static str, (&'static str, u64)>,
+    sources: HashMap<String, SourceTableMut<'t>>,
 }
 
-impl Writer<'_> {
+impl<'t> Writer<'t> {
+    fn new(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            txn,
+            ids: txn.open_table(IDS).map_err(StoreError::redb)?,
+            sources: HashMap::new(),
+        })
+    }
+
+    fn source(&mut self, name: &str) -> Result<&mut SourceTableMut<'t>, StoreError> {
+        match self.sources.entry(name.to_owned()) {
+            Entry::Occupied(table) => Ok(table.into_mut()),
+            Entry::Vacant(slot) => {
+                let table_name = format!("{SOURCE_PREFIX}{name}");
+                let table = self
+                    .txn
+                    .open_table(source_table(&table_name))
+                    .map_err(StoreError::redb)?;
+                Ok(slot.insert(table))
+            }
+        }
+    }
+
     fn locate(&self, id: &str) -> Result<Option<(String, u64)>, StoreError> {
-        let ids = self.txn.open_table(IDS).map_err(StoreError::redb)?;
-        let found = ids.get(id).map_err(StoreError::redb)?;
+        let found = self.ids.get(id).map_err(StoreError::redb)?;
         Ok(found.map(|g| {
             let (source, due) = g.value();
             (source.to_owned(), due)
@@ -73,20 +105,12 @@ impl Writer<'_> {
     }
 
     /// Removes the entry with `id`, returning its source, due, attempt and payload.
-    fn take(&self, id: &str) -> Result<Option<(String, u64, u32, Vec<u8>)>, StoreError> {
+    fn take(&mut self, id: &str) -> Result<Option<Taken>, StoreError> {
         let Some((source, due)) = self.locate(id)? else {
             return Ok(None);
         };
-        self.txn
-            .open_table(IDS)
-            .map_err(StoreError::redb)?
-            .remove(id)
-            .map_err(StoreError::redb)?;
-        let name = format!("{SOURCE_PREFIX}{source}");
-        let mut table = self
-            .txn
-            .open_table(source_table(&name))
-            .map_err(StoreError::redb)?;
+        self.ids.remove(id).map_err(StoreError::redb)?;
+        let table = self.source(&source)?;
         let value = table.remove((due, id)).map_err(StoreError::redb)?;
         let (attempt, payload) = match value {
             Some(v) => decode(id, v.value())?,
@@ -100,7 +124,7 @@ impl Writer<'_> {
     }
 
     fn put(
-        &self,
+        &mut self,
         source: &str,
         due: u64,
         id: &str,
@@ -108,15 +132,10 @@ impl Writer<'_> {
         payload: &[u8],
     ) -> Result<Applied, StoreError> {
         self.take(id)?;
-        self.txn
-            .open_table(IDS)
-            .map_err(StoreError::redb)?
+        self.ids
             .insert(id, (source, due))
             .map_err(StoreError::redb)?;
-        let name = format!("{SOURCE_PREFIX}{source}");
-        self.txn
-            .open_table(source_table(&name))
-            .map_err(StoreError::redb)?
+        self.source(source)?
             .insert((due, id), encode(attempt, payload).as_slice())
             .map_err(StoreError::redb)?;
         Ok(Applied::Placed {
@@ -128,7 +147,7 @@ impl Writer<'_> {
         })
     }
 
-    fn apply(&self, op: &Op) -> Result<Applied, StoreError> {
+    fn apply(&mut self, op: &Op) -> Result<Applied, StoreError> {
         match op {
             Op::Put(e) => self.put(&e.source, e.due, &e.id, e.attempt, &e.payload),
             Op::Cancel { id } => Ok(match self.take(id)? {
@@ -167,12 +186,12 @@ impl Writer<'_> {
 impl Store for RedbStore {
     fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let txn = self.db.begin_write().map_err(StoreError::redb)?;
-        let applied = {
-            let writer = Writer { txn: &txn };
+        // The writer (and its open tables) must be gone before commit.
+        let applied = Writer::new(&txn).and_then(|mut writer| {
             ops.iter()
                 .map(|op| writer.apply(op))
                 .collect::<Result<Vec<_>, _>>()
-        };
+        });
         match applied {
             Ok(applied) => {
                 txn.commit().map_err(StoreError::redb)?;
@@ -222,7 +241,7 @@ impl Store for RedbStore {
             let (key, value) = item.map_err(StoreError::redb)?;
             let (due, id) = key.value();
             let (attempt, payload) = decode(id, value.value())?;
-            Ok(Entry {
+            Ok(crate::Entry {
                 source: source.to_owned(),
                 due,
                 id: id.to_owned(),
