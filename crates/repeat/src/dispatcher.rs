@@ -109,6 +109,9 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                     continue;
                 }
                 self.dispatch(now, mono, workers).await?;
+                // Let the handlers just started run before counting free
+                // workers again, so passes take many entries, not one.
+                tokio::task::yield_now().await;
                 continue;
             }
 
@@ -117,6 +120,12 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             // or until an earlier entry is scheduled.
             let next_due = sources.next_due().unwrap_or(u64::MAX);
             shared.deadline.store(next_due, Ordering::SeqCst);
+            if !shared.inbox().placed.is_empty() {
+                // Something was placed after the inbox was read but before
+                // the deadline was published: look at it now.
+                shared.deadline.store(0, Ordering::SeqCst);
+                continue;
+            }
             let to_next_second =
                 Duration::from_secs(1) - Duration::from_nanos(u64::from(now.subsec_nanos()));
             let mut wake_at = mono + to_next_second;

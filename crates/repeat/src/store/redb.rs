@@ -83,12 +83,21 @@ impl<'t> Writer<'t> {
     }
 
     fn source(&mut self, name: &str) -> Result<&mut SourceTableMut<'t>, StoreError> {
-        match self.sources.entry(name.to_owned()) {
+        Self::open_source(self.txn, &mut self.sources, name)
+    }
+
+    /// Opens (once) the table of source `name`; a free function over the
+    /// fields so the id index can be used while a source table is borrowed.
+    fn open_source<'s>(
+        txn: &'t WriteTransaction,
+        sources: &'s mut HashMap<String, SourceTableMut<'t>>,
+        name: &str,
+    ) -> Result<&'s mut SourceTableMut<'t>, StoreError> {
+        match sources.entry(name.to_owned()) {
             Entry::Occupied(table) => Ok(table.into_mut()),
             Entry::Vacant(slot) => {
                 let table_name = format!("{SOURCE_PREFIX}{name}");
-                let table = self
-                    .txn
+                let table = txn
                     .open_table(source_table(&table_name))
                     .map_err(StoreError::redb)?;
                 Ok(slot.insert(table))
@@ -121,6 +130,24 @@ impl<'t> Writer<'t> {
             }
         };
         Ok(Some((source, due, attempt, payload)))
+    }
+
+    /// Removes the entry if it is exactly at `at` in `source`, returning its
+    /// payload. Ids are unique, so finding the key in the source table is
+    /// enough; the index is not consulted (this is the hot path of every
+    /// finished delivery).
+    fn take_at(&mut self, source: &str, at: &Position) -> Result<Option<Vec<u8>>, StoreError> {
+        let table = Self::open_source(self.txn, &mut self.sources, source)?;
+        let value = table
+            .remove((at.due, at.id.as_str()))
+            .map_err(StoreError::redb)?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let (_, payload) = decode(&at.id, value.value())?;
+        drop(value);
+        self.ids.remove(at.id.as_str()).map_err(StoreError::redb)?;
+        Ok(Some(payload))
     }
 
     fn put(
@@ -158,27 +185,19 @@ impl<'t> Writer<'t> {
                 Some((source, _, _, payload)) => self.put(&source, *due, id, 0, &payload),
                 None => Ok(Applied::Unchanged),
             },
-            Op::Remove { source, at } => {
-                if self.locate(&at.id)? != Some((source.clone(), at.due)) {
-                    return Ok(Applied::Unchanged);
-                }
-                self.take(&at.id)?;
-                Ok(Applied::Removed)
-            }
+            Op::Remove { source, at } => Ok(match self.take_at(source, at)? {
+                Some(_) => Applied::Removed,
+                None => Applied::Unchanged,
+            }),
             Op::Move {
                 source,
                 at,
                 due,
                 attempt,
-            } => {
-                if self.locate(&at.id)? != Some((source.clone(), at.due)) {
-                    return Ok(Applied::Unchanged);
-                }
-                match self.take(&at.id)? {
-                    Some((_, _, _, payload)) => self.put(source, *due, &at.id, *attempt, &payload),
-                    None => Ok(Applied::Unchanged),
-                }
-            }
+            } => match self.take_at(source, at)? {
+                Some(payload) => self.put(source, *due, &at.id, *attempt, &payload),
+                None => Ok(Applied::Unchanged),
+            },
         }
     }
 }
