@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 const TOTAL: usize = 1_000_000;
 const SOURCES: usize = 16;
 const DUE: usize = 100_000;
-const WORKERS: usize = 64;
+const WORKERS: usize = 256;
 /// The baseline's poll interval when nothing was due (asynq's forwarder
 /// default is 5 s, Sidekiq's poller about as long; shorter favours the baseline).
 const POLL: Duration = Duration::from_millis(100);
@@ -45,7 +45,10 @@ struct Rounds {
 }
 
 impl Rounds {
-    fn report(&self, name: &str) -> f64 {
+    fn report(&self, name: &str) -> Option<f64> {
+        if self.elapsed.is_empty() {
+            return None;
+        }
         let mean = self.elapsed.iter().sum::<Duration>().as_secs_f64() / self.elapsed.len() as f64;
         let rate = DUE as f64 / mean;
         let mut lags = self.lags.clone();
@@ -59,7 +62,7 @@ impl Rounds {
             q(0.99),
             lags[lags.len() - 1]
         );
-        rate
+        Some(rate)
     }
 }
 
@@ -377,11 +380,11 @@ fn main() {
     group.finish();
 
     let ours_rate = ours.lock().unwrap().report("estafeta-repeat (redb)");
-    if redis.is_some() {
-        let theirs_rate = theirs.lock().unwrap().report("redis sorted set + Lua poll");
+    let theirs_rate = theirs.lock().unwrap().report("redis sorted set + Lua poll");
+    if let (Some(ours), Some(theirs)) = (ours_rate, theirs_rate) {
         println!(
             "ratio (estafeta / redis) dispatch rate: {:.2}x",
-            ours_rate / theirs_rate
+            ours / theirs
         );
     }
     criterion.final_summary();

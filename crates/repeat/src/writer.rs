@@ -189,7 +189,7 @@ async fn commit<S: Store>(
 /// Tells the dispatcher what was placed and settled, then the waiter.
 fn finish(shared: &Shared, waiter: Waiter, applied: Vec<Applied>) {
     let mut wake = false;
-    {
+    let reply = {
         let deadline = shared.deadline.load(Ordering::SeqCst);
         let mut inbox = shared.inbox();
         for a in &applied {
@@ -206,14 +206,18 @@ fn finish(shared: &Shared, waiter: Waiter, applied: Vec<Applied>) {
                     .or_insert_with(|| at.clone());
             }
         }
-        if let Waiter::Background(settles) = &waiter {
-            inbox.settled.extend(settles.iter().cloned());
+        match waiter {
+            Waiter::Background(settles) => {
+                inbox.settled.extend(settles);
+                None
+            }
+            Waiter::Caller(reply) => Some(reply),
         }
-    }
+    };
     if wake {
         shared.wake.notify_one();
     }
-    if let Waiter::Caller(reply) = waiter {
+    if let Some(reply) = reply {
         // The caller may have stopped waiting; the write stands either way.
         let _ = reply.send(Ok(applied));
     }
