@@ -27,6 +27,12 @@
 //!   handler finished or rescheduled it, so entries in flight when the
 //!   process dies are handed out again after a restart;
 //!   [`Delivery::AtMostOnce`] removes it before hand-out, as the seed does.
+//!   Nothing is written when an entry is handed out: the dispatcher keeps
+//!   the set of entries in flight in memory and reads past them, and only
+//!   the outcome (remove, move) is committed, batched with other outcomes.
+//!   After a crash that set is gone and every stored entry is due again,
+//!   which is the re-delivery. (redb locks its file, so no second process
+//!   can be handing out the same entries.)
 //! * Late entries follow the [`Misfire`] policy.
 //! * A source whose reads fail is retried with backoff and reported in
 //!   [`Stats`]; the other sources go on.
