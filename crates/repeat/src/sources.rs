@@ -255,3 +255,136 @@ impl Sources {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, Op};
+
+    fn store(entries: &[(&str, u64, &str)]) -> MemoryStore {
+        let store = MemoryStore::new();
+        let ops: Vec<Op> = entries
+            .iter()
+            .map(|(source, due, id)| {
+                Op::Put(Entry {
+                    source: (*source).to_owned(),
+                    due: *due,
+                    id: (*id).to_owned(),
+                    payload: Vec::new(),
+                    attempt: 0,
+                })
+            })
+            .collect();
+        store.apply(&ops).unwrap();
+        store
+    }
+
+    fn ids(pass: &Pass) -> Vec<&str> {
+        pass.entries.iter().map(|e| e.id.as_str()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fair_order_rotates_when_workers_are_fewer_than_sources() {
+        let store = store(&[
+            ("a", 1, "a1"),
+            ("a", 1, "a2"),
+            ("b", 1, "b1"),
+            ("b", 1, "b2"),
+            ("c", 1, "c1"),
+            ("c", 1, "c2"),
+        ]);
+        let mut sources = Sources::new(store.sources().unwrap());
+        let options = Options::default();
+        let mono = Instant::now();
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            let pass = sources.take(&store, 10, mono, 2, &options);
+            order.extend(ids(&pass).into_iter().map(str::to_owned));
+        }
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "b2", "c2"]);
+        assert!(
+            !sources.any_ready(10, mono),
+            "all in flight, nothing more due"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fair_order_gives_unused_shares_to_busy_sources() {
+        let store = store(&[
+            ("a", 1, "a1"),
+            ("a", 1, "a2"),
+            ("a", 1, "a3"),
+            ("b", 1, "b1"),
+        ]);
+        let mut sources = Sources::new(store.sources().unwrap());
+        let pass = sources.take(&store, 10, Instant::now(), 4, &Options::default());
+        assert_eq!(ids(&pass), ["a1", "a2", "b1", "a3"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nearest_first_drains_the_earliest_source_and_tracks_next_due() {
+        let store = store(&[
+            ("a", 5, "a1"),
+            ("b", 3, "b1"),
+            ("b", 4, "b2"),
+            ("b", 20, "b3"),
+        ]);
+        let mut sources = Sources::new(store.sources().unwrap());
+        let options = Options {
+            order: SourceOrder::NearestFirst,
+            ..Options::default()
+        };
+        let pass = sources.take(&store, 10, Instant::now(), 10, &options);
+        assert_eq!(ids(&pass), ["b1", "b2", "a1"]);
+        assert_eq!(sources.next_due(), Some(20));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_placed_entry_behind_the_cursor_is_read_again() {
+        let store = store(&[("a", 5, "x"), ("a", 6, "y")]);
+        let mut sources = Sources::new(store.sources().unwrap());
+        let options = Options::default();
+        let pass = sources.take(&store, 10, Instant::now(), 10, &options);
+        assert_eq!(ids(&pass), ["x", "y"]);
+        sources.settled(
+            "a",
+            &Position {
+                due: 5,
+                id: "x".into(),
+            },
+        );
+        store
+            .apply(&[Op::Remove {
+                source: "a".into(),
+                at: Position {
+                    due: 5,
+                    id: "x".into(),
+                },
+            }])
+            .unwrap();
+        let placed = store
+            .apply(&[Op::Reschedule {
+                id: "y".into(),
+                due: 1,
+            }])
+            .unwrap();
+        sources.settled(
+            "a",
+            &Position {
+                due: 6,
+                id: "y".into(),
+            },
+        );
+        assert_eq!(sources.next_due(), None);
+        sources.placed(
+            "a".into(),
+            Position {
+                due: 1,
+                id: "y".into(),
+            },
+        );
+        assert_eq!(placed.len(), 1);
+        let pass = sources.take(&store, 10, Instant::now(), 10, &options);
+        assert_eq!(ids(&pass), ["y"]);
+    }
+}

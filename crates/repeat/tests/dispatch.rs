@@ -336,3 +336,45 @@ async fn only_one_dispatcher_runs_at_a_time() {
     ));
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn stats_report_backlog_in_flight_and_lag() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    let mut entries: Vec<_> = (0..3)
+        .map(|i| entry("a", T0 - 7, &format!("late{i}")))
+        .collect();
+    entries.push(entry("a", T0 + 100, "later"));
+    entries.push(entry("b", T0 + 100, "other"));
+    s.schedule_all(entries).await.unwrap();
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (4, 3));
+    assert_eq!((stats.sources["b"].entries, stats.sources["b"].due), (1, 0));
+
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        4,
+        probe.handler(Duration::from_secs(2), |_| Outcome::Done),
+    );
+    probe.wait_for(3).await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.in_flight, 3);
+    assert_eq!(stats.dispatched, 3);
+    assert_eq!(
+        stats.sources["a"].due, 3,
+        "in flight entries stay until done"
+    );
+    // Handed out 7 s late: the (5 s, 10 s] bucket.
+    let bucket = estafeta_repeat::LAG_BOUNDS_MS
+        .iter()
+        .position(|&b| b == 10_000)
+        .unwrap();
+    assert_eq!(stats.lag.counts[bucket], 3);
+    assert_eq!(stats.lag.quantile_ms(0.99), Some(10_000));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.stop().await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.in_flight, stats.done), (0, 3));
+    assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (1, 0));
+}
