@@ -152,8 +152,11 @@ async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
         probe.handler(Duration::from_secs(3_600), |_| Outcome::Done),
     );
     probe.wait_for(2).await;
+    // Paused time only advances once every task is idle, so after this the
+    // dispatcher is parked waiting for a worker.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before = s.stats().await.unwrap().wakeups;
-    tokio::time::sleep(Duration::from_secs(3_599)).await;
+    tokio::time::sleep(Duration::from_secs(3_598)).await;
     let during = s.stats().await.unwrap();
     assert_eq!(
         during.wakeups, before,
