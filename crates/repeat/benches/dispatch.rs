@@ -1,0 +1,391 @@
+//! One million entries over 16 sources, 100,000 of them due in one second,
+//! a no-op handler: entries dispatched per second and the lag distribution,
+//! for estafeta-repeat on redb and for the asynq/Sidekiq way (a Redis sorted
+//! set per source, polled with a Lua script that moves up to 100 due entries
+//! per call to a pending list that workers pop from).
+//!
+//! Each round schedules 100,000 entries due two seconds ahead (not timed),
+//! then times from that due second until every one was handled (for
+//! estafeta: and its removal committed; for Redis: acknowledged). The other
+//! 900,000 entries stay scheduled for later all along.
+//!
+//! Run: `cargo bench -p estafeta-repeat --bench dispatch` (needs
+//! `redis-server` on the PATH; without it only estafeta is measured).
+
+#[path = "support/resp.rs"]
+mod resp;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, Throughput};
+use estafeta_repeat::{
+    Clock, Entry, Options, Outcome, RedbStore, Scheduler, SystemClock, WorkerPool,
+};
+use resp::{Conn, Reply};
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+const TOTAL: usize = 1_000_000;
+const SOURCES: usize = 16;
+const DUE: usize = 100_000;
+const WORKERS: usize = 256;
+/// The baseline's poll interval when nothing was due (asynq's forwarder
+/// default is 5 s, Sidekiq's poller about as long; shorter favours the baseline).
+const POLL: Duration = Duration::from_millis(100);
+
+/// What one round measured.
+#[derive(Default)]
+struct Rounds {
+    elapsed: Vec<Duration>,
+    lags: Vec<Duration>,
+}
+
+impl Rounds {
+    fn report(&self, name: &str) -> Option<f64> {
+        if self.elapsed.is_empty() {
+            return None;
+        }
+        let mean = self.elapsed.iter().sum::<Duration>().as_secs_f64() / self.elapsed.len() as f64;
+        let rate = DUE as f64 / mean;
+        let mut lags = self.lags.clone();
+        lags.sort();
+        let q = |f: f64| lags[((lags.len() as f64 * f) as usize).min(lags.len() - 1)];
+        println!(
+            "{name}: {} rounds, mean {:.3} s per 100k → {rate:.0} entries/s; lag p50 {:?} p99 {:?} max {:?}",
+            self.elapsed.len(),
+            mean,
+            q(0.50),
+            q(0.99),
+            lags[lags.len() - 1]
+        );
+        Some(rate)
+    }
+}
+
+fn due_in_two_seconds() -> u64 {
+    SystemClock.now_secs() + 2
+}
+
+fn lag_since(due: u64) -> Duration {
+    SystemClock.now().saturating_sub(Duration::from_secs(due))
+}
+
+/// estafeta-repeat on a redb file.
+struct Estafeta {
+    scheduler: Scheduler<RedbStore, SystemClock>,
+    round: AtomicUsize,
+    _dir: tempfile::TempDir,
+}
+
+impl Estafeta {
+    async fn setup() -> Self {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let store = RedbStore::open(dir.path().join("bench.redb")).unwrap();
+        let scheduler = Scheduler::new(store, SystemClock, Options::default());
+        let later = SystemClock.now_secs() + 3_600;
+        let entries: Vec<Entry> = (0..TOTAL - DUE)
+            .map(|i| Entry {
+                source: format!("s{:02}", i % SOURCES),
+                due: later + (i % 86_400) as u64,
+                id: format!("later-{i:07}"),
+                payload: vec![0; 16],
+                attempt: 0,
+            })
+            .collect();
+        for chunk in entries.chunks(100_000) {
+            scheduler.schedule_all(chunk.to_vec()).await.unwrap();
+        }
+        Self {
+            scheduler,
+            round: AtomicUsize::new(0),
+            _dir: dir,
+        }
+    }
+
+    async fn round(&self, rounds: &Mutex<Rounds>) -> Duration {
+        let round = self.round.fetch_add(1, Ordering::SeqCst);
+        let due = due_in_two_seconds();
+        let entries = (0..DUE)
+            .map(|i| Entry {
+                source: format!("s{:02}", i % SOURCES),
+                due,
+                id: format!("r{round}-{i:06}"),
+                payload: vec![0; 16],
+                attempt: 0,
+            })
+            .collect();
+        self.scheduler.schedule_all(entries).await.unwrap();
+        if SystemClock.now_secs() >= due {
+            println!("warning: scheduling took past the due second");
+        }
+        let lags = Arc::new(Mutex::new(Vec::with_capacity(DUE)));
+        let handled = Arc::new(AtomicUsize::new(0));
+        let all = Arc::new(Notify::new());
+        let handler = {
+            let (lags, handled, all) = (lags.clone(), handled.clone(), all.clone());
+            move |e: Entry| {
+                let lag = lag_since(e.due);
+                lags.lock().unwrap().push(lag);
+                if handled.fetch_add(1, Ordering::SeqCst) + 1 == DUE {
+                    all.notify_one();
+                }
+                std::future::ready(Outcome::Done)
+            }
+        };
+        let stop = async move { all.notified().await };
+        self.scheduler
+            .run(WorkerPool::new(WORKERS), handler, stop)
+            .await
+            .unwrap();
+        let elapsed = lag_since(due);
+        let mut r = rounds.lock().unwrap();
+        r.elapsed.push(elapsed);
+        r.lags.extend(lags.lock().unwrap().drain(..));
+        elapsed
+    }
+}
+
+/// A local redis-server with one sorted set per source.
+struct Redis {
+    server: Child,
+    port: u16,
+    round: AtomicUsize,
+}
+
+const FORWARD: &str = r#"
+local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 100)
+for _, id in ipairs(ids) do
+  redis.call("LPUSH", KEYS[2], id)
+  redis.call("ZREM", KEYS[1], id)
+end
+return #ids
+"#;
+
+impl Redis {
+    async fn setup() -> Option<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let server = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn();
+        let Ok(server) = server else {
+            println!("redis-server not found: baseline skipped");
+            return None;
+        };
+        let redis = Self {
+            server,
+            port,
+            round: AtomicUsize::new(0),
+        };
+        let mut conn = None;
+        for _ in 0..100 {
+            if let Ok(c) = Conn::connect(port).await {
+                conn = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut conn = conn?;
+        conn.cmd(&[b"FLUSHALL"]).await.ok()?;
+        let later = SystemClock.now_secs() + 3_600;
+        let members: Vec<(usize, u64, String)> = (0..TOTAL - DUE)
+            .map(|i| {
+                (
+                    i % SOURCES,
+                    later + (i % 86_400) as u64,
+                    format!("later-{i:07}"),
+                )
+            })
+            .collect();
+        redis.zadd(&mut conn, &members).await;
+        Some(redis)
+    }
+
+    async fn zadd(&self, conn: &mut Conn, members: &[(usize, u64, String)]) {
+        for chunk in members.chunks(10_000) {
+            let mut commands = Vec::new();
+            for source in 0..SOURCES {
+                let mut command = vec![
+                    b"ZADD".to_vec(),
+                    format!("scheduled:{source:02}").into_bytes(),
+                ];
+                for (_, due, id) in chunk.iter().filter(|m| m.0 == source) {
+                    command.push(due.to_string().into_bytes());
+                    command.push(format!("{due}:{id}").into_bytes());
+                }
+                if command.len() > 2 {
+                    commands.push(command);
+                }
+            }
+            conn.pipeline(&commands).await.unwrap();
+        }
+    }
+
+    async fn round(&self, rounds: &Mutex<Rounds>) -> Duration {
+        let round = self.round.fetch_add(1, Ordering::SeqCst);
+        let due = due_in_two_seconds();
+        let mut conn = Conn::connect(self.port).await.unwrap();
+        let members: Vec<_> = (0..DUE)
+            .map(|i| (i % SOURCES, due, format!("r{round}-{i:06}")))
+            .collect();
+        self.zadd(&mut conn, &members).await;
+        if SystemClock.now_secs() >= due {
+            println!("warning: scheduling took past the due second");
+        }
+        let sha = match conn
+            .cmd(&[b"SCRIPT", b"LOAD", FORWARD.as_bytes()])
+            .await
+            .unwrap()
+        {
+            Reply::Bulk(Some(sha)) => sha,
+            other => panic!("SCRIPT LOAD: {other:?}"),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let handled = Arc::new(AtomicUsize::new(0));
+        let all = Arc::new(Notify::new());
+
+        // The forwarder: moves due entries, 100 per script call, from each
+        // source's sorted set to the pending list; polls when nothing is due.
+        let forwarder = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let now = SystemClock.now_secs().to_string();
+                    let mut moved = 0;
+                    for source in 0..SOURCES {
+                        let key = format!("scheduled:{source:02}");
+                        loop {
+                            let reply = conn
+                                .cmd(&[
+                                    b"EVALSHA",
+                                    &sha,
+                                    b"2",
+                                    key.as_bytes(),
+                                    b"pending",
+                                    now.as_bytes(),
+                                ])
+                                .await
+                                .unwrap();
+                            let n = match reply {
+                                Reply::Int(n) => n,
+                                other => panic!("forward: {other:?}"),
+                            };
+                            moved += n;
+                            if n < 100 {
+                                break;
+                            }
+                        }
+                    }
+                    if moved == 0 {
+                        tokio::time::sleep(POLL).await;
+                    }
+                }
+            })
+        };
+        // The workers: take one entry (pending → active), handle it, ack it.
+        let mut workers = Vec::new();
+        let lags = Arc::new(Mutex::new(Vec::with_capacity(DUE)));
+        for _ in 0..WORKERS {
+            let (stop, handled, all, lags) =
+                (stop.clone(), handled.clone(), all.clone(), lags.clone());
+            let mut conn = Conn::connect(self.port).await.unwrap();
+            workers.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let reply = conn
+                        .cmd(&[b"BLMOVE", b"pending", b"active", b"RIGHT", b"LEFT", b"0.05"])
+                        .await
+                        .unwrap();
+                    let Reply::Bulk(Some(member)) = reply else {
+                        continue;
+                    };
+                    let text = String::from_utf8_lossy(&member);
+                    let due: u64 = text.split(':').next().unwrap().parse().unwrap();
+                    lags.lock().unwrap().push(lag_since(due));
+                    conn.cmd(&[b"LREM", b"active", b"1", &member])
+                        .await
+                        .unwrap();
+                    if handled.fetch_add(1, Ordering::SeqCst) + 1 == DUE {
+                        all.notify_one();
+                    }
+                }
+            }));
+        }
+        all.notified().await;
+        let elapsed = lag_since(due);
+        stop.store(true, Ordering::SeqCst);
+        forwarder.await.unwrap();
+        for worker in workers {
+            worker.await.unwrap();
+        }
+        let mut r = rounds.lock().unwrap();
+        r.elapsed.push(elapsed);
+        r.lags.extend(lags.lock().unwrap().drain(..));
+        elapsed
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+fn main() {
+    let mut criterion = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(5))
+        .configure_from_args();
+    let runtime = Runtime::new().unwrap();
+    let estafeta = runtime.block_on(Estafeta::setup());
+    let redis = runtime.block_on(Redis::setup());
+    let ours = Mutex::new(Rounds::default());
+    let theirs = Mutex::new(Rounds::default());
+
+    let mut group = criterion.benchmark_group("dispatch_100k_due_of_1m");
+    group.sampling_mode(SamplingMode::Flat);
+    group.throughput(Throughput::Elements(DUE as u64));
+    group.bench_function("estafeta_redb", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| runtime.block_on(estafeta.round(&ours)))
+                .sum()
+        })
+    });
+    if let Some(redis) = &redis {
+        group.bench_function("redis_lua_poll", |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| runtime.block_on(redis.round(&theirs)))
+                    .sum()
+            })
+        });
+    }
+    group.finish();
+
+    let ours_rate = ours.lock().unwrap().report("estafeta-repeat (redb)");
+    let theirs_rate = theirs.lock().unwrap().report("redis sorted set + Lua poll");
+    if let (Some(ours), Some(theirs)) = (ours_rate, theirs_rate) {
+        println!(
+            "ratio (estafeta / redis) dispatch rate: {:.2}x",
+            ours / theirs
+        );
+    }
+    criterion.final_summary();
+}

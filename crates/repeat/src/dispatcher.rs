@@ -1,0 +1,423 @@
+//! The dispatcher loop (the seed's `repeatHandler`): sleeps until the
+//! earliest due second, then hands due entries to free workers and records
+//! what their handlers decided.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::task::{Id, JoinError, JoinSet};
+use tokio::time::Instant;
+
+use crate::scheduler::Scheduler;
+use crate::sources::Sources;
+use crate::stats::Counters;
+use crate::store::{Op, Store};
+use crate::writer::{Waiter, WriteRequest};
+use crate::{
+    Clock, Delivery, Entry, Error, Handler, Misfire, Outcome, Position, StoreError, WorkerPool,
+};
+
+/// A handed-out entry, remembered until its handler returns.
+struct InFlight {
+    source: String,
+    at: Position,
+    attempt: u32,
+    /// Kept only with at-most-once delivery, where the stored entry is gone
+    /// and a reschedule has to put it back.
+    payload: Option<Vec<u8>>,
+}
+
+/// The dispatcher's running state.
+struct Dispatcher<'a, S, C, H> {
+    scheduler: &'a Scheduler<S, C>,
+    pool: WorkerPool,
+    handler: Arc<H>,
+    sources: Option<Sources>,
+    tasks: JoinSet<Outcome>,
+    in_flight: HashMap<Id, InFlight>,
+}
+
+/// See [`Scheduler::run`].
+pub(crate) async fn run<S: Store, C: Clock, H: Handler>(
+    scheduler: &Scheduler<S, C>,
+    pool: WorkerPool,
+    handler: H,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    let store = Arc::clone(&scheduler.inner.store);
+    let names = tokio::task::spawn_blocking(move || store.sources())
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string().into()))??;
+    let mut dispatcher = Dispatcher {
+        scheduler,
+        pool,
+        handler: Arc::new(handler),
+        sources: Some(Sources::new(names)),
+        tasks: JoinSet::new(),
+        in_flight: HashMap::new(),
+    };
+    let result = dispatcher.run(shutdown).await;
+    dispatcher.drain().await;
+    result
+}
+
+impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
+    fn counters(&self) -> &Counters {
+        &self.scheduler.inner.shared.counters
+    }
+
+    async fn run(&mut self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let mut shutdown = pin!(shutdown);
+        let inner = Arc::clone(&self.scheduler.inner);
+        let shared = &inner.shared;
+        let options = inner.options;
+        loop {
+            Counters::bump(&self.counters().wakeups, 1);
+            self.absorb()?;
+            let mut finished = Vec::new();
+            while let Some(result) = self.tasks.try_join_next_with_id() {
+                finished.push(result);
+            }
+            self.record(finished)?;
+
+            let now = inner.clock.now();
+            let now_secs = now.as_secs();
+            let mono = Instant::now();
+            let sources = self.sources.as_ref().ok_or(Error::Closed)?;
+            if sources.any_ready(now_secs, mono) {
+                let mut workers = Vec::new();
+                while workers.len() < options.max_batch.max(1) {
+                    match self.pool.try_acquire() {
+                        Some(worker) => workers.push(worker),
+                        None => break,
+                    }
+                }
+                if workers.is_empty() {
+                    // Due entries but no free worker: sleep until one is free.
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => return Ok(()),
+                        result = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                            self.record(result.into_iter().collect())?;
+                        }
+                        worker = self.pool.acquire() => drop(worker),
+                    }
+                    continue;
+                }
+                self.dispatch(now, mono, workers).await?;
+                // Let the handlers just started run before counting free
+                // workers again, so passes take many entries, not one.
+                tokio::task::yield_now().await;
+                continue;
+            }
+
+            // Nothing due: sleep to the next wall-clock second (the seed's
+            // waitTillNextSecond), or until a failing source may be retried,
+            // or until an earlier entry is scheduled.
+            let next_due = sources.next_due().unwrap_or(u64::MAX);
+            shared.deadline.store(next_due, Ordering::SeqCst);
+            if !shared.inbox().placed.is_empty() {
+                // Something was placed after the inbox was read but before
+                // the deadline was published: look at it now.
+                shared.deadline.store(0, Ordering::SeqCst);
+                continue;
+            }
+            let to_next_second =
+                Duration::from_secs(1) - Duration::from_nanos(u64::from(now.subsec_nanos()));
+            let mut wake_at = mono + to_next_second;
+            if let Some(retry) = sources.next_retry() {
+                wake_at = wake_at.min(retry.max(mono));
+            }
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                () = shared.wake.notified() => {}
+                result = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    self.record(result.into_iter().collect())?;
+                }
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+            shared.deadline.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Applies what the writer reported since the last look.
+    fn absorb(&mut self) -> Result<(), Error> {
+        let (placed, settled) = {
+            let mut inbox = self.scheduler.inner.shared.inbox();
+            (
+                std::mem::take(&mut inbox.placed),
+                std::mem::take(&mut inbox.settled),
+            )
+        };
+        let sources = self.sources.as_mut().ok_or(Error::Closed)?;
+        for (source, at) in placed {
+            sources.placed(source, at);
+        }
+        for (source, at) in settled {
+            sources.settled(&source, &at);
+        }
+        Ok(())
+    }
+
+    /// Takes due entries for the `workers` and starts their handlers.
+    async fn dispatch(
+        &mut self,
+        now: Duration,
+        mono: Instant,
+        workers: Vec<crate::pool::Worker>,
+    ) -> Result<(), Error> {
+        let inner = Arc::clone(&self.scheduler.inner);
+        let options = inner.options;
+        let mut sources = self.sources.take().ok_or(Error::Closed)?;
+        let store = Arc::clone(&inner.store);
+        let limit = workers.len();
+        let now_secs = now.as_secs();
+        let read = tokio::task::spawn_blocking(move || {
+            let taken = sources.take(&*store, now_secs, mono, limit, &options);
+            (sources, taken)
+        })
+        .await;
+        let (sources, pass) = match read {
+            Ok(read) => read,
+            // The source state went with the panicking store; stop rather
+            // than hand entries out twice.
+            Err(e) => {
+                return Err(
+                    StoreError::Backend(format!("reading sources failed: {e}").into()).into(),
+                );
+            }
+        };
+        self.sources = Some(sources);
+        {
+            let mut health = self
+                .counters()
+                .health
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for name in pass.recovered {
+                tracing::info!(source = %name, "source readable again");
+                health.remove(&name);
+            }
+            for failure in pass.failed {
+                tracing::warn!(source = %failure.source, failures = failure.failures, error = %failure.error, "reading a source failed; retrying with backoff");
+                health.insert(
+                    failure.source,
+                    (failure.failures, failure.error.to_string()),
+                );
+            }
+        }
+        let entries = pass.entries;
+
+        let (run, skip): (Vec<Entry>, Vec<Entry>) =
+            entries.into_iter().partition(|e| match options.misfire {
+                Misfire::Skip { threshold } => {
+                    now.saturating_sub(Duration::from_secs(e.due)) <= threshold
+                }
+                Misfire::FireNow | Misfire::Coalesce => true,
+            });
+        Counters::bump(&self.counters().skipped, skip.len() as u64);
+        let removals: Vec<(String, Position)> = skip
+            .iter()
+            .map(|e| (e.source.clone(), e.position()))
+            .collect();
+        match options.delivery {
+            Delivery::AtLeastOnce => {
+                if !removals.is_empty() {
+                    self.scheduler.submit(background(removals))?;
+                }
+            }
+            Delivery::AtMostOnce => {
+                let mut all = removals;
+                all.extend(run.iter().map(|e| (e.source.clone(), e.position())));
+                let ops = all
+                    .iter()
+                    .map(|(source, at)| Op::Remove {
+                        source: source.clone(),
+                        at: at.clone(),
+                    })
+                    .collect();
+                let result = self.scheduler.write(ops).await;
+                let sources = self.sources.as_mut().ok_or(Error::Closed)?;
+                match result {
+                    Ok(_) => {
+                        for (source, at) in &all {
+                            sources.settled(source, at);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "removing entries before hand-out failed; they stay scheduled");
+                        Counters::bump(&inner.shared.counters.write_errors, 1);
+                        for (source, at) in all {
+                            sources.unsettle(&source, at);
+                        }
+                        // Let the store recover before the next attempt.
+                        tokio::time::sleep(options.source_backoff).await;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+
+        let counters = &inner.shared.counters;
+        {
+            let mut lag = counters.lag.lock().unwrap_or_else(|e| e.into_inner());
+            for entry in &run {
+                lag.record(now.saturating_sub(Duration::from_secs(entry.due)));
+            }
+        }
+        Counters::bump(&counters.dispatched, run.len() as u64);
+        Counters::bump(&counters.in_flight, run.len() as u64);
+        for (entry, worker) in run.into_iter().zip(workers) {
+            let handler = Arc::clone(&self.handler);
+            let meta = InFlight {
+                source: entry.source.clone(),
+                at: entry.position(),
+                attempt: entry.attempt,
+                payload: (options.delivery == Delivery::AtMostOnce).then(|| entry.payload.clone()),
+            };
+            let task = self.tasks.spawn(async move {
+                let _worker = worker;
+                handler.handle(entry).await
+            });
+            self.in_flight.insert(task.id(), meta);
+        }
+        Ok(())
+    }
+
+    /// Turns finished handlers into store changes, sent to the writer.
+    fn record(&mut self, finished: Vec<Result<(Id, Outcome), JoinError>>) -> Result<(), Error> {
+        if finished.is_empty() {
+            return Ok(());
+        }
+        let inner = Arc::clone(&self.scheduler.inner);
+        let options = inner.options;
+        let counters = &inner.shared.counters;
+        let now = inner.clock.now_secs();
+        let mut ops = Vec::with_capacity(finished.len());
+        let mut settles = Vec::with_capacity(finished.len());
+        for result in finished {
+            let (id, outcome) = match result {
+                Ok(done) => done,
+                Err(e) => (
+                    e.id(),
+                    Outcome::Failed(format!("handler ended abnormally: {e}")),
+                ),
+            };
+            let Some(job) = self.in_flight.remove(&id) else {
+                continue;
+            };
+            counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            let (due, attempt) = match outcome {
+                Outcome::Done => {
+                    Counters::bump(&counters.done, 1);
+                    if options.delivery == Delivery::AtLeastOnce {
+                        ops.push(Op::Remove {
+                            source: job.source.clone(),
+                            at: job.at.clone(),
+                        });
+                        settles.push((job.source, job.at));
+                    }
+                    continue;
+                }
+                Outcome::Reschedule(due) => {
+                    Counters::bump(&counters.rescheduled, 1);
+                    let due = match options.misfire {
+                        Misfire::Coalesce => coalesce(job.at.due, due, now),
+                        Misfire::FireNow | Misfire::Skip { .. } => due,
+                    };
+                    (due, 0)
+                }
+                Outcome::Failed(reason) => {
+                    Counters::bump(&counters.failed, 1);
+                    let attempt = job.attempt.saturating_add(1);
+                    tracing::debug!(id = %job.at.id, attempt, %reason, "handler failed; retrying");
+                    (
+                        now.saturating_add(options.retry.delay_secs(attempt)),
+                        attempt,
+                    )
+                }
+            };
+            match job.payload {
+                Some(payload) => ops.push(Op::Put(Entry {
+                    source: job.source,
+                    due,
+                    id: job.at.id,
+                    payload,
+                    attempt,
+                })),
+                None => {
+                    ops.push(Op::Move {
+                        source: job.source.clone(),
+                        at: job.at.clone(),
+                        due,
+                        attempt,
+                    });
+                    settles.push((job.source, job.at));
+                }
+            }
+        }
+        if !ops.is_empty() {
+            self.scheduler.submit(WriteRequest {
+                ops,
+                waiter: Waiter::Background(settles),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After shutdown: waits for running handlers and records their outcomes
+    /// durably before returning.
+    async fn drain(&mut self) {
+        while let Some(result) = self.tasks.join_next_with_id().await {
+            if self.record(vec![result]).is_err() {
+                return;
+            }
+        }
+        // An empty caller write returns once every write queued before it is
+        // committed (or has failed and been left to redelivery).
+        let _ = self.scheduler.write(Vec::new()).await;
+    }
+}
+
+/// A background write removing handed-out entries.
+fn background(removals: Vec<(String, Position)>) -> WriteRequest {
+    WriteRequest {
+        ops: removals
+            .iter()
+            .map(|(source, at)| Op::Remove {
+                source: source.clone(),
+                at: at.clone(),
+            })
+            .collect(),
+        waiter: Waiter::Background(removals),
+    }
+}
+
+/// The [`Misfire::Coalesce`] rule: a reschedule to a time still in the past
+/// moves forward by whole periods to the first second after `now`.
+fn coalesce(old: u64, new: u64, now: u64) -> u64 {
+    if new > now || new <= old {
+        return new;
+    }
+    let period = new - old;
+    let periods = (now - new) / period + 1;
+    new.saturating_add(periods.saturating_mul(period))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalesce;
+
+    #[test]
+    fn coalesce_skips_missed_periods() {
+        assert_eq!(coalesce(100, 160, 3_700), 3_760);
+        assert_eq!(coalesce(100, 160, 159), 160);
+        assert_eq!(coalesce(100, 160, 160), 220);
+        assert_eq!(coalesce(100, 50, 3_700), 50);
+    }
+}

@@ -1,0 +1,154 @@
+//! Storage of entries: the [`Store`] trait and its two implementations.
+//!
+//! A store keeps entries in sources, each ordered by [`Position`] (due second,
+//! then id), with an index by id so cancel and reschedule do not scan.
+//! Every method is one transaction; [`Store::apply`] is durable when it
+//! returns, which is what makes `schedule`, `cancel` and a finished delivery
+//! survive a crash.
+
+mod memory;
+mod redb;
+
+use std::ops::Bound;
+
+pub use self::memory::MemoryStore;
+pub use self::redb::RedbStore;
+use crate::{Entry, Position, StoreError};
+
+/// One change to the stored entries; a batch of them is applied atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Insert the entry, replacing any entry with the same id in any source.
+    Put(Entry),
+    /// Remove the entry with this id, wherever it is.
+    Cancel {
+        /// Entry id.
+        id: String,
+    },
+    /// Move the entry with this id to another due second (attempts restart at 0).
+    Reschedule {
+        /// Entry id.
+        id: String,
+        /// New due second.
+        due: u64,
+    },
+    /// Remove the entry at exactly this place; nothing happens if it was
+    /// moved or removed meanwhile (a delivery finished, but a caller may have
+    /// rescheduled the entry while its handler ran).
+    Remove {
+        /// Source of the entry.
+        source: String,
+        /// Its place when it was handed out.
+        at: Position,
+    },
+    /// Move the entry at exactly this place to `due` with `attempt`; nothing
+    /// happens if it was moved or removed meanwhile.
+    Move {
+        /// Source of the entry.
+        source: String,
+        /// Its place when it was handed out.
+        at: Position,
+        /// New due second.
+        due: u64,
+        /// New attempt count.
+        attempt: u32,
+    },
+}
+
+/// What one [`Op`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The op found nothing to change.
+    Unchanged,
+    /// The entry was removed.
+    Removed,
+    /// The entry now sits at this place (a put or a move).
+    Placed {
+        /// Its source.
+        source: String,
+        /// Its new place.
+        at: Position,
+    },
+}
+
+/// The result of reading one source from a cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Due entries, in position order, at most the limit asked for.
+    pub entries: Vec<Entry>,
+    /// The last position read (returned or skipped); the next scan starts after it.
+    pub last: Option<Position>,
+    /// The due second of the first entry not returned, if any: the source's
+    /// next due time as seen by this read.
+    pub next_due: Option<u64>,
+}
+
+/// Counts for one source, for [`Stats`](crate::Stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceCount {
+    /// All entries in the source.
+    pub entries: u64,
+    /// Entries due at or before the given second (the backlog).
+    pub due: u64,
+}
+
+/// Durable, time-ordered storage of entries in sources.
+///
+/// Implementations are blocking; the scheduler calls them from
+/// [`tokio::task::spawn_blocking`]. Ids are unique across all sources.
+pub trait Store: Send + Sync + 'static {
+    /// Applies `ops` in order in one transaction that is durable when this
+    /// returns `Ok`; on `Err` nothing was changed.
+    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError>;
+
+    /// Names of all sources that hold or held entries.
+    fn sources(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Reads `source` in position order from `from`, returning entries due at
+    /// or before `now`, at most `limit` of them, passing over (but counting
+    /// as read) the positions for which `skip` is true.
+    ///
+    /// The read stops at the first entry due after `now`, or at the first due
+    /// entry beyond the limit; that entry's due second is [`Scan::next_due`].
+    fn scan(
+        &self,
+        source: &str,
+        from: Bound<&Position>,
+        now: u64,
+        limit: usize,
+        skip: &dyn Fn(&Position) -> bool,
+    ) -> Result<Scan, StoreError>;
+
+    /// Counts entries in `source`, and those due at or before `now`.
+    fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError>;
+}
+
+/// Collects a scan from an ordered iterator of entries; shared by both stores
+/// so they agree on the stopping rules.
+pub(crate) fn collect_scan<E>(
+    entries: impl Iterator<Item = Result<Entry, E>>,
+    now: u64,
+    limit: usize,
+    skip: &dyn Fn(&Position) -> bool,
+) -> Result<Scan, E> {
+    let mut scan = Scan::default();
+    for entry in entries {
+        let entry = entry?;
+        if entry.due > now {
+            scan.next_due = Some(entry.due);
+            break;
+        }
+        let at = entry.position();
+        if skip(&at) {
+            scan.last = Some(at);
+            continue;
+        }
+        if scan.entries.len() >= limit {
+            scan.next_due = Some(entry.due);
+            break;
+        }
+        scan.last = Some(at);
+        scan.entries.push(entry);
+    }
+    Ok(scan)
+}

@@ -1,0 +1,296 @@
+//! The default store: one redb file, a table per source plus an id index.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::ops::Bound;
+use std::path::Path;
+
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    TableHandle, WriteTransaction,
+};
+
+use super::{Applied, Op, Scan, SourceCount, Store, collect_scan};
+use crate::{Position, StoreError};
+
+/// The id index: id → (source, due).
+const IDS: TableDefinition<'_, &str, (&str, u64)> = TableDefinition::new("repeat.ids");
+
+/// Source tables are named with this prefix followed by the source name.
+const SOURCE_PREFIX: &str = "repeat.source.";
+
+/// A source table: (due, id) → attempt (4 bytes, little endian) + payload.
+type SourceTable<'a> = TableDefinition<'a, (u64, &'static str), &'static [u8]>;
+
+fn source_table(name: &str) -> SourceTable<'_> {
+    TableDefinition::new(name)
+}
+
+/// A [`Store`] in one redb file. Every [`Store::apply`] is one write
+/// transaction committed with redb's default (immediate, fsynced) durability.
+#[derive(Debug)]
+pub struct RedbStore {
+    db: Database,
+}
+
+impl RedbStore {
+    /// Opens the store at `path`, creating the file if it does not exist.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(StoreError::redb)?;
+        let txn = db.begin_write().map_err(StoreError::redb)?;
+        txn.open_table(IDS).map_err(StoreError::redb)?;
+        txn.commit().map_err(StoreError::redb)?;
+        Ok(Self { db })
+    }
+}
+
+fn encode(attempt: u32, payload: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(4 + payload.len());
+    value.extend_from_slice(&attempt.to_le_bytes());
+    value.extend_from_slice(payload);
+    value
+}
+
+fn decode(id: &str, value: &[u8]) -> Result<(u32, Vec<u8>), StoreError> {
+    match value.split_first_chunk::<4>() {
+        Some((attempt, payload)) => Ok((u32::from_le_bytes(*attempt), payload.to_vec())),
+        None => Err(StoreError::Malformed(format!(
+            "entry {id:?} is shorter than its header"
+        ))),
+    }
+}
+
+/// A removed entry: (source, due, attempt, payload).
+type Taken = (String, u64, u32, Vec<u8>);
+
+/// An open source table inside a write transaction.
+type SourceTableMut<'t> = Table<'t, (u64, &'static str), &'static [u8]>;
+
+/// One write transaction with its tables opened once, not once per op.
+struct Writer<'t> {
+    txn: &'t WriteTransaction,
+    ids: Table<'t, &'static str, (&'static str, u64)>,
+    sources: HashMap<String, SourceTableMut<'t>>,
+}
+
+impl<'t> Writer<'t> {
+    fn new(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            txn,
+            ids: txn.open_table(IDS).map_err(StoreError::redb)?,
+            sources: HashMap::new(),
+        })
+    }
+
+    fn source(&mut self, name: &str) -> Result<&mut SourceTableMut<'t>, StoreError> {
+        Self::open_source(self.txn, &mut self.sources, name)
+    }
+
+    /// Opens (once) the table of source `name`; a free function over the
+    /// fields so the id index can be used while a source table is borrowed.
+    fn open_source<'s>(
+        txn: &'t WriteTransaction,
+        sources: &'s mut HashMap<String, SourceTableMut<'t>>,
+        name: &str,
+    ) -> Result<&'s mut SourceTableMut<'t>, StoreError> {
+        match sources.entry(name.to_owned()) {
+            Entry::Occupied(table) => Ok(table.into_mut()),
+            Entry::Vacant(slot) => {
+                let table_name = format!("{SOURCE_PREFIX}{name}");
+                let table = txn
+                    .open_table(source_table(&table_name))
+                    .map_err(StoreError::redb)?;
+                Ok(slot.insert(table))
+            }
+        }
+    }
+
+    fn locate(&self, id: &str) -> Result<Option<(String, u64)>, StoreError> {
+        let found = self.ids.get(id).map_err(StoreError::redb)?;
+        Ok(found.map(|g| {
+            let (source, due) = g.value();
+            (source.to_owned(), due)
+        }))
+    }
+
+    /// Removes the entry with `id`, returning its source, due, attempt and payload.
+    fn take(&mut self, id: &str) -> Result<Option<Taken>, StoreError> {
+        let Some((source, due)) = self.locate(id)? else {
+            return Ok(None);
+        };
+        self.ids.remove(id).map_err(StoreError::redb)?;
+        let table = self.source(&source)?;
+        let value = table.remove((due, id)).map_err(StoreError::redb)?;
+        let (attempt, payload) = match value {
+            Some(v) => decode(id, v.value())?,
+            None => {
+                return Err(StoreError::Malformed(format!(
+                    "id {id:?} indexed but missing"
+                )));
+            }
+        };
+        Ok(Some((source, due, attempt, payload)))
+    }
+
+    /// Removes the entry if it is exactly at `at` in `source`, returning its
+    /// payload. Ids are unique, so finding the key in the source table is
+    /// enough; the index is not consulted (this is the hot path of every
+    /// finished delivery).
+    fn take_at(&mut self, source: &str, at: &Position) -> Result<Option<Vec<u8>>, StoreError> {
+        let table = Self::open_source(self.txn, &mut self.sources, source)?;
+        let value = table
+            .remove((at.due, at.id.as_str()))
+            .map_err(StoreError::redb)?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let (_, payload) = decode(&at.id, value.value())?;
+        drop(value);
+        self.ids.remove(at.id.as_str()).map_err(StoreError::redb)?;
+        Ok(Some(payload))
+    }
+
+    fn put(
+        &mut self,
+        source: &str,
+        due: u64,
+        id: &str,
+        attempt: u32,
+        payload: &[u8],
+    ) -> Result<Applied, StoreError> {
+        self.take(id)?;
+        self.ids
+            .insert(id, (source, due))
+            .map_err(StoreError::redb)?;
+        self.source(source)?
+            .insert((due, id), encode(attempt, payload).as_slice())
+            .map_err(StoreError::redb)?;
+        Ok(Applied::Placed {
+            source: source.to_owned(),
+            at: Position {
+                due,
+                id: id.to_owned(),
+            },
+        })
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<Applied, StoreError> {
+        match op {
+            Op::Put(e) => self.put(&e.source, e.due, &e.id, e.attempt, &e.payload),
+            Op::Cancel { id } => Ok(match self.take(id)? {
+                Some(_) => Applied::Removed,
+                None => Applied::Unchanged,
+            }),
+            Op::Reschedule { id, due } => match self.take(id)? {
+                Some((source, _, _, payload)) => self.put(&source, *due, id, 0, &payload),
+                None => Ok(Applied::Unchanged),
+            },
+            Op::Remove { source, at } => Ok(match self.take_at(source, at)? {
+                Some(_) => Applied::Removed,
+                None => Applied::Unchanged,
+            }),
+            Op::Move {
+                source,
+                at,
+                due,
+                attempt,
+            } => match self.take_at(source, at)? {
+                Some(payload) => self.put(source, *due, &at.id, *attempt, &payload),
+                None => Ok(Applied::Unchanged),
+            },
+        }
+    }
+}
+
+impl Store for RedbStore {
+    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        let txn = self.db.begin_write().map_err(StoreError::redb)?;
+        // The writer (and its open tables) must be gone before commit.
+        let applied = Writer::new(&txn).and_then(|mut writer| {
+            ops.iter()
+                .map(|op| writer.apply(op))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        match applied {
+            Ok(applied) => {
+                txn.commit().map_err(StoreError::redb)?;
+                Ok(applied)
+            }
+            Err(e) => {
+                // Abort so nothing of the batch is kept; the abort error (if
+                // any) matters less than the one that caused it.
+                let _ = txn.abort();
+                Err(e)
+            }
+        }
+    }
+
+    fn sources(&self) -> Result<Vec<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::redb)?;
+        let tables = txn.list_tables().map_err(StoreError::redb)?;
+        Ok(tables
+            .filter_map(|t| t.name().strip_prefix(SOURCE_PREFIX).map(str::to_owned))
+            .collect())
+    }
+
+    fn scan(
+        &self,
+        source: &str,
+        from: Bound<&Position>,
+        now: u64,
+        limit: usize,
+        skip: &dyn Fn(&Position) -> bool,
+    ) -> Result<Scan, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::redb)?;
+        let name = format!("{SOURCE_PREFIX}{source}");
+        let table = match txn.open_table(source_table(&name)) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Scan::default()),
+            Err(e) => return Err(StoreError::redb(e)),
+        };
+        let lower = match from {
+            Bound::Included(p) => Bound::Included((p.due, p.id.as_str())),
+            Bound::Excluded(p) => Bound::Excluded((p.due, p.id.as_str())),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let range = table
+            .range::<(u64, &str)>((lower, Bound::Unbounded))
+            .map_err(StoreError::redb)?;
+        let entries = range.map(|item| {
+            let (key, value) = item.map_err(StoreError::redb)?;
+            let (due, id) = key.value();
+            let (attempt, payload) = decode(id, value.value())?;
+            Ok(crate::Entry {
+                source: source.to_owned(),
+                due,
+                id: id.to_owned(),
+                payload,
+                attempt,
+            })
+        });
+        collect_scan(entries, now, limit, skip)
+    }
+
+    fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::redb)?;
+        let name = format!("{SOURCE_PREFIX}{source}");
+        let table = match txn.open_table(source_table(&name)) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(SourceCount::default()),
+            Err(e) => return Err(StoreError::redb(e)),
+        };
+        let entries = table.len().map_err(StoreError::redb)?;
+        let mut due = 0;
+        for item in table
+            .range::<(u64, &str)>((
+                Bound::Unbounded,
+                Bound::Excluded((now.saturating_add(1), "")),
+            ))
+            .map_err(StoreError::redb)?
+        {
+            item.map_err(StoreError::redb)?;
+            due += 1;
+        }
+        Ok(SourceCount { entries, due })
+    }
+}

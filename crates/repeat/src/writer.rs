@@ -1,0 +1,238 @@
+//! The writer task: every change to the store goes through it, so changes
+//! that arrive together share one durable commit (group commit), and the
+//! dispatcher learns about every entry placed behind its read cursor.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::StoreError;
+use crate::entry::Position;
+use crate::stats::Counters;
+use crate::store::{Applied, Op, Store};
+
+/// The most ops committed in one transaction.
+const MAX_OPS: usize = 8192;
+
+/// State the writer and the callers share with the dispatcher.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// News for the dispatcher, drained on each of its wake-ups.
+    pub(crate) inbox: Mutex<Inbox>,
+    /// The earliest due second the idle dispatcher waits for; a placed entry
+    /// due at or before it wakes the dispatcher early.
+    pub(crate) deadline: AtomicU64,
+    /// Wakes the dispatcher.
+    pub(crate) wake: Notify,
+    /// Counters for stats.
+    pub(crate) counters: Counters,
+}
+
+/// What happened in the store since the dispatcher last looked.
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    /// Per source, the earliest position where an entry was placed.
+    pub(crate) placed: HashMap<String, Position>,
+    /// Handed-out entries whose outcome is now durable.
+    pub(crate) settled: Vec<(String, Position)>,
+}
+
+impl Shared {
+    pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Who is waiting for a write.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    /// A caller, told the result.
+    Caller(oneshot::Sender<Result<Vec<Applied>, StoreError>>),
+    /// The dispatcher's record of finished deliveries: retried until it
+    /// succeeds, then these handed-out positions are settled.
+    Background(Vec<(String, Position)>),
+}
+
+/// A batch of ops that must be applied together.
+#[derive(Debug)]
+pub(crate) struct WriteRequest {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) waiter: Waiter,
+}
+
+/// Runs until every sender is gone; background writes still failing then
+/// are tried once more and dropped (their entries stay stored and are
+/// handed out again, which at-least-once allows).
+pub(crate) async fn run<S: Store>(
+    store: Arc<S>,
+    shared: Arc<Shared>,
+    mut requests: mpsc::UnboundedReceiver<WriteRequest>,
+    backoff: Duration,
+    backoff_max: Duration,
+) {
+    let mut retry: Vec<WriteRequest> = Vec::new();
+    let mut failures = 0u32;
+    let mut open = true;
+    while open || !retry.is_empty() {
+        let mut batch = Vec::new();
+        if retry.is_empty() {
+            match requests.recv().await {
+                Some(request) => batch.push(request),
+                None => break,
+            }
+        } else {
+            let delay = backoff
+                .saturating_mul(1 << failures.min(16))
+                .min(backoff_max);
+            if open {
+                tokio::select! {
+                    request = requests.recv() => match request {
+                        Some(request) => batch.push(request),
+                        None => open = false,
+                    },
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+            batch.append(&mut retry);
+        }
+        let mut ops: usize = batch.iter().map(|r| r.ops.len()).sum();
+        while ops < MAX_OPS {
+            match requests.try_recv() {
+                Ok(request) => {
+                    ops += request.ops.len();
+                    batch.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        let failed = commit(&store, &shared, batch).await;
+        if failed.is_empty() {
+            failures = 0;
+        } else {
+            failures = failures.saturating_add(1);
+            if !open {
+                // Last try after close: what still fails is left to redelivery.
+                commit(&store, &shared, failed).await;
+                break;
+            }
+            retry = failed;
+        }
+    }
+}
+
+/// Applies `ops` on a blocking thread, handing the ops back for a retry.
+async fn apply<S: Store>(
+    store: &Arc<S>,
+    ops: Vec<Op>,
+) -> (Vec<Op>, Result<Vec<Applied>, StoreError>) {
+    let store = Arc::clone(store);
+    let blocking = tokio::task::spawn_blocking(move || {
+        // A panicking store must not take the ops with it: they are retried.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| store.apply(&ops)))
+            .unwrap_or_else(|_| Err(StoreError::Backend("the store panicked".into())));
+        (ops, result)
+    });
+    match blocking.await {
+        Ok(done) => done,
+        // Only cancellation of the runtime gets here; nothing was applied.
+        Err(e) => (Vec::new(), Err(StoreError::Backend(e.to_string().into()))),
+    }
+}
+
+/// Commits a batch in one transaction; if that fails, each request on its
+/// own so one bad request cannot fail the others. Returns the background
+/// requests that failed.
+async fn commit<S: Store>(
+    store: &Arc<S>,
+    shared: &Shared,
+    batch: Vec<WriteRequest>,
+) -> Vec<WriteRequest> {
+    let lens: Vec<usize> = batch.iter().map(|r| r.ops.len()).collect();
+    let mut waiters = Vec::with_capacity(batch.len());
+    let mut all = Vec::new();
+    for request in batch {
+        all.extend(request.ops);
+        waiters.push(request.waiter);
+    }
+    let (all, result) = apply(store, all).await;
+    let mut failed = Vec::new();
+    match result {
+        Ok(applied) => {
+            let mut applied = applied.into_iter();
+            for (waiter, n) in waiters.into_iter().zip(lens) {
+                finish(shared, waiter, applied.by_ref().take(n).collect());
+            }
+        }
+        Err(e) if waiters.len() == 1 => {
+            if let Some(waiter) = waiters.pop() {
+                fail(shared, WriteRequest { ops: all, waiter }, e, &mut failed);
+            }
+        }
+        Err(_) => {
+            let mut rest = all.into_iter();
+            for (waiter, n) in waiters.into_iter().zip(lens) {
+                let (ops, result) = apply(store, rest.by_ref().take(n).collect()).await;
+                match result {
+                    Ok(applied) => finish(shared, waiter, applied),
+                    Err(e) => fail(shared, WriteRequest { ops, waiter }, e, &mut failed),
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// Tells the dispatcher what was placed and settled, then the waiter.
+fn finish(shared: &Shared, waiter: Waiter, applied: Vec<Applied>) {
+    let mut wake = false;
+    let reply = {
+        let deadline = shared.deadline.load(Ordering::SeqCst);
+        let mut inbox = shared.inbox();
+        for a in &applied {
+            if let Applied::Placed { source, at } = a {
+                wake |= at.due <= deadline;
+                inbox
+                    .placed
+                    .entry(source.clone())
+                    .and_modify(|p| {
+                        if *at < *p {
+                            *p = at.clone();
+                        }
+                    })
+                    .or_insert_with(|| at.clone());
+            }
+        }
+        match waiter {
+            Waiter::Background(settles) => {
+                inbox.settled.extend(settles);
+                None
+            }
+            Waiter::Caller(reply) => Some(reply),
+        }
+    };
+    if wake {
+        shared.wake.notify_one();
+    }
+    if let Some(reply) = reply {
+        // The caller may have stopped waiting; the write stands either way.
+        let _ = reply.send(Ok(applied));
+    }
+}
+
+/// Reports a failed write: to its caller, or queues a background one for retry.
+fn fail(shared: &Shared, request: WriteRequest, e: StoreError, failed: &mut Vec<WriteRequest>) {
+    match request.waiter {
+        Waiter::Caller(reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Waiter::Background(_) => {
+            Counters::bump(&shared.counters.write_errors, 1);
+            tracing::warn!(error = %e, "recording finished deliveries failed; will retry");
+            failed.push(request);
+        }
+    }
+}
