@@ -611,15 +611,21 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// another command holds it. `Ok(None)`: the session exists nowhere and
     /// `create` is false (nothing is queued then).
     pub async fn get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
-        let entered = self.shared.enter(key, true)?;
-        self.shared.complete(entered, create).await
+        match self.shared.enter(key, true)? {
+            // The common case stays a small future; the slow path (loading,
+            // finalizing, waiting in the queue) is boxed.
+            Entered::Ready(guard) if !self.shared.needs_ready(&guard) => Ok(Some(guard)),
+            entered => Box::pin(self.shared.complete(entered, create)).await,
+        }
     }
 
     /// Like [`Engine::get`], but answers [`Error::Busy`] at once when
     /// another command holds the session.
     pub async fn try_get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
-        let entered = self.shared.enter(key, false)?;
-        self.shared.complete(entered, create).await
+        match self.shared.enter(key, false)? {
+            Entered::Ready(guard) if !self.shared.needs_ready(&guard) => Ok(Some(guard)),
+            entered => Box::pin(self.shared.complete(entered, create)).await,
+        }
     }
 
     /// Hand a command to the engine. Its place in the session's queue is
