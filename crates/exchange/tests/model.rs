@@ -216,36 +216,9 @@ impl Model {
     }
 
     async fn restart(self) -> Model {
-        self.w.ex.shutdown().await.unwrap();
-        let World {
-            ex,
-            dir,
-            admin,
-            db,
-            db2,
-            phone,
-            phone2,
-            other_db,
-            other_phone,
-        } = self.w;
-        drop(ex);
-        for _ in 0..100 {
-            tokio::task::yield_now().await;
-        }
         let now = estafeta_session::Timestamp(1_800_000_000_000).after(self.t0.elapsed());
-        let ex = open(dir.path(), now).await;
         Model {
-            w: World {
-                dir,
-                ex,
-                admin,
-                db,
-                db2,
-                phone,
-                phone2,
-                other_db,
-                other_phone,
-            },
+            w: self.w.restart(now).await,
             ..self
         }
     }

@@ -345,24 +345,20 @@ async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
             .await,
         CallStatus::Ok
     );
-    w.ex.shutdown().await.unwrap();
-    let World { ex, dir, db, .. } = w;
-    drop(ex);
-    // Let the old engine's tasks end and close their files.
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-    let ex = open(dir.path(), estafeta_session::Timestamp(1_800_000_100_000)).await;
+    let w = w
+        .restart(estafeta_session::Timestamp(1_800_000_100_000))
+        .await;
+    let (ex, db, dir) = (&w.ex, &w.db, &w.dir);
     let files = |f: Folder| {
         std::fs::read_dir(dir.path().join("data/db-a").join(f.as_str()))
             .unwrap()
             .count()
     };
-    let st = ex.process_status(&db, &pid).await.unwrap();
+    let st = ex.process_status(db, &pid).await.unwrap();
     assert_eq!(st.state, ProcessState::InDoubt);
     assert_eq!(files(Folder::Unknown), 3);
     let r = ex
-        .commit(&db, &pid, CommitRequest { version: Version })
+        .commit(db, &pid, CommitRequest { version: Version })
         .await
         .unwrap();
     assert_eq!(r.status, CallStatus::Ok);

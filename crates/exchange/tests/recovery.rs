@@ -14,39 +14,10 @@ use world::*;
 const T0: u64 = 1_800_000_000_000;
 const DAY: u64 = 86_400_000;
 
-/// Shut the world's exchange down and reopen the folder at `at`.
+/// Restart the world's exchange at `at` (ms since the epoch).
 async fn restart(w: World, at: u64) -> (estafeta_exchange::Exchange, World) {
-    w.ex.shutdown().await.unwrap();
-    let World {
-        ex,
-        dir,
-        admin,
-        db,
-        db2,
-        phone,
-        phone2,
-        other_db,
-        other_phone,
-    } = w;
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-    let ex = open(dir.path(), SessionTime(at)).await;
-    (
-        ex.clone(),
-        World {
-            dir,
-            ex,
-            admin,
-            db,
-            db2,
-            phone,
-            phone2,
-            other_db,
-            other_phone,
-        },
-    )
+    let w = w.restart(SessionTime(at)).await;
+    (w.ex.clone(), w)
 }
 
 #[tokio::test(start_paused = true)]

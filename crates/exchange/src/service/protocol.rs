@@ -100,6 +100,19 @@ impl Core {
         }
     }
 
+    /// The database's session, held, if `pid` is its live process and still
+    /// STARTED (`None`: the call is answered CANCELLED).
+    async fn started(&self, db: &Id, pid: &str) -> Result<Option<Guard>, ExchangeError> {
+        let g = self.db_session(db).await?;
+        let (found, _) = self.locate(db, pid, &g).await?;
+        let started = matches!(found, Found::Live)
+            && g.state()
+                .process
+                .as_ref()
+                .is_some_and(|p| p.state == ProcessState::Started);
+        Ok(started.then_some(g))
+    }
+
     /// API_1.
     pub(crate) async fn start(
         &self,
@@ -166,17 +179,10 @@ impl Core {
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
         let db = database_of(who)?;
-        let mut g = self.db_session(&db).await?;
-        let (found, _) = self.locate(&db, pid, &g).await?;
-        let Found::Live = found else {
+        let Some(mut g) = self.started(&db, pid).await? else {
             return Ok(answer(CallStatus::Cancelled));
         };
-        let Some(p) = g
-            .state()
-            .process
-            .as_ref()
-            .filter(|p| p.state == ProcessState::Started)
-        else {
+        let Some(p) = g.state().process.as_ref() else {
             return Ok(answer(CallStatus::Cancelled));
         };
         let known: HashSet<MessageId> = p.messages.iter().map(|n| n.id).collect();
@@ -206,17 +212,10 @@ impl Core {
         let Principal::Database { enterprise, .. } = who else {
             return Err(ExchangeError::forbidden("database token needed"));
         };
-        let mut g = self.db_session(&db).await?;
-        let (found, _) = self.locate(&db, pid, &g).await?;
-        let Found::Live = found else {
+        let Some(mut g) = self.started(&db, pid).await? else {
             return Ok(answer(CallStatus::Cancelled));
         };
-        let Some(p) = g
-            .state()
-            .process
-            .as_ref()
-            .filter(|p| p.state == ProcessState::Started)
-        else {
+        let Some(p) = g.state().process.as_ref() else {
             return Ok(answer(CallStatus::Cancelled));
         };
         let accepted = p.accepted_names();

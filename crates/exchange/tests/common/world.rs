@@ -85,6 +85,39 @@ impl World {
         }
     }
 
+    /// Shut the exchange down, let its tasks close their files, and open
+    /// the same data folder again with a clock that reads `at`.
+    pub async fn restart(self, at: SessionTime) -> World {
+        self.ex.shutdown().await.unwrap();
+        let World {
+            ex,
+            dir,
+            admin,
+            db,
+            db2,
+            phone,
+            phone2,
+            other_db,
+            other_phone,
+        } = self;
+        drop(ex);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        let ex = open(dir.path(), at).await;
+        World {
+            dir,
+            ex,
+            admin,
+            db,
+            db2,
+            phone,
+            phone2,
+            other_db,
+            other_phone,
+        }
+    }
+
     pub fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
