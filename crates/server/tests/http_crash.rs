@@ -102,3 +102,213 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     );
     assert_eq!(server.terminate().await, Some(0));
 }
+
+/// A server on one data folder that can be killed and started again.
+struct Crashable {
+    dir: tempfile::TempDir,
+    server: Option<Binary>,
+    admin: Client,
+}
+
+const ADMIN: &str = "crash-admin";
+
+impl Crashable {
+    async fn start() -> Crashable {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, admin) = Self::boot(dir.path()).await;
+        Crashable {
+            dir,
+            server: Some(server),
+            admin,
+        }
+    }
+
+    async fn boot(dir: &std::path::Path) -> (Binary, Client) {
+        let server = Binary::serve(
+            dir,
+            &dir.join("data"),
+            &[],
+            &[("ESTAFETA_ADMIN_TOKEN", ADMIN)],
+        )
+        .await;
+        let admin = Client::new(&server.base, ADMIN).unwrap();
+        wait_ready(&admin).await;
+        (server, admin)
+    }
+
+    /// `kill -9`, start again, wait until ready.
+    async fn crash(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.kill9().await;
+        }
+        let (server, admin) = Self::boot(self.dir.path()).await;
+        self.server = Some(server);
+        self.admin = admin;
+    }
+
+    fn as_token(&self, token: &str) -> Client {
+        self.admin.with_token(token)
+    }
+
+    async fn files(&self, mailbox: &str, folder: Folder) -> usize {
+        self.admin
+            .folder(&id(mailbox), folder)
+            .await
+            .unwrap()
+            .files
+            .len()
+    }
+}
+
+#[tokio::test]
+async fn killed_after_every_protocol_step_and_restarted() {
+    let mut s = Crashable::start().await;
+    s.admin.create_enterprise(&id("acme")).await.unwrap();
+    s.admin
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    let db = s
+        .admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap()
+        .token;
+    let phone = s
+        .admin
+        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
+        .await
+        .unwrap()
+        .token;
+    s.crash().await;
+
+    // Upload: the message is durable once answered.
+    let sent = s
+        .as_token(&phone)
+        .send(&message("db-a", r#"{"n":1}"#, Some("k1")))
+        .await
+        .unwrap();
+    s.as_token(&phone)
+        .send(&message("db-a", r#"{"n":2}"#, Some("k2")))
+        .await
+        .unwrap();
+    s.crash().await;
+    assert_eq!(s.files("db-a", Folder::Messages).await, 2);
+    // The same key after the crash: the same message, not a second one.
+    let again = s
+        .as_token(&phone)
+        .send(&message("db-a", r#"{"n":1}"#, Some("k1")))
+        .await
+        .unwrap();
+    assert_eq!(again.accepted.id, sent.accepted.id);
+    assert_eq!(s.files("db-a", Folder::Messages).await, 2);
+
+    // Start: the process survives, STARTED, and the database stays BUSY.
+    let started = s.as_token(&db).start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let messages = started.messages.unwrap();
+    assert_eq!(messages.len(), 2);
+    s.crash().await;
+    let processor = s.as_token(&db);
+    assert_eq!(
+        processor.process(&pid).await.unwrap().state,
+        ProcessState::Started
+    );
+    assert_eq!(
+        processor
+            .start(&start_request("db-a"))
+            .await
+            .unwrap()
+            .status,
+        estafeta_exchange::wire::StartStatus::Busy
+    );
+
+    // Accept narrows to the first message; that survives too.
+    assert_eq!(
+        processor
+            .accept(&pid, &[messages[0].id])
+            .await
+            .unwrap()
+            .status,
+        CallStatus::Ok
+    );
+    s.crash().await;
+    let processor = s.as_token(&db);
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![MessageResult {
+            message_id: messages[0].id,
+            status: ResultStatus::Processed,
+            error_code: None,
+            error_text: None,
+        }],
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json(r#"{"ok":1}"#).unwrap(),
+            created_at: None,
+        }],
+    };
+    // Results must name exactly the accepted message, even after the crash.
+    assert_eq!(
+        processor.prepare(&pid, &prepare).await.unwrap().status,
+        CallStatus::Ok
+    );
+    assert_eq!(s.files("db-a", Folder::Prepared).await, 1);
+
+    // Commit, then crash: DONE, files where they belong.
+    assert_eq!(processor.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    s.crash().await;
+    let processor = s.as_token(&db);
+    assert_eq!(
+        processor.process(&pid).await.unwrap().state,
+        ProcessState::Done
+    );
+    assert_eq!(
+        processor.commit(&pid).await.unwrap().status,
+        CallStatus::Ok,
+        "commit again: OK again"
+    );
+    assert_eq!(s.files("db-a", Folder::Log).await, 1);
+    assert_eq!(
+        s.files("db-a", Folder::Messages).await,
+        1,
+        "the message not accepted stays"
+    );
+    assert_eq!(s.files("db-a", Folder::Prepared).await, 0);
+    assert_eq!(s.files("phone-1", Folder::Messages).await, 1);
+
+    // The device fetches and acknowledges; the acknowledgement survives.
+    let device = s.as_token(&phone);
+    let inbox = device.inbox(None).await.unwrap();
+    assert_eq!(inbox.messages.len(), 1);
+    assert_eq!(device.ack(&[inbox.messages[0].id]).await.unwrap().acked, 1);
+    s.crash().await;
+    assert!(
+        s.as_token(&phone)
+            .inbox(None)
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+    assert_eq!(s.files("phone-1", Folder::Log).await, 1);
+
+    // The remaining message: rolled back after a crash in STARTED.
+    let processor = s.as_token(&db);
+    let started = processor.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    s.crash().await;
+    let processor = s.as_token(&db);
+    assert_eq!(
+        processor.rollback(&pid, "tx failed").await.unwrap().status,
+        CallStatus::Ok
+    );
+    assert_eq!(
+        processor.process(&pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    assert_eq!(s.files("db-a", Folder::Messages).await, 1);
+    if let Some(server) = s.server.take() {
+        assert_eq!(server.terminate().await, Some(0));
+    }
+}
