@@ -364,3 +364,162 @@ async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
     assert_eq!(r.status, CallStatus::Ok);
     assert_eq!(files(Folder::Log), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn commit_failed_then_retried_with_backoff_and_at_once() {
+    let w = World::new().await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(
+        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
+            .await,
+        CallStatus::Ok
+    );
+    // The Log folder cannot take files: the moves fail.
+    let log = w.data().join("db-a/Log");
+    std::fs::remove_dir_all(&log).unwrap();
+    std::fs::write(&log, b"not a folder").unwrap();
+    assert_eq!(w.commit(&pid).await, CallStatus::Failed);
+    assert_eq!(w.state(&pid).await, ProcessState::Failed);
+    assert_eq!(
+        w.start().await.status,
+        StartStatus::Busy,
+        "FAILED has not ended"
+    );
+    // Still failing: the server's own retries keep it FAILED.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(w.state(&pid).await, ProcessState::Failed);
+    // The folder is back: the next retry with backoff finishes the moves.
+    std::fs::remove_file(&log).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    tokio::time::sleep(Duration::from_secs(400)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert_eq!(w.files("db-a", Folder::Log), 2);
+    assert_eq!(w.inbox().await.messages.len(), 1);
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_later_commit_retries_failed_moves_at_once() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    w.prepare(&pid, World::results(&s, ResultStatus::Processed), 0)
+        .await;
+    let log = w.data().join("db-a/Log");
+    std::fs::remove_dir_all(&log).unwrap();
+    std::fs::write(&log, b"x").unwrap();
+    assert_eq!(w.commit(&pid).await, CallStatus::Failed);
+    std::fs::remove_file(&log).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_filters_and_limits() {
+    let w = World::new().await;
+    let send = |who: &estafeta_exchange::tenancy::Principal, body: String| {
+        let req = SendMessage {
+            version: Version,
+            to: "db-a".parse().unwrap(),
+            body: Body::from_json(body).unwrap(),
+            created_at: None,
+            idempotency_key: None,
+        };
+        let ex = w.ex.clone();
+        let who = who.clone();
+        async move { ex.send(&who, req).await.unwrap().0.id }
+    };
+    // phone-1: three small messages and one of 1.5 MB; phone-2: one.
+    let mut from_phone1 = Vec::new();
+    for i in 0..3 {
+        from_phone1.push(send(&w.phone, format!(r#"{{"n":{i}}}"#)).await);
+    }
+    let big = send(
+        &w.phone,
+        format!(r#"{{"pad":"{}"}}"#, "x".repeat(1_500_000)),
+    )
+    .await;
+    let other = send(&w.phone2, r#"{"n":9}"#.into()).await;
+    let start =
+        |senders: Option<Vec<&str>>, max_files: Option<u64>, max_mb: Option<f64>| StartRequest {
+            version: Version,
+            db_id: "db-a".parse().unwrap(),
+            subsystems: Some(vec!["sales".parse().unwrap()]),
+            senders: senders.map(|v| v.into_iter().map(|s| s.parse().unwrap()).collect()),
+            max_files,
+            max_mb,
+        };
+    let run = |req: StartRequest| {
+        let ex = w.ex.clone();
+        let db = w.db.clone();
+        async move {
+            let s: StartResponse =
+                serde_json::from_slice(&ex.start(&db, req).await.unwrap()).unwrap();
+            let ids: Vec<_> = s
+                .messages
+                .clone()
+                .unwrap_or_default()
+                .iter()
+                .map(|m| m.id)
+                .collect();
+            if let Some(pid) = s.process_id {
+                let r = ex
+                    .abort(
+                        &db,
+                        &pid.to_string(),
+                        AbortRequest {
+                            version: Version,
+                            message: "look only".into(),
+                        },
+                    )
+                    .await;
+                assert_eq!(r.unwrap().status, CallStatus::Ok);
+            }
+            ids
+        }
+    };
+    // The caller's file limit is smaller than the server's.
+    assert_eq!(
+        run(start(None, Some(2), None)).await,
+        from_phone1[..2].to_vec()
+    );
+    // Sender filter.
+    assert_eq!(
+        run(start(Some(vec!["phone-2"]), None, None)).await,
+        vec![other]
+    );
+    // Megabyte limit: the big one does not fit behind the small ones...
+    assert_eq!(
+        run(start(Some(vec!["phone-1"]), None, Some(1.0))).await,
+        from_phone1
+    );
+    // ...and alone at the head of the queue it is still sent by itself.
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results.retain(|r| r.message_id != big);
+    let keep: Vec<_> = results.iter().map(|r| r.message_id).collect();
+    w.ex.accept(
+        &w.db,
+        &pid,
+        AcceptRequest {
+            version: Version,
+            message_ids: keep,
+        },
+    )
+    .await
+    .unwrap();
+    w.prepare(&pid, results, 0).await;
+    w.commit(&pid).await;
+    let req = start(Some(vec!["phone-1"]), None, Some(1.0));
+    assert_eq!(run(req).await, vec![big]);
+    // A subsystem that has no messages: IDLE.
+    let mut none = start(None, None, None);
+    none.subsystems = Some(vec!["hr".parse().unwrap()]);
+    assert!(run(none).await.is_empty());
+}

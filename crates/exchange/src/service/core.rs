@@ -148,6 +148,15 @@ impl Core {
     }
 
     /// The steps of a confirmed commit (CLEANUP).
+    ///
+    /// Progress is kept as an intent record rather than as the seed's save
+    /// after every single move: the whole list of moves is saved durably
+    /// with the CLEANUP state before the first file moves, then the moves
+    /// run together (sharing folder fsyncs), then DONE is saved. Every move
+    /// is idempotent (source gone and target present counts as done), so a
+    /// crash at any point is finished by running the list again at start-up
+    /// — the same outcome as the seed's per-move record, with two session
+    /// saves per commit instead of one per file.
     pub(crate) fn commit_steps(&self, p: &Process) -> Vec<Step> {
         let db = &p.db;
         let mut steps: Vec<Step> = p
