@@ -523,3 +523,42 @@ async fn start_filters_and_limits() {
     none.subsystems = Some(vec!["hr".parse().unwrap()]);
     assert!(run(none).await.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_calls_for_one_database_never_interleave() {
+    let w = World::new().await;
+    w.upload(3).await;
+    let req = |db: &str| StartRequest {
+        version: Version,
+        db_id: db.parse().unwrap(),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    };
+    // Twenty simultaneous starts for db-a: exactly one process, the rest BUSY.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (ex, db, r) = (w.ex.clone(), w.db.clone(), req("db-a"));
+        calls.spawn(async move {
+            serde_json::from_slice::<StartResponse>(&ex.start(&db, r).await.unwrap())
+                .unwrap()
+                .status
+        });
+    }
+    // Meanwhile db-b, with nothing waiting, answers at once.
+    let idle: StartResponse =
+        serde_json::from_slice(&w.ex.start(&w.db2, req("db-b")).await.unwrap()).unwrap();
+    assert_eq!(idle.status, StartStatus::Idle);
+    let mut ok = 0;
+    while let Some(s) = calls.join_next().await {
+        match s.unwrap() {
+            StartStatus::Ok => ok += 1,
+            StartStatus::Busy => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ok, 1);
+    let list = w.ex.processes(&w.admin).await.unwrap();
+    assert_eq!(list.processes.len(), 1);
+}
