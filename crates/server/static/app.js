@@ -7,6 +7,9 @@ window.addEventListener("error", function (e) {
 window.addEventListener("unhandledrejection", function (e) {
   window.__estafetaErrors.push(String(e.reason));
 });
+document.addEventListener("securitypolicyviolation", function (e) {
+  window.__estafetaErrors.push("CSP " + e.violatedDirective + " " + e.blockedURI);
+});
 // Live figures: the part of the page marked data-live is fetched again
 // every few seconds and swapped in.
 (function () {
