@@ -6,7 +6,7 @@ mod common;
 
 use common::{ADMIN_TOKEN, Tenancy, TestServer, id, ready_process};
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::ResultStatus;
+use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 
@@ -378,5 +378,107 @@ async fn a_message_in_error_is_shown_and_discarded() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
+    let server = TestServer::start_custom(estafeta_server::HttpSettings::default(), |c| {
+        c.ready_timeout = std::time::Duration::from_millis(200);
+    })
+    .await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
+    let mut state = None;
+    for _ in 0..500 {
+        state = Some(server.admin.process(&pid).await.unwrap().state);
+        if state == Some(ProcessState::InDoubt) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(state, Some(ProcessState::InDoubt));
+    let s = login(&server).await;
+
+    // Its files are the process's: no requeue or discard by hand.
+    let view = format!("/admin/browse/Unknown/db-a/{mid}");
+    let html = http()
+        .get(server.url(&view))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains(&format!("Held by process in doubt <code>{pid}</code>")),
+        "{html}"
+    );
+    for action in ["requeue", "discard"] {
+        let r = post(
+            &server,
+            &format!("{view}/{action}"),
+            Some(&s.cookie),
+            &format!("csrf={}", s.csrf),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");
+    }
+    assert_eq!(
+        server
+            .admin
+            .folder(&id("db-a"), Folder::Unknown)
+            .await
+            .unwrap()
+            .files
+            .len(),
+        2
+    );
+
+    let settle = format!("/admin/processes/{pid}/settle");
+    let r = post(
+        &server,
+        &settle,
+        Some(&s.cookie),
+        &format!("csrf={}&outcome=maybe", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = post(
+        &server,
+        &settle,
+        Some(&s.cookie),
+        &format!("csrf={}&outcome=rollback", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        server.admin.process(&pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    assert!(
+        server
+            .admin
+            .folder(&id("db-a"), Folder::Unknown)
+            .await
+            .unwrap()
+            .files
+            .is_empty()
+    );
+    let queue = server
+        .admin
+        .folder(&id("db-a"), Folder::Messages)
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.files.iter().map(|f| f.id).collect::<Vec<_>>(),
+        [mid],
+        "back in the queue"
+    );
+    assert!(
+        t.phone1.inbox(None).await.unwrap().messages.is_empty(),
+        "the reply was deleted"
+    );
     server.stop().await.unwrap();
 }

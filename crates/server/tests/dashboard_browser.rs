@@ -101,6 +101,33 @@ async fn check_page(c: &Client, shots: &Path, name: &str) {
     std::fs::write(shots.join(format!("{name}.png")), png).unwrap();
 }
 
+/// Waits (polling) until the browser shows `path`: a click that submits a
+/// form may return before the next page has loaded.
+async fn wait_path(c: &Client, path: &str) {
+    let mut last = String::new();
+    for _ in 0..POLLS {
+        last = c.current_url().await.unwrap().path().to_owned();
+        if last == path {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("the browser never reached {path}; it is on {last}");
+}
+
+/// Waits (polling) for an element of the next page and returns its text.
+async fn wait_text(c: &Client, id: &str) -> String {
+    c.wait()
+        .at_most(POLL * POLLS as u32)
+        .every(POLL)
+        .for_element(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id} never appeared: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn text(c: &Client, css: &str) -> String {
     c.find(Locator::Css(css))
         .await
@@ -143,7 +170,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         &[],
         &[
             ("ESTAFETA_ADMIN_TOKEN", TOKEN),
-            ("ESTAFETA_READY_TIMEOUT", "3s"),
+            ("ESTAFETA_READY_TIMEOUT", "5s"),
         ],
     )
     .await;
@@ -179,7 +206,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .await
         .unwrap();
     assert!(
-        text(&c, "#login-error")
+        wait_text(&c, "login-error")
             .await
             .contains("not the admin token")
     );
@@ -195,7 +222,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert_eq!(c.current_url().await.unwrap().path(), "/admin");
+    wait_path(&c, "/admin").await;
     assert_eq!(text(&c, "#health").await, "ready");
     check_page(&c, &shots, "overview").await;
 
@@ -219,7 +246,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
     assert_eq!(
         seen.as_deref(),
         Some("READY_TO_COMMIT"),
-        "the page was too slow to see READY_TO_COMMIT within the 3 s ready timeout"
+        "the page was too slow to see READY_TO_COMMIT within the 5 s ready timeout"
     );
     wait_for_state(&c, &base, &pid_text, "IN_DOUBT").await;
     let row = c
@@ -250,7 +277,11 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert!(text(&c, "#notice").await.contains("settled as committed"));
+    assert!(
+        wait_text(&c, "notice")
+            .await
+            .contains("settled as committed")
+    );
     assert!(c.find(Locator::Id("no-doubt")).await.is_ok());
     assert!(c.find(Locator::Id("no-files")).await.is_ok());
     check_page(&c, &shots, "unknown-settled").await;
@@ -335,7 +366,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert_eq!(text(&c, "#notice").await, "acknowledged");
+    assert_eq!(wait_text(&c, "notice").await, "acknowledged");
     let acked = format!("//tr[td[text()='{pid_text}']]//span[@class='acked']");
     assert!(c.find(Locator::XPath(&acked)).await.is_ok());
     check_page(&c, &shots, "alerts-acknowledged").await;
@@ -391,13 +422,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert!(
-        c.current_url()
-            .await
-            .unwrap()
-            .path()
-            .ends_with("/admin/login")
-    );
+    wait_path(&c, "/admin/login").await;
     c.close().await.unwrap();
     drop(driver);
     assert_eq!(server.terminate().await, Some(0));
