@@ -377,7 +377,7 @@ pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
 
 /// Middleware: counts every answer and its latency under its route
 /// template (not the raw path, so that ids do not make the label set grow
-/// without bound).
+/// without bound), and puts every error answer in the event log.
 pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
@@ -387,13 +387,21 @@ pub async fn count(State(state): State<AppState>, request: Request, next: Next) 
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let response = next.run(request).await;
+    let status = response.status();
     state.metrics().record(
         &method,
         &route,
-        response.status().as_u16(),
+        status.as_u16(),
         started.elapsed(),
         SystemTime::now(),
     );
+    // Every error answer goes to the event log too.
+    let code = status.as_u16();
+    if status.is_server_error() {
+        tracing::warn!(target: "estafeta::event", method, route, status = code, "request failed");
+    } else if status.is_client_error() {
+        tracing::info!(target: "estafeta::event", method, route, status = code, "request refused");
+    }
     response
 }
 

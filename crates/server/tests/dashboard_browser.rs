@@ -271,6 +271,20 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         "header, message, reply"
     );
     check_page(&c, &shots, "unknown-in-doubt").await;
+    // One message of the process, shown: it is the process's to move.
+    c.find(Locator::Css("#files a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_text(&c, "message-body").await.contains("\"from\""));
+    assert!(c.find(Locator::Id("settle-commit")).await.is_ok());
+    assert!(c.find(Locator::Id("requeue")).await.is_err());
+    check_page(&c, &shots, "message").await;
+    c.goto(&format!("{base}/admin/browse/Unknown"))
+        .await
+        .unwrap();
     c.find(Locator::Id(&format!("settle-commit-{pid_text}")))
         .await
         .unwrap()
