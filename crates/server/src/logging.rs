@@ -6,12 +6,13 @@
 use std::io::IsTerminal;
 use std::path::Path;
 
+use tracing::Level;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::events::{EventLog, Rotation, events_dir};
+use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
 
 /// Installing the subscriber failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +39,13 @@ pub fn init(data_dir: Option<&Path>) -> Result<(), LoggingError> {
             let dir = events_dir(dir);
             let log = EventLog::open(&dir, Rotation::default())
                 .map_err(|e| LoggingError::EventLog(dir.display().to_string(), e))?;
-            Some(log.with_filter(filter_fn(|m| EventLog::wants(m.target(), m.level()))))
+            // Decided once per call site (not per event): protocol steps and
+            // alerts at any level, everything else from WARN up.
+            let keep = Targets::new()
+                .with_target(EVENT_TARGET, Level::TRACE)
+                .with_target(ALERT_TARGET, Level::TRACE)
+                .with_default(Level::WARN);
+            Some(log.with_filter(keep))
         }
         None => None,
     };
