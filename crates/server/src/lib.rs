@@ -59,6 +59,7 @@ pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod last_seen;
 pub mod logging;
 pub mod metrics;
 pub mod openapi;

@@ -1,6 +1,6 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings, the request counters, the alerts and the dashboard's
-//! login sessions.
+//! HTTP settings, the request counters, the alerts, the dashboard's login
+//! sessions and when each client last called.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +10,7 @@ use estafeta_exchange::Exchange;
 use crate::alerts::AlertBook;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
+use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 
 /// The shared state of the router. Cheap to clone.
@@ -26,6 +27,7 @@ struct Inner {
     metrics: Metrics,
     alerts: AlertBook,
     sessions: Sessions,
+    last_seen: LastSeen,
 }
 
 impl AppState {
@@ -41,6 +43,7 @@ impl AppState {
                     AlertBook::empty(exchange.data_dir())
                 }),
                 sessions: Sessions::default(),
+                last_seen: LastSeen::default(),
                 exchange,
             }),
         }
@@ -69,6 +72,11 @@ impl AppState {
     /// The dashboard's login sessions.
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
+    }
+
+    /// When each database and device last called.
+    pub fn last_seen(&self) -> &LastSeen {
+        &self.inner.last_seen
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.

@@ -233,6 +233,27 @@ async fn every_page_renders_with_protective_headers() {
         "READY_TO_COMMIT stands out"
     );
     assert!(processes.contains("READY_TO_COMMIT"));
+    let get = |path: &'static str| {
+        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let devices = get("/admin/devices").await;
+    let row = |html: &str, id: &str| {
+        let start = html.find(&format!("id=\"{id}\"")).unwrap();
+        html[start..html[start..].find("</tr>").unwrap() + start].to_owned()
+    };
+    assert!(
+        row(&devices, "device-phone-1").contains(" ago"),
+        "{devices}"
+    );
+    assert!(
+        row(&devices, "device-phone-x").contains("not since"),
+        "{devices}"
+    );
+    let databases = get("/admin/databases").await;
+    // db-a: one message in Messages (in the process), one reply in Prepared.
+    let db_a = row(&databases, "db-db-a");
+    assert!(db_a.contains("<td>db-a</td><td>1</td><td>1</td>"), "{db_a}");
     let bad = http()
         .get(server.url("/admin/browse/Messages"))
         .header(COOKIE, &s.cookie)

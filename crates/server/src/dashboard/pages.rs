@@ -125,6 +125,11 @@ fn seconds_since(ts: Timestamp, now: SystemTime) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs as u64)).to_string()
 }
 
+fn seconds_since_system(t: SystemTime, now: SystemTime) -> String {
+    let secs = now.duration_since(t).map_or(0, |d| d.as_secs());
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
 fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
@@ -341,6 +346,7 @@ pub async fn databases(State(state): State<AppState>, session: AdminSession) -> 
 
 struct DevRow {
     id: String,
+    last_seen: String,
     enterprise: String,
     subsystem: String,
     inbox: u64,
@@ -360,12 +366,17 @@ struct DevicesPage {
 pub async fn devices(State(state): State<AppState>, session: AdminSession) -> PageResult {
     let ex = state.exchange();
     let admin = Principal::Admin;
+    let now = SystemTime::now();
     let counts = ex.folder_counts(&admin).await?;
     let stats = ex.stats(&admin).await?;
     let rows = stats
         .devices
         .into_iter()
         .map(|d| DevRow {
+            last_seen: state.last_seen().get(&d.id).map_or_else(
+                || "not since the server started".to_owned(),
+                |t| format!("{} ago", seconds_since_system(t, now)),
+            ),
             counts: counts_of(&counts, &d.id),
             id: d.id.to_string(),
             enterprise: d.enterprise.to_string(),
