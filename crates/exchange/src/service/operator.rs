@@ -271,3 +271,62 @@ impl Core {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use crate::ExchangeConfig;
+    use std::sync::Arc;
+
+    async fn exchange(data: &Path) -> Exchange {
+        let (ex, _) = Exchange::open(
+            ExchangeConfig::new(data),
+            Arc::new(estafeta_session::SystemClock),
+        )
+        .await
+        .unwrap();
+        let admin = Principal::Admin;
+        let acme: Id = "acme".parse().unwrap();
+        ex.create_enterprise(&admin, acme.clone()).await.unwrap();
+        ex.create_database(&admin, acme, "db-a".parse().unwrap())
+            .await
+            .unwrap();
+        ex.recover().await.unwrap();
+        ex
+    }
+
+    #[tokio::test]
+    async fn bad_operator_requests_are_refused_and_change_nothing() {
+        let data = tempfile::tempdir().unwrap();
+        let ex = exchange(data.path()).await;
+        let admin = Principal::Admin;
+        let db: Id = "db-a".parse().unwrap();
+        let mid: MessageId = "01JD6Y0000000000000000000A".parse().unwrap();
+        let kind = |r: Result<(), ExchangeError>| r.unwrap_err().kind();
+        assert_eq!(
+            kind(ex.requeue(&admin, &db, Folder::Messages, mid).await),
+            ErrorKind::BadRequest
+        );
+        assert_eq!(
+            kind(ex.discard(&admin, &db, Folder::Unknown, mid).await),
+            ErrorKind::NotFound
+        );
+        let processor = Principal::Database {
+            id: db.clone(),
+            enterprise: "acme".parse().unwrap(),
+        };
+        assert_eq!(
+            kind(ex.requeue(&processor, &db, Folder::Unknown, mid).await),
+            ErrorKind::Forbidden
+        );
+        let settle = ex.settle(&admin, "not-a-process", true).await.unwrap_err();
+        assert_eq!(settle.code(), "not_in_doubt");
+        assert!(ex.in_doubt(&admin, &db).await.unwrap().is_empty());
+        assert_eq!(ex.oldest_waiting(&admin, &db).await.unwrap(), None);
+        let counts = ex.folder_counts(&admin).await.unwrap();
+        assert_eq!(counts.len(), Folder::ALL.len());
+        assert!(counts.iter().all(|(id, _, n)| *id == db && *n == 0));
+        assert_eq!(ex.data_dir(), data.path());
+    }
+}
