@@ -24,23 +24,26 @@ use crate::state::AppState;
 /// The dashboard's routes (merged into the server's router).
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/admin", get(pages::overview))
+        .route("/admin", get(pages::figures::overview))
         .route("/admin/login", get(auth::login_form).post(auth::login))
         .route("/admin/logout", post(auth::logout))
-        .route("/admin/processes", get(pages::processes))
-        .route("/admin/processes/{pid}/settle", post(pages::settle))
-        .route("/admin/databases", get(pages::databases))
-        .route("/admin/devices", get(pages::devices))
-        .route("/admin/browse/{folder}", get(pages::browse))
-        .route("/admin/browse/{folder}/{mailbox}/{id}", get(pages::message))
+        .route("/admin/processes", get(pages::figures::processes))
+        .route("/admin/processes/{pid}/settle", post(pages::browse::settle))
+        .route("/admin/databases", get(pages::figures::databases))
+        .route("/admin/devices", get(pages::figures::devices))
+        .route("/admin/browse/{folder}", get(pages::browse::browse))
+        .route(
+            "/admin/browse/{folder}/{mailbox}/{id}",
+            get(pages::browse::message),
+        )
         .route(
             "/admin/browse/{folder}/{mailbox}/{id}/{action}",
-            post(pages::message_action),
+            post(pages::browse::message_action),
         )
-        .route("/admin/alerts", get(pages::alerts))
-        .route("/admin/alerts/{id}/ack", post(pages::acknowledge))
-        .route("/admin/events", get(pages::events))
-        .route("/admin/queues", get(pages::queues))
+        .route("/admin/alerts", get(pages::log::alerts))
+        .route("/admin/alerts/{id}/ack", post(pages::log::acknowledge))
+        .route("/admin/events", get(pages::log::events))
+        .route("/admin/queues", get(pages::figures::queues))
         .route("/admin/static/app.js", get(script))
         .route("/admin/static/style.css", get(style))
         .layer(map_response(protect))
