@@ -1,8 +1,20 @@
 //! The `Unknown` and `Error` browsers: list, show one message, requeue,
 //! discard, and settle a process in doubt.
 
-use super::*;
-use crate::dashboard::auth::CsrfForm;
+use askama::Template;
+use axum::Form;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use estafeta_exchange::MessageId;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::tenancy::Principal;
+use serde::Deserialize;
+
+use super::{Layout, Notice, PageError, PageResult, render};
+use crate::dashboard::auth::{AdminSession, CsrfForm};
+use crate::extract::{ApiPath, path_folder, path_id};
+use crate::state::AppState;
 
 struct DoubtRow {
     pid: String,

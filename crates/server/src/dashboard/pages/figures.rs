@@ -2,7 +2,20 @@
 //! processes, databases, devices, and the queues placeholder.
 
 use super::log::{AlertRow, alert_rows};
-use super::*;
+use std::time::SystemTime;
+
+use askama::Template;
+use axum::extract::{Query, State};
+use estafeta_exchange::Id;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::ProcessState;
+
+use super::{Layout, Notice, PageResult, human_bytes, render, seconds_since, seconds_since_system};
+use crate::dashboard::auth::AdminSession;
+use crate::dashboard::chart::{Bar, bars};
+use crate::metrics::{OPEN_STATES, Snapshot, state_name};
+use crate::state::AppState;
 
 #[derive(Template)]
 #[template(path = "overview.html")]

@@ -1,7 +1,17 @@
 //! Alerts (list, acknowledge) and the event log (filtered).
 
-use super::*;
-use crate::dashboard::auth::CsrfForm;
+use askama::Template;
+use axum::Form;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect};
+use serde::Deserialize;
+
+use super::{EVENTS_SHOWN, Layout, Notice, PageError, PageResult, render};
+use crate::dashboard::auth::{AdminSession, CsrfForm};
+use crate::events::{EventFilter, events_dir, read_events};
+use crate::extract::ApiPath;
+use crate::state::AppState;
 
 /// A row of the alerts tables.
 pub(super) struct AlertRow {

@@ -12,21 +12,11 @@ pub mod figures;
 pub mod log;
 
 use super::auth::AdminSession;
-use super::chart::{Bar, bars};
 use crate::error::ApiError;
-use crate::events::{EventFilter, events_dir, read_events};
-use crate::extract::{ApiPath, path_folder, path_id};
-use crate::metrics::{OPEN_STATES, Snapshot, state_name};
-use crate::state::AppState;
 use askama::Template;
-use axum::Form;
-use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Redirect, Response};
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::tenancy::Principal;
-use estafeta_exchange::wire::ProcessState;
-use estafeta_exchange::{ExchangeError, Id, MessageId, Timestamp};
+use axum::response::{Html, IntoResponse, Response};
+use estafeta_exchange::{ExchangeError, Timestamp};
 use serde::Deserialize;
 use std::time::SystemTime;
 
