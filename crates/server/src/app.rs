@@ -1,11 +1,12 @@
-//! [`app`]: the router of every route of API.md, with the body limit and
-//! the request counters.
+//! [`app`]: the router of every route of API.md and of the dashboard,
+//! with the body limit and the request counters.
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 
+use crate::dashboard;
 use crate::error::ApiError;
 use crate::metrics;
 use crate::routes::{admin, device, ops, process};
@@ -48,6 +49,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/processes/{pid}/commit", post(process::commit))
         .route("/v1/processes/{pid}/rollback", post(process::rollback))
         .route("/v1/processes/{pid}/abort", post(process::abort))
+        .merge(dashboard::routes())
         .fallback(|| async { ApiError::no_route() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(max_body))

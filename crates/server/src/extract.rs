@@ -33,11 +33,12 @@ impl FromRequestParts<AppState> for Caller {
         let token = header.to_str().ok().and_then(bearer_token).ok_or_else(|| {
             ApiError::unauthorized("the Authorization header is not Bearer <token>")
         })?;
-        state
+        let who = state
             .exchange()
             .authenticate(token)
-            .map(Caller)
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        state.last_seen().saw(&who, std::time::SystemTime::now());
+        Ok(Caller(who))
     }
 }
 

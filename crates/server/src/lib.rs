@@ -5,13 +5,20 @@
 //!   variables (figment), mapped to the exchange's configuration.
 //! - [`mod@app`]: [`app()`], the router of every route of API.md, whose
 //!   handlers live in [`routes`]; [`AppState`] ([`state`]) holds the
-//!   exchange, readiness and the request counters of [`metrics`].
+//!   exchange, readiness and the request counters of [`metrics`], which
+//!   serves `/metrics` in the Prometheus text format.
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
 //!   every bad request with the error JSON ([`ApiError`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
 //! - [`mod@serve`]: [`run`], which serves a caller-bound listener until the
 //!   caller's shutdown signal, with start-up recovery in the background.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate.
+//! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
+//!   session, CSRF-protected operator actions).
+//! - [`events`]: the structured event log (a `tracing` layer writing JSON
+//!   lines, rotated) that the dashboard reads; [`alerts`]: the alerts in it
+//!   and their durable acknowledgements; [`logging`]: the subscriber that
+//!   `estafeta serve` installs with it.
 //!
 //! # Example
 //!
@@ -45,10 +52,15 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod alerts;
 pub mod app;
 pub mod config;
+pub mod dashboard;
 pub mod error;
+pub mod events;
 pub mod extract;
+pub mod last_seen;
+pub mod logging;
 pub mod metrics;
 pub mod openapi;
 pub mod operator;

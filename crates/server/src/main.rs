@@ -1,7 +1,6 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`) or to the client (`admin …`).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -39,14 +38,12 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ESTAFETA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // `serve` also keeps the structured event log in its data folder.
+    let event_log_data = match &cli.command {
+        Command::Serve { config } => Some(Settings::load(config.as_deref())?.data_dir),
+        Command::Admin(_) => None,
+    };
+    estafeta_server::logging::init(event_log_data.as_deref())?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     match cli.command {
         Command::Serve { config } => runtime.block_on(serve(config)),

@@ -1,48 +1,177 @@
-//! [`Metrics`]: request counters by route and status, served as Prometheus
-//! text on `/metrics`.
+//! [`Metrics`]: what the HTTP layer counts (requests and their latency by
+//! route and status, uploads per minute), and [`Snapshot`]: the figures
+//! gathered at scrape time (messages per folder, processes by state, the
+//! session engine, alerts, disk). Together they are `/metrics` in the
+//! Prometheus text format, names after the Prometheus conventions (base
+//! units, `_total` counters).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use estafeta_exchange::Id;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::ProcessState;
 
 use crate::state::AppState;
 
-/// Counts of answered requests, keyed by method, route template and status.
+/// Upper bounds (seconds) of the request latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 11] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// Minutes of uploads kept for the dashboard's chart.
+pub const MINUTES_KEPT: usize = 60;
+
+/// The states a process is in before it ends, reported even when zero.
+pub const OPEN_STATES: [ProcessState; 5] = [
+    ProcessState::Started,
+    ProcessState::ReadyToCommit,
+    ProcessState::Cleanup,
+    ProcessState::Failed,
+    ProcessState::InDoubt,
+];
+
+/// One request series: a count and a latency histogram.
+#[derive(Clone, Debug, Default)]
+struct Series {
+    count: u64,
+    sum: f64,
+    /// Non-cumulative counts per bucket of [`LATENCY_BUCKETS`].
+    buckets: [u64; LATENCY_BUCKETS.len()],
+}
+
+/// Counters of the HTTP layer.
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    requests: Mutex<BTreeMap<(String, String, u16), Series>>,
+    /// (minute since the epoch, uploads in it), oldest first.
+    uploads: Mutex<VecDeque<(u64, u64)>>,
 }
 
 impl Metrics {
-    /// Counts one answered request.
-    pub fn record(&self, method: &str, route: &str, status: u16) {
-        let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        *map.entry((method.to_owned(), route.to_owned(), status))
-            .or_default() += 1;
+    /// Counts one answered request that took `elapsed`, at `now` (the
+    /// caller's clock; it places uploads in their minute).
+    pub fn record(
+        &self,
+        method: &str,
+        route: &str,
+        status: u16,
+        elapsed: Duration,
+        now: SystemTime,
+    ) {
+        let secs = elapsed.as_secs_f64();
+        {
+            let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+            let s = map
+                .entry((method.to_owned(), route.to_owned(), status))
+                .or_default();
+            s.count += 1;
+            s.sum += secs;
+            if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+                s.buckets[i] += 1;
+            }
+        }
+        if method == "POST" && route == "/v1/messages" && status == 201 {
+            let minute = minute_of(now);
+            let mut up = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+            match up.back_mut() {
+                Some((m, n)) if *m == minute => *n += 1,
+                _ => up.push_back((minute, 1)),
+            }
+            while up
+                .front()
+                .is_some_and(|(m, _)| *m + MINUTES_KEPT as u64 <= minute)
+            {
+                up.pop_front();
+            }
+        }
     }
 
-    /// The Prometheus text exposition of the counters and of readiness.
-    pub fn render(&self, ready: bool) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP estafeta_ready Whether start-up recovery is done and the server is not stopping.\n");
-        out.push_str("# TYPE estafeta_ready gauge\n");
-        let _ = writeln!(out, "estafeta_ready {}", u8::from(ready));
-        out.push_str("# HELP estafeta_http_requests_total HTTP requests answered, by method, route and status.\n");
-        out.push_str("# TYPE estafeta_http_requests_total counter\n");
+    /// Uploads in each of the last [`MINUTES_KEPT`] minutes up to `now`,
+    /// oldest first.
+    pub fn uploads_per_minute(&self, now: SystemTime) -> Vec<u64> {
+        let last = minute_of(now);
+        let first = last.saturating_sub(MINUTES_KEPT as u64 - 1);
+        let up = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+        (first..=last)
+            .map(|m| up.iter().find(|(k, _)| *k == m).map_or(0, |(_, n)| *n))
+            .collect()
+    }
+
+    /// Requests answered so far, all routes together.
+    pub fn requests_total(&self) -> u64 {
         let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        for ((method, route, status), n) in map.iter() {
-            let _ = writeln!(
-                out,
-                "estafeta_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {n}",
-                escape(route)
-            );
-        }
+        map.values().map(|s| s.count).sum()
+    }
+
+    /// The Prometheus text exposition of these counters and of `snapshot`.
+    pub fn render(&self, snapshot: &Snapshot) -> String {
+        let mut out = String::new();
+        header(
+            &mut out,
+            "estafeta_ready",
+            "gauge",
+            "Whether start-up recovery is done and the server is not stopping.",
+        );
+        let _ = writeln!(out, "estafeta_ready {}", u8::from(snapshot.ready));
+        self.render_requests(&mut out);
+        snapshot.render(&mut out);
         out
     }
+
+    fn render_requests(&self, out: &mut String) {
+        let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        header(
+            out,
+            "estafeta_http_requests_total",
+            "counter",
+            "HTTP requests answered, by method, route and status.",
+        );
+        for ((method, route, status), s) in map.iter() {
+            let labels = format!(
+                "method=\"{method}\",route=\"{}\",status=\"{status}\"",
+                escape(route)
+            );
+            let _ = writeln!(out, "estafeta_http_requests_total{{{labels}}} {}", s.count);
+        }
+        let name = "estafeta_http_request_duration_seconds";
+        header(
+            out,
+            name,
+            "histogram",
+            "Time from a request's arrival to its answer, by method, route and status.",
+        );
+        for ((method, route, status), s) in map.iter() {
+            let labels = format!(
+                "method=\"{method}\",route=\"{}\",status=\"{status}\"",
+                escape(route)
+            );
+            let mut cumulative = 0;
+            for (bound, n) in LATENCY_BUCKETS.iter().zip(s.buckets) {
+                cumulative += n;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", s.sum);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", s.count);
+        }
+    }
+}
+
+fn minute_of(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 60)
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Label values escape `\`, `"` and newlines (Prometheus text format).
@@ -52,9 +181,205 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Middleware: counts every answer under its route template (not the raw
-/// path, so that ids do not make the label set grow without bound).
+/// The wire name of a process state (`READY_TO_COMMIT`).
+pub fn state_name(state: ProcessState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Figures gathered when `/metrics` is scraped (or the dashboard shown).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Whether `/readyz` answers 200.
+    pub ready: bool,
+    /// Files per mailbox and folder.
+    pub folders: Vec<(Id, Folder, u64)>,
+    /// Processes not ended, by state (every state of [`OPEN_STATES`]).
+    pub processes: BTreeMap<String, u64>,
+    /// Seconds the oldest READY_TO_COMMIT process has waited.
+    pub oldest_ready_secs: f64,
+    /// The session engine's figures.
+    pub sessions: Option<estafeta_session::Stats>,
+    /// Alerts nobody acknowledged.
+    pub alerts_open: u64,
+    /// Bytes free for the server on the data folder's file system, and its size.
+    pub disk: Option<(u64, u64)>,
+}
+
+impl Snapshot {
+    /// Gathers the figures at `now` (the caller's clock). A part that
+    /// cannot be read is left out rather than failing the scrape.
+    pub async fn gather(state: &AppState, now: SystemTime) -> Snapshot {
+        let exchange = state.exchange();
+        let admin = Principal::Admin;
+        let mut s = Snapshot {
+            ready: state.is_ready(),
+            folders: exchange.folder_counts(&admin).await.unwrap_or_default(),
+            sessions: exchange.session_stats(),
+            alerts_open: state.alerts().open_count().unwrap_or(0) as u64,
+            ..Snapshot::default()
+        };
+        for st in OPEN_STATES {
+            s.processes.insert(state_name(st), 0);
+        }
+        if let Ok(list) = exchange.processes(&admin).await {
+            let now_ms = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            for p in &list.processes {
+                if let Some(n) = s.processes.get_mut(&state_name(p.state)) {
+                    *n += 1;
+                }
+                if p.state == ProcessState::ReadyToCommit {
+                    let since = p.ready_at.unwrap_or(p.started_at).as_millis();
+                    let age = now_ms.saturating_sub(since).max(0) as f64 / 1000.0;
+                    s.oldest_ready_secs = s.oldest_ready_secs.max(age);
+                }
+            }
+        }
+        let dir = exchange.data_dir().to_path_buf();
+        s.disk = tokio::task::spawn_blocking(move || disk_space(&dir))
+            .await
+            .ok()
+            .flatten();
+        s
+    }
+
+    fn render(&self, out: &mut String) {
+        let name = "estafeta_mailbox_messages";
+        header(
+            out,
+            name,
+            "gauge",
+            "Message files in each folder of each mailbox.",
+        );
+        for (id, folder, n) in &self.folders {
+            let _ = writeln!(
+                out,
+                "{name}{{mailbox=\"{}\",folder=\"{}\"}} {n}",
+                escape(id.as_str()),
+                folder.as_str()
+            );
+        }
+        let name = "estafeta_processes";
+        header(out, name, "gauge", "Processes not ended, by state.");
+        for (st, n) in &self.processes {
+            let _ = writeln!(out, "{name}{{state=\"{st}\"}} {n}");
+        }
+        let name = "estafeta_oldest_ready_to_commit_age_seconds";
+        header(
+            out,
+            name,
+            "gauge",
+            "How long the oldest READY_TO_COMMIT process has waited (0 when none).",
+        );
+        let _ = writeln!(out, "{name} {}", self.oldest_ready_secs);
+        if let Some(st) = &self.sessions {
+            let gauges = [
+                (
+                    "estafeta_sessions_in_memory",
+                    "Sessions held in memory.",
+                    st.in_memory,
+                ),
+                (
+                    "estafeta_session_commands_queued",
+                    "Commands waiting in session queues.",
+                    st.queued,
+                ),
+            ];
+            for (name, help, v) in gauges {
+                header(out, name, "gauge", help);
+                let _ = writeln!(out, "{name} {v}");
+            }
+            let counters = [
+                (
+                    "estafeta_session_loads_total",
+                    "Sessions read from storage.",
+                    st.loads,
+                ),
+                (
+                    "estafeta_session_saves_total",
+                    "Session records written to storage.",
+                    st.saves,
+                ),
+                (
+                    "estafeta_session_save_batches_total",
+                    "Durable write transactions of the session engine.",
+                    st.save_batches,
+                ),
+                (
+                    "estafeta_session_flushes_total",
+                    "Idle sessions flushed out of memory.",
+                    st.flushes,
+                ),
+                (
+                    "estafeta_session_expiries_total",
+                    "Sessions that ended.",
+                    st.expiries,
+                ),
+                (
+                    "estafeta_session_finalize_calls_total",
+                    "Calls of the session finalize hook.",
+                    st.finalize_calls,
+                ),
+                (
+                    "estafeta_session_storage_errors_total",
+                    "Session storage operations that failed.",
+                    st.storage_errors,
+                ),
+                (
+                    "estafeta_session_quarantined_total",
+                    "Session records set aside as undecodable.",
+                    st.quarantined,
+                ),
+            ];
+            for (name, help, v) in counters {
+                header(out, name, "counter", help);
+                let _ = writeln!(out, "{name} {v}");
+            }
+        }
+        header(
+            out,
+            "estafeta_alerts_open",
+            "gauge",
+            "Alerts not acknowledged.",
+        );
+        let _ = writeln!(out, "estafeta_alerts_open {}", self.alerts_open);
+        if let Some((free, total)) = self.disk {
+            header(
+                out,
+                "estafeta_disk_free_bytes",
+                "gauge",
+                "Bytes available to the server on the data folder's file system.",
+            );
+            let _ = writeln!(out, "estafeta_disk_free_bytes {free}");
+            header(
+                out,
+                "estafeta_disk_size_bytes",
+                "gauge",
+                "Size of the data folder's file system.",
+            );
+            let _ = writeln!(out, "estafeta_disk_size_bytes {total}");
+        }
+    }
+}
+
+/// Free (for unprivileged users) and total bytes of the file system of `dir`.
+pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some((
+        st.f_bavail.saturating_mul(st.f_frsize),
+        st.f_blocks.saturating_mul(st.f_frsize),
+    ))
+}
+
+/// Middleware: counts every answer and its latency under its route
+/// template (not the raw path, so that ids do not make the label set grow
+/// without bound), and puts every error answer in the event log.
 pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let route = request
         .extensions()
@@ -62,9 +387,21 @@ pub async fn count(State(state): State<AppState>, request: Request, next: Next) 
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let response = next.run(request).await;
-    state
-        .metrics()
-        .record(&method, &route, response.status().as_u16());
+    let status = response.status();
+    state.metrics().record(
+        &method,
+        &route,
+        status.as_u16(),
+        started.elapsed(),
+        SystemTime::now(),
+    );
+    // Every error answer goes to the event log too.
+    let code = status.as_u16();
+    if status.is_server_error() {
+        tracing::warn!(target: "estafeta::event", method, route, status = code, "request failed");
+    } else if status.is_client_error() {
+        tracing::info!(target: "estafeta::event", method, route, status = code, "request refused");
+    }
     response
 }
 
@@ -72,20 +409,72 @@ pub async fn count(State(state): State<AppState>, request: Request, next: Next) 
 mod tests {
     use super::*;
 
+    const T0: Duration = Duration::from_secs(1_800_000_000);
+
     #[test]
-    fn renders_counters_by_route_and_status() {
+    fn renders_counters_and_histograms_by_route_and_status() {
         let m = Metrics::default();
-        m.record("GET", "/v1/inbox", 200);
-        m.record("GET", "/v1/inbox", 200);
-        m.record("POST", "/v1/processes/{pid}/commit", 401);
-        let text = m.render(true);
+        let now = SystemTime::UNIX_EPOCH + T0;
+        m.record("GET", "/v1/inbox", 200, Duration::from_millis(3), now);
+        m.record("GET", "/v1/inbox", 200, Duration::from_millis(300), now);
+        m.record(
+            "POST",
+            "/v1/processes/{pid}/commit",
+            401,
+            Duration::ZERO,
+            now,
+        );
+        let text = m.render(&Snapshot {
+            ready: true,
+            ..Snapshot::default()
+        });
         assert!(text.contains("estafeta_ready 1\n"));
-        assert!(text.contains(
-            "estafeta_http_requests_total{method=\"GET\",route=\"/v1/inbox\",status=\"200\"} 2\n"
-        ));
+        let inbox = "method=\"GET\",route=\"/v1/inbox\",status=\"200\"";
+        assert!(text.contains(&format!("estafeta_http_requests_total{{{inbox}}} 2\n")));
+        assert!(text.contains(&format!(
+            "estafeta_http_request_duration_seconds_bucket{{{inbox},le=\"0.001\"}} 0\n"
+        )));
+        assert!(text.contains(&format!(
+            "estafeta_http_request_duration_seconds_bucket{{{inbox},le=\"0.005\"}} 1\n"
+        )));
+        assert!(text.contains(&format!(
+            "estafeta_http_request_duration_seconds_bucket{{{inbox},le=\"0.5\"}} 2\n"
+        )));
+        assert!(text.contains(&format!(
+            "estafeta_http_request_duration_seconds_bucket{{{inbox},le=\"+Inf\"}} 2\n"
+        )));
+        assert!(text.contains(&format!(
+            "estafeta_http_request_duration_seconds_count{{{inbox}}} 2\n"
+        )));
         assert!(text.contains(
             "estafeta_http_requests_total{method=\"POST\",route=\"/v1/processes/{pid}/commit\",status=\"401\"} 1\n"
         ));
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(m.requests_total(), 3);
+    }
+
+    #[test]
+    fn uploads_fall_into_their_minute_and_old_minutes_drop_out() {
+        let m = Metrics::default();
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(secs);
+        let upload = |t| m.record("POST", "/v1/messages", 201, Duration::ZERO, t);
+        upload(at(0));
+        upload(at(1));
+        upload(at(61));
+        m.record("POST", "/v1/messages", 200, Duration::ZERO, at(62));
+        let series = m.uploads_per_minute(at(61));
+        assert_eq!(series.len(), MINUTES_KEPT);
+        assert_eq!(series[MINUTES_KEPT - 2..], [2, 1]);
+        upload(at(61 + 60 * 60));
+        let series = m.uploads_per_minute(at(61 + 60 * 60));
+        assert_eq!(series.iter().sum::<u64>(), 1, "the old minutes are gone");
+    }
+
+    #[test]
+    fn disk_space_of_a_real_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (free, total) = disk_space(dir.path()).unwrap();
+        assert!(total > 0 && free <= total);
+        assert_eq!(disk_space(&dir.path().join("missing")), None);
     }
 }

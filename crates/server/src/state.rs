@@ -1,12 +1,16 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings and the request counters.
+//! HTTP settings, the request counters, the alerts, the dashboard's login
+//! sessions and when each client last called.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use estafeta_exchange::Exchange;
 
+use crate::alerts::AlertBook;
 use crate::config::HttpSettings;
+use crate::dashboard::auth::Sessions;
+use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 
 /// The shared state of the router. Cheap to clone.
@@ -21,6 +25,9 @@ struct Inner {
     /// Set when start-up recovery succeeded; cleared when stopping.
     ready: AtomicBool,
     metrics: Metrics,
+    alerts: AlertBook,
+    sessions: Sessions,
+    last_seen: LastSeen,
 }
 
 impl AppState {
@@ -28,10 +35,16 @@ impl AppState {
     pub fn new(exchange: Exchange, http: HttpSettings) -> Self {
         AppState {
             inner: Arc::new(Inner {
-                exchange,
                 http,
                 ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
+                alerts: AlertBook::open(exchange.data_dir()).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "reading alert acknowledgements failed; starting with none");
+                    AlertBook::empty(exchange.data_dir())
+                }),
+                sessions: Sessions::default(),
+                last_seen: LastSeen::default(),
+                exchange,
             }),
         }
     }
@@ -49,6 +62,21 @@ impl AppState {
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The alerts and their acknowledgements.
+    pub fn alerts(&self) -> &AlertBook {
+        &self.inner.alerts
+    }
+
+    /// The dashboard's login sessions.
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    /// When each database and device last called.
+    pub fn last_seen(&self) -> &LastSeen {
+        &self.inner.last_seen
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.

@@ -43,6 +43,7 @@ impl Core {
             .create_database(enterprise, id.clone())
             .await?;
         self.mailboxes.create_mailbox(&id).await?;
+        tracing::info!(target: "estafeta::event", db = %id, "database created");
         Ok(token)
     }
 
@@ -57,6 +58,7 @@ impl Core {
             .create_device(enterprise, id.clone(), subsystem)
             .await?;
         self.mailboxes.create_mailbox(&id).await?;
+        tracing::info!(target: "estafeta::event", device = %id, "device created");
         Ok(token)
     }
 

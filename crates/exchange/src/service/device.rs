@@ -66,6 +66,7 @@ impl Core {
         let queue = self.location(&req.to, Folder::Messages);
         let Some(key) = req.idempotency_key else {
             self.mailboxes.write(&queue, &message).await?;
+            tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
             return Ok((
                 MessageAccepted {
                     version: Version,
@@ -84,6 +85,7 @@ impl Core {
             })?;
         if let Some(earlier) = g.state().keys.get(&key).cloned() {
             drop(g);
+            tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.name.to, message = %earlier.name.id, "repeated upload (same idempotency key)");
             if !self.exists_anywhere(&earlier.name).await {
                 // Recorded but not written (a crash in between): write the
                 // very same message now.
@@ -206,6 +208,7 @@ impl Core {
         if let Some(e) = failed {
             return Err(e.into());
         }
+        tracing::info!(target: "estafeta::event", device = %dev.id, acked, "messages acknowledged");
         Ok(AckResponse {
             version: Version,
             acked,

@@ -8,6 +8,7 @@ mod core;
 mod device;
 mod error;
 mod hooks;
+mod operator;
 mod protocol;
 mod recovery;
 mod state;

@@ -133,6 +133,7 @@ impl Core {
         let filter = Filter::new(req.subsystems, req.senders);
         let mut g = self.db_session(&db).await?;
         if g.state().process.is_some() {
+            tracing::info!(target: "estafeta::event", db = %db, "start answered BUSY");
             return Ok(json(&StartResponse::busy()));
         }
         let queue = self.location(&db, Folder::Messages);
@@ -194,10 +195,12 @@ impl Core {
         }
         let before = g.state().clone();
         let exp = g.expires_at();
+        let narrowed = req.message_ids.len();
         if let Some(p) = g.persistent_mut().process.as_mut() {
             p.accepted = Some(req.message_ids);
         }
         self.save_or_revert(g, before, exp).await?;
+        tracing::info!(target: "estafeta::event", process = pid, db = %db, accepted = narrowed, "process narrowed (accept)");
         Ok(answer(CallStatus::Ok))
     }
 
@@ -290,7 +293,7 @@ impl Core {
             for v in &p.results {
                 if v.status == ResultStatus::ProcessedIncorrect {
                     tracing::warn!(
-                        target: "estafeta::event", process = %p.id, message = %v.name.id,
+                        target: "estafeta::event", process = %p.id, db = %p.db, message = %v.name.id,
                         code = ?v.error_code, text = ?v.error_text, "message processed incorrectly"
                     );
                 }
@@ -306,6 +309,7 @@ impl Core {
             }
             return Err(e);
         }
+        tracing::info!(target: "estafeta::event", process = pid, db = %db, "process READY_TO_COMMIT (prepare)");
         Ok(answer(CallStatus::Ok))
     }
 
@@ -352,7 +356,10 @@ impl Core {
             }
             Found::InDoubt(i) => self.settle_in_doubt(g, i, true).await,
             Found::Ended(ProcessState::Done) => Ok(answer(CallStatus::Ok)),
-            Found::Ended(_) | Found::Unknown => Ok(answer(CallStatus::Cancelled)),
+            Found::Ended(_) | Found::Unknown => {
+                tracing::info!(target: "estafeta::event", process = pid, db = %db, "commit answered CANCELLED");
+                Ok(answer(CallStatus::Cancelled))
+            }
         }
     }
 
@@ -384,6 +391,10 @@ impl Core {
         let before = g.state().clone();
         let exp = g.expires_at();
         let steps = self.settle_steps(&g.state().in_doubt[i], commit);
+        tracing::info!(
+            target: "estafeta::event", process = %g.state().in_doubt[i].id,
+            db = %g.state().in_doubt[i].db, commit, "settling a process in doubt"
+        );
         if let Some(p) = g.persistent_mut().in_doubt.get_mut(i) {
             p.pending = steps;
             p.target = Some(target);
@@ -446,7 +457,10 @@ impl Core {
                 }
                 Ok(r)
             }
-            Found::Ended(ProcessState::Done) | Found::Unknown => Ok(answer(CallStatus::Cancelled)),
+            Found::Ended(ProcessState::Done) | Found::Unknown => {
+                tracing::info!(target: "estafeta::event", process = pid, db = %db, state = ?target, "rollback or abort answered CANCELLED");
+                Ok(answer(CallStatus::Cancelled))
+            }
             Found::Ended(_) => Ok(answer(CallStatus::Ok)),
         }
     }

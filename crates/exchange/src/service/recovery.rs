@@ -62,7 +62,7 @@ impl Core {
         report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
         report.expired_files = self.retention_sweep().await?;
         self.ready.store(true, Ordering::SeqCst);
-        tracing::info!(?report, "start-up processing done");
+        tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
         Ok(report)
     }
 

@@ -2,6 +2,7 @@
 //! of them needs a token.
 
 use std::sync::LazyLock;
+use std::time::SystemTime;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,6 +10,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
+use crate::metrics::Snapshot;
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
 
@@ -36,9 +38,10 @@ pub async fn readyz(State(state): State<AppState>) -> StatusCode {
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let snapshot = Snapshot::gather(&state, SystemTime::now()).await;
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        state.metrics().render(state.is_ready()),
+        state.metrics().render(&snapshot),
     )
 }
 

@@ -279,3 +279,38 @@ impl Binary {
         exit.code()
     }
 }
+
+/// Device `phone-1` uploads one message to `db-a`; `db-a` starts a process
+/// and prepares it with `status` for that message and one reply to
+/// `phone-1`: the process is READY_TO_COMMIT. Returns the process and the
+/// message.
+pub async fn ready_process(
+    t: &Tenancy,
+    status: estafeta_exchange::wire::ResultStatus,
+) -> (estafeta_exchange::ProcessId, estafeta_exchange::MessageId) {
+    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply};
+    let sent = t
+        .phone1
+        .send(&message("db-a", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![MessageResult {
+            message_id: sent.accepted.id,
+            status,
+            error_code: None,
+            error_text: (status != estafeta_exchange::wire::ResultStatus::Processed)
+                .then(|| "rejected".to_owned()),
+        }],
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
+            created_at: None,
+        }],
+    };
+    t.db_a.prepare(&pid, &prepare).await.unwrap();
+    (pid, sent.accepted.id)
+}

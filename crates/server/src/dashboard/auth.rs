@@ -1,0 +1,322 @@
+//! Dashboard login: the admin token, typed once into a form, opens a
+//! server-side session kept in memory under a random id, which travels in
+//! a cookie (`HttpOnly`, `SameSite=Strict`, `Secure` when the request came
+//! over TLS through a proxy that says so in `X-Forwarded-Proto`). Each
+//! session has its own CSRF token, which every state-changing form sends
+//! back. The login form itself is protected by a double-submit nonce.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::Form;
+use axum::extract::{FromRequestParts, State};
+use axum::http::header::{COOKIE, SET_COOKIE};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::token::Token;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+
+use super::pages::{LoginPage, render};
+use crate::state::AppState;
+
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "estafeta_admin";
+/// The login form's nonce cookie.
+pub const LOGIN_COOKIE: &str = "estafeta_login";
+/// A session unused this long is gone.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(8 * 3600);
+
+/// The logged-in sessions, by id.
+#[derive(Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<String, Entry>>,
+}
+
+struct Entry {
+    csrf: String,
+    last_seen: Instant,
+}
+
+impl Sessions {
+    /// A new session: its id and CSRF token (both random).
+    pub fn create(&self) -> Option<(String, String)> {
+        let id = Token::generate().ok()?.expose().to_owned();
+        let csrf = Token::generate().ok()?.expose().to_owned();
+        let now = Instant::now();
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, e| now.duration_since(e.last_seen) < IDLE_TIMEOUT);
+        map.insert(
+            id.clone(),
+            Entry {
+                csrf: csrf.clone(),
+                last_seen: now,
+            },
+        );
+        Some((id, csrf))
+    }
+
+    /// The CSRF token of a live session (and marks it used).
+    pub fn touch(&self, id: &str) -> Option<String> {
+        let now = Instant::now();
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let e = map.get_mut(id)?;
+        if now.duration_since(e.last_seen) >= IDLE_TIMEOUT {
+            map.remove(id);
+            return None;
+        }
+        e.last_seen = now;
+        Some(e.csrf.clone())
+    }
+
+    /// Ends a session.
+    pub fn remove(&self, id: &str) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Whether the client reached us over TLS (as a TLS-terminating proxy says).
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+}
+
+fn set_cookie(
+    name: &str,
+    value: &str,
+    path: &str,
+    max_age: Option<u64>,
+    secure: bool,
+) -> HeaderValue {
+    let mut c = format!("{name}={value}; Path={path}; HttpOnly; SameSite=Strict");
+    if let Some(age) = max_age {
+        c.push_str(&format!("; Max-Age={age}"));
+    }
+    if secure {
+        c.push_str("; Secure");
+    }
+    HeaderValue::from_str(&c).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Equal strings, compared in constant time.
+fn same(a: &str, b: &str) -> bool {
+    !a.is_empty() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// A logged-in operator. Without a session, a page (GET) redirects to the
+/// login form and anything else is 403.
+pub struct AdminSession {
+    /// The session id.
+    pub id: String,
+    /// The session's CSRF token, for the forms of the page.
+    pub csrf: String,
+}
+
+impl AdminSession {
+    /// Refuses (403) unless `given` is this session's CSRF token.
+    pub fn check_csrf(&self, given: &str) -> Result<(), Refused> {
+        if same(&self.csrf, given) {
+            Ok(())
+        } else {
+            Err(Refused("missing or wrong CSRF token"))
+        }
+    }
+}
+
+/// A request refused (403), with the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        refused(self.0)
+    }
+}
+
+/// A 403 page.
+pub fn refused(why: &str) -> Response {
+    (StatusCode::FORBIDDEN, format!("403 Forbidden: {why}")).into_response()
+}
+
+impl FromRequestParts<AppState> for AdminSession {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let session = cookie(&parts.headers, SESSION_COOKIE).and_then(|id| {
+            state
+                .sessions()
+                .touch(&id)
+                .map(|csrf| AdminSession { id, csrf })
+        });
+        match session {
+            Some(s) => Ok(s),
+            None if parts.method == Method::GET || parts.method == Method::HEAD => {
+                Err(Redirect::to("/admin/login").into_response())
+            }
+            None => Err(refused("not logged in")),
+        }
+    }
+}
+
+/// `GET /admin/login`: the form, with a fresh nonce in a cookie and a field.
+pub async fn login_form(headers: HeaderMap) -> Response {
+    login_page(&headers, None, StatusCode::OK)
+}
+
+fn login_page(headers: &HeaderMap, error: Option<&str>, status: StatusCode) -> Response {
+    let Some(nonce) = Token::generate().ok().map(|t| t.expose().to_owned()) else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no randomness available").into_response();
+    };
+    let page = LoginPage {
+        nonce: nonce.clone(),
+        error: error.map(str::to_owned),
+    };
+    let mut response = (status, render(&page)).into_response();
+    response.headers_mut().append(
+        SET_COOKIE,
+        set_cookie(
+            LOGIN_COOKIE,
+            &nonce,
+            "/admin/login",
+            Some(600),
+            over_tls(headers),
+        ),
+    );
+    response
+}
+
+/// The login form's fields.
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    /// The admin token.
+    pub token: String,
+    /// The nonce of the form (also in the login cookie).
+    #[serde(default)]
+    pub nonce: String,
+}
+
+/// `POST /admin/login`: a session for the admin token.
+pub async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let expected = cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
+    if !same(&expected, &form.nonce) {
+        return refused("the login form expired or came from elsewhere; reload it");
+    }
+    if state.exchange().authenticate(form.token.trim()) != Some(Principal::Admin) {
+        tracing::warn!(target: "estafeta::event", "dashboard login refused: not the admin token");
+        return login_page(
+            &headers,
+            Some("That is not the admin token."),
+            StatusCode::UNAUTHORIZED,
+        );
+    }
+    let Some((id, _csrf)) = state.sessions().create() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no randomness available").into_response();
+    };
+    tracing::info!(target: "estafeta::event", "dashboard login");
+    let secure = over_tls(&headers);
+    let mut response = Redirect::to("/admin").into_response();
+    let h = response.headers_mut();
+    h.append(
+        SET_COOKIE,
+        set_cookie(SESSION_COOKIE, &id, "/admin", None, secure),
+    );
+    h.append(
+        SET_COOKIE,
+        set_cookie(LOGIN_COOKIE, "", "/admin/login", Some(0), secure),
+    );
+    response
+}
+
+/// A form that carries only the CSRF token.
+#[derive(Debug, Deserialize)]
+pub struct CsrfForm {
+    /// The session's CSRF token.
+    #[serde(default)]
+    pub csrf: String,
+}
+
+/// `POST /admin/logout`.
+pub async fn logout(
+    State(state): State<AppState>,
+    session: AdminSession,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(r) = session.check_csrf(&form.csrf) {
+        return r.into_response();
+    }
+    state.sessions().remove(&session.id);
+    let mut response = Redirect::to("/admin/login").into_response();
+    response.headers_mut().append(
+        SET_COOKIE,
+        set_cookie(SESSION_COOKIE, "", "/admin", Some(0), over_tls(&headers)),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("a=1; estafeta_admin=xyz"));
+        h.append(COOKIE, HeaderValue::from_static("b=2"));
+        assert_eq!(cookie(&h, SESSION_COOKIE).as_deref(), Some("xyz"));
+        assert_eq!(cookie(&h, "b").as_deref(), Some("2"));
+        assert_eq!(cookie(&h, "c"), None);
+    }
+
+    #[test]
+    fn cookie_flags() {
+        let c = set_cookie("n", "v", "/admin", None, false);
+        assert_eq!(c, "n=v; Path=/admin; HttpOnly; SameSite=Strict");
+        let c = set_cookie("n", "v", "/admin", Some(0), true);
+        assert_eq!(
+            c,
+            "n=v; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=0; Secure"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_expire_when_idle_and_csrf_must_match() {
+        let s = Sessions::default();
+        let (id, csrf) = s.create().unwrap();
+        assert_eq!(s.touch(&id).as_deref(), Some(csrf.as_str()));
+        tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(1)).await;
+        assert!(s.touch(&id).is_some(), "use keeps it alive");
+        tokio::time::advance(IDLE_TIMEOUT).await;
+        assert_eq!(s.touch(&id), None);
+        assert!(!same("", ""));
+        assert!(same(&csrf, &csrf.clone()));
+        let session = AdminSession { id, csrf };
+        assert!(session.check_csrf("nope").is_err());
+        assert!(session.check_csrf("").is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! [`EventLog`]: a `tracing` layer that appends the events worth keeping
+//! to `events.jsonl` (and alerts to `alerts.jsonl` too), one JSON object a
+//! line, and rotates `events.jsonl` when it passes a size: the current file
+//! becomes `events.1.jsonl`, `.1` becomes `.2`, and the oldest beyond the
+//! kept count is removed.
+//!
+//! Log lines are not fsynced one by one: they are a record of what
+//! happened, not data the server promised to keep; a crash may lose the
+//! last few.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+
+use super::{ALERT_TARGET, EVENT_TARGET, EventRecord};
+
+/// How large `events.jsonl` may grow and how many older files are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rotation {
+    /// Rotate when the current file passes this many bytes.
+    pub max_bytes: u64,
+    /// Older files kept (`events.1.jsonl` … `events.N.jsonl`).
+    pub keep: usize,
+}
+
+impl Default for Rotation {
+    /// 8 MB a file, 5 older files.
+    fn default() -> Self {
+        Rotation {
+            max_bytes: 8 << 20,
+            keep: 5,
+        }
+    }
+}
+
+/// The event-log layer; see the module documentation.
+pub struct EventLog {
+    dir: PathBuf,
+    rotation: Rotation,
+    files: Mutex<Files>,
+    seq: AtomicU64,
+}
+
+struct Files {
+    events: Option<File>,
+    size: u64,
+}
+
+impl EventLog {
+    /// A layer writing into `dir` (created if missing).
+    pub fn open(dir: impl Into<PathBuf>, rotation: Rotation) -> io::Result<EventLog> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        let events = append(&dir.join("events.jsonl"))?;
+        let size = events.metadata()?.len();
+        Ok(EventLog {
+            dir,
+            rotation,
+            files: Mutex::new(Files {
+                events: Some(events),
+                size,
+            }),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether an event is kept: protocol steps, alerts, warnings, errors.
+    pub fn wants(target: &str, level: &Level) -> bool {
+        target == EVENT_TARGET || target == ALERT_TARGET || *level <= Level::WARN
+    }
+
+    /// Writes one record (rotating first if the file is full).
+    pub fn write(&self, record: &EventRecord) -> io::Result<()> {
+        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
+        line.push(b'\n');
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if files.size > 0 && files.size + line.len() as u64 > self.rotation.max_bytes {
+            files.events = None;
+            self.rotate()?;
+            files.events = Some(append(&self.dir.join("events.jsonl"))?);
+            files.size = 0;
+        }
+        let file = match files.events.as_mut() {
+            Some(f) => f,
+            None => files.events.insert(append(&self.dir.join("events.jsonl"))?),
+        };
+        file.write_all(&line)?;
+        files.size += line.len() as u64;
+        if record.is_alert() {
+            append(&self.dir.join("alerts.jsonl"))?.write_all(&line)?;
+        }
+        Ok(())
+    }
+
+    /// `events.{k}` → `events.{k+1}` from the oldest down, then the current
+    /// file → `events.1`; the one past `keep` is removed.
+    fn rotate(&self) -> io::Result<()> {
+        let numbered = |k: usize| self.dir.join(format!("events.{k}.jsonl"));
+        if self.rotation.keep == 0 {
+            return remove_if_present(&self.dir.join("events.jsonl"));
+        }
+        remove_if_present(&numbered(self.rotation.keep))?;
+        for k in (1..self.rotation.keep).rev() {
+            rename_if_present(&numbered(k), &numbered(k + 1))?;
+        }
+        rename_if_present(&self.dir.join("events.jsonl"), &numbered(1))
+    }
+
+    fn next_id(&self, nanos: i64) -> String {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        format!("{nanos}-{seq}")
+    }
+}
+
+fn append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn rename_if_present(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl<S: Subscriber> Layer<S> for EventLog {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        if !Self::wants(meta.target(), meta.level()) {
+            return;
+        }
+        let now = chrono::Utc::now();
+        let mut record = EventRecord {
+            id: self.next_id(now.timestamp_nanos_opt().unwrap_or_default()),
+            ts: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            level: meta.level().to_string(),
+            target: meta.target().to_owned(),
+            text: String::new(),
+            db: None,
+            device: None,
+            process: None,
+            message: None,
+            fields: serde_json::Map::new(),
+        };
+        event.record(&mut Fields {
+            record: &mut record,
+            text_seen: false,
+        });
+        if let Err(e) = self.write(&record) {
+            // Not through tracing: that would come back here.
+            eprintln!("estafeta: writing the event log failed: {e}");
+        }
+    }
+}
+
+/// Sorts an event's fields into the record. The macros put the event's
+/// text first, as a field named `message`; a later `message` field is a
+/// message id.
+struct Fields<'a> {
+    record: &'a mut EventRecord,
+    text_seen: bool,
+}
+
+impl Fields<'_> {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        let text = || match &value {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match field.name() {
+            "message" if !self.text_seen => {
+                self.text_seen = true;
+                self.record.text = text();
+            }
+            "message" => self.record.message = Some(text()),
+            "db" => self.record.db = Some(text()),
+            "device" => self.record.device = Some(text()),
+            "process" => self.record.process = Some(text()),
+            name => {
+                self.record.fields.insert(name.to_owned(), value);
+            }
+        }
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.put(field, serde_json::Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, serde_json::Value::String(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, serde_json::Value::String(value.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    fn lines(path: &Path) -> Vec<EventRecord> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn keeps_events_alerts_and_warnings_with_their_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
+        let subscriber = tracing_subscriber::registry().with(log);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "estafeta::event", db = "db-a", device = "phone-1", message = "01MSG", n = 3, "message received");
+            tracing::info!("an ordinary info line is not kept");
+            tracing::warn!(process = "01PID", "a warning is kept");
+            tracing::error!(target: "estafeta::alert", db = "db-a", "in doubt");
+        });
+        let events = lines(&dir.path().join("events.jsonl"));
+        assert_eq!(events.len(), 3, "{events:?}");
+        let e = &events[0];
+        assert_eq!(e.text, "message received");
+        assert_eq!(e.db.as_deref(), Some("db-a"));
+        assert_eq!(e.device.as_deref(), Some("phone-1"));
+        assert_eq!(e.message.as_deref(), Some("01MSG"));
+        assert_eq!(e.fields["n"], 3);
+        assert_eq!(e.level, "INFO");
+        assert_eq!(events[1].process.as_deref(), Some("01PID"));
+        assert_eq!(events[1].level, "WARN");
+        assert!(events[2].is_alert());
+        let alerts = lines(&dir.path().join("alerts.jsonl"));
+        assert_eq!(alerts, vec![events[2].clone()]);
+        assert_ne!(events[0].id, events[1].id);
+    }
+
+    #[test]
+    fn rotates_by_size_and_keeps_n_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let rotation = Rotation {
+            max_bytes: 400,
+            keep: 2,
+        };
+        let log = EventLog::open(dir.path(), rotation).unwrap();
+        let subscriber = tracing_subscriber::registry().with(log);
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..40 {
+                tracing::info!(target: "estafeta::event", i, "step");
+            }
+        });
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["events.1.jsonl", "events.2.jsonl", "events.jsonl"]);
+        for name in &names {
+            let size = std::fs::metadata(dir.path().join(name)).unwrap().len();
+            assert!(size <= 400, "{name} is {size} bytes");
+        }
+        let newest = lines(&dir.path().join("events.jsonl"));
+        assert_eq!(newest.last().unwrap().fields["i"], 39);
+        let older = lines(&dir.path().join("events.1.jsonl"));
+        let last_older = older.last().unwrap().fields["i"].as_u64().unwrap();
+        let first_newest = newest[0].fields["i"].as_u64().unwrap();
+        assert_eq!(last_older + 1, first_newest);
+    }
+}

@@ -1,0 +1,505 @@
+//! The dashboard over real HTTP: login into a session cookie and its
+//! flags, no page or action without a session, no action without the CSRF
+//! token, every page renders, and the operator actions on `Error`.
+
+mod common;
+
+use common::{ADMIN_TOKEN, Tenancy, TestServer, id, ready_process};
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::{ProcessState, ResultStatus};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+
+/// Every page of the dashboard.
+const PAGES: [&str; 10] = [
+    "/admin",
+    "/admin/processes",
+    "/admin/databases",
+    "/admin/devices",
+    "/admin/browse/Unknown",
+    "/admin/browse/Error",
+    "/admin/alerts",
+    "/admin/events",
+    "/admin/events?level=WARN&db=db-a",
+    "/admin/queues",
+];
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The value of cookie `name` among the answer's `Set-Cookie` headers, and
+/// the whole header.
+fn set_cookie(r: &reqwest::Response, name: &str) -> Option<(String, String)> {
+    r.headers().get_all(SET_COOKIE).iter().find_map(|v| {
+        let text = v.to_str().ok()?.to_owned();
+        let value = text
+            .strip_prefix(&format!("{name}="))?
+            .split(';')
+            .next()?
+            .to_owned();
+        Some((value, text))
+    })
+}
+
+/// The value of the first hidden field `name` in a page.
+fn field(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} field"))
+        + marker.len();
+    html[start..].split('"').next().unwrap().to_owned()
+}
+
+/// A logged-in session: its cookie header value and CSRF token.
+struct Session {
+    cookie: String,
+    csrf: String,
+}
+
+async fn login_with(server: &TestServer, token: &str, extra: &[(&str, &str)]) -> reqwest::Response {
+    let http = http();
+    let form = http.get(server.url("/admin/login")).send().await.unwrap();
+    assert_eq!(form.status(), StatusCode::OK);
+    let (nonce, _) = set_cookie(&form, "estafeta_login").unwrap();
+    let html = form.text().await.unwrap();
+    assert_eq!(field(&html, "nonce"), nonce);
+    let mut req = http
+        .post(server.url("/admin/login"))
+        .header(COOKIE, format!("estafeta_login={nonce}"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(format!("token={token}&nonce={nonce}"));
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+async fn login(server: &TestServer) -> Session {
+    let r = login_with(server, ADMIN_TOKEN, &[]).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let (id, _) = set_cookie(&r, "estafeta_admin").unwrap();
+    let cookie = format!("estafeta_admin={id}");
+    let page = http()
+        .get(server.url("/admin"))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let csrf = field(&page.text().await.unwrap(), "csrf");
+    Session { cookie, csrf }
+}
+
+async fn post(
+    server: &TestServer,
+    path: &str,
+    cookie: Option<&str>,
+    body: &str,
+) -> reqwest::Response {
+    let mut req = http()
+        .post(server.url(path))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(body.to_owned());
+    if let Some(c) = cookie {
+        req = req.header(COOKIE, c);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn nothing_admin_only_is_reachable_without_a_login() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
+    for page in PAGES
+        .iter()
+        .chain(&["/admin/browse/Error/db-a/01JD6Y0000000000000000000A"])
+    {
+        let r = http().get(server.url(page)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{page}");
+        assert_eq!(r.headers()[LOCATION], "/admin/login", "{page}");
+        let forged = http()
+            .get(server.url(page))
+            .header(COOKIE, "estafeta_admin=not-a-session")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), StatusCode::SEE_OTHER, "{page}");
+    }
+    let actions = [
+        format!("/admin/processes/{pid}/settle"),
+        "/admin/alerts/1-1/ack".to_owned(),
+        "/admin/browse/Error/db-a/01JD6Y0000000000000000000A/requeue".to_owned(),
+        "/admin/logout".to_owned(),
+    ];
+    for action in &actions {
+        let r = post(&server, action, None, "csrf=x&outcome=commit").await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{action}");
+    }
+    // The admin token as a bearer header is not a dashboard session.
+    let r = http()
+        .get(server.url("/admin/processes"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    // Nothing was settled.
+    let p = server.admin.process(&pid).await.unwrap();
+    assert_eq!(
+        p.state,
+        estafeta_exchange::wire::ProcessState::ReadyToCommit
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn login_opens_a_strict_http_only_session() {
+    let server = TestServer::start().await;
+    let wrong = login_with(&server, "not-the-token", &[]).await;
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(set_cookie(&wrong, "estafeta_admin").is_none());
+    assert!(wrong.text().await.unwrap().contains("not the admin token"));
+
+    // Without the form's nonce (a cross-site login attempt): refused.
+    let r = post(
+        &server,
+        "/admin/login",
+        None,
+        &format!("token={ADMIN_TOKEN}"),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(set_cookie(&r, "estafeta_admin").is_none());
+
+    let ok = login_with(&server, ADMIN_TOKEN, &[]).await;
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    assert_eq!(ok.headers()[LOCATION], "/admin");
+    let (id, header) = set_cookie(&ok, "estafeta_admin").unwrap();
+    assert!(id.len() >= 32, "a random session id: {id}");
+    assert!(header.contains("HttpOnly"), "{header}");
+    assert!(header.contains("SameSite=Strict"), "{header}");
+    assert!(header.contains("Path=/admin"), "{header}");
+    assert!(!header.contains("Secure"), "plain HTTP: {header}");
+    assert!(!header.contains(ADMIN_TOKEN));
+
+    let tls = login_with(&server, ADMIN_TOKEN, &[("x-forwarded-proto", "https")]).await;
+    let (other, header) = set_cookie(&tls, "estafeta_admin").unwrap();
+    assert!(header.contains("; Secure"), "{header}");
+    assert_ne!(other, id, "each login its own session");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn every_page_renders_with_protective_headers() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    ready_process(&t, ResultStatus::ProcessedIncorrect).await;
+    let s = login(&server).await;
+    for page in PAGES {
+        let r = http()
+            .get(server.url(page))
+            .header(COOKIE, &s.cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{page}");
+        let csp = r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        assert_eq!(r.headers()["x-frame-options"], "DENY");
+        let html = r.text().await.unwrap();
+        assert!(html.contains("/admin/static/app.js"), "{page}");
+        assert_eq!(field(&html, "csrf"), s.csrf, "{page}");
+    }
+    let processes = http()
+        .get(server.url("/admin/processes"))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        processes.contains("class=\"warn\""),
+        "READY_TO_COMMIT stands out"
+    );
+    assert!(processes.contains("READY_TO_COMMIT"));
+    let get = |path: &'static str| {
+        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let devices = get("/admin/devices").await;
+    let row = |html: &str, id: &str| {
+        let start = html.find(&format!("id=\"{id}\"")).unwrap();
+        html[start..html[start..].find("</tr>").unwrap() + start].to_owned()
+    };
+    assert!(
+        row(&devices, "device-phone-1").contains(" ago"),
+        "{devices}"
+    );
+    assert!(
+        row(&devices, "device-phone-x").contains("not since"),
+        "{devices}"
+    );
+    let databases = get("/admin/databases").await;
+    // db-a: one message in Messages (in the process), one reply in Prepared.
+    let db_a = row(&databases, "db-db-a");
+    assert!(db_a.contains("<td>db-a</td><td>1</td><td>1</td>"), "{db_a}");
+    let bad = http()
+        .get(server.url("/admin/browse/Messages"))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::NOT_FOUND);
+    let bad = http()
+        .get(server.url("/admin/events?since=yesterday"))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert!(bad.text().await.unwrap().contains("filter-error"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn actions_without_the_csrf_token_are_refused_and_change_nothing() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
+    t.db_a.commit(&pid).await.unwrap();
+    let s = login(&server).await;
+    let requeue = format!("/admin/browse/Error/db-a/{incorrect}/requeue");
+    for body in ["", "csrf=", "csrf=wrong"] {
+        let r = post(&server, &requeue, Some(&s.cookie), body).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{body:?}");
+        let r = post(&server, "/admin/logout", Some(&s.cookie), body).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{body:?}");
+    }
+    let error = server
+        .admin
+        .folder(&id("db-a"), Folder::Error)
+        .await
+        .unwrap();
+    assert_eq!(error.files.len(), 1, "still in Error");
+
+    // With the token: requeued into Messages.
+    let r = post(
+        &server,
+        &requeue,
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(
+        r.headers()[LOCATION]
+            .to_str()
+            .unwrap()
+            .starts_with("/admin/browse/Error?notice=")
+    );
+    let error = server
+        .admin
+        .folder(&id("db-a"), Folder::Error)
+        .await
+        .unwrap();
+    assert!(error.files.is_empty());
+    let queue = server
+        .admin
+        .folder(&id("db-a"), Folder::Messages)
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.files.iter().map(|f| f.id).collect::<Vec<_>>(),
+        [incorrect]
+    );
+
+    // Settling a process that is not in doubt is refused with a reason.
+    let r = post(
+        &server,
+        &format!("/admin/processes/{pid}/settle"),
+        Some(&s.cookie),
+        &format!("csrf={}&outcome=commit", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("not in doubt"));
+
+    // Logout ends the session.
+    let r = post(
+        &server,
+        "/admin/logout",
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let r = http()
+        .get(server.url("/admin"))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_in_error_is_shown_and_discarded() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
+    t.db_a.commit(&pid).await.unwrap();
+    let s = login(&server).await;
+    let view = format!("/admin/browse/Error/db-a/{incorrect}");
+    let r = http()
+        .get(server.url(&view))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("&quot;order&quot;: 1") || html.contains("&#34;order&#34;: 1"),
+        "{html}"
+    );
+    let r = post(
+        &server,
+        &format!("{view}/discard"),
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    for folder in [Folder::Error, Folder::Messages] {
+        assert!(
+            server
+                .admin
+                .folder(&id("db-a"), folder)
+                .await
+                .unwrap()
+                .files
+                .is_empty()
+        );
+    }
+    let r = http()
+        .get(server.url(&view))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
+    let server = TestServer::start_custom(estafeta_server::HttpSettings::default(), |c| {
+        c.ready_timeout = std::time::Duration::from_millis(200);
+    })
+    .await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
+    let mut state = None;
+    for _ in 0..500 {
+        state = Some(server.admin.process(&pid).await.unwrap().state);
+        if state == Some(ProcessState::InDoubt) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(state, Some(ProcessState::InDoubt));
+    let s = login(&server).await;
+
+    // Its files are the process's: no requeue or discard by hand.
+    let view = format!("/admin/browse/Unknown/db-a/{mid}");
+    let html = http()
+        .get(server.url(&view))
+        .header(COOKIE, &s.cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains(&format!("Held by process in doubt <code>{pid}</code>")),
+        "{html}"
+    );
+    for action in ["requeue", "discard"] {
+        let r = post(
+            &server,
+            &format!("{view}/{action}"),
+            Some(&s.cookie),
+            &format!("csrf={}", s.csrf),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");
+    }
+    assert_eq!(
+        server
+            .admin
+            .folder(&id("db-a"), Folder::Unknown)
+            .await
+            .unwrap()
+            .files
+            .len(),
+        2
+    );
+
+    let settle = format!("/admin/processes/{pid}/settle");
+    let r = post(
+        &server,
+        &settle,
+        Some(&s.cookie),
+        &format!("csrf={}&outcome=maybe", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = post(
+        &server,
+        &settle,
+        Some(&s.cookie),
+        &format!("csrf={}&outcome=rollback", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        server.admin.process(&pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    assert!(
+        server
+            .admin
+            .folder(&id("db-a"), Folder::Unknown)
+            .await
+            .unwrap()
+            .files
+            .is_empty()
+    );
+    let queue = server
+        .admin
+        .folder(&id("db-a"), Folder::Messages)
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.files.iter().map(|f| f.id).collect::<Vec<_>>(),
+        [mid],
+        "back in the queue"
+    );
+    assert!(
+        t.phone1.inbox(None).await.unwrap().messages.is_empty(),
+        "the reply was deleted"
+    );
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,267 @@
+//! `/metrics` parses as the Prometheus text exposition format (a strict
+//! parser below) and its figures move with traffic.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+
+use common::{Tenancy, TestServer, message, ready_process};
+use estafeta_exchange::wire::ResultStatus;
+
+/// One sample: metric name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Parses the text format strictly: every sample belongs to a family
+/// declared by `# TYPE` before it (histograms through `_bucket`, `_sum`,
+/// `_count`), names and labels are well formed, no series twice, counters
+/// end in `_total`, histogram buckets are cumulative and end in `+Inf`
+/// equal to `_count`.
+fn parse(text: &str) -> Vec<Sample> {
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    let mut samples = Vec::new();
+    assert!(text.ends_with('\n'), "the exposition ends with a newline");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (kind, name) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(valid_name(name), "bad name in {line:?}");
+            match kind {
+                "HELP" => assert!(parts.next().is_some_and(|h| !h.is_empty()), "{line:?}"),
+                "TYPE" => {
+                    let t = parts.next().unwrap();
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&t),
+                        "{line:?}"
+                    );
+                    assert!(
+                        types.insert(name.to_owned(), t.to_owned()).is_none(),
+                        "TYPE twice: {line:?}"
+                    );
+                    if t == "counter" {
+                        assert!(name.ends_with("_total"), "counter {name} ends in _total");
+                    }
+                }
+                _ => panic!("unknown comment {line:?}"),
+            }
+            continue;
+        }
+        assert!(!line.is_empty(), "no blank lines");
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, BTreeMap::new()),
+            Some((name, rest)) => (
+                name,
+                labels(rest.strip_suffix('}').unwrap_or_else(|| panic!("{line:?}"))),
+            ),
+        };
+        assert!(valid_name(name), "bad name in {line:?}");
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+            })
+            .unwrap_or(name);
+        assert!(types.contains_key(family), "no TYPE before {line:?}");
+        assert!(seen.insert(series.to_owned()), "series twice: {line:?}");
+        samples.push((name.to_owned(), labels, value));
+    }
+    check_histograms(&samples, &types);
+    samples
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn labels(mut text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    while !text.is_empty() {
+        let (key, rest) = text
+            .split_once("=\"")
+            .unwrap_or_else(|| panic!("bad labels {text:?}"));
+        assert!(
+            valid_name(key) && !key.starts_with("__"),
+            "bad label name {key:?}"
+        );
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    other => panic!("bad escape {other:?} in {text:?}"),
+                },
+                Some((i, '"')) => break i,
+                Some((_, c)) => value.push(c),
+                None => panic!("unterminated label value in {text:?}"),
+            }
+        };
+        assert!(out.insert(key.to_owned(), value).is_none(), "label twice");
+        text = &rest[end + 1..];
+        text = text.strip_prefix(',').unwrap_or(text);
+    }
+    out
+}
+
+fn check_histograms(samples: &[Sample], types: &BTreeMap<String, String>) {
+    for (family, _) in types.iter().filter(|(_, t)| *t == "histogram") {
+        let mut series: BTreeMap<BTreeMap<String, String>, Vec<(f64, f64)>> = BTreeMap::new();
+        for (name, labels, value) in samples
+            .iter()
+            .filter(|(n, _, _)| *n == format!("{family}_bucket"))
+        {
+            let _ = name;
+            let mut key = labels.clone();
+            let le = key.remove("le").expect("a bucket has le");
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            series.entry(key).or_default().push((le, *value));
+        }
+        for (key, buckets) in series {
+            assert!(
+                buckets
+                    .windows(2)
+                    .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+                "cumulative: {buckets:?}"
+            );
+            assert_eq!(buckets.last().unwrap().0, f64::INFINITY);
+            let count = value(
+                samples,
+                &format!("{family}_count"),
+                &key.iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(buckets.last().unwrap().1, count);
+        }
+    }
+}
+
+/// The value of the one sample with this name and these labels (0 when absent).
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let found: Vec<_> = samples
+        .iter()
+        .filter(|(n, l, _)| n == name && *l == want)
+        .collect();
+    assert!(found.len() <= 1);
+    found.first().map_or(0.0, |(_, _, v)| *v)
+}
+
+#[test]
+fn the_parser_refuses_what_is_not_exposition_format() {
+    let ok = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\\\"\"} 3\n";
+    assert_eq!(parse(ok)[0].1["x"], "1\"");
+    for bad in [
+        "a_total 1\n",
+        "# TYPE a_total counter\na_total{x=\"1} 3\n",
+        "# TYPE a counter\na 1\n",
+        "# TYPE a_total counter\na_total one\n",
+        "# TYPE a_total counter\na_total 1\na_total 2\n",
+        "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n",
+    ] {
+        assert!(
+            std::panic::catch_unwind(|| parse(bad)).is_err(),
+            "{bad:?} accepted"
+        );
+    }
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_with_traffic() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let before = parse(&server.admin.metrics().await.unwrap());
+    let uploads = [
+        ("method", "POST"),
+        ("route", "/v1/messages"),
+        ("status", "201"),
+    ];
+    assert_eq!(
+        value(&before, "estafeta_http_requests_total", &uploads),
+        0.0
+    );
+    assert_eq!(value(&before, "estafeta_ready", &[]), 1.0);
+    assert!(value(&before, "estafeta_disk_free_bytes", &[]) > 0.0);
+
+    for i in 0..3 {
+        t.phone2
+            .send(&message("db-b", &format!("{{\"n\":{i}}}"), None))
+            .await
+            .unwrap();
+    }
+    let (_pid, _) = ready_process(&t, ResultStatus::Processed).await;
+
+    let after = parse(&server.admin.metrics().await.unwrap());
+    assert_eq!(value(&after, "estafeta_http_requests_total", &uploads), 4.0);
+    assert_eq!(
+        value(
+            &after,
+            "estafeta_http_request_duration_seconds_count",
+            &uploads
+        ),
+        4.0
+    );
+    assert!(
+        value(
+            &after,
+            "estafeta_http_request_duration_seconds_sum",
+            &uploads
+        ) > 0.0
+    );
+    let folder = |mailbox, folder| {
+        value(
+            &after,
+            "estafeta_mailbox_messages",
+            &[("mailbox", mailbox), ("folder", folder)],
+        )
+    };
+    assert_eq!(folder("db-b", "Messages"), 3.0);
+    assert_eq!(
+        folder("db-a", "Messages"),
+        1.0,
+        "in the process, still in Messages"
+    );
+    assert_eq!(folder("db-a", "Prepared"), 1.0, "the reply");
+    assert_eq!(
+        value(
+            &after,
+            "estafeta_processes",
+            &[("state", "READY_TO_COMMIT")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&after, "estafeta_processes", &[("state", "IN_DOUBT")]),
+        0.0
+    );
+    assert!(value(&after, "estafeta_oldest_ready_to_commit_age_seconds", &[]) >= 0.0);
+    assert!(
+        value(&after, "estafeta_session_saves_total", &[])
+            > value(&before, "estafeta_session_saves_total", &[])
+    );
+    assert_eq!(value(&after, "estafeta_alerts_open", &[]), 0.0);
+    let scrapes = [("method", "GET"), ("route", "/metrics"), ("status", "200")];
+    assert_eq!(value(&after, "estafeta_http_requests_total", &scrapes), 1.0);
+    server.stop().await.unwrap();
+}
