@@ -12,6 +12,8 @@
 //! - [`mod@serve`]: [`run`], which serves a caller-bound listener until the
 //!   caller's shutdown signal, with start-up recovery in the background.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate.
+//! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
+//!   the send queue with durable retries ([`notify::Notifier`]).
 //!
 //! # Example
 //!
@@ -50,6 +52,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod metrics;
+pub mod notify;
 pub mod openapi;
 pub mod operator;
 pub mod routes;
@@ -59,5 +62,5 @@ pub mod state;
 pub use app::app;
 pub use config::{HttpSettings, Settings};
 pub use error::ApiError;
-pub use serve::{ServeError, run};
+pub use serve::{ServeError, run, run_with};
 pub use state::AppState;

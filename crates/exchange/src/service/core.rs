@@ -3,6 +3,7 @@
 //! recovery) perform.
 
 use super::ExchangeConfig;
+use super::alerts::AlertKind;
 use super::error::ExchangeError;
 use super::state::{Owner, Process, RECENT, Record, Step, loc, pid_key};
 use crate::error::MailboxError;
@@ -36,6 +37,10 @@ pub(crate) struct Core {
     pub(crate) sessions: OnceLock<Engine<String, Record>>,
     pub(crate) ready: AtomicBool,
     pub(crate) recovery: RecoveryCounters,
+    /// Where alerts go ([`super::Exchange::set_alert_sink`]).
+    pub(crate) alerts: std::sync::RwLock<std::sync::Arc<dyn super::alerts::AlertSink>>,
+    /// A storage-write alert is open (cleared by the next good write).
+    pub(crate) storage_alert: AtomicBool,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -192,6 +197,12 @@ impl Core {
                 process = %p.id, db = %p.db,
                 "process in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback"
             );
+            self.raise_alert(
+                AlertKind::InDoubt,
+                &p.id,
+                format!("process {} of database {} is in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback", p.id, p.db),
+            )
+            .await;
             rec.in_doubt.push(p);
         }
         Ok(())
@@ -240,7 +251,11 @@ impl Core {
         match self.run_steps(&steps).await {
             Ok(()) => {
                 let target = p.target.unwrap_or(ProcessState::Done);
+                let failed = p.attempts > 0;
                 if let Some(p) = rec.process.take() {
+                    if failed {
+                        self.clear_alert(AlertKind::Failed, &p.id).await;
+                    }
                     self.finish(rec, p, target).await?;
                 }
                 Ok((target, None))
@@ -254,6 +269,12 @@ impl Core {
                     process = %p.id, db = %p.db, error = %e, attempts = p.attempts,
                     "process FAILED: files could not be moved; retrying with backoff"
                 );
+                let text = format!(
+                    "process {} of database {} is FAILED: its files could not be moved ({e}); retrying with backoff",
+                    p.id, p.db
+                );
+                let pid = p.id;
+                self.raise_alert(AlertKind::Failed, pid, text).await;
                 Ok((
                     ProcessState::Failed,
                     Some(self.session_now().after(backoff)),
@@ -271,6 +292,7 @@ impl Core {
                 let steps = rec.in_doubt[i].pending.clone();
                 self.run_steps(&steps).await?;
                 let p = rec.in_doubt.remove(i);
+                self.clear_alert(AlertKind::InDoubt, &p.id).await;
                 self.finish(rec, p, target).await?;
             } else {
                 i += 1;

@@ -3,6 +3,7 @@
 //! the server's HTTP handlers call with the authenticated caller.
 
 mod admin;
+mod alerts;
 mod config;
 mod core;
 mod device;
@@ -12,6 +13,7 @@ mod protocol;
 mod recovery;
 mod state;
 
+pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 
@@ -92,6 +94,8 @@ impl Exchange {
             sessions: OnceLock::new(),
             ready: Default::default(),
             recovery: Default::default(),
+            alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
+            storage_alert: Default::default(),
         });
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
@@ -103,6 +107,38 @@ impl Exchange {
             .await?;
         let _ = core.sessions.set(engine);
         Ok((Exchange { core }, admin_token))
+    }
+
+    /// Send alerts to `sink` from now on (the default only logs them). Set
+    /// it before [`Exchange::recover`] so start-up alerts reach it.
+    pub fn set_alert_sink(&self, sink: Arc<dyn AlertSink>) {
+        *self
+            .core
+            .alerts
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = sink;
+    }
+
+    /// Raise an alert found outside the exchange (free disk, an outbound
+    /// host down) through the same sink, with the same tracing event.
+    pub async fn raise_alert(&self, alert: Alert) {
+        tracing::error!(target: "estafeta::alert", key = %alert.key, "{}", alert.text);
+        self.core.alert_sink().raise(alert).await;
+    }
+
+    /// The condition with `key` ended.
+    pub async fn clear_alert(&self, key: String) {
+        self.core.alert_sink().clear(key).await;
+    }
+
+    /// The data folder.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.core.config.data_dir
+    }
+
+    /// The exchange's clock (its time is what alerts and schedules read).
+    pub fn now(&self) -> crate::Timestamp {
+        self.core.now()
     }
 
     fn ready(&self) -> Result<(), ExchangeError> {
@@ -204,7 +240,8 @@ impl Exchange {
         req: SendMessage,
     ) -> Result<(MessageAccepted, Upload), ExchangeError> {
         self.ready()?;
-        self.core.send(who, req).await
+        let r = self.core.send(who, req).await;
+        self.core.watch_storage("message upload", r).await
     }
 
     /// Device: its unacknowledged messages, oldest first, as the JSON body
@@ -257,7 +294,8 @@ impl Exchange {
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core.prepare(who, pid, req).await
+        let r = self.core.prepare(who, pid, req).await;
+        self.core.watch_storage("prepare", r).await
     }
 
     /// API_4: the processor committed.
@@ -268,7 +306,8 @@ impl Exchange {
         _req: CommitRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core.commit(who, pid).await
+        let r = self.core.commit(who, pid).await;
+        self.core.watch_storage("commit", r).await
     }
 
     /// API_5: the processor's commit failed.

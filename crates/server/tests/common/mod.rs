@@ -3,6 +3,9 @@
 //! `estafeta` binary as a child process, and a provisioned tenancy.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod recorder;
+pub mod smtp_server;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -12,7 +15,8 @@ use std::time::Duration;
 use estafeta_client::Client;
 use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Id};
-use estafeta_server::{HttpSettings, ServeError, run};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, run_with};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::oneshot;
@@ -60,6 +64,8 @@ pub struct TestServer {
     pub base: String,
     /// A client with the admin token.
     pub admin: Client,
+    /// The server's exchange (for calls no HTTP route makes).
+    pub exchange: Exchange,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
@@ -80,14 +86,31 @@ impl TestServer {
         http: HttpSettings,
         tweak: impl FnOnce(&mut ExchangeConfig),
     ) -> TestServer {
+        Self::start_notified(http, tweak, |data| NotifySettings::log_only(data)).await
+    }
+
+    /// A ready server whose alerts go where `notify` (given the data
+    /// folder) says.
+    pub async fn start_notified(
+        http: HttpSettings,
+        tweak: impl FnOnce(&mut ExchangeConfig),
+        notify: impl FnOnce(&Path) -> NotifySettings,
+    ) -> TestServer {
         let data = tempfile::tempdir().unwrap();
         let exchange = open_exchange_with(data.path(), tweak).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(listener, exchange, http, async move {
-            let _ = stopped.await;
-        }));
+        let notify = notify(data.path());
+        let task = tokio::spawn(run_with(
+            listener,
+            exchange.clone(),
+            http,
+            notify,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let base = format!("http://{addr}");
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
@@ -96,6 +119,7 @@ impl TestServer {
             addr,
             base,
             admin,
+            exchange,
             stop: Some(stop),
             task: Some(task),
         }
