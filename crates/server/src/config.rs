@@ -419,4 +419,39 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    fn alert_settings_come_from_file_and_environment() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "estafeta.toml",
+                r#"
+                    alert_email = "ops@example.org"
+                    smtp_url = "smtp://ops:secret@mail.example.org:587?starttls=on"
+                    alert_retry = "2s"
+                "#,
+            )?;
+            jail.set_env("ESTAFETA_ALERT_SMS_URL", "http://127.0.0.1:1/send");
+            jail.set_env("ESTAFETA_ALERT_SMS_TO", "0012345");
+            jail.set_env("ESTAFETA_ALERT_WEBHOOK", "http://127.0.0.1:2/hook");
+            jail.set_env("ESTAFETA_DISK_ALERT_MB", "5");
+            let s = Settings::load(None).unwrap();
+            assert!(!format!("{s:?}").contains("secret"));
+            let n = s.notify().unwrap();
+            let email = n.email.unwrap();
+            assert_eq!(email.smtp.port, 587);
+            assert_eq!(email.to, vec!["ops@example.org"]);
+            assert_eq!(n.sms.unwrap().to, vec!["0012345"]);
+            assert_eq!(n.webhook.as_deref(), Some("http://127.0.0.1:2/hook"));
+            assert_eq!(n.retry, Duration::from_secs(2));
+            assert_eq!(n.disk_alert_bytes, 5 << 20);
+
+            jail.set_env(
+                "ESTAFETA_SMTP_URL",
+                "smtp://mail.example.org?starttls=perhaps",
+            );
+            assert!(matches!(Settings::load(None), Err(ConfigError::Notify(_))));
+            Ok(())
+        });
+    }
 }

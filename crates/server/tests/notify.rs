@@ -245,3 +245,58 @@ async fn free_disk_under_the_threshold_alerts() {
     assert_eq!(body["alert"]["key"], "disk_low:data");
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
+    let (hook_addr, mut hook) = recorder::start().await;
+    let server = TestServer::start_notified(
+        HttpSettings::default(),
+        |_| {},
+        |data| NotifySettings {
+            webhook: Some(format!("http://{hook_addr}/")),
+            ..settings(data)
+        },
+    )
+    .await;
+    let t = Tenancy::provision(&server.admin).await;
+    // db-a's queue folder is replaced by a file: every write there fails.
+    let queue = server.data.path().join("db-a/Messages");
+    let break_queue = || {
+        std::fs::remove_dir_all(&queue).unwrap();
+        std::fs::write(&queue, b"not a folder").unwrap();
+    };
+    let mend_queue = || {
+        std::fs::remove_file(&queue).unwrap();
+        std::fs::create_dir(&queue).unwrap();
+    };
+    let upload = message("db-a", "{}", None);
+    break_queue();
+    for _ in 0..2 {
+        assert!(t.phone1.send(&upload).await.is_err());
+    }
+    let call = next(&mut hook).await;
+    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    assert_eq!(body["alert"]["key"], "storage_write:data");
+
+    // A good write ends the condition; the next failure is news again, and
+    // a marker raised before it shows that the second failed upload above
+    // sent nothing.
+    mend_queue();
+    t.phone1.send(&upload).await.unwrap();
+    let marker = Alert::new(
+        AlertKind::DiskLow,
+        "marker",
+        "marker",
+        server.exchange.now(),
+    );
+    server.exchange.raise_alert(marker).await;
+    let call = next(&mut hook).await;
+    assert!(call.body.contains("disk_low:marker"), "{}", call.body);
+    break_queue();
+    assert!(t.phone1.send(&upload).await.is_err());
+    let call = next(&mut hook).await;
+    assert!(call.body.contains("storage_write:data"), "{}", call.body);
+    assert!(hook.try_recv().is_err());
+    mend_queue();
+    server.stop().await.unwrap();
+}
