@@ -1,6 +1,7 @@
 //! [`run`]: serve the router on a listener the caller bound, with start-up
-//! recovery in the background, the daily retention sweep, and graceful
-//! shutdown when the caller's signal fires.
+//! recovery in the background, the daily retention sweep, scheduled
+//! delivery, alert delivery ([`run_with`]), and graceful shutdown when the
+//! caller's signal fires.
 //!
 //! The accept loop is hyper's own rather than `axum::serve`, because the
 //! latter sets no header read timeout: a client that never finishes its
@@ -81,6 +82,17 @@ where
         http.retention_interval,
         stop_rx.clone(),
     ));
+    let deliveries = {
+        let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            };
+            if let Err(e) = exchange.run_deliveries(stopped).await {
+                tracing::error!(error = %e, "scheduled delivery stopped");
+            }
+        })
+    };
     let alerts = {
         let (notifier, exchange, mut stop) = (notifier, exchange.clone(), stop_rx);
         tokio::spawn(async move {
@@ -112,7 +124,7 @@ where
     .await;
     signal.abort();
 
-    for task in [recovery, retention, alerts] {
+    for task in [recovery, retention, deliveries, alerts] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "a background task panicked");
         }

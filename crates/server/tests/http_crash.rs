@@ -52,6 +52,7 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
             to: id("phone-1"),
             body: Body::from_json(r#"{"ok":1}"#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
     assert_eq!(

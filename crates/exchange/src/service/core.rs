@@ -41,6 +41,8 @@ pub(crate) struct Core {
     pub(crate) alerts: std::sync::RwLock<std::sync::Arc<dyn super::alerts::AlertSink>>,
     /// A storage-write alert is open (cleared by the next good write).
     pub(crate) storage_alert: AtomicBool,
+    /// Messages kept aside until their `deliver_at`.
+    pub(crate) deferred: super::schedule::Deferred,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {

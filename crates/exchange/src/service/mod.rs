@@ -11,6 +11,7 @@ mod error;
 mod hooks;
 mod protocol;
 mod recovery;
+mod schedule;
 mod state;
 
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
@@ -85,6 +86,17 @@ impl Exchange {
             .await
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let scheduled_path = state_dir.join("scheduled.redb");
+        let scheduled =
+            tokio::task::spawn_blocking(move || estafeta_repeat::RedbStore::open(scheduled_path))
+                .await
+                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
+                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let deferred = estafeta_repeat::Scheduler::new(
+            scheduled,
+            schedule::WallClock(clock.clone()),
+            estafeta_repeat::Options::default(),
+        );
         let core = Arc::new(Core {
             config,
             clock: clock.clone(),
@@ -96,6 +108,7 @@ impl Exchange {
             recovery: Default::default(),
             alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
             storage_alert: Default::default(),
+            deferred,
         });
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
@@ -352,8 +365,27 @@ impl Exchange {
         self.core.retention_sweep().await
     }
 
+    /// Move scheduled messages (`deliver_at`) into their queues as they
+    /// come due, until `shutdown` resolves. Run it once, beside serving.
+    pub async fn run_deliveries(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), ExchangeError> {
+        let core = self.core.clone();
+        let handler = move |entry: estafeta_repeat::Entry| {
+            let core = core.clone();
+            async move { core.deliver_due(entry).await }
+        };
+        self.core
+            .deferred
+            .run(estafeta_repeat::WorkerPool::new(4), handler, shutdown)
+            .await
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+    }
+
     /// Stop: refuse new calls, let running ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
+        self.core.deferred.close().await;
         self.core.sessions()?.stop().await?;
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! `estafeta` binary as a child process, and a provisioned tenancy.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod clock;
 pub mod recorder;
 pub mod smtp_server;
 
@@ -36,12 +37,20 @@ pub async fn open_exchange(data: &Path) -> Exchange {
 
 /// Opens an exchange on `data` with the test admin token and `tweak`ed settings.
 pub async fn open_exchange_with(data: &Path, tweak: impl FnOnce(&mut ExchangeConfig)) -> Exchange {
+    open_exchange_clocked(data, Arc::new(estafeta_session::SystemClock), tweak).await
+}
+
+/// Opens an exchange on `data` with the test admin token, `clock` and
+/// `tweak`ed settings.
+pub async fn open_exchange_clocked(
+    data: &Path,
+    clock: Arc<dyn estafeta_session::Clock>,
+    tweak: impl FnOnce(&mut ExchangeConfig),
+) -> Exchange {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
     tweak(&mut config);
-    let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
-        .await
-        .unwrap();
+    let (exchange, _) = Exchange::open(config, clock).await.unwrap();
     exchange
 }
 
@@ -199,6 +208,7 @@ pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
         to: id(to),
         body: Body::from_json(body).unwrap(),
         created_at: None,
+        deliver_at: None,
         idempotency_key: key.map(str::to_owned),
     }
 }

@@ -1,0 +1,127 @@
+//! Scheduled delivery (`deliver_at`) under a clock the test moves: a message
+//! is not in its queue before its time, is there after, and the schedule
+//! survives a restart of the server.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::clock::ManualClock;
+use common::{ADMIN_TOKEN, Tenancy, id, message, open_exchange_clocked, start_request, wait_ready};
+use estafeta_client::Client;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::StartStatus;
+use estafeta_exchange::{MessageId, Timestamp};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, run_with};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// An in-process server on `data` reading `clock`.
+struct Server {
+    admin: Client,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Server {
+    async fn start(data: &Path, clock: &ManualClock) -> Server {
+        let exchange = open_exchange_clocked(data, Arc::new(clock.clone()), |_| {}).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_with(
+            listener,
+            exchange,
+            HttpSettings::default(),
+            NotifySettings::log_only(data),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
+        wait_ready(&admin).await;
+        Server { admin, stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+
+    async fn queued(&self) -> Vec<MessageId> {
+        let listing = self
+            .admin
+            .folder(&id("db-a"), Folder::Messages)
+            .await
+            .unwrap();
+        listing.files.into_iter().map(|f| f.id).collect()
+    }
+
+    /// Waits until `wanted` is in db-a's queue (the scheduler looks at the
+    /// clock at least once a second).
+    async fn wait_queued(&self, wanted: MessageId) {
+        for _ in 0..3000 {
+            if self.queued().await.contains(&wanted) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{wanted} did not enter the queue");
+    }
+}
+
+/// A device upload to db-a due `after` from the clock's now.
+async fn upload_due(t: &Tenancy, clock: &ManualClock, after: Duration) -> MessageId {
+    use estafeta_session::Clock;
+    let at = clock.now().after(after);
+    let mut m = message("db-a", r#"{"later":true}"#, None);
+    m.deliver_at = Some(Timestamp::from_millis(i64::try_from(at.0).unwrap()));
+    t.phone1.send(&m).await.unwrap().accepted.id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before() {
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let server = Server::start(data.path(), &clock).await;
+    let t = Tenancy::provision(&server.admin).await;
+
+    let in_an_hour = upload_due(&t, &clock, Duration::from_secs(3600)).await;
+    let in_half_an_hour = upload_due(&t, &clock, Duration::from_secs(1800)).await;
+    assert!(server.queued().await.is_empty());
+    let start = t.db_a.start(&start_request("db-a")).await.unwrap();
+    assert_eq!(start.status, StartStatus::Idle);
+
+    // Half an hour on (and the second the due time rounds up to), the
+    // earlier one is delivered and the later one, scheduled in the same
+    // store, is still not.
+    clock.advance(Duration::from_secs(1801));
+    server.wait_queued(in_half_an_hour).await;
+    assert_eq!(server.queued().await, vec![in_half_an_hour]);
+
+    // The server restarts before the later one is due; it is kept.
+    server.stop().await;
+    let server = Server::start(data.path(), &clock).await;
+    assert_eq!(server.queued().await, vec![in_half_an_hour]);
+    clock.advance(Duration::from_secs(1800));
+    server.wait_queued(in_an_hour).await;
+    // Listed by creation time: both were made at the same (frozen) instant.
+    assert_eq!(server.queued().await, vec![in_an_hour, in_half_an_hour]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deliver_at_in_the_past_delivers_at_once() {
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let server = Server::start(data.path(), &clock).await;
+    let t = Tenancy::provision(&server.admin).await;
+    let mut m = message("db-a", "{}", None);
+    m.deliver_at = Some(Timestamp::from_millis(0));
+    let sent = t.phone1.send(&m).await.unwrap().accepted.id;
+    assert_eq!(server.queued().await, vec![sent]);
+    server.stop().await;
+}
