@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::clock::ManualClock;
-use common::{ADMIN_TOKEN, Tenancy, id, message, open_exchange_clocked, start_request, wait_ready};
+use common::{ADMIN_TOKEN, Tenancy, id, message, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
-use estafeta_exchange::{MessageId, Timestamp};
+use estafeta_exchange::{Exchange, ExchangeConfig, MessageId, Timestamp};
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, run_with};
 use tokio::sync::oneshot;
@@ -28,7 +28,7 @@ struct Server {
 
 impl Server {
     async fn start(data: &Path, clock: &ManualClock) -> Server {
-        let exchange = open_exchange_clocked(data, Arc::new(clock.clone()), |_| {}).await;
+        let exchange = reopen(data, clock).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -52,9 +52,13 @@ impl Server {
     }
 
     async fn queued(&self) -> Vec<MessageId> {
+        self.queued_at("db-a").await
+    }
+
+    async fn queued_at(&self, mailbox: &str) -> Vec<MessageId> {
         let listing = self
             .admin
-            .folder(&id("db-a"), Folder::Messages)
+            .folder(&id(mailbox), Folder::Messages)
             .await
             .unwrap();
         listing.files.into_iter().map(|f| f.id).collect()
@@ -71,6 +75,20 @@ impl Server {
         }
         panic!("{wanted} did not enter the queue");
     }
+}
+
+/// Opens the exchange on `data`; the last run's tasks release the files
+/// a moment after it stopped, so a restart tries a few times.
+async fn reopen(data: &Path, clock: &ManualClock) -> Exchange {
+    for _ in 0..500 {
+        let mut config = ExchangeConfig::new(data);
+        config.admin_token = Some(ADMIN_TOKEN.to_owned());
+        match Exchange::open(config, Arc::new(clock.clone())).await {
+            Ok((exchange, _)) => return exchange,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    panic!("the data folder stayed locked");
 }
 
 /// A device upload to db-a due `after` from the clock's now.
@@ -124,4 +142,72 @@ async fn a_deliver_at_in_the_past_delivers_at_once() {
     let sent = t.phone1.send(&m).await.unwrap().accepted.id;
     assert_eq!(server.queued().await, vec![sent]);
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart() {
+    use estafeta_exchange::wire::{
+        Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
+    };
+    use estafeta_session::Clock;
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let server = Server::start(data.path(), &clock).await;
+    let t = Tenancy::provision(&server.admin).await;
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let at = clock.now().after(Duration::from_secs(3600));
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![MessageResult {
+            message_id: started.messages.unwrap()[0].id,
+            status: ResultStatus::Processed,
+            error_code: None,
+            error_text: None,
+        }],
+        replies: vec![
+            Reply {
+                to: id("phone-1"),
+                body: Body::from_json(r#"{"later":true}"#).unwrap(),
+                created_at: None,
+                deliver_at: Some(Timestamp::from_millis(i64::try_from(at.0).unwrap())),
+            },
+            Reply {
+                to: id("phone-1"),
+                body: Body::from_json(r#"{"now":true}"#).unwrap(),
+                created_at: None,
+                deliver_at: None,
+            },
+        ],
+    };
+    assert_eq!(
+        t.db_a.prepare(&pid, &prepare).await.unwrap().status,
+        CallStatus::Ok
+    );
+    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    // Only the reply without a delivery time is in the inbox; nothing is
+    // left in Prepared.
+    let inbox = t.phone1.inbox(None).await.unwrap();
+    assert_eq!(inbox.messages.len(), 1);
+    let now_id = inbox.messages[0].id;
+    let prepared = server
+        .admin
+        .folder(&id("db-a"), Folder::Prepared)
+        .await
+        .unwrap();
+    assert!(prepared.files.is_empty());
+
+    server.stop().await;
+    let server = Server::start(data.path(), &clock).await;
+    assert_eq!(server.queued_at("phone-1").await, vec![now_id]);
+    clock.advance(Duration::from_secs(3601));
+    for _ in 0..3000 {
+        if server.queued_at("phone-1").await.len() == 2 {
+            server.stop().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the scheduled reply did not reach the inbox");
 }

@@ -74,10 +74,12 @@ impl Core {
     pub(crate) async fn run_steps(&self, steps: &[Step]) -> Result<(), MailboxError> {
         let mut moves = Vec::new();
         let mut deletes = Vec::new();
+        let mut schedules = Vec::new();
         for s in steps {
             match s {
                 Step::Move { name, from, to } => moves.push((name.clone(), loc(from), loc(to))),
                 Step::Delete { name, at } => deletes.push((name.clone(), loc(at))),
+                Step::Schedule { name, from, at } => schedules.push((name, loc(from), *at)),
             }
         }
         let mut first_error = None;
@@ -92,6 +94,13 @@ impl Core {
         };
         for r in self.mailboxes.move_all(&moves).await {
             note(r);
+        }
+        for (name, from, at) in schedules {
+            note(
+                self.schedule_file(name, &from, at)
+                    .await
+                    .map(|()| crate::mailbox::Outcome::Done),
+            );
         }
         for (name, at) in deletes {
             note(self.mailboxes.delete(&at, &name).await);
@@ -160,7 +169,7 @@ impl Core {
         let mut steps: Vec<Step> = p
             .replies
             .iter()
-            .map(|r| Step::mv(r, (db, Folder::Prepared), (&r.to, Folder::Messages)))
+            .map(|r| Step::deliver(p, r, (db, Folder::Prepared)))
             .collect();
         for n in p.verdicts(ResultStatus::Processed) {
             steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
@@ -216,11 +225,7 @@ impl Core {
         let mut steps = Vec::new();
         if commit {
             for r in &p.replies {
-                steps.push(Step::mv(
-                    r,
-                    (db, Folder::Unknown),
-                    (&r.to, Folder::Messages),
-                ));
+                steps.push(Step::deliver(p, r, (db, Folder::Unknown)));
             }
             for n in p.verdicts(ResultStatus::Processed) {
                 steps.push(Step::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));

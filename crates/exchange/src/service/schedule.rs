@@ -9,7 +9,8 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Timestamp;
-use crate::mailbox::Folder;
+use crate::error::MailboxError;
+use crate::mailbox::{FileName, Folder, Location};
 use crate::wire::Message;
 use estafeta_repeat::{Entry, Outcome, RedbStore, Scheduler};
 use std::sync::Arc;
@@ -66,6 +67,43 @@ impl Core {
         Ok(())
     }
 
+    /// The [`Step::Schedule`](super::state::Step) of a committed reply:
+    /// keep the file in `from` aside until `at` (or write it into its
+    /// recipient's `Messages` if that time has passed), then remove it from
+    /// `from`. Done again after a crash, it schedules the same entry again
+    /// (same id, replaced) or finds the file gone.
+    pub(crate) async fn schedule_file(
+        &self,
+        name: &FileName,
+        from: &Location,
+        at: Timestamp,
+    ) -> Result<(), MailboxError> {
+        let raw = self
+            .mailboxes
+            .read_array(from, std::slice::from_ref(name))
+            .await?;
+        if raw.names.is_empty() {
+            return Err(MailboxError::NotFound {
+                name: name.to_string(),
+                from: self.mailboxes.path(from),
+                to: self.mailboxes.root().join(".estafeta/scheduled.redb"),
+            });
+        }
+        let mut messages: Vec<Message> = serde_json::from_slice(&raw.json)
+            .map_err(|_| MailboxError::Corrupt(self.mailboxes.path(from).join(name.to_string())))?;
+        let Some(message) = messages.pop() else {
+            return Ok(());
+        };
+        if let Err(e) = self.place(&message, Some(at)).await {
+            return Err(MailboxError::io(
+                self.mailboxes.path(from).join(name.to_string()),
+                std::io::Error::other(e.to_string()),
+            ));
+        }
+        self.mailboxes.delete(from, name).await?;
+        Ok(())
+    }
+
     /// A kept-aside message came due: into `Messages`, durably.
     pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {
         let message: Message = match serde_json::from_slice(&entry.payload) {
@@ -91,7 +129,7 @@ impl Core {
     /// Whether the message's file is in any folder of its recipient (a
     /// delivery before a crash that did not get to remove its entry).
     async fn delivered_already(&self, message: &Message) -> bool {
-        let name = crate::mailbox::FileName::of(message).to_string();
+        let name = FileName::of(message).to_string();
         let paths: Vec<_> = [
             Folder::Messages,
             Folder::Log,
