@@ -211,3 +211,20 @@ async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart() {
     }
     panic!("the scheduled reply did not reach the inbox");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_at_is_in_the_openapi_document() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &ManualClock::now()).await;
+    let doc = server.admin.openapi().await.unwrap();
+    for schema in ["SendMessage", "Reply"] {
+        let field = &doc["components"]["schemas"][schema]["properties"]["deliver_at"];
+        assert!(field.is_object(), "{schema}: {field}");
+        let text = field.to_string();
+        assert!(
+            text.contains("RFC 3339") || text.contains("Timestamp"),
+            "{text}"
+        );
+    }
+    server.stop().await;
+}
