@@ -214,6 +214,8 @@ fn full_bodies_round_trip() {
             replies: 7,
             not_committed: 8,
             in_doubt: 9,
+            last_error: Some("7: bad total".into()),
+            last_seen: Some(Timestamp::from_millis(1_800_000_000_000)),
         }],
         devices: vec![DeviceStats {
             id: id("phone-1"),

@@ -153,6 +153,7 @@ impl Core {
         self.write_owner(&p.id, &p.db, Some(state)).await?;
         p.state = state;
         p.ended_at = Some(self.now());
+        rec.counters.ended(&p, state, self.now());
         p.pending.clear();
         p.target = None;
         tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
@@ -203,6 +204,7 @@ impl Core {
         self.run_steps(&steps).await?;
         if let Some(mut p) = rec.process.take() {
             p.state = ProcessState::InDoubt;
+            rec.counters.went_in_doubt(self.now());
             tracing::error!(
                 target: "estafeta::alert",
                 process = %p.id, db = %p.db,

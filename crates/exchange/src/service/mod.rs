@@ -13,6 +13,7 @@ mod protocol;
 mod recovery;
 mod schedule;
 mod state;
+mod stats;
 
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;

@@ -8,6 +8,7 @@
 //! is answered correctly). One record type serves all three; each uses its
 //! own fields.
 
+use super::stats::DbCounters;
 use crate::mailbox::{FileName, Folder, Location};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
@@ -46,6 +47,9 @@ pub(crate) struct Record {
     /// `pid/`: where a process lives and how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) owner: Option<Owner>,
+    /// `db/`: counters of the database's processes.
+    #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
+    pub(crate) counters: DbCounters,
 }
 
 /// A device upload with an idempotency key: written into the device

@@ -5,6 +5,7 @@
 
 pub mod clock;
 pub mod recorder;
+pub mod restartable;
 pub mod smtp_server;
 
 use std::net::SocketAddr;
