@@ -300,3 +300,37 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     mend_queue();
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_failing_its_probes_raises_a_host_down_alert() {
+    let gateway = recorder::closed_port();
+    let (hook_addr, mut hook) = recorder::start().await;
+    let server = TestServer::start_notified(
+        HttpSettings::default(),
+        |_| {},
+        |data| NotifySettings {
+            sms: Some(SmsChannel {
+                gateway: SmsConfig {
+                    url: format!("http://{gateway}/send"),
+                    ..SmsConfig::default()
+                },
+                to: vec!["+15550100".into()],
+            }),
+            webhook: Some(format!("http://{hook_addr}/alerts")),
+            probe: Duration::from_millis(50),
+            ..settings(data)
+        },
+    )
+    .await;
+    // The webhook host answers its probes (GETs) too; wait for the alert.
+    let key = format!("host_down:http://{gateway}");
+    loop {
+        let hit = next(&mut hook).await;
+        if hit.body.contains("host_down") {
+            let body: serde_json::Value = serde_json::from_str(&hit.body).unwrap();
+            assert_eq!(body["alert"]["key"], key);
+            break;
+        }
+    }
+    server.stop().await.unwrap();
+}

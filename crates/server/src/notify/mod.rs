@@ -30,7 +30,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::{Alert, AlertSink, Exchange};
+use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, alert_key};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -163,13 +163,16 @@ impl Notifier {
             let _ = rx.wait_for(|s| *s).await;
         };
         let disk = tokio::spawn(disk::watch(
-            exchange,
+            exchange.clone(),
             self.inner.settings.data_dir.clone(),
             self.inner.settings.disk_alert_bytes,
             self.inner.settings.disk_check,
             stopped(stop_rx.clone()),
         ));
-        let probes = tokio::spawn(self.clone().probe(stopped(stop_rx.clone())));
+        let probes = tokio::spawn(
+            self.clone()
+                .probe(exchange.clone(), stopped(stop_rx.clone())),
+        );
         let queues = {
             let outbound = self.inner.outbound.clone();
             let rx = stop_rx.clone();
@@ -291,8 +294,11 @@ impl Notifier {
 
     /// Probes the origins of the SMS gateway and the webhook every
     /// [`NotifySettings::probe`] (when not zero); the send queue marks a
-    /// host down after failed probes and up again on a good one.
-    async fn probe(self, stop: impl Future<Output = ()> + Send) {
+    /// host down after failed probes and up again on a good one. A host
+    /// found down raises a `host_down` alert (sent through the other
+    /// channels at once, through its own when it is back), cleared when it
+    /// is up again.
+    async fn probe(self, exchange: Exchange, stop: impl Future<Output = ()> + Send) {
         let period = self.inner.settings.probe;
         if period.is_zero() {
             return stop.await;
@@ -307,12 +313,29 @@ impl Notifier {
             .collect();
         let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
+        let mut down = std::collections::HashSet::new();
         loop {
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tick.tick() => {}
             }
             for host in &hosts {
+                // What the probes sent so far decided.
+                match self.inner.outbound.http.is_down(host) {
+                    Some(true) if down.insert(host.clone()) => {
+                        let text = format!(
+                            "the alert host {host} fails its health probes; alerts for it wait until it is back"
+                        );
+                        let alert = Alert::new(AlertKind::HostDown, host, text, exchange.now());
+                        exchange.raise_alert(alert).await;
+                    }
+                    Some(false) if down.remove(host) => {
+                        exchange
+                            .clear_alert(alert_key(AlertKind::HostDown, host))
+                            .await;
+                    }
+                    _ => {}
+                }
                 let probe = HttpOut::Probe(ProbeRequest {
                     url: format!("{host}/"),
                 });
