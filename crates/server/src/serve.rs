@@ -74,6 +74,7 @@ where
     let notifier = Notifier::open(notify).await?;
     exchange.set_alert_sink(Arc::new(notifier.clone()));
     let state = AppState::new(exchange.clone(), http.clone());
+    state.set_notifier(notifier.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let recovery = tokio::spawn(recover(state.clone(), stop_rx.clone()));

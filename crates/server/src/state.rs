@@ -1,13 +1,14 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings and the request counters.
+//! HTTP settings, the request counters and the alert notifier.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use estafeta_exchange::Exchange;
 
 use crate::config::HttpSettings;
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 
 /// The shared state of the router. Cheap to clone.
 #[derive(Clone)]
@@ -21,6 +22,9 @@ struct Inner {
     /// Set when start-up recovery succeeded; cleared when stopping.
     ready: AtomicBool,
     metrics: Metrics,
+    /// Alert delivery, once [`crate::run_with`] has started it (the
+    /// dashboard lists its open alerts).
+    notifier: OnceLock<Notifier>,
 }
 
 impl AppState {
@@ -32,6 +36,7 @@ impl AppState {
                 http,
                 ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
+                notifier: OnceLock::new(),
             }),
         }
     }
@@ -49,6 +54,16 @@ impl AppState {
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// Alert delivery, when the server runs one.
+    pub fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier.get()
+    }
+
+    /// Records the server's alert delivery (once; later calls are ignored).
+    pub fn set_notifier(&self, notifier: Notifier) {
+        let _ = self.inner.notifier.set(notifier);
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.
