@@ -32,6 +32,7 @@
 //!         to: db.id.clone(),
 //!         body: Body::from_json(r#"{"order": 17}"#)?,
 //!         created_at: None,
+//!         deliver_at: None,
 //!         idempotency_key: Some("order-17".into()),
 //!     })
 //!     .await?;

@@ -74,6 +74,9 @@ pub mod wire;
 
 pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;
-pub use service::{ErrorKind, Exchange, ExchangeConfig, ExchangeError, RecoveryReport, Upload};
+pub use service::{
+    Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
+    RecoveryReport, Upload, alert_key,
+};
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -112,6 +112,7 @@ impl Model {
                             to: m.from.clone(),
                             body: Body::from_json(format!(r#"{{"source":"{}"}}"#, m.id)).unwrap(),
                             created_at: None,
+                            deliver_at: None,
                         });
                     }
                     if status == ResultStatus::ProcessedIncorrect {

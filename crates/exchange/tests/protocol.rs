@@ -233,6 +233,7 @@ async fn idempotent_upload_and_ack() {
         to: "db-a".parse().unwrap(),
         body: Body::from_json("{}").unwrap(),
         created_at: None,
+        deliver_at: None,
         idempotency_key: Some(k.into()),
     };
     let (a, first) = w.ex.send(&w.phone, req("k1")).await.unwrap();
@@ -304,6 +305,7 @@ async fn authorization() {
         to: "db-x".parse().unwrap(),
         body: Body::from_json("{}").unwrap(),
         created_at: None,
+        deliver_at: None,
         idempotency_key: None,
     };
     assert_eq!(
@@ -429,6 +431,7 @@ async fn start_filters_and_limits() {
             body: Body::from_json(body).unwrap(),
             created_at: None,
             idempotency_key: None,
+            deliver_at: None,
         };
         let ex = w.ex.clone();
         let who = who.clone();

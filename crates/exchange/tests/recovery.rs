@@ -110,6 +110,7 @@ async fn a_failed_write_is_503_and_other_databases_go_on() {
         to: to.parse().unwrap(),
         body: Body::from_json("{}").unwrap(),
         created_at: None,
+        deliver_at: None,
         idempotency_key: Some(format!("key-{to}")),
     };
     let e = w.ex.send(&w.phone, req("db-a")).await.unwrap_err();

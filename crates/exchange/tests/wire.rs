@@ -139,6 +139,7 @@ fn full_bodies_round_trip() {
         to: id("db-a"),
         body: Body::from_json("[]").unwrap(),
         created_at: Some(t),
+        deliver_at: None,
         idempotency_key: Some("k-1".to_owned()),
     });
     round_trip(PrepareRequest {
@@ -153,6 +154,7 @@ fn full_bodies_round_trip() {
             to: id("phone-1"),
             body: Body::from_json(r#"{"ok":1}"#).unwrap(),
             created_at: Some(t),
+            deliver_at: None,
         }],
     });
     round_trip(AcceptRequest {
@@ -212,6 +214,8 @@ fn full_bodies_round_trip() {
             replies: 7,
             not_committed: 8,
             in_doubt: 9,
+            last_error: Some("7: bad total".into()),
+            last_seen: Some(Timestamp::from_millis(1_800_000_000_000)),
         }],
         devices: vec![DeviceStats {
             id: id("phone-1"),

@@ -105,6 +105,7 @@ async fn cycle(w: &World, batch: usize) {
                     to: id("db-a"),
                     body: Body::from_json(BODY).unwrap(),
                     created_at: None,
+                    deliver_at: None,
                     idempotency_key: None,
                 };
                 client.send(&msg).await.unwrap();
@@ -143,6 +144,7 @@ async fn cycle(w: &World, batch: usize) {
                 to: m.from.clone(),
                 body: Body::from_json(r#"{"accepted":true}"#).unwrap(),
                 created_at: None,
+                deliver_at: None,
             })
             .collect(),
     };

@@ -12,6 +12,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::notify::{NotifyConfigError, NotifySettings};
+
 /// The prefix of every environment variable the server reads.
 pub const ENV_PREFIX: &str = "ESTAFETA_";
 
@@ -20,7 +22,20 @@ pub const DEFAULT_CONFIG_FILE: &str = "estafeta.toml";
 
 /// Settings whose values are text: the environment gives them as they are,
 /// so that a token or a folder name made of digits stays text.
-const TEXT_KEYS: [&str; 3] = ["data_dir", "listen", "admin_token"];
+const TEXT_KEYS: [&str; 12] = [
+    "data_dir",
+    "listen",
+    "admin_token",
+    "alert_email",
+    "smtp_url",
+    "smtp_from",
+    "alert_sms_url",
+    "alert_sms_to",
+    "alert_sms_method",
+    "alert_sms_body",
+    "alert_sms_content_type",
+    "alert_webhook",
+];
 
 /// Every setting, its environment variable and default, for `--help`.
 pub const SETTINGS_HELP: &str = "\
@@ -38,6 +53,28 @@ Settings (environment variables; a TOML file may set the same keys in lower case
   ESTAFETA_REQUEST_TIMEOUT  a request head not received within this drops the connection, a body
                             is answered 408 [default: 30s]
   ESTAFETA_LOG              log filter on stderr, tracing EnvFilter syntax [default: info]
+Alerts to administrators (each channel is used when its settings are given; without any, alerts
+are only logged):
+  ESTAFETA_ALERT_EMAIL      e-mail recipients of alerts, comma-separated
+  ESTAFETA_SMTP_URL         the SMTP relay: smtp://[user[:password]@]host[:port][?starttls=on|off]
+                            (user and password percent-encoded) [default port: 25; starttls: off]
+  ESTAFETA_SMTP_FROM        the sender address of alert e-mail [default: estafeta@localhost]
+  ESTAFETA_ALERT_SMS_URL    the SMS gateway URL template; {recipient} and {text} are filled in
+  ESTAFETA_ALERT_SMS_TO     phone numbers to send alerts to, comma-separated
+  ESTAFETA_ALERT_SMS_METHOD HTTP method of the gateway call [default: POST]
+  ESTAFETA_ALERT_SMS_BODY   body template of the gateway call, with {recipient} and {text}
+                            [default: {\"to\":\"{recipient}\",\"text\":\"{text}\"}]
+  ESTAFETA_ALERT_SMS_CONTENT_TYPE  content type of that body [default: application/json]
+  ESTAFETA_ALERT_WEBHOOK    a URL that gets each alert as a JSON POST
+  ESTAFETA_ALERT_RETRY      first wait before a failed alert delivery is tried again; it doubles
+                            on each failure up to an hour; pending deliveries survive a restart
+                            [default: 5s]
+  ESTAFETA_ALERT_PROBE      how often the SMS gateway and webhook hosts are probed (a GET of the
+                            URL's origin; a host failing 3 probes in a row is marked down and
+                            its alerts wait; the origin must answer 2xx) [default: 0s: no probes]
+  ESTAFETA_DISK_ALERT_MB    alert when free space in the data folder falls under this many MB
+                            [default: 100; 0: never]
+  ESTAFETA_DISK_CHECK       how often free disk space is checked [default: 1m]
 Durations in humantime form: 2s, 10m, 90d. Precedence: defaults < TOML file < environment.";
 
 /// The configuration could not be read.
@@ -52,6 +89,9 @@ pub enum ConfigError {
     /// `max_body_mb` is zero.
     #[error("configuration: max_body_mb must be at least 1")]
     NoBody,
+    /// An alert setting is invalid.
+    #[error("configuration: {0}")]
+    Notify(#[from] NotifyConfigError),
 }
 
 /// The server's settings (see [`SETTINGS_HELP`]).
@@ -82,6 +122,40 @@ pub struct Settings {
     /// How long a client may take to send its request head, and its body.
     #[serde(with = "humantime_text")]
     pub request_timeout: Duration,
+    /// E-mail recipients of alerts, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_email: Option<String>,
+    /// The SMTP relay as a URL (see [`SETTINGS_HELP`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smtp_url: Option<String>,
+    /// The sender address of alert e-mail.
+    pub smtp_from: String,
+    /// The SMS gateway's URL template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_sms_url: Option<String>,
+    /// Phone numbers that get alerts, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_sms_to: Option<String>,
+    /// The SMS gateway call's method.
+    pub alert_sms_method: String,
+    /// The SMS gateway call's body template.
+    pub alert_sms_body: String,
+    /// The SMS gateway call's content type.
+    pub alert_sms_content_type: String,
+    /// A webhook URL that gets each alert as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_webhook: Option<String>,
+    /// The first wait before a failed alert delivery is retried.
+    #[serde(with = "humantime_text")]
+    pub alert_retry: Duration,
+    /// How often alert HTTP hosts are probed (0: never).
+    #[serde(with = "humantime_text")]
+    pub alert_probe: Duration,
+    /// Free-disk threshold in MB for the disk alert (0: off).
+    pub disk_alert_mb: u64,
+    /// How often free disk is checked.
+    #[serde(with = "humantime_text")]
+    pub disk_check: Duration,
 }
 
 impl Default for Settings {
@@ -99,6 +173,19 @@ impl Default for Settings {
             retention: exchange.retention,
             max_body_mb: 32,
             request_timeout: Duration::from_secs(30),
+            alert_email: None,
+            smtp_url: None,
+            smtp_from: "estafeta@localhost".to_owned(),
+            alert_sms_url: None,
+            alert_sms_to: None,
+            alert_sms_method: "POST".to_owned(),
+            alert_sms_body: r#"{"to":"{recipient}","text":"{text}"}"#.to_owned(),
+            alert_sms_content_type: "application/json".to_owned(),
+            alert_webhook: None,
+            alert_retry: Duration::from_secs(5),
+            alert_probe: Duration::ZERO,
+            disk_alert_mb: 100,
+            disk_check: Duration::from_secs(60),
         }
     }
 }
@@ -120,7 +207,23 @@ impl fmt::Debug for Settings {
             .field("retention", &self.retention)
             .field("max_body_mb", &self.max_body_mb)
             .field("request_timeout", &self.request_timeout)
-            .finish()
+            .field("alert_email", &self.alert_email)
+            .field(
+                "smtp_url",
+                &self
+                    .smtp_url
+                    .as_ref()
+                    .map(|_| "<redacted: may hold a password>"),
+            )
+            .field("smtp_from", &self.smtp_from)
+            .field("alert_sms_url", &self.alert_sms_url)
+            .field("alert_sms_to", &self.alert_sms_to)
+            .field("alert_webhook", &self.alert_webhook)
+            .field("alert_retry", &self.alert_retry)
+            .field("alert_probe", &self.alert_probe)
+            .field("disk_alert_mb", &self.disk_alert_mb)
+            .field("disk_check", &self.disk_check)
+            .finish_non_exhaustive()
     }
 }
 
@@ -152,6 +255,7 @@ impl Settings {
         if settings.max_body_mb == 0 {
             return Err(ConfigError::NoBody);
         }
+        settings.notify()?;
         Ok(settings)
     }
 
@@ -164,6 +268,12 @@ impl Settings {
         config.ready_timeout = self.ready_timeout;
         config.retention = self.retention;
         Ok(config)
+    }
+
+    /// The alert notifier's part of the settings, checked: a bad SMTP URL,
+    /// e-mail address or gateway template is an error here, at start.
+    pub fn notify(&self) -> Result<NotifySettings, NotifyConfigError> {
+        NotifySettings::from_settings(self)
     }
 
     /// The HTTP layer's part of the settings.
@@ -306,6 +416,41 @@ mod tests {
             jail.set_env("ESTAFETA_MAX_FILES", "10");
             jail.set_env("ESTAFETA_MAX_BODY_MB", "0");
             assert!(matches!(Settings::load(None), Err(ConfigError::NoBody)));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn alert_settings_come_from_file_and_environment() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "estafeta.toml",
+                r#"
+                    alert_email = "ops@example.org"
+                    smtp_url = "smtp://ops:secret@mail.example.org:587?starttls=on"
+                    alert_retry = "2s"
+                "#,
+            )?;
+            jail.set_env("ESTAFETA_ALERT_SMS_URL", "http://127.0.0.1:1/send");
+            jail.set_env("ESTAFETA_ALERT_SMS_TO", "0012345");
+            jail.set_env("ESTAFETA_ALERT_WEBHOOK", "http://127.0.0.1:2/hook");
+            jail.set_env("ESTAFETA_DISK_ALERT_MB", "5");
+            let s = Settings::load(None).unwrap();
+            assert!(!format!("{s:?}").contains("secret"));
+            let n = s.notify().unwrap();
+            let email = n.email.unwrap();
+            assert_eq!(email.smtp.port, 587);
+            assert_eq!(email.to, vec!["ops@example.org"]);
+            assert_eq!(n.sms.unwrap().to, vec!["0012345"]);
+            assert_eq!(n.webhook.as_deref(), Some("http://127.0.0.1:2/hook"));
+            assert_eq!(n.retry, Duration::from_secs(2));
+            assert_eq!(n.disk_alert_bytes, 5 << 20);
+
+            jail.set_env(
+                "ESTAFETA_SMTP_URL",
+                "smtp://mail.example.org?starttls=perhaps",
+            );
+            assert!(matches!(Settings::load(None), Err(ConfigError::Notify(_))));
             Ok(())
         });
     }

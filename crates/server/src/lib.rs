@@ -19,6 +19,8 @@
 //!   lines, rotated) that the dashboard reads; [`alerts`]: the alerts in it
 //!   and their durable acknowledgements; [`logging`]: the subscriber that
 //!   `estafeta serve` installs with it.
+//! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
+//!   the send queue with durable retries ([`notify::Notifier`]).
 //!
 //! # Example
 //!
@@ -62,6 +64,7 @@ pub mod extract;
 pub mod last_seen;
 pub mod logging;
 pub mod metrics;
+pub mod notify;
 pub mod openapi;
 pub mod operator;
 pub mod routes;
@@ -71,5 +74,5 @@ pub mod state;
 pub use app::app;
 pub use config::{HttpSettings, Settings};
 pub use error::ApiError;
-pub use serve::{ServeError, run};
+pub use serve::{ServeError, run, run_with};
 pub use state::AppState;

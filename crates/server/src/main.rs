@@ -10,7 +10,7 @@ use estafeta_exchange::Exchange;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::config::SETTINGS_HELP;
 use estafeta_server::operator::{self, AdminArgs};
-use estafeta_server::{Settings, run};
+use estafeta_server::{Settings, run_with};
 
 /// Estafeta: a reliable message server between mobile devices and database
 /// processors.
@@ -76,7 +76,15 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     println!("listening on {addr}");
-    run(listener, exchange, settings.http(), shutdown_signal()).await?;
+    let notify = settings.notify()?;
+    run_with(
+        listener,
+        exchange,
+        settings.http(),
+        notify,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 

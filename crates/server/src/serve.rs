@@ -1,6 +1,7 @@
 //! [`run`]: serve the router on a listener the caller bound, with start-up
-//! recovery in the background, the daily retention sweep, and graceful
-//! shutdown when the caller's signal fires.
+//! recovery in the background, the daily retention sweep, scheduled
+//! delivery, alert delivery ([`run_with`]), and graceful shutdown when the
+//! caller's signal fires.
 //!
 //! The accept loop is hyper's own rather than `axum::serve`, because the
 //! latter sets no header read timeout: a client that never finishes its
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use estafeta_exchange::{Exchange, ExchangeError};
+use estafeta_exchange::{Exchange, ExchangeError, LogOnly};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::app::app;
 use crate::config::HttpSettings;
+use crate::notify::{Notifier, NotifyError, NotifySettings};
 use crate::state::AppState;
 
 /// The longest wait between two attempts at start-up recovery.
@@ -29,6 +31,9 @@ const MAX_RECOVERY_BACKOFF: Duration = Duration::from_secs(60);
 /// Serving ended with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The alert notifier could not start.
+    #[error("starting alert delivery failed: {0}")]
+    Notify(#[from] NotifyError),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
     Shutdown(#[from] ExchangeError),
@@ -49,15 +54,56 @@ pub async fn run<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let notify = NotifySettings::log_only(exchange.data_dir());
+    run_with(listener, exchange, http, notify, shutdown).await
+}
+
+/// [`run`] with alerts sent to the administrators of `notify` (the
+/// [`Notifier`] becomes the exchange's alert sink before start-up recovery,
+/// so alerts that recovery raises reach them too).
+pub async fn run_with<F>(
+    listener: TcpListener,
+    exchange: Exchange,
+    http: HttpSettings,
+    notify: NotifySettings,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let notifier = Notifier::open(notify).await?;
+    exchange.set_alert_sink(Arc::new(notifier.clone()));
     let state = AppState::new(exchange.clone(), http.clone());
+    state.set_notifier(notifier.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let recovery = tokio::spawn(recover(state.clone(), stop_rx.clone()));
     let retention = tokio::spawn(retention(
         exchange.clone(),
         http.retention_interval,
-        stop_rx,
+        stop_rx.clone(),
     ));
+    let deliveries = {
+        let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            };
+            if let Err(e) = exchange.run_deliveries(stopped).await {
+                tracing::error!(error = %e, "scheduled delivery stopped");
+            }
+        })
+    };
+    let alerts = {
+        let (notifier, exchange, mut stop) = (notifier, exchange.clone(), stop_rx);
+        tokio::spawn(async move {
+            notifier
+                .run(exchange, async move {
+                    let _ = stop.wait_for(|stopping| *stopping).await;
+                })
+                .await;
+        })
+    };
 
     let signal = {
         let state = state.clone();
@@ -79,11 +125,13 @@ where
     .await;
     signal.abort();
 
-    for task in [recovery, retention] {
+    for task in [recovery, retention, deliveries, alerts] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "a background task panicked");
         }
     }
+    // The notifier's stores close with it; a later run may open them again.
+    exchange.set_alert_sink(Arc::new(LogOnly));
     exchange.shutdown().await?;
     tracing::info!("stopped");
     Ok(())

@@ -1,9 +1,10 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings, the request counters, the alerts, the dashboard's login
+//! HTTP settings, the request counters, the alerts (as the event log shows
+//! them, and the notifier that delivers them), the dashboard's login
 //! sessions and when each client last called.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use estafeta_exchange::Exchange;
 
@@ -12,6 +13,7 @@ use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 
 /// The shared state of the router. Cheap to clone.
 #[derive(Clone)]
@@ -28,6 +30,9 @@ struct Inner {
     alerts: AlertBook,
     sessions: Sessions,
     last_seen: LastSeen,
+    /// Alert delivery, once [`crate::run_with`] has started it (the
+    /// dashboard lists its open alerts).
+    notifier: OnceLock<Notifier>,
 }
 
 impl AppState {
@@ -45,6 +50,7 @@ impl AppState {
                 sessions: Sessions::default(),
                 last_seen: LastSeen::default(),
                 exchange,
+                notifier: OnceLock::new(),
             }),
         }
     }
@@ -77,6 +83,16 @@ impl AppState {
     /// When each database and device last called.
     pub fn last_seen(&self) -> &LastSeen {
         &self.inner.last_seen
+    }
+
+    /// Alert delivery, when the server runs one.
+    pub fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier.get()
+    }
+
+    /// Records the server's alert delivery (once; later calls are ignored).
+    pub fn set_notifier(&self, notifier: Notifier) {
+        let _ = self.inner.notifier.set(notifier);
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.

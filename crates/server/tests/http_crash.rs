@@ -52,6 +52,7 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
             to: id("phone-1"),
             body: Body::from_json(r#"{"ok":1}"#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
     assert_eq!(
@@ -246,6 +247,7 @@ async fn killed_after_every_protocol_step_and_restarted() {
             to: id("phone-1"),
             body: Body::from_json(r#"{"ok":1}"#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
     // Results must name exactly the accepted message, even after the crash.

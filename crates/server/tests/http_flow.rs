@@ -176,6 +176,7 @@ async fn full_process_cycle_with_busy_and_idle() {
             to: id("phone-1"),
             body: Body::from_json(r#"{"done":[0,1]}"#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
     assert_eq!(
@@ -305,6 +306,7 @@ async fn authorization_between_devices_databases_and_enterprises() {
             to: id("phone-1"),
             body: Body::from_json(r#""for phone-1""#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
 

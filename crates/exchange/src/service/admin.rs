@@ -8,8 +8,7 @@ use crate::mailbox::{FileEntry, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::token::Token;
 use crate::wire::{
-    DatabaseStats, DeviceStats, FolderListing, ProcessList, ProcessState, ProcessSummary,
-    ResultStatus, Stats, Version,
+    DatabaseStats, DeviceStats, FolderListing, ProcessList, ProcessSummary, Stats, Version,
 };
 
 pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
@@ -105,31 +104,24 @@ impl Core {
                 replies: 0,
                 not_committed: 0,
                 in_doubt: 0,
+                last_error: None,
+                last_seen: None,
             };
             if let Some(g) = self.sessions()?.get(db_key(&db.id), false).await? {
                 let rec = g.state();
-                s.in_doubt = rec.in_doubt.len() as u64;
-                for p in rec
-                    .process
-                    .iter()
-                    .chain(rec.recent.iter())
-                    .chain(rec.in_doubt.iter())
-                {
-                    s.processes += 1;
-                    s.replies += p.replies.len() as u64;
-                    match p.state {
-                        ProcessState::Done => {
-                            s.processed += p.verdicts(ResultStatus::Processed).len() as u64;
-                            s.deadlocks += p.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
-                            s.incorrect +=
-                                p.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
-                        }
-                        ProcessState::RolledBack
-                        | ProcessState::Aborted
-                        | ProcessState::TimedOut => s.not_committed += 1,
-                        _ => {}
-                    }
-                }
+                let c = &rec.counters;
+                // Ended processes are counted; the live one and those in
+                // doubt are still going.
+                s.processes =
+                    c.ended + u64::from(rec.process.is_some()) + rec.in_doubt.len() as u64;
+                s.processed = c.processed;
+                s.deadlocks = c.deadlocks;
+                s.incorrect = c.incorrect;
+                s.replies = c.replies;
+                s.not_committed = c.not_committed;
+                s.in_doubt = c.in_doubt;
+                s.last_error = c.last_error.clone();
+                s.last_seen = c.last_seen;
             }
             s.received = s.waiting
                 + self

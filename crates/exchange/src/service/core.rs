@@ -3,6 +3,7 @@
 //! recovery) perform.
 
 use super::ExchangeConfig;
+use super::alerts::AlertKind;
 use super::error::ExchangeError;
 use super::state::{Owner, Process, RECENT, Record, Step, loc, pid_key};
 use crate::error::MailboxError;
@@ -36,6 +37,12 @@ pub(crate) struct Core {
     pub(crate) sessions: OnceLock<Engine<String, Record>>,
     pub(crate) ready: AtomicBool,
     pub(crate) recovery: RecoveryCounters,
+    /// Where alerts go ([`super::Exchange::set_alert_sink`]).
+    pub(crate) alerts: std::sync::RwLock<std::sync::Arc<dyn super::alerts::AlertSink>>,
+    /// A storage-write alert is open (cleared by the next good write).
+    pub(crate) storage_alert: AtomicBool,
+    /// Messages kept aside until their `deliver_at`.
+    pub(crate) deferred: super::schedule::Deferred,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -67,10 +74,12 @@ impl Core {
     pub(crate) async fn run_steps(&self, steps: &[Step]) -> Result<(), MailboxError> {
         let mut moves = Vec::new();
         let mut deletes = Vec::new();
+        let mut schedules = Vec::new();
         for s in steps {
             match s {
                 Step::Move { name, from, to } => moves.push((name.clone(), loc(from), loc(to))),
                 Step::Delete { name, at } => deletes.push((name.clone(), loc(at))),
+                Step::Schedule { name, from, at } => schedules.push((name, loc(from), *at)),
             }
         }
         let mut first_error = None;
@@ -85,6 +94,13 @@ impl Core {
         };
         for r in self.mailboxes.move_all(&moves).await {
             note(r);
+        }
+        for (name, from, at) in schedules {
+            note(
+                self.schedule_file(name, &from, at)
+                    .await
+                    .map(|()| crate::mailbox::Outcome::Done),
+            );
         }
         for (name, at) in deletes {
             note(self.mailboxes.delete(&at, &name).await);
@@ -137,6 +153,7 @@ impl Core {
         self.write_owner(&p.id, &p.db, Some(state)).await?;
         p.state = state;
         p.ended_at = Some(self.now());
+        rec.counters.ended(&p, state, self.now());
         p.pending.clear();
         p.target = None;
         tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
@@ -162,7 +179,7 @@ impl Core {
         let mut steps: Vec<Step> = p
             .replies
             .iter()
-            .map(|r| Step::mv(r, (db, Folder::Prepared), (&r.to, Folder::Messages)))
+            .map(|r| Step::deliver(p, r, (db, Folder::Prepared)))
             .collect();
         for n in p.verdicts(ResultStatus::Processed) {
             steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
@@ -196,11 +213,18 @@ impl Core {
         self.run_steps(&steps).await?;
         if let Some(mut p) = rec.process.take() {
             p.state = ProcessState::InDoubt;
+            rec.counters.went_in_doubt(self.now());
             tracing::error!(
                 target: "estafeta::alert",
                 process = %p.id, db = %p.db,
                 "process in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback"
             );
+            self.raise_alert(
+                AlertKind::InDoubt,
+                &p.id,
+                format!("process {} of database {} is in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback", p.id, p.db),
+            )
+            .await;
             rec.in_doubt.push(p);
         }
         Ok(())
@@ -212,11 +236,7 @@ impl Core {
         let mut steps = Vec::new();
         if commit {
             for r in &p.replies {
-                steps.push(Step::mv(
-                    r,
-                    (db, Folder::Unknown),
-                    (&r.to, Folder::Messages),
-                ));
+                steps.push(Step::deliver(p, r, (db, Folder::Unknown)));
             }
             for n in p.verdicts(ResultStatus::Processed) {
                 steps.push(Step::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
@@ -249,7 +269,11 @@ impl Core {
         match self.run_steps(&steps).await {
             Ok(()) => {
                 let target = p.target.unwrap_or(ProcessState::Done);
+                let failed = p.attempts > 0;
                 if let Some(p) = rec.process.take() {
+                    if failed {
+                        self.clear_alert(AlertKind::Failed, &p.id).await;
+                    }
                     self.finish(rec, p, target).await?;
                 }
                 Ok((target, None))
@@ -263,6 +287,12 @@ impl Core {
                     process = %p.id, db = %p.db, error = %e, attempts = p.attempts,
                     "process FAILED: files could not be moved; retrying with backoff"
                 );
+                let text = format!(
+                    "process {} of database {} is FAILED: its files could not be moved ({e}); retrying with backoff",
+                    p.id, p.db
+                );
+                let pid = p.id;
+                self.raise_alert(AlertKind::Failed, pid, text).await;
                 Ok((
                     ProcessState::Failed,
                     Some(self.session_now().after(backoff)),
@@ -280,6 +310,7 @@ impl Core {
                 let steps = rec.in_doubt[i].pending.clone();
                 self.run_steps(&steps).await?;
                 let p = rec.in_doubt.remove(i);
+                self.clear_alert(AlertKind::InDoubt, &p.id).await;
                 self.finish(rec, p, target).await?;
             } else {
                 i += 1;

@@ -54,6 +54,7 @@ impl Core {
             ));
         }
         let now = self.now();
+        let deliver_at = req.deliver_at;
         let mut message = Message {
             version: Version,
             id: self.ids.message_id(self.now_system()),
@@ -63,9 +64,8 @@ impl Core {
             created_at: req.created_at.unwrap_or(now),
             body: req.body,
         };
-        let queue = self.location(&req.to, Folder::Messages);
         let Some(key) = req.idempotency_key else {
-            self.mailboxes.write(&queue, &message).await?;
+            self.place(&message, deliver_at).await?;
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
             return Ok((
                 MessageAccepted {
@@ -92,8 +92,7 @@ impl Core {
                 message.id = earlier.name.id;
                 message.created_at = earlier.name.created_at;
                 message.to = earlier.name.to.clone();
-                let queue = self.location(&earlier.name.to, Folder::Messages);
-                self.mailboxes.write(&queue, &message).await?;
+                self.place(&message, deliver_at).await?;
             }
             return Ok((
                 MessageAccepted {
@@ -120,11 +119,11 @@ impl Core {
             g.persistent_mut().keys.remove(&key);
             return Err(e.into());
         }
-        let written = self.mailboxes.write(&queue, &message).await;
+        let written = self.place(&message, deliver_at).await;
         if let Err(e) = written {
             g.persistent_mut().keys.remove(&key);
             drop(g);
-            return Err(e.into());
+            return Err(e);
         }
         g.release().await?;
         tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");

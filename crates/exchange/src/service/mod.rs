@@ -3,6 +3,7 @@
 //! the server's HTTP handlers call with the authenticated caller.
 
 mod admin;
+mod alerts;
 mod config;
 mod core;
 mod device;
@@ -11,8 +12,11 @@ mod hooks;
 mod operator;
 mod protocol;
 mod recovery;
+mod schedule;
 mod state;
+mod stats;
 
+pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 
@@ -84,6 +88,17 @@ impl Exchange {
             .await
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let scheduled_path = state_dir.join("scheduled.redb");
+        let scheduled =
+            tokio::task::spawn_blocking(move || estafeta_repeat::RedbStore::open(scheduled_path))
+                .await
+                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
+                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let deferred = estafeta_repeat::Scheduler::new(
+            scheduled,
+            schedule::WallClock(clock.clone()),
+            estafeta_repeat::Options::default(),
+        );
         let core = Arc::new(Core {
             config,
             clock: clock.clone(),
@@ -93,6 +108,9 @@ impl Exchange {
             sessions: OnceLock::new(),
             ready: Default::default(),
             recovery: Default::default(),
+            alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
+            storage_alert: Default::default(),
+            deferred,
         });
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
@@ -104,6 +122,33 @@ impl Exchange {
             .await?;
         let _ = core.sessions.set(engine);
         Ok((Exchange { core }, admin_token))
+    }
+
+    /// Send alerts to `sink` from now on (the default only logs them). Set
+    /// it before [`Exchange::recover`] so start-up alerts reach it.
+    pub fn set_alert_sink(&self, sink: Arc<dyn AlertSink>) {
+        *self
+            .core
+            .alerts
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = sink;
+    }
+
+    /// Raise an alert found outside the exchange (free disk, an outbound
+    /// host down) through the same sink, with the same tracing event.
+    pub async fn raise_alert(&self, alert: Alert) {
+        tracing::error!(target: "estafeta::alert", key = %alert.key, "{}", alert.text);
+        self.core.alert_sink().raise(alert).await;
+    }
+
+    /// The condition with `key` ended.
+    pub async fn clear_alert(&self, key: String) {
+        self.core.alert_sink().clear(key).await;
+    }
+
+    /// The exchange's clock (its time is what alerts and schedules read).
+    pub fn now(&self) -> crate::Timestamp {
+        self.core.now()
     }
 
     fn ready(&self) -> Result<(), ExchangeError> {
@@ -205,7 +250,8 @@ impl Exchange {
         req: SendMessage,
     ) -> Result<(MessageAccepted, Upload), ExchangeError> {
         self.ready()?;
-        self.core.send(who, req).await
+        let r = self.core.send(who, req).await;
+        self.core.watch_storage("message upload", r).await
     }
 
     /// Device: its unacknowledged messages, oldest first, as the JSON body
@@ -258,7 +304,8 @@ impl Exchange {
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core.prepare(who, pid, req).await
+        let r = self.core.prepare(who, pid, req).await;
+        self.core.watch_storage("prepare", r).await
     }
 
     /// API_4: the processor committed.
@@ -269,7 +316,8 @@ impl Exchange {
         _req: CommitRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core.commit(who, pid).await
+        let r = self.core.commit(who, pid).await;
+        self.core.watch_storage("commit", r).await
     }
 
     /// API_5: the processor's commit failed.
@@ -314,8 +362,27 @@ impl Exchange {
         self.core.retention_sweep().await
     }
 
+    /// Move scheduled messages (`deliver_at`) into their queues as they
+    /// come due, until `shutdown` resolves. Run it once, beside serving.
+    pub async fn run_deliveries(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), ExchangeError> {
+        let core = self.core.clone();
+        let handler = move |entry: estafeta_repeat::Entry| {
+            let core = core.clone();
+            async move { core.deliver_due(entry).await }
+        };
+        self.core
+            .deferred
+            .run(estafeta_repeat::WorkerPool::new(4), handler, shutdown)
+            .await
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+    }
+
     /// Stop: refuse new calls, let running ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
+        self.core.deferred.close().await;
         self.core.sessions()?.stop().await?;
         Ok(())
     }

@@ -164,6 +164,7 @@ impl Core {
             pending: Vec::new(),
             target: None,
             attempts: 0,
+            deferred: Vec::new(),
         });
         let deadline = self.session_now().after(self.config.started_timeout);
         g.set_expires_at(Some(deadline));
@@ -256,6 +257,7 @@ impl Core {
             .map_or_else(|| db.clone(), |n| n.subsystem.clone());
         let now = self.now();
         let mut replies = Vec::with_capacity(req.replies.len());
+        let mut deferred = Vec::new();
         for r in req.replies {
             let endpoint = self
                 .registry
@@ -271,9 +273,13 @@ impl Core {
                 Role::Device { subsystem } => subsystem,
                 _ => default_subsystem.clone(),
             };
+            let id = self.ids.message_id(self.now_system());
+            if let Some(at) = r.deliver_at.filter(|at| *at > now) {
+                deferred.push((id, at));
+            }
             replies.push(Message {
                 version: Version,
-                id: self.ids.message_id(self.now_system()),
+                id,
                 from: db.clone(),
                 to: r.to,
                 subsystem,
@@ -288,6 +294,7 @@ impl Core {
         if let Some(p) = g.persistent_mut().process.as_mut() {
             p.results = verdicts;
             p.replies = written.iter().map(|e| e.name.clone()).collect();
+            p.deferred = deferred;
             p.state = ProcessState::ReadyToCommit;
             p.ready_at = Some(now);
             for v in &p.results {

@@ -1,6 +1,7 @@
 //! Start-up processing and retention.
 
 use super::RecoveryReport;
+use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
 use super::state::db_key;
@@ -45,6 +46,12 @@ impl Core {
                     target: "estafeta::alert", db = %db.id, files = orphans.len(),
                     "orphaned files in Prepared with no process; moved to Unknown"
                 );
+                self.raise_alert(
+                    AlertKind::Orphans,
+                    &db.id,
+                    format!("{} orphaned files in Prepared of database {} with no process; moved to Unknown", orphans.len(), db.id),
+                )
+                .await;
                 let unknown = self.location(&db.id, Folder::Unknown);
                 let moves: Vec<_> = orphans
                     .iter()

@@ -8,6 +8,7 @@
 //! is answered correctly). One record type serves all three; each uses its
 //! own fields.
 
+use super::stats::DbCounters;
 use crate::mailbox::{FileName, Folder, Location};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
@@ -46,6 +47,9 @@ pub(crate) struct Record {
     /// `pid/`: where a process lives and how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) owner: Option<Owner>,
+    /// `db/`: counters of the database's processes.
+    #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
+    pub(crate) counters: DbCounters,
 }
 
 /// A device upload with an idempotency key: written into the device
@@ -99,6 +103,9 @@ pub(crate) struct Process {
     /// Failed attempts to run `pending` (for the retry backoff).
     #[serde(default)]
     pub(crate) attempts: u32,
+    /// Replies with a `deliver_at`: kept aside at commit until that time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) deferred: Vec<(MessageId, Timestamp)>,
 }
 
 impl Process {
@@ -150,6 +157,13 @@ pub(crate) enum Step {
         name: FileName,
         at: (Id, Folder),
     },
+    /// Keep the file aside until `at` (scheduled delivery), then it leaves `from`.
+    Schedule {
+        #[serde(with = "display")]
+        name: FileName,
+        from: (Id, Folder),
+        at: Timestamp,
+    },
 }
 
 impl Step {
@@ -158,6 +172,18 @@ impl Step {
             name: name.clone(),
             from: (from.0.clone(), from.1),
             to: (to.0.clone(), to.1),
+        }
+    }
+    /// A reply's way to its recipient's `Messages`: moved now, or kept
+    /// aside until its `deliver_at`.
+    pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Step {
+        match p.deferred.iter().find(|(id, _)| *id == name.id) {
+            Some((_, at)) => Step::Schedule {
+                name: name.clone(),
+                from: (from.0.clone(), from.1),
+                at: *at,
+            },
+            None => Step::mv(name, from, (&name.to, Folder::Messages)),
         }
     }
     pub(crate) fn delete(name: &FileName, at: (&Id, Folder)) -> Step {

@@ -126,6 +126,13 @@ pub struct DatabaseStats {
     pub not_committed: u64,
     /// Processes that went IN_DOUBT.
     pub in_doubt: u64,
+    /// The error code and text of the last message committed as
+    /// PROCESSED_INCORRECT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When a process of this database last ended or went in doubt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Timestamp>,
 }
 
 /// Counters of one device.

@@ -122,6 +122,11 @@ pub struct Reply {
     /// When the processor made the reply; the server's time if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Timestamp>,
+    /// Scheduled delivery (RFC 3339): once the process commits, the reply
+    /// is kept aside durably and enters the recipient's inbox at this time,
+    /// not before. Absent or in the past: at commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<Timestamp>,
 }
 
 /// API_4, `POST /v1/processes/{pid}/commit`: the processor's transaction committed.

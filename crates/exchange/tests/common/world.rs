@@ -141,6 +141,7 @@ impl World {
                 to: id("db-a"),
                 body: Body::from_json(format!(r#"{{"n":{i}}}"#)).unwrap(),
                 created_at: None,
+                deliver_at: None,
                 idempotency_key: None,
             };
             ids.push(self.ex.send(&self.phone, req).await.unwrap().0.id);
@@ -186,6 +187,7 @@ impl World {
                 to: id("phone-1"),
                 body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
                 created_at: None,
+                deliver_at: None,
             })
             .collect();
         self.ex

@@ -3,6 +3,11 @@
 //! `estafeta` binary as a child process, and a provisioned tenancy.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod clock;
+pub mod recorder;
+pub mod restartable;
+pub mod smtp_server;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -12,7 +17,8 @@ use std::time::Duration;
 use estafeta_client::Client;
 use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Id};
-use estafeta_server::{HttpSettings, ServeError, run};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, run_with};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::oneshot;
@@ -32,12 +38,20 @@ pub async fn open_exchange(data: &Path) -> Exchange {
 
 /// Opens an exchange on `data` with the test admin token and `tweak`ed settings.
 pub async fn open_exchange_with(data: &Path, tweak: impl FnOnce(&mut ExchangeConfig)) -> Exchange {
+    open_exchange_clocked(data, Arc::new(estafeta_session::SystemClock), tweak).await
+}
+
+/// Opens an exchange on `data` with the test admin token, `clock` and
+/// `tweak`ed settings.
+pub async fn open_exchange_clocked(
+    data: &Path,
+    clock: Arc<dyn estafeta_session::Clock>,
+    tweak: impl FnOnce(&mut ExchangeConfig),
+) -> Exchange {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
     tweak(&mut config);
-    let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
-        .await
-        .unwrap();
+    let (exchange, _) = Exchange::open(config, clock).await.unwrap();
     exchange
 }
 
@@ -60,6 +74,8 @@ pub struct TestServer {
     pub base: String,
     /// A client with the admin token.
     pub admin: Client,
+    /// The server's exchange (for calls no HTTP route makes).
+    pub exchange: Exchange,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
@@ -80,14 +96,31 @@ impl TestServer {
         http: HttpSettings,
         tweak: impl FnOnce(&mut ExchangeConfig),
     ) -> TestServer {
+        Self::start_notified(http, tweak, |data| NotifySettings::log_only(data)).await
+    }
+
+    /// A ready server whose alerts go where `notify` (given the data
+    /// folder) says.
+    pub async fn start_notified(
+        http: HttpSettings,
+        tweak: impl FnOnce(&mut ExchangeConfig),
+        notify: impl FnOnce(&Path) -> NotifySettings,
+    ) -> TestServer {
         let data = tempfile::tempdir().unwrap();
         let exchange = open_exchange_with(data.path(), tweak).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(listener, exchange, http, async move {
-            let _ = stopped.await;
-        }));
+        let notify = notify(data.path());
+        let task = tokio::spawn(run_with(
+            listener,
+            exchange.clone(),
+            http,
+            notify,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let base = format!("http://{addr}");
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
@@ -96,6 +129,7 @@ impl TestServer {
             addr,
             base,
             admin,
+            exchange,
             stop: Some(stop),
             task: Some(task),
         }
@@ -175,6 +209,7 @@ pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
         to: id(to),
         body: Body::from_json(body).unwrap(),
         created_at: None,
+        deliver_at: None,
         idempotency_key: key.map(str::to_owned),
     }
 }
@@ -309,6 +344,7 @@ pub async fn ready_process(
             to: id("phone-1"),
             body: Body::from_json(r#"{"ok":true}"#).unwrap(),
             created_at: None,
+            deliver_at: None,
         }],
     };
     t.db_a.prepare(&pid, &prepare).await.unwrap();

@@ -1,0 +1,190 @@
+//! Alerts for administrators as typed values: what the exchange raises when
+//! something needs a person (a process in doubt or FAILED, orphaned files
+//! at start-up, a failed storage write), handed to an [`AlertSink`].
+//!
+//! The exchange only says *that* a condition began or ended; the sink
+//! decides how administrators hear of it. The default sink does nothing
+//! beyond the `estafeta::alert` tracing event every alert also produces, so
+//! an exchange without a configured sink still logs its alerts. Each alert
+//! has a condition key (`in_doubt:<pid>`): a sink sends one notice per key
+//! while the condition lasts, and [`AlertSink::clear`] says when it ended.
+
+use super::core::Core;
+use crate::Timestamp;
+use estafeta_session::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+
+/// What kind of condition an alert reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertKind {
+    /// A READY_TO_COMMIT process stalled, or was found at start-up: in doubt.
+    InDoubt,
+    /// A commit's file moves failed; the process is FAILED and retried.
+    Failed,
+    /// Files in `Prepared` that no process referred to, moved to `Unknown`.
+    Orphans,
+    /// A write to storage failed.
+    StorageWrite,
+    /// Free disk space fell under the configured threshold.
+    DiskLow,
+    /// An outbound host (a webhook, a gateway) stays down.
+    HostDown,
+}
+
+impl AlertKind {
+    /// The kind's name as it appears in keys and notices.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::InDoubt => "in_doubt",
+            AlertKind::Failed => "failed",
+            AlertKind::Orphans => "orphans",
+            AlertKind::StorageWrite => "storage_write",
+            AlertKind::DiskLow => "disk_low",
+            AlertKind::HostDown => "host_down",
+        }
+    }
+}
+
+impl fmt::Display for AlertKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One alert: a condition that began.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alert {
+    /// The condition, e.g. `in_doubt:<pid>`: the same key is not sent twice
+    /// while the condition lasts.
+    pub key: String,
+    /// What kind of condition.
+    pub kind: AlertKind,
+    /// A sentence for the administrator.
+    pub text: String,
+    /// When it was raised.
+    pub raised_at: Timestamp,
+}
+
+impl Alert {
+    /// An alert of `kind` for `subject` (a process id, a database id, a
+    /// folder): the key is `<kind>:<subject>`.
+    pub fn new(
+        kind: AlertKind,
+        subject: impl fmt::Display,
+        text: impl Into<String>,
+        raised_at: Timestamp,
+    ) -> Self {
+        Alert {
+            key: key(kind, subject),
+            kind,
+            text: text.into(),
+            raised_at,
+        }
+    }
+}
+
+/// The condition key of `kind` for `subject`.
+pub fn key(kind: AlertKind, subject: impl fmt::Display) -> String {
+    format!("{kind}:{subject}")
+}
+
+/// Where the exchange hands its alerts. Both calls are awaited by the
+/// operation that raised them, so a sink that records alerts durably has
+/// done so before the operation goes on; a sink reports its own failures
+/// (it cannot fail the operation).
+pub trait AlertSink: Send + Sync + 'static {
+    /// A condition began.
+    fn raise(&self, alert: Alert) -> BoxFuture<'_, ()>;
+    /// The condition with this key ended (a process in doubt was settled, a
+    /// FAILED one finished its moves): a later alert with it is news again.
+    fn clear(&self, key: String) -> BoxFuture<'_, ()>;
+}
+
+/// The default sink: the tracing event is the whole alert.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogOnly;
+
+impl AlertSink for LogOnly {
+    fn raise(&self, _alert: Alert) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+    fn clear(&self, _key: String) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+impl Core {
+    /// The sink alerts go to now.
+    pub(crate) fn alert_sink(&self) -> Arc<dyn AlertSink> {
+        self.alerts
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Raise an alert of `kind` for `subject` with the current time.
+    pub(crate) async fn raise_alert(
+        &self,
+        kind: AlertKind,
+        subject: impl fmt::Display,
+        text: impl Into<String>,
+    ) {
+        let alert = Alert::new(kind, subject, text, self.now());
+        self.alert_sink().raise(alert).await;
+    }
+
+    /// The condition `kind` of `subject` ended.
+    pub(crate) async fn clear_alert(&self, kind: AlertKind, subject: impl fmt::Display) {
+        self.alert_sink().clear(key(kind, subject)).await;
+    }
+
+    /// Raise a storage-write alert when `result` failed on storage, and
+    /// clear the open one when a write succeeds again.
+    pub(crate) async fn watch_storage<T>(
+        &self,
+        what: &str,
+        result: Result<T, super::ExchangeError>,
+    ) -> Result<T, super::ExchangeError> {
+        match &result {
+            Err(e) if matches!(e.code(), "storage_error" | "storage_full") => {
+                if !self.storage_alert.swap(true, Ordering::SeqCst) {
+                    tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
+                }
+                self.raise_alert(
+                    AlertKind::StorageWrite,
+                    "data",
+                    format!("a storage write failed ({what}): {e}"),
+                )
+                .await;
+            }
+            Ok(_) if self.storage_alert.swap(false, Ordering::SeqCst) => {
+                self.clear_alert(AlertKind::StorageWrite, "data").await;
+            }
+            _ => {}
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_kind_and_subject() {
+        let a = Alert::new(
+            AlertKind::InDoubt,
+            "01JD",
+            "text",
+            Timestamp::from_millis(0),
+        );
+        assert_eq!(a.key, "in_doubt:01JD");
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(json.contains(r#""kind":"in_doubt""#), "{json}");
+        assert_eq!(serde_json::from_str::<Alert>(&json).unwrap(), a);
+    }
+}

@@ -1,0 +1,162 @@
+//! Scheduled delivery (`deliver_at`): a message due later is kept aside in
+//! the repeat scheduler (`<data>/.estafeta/scheduled.redb`, durable before
+//! the upload is answered) with its file bytes as the entry's payload, and
+//! enters its recipient's `Messages` when the exchange's clock reaches the
+//! time. The entry is removed only after the file is durable there; a crash
+//! in between writes it again, and a message already in any folder of its
+//! recipient is not written twice.
+
+use super::core::Core;
+use super::error::ExchangeError;
+use crate::Timestamp;
+use crate::error::MailboxError;
+use crate::mailbox::{FileName, Folder, Location};
+use crate::wire::Message;
+use estafeta_repeat::{Entry, Outcome, RedbStore, Scheduler};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The repeat source of scheduled messages.
+const SOURCE: &str = "deliver_at";
+
+/// The exchange's clock as the repeat scheduler's wall clock, so a test
+/// that controls one controls both.
+pub(crate) struct WallClock(pub(crate) Arc<dyn estafeta_session::Clock>);
+
+impl estafeta_repeat::Clock for WallClock {
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.now().0)
+    }
+}
+
+/// The store of messages kept aside.
+pub(crate) type Deferred = Scheduler<RedbStore, WallClock>;
+
+fn storage(e: impl std::fmt::Display) -> ExchangeError {
+    ExchangeError::unavailable("storage_error", e.to_string())
+}
+
+/// The first whole second at or after `t`.
+fn due_second(t: Timestamp) -> u64 {
+    let ms = u64::try_from(t.as_millis()).unwrap_or(0);
+    ms.div_ceil(1000)
+}
+
+impl Core {
+    /// Write `message` into its recipient's `Messages` now, or keep it
+    /// aside until `deliver_at` when that is later than now.
+    pub(crate) async fn place(
+        &self,
+        message: &Message,
+        deliver_at: Option<Timestamp>,
+    ) -> Result<(), ExchangeError> {
+        match deliver_at.filter(|at| *at > self.now()) {
+            None => {
+                let queue = self.location(&message.to, Folder::Messages);
+                self.mailboxes.write(&queue, message).await?;
+            }
+            Some(at) => {
+                let bytes = message.to_file_bytes().map_err(storage)?;
+                self.deferred
+                    .schedule(SOURCE, due_second(at), &message.id.to_string(), &bytes)
+                    .await
+                    .map_err(storage)?;
+                tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
+            }
+        }
+        Ok(())
+    }
+
+    /// The [`Step::Schedule`](super::state::Step) of a committed reply:
+    /// keep the file in `from` aside until `at` (or write it into its
+    /// recipient's `Messages` if that time has passed), then remove it from
+    /// `from`. Done again after a crash, it schedules the same entry again
+    /// (same id, replaced) or finds the file gone.
+    pub(crate) async fn schedule_file(
+        &self,
+        name: &FileName,
+        from: &Location,
+        at: Timestamp,
+    ) -> Result<(), MailboxError> {
+        let raw = self
+            .mailboxes
+            .read_array(from, std::slice::from_ref(name))
+            .await?;
+        if raw.names.is_empty() {
+            return Err(MailboxError::NotFound {
+                name: name.to_string(),
+                from: self.mailboxes.path(from),
+                to: self.mailboxes.root().join(".estafeta/scheduled.redb"),
+            });
+        }
+        let mut messages: Vec<Message> = serde_json::from_slice(&raw.json)
+            .map_err(|_| MailboxError::Corrupt(self.mailboxes.path(from).join(name.to_string())))?;
+        let Some(message) = messages.pop() else {
+            return Ok(());
+        };
+        if let Err(e) = self.place(&message, Some(at)).await {
+            return Err(MailboxError::io(
+                self.mailboxes.path(from).join(name.to_string()),
+                std::io::Error::other(e.to_string()),
+            ));
+        }
+        self.mailboxes.delete(from, name).await?;
+        Ok(())
+    }
+
+    /// A kept-aside message came due: into `Messages`, durably.
+    pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {
+        let message: Message = match serde_json::from_slice(&entry.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(id = entry.id, error = %e, "unreadable scheduled message dropped");
+                return Outcome::Done;
+            }
+        };
+        if self.delivered_already(&message).await {
+            return Outcome::Done;
+        }
+        let queue = self.location(&message.to, Folder::Messages);
+        match self.mailboxes.write(&queue, &message).await {
+            Ok(_) => {
+                tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
+                Outcome::Done
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// Whether the message's file is in any folder of its recipient (a
+    /// delivery before a crash that did not get to remove its entry).
+    async fn delivered_already(&self, message: &Message) -> bool {
+        let name = FileName::of(message).to_string();
+        let paths: Vec<_> = [
+            Folder::Messages,
+            Folder::Log,
+            Folder::Error,
+            Folder::Unknown,
+        ]
+        .into_iter()
+        .map(|f| {
+            self.mailboxes
+                .path(&self.location(&message.to, f))
+                .join(&name)
+        })
+        .collect();
+        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
+            .await
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_seconds_round_up() {
+        assert_eq!(due_second(Timestamp::from_millis(5_000)), 5);
+        assert_eq!(due_second(Timestamp::from_millis(5_001)), 6);
+        assert_eq!(due_second(Timestamp::from_millis(-1)), 0);
+    }
+}

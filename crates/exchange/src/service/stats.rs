@@ -1,0 +1,92 @@
+//! Counters a database session keeps about its processes, saved with the
+//! session (so they are as durable as the process state and cost no write
+//! of their own): they are updated only where the record changes anyway,
+//! when a process ends or goes in doubt.
+
+use super::state::Process;
+use crate::Timestamp;
+use crate::wire::{ProcessState, ResultStatus};
+use serde::{Deserialize, Serialize};
+
+/// The longest error text kept as the last error.
+const MAX_ERROR: usize = 500;
+
+/// A database's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DbCounters {
+    /// Processes that ended (any way).
+    #[serde(default)]
+    pub(crate) ended: u64,
+    /// Messages committed PROCESSED.
+    #[serde(default)]
+    pub(crate) processed: u64,
+    /// Messages reported PROCESSED_DEADLOCK in committed processes.
+    #[serde(default)]
+    pub(crate) deadlocks: u64,
+    /// Messages committed PROCESSED_INCORRECT.
+    #[serde(default)]
+    pub(crate) incorrect: u64,
+    /// Replies committed.
+    #[serde(default)]
+    pub(crate) replies: u64,
+    /// Processes ended by rollback, abort or timeout.
+    #[serde(default)]
+    pub(crate) not_committed: u64,
+    /// Processes that went in doubt.
+    #[serde(default)]
+    pub(crate) in_doubt: u64,
+    /// The last PROCESSED_INCORRECT error (code and text).
+    #[serde(default)]
+    pub(crate) last_error: Option<String>,
+    /// When a process of this database last ended or went in doubt.
+    #[serde(default)]
+    pub(crate) last_seen: Option<Timestamp>,
+}
+
+impl DbCounters {
+    /// Whether nothing was counted (the record then leaves them out).
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == DbCounters::default()
+    }
+
+    /// Process `p` ended as `state` at `now`.
+    pub(crate) fn ended(&mut self, p: &Process, state: ProcessState, now: Timestamp) {
+        self.ended += 1;
+        self.last_seen = Some(now);
+        match state {
+            ProcessState::Done => {
+                self.processed += p.verdicts(ResultStatus::Processed).len() as u64;
+                self.deadlocks += p.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
+                self.incorrect += p.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
+                self.replies += p.replies.len() as u64;
+                if let Some(v) = p
+                    .results
+                    .iter()
+                    .rev()
+                    .find(|v| v.status == ResultStatus::ProcessedIncorrect)
+                {
+                    let mut text = match (v.error_code, &v.error_text) {
+                        (Some(code), Some(text)) => format!("{code}: {text}"),
+                        (Some(code), None) => code.to_string(),
+                        (None, Some(text)) => text.clone(),
+                        (None, None) => "PROCESSED_INCORRECT".to_owned(),
+                    };
+                    if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR) {
+                        text.truncate(cut);
+                    }
+                    self.last_error = Some(text);
+                }
+            }
+            ProcessState::RolledBack | ProcessState::Aborted | ProcessState::TimedOut => {
+                self.not_committed += 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// A process went in doubt at `now`.
+    pub(crate) fn went_in_doubt(&mut self, now: Timestamp) {
+        self.in_doubt += 1;
+        self.last_seen = Some(now);
+    }
+}

@@ -1,0 +1,403 @@
+//! Alerts delivered to administrators: the server's [`AlertSink`].
+//!
+//! The exchange raises an [`Alert`] when something needs a person (a process
+//! in doubt or FAILED, orphans at start-up, a failed storage write); the
+//! server adds free disk under a threshold ([`disk`]). The [`Notifier`]:
+//!
+//! 1. remembers the condition key durably ([`raised`]); a key already open
+//!    is not sent again until the exchange clears it (the process in doubt
+//!    was settled, the FAILED one finished);
+//! 2. schedules one delivery per configured channel (e-mail, SMS, webhook)
+//!    in the repeat scheduler (`<data>/.estafeta/alerts-repeat.redb`), due at
+//!    once; the schedule is durable before `raise` returns;
+//! 3. the scheduler's handler sends it through the send queues
+//!    ([`outbound`]); a failure is retried with exponential backoff (first
+//!    wait [`NotifySettings::retry`], doubling up to an hour), and pending
+//!    deliveries survive a restart.
+//!
+//! Delivery is at least once: a crash between the send and the removal of
+//! the repeat entry sends that notice again after the restart.
+
+pub mod disk;
+pub mod outbound;
+pub mod raised;
+pub mod settings;
+
+pub use raised::{Raised, RaisedError};
+pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, alert_key};
+use estafeta_repeat::{
+    Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
+};
+use estafeta_sendq::{EmailMessage, ProbeRequest, SendError, SmsMessage, WebhookRequest};
+use estafeta_session::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use outbound::{EMAIL, HttpOut, Outbound, PROBE, SMS, WEBHOOK, host_of};
+
+/// The repeat source of alert deliveries.
+const SOURCE: &str = "alerts";
+/// The longest wait between two delivery attempts.
+const MAX_RETRY: Duration = Duration::from_secs(3600);
+/// Deliveries handled at once.
+const WORKERS: usize = 4;
+
+/// The notifier could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    /// The open-alert store.
+    #[error(transparent)]
+    Raised(#[from] RaisedError),
+    /// The repeat store.
+    #[error("alert delivery store: {0}")]
+    Repeat(#[from] estafeta_repeat::StoreError),
+    /// A send queue or transport.
+    #[error("alert transports: {0}")]
+    Send(#[from] estafeta_sendq::ConfigError),
+    /// The state folder.
+    #[error("alert state folder: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A channel alerts go through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Channel {
+    Email,
+    Sms,
+    Webhook,
+}
+
+/// A repeat entry's payload: one alert for one channel.
+#[derive(Debug, Serialize, Deserialize)]
+struct Delivery {
+    channel: Channel,
+    alert: Alert,
+}
+
+/// Sends alerts to the configured administrators. Cheap to clone.
+#[derive(Clone)]
+pub struct Notifier {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: NotifySettings,
+    raised: Raised,
+    scheduler: Scheduler<RedbStore, SystemClock>,
+    outbound: Outbound,
+}
+
+impl Notifier {
+    /// Opens the notifier's stores under `<data>/.estafeta/` and builds its
+    /// send queues. Must run inside the Tokio runtime.
+    pub async fn open(settings: NotifySettings) -> Result<Self, NotifyError> {
+        let state = settings.data_dir.join(".estafeta");
+        tokio::fs::create_dir_all(&state).await?;
+        let raised = {
+            let path = state.join("alerts.redb");
+            tokio::task::spawn_blocking(move || Raised::open(&path))
+                .await
+                .map_err(std::io::Error::other)??
+        };
+        let store = {
+            let path = state.join("alerts-repeat.redb");
+            tokio::task::spawn_blocking(move || RedbStore::open(path))
+                .await
+                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??
+        };
+        let options = Options {
+            retry: RetryPolicy {
+                first: settings.retry,
+                max: MAX_RETRY,
+            },
+            ..Options::default()
+        };
+        let scheduler = Scheduler::new(store, SystemClock, options);
+        let outbound = Outbound::new(
+            settings.email.as_ref().map(|e| &e.smtp),
+            settings.sms.as_ref().map(|s| &s.gateway),
+        )?;
+        Ok(Notifier {
+            inner: Arc::new(Inner {
+                settings,
+                raised,
+                scheduler,
+                outbound,
+            }),
+        })
+    }
+
+    /// The open alerts.
+    pub async fn open_alerts(&self) -> Result<Vec<Alert>, RaisedError> {
+        self.inner.raised.list().await
+    }
+
+    /// The configured channels.
+    fn channels(&self) -> Vec<Channel> {
+        let s = &self.inner.settings;
+        let mut out = Vec::new();
+        if s.email.is_some() {
+            out.push(Channel::Email);
+        }
+        if s.sms.is_some() {
+            out.push(Channel::Sms);
+        }
+        if s.webhook.is_some() {
+            out.push(Channel::Webhook);
+        }
+        out
+    }
+
+    /// Delivers due alerts, watches the disk and probes the HTTP hosts
+    /// until `stop` resolves; then stops the queues (queued alerts go back
+    /// to the scheduler, to be sent after the restart).
+    pub async fn run(&self, exchange: Exchange, stop: impl Future<Output = ()> + Send + 'static) {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let disk = tokio::spawn(disk::watch(
+            exchange.clone(),
+            self.inner.settings.data_dir.clone(),
+            self.inner.settings.disk_alert_bytes,
+            self.inner.settings.disk_check,
+            stopped(stop_rx.clone()),
+        ));
+        let probes = tokio::spawn(
+            self.clone()
+                .probe(exchange.clone(), stopped(stop_rx.clone())),
+        );
+        let queues = {
+            let outbound = self.inner.outbound.clone();
+            let rx = stop_rx.clone();
+            tokio::spawn(async move {
+                stopped(rx).await;
+                // Sends waiting in the queues fail now, so the scheduler's
+                // handlers finish and their entries stay for the next start.
+                outbound.shutdown().await;
+            })
+        };
+        let me = self.clone();
+        let handler = move |entry: Entry| {
+            let me = me.clone();
+            async move { me.deliver(entry).await }
+        };
+        tokio::spawn(async move {
+            stop.await;
+            stop_tx.send_replace(true);
+        });
+        if let Err(e) = self
+            .inner
+            .scheduler
+            .run(WorkerPool::new(WORKERS), handler, stopped(stop_rx))
+            .await
+        {
+            tracing::error!(error = %e, "alert delivery stopped");
+        }
+        for task in [disk, probes, queues] {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "an alert task panicked");
+            }
+        }
+        self.inner.scheduler.close().await;
+    }
+
+    /// One due delivery: send it, or fail it for a retry with backoff.
+    async fn deliver(&self, entry: Entry) -> Outcome {
+        let delivery: Delivery = match serde_json::from_slice(&entry.payload) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(id = entry.id, error = %e, "unreadable alert delivery dropped");
+                return Outcome::Done;
+            }
+        };
+        let key = delivery.alert.key.clone();
+        match self.send(&delivery).await {
+            Ok(true) => {
+                tracing::info!(key, channel = ?delivery.channel, "alert delivered");
+                Outcome::Done
+            }
+            Ok(false) => {
+                tracing::warn!(key, channel = ?delivery.channel, "alert channel no longer configured; delivery dropped");
+                Outcome::Done
+            }
+            Err(e) => {
+                tracing::warn!(key, channel = ?delivery.channel, attempt = entry.attempt + 1, error = %e, "alert delivery failed; will retry");
+                Outcome::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// Sends through the channel's queue; `Ok(false)` if it is not configured.
+    async fn send(&self, d: &Delivery) -> Result<bool, SendError> {
+        let s = &self.inner.settings;
+        let q = &self.inner.outbound;
+        let subject = format!("[estafeta] {}: {}", d.alert.kind, d.alert.key);
+        let text = format!("{}\n\nraised at {}", d.alert.text, d.alert.raised_at);
+        match d.channel {
+            Channel::Email => {
+                let (Some(c), Some(queue)) = (&s.email, &q.email) else {
+                    return Ok(false);
+                };
+                let mail = EmailMessage {
+                    to: c.to.clone(),
+                    subject,
+                    body: text,
+                };
+                queue.submit("smtp".to_owned(), EMAIL, mail)?.await?;
+            }
+            Channel::Sms => {
+                let Some(c) = &s.sms else {
+                    return Ok(false);
+                };
+                let host = host_of(&c.gateway.url).unwrap_or_default();
+                let pending: Vec<_> =
+                    c.to.iter()
+                        .map(|to| {
+                            let sms = SmsMessage {
+                                recipient: to.clone(),
+                                text: format!("{subject}: {}", d.alert.text),
+                            };
+                            q.http.submit(host.clone(), SMS, HttpOut::Sms(sms))
+                        })
+                        .collect::<Result<_, _>>()?;
+                for p in pending {
+                    p.await?;
+                }
+            }
+            Channel::Webhook => {
+                let Some(url) = &s.webhook else {
+                    return Ok(false);
+                };
+                let body = serde_json::json!({
+                    "version": 1,
+                    "alert": d.alert,
+                });
+                let call = WebhookRequest {
+                    url: url.clone(),
+                    body,
+                };
+                let host = host_of(url).unwrap_or_default();
+                q.http
+                    .submit(host, WEBHOOK, HttpOut::Webhook(call))?
+                    .await?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Probes the origins of the SMS gateway and the webhook every
+    /// [`NotifySettings::probe`] (when not zero); the send queue marks a
+    /// host down after failed probes and up again on a good one. A host
+    /// found down raises a `host_down` alert (sent through the other
+    /// channels at once, through its own when it is back), cleared when it
+    /// is up again.
+    async fn probe(self, exchange: Exchange, stop: impl Future<Output = ()> + Send) {
+        let period = self.inner.settings.probe;
+        if period.is_zero() {
+            return stop.await;
+        }
+        let s = &self.inner.settings;
+        let hosts: Vec<String> = s
+            .sms
+            .iter()
+            .map(|c| c.gateway.url.clone())
+            .chain(s.webhook.clone())
+            .filter_map(|u| host_of(&u))
+            .collect();
+        let mut stop = std::pin::pin!(stop);
+        let mut tick = tokio::time::interval(period);
+        let mut down = std::collections::HashSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => {}
+            }
+            for host in &hosts {
+                // What the probes sent so far decided.
+                match self.inner.outbound.http.is_down(host) {
+                    Some(true) if down.insert(host.clone()) => {
+                        let text = format!(
+                            "the alert host {host} fails its health probes; alerts for it wait until it is back"
+                        );
+                        let alert = Alert::new(AlertKind::HostDown, host, text, exchange.now());
+                        exchange.raise_alert(alert).await;
+                    }
+                    Some(false) if down.remove(host) => {
+                        exchange
+                            .clear_alert(alert_key(AlertKind::HostDown, host))
+                            .await;
+                    }
+                    _ => {}
+                }
+                let probe = HttpOut::Probe(ProbeRequest {
+                    url: format!("{host}/"),
+                });
+                // Busy: the last probe of this host is still out.
+                if let Ok(pending) = self.inner.outbound.http.submit(host.clone(), PROBE, probe) {
+                    tokio::spawn(pending);
+                }
+            }
+        }
+    }
+}
+
+impl AlertSink for Notifier {
+    fn raise(&self, alert: Alert) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            match self.inner.raised.is_open(&alert.key).await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, key = alert.key, "reading open alerts failed; sending anyway")
+                }
+            }
+            let due = self.inner.scheduler.clock().now_secs();
+            let mut entries = Vec::new();
+            for channel in self.channels() {
+                let payload = match serde_json::to_vec(&Delivery {
+                    channel,
+                    alert: alert.clone(),
+                }) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::error!(error = %e, "encoding an alert failed");
+                        continue;
+                    }
+                };
+                entries.push(Entry {
+                    source: SOURCE.to_owned(),
+                    due,
+                    id: format!("{channel:?}/{}", alert.key),
+                    payload,
+                    attempt: 0,
+                });
+            }
+            // Scheduled before the key is marked open: a crash in between
+            // may send twice, never not at all.
+            if let Err(e) = self.inner.scheduler.schedule_all(entries).await {
+                tracing::error!(error = %e, key = alert.key, "scheduling alert delivery failed");
+                return;
+            }
+            if let Err(e) = self.inner.raised.open_alert(&alert).await {
+                tracing::error!(error = %e, key = alert.key, "recording an open alert failed");
+            }
+        })
+    }
+
+    fn clear(&self, key: String) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            match self.inner.raised.close(&key).await {
+                Ok(true) => tracing::info!(key, "alert condition ended"),
+                Ok(false) => {}
+                Err(e) => tracing::error!(error = %e, key, "clearing an open alert failed"),
+            }
+        })
+    }
+}

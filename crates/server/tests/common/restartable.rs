@@ -1,0 +1,89 @@
+//! An in-process server on a data folder that outlives it, reading a clock
+//! the test moves: for tests that restart the server and control time.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use estafeta_client::Client;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::{Exchange, ExchangeConfig, MessageId};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, run_with};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::clock::ManualClock;
+use super::{ADMIN_TOKEN, id, wait_ready};
+
+/// An in-process server on `data` reading `clock`.
+pub struct Server {
+    pub admin: Client,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Server {
+    pub async fn start(data: &Path, clock: &ManualClock) -> Server {
+        let exchange = reopen(data, clock).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_with(
+            listener,
+            exchange,
+            HttpSettings::default(),
+            NotifySettings::log_only(data),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
+        wait_ready(&admin).await;
+        Server { admin, stop, task }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+
+    pub async fn queued(&self) -> Vec<MessageId> {
+        self.queued_at("db-a").await
+    }
+
+    pub async fn queued_at(&self, mailbox: &str) -> Vec<MessageId> {
+        let listing = self
+            .admin
+            .folder(&id(mailbox), Folder::Messages)
+            .await
+            .unwrap();
+        listing.files.into_iter().map(|f| f.id).collect()
+    }
+
+    /// Waits until `wanted` is in db-a's queue (the scheduler looks at the
+    /// clock at least once a second).
+    pub async fn wait_queued(&self, wanted: MessageId) {
+        for _ in 0..3000 {
+            if self.queued().await.contains(&wanted) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{wanted} did not enter the queue");
+    }
+}
+
+/// Opens the exchange on `data`; the last run's tasks release the files
+/// a moment after it stopped, so a restart tries a few times.
+pub async fn reopen(data: &Path, clock: &ManualClock) -> Exchange {
+    for _ in 0..500 {
+        let mut config = ExchangeConfig::new(data);
+        config.admin_token = Some(ADMIN_TOKEN.to_owned());
+        match Exchange::open(config, Arc::new(clock.clone())).await {
+            Ok((exchange, _)) => return exchange,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    panic!("the data folder stayed locked");
+}
