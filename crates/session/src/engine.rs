@@ -193,15 +193,15 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         };
         let key = held.key.clone();
         let (mut session, loaded) = held.take();
+        // Until the session is handed to a guard, `held` still owns the key
+        // with no session in it: if this future is dropped (its caller
+        // went away) while loading or finalizing, the key is passed on and
+        // its next holder reads the session from storage again.
+        held.payload = Some((None, false));
         if !loaded {
-            match self.load(&key).await {
-                Ok(s) => session = s,
-                Err(e) => {
-                    // Storage was not read: the next waiter must try again.
-                    self.pass_on(key, None, false, false);
-                    return Err(e);
-                }
-            }
+            // On an error, `held` passes the key on unread: the next waiter
+            // tries storage again.
+            session = self.load(&key).await?;
         }
         if let Some(s) = session.take() {
             session = self.ready(&key, s).await;
@@ -214,9 +214,12 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             )));
         }
         match session {
-            Some(s) => Ok(Some(SessionGuard::new(self.clone(), key, s))),
+            Some(s) => {
+                held.payload = None;
+                Ok(Some(SessionGuard::new(self.clone(), key, s)))
+            }
             None => {
-                self.pass_on(key, None, true, false);
+                held.payload = Some((None, true));
                 Ok(None)
             }
         }

@@ -286,3 +286,50 @@ async fn releases_share_fsyncs_through_group_commit() {
     assert_eq!(stats.saves, 200);
     assert!(stats.save_batches < 200, "batches: {}", stats.save_batches);
 }
+
+/// Hooks whose finalization never finishes the first time.
+struct HangOnce(std::sync::atomic::AtomicBool);
+
+impl estafeta_session::Hooks<String, Counter> for HangOnce {
+    fn finalize<'a>(
+        &'a self,
+        _key: &'a String,
+        s: &'a mut estafeta_session::SessionData<Counter>,
+    ) -> estafeta_session::BoxFuture<'a, estafeta_session::Finalize> {
+        Box::pin(async move {
+            if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            s.set_expires_at(None);
+            estafeta_session::Finalize::Keep
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_goes_away_midway_does_not_wedge_the_key() {
+    let storage = Arc::new(MemoryStorage::new());
+    let engine = estafeta_session::Engine::<String, Counter>::builder(storage)
+        .clock(Arc::new(estafeta_session::TokioClock::starting_at(T0)))
+        .hooks(Arc::new(HangOnce(Default::default())))
+        .config(Config {
+            flush_time_limit: Duration::from_secs(3600 * 24),
+            ..Config::default()
+        })
+        .open()
+        .await
+        .unwrap();
+    create_expiring(&engine, "k", 7).await;
+    tokio::time::advance(LIFE + Duration::from_millis(1)).await;
+    // This caller's acquire runs the (hanging) finalization, then gives up.
+    let gave_up =
+        tokio::time::timeout(Duration::from_secs(1), engine.get("k".to_string(), false)).await;
+    assert!(gave_up.is_err());
+    // The key is free again: the next caller reads the session from storage.
+    let s = tokio::time::timeout(Duration::from_secs(1), engine.get("k".to_string(), false))
+        .await
+        .expect("not wedged")
+        .unwrap()
+        .expect("still stored");
+    assert_eq!(s.state().n, 7);
+}

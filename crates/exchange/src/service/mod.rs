@@ -151,6 +151,25 @@ impl Exchange {
         self.core.now()
     }
 
+    /// Run a call on a task of its own. A caller that goes away midway (a
+    /// client that disconnects or times out drops the request's future)
+    /// cannot cancel it half-way: the call finishes, durable or undone, just
+    /// as if the caller had waited for the answer.
+    pub(crate) async fn detached<T, F, Fut>(&self, call: F) -> Result<T, ExchangeError>
+    where
+        F: FnOnce(Arc<Core>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ExchangeError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(call(self.core.clone())).await {
+            Ok(result) => result,
+            Err(e) => Err(ExchangeError::unavailable(
+                "internal",
+                format!("the call did not complete: {e}"),
+            )),
+        }
+    }
+
     fn ready(&self) -> Result<(), ExchangeError> {
         if self.is_ready() {
             Ok(())
@@ -250,8 +269,12 @@ impl Exchange {
         req: SendMessage,
     ) -> Result<(MessageAccepted, Upload), ExchangeError> {
         self.ready()?;
-        let r = self.core.send(who, req).await;
-        self.core.watch_storage("message upload", r).await
+        let who = who.clone();
+        self.detached(move |core| async move {
+            let r = core.send(&who, req).await;
+            core.watch_storage("message upload", r).await
+        })
+        .await
     }
 
     /// Device: its unacknowledged messages, oldest first, as the JSON body
@@ -272,7 +295,9 @@ impl Exchange {
         req: AckRequest,
     ) -> Result<AckResponse, ExchangeError> {
         self.ready()?;
-        self.core.ack(who, req).await
+        let who = who.clone();
+        self.detached(move |core| async move { core.ack(&who, req).await })
+            .await
     }
 
     /// API_1: start a process; the JSON body of the answer.
@@ -282,7 +307,9 @@ impl Exchange {
         req: StartRequest,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        self.core.start(who, req).await
+        let who = who.clone();
+        self.detached(move |core| async move { core.start(&who, req).await })
+            .await
     }
 
     /// API_2: narrow the process's list.
@@ -293,7 +320,9 @@ impl Exchange {
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core.accept(who, pid, req).await
+        let (who, pid) = (who.clone(), pid.to_owned());
+        self.detached(move |core| async move { core.accept(&who, &pid, req).await })
+            .await
     }
 
     /// API_3: results and replies; READY_TO_COMMIT.
@@ -304,8 +333,12 @@ impl Exchange {
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let r = self.core.prepare(who, pid, req).await;
-        self.core.watch_storage("prepare", r).await
+        let (who, pid) = (who.clone(), pid.to_owned());
+        self.detached(move |core| async move {
+            let r = core.prepare(&who, &pid, req).await;
+            core.watch_storage("prepare", r).await
+        })
+        .await
     }
 
     /// API_4: the processor committed.
@@ -316,8 +349,12 @@ impl Exchange {
         _req: CommitRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let r = self.core.commit(who, pid).await;
-        self.core.watch_storage("commit", r).await
+        let (who, pid) = (who.clone(), pid.to_owned());
+        self.detached(move |core| async move {
+            let r = core.commit(&who, &pid).await;
+            core.watch_storage("commit", r).await
+        })
+        .await
     }
 
     /// API_5: the processor's commit failed.
@@ -328,9 +365,12 @@ impl Exchange {
         req: RollbackRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core
-            .give_up(who, pid, ProcessState::RolledBack, &req.error_text)
-            .await
+        let (who, pid) = (who.clone(), pid.to_owned());
+        self.detached(move |core| async move {
+            core.give_up(&who, &pid, ProcessState::RolledBack, &req.error_text)
+                .await
+        })
+        .await
     }
 
     /// API_6: the processor gave up.
@@ -341,9 +381,12 @@ impl Exchange {
         req: AbortRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        self.core
-            .give_up(who, pid, ProcessState::Aborted, &req.message)
-            .await
+        let (who, pid) = (who.clone(), pid.to_owned());
+        self.detached(move |core| async move {
+            core.give_up(&who, &pid, ProcessState::Aborted, &req.message)
+                .await
+        })
+        .await
     }
 
     /// A process's state (404 for an id never issued).

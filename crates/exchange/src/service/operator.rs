@@ -143,7 +143,9 @@ impl Exchange {
     ) -> Result<(), ExchangeError> {
         admin(who)?;
         settleable(folder)?;
-        self.core.hand_settle(mailbox, folder, id, true).await
+        let mailbox = mailbox.clone();
+        self.detached(move |core| async move { core.hand_settle(&mailbox, folder, id, true).await })
+            .await
     }
 
     /// Admin: delete a message from `Unknown` or `Error` for good. Refused
@@ -157,7 +159,11 @@ impl Exchange {
     ) -> Result<(), ExchangeError> {
         admin(who)?;
         settleable(folder)?;
-        self.core.hand_settle(mailbox, folder, id, false).await
+        let mailbox = mailbox.clone();
+        self.detached(
+            move |core| async move { core.hand_settle(&mailbox, folder, id, false).await },
+        )
+        .await
     }
 
     /// Admin: settle a process in doubt as committed (`commit`) or rolled
@@ -191,14 +197,17 @@ impl Exchange {
             target: "estafeta::event", process = %parsed, db = %owner.db, commit,
             "the operator settles a process in doubt"
         );
-        if commit {
-            self.core.commit(&processor, pid).await
-        } else {
-            let text = "settled as rolled back by the operator";
-            self.core
-                .give_up(&processor, pid, ProcessState::RolledBack, text)
-                .await
-        }
+        let pid = pid.to_owned();
+        self.detached(move |core| async move {
+            if commit {
+                core.commit(&processor, &pid).await
+            } else {
+                let text = "settled as rolled back by the operator";
+                core.give_up(&processor, &pid, ProcessState::RolledBack, text)
+                    .await
+            }
+        })
+        .await
     }
 }
 
