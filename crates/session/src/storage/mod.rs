@@ -51,6 +51,10 @@ pub enum StorageError {
     /// The embedded database reported an error (I/O, disk full, corruption).
     #[error("storage: {0}")]
     Backend(#[source] Arc<redb::Error>),
+    /// The database could not be reopened after an earlier failure (it is
+    /// tried again on the next operation).
+    #[error("storage: the database is closed after a failure and could not be reopened yet")]
+    Closed,
     /// The storage call panicked on its blocking thread.
     #[error("storage: the storage thread panicked")]
     Panicked,

@@ -4,11 +4,17 @@
 //! milliseconds, only for sessions that have one, so a restart rebuilds the
 //! expiry index without decoding records), `quarantine` (records that could
 //! not be decoded) and `meta` (the generation counter).
+//!
+//! After a failed operation the database is closed and opened again before
+//! the next one: redb refuses every write after an I/O error ("close and
+//! re-open the database"), and a full disk that clears must not leave the
+//! engine unable to save until an operator restarts it.
 
 use super::{Storage, StorageError, Write};
 use crate::clock::Timestamp;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard};
 
 const SESSIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("sessions");
 const DEADLINES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("deadlines");
@@ -18,14 +24,17 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// Session storage in a redb database file.
 #[derive(Debug)]
 pub struct RedbStorage {
-    db: Database,
+    path: PathBuf,
+    /// `None` after a failed reopen: the next operation tries again.
+    db: RwLock<Option<Database>>,
     generation: u64,
 }
 
 impl RedbStorage {
     /// Open (or create) the database at `path` and start a new generation.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbStorage, StorageError> {
-        let db = Database::create(path)?;
+        let path = path.as_ref().to_path_buf();
+        let db = Database::create(&path)?;
         let mut tx = db.begin_write()?;
         tx.set_durability(Durability::Immediate)?;
         let generation;
@@ -38,87 +47,140 @@ impl RedbStorage {
             meta.insert("generation", generation)?;
         }
         tx.commit()?;
-        Ok(RedbStorage { db, generation })
+        Ok(RedbStorage {
+            path,
+            db: RwLock::new(Some(db)),
+            generation,
+        })
+    }
+
+    /// Run `op` on the open database; after a failure, close and reopen it
+    /// so that the next operation starts clean.
+    fn with_db<T>(
+        &self,
+        op: impl Fn(&Database) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let result = match self.read().as_ref() {
+            Some(db) => op(db),
+            None => Err(StorageError::Closed),
+        };
+        if result.is_err() {
+            self.reopen();
+        }
+        result
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Option<Database>> {
+        self.db.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reopen(&self) {
+        let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+        // The old handle must be closed before the file can be opened again.
+        *db = None;
+        match Database::create(&self.path) {
+            Ok(fresh) => *db = Some(fresh),
+            Err(e) => {
+                tracing::error!(error = %e, path = %self.path.display(), "reopening the session database failed")
+            }
+        }
     }
 }
 
 impl Storage for RedbStorage {
     fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        let tx = self.db.begin_read()?;
-        let table = tx.open_table(SESSIONS)?;
-        Ok(table.get(key)?.map(|v| v.value().to_vec()))
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(SESSIONS)?;
+            Ok(table.get(key)?.map(|v| v.value().to_vec()))
+        })
     }
 
     fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
-        let mut tx = self.db.begin_write()?;
-        tx.set_durability(Durability::Immediate)?;
-        {
-            let mut sessions = tx.open_table(SESSIONS)?;
-            let mut deadlines = tx.open_table(DEADLINES)?;
-            for w in batch {
-                match w {
-                    Write::Put {
-                        key,
-                        record,
-                        expires_at,
-                    } => {
-                        sessions.insert(key.as_slice(), record.as_slice())?;
-                        match expires_at {
-                            Some(t) => deadlines.insert(key.as_slice(), t.0)?,
-                            None => deadlines.remove(key.as_slice())?,
-                        };
-                    }
-                    Write::Delete { key } => {
-                        sessions.remove(key.as_slice())?;
-                        deadlines.remove(key.as_slice())?;
-                    }
-                }
-            }
-        }
-        tx.commit()?;
-        Ok(())
+        self.with_db(|db| write_batch(db, batch))
     }
 
     fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
-        let tx = self.db.begin_read()?;
-        let table = tx.open_table(DEADLINES)?;
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            let (k, v) = row?;
-            out.push((k.value().to_vec(), Timestamp(v.value())));
-        }
-        Ok(out)
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(DEADLINES)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                out.push((k.value().to_vec(), Timestamp(v.value())));
+            }
+            Ok(out)
+        })
     }
 
     fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
-        let mut tx = self.db.begin_write()?;
-        tx.set_durability(Durability::Immediate)?;
-        {
-            let mut sessions = tx.open_table(SESSIONS)?;
-            let mut deadlines = tx.open_table(DEADLINES)?;
-            let mut quarantine = tx.open_table(QUARANTINE)?;
-            let record = sessions.remove(key)?.map(|v| v.value().to_vec());
-            deadlines.remove(key)?;
-            if let Some(record) = record {
-                quarantine.insert(key, record.as_slice())?;
-            }
-        }
-        tx.commit()?;
+        self.with_db(|db| quarantine(db, key))?;
         tracing::warn!(key = %String::from_utf8_lossy(key), reason, "session record quarantined");
         Ok(())
     }
 
     fn quarantined(&self) -> Result<Vec<Vec<u8>>, StorageError> {
-        let tx = self.db.begin_read()?;
-        let table = tx.open_table(QUARANTINE)?;
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            out.push(row?.0.value().to_vec());
-        }
-        Ok(out)
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(QUARANTINE)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                out.push(row?.0.value().to_vec());
+            }
+            Ok(out)
+        })
     }
 
     fn generation(&self) -> u64 {
         self.generation
     }
+}
+
+/// Move a record aside, in one durable write transaction.
+fn quarantine(db: &Database, key: &[u8]) -> Result<(), StorageError> {
+    let mut tx = db.begin_write()?;
+    tx.set_durability(Durability::Immediate)?;
+    {
+        let mut sessions = tx.open_table(SESSIONS)?;
+        let mut deadlines = tx.open_table(DEADLINES)?;
+        let mut quarantine = tx.open_table(QUARANTINE)?;
+        let record = sessions.remove(key)?.map(|v| v.value().to_vec());
+        deadlines.remove(key)?;
+        if let Some(record) = record {
+            quarantine.insert(key, record.as_slice())?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// One batch as one durable write transaction.
+fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
+    let mut tx = db.begin_write()?;
+    tx.set_durability(Durability::Immediate)?;
+    {
+        let mut sessions = tx.open_table(SESSIONS)?;
+        let mut deadlines = tx.open_table(DEADLINES)?;
+        for w in batch {
+            match w {
+                Write::Put {
+                    key,
+                    record,
+                    expires_at,
+                } => {
+                    sessions.insert(key.as_slice(), record.as_slice())?;
+                    match expires_at {
+                        Some(t) => deadlines.insert(key.as_slice(), t.0)?,
+                        None => deadlines.remove(key.as_slice())?,
+                    };
+                }
+                Write::Delete { key } => {
+                    sessions.remove(key.as_slice())?;
+                    deadlines.remove(key.as_slice())?;
+                }
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(())
 }

@@ -1,0 +1,80 @@
+//! A real full disk: the session storage on a small tmpfs (mounted by the
+//! test, which needs root — as CI runs), filled up by a ballast file, then
+//! freed. Saves fail while it is full and succeed again once it is not,
+//! without reopening anything by hand.
+
+mod common;
+
+use common::*;
+use estafeta_session::{Config, Error, RedbStorage};
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Unmounts when dropped, whatever the test's outcome.
+struct Tmpfs<'a>(&'a Path);
+impl Drop for Tmpfs<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0).status();
+    }
+}
+
+fn fill(path: &Path) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+}
+
+#[tokio::test]
+async fn a_full_disk_that_clears_does_not_poison_the_storage() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(
+        mounted.success(),
+        "mounting a tmpfs failed although running as root"
+    );
+    let _unmount = Tmpfs(&mnt);
+
+    let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
+    let engine = engine_with(storage, Recorder::new(), Config::default()).await;
+    bump(&engine, "before").await;
+
+    let ballast = mnt.join("ballast");
+    fill(&ballast);
+    let mut s = engine.get("big".to_string(), true).await.unwrap().unwrap();
+    s.persistent_mut().note = "x".repeat(2 * 1024 * 1024);
+    assert!(
+        matches!(s.release().await, Err(Error::Storage(_))),
+        "a save on a full disk fails"
+    );
+
+    std::fs::remove_file(&ballast).unwrap();
+    // The same dirty session is saved on the next attempt, and others too.
+    let s = engine.get("big".to_string(), false).await.unwrap().unwrap();
+    assert!(s.is_dirty());
+    s.release()
+        .await
+        .expect("saves work again once the disk has room");
+    assert_eq!(bump(&engine, "after").await, 1);
+    engine.stop().await.unwrap();
+}
