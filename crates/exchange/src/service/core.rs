@@ -164,6 +164,23 @@ impl Core {
         Ok(())
     }
 
+    /// Delete the reply files of a prepare that was never answered.
+    pub(crate) async fn drop_preparing(&self, p: &mut Process) {
+        let names = std::mem::take(&mut p.preparing);
+        if names.is_empty() {
+            return;
+        }
+        let prepared = self.location(&p.db, Folder::Prepared);
+        for r in self.mailboxes.delete_all(&prepared, &names).await {
+            match r {
+                Ok(_) | Err(MailboxError::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "deleting the replies of an unanswered prepare")
+                }
+            }
+        }
+    }
+
     /// The steps of a confirmed commit (CLEANUP).
     ///
     /// Progress is kept as an intent record rather than as the seed's save

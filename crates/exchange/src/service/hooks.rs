@@ -27,7 +27,8 @@ impl ExchangeHooks {
         match state {
             Some(ProcessState::Started) => {
                 let rec = s.persistent_mut();
-                if let Some(p) = rec.process.take() {
+                if let Some(mut p) = rec.process.take() {
+                    core.drop_preparing(&mut p).await;
                     tracing::warn!(target: "estafeta::event", process = %p.id, db = %p.db, "STARTED process timed out");
                     core.finish(rec, p, ProcessState::TimedOut).await?;
                 }
@@ -48,6 +49,11 @@ impl ExchangeHooks {
         let mut next = s.expires_at();
         match state {
             Some((ProcessState::Started, started)) => {
+                // A prepare that was under way when the server died was
+                // never answered: its reply files go.
+                if let Some(p) = s.persistent_mut().process.as_mut() {
+                    core.drop_preparing(p).await;
+                }
                 let deadline = started
                     .as_millis()
                     .saturating_add(millis(core.config.started_timeout));

@@ -5,7 +5,7 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use super::state::{Process, Record, Step, Verdict, db_key};
-use crate::mailbox::{Filter, Folder};
+use crate::mailbox::{FileName, Filter, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::wire::{
     AcceptRequest, CallResponse, CallStatus, Message, PrepareRequest, ProcessState, ProcessStatus,
@@ -160,6 +160,7 @@ impl Core {
             messages: raw.names,
             accepted: None,
             results: Vec::new(),
+            preparing: Vec::new(),
             replies: Vec::new(),
             pending: Vec::new(),
             target: None,
@@ -288,12 +289,27 @@ impl Core {
             });
         }
         let prepared = self.location(&db, Folder::Prepared);
+        // The reply names are durable before the files are written, so that
+        // a crash in between leaves no orphans: start-up processing deletes
+        // the files of a prepare that was never answered.
+        let before = g.state().clone();
+        let exp = g.expires_at();
+        if let Some(p) = g.persistent_mut().process.as_mut() {
+            self.drop_preparing(p).await;
+            p.preparing = replies.iter().map(FileName::of).collect();
+        }
+        if let Err(e) = g.save().await {
+            *g.persistent_mut() = before;
+            g.set_expires_at(exp);
+            return Err(e.into());
+        }
         let written = self.mailboxes.write_all(&prepared, &replies).await?;
         let before = g.state().clone();
         let exp = g.expires_at();
         if let Some(p) = g.persistent_mut().process.as_mut() {
             p.results = verdicts;
             p.replies = written.iter().map(|e| e.name.clone()).collect();
+            p.preparing.clear();
             p.deferred = deferred;
             p.state = ProcessState::ReadyToCommit;
             p.ready_at = Some(now);
@@ -440,6 +456,7 @@ impl Core {
                 let steps: Vec<Step> = p
                     .replies
                     .iter()
+                    .chain(p.preparing.iter())
                     .map(|r| Step::delete(r, (&db, Folder::Prepared)))
                     .collect();
                 // Failed deletes are only logged: reconciliation at start-up

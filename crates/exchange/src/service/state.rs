@@ -90,6 +90,11 @@ pub(crate) struct Process {
     /// The verdict on each accepted message (API_3).
     #[serde(default)]
     pub(crate) results: Vec<Verdict>,
+    /// Reply files a prepare is writing: recorded durably before they are
+    /// written, so that if the server dies before the prepare is answered,
+    /// start-up processing deletes them (the processor never got an OK).
+    #[serde(default, with = "display_vec")]
+    pub(crate) preparing: Vec<FileName>,
     /// The replies written to `Prepared` (API_3).
     #[serde(default, with = "display_vec")]
     pub(crate) replies: Vec<FileName>,
