@@ -7,6 +7,9 @@
 //! is always a failed transport or an HTTP error answer ([`ClientError`]),
 //! and the latter carries the status and the server's error code and message.
 //!
+//! [`sim`] holds the simulated processor and device that the tests, the
+//! fault-injection harness (`estafeta-harness`) and `estafeta demo` run.
+//!
 //! # Example
 //!
 //! An administrator provisions a database and a device; the device uploads a
@@ -55,6 +58,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod sim;
 
 pub use error::ClientError;
 pub use estafeta_exchange::Upload;
@@ -95,11 +99,31 @@ impl Client {
     /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`)
     /// that authenticates with `token` (admin, database or device).
     pub fn new(base_url: &str, token: &str) -> Result<Client, ClientError> {
+        Self::build(base_url, token, reqwest::Client::builder())
+    }
+
+    /// Like [`Client::new`], but every call fails with a transport error
+    /// when it has no complete answer within `timeout` (a hung or paused
+    /// server, a proxy that holds a request): what a processor needs to give
+    /// up on a call as the protocol tells it to.
+    pub fn with_timeout(
+        base_url: &str,
+        token: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Client, ClientError> {
+        Self::build(base_url, token, reqwest::Client::builder().timeout(timeout))
+    }
+
+    fn build(
+        base_url: &str,
+        token: &str,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<Client, ClientError> {
         reqwest::Url::parse(base_url).map_err(|e| ClientError::BadUrl {
             url: base_url.to_owned(),
             reason: e.to_string(),
         })?;
-        let http = reqwest::Client::builder().build()?;
+        let http = builder.build()?;
         Ok(Client {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
