@@ -99,7 +99,7 @@ impl Client {
     /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`)
     /// that authenticates with `token` (admin, database or device).
     pub fn new(base_url: &str, token: &str) -> Result<Client, ClientError> {
-        Self::build(base_url, token, reqwest::Client::builder())
+        Self::from_reqwest(base_url, token, reqwest::Client::builder().build()?)
     }
 
     /// Like [`Client::new`], but every call fails with a transport error
@@ -111,19 +111,22 @@ impl Client {
         token: &str,
         timeout: std::time::Duration,
     ) -> Result<Client, ClientError> {
-        Self::build(base_url, token, reqwest::Client::builder().timeout(timeout))
+        let http = reqwest::Client::builder().timeout(timeout).build()?;
+        Self::from_reqwest(base_url, token, http)
     }
 
-    fn build(
+    /// A client on an HTTP client the caller configured (timeouts, pool),
+    /// e.g. one that keeps no idle connection so that a fault injected on
+    /// one connection touches one call.
+    pub fn from_reqwest(
         base_url: &str,
         token: &str,
-        builder: reqwest::ClientBuilder,
+        http: reqwest::Client,
     ) -> Result<Client, ClientError> {
         reqwest::Url::parse(base_url).map_err(|e| ClientError::BadUrl {
             url: base_url.to_owned(),
             reason: e.to_string(),
         })?;
-        let http = builder.build()?;
         Ok(Client {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
