@@ -97,8 +97,9 @@ impl State {
     }
 
     async fn serve(&self, mut client: TcpStream, fault: Option<Fault>) {
-        if fault.is_some() {
+        if let Some(fault) = fault {
             self.faults.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(?fault, "injecting a network fault");
         }
         let mut first = vec![0u8; 64 * 1024];
         match fault {

@@ -115,6 +115,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             0 => {
                 // At a random moment of the traffic.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+                tracing::info!(round = faults.rounds, "kill -9 of the server");
                 server.kill9().await?;
                 faults.server_crashes += 1;
                 faults.ready_times.push(server.restart().await?);
@@ -127,6 +128,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 faults.processor_crashes += 1;
             }
             2 => {
+                tracing::info!(round = faults.rounds, "network faults");
                 proxy.set_fault_rate(0.3);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
                 proxy.set_fault_rate(0.0);
