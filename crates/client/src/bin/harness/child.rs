@@ -1,7 +1,9 @@
 //! The processor child process: `estafeta-harness processor …` runs a
 //! [`Processor`] in a loop until it is killed; with `--stop-at STEP` it
 //! prints `at STEP` when it reaches that step and freezes there, so that the
-//! harness kills it (`kill -9`) exactly at that point of its cycle.
+//! harness kills it (`kill -9`) exactly at that point of its cycle. When
+//! its standard input closes, it finishes the cycle it is in and exits (the
+//! drain's gentle stop).
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -12,8 +14,10 @@ use clap::Args;
 use estafeta_client::Client;
 use estafeta_client::sim::{Processor, ProcessorConfig, Step};
 use estafeta_exchange::Id;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// The client timeout of simulated clients: shorter than a server pause.
 pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -99,7 +103,13 @@ async fn processor_loop(args: ProcessorArgs) -> anyhow::Result<()> {
             }
         }));
     }
-    loop {
+    let closed = Arc::new(AtomicBool::new(false));
+    let watch = closed.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        watch.store(true, Ordering::Relaxed);
+    });
+    while !closed.load(Ordering::Relaxed) {
         match processor.run_once().await {
             Ok(estafeta_client::sim::Cycle::Idle | estafeta_client::sim::Cycle::Busy) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -111,11 +121,13 @@ async fn processor_loop(args: ProcessorArgs) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
 }
 
 /// The parent's handle on a processor child.
 pub(crate) struct ProcessorChild {
     child: Child,
+    stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
@@ -136,6 +148,7 @@ impl ProcessorChild {
             .arg("--sqlite")
             .arg(sqlite)
             .args(["--seed", &seed.to_string()])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
@@ -144,8 +157,10 @@ impl ProcessorChild {
         }
         let mut child = cmd.spawn().context("starting a processor child")?;
         let stdout = child.stdout.take().context("the processor's stdout")?;
+        let stdin = child.stdin.take();
         Ok(ProcessorChild {
             child,
+            stdin,
             lines: BufReader::new(stdout).lines(),
         })
     }
@@ -160,6 +175,20 @@ impl ProcessorChild {
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Ok(false),
         }
+    }
+
+    /// Closes its standard input and waits (at most `within`) for it to
+    /// finish its cycle and exit; kills it when it does not.
+    pub(crate) async fn stop(mut self, within: Duration) -> anyhow::Result<()> {
+        drop(self.stdin.take());
+        if tokio::time::timeout(within, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.start_kill()?;
+            self.child.wait().await?;
+        }
+        Ok(())
     }
 
     /// `kill -9` and wait for it to be gone.

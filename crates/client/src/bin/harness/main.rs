@@ -63,6 +63,10 @@ pub(crate) struct RunArgs {
     /// Keep going until the server was killed this many times (within `--duration`).
     #[arg(long, default_value_t = 0)]
     server_crashes: u64,
+    /// Do not kill processors at random moments (possibly in the middle of
+    /// a call); they are still killed at every step of their cycle.
+    #[arg(long)]
+    no_random_processor_kills: bool,
     /// Databases (one processor each).
     #[arg(long, default_value_t = 2)]
     databases: usize,

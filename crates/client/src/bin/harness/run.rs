@@ -21,7 +21,7 @@ use crate::proxy::Proxy;
 use crate::server::Server;
 
 /// The longest the drain may take before what is left counts as stuck.
-const DRAIN_BOUND: Duration = Duration::from_secs(120);
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
 
 /// One database and its processor child.
 struct Slot {
@@ -106,10 +106,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         }
         faults.rounds += 1;
         let want_crashes = faults.server_crashes < args.server_crashes;
+        let kinds = if args.no_random_processor_kills { 4 } else { 5 };
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
         } else {
-            rng.random_range(0..4)
+            rng.random_range(0..kinds)
         };
         match fault {
             0 => {
@@ -149,7 +150,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let mut devices = device_task.await.context("the device task")?;
     for slot in &mut slots {
         if let Some(child) = slot.child.take() {
-            child.kill9().await?;
+            child.stop(Duration::from_secs(30)).await?;
         }
     }
     let direct = server.admin.base_url().to_owned();

@@ -41,7 +41,7 @@ impl Server {
         let admin = Client::with_timeout(
             &format!("http://127.0.0.1:{port}"),
             ADMIN_TOKEN,
-            Duration::from_secs(10),
+            Duration::from_secs(3),
         )?;
         let mut server = Server {
             binary: binary.to_owned(),
