@@ -14,8 +14,8 @@ use clap::Args;
 use estafeta_client::Client;
 use estafeta_client::sim::{Processor, ProcessorConfig, Step};
 use estafeta_exchange::Id;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -124,6 +124,22 @@ async fn processor_loop(args: ProcessorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// This executable, as it was at the first call: on Linux the path of a
+/// running binary that was replaced (rebuilt) since reads as "… (deleted)".
+fn harness_exe() -> anyhow::Result<&'static Path> {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(exe) = EXE.get() {
+        return Ok(exe);
+    }
+    let exe = std::env::current_exe().context("finding the harness executable")?;
+    Ok(EXE.get_or_init(|| exe))
+}
+
+/// Records this executable's path before anything can replace it.
+pub(crate) fn remember_exe() -> anyhow::Result<()> {
+    harness_exe().map(drop)
+}
+
 /// The parent's handle on a processor child.
 pub(crate) struct ProcessorChild {
     child: Child,
@@ -141,8 +157,7 @@ impl ProcessorChild {
         seed: u64,
         stop_at: Option<Step>,
     ) -> anyhow::Result<ProcessorChild> {
-        let exe = std::env::current_exe().context("finding the harness executable")?;
-        let mut cmd = Command::new(exe);
+        let mut cmd = Command::new(harness_exe()?);
         cmd.arg("processor")
             .args(["--url", url, "--token", token, "--db", db.as_str()])
             .arg("--sqlite")

@@ -77,6 +77,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(&data)?;
     std::fs::create_dir_all(&sqlite_dir)?;
     let port = free_port()?;
+    child::remember_exe()?;
     let mut faults = Faults::default();
     let (mut server, ready) = Server::start(&binary, &data, &work.join("server.log"), port).await?;
     faults.ready_times.push(ready);
@@ -294,13 +295,16 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
     while began.elapsed() < DRAIN_BOUND {
         let mut quiet = true;
         for device in devices.iter_mut() {
-            if device.flush().await.is_err() || device.unsent() > 0 {
+            if let Err(e) = device.flush().await {
+                tracing::warn!(device = %device.id(), error = %e, "drain: upload failed");
+            }
+            if device.unsent() > 0 {
                 quiet = false;
             }
         }
         for (db, p) in processors.iter_mut() {
             if let Err(e) = p.run_until_idle().await {
-                tracing::info!(%db, error = %e, "drain cycle failed");
+                tracing::warn!(%db, error = %e, "drain: processor cycle failed");
                 quiet = false;
             }
             let waiting = admin
