@@ -62,13 +62,14 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
     );
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for device in devices {
-        tasks.push(tokio::spawn(device_loop(device, stop.clone())));
-    }
-    for processor in processors {
-        tasks.push(tokio::spawn(processor_loop(processor, stop.clone())));
-    }
+    let devices: Vec<_> = devices
+        .into_iter()
+        .map(|device| tokio::spawn(device_loop(device, stop.clone())))
+        .collect();
+    let processors: Vec<_> = processors
+        .into_iter()
+        .map(|processor| tokio::spawn(processor_loop(processor, stop.clone())))
+        .collect();
     match duration {
         Some(d) => {
             tokio::select! {
@@ -81,14 +82,24 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
         }
     }
     stop.store(true, Ordering::Relaxed);
-    for task in tasks {
+    let (mut uploaded, mut replies) = (0, 0);
+    for task in devices {
+        match task.await {
+            Ok((sent, received)) => {
+                uploaded += sent;
+                replies += received;
+            }
+            Err(e) => tracing::error!(error = %e, "a device task panicked"),
+        }
+    }
+    for task in processors {
         if let Err(e) = task.await {
-            tracing::error!(error = %e, "a simulator task panicked");
+            tracing::error!(error = %e, "a processor task panicked");
         }
     }
     let _ = stop_server.send(());
     server.await.context("the server task")??;
-    println!("demo stopped");
+    println!("demo stopped: {uploaded} messages uploaded, {replies} replies received");
     Ok(())
 }
 
@@ -143,8 +154,12 @@ async fn provision(
     Ok((devices, processors))
 }
 
-/// A device uploads to each database in turn and reads its replies.
-async fn device_loop((mut device, dbs): (Device, Vec<Id>), stop: Arc<AtomicBool>) {
+/// A device uploads to each database in turn and reads its replies; how
+/// many messages it uploaded and how many replies it received.
+async fn device_loop(
+    (mut device, dbs): (Device, Vec<Id>),
+    stop: Arc<AtomicBool>,
+) -> (usize, usize) {
     let mut turn = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let to = &dbs[turn % dbs.len()];
@@ -160,6 +175,7 @@ async fn device_loop((mut device, dbs): (Device, Vec<Id>), stop: Arc<AtomicBool>
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    (device.sent().len(), device.received().count())
 }
 
 /// A processor runs processes until its queue is empty, then waits a little.

@@ -1,6 +1,6 @@
 //! `estafeta demo` as a real process: it serves, prints the dashboard
-//! address and the admin token, runs its simulators, and exits 0 at the end
-//! of `--duration`.
+//! address and the admin token, runs its simulators (which upload
+//! messages), and exits 0 at the end of `--duration`.
 
 use std::process::Stdio;
 
@@ -35,5 +35,13 @@ async fn demo_prints_address_and_token_and_exits_cleanly() {
         .find_map(|l| l.strip_prefix("admin token: "))
         .expect("no token line");
     assert!(token.len() >= 16, "{token}");
-    assert!(text.contains("demo stopped"), "{text}");
+    let stopped = text
+        .lines()
+        .find_map(|l| l.strip_prefix("demo stopped: "))
+        .expect("no final line");
+    let uploaded: usize = stopped.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(
+        uploaded > 0,
+        "the simulated devices uploaded nothing: {stopped}"
+    );
 }
