@@ -39,12 +39,13 @@ impl Summary {
     pub(crate) fn line(&self) -> String {
         let f = &self.faults;
         format!(
-            "rounds={} server_crashes={} processor_crashes={} network_faults={} disk_full=0 \
+            "rounds={} server_crashes={} processor_crashes={} network_faults={} disk_full={} \
              messages={} lost={} duplicated={} stuck={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
             self.network_faults,
+            f.disk_full,
             self.messages,
             self.lost,
             self.duplicated,
@@ -55,8 +56,9 @@ impl Summary {
     /// What the summary line does not carry.
     pub(crate) fn details(&self) -> String {
         format!(
-            "pauses={} max_ready_ms={} in_doubt_alerts={}",
+            "pauses={} server_deaths={} max_ready_ms={} in_doubt_alerts={}",
             self.faults.pauses,
+            self.faults.server_deaths,
             self.max_ready.as_millis(),
             self.in_doubt_alerts
         )

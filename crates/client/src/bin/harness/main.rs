@@ -8,17 +8,21 @@
 //! faults round after round: `kill -9` of the server at random moments and
 //! a restart, `kill -9` of a processor stopped exactly at a step of its
 //! cycle, network faults through its own loopback TCP proxy, and a paused
-//! server (SIGSTOP past the client timeouts, then SIGCONT). Then it drains
+//! server (SIGSTOP past the client timeouts, then SIGCONT), and with
+//! `--disk-full` a full disk (the data folder on a small tmpfs, filled up
+//! for a moment). Then it drains
 //! and checks the invariants ([`check`]), and prints one summary line.
 //!
 //! - [`server`]: the `estafeta` child process: start, `/readyz`, kill, pause.
 //! - [`proxy`]: the fault-injecting TCP proxy.
+//! - [`disk`]: the tmpfs and its ballast.
 //! - [`child`]: the processor child process, both sides.
 //! - [`run`]: provisioning, the rounds of faults, the drain.
 //! - [`check`]: the invariants and the summary.
 
 mod check;
 mod child;
+mod disk;
 mod proxy;
 mod run;
 mod server;
@@ -67,6 +71,10 @@ pub(crate) struct RunArgs {
     /// a call); they are still killed at every step of their cycle.
     #[arg(long)]
     no_random_processor_kills: bool,
+    /// Put the data folder on a 64 MB tmpfs (needs root) and fill it up now
+    /// and then (disk-full episodes).
+    #[arg(long)]
+    disk_full: bool,
     /// Databases (one processor each).
     #[arg(long, default_value_t = 2)]
     databases: usize,

@@ -17,6 +17,7 @@ use rand::{RngExt, SeedableRng};
 use crate::RunArgs;
 use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
+use crate::disk::Tmpfs;
 use crate::proxy::Proxy;
 use crate::server::Server;
 
@@ -38,6 +39,9 @@ pub(crate) struct Faults {
     pub(crate) server_crashes: u64,
     pub(crate) processor_crashes: u64,
     pub(crate) pauses: u64,
+    pub(crate) disk_full: u64,
+    /// Times the server exited by itself (not killed by the harness).
+    pub(crate) server_deaths: u64,
     pub(crate) ready_times: Vec<Duration>,
 }
 
@@ -76,6 +80,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
     std::fs::create_dir_all(&sqlite_dir)?;
+    let tmpfs = if args.disk_full {
+        Some(Tmpfs::mount(&data)?)
+    } else {
+        None
+    };
     let port = free_port()?;
     child::remember_exe()?;
     let mut faults = Faults::default();
@@ -107,11 +116,16 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         }
         faults.rounds += 1;
         let want_crashes = faults.server_crashes < args.server_crashes;
-        let kinds = if args.no_random_processor_kills { 4 } else { 5 };
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
         } else {
-            rng.random_range(0..kinds)
+            loop {
+                let f = rng.random_range(0..6);
+                let off = (f == 4 && args.no_random_processor_kills) || (f == 5 && tmpfs.is_none());
+                if !off {
+                    break f;
+                }
+            }
         };
         match fault {
             0 => {
@@ -135,11 +149,37 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
                 proxy.set_fault_rate(0.0);
             }
-            _ => {
+            3 => {
+                tracing::info!(round = faults.rounds, "server paused");
                 server
                     .pause(CLIENT_TIMEOUT + Duration::from_secs(1))
                     .await?;
                 faults.pauses += 1;
+            }
+            4 => {
+                // Wherever it is, possibly in the middle of a call.
+                let i = rng.random_range(0..slots.len());
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
+                tracing::info!(round = faults.rounds, db = %slots[i].db, "kill -9 of a processor at a random moment");
+                if let Some(child) = slots[i].child.take() {
+                    child.kill9().await?;
+                }
+                slots[i].child = Some(spawn(&proxy, &slots[i], rng.random(), None)?);
+                faults.processor_crashes += 1;
+            }
+            _ => {
+                if let Some(disk) = &tmpfs {
+                    let filled = disk.fill()?;
+                    tracing::info!(round = faults.rounds, filled, "disk full");
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+                    disk.free()?;
+                    faults.disk_full += 1;
+                    if server.exited()? {
+                        eprintln!("the server died on a full disk; restarting it");
+                        faults.server_deaths += 1;
+                        faults.ready_times.push(server.restart().await?);
+                    }
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
@@ -175,6 +215,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     )
     .await?;
     server.kill9().await?;
+    drop(tmpfs);
     if !summary.passed() {
         // Keep the evidence of a failed run.
         let kept = temp.map_or(work, tempfile::TempDir::keep);

@@ -127,6 +127,14 @@ impl Server {
         signal("-CONT", pid)
     }
 
+    /// Whether the server process has exited by itself.
+    pub(crate) fn exited(&mut self) -> anyhow::Result<bool> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?.is_some()),
+            None => Ok(true),
+        }
+    }
+
     /// The log file of every start.
     pub(crate) fn log(&self) -> &Path {
         &self.log
