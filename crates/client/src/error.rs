@@ -53,6 +53,17 @@ impl ClientError {
         }
     }
 
+    /// Whether the same call may succeed later unchanged: the request did
+    /// not get an answer (network, timeout), or the server answered 503
+    /// (recovering, stopping, disk full). A 4xx answer will not change.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Transport(_) => true,
+            ClientError::Api { status, .. } => *status == StatusCode::SERVICE_UNAVAILABLE,
+            ClientError::BadUrl { .. } | ClientError::BadAnswer { .. } => false,
+        }
+    }
+
     /// The server's error code, for an HTTP error answer.
     pub fn code(&self) -> Option<&str> {
         match self {

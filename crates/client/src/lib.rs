@@ -7,6 +7,9 @@
 //! is always a failed transport or an HTTP error answer ([`ClientError`]),
 //! and the latter carries the status and the server's error code and message.
 //!
+//! [`sim`] holds the simulated processor and device that the tests, the
+//! fault-injection harness (`estafeta-harness`) and `estafeta demo` run.
+//!
 //! # Example
 //!
 //! An administrator provisions a database and a device; the device uploads a
@@ -56,6 +59,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod sim;
 
 pub use error::ClientError;
 pub use estafeta_exchange::Upload;
@@ -96,11 +100,34 @@ impl Client {
     /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`)
     /// that authenticates with `token` (admin, database or device).
     pub fn new(base_url: &str, token: &str) -> Result<Client, ClientError> {
+        Self::from_reqwest(base_url, token, reqwest::Client::builder().build()?)
+    }
+
+    /// Like [`Client::new`], but every call fails with a transport error
+    /// when it has no complete answer within `timeout` (a hung or paused
+    /// server, a proxy that holds a request): what a processor needs to give
+    /// up on a call as the protocol tells it to.
+    pub fn with_timeout(
+        base_url: &str,
+        token: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder().timeout(timeout).build()?;
+        Self::from_reqwest(base_url, token, http)
+    }
+
+    /// A client on an HTTP client the caller configured (timeouts, pool),
+    /// e.g. one that keeps no idle connection so that a fault injected on
+    /// one connection touches one call.
+    pub fn from_reqwest(
+        base_url: &str,
+        token: &str,
+        http: reqwest::Client,
+    ) -> Result<Client, ClientError> {
         reqwest::Url::parse(base_url).map_err(|e| ClientError::BadUrl {
             url: base_url.to_owned(),
             reason: e.to_string(),
         })?;
-        let http = reqwest::Client::builder().build()?;
         Ok(Client {
             http,
             base: base_url.trim_end_matches('/').to_owned(),

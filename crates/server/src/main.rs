@@ -1,5 +1,7 @@
 //! The `estafeta` binary: parses the command line and hands over to the
-//! library (`serve`) or to the client (`admin …`).
+//! library (`serve`), to the client (`admin …`), or to the demo (`demo`).
+
+mod demo;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +36,16 @@ enum Command {
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
     Admin(AdminArgs),
+    /// A server on a temporary data folder with simulated devices and
+    /// processors; prints the dashboard address and the admin token.
+    Demo {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,7 +53,7 @@ fn main() -> anyhow::Result<()> {
     // `serve` also keeps the structured event log in its data folder.
     let event_log_data = match &cli.command {
         Command::Serve { config } => Some(Settings::load(config.as_deref())?.data_dir),
-        Command::Admin(_) => None,
+        Command::Admin(_) | Command::Demo { .. } => None,
     };
     estafeta_server::logging::init(event_log_data.as_deref())?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -52,6 +64,7 @@ fn main() -> anyhow::Result<()> {
             println!("{out}");
             Ok(())
         }
+        Command::Demo { listen, duration } => runtime.block_on(demo::demo(&listen, duration)),
     }
 }
 

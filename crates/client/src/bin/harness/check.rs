@@ -1,0 +1,223 @@
+//! The invariants of issue 7, checked after the drain, and the summary line.
+//!
+//! For every message a device got an id for (201, or 200 for its key after
+//! a lost 201): applied exactly once in its processor's database and its
+//! file in `Log`, or not applied and its file in `Error` (incorrect); one
+//! reply for it at its device after deduplication. Nothing in `Messages`,
+//! `Prepared` or `Unknown`; no process live or in doubt; no process the
+//! processors still have to settle; no upload left in a device's outbox.
+//! Every (re)start of the server answered `/readyz` within the bound.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use estafeta_client::Client;
+use estafeta_client::sim::{Device, Processor};
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::ProcessState;
+use estafeta_exchange::{Id, MessageId};
+
+use crate::run::Faults;
+use crate::server::READY_BOUND;
+
+/// What the run did and what the checks found.
+#[derive(Debug)]
+pub(crate) struct Summary {
+    faults: Faults,
+    network_faults: u64,
+    messages: usize,
+    lost: usize,
+    duplicated: usize,
+    stuck: usize,
+    max_ready: Duration,
+    in_doubt_alerts: usize,
+}
+
+impl Summary {
+    /// The one summary line.
+    pub(crate) fn line(&self) -> String {
+        let f = &self.faults;
+        format!(
+            "rounds={} server_crashes={} processor_crashes={} network_faults={} disk_full={} \
+             messages={} lost={} duplicated={} stuck={}",
+            f.rounds,
+            f.server_crashes,
+            f.processor_crashes,
+            self.network_faults,
+            f.disk_full,
+            self.messages,
+            self.lost,
+            self.duplicated,
+            self.stuck,
+        )
+    }
+
+    /// What the summary line does not carry.
+    pub(crate) fn details(&self) -> String {
+        format!(
+            "pauses={} server_deaths={} max_ready_ms={} in_doubt_alerts={}",
+            self.faults.pauses,
+            self.faults.server_deaths,
+            self.max_ready.as_millis(),
+            self.in_doubt_alerts
+        )
+    }
+
+    /// Nothing lost, duplicated or stuck.
+    pub(crate) fn passed(&self) -> bool {
+        self.lost == 0 && self.duplicated == 0 && self.stuck == 0
+    }
+}
+
+/// Checks the invariants over the server's folders and processes, the
+/// processors' databases and the devices' inboxes.
+pub(crate) async fn check(
+    admin: &Client,
+    processors: &[(Id, Processor)],
+    devices: &[Device],
+    faults: &Faults,
+    network_faults: u64,
+    server_log: &Path,
+) -> anyhow::Result<Summary> {
+    let mut lost = 0;
+    let mut duplicated = 0;
+    let mut stuck = 0;
+
+    let mut applied: HashMap<MessageId, usize> = HashMap::new();
+    let mut log = HashSet::new();
+    let mut error = HashSet::new();
+    for (db, p) in processors {
+        for m in p.applied()? {
+            *applied.entry(m).or_default() += 1;
+        }
+        let dups = p.duplicates()?;
+        if !dups.is_empty() {
+            eprintln!("{db}: applied again: {dups:?}");
+        }
+        duplicated += dups.len();
+        let unsettled = p.unsettled()?;
+        if unsettled > 0 {
+            eprintln!("{db}: {unsettled} processes not settled");
+        }
+        stuck += unsettled;
+        let listing = |folder| async move {
+            admin
+                .folder(db, folder)
+                .await
+                .map(|l| l.files)
+                .map_err(|e| {
+                    eprintln!("{db}: the server did not list {folder:?}: {e}");
+                })
+        };
+        match (listing(Folder::Log).await, listing(Folder::Error).await) {
+            (Ok(l), Ok(e)) => {
+                log.extend(l.into_iter().map(|f| f.id));
+                error.extend(e.into_iter().map(|f| f.id));
+            }
+            // A server that cannot answer is stuck; its messages then
+            // count as lost below.
+            _ => stuck += 1,
+        }
+        for folder in [Folder::Messages, Folder::Prepared, Folder::Unknown] {
+            match listing(folder).await {
+                Ok(left) => {
+                    if !left.is_empty() {
+                        eprintln!("{db}: {} files left in {folder:?}", left.len());
+                    }
+                    stuck += left.len();
+                }
+                Err(()) => stuck += 1,
+            }
+        }
+    }
+
+    let mut replies: HashMap<String, usize> = HashMap::new();
+    let mut sent = Vec::new();
+    for d in devices {
+        sent.extend_from_slice(d.sent());
+        if d.unsent() > 0 {
+            eprintln!("{}: {} uploads never accepted", d.id(), d.unsent());
+        }
+        stuck += d.unsent();
+        for m in d.received() {
+            let re = m
+                .body
+                .parse::<serde_json::Value>()
+                .ok()
+                .and_then(|v| v["re"].as_str().map(str::to_owned));
+            if let Some(re) = re {
+                *replies.entry(re).or_default() += 1;
+            }
+        }
+    }
+    let unique: HashSet<MessageId> = sent.iter().copied().collect();
+    duplicated += sent.len() - unique.len();
+
+    for m in &unique {
+        let times = applied.get(m).copied().unwrap_or(0);
+        let done = times == 1 && log.contains(m) && !error.contains(m);
+        let incorrect = times == 0 && error.contains(m) && !log.contains(m);
+        if times > 1 {
+            eprintln!("{m}: applied {times} times");
+            duplicated += 1;
+        } else if !(done || incorrect) {
+            eprintln!(
+                "{m}: applied {times}, in Log {}, in Error {}",
+                log.contains(m),
+                error.contains(m)
+            );
+            lost += 1;
+        }
+        match replies.get(&m.to_string()).copied().unwrap_or(0) {
+            1 => {}
+            0 => {
+                eprintln!("{m}: no reply reached its device");
+                lost += 1;
+            }
+            n => {
+                eprintln!("{m}: {n} replies reached its device");
+                duplicated += 1;
+            }
+        }
+    }
+
+    match admin.processes().await {
+        Ok(list) => {
+            for p in list.processes {
+                if p.state.is_live() || p.state == ProcessState::InDoubt {
+                    eprintln!("process {} of {} left {:?}", p.process_id, p.db_id, p.state);
+                    stuck += 1;
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("the server did not list its processes: {e}");
+            stuck += 1;
+        }
+    }
+
+    let max_ready = faults.ready_times.iter().copied().max().unwrap_or_default();
+    if max_ready > READY_BOUND {
+        eprintln!("the server took {max_ready:?} to be ready");
+        stuck += 1;
+    }
+    let in_doubt_alerts = std::fs::read_to_string(server_log)
+        .map(|text| {
+            text.lines()
+                .filter(|l| l.contains("estafeta::alert") && l.contains("in doubt"))
+                .count()
+        })
+        .unwrap_or(0);
+
+    Ok(Summary {
+        faults: faults.clone(),
+        network_faults,
+        messages: unique.len(),
+        lost,
+        duplicated,
+        stuck,
+        max_ready,
+        in_doubt_alerts,
+    })
+}

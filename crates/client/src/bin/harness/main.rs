@@ -1,0 +1,126 @@
+//! `estafeta-harness`: the end-to-end proof of "no loss, no double
+//! processing, nothing stuck" (issue 7).
+//!
+//! It starts the real `estafeta` binary, provisions an enterprise with
+//! databases and devices, runs simulated devices (in this process) and
+//! processors (each a child process: this binary's `processor` subcommand,
+//! so that a processor can be killed with a real `kill -9`), and injects
+//! faults round after round: `kill -9` of the server at random moments and
+//! a restart, `kill -9` of a processor stopped exactly at a step of its
+//! cycle, network faults through its own loopback TCP proxy, and a paused
+//! server (SIGSTOP past the client timeouts, then SIGCONT), and with
+//! `--disk-full` a full disk (the data folder on a small tmpfs, filled up
+//! for a moment). Then it drains
+//! and checks the invariants ([`check`]), and prints one summary line.
+//!
+//! - [`server`]: the `estafeta` child process: start, `/readyz`, kill, pause.
+//! - [`proxy`]: the fault-injecting TCP proxy.
+//! - [`disk`]: the tmpfs and its ballast.
+//! - [`child`]: the processor child process, both sides.
+//! - [`run`]: provisioning, the rounds of faults, the drain.
+//! - [`check`]: the invariants and the summary.
+
+mod check;
+mod child;
+mod disk;
+mod proxy;
+mod run;
+mod server;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Fault-injection harness for Estafeta.
+#[derive(Debug, Parser)]
+#[command(name = "estafeta-harness", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one processor until killed (used by the harness itself).
+    Processor(child::ProcessorArgs),
+}
+
+/// The options of a harness run.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunArgs {
+    /// The `estafeta` binary (default: next to this executable).
+    #[arg(long, value_name = "PATH")]
+    estafeta: Option<PathBuf>,
+    /// Rounds of faults (at least).
+    #[arg(long, default_value_t = 20)]
+    rounds: u64,
+    /// The seed of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop injecting faults after this long even if the targets are not met.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Keep going until the server was killed this many times (within `--duration`).
+    #[arg(long, default_value_t = 0)]
+    server_crashes: u64,
+    /// Do not kill processors at random moments (possibly in the middle of
+    /// a call); they are still killed at every step of their cycle.
+    #[arg(long)]
+    no_random_processor_kills: bool,
+    /// Put the data folder on a 64 MB tmpfs (needs root) and fill it up now
+    /// and then (disk-full episodes).
+    #[arg(long)]
+    disk_full: bool,
+    /// Databases (one processor each).
+    #[arg(long, default_value_t = 2)]
+    databases: usize,
+    /// Devices.
+    #[arg(long, default_value_t = 4)]
+    devices: usize,
+    /// The working folder (data, processor databases, server log); a
+    /// temporary one when not given.
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HARNESS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Some(Command::Processor(args)) => child::processor_main(args),
+        None => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run::run(cli.run)) {
+                Ok(summary) => {
+                    eprintln!("{}", summary.details());
+                    println!("{}", summary.line());
+                    if summary.passed() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("harness failed: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}

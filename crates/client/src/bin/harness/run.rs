@@ -1,0 +1,379 @@
+//! A harness run: provisioning, the rounds of faults, the drain.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use estafeta_client::Client;
+use estafeta_client::sim::{Device, Processor, Step};
+use estafeta_exchange::Id;
+use estafeta_exchange::mailbox::Folder;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::RunArgs;
+use crate::check::{self, Summary};
+use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
+use crate::disk::Tmpfs;
+use crate::proxy::Proxy;
+use crate::server::Server;
+
+/// The longest the drain may take before what is left counts as stuck.
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
+
+/// One database and its processor child.
+struct Slot {
+    db: Id,
+    token: String,
+    sqlite: PathBuf,
+    child: Option<ProcessorChild>,
+}
+
+/// What the rounds did.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Faults {
+    pub(crate) rounds: u64,
+    pub(crate) server_crashes: u64,
+    pub(crate) processor_crashes: u64,
+    pub(crate) pauses: u64,
+    pub(crate) disk_full: u64,
+    /// Times the server exited by itself (not killed by the harness).
+    pub(crate) server_deaths: u64,
+    pub(crate) ready_times: Vec<Duration>,
+}
+
+/// Runs the harness as `args` say; the summary of its checks.
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
+    let binary = match &args.estafeta {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the harness executable has no folder")?
+            .join("estafeta"),
+    };
+    if !binary.is_file() {
+        bail!(
+            "no estafeta binary at {} (build it, or give --estafeta PATH)",
+            binary.display()
+        );
+    }
+    let temp = match &args.workdir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            None
+        }
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("estafeta-harness-")
+                .tempdir()?,
+        ),
+    };
+    let work: PathBuf = match (&temp, &args.workdir) {
+        (Some(t), _) => t.path().to_owned(),
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => bail!("no work folder"),
+    };
+    let data = work.join("data");
+    let sqlite_dir = work.join("processors");
+    std::fs::create_dir_all(&data)?;
+    std::fs::create_dir_all(&sqlite_dir)?;
+    let tmpfs = if args.disk_full {
+        Some(Tmpfs::mount(&data)?)
+    } else {
+        None
+    };
+    let port = free_port()?;
+    child::remember_exe()?;
+    let mut faults = Faults::default();
+    let (mut server, ready) = Server::start(&binary, &data, &work.join("server.log"), port).await?;
+    faults.ready_times.push(ready);
+    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], port)), args.seed).await?;
+
+    let (mut slots, devices) = provision(&server.admin, &proxy, &args, &sqlite_dir).await?;
+    for (i, slot) in slots.iter_mut().enumerate() {
+        slot.child = Some(spawn(&proxy, slot, args.seed + i as u64, None)?);
+    }
+    let stop_devices = Arc::new(AtomicBool::new(false));
+    let db_ids: Vec<Id> = slots.iter().map(|s| s.db.clone()).collect();
+    let device_task = tokio::spawn(devices_loop(
+        devices,
+        db_ids,
+        args.seed,
+        stop_devices.clone(),
+    ));
+
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let began = Instant::now();
+    loop {
+        let out_of_time = args.duration.is_some_and(|d| began.elapsed() >= d);
+        let targets_met =
+            faults.rounds >= args.rounds && faults.server_crashes >= args.server_crashes;
+        if out_of_time || targets_met {
+            break;
+        }
+        faults.rounds += 1;
+        let want_crashes = faults.server_crashes < args.server_crashes;
+        let fault = if want_crashes && rng.random_bool(0.5) {
+            0
+        } else {
+            loop {
+                let f = rng.random_range(0..6);
+                let off = (f == 4 && args.no_random_processor_kills) || (f == 5 && tmpfs.is_none());
+                if !off {
+                    break f;
+                }
+            }
+        };
+        match fault {
+            0 => {
+                // At a random moment of the traffic.
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+                tracing::info!(round = faults.rounds, "kill -9 of the server");
+                server.kill9().await?;
+                faults.server_crashes += 1;
+                faults.ready_times.push(server.restart().await?);
+            }
+            1 => {
+                let i = rng.random_range(0..slots.len());
+                // Every step in turn, so a short run covers them all.
+                let step = Step::ALL[(faults.processor_crashes as usize) % Step::ALL.len()];
+                crash_processor(&proxy, &mut slots[i], step, rng.random()).await?;
+                faults.processor_crashes += 1;
+            }
+            2 => {
+                tracing::info!(round = faults.rounds, "network faults");
+                proxy.set_fault_rate(0.3);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+                proxy.set_fault_rate(0.0);
+            }
+            3 => {
+                tracing::info!(round = faults.rounds, "server paused");
+                server
+                    .pause(CLIENT_TIMEOUT + Duration::from_secs(1))
+                    .await?;
+                faults.pauses += 1;
+            }
+            4 => {
+                // Wherever it is, possibly in the middle of a call.
+                let i = rng.random_range(0..slots.len());
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
+                tracing::info!(round = faults.rounds, db = %slots[i].db, "kill -9 of a processor at a random moment");
+                if let Some(child) = slots[i].child.take() {
+                    child.kill9().await?;
+                }
+                slots[i].child = Some(spawn(&proxy, &slots[i], rng.random(), None)?);
+                faults.processor_crashes += 1;
+            }
+            _ => {
+                if let Some(disk) = &tmpfs {
+                    let filled = disk.fill()?;
+                    tracing::info!(round = faults.rounds, filled, "disk full");
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+                    disk.free()?;
+                    faults.disk_full += 1;
+                    if server.exited()? {
+                        eprintln!("the server died on a full disk; restarting it");
+                        faults.server_deaths += 1;
+                        faults.ready_times.push(server.restart().await?);
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
+    }
+
+    // Drain: no more faults; processors and devices finish.
+    proxy.set_fault_rate(0.0);
+    stop_devices.store(true, Ordering::Relaxed);
+    let mut devices = device_task.await.context("the device task")?;
+    for slot in &mut slots {
+        if let Some(child) = slot.child.take() {
+            child.stop(Duration::from_secs(30)).await?;
+        }
+    }
+    let direct = server.admin.base_url().to_owned();
+    let mut processors = Vec::new();
+    for (i, slot) in slots.iter().enumerate() {
+        let client = child::sim_client(&direct, &slot.token)?;
+        let config = child::config(slot.db.clone(), args.seed + 1000 + i as u64);
+        processors.push((
+            slot.db.clone(),
+            Processor::open(&slot.sqlite, client, config)?,
+        ));
+    }
+    drain(&server.admin, &mut processors, &mut devices).await;
+    let summary = check::check(
+        &server.admin,
+        &processors,
+        &devices,
+        &faults,
+        proxy.faults(),
+        server.log(),
+    )
+    .await?;
+    server.kill9().await?;
+    drop(tmpfs);
+    if !summary.passed() {
+        // Keep the evidence of a failed run.
+        let kept = temp.map_or(work, tempfile::TempDir::keep);
+        eprintln!("work folder kept: {}", kept.display());
+    }
+    Ok(summary)
+}
+
+/// A port that was free a moment ago (the server binds it at every start).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// One enterprise with `args.databases` databases and `args.devices` devices.
+async fn provision(
+    admin: &Client,
+    proxy: &Proxy,
+    args: &RunArgs,
+    sqlite_dir: &Path,
+) -> anyhow::Result<(Vec<Slot>, Vec<Device>)> {
+    let ent: Id = "harness".parse()?;
+    let sales: Id = "sales".parse()?;
+    admin.create_enterprise(&ent).await?;
+    admin.create_subsystem(&ent, &sales).await?;
+    let mut slots = Vec::new();
+    for i in 0..args.databases.max(1) {
+        let db: Id = format!("db-{i}").parse()?;
+        let creds = admin.create_database(&ent, &db).await?;
+        slots.push(Slot {
+            sqlite: sqlite_dir.join(format!("{db}.sqlite")),
+            db,
+            token: creds.token,
+            child: None,
+        });
+    }
+    let mut devices = Vec::new();
+    for i in 0..args.devices.max(1) {
+        let id: Id = format!("dev-{i}").parse()?;
+        let creds = admin.create_device(&ent, &id, &sales).await?;
+        let client = child::sim_client(&proxy.url(), &creds.token)?;
+        let mut device = Device::new(client, id, &format!("s{}", args.seed));
+        device.set_retries(3, Duration::from_millis(200));
+        devices.push(device);
+    }
+    Ok((slots, devices))
+}
+
+fn spawn(
+    proxy: &Proxy,
+    slot: &Slot,
+    seed: u64,
+    stop_at: Option<Step>,
+) -> anyhow::Result<ProcessorChild> {
+    ProcessorChild::spawn(
+        &proxy.url(),
+        &slot.token,
+        &slot.db,
+        &slot.sqlite,
+        seed,
+        stop_at,
+    )
+}
+
+/// Replaces the slot's processor with one that stops at `step`, kills it
+/// there (or, when it does not get there in time, wherever it is), and
+/// starts a normal one again.
+async fn crash_processor(
+    proxy: &Proxy,
+    slot: &mut Slot,
+    step: Step,
+    seed: u64,
+) -> anyhow::Result<()> {
+    if let Some(child) = slot.child.take() {
+        child.kill9().await?;
+    }
+    let mut doomed = spawn(proxy, slot, seed, Some(step))?;
+    let reached = doomed.reached(Duration::from_secs(5)).await?;
+    tracing::info!(db = %slot.db, step = step.name(), reached, "killing a processor");
+    doomed.kill9().await?;
+    slot.child = Some(spawn(proxy, slot, seed.wrapping_add(1), None)?);
+    Ok(())
+}
+
+/// The devices' traffic: each uploads to a random database, then reads
+/// and acknowledges its inbox, until `stop`. Failures are left to the next
+/// turn (an upload stays in the outbox with its key).
+async fn devices_loop(
+    mut devices: Vec<Device>,
+    dbs: Vec<Id>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> Vec<Device> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xde71ce);
+    while !stop.load(Ordering::Relaxed) {
+        for device in &mut devices {
+            let to = &dbs[rng.random_range(0..dbs.len())];
+            if let Err(e) = device.compose(to) {
+                tracing::warn!(error = %e, "composing a message");
+            }
+            if let Err(e) = device.flush().await {
+                tracing::debug!(error = %e, "upload failed; kept in the outbox");
+            }
+            if let Err(e) = device.poll(50).await {
+                tracing::debug!(error = %e, "inbox read failed");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    devices
+}
+
+/// Lets processors and devices finish: uploads flushed, queues empty,
+/// processes settled, replies read. Returns when everything is quiet or
+/// after [`DRAIN_BOUND`] (what is left then counts as stuck).
+async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut [Device]) {
+    let began = Instant::now();
+    while began.elapsed() < DRAIN_BOUND {
+        let mut quiet = true;
+        for device in devices.iter_mut() {
+            if let Err(e) = device.flush().await {
+                tracing::warn!(device = %device.id(), error = %e, "drain: upload failed");
+            }
+            if device.unsent() > 0 {
+                quiet = false;
+            }
+        }
+        for (db, p) in processors.iter_mut() {
+            if let Err(e) = p.run_until_idle().await {
+                tracing::warn!(%db, error = %e, "drain: processor cycle failed");
+                quiet = false;
+            }
+            let waiting = admin
+                .folder(db, Folder::Messages)
+                .await
+                .map(|l| l.files.len());
+            if !matches!(waiting, Ok(0)) || !matches!(p.unsettled(), Ok(0)) {
+                quiet = false;
+            }
+        }
+        let live = admin
+            .processes()
+            .await
+            .map(|l| l.processes.iter().any(|p| p.state.is_live()));
+        if !matches!(live, Ok(false)) {
+            quiet = false;
+        }
+        for device in devices.iter_mut() {
+            while let Ok(n) = device.poll(100).await {
+                if n == 0 {
+                    break;
+                }
+                quiet = false;
+            }
+        }
+        if quiet {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

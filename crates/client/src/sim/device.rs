@@ -1,0 +1,178 @@
+//! [`Device`]: a mobile device that uploads messages and reads its replies
+//! the way a real one on a bad network must.
+//!
+//! An upload gets an idempotency key when it is made and keeps it until the
+//! server answers (201, or 200 for the same key), so a retry after a lost
+//! answer never makes a second message. Messages the device could not
+//! upload wait in its outbox, in order. The inbox is read, deduplicated by
+//! message id (an acknowledgement can be lost too, and the message comes
+//! again), and acknowledged.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use estafeta_exchange::wire::{Body, Message, SendMessage, Version};
+use estafeta_exchange::{Id, MessageId};
+
+use super::SimError;
+use crate::{Client, Upload};
+
+/// An upload not yet answered.
+#[derive(Clone, Debug)]
+struct Outgoing {
+    to: Id,
+    key: String,
+    body: Body,
+}
+
+/// A simulated device.
+#[derive(Debug)]
+pub struct Device {
+    client: Client,
+    id: Id,
+    /// Makes idempotency keys unique across runs that reuse a device id.
+    session: String,
+    made: u64,
+    outbox: VecDeque<Outgoing>,
+    sent: Vec<MessageId>,
+    repeated_uploads: u64,
+    received: HashMap<MessageId, Message>,
+    redelivered: u64,
+    retries: u32,
+    retry_wait: Duration,
+}
+
+impl Device {
+    /// A device `id` whose `client` carries its token. `session` makes its
+    /// idempotency keys unique (a run id, a seed).
+    pub fn new(client: Client, id: Id, session: &str) -> Device {
+        Device {
+            client,
+            id,
+            session: session.to_owned(),
+            made: 0,
+            outbox: VecDeque::new(),
+            sent: Vec::new(),
+            repeated_uploads: 0,
+            received: HashMap::new(),
+            redelivered: 0,
+            retries: 3,
+            retry_wait: Duration::from_millis(100),
+        }
+    }
+
+    /// How often a failed upload is retried at once (transient errors
+    /// only) before it waits in the outbox, and the wait between retries.
+    pub fn set_retries(&mut self, retries: u32, wait: Duration) {
+        self.retries = retries;
+        self.retry_wait = wait;
+    }
+
+    /// The device's id.
+    pub fn id(&self) -> &Id {
+        &self.id
+    }
+
+    /// Makes a new message to `to` and puts it in the outbox; nothing is
+    /// sent until [`Device::flush`].
+    pub fn compose(&mut self, to: &Id) -> Result<(), SimError> {
+        self.made += 1;
+        let key = format!("{}-{}-{}", self.id, self.session, self.made);
+        let body = Body::from_value(&serde_json::json!({
+            "device": self.id.to_string(),
+            "n": self.made,
+            "key": key,
+        }))?;
+        self.outbox.push_back(Outgoing {
+            to: to.clone(),
+            key,
+            body,
+        });
+        Ok(())
+    }
+
+    /// Uploads the outbox in order, retrying transient failures with the
+    /// same key; stops at the first upload that still fails (it stays
+    /// first in the outbox). How many were uploaded.
+    pub async fn flush(&mut self) -> Result<usize, SimError> {
+        let mut uploaded = 0;
+        while let Some(next) = self.outbox.front().cloned() {
+            let message = SendMessage {
+                version: Version,
+                to: next.to,
+                body: next.body,
+                created_at: None,
+                idempotency_key: Some(next.key),
+                deliver_at: None,
+            };
+            let mut attempt = 0;
+            let sent = loop {
+                match self.client.send(&message).await {
+                    Ok(sent) => break sent,
+                    Err(e) if e.is_transient() && attempt < self.retries => {
+                        attempt += 1;
+                        tokio::time::sleep(self.retry_wait).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if sent.upload == Upload::Repeated {
+                self.repeated_uploads += 1;
+            }
+            // A 200 for a key whose 201 was lost is this message's first
+            // success seen here; a 200 after a seen 201 cannot happen,
+            // because a key leaves the outbox with its first answer.
+            self.sent.push(sent.accepted.id);
+            self.outbox.pop_front();
+            uploaded += 1;
+        }
+        Ok(uploaded)
+    }
+
+    /// Reads the inbox (up to `limit` messages), keeps the new ones, and
+    /// acknowledges everything it read. How many were new.
+    pub async fn poll(&mut self, limit: usize) -> Result<usize, SimError> {
+        let inbox = self.client.inbox(Some(limit)).await?;
+        let mut fresh = 0;
+        let ids: Vec<MessageId> = inbox.messages.iter().map(|m| m.id).collect();
+        for m in inbox.messages {
+            match self.received.entry(m.id) {
+                Entry::Occupied(_) => self.redelivered += 1,
+                Entry::Vacant(slot) => {
+                    slot.insert(m);
+                    fresh += 1;
+                }
+            }
+        }
+        if !ids.is_empty() {
+            self.client.ack(&ids).await?;
+        }
+        Ok(fresh)
+    }
+
+    /// The ids of the messages the server accepted, in upload order.
+    pub fn sent(&self) -> &[MessageId] {
+        &self.sent
+    }
+
+    /// Messages made but not yet accepted.
+    pub fn unsent(&self) -> usize {
+        self.outbox.len()
+    }
+
+    /// Uploads answered 200 (the server already had the key).
+    pub fn repeated_uploads(&self) -> u64 {
+        self.repeated_uploads
+    }
+
+    /// The messages received, once each.
+    pub fn received(&self) -> impl Iterator<Item = &Message> {
+        self.received.values()
+    }
+
+    /// Messages read again after they were received (a lost acknowledgement).
+    pub fn redelivered(&self) -> u64 {
+        self.redelivered
+    }
+}
