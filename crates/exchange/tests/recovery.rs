@@ -125,3 +125,27 @@ async fn a_failed_write_is_503_and_other_databases_go_on() {
     assert_eq!(w.files("db-a", Folder::Messages), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn device_counters_are_durable() {
+    let w = World::new().await;
+    let req = |key: Option<&str>| SendMessage {
+        version: Version,
+        to: "db-a".parse().unwrap(),
+        body: Body::from_json(r#"{"n":1}"#).unwrap(),
+        created_at: None,
+        idempotency_key: key.map(str::to_owned),
+        deliver_at: None,
+    };
+    w.ex.send(&w.phone, req(None)).await.unwrap();
+    w.ex.send(&w.phone, req(Some("k"))).await.unwrap();
+    w.ex.send(&w.phone, req(Some("k"))).await.unwrap();
+    let (_, w) = restart(w, T0 + 1000).await;
+    let stats = w.ex.stats(&w.admin).await.unwrap();
+    let phone = stats
+        .devices
+        .iter()
+        .find(|d| d.id.to_string() == "phone-1")
+        .unwrap();
+    assert_eq!((phone.sent, phone.duplicates), (2, 1));
+}

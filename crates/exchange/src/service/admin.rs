@@ -2,7 +2,7 @@
 
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{Process, db_key};
+use super::state::{Process, db_key, dev_key};
 use crate::Id;
 use crate::mailbox::{FileEntry, Folder};
 use crate::tenancy::{Principal, Role};
@@ -146,12 +146,16 @@ impl Core {
                 .list_names(&self.location(&d.id, Folder::Log))
                 .await?
                 .len() as u64;
+            let counters = match self.sessions()?.get(dev_key(&d.id), false).await? {
+                Some(g) => g.state().device.clone(),
+                None => Default::default(),
+            };
             devices.push(DeviceStats {
                 id: d.id.clone(),
                 enterprise: d.enterprise.clone(),
                 subsystem,
-                sent: 0,
-                duplicates: 0,
+                sent: counters.sent,
+                duplicates: counters.duplicates,
                 received: inbox + acked,
                 acked,
             });

@@ -64,8 +64,17 @@ impl Core {
             created_at: req.created_at.unwrap_or(now),
             body: req.body,
         };
+        let body_bytes = message.body.get().len() as u64;
         let Some(key) = req.idempotency_key else {
+            // Without a key there is nothing to record before the file; the
+            // device's counters are saved once it is durable.
+            let mut g = self.device_session(dev.id).await?;
             self.place(&message, deliver_at).await?;
+            let counters = &mut g.persistent_mut().device;
+            counters.sent += 1;
+            counters.bytes += body_bytes;
+            counters.last_seen = Some(now);
+            g.release().await?;
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
             return Ok((
                 MessageAccepted {
@@ -76,15 +85,12 @@ impl Core {
             ));
         };
 
-        let mut g = self
-            .sessions()?
-            .get(dev_key(dev.id), true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable("storage_error", "device session unavailable")
-            })?;
+        let mut g = self.device_session(dev.id).await?;
         if let Some(earlier) = g.state().keys.get(&key).cloned() {
-            drop(g);
+            let counters = &mut g.persistent_mut().device;
+            counters.duplicates += 1;
+            counters.last_seen = Some(now);
+            g.release().await?;
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.name.to, message = %earlier.name.id, "repeated upload (same idempotency key)");
             if !self.exists_anywhere(&earlier.name).await {
                 // Recorded but not written (a crash in between): write the
@@ -106,7 +112,11 @@ impl Core {
         let ttl_cutoff = now.as_millis().saturating_sub(
             i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX),
         );
+        let before = g.state().device.clone();
         let rec = g.persistent_mut();
+        rec.device.sent += 1;
+        rec.device.bytes += body_bytes;
+        rec.device.last_seen = Some(now);
         rec.keys.retain(|_, u| u.at.as_millis() >= ttl_cutoff);
         rec.keys.insert(
             key.clone(),
@@ -116,12 +126,16 @@ impl Core {
             },
         );
         if let Err(e) = g.save().await {
-            g.persistent_mut().keys.remove(&key);
+            let rec = g.persistent_mut();
+            rec.keys.remove(&key);
+            rec.device = before;
             return Err(e.into());
         }
         let written = self.place(&message, deliver_at).await;
         if let Err(e) = written {
-            g.persistent_mut().keys.remove(&key);
+            let rec = g.persistent_mut();
+            rec.keys.remove(&key);
+            rec.device = before;
             drop(g);
             return Err(e);
         }
@@ -134,6 +148,19 @@ impl Core {
             },
             UploadOutcome::Created,
         ))
+    }
+
+    /// The device's session, held (its keys and counters).
+    async fn device_session(
+        &self,
+        id: &Id,
+    ) -> Result<estafeta_session::SessionGuard<String, super::state::Record>, ExchangeError> {
+        self.sessions()?
+            .get(dev_key(id), true)
+            .await?
+            .ok_or_else(|| {
+                ExchangeError::unavailable("storage_error", "device session unavailable")
+            })
     }
 
     /// Whether a message file is in any folder of its recipient's mailbox.
@@ -179,7 +206,7 @@ impl Core {
         let dev = device(who)?;
         // On the device's session, so acknowledgements of one device are
         // serialized with each other.
-        let g = self.sessions()?.get(dev_key(dev.id), true).await?;
+        let mut g = self.device_session(dev.id).await?;
         let inbox = self.location(dev.id, Folder::Messages);
         let wanted: HashSet<_> = req.ids.iter().collect();
         let names: Vec<FileName> = self
@@ -203,7 +230,12 @@ impl Core {
                 Err(e) => failed = Some(e),
             }
         }
-        drop(g);
+        if acked > 0 {
+            let counters = &mut g.persistent_mut().device;
+            counters.acked += acked;
+            counters.last_seen = Some(self.now());
+        }
+        g.release().await?;
         if let Some(e) = failed {
             return Err(e.into());
         }

@@ -8,7 +8,7 @@
 //! is answered correctly). One record type serves all three; each uses its
 //! own fields.
 
-use super::stats::DbCounters;
+use super::stats::{DbCounters, DeviceCounters};
 use crate::mailbox::{FileName, Folder, Location};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
@@ -50,6 +50,9 @@ pub(crate) struct Record {
     /// `db/`: counters of the database's processes.
     #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
     pub(crate) counters: DbCounters,
+    /// `dev/`: counters of the device's uploads and acknowledgements.
+    #[serde(default, skip_serializing_if = "DeviceCounters::is_empty")]
+    pub(crate) device: DeviceCounters,
 }
 
 /// A device upload with an idempotency key: written into the device

@@ -90,3 +90,31 @@ impl DbCounters {
         self.last_seen = Some(now);
     }
 }
+
+/// A device's counters, kept in its session and saved with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeviceCounters {
+    /// Messages uploaded (new ones, not repeats).
+    #[serde(default)]
+    pub(crate) sent: u64,
+    /// Bytes of the message bodies uploaded.
+    #[serde(default)]
+    pub(crate) bytes: u64,
+    /// Uploads that repeated an idempotency key (answered with the
+    /// earlier id).
+    #[serde(default)]
+    pub(crate) duplicates: u64,
+    /// Replies acknowledged.
+    #[serde(default)]
+    pub(crate) acked: u64,
+    /// When the device last uploaded or acknowledged.
+    #[serde(default)]
+    pub(crate) last_seen: Option<Timestamp>,
+}
+
+impl DeviceCounters {
+    /// Whether nothing was counted (the record then leaves them out).
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == DeviceCounters::default()
+    }
+}
