@@ -6,6 +6,8 @@
 pub mod clock;
 pub mod recorder;
 pub mod restartable;
+/// The send queue's loopback SMTP server, shared rather than copied.
+#[path = "../../../sendq/tests/common/smtp_server.rs"]
 pub mod smtp_server;
 
 use std::net::SocketAddr;
