@@ -7,24 +7,11 @@ use std::time::Duration;
 
 use estafeta_exchange::{Alert, AlertKind, Exchange, alert_key};
 
-/// Bytes available to an unprivileged writer on the file system of `path`.
-// The one call into the C library: std has no statvfs.
-#[allow(unsafe_code)]
+/// Bytes available to an unprivileged writer on the file system of `path`
+/// (the same statvfs reading as the `estafeta_disk_free_bytes` metric).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `stat` a writable buffer
-    // of the right type; statvfs only writes to it.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled `stat`.
-    let stat = unsafe { stat.assume_init() };
-    #[allow(clippy::useless_conversion)] // the field widths differ between platforms
-    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+    let st = rustix::fs::statvfs(path).map_err(std::io::Error::from)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Checks free space every `period` until `stop`; `threshold` 0: never.
