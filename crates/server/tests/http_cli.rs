@@ -6,7 +6,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 
-use common::{Binary, TestServer, estafeta, id, message, start_request, wait_ready};
+use common::{Binary, TestServer, estafeta, id, message, provision_one, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
@@ -143,28 +143,16 @@ async fn environment_overrides_the_config_file() {
     assert!(!dir.path().join("file-data").exists());
 
     // max_files from the environment (2) beats the file (1).
-    admin.create_enterprise(&id("acme")).await.unwrap();
-    admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
+    let (db, phone) = provision_one(&admin).await;
     for n in 0..3 {
         admin
-            .with_token(&phone.token)
+            .with_token(&phone)
             .send(&message("db-a", &n.to_string(), None))
             .await
             .unwrap();
     }
     let started = admin
-        .with_token(&db.token)
+        .with_token(&db)
         .start(&start_request("db-a"))
         .await
         .unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Binary, id, message, start_request, wait_ready};
+use common::{Binary, id, message, provision_one, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
@@ -18,25 +18,13 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     let server = Binary::serve(dir.path(), &data, &[], &env).await;
     let admin = Client::new(&server.base, "crash-admin").unwrap();
     wait_ready(&admin).await;
-    admin.create_enterprise(&id("acme")).await.unwrap();
+    let (db, phone) = provision_one(&admin).await;
     admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
-    admin
-        .with_token(&phone.token)
+        .with_token(&phone)
         .send(&message("db-a", r#"{"order":1}"#, None))
         .await
         .unwrap();
-    let processor = admin.with_token(&db.token);
+    let processor = admin.with_token(&db);
     let started = processor.start(&start_request("db-a")).await.unwrap();
     let pid = started.process_id.unwrap();
     let msg = started.messages.unwrap()[0].id;
@@ -64,7 +52,7 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     let server = Binary::serve(dir.path(), &data, &[], &env).await;
     let admin = Client::new(&server.base, "crash-admin").unwrap();
     wait_ready(&admin).await;
-    let processor = admin.with_token(&db.token);
+    let processor = admin.with_token(&db);
     assert_eq!(
         processor.process(&pid).await.unwrap().state,
         ProcessState::InDoubt
@@ -95,7 +83,7 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
         log.files.iter().map(|f| f.id).collect::<Vec<_>>(),
         vec![msg]
     );
-    let inbox = admin.with_token(&phone.token).inbox(None).await.unwrap();
+    let inbox = admin.with_token(&phone).inbox(None).await.unwrap();
     assert_eq!(inbox.messages.len(), 1);
     assert_eq!(
         inbox.messages[0].body,

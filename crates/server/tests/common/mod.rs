@@ -204,6 +204,25 @@ impl Tenancy {
     }
 }
 
+/// The smallest tenancy: enterprise `acme` with subsystem `sales`, database
+/// `db-a` and device `phone-1`; their tokens (database, device).
+pub async fn provision_one(admin: &Client) -> (String, String) {
+    admin.create_enterprise(&id("acme")).await.unwrap();
+    admin
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    let db = admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let phone = admin
+        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
+        .await
+        .unwrap();
+    (db.token, phone.token)
+}
+
 /// An upload of `body` to `to`.
 pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
     SendMessage {
