@@ -21,6 +21,9 @@
 //!   `estafeta serve` installs with it.
 //! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
 //!   the send queue with durable retries ([`notify::Notifier`]).
+//! - `failpoints` (cargo feature `failpoints`, for the fault-injection
+//!   harness only): named crash and disk-full points armed from the
+//!   environment.
 //!
 //! # Example
 //!
@@ -61,6 +64,8 @@ pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod extract;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod last_seen;
 pub mod logging;
 pub mod metrics;

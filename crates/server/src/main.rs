@@ -71,6 +71,14 @@ fn main() -> anyhow::Result<()> {
 async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = Settings::load(config.as_deref())?;
     tracing::info!(?settings, "starting");
+    #[cfg(feature = "failpoints")]
+    {
+        let armed = estafeta_server::failpoints::arm_from_env()?;
+        if !armed.is_empty() {
+            // Before "listening on": the harness checks that its arming took.
+            println!("failpoints armed: {}", armed.join(" "));
+        }
+    }
     let exchange_config = settings.exchange_config()?;
     let (exchange, admin) =
         Exchange::open(exchange_config, Arc::new(estafeta_session::SystemClock))

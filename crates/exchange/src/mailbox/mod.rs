@@ -109,6 +109,11 @@ impl Mailboxes {
         let root = root.into();
         let dir = root.clone();
         blocking(move || {
+            if dir.is_dir() {
+                // Made durable by the start that created it; a start on a
+                // full disk must not fail on an fsync it does not need.
+                return Ok(());
+            }
             std::fs::create_dir_all(&dir).map_err(|e| MailboxError::io(&dir, e))?;
             // The folder's own entry must be durable too; a relative root
             // like `estafeta-data` has the current folder as its parent.
@@ -503,19 +508,31 @@ fn create_dir(dir: &Path) -> Result<(), MailboxError> {
 
 /// Writes and fsyncs a temporary file; removes it again on any failure.
 fn write_synced(temp: &Path, bytes: &[u8]) -> Result<(), MailboxError> {
-    let result = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(temp)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
-        });
-    result.map_err(|e| {
+    write_and_sync(temp, bytes).map_err(|e| {
         let _ = std::fs::remove_file(temp);
         MailboxError::io(temp, e)
     })
+}
+
+/// The write and the fsync of a temporary file, each behind a named point
+/// where the fault-injection harness crashes the server or injects a full
+/// disk.
+fn write_and_sync(temp: &Path, bytes: &[u8]) -> io::Result<()> {
+    fail::fail_point!("mailbox::temp_write", |_| Err(injected_disk_full()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(temp)?;
+    f.write_all(bytes)?;
+    fail::fail_point!("mailbox::temp_fsync", |_| Err(injected_disk_full()));
+    f.sync_all()
+}
+
+/// What a failpoint that injects an error returns: the error of a full disk.
+#[cfg(feature = "failpoints")]
+fn injected_disk_full() -> io::Error {
+    io::Error::from(io::ErrorKind::StorageFull)
 }
 
 /// The message file names of a directory, sorted.

@@ -282,6 +282,8 @@ async fn commit(batch: Vec<Job>, shared: &Shared) {
             Err(e) => lost_task = Some(e.to_string()),
         }
     }
+    // Durable, but no caller knows yet: a crash here must lose nothing.
+    fail::fail_point!("mailbox::synced");
     shared.batches.fetch_add(1, Ordering::Relaxed);
     shared
         .changes
@@ -322,14 +324,14 @@ fn undo_unsynced(change: &Change) {
 /// Applies one change (blocking).
 fn apply(change: &Change) -> Result<Applied, MailboxError> {
     match change {
-        Change::Publish { temp, target } => match std::fs::rename(temp, target) {
+        Change::Publish { temp, target } => match rename(temp, target) {
             Ok(()) => Ok(Applied::Done),
             Err(e) => {
                 let _ = std::fs::remove_file(temp);
                 Err(MailboxError::io(target, e))
             }
         },
-        Change::Move { from, to } => match std::fs::rename(from, to) {
+        Change::Move { from, to } => match rename(from, to) {
             Ok(()) => Ok(Applied::Done),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // ENOENT is also what a missing target folder gives, so look
@@ -348,7 +350,7 @@ fn apply(change: &Change) -> Result<Applied, MailboxError> {
             }
             Err(e) => Err(MailboxError::io(from, e)),
         },
-        Change::Delete { path } => match std::fs::remove_file(path) {
+        Change::Delete { path } => match unlink(path) {
             Ok(()) => Ok(Applied::Done),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Applied::AlreadyDone),
             Err(e) => Err(MailboxError::io(path, e)),
@@ -379,8 +381,22 @@ fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// A change's rename, behind a named point where the fault-injection
+/// harness crashes the server or injects a full disk.
+fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    fail::fail_point!("mailbox::rename", |_| Err(super::injected_disk_full()));
+    std::fs::rename(from, to)
+}
+
+/// A change's unlink, behind a named point like [`rename`].
+fn unlink(path: &Path) -> io::Result<()> {
+    fail::fail_point!("mailbox::unlink", |_| Err(super::injected_disk_full()));
+    std::fs::remove_file(path)
+}
+
 /// Makes a directory's entries durable (blocking).
 pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
+    fail::fail_point!("mailbox::dir_fsync", |_| Err(super::injected_disk_full()));
     std::fs::File::open(dir)?.sync_all()
 }
 

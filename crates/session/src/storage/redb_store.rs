@@ -181,6 +181,17 @@ fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
             }
         }
     }
+    // Named points for the fault-injection harness: a crash before the
+    // commit (nothing of the batch is stored) or an injected disk-full
+    // error, and a crash after it (stored, but nobody was told).
+    fail::fail_point!("session::commit", |_| Err(injected_disk_full()));
     tx.commit()?;
+    fail::fail_point!("session::committed");
     Ok(())
+}
+
+/// What a `session::commit` failpoint returns: the error of a full disk.
+#[cfg(feature = "failpoints")]
+fn injected_disk_full() -> StorageError {
+    std::io::Error::from(std::io::ErrorKind::StorageFull).into()
 }

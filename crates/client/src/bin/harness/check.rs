@@ -6,7 +6,9 @@
 //! reply for it at its device after deduplication. Nothing in `Messages`,
 //! `Prepared` or `Unknown`; no process live or in doubt; no process the
 //! processors still have to settle; no upload left in a device's outbox.
-//! Every (re)start of the server answered `/readyz` within the bound.
+//! Every (re)start of the server answered `/readyz` within the bound. Every
+//! in-doubt episode (each database's durable `in_doubt` counter) has its
+//! alert (a distinct process in the event log's `alerts.jsonl`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -32,6 +34,8 @@ pub(crate) struct Summary {
     stuck: usize,
     max_ready: Duration,
     in_doubt_alerts: usize,
+    /// In-doubt episodes without an alert.
+    unalerted: u64,
 }
 
 impl Summary {
@@ -55,18 +59,28 @@ impl Summary {
 
     /// What the summary line does not carry.
     pub(crate) fn details(&self) -> String {
+        let points: Vec<String> = self
+            .faults
+            .failpoint_crashes
+            .iter()
+            .map(|(point, n)| format!("{point}:{n}"))
+            .collect();
         format!(
-            "pauses={} server_deaths={} max_ready_ms={} in_doubt_alerts={}",
+            "pauses={} server_deaths={} max_ready_ms={} in_doubt_alerts={} unalerted_in_doubt={} \
+             failpoint_crashes={} [{}]",
             self.faults.pauses,
             self.faults.server_deaths,
             self.max_ready.as_millis(),
-            self.in_doubt_alerts
+            self.in_doubt_alerts,
+            self.unalerted,
+            self.faults.failpoint_crashes.values().sum::<u64>(),
+            points.join(" "),
         )
     }
 
-    /// Nothing lost, duplicated or stuck.
+    /// Nothing lost, duplicated or stuck, and every in-doubt episode alerted.
     pub(crate) fn passed(&self) -> bool {
-        self.lost == 0 && self.duplicated == 0 && self.stuck == 0
+        self.lost == 0 && self.duplicated == 0 && self.stuck == 0 && self.unalerted == 0
     }
 }
 
@@ -79,6 +93,7 @@ pub(crate) async fn check(
     faults: &Faults,
     network_faults: u64,
     server_log: &Path,
+    data: &Path,
 ) -> anyhow::Result<Summary> {
     let mut lost = 0;
     let mut duplicated = 0;
@@ -209,6 +224,28 @@ pub(crate) async fn check(
                 .count()
         })
         .unwrap_or(0);
+    let unalerted = match admin.stats().await {
+        Ok(stats) => {
+            let alerted = alerted_in_doubt(data);
+            let mut missing = 0;
+            for db in stats.databases {
+                let have = alerted.get(db.id.as_str()).map_or(0, HashSet::len) as u64;
+                if have < db.in_doubt {
+                    eprintln!(
+                        "{}: {} in-doubt episodes, alerts for {have} processes",
+                        db.id, db.in_doubt
+                    );
+                    missing += db.in_doubt - have;
+                }
+            }
+            missing
+        }
+        Err(e) => {
+            eprintln!("the server did not give its stats: {e}");
+            stuck += 1;
+            0
+        }
+    };
 
     Ok(Summary {
         faults: faults.clone(),
@@ -219,5 +256,40 @@ pub(crate) async fn check(
         stuck,
         max_ready,
         in_doubt_alerts,
+        unalerted,
     })
+}
+
+/// Per database, the processes an in-doubt alert was raised for, from the
+/// server's alert log (`.estafeta/events/alerts.jsonl`, never rotated).
+fn alerted_in_doubt(data: &Path) -> HashMap<String, HashSet<String>> {
+    let path = data.join(".estafeta").join("events").join("alerts.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        // No alert was ever raised.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            eprintln!("reading {}: {e}", path.display());
+            String::new()
+        }
+    };
+    let mut alerted: HashMap<String, HashSet<String>> = HashMap::new();
+    for line in text.lines() {
+        // A line cut by a crash is skipped: its alert is raised again.
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let text = event["text"].as_str().unwrap_or_default();
+        if let (Some(db), Some(process), true) = (
+            event["db"].as_str(),
+            event["process"].as_str(),
+            text.starts_with("process in doubt"),
+        ) {
+            alerted
+                .entry(db.to_owned())
+                .or_default()
+                .insert(process.to_owned());
+        }
+    }
+    alerted
 }

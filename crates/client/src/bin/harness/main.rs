@@ -6,12 +6,15 @@
 //! processors (each a child process: this binary's `processor` subcommand,
 //! so that a processor can be killed with a real `kill -9`), and injects
 //! faults round after round: `kill -9` of the server at random moments and
-//! a restart, `kill -9` of a processor stopped exactly at a step of its
-//! cycle, network faults through its own loopback TCP proxy, and a paused
-//! server (SIGSTOP past the client timeouts, then SIGCONT), and with
-//! `--disk-full` a full disk (the data folder on a small tmpfs, filled up
-//! for a moment). Then it drains
-//! and checks the invariants ([`check`]), and prints one summary line.
+//! a restart, the server killing itself at named failpoints around every
+//! write, rename and fsync (each restart may arm one; the binary must be
+//! built with `--features failpoints`), `kill -9` of a processor stopped
+//! exactly at a step of its cycle, network faults through its own loopback
+//! TCP proxy, and a paused server (SIGSTOP past the client timeouts, then
+//! SIGCONT), and with `--disk-full` a full disk (the data folder on a small
+//! tmpfs, filled up for a moment; without root, `ENOSPC` injected at the
+//! failpoints). Then it drains and checks the invariants ([`check`]), and
+//! prints one summary line.
 //!
 //! - [`server`]: the `estafeta` child process: start, `/readyz`, kill, pause.
 //! - [`proxy`]: the fault-injecting TCP proxy.
@@ -71,10 +74,18 @@ pub(crate) struct RunArgs {
     /// a call); they are still killed at every step of their cycle.
     #[arg(long)]
     no_random_processor_kills: bool,
-    /// Put the data folder on a 64 MB tmpfs (needs root) and fill it up now
-    /// and then (disk-full episodes).
+    /// Put the data folder on a 64 MB tmpfs and fill it up now and then
+    /// (disk-full episodes); without root, inject `ENOSPC` at the server's
+    /// failpoints instead.
     #[arg(long)]
     disk_full: bool,
+    /// With `--disk-full`: inject `ENOSPC` at the failpoints even as root.
+    #[arg(long, requires = "disk_full", conflicts_with = "no_failpoints")]
+    inject_disk_errors: bool,
+    /// The `estafeta` binary was built without `--features failpoints`:
+    /// kill it at random moments only.
+    #[arg(long)]
+    no_failpoints: bool,
     /// Databases (one processor each).
     #[arg(long, default_value_t = 2)]
     databases: usize,

@@ -1,5 +1,6 @@
 //! A harness run: provisioning, the rounds of faults, the drain.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
 use crate::disk::Tmpfs;
 use crate::proxy::Proxy;
-use crate::server::Server;
+use crate::server::{Arming, POINTS, Server, Started};
 
 /// The longest the drain may take before what is left counts as stuck.
 const DRAIN_BOUND: Duration = Duration::from_secs(60);
@@ -40,9 +41,96 @@ pub(crate) struct Faults {
     pub(crate) processor_crashes: u64,
     pub(crate) pauses: u64,
     pub(crate) disk_full: u64,
-    /// Times the server exited by itself (not killed by the harness).
+    /// Times the server exited by itself (not killed by the harness, and
+    /// not at a point it was armed to die at).
     pub(crate) server_deaths: u64,
     pub(crate) ready_times: Vec<Duration>,
+    /// Server crashes at each named failpoint (part of `server_crashes`).
+    pub(crate) failpoint_crashes: BTreeMap<&'static str, u64>,
+    /// Starts armed with a crash point (the round-robin position in POINTS).
+    armed_crashes: u64,
+}
+
+impl Faults {
+    fn crashed_at(&mut self, point: &'static str) {
+        tracing::info!(point, "the server killed itself at its failpoint");
+        self.server_crashes += 1;
+        *self.failpoint_crashes.entry(point).or_default() += 1;
+    }
+}
+
+/// How the run injects faults into the server itself.
+struct Injection {
+    /// The binary has failpoints: arm crash points at restarts.
+    failpoints: bool,
+    /// A full disk by injected `ENOSPC` at failpoints (no tmpfs: not root).
+    disk_errors: bool,
+}
+
+impl Injection {
+    /// What the next start of the server is armed with: half of the starts
+    /// die at a named point (each point in turn, on its 1st to 8th pass),
+    /// and without a tmpfs a quarter of the others see a full disk.
+    fn next(&self, rng: &mut StdRng, faults: &mut Faults) -> Arming {
+        if self.failpoints && rng.random_bool(0.5) {
+            let point = POINTS[(faults.armed_crashes as usize) % POINTS.len()];
+            faults.armed_crashes += 1;
+            return Arming {
+                crash_at: Some((point, rng.random_range(1..=8))),
+                disk_errors: false,
+            };
+        }
+        if self.disk_errors && rng.random_bool(0.25) {
+            faults.disk_full += 1;
+            return Arming {
+                crash_at: None,
+                disk_errors: true,
+            };
+        }
+        Arming::default()
+    }
+}
+
+/// Starts the server again, armed as `injection` picks, until a start
+/// gets to `/readyz` (a start that dies at its point in start-up recovery
+/// counts as a crash there and is started again).
+async fn restart(
+    server: &mut Server,
+    injection: &Injection,
+    rng: &mut StdRng,
+    faults: &mut Faults,
+) -> anyhow::Result<()> {
+    loop {
+        let arming = injection.next(rng, faults);
+        match server.restart(arming).await? {
+            Started::Ready(took) => {
+                faults.ready_times.push(took);
+                return Ok(());
+            }
+            Started::DiedAtFailpoint(point) => faults.crashed_at(point),
+        }
+    }
+}
+
+/// Counts a server that ended by itself (at its point, or a death) and
+/// starts it again; nothing when it is running.
+async fn revive(
+    server: &mut Server,
+    injection: &Injection,
+    rng: &mut StdRng,
+    faults: &mut Faults,
+) -> anyhow::Result<()> {
+    let Some(status) = server.exit_status()? else {
+        return Ok(());
+    };
+    match server.died_at_failpoint(status) {
+        Some(point) => faults.crashed_at(point),
+        None => {
+            eprintln!("the server exited by itself ({status}); restarting it");
+            faults.server_deaths += 1;
+        }
+    }
+    restart(server, injection, rng, faults).await
 }
 
 /// Runs the harness as `args` say; the summary of its checks.
@@ -80,10 +168,21 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
     std::fs::create_dir_all(&sqlite_dir)?;
-    let tmpfs = if args.disk_full {
-        Some(Tmpfs::mount(&data)?)
+    let tmpfs = if args.disk_full && !args.inject_disk_errors {
+        match Tmpfs::mount(&data) {
+            Ok(t) => Some(t),
+            Err(e) if !args.no_failpoints => {
+                eprintln!("{e:#}; injecting ENOSPC at the failpoints instead");
+                None
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         None
+    };
+    let injection = Injection {
+        failpoints: !args.no_failpoints,
+        disk_errors: args.disk_full && tmpfs.is_none(),
     };
     let port = free_port()?;
     child::remember_exe()?;
@@ -108,6 +207,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let mut rng = StdRng::seed_from_u64(args.seed);
     let began = Instant::now();
     loop {
+        revive(&mut server, &injection, &mut rng, &mut faults).await?;
         let out_of_time = args.duration.is_some_and(|d| began.elapsed() >= d);
         let targets_met =
             faults.rounds >= args.rounds && faults.server_crashes >= args.server_crashes;
@@ -134,7 +234,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 tracing::info!(round = faults.rounds, "kill -9 of the server");
                 server.kill9().await?;
                 faults.server_crashes += 1;
-                faults.ready_times.push(server.restart().await?);
+                restart(&mut server, &injection, &mut rng, &mut faults).await?;
             }
             1 => {
                 let i = rng.random_range(0..slots.len());
@@ -174,18 +274,29 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                     tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
                     disk.free()?;
                     faults.disk_full += 1;
-                    if server.exited()? {
-                        eprintln!("the server died on a full disk; restarting it");
-                        faults.server_deaths += 1;
-                        faults.ready_times.push(server.restart().await?);
-                    }
                 }
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
     }
 
-    // Drain: no more faults; processors and devices finish.
+    // Drain: no more faults; processors and devices finish, against a
+    // server armed with nothing.
+    revive(&mut server, &injection, &mut rng, &mut faults).await?;
+    if server.armed() != Arming::default() {
+        server.kill9().await?;
+        faults.server_crashes += 1;
+        restart(
+            &mut server,
+            &Injection {
+                failpoints: false,
+                disk_errors: false,
+            },
+            &mut rng,
+            &mut faults,
+        )
+        .await?;
+    }
     proxy.set_fault_rate(0.0);
     stop_devices.store(true, Ordering::Relaxed);
     let mut devices = device_task.await.context("the device task")?;
@@ -212,6 +323,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         &faults,
         proxy.faults(),
         server.log(),
+        &data,
     )
     .await?;
     server.kill9().await?;

@@ -1,10 +1,13 @@
 //! The `estafeta` server as a child process: started on a fixed loopback
 //! port (so the proxy and the clients survive its restarts), its log
-//! appended to a file, killed with SIGKILL, paused with SIGSTOP.
+//! appended to a file, killed with SIGKILL, paused with SIGSTOP, and armed
+//! at each start to kill itself at a named failpoint or to see a full disk
+//! there ([`Arming`]; needs a server built with `--features failpoints`).
 
 use std::fs::OpenOptions;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -19,6 +22,50 @@ pub(crate) const ADMIN_TOKEN: &str = "harness-admin-token-0123456789abcdef";
 /// before the run fails.
 pub(crate) const READY_BOUND: Duration = Duration::from_secs(30);
 
+/// The server's named failpoints (crates/server/src/failpoints.rs; the
+/// server refuses a name it does not have, so the lists cannot drift apart
+/// unnoticed).
+pub(crate) const POINTS: &[&str] = &[
+    "mailbox::temp_write",
+    "mailbox::temp_fsync",
+    "mailbox::rename",
+    "mailbox::unlink",
+    "mailbox::dir_fsync",
+    "mailbox::synced",
+    "session::commit",
+    "session::committed",
+];
+
+/// The points where an injected full disk (`ENOSPC`) can hit a write, one
+/// time in twenty.
+const DISK_ERRORS: &str = "mailbox::temp_write=5%return;mailbox::temp_fsync=5%return;\
+    mailbox::rename=5%return;mailbox::dir_fsync=5%return;session::commit=5%return";
+
+/// What one start of the server is armed with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Arming {
+    /// Kill itself (SIGKILL) the n-th time it passes this point.
+    pub(crate) crash_at: Option<(&'static str, u64)>,
+    /// Writes fail now and then as on a full disk.
+    pub(crate) disk_errors: bool,
+}
+
+impl Arming {
+    fn is_armed(self) -> bool {
+        self.crash_at.is_some() || self.disk_errors
+    }
+}
+
+/// How a start ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Started {
+    /// Answering `/readyz`, after this long.
+    Ready(Duration),
+    /// It killed itself at its armed point before it was ready (start-up
+    /// recovery writes too).
+    DiedAtFailpoint(&'static str),
+}
+
 /// A running (or killed) server child.
 pub(crate) struct Server {
     binary: PathBuf,
@@ -26,6 +73,8 @@ pub(crate) struct Server {
     log: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// What the running process was armed with.
+    armed: Arming,
     /// The admin client, straight to the server (not through the proxy).
     pub(crate) admin: Client,
 }
@@ -49,14 +98,23 @@ impl Server {
             log: log.to_owned(),
             port,
             child: None,
+            armed: Arming::default(),
             admin,
         };
-        let took = server.restart().await?;
-        Ok((server, took))
+        match server.restart(Arming::default()).await? {
+            Started::Ready(took) => Ok((server, took)),
+            Started::DiedAtFailpoint(point) => bail!("an unarmed server died at {point}"),
+        }
     }
 
-    /// Starts the server process (after a kill) and waits for `/readyz`.
-    pub(crate) async fn restart(&mut self) -> anyhow::Result<Duration> {
+    /// What the running process is armed with.
+    pub(crate) fn armed(&self) -> Arming {
+        self.armed
+    }
+
+    /// Starts the server process (after a kill) armed with `arming`, and
+    /// waits for `/readyz`.
+    pub(crate) async fn restart(&mut self, arming: Arming) -> anyhow::Result<Started> {
         let began = Instant::now();
         let log = OpenOptions::new()
             .create(true)
@@ -81,31 +139,65 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(log)
             .kill_on_drop(true);
+        if let Some((point, nth)) = arming.crash_at {
+            cmd.env("ESTAFETA_CRASH_AT", format!("{point}@{nth}"));
+        }
+        if arming.disk_errors {
+            cmd.env("ESTAFETA_FAILPOINTS", DISK_ERRORS);
+        }
+        self.armed = arming;
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", self.binary.display()))?;
         let stdout = child.stdout.take().context("the server's stdout")?;
         let mut lines = BufReader::new(stdout).lines();
+        let mut has_failpoints = false;
         loop {
             match lines.next_line().await? {
                 Some(line) if line.starts_with("listening on ") => break,
+                Some(line) if line.starts_with("failpoints armed") => has_failpoints = true,
                 Some(_) => {}
-                None => bail!(
-                    "the server exited before listening: {:?}",
-                    child.wait().await
-                ),
+                None => {
+                    let status = child.wait().await?;
+                    if let Some(point) = self.died_at_failpoint(status) {
+                        return Ok(Started::DiedAtFailpoint(point));
+                    }
+                    bail!("the server exited before listening: {status}")
+                }
             }
+        }
+        if arming.is_armed() && !has_failpoints {
+            bail!(
+                "{} has no failpoints: build it with \
+                 `cargo build -p estafeta-server --features failpoints`, or run with --no-failpoints",
+                self.binary.display()
+            );
         }
         // Keep reading stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         self.child = Some(child);
         while began.elapsed() < READY_BOUND {
             if let Ok(true) = self.admin.readyz().await {
-                return Ok(began.elapsed());
+                return Ok(Started::Ready(began.elapsed()));
+            }
+            if let Some(status) = self.exit_status()? {
+                if let Some(point) = self.died_at_failpoint(status) {
+                    return Ok(Started::DiedAtFailpoint(point));
+                }
+                bail!("the server exited before it was ready: {status}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         bail!("the server was not ready within {READY_BOUND:?}")
+    }
+
+    /// The armed point, when the process ended by a SIGKILL the harness did
+    /// not send (only the armed server kills itself).
+    pub(crate) fn died_at_failpoint(&self, status: ExitStatus) -> Option<&'static str> {
+        match (status.signal(), self.armed.crash_at) {
+            (Some(9), Some((point, _))) => Some(point),
+            _ => None,
+        }
     }
 
     /// `kill -9` and wait for the process to be gone.
@@ -127,11 +219,12 @@ impl Server {
         signal("-CONT", pid)
     }
 
-    /// Whether the server process has exited by itself.
-    pub(crate) fn exited(&mut self) -> anyhow::Result<bool> {
+    /// How the server process ended, if it has (by itself: a process the
+    /// harness killed is no longer watched).
+    pub(crate) fn exit_status(&mut self) -> anyhow::Result<Option<ExitStatus>> {
         match self.child.as_mut() {
-            Some(child) => Ok(child.try_wait()?.is_some()),
-            None => Ok(true),
+            Some(child) => Ok(child.try_wait()?),
+            None => Ok(None),
         }
     }
 
