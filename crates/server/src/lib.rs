@@ -21,6 +21,7 @@
 //!   `estafeta serve` installs with it.
 //! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
 //!   the send queue with durable retries ([`notify::Notifier`]).
+//! - [`open`]: opening the data folder at start, waiting out a full disk.
 //! - `failpoints` (cargo feature `failpoints`, for the fault-injection
 //!   harness only): named crash and disk-full points armed from the
 //!   environment.
@@ -70,6 +71,7 @@ pub mod last_seen;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod open;
 pub mod openapi;
 pub mod operator;
 pub mod routes;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use estafeta_exchange::Exchange;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::config::SETTINGS_HELP;
+use estafeta_server::open::open_exchange;
 use estafeta_server::operator::{self, AdminArgs};
 use estafeta_server::{Settings, run_with};
 
@@ -80,10 +80,13 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         }
     }
     let exchange_config = settings.exchange_config()?;
-    let (exchange, admin) =
-        Exchange::open(exchange_config, Arc::new(estafeta_session::SystemClock))
-            .await
-            .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
+    let (exchange, admin) = open_exchange(
+        exchange_config,
+        Arc::new(estafeta_session::SystemClock),
+        settings.disk_alert_mb << 20,
+    )
+    .await
+    .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
     if let AdminToken::Generated(token) = admin {
         let kept = settings.data_dir.join(".estafeta").join("admin-token");
         println!(

@@ -1,0 +1,71 @@
+//! Opening the data folder at start, waiting out a full disk.
+//!
+//! After a crash, the embedded stores repair themselves on open, and that
+//! writes. On a full disk the open fails; exiting then would leave a server
+//! that needs an operator (or a supervisor loop) to come back. Instead the
+//! start waits, trying again with a growing pause, for as long as the data
+//! folder's file system stays under the low-space threshold, and goes on by
+//! itself once space is freed. Any other failure ends the start at once: a
+//! corrupt or unreadable store does not heal by waiting.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use estafeta_exchange::tenancy::AdminToken;
+use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError};
+use estafeta_session::Clock;
+
+use crate::notify::disk::free_bytes;
+
+/// The first pause after a failed open on a full disk; it doubles.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest pause between two tries.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
+const DEFAULT_LOW: u64 = 16 << 20;
+
+/// Opens the exchange on `config.data_dir`. While opening fails and the
+/// file system has less than `low_bytes` free (0: [`DEFAULT_LOW`]), waits
+/// and tries again.
+pub async fn open_exchange(
+    config: ExchangeConfig,
+    clock: Arc<dyn Clock>,
+    low_bytes: u64,
+) -> Result<(Exchange, AdminToken), ExchangeError> {
+    let low = if low_bytes == 0 {
+        DEFAULT_LOW
+    } else {
+        low_bytes
+    };
+    let mut wait = FIRST_WAIT;
+    loop {
+        let error = match Exchange::open(config.clone(), clock.clone()).await {
+            Ok(opened) => return Ok(opened),
+            Err(e) => e,
+        };
+        let dir = config.data_dir.clone();
+        let free = tokio::task::spawn_blocking(move || free_where(&dir))
+            .await
+            .ok()
+            .flatten();
+        match free {
+            Some(free) if free < low => {
+                tracing::error!(
+                    target: "estafeta::alert",
+                    free_bytes = free, %error, retry_in = ?wait,
+                    "the disk of the data folder is full: opening it failed; waiting for free space"
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_WAIT);
+            }
+            _ => return Err(error),
+        }
+    }
+}
+
+/// Free bytes on the file system of `dir`, or of its nearest existing
+/// ancestor (the data folder may not exist yet).
+fn free_where(dir: &Path) -> Option<u64> {
+    dir.ancestors().find_map(|d| free_bytes(d).ok())
+}
