@@ -4,7 +4,7 @@
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 use crate::dashboard;
 use crate::error::ApiError;
@@ -38,6 +38,14 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/admin/databases/{db}/folders/{folder}",
             get(admin::folder),
+        )
+        .route(
+            "/v1/admin/databases/{db}/webhook",
+            put(admin::set_database_webhook).delete(admin::clear_database_webhook),
+        )
+        .route(
+            "/v1/admin/devices/{dev}/webhook",
+            put(admin::set_device_webhook).delete(admin::clear_device_webhook),
         )
         .route("/v1/messages", post(device::send_message))
         .route("/v1/inbox", get(device::inbox))

@@ -1,7 +1,7 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
 //! HTTP settings, the request counters, the alerts (as the event log shows
-//! them, and the notifier that delivers them), the dashboard's login
-//! sessions and when each client last called.
+//! them, and the notifier that delivers them), push notifications, the
+//! dashboard's login sessions and when each client last called.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -13,7 +13,7 @@ use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
-use crate::notify::Notifier;
+use crate::notify::{Notifier, Pusher};
 
 /// The shared state of the router. Cheap to clone.
 #[derive(Clone)]
@@ -33,6 +33,8 @@ struct Inner {
     /// Alert delivery, once [`crate::run_with`] has started it (the
     /// dashboard lists its open alerts).
     notifier: OnceLock<Notifier>,
+    /// Push notifications, once [`crate::run_with`] has started them.
+    pusher: OnceLock<Pusher>,
 }
 
 impl AppState {
@@ -51,6 +53,7 @@ impl AppState {
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier: OnceLock::new(),
+                pusher: OnceLock::new(),
             }),
         }
     }
@@ -93,6 +96,16 @@ impl AppState {
     /// Records the server's alert delivery (once; later calls are ignored).
     pub fn set_notifier(&self, notifier: Notifier) {
         let _ = self.inner.notifier.set(notifier);
+    }
+
+    /// Push notifications, when the server runs them.
+    pub fn pusher(&self) -> Option<&Pusher> {
+        self.inner.pusher.get()
+    }
+
+    /// Records the server's push notifications (once; later calls are ignored).
+    pub fn set_pusher(&self, pusher: Pusher) {
+        let _ = self.inner.pusher.set(pusher);
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.

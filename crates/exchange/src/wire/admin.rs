@@ -47,6 +47,18 @@ pub struct CreateDevice {
     pub subsystem: Id,
 }
 
+/// `PUT /v1/admin/databases/{db}/webhook` and `PUT /v1/admin/devices/{dev}/webhook`,
+/// and their 200 answer (the stored value; `DELETE` answers with `url: null`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Webhook {
+    /// Always 1.
+    pub version: Version,
+    /// Where a small JSON notification is POSTed when a message arrives
+    /// (`http://` or `https://`); `null` clears it.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
 /// The 201 answer to creating a database or device: its token, shown once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Credentials {

@@ -17,7 +17,7 @@ mod version;
 
 pub use admin::{
     CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem, Credentials, DatabaseStats,
-    DeviceStats, FileInfo, FolderListing, ProcessList, ProcessSummary, Stats,
+    DeviceStats, FileInfo, FolderListing, ProcessList, ProcessSummary, Stats, Webhook,
 };
 pub use body::Body;
 pub use error_body::{ErrorBody, ErrorDetail};

@@ -17,12 +17,19 @@
 //!
 //! Delivery is at least once: a crash between the send and the removal of
 //! the repeat entry sends that notice again after the restart.
+//!
+//! Push notifications to databases' and devices' webhooks ([`push`]) go
+//! through the same HTTP send queue and host probes.
 
+pub mod backlog;
 pub mod disk;
 pub mod outbound;
+pub mod push;
 pub mod raised;
 pub mod settings;
 
+pub use backlog::{Backlog, LastErrors, Row};
+pub use push::Pusher;
 pub use raised::{Raised, RaisedError};
 pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 
@@ -30,6 +37,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use estafeta_exchange::service::Listed;
 use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, alert_key};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
@@ -41,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use outbound::{EMAIL, HttpOut, Outbound, PROBE, SMS, WEBHOOK, host_of};
 
 /// The repeat source of alert deliveries.
-const SOURCE: &str = "alerts";
+pub const SOURCE: &str = "alerts";
 /// The longest wait between two delivery attempts.
 const MAX_RETRY: Duration = Duration::from_secs(3600);
 /// Deliveries handled at once.
@@ -89,7 +97,11 @@ pub struct Notifier {
 struct Inner {
     settings: NotifySettings,
     raised: Raised,
-    scheduler: Scheduler<RedbStore, SystemClock>,
+    scheduler: Scheduler<Listed<RedbStore>, SystemClock>,
+    /// The scheduler's store, read to list pending deliveries.
+    store: Arc<RedbStore>,
+    /// Why each retrying delivery failed last.
+    errors: LastErrors,
     outbound: Outbound,
 }
 
@@ -118,19 +130,47 @@ impl Notifier {
             },
             ..Options::default()
         };
-        let scheduler = Scheduler::new(store, SystemClock, options);
+        let store = Arc::new(store);
+        let scheduler = Scheduler::new(Listed(store.clone()), SystemClock, options);
         let outbound = Outbound::new(
             settings.email.as_ref().map(|e| &e.smtp),
             settings.sms.as_ref().map(|s| &s.gateway),
         )?;
+        if let Some(host) = settings.webhook.as_deref().and_then(host_of) {
+            outbound.note_host(&host);
+        }
         Ok(Notifier {
             inner: Arc::new(Inner {
                 settings,
                 raised,
                 scheduler,
+                store,
+                errors: LastErrors::default(),
                 outbound,
             }),
         })
+    }
+
+    /// The send queues (shared with push notifications).
+    pub fn outbound(&self) -> &Outbound {
+        &self.inner.outbound
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &NotifySettings {
+        &self.inner.settings
+    }
+
+    /// Pending alert deliveries (the first `limit`, soonest first), with
+    /// their attempts and last error.
+    pub async fn pending(&self, limit: usize) -> Result<Vec<Row>, estafeta_repeat::StoreError> {
+        backlog::rows(&self.inner.store, SOURCE, limit, &self.inner.errors).await
+    }
+
+    /// The alert delivery backlog at the scheduler's clock.
+    pub async fn backlog(&self) -> Result<Backlog, estafeta_repeat::StoreError> {
+        let now = self.inner.scheduler.clock().now_secs();
+        backlog::backlog(&self.inner.store, SOURCE, now).await
     }
 
     /// The open alerts.
@@ -220,14 +260,17 @@ impl Notifier {
         let key = delivery.alert.key.clone();
         match self.send(&delivery).await {
             Ok(true) => {
+                self.inner.errors.clear(&entry.id);
                 tracing::info!(key, channel = ?delivery.channel, "alert delivered");
                 Outcome::Done
             }
             Ok(false) => {
+                self.inner.errors.clear(&entry.id);
                 tracing::warn!(key, channel = ?delivery.channel, "alert channel no longer configured; delivery dropped");
                 Outcome::Done
             }
             Err(e) => {
+                self.inner.errors.set(&entry.id, e.to_string());
                 tracing::warn!(key, channel = ?delivery.channel, attempt = entry.attempt + 1, error = %e, "alert delivery failed; will retry");
                 Outcome::Failed(e.to_string())
             }
@@ -257,6 +300,7 @@ impl Notifier {
                     return Ok(false);
                 };
                 let host = host_of(&c.gateway.url).unwrap_or_default();
+                q.note_host(&host);
                 let pending: Vec<_> =
                     c.to.iter()
                         .map(|to| {
@@ -284,6 +328,7 @@ impl Notifier {
                     body,
                 };
                 let host = host_of(url).unwrap_or_default();
+                q.note_host(&host);
                 q.http
                     .submit(host, WEBHOOK, HttpOut::Webhook(call))?
                     .await?;
@@ -292,25 +337,17 @@ impl Notifier {
         Ok(true)
     }
 
-    /// Probes the origins of the SMS gateway and the webhook every
-    /// [`NotifySettings::probe`] (when not zero); the send queue marks a
-    /// host down after failed probes and up again on a good one. A host
-    /// found down raises a `host_down` alert (sent through the other
-    /// channels at once, through its own when it is back), cleared when it
-    /// is up again.
+    /// Probes the HTTP hosts in use (the SMS gateway, the alert webhook,
+    /// the push webhooks sent to) every [`NotifySettings::probe`] (when not
+    /// zero); the send queue marks a host down after failed probes and up
+    /// again on a good one. A host found down raises a `host_down` alert
+    /// (sent through the other channels at once, through its own when it
+    /// is back), cleared when it is up again.
     async fn probe(self, exchange: Exchange, stop: impl Future<Output = ()> + Send) {
         let period = self.inner.settings.probe;
         if period.is_zero() {
             return stop.await;
         }
-        let s = &self.inner.settings;
-        let hosts: Vec<String> = s
-            .sms
-            .iter()
-            .map(|c| c.gateway.url.clone())
-            .chain(s.webhook.clone())
-            .filter_map(|u| host_of(&u))
-            .collect();
         let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
         let mut down = std::collections::HashSet::new();
@@ -319,12 +356,12 @@ impl Notifier {
                 _ = &mut stop => return,
                 _ = tick.tick() => {}
             }
-            for host in &hosts {
+            for host in &self.inner.outbound.http_hosts() {
                 // What the probes sent so far decided.
                 match self.inner.outbound.http.is_down(host) {
                     Some(true) if down.insert(host.clone()) => {
                         let text = format!(
-                            "the alert host {host} fails its health probes; alerts for it wait until it is back"
+                            "the host {host} fails its health probes; alerts and push notifications for it wait until it is back"
                         );
                         let alert = Alert::new(AlertKind::HostDown, host, text, exchange.now());
                         exchange.raise_alert(alert).await;
