@@ -101,14 +101,15 @@ where
     };
     let pushes = {
         let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
+        let probe = notifier.settings().probe;
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop.wait_for(|stopping| *stopping).await;
             };
             let mut stopped = std::pin::pin!(stopped);
             tokio::select! {
-                _ = exchange.wait_ready() => pusher.run(stopped).await,
-                _ = &mut stopped => {}
+                _ = exchange.wait_ready() => pusher.run(probe, stopped).await,
+                _ = &mut stopped => pusher.close().await,
             }
         })
     };

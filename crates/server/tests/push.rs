@@ -264,6 +264,37 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up() {
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let probe = Duration::from_millis(50);
+    let server = Server::start_notified(data.path(), &clock, settings(data.path(), probe)).await;
+    let t = Tenancy::provision(&server.admin).await;
+    let addr = common::recorder::closed_port();
+    let host = format!("http://{addr}");
+    set_webhook(&server, "devices/phone-1", &format!("{host}/phone")).await;
+
+    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
+    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    wait_retrying(&server.base).await;
+    let up = format!(r#"estafeta_sendq_host_up{{queue="http",host="{host}"}}"#);
+    wait_metric(&server.base, &up, 0.0).await;
+
+    // The clock stands still: only the host coming back can send it now.
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let mut hook = webhook::serve(listener, Script::default());
+    let post = next(&mut hook).await;
+    assert_notification(&post, "phone-1", "device", &clock);
+    wait_metric(
+        &server.base,
+        r#"estafeta_repeat_entries{source="push"}"#,
+        0.0,
+    )
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_push_survives_a_restart() {
     let data = tempfile::tempdir().unwrap();
     let clock = ManualClock::now();

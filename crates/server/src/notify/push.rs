@@ -23,7 +23,7 @@
 //! A crash between an arrival and that write loses the notification (the
 //! message itself is durable and waiting).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -133,14 +133,17 @@ impl Pusher {
         Ok(pusher)
     }
 
-    /// Sends due notifications until `stop` resolves. Start it once
-    /// start-up processing is done (the webhooks are known then).
-    pub async fn run(&self, stop: impl Future<Output = ()> + Send) {
+    /// Sends due notifications until `stop` resolves, and every `probe`
+    /// (when not zero) looks for webhook hosts that came back up. Start it
+    /// once start-up processing is done (the webhooks are known then).
+    pub async fn run(&self, probe: Duration, stop: impl Future<Output = ()> + Send) {
         let me = self.clone();
         let handler = move |entry: Entry| {
             let me = me.clone();
             async move { me.deliver(entry).await }
         };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let watcher = tokio::spawn(self.clone().watch_hosts(probe, stop_rx));
         if let Err(e) = self
             .inner
             .scheduler
@@ -149,7 +152,70 @@ impl Pusher {
         {
             tracing::error!(error = %e, "push delivery stopped");
         }
+        stop_tx.send_replace(true);
+        if let Err(e) = watcher.await {
+            tracing::error!(error = %e, "the push host watcher panicked");
+        }
+        self.close().await;
+    }
+
+    /// Stops accepting new notifications and releases the store once the
+    /// last write is durable (what is pending stays for the next start).
+    pub async fn close(&self) {
         self.inner.scheduler.close().await;
+    }
+
+    /// A host that was down and is up again gets its notifications at
+    /// once, rather than when their backoff runs out (attempts restart).
+    async fn watch_hosts(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if period.is_zero() {
+            let _ = stop.wait_for(|s| *s).await;
+            return;
+        }
+        let mut tick = tokio::time::interval(period);
+        let mut down = HashSet::new();
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            for host in self.inner.outbound.http_hosts() {
+                match self.inner.outbound.http.is_down(&host) {
+                    Some(true) => {
+                        down.insert(host);
+                    }
+                    _ if down.remove(&host) => self.hurry(&host).await,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Makes the notifications for `host` that wait for a retry due now.
+    async fn hurry(&self, host: &str) {
+        use estafeta_repeat::Clock;
+        let now = self.inner.scheduler.clock().now_secs();
+        let listed = Listed(self.inner.store.clone());
+        let entries =
+            match tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX)).await {
+                Ok(Ok(entries)) => entries,
+                Ok(Err(e)) => return tracing::error!(error = %e, "reading pending pushes failed"),
+                Err(e) => return tracing::error!(error = %e, "reading pending pushes failed"),
+            };
+        for entry in entries.iter().filter(|e| e.due > now) {
+            let for_host = serde_json::from_slice::<Push>(&entry.payload)
+                .ok()
+                .and_then(|p| self.inner.exchange.webhook(&p.recipient))
+                .and_then(|(_, url)| host_of(&url))
+                .is_some_and(|h| h == host);
+            if for_host && let Err(e) = self.inner.scheduler.reschedule(&entry.id, now).await {
+                tracing::error!(error = %e, "rescheduling a push failed");
+            }
+        }
+        tracing::info!(
+            host,
+            "webhook host is up; its waiting push notifications go now"
+        );
     }
 
     /// Pending notifications (the first `limit`, soonest first), with their
