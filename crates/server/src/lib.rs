@@ -20,7 +20,9 @@
 //!   and their durable acknowledgements; [`logging`]: the subscriber that
 //!   `estafeta serve` installs with it.
 //! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
-//!   the send queue with durable retries ([`notify::Notifier`]).
+//!   the send queue with durable retries ([`notify::Notifier`]), and push
+//!   notifications to the webhooks of databases and devices when messages
+//!   arrive for them ([`notify::Pusher`]).
 //!
 //! # Example
 //!
