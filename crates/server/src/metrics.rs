@@ -225,7 +225,6 @@ impl Snapshot {
             ready: state.is_ready(),
             folders: exchange.folder_counts(&admin).await.unwrap_or_default(),
             sessions: exchange.session_stats(),
-            alerts_open: state.alerts().open_count().unwrap_or(0) as u64,
             ..Snapshot::default()
         };
         for st in OPEN_STATES {
@@ -249,6 +248,7 @@ impl Snapshot {
         s.backlogs = backlogs(state).await;
         if let Some(n) = state.notifier() {
             s.queues = n.outbound().figures();
+            s.alerts_open = n.unacknowledged().await.unwrap_or(0);
         }
         let dir = exchange.data_dir().to_path_buf();
         s.disk = tokio::task::spawn_blocking(move || disk_space(&dir))

@@ -1,14 +1,13 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings, the request counters, the alerts (as the event log shows
-//! them, and the notifier that delivers them), push notifications, the
-//! dashboard's login sessions and when each client last called.
+//! HTTP settings, the request counters, the notifier (which delivers and
+//! keeps the alerts), push notifications, the dashboard's login sessions
+//! and when each client last called.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use estafeta_exchange::Exchange;
 
-use crate::alerts::AlertBook;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::last_seen::LastSeen;
@@ -27,11 +26,10 @@ struct Inner {
     /// Set when start-up recovery succeeded; cleared when stopping.
     ready: AtomicBool,
     metrics: Metrics,
-    alerts: AlertBook,
     sessions: Sessions,
     last_seen: LastSeen,
-    /// Alert delivery, once [`crate::run_with`] has started it (the
-    /// dashboard lists its open alerts).
+    /// Alert delivery, once [`crate::run_with`] has started it (its store
+    /// is the dashboard's list of alerts and their acknowledgements).
     notifier: OnceLock<Notifier>,
     /// Push notifications, once [`crate::run_with`] has started them.
     pusher: OnceLock<Pusher>,
@@ -45,10 +43,6 @@ impl AppState {
                 http,
                 ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
-                alerts: AlertBook::open(exchange.data_dir()).unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "reading alert acknowledgements failed; starting with none");
-                    AlertBook::empty(exchange.data_dir())
-                }),
                 sessions: Sessions::default(),
                 last_seen: LastSeen::default(),
                 exchange,
@@ -71,11 +65,6 @@ impl AppState {
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
-    }
-
-    /// The alerts and their acknowledgements.
-    pub fn alerts(&self) -> &AlertBook {
-        &self.inner.alerts
     }
 
     /// The dashboard's login sessions.

@@ -615,3 +615,87 @@ async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
     assert!(queues.contains("data-live"), "the figures refresh live");
     server.stop().await.unwrap();
 }
+
+/// The overview's open count, the `estafeta_alerts_open` metric and the
+/// alerts page read the notifier's one store: acknowledging moves all of
+/// them, a condition that goes on is not a new alert (acknowledged or
+/// not), and once it ended the same condition is news again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledging_and_the_open_count_read_one_alert_store() {
+    use estafeta_exchange::{Alert, AlertKind};
+    let server = TestServer::start().await;
+    let s = login(&server).await;
+    let page = |path: &'static str| {
+        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let open_count = || async {
+        let overview = page("/admin").await;
+        let at = overview.find("id=\"alerts-open\">").unwrap() + "id=\"alerts-open\">".len();
+        let shown: u64 = overview[at..].split('<').next().unwrap().parse().unwrap();
+        let metrics = server.admin.metrics().await.unwrap();
+        let metric: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("estafeta_alerts_open "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(shown, metric, "the overview and /metrics agree");
+        shown
+    };
+    let raise = |text: &'static str| {
+        let alert = Alert::new(
+            AlertKind::HostDown,
+            "http://gw:80",
+            text,
+            server.exchange.now(),
+        );
+        server.exchange.raise_alert(alert)
+    };
+    assert_eq!(open_count().await, 0);
+
+    raise("the gateway is down").await;
+    assert_eq!(open_count().await, 1);
+    let alerts = page("/admin/alerts").await;
+    assert!(alerts.contains("<td>http://gw:80</td>"), "{alerts}");
+    let r = post(
+        &server,
+        "/admin/alerts/1/ack",
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(open_count().await, 0);
+    let r = post(
+        &server,
+        "/admin/alerts/99/ack",
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    // Still down: the same condition again is neither sent nor listed again.
+    raise("still down").await;
+    assert_eq!(open_count().await, 0);
+    let alerts = page("/admin/alerts").await;
+    assert!(!alerts.contains("still down"), "{alerts}");
+    assert!(alerts.contains("going on"), "{alerts}");
+
+    // It ended; when it happens again it is a new alert.
+    server
+        .exchange
+        .clear_alert("host_down:http://gw:80".to_owned())
+        .await;
+    raise("down again").await;
+    assert_eq!(open_count().await, 1);
+    let alerts = page("/admin/alerts").await;
+    assert!(alerts.contains("id=\"alert-2\""), "{alerts}");
+    assert!(row_with(&alerts, "id=\"alert-1\"").contains("<span class=\"acked\">"));
+    assert!(
+        !row_with(&alerts, "id=\"alert-1\"").contains("going on"),
+        "alert 1 ended"
+    );
+    server.stop().await.unwrap();
+}

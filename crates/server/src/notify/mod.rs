@@ -4,9 +4,11 @@
 //! in doubt or FAILED, orphans at start-up, a failed storage write); the
 //! server adds free disk under a threshold ([`disk`]). The [`Notifier`]:
 //!
-//! 1. remembers the condition key durably ([`raised`]); a key already open
-//!    is not sent again until the exchange clears it (the process in doubt
-//!    was settled, the FAILED one finished);
+//! 1. records the alert and its condition key durably ([`raised`]); a key
+//!    already ongoing is not sent again until the exchange clears it (the
+//!    process in doubt was settled, the FAILED one finished). The same
+//!    store keeps which alerts an operator acknowledged: the dashboard's
+//!    alert list and open count read it;
 //! 2. schedules one delivery per configured channel (e-mail, SMS, webhook)
 //!    in the repeat scheduler (`<data>/.estafeta/alerts-repeat.redb`), due at
 //!    once; the schedule is durable before `raise` returns;
@@ -30,7 +32,7 @@ pub mod settings;
 
 pub use backlog::{Backlog, LastErrors, Row};
 pub use push::Pusher;
-pub use raised::{Raised, RaisedError};
+pub use raised::{AlertRecord, Raised, RaisedError};
 pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 
 use std::future::Future;
@@ -38,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_exchange::service::Listed;
-use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, alert_key};
+use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, Timestamp, alert_key};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -173,9 +175,20 @@ impl Notifier {
         backlog::backlog(&self.inner.store, SOURCE, now).await
     }
 
-    /// The open alerts.
-    pub async fn open_alerts(&self) -> Result<Vec<Alert>, RaisedError> {
-        self.inner.raised.list().await
+    /// The newest `limit` alerts raised, newest first, ended and
+    /// acknowledged or not.
+    pub async fn alerts(&self, limit: usize) -> Result<Vec<AlertRecord>, RaisedError> {
+        self.inner.raised.list(limit).await
+    }
+
+    /// An operator acknowledged alert `id` at `at`.
+    pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
+        self.inner.raised.acknowledge(id, at).await
+    }
+
+    /// How many alerts no operator acknowledged yet.
+    pub async fn unacknowledged(&self) -> Result<u64, RaisedError> {
+        self.inner.raised.unacknowledged().await
     }
 
     /// The configured channels.
@@ -430,7 +443,9 @@ impl AlertSink for Notifier {
 
     fn clear(&self, key: String) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            match self.inner.raised.close(&key).await {
+            let now = self.inner.scheduler.clock().now();
+            let at = Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
+            match self.inner.raised.close(&key, at).await {
                 Ok(true) => tracing::info!(key, "alert condition ended"),
                 Ok(false) => {}
                 Err(e) => tracing::error!(error = %e, key, "clearing an open alert failed"),

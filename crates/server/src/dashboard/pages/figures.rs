@@ -43,7 +43,8 @@ pub async fn overview(
     let snap = Snapshot::gather(&state, now).await;
     let series = state.metrics().uploads_per_minute(now);
     let (bars, peak) = bars(&series);
-    let alerts = alert_rows(&state)?
+    let alerts = alert_rows(&state)
+        .await?
         .into_iter()
         .filter(|a| a.acked_at.is_none())
         .take(10)
