@@ -1,6 +1,8 @@
 //! The exchange as one service: tenancy, device uploads and inboxes, the
 //! six-call process protocol, recovery and retention, each a method that
-//! the server's HTTP handlers call with the authenticated caller.
+//! the server's HTTP handlers call with the authenticated caller; alerts
+//! and message arrivals (for push notifications) are handed to sinks the
+//! server plugs in.
 
 mod admin;
 mod alerts;

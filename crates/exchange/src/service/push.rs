@@ -177,7 +177,8 @@ impl Core {
         Ok(url)
     }
 
-    /// Reads every recipient's webhook from its session (start-up).
+    /// Reads every recipient's webhook from its session (start-up; run
+    /// again after a failed start-up, it reads the same).
     pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
         let mut map = HashMap::new();
         let recipients = self
@@ -198,10 +199,15 @@ impl Core {
                 map.insert(id, (kind, url));
             }
         }
-        *self
+        // A webhook set while this ran (the admin API answers during
+        // start-up) is newer than what was read: it stays.
+        let mut known = self
             .webhooks
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = map;
+            .unwrap_or_else(PoisonError::into_inner);
+        for (id, hook) in map {
+            known.entry(id).or_insert(hook);
+        }
         Ok(())
     }
 }
