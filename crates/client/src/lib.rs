@@ -66,7 +66,7 @@ pub use estafeta_exchange::Upload;
 
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
-    AbortRequest, AcceptRequest, AckRequest, AckResponse, CallResponse, CommitRequest,
+    AbortRequest, AcceptRequest, AckRequest, AckResponse, AlertList, CallResponse, CommitRequest,
     CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem, Credentials, ErrorBody,
     FolderListing, Inbox, MessageAccepted, PrepareRequest, ProcessList, ProcessStatus,
     RollbackRequest, SendMessage, StartRequest, StartResponse, Stats, Version,
@@ -238,6 +238,11 @@ impl Client {
     /// `GET /v1/admin/processes`.
     pub async fn processes(&self) -> Result<ProcessList, ClientError> {
         self.get("/v1/admin/processes").await
+    }
+
+    /// `GET /v1/admin/alerts`: every alert raised, newest first.
+    pub async fn alerts(&self) -> Result<AlertList, ClientError> {
+        self.get("/v1/admin/alerts").await
     }
 
     /// `GET /v1/admin/stats`.

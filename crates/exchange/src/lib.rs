@@ -76,7 +76,7 @@ pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;
 pub use service::{
     Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
-    RecoveryReport, Upload, alert_key,
+    NoPush, PushSink, RecipientKind, RecoveryReport, Upload, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

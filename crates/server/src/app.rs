@@ -4,7 +4,7 @@
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 use crate::dashboard;
 use crate::error::ApiError;
@@ -35,9 +35,18 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/admin/processes", get(admin::processes))
         .route("/v1/admin/stats", get(admin::stats))
+        .route("/v1/admin/alerts", get(admin::alerts))
         .route(
             "/v1/admin/databases/{db}/folders/{folder}",
             get(admin::folder),
+        )
+        .route(
+            "/v1/admin/databases/{db}/webhook",
+            put(admin::set_database_webhook).delete(admin::clear_database_webhook),
+        )
+        .route(
+            "/v1/admin/devices/{dev}/webhook",
+            put(admin::set_device_webhook).delete(admin::clear_device_webhook),
         )
         .route("/v1/messages", post(device::send_message))
         .route("/v1/inbox", get(device::inbox))

@@ -16,11 +16,13 @@
 //! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
 //!   session, CSRF-protected operator actions).
 //! - [`events`]: the structured event log (a `tracing` layer writing JSON
-//!   lines, rotated) that the dashboard reads; [`alerts`]: the alerts in it
-//!   and their durable acknowledgements; [`logging`]: the subscriber that
-//!   `estafeta serve` installs with it.
+//!   lines, rotated) that the dashboard reads; [`logging`]: the subscriber
+//!   that `estafeta serve` installs with it.
 //! - [`notify`]: alerts to administrators by e-mail, SMS and webhook, through
-//!   the send queue with durable retries ([`notify::Notifier`]).
+//!   the send queue with durable retries ([`notify::Notifier`], whose store
+//!   of raised alerts and their acknowledgements the dashboard shows), and push
+//!   notifications to the webhooks of databases and devices when messages
+//!   arrive for them ([`notify::Pusher`]).
 //! - [`open`]: opening the data folder at start, waiting out a full disk.
 //! - `failpoints` (cargo feature `failpoints`, for the fault-injection
 //!   harness only): named crash and disk-full points armed from the
@@ -58,7 +60,6 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod alerts;
 pub mod app;
 pub mod config;
 pub mod dashboard;

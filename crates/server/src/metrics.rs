@@ -1,7 +1,8 @@
 //! [`Metrics`]: what the HTTP layer counts (requests and their latency by
 //! route and status, uploads per minute), and [`Snapshot`]: the figures
 //! gathered at scrape time (messages per folder, processes by state, the
-//! session engine, alerts, disk). Together they are `/metrics` in the
+//! session engine, the send queues, the repeat schedulers' backlogs,
+//! alerts, disk). Together they are `/metrics` in the
 //! Prometheus text format, names after the Prometheus conventions (base
 //! units, `_total` counters).
 
@@ -18,6 +19,8 @@ use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
 
+use crate::notify::outbound::{HostFigures, TypeFigures};
+use crate::notify::{Backlog, push};
 use crate::state::AppState;
 
 /// Upper bounds (seconds) of the request latency histogram buckets.
@@ -204,6 +207,10 @@ pub struct Snapshot {
     pub sessions: Option<estafeta_session::Stats>,
     /// Alerts nobody acknowledged.
     pub alerts_open: u64,
+    /// The send queues' hosts and types.
+    pub queues: Vec<HostFigures>,
+    /// Each repeat source's backlog (`alerts`, `push`, `deliver_at`).
+    pub backlogs: Vec<(&'static str, Backlog)>,
     /// Bytes free for the server on the data folder's file system, and its size.
     pub disk: Option<(u64, u64)>,
 }
@@ -218,7 +225,6 @@ impl Snapshot {
             ready: state.is_ready(),
             folders: exchange.folder_counts(&admin).await.unwrap_or_default(),
             sessions: exchange.session_stats(),
-            alerts_open: state.alerts().open_count().unwrap_or(0) as u64,
             ..Snapshot::default()
         };
         for st in OPEN_STATES {
@@ -238,6 +244,11 @@ impl Snapshot {
                     s.oldest_ready_secs = s.oldest_ready_secs.max(age);
                 }
             }
+        }
+        s.backlogs = backlogs(state).await;
+        if let Some(n) = state.notifier() {
+            s.queues = n.outbound().figures();
+            s.alerts_open = n.unacknowledged().await.unwrap_or(0);
         }
         let dir = exchange.data_dir().to_path_buf();
         s.disk = tokio::task::spawn_blocking(move || disk_space(&dir))
@@ -340,6 +351,8 @@ impl Snapshot {
                 let _ = writeln!(out, "{name} {v}");
             }
         }
+        self.render_queues(out);
+        self.render_backlogs(out);
         header(
             out,
             "estafeta_alerts_open",
@@ -365,6 +378,119 @@ impl Snapshot {
         }
     }
 }
+
+/// A gauge drawn from each of some figures: name, help, value.
+type Gauge<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
+impl Snapshot {
+    fn render_queues(&self, out: &mut String) {
+        let name = "estafeta_sendq_host_up";
+        header(
+            out,
+            name,
+            "gauge",
+            "Whether a send queue host is up (0: its health probes marked it down).",
+        );
+        for h in &self.queues {
+            let _ = writeln!(
+                out,
+                "{name}{{queue=\"{}\",host=\"{}\"}} {}",
+                h.queue,
+                escape(&h.host),
+                u8::from(!h.down)
+            );
+        }
+        let series: [Gauge<TypeFigures, usize>; 3] = [
+            (
+                "estafeta_sendq_queued",
+                "Send queue entries waiting for their window or for the host, by host and type.",
+                |t| t.queued,
+            ),
+            (
+                "estafeta_sendq_in_flight",
+                "Send queue entries being sent or unanswered, by host and type.",
+                |t| t.in_flight,
+            ),
+            (
+                "estafeta_sendq_window",
+                "Send queue window (most entries in flight), by host and type.",
+                |t| t.window,
+            ),
+        ];
+        for (name, help, value) in series {
+            header(out, name, "gauge", help);
+            for h in &self.queues {
+                for t in &h.types {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{queue=\"{}\",host=\"{}\",type=\"{}\"}} {}",
+                        h.queue,
+                        escape(&h.host),
+                        t.name,
+                        value(t)
+                    );
+                }
+            }
+        }
+    }
+
+    fn render_backlogs(&self, out: &mut String) {
+        let series: [Gauge<Backlog, u64>; 3] = [
+            (
+                "estafeta_repeat_entries",
+                "Entries held by a repeat scheduler (scheduled or retrying), by source.",
+                |b| b.entries,
+            ),
+            (
+                "estafeta_repeat_backlog",
+                "Repeat entries due now and not yet done, by source.",
+                |b| b.due,
+            ),
+            (
+                "estafeta_repeat_lag_seconds",
+                "Age of the oldest due repeat entry past its due time (0 when none is due), by source.",
+                |b| b.lag_secs,
+            ),
+        ];
+        for (name, help, value) in series {
+            header(out, name, "gauge", help);
+            for (source, b) in &self.backlogs {
+                let _ = writeln!(out, "{name}{{source=\"{source}\"}} {}", value(b));
+            }
+        }
+    }
+}
+
+/// The backlog of each repeat source the server runs: alert deliveries,
+/// push notifications and scheduled messages. A source that cannot be
+/// read is left out.
+pub async fn backlogs(state: &AppState) -> Vec<(&'static str, Backlog)> {
+    let mut out = Vec::new();
+    if let Some(n) = state.notifier()
+        && let Ok(b) = n.backlog().await
+    {
+        out.push((crate::notify::SOURCE, b));
+    }
+    if let Some(p) = state.pusher()
+        && let Ok(b) = p.backlog().await
+    {
+        out.push((push::SOURCE, b));
+    }
+    let ex = state.exchange();
+    if let (Ok(stats), Ok(first)) = (ex.scheduled_stats().await, ex.scheduled(1).await) {
+        let now = u64::try_from(ex.now().as_millis() / 1000).unwrap_or(0);
+        let counts = stats.sources.get(SCHEDULED).cloned().unwrap_or_default();
+        let oldest = first.first().map(|e| e.due).filter(|d| *d <= now);
+        out.push((
+            SCHEDULED,
+            Backlog::new(counts.entries, counts.due, oldest, now),
+        ));
+    }
+    out
+}
+
+/// The repeat source of messages kept aside until their `deliver_at`.
+pub const SCHEDULED: &str = "deliver_at";
 
 /// Free (for unprivileged users) and total bytes of the file system of `dir`.
 pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {

@@ -23,7 +23,9 @@ pub const BEARER: &str = "bearer";
     paths(
         ops::healthz, ops::readyz, ops::metrics, ops::openapi,
         admin::create_enterprise, admin::create_subsystem, admin::create_database,
-        admin::create_device, admin::processes, admin::stats, admin::folder,
+        admin::create_device, admin::processes, admin::stats, admin::folder, admin::alerts,
+        admin::set_database_webhook, admin::clear_database_webhook,
+        admin::set_device_webhook, admin::clear_device_webhook,
         device::send_message, device::inbox, device::ack,
         process::start, process::accept, process::prepare, process::commit,
         process::rollback, process::abort, process::status,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use estafeta_exchange::{Exchange, ExchangeError, LogOnly};
+use estafeta_exchange::{Exchange, ExchangeError, LogOnly, NoPush};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::app::app;
 use crate::config::HttpSettings;
-use crate::notify::{Notifier, NotifyError, NotifySettings};
+use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::state::AppState;
 
 /// The longest wait between two attempts at start-up recovery.
@@ -60,7 +60,9 @@ where
 
 /// [`run`] with alerts sent to the administrators of `notify` (the
 /// [`Notifier`] becomes the exchange's alert sink before start-up recovery,
-/// so alerts that recovery raises reach them too).
+/// so alerts that recovery raises reach them too), and push notifications
+/// to the recipients' webhooks (the [`Pusher`], sending once start-up
+/// recovery has loaded the webhooks).
 pub async fn run_with<F>(
     listener: TcpListener,
     exchange: Exchange,
@@ -73,8 +75,11 @@ where
 {
     let notifier = Notifier::open(notify).await?;
     exchange.set_alert_sink(Arc::new(notifier.clone()));
+    let pusher = Pusher::open(&notifier, exchange.clone()).await?;
+    exchange.set_push_sink(Arc::new(pusher.clone()));
     let state = AppState::new(exchange.clone(), http.clone());
     state.set_notifier(notifier.clone());
+    state.set_pusher(pusher.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let recovery = tokio::spawn(recover(state.clone(), stop_rx.clone()));
@@ -91,6 +96,20 @@ where
             };
             if let Err(e) = exchange.run_deliveries(stopped).await {
                 tracing::error!(error = %e, "scheduled delivery stopped");
+            }
+        })
+    };
+    let pushes = {
+        let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
+        let probe = notifier.settings().probe;
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            };
+            let mut stopped = std::pin::pin!(stopped);
+            tokio::select! {
+                _ = exchange.wait_ready() => pusher.run(probe, stopped).await,
+                _ = &mut stopped => pusher.close().await,
             }
         })
     };
@@ -125,13 +144,14 @@ where
     .await;
     signal.abort();
 
-    for task in [recovery, retention, deliveries, alerts] {
+    for task in [recovery, retention, deliveries, pushes, alerts] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "a background task panicked");
         }
     }
     // The notifier's stores close with it; a later run may open them again.
     exchange.set_alert_sink(Arc::new(LogOnly));
+    exchange.set_push_sink(Arc::new(NoPush));
     exchange.shutdown().await?;
     tracing::info!("stopped");
     Ok(())

@@ -1,19 +1,18 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings, the request counters, the alerts (as the event log shows
-//! them, and the notifier that delivers them), the dashboard's login
-//! sessions and when each client last called.
+//! HTTP settings, the request counters, the notifier (which delivers and
+//! keeps the alerts), push notifications, the dashboard's login sessions
+//! and when each client last called.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use estafeta_exchange::Exchange;
 
-use crate::alerts::AlertBook;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
-use crate::notify::Notifier;
+use crate::notify::{Notifier, Pusher};
 
 /// The shared state of the router. Cheap to clone.
 #[derive(Clone)]
@@ -27,12 +26,13 @@ struct Inner {
     /// Set when start-up recovery succeeded; cleared when stopping.
     ready: AtomicBool,
     metrics: Metrics,
-    alerts: AlertBook,
     sessions: Sessions,
     last_seen: LastSeen,
-    /// Alert delivery, once [`crate::run_with`] has started it (the
-    /// dashboard lists its open alerts).
+    /// Alert delivery, once [`crate::run_with`] has started it (its store
+    /// is the dashboard's list of alerts and their acknowledgements).
     notifier: OnceLock<Notifier>,
+    /// Push notifications, once [`crate::run_with`] has started them.
+    pusher: OnceLock<Pusher>,
 }
 
 impl AppState {
@@ -43,14 +43,11 @@ impl AppState {
                 http,
                 ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
-                alerts: AlertBook::open(exchange.data_dir()).unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "reading alert acknowledgements failed; starting with none");
-                    AlertBook::empty(exchange.data_dir())
-                }),
                 sessions: Sessions::default(),
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier: OnceLock::new(),
+                pusher: OnceLock::new(),
             }),
         }
     }
@@ -68,11 +65,6 @@ impl AppState {
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
-    }
-
-    /// The alerts and their acknowledgements.
-    pub fn alerts(&self) -> &AlertBook {
-        &self.inner.alerts
     }
 
     /// The dashboard's login sessions.
@@ -93,6 +85,16 @@ impl AppState {
     /// Records the server's alert delivery (once; later calls are ignored).
     pub fn set_notifier(&self, notifier: Notifier) {
         let _ = self.inner.notifier.set(notifier);
+    }
+
+    /// Push notifications, when the server runs them.
+    pub fn pusher(&self) -> Option<&Pusher> {
+        self.inner.pusher.get()
+    }
+
+    /// Records the server's push notifications (once; later calls are ignored).
+    pub fn set_pusher(&self, pusher: Pusher) {
+        let _ = self.inner.pusher.set(pusher);
     }
 
     /// Whether `/readyz` answers 200: recovery done, not stopping.

@@ -1,6 +1,7 @@
 //! The dashboard over real HTTP: login into a session cookie and its
 //! flags, no page or action without a session, no action without the CSRF
-//! token, every page renders, and the operator actions on `Error`.
+//! token, every page renders, the operator actions on `Error`, and the
+//! send queue and delivery pages showing a push that waits for its host.
 
 mod common;
 
@@ -11,7 +12,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 
 /// Every page of the dashboard.
-const PAGES: [&str; 10] = [
+const PAGES: [&str; 11] = [
     "/admin",
     "/admin/processes",
     "/admin/databases",
@@ -22,6 +23,7 @@ const PAGES: [&str; 10] = [
     "/admin/events",
     "/admin/events?level=WARN&db=db-a",
     "/admin/queues",
+    "/admin/deliveries",
 ];
 
 fn http() -> reqwest::Client {
@@ -501,5 +503,223 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
         t.phone1.inbox(None).await.unwrap().messages.is_empty(),
         "the reply was deleted"
     );
+    server.stop().await.unwrap();
+}
+
+/// Fetches `path` until `done` holds for its HTML (the figures are live).
+async fn wait_page(
+    server: &TestServer,
+    s: &Session,
+    path: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let poll = async {
+        loop {
+            let html = http()
+                .get(server.url(path))
+                .header(COOKIE, &s.cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if done(&html) {
+                return html;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), poll)
+        .await
+        .unwrap_or_else(|_| panic!("{path} did not show what was expected"))
+}
+
+/// The `<tr>` holding `marker`.
+fn row_with<'a>(html: &'a str, marker: &str) -> &'a str {
+    let at = html.find(marker).unwrap_or_else(|| panic!("no {marker}"));
+    let start = html[..at].rfind("<tr").unwrap();
+    let end = at + html[at..].find("</tr>").unwrap();
+    &html[start..end]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
+    use estafeta_server::notify::NotifySettings;
+    let server = TestServer::start_notified(
+        estafeta_server::HttpSettings::default(),
+        |_| {},
+        |data| NotifySettings {
+            retry: std::time::Duration::from_secs(3600),
+            probe: std::time::Duration::from_millis(50),
+            ..NotifySettings::log_only(data)
+        },
+    )
+    .await;
+    let t = Tenancy::provision(&server.admin).await;
+    let s = login(&server).await;
+    let empty = wait_page(&server, &s, "/admin/deliveries", |_| true).await;
+    assert!(empty.contains("id=\"no-deliveries\""), "{empty}");
+    assert!(
+        wait_page(&server, &s, "/admin/queues", |_| true)
+            .await
+            .contains("id=\"no-hosts\"")
+    );
+
+    let hook = common::recorder::closed_port();
+    let answer = http()
+        .put(server.url("/v1/admin/databases/db-a/webhook"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({"version": 1, "url": format!("http://{hook}/db")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    t.phone1
+        .send(&common::message("db-a", "{}", None))
+        .await
+        .unwrap();
+    let mut later = common::message("db-b", "{}", None);
+    let tomorrow = server.exchange.now().as_millis() + 86_400_000;
+    later.deliver_at = Some(estafeta_exchange::Timestamp::from_millis(tomorrow));
+    t.phone1.send(&later).await.unwrap();
+
+    // The push failed once (connection refused) and waits for its retry.
+    let page = wait_page(&server, &s, "/admin/deliveries", |html| {
+        html.contains("data-source=\"push\"")
+            && !row_with(html, "data-source=\"push\"").contains("<td class=\"last-error\"></td>")
+    })
+    .await;
+    let push = row_with(&page, "data-source=\"push\"");
+    assert!(push.contains("<td class=\"attempts\">1</td>"), "{push}");
+    assert!(push.contains("retrying"), "{push}");
+    assert!(push.contains("database/db-a/"), "{push}");
+    let scheduled = row_with(&page, "data-source=\"deliver_at\"");
+    assert!(scheduled.contains("scheduled"), "{scheduled}");
+    assert!(row_with(&page, "id=\"source-push\"").contains("<td class=\"entries\">1</td>"));
+    assert!(page.contains("data-live"), "the figures refresh live");
+
+    // Its host fails its probes: down, in the send queue page.
+    let host = format!("http://{hook}");
+    let queues = wait_page(&server, &s, "/admin/queues", |html| {
+        html.contains(&format!("data-host=\"{host}\" data-type=\"push\""))
+            && row_with(html, &format!("data-host=\"{host}\" data-type=\"push\""))
+                .contains(">down<")
+    })
+    .await;
+    let probe = row_with(
+        &queues,
+        &format!("data-host=\"{host}\" data-type=\"probe\""),
+    );
+    assert!(probe.contains("class=\"bad\""), "{probe}");
+    assert!(queues.contains("data-live"), "the figures refresh live");
+    server.stop().await.unwrap();
+}
+
+/// The overview's open count, the `estafeta_alerts_open` metric and the
+/// alerts page read the notifier's one store: acknowledging moves all of
+/// them, a condition that goes on is not a new alert (acknowledged or
+/// not), and once it ended the same condition is news again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledging_and_the_open_count_read_one_alert_store() {
+    use estafeta_exchange::{Alert, AlertKind};
+    let server = TestServer::start().await;
+    let s = login(&server).await;
+    let page = |path: &'static str| {
+        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let open_count = || async {
+        let overview = page("/admin").await;
+        let at = overview.find("id=\"alerts-open\">").unwrap() + "id=\"alerts-open\">".len();
+        let shown: u64 = overview[at..].split('<').next().unwrap().parse().unwrap();
+        let metrics = server.admin.metrics().await.unwrap();
+        let metric: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("estafeta_alerts_open "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(shown, metric, "the overview and /metrics agree");
+        shown
+    };
+    let raise = |text: &'static str| {
+        let alert = Alert::new(
+            AlertKind::HostDown,
+            "http://gw:80",
+            text,
+            server.exchange.now(),
+        );
+        server.exchange.raise_alert(alert)
+    };
+    assert_eq!(open_count().await, 0);
+
+    raise("the gateway is down").await;
+    assert_eq!(open_count().await, 1);
+    let alerts = page("/admin/alerts").await;
+    assert!(alerts.contains("<td>http://gw:80</td>"), "{alerts}");
+    let r = post(
+        &server,
+        "/admin/alerts/1/ack",
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(open_count().await, 0);
+    let r = post(
+        &server,
+        "/admin/alerts/99/ack",
+        Some(&s.cookie),
+        &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    // Still down: the same condition again is neither sent nor listed again.
+    raise("still down").await;
+    assert_eq!(open_count().await, 0);
+    let alerts = page("/admin/alerts").await;
+    assert!(!alerts.contains("still down"), "{alerts}");
+    assert!(alerts.contains("going on"), "{alerts}");
+
+    // It ended; when it happens again it is a new alert.
+    server
+        .exchange
+        .clear_alert("host_down:http://gw:80".to_owned())
+        .await;
+    raise("down again").await;
+    assert_eq!(open_count().await, 1);
+    let alerts = page("/admin/alerts").await;
+    assert!(alerts.contains("id=\"alert-2\""), "{alerts}");
+    assert!(row_with(&alerts, "id=\"alert-1\"").contains("<span class=\"acked\">"));
+    assert!(
+        !row_with(&alerts, "id=\"alert-1\"").contains("going on"),
+        "alert 1 ended"
+    );
+
+    // The admin API lists the same store, newest first.
+    let listed = server.admin.alerts().await.unwrap().alerts;
+    let summary: Vec<_> = listed
+        .iter()
+        .map(|a| {
+            (
+                a.id,
+                a.key.as_str(),
+                a.ended_at.is_some(),
+                a.acknowledged_at.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (2, "host_down:http://gw:80", false, false),
+            (1, "host_down:http://gw:80", true, true),
+        ]
+    );
+    assert_eq!(listed[1].text, "the gateway is down");
+    let refused = server.client("not-a-token").alerts().await.unwrap_err();
+    assert!(refused.to_string().contains("401"), "{refused}");
     server.stop().await.unwrap();
 }

@@ -393,6 +393,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         ("/admin/devices", "devices"),
         ("/admin/browse/Error", "error"),
         ("/admin/queues", "queues"),
+        ("/admin/deliveries", "deliveries"),
     ] {
         c.goto(&format!("{base}{path}")).await.unwrap();
         check_page(&c, &shots, name).await;

@@ -5,8 +5,13 @@ mod common;
 
 use std::collections::{BTreeMap, HashSet};
 
+use common::clock::ManualClock;
+use common::restartable::Server;
+use common::webhook::{self, Script};
 use common::{Tenancy, TestServer, message, ready_process};
+use estafeta_exchange::Timestamp;
 use estafeta_exchange::wire::ResultStatus;
+use estafeta_server::notify::NotifySettings;
 
 /// One sample: metric name, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -264,4 +269,99 @@ async fn metrics_parse_and_move_with_traffic() {
     let scrapes = [("method", "GET"), ("route", "/metrics"), ("status", "200")];
     assert_eq!(value(&after, "estafeta_http_requests_total", &scrapes), 1.0);
     server.stop().await.unwrap();
+}
+
+/// A push that is due and unanswered while the clock moves on: the send
+/// queue shows it in flight at its host, and the push source shows a
+/// backlog whose lag is how long it has been due; a message scheduled for
+/// later is an entry but no backlog. Once answered, all of it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_queue_and_repeat_backlog_figures_move_with_pushes() {
+    use estafeta_session::Clock;
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let notify = NotifySettings::log_only(data.path());
+    let server = Server::start_notified(data.path(), &clock, notify).await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (addr, mut hook) = webhook::start(Script {
+        held: true,
+        ..Script::default()
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let answer = http
+        .put(format!("{}/v1/admin/databases/db-a/webhook", server.base))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&serde_json::json!({"version": 1, "url": format!("http://{addr}/db")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+
+    let mut later = message("db-b", "{}", None);
+    let due = clock.now().after(std::time::Duration::from_secs(7200));
+    later.deliver_at = Some(Timestamp::from_millis(i64::try_from(due.0).unwrap()));
+    t.phone1.send(&later).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    hook.posts.recv().await.unwrap();
+    clock.advance(std::time::Duration::from_secs(3600));
+
+    let host = format!("http://{addr}");
+    let push = [("queue", "http"), ("host", host.as_str()), ("type", "push")];
+    let held = parse(&server.admin.metrics().await.unwrap());
+    assert_eq!(value(&held, "estafeta_sendq_in_flight", &push), 1.0);
+    assert_eq!(value(&held, "estafeta_sendq_queued", &push), 0.0);
+    assert_eq!(value(&held, "estafeta_sendq_window", &push), 8.0);
+    let up = [("queue", "http"), ("host", host.as_str())];
+    assert_eq!(value(&held, "estafeta_sendq_host_up", &up), 1.0);
+    let source = |s| [("source", s)];
+    assert_eq!(
+        value(&held, "estafeta_repeat_entries", &source("push")),
+        1.0
+    );
+    assert_eq!(
+        value(&held, "estafeta_repeat_backlog", &source("push")),
+        1.0
+    );
+    assert!(value(&held, "estafeta_repeat_lag_seconds", &source("push")) >= 3600.0);
+    assert_eq!(
+        value(&held, "estafeta_repeat_entries", &source("deliver_at")),
+        1.0
+    );
+    assert_eq!(
+        value(&held, "estafeta_repeat_backlog", &source("deliver_at")),
+        0.0
+    );
+    assert_eq!(
+        value(&held, "estafeta_repeat_lag_seconds", &source("deliver_at")),
+        0.0
+    );
+    assert_eq!(
+        value(&held, "estafeta_repeat_entries", &source("alerts")),
+        0.0
+    );
+
+    hook.open();
+    let settle = async {
+        loop {
+            let now = parse(&server.admin.metrics().await.unwrap());
+            if value(&now, "estafeta_repeat_entries", &source("push")) == 0.0 {
+                return now;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let settled = tokio::time::timeout(std::time::Duration::from_secs(60), settle)
+        .await
+        .expect("the push did not settle");
+    assert_eq!(value(&settled, "estafeta_sendq_in_flight", &push), 0.0);
+    assert_eq!(
+        value(&settled, "estafeta_repeat_backlog", &source("push")),
+        0.0
+    );
+    assert_eq!(
+        value(&settled, "estafeta_repeat_lag_seconds", &source("push")),
+        0.0
+    );
+    server.stop().await;
 }

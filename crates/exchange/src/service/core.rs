@@ -43,6 +43,14 @@ pub(crate) struct Core {
     pub(crate) storage_alert: AtomicBool,
     /// Messages kept aside until their `deliver_at`.
     pub(crate) deferred: super::schedule::Deferred,
+    /// The store under `deferred`, read to list what is scheduled.
+    pub(crate) deferred_store: std::sync::Arc<estafeta_repeat::RedbStore>,
+    /// Where arrivals are pushed ([`super::Exchange::set_push_sink`]).
+    pub(crate) push: std::sync::RwLock<std::sync::Arc<dyn super::push::PushSink>>,
+    /// The recipients' webhooks, loaded by start-up processing.
+    pub(crate) webhooks: super::push::Webhooks,
+    /// Woken when start-up processing is done.
+    pub(crate) became_ready: tokio::sync::Notify,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -83,6 +91,7 @@ impl Core {
             }
         }
         let mut first_error = None;
+        let mut arrivals = std::collections::BTreeSet::new();
         let mut note = |r: Result<crate::mailbox::Outcome, MailboxError>| match r {
             Ok(_) => {}
             Err(MailboxError::NotFound { .. }) => {
@@ -92,8 +101,20 @@ impl Core {
                 first_error.get_or_insert(e);
             }
         };
-        for r in self.mailboxes.move_all(&moves).await {
+        for (r, (_, _, to)) in self
+            .mailboxes
+            .move_all(&moves)
+            .await
+            .into_iter()
+            .zip(&moves)
+        {
+            if r.is_ok() && to.folder == Folder::Messages {
+                arrivals.insert(to.mailbox.clone());
+            }
             note(r);
+        }
+        for recipient in &arrivals {
+            self.arrived(recipient);
         }
         for (name, from, at) in schedules {
             note(

@@ -1,6 +1,8 @@
 //! The exchange as one service: tenancy, device uploads and inboxes, the
 //! six-call process protocol, recovery and retention, each a method that
-//! the server's HTTP handlers call with the authenticated caller.
+//! the server's HTTP handlers call with the authenticated caller; alerts
+//! and message arrivals (for push notifications) are handed to sinks the
+//! server plugs in.
 
 mod admin;
 mod alerts;
@@ -11,6 +13,7 @@ mod error;
 mod hooks;
 mod operator;
 mod protocol;
+mod push;
 mod recovery;
 mod schedule;
 mod state;
@@ -19,6 +22,8 @@ mod stats;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
+pub use push::{NoPush, PushSink, RecipientKind};
+pub use schedule::Listed;
 
 use crate::mailbox::Folder;
 use crate::mailbox::{Mailboxes, SyncConfig};
@@ -94,8 +99,9 @@ impl Exchange {
                 .await
                 .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
                 .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+        let scheduled = Arc::new(scheduled);
         let deferred = estafeta_repeat::Scheduler::new(
-            scheduled,
+            schedule::Listed(scheduled.clone()),
             schedule::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
         );
@@ -111,6 +117,10 @@ impl Exchange {
             alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
             storage_alert: Default::default(),
             deferred,
+            deferred_store: scheduled,
+            push: std::sync::RwLock::new(Arc::new(NoPush)),
+            webhooks: Default::default(),
+            became_ready: tokio::sync::Notify::new(),
         });
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
@@ -192,6 +202,20 @@ impl Exchange {
     /// Whether start-up processing is done.
     pub fn is_ready(&self) -> bool {
         self.core.ready.load(Ordering::SeqCst)
+    }
+
+    /// Waits until start-up processing is done (what depends on its
+    /// results, such as the webhooks it loads, starts after it).
+    pub async fn wait_ready(&self) {
+        loop {
+            let woken = self.core.became_ready.notified();
+            let mut woken = std::pin::pin!(woken);
+            woken.as_mut().enable();
+            if self.is_ready() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Who a bearer token belongs to.
@@ -419,6 +443,28 @@ impl Exchange {
         self.core
             .deferred
             .run(estafeta_repeat::WorkerPool::new(4), handler, shutdown)
+            .await
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+    }
+
+    /// Messages kept aside until their `deliver_at` (the first `limit`,
+    /// soonest first): each entry's payload is the message file.
+    pub async fn scheduled(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
+        let listed = schedule::Listed(self.core.deferred_store.clone());
+        tokio::task::spawn_blocking(move || listed.entries(schedule::SOURCE, limit))
+            .await
+            .map_err(|e| ExchangeError::unavailable("internal", e.to_string()))?
+            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+    }
+
+    /// The scheduled-delivery store's counts (backlog) and dispatch figures.
+    pub async fn scheduled_stats(&self) -> Result<estafeta_repeat::Stats, ExchangeError> {
+        self.core
+            .deferred
+            .stats()
             .await
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
     }

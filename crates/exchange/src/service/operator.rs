@@ -265,6 +265,7 @@ impl Core {
         if requeue {
             let to = self.location(&name.to, Folder::Messages);
             self.mailboxes.move_file(&name, &at, &to).await?;
+            self.arrived(&name.to);
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id, to = %name.to,
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"

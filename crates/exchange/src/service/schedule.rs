@@ -12,12 +12,14 @@ use crate::Timestamp;
 use crate::error::MailboxError;
 use crate::mailbox::{FileName, Folder, Location};
 use crate::wire::Message;
-use estafeta_repeat::{Entry, Outcome, RedbStore, Scheduler};
+use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
+use estafeta_repeat::{Entry, Outcome, Position, RedbStore, Scheduler, StoreError};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The repeat source of scheduled messages.
-const SOURCE: &str = "deliver_at";
+pub(crate) const SOURCE: &str = "deliver_at";
 
 /// The exchange's clock as the repeat scheduler's wall clock, so a test
 /// that controls one controls both.
@@ -30,7 +32,46 @@ impl estafeta_repeat::Clock for WallClock {
 }
 
 /// The store of messages kept aside.
-pub(crate) type Deferred = Scheduler<RedbStore, WallClock>;
+pub(crate) type Deferred = Scheduler<Listed<RedbStore>, WallClock>;
+
+/// A repeat store shared between its scheduler and readers that list its
+/// entries (the dashboard's page of scheduled and retrying deliveries):
+/// the scheduler owns its store, so it is given this handle and the reader
+/// keeps another.
+#[derive(Debug)]
+pub struct Listed<S>(pub Arc<S>);
+
+impl<S: Store> Listed<S> {
+    /// The first `limit` entries of `source`, due or not, soonest first.
+    pub fn entries(&self, source: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        Ok(self
+            .0
+            .scan(source, Bound::Unbounded, u64::MAX, limit, &|_| false)?
+            .entries)
+    }
+}
+
+impl<S: Store> Store for Listed<S> {
+    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        self.0.apply(ops)
+    }
+    fn sources(&self) -> Result<Vec<String>, StoreError> {
+        self.0.sources()
+    }
+    fn scan(
+        &self,
+        source: &str,
+        from: Bound<&Position>,
+        now: u64,
+        limit: usize,
+        skip: &dyn Fn(&Position) -> bool,
+    ) -> Result<Scan, StoreError> {
+        self.0.scan(source, from, now, limit, skip)
+    }
+    fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
+        self.0.count(source, now)
+    }
+}
 
 fn storage(e: impl std::fmt::Display) -> ExchangeError {
     ExchangeError::unavailable("storage_error", e.to_string())
@@ -54,6 +95,7 @@ impl Core {
             None => {
                 let queue = self.location(&message.to, Folder::Messages);
                 self.mailboxes.write(&queue, message).await?;
+                self.arrived(&message.to);
             }
             Some(at) => {
                 let bytes = message.to_file_bytes().map_err(storage)?;
@@ -119,6 +161,7 @@ impl Core {
         let queue = self.location(&message.to, Folder::Messages);
         match self.mailboxes.write(&queue, &message).await {
             Ok(_) => {
+                self.arrived(&message.to);
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
                 Outcome::Done
             }

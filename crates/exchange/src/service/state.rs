@@ -53,6 +53,9 @@ pub(crate) struct Record {
     /// `dev/`: counters of the device's uploads and acknowledgements.
     #[serde(default, skip_serializing_if = "DeviceCounters::is_empty")]
     pub(crate) device: DeviceCounters,
+    /// `db/` and `dev/`: where arrivals are pushed ([`super::push`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) webhook: Option<String>,
 }
 
 /// A device upload with an idempotency key: written into the device

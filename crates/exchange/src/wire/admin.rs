@@ -47,6 +47,18 @@ pub struct CreateDevice {
     pub subsystem: Id,
 }
 
+/// `PUT /v1/admin/databases/{db}/webhook` and `PUT /v1/admin/devices/{dev}/webhook`,
+/// and their 200 answer (the stored value; `DELETE` answers with `url: null`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Webhook {
+    /// Always 1.
+    pub version: Version,
+    /// Where a small JSON notification is POSTed when a message arrives
+    /// (`http://` or `https://`); `null` clears it.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
 /// The 201 answer to creating a database or device: its token, shown once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Credentials {
@@ -184,6 +196,38 @@ pub struct FileInfo {
     pub subsystem: Id,
     /// The sender's creation time.
     pub created_at: Timestamp,
+}
+
+/// `GET /v1/admin/alerts`: every alert raised, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AlertList {
+    /// Always 1.
+    pub version: Version,
+    /// The alerts, newest first.
+    pub alerts: Vec<AlertEntry>,
+}
+
+/// One alert in an [`AlertList`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AlertEntry {
+    /// Its id (increasing in the order raised).
+    pub id: u64,
+    /// What kind of condition: `in_doubt`, `failed`, `orphans`,
+    /// `storage_write`, `disk_low`, `host_down`.
+    pub kind: String,
+    /// The condition, `<kind>:<subject>` (e.g. `in_doubt:<process id>`): it
+    /// is alerted once while it lasts.
+    pub key: String,
+    /// A sentence for the administrator.
+    pub text: String,
+    /// When it was raised.
+    pub raised_at: Timestamp,
+    /// When its condition ended, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Timestamp>,
+    /// When an operator acknowledged it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_at: Option<Timestamp>,
 }
 
 #[cfg(test)]

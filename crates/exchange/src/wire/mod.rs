@@ -16,8 +16,9 @@ mod status;
 mod version;
 
 pub use admin::{
-    CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem, Credentials, DatabaseStats,
-    DeviceStats, FileInfo, FolderListing, ProcessList, ProcessSummary, Stats,
+    AlertEntry, AlertList, CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem,
+    Credentials, DatabaseStats, DeviceStats, FileInfo, FolderListing, ProcessList, ProcessSummary,
+    Stats, Webhook,
 };
 pub use body::Body;
 pub use error_body::{ErrorBody, ErrorDetail};

@@ -1,6 +1,5 @@
 //! [`EventLog`]: a `tracing` layer that appends the events worth keeping
-//! to `events.jsonl` (and alerts to `alerts.jsonl` too), one JSON object a
-//! line, and rotates `events.jsonl` when it passes a size: the current file
+//! to `events.jsonl`, one JSON object a line, and rotates `events.jsonl` when it passes a size: the current file
 //! becomes `events.1.jsonl`, `.1` becomes `.2`, and the oldest beyond the
 //! kept count is removed.
 //!
@@ -92,9 +91,6 @@ impl EventLog {
         };
         file.write_all(&line)?;
         files.size += line.len() as u64;
-        if record.is_alert() {
-            append(&self.dir.join("alerts.jsonl"))?.write_all(&line)?;
-        }
         Ok(())
     }
 
@@ -253,8 +249,6 @@ mod tests {
         assert_eq!(events[1].process.as_deref(), Some("01PID"));
         assert_eq!(events[1].level, "WARN");
         assert!(events[2].is_alert());
-        let alerts = lines(&dir.path().join("alerts.jsonl"));
-        assert_eq!(alerts, vec![events[2].clone()]);
         assert_ne!(events[0].id, events[1].id);
     }
 

@@ -6,8 +6,8 @@
 //!   rotates the file by size.
 //! - [`reader`]: reading the lines back, newest first, with a filter.
 //!
-//! Alerts are also appended to `alerts.jsonl`, which is not rotated (there
-//! are few, and the alerts page lists all of them).
+//! The alerts page does not read the log: alerts and their
+//! acknowledgements are kept by the notifier ([`crate::notify::raised`]).
 
 pub mod layer;
 pub mod reader;
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use layer::{EventLog, Rotation};
-pub use reader::{EventFilter, read_alerts, read_events};
+pub use reader::{EventFilter, read_events};
 
 /// The target of protocol-step events.
 pub const EVENT_TARGET: &str = "estafeta::event";

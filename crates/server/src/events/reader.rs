@@ -92,13 +92,6 @@ pub fn read_events(dir: &Path, filter: &EventFilter, limit: usize) -> io::Result
     Ok(kept.into_iter().rev().collect())
 }
 
-/// Every alert ever raised (from `alerts.jsonl`), newest first.
-pub fn read_alerts(dir: &Path) -> io::Result<Vec<EventRecord>> {
-    let mut alerts = read_lines(&dir.join("alerts.jsonl"))?;
-    alerts.reverse();
-    Ok(alerts)
-}
-
 fn read_lines(path: &Path) -> io::Result<Vec<EventRecord>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -207,6 +200,5 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        assert!(read_alerts(&missing).unwrap().is_empty());
     }
 }

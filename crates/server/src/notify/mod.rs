@@ -4,9 +4,11 @@
 //! in doubt or FAILED, orphans at start-up, a failed storage write); the
 //! server adds free disk under a threshold ([`disk`]). The [`Notifier`]:
 //!
-//! 1. remembers the condition key durably ([`raised`]); a key already open
-//!    is not sent again until the exchange clears it (the process in doubt
-//!    was settled, the FAILED one finished);
+//! 1. records the alert and its condition key durably ([`raised`]); a key
+//!    already ongoing is not sent again until the exchange clears it (the
+//!    process in doubt was settled, the FAILED one finished). The same
+//!    store keeps which alerts an operator acknowledged: the dashboard's
+//!    alert list and open count read it;
 //! 2. schedules one delivery per configured channel (e-mail, SMS, webhook)
 //!    in the repeat scheduler (`<data>/.estafeta/alerts-repeat.redb`), due at
 //!    once; the schedule is durable before `raise` returns;
@@ -17,20 +19,28 @@
 //!
 //! Delivery is at least once: a crash between the send and the removal of
 //! the repeat entry sends that notice again after the restart.
+//!
+//! Push notifications to databases' and devices' webhooks ([`push`]) go
+//! through the same HTTP send queue and host probes.
 
+pub mod backlog;
 pub mod disk;
 pub mod outbound;
+pub mod push;
 pub mod raised;
 pub mod settings;
 
-pub use raised::{Raised, RaisedError};
+pub use backlog::{Backlog, LastErrors, Row};
+pub use push::Pusher;
+pub use raised::{AlertRecord, Raised, RaisedError};
 pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, alert_key};
+use estafeta_exchange::service::Listed;
+use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, Timestamp, alert_key};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -41,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use outbound::{EMAIL, HttpOut, Outbound, PROBE, SMS, WEBHOOK, host_of};
 
 /// The repeat source of alert deliveries.
-const SOURCE: &str = "alerts";
+pub const SOURCE: &str = "alerts";
 /// The longest wait between two delivery attempts.
 const MAX_RETRY: Duration = Duration::from_secs(3600);
 /// Deliveries handled at once.
@@ -89,7 +99,11 @@ pub struct Notifier {
 struct Inner {
     settings: NotifySettings,
     raised: Raised,
-    scheduler: Scheduler<RedbStore, SystemClock>,
+    scheduler: Scheduler<Listed<RedbStore>, SystemClock>,
+    /// The scheduler's store, read to list pending deliveries.
+    store: Arc<RedbStore>,
+    /// Why each retrying delivery failed last.
+    errors: LastErrors,
     outbound: Outbound,
 }
 
@@ -118,24 +132,63 @@ impl Notifier {
             },
             ..Options::default()
         };
-        let scheduler = Scheduler::new(store, SystemClock, options);
+        let store = Arc::new(store);
+        let scheduler = Scheduler::new(Listed(store.clone()), SystemClock, options);
         let outbound = Outbound::new(
             settings.email.as_ref().map(|e| &e.smtp),
             settings.sms.as_ref().map(|s| &s.gateway),
         )?;
+        if let Some(host) = settings.webhook.as_deref().and_then(host_of) {
+            outbound.note_host(&host);
+        }
         Ok(Notifier {
             inner: Arc::new(Inner {
                 settings,
                 raised,
                 scheduler,
+                store,
+                errors: LastErrors::default(),
                 outbound,
             }),
         })
     }
 
-    /// The open alerts.
-    pub async fn open_alerts(&self) -> Result<Vec<Alert>, RaisedError> {
-        self.inner.raised.list().await
+    /// The send queues (shared with push notifications).
+    pub fn outbound(&self) -> &Outbound {
+        &self.inner.outbound
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &NotifySettings {
+        &self.inner.settings
+    }
+
+    /// Pending alert deliveries (the first `limit`, soonest first), with
+    /// their attempts and last error.
+    pub async fn pending(&self, limit: usize) -> Result<Vec<Row>, estafeta_repeat::StoreError> {
+        backlog::rows(&self.inner.store, SOURCE, limit, &self.inner.errors).await
+    }
+
+    /// The alert delivery backlog at the scheduler's clock.
+    pub async fn backlog(&self) -> Result<Backlog, estafeta_repeat::StoreError> {
+        let now = self.inner.scheduler.clock().now_secs();
+        backlog::backlog(&self.inner.store, SOURCE, now).await
+    }
+
+    /// The newest `limit` alerts raised, newest first, ended and
+    /// acknowledged or not.
+    pub async fn alerts(&self, limit: usize) -> Result<Vec<AlertRecord>, RaisedError> {
+        self.inner.raised.list(limit).await
+    }
+
+    /// An operator acknowledged alert `id` at `at`.
+    pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
+        self.inner.raised.acknowledge(id, at).await
+    }
+
+    /// How many alerts no operator acknowledged yet.
+    pub async fn unacknowledged(&self) -> Result<u64, RaisedError> {
+        self.inner.raised.unacknowledged().await
     }
 
     /// The configured channels.
@@ -220,14 +273,17 @@ impl Notifier {
         let key = delivery.alert.key.clone();
         match self.send(&delivery).await {
             Ok(true) => {
+                self.inner.errors.clear(&entry.id);
                 tracing::info!(key, channel = ?delivery.channel, "alert delivered");
                 Outcome::Done
             }
             Ok(false) => {
+                self.inner.errors.clear(&entry.id);
                 tracing::warn!(key, channel = ?delivery.channel, "alert channel no longer configured; delivery dropped");
                 Outcome::Done
             }
             Err(e) => {
+                self.inner.errors.set(&entry.id, e.to_string());
                 tracing::warn!(key, channel = ?delivery.channel, attempt = entry.attempt + 1, error = %e, "alert delivery failed; will retry");
                 Outcome::Failed(e.to_string())
             }
@@ -257,6 +313,7 @@ impl Notifier {
                     return Ok(false);
                 };
                 let host = host_of(&c.gateway.url).unwrap_or_default();
+                q.note_host(&host);
                 let pending: Vec<_> =
                     c.to.iter()
                         .map(|to| {
@@ -284,6 +341,7 @@ impl Notifier {
                     body,
                 };
                 let host = host_of(url).unwrap_or_default();
+                q.note_host(&host);
                 q.http
                     .submit(host, WEBHOOK, HttpOut::Webhook(call))?
                     .await?;
@@ -292,25 +350,17 @@ impl Notifier {
         Ok(true)
     }
 
-    /// Probes the origins of the SMS gateway and the webhook every
-    /// [`NotifySettings::probe`] (when not zero); the send queue marks a
-    /// host down after failed probes and up again on a good one. A host
-    /// found down raises a `host_down` alert (sent through the other
-    /// channels at once, through its own when it is back), cleared when it
-    /// is up again.
+    /// Probes the HTTP hosts in use (the SMS gateway, the alert webhook,
+    /// the push webhooks sent to) every [`NotifySettings::probe`] (when not
+    /// zero); the send queue marks a host down after failed probes and up
+    /// again on a good one. A host found down raises a `host_down` alert
+    /// (sent through the other channels at once, through its own when it
+    /// is back), cleared when it is up again.
     async fn probe(self, exchange: Exchange, stop: impl Future<Output = ()> + Send) {
         let period = self.inner.settings.probe;
         if period.is_zero() {
             return stop.await;
         }
-        let s = &self.inner.settings;
-        let hosts: Vec<String> = s
-            .sms
-            .iter()
-            .map(|c| c.gateway.url.clone())
-            .chain(s.webhook.clone())
-            .filter_map(|u| host_of(&u))
-            .collect();
         let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
         let mut down = std::collections::HashSet::new();
@@ -319,12 +369,12 @@ impl Notifier {
                 _ = &mut stop => return,
                 _ = tick.tick() => {}
             }
-            for host in &hosts {
+            for host in &self.inner.outbound.http_hosts() {
                 // What the probes sent so far decided.
                 match self.inner.outbound.http.is_down(host) {
                     Some(true) if down.insert(host.clone()) => {
                         let text = format!(
-                            "the alert host {host} fails its health probes; alerts for it wait until it is back"
+                            "the host {host} fails its health probes; alerts and push notifications for it wait until it is back"
                         );
                         let alert = Alert::new(AlertKind::HostDown, host, text, exchange.now());
                         exchange.raise_alert(alert).await;
@@ -393,7 +443,9 @@ impl AlertSink for Notifier {
 
     fn clear(&self, key: String) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            match self.inner.raised.close(&key).await {
+            let now = self.inner.scheduler.clock().now();
+            let at = Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
+            match self.inner.raised.close(&key, at).await {
                 Ok(true) => tracing::info!(key, "alert condition ended"),
                 Ok(false) => {}
                 Err(e) => tracing::error!(error = %e, key, "clearing an open alert failed"),

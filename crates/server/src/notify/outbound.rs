@@ -1,11 +1,14 @@
-//! [`Outbound`]: the send queues alerts go out through. E-mail has a queue
-//! of its own (its transport answers with SMTP replies); the HTTP channels
-//! (the SMS gateway and webhooks) share one queue whose transport forwards
-//! each payload to the matching `estafeta_sendq` transport, with a health
-//! probe type so a host that fails its probes is marked down and its
-//! alerts wait for it.
+//! [`Outbound`]: the send queues alerts and push notifications go out
+//! through. E-mail has a queue of its own (its transport answers with SMTP
+//! replies); the HTTP channels (the SMS gateway, alert webhooks and push
+//! webhooks) share one queue whose transport forwards each payload to the
+//! matching `estafeta_sendq` transport, with a health probe type so a host
+//! that fails its probes is marked down and what waits for it stays queued.
+//! The HTTP hosts in use are remembered, for the probes and the figures
+//! ([`Outbound::figures`]) that the dashboard and `/metrics` show.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use estafeta_sendq::{
@@ -20,8 +23,22 @@ pub const SMS: Kind = Kind(0);
 pub const WEBHOOK: Kind = Kind(1);
 /// A health probe.
 pub const PROBE: Kind = Kind(2);
+/// A push notification to a database's or device's webhook.
+pub const PUSH: Kind = Kind(3);
 /// An alert e-mail (in the e-mail queue).
 pub const EMAIL: Kind = Kind(0);
+
+/// The HTTP queue's types by kind, as named in figures.
+const HTTP_TYPES: [(Kind, &str); 4] = [
+    (SMS, "alert-sms"),
+    (WEBHOOK, "alert-webhook"),
+    (PROBE, "probe"),
+    (PUSH, "push"),
+];
+/// The host key of the e-mail queue (one relay).
+pub const SMTP_HOST: &str = "smtp";
+/// Push notifications in flight per webhook host.
+const PUSH_WINDOW: usize = 8;
 
 /// Probes failed in a row that mark a host down.
 const PROBE_FAILURES: u32 = 3;
@@ -110,13 +127,41 @@ impl Transport<String, HttpOut> for HttpTransport {
     }
 }
 
-/// The alert send queues.
+/// The send queues of alerts and pushes.
 #[derive(Clone)]
 pub struct Outbound {
     /// E-mail, when configured.
     pub email: Option<SendQueue<String, EmailMessage, SmtpTransport>>,
-    /// SMS, webhooks and probes.
+    /// SMS, webhooks, pushes and probes.
     pub http: SendQueue<String, HttpOut, HttpTransport>,
+    /// The HTTP hosts in use (configured, or sent to since the start).
+    hosts: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// One request type's figures at one host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeFigures {
+    /// The type's name (`push`, `alert-webhook`, `probe`, …).
+    pub name: &'static str,
+    /// Waiting for the window, or for the host to come up.
+    pub queued: usize,
+    /// Counted against the window: being sent or unanswered.
+    pub in_flight: usize,
+    /// The window.
+    pub window: usize,
+}
+
+/// One host of a send queue and its types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostFigures {
+    /// `http` or `email`.
+    pub queue: &'static str,
+    /// The host key (`scheme://host:port`, or `smtp`).
+    pub host: String,
+    /// Whether its health probes marked it down (`false` when unprobed).
+    pub down: bool,
+    /// Its types that it has seen, in kind order.
+    pub types: Vec<TypeFigures>,
 }
 
 impl Outbound {
@@ -150,10 +195,67 @@ impl Outbound {
                     .queueable_if_down()
                     .deadline(QUEUED_DEADLINE),
                 TypeConfig::probe("probe", PROBE_FAILURES),
+                TypeConfig::new("push", PUSH_WINDOW)
+                    .queueable_if_down()
+                    .deadline(QUEUED_DEADLINE),
             ]),
             transport,
         )?;
-        Ok(Outbound { email, http })
+        let hosts = sms
+            .and_then(|s| host_of(&s.url))
+            .into_iter()
+            .collect::<BTreeSet<_>>();
+        Ok(Outbound {
+            email,
+            http,
+            hosts: Arc::new(Mutex::new(hosts)),
+        })
+    }
+
+    /// Remembers an HTTP host in use (its probes start with the next round).
+    pub fn note_host(&self, host: &str) {
+        let mut hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+        if !hosts.contains(host) {
+            hosts.insert(host.to_owned());
+        }
+    }
+
+    /// The HTTP hosts in use.
+    pub fn http_hosts(&self) -> Vec<String> {
+        let hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+        hosts.iter().cloned().collect()
+    }
+
+    /// Each host's state and, per type it has seen, its depth, entries in
+    /// flight and window.
+    pub fn figures(&self) -> Vec<HostFigures> {
+        let mut out = Vec::new();
+        if let Some(q) = &self.email {
+            let host = SMTP_HOST.to_owned();
+            out.push(HostFigures {
+                queue: "email",
+                down: q.is_down(&host).unwrap_or(false),
+                types: q
+                    .stats(&host, EMAIL)
+                    .map(|s| figures("alert-email", &s))
+                    .into_iter()
+                    .collect(),
+                host,
+            });
+        }
+        for host in self.http_hosts() {
+            let types = HTTP_TYPES
+                .iter()
+                .filter_map(|(kind, name)| Some(figures(name, &self.http.stats(&host, *kind)?)))
+                .collect();
+            out.push(HostFigures {
+                queue: "http",
+                down: self.http.is_down(&host).unwrap_or(false),
+                host,
+                types,
+            });
+        }
+        out
     }
 
     /// Fails what is queued and stops the queues' tasks.
@@ -162,6 +264,15 @@ impl Outbound {
             q.shutdown().await;
         }
         self.http.shutdown().await;
+    }
+}
+
+fn figures(name: &'static str, s: &estafeta_sendq::TypeStats) -> TypeFigures {
+    TypeFigures {
+        name,
+        queued: s.queued,
+        in_flight: s.in_flight,
+        window: s.window,
     }
 }
 

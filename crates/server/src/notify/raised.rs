@@ -1,26 +1,58 @@
-//! [`Raised`]: the alert conditions that are open, kept in a redb file so
-//! that the same condition does not alert twice while it lasts, across
-//! restarts too.
+//! [`Raised`]: every alert the server raised, kept in a redb file. It is
+//! the one source of truth for both questions asked about alerts:
+//!
+//! - *is this condition still going on?* (its key is among the ongoing
+//!   ones until the exchange says it ended), so that the same condition
+//!   does not alert twice while it lasts, across restarts too;
+//! - *has an operator seen it?* (acknowledged on the dashboard), which is
+//!   what the dashboard's alert list and its open count, and the
+//!   `estafeta_alerts_open` metric, show.
+//!
+//! The two are independent: a condition that ended still waits for its
+//! acknowledgement, and acknowledging an ongoing condition does not make
+//! it alert again.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use estafeta_exchange::Alert;
+use estafeta_exchange::{Alert, Timestamp};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
 
-/// condition key → the alert as JSON.
-const OPEN: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("alerts.open");
+/// Alert id → the [`AlertRecord`] as JSON.
+const ALERTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("alerts.all");
+/// Condition key of an ongoing condition → its alert's id.
+const ONGOING: TableDefinition<'_, &str, u64> = TableDefinition::new("alerts.ongoing");
 
-/// The open alert store failed.
+/// The alert store failed, or was asked about an alert it does not have.
 #[derive(Debug, thiserror::Error)]
-#[error("alert store: {0}")]
-pub struct RaisedError(String);
-
-fn err(e: impl std::fmt::Display) -> RaisedError {
-    RaisedError(e.to_string())
+pub enum RaisedError {
+    /// No alert has this id.
+    #[error("no alert {0}")]
+    Unknown(u64),
+    /// Reading or writing the store failed.
+    #[error("alert store: {0}")]
+    Store(String),
 }
 
-/// The open alert conditions. Cheap to clone.
+fn err(e: impl std::fmt::Display) -> RaisedError {
+    RaisedError::Store(e.to_string())
+}
+
+/// One raised alert and what became of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertRecord {
+    /// Its id in the store (increasing).
+    pub id: u64,
+    /// The alert as raised.
+    pub alert: Alert,
+    /// When its condition ended, if it did.
+    pub ended_at: Option<Timestamp>,
+    /// When an operator acknowledged it, if one did.
+    pub acked_at: Option<Timestamp>,
+}
+
+/// The raised alerts. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Raised {
     db: Arc<Database>,
@@ -31,24 +63,37 @@ impl Raised {
     pub fn open(path: &Path) -> Result<Self, RaisedError> {
         let db = Database::create(path).map_err(err)?;
         let txn = db.begin_write().map_err(err)?;
-        txn.open_table(OPEN).map_err(err)?;
+        txn.open_table(ALERTS).map_err(err)?;
+        txn.open_table(ONGOING).map_err(err)?;
         txn.commit().map_err(err)?;
         Ok(Raised { db: Arc::new(db) })
     }
 
-    /// Records `alert` as open, durably; `false` when its condition was
-    /// open already (nothing is written then).
+    /// Records `alert` and its condition as ongoing, durably; `false` when
+    /// the condition was ongoing already (nothing is written then).
     pub async fn open_alert(&self, alert: &Alert) -> Result<bool, RaisedError> {
         let db = Arc::clone(&self.db);
-        let key = alert.key.clone();
-        let value = serde_json::to_vec(alert).map_err(err)?;
+        let alert = alert.clone();
         blocking(move || {
             let txn = db.begin_write().map_err(err)?;
             let fresh = {
-                let mut table = txn.open_table(OPEN).map_err(err)?;
-                let fresh = table.get(key.as_str()).map_err(err)?.is_none();
+                let mut ongoing = txn.open_table(ONGOING).map_err(err)?;
+                let fresh = ongoing.get(alert.key.as_str()).map_err(err)?.is_none();
                 if fresh {
-                    table.insert(key.as_str(), value.as_slice()).map_err(err)?;
+                    let mut all = txn.open_table(ALERTS).map_err(err)?;
+                    let id = match all.last().map_err(err)? {
+                        Some((k, _)) => k.value() + 1,
+                        None => 1,
+                    };
+                    let record = AlertRecord {
+                        id,
+                        alert: alert.clone(),
+                        ended_at: None,
+                        acked_at: None,
+                    };
+                    let json = serde_json::to_vec(&record).map_err(err)?;
+                    all.insert(id, json.as_slice()).map_err(err)?;
+                    ongoing.insert(alert.key.as_str(), id).map_err(err)?;
                 }
                 fresh
             };
@@ -58,44 +103,64 @@ impl Raised {
         .await
     }
 
-    /// Whether the condition `key` is open.
+    /// Whether the condition `key` is ongoing.
     pub async fn is_open(&self, key: &str) -> Result<bool, RaisedError> {
         let db = Arc::clone(&self.db);
         let key = key.to_owned();
         blocking(move || {
             let txn = db.begin_read().map_err(err)?;
-            let table = txn.open_table(OPEN).map_err(err)?;
+            let table = txn.open_table(ONGOING).map_err(err)?;
             Ok(table.get(key.as_str()).map_err(err)?.is_some())
         })
         .await
     }
 
-    /// The condition `key` ended, durably; `false` if it was not open.
-    pub async fn close(&self, key: &str) -> Result<bool, RaisedError> {
+    /// The condition `key` ended at `at`, durably; `false` if it was not ongoing.
+    pub async fn close(&self, key: &str, at: Timestamp) -> Result<bool, RaisedError> {
         let db = Arc::clone(&self.db);
         let key = key.to_owned();
         blocking(move || {
             let txn = db.begin_write().map_err(err)?;
-            let was = txn
-                .open_table(OPEN)
-                .map_err(err)?
-                .remove(key.as_str())
-                .map_err(err)?
-                .is_some();
+            let was = {
+                let mut ongoing = txn.open_table(ONGOING).map_err(err)?;
+                let id = ongoing
+                    .remove(key.as_str())
+                    .map_err(err)?
+                    .map(|v| v.value());
+                if let Some(id) = id {
+                    update(&txn, id, |r| r.ended_at = Some(at))?;
+                }
+                id.is_some()
+            };
             txn.commit().map_err(err)?;
             Ok(was)
         })
         .await
     }
 
-    /// Every open alert, by key.
-    pub async fn list(&self) -> Result<Vec<Alert>, RaisedError> {
+    /// An operator acknowledged alert `id` at `at`, durably (a second
+    /// acknowledgement keeps the first time).
+    pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
+        let db = Arc::clone(&self.db);
+        blocking(move || {
+            let txn = db.begin_write().map_err(err)?;
+            update(&txn, id, |r| {
+                r.acked_at.get_or_insert(at);
+            })?;
+            txn.commit().map_err(err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The newest `limit` alerts, newest first.
+    pub async fn list(&self, limit: usize) -> Result<Vec<AlertRecord>, RaisedError> {
         let db = Arc::clone(&self.db);
         blocking(move || {
             let txn = db.begin_read().map_err(err)?;
-            let table = txn.open_table(OPEN).map_err(err)?;
+            let table = txn.open_table(ALERTS).map_err(err)?;
             let mut out = Vec::new();
-            for row in table.iter().map_err(err)? {
+            for row in table.iter().map_err(err)?.rev().take(limit) {
                 let (_, v) = row.map_err(err)?;
                 out.push(serde_json::from_slice(v.value()).map_err(err)?);
             }
@@ -103,6 +168,40 @@ impl Raised {
         })
         .await
     }
+
+    /// How many alerts no operator acknowledged yet.
+    pub async fn unacknowledged(&self) -> Result<u64, RaisedError> {
+        let db = Arc::clone(&self.db);
+        blocking(move || {
+            let txn = db.begin_read().map_err(err)?;
+            let table = txn.open_table(ALERTS).map_err(err)?;
+            let mut n = 0;
+            for row in table.iter().map_err(err)? {
+                let (_, v) = row.map_err(err)?;
+                let r: AlertRecord = serde_json::from_slice(v.value()).map_err(err)?;
+                n += u64::from(r.acked_at.is_none());
+            }
+            Ok(n)
+        })
+        .await
+    }
+}
+
+/// Changes the stored record `id` inside `txn`.
+fn update(
+    txn: &redb::WriteTransaction,
+    id: u64,
+    change: impl FnOnce(&mut AlertRecord),
+) -> Result<(), RaisedError> {
+    let mut all = txn.open_table(ALERTS).map_err(err)?;
+    let mut record: AlertRecord = {
+        let found = all.get(id).map_err(err)?.ok_or(RaisedError::Unknown(id))?;
+        serde_json::from_slice(found.value()).map_err(err)?
+    };
+    change(&mut record);
+    let json = serde_json::to_vec(&record).map_err(err)?;
+    all.insert(id, json.as_slice()).map_err(err)?;
+    Ok(())
 }
 
 async fn blocking<T: Send + 'static>(
@@ -114,22 +213,44 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use estafeta_exchange::{AlertKind, Timestamp};
+    use estafeta_exchange::AlertKind;
 
     #[tokio::test]
-    async fn a_condition_opens_once_until_closed_and_survives_reopening() {
+    async fn a_condition_alerts_once_while_it_lasts_and_acknowledgements_are_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("alerts.redb");
-        let a = Alert::new(AlertKind::InDoubt, "p1", "t", Timestamp::from_millis(1));
+        let t = Timestamp::from_millis;
+        let a = Alert::new(AlertKind::InDoubt, "p1", "t", t(1));
         let raised = Raised::open(&path).unwrap();
         assert!(raised.open_alert(&a).await.unwrap());
         assert!(!raised.open_alert(&a).await.unwrap());
         drop(raised);
+
         let raised = Raised::open(&path).unwrap();
         assert!(raised.is_open(&a.key).await.unwrap());
-        assert_eq!(raised.list().await.unwrap(), vec![a.clone()]);
-        assert!(raised.close(&a.key).await.unwrap());
-        assert!(!raised.close(&a.key).await.unwrap());
+        assert_eq!(raised.unacknowledged().await.unwrap(), 1);
+        // Acknowledged while it lasts: still not news again.
+        raised.acknowledge(1, t(5)).await.unwrap();
+        raised.acknowledge(1, t(6)).await.unwrap();
+        assert!(!raised.open_alert(&a).await.unwrap());
+        assert_eq!(raised.unacknowledged().await.unwrap(), 0);
+        assert!(raised.close(&a.key, t(7)).await.unwrap());
+        assert!(!raised.close(&a.key, t(8)).await.unwrap());
+
+        // Ended, the same condition is a new alert.
         assert!(raised.open_alert(&a).await.unwrap());
+        let list = raised.list(10).await.unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(
+            (list[0].id, list[0].ended_at, list[0].acked_at),
+            (2, None, None)
+        );
+        assert_eq!(list[1].ended_at, Some(t(7)));
+        assert_eq!(list[1].acked_at, Some(t(5)));
+        assert_eq!(raised.unacknowledged().await.unwrap(), 1);
+        assert!(matches!(
+            raised.acknowledge(9, t(9)).await,
+            Err(RaisedError::Unknown(9))
+        ));
     }
 }

@@ -9,6 +9,7 @@ pub mod restartable;
 /// The send queue's loopback SMTP server, shared rather than copied.
 #[path = "../../../sendq/tests/common/smtp_server.rs"]
 pub mod smtp_server;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::path::Path;

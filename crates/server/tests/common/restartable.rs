@@ -19,12 +19,23 @@ use super::{ADMIN_TOKEN, id, wait_ready};
 /// An in-process server on `data` reading `clock`.
 pub struct Server {
     pub admin: Client,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), ServeError>>,
 }
 
 impl Server {
     pub async fn start(data: &Path, clock: &ManualClock) -> Server {
+        Self::start_notified(data, clock, NotifySettings::log_only(data)).await
+    }
+
+    /// A server whose alerts and push notifications go out as `notify` says.
+    pub async fn start_notified(
+        data: &Path,
+        clock: &ManualClock,
+        notify: NotifySettings,
+    ) -> Server {
         let exchange = reopen(data, clock).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -33,14 +44,19 @@ impl Server {
             listener,
             exchange,
             HttpSettings::default(),
-            NotifySettings::log_only(data),
+            notify,
             async move {
                 let _ = stopped.await;
             },
         ));
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
-        Server { admin, stop, task }
+        Server {
+            admin,
+            base,
+            stop,
+            task,
+        }
     }
 
     pub async fn stop(self) {

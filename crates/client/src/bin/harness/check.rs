@@ -7,11 +7,10 @@
 //! `Prepared` or `Unknown`; no process live or in doubt; no process the
 //! processors still have to settle; no upload left in a device's outbox.
 //! Every (re)start of the server answered `/readyz` within the bound. Every
-//! in-doubt episode (each database's durable `in_doubt` counter) has its
-//! alert (a distinct process in the event log's `alerts.jsonl`).
+//! in-doubt episode (the databases' durable `in_doubt` counters) has its
+//! alert (a distinct `in_doubt:<process>` in `/v1/admin/alerts`).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::time::Duration;
 
 use estafeta_client::Client;
@@ -33,9 +32,10 @@ pub(crate) struct Summary {
     duplicated: usize,
     stuck: usize,
     max_ready: Duration,
-    in_doubt_alerts: usize,
-    /// In-doubt episodes without an alert.
-    unalerted: u64,
+    /// In-doubt episodes (the databases' durable counters).
+    in_doubt: u64,
+    /// Distinct processes an in-doubt alert was raised for.
+    in_doubt_alerts: u64,
 }
 
 impl Summary {
@@ -66,13 +66,13 @@ impl Summary {
             .map(|(point, n)| format!("{point}:{n}"))
             .collect();
         format!(
-            "pauses={} server_deaths={} max_ready_ms={} in_doubt_alerts={} unalerted_in_doubt={} \
+            "pauses={} server_deaths={} max_ready_ms={} in_doubt={} in_doubt_alerts={} \
              failpoint_crashes={} [{}]",
             self.faults.pauses,
             self.faults.server_deaths,
             self.max_ready.as_millis(),
+            self.in_doubt,
             self.in_doubt_alerts,
-            self.unalerted,
             self.faults.failpoint_crashes.values().sum::<u64>(),
             points.join(" "),
         )
@@ -80,7 +80,10 @@ impl Summary {
 
     /// Nothing lost, duplicated or stuck, and every in-doubt episode alerted.
     pub(crate) fn passed(&self) -> bool {
-        self.lost == 0 && self.duplicated == 0 && self.stuck == 0 && self.unalerted == 0
+        self.lost == 0
+            && self.duplicated == 0
+            && self.stuck == 0
+            && self.in_doubt_alerts >= self.in_doubt
     }
 }
 
@@ -92,8 +95,6 @@ pub(crate) async fn check(
     devices: &[Device],
     faults: &Faults,
     network_faults: u64,
-    server_log: &Path,
-    data: &Path,
 ) -> anyhow::Result<Summary> {
     let mut lost = 0;
     let mut duplicated = 0;
@@ -217,33 +218,25 @@ pub(crate) async fn check(
         eprintln!("the server took {max_ready:?} to be ready");
         stuck += 1;
     }
-    let in_doubt_alerts = std::fs::read_to_string(server_log)
-        .map(|text| {
-            text.lines()
-                .filter(|l| l.contains("estafeta::alert") && l.contains("in doubt"))
-                .count()
-        })
-        .unwrap_or(0);
-    let unalerted = match admin.stats().await {
-        Ok(stats) => {
-            let alerted = alerted_in_doubt(data);
-            let mut missing = 0;
-            for db in stats.databases {
-                let have = alerted.get(db.id.as_str()).map_or(0, HashSet::len) as u64;
-                if have < db.in_doubt {
-                    eprintln!(
-                        "{}: {} in-doubt episodes, alerts for {have} processes",
-                        db.id, db.in_doubt
-                    );
-                    missing += db.in_doubt - have;
-                }
+    let (in_doubt, in_doubt_alerts) = match (admin.stats().await, admin.alerts().await) {
+        (Ok(stats), Ok(alerts)) => {
+            let episodes: u64 = stats.databases.iter().map(|db| db.in_doubt).sum();
+            let alerted = alerts
+                .alerts
+                .iter()
+                .filter(|a| a.key.starts_with("in_doubt:"))
+                .map(|a| a.key.as_str())
+                .collect::<HashSet<_>>()
+                .len() as u64;
+            if alerted < episodes {
+                eprintln!("{episodes} in-doubt episodes, alerts for {alerted} processes");
             }
-            missing
+            (episodes, alerted)
         }
-        Err(e) => {
-            eprintln!("the server did not give its stats: {e}");
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("the server did not give its stats or alerts: {e}");
             stuck += 1;
-            0
+            (0, 0)
         }
     };
 
@@ -255,41 +248,7 @@ pub(crate) async fn check(
         duplicated,
         stuck,
         max_ready,
+        in_doubt,
         in_doubt_alerts,
-        unalerted,
     })
-}
-
-/// Per database, the processes an in-doubt alert was raised for, from the
-/// server's alert log (`.estafeta/events/alerts.jsonl`, never rotated).
-fn alerted_in_doubt(data: &Path) -> HashMap<String, HashSet<String>> {
-    let path = data.join(".estafeta").join("events").join("alerts.jsonl");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        // No alert was ever raised.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => {
-            eprintln!("reading {}: {e}", path.display());
-            String::new()
-        }
-    };
-    let mut alerted: HashMap<String, HashSet<String>> = HashMap::new();
-    for line in text.lines() {
-        // A line cut by a crash is skipped: its alert is raised again.
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let text = event["text"].as_str().unwrap_or_default();
-        if let (Some(db), Some(process), true) = (
-            event["db"].as_str(),
-            event["process"].as_str(),
-            text.starts_with("process in doubt"),
-        ) {
-            alerted
-                .entry(db.to_owned())
-                .or_default()
-                .insert(process.to_owned());
-        }
-    }
-    alerted
 }

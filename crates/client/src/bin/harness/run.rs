@@ -322,8 +322,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         &devices,
         &faults,
         proxy.faults(),
-        server.log(),
-        &data,
     )
     .await?;
     server.kill9().await?;

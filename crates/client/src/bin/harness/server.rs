@@ -227,11 +227,6 @@ impl Server {
             None => Ok(None),
         }
     }
-
-    /// The log file of every start.
-    pub(crate) fn log(&self) -> &Path {
-        &self.log
-    }
 }
 
 fn signal(signal: &str, pid: u32) -> anyhow::Result<()> {

@@ -1,5 +1,5 @@
 //! The figures pages: overview (counters, chart, health, open alerts),
-//! processes, databases, devices, and the queues placeholder.
+//! processes, databases, devices.
 
 use super::log::{AlertRow, alert_rows};
 use std::time::SystemTime;
@@ -43,7 +43,8 @@ pub async fn overview(
     let snap = Snapshot::gather(&state, now).await;
     let series = state.metrics().uploads_per_minute(now);
     let (bars, peak) = bars(&series);
-    let alerts = alert_rows(&state)?
+    let alerts = alert_rows(&state)
+        .await?
         .into_iter()
         .filter(|a| a.acked_at.is_none())
         .take(10)
@@ -237,18 +238,4 @@ pub async fn devices(State(state): State<AppState>, session: AdminSession) -> Pa
         rows,
     };
     Ok(render(&page))
-}
-
-#[derive(Template)]
-#[template(path = "queues.html")]
-struct QueuesPage {
-    layout: Layout,
-}
-
-/// `GET /admin/queues`: send queues and scheduled deliveries (not part of
-/// this server yet).
-pub async fn queues(session: AdminSession) -> PageResult {
-    Ok(render(&QueuesPage {
-        layout: Layout::new("Queues", &session, None),
-    }))
 }

@@ -11,34 +11,47 @@ use super::{EVENTS_SHOWN, Layout, Notice, PageError, PageResult, render};
 use crate::dashboard::auth::{AdminSession, CsrfForm};
 use crate::events::{EventFilter, events_dir, read_events};
 use crate::extract::ApiPath;
+use crate::notify::RaisedError;
 use crate::state::AppState;
+
+/// The most alerts one page lists.
+const ALERTS_SHOWN: usize = 500;
 
 /// A row of the alerts tables.
 pub(super) struct AlertRow {
     pub(super) id: String,
     pub(super) ts: String,
-    pub(super) level: String,
+    pub(super) kind: String,
+    pub(super) subject: String,
     pub(super) text: String,
-    pub(super) db: String,
-    pub(super) process: String,
+    pub(super) ended_at: String,
     pub(super) acked_at: Option<String>,
 }
 
-pub(super) fn alert_rows(state: &AppState) -> Result<Vec<AlertRow>, PageError> {
-    let alerts = state
-        .alerts()
-        .list()
+/// The newest alerts from the notifier's store (none when the server
+/// runs no notifier).
+pub(super) async fn alert_rows(state: &AppState) -> Result<Vec<AlertRow>, PageError> {
+    let Some(notifier) = state.notifier() else {
+        return Ok(Vec::new());
+    };
+    let alerts = notifier
+        .alerts(ALERTS_SHOWN)
+        .await
         .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     Ok(alerts
         .into_iter()
-        .map(|a| AlertRow {
-            id: a.event.id,
-            ts: a.event.ts,
-            level: a.event.level,
-            text: a.event.text,
-            db: a.event.db.unwrap_or_default(),
-            process: a.event.process.unwrap_or_default(),
-            acked_at: a.acked_at,
+        .map(|r| AlertRow {
+            id: r.id.to_string(),
+            ts: r.alert.raised_at.to_string(),
+            kind: r.alert.kind.to_string(),
+            subject: r
+                .alert
+                .key
+                .split_once(':')
+                .map_or_else(String::new, |(_, s)| s.to_owned()),
+            text: r.alert.text,
+            ended_at: r.ended_at.map(|t| t.to_string()).unwrap_or_default(),
+            acked_at: r.acked_at.map(|t| t.to_string()),
         })
         .collect())
 }
@@ -58,7 +71,7 @@ pub async fn alerts(
 ) -> PageResult {
     let page = AlertsPage {
         layout: Layout::new("Alerts", &session, q.notice),
-        alerts: alert_rows(&state)?,
+        alerts: alert_rows(&state).await?,
     };
     Ok(render(&page))
 }
@@ -73,19 +86,15 @@ pub async fn acknowledge(
     if let Err(r) = session.check_csrf(&form.csrf) {
         return Ok(r.into_response());
     }
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let book_id = id.clone();
-    let result = tokio::task::spawn_blocking(move || state.alerts().acknowledge(&book_id, &now))
-        .await
-        .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    match result {
+    let unknown = || PageError(StatusCode::NOT_FOUND, format!("no alert {id}"));
+    let number: u64 = id.parse().map_err(|_| unknown())?;
+    let notifier = state.notifier().ok_or_else(unknown)?;
+    match notifier.acknowledge(number, state.exchange().now()).await {
         Ok(()) => {
             tracing::info!(target: "estafeta::event", alert = id, "alert acknowledged");
             Ok(Redirect::to("/admin/alerts?notice=acknowledged").into_response())
         }
-        Err(crate::alerts::AlertError::Unknown(_)) => {
-            Err(PageError(StatusCode::NOT_FOUND, format!("no alert {id}")))
-        }
+        Err(RaisedError::Unknown(_)) => Err(unknown()),
         Err(e) => Err(PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
     }
 }

@@ -3,13 +3,15 @@
 //! askama template (`templates/`). Actions are POST forms carrying the
 //! session's CSRF token; each ends in a redirect back to a page.
 //!
-//! - [`figures`]: overview, processes, databases, devices, queues.
+//! - [`figures`]: overview, processes, databases, devices.
 //! - [`browse`]: the `Unknown` and `Error` browsers and their actions.
 //! - [`log`]: alerts and the event log.
+//! - [`outbound`]: the send queues, and scheduled and retrying deliveries.
 
 pub mod browse;
 pub mod figures;
 pub mod log;
+pub mod outbound;
 
 use super::auth::AdminSession;
 use crate::error::ApiError;

@@ -1,0 +1,278 @@
+//! Push notifications: a database or device may have a webhook address
+//! (kept in its session record, set by the admin), and when a message
+//! lands in its `Messages` the exchange hands its id to a [`PushSink`].
+//!
+//! The exchange does not send anything itself, so a protocol call never
+//! waits for, or fails because of, a push: the sink is called after the
+//! message file is durable and must return at once (the server's sink
+//! records the recipient and lets its own tasks do the rest). The webhook
+//! addresses are also kept in memory, loaded by start-up processing, so
+//! that an arrival for a recipient without one costs a map lookup.
+
+use super::admin::admin;
+use super::core::Core;
+use super::error::ExchangeError;
+use super::state::{db_key, dev_key};
+use crate::Id;
+use crate::tenancy::{Principal, Role};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+
+/// The longest webhook URL accepted.
+const MAX_URL: usize = 2048;
+
+/// Whether a push recipient is a database or a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecipientKind {
+    /// A database: a device's upload (or a scheduled one) entered its queue.
+    Database,
+    /// A device: a reply entered its inbox.
+    Device,
+}
+
+impl RecipientKind {
+    /// The kind's name in notifications and paths.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecipientKind::Database => "database",
+            RecipientKind::Device => "device",
+        }
+    }
+}
+
+/// Where the exchange hands arrivals for recipients with a webhook.
+pub trait PushSink: Send + Sync + 'static {
+    /// A message is durably waiting in `recipient`'s `Messages`. Called from
+    /// inside protocol calls: it must not block or wait for I/O.
+    fn arrived(&self, recipient: &Id, kind: RecipientKind);
+}
+
+/// The default sink: arrivals are not pushed anywhere.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPush;
+
+impl PushSink for NoPush {
+    fn arrived(&self, _recipient: &Id, _kind: RecipientKind) {}
+}
+
+/// The webhooks in memory: recipient → (kind, URL).
+pub(crate) type Webhooks = std::sync::RwLock<HashMap<Id, (RecipientKind, String)>>;
+
+/// Checks a webhook URL: `http://` or `https://`, a host, an optional
+/// numeric port, no spaces or control characters, at most [`MAX_URL`] bytes.
+pub(crate) fn check_url(url: &str) -> Result<(), ExchangeError> {
+    let bad = |why: &str| {
+        ExchangeError::bad_request("bad_webhook_url", format!("webhook url {url:?}: {why}"))
+    };
+    if url.len() > MAX_URL {
+        return Err(bad(&format!("longer than {MAX_URL} bytes")));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("contains spaces or control characters"));
+    }
+    let lower = url.to_ascii_lowercase();
+    let rest = ["http://", "https://"]
+        .iter()
+        .find_map(|s| lower.strip_prefix(s))
+        .ok_or_else(|| bad("the scheme must be http:// or https://"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let (host, port) = match host_port.rsplit_once(':') {
+        // An IPv6 literal holds colons of its own.
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (host_port, None),
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(bad("a host is required"));
+    }
+    if let Some(p) = port
+        && p.parse::<u16>().is_err()
+    {
+        return Err(bad("the port must be a number up to 65535"));
+    }
+    Ok(())
+}
+
+impl Core {
+    /// The sink arrivals go to now.
+    fn push_sink(&self) -> Arc<dyn PushSink> {
+        self.push
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Messages are durably in `recipient`'s `Messages`: tell the sink, if
+    /// the recipient has a webhook.
+    pub(crate) fn arrived(&self, recipient: &Id) {
+        let kind = self
+            .webhooks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(recipient)
+            .map(|(kind, _)| *kind);
+        if let Some(kind) = kind {
+            self.push_sink().arrived(recipient, kind);
+        }
+    }
+
+    /// The webhook of `recipient`, if it has one.
+    pub(crate) fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
+        self.webhooks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(recipient)
+            .cloned()
+    }
+
+    /// Sets (or with `None` clears) the webhook of a database or device,
+    /// durably in its session, then in memory. 404 if `id` is not one of
+    /// `kind`; 400 for a bad URL (nothing changes then).
+    pub(crate) async fn set_webhook(
+        &self,
+        kind: RecipientKind,
+        id: &Id,
+        url: Option<String>,
+    ) -> Result<Option<String>, ExchangeError> {
+        let found = self.registry.endpoint(id).map(|e| match e.role {
+            Role::Database => RecipientKind::Database,
+            Role::Device { .. } => RecipientKind::Device,
+        });
+        if found != Some(kind) {
+            return Err(ExchangeError::not_found(format!(
+                "no {} {id}",
+                kind.as_str()
+            )));
+        }
+        if let Some(u) = &url {
+            check_url(u)?;
+        }
+        let key = match kind {
+            RecipientKind::Database => db_key(id),
+            RecipientKind::Device => dev_key(id),
+        };
+        let mut g = self.sessions()?.get(key, true).await?.ok_or_else(|| {
+            ExchangeError::unavailable("storage_error", "recipient session unavailable")
+        })?;
+        let before = g.state().webhook.clone();
+        g.persistent_mut().webhook = url.clone();
+        if let Err(e) = g.save().await {
+            g.persistent_mut().webhook = before;
+            return Err(e.into());
+        }
+        g.release().await?;
+        {
+            let mut map = self
+                .webhooks
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &url {
+                Some(u) => map.insert(id.clone(), (kind, u.clone())),
+                None => map.remove(id),
+            };
+        }
+        tracing::info!(target: "estafeta::event", recipient = %id, kind = kind.as_str(), webhook = url.as_deref().unwrap_or("-"), "webhook set");
+        Ok(url)
+    }
+
+    /// Reads every recipient's webhook from its session (start-up; run
+    /// again after a failed start-up, it reads the same).
+    pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
+        let mut map = HashMap::new();
+        let recipients = self
+            .registry
+            .databases()
+            .into_iter()
+            .map(|e| (RecipientKind::Database, db_key(&e.id), e.id))
+            .chain(
+                self.registry
+                    .devices()
+                    .into_iter()
+                    .map(|e| (RecipientKind::Device, dev_key(&e.id), e.id)),
+            );
+        for (kind, key, id) in recipients {
+            if let Some(g) = self.sessions()?.get(key, false).await?
+                && let Some(url) = g.state().webhook.clone()
+            {
+                map.insert(id, (kind, url));
+            }
+        }
+        // A webhook set while this ran (the admin API answers during
+        // start-up) is newer than what was read: it stays.
+        let mut known = self
+            .webhooks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (id, hook) in map {
+            known.entry(id).or_insert(hook);
+        }
+        Ok(())
+    }
+}
+
+impl super::Exchange {
+    /// Send arrivals for recipients with a webhook to `sink` from now on
+    /// (the default drops them).
+    pub fn set_push_sink(&self, sink: Arc<dyn PushSink>) {
+        *self
+            .core
+            .push
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = sink;
+    }
+
+    /// Admin: set (or with `None` clear) the webhook of a database or a
+    /// device; the stored value. 403 for a non-admin, 404 for an unknown
+    /// id, 400 for a bad URL.
+    pub async fn set_webhook(
+        &self,
+        who: &Principal,
+        kind: RecipientKind,
+        id: Id,
+        url: Option<String>,
+    ) -> Result<Option<String>, ExchangeError> {
+        admin(who)?;
+        self.detached(move |core| async move { core.set_webhook(kind, &id, url).await })
+            .await
+    }
+
+    /// The webhook of a database or device, with its kind (start-up
+    /// processing loads them; before it, none is known).
+    pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
+        self.core.webhook(recipient)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_urls_need_http_a_host_and_a_good_port() {
+        for good in [
+            "http://127.0.0.1:9000/hook",
+            "https://hooks.example.org/a?b=c",
+            "HTTP://Example.org",
+            "http://user:pw@example.org:8080/",
+            "http://[::1]:8080/x",
+        ] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "ftp://example.org/",
+            "http://",
+            "http:///path",
+            "http://example.org:99999/",
+            "http://example.org:port/",
+            "http://exa mple.org/",
+            "example.org/hook",
+        ] {
+            let e = check_url(bad).unwrap_err();
+            assert_eq!(e.code(), "bad_webhook_url", "{bad}");
+        }
+        assert!(check_url(&format!("http://a.b/{}", "x".repeat(MAX_URL))).is_err());
+    }
+}

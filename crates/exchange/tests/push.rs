@@ -1,0 +1,177 @@
+//! Push hand-off: the exchange tells its [`PushSink`] about a recipient
+//! with a webhook once a message for it is in its `Messages` folder (an
+//! upload, a committed reply), never about one without; the webhook is
+//! kept in the recipient's session across a restart, and the admin call
+//! that sets it refuses what is not an admin or not a good URL.
+
+#[path = "common/world.rs"]
+mod world;
+
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::{Body, CallStatus, ResultStatus, SendMessage, Version};
+use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind};
+use estafeta_session::Timestamp as SessionTime;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use world::World;
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// Records each arrival with the number of files its recipient's
+/// `Messages` held at that moment (the message must be there already).
+struct Recorder {
+    data: PathBuf,
+    seen: Mutex<Vec<(String, RecipientKind, usize)>>,
+}
+
+impl Recorder {
+    fn new(w: &World) -> Arc<Recorder> {
+        let r = Arc::new(Recorder {
+            data: w.data(),
+            seen: Mutex::new(Vec::new()),
+        });
+        w.ex.set_push_sink(r.clone());
+        r
+    }
+
+    fn take(&self) -> Vec<(String, RecipientKind, usize)> {
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+impl PushSink for Recorder {
+    fn arrived(&self, recipient: &Id, kind: RecipientKind) {
+        let files = std::fs::read_dir(self.data.join(recipient.as_str()).join("Messages"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0);
+        self.seen
+            .lock()
+            .unwrap()
+            .push((recipient.to_string(), kind, files));
+    }
+}
+
+fn upload_to(db: &str) -> SendMessage {
+    SendMessage {
+        version: Version,
+        to: id(db),
+        body: Body::from_json("{}").unwrap(),
+        created_at: None,
+        deliver_at: None,
+        idempotency_key: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn arrivals_for_recipients_with_a_webhook_reach_the_sink_after_the_file() {
+    let w = World::new().await;
+    let rec = Recorder::new(&w);
+    let url = Some("http://127.0.0.1:9/hook".to_owned());
+    for (kind, who) in [
+        (RecipientKind::Database, "db-a"),
+        (RecipientKind::Device, "phone-1"),
+    ] {
+        let stored =
+            w.ex.set_webhook(&w.admin, kind, id(who), url.clone())
+                .await
+                .unwrap();
+        assert_eq!(stored, url);
+        assert_eq!(w.ex.webhook(&id(who)), Some((kind, url.clone().unwrap())));
+    }
+
+    w.upload(1).await;
+    assert_eq!(
+        rec.take(),
+        vec![("db-a".into(), RecipientKind::Database, 1)]
+    );
+    w.ex.send(&w.phone, upload_to("db-b")).await.unwrap();
+    assert!(rec.take().is_empty(), "db-b has no webhook");
+
+    let start = w.start().await;
+    let pid = start.process_id.unwrap().to_string();
+    let results = World::results(&start, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 2).await, CallStatus::Ok);
+    assert!(
+        rec.take().is_empty(),
+        "replies in Prepared are not arrivals"
+    );
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(
+        rec.take(),
+        vec![("phone-1".into(), RecipientKind::Device, 2)],
+        "one call for both replies"
+    );
+    assert_eq!(w.files("phone-1", Folder::Messages), 2);
+
+    // Kept in the sessions: after a restart the webhooks are known again.
+    let w = w.restart(SessionTime(1_800_000_100_000)).await;
+    let rec = Recorder::new(&w);
+    assert_eq!(
+        w.ex.webhook(&id("db-a")).map(|(k, _)| k),
+        Some(RecipientKind::Database)
+    );
+    w.upload(1).await;
+    assert_eq!(
+        rec.take(),
+        vec![("db-a".into(), RecipientKind::Database, 1)]
+    );
+
+    // Cleared: no more arrivals.
+    assert_eq!(
+        w.ex.set_webhook(&w.admin, RecipientKind::Database, id("db-a"), None)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(w.ex.webhook(&id("db-a")), None);
+    w.upload(1).await;
+    assert!(rec.take().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn setting_a_webhook_needs_the_admin_a_known_recipient_and_a_good_url() {
+    let w = World::new().await;
+    let good = Some("https://hooks.example.org/x".to_owned());
+    let kind_of =
+        |r: Result<Option<String>, estafeta_exchange::ExchangeError>| r.unwrap_err().kind();
+    for who in [&w.db, &w.phone] {
+        let r =
+            w.ex.set_webhook(who, RecipientKind::Database, id("db-a"), good.clone())
+                .await;
+        assert_eq!(kind_of(r), ErrorKind::Forbidden);
+    }
+    for (kind, who) in [
+        (RecipientKind::Database, "nope"),
+        (RecipientKind::Database, "phone-1"),
+        (RecipientKind::Device, "db-a"),
+    ] {
+        let r =
+            w.ex.set_webhook(&w.admin, kind, id(who), good.clone())
+                .await;
+        assert_eq!(kind_of(r), ErrorKind::NotFound, "{who}");
+    }
+    let bad =
+        w.ex.set_webhook(
+            &w.admin,
+            RecipientKind::Database,
+            id("db-a"),
+            Some("mailto:ops@example.org".into()),
+        )
+        .await;
+    let e = bad.unwrap_err();
+    assert_eq!(
+        (e.kind(), e.code()),
+        (ErrorKind::BadRequest, "bad_webhook_url")
+    );
+    assert_eq!(
+        w.ex.webhook(&id("db-a")),
+        None,
+        "a refused call changes nothing"
+    );
+}

@@ -1,0 +1,344 @@
+//! [`Pusher`]: push notifications to the webhooks of databases and devices,
+//! the server's [`PushSink`].
+//!
+//! When a message lands in a recipient's `Messages` (durably) and the
+//! recipient has a webhook, the exchange calls [`PushSink::arrived`]. The
+//! pusher then:
+//!
+//! 1. coalesces: while a notification for that recipient is pending
+//!    (scheduled, queued, unanswered or retrying) a new arrival only marks
+//!    it "again", and one more notification goes after it settles, so a
+//!    burst of any size costs at most two POSTs;
+//! 2. otherwise schedules one in the repeat scheduler
+//!    (`<data>/.estafeta/push-repeat.redb`, on the exchange's clock), due at
+//!    once, so that a pending push survives a restart;
+//! 3. the scheduler's handler POSTs `{"version":1,"event":"messages_waiting",
+//!    "recipient","kind","at"}` (never a message body) to the webhook read
+//!    at that moment, through the HTTP send queue's `push` type (its own
+//!    window; queueable while the host is down; the host's health probes
+//!    decide down and up); a failure is retried with exponential backoff.
+//!
+//! The arrival call itself only takes a lock and, for the first arrival of
+//! a burst, spawns the durable scheduling: it never blocks a protocol call.
+//! A crash between an arrival and that write loses the notification (the
+//! message itself is durable and waiting).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use estafeta_exchange::service::Listed;
+use estafeta_exchange::{Exchange, Id, PushSink, RecipientKind};
+use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
+use estafeta_sendq::WebhookRequest;
+use serde::{Deserialize, Serialize};
+
+use super::backlog::{self, Backlog, LastErrors, Row};
+use super::outbound::{HttpOut, Outbound, PUSH, host_of};
+use super::{Notifier, NotifyError};
+
+/// The repeat source of push notifications.
+pub const SOURCE: &str = "push";
+/// The longest wait between two attempts.
+const MAX_RETRY: Duration = Duration::from_secs(3600);
+/// Notifications handled at once.
+const WORKERS: usize = 8;
+
+/// A repeat entry's payload: whom to notify.
+#[derive(Debug, Serialize, Deserialize)]
+struct Push {
+    recipient: Id,
+    kind: RecipientKind,
+}
+
+/// The exchange's clock as the repeat scheduler's, so a test that moves
+/// one moves both.
+struct ExchangeClock(Exchange);
+
+impl estafeta_repeat::Clock for ExchangeClock {
+    fn now(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.now().as_millis()).unwrap_or(0))
+    }
+}
+
+/// Sends push notifications. Cheap to clone.
+#[derive(Clone)]
+pub struct Pusher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    exchange: Exchange,
+    outbound: Outbound,
+    scheduler: Scheduler<Listed<RedbStore>, ExchangeClock>,
+    store: Arc<RedbStore>,
+    errors: LastErrors,
+    /// Recipients with a notification pending → whether more arrived since.
+    pending: Mutex<HashMap<Id, bool>>,
+    /// Makes entry ids unique within a millisecond.
+    seq: AtomicU64,
+}
+
+impl Pusher {
+    /// Opens the push store under `<data>/.estafeta/` and sends through the
+    /// notifier's queues, retrying after the notifier's first wait.
+    /// Notifications pending from an earlier run are picked up.
+    pub async fn open(notifier: &Notifier, exchange: Exchange) -> Result<Self, NotifyError> {
+        let path = notifier
+            .settings()
+            .data_dir
+            .join(".estafeta/push-repeat.redb");
+        let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
+            .await
+            .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
+        let store = Arc::new(store);
+        let options = Options {
+            retry: RetryPolicy {
+                first: notifier.settings().retry,
+                max: MAX_RETRY,
+            },
+            ..Options::default()
+        };
+        let scheduler = Scheduler::new(
+            Listed(store.clone()),
+            ExchangeClock(exchange.clone()),
+            options,
+        );
+        // What an earlier run left pending is pending now: arrivals for
+        // those recipients coalesce into it.
+        let earlier = {
+            let listed = Listed(store.clone());
+            tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX))
+                .await
+                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??
+        };
+        let pending = earlier
+            .iter()
+            .filter_map(|e| serde_json::from_slice::<Push>(&e.payload).ok())
+            .map(|p| (p.recipient, false))
+            .collect();
+        let pusher = Pusher {
+            inner: Arc::new(Inner {
+                exchange,
+                outbound: notifier.outbound().clone(),
+                scheduler,
+                store,
+                errors: LastErrors::default(),
+                pending: Mutex::new(pending),
+                seq: AtomicU64::new(0),
+            }),
+        };
+        Ok(pusher)
+    }
+
+    /// Sends due notifications until `stop` resolves, and every `probe`
+    /// (when not zero) looks for webhook hosts that came back up. Start it
+    /// once start-up processing is done (the webhooks are known then).
+    pub async fn run(&self, probe: Duration, stop: impl Future<Output = ()> + Send) {
+        let me = self.clone();
+        let handler = move |entry: Entry| {
+            let me = me.clone();
+            async move { me.deliver(entry).await }
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let watcher = tokio::spawn(self.clone().watch_hosts(probe, stop_rx));
+        if let Err(e) = self
+            .inner
+            .scheduler
+            .run(WorkerPool::new(WORKERS), handler, stop)
+            .await
+        {
+            tracing::error!(error = %e, "push delivery stopped");
+        }
+        stop_tx.send_replace(true);
+        if let Err(e) = watcher.await {
+            tracing::error!(error = %e, "the push host watcher panicked");
+        }
+        self.close().await;
+    }
+
+    /// Stops accepting new notifications and releases the store once the
+    /// last write is durable (what is pending stays for the next start).
+    pub async fn close(&self) {
+        self.inner.scheduler.close().await;
+    }
+
+    /// A host that was down and is up again gets its notifications at
+    /// once, rather than when their backoff runs out (attempts restart).
+    async fn watch_hosts(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if period.is_zero() {
+            let _ = stop.wait_for(|s| *s).await;
+            return;
+        }
+        let mut tick = tokio::time::interval(period);
+        let mut down = HashSet::new();
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            for host in self.inner.outbound.http_hosts() {
+                match self.inner.outbound.http.is_down(&host) {
+                    Some(true) => {
+                        down.insert(host);
+                    }
+                    _ if down.remove(&host) => self.hurry(&host).await,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Makes the notifications for `host` that wait for a retry due now.
+    async fn hurry(&self, host: &str) {
+        use estafeta_repeat::Clock;
+        let now = self.inner.scheduler.clock().now_secs();
+        let listed = Listed(self.inner.store.clone());
+        let entries =
+            match tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX)).await {
+                Ok(Ok(entries)) => entries,
+                Ok(Err(e)) => return tracing::error!(error = %e, "reading pending pushes failed"),
+                Err(e) => return tracing::error!(error = %e, "reading pending pushes failed"),
+            };
+        for entry in entries.iter().filter(|e| e.due > now) {
+            let for_host = serde_json::from_slice::<Push>(&entry.payload)
+                .ok()
+                .and_then(|p| self.inner.exchange.webhook(&p.recipient))
+                .and_then(|(_, url)| host_of(&url))
+                .is_some_and(|h| h == host);
+            if for_host && let Err(e) = self.inner.scheduler.reschedule(&entry.id, now).await {
+                tracing::error!(error = %e, "rescheduling a push failed");
+            }
+        }
+        tracing::info!(
+            host,
+            "webhook host is up; its waiting push notifications go now"
+        );
+    }
+
+    /// Pending notifications (the first `limit`, soonest first), with their
+    /// attempts and last error.
+    pub async fn pending(&self, limit: usize) -> Result<Vec<Row>, estafeta_repeat::StoreError> {
+        backlog::rows(&self.inner.store, SOURCE, limit, &self.inner.errors).await
+    }
+
+    /// The push backlog at the exchange's clock.
+    pub async fn backlog(&self) -> Result<Backlog, estafeta_repeat::StoreError> {
+        use estafeta_repeat::Clock;
+        let now = self.inner.scheduler.clock().now_secs();
+        backlog::backlog(&self.inner.store, SOURCE, now).await
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Id, bool>> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Schedules a notification for `recipient`, due now; on failure the
+    /// recipient is no longer pending (the next arrival tries again).
+    async fn schedule(self, recipient: Id, kind: RecipientKind) {
+        use estafeta_repeat::Clock;
+        let now = self.inner.scheduler.clock();
+        let id = format!(
+            "{}/{recipient}/{}-{}",
+            kind.as_str(),
+            now.now().as_millis(),
+            self.inner.seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let scheduled = match serde_json::to_vec(&Push {
+            recipient: recipient.clone(),
+            kind,
+        }) {
+            Ok(payload) => self
+                .inner
+                .scheduler
+                .schedule(SOURCE, now.now_secs(), &id, &payload)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = scheduled {
+            tracing::error!(%recipient, error = %e, "scheduling a push notification failed");
+            self.lock().remove(&recipient);
+        }
+    }
+
+    /// One due notification: sent, or failed for a retry with backoff.
+    async fn deliver(&self, entry: Entry) -> Outcome {
+        let push: Push = match serde_json::from_slice(&entry.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(id = entry.id, error = %e, "unreadable push notification dropped");
+                return Outcome::Done;
+            }
+        };
+        let Some((kind, url)) = self.inner.exchange.webhook(&push.recipient) else {
+            tracing::info!(recipient = %push.recipient, "webhook cleared; push notification dropped");
+            return self.settled(&entry, &push.recipient);
+        };
+        let Some(host) = host_of(&url) else {
+            tracing::error!(recipient = %push.recipient, url, "webhook url has no host; push notification dropped");
+            return self.settled(&entry, &push.recipient);
+        };
+        self.inner.outbound.note_host(&host);
+        let body = serde_json::json!({
+            "version": 1,
+            "event": "messages_waiting",
+            "recipient": push.recipient,
+            "kind": kind,
+            "at": self.inner.exchange.now(),
+        });
+        let call = HttpOut::Webhook(WebhookRequest { url, body });
+        let sent = match self.inner.outbound.http.submit(host, PUSH, call) {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(_) => {
+                tracing::info!(target: "estafeta::event", recipient = %push.recipient, "push notification delivered");
+                self.settled(&entry, &push.recipient)
+            }
+            Err(e) => {
+                tracing::warn!(recipient = %push.recipient, attempt = entry.attempt + 1, error = %e, "push notification failed; will retry");
+                self.inner.errors.set(&entry.id, e.to_string());
+                Outcome::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// The notification settled: one more goes if messages arrived since
+    /// it was scheduled, else the recipient is no longer pending.
+    fn settled(&self, entry: &Entry, recipient: &Id) -> Outcome {
+        use estafeta_repeat::Clock;
+        self.inner.errors.clear(&entry.id);
+        let mut pending = self.lock();
+        match pending.get_mut(recipient) {
+            Some(again) if *again => {
+                *again = false;
+                Outcome::Reschedule(self.inner.scheduler.clock().now_secs())
+            }
+            _ => {
+                pending.remove(recipient);
+                Outcome::Done
+            }
+        }
+    }
+}
+
+impl PushSink for Pusher {
+    fn arrived(&self, recipient: &Id, kind: RecipientKind) {
+        {
+            let mut pending = self.lock();
+            if let Some(again) = pending.get_mut(recipient) {
+                *again = true;
+                return;
+            }
+            pending.insert(recipient.clone(), false);
+        }
+        tokio::spawn(self.clone().schedule(recipient.clone(), kind));
+    }
+}
