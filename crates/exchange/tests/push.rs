@@ -1,8 +1,9 @@
 //! Push hand-off: the exchange tells its [`PushSink`] about a recipient
 //! with a webhook once a message for it is in its `Messages` folder (an
 //! upload, a committed reply), never about one without; the webhook is
-//! kept in the recipient's session across a restart, and the admin call
-//! that sets it refuses what is not an admin or not a good URL.
+//! kept in the recipient's session across a restart (where recipients with
+//! messages still waiting are pushed again), and the admin call that sets
+//! it refuses what is not an admin or not a good URL.
 
 #[path = "common/world.rs"]
 mod world;
@@ -173,5 +174,32 @@ async fn setting_a_webhook_needs_the_admin_a_known_recipient_and_a_good_url() {
         w.ex.webhook(&id("db-a")),
         None,
         "a refused call changes nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_restart_recipients_with_waiting_messages_are_pushed_again() {
+    let w = World::new().await;
+    let url = Some("http://127.0.0.1:9/hook".to_owned());
+    for (kind, who) in [
+        (RecipientKind::Database, "db-a"),
+        (RecipientKind::Database, "db-b"),
+        (RecipientKind::Device, "phone-1"),
+    ] {
+        w.ex.set_webhook(&w.admin, kind, id(who), url.clone())
+            .await
+            .unwrap();
+    }
+    w.upload(2).await;
+
+    // The pushes of those arrivals may not have been scheduled durably
+    // before the stop: start-up processing announces what waits.
+    let w = w.restart(SessionTime(1_800_000_100_000)).await;
+    let rec = Recorder::new(&w);
+    w.ex.recover().await.unwrap();
+    assert_eq!(
+        rec.take(),
+        vec![("db-a".into(), RecipientKind::Database, 2)],
+        "db-b and phone-1 have nothing waiting"
     );
 }

@@ -14,6 +14,7 @@ use super::core::Core;
 use super::error::ExchangeError;
 use super::state::{db_key, dev_key};
 use crate::Id;
+use crate::mailbox::{Folder, Location};
 use crate::tenancy::{Principal, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -175,6 +176,30 @@ impl Core {
         }
         tracing::info!(target: "estafeta::event", recipient = %id, kind = kind.as_str(), webhook = url.as_deref().unwrap_or("-"), "webhook set");
         Ok(url)
+    }
+
+    /// After a restart, every recipient with a webhook and messages waiting
+    /// in its `Messages` is pushed again: an arrival whose push was not yet
+    /// scheduled durably when the server stopped is still announced (at
+    /// least once; a recipient may get one notification more).
+    pub(crate) async fn push_waiting(&self) {
+        let hooked: Vec<Id> = self
+            .webhooks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        for id in hooked {
+            let messages = Location::new(id.clone(), Folder::Messages);
+            match self.mailboxes.list_names(&messages).await {
+                Ok(names) if !names.is_empty() => self.arrived(&id),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(recipient = %id, error = %e, "start-up push: listing Messages failed")
+                }
+            }
+        }
     }
 
     /// Reads every recipient's webhook from its session (start-up; run

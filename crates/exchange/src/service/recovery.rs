@@ -69,6 +69,7 @@ impl Core {
         report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
         report.expired_files = self.retention_sweep().await?;
         self.load_webhooks().await?;
+        self.push_waiting().await;
         self.ready.store(true, Ordering::SeqCst);
         self.became_ready.notify_waiters();
         tracing::info!(target: "estafeta::event", ?report, "start-up processing done");

@@ -20,8 +20,9 @@
 //!
 //! The arrival call itself only takes a lock and, for the first arrival of
 //! a burst, spawns the durable scheduling: it never blocks a protocol call.
-//! A crash between an arrival and that write loses the notification (the
-//! message itself is durable and waiting).
+//! A crash between an arrival and that write would lose the notification;
+//! start-up processing therefore pushes every recipient whose `Messages`
+//! still holds something (at least once: one notification more at most).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
