@@ -921,3 +921,197 @@ impl<H, P, A> State<H, P, A> {
         idle
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TypeConfig;
+
+    type TestState = State<&'static str, u32, u32>;
+
+    fn state(types: Vec<TypeConfig>) -> TestState {
+        let config = Arc::new(QueueConfig::new(types));
+        let admission = Arc::new(Mutex::new(Admission::new(config.workers)));
+        State::new(config, admission, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// Adds a plain entry the way `SendQueue::add` does: through the intake.
+    fn add(st: &mut TestState, host: &'static str, payload: u32) {
+        let (tx, _rx) = oneshot::channel();
+        let mut admission = st.admit();
+        let host_key = admission.check(&host, true).unwrap();
+        let entry = Intake {
+            host,
+            host_key,
+            kind: 0,
+            payload: Arc::new(payload),
+            completion: Completion::Channel(tx),
+            added: Instant::now(),
+        };
+        admission.push(entry, |_| {});
+    }
+
+    fn pick(st: &mut TestState, limit: usize) -> VecDeque<Job<&'static str, u32>> {
+        st.absorb();
+        let mut jobs = VecDeque::new();
+        st.pick(&mut jobs, limit);
+        jobs
+    }
+
+    fn payloads(jobs: &VecDeque<Job<&'static str, u32>>) -> Vec<(&'static str, u32)> {
+        jobs.iter()
+            .map(|j| (j.request.host, *j.request.payload))
+            .collect()
+    }
+
+    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32>> {
+        let mut batch = Vec::new();
+        st.take_done(&mut batch);
+        batch
+    }
+
+    /// The sent event of `job`, answered while it was being written.
+    fn answered(job: &Job<&'static str, u32>) -> Written<u32> {
+        Written {
+            id: job.id,
+            host_key: job.host_key,
+            result: Ok(()),
+            parked: Some((Ok(*job.request.payload), false)),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_host_goes_down_after_being_picked_fails_with_host_down() {
+        let mut st = state(vec![TypeConfig::new("a", 2).queueable_if_down()]);
+        add(&mut st, "h", 1);
+        let job = pick(&mut st, 8).pop_front().unwrap();
+        let seen = st.changes.load(Ordering::Acquire);
+        st.host_down(&"h");
+        // The worker sees the change without the lock and takes a second look.
+        assert_ne!(st.changes.load(Ordering::Acquire), seen);
+        assert!(matches!(
+            st.before_write(job.id, job.host_key),
+            Verdict::Skip
+        ));
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 1);
+        assert!(matches!(finished[0].done.result, Err(SendError::HostDown)));
+        // The slot is free again.
+        assert!(!st.window_is_full(&"h", Kind(0)));
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!(stats.in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_host_is_removed_after_being_picked_fails_with_host_removed() {
+        let mut st = state(vec![TypeConfig::new("a", 2)]);
+        add(&mut st, "h", 1);
+        let job = pick(&mut st, 8).pop_front().unwrap();
+        st.remove_host(&"h");
+        add(&mut st, "h", 2);
+        assert!(matches!(
+            st.before_write(job.id, job.host_key),
+            Verdict::Skip
+        ));
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 1);
+        assert!(matches!(
+            finished[0].done.result,
+            Err(SendError::HostRemoved)
+        ));
+        // The new host of the same name is untouched by the old entry's slot.
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!(stats.in_flight, 1);
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_runs_of_each_hosts_entries_and_the_hosts_wait_for_them() {
+        let mut st = state(vec![TypeConfig::new("a", 3)]);
+        for i in 1..=4 {
+            add(&mut st, "h", i);
+        }
+        add(&mut st, "g", 10);
+        let jobs = pick(&mut st, 16);
+        // The window of 3 lets three of h's entries be ready; a run takes them in order.
+        assert_eq!(
+            payloads(&jobs),
+            vec![("h", 1), ("h", 2), ("h", 3), ("g", 10)]
+        );
+        // Both hosts are sending: nothing more until the batch is written.
+        assert!(pick(&mut st, 16).is_empty());
+        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        st.written(&mut written);
+        assert_eq!(payloads(&pick(&mut st, 16)), vec![("h", 4)]);
+        assert_eq!(done(&mut st).len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_at_its_limit_and_the_rest_stays_ready() {
+        let mut st = state(vec![TypeConfig::new("a", 10)]);
+        for i in 1..=5 {
+            add(&mut st, "h", i);
+        }
+        let jobs = pick(&mut st, 2);
+        assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2)]);
+        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        st.written(&mut written);
+        assert_eq!(
+            payloads(&pick(&mut st, 8)),
+            vec![("h", 3), ("h", 4), ("h", 5)]
+        );
+    }
+
+    #[tokio::test]
+    async fn handed_back_jobs_return_in_order_behind_a_probe_that_came_meanwhile() {
+        let mut st = state(vec![TypeConfig::new("a", 10), TypeConfig::probe("p", 3)]);
+        for i in 1..=3 {
+            add(&mut st, "h", i);
+        }
+        let mut jobs = pick(&mut st, 8);
+        assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2), ("h", 3)]);
+        // The first write waits on the network; meanwhile a probe arrives.
+        let first = jobs.pop_front().unwrap();
+        let (tx, _rx) = oneshot::channel();
+        st.add(
+            "h",
+            Kind(1),
+            Arc::new(99),
+            Completion::Channel(tx),
+            Instant::now(),
+        )
+        .unwrap();
+        st.hand_back(&mut jobs);
+        assert!(jobs.is_empty());
+        // The host is still sending the first entry.
+        assert!(pick(&mut st, 8).is_empty());
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!((stats.in_flight, stats.queued), (3, 0));
+        st.written(&mut vec![answered(&first)]);
+        assert_eq!(
+            payloads(&pick(&mut st, 8)),
+            vec![("h", 99), ("h", 2), ("h", 3)]
+        );
+    }
+
+    #[tokio::test]
+    async fn closing_fails_entries_in_the_intake_and_in_the_queues() {
+        let mut st = state(vec![TypeConfig::new("a", 1)]);
+        add(&mut st, "h", 1);
+        add(&mut st, "h", 2);
+        let jobs = pick(&mut st, 8);
+        assert_eq!(jobs.len(), 1);
+        add(&mut st, "h", 3);
+        // The first add woke (and so unlisted) every idle worker.
+        assert!(st.close().is_empty());
+        let mut finished: Vec<u32> = done(&mut st)
+            .into_iter()
+            .map(|f| {
+                assert!(matches!(f.done.result, Err(SendError::ShuttingDown)));
+                *f.done.payload
+            })
+            .collect();
+        finished.sort_unstable();
+        // Being written (1), waiting inline (2) and never filed (3).
+        assert_eq!(finished, vec![1, 2, 3]);
+    }
+}
