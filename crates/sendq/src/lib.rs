@@ -16,7 +16,12 @@
 //!   written one after another, so the host's send concurrency holds) and
 //!   records the batch's sent events under the next; finished entries reach
 //!   the finalizer as one batch. Idle workers and the finalizer are woken
-//!   only when work appears for them. Adding never waits.
+//!   only when work appears for them. The seed's manager task is gone: its
+//!   job (handing ready entries of hosts that are not sending to a free
+//!   worker, round-robin) is done under the lock by whichever worker is free,
+//!   which spares two task wake-ups per entry. A worker whose transport makes
+//!   it wait hands the rest of its batch back to the others. Adding never
+//!   waits.
 //! - Per type: *queueable if down* (kept while the host is down, sent in order
 //!   when it is up) and *prior one-shot* (to the front of the ready queue; a
 //!   second one while the first is unanswered is refused with
