@@ -8,11 +8,20 @@
 //!   open it moves to the host's ready queue, in the order windows opened,
 //!   and counts as in flight until its transport answers or it fails. Only
 //!   the answer (or an error) frees the slot; being written out does not.
-//! - A manager task hands ready entries of hosts with a free send slot (one
-//!   by default, [`QueueConfig::per_host_sends`]) to a bounded pool of send
-//!   workers, round-robin over hosts. A worker that finishes a write takes the
-//!   next host from the same round-robin list itself, which spares two task
-//!   wake-ups per entry when the queue is busy. Adding never waits.
+//! - Send workers hand ready entries of hosts with a free send slot (one by
+//!   default, [`QueueConfig::per_host_sends`]) to the transport, round-robin
+//!   over hosts, from a bounded pool. Work moves in batches: adding only
+//!   appends to an intake that a worker files into the queues; a worker takes
+//!   a batch of jobs under one lock acquisition (a run of a host's entries is
+//!   written one after another, so the host's send concurrency holds) and
+//!   records the batch's sent events under the next; finished entries reach
+//!   the finalizer as one batch. Idle workers and the finalizer are woken
+//!   only when work appears for them. The seed's manager task is gone: its
+//!   job (handing ready entries of hosts that are not sending to a free
+//!   worker, round-robin) is done under the lock by whichever worker is free,
+//!   which spares two task wake-ups per entry. A worker whose transport makes
+//!   it wait hands the rest of its batch back to the others. Adding never
+//!   waits.
 //! - Per type: *queueable if down* (kept while the host is down, sent in order
 //!   when it is up) and *prior one-shot* (to the front of the ready queue; a
 //!   second one while the first is unanswered is refused with
@@ -64,6 +73,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod admission;
 mod config;
 mod error;
 mod http;
@@ -76,6 +86,7 @@ mod state;
 mod transport;
 mod webhook;
 mod window;
+mod worker;
 
 pub use config::{Adaptive, Kind, ProbePolicy, QueueConfig, TypeConfig};
 pub use error::{ConfigError, SendError, TransportError};

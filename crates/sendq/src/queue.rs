@@ -1,23 +1,25 @@
-//! The send queue handle and its background tasks: the manager that hands
-//! ready entries to the send workers, the workers, the deadline watcher and
-//! the single finalizer that runs completions one at a time.
+//! The send queue handle and its background tasks: the send workers (in
+//! [`crate::worker`]), the deadline watcher and the single finalizer that
+//! runs completions one at a time.
 
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
-use std::pin::{Pin, pin};
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::admission::{Admission, Intake};
 use crate::config::{Kind, QueueConfig};
-use crate::error::{ConfigError, SendError, TransportError};
-use crate::state::{Completion, Done, Finished, Job, State, TypeStats, Verdict};
-use crate::transport::{Parking, Reply, ReplySink, Transport};
+use crate::error::{ConfigError, SendError};
+use crate::state::{Completion, Done, Finished, State, TypeStats};
+use crate::transport::{ReplySink, Transport};
+use crate::worker::work;
 
 /// Outbound requests per remote host and per request type, each type with a
 /// window of entries in flight. Cloning gives another handle to the same
@@ -43,11 +45,20 @@ impl<H, P, T: Transport<H, P>> std::fmt::Debug for SendQueue<H, P, T> {
 }
 
 /// What the background tasks share with the handles.
-struct Shared<H, P, T: Transport<H, P>> {
+pub(crate) struct Shared<H, P, T: Transport<H, P>> {
+    config: Arc<QueueConfig>,
     state: Mutex<State<H, P, T::Answer>>,
-    transport: T,
-    manager: Notify,
+    /// Also held by the state; see [`crate::admission`].
+    admission: Arc<Mutex<Admission<H, P, T::Answer>>>,
+    pub(crate) transport: T,
+    /// One per send worker: woken when it is idle and work arrives.
+    pub(crate) workers: Vec<Notify>,
+    /// Woken when the finalizer's batch goes from empty to non-empty.
+    finalizer_wake: Notify,
     expiry: Notify,
+    /// The state's count of host-down, removal and shutdown events, readable
+    /// without the lock.
+    pub(crate) changes: Arc<AtomicU64>,
     finalizer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -63,22 +74,33 @@ impl<H, P, T: Transport<H, P>> Drop for Owner<H, P, T> {
 }
 
 impl<H, P, T: Transport<H, P>> Shared<H, P, T> {
-    fn lock(&self) -> MutexGuard<'_, State<H, P, T::Answer>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State<H, P, T::Answer>> {
         // Nothing panics while holding the lock; recover the state if a bug ever does.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn close(&self) {
-        self.lock().close();
-        self.manager.notify_one();
-        self.expiry.notify_one();
+    fn admit(&self) -> MutexGuard<'_, Admission<H, P, T::Answer>> {
+        self.admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wakes the manager if the state says it has something to do.
-    fn wake_if(&self, work: bool) {
-        if work {
-            self.manager.notify_one();
+    /// Releases the lock and wakes whoever the state says has something to do.
+    pub(crate) fn release(&self, mut st: MutexGuard<'_, State<H, P, T::Answer>>) {
+        let wakes = st.wakes(|worker| self.workers[worker].notify_one());
+        drop(st);
+        if wakes.finalizer {
+            self.finalizer_wake.notify_one();
         }
+    }
+
+    fn close(&self) {
+        let mut st = self.lock();
+        for worker in st.close() {
+            self.workers[worker].notify_one();
+        }
+        self.release(st);
+        self.expiry.notify_one();
     }
 }
 
@@ -89,12 +111,9 @@ where
     T: Transport<H, P>,
 {
     fn settle(&self, id: u64, result: Result<T::Answer, SendError>, abandoned: bool) {
-        let work = {
-            let mut st = self.lock();
-            st.answer(id, result, abandoned);
-            st.has_work()
-        };
-        self.wake_if(work);
+        let mut st = self.lock();
+        st.answer(id, result, abandoned);
+        self.release(st);
     }
 }
 
@@ -112,26 +131,31 @@ where
             reason: e.to_string(),
         })?;
         let config = Arc::new(config);
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let changes = Arc::new(AtomicU64::new(0));
+        let admission = Arc::new(Mutex::new(Admission::new(config.workers)));
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(Arc::clone(&config), done_tx)),
+            config: Arc::clone(&config),
+            state: Mutex::new(State::new(
+                Arc::clone(&config),
+                Arc::clone(&admission),
+                Arc::clone(&changes),
+            )),
+            admission,
             transport,
-            manager: Notify::new(),
+            workers: (0..config.workers).map(|_| Notify::new()).collect(),
+            finalizer_wake: Notify::new(),
             expiry: Notify::new(),
+            changes,
             finalizer: Mutex::new(None),
         });
-        let finalizer = runtime.spawn(finalize(done_rx));
+        let finalizer = runtime.spawn(finalize(Arc::clone(&shared)));
         *shared
             .finalizer
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(finalizer);
-        let mut workers = Vec::with_capacity(config.workers);
         for index in 0..config.workers {
-            let (tx, rx) = mpsc::unbounded_channel();
-            workers.push(tx);
-            runtime.spawn(work(index, Arc::clone(&shared), rx));
+            runtime.spawn(work(index, Arc::clone(&shared)));
         }
-        runtime.spawn(manage(Arc::clone(&shared), workers));
         runtime.spawn(watch_deadlines(Arc::clone(&shared)));
         let owner = Arc::new(Owner {
             shared: Arc::clone(&shared),
@@ -175,17 +199,34 @@ where
         payload: impl Into<Arc<P>>,
         completion: Completion<H, P, T::Answer>,
     ) -> Result<(), SendError> {
-        // Allocate before taking the lock: it is shared with every worker.
+        // Allocate and read the clock before taking a lock.
         let payload = payload.into();
-        let (earliest, work) = {
-            let mut st = self.shared.lock();
-            let earliest = st.add(host, kind, payload, completion, Instant::now())?;
-            (earliest, st.has_work())
+        let now = Instant::now();
+        let Some(tc) = self.shared.config.types.get(kind.0) else {
+            return Err(ConfigError::UnknownKind(kind.0).into());
         };
-        if earliest {
+        if !tc.prior_one_shot && tc.deadline.is_none() {
+            // A plain entry: accepted under the admission lock alone.
+            let shared = &*self.shared;
+            let mut admission = shared.admit();
+            let host_key = admission.check(&host, tc.queueable_if_down || tc.probe.is_some())?;
+            let entry = Intake {
+                host,
+                host_key,
+                kind: kind.0,
+                payload,
+                completion,
+                added: now,
+            };
+            admission.push(entry, |worker| shared.workers[worker].notify_one());
+            return Ok(());
+        }
+        let mut st = self.shared.lock();
+        let earliest = st.add(host, kind, payload, completion, now);
+        self.shared.release(st);
+        if earliest? {
             self.shared.expiry.notify_one();
         }
-        self.shared.wake_if(work);
         Ok(())
     }
 
@@ -193,50 +234,47 @@ where
     /// queued entries of types that are not queueable fail with
     /// [`SendError::HostDown`], queueable ones stay for when it is up.
     pub fn host_down(&self, host: &H) {
-        let work = {
-            let mut st = self.shared.lock();
-            st.host_down(host);
-            st.has_work()
-        };
-        self.shared.wake_if(work);
+        let mut st = self.shared.lock();
+        st.host_down(host);
+        self.shared.release(st);
     }
 
     /// Marks a host up: its queued entries go out, in order.
     pub fn host_up(&self, host: &H) {
-        let work = {
-            let mut st = self.shared.lock();
-            st.host_up(host);
-            st.has_work()
-        };
-        self.shared.wake_if(work);
+        let mut st = self.shared.lock();
+        st.host_up(host);
+        self.shared.release(st);
     }
 
     /// Removes a host: every entry not yet handed to a send worker fails with
     /// [`SendError::HostRemoved`]; entries already sent are settled by their transport.
     pub fn remove_host(&self, host: &H) {
-        let work = {
-            let mut st = self.shared.lock();
-            st.remove_host(host);
-            st.has_work()
-        };
-        self.shared.wake_if(work);
+        let mut st = self.shared.lock();
+        st.remove_host(host);
+        self.shared.release(st);
     }
 
     /// Whether the host is down; `None` if the queue does not know it.
     pub fn is_down(&self, host: &H) -> Option<bool> {
-        self.shared.lock().is_down(host)
+        self.shared.admit().is_down(host)
     }
 
     /// Whether the type's window at this host is full, so a caller can hold
     /// back work it would only queue.
     pub fn window_is_full(&self, host: &H, kind: Kind) -> bool {
-        self.shared.lock().window_is_full(host, kind)
+        let mut st = self.shared.lock();
+        let full = st.window_is_full(host, kind);
+        self.shared.release(st);
+        full
     }
 
     /// Queue depth, entries in flight, the window and the oldest queued
     /// entry's age for one host and type; `None` if unknown.
     pub fn stats(&self, host: &H, kind: Kind) -> Option<TypeStats> {
-        self.shared.lock().stats(host, kind, Instant::now())
+        let mut st = self.shared.lock();
+        let stats = st.stats(host, kind, Instant::now());
+        self.shared.release(st);
+        stats
     }
 
     /// Shuts down: every unfinished entry fails with [`SendError::ShuttingDown`],
@@ -276,106 +314,6 @@ impl<H, P, A> Future for Pending<H, P, A> {
     }
 }
 
-/// The manager: hands ready entries of hosts with a free send slot to idle workers.
-async fn manage<H, P, T>(
-    shared: Arc<Shared<H, P, T>>,
-    workers: Vec<mpsc::UnboundedSender<Job<H, P>>>,
-) where
-    H: Clone + Eq + Hash + Send + Sync + 'static,
-    P: Send + Sync + 'static,
-    T: Transport<H, P>,
-{
-    loop {
-        let jobs = {
-            let mut st = shared.lock();
-            if st.is_closed() {
-                return;
-            }
-            st.dispatch()
-        };
-        for (worker, job) in jobs {
-            // A worker only stops when this sender is dropped, so this cannot fail.
-            let _ = workers[worker].send(job);
-        }
-        shared.manager.notified().await;
-    }
-}
-
-/// One send worker: writes one entry at a time through the transport. After
-/// each write it takes the next ready host itself ([`State::sent`]); with
-/// nothing ready it goes idle and waits for the manager.
-async fn work<H, P, T>(
-    index: usize,
-    shared: Arc<Shared<H, P, T>>,
-    mut jobs: mpsc::UnboundedReceiver<Job<H, P>>,
-) where
-    H: Clone + Eq + Hash + Send + Sync + 'static,
-    P: Send + Sync + 'static,
-    T: Transport<H, P>,
-{
-    // The worker's own parking spot; replies clone this rather than the
-    // shared queue, whose reference count every worker would fight over.
-    let sink: Arc<dyn ReplySink<T::Answer>> = shared.clone();
-    let parking = Arc::new(Parking::new(sink));
-    while let Some(job) = jobs.recv().await {
-        let mut next = Some(job);
-        let mut handed = true;
-        while let Some(Job {
-            id,
-            host_key,
-            request,
-            gone,
-        }) = next.take()
-        {
-            // A job from the manager waited in a channel; a job the worker
-            // picked itself needs a look only if its host changed since.
-            if (handed || gone.load(Ordering::Acquire))
-                && let Verdict::Skip = shared.lock().before_write(index, id, host_key)
-            {
-                break;
-            }
-            handed = false;
-            parking.open(id);
-            let reply = Reply::new(id, Arc::clone(&parking));
-            let result = CatchPanic(pin!(shared.transport.send(request, reply))).await;
-            let parked = parking.close();
-            let work;
-            (next, work) = {
-                let mut st = shared.lock();
-                let next = st.sent(index, id, host_key, result, parked);
-                (next, st.has_work())
-            };
-            shared.wake_if(work);
-            // A transport that never waits would otherwise keep this thread
-            // from every other task (the finalizer among them) while work lasts.
-            tokio::task::consume_budget().await;
-        }
-        let work = shared.lock().has_work();
-        shared.wake_if(work);
-    }
-}
-
-/// Turns a panic inside a transport's send into an error for that entry, so
-/// a transport bug costs one entry, not a send worker.
-struct CatchPanic<F>(F);
-
-impl<F: Future<Output = Result<(), SendError>> + Unpin> Future for CatchPanic<F> {
-    type Output = Result<(), SendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = &mut self.0;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
-            Ok(poll) => poll,
-            Err(_) => {
-                tracing::error!("a send queue transport panicked while sending");
-                Poll::Ready(Err(
-                    TransportError::Other("the transport panicked".into()).into()
-                ))
-            }
-        }
-    }
-}
-
 /// Fails queued entries whose deadline passed, sleeping on Tokio time until the next one.
 async fn watch_deadlines<H, P, T>(shared: Arc<Shared<H, P, T>>)
 where
@@ -384,15 +322,15 @@ where
     T: Transport<H, P>,
 {
     loop {
-        let (next, work) = {
+        let next = {
             let mut st = shared.lock();
             if st.is_closed() {
                 return;
             }
             let next = st.expire_due(Instant::now());
-            (next, st.has_work())
+            shared.release(st);
+            next
         };
-        shared.wake_if(work);
         match next {
             Some(at) => {
                 tokio::select! {
@@ -405,10 +343,24 @@ where
     }
 }
 
-/// The finalizer: runs completions one at a time, outside every lock.
-async fn finalize<H, P, A>(mut done: mpsc::UnboundedReceiver<Finished<H, P, A>>) {
-    let mut batch = Vec::with_capacity(64);
-    while done.recv_many(&mut batch, 64).await > 0 {
+/// The finalizer: takes the finished entries a batch at a time and runs
+/// their completions one at a time, outside every lock. It ends once the
+/// queue is closed and nothing is left.
+async fn finalize<H, P, T: Transport<H, P>>(shared: Arc<Shared<H, P, T>>) {
+    let mut batch: Vec<Finished<H, P, T::Answer>> = Vec::new();
+    loop {
+        let closed = {
+            let mut st = shared.lock();
+            st.take_done(&mut batch);
+            st.is_closed()
+        };
+        if batch.is_empty() {
+            if closed {
+                return;
+            }
+            shared.finalizer_wake.notified().await;
+            continue;
+        }
         for Finished { completion, done } in batch.drain(..) {
             match completion {
                 Completion::Callback(callback) => {

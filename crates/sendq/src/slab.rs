@@ -1,6 +1,7 @@
 //! A slab with generation-tagged keys: entries and hosts are looked up by a
 //! `u64` key without hashing, and a key to a freed slot never finds the slot's
-//! next occupant.
+//! next occupant. A [`Mirror`] stores values under keys another slab handed
+//! out, so two structures behind different locks can share host keys.
 
 /// Values stored by key; see the module documentation.
 #[derive(Debug)]
@@ -85,6 +86,58 @@ impl<T> Slab<T> {
     }
 }
 
+/// Values stored under keys handed out by a [`Slab`] elsewhere; a key finds
+/// only the value stored under that very key (same slot and generation).
+#[derive(Debug)]
+pub(crate) struct Mirror<T> {
+    slots: Vec<Option<(u64, T)>>,
+}
+
+impl<T> Mirror<T> {
+    pub(crate) fn new() -> Self {
+        Self { slots: Vec::new() }
+    }
+
+    pub(crate) fn get(&self, key: u64) -> Option<&T> {
+        match self.slots.get(split(key).0) {
+            Some(Some((k, value))) if *k == key => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut T> {
+        match self.slots.get_mut(split(key).0) {
+            Some(Some((k, value))) if *k == key => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Stores `value` under `key`, replacing whatever its slot held.
+    pub(crate) fn insert(&mut self, key: u64, value: T) {
+        let index = split(key).0;
+        if self.slots.len() <= index {
+            self.slots.resize_with(index + 1, || None);
+        }
+        self.slots[index] = Some((key, value));
+    }
+
+    pub(crate) fn remove(&mut self, key: u64) -> Option<T> {
+        let slot = self.slots.get_mut(split(key).0)?;
+        match slot.take() {
+            Some((k, value)) if k == key => Some(value),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// Keys of every stored value.
+    pub(crate) fn keys(&self) -> Vec<u64> {
+        self.slots.iter().flatten().map(|(k, _)| *k).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +153,24 @@ mod tests {
         assert_eq!(slab.remove(a), None);
         assert_eq!(slab.get(b), Some(&"b"));
         assert_eq!(slab.keys(), vec![b]);
+    }
+
+    #[test]
+    fn a_mirror_finds_only_the_key_it_was_given() {
+        let mut slab = Slab::new();
+        let mut mirror = Mirror::new();
+        let a = slab.insert(());
+        mirror.insert(a, 1);
+        *mirror.get_mut(a).unwrap() += 1;
+        assert_eq!(mirror.get(a), Some(&2));
+        slab.remove(a);
+        let b = slab.insert(());
+        assert_eq!(mirror.get(b), None);
+        assert_eq!(mirror.remove(b), None);
+        assert_eq!(mirror.get(a), Some(&2));
+        mirror.insert(b, 7);
+        assert_eq!(mirror.get(a), None);
+        assert_eq!(mirror.keys(), vec![b]);
+        assert_eq!(mirror.remove(b), Some(7));
     }
 }

@@ -1,28 +1,44 @@
 //! The queue's bookkeeping, behind one lock: hosts, their per-type queues and
 //! windows, the ready queues, the round-robin list of hosts to serve, idle
-//! workers and deadlines.
+//! workers, deadlines, and the batches that pass between the tasks.
 //!
 //! Everything here is synchronous and never waits; the tasks in
-//! [`crate::queue`] call into it and do their waiting outside the lock.
-//! Finished entries leave through an unbounded channel to the finalizer, so
-//! no completion runs while the lock is held. Entries and hosts live in slabs
-//! and refer to each other by key, so the host's own key is hashed only when
-//! a caller names it.
+//! [`crate::queue`] and [`crate::worker`] call into it and do their waiting
+//! outside the lock. Work moves in batches, so that one lock acquisition
+//! serves many entries:
+//!
+//! - `add` checks a plain entry (no deadline, not a one-shot) under the
+//!   admission lock alone ([`crate::admission`]) and appends it to the
+//!   *intake*; the next holder of this lock that needs an exact picture (a
+//!   worker, `stats`, `host_down`, …) files the intake into the queues first.
+//!   The adding thread then writes one contiguous buffer instead of slab
+//!   slots and queues that a worker on another core touched last, and never
+//!   waits for a worker's batch.
+//! - A worker takes a batch of jobs (runs of one host's ready entries, hosts
+//!   round-robin) and hands back the results of its previous batch under the
+//!   same lock acquisition.
+//! - Finished entries collect in the *done* batch, which the finalizer takes
+//!   whole; it is woken only when that batch goes from empty to non-empty.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::Hash;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::admission::{Admission, Intake};
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
-use crate::slab::Slab;
+use crate::slab::{Mirror, Slab};
 use crate::transport::{EarlyAnswer, Request};
 use crate::window::Window;
+
+/// Most entries of one host a worker takes in a row; they are written one
+/// after another, which keeps within the host's send concurrency.
+const HOST_RUN: usize = 32;
 
 /// How an entry ended, handed to its completion.
 #[derive(Debug)]
@@ -86,27 +102,40 @@ struct Entry<H, P, A> {
     started: Option<Instant>,
 }
 
-struct TypeQueue {
-    /// Keys of waiting entries in order of adding; keys of entries that left
-    /// early (expired) are skipped when met.
-    waiting: VecDeque<u64>,
+/// An entry waiting for its type's window. Plain entries wait inline, so
+/// the slab holds only entries that are in flight (few, and hot in cache)
+/// and a long queue is read front to back.
+enum Waiter<H, P, A> {
+    Plain(Intake<H, P, A>),
+    /// An entry with a deadline or a prior one-shot, in the slab so the
+    /// deadline watcher can find it by key.
+    Keyed(u64),
+}
+
+/// A waiting queue longer than this gives its memory back once it empties.
+const WAITING_KEEP: usize = 1024;
+
+struct TypeQueue<H, P, A> {
+    /// Waiting entries in order of adding; keys of entries that left early
+    /// (expired) are skipped when met.
+    waiting: VecDeque<Waiter<H, P, A>>,
     waiting_live: usize,
     in_flight: usize,
     window: Window,
     one_shot_busy: bool,
 }
 
-struct HostQueue {
-    types: Vec<TypeQueue>,
+struct HostQueue<H, P, A> {
+    types: Vec<TypeQueue<H, P, A>>,
     /// Entry keys in the order their windows opened (prior one-shots in front).
     ready: VecDeque<u64>,
+    /// Entries of this host held by workers and not yet written. A worker
+    /// starts taking a host's entries only while this is below the host's
+    /// send concurrency, and writes the ones it holds one at a time, so at
+    /// most that many are ever being written at once.
     sending: usize,
     in_hostq: bool,
     down: bool,
-    /// Set while the host is down, and for good once it is removed or the
-    /// queue closes: lets a worker see without the lock whether a job it
-    /// picked needs a second look before writing.
-    gone: Arc<AtomicBool>,
     probe_failures: u32,
 }
 
@@ -115,11 +144,18 @@ pub(crate) struct Job<H, P> {
     pub(crate) id: u64,
     pub(crate) host_key: u64,
     pub(crate) request: Request<H, P>,
-    /// The host's [`HostQueue::gone`] flag.
-    pub(crate) gone: Arc<AtomicBool>,
 }
 
-/// What a worker should do with a job it received.
+/// A job a worker has written (or failed to write), for [`State::written`].
+pub(crate) struct Written<A> {
+    pub(crate) id: u64,
+    pub(crate) host_key: u64,
+    pub(crate) result: Result<(), SendError>,
+    /// The answer given while the transport was still writing, if any.
+    pub(crate) parked: Option<EarlyAnswer<A>>,
+}
+
+/// What a worker should do with a job whose host changed since it was picked.
 pub(crate) enum Verdict {
     /// Write it.
     Send,
@@ -140,17 +176,33 @@ pub struct TypeStats {
     pub oldest_queued: Option<Duration>,
 }
 
+/// Tasks to wake once the lock is released; see [`State::wakes`].
+pub(crate) struct Wakes {
+    /// The finalizer has a batch waiting.
+    pub(crate) finalizer: bool,
+}
+
 /// The queue's state; see the module documentation.
 pub(crate) struct State<H, P, A> {
     config: Arc<QueueConfig>,
-    names: HashMap<H, u64>,
-    hosts: Slab<HostQueue>,
+    /// Host names and keys, down flags, the intake and the idle workers.
+    admission: Arc<Mutex<Admission<H, P, A>>>,
+    /// Per host key (handed out by the admission).
+    hosts: Mirror<HostQueue<H, P, A>>,
     entries: Slab<Entry<H, P, A>>,
+    /// The intake's other buffer, kept so filing allocates nothing.
+    intake_spare: Vec<Intake<H, P, A>>,
     /// Keys of hosts with ready entries and a free send slot, served round-robin.
     hostq: VecDeque<u64>,
-    idle_workers: Vec<usize>,
     deadlines: BTreeSet<(Instant, u64)>,
-    finalizer: Option<mpsc::UnboundedSender<Finished<H, P, A>>>,
+    /// Finished entries for the finalizer, in the order they finished.
+    done: Vec<Finished<H, P, A>>,
+    /// `done` went from empty to non-empty since the last [`State::wakes`].
+    wake_finalizer: bool,
+    /// Counts host-down, host-removed and shutdown events, so a worker holding
+    /// picked jobs sees without the lock whether they need a second look.
+    changes: Arc<AtomicU64>,
+    closed: bool,
 }
 
 impl<H, P, A> State<H, P, A>
@@ -159,52 +211,54 @@ where
 {
     pub(crate) fn new(
         config: Arc<QueueConfig>,
-        finalizer: mpsc::UnboundedSender<Finished<H, P, A>>,
+        admission: Arc<Mutex<Admission<H, P, A>>>,
+        changes: Arc<AtomicU64>,
     ) -> Self {
-        let idle_workers = (0..config.workers).rev().collect();
         Self {
             config,
-            names: HashMap::new(),
-            hosts: Slab::new(),
+            admission,
+            hosts: Mirror::new(),
             entries: Slab::new(),
+            intake_spare: Vec::new(),
             hostq: VecDeque::new(),
-            idle_workers,
             deadlines: BTreeSet::new(),
-            finalizer: Some(finalizer),
+            done: Vec::new(),
+            wake_finalizer: false,
+            changes,
+            closed: false,
         }
     }
 
-    fn host_key(&mut self, host: &H) -> u64 {
-        if let Some(&key) = self.names.get(host) {
-            return key;
+    /// The host's queues, made on first use of a key the admission handed out.
+    fn host_mut(&mut self, host_key: u64) -> Option<&mut HostQueue<H, P, A>> {
+        if self.hosts.get(host_key).is_none() {
+            let hq = HostQueue {
+                types: self
+                    .config
+                    .types
+                    .iter()
+                    .map(|t| TypeQueue {
+                        waiting: VecDeque::new(),
+                        waiting_live: 0,
+                        in_flight: 0,
+                        window: Window::new(t.window, t.adaptive.clone()),
+                        one_shot_busy: false,
+                    })
+                    .collect(),
+                ready: VecDeque::new(),
+                sending: 0,
+                in_hostq: false,
+                down: false,
+                probe_failures: 0,
+            };
+            self.hosts.insert(host_key, hq);
         }
-        let hq = HostQueue {
-            types: self
-                .config
-                .types
-                .iter()
-                .map(|t| TypeQueue {
-                    waiting: VecDeque::new(),
-                    waiting_live: 0,
-                    in_flight: 0,
-                    window: Window::new(t.window, t.adaptive.clone()),
-                    one_shot_busy: false,
-                })
-                .collect(),
-            ready: VecDeque::new(),
-            sending: 0,
-            in_hostq: false,
-            gone: Arc::new(AtomicBool::new(false)),
-            down: false,
-            probe_failures: 0,
-        };
-        let key = self.hosts.insert(hq);
-        self.names.insert(host.clone(), key);
-        key
+        self.hosts.get_mut(host_key)
     }
 
-    /// Adds an entry. Returns whether the entry set the earliest deadline (the
-    /// expiry task should wake).
+    /// Adds an entry of a type with a deadline or a prior one-shot (plain
+    /// entries go to the admission's intake). Returns whether the entry set
+    /// the earliest deadline (the expiry task should wake).
     pub(crate) fn add(
         &mut self,
         host: H,
@@ -213,9 +267,6 @@ where
         completion: Completion<H, P, A>,
         now: Instant,
     ) -> Result<bool, SendError> {
-        if self.is_closed() {
-            return Err(SendError::ShuttingDown);
-        }
         let Some(tc) = self.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
         };
@@ -224,15 +275,17 @@ where
             tc.queueable_if_down || tc.probe.is_some(),
             tc.deadline.map(|d| now + d),
         );
-        let host_key = self.host_key(&host);
-        let hq = self.hosts.get_mut(host_key).ok_or(SendError::HostRemoved)?;
-        if hq.down && !may_go_down {
-            return Err(SendError::HostDown);
-        }
-        let tq = &mut hq.types[kind.0];
-        if one_shot && tq.one_shot_busy {
+        let host_key = self.admit().check(&host, may_go_down)?;
+        if one_shot
+            && self
+                .hosts
+                .get(host_key)
+                .is_some_and(|hq| hq.types[kind.0].one_shot_busy)
+        {
             return Err(SendError::Busy);
         }
+        // Entries added before this one are filed first, so order holds.
+        self.absorb();
         let id = self.entries.insert(Entry {
             host,
             host_key,
@@ -245,6 +298,10 @@ where
             early: None,
             started: None,
         });
+        let Some(hq) = self.host_mut(host_key) else {
+            return Err(SendError::HostRemoved);
+        };
+        let tq = &mut hq.types[kind.0];
         if one_shot && tq.in_flight < tq.window.limit() {
             tq.one_shot_busy = true;
             tq.in_flight += 1;
@@ -256,9 +313,9 @@ where
             tq.one_shot_busy |= one_shot;
             tq.waiting_live += 1;
             if one_shot {
-                tq.waiting.push_front(id);
+                tq.waiting.push_front(Waiter::Keyed(id));
             } else {
-                tq.waiting.push_back(id);
+                tq.waiting.push_back(Waiter::Keyed(id));
             }
             self.promote(host_key, kind.0);
         }
@@ -269,6 +326,27 @@ where
         }
         self.schedule(host_key);
         Ok(earliest)
+    }
+
+    /// Files the intake into the type queues, in order of adding.
+    pub(crate) fn absorb(&mut self) {
+        let mut batch = std::mem::take(&mut self.intake_spare);
+        self.admit().take_intake(&mut batch);
+        self.file(&mut batch);
+        self.intake_spare = batch;
+    }
+
+    fn file(&mut self, batch: &mut Vec<Intake<H, P, A>>) {
+        for new in batch.drain(..) {
+            let (host_key, kind) = (new.host_key, new.kind);
+            if let Some(hq) = self.host_mut(host_key) {
+                let tq = &mut hq.types[kind];
+                tq.waiting_live += 1;
+                tq.waiting.push_back(Waiter::Plain(new));
+                self.promote(host_key, kind);
+                self.schedule(host_key);
+            }
+        }
     }
 
     /// Moves waiting entries of one type into the ready queue while its window is open.
@@ -282,16 +360,36 @@ where
         }
         let tq = &mut hq.types[kind];
         while tq.in_flight < tq.window.limit() {
-            let Some(id) = tq.waiting.pop_front() else {
+            let Some(waiter) = tq.waiting.pop_front() else {
+                if tq.waiting.capacity() > WAITING_KEEP {
+                    tq.waiting.shrink_to_fit();
+                }
                 break;
             };
-            let Some(e) = self.entries.get_mut(id) else {
-                continue;
+            let id = match waiter {
+                Waiter::Plain(new) => self.entries.insert(Entry {
+                    host: new.host,
+                    host_key: new.host_key,
+                    kind: new.kind,
+                    payload: new.payload,
+                    completion: new.completion,
+                    added: new.added,
+                    deadline: None,
+                    stage: Stage::Ready,
+                    early: None,
+                    started: None,
+                }),
+                Waiter::Keyed(id) => {
+                    let Some(e) = self.entries.get_mut(id) else {
+                        continue;
+                    };
+                    if e.stage != Stage::Waiting {
+                        continue;
+                    }
+                    e.stage = Stage::Ready;
+                    id
+                }
             };
-            if e.stage != Stage::Waiting {
-                continue;
-            }
-            e.stage = Stage::Ready;
             tq.waiting_live -= 1;
             tq.in_flight += 1;
             if tc.prior_one_shot {
@@ -302,7 +400,7 @@ where
         }
     }
 
-    /// Puts a host on the manager's list if it has ready entries and a free send slot.
+    /// Puts a host on the round-robin list if it has ready entries and a free send slot.
     fn schedule(&mut self, host_key: u64) {
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
@@ -314,32 +412,17 @@ where
         self.hostq.push_back(host_key);
     }
 
-    /// Whether the manager has something to do: a host to serve and a worker to serve it.
-    pub(crate) fn has_work(&self) -> bool {
-        !self.hostq.is_empty() && !self.idle_workers.is_empty()
-    }
-
-    /// Hands ready entries to idle workers, one per host in turn.
-    pub(crate) fn dispatch(&mut self) -> Vec<(usize, Job<H, P>)> {
-        let mut jobs = Vec::new();
-        while let Some(&worker) = self.idle_workers.last() {
-            let Some(job) = self.pick() else {
-                break;
-            };
-            self.idle_workers.pop();
-            jobs.push((worker, job));
-        }
-        jobs
-    }
-
-    /// Takes the next entry to write: the first ready entry of the host at
-    /// the head of the round-robin list; the host goes to the back of the list.
-    fn pick(&mut self) -> Option<Job<H, P>> {
+    /// Fills `jobs` with up to `limit` entries to write: from the host at the
+    /// head of the round-robin list, a run of its first ready entries (at most
+    /// [`HOST_RUN`]); the host then goes to the back of the list.
+    pub(crate) fn pick(&mut self, jobs: &mut VecDeque<Job<H, P>>, limit: usize) {
         // Read the clock at most once, and only for entries that need it.
         let mut clock = None;
         let mut now = || *clock.get_or_insert_with(Instant::now);
-        loop {
-            let host_key = self.hostq.pop_front()?;
+        while jobs.len() < limit {
+            let Some(host_key) = self.hostq.pop_front() else {
+                break;
+            };
             let Some(hq) = self.hosts.get_mut(host_key) else {
                 continue;
             };
@@ -347,81 +430,108 @@ where
             if hq.sending >= self.config.per_host_sends {
                 continue;
             }
-            let mut picked = None;
-            while let Some(id) = hq.ready.pop_front() {
-                let Some(e) = self.entries.get(id) else {
+            let mut run = 0;
+            while run < HOST_RUN && jobs.len() < limit {
+                let Some(hq) = self.hosts.get_mut(host_key) else {
+                    break;
+                };
+                let Some(id) = hq.ready.pop_front() else {
+                    break;
+                };
+                let Some(e) = self.entries.get_mut(id) else {
                     continue;
                 };
                 if e.stage != Stage::Ready || e.host_key != host_key {
                     continue;
                 }
                 if e.deadline.is_some_and(|d| d <= now()) {
+                    // May promote more entries of this host; the run goes on.
                     self.expire(id);
-                    // `expire` may have promoted entries of this host; look again.
-                    break;
+                    continue;
                 }
-                picked = Some(id);
-                break;
+                e.stage = Stage::Sending;
+                if self.config.types[e.kind].adaptive.is_some() {
+                    e.started = Some(now());
+                }
+                if let Some(d) = e.deadline {
+                    self.deadlines.remove(&(d, id));
+                }
+                let request = Request {
+                    host: e.host.clone(),
+                    kind: Kind(e.kind),
+                    payload: Arc::clone(&e.payload),
+                };
+                hq.sending += 1;
+                jobs.push_back(Job {
+                    id,
+                    host_key,
+                    request,
+                });
+                run += 1;
             }
-            let Some(id) = picked else {
-                self.schedule(host_key);
-                continue;
-            };
-            let Some(e) = self.entries.get_mut(id) else {
-                continue;
-            };
-            e.stage = Stage::Sending;
-            if self.config.types[e.kind].adaptive.is_some() {
-                e.started = Some(now());
-            }
-            if let Some(d) = e.deadline {
-                self.deadlines.remove(&(d, id));
-            }
-            let request = Request {
-                host: e.host.clone(),
-                kind: Kind(e.kind),
-                payload: Arc::clone(&e.payload),
-            };
-            let Some(hq) = self.hosts.get_mut(host_key) else {
-                continue;
-            };
-            hq.sending += 1;
-            let gone = Arc::clone(&hq.gone);
             self.schedule(host_key);
-            return Some(Job {
-                id,
-                host_key,
-                request,
-                gone,
-            });
         }
     }
 
     /// Called by a worker before writing a job whose host may have changed
     /// since it was picked: fails the entry with "host down" if its host went
     /// down (or "host removed" if it is gone) and frees its slot.
-    pub(crate) fn before_write(&mut self, worker: usize, id: u64, host_key: u64) -> Verdict {
+    pub(crate) fn before_write(&mut self, id: u64, host_key: u64) -> Verdict {
         let Some(e) = self.entries.get(id) else {
-            self.after_write(worker, host_key);
+            self.release_host(host_key);
             return Verdict::Skip;
         };
-        let probe = self.config.types[e.kind].probe.is_some();
-        let refusal = match self.hosts.get(host_key) {
-            Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
-            None => Some(SendError::HostRemoved),
-        };
-        if let Some(err) = refusal {
+        if let Some(err) = self.refusal(e.kind, host_key) {
             self.finish(id, Err(err));
-            self.after_write(worker, host_key);
+            self.release_host(host_key);
             return Verdict::Skip;
         }
         Verdict::Send
     }
 
-    /// Frees the worker and the host's send slot.
-    fn after_write(&mut self, worker: usize, host_key: u64) {
-        self.idle_workers.push(worker);
-        self.release_host(host_key);
+    /// Why an entry of `kind` may not be written to this host now, if it may not.
+    fn refusal(&self, kind: usize, host_key: u64) -> Option<SendError> {
+        let probe = self.config.types[kind].probe.is_some();
+        match self.hosts.get(host_key) {
+            Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
+            None => Some(SendError::HostRemoved),
+        }
+    }
+
+    /// Takes back jobs a worker picked but will not write now (its transport
+    /// made it wait): they return to the front of their host's ready queue,
+    /// in order, behind any prior one-shot that arrived meanwhile.
+    pub(crate) fn hand_back(&mut self, jobs: &mut VecDeque<Job<H, P>>) {
+        while let Some(job) = jobs.pop_back() {
+            let (id, host_key) = (job.id, job.host_key);
+            let Some(e) = self.entries.get(id) else {
+                self.release_host(host_key);
+                continue;
+            };
+            if let Some(err) = self.refusal(e.kind, host_key) {
+                self.finish(id, Err(err));
+                self.release_host(host_key);
+                continue;
+            }
+            if let Some(e) = self.entries.get_mut(id) {
+                e.stage = Stage::Ready;
+                e.started = None;
+                if let Some(d) = e.deadline {
+                    self.deadlines.insert((d, id));
+                }
+            }
+            if let Some(hq) = self.hosts.get_mut(host_key) {
+                let entries = &self.entries;
+                let types = &self.config.types;
+                let front = hq
+                    .ready
+                    .iter()
+                    .take_while(|&&r| entries.get(r).is_some_and(|e| types[e.kind].prior_one_shot))
+                    .count();
+                hq.ready.insert(front, id);
+            }
+            self.release_host(host_key);
+        }
     }
 
     fn release_host(&mut self, host_key: u64) {
@@ -431,34 +541,22 @@ where
         }
     }
 
-    /// The sent event: the transport's send future resolved with `result`.
-    ///
-    /// Returns the worker's next job if a host is ready, so a busy queue does
-    /// not pay two task wake-ups (worker to manager and back) per entry;
-    /// otherwise the worker goes idle and waits for the manager.
-    pub(crate) fn sent(
-        &mut self,
-        worker: usize,
-        id: u64,
-        host_key: u64,
-        result: Result<(), SendError>,
-        parked: Option<EarlyAnswer<A>>,
-    ) -> Option<Job<H, P>> {
-        self.release_host(host_key);
-        if let Some(e) = self.entries.get_mut(id) {
-            match (result, parked.or_else(|| e.early.take().map(|b| *b))) {
+    /// The sent events of a worker's batch: each transport's send future
+    /// resolved with its result.
+    pub(crate) fn written(&mut self, batch: &mut Vec<Written<A>>) {
+        for w in batch.drain(..) {
+            self.release_host(w.host_key);
+            let Some(e) = self.entries.get_mut(w.id) else {
+                continue;
+            };
+            match (w.result, w.parked.or_else(|| e.early.take().map(|b| *b))) {
                 // A write error explains a reply dropped on the way out better
                 // than "connection aborted" does.
-                (Err(err), Some((_, true)) | None) => self.finish(id, Err(err)),
-                (_, Some((answer, _))) => self.finish(id, answer),
+                (Err(err), Some((_, true)) | None) => self.finish(w.id, Err(err)),
+                (_, Some((answer, _))) => self.finish(w.id, answer),
                 (Ok(()), None) => e.stage = Stage::Sent,
             }
         }
-        let next = self.pick();
-        if next.is_none() {
-            self.idle_workers.push(worker);
-        }
-        next
     }
 
     /// The answer event, from a [`crate::Reply`].
@@ -550,17 +648,28 @@ where
     /// Marks a host down: its ready queue fails with "connection aborted",
     /// waiting entries of types that are not queueable fail with "host down".
     pub(crate) fn host_down(&mut self, host: &H) {
-        if let Some(&key) = self.names.get(host) {
+        let key = self.admit().find(host);
+        if let Some(key) = key {
             self.down(key);
         }
     }
 
     fn down(&mut self, host_key: u64) {
+        // Entries accepted before the host went down are filed first, so
+        // they meet the same fate as if they had been filed at once.
+        let mut batch = std::mem::take(&mut self.intake_spare);
+        {
+            let mut admission = self.admit();
+            admission.set_down(host_key, true);
+            admission.take_intake(&mut batch);
+        }
+        self.file(&mut batch);
+        self.intake_spare = batch;
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         hq.down = true;
-        hq.gone.store(true, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
         let ready: Vec<u64> = hq.ready.drain(..).collect();
         let mut refused = Vec::new();
         for (kind, tq) in hq.types.iter_mut().enumerate() {
@@ -569,6 +678,7 @@ where
                 refused.extend(tq.waiting.drain(..));
             }
         }
+        let refused = self.unfile(host_key, refused);
         for id in ready {
             if self
                 .entries
@@ -591,17 +701,19 @@ where
 
     /// Marks a host up and lets its queued entries go, in order.
     pub(crate) fn host_up(&mut self, host: &H) {
-        if let Some(&key) = self.names.get(host) {
+        self.absorb();
+        let key = self.admit().find(host);
+        if let Some(key) = key {
             self.up(key);
         }
     }
 
     fn up(&mut self, host_key: u64) {
+        self.admit().set_down(host_key, false);
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
         hq.down = false;
-        hq.gone.store(false, Ordering::Release);
         hq.probe_failures = 0;
         for kind in 0..self.config.types.len() {
             self.promote(host_key, kind);
@@ -612,17 +724,28 @@ where
     /// Removes a host: every entry not yet handed to a worker fails with
     /// "host removed"; entries being written or sent are settled by their transport.
     pub(crate) fn remove_host(&mut self, host: &H) {
-        let Some(host_key) = self.names.get(host).copied() else {
+        // Entries accepted before the removal are filed first, so they fail with the rest.
+        let mut batch = std::mem::take(&mut self.intake_spare);
+        let key = {
+            let mut admission = self.admit();
+            admission.take_intake(&mut batch);
+            admission.remove(host)
+        };
+        self.file(&mut batch);
+        self.intake_spare = batch;
+        let Some(host_key) = key else {
             return;
         };
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
-        hq.gone.store(true, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
         let mut unsent: Vec<u64> = hq.ready.drain(..).collect();
+        let mut waiting = Vec::new();
         for tq in &mut hq.types {
-            unsent.extend(tq.waiting.drain(..));
+            waiting.extend(tq.waiting.drain(..));
         }
+        unsent.extend(self.unfile(host_key, waiting));
         for id in unsent {
             if self
                 .entries
@@ -632,26 +755,48 @@ where
                 self.finish(id, Err(SendError::HostRemoved));
             }
         }
-        self.names.remove(host);
         self.hosts.remove(host_key);
     }
 
-    fn host(&self, host: &H) -> Option<&HostQueue> {
-        self.names.get(host).and_then(|&key| self.hosts.get(key))
+    /// Fails nothing yet: takes waiting entries out of their queue, files
+    /// the plain ones in the slab (as waiting) and returns every key, so the
+    /// caller can fail them all alike.
+    fn unfile(&mut self, host_key: u64, waiters: Vec<Waiter<H, P, A>>) -> Vec<u64> {
+        let mut keys = Vec::with_capacity(waiters.len());
+        for waiter in waiters {
+            keys.push(match waiter {
+                Waiter::Keyed(id) => id,
+                Waiter::Plain(new) => self.entries.insert(Entry {
+                    host: new.host,
+                    host_key,
+                    kind: new.kind,
+                    payload: new.payload,
+                    completion: new.completion,
+                    added: new.added,
+                    deadline: None,
+                    stage: Stage::Waiting,
+                    early: None,
+                    started: None,
+                }),
+            });
+        }
+        keys
     }
 
-    /// Whether the host is down (`None` for an unknown host).
-    pub(crate) fn is_down(&self, host: &H) -> Option<bool> {
-        self.host(host).map(|hq| hq.down)
+    fn host(&self, host: &H) -> Option<&HostQueue<H, P, A>> {
+        let key = self.admit().find(host)?;
+        self.hosts.get(key)
     }
 
-    pub(crate) fn window_is_full(&self, host: &H, kind: Kind) -> bool {
+    pub(crate) fn window_is_full(&mut self, host: &H, kind: Kind) -> bool {
+        self.absorb();
         self.host(host)
             .and_then(|hq| hq.types.get(kind.0))
             .is_some_and(|tq| tq.in_flight >= tq.window.limit())
     }
 
-    pub(crate) fn stats(&self, host: &H, kind: Kind, now: Instant) -> Option<TypeStats> {
+    pub(crate) fn stats(&mut self, host: &H, kind: Kind, now: Instant) -> Option<TypeStats> {
+        self.absorb();
         let hq = self.host(host)?;
         let tq = hq.types.get(kind.0)?;
         let queued_at = |id: &u64, stage| {
@@ -661,9 +806,10 @@ where
                 .map(|e| e.added)
         };
         let oldest = [
-            tq.waiting
-                .iter()
-                .find_map(|id| queued_at(id, Stage::Waiting)),
+            tq.waiting.iter().find_map(|w| match w {
+                Waiter::Plain(new) => Some(new.added),
+                Waiter::Keyed(id) => queued_at(id, Stage::Waiting),
+            }),
             hq.ready.iter().find_map(|id| queued_at(id, Stage::Ready)),
         ]
         .into_iter()
@@ -682,11 +828,11 @@ where
 impl<H, P, A> State<H, P, A> {
     /// True once [`State::close`] ran.
     pub(crate) fn is_closed(&self) -> bool {
-        self.finalizer.is_none()
+        self.closed
     }
 
     fn deliver(&mut self, e: Entry<H, P, A>, result: Result<A, SendError>) {
-        let finished = Finished {
+        self.push_done(Finished {
             completion: e.completion,
             done: Done {
                 host: e.host,
@@ -694,21 +840,62 @@ impl<H, P, A> State<H, P, A> {
                 payload: e.payload,
                 result,
             },
-        };
-        if let Some(tx) = &self.finalizer {
-            // The finalizer outlives the state's sender, so this cannot fail
-            // while the sender is here; a failure would mean the runtime is gone.
-            let _ = tx.send(finished);
+        });
+    }
+
+    fn push_done(&mut self, finished: Finished<H, P, A>) {
+        self.wake_finalizer |= self.done.is_empty();
+        self.done.push(finished);
+    }
+
+    fn admit(&self) -> MutexGuard<'_, Admission<H, P, A>> {
+        self.admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A worker found nothing to do: it is registered as idle, unless
+    /// entries came in meanwhile. Returns whether it is idle.
+    pub(crate) fn idle(&mut self, worker: usize) -> bool {
+        self.admit().idle(worker)
+    }
+
+    /// Which tasks to wake now: every idle worker if a host is ready (they
+    /// leave the idle list, so each is woken once; the intake wakes them
+    /// itself), and the finalizer if its batch went from empty to non-empty.
+    pub(crate) fn wakes(&mut self, wake_worker: impl FnMut(usize)) -> Wakes {
+        if !self.hostq.is_empty() {
+            self.admit().wake_idle(wake_worker);
+        }
+        Wakes {
+            finalizer: std::mem::take(&mut self.wake_finalizer),
         }
     }
 
+    /// Swaps the finalizer's empty buffer with the batch of finished entries.
+    pub(crate) fn take_done(&mut self, batch: &mut Vec<Finished<H, P, A>>) {
+        std::mem::swap(&mut self.done, batch);
+    }
+
     /// Shuts down: every entry not yet finished fails with "shutting down",
-    /// and the finalizer's channel closes once they are delivered.
-    pub(crate) fn close(&mut self) {
-        self.names.clear();
+    /// new entries are refused, and the finalizer ends once it has run the
+    /// last batch. Returns the idle workers, which should be woken to end.
+    pub(crate) fn close(&mut self) -> Vec<usize> {
+        self.closed = true;
+        self.changes.fetch_add(1, Ordering::Release);
+        let (mut intake, idle) = self
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .close();
         for key in self.hosts.keys() {
             if let Some(hq) = self.hosts.remove(key) {
-                hq.gone.store(true, Ordering::Release);
+                for tq in hq.types {
+                    intake.extend(tq.waiting.into_iter().filter_map(|w| match w {
+                        Waiter::Plain(new) => Some(new),
+                        Waiter::Keyed(_) => None,
+                    }));
+                }
             }
         }
         self.hostq.clear();
@@ -718,7 +905,20 @@ impl<H, P, A> State<H, P, A> {
                 self.deliver(e, Err(SendError::ShuttingDown));
             }
         }
-        self.finalizer = None;
+        for new in intake.drain(..) {
+            self.push_done(Finished {
+                completion: new.completion,
+                done: Done {
+                    host: new.host,
+                    kind: Kind(new.kind),
+                    payload: new.payload,
+                    result: Err(SendError::ShuttingDown),
+                },
+            });
+        }
+        // The finalizer must look once more even with nothing left, to end.
+        self.wake_finalizer = true;
+        idle
     }
 }
 
@@ -729,76 +929,189 @@ mod tests {
 
     type TestState = State<&'static str, u32, u32>;
 
-    fn state(
-        types: Vec<TypeConfig>,
-    ) -> (
-        TestState,
-        mpsc::UnboundedReceiver<Finished<&'static str, u32, u32>>,
-    ) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (State::new(Arc::new(QueueConfig::new(types)), tx), rx)
+    fn state(types: Vec<TypeConfig>) -> TestState {
+        let config = Arc::new(QueueConfig::new(types));
+        let admission = Arc::new(Mutex::new(Admission::new(config.workers)));
+        State::new(config, admission, Arc::new(AtomicU64::new(0)))
     }
 
+    /// Adds a plain entry the way `SendQueue::add` does: through the intake.
     fn add(st: &mut TestState, host: &'static str, payload: u32) {
         let (tx, _rx) = oneshot::channel();
-        st.add(
+        let mut admission = st.admit();
+        let host_key = admission.check(&host, true).unwrap();
+        let entry = Intake {
             host,
-            Kind(0),
-            Arc::new(payload),
-            Completion::Channel(tx),
-            Instant::now(),
-        )
-        .unwrap();
+            host_key,
+            kind: 0,
+            payload: Arc::new(payload),
+            completion: Completion::Channel(tx),
+            added: Instant::now(),
+        };
+        admission.push(entry, |_| {});
     }
 
-    fn pick(st: &mut TestState) -> Job<&'static str, u32> {
-        let mut jobs = st.dispatch();
-        assert_eq!(jobs.len(), 1);
-        jobs.pop().unwrap().1
+    fn pick(st: &mut TestState, limit: usize) -> VecDeque<Job<&'static str, u32>> {
+        st.absorb();
+        let mut jobs = VecDeque::new();
+        st.pick(&mut jobs, limit);
+        jobs
+    }
+
+    fn payloads(jobs: &VecDeque<Job<&'static str, u32>>) -> Vec<(&'static str, u32)> {
+        jobs.iter()
+            .map(|j| (j.request.host, *j.request.payload))
+            .collect()
+    }
+
+    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32>> {
+        let mut batch = Vec::new();
+        st.take_done(&mut batch);
+        batch
+    }
+
+    /// The sent event of `job`, answered while it was being written.
+    fn answered(job: &Job<&'static str, u32>) -> Written<u32> {
+        Written {
+            id: job.id,
+            host_key: job.host_key,
+            result: Ok(()),
+            parked: Some((Ok(*job.request.payload), false)),
+        }
     }
 
     #[tokio::test]
     async fn an_entry_whose_host_goes_down_after_being_picked_fails_with_host_down() {
-        let (mut st, mut done) = state(vec![TypeConfig::new("a", 2).queueable_if_down()]);
+        let mut st = state(vec![TypeConfig::new("a", 2).queueable_if_down()]);
         add(&mut st, "h", 1);
-        let job = pick(&mut st);
-        assert!(!job.gone.load(Ordering::Acquire));
+        let job = pick(&mut st, 8).pop_front().unwrap();
+        let seen = st.changes.load(Ordering::Acquire);
         st.host_down(&"h");
         // The worker sees the change without the lock and takes a second look.
-        assert!(job.gone.load(Ordering::Acquire));
+        assert_ne!(st.changes.load(Ordering::Acquire), seen);
         assert!(matches!(
-            st.before_write(0, job.id, job.host_key),
+            st.before_write(job.id, job.host_key),
             Verdict::Skip
         ));
-        let finished = done.try_recv().unwrap();
-        assert!(matches!(finished.done.result, Err(SendError::HostDown)));
-        // The slot is free again and the worker is idle.
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 1);
+        assert!(matches!(finished[0].done.result, Err(SendError::HostDown)));
+        // The slot is free again.
         assert!(!st.window_is_full(&"h", Kind(0)));
-        assert_eq!(st.idle_workers.len(), st.config.workers);
-        assert_eq!(
-            st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight,
-            0
-        );
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!(stats.in_flight, 0);
     }
 
     #[tokio::test]
     async fn an_entry_whose_host_is_removed_after_being_picked_fails_with_host_removed() {
-        let (mut st, mut done) = state(vec![TypeConfig::new("a", 2)]);
+        let mut st = state(vec![TypeConfig::new("a", 2)]);
         add(&mut st, "h", 1);
-        let job = pick(&mut st);
+        let job = pick(&mut st, 8).pop_front().unwrap();
         st.remove_host(&"h");
-        assert!(job.gone.load(Ordering::Acquire));
         add(&mut st, "h", 2);
         assert!(matches!(
-            st.before_write(0, job.id, job.host_key),
+            st.before_write(job.id, job.host_key),
             Verdict::Skip
         ));
-        let finished = done.try_recv().unwrap();
-        assert!(matches!(finished.done.result, Err(SendError::HostRemoved)));
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 1);
+        assert!(matches!(
+            finished[0].done.result,
+            Err(SendError::HostRemoved)
+        ));
         // The new host of the same name is untouched by the old entry's slot.
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!(stats.in_flight, 1);
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_runs_of_each_hosts_entries_and_the_hosts_wait_for_them() {
+        let mut st = state(vec![TypeConfig::new("a", 3)]);
+        for i in 1..=4 {
+            add(&mut st, "h", i);
+        }
+        add(&mut st, "g", 10);
+        let jobs = pick(&mut st, 16);
+        // The window of 3 lets three of h's entries be ready; a run takes them in order.
         assert_eq!(
-            st.stats(&"h", Kind(0), Instant::now()).unwrap().in_flight,
-            1
+            payloads(&jobs),
+            vec![("h", 1), ("h", 2), ("h", 3), ("g", 10)]
         );
+        // Both hosts are sending: nothing more until the batch is written.
+        assert!(pick(&mut st, 16).is_empty());
+        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        st.written(&mut written);
+        assert_eq!(payloads(&pick(&mut st, 16)), vec![("h", 4)]);
+        assert_eq!(done(&mut st).len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_at_its_limit_and_the_rest_stays_ready() {
+        let mut st = state(vec![TypeConfig::new("a", 10)]);
+        for i in 1..=5 {
+            add(&mut st, "h", i);
+        }
+        let jobs = pick(&mut st, 2);
+        assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2)]);
+        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        st.written(&mut written);
+        assert_eq!(
+            payloads(&pick(&mut st, 8)),
+            vec![("h", 3), ("h", 4), ("h", 5)]
+        );
+    }
+
+    #[tokio::test]
+    async fn handed_back_jobs_return_in_order_behind_a_probe_that_came_meanwhile() {
+        let mut st = state(vec![TypeConfig::new("a", 10), TypeConfig::probe("p", 3)]);
+        for i in 1..=3 {
+            add(&mut st, "h", i);
+        }
+        let mut jobs = pick(&mut st, 8);
+        assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2), ("h", 3)]);
+        // The first write waits on the network; meanwhile a probe arrives.
+        let first = jobs.pop_front().unwrap();
+        let (tx, _rx) = oneshot::channel();
+        st.add(
+            "h",
+            Kind(1),
+            Arc::new(99),
+            Completion::Channel(tx),
+            Instant::now(),
+        )
+        .unwrap();
+        st.hand_back(&mut jobs);
+        assert!(jobs.is_empty());
+        // The host is still sending the first entry.
+        assert!(pick(&mut st, 8).is_empty());
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!((stats.in_flight, stats.queued), (3, 0));
+        st.written(&mut vec![answered(&first)]);
+        assert_eq!(
+            payloads(&pick(&mut st, 8)),
+            vec![("h", 99), ("h", 2), ("h", 3)]
+        );
+    }
+
+    #[tokio::test]
+    async fn closing_fails_entries_in_the_intake_and_in_the_queues() {
+        let mut st = state(vec![TypeConfig::new("a", 1)]);
+        add(&mut st, "h", 1);
+        add(&mut st, "h", 2);
+        let jobs = pick(&mut st, 8);
+        assert_eq!(jobs.len(), 1);
+        add(&mut st, "h", 3);
+        // The first add woke (and so unlisted) every idle worker.
+        assert!(st.close().is_empty());
+        let mut finished: Vec<u32> = done(&mut st)
+            .into_iter()
+            .map(|f| {
+                assert!(matches!(f.done.result, Err(SendError::ShuttingDown)));
+                *f.done.payload
+            })
+            .collect();
+        finished.sort_unstable();
+        // Being written (1), waiting inline (2) and never filed (3).
+        assert_eq!(finished, vec![1, 2, 3]);
     }
 }
