@@ -1,4 +1,7 @@
-//! Health probes over HTTP: a GET whose 2xx answer means the host is up.
+//! Health probes over HTTP: a GET whose 2xx answer means the host is up
+//! ([`HttpProbe::new`], for a health URL), or whose answer of any status
+//! below 500 does ([`HttpProbe::reachability`], for a host that has no
+//! health URL, such as a webhook's origin, which often answers 404).
 //!
 //! Used with a probe type ([`crate::TypeConfig::probe`]): the queue counts
 //! failures and marks the host down past the threshold, and up again on the
@@ -8,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ConfigError, SendError};
+use crate::error::{ConfigError, SendError, TransportError};
 use crate::http::{self, HttpAnswer};
 use crate::transport::{Reply, Request, Transport};
 
@@ -24,14 +27,28 @@ pub struct ProbeRequest {
 pub struct HttpProbe {
     client: reqwest::Client,
     timeout: Duration,
+    /// Any answer below 500 means up, not only a 2xx.
+    reachability: bool,
 }
 
 impl HttpProbe {
-    /// Builds the probe; `timeout` bounds each probe from connect to answer.
+    /// A probe of a health URL: up when it answers 2xx. `timeout` bounds
+    /// each probe from connect to answer.
     pub fn new(timeout: Duration) -> Result<Self, ConfigError> {
         Ok(Self {
             client: http::client(timeout)?,
             timeout,
+            reachability: false,
+        })
+    }
+
+    /// A probe of whether a host's HTTP server is there: up when it
+    /// answers with any status below 500; no answer, a timeout or a 5xx is
+    /// a failure.
+    pub fn reachability(timeout: Duration) -> Result<Self, ConfigError> {
+        Ok(Self {
+            reachability: true,
+            ..Self::new(timeout)?
         })
     }
 }
@@ -45,6 +62,19 @@ impl<H: Send + Sync + 'static> Transport<H, ProbeRequest> for HttpProbe {
         reply: Reply<HttpAnswer>,
     ) -> Result<(), SendError> {
         let url = http::parse_url(&request.payload.url)?;
-        http::send_without_body(self.client.get(url).timeout(self.timeout), reply).await
+        let get = self.client.get(url).timeout(self.timeout);
+        if !self.reachability {
+            return http::send_without_body(get, reply).await;
+        }
+        let answer = match get.send().await {
+            Ok(response) if response.status().as_u16() < 500 => Ok(HttpAnswer {
+                status: response.status().as_u16(),
+                body: String::new(),
+            }),
+            Ok(response) => Err(TransportError::Status(response.status().as_u16()).into()),
+            Err(e) => Err(TransportError::Http(e).into()),
+        };
+        reply.answer(answer);
+        Ok(())
     }
 }

@@ -69,9 +69,10 @@ are only logged):
   ESTAFETA_ALERT_RETRY      first wait before a failed alert delivery is tried again; it doubles
                             on each failure up to an hour; pending deliveries survive a restart
                             [default: 5s]
-  ESTAFETA_ALERT_PROBE      how often the SMS gateway and webhook hosts are probed (a GET of the
-                            URL's origin; a host failing 3 probes in a row is marked down and
-                            its alerts wait; the origin must answer 2xx) [default: 0s: no probes]
+  ESTAFETA_ALERT_PROBE      how often the SMS gateway, alert webhook and push webhook hosts are
+                            probed (a GET of the URL's origin; any answer below 500 is up; a
+                            host failing 3 probes in a row is marked down and its alerts and
+                            pushes wait until it is up) [default: 30s; 0: no probes]
   ESTAFETA_DISK_ALERT_MB    alert when free space in the data folder falls under this many MB
                             [default: 100; 0: never]
   ESTAFETA_DISK_CHECK       how often free disk space is checked [default: 1m]
@@ -183,7 +184,7 @@ impl Default for Settings {
             alert_sms_content_type: "application/json".to_owned(),
             alert_webhook: None,
             alert_retry: Duration::from_secs(5),
-            alert_probe: Duration::ZERO,
+            alert_probe: Duration::from_secs(30),
             disk_alert_mb: 100,
             disk_check: Duration::from_secs(60),
         }

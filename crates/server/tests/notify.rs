@@ -219,7 +219,13 @@ async fn a_pending_alert_survives_a_restart_of_the_binary() {
     // delivers what was pending.
     let mut hits = recorder::serve(tokio::net::TcpListener::bind(hook).await.unwrap());
     let second = Binary::serve(cwd.path(), data.path(), &[], &env).await;
-    let hit = next(&mut hits).await;
+    // The server's health probes (on by default) GET the origin, `/`.
+    let hit = loop {
+        let hit = next(&mut hits).await;
+        if hit.uri != "/" {
+            break hit;
+        }
+    };
     assert_eq!(hit.uri, "/hook");
     let body: serde_json::Value = serde_json::from_str(&hit.body).unwrap();
     assert_eq!(body["alert"]["key"], format!("in_doubt:{pid}"));

@@ -184,7 +184,9 @@ impl Outbound {
         let transport = HttpTransport {
             sms: sms.cloned().map(SmsTransport::new).transpose()?,
             webhook: WebhookTransport::new(&WebhookConfig::default())?,
-            probe: HttpProbe::new(Duration::from_secs(5))?,
+            // Webhook origins and gateways have no health URL: any HTTP
+            // answer below 500 means the host is there.
+            probe: HttpProbe::reachability(Duration::from_secs(5))?,
         };
         let http = SendQueue::new(
             QueueConfig::new(vec![
