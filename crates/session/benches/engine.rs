@@ -196,8 +196,47 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
+/// Whether criterion's command line names a filter that leaves `memory`
+/// out (criterion only filters what runs through it; this step does not).
+fn memory_filtered_out() -> bool {
+    const WITH_VALUE: &[&str] = &[
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "-c",
+        "--color",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--profile-time",
+        "--plotting-backend",
+        "--output-format",
+        "--format",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| {
+            !a.starts_with('-') && (*i == 0 || !WITH_VALUE.contains(&args[i - 1].as_str()))
+        })
+        .map(|(_, a)| a)
+        .collect();
+    !filters.is_empty() && !filters.iter().any(|f| "memory".contains(f.as_str()))
+}
+
 /// Not a timing: prints resident bytes per idle in-memory session.
 fn memory(_c: &mut Criterion) {
+    if memory_filtered_out() {
+        return;
+    }
     let rt = runtime();
     let n = 1_000_000u64;
     let before = resident_bytes();
