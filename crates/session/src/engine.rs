@@ -13,15 +13,16 @@ use crate::hooks::Hooks;
 use crate::index::{DefaultIndex, ExpiryIndex};
 use crate::key::SessionKey;
 use crate::lifecycle::{Core, blocking};
-use crate::shard::{self, Entered, ShardCell};
+use crate::shard::{self, Cache, Entered, Handle};
 use crate::stats::{Counters, Stats};
 use crate::storage::{Storage, Write};
 use crate::writer;
 use serde::{Serialize, de::DeserializeOwned};
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -29,27 +30,48 @@ use tokio::sync::{Notify, mpsc, oneshot};
 pub trait State: Serialize + DeserializeOwned + Default + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
-/// State shared by the engine handle and the expiry manager: the shards
-/// and what they share.
+/// How many ways into the cache the engine keeps (see [`Handle`]): enough
+/// that each worker thread of a usual runtime gets its own.
+const HANDLES: usize = 16;
+
+thread_local! {
+    /// This thread's number, given at its first use of any engine.
+    static THREAD_SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+fn thread_slot() -> usize {
+    THREAD_SLOT.with(|slot| {
+        let mut n = slot.get();
+        if n == usize::MAX {
+            n = NEXT_THREAD_SLOT.fetch_add(1, Ordering::Relaxed);
+            slot.set(n);
+        }
+        n
+    })
+}
+
+/// State shared by the engine handle and the expiry manager: the cache and
+/// the ways into it.
 pub(crate) struct Shared<K: SessionKey, S: State> {
-    pub(crate) core: Arc<Core<K, S>>,
-    shards: Box<[Arc<ShardCell<K, S>>]>,
+    pub(crate) cache: Arc<Cache<K, S>>,
+    handles: Box<[Arc<Handle<K, S>>]>,
 }
 
 impl<K: SessionKey, S: State> Shared<K, S> {
-    /// The key's hash and its shard. The shard is picked from hash bits
-    /// that the shard's table does not use (it takes the low bits for the
-    /// bucket and the top seven as a tag), so keys spread within a shard.
-    fn locate(&self, key: &K) -> (u64, &Arc<ShardCell<K, S>>) {
-        let hash = self.core.hash(key);
-        let i = ((hash >> 32) as u32 as usize) % self.shards.len();
-        (hash, &self.shards[i])
+    pub(crate) fn core(&self) -> &Core<K, S> {
+        &self.cache.core
+    }
+
+    /// This thread's way into the cache.
+    fn handle(&self) -> &Arc<Handle<K, S>> {
+        &self.handles[thread_slot() % self.handles.len()]
     }
 
     /// Take the key if it is free, or queue for it (or answer busy).
     fn enter(&self, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
-        let (hash, shard) = self.locate(&key);
-        shard.enter(hash, key, wait)
+        let hash = self.core().hash(&key);
+        self.handle().enter(hash, key, wait)
     }
 
     /// For the expiry manager: the keys released since it last looked.
@@ -58,9 +80,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         now: Timestamp,
         out: &mut Vec<(K, Option<Timestamp>, Timestamp)>,
     ) {
-        for shard in self.shards.iter() {
-            shard.drain_touched(now, out);
-        }
+        self.cache.drain_touched(now, out);
     }
 
     /// The expiry manager found the key due: finalize it unless a command
@@ -86,26 +106,18 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         last_access: Timestamp,
         now: Timestamp,
     ) -> expiry::Flushed {
-        let (hash, shard) = self.locate(&key);
-        let mut s = match shard.take_for_flush(hash, &key, last_access, now) {
+        let hash = self.core().hash(&key);
+        let mut s = match self.cache.take_for_flush(hash, &key, last_access, now) {
             Ok(s) => s,
             Err(outcome) => return outcome,
         };
-        let saved = self.core.save(&key, &mut s).await;
+        let saved = self.core().save(&key, &mut s).await;
         let ok = saved.is_ok();
-        shard.pass_on(hash, &key, Some(s), true, ok);
+        self.handle().pass_on(hash, &key, Some(s), true, ok);
         if ok {
-            Counters::add(&self.core.counters.flushes, 1);
+            Counters::add(&self.core().counters.flushes, 1);
         }
         expiry::Flushed::Done
-    }
-
-    fn in_memory(&self) -> u64 {
-        self.shards.iter().map(|s| s.len() as u64).sum()
-    }
-
-    fn any_locked(&self) -> bool {
-        self.shards.iter().any(|s| s.any_locked())
     }
 }
 
@@ -146,7 +158,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         match self.shared.enter(key, true)? {
             // The common case stays a small future; the slow path (loading,
             // finalizing, waiting in the queue) is boxed.
-            Entered::Ready(guard) if !self.shared.core.needs_ready(&guard) => Ok(Some(guard)),
+            Entered::Ready(guard) if !self.shared.core().needs_ready(&guard) => Ok(Some(guard)),
             entered => Box::pin(shard::complete(entered, create)).await,
         }
     }
@@ -155,7 +167,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// another command holds the session.
     pub async fn try_get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
         match self.shared.enter(key, false)? {
-            Entered::Ready(guard) if !self.shared.core.needs_ready(&guard) => Ok(Some(guard)),
+            Entered::Ready(guard) if !self.shared.core().needs_ready(&guard) => Ok(Some(guard)),
             entered => Box::pin(shard::complete(entered, create)).await,
         }
     }
@@ -172,7 +184,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     {
         let entered = self.shared.enter(key, true);
         let (tx, rx) = oneshot::channel();
-        self.shared.core.runtime.spawn(async move {
+        self.shared.core().runtime.spawn(async move {
             let result = match entered {
                 Err(e) => Err(e),
                 Ok(entered) => match shard::complete(entered, create).await {
@@ -188,37 +200,36 @@ impl<K: SessionKey, S: State> Engine<K, S> {
 
     /// The engine's figures now.
     pub fn stats(&self) -> Stats {
-        self.shared.core.counters.snapshot(self.shared.in_memory())
+        self.shared
+            .core()
+            .counters
+            .snapshot(self.shared.cache.len() as u64)
     }
 
     /// The clock the engine runs on.
     pub fn now(&self) -> Timestamp {
-        self.shared.core.now()
+        self.shared.core().now()
     }
 
     /// Stop: new requests and queued commands get [`Error::Stopping`],
     /// running commands finish, then every dirty session is saved in one
     /// durable batch. An error means some sessions could not be saved.
     pub async fn stop(&self) -> Result<(), Error> {
-        let shared = &self.shared;
-        let core = &shared.core;
+        let cache = &self.shared.cache;
+        let core = &cache.core;
         core.stopping.store(true, Ordering::SeqCst);
-        for shard in shared.shards.iter() {
-            shard.fail_waiters();
-        }
+        cache.fail_waiters();
         loop {
             let notified = core.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !shared.any_locked() {
+            if !cache.any_locked() {
                 break;
             }
             notified.await;
         }
         let mut writes = Vec::new();
-        for shard in shared.shards.iter() {
-            shard.dirty_writes(&mut writes)?;
-        }
+        cache.dirty_writes(&mut writes)?;
         let _ = core.expiry_tx.send(ExpiryMsg::Stop);
         if writes.is_empty() {
             return Ok(());
@@ -234,7 +245,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         Counters::add(&core.counters.saves, n);
         Counters::add(&core.counters.save_batches, 1);
         for (key, _) in writes {
-            shared.locate(&key).1.mark_saved(&key);
+            cache.mark_saved(&key);
         }
         Ok(())
     }
@@ -309,7 +320,7 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let runtime = tokio::runtime::Handle::current();
-        let core = Arc::new(Core {
+        let core = Core {
             hasher: foldhash::fast::RandomState::default(),
             generation: self.storage.generation(),
             storage: self.storage.clone(),
@@ -324,12 +335,17 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             writer_tx,
             counters: counters.clone(),
             runtime: runtime.clone(),
-        });
-        let shards = (0..core.config.shards.max(1))
-            .map(|_| Arc::new(ShardCell::new(core.clone())))
-            .collect();
+        };
         let max_batch = core.config.max_batch;
-        let shared = Arc::new(Shared { core, shards });
+        let cache = Arc::new(Cache::new(core));
+        let handles = (0..HANDLES)
+            .map(|_| {
+                Arc::new(Handle {
+                    cache: cache.clone(),
+                })
+            })
+            .collect();
+        let shared = Arc::new(Shared { cache, handles });
         runtime.spawn(writer::run(self.storage, counters, max_batch, writer_rx));
         runtime.spawn(expiry::run(Arc::downgrade(&shared), index, expiry_rx));
         Ok(Engine { shared })

@@ -4,7 +4,7 @@ use crate::data::SessionData;
 use crate::engine::State;
 use crate::error::Error;
 use crate::key::SessionKey;
-use crate::shard::ShardCell;
+use crate::shard::Handle;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -14,9 +14,8 @@ use std::sync::Arc;
 /// save then happens in the background); [`SessionGuard::release`] releases
 /// it and returns only once a needed save is durable.
 pub struct SessionGuard<K: SessionKey, S: State> {
-    /// The shard that holds the key's slot (not the whole engine: see
-    /// [`ShardCell`]).
-    shard: Arc<ShardCell<K, S>>,
+    /// The way back into the cache (one of several: see [`Handle`]).
+    handle: Arc<Handle<K, S>>,
     /// The key's hash, computed once when it was asked for.
     hash: u64,
     key: K,
@@ -26,31 +25,31 @@ pub struct SessionGuard<K: SessionKey, S: State> {
 
 impl<K: SessionKey, S: State> SessionGuard<K, S> {
     pub(crate) fn new(
-        shard: Arc<ShardCell<K, S>>,
+        handle: Arc<Handle<K, S>>,
         hash: u64,
         key: K,
         session: SessionData<S>,
     ) -> Self {
         SessionGuard {
-            shard,
+            handle,
             hash,
             key,
             session: Some(session),
         }
     }
 
-    pub(crate) fn shard(&self) -> &ShardCell<K, S> {
-        &self.shard
+    pub(crate) fn handle(&self) -> &Handle<K, S> {
+        &self.handle
     }
 
     /// Take the session out without releasing the key (the engine goes on
     /// holding it).
-    pub(crate) fn into_parts(mut self) -> (Arc<ShardCell<K, S>>, u64, K, SessionData<S>) {
+    pub(crate) fn into_parts(mut self) -> (Arc<Handle<K, S>>, u64, K, SessionData<S>) {
         let session = self
             .session
             .take()
             .expect("a guard holds its session until it is released");
-        (self.shard.clone(), self.hash, self.key.clone(), session)
+        (self.handle.clone(), self.hash, self.key.clone(), session)
     }
 
     /// The session's key.
@@ -63,7 +62,7 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// save fails).
     pub async fn save(&mut self) -> Result<(), Error> {
         match self.session.as_mut() {
-            Some(session) => self.shard.core.save(&self.key, session).await,
+            Some(session) => self.handle.core().save(&self.key, session).await,
             None => Ok(()),
         }
     }
@@ -75,7 +74,7 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     pub async fn release(mut self) -> Result<(), Error> {
         match self.session.take() {
             Some(session) => {
-                self.shard
+                self.handle
                     .clone()
                     .finish(self.hash, self.key.clone(), session)
                     .await
@@ -105,7 +104,7 @@ impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
 impl<K: SessionKey, S: State> Drop for SessionGuard<K, S> {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
-            self.shard.release_from_drop(self.hash, &self.key, session);
+            self.handle.release_from_drop(self.hash, &self.key, session);
         }
     }
 }

@@ -9,6 +9,13 @@
 //! So an uncontended acquire and release each take the shard's lock once,
 //! briefly, with no allocation, no clock read and no shared counter; no
 //! thread blocks and nothing can observe two holders.
+//!
+//! A guard must keep the cache alive, so it holds an `Arc`. Were that one
+//! `Arc`, every acquire and release on every core would change one
+//! reference count on one cache line. So the engine keeps several
+//! [`Handle`]s to the same cache, each on its own line, and a thread takes
+//! the one numbered after it: the count a guard changes stays in that
+//! core's cache.
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
@@ -50,20 +57,59 @@ struct Table<K: SessionKey, S: State> {
     touched: Vec<K>,
 }
 
-/// One shard. Guards hold it by `Arc` (not the whole engine), so the
-/// reference count they change lives beside the shard's own lock instead of
-/// on one line every core fights over. Aligned so that shards share no
-/// cache line.
+/// One shard: its lock and table. Aligned so that shards share no cache
+/// line.
 #[repr(align(64))]
-pub(crate) struct ShardCell<K: SessionKey, S: State> {
-    pub(crate) core: Arc<Core<K, S>>,
+struct Shard<K: SessionKey, S: State> {
     table: Mutex<Table<K, S>>,
+}
+
+/// The cache: what every shard shares, and the shards.
+pub(crate) struct Cache<K: SessionKey, S: State> {
+    pub(crate) core: Core<K, S>,
+    shards: Box<[Shard<K, S>]>,
+}
+
+impl<K: SessionKey, S: State> Cache<K, S> {
+    pub(crate) fn new(core: Core<K, S>) -> Self {
+        let shards = (0..core.config.shards.max(1))
+            .map(|_| Shard {
+                table: Mutex::new(Table {
+                    slots: HashTable::new(),
+                    touched: Vec::new(),
+                }),
+            })
+            .collect();
+        Cache { core, shards }
+    }
+
+    /// The table of the shard a key's hash falls in. The shard is picked
+    /// from hash bits that the table does not use (it takes the low bits
+    /// for the bucket and the top seven as a tag), so keys spread within a
+    /// shard; by a multiply and shift rather than a division.
+    fn table(&self, hash: u64) -> MutexGuard<'_, Table<K, S>> {
+        let bits = u64::from((hash >> 25) as u32);
+        let i = ((bits * self.shards.len() as u64) >> 32) as usize;
+        lock(&self.shards[i].table)
+    }
+
+    fn tables(&self) -> impl Iterator<Item = MutexGuard<'_, Table<K, S>>> {
+        self.shards.iter().map(|s| lock(&s.table))
+    }
+}
+
+/// A way into the cache for guards, one of several (see the module
+/// documentation). Aligned so that its reference count has a cache line
+/// of its own.
+#[repr(align(64))]
+pub(crate) struct Handle<K: SessionKey, S: State> {
+    pub(crate) cache: Arc<Cache<K, S>>,
 }
 
 /// The right to a key, as passed from one command to the next: the session
 /// if there is one in memory, and whether storage was already asked.
 pub(crate) struct Held<K: SessionKey, S: State> {
-    shard: Arc<ShardCell<K, S>>,
+    handle: Arc<Handle<K, S>>,
     hash: u64,
     key: K,
     /// `None` once handed on (so that `Drop` does nothing).
@@ -79,7 +125,7 @@ impl<K: SessionKey, S: State> Held<K, S> {
 impl<K: SessionKey, S: State> Drop for Held<K, S> {
     fn drop(&mut self) {
         if let Some((session, loaded)) = self.payload.take() {
-            self.shard
+            self.handle
                 .pass_on(self.hash, &self.key, session, loaded, false);
         }
     }
@@ -100,15 +146,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl<K: SessionKey, S: State> ShardCell<K, S> {
-    pub(crate) fn new(core: Arc<Core<K, S>>) -> Self {
-        ShardCell {
-            core,
-            table: Mutex::new(Table {
-                slots: HashTable::new(),
-                touched: Vec::new(),
-            }),
-        }
+impl<K: SessionKey, S: State> Handle<K, S> {
+    pub(crate) fn core(&self) -> &Core<K, S> {
+        &self.cache.core
     }
 
     /// Take the key if it is free, or queue for it (or answer busy).
@@ -118,12 +158,12 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         key: K,
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
-        let mut table = lock(&self.table);
-        if self.core.stopping.load(Ordering::SeqCst) {
+        let core = self.core();
+        let mut table = self.cache.table(hash);
+        if core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
         let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
-            let core = &self.core;
             table.slots.insert_unique(
                 hash,
                 Entry {
@@ -134,7 +174,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
             );
             drop(table);
             return Ok(Entered::Held(Held {
-                shard: self.clone(),
+                handle: self.clone(),
                 hash,
                 key,
                 payload: Some((None, false)),
@@ -146,7 +186,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
             }
             let (tx, rx) = oneshot::channel();
             queue.push_back(tx);
-            Counters::add(&self.core.counters.queued, 1);
+            Counters::add(&core.counters.queued, 1);
             return Ok(Entered::Queued(rx));
         }
         let taken = std::mem::replace(&mut entry.slot, Slot::Locked(VecDeque::new()));
@@ -158,7 +198,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
             // Not reached (the slot was free); holding the key with nothing
             // loaded is still correct.
             Slot::Locked(_) => Entered::Held(Held {
-                shard: self.clone(),
+                handle: self.clone(),
                 hash,
                 key,
                 payload: Some((None, false)),
@@ -176,7 +216,8 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         loaded: bool,
         evict: bool,
     ) {
-        let mut guard = lock(&self.table);
+        let core = self.core();
+        let mut guard = self.cache.table(hash);
         let table = &mut *guard;
         let Ok(mut entry) = table.slots.find_entry(hash, |e| e.key == *key) else {
             tracing::error!(?key, "a released session had no slot; dropped");
@@ -185,9 +226,9 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         let mut payload = (session, loaded);
         if let Slot::Locked(queue) = &mut entry.get_mut().slot {
             while let Some(waiter) = queue.pop_front() {
-                self.core.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                core.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 let held = Held {
-                    shard: self.clone(),
+                    handle: self.clone(),
                     hash,
                     key: key.clone(),
                     payload: Some(payload),
@@ -209,7 +250,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
                 }
                 wake = s
                     .expires_at
-                    .is_some_and(|t| t.0 < self.core.next_wake.load(Ordering::Relaxed));
+                    .is_some_and(|t| t.0 < core.next_wake.load(Ordering::Relaxed));
                 entry.get_mut().slot = Slot::Free(s);
             }
             _ => {
@@ -218,20 +259,20 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         }
         drop(guard);
         if wake {
-            self.core.wake_expiry.notify_one();
+            core.wake_expiry.notify_one();
         }
-        if self.core.stopping.load(Ordering::Relaxed) {
-            self.core.released.notify_waiters();
+        if core.stopping.load(Ordering::Relaxed) {
+            core.released.notify_waiters();
         }
     }
 
     /// A guard was dropped without an awaited release.
     pub(crate) fn release_from_drop(self: &Arc<Self>, hash: u64, key: &K, mut s: SessionData<S>) {
         if s.dirty {
-            let shard = self.clone();
+            let handle = self.clone();
             let key = key.clone();
-            self.core.runtime.spawn(async move {
-                if let Err(e) = shard.finish(hash, key, s).await {
+            self.core().runtime.spawn(async move {
+                if let Err(e) = handle.finish(hash, key, s).await {
                     tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
                 }
             });
@@ -239,7 +280,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
             // No clock read here: the expiry manager stamps the release
             // time when it notes the key (within about a second).
             s.unstamped = true;
-            let kept = self.core.begin_if_kept(key, s);
+            let kept = self.core().begin_if_kept(key, s);
             self.pass_on(hash, key, kept, true, false);
         }
     }
@@ -252,14 +293,17 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         key: K,
         mut s: SessionData<S>,
     ) -> Result<(), Error> {
-        s.last_access = self.core.now();
+        let core = self.core();
+        s.last_access = core.now();
         s.unstamped = false;
-        let result = self.core.save(&key, &mut s).await;
-        let kept = self.core.begin_if_kept(&key, s);
+        let result = core.save(&key, &mut s).await;
+        let kept = core.begin_if_kept(&key, s);
         self.pass_on(hash, &key, kept, true, false);
         result
     }
+}
 
+impl<K: SessionKey, S: State> Cache<K, S> {
     /// For the expiry manager: the keys released since it last looked,
     /// with their expiration and last access (a release not stamped yet is
     /// stamped `now`). Keys held by a command stay listed for next time.
@@ -268,28 +312,29 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         now: Timestamp,
         out: &mut Vec<(K, Option<Timestamp>, Timestamp)>,
     ) {
-        let mut guard = lock(&self.table);
-        let table = &mut *guard;
-        let keys = std::mem::take(&mut table.touched);
-        for key in keys {
-            let hash = self.core.hash(&key);
-            match table.slots.find_mut(hash, |e| e.key == key) {
-                Some(Entry {
-                    slot: Slot::Free(s),
-                    ..
-                }) => {
-                    s.touch_pending = false;
-                    if s.unstamped {
-                        s.unstamped = false;
-                        s.last_access = s.last_access.max(now);
+        for mut guard in self.tables() {
+            let table = &mut *guard;
+            let keys = std::mem::take(&mut table.touched);
+            for key in keys {
+                let hash = self.core.hash(&key);
+                match table.slots.find_mut(hash, |e| e.key == key) {
+                    Some(Entry {
+                        slot: Slot::Free(s),
+                        ..
+                    }) => {
+                        s.touch_pending = false;
+                        if s.unstamped {
+                            s.unstamped = false;
+                            s.last_access = s.last_access.max(now);
+                        }
+                        out.push((key, s.expires_at, s.last_access));
                     }
-                    out.push((key, s.expires_at, s.last_access));
+                    Some(Entry {
+                        slot: Slot::Locked(_),
+                        ..
+                    }) => table.touched.push(key),
+                    None => {}
                 }
-                Some(Entry {
-                    slot: Slot::Locked(_),
-                    ..
-                }) => table.touched.push(key),
-                None => {}
             }
         }
     }
@@ -303,7 +348,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         last_access: Timestamp,
         now: Timestamp,
     ) -> Result<SessionData<S>, expiry::Flushed> {
-        let mut table = lock(&self.table);
+        let mut table = self.table(hash);
         let Ok(mut entry) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return Err(expiry::Flushed::Skipped);
         };
@@ -337,26 +382,26 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         }
     }
 
-    /// How many sessions the shard holds (free or locked).
+    /// How many sessions the cache holds (free or locked).
     pub(crate) fn len(&self) -> usize {
-        lock(&self.table).slots.len()
+        self.tables().map(|t| t.slots.len()).sum()
     }
 
-    /// Whether a command holds any key of this shard.
+    /// Whether a command holds any key.
     pub(crate) fn any_locked(&self) -> bool {
-        lock(&self.table)
-            .slots
-            .iter()
-            .any(|e| matches!(e.slot, Slot::Locked(_)))
+        self.tables()
+            .any(|t| t.slots.iter().any(|e| matches!(e.slot, Slot::Locked(_))))
     }
 
     /// Stopping: answer every queued command with [`Error::Stopping`].
     pub(crate) fn fail_waiters(&self) {
-        for entry in lock(&self.table).slots.iter_mut() {
-            if let Slot::Locked(queue) = &mut entry.slot {
-                for waiter in queue.drain(..) {
-                    self.core.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                    let _ = waiter.send(Err(Error::Stopping));
+        for mut table in self.tables() {
+            for entry in table.slots.iter_mut() {
+                if let Slot::Locked(queue) = &mut entry.slot {
+                    for waiter in queue.drain(..) {
+                        self.core.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                        let _ = waiter.send(Err(Error::Stopping));
+                    }
                 }
             }
         }
@@ -364,11 +409,13 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
 
     /// The writes that save every dirty free session.
     pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<(), Error> {
-        for entry in lock(&self.table).slots.iter() {
-            if let Slot::Free(s) = &entry.slot
-                && s.dirty
-            {
-                out.push((entry.key.clone(), self.core.put(&entry.key, s)?));
+        for table in self.tables() {
+            for entry in table.slots.iter() {
+                if let Slot::Free(s) = &entry.slot
+                    && s.dirty
+                {
+                    out.push((entry.key.clone(), self.core.put(&entry.key, s)?));
+                }
             }
         }
         Ok(())
@@ -380,7 +427,7 @@ impl<K: SessionKey, S: State> ShardCell<K, S> {
         if let Some(Entry {
             slot: Slot::Free(s),
             ..
-        }) = lock(&self.table).slots.find_mut(hash, |e| e.key == *key)
+        }) = self.table(hash).slots.find_mut(hash, |e| e.key == *key)
         {
             s.dirty = false;
             s.stored = true;
@@ -397,12 +444,12 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
 ) -> Result<Option<SessionGuard<K, S>>, Error> {
     let mut held = match entered {
         Entered::Ready(guard) => {
-            if !guard.shard().core.needs_ready(&guard) {
+            if !guard.handle().core().needs_ready(&guard) {
                 return Ok(Some(guard));
             }
-            let (shard, hash, key, session) = guard.into_parts();
+            let (handle, hash, key, session) = guard.into_parts();
             Held {
-                shard,
+                handle,
                 hash,
                 key,
                 payload: Some((Some(session), true)),
@@ -417,7 +464,7 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
     // away) while loading or finalizing, the key is passed on and its next
     // holder reads the session from storage again.
     held.payload = Some((None, false));
-    let core = &held.shard.core;
+    let core = held.handle.core();
     if !loaded {
         // On an error, `held` passes the key on unread: the next waiter
         // tries storage again.
@@ -433,7 +480,7 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         Some(s) => {
             held.payload = None;
             Ok(Some(SessionGuard::new(
-                held.shard.clone(),
+                held.handle.clone(),
                 held.hash,
                 held.key.clone(),
                 s,
