@@ -65,7 +65,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 
     /// This thread's way into the cache.
     fn handle(&self) -> &Arc<Handle<K, S>> {
-        &self.handles[thread_slot() % self.handles.len()]
+        &self.handles[thread_slot() % HANDLES]
     }
 
     /// Take the key if it is free, or queue for it (or answer busy).
@@ -155,6 +155,12 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// another command holds it. `Ok(None)`: the session exists nowhere and
     /// `create` is false (nothing is queued then).
     pub async fn get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
+        // Like tokio's own locks, an acquire spends the task's scheduling
+        // budget (and yields, before taking the key, when it is spent): a
+        // task that acquires free sessions in a loop never suspends
+        // otherwise, and would keep a waiter it handed a key to from
+        // running (and every command queued behind that waiter).
+        tokio::task::coop::consume_budget().await;
         match self.shared.enter(key, true)? {
             // The common case stays a small future; the slow path (loading,
             // finalizing, waiting in the queue) is boxed.
@@ -166,6 +172,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// Like [`Engine::get`], but answers [`Error::Busy`] at once when
     /// another command holds the session.
     pub async fn try_get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
+        tokio::task::coop::consume_budget().await;
         match self.shared.enter(key, false)? {
             Entered::Ready(guard) if !self.shared.core().needs_ready(&guard) => Ok(Some(guard)),
             entered => Box::pin(shard::complete(entered, create)).await,
