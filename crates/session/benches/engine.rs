@@ -2,7 +2,8 @@
 //! the same run (see BENCHMARKS.md):
 //!
 //! - `in_memory/*`: acquire + change + release on 10,000 keys (uniform and
-//!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`.
+//!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`;
+//!   `in_memory_one_worker/*`: the same on a one-worker runtime.
 //! - `durable/*`: releases that each carry a persistent change, engine on
 //!   redb (group commit) vs one durable redb transaction per release.
 //! - `memory`: resident bytes per idle session (printed, from /proc).
@@ -48,8 +49,12 @@ fn keys(zipf: bool, n: usize, seed: u64) -> Vec<u64> {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
+    runtime_with(2)
+}
+
+fn runtime_with(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap()
@@ -137,13 +142,16 @@ async fn run_tasks<O: Op>(iters: u64, zipf: bool, op: O) -> Duration {
 }
 
 fn in_memory(c: &mut Criterion) {
-    let rt = runtime();
+    in_memory_on(c, "in_memory", 2);
+    // The same on one worker thread: no cache line travels between cores,
+    // so this compares the work each side does per operation.
+    in_memory_on(c, "in_memory_one_worker", 1);
+}
+
+fn in_memory_on(c: &mut Criterion, prefix: &str, workers: usize) {
+    let rt = runtime_with(workers);
     for zipf in [false, true] {
-        let name = if zipf {
-            "in_memory/zipf"
-        } else {
-            "in_memory/uniform"
-        };
+        let name = format!("{prefix}/{}", if zipf { "zipf" } else { "uniform" });
         let mut group = c.benchmark_group(name);
         group.throughput(Throughput::Elements(1));
         group.measurement_time(Duration::from_secs(5));
