@@ -2,7 +2,8 @@
 //! the same run (see BENCHMARKS.md):
 //!
 //! - `in_memory/*`: acquire + change + release on 10,000 keys (uniform and
-//!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`.
+//!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`;
+//!   `in_memory_one_worker/*`: the same on a one-worker runtime.
 //! - `durable/*`: releases that each carry a persistent change, engine on
 //!   redb (group commit) vs one durable redb transaction per release.
 //! - `memory`: resident bytes per idle session (printed, from /proc).
@@ -48,8 +49,12 @@ fn keys(zipf: bool, n: usize, seed: u64) -> Vec<u64> {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
+    runtime_with(2)
+}
+
+fn runtime_with(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap()
@@ -137,13 +142,16 @@ async fn run_tasks<O: Op>(iters: u64, zipf: bool, op: O) -> Duration {
 }
 
 fn in_memory(c: &mut Criterion) {
-    let rt = runtime();
+    in_memory_on(c, "in_memory", 2);
+    // The same on one worker thread: no cache line travels between cores,
+    // so this compares the work each side does per operation.
+    in_memory_on(c, "in_memory_one_worker", 1);
+}
+
+fn in_memory_on(c: &mut Criterion, prefix: &str, workers: usize) {
+    let rt = runtime_with(workers);
     for zipf in [false, true] {
-        let name = if zipf {
-            "in_memory/zipf"
-        } else {
-            "in_memory/uniform"
-        };
+        let name = format!("{prefix}/{}", if zipf { "zipf" } else { "uniform" });
         let mut group = c.benchmark_group(name);
         group.throughput(Throughput::Elements(1));
         group.measurement_time(Duration::from_secs(5));
@@ -196,8 +204,47 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
+/// Whether criterion's command line names a filter that leaves `memory`
+/// out (criterion only filters what runs through it; this step does not).
+fn memory_filtered_out() -> bool {
+    const WITH_VALUE: &[&str] = &[
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "-c",
+        "--color",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--profile-time",
+        "--plotting-backend",
+        "--output-format",
+        "--format",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| {
+            !a.starts_with('-') && (*i == 0 || !WITH_VALUE.contains(&args[i - 1].as_str()))
+        })
+        .map(|(_, a)| a)
+        .collect();
+    !filters.is_empty() && !filters.iter().any(|f| "memory".contains(f.as_str()))
+}
+
 /// Not a timing: prints resident bytes per idle in-memory session.
 fn memory(_c: &mut Criterion) {
+    if memory_filtered_out() {
+        return;
+    }
     let rt = runtime();
     let n = 1_000_000u64;
     let before = resident_bytes();

@@ -29,6 +29,9 @@ pub struct SessionData<S> {
     pub(crate) generation: u64,
     /// Its key is in its shard's list for the expiry manager.
     pub(crate) touch_pending: bool,
+    /// Released by a dropped guard, whose release reads no clock: the
+    /// expiry manager sets `last_access` when it notes the key.
+    pub(crate) unstamped: bool,
 }
 
 impl<S> SessionData<S> {
@@ -44,6 +47,7 @@ impl<S> SessionData<S> {
             begun: false,
             generation,
             touch_pending: false,
+            unstamped: false,
         }
     }
 
@@ -87,7 +91,10 @@ impl<S> SessionData<S> {
         self.created_at
     }
 
-    /// When a command last released it.
+    /// When a command last released it: exact for an awaited
+    /// [`crate::SessionGuard::release`] or a save; for a guard dropped
+    /// without a save, the time the expiry manager noted the release (within
+    /// about a second after it; idle sessions are flushed no earlier for it).
     pub fn last_access(&self) -> Timestamp {
         self.last_access
     }

@@ -65,14 +65,14 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
     let mut due = Vec::new();
     let mut idle = Vec::new();
     let mut touched = Vec::new();
-    let Some(wake) = shared.upgrade().map(|e| e.wake_expiry.clone()) else {
+    let Some(wake) = shared.upgrade().map(|e| e.core().wake_expiry.clone()) else {
         return;
     };
     loop {
         let Some(engine) = shared.upgrade() else {
             return;
         };
-        let now = engine.clock.now();
+        let now = engine.core().now();
         loop {
             match rx.try_recv() {
                 Ok(ExpiryMsg::Remove(key)) => index.remove(&key),
@@ -80,10 +80,10 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
                 Err(mpsc::error::TryRecvError::Empty) => break,
             }
         }
-        if engine.stopping.load(Ordering::SeqCst) {
+        if engine.core().stopping.load(Ordering::SeqCst) {
             return;
         }
-        engine.drain_touched(&mut touched);
+        engine.drain_touched(now, &mut touched);
         for (key, expires_at, last_access) in touched.drain(..) {
             touch(&mut index, &key, expires_at, last_access, now);
         }
@@ -93,8 +93,8 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
             engine.expire_key(key).await;
         }
 
-        let limit = engine.config.flush_count_limit;
-        let time_limit = engine.config.flush_time_limit;
+        let limit = engine.core().config.flush_count_limit;
+        let time_limit = engine.core().config.flush_time_limit;
         if index.resident() > limit {
             index.take_idle(None, index.resident() - limit * 9 / 10, &mut idle);
         } else if index
@@ -113,7 +113,7 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
             }
         }
 
-        let now = engine.clock.now();
+        let now = engine.core().now();
         let next = [
             index.next_expiry(),
             index.oldest_idle().map(|t| t.after(time_limit)),
@@ -122,7 +122,10 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         .flatten()
         .min();
         let wait = next.map_or(MAX_SLEEP, |t| t.since(now).min(MAX_SLEEP));
-        engine.next_wake.store(now.after(wait).0, Ordering::Relaxed);
+        engine
+            .core()
+            .next_wake
+            .store(now.after(wait).0, Ordering::Relaxed);
         drop(engine);
         tokio::select! {
             msg = rx.recv() => match msg {

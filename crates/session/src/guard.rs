@@ -1,9 +1,10 @@
 //! Exclusive access to one session.
 
 use crate::data::SessionData;
-use crate::engine::{Shared, State};
+use crate::engine::State;
 use crate::error::Error;
 use crate::key::SessionKey;
+use crate::shard::Handle;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -13,29 +14,42 @@ use std::sync::Arc;
 /// save then happens in the background); [`SessionGuard::release`] releases
 /// it and returns only once a needed save is durable.
 pub struct SessionGuard<K: SessionKey, S: State> {
-    shared: Arc<Shared<K, S>>,
+    /// The way back into the cache (one of several: see [`Handle`]).
+    handle: Arc<Handle<K, S>>,
+    /// The key's hash, computed once when it was asked for.
+    hash: u64,
     key: K,
     /// `Some` until released; only `release` and `drop` take it.
-    session: Option<Box<SessionData<S>>>,
+    session: Option<SessionData<S>>,
 }
 
 impl<K: SessionKey, S: State> SessionGuard<K, S> {
-    pub(crate) fn new(shared: Arc<Shared<K, S>>, key: K, session: Box<SessionData<S>>) -> Self {
+    pub(crate) fn new(
+        handle: Arc<Handle<K, S>>,
+        hash: u64,
+        key: K,
+        session: SessionData<S>,
+    ) -> Self {
         SessionGuard {
-            shared,
+            handle,
+            hash,
             key,
             session: Some(session),
         }
     }
 
+    pub(crate) fn handle(&self) -> &Handle<K, S> {
+        &self.handle
+    }
+
     /// Take the session out without releasing the key (the engine goes on
     /// holding it).
-    pub(crate) fn into_parts(mut self) -> (K, Box<SessionData<S>>) {
+    pub(crate) fn into_parts(mut self) -> (Arc<Handle<K, S>>, u64, K, SessionData<S>) {
         let session = self
             .session
             .take()
             .expect("a guard holds its session until it is released");
-        (self.key.clone(), session)
+        (self.handle.clone(), self.hash, self.key.clone(), session)
     }
 
     /// The session's key.
@@ -47,8 +61,8 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// make a step durable before it goes on (and undo its change if the
     /// save fails).
     pub async fn save(&mut self) -> Result<(), Error> {
-        match self.session.as_deref_mut() {
-            Some(session) => self.shared.save(&self.key, session).await,
+        match self.session.as_mut() {
+            Some(session) => self.handle.core().save(&self.key, session).await,
             None => Ok(()),
         }
     }
@@ -59,7 +73,12 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// saved on a later attempt; the next command gets it either way.
     pub async fn release(mut self) -> Result<(), Error> {
         match self.session.take() {
-            Some(session) => self.shared.clone().finish(self.key.clone(), session).await,
+            Some(session) => {
+                self.handle
+                    .clone()
+                    .finish(self.hash, self.key.clone(), session)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -69,7 +88,7 @@ impl<K: SessionKey, S: State> Deref for SessionGuard<K, S> {
     type Target = SessionData<S>;
     fn deref(&self) -> &SessionData<S> {
         self.session
-            .as_deref()
+            .as_ref()
             .expect("a guard holds its session until it is released")
     }
 }
@@ -77,7 +96,7 @@ impl<K: SessionKey, S: State> Deref for SessionGuard<K, S> {
 impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
     fn deref_mut(&mut self) -> &mut SessionData<S> {
         self.session
-            .as_deref_mut()
+            .as_mut()
             .expect("a guard holds its session until it is released")
     }
 }
@@ -85,9 +104,7 @@ impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
 impl<K: SessionKey, S: State> Drop for SessionGuard<K, S> {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
-            self.shared
-                .clone()
-                .release_from_drop(self.key.clone(), session);
+            self.handle.release_from_drop(self.hash, &self.key, session);
         }
     }
 }

@@ -38,6 +38,68 @@ async fn concurrent_increments_are_serialized() {
     assert_eq!(read(&engine, "k").await.unwrap().n, n);
 }
 
+/// Acquires racing releases on two worker threads, through every way in: a
+/// guard held across a yield and dropped (the release that reads no clock),
+/// a submitted command, and `try_get` (which may answer busy). Every
+/// increment that was made lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_acquires_and_releases_lose_no_increment() {
+    const TASKS: u64 = 16;
+    const OPS: u64 = 300;
+    const KEYS: u64 = 3;
+    let (engine, _, _) = memory_engine().await;
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut made, mut busy) = (0u64, 0u64);
+            for i in 0..OPS {
+                let key = format!("k{}", (t + i) % KEYS);
+                match i % 3 {
+                    0 => {
+                        let mut s = engine.get(key, true).await.unwrap().unwrap();
+                        tokio::task::yield_now().await;
+                        s.state_mut().n += 1;
+                        made += 1;
+                    }
+                    1 => {
+                        engine
+                            .submit(key, true, |mut s| async move {
+                                s.state_mut().n += 1;
+                            })
+                            .await
+                            .unwrap()
+                            .unwrap();
+                        made += 1;
+                    }
+                    _ => match engine.try_get(key, true).await {
+                        Ok(Some(mut s)) => {
+                            s.state_mut().n += 1;
+                            made += 1;
+                        }
+                        Err(Error::Busy) => busy += 1,
+                        other => panic!("try_get: {other:?}"),
+                    },
+                }
+            }
+            (made, busy)
+        }));
+    }
+    let (mut made, mut busy) = (0, 0);
+    for t in tasks {
+        let (m, b) = t.await.unwrap();
+        made += m;
+        busy += b;
+    }
+    let mut counted = 0;
+    for k in 0..KEYS {
+        counted += read(&engine, &format!("k{k}")).await.unwrap().n;
+    }
+    assert_eq!(counted, made);
+    assert_eq!(made + busy, TASKS * OPS);
+    assert_eq!(engine.stats().queued, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn queued_commands_run_in_submission_order() {
     let (engine, _, _) = memory_engine().await;

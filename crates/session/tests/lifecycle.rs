@@ -169,6 +169,39 @@ async fn flush_by_idle_time_and_non_persistent_changes_are_dropped() {
     );
 }
 
+/// A guard dropped without a save reads no clock; the expiry manager
+/// stamps its release when it notes it, so the session is flushed no
+/// earlier than the idle limit after the release, and not much later.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_guard_is_stamped_by_the_expiry_manager() {
+    let storage = Arc::new(MemoryStorage::new());
+    let config = Config {
+        flush_time_limit: Duration::from_secs(30),
+        ..Config::default()
+    };
+    let engine = engine_with(storage, Recorder::new(), config).await;
+    bump(&engine, "k").await;
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let released = engine.now();
+    let mut s = engine.get("k".to_string(), false).await.unwrap().unwrap();
+    s.state_mut().note = "memory only".into();
+    drop(s);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s = engine.get("k".to_string(), false).await.unwrap().unwrap();
+    let stamped = s.last_access();
+    assert!(
+        stamped >= released && stamped <= released.after(Duration::from_secs(1)),
+        "stamped {stamped:?}, released {released:?}"
+    );
+    assert_eq!(s.state().note, "memory only");
+    drop(s);
+    tokio::time::sleep(Duration::from_secs(27)).await;
+    assert_eq!(engine.stats().in_memory, 1, "idle for less than 30 s");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(engine.stats().in_memory, 0, "flushed");
+    assert_eq!(read(&engine, "k").await.unwrap().note, "");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_session_expiring_within_five_seconds_is_not_flushed() {
     let storage = Arc::new(MemoryStorage::new());
