@@ -26,7 +26,7 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 const DEFAULT_LOW: u64 = 16 << 20;
 
 /// Opens the exchange on `config.data_dir`. While opening fails and the
-/// file system has less than `low_bytes` free (0: [`DEFAULT_LOW`]), waits
+/// file system has less than `low_bytes` free (0: 16 MiB), waits
 /// and tries again.
 pub async fn open_exchange(
     config: ExchangeConfig,
