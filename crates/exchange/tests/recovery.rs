@@ -149,3 +149,66 @@ async fn device_counters_are_durable() {
         .unwrap();
     assert_eq!((phone.sent, phone.duplicates), (2, 1));
 }
+
+/// Records the keys of the alerts raised.
+#[derive(Default)]
+struct Raised(std::sync::Mutex<Vec<String>>);
+
+impl estafeta_exchange::AlertSink for Raised {
+    fn raise(&self, alert: estafeta_exchange::Alert) -> estafeta_session::BoxFuture<'_, ()> {
+        self.0.lock().unwrap().push(alert.key);
+        Box::pin(async {})
+    }
+    fn clear(&self, _key: String) -> estafeta_session::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    assert_eq!(
+        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
+            .await,
+        CallStatus::Ok
+    );
+    w.ex.shutdown().await.unwrap();
+    let World { dir, ex, .. } = w;
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+
+    // Opened past the READY_TO_COMMIT deadline, and the process's session
+    // is touched (the expiry manager, or here a reader) before start-up
+    // processing: nothing may happen to it before the caller has set its
+    // alert sink and started start-up processing.
+    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000)).await;
+    let reader = {
+        let ex = ex.clone();
+        tokio::spawn(async move {
+            ex.processes(&estafeta_exchange::tenancy::Principal::Admin)
+                .await
+                .unwrap()
+        })
+    };
+    // Give the reader every chance to get through (its session load runs
+    // on a blocking thread): without the wait for start-up processing it
+    // would put the process in doubt now, with no sink to alert.
+    for _ in 0..200 {
+        if reader.is_finished() {
+            break;
+        }
+        tokio::task::spawn_blocking(|| ()).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let raised = std::sync::Arc::new(Raised::default());
+    ex.set_alert_sink(raised.clone());
+    ex.recover().await.unwrap();
+    let listed = reader.await.unwrap();
+    assert_eq!(listed.processes[0].state, ProcessState::InDoubt);
+    assert_eq!(*raised.0.lock().unwrap(), [format!("in_doubt:{pid}")]);
+}

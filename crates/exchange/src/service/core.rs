@@ -51,6 +51,10 @@ pub(crate) struct Core {
     pub(crate) webhooks: super::push::Webhooks,
     /// Woken when start-up processing is done.
     pub(crate) became_ready: tokio::sync::Notify,
+    /// True once start-up processing has begun: until then the session
+    /// hooks wait, so that nothing changes state (and raises an alert)
+    /// before the caller had the chance to set its alert sink.
+    pub(crate) started: tokio::sync::watch::Sender<bool>,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {

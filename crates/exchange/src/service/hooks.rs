@@ -85,6 +85,16 @@ impl ExchangeHooks {
     }
 }
 
+impl Core {
+    /// Waits until start-up processing has begun: a deadline that passed
+    /// while the server was down is acted on (a process put in doubt, its
+    /// alert raised) only once the alert sink is in place.
+    async fn wait_started(&self) {
+        // Err only when the sender is gone, i.e. never while `self` lives.
+        let _ = self.started.subscribe().wait_for(|started| *started).await;
+    }
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -102,6 +112,7 @@ impl Hooks<String, Record> for ExchangeHooks {
             let Some(core) = self.core.upgrade() else {
                 return Finalize::Keep;
             };
+            core.wait_started().await;
             if let Err(e) = Self::deadline(&core, s).await {
                 tracing::error!(key, error = %e, "process deadline handling failed; retrying");
                 s.set_expires_at(Some(core.session_now().after(RETRY)));
@@ -122,6 +133,7 @@ impl Hooks<String, Record> for ExchangeHooks {
             let Some(core) = self.core.upgrade() else {
                 return Finalize::Keep;
             };
+            core.wait_started().await;
             if let Err(e) = Self::recover(&core, s).await {
                 tracing::error!(key, error = %e, "start-up processing failed; retrying");
                 s.set_expires_at(Some(core.session_now().after(RETRY)));

@@ -121,6 +121,7 @@ impl Exchange {
             push: std::sync::RwLock::new(Arc::new(NoPush)),
             webhooks: Default::default(),
             became_ready: tokio::sync::Notify::new(),
+            started: tokio::sync::watch::Sender::new(false),
         });
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),

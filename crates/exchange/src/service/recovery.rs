@@ -16,6 +16,7 @@ impl Core {
     /// process refers to are moved to `Unknown` and reported; then
     /// retention runs.
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
+        self.started.send_replace(true);
         let mut report = RecoveryReport::default();
         for e in self
             .registry

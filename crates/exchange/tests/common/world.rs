@@ -31,6 +31,13 @@ fn id(s: &str) -> Id {
 }
 
 pub async fn open(dir: &std::path::Path, start: SessionTime) -> Exchange {
+    let ex = open_unrecovered(dir, start).await;
+    ex.recover().await.unwrap();
+    ex
+}
+
+/// The exchange opened, start-up processing not yet run.
+pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime) -> Exchange {
     let mut config = ExchangeConfig::new(dir.join("data"));
     config.admin_token = Some("a".repeat(64));
     config.started_timeout = STARTED_TIMEOUT;
@@ -38,7 +45,6 @@ pub async fn open(dir: &std::path::Path, start: SessionTime) -> Exchange {
     let (ex, _) = Exchange::open(config, Arc::new(TokioClock::starting_at(start)))
         .await
         .unwrap();
-    ex.recover().await.unwrap();
     ex
 }
 
