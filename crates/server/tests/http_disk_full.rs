@@ -7,37 +7,13 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::path::Path;
-use std::process::{Command as StdCommand, Stdio};
+use std::process::Stdio;
 
+use common::tmpfs::{Tmpfs, fill, is_root};
 use common::{Binary, estafeta, id, message, provision_one, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-fn is_root() -> bool {
-    StdCommand::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// Unmounts when dropped, whatever the test's outcome.
-struct Tmpfs<'a>(&'a Path);
-impl Drop for Tmpfs<'_> {
-    fn drop(&mut self) {
-        let _ = StdCommand::new("umount").arg("-l").arg(self.0).status();
-    }
-}
-
-fn fill(path: &Path) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0u8; 64 * 1024];
-    while f.write_all(&chunk).is_ok() {}
-    let _ = f.sync_all();
-}
 
 #[tokio::test]
 async fn a_restart_on_a_full_disk_waits_for_space_and_loses_nothing() {
@@ -48,13 +24,7 @@ async fn a_restart_on_a_full_disk_waits_for_space_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = StdCommand::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mounting a tmpfs failed although root");
-    let _unmount = Tmpfs(&mnt);
+    let _unmount = Tmpfs::mount(&mnt, "16m");
     let data = mnt.join("data");
     let env = [
         ("ESTAFETA_ADMIN_TOKEN", "disk-admin"),

@@ -5,35 +5,10 @@
 
 mod common;
 
+use common::tmpfs::{Tmpfs, fill, is_root};
 use common::*;
 use estafeta_session::{Config, Error, RedbStorage};
-use std::io::Write as _;
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// Unmounts when dropped, whatever the test's outcome.
-struct Tmpfs<'a>(&'a Path);
-impl Drop for Tmpfs<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.0).status();
-    }
-}
-
-fn fill(path: &Path) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0u8; 64 * 1024];
-    while f.write_all(&chunk).is_ok() {}
-    let _ = f.sync_all();
-}
 
 #[tokio::test]
 async fn a_full_disk_that_clears_does_not_poison_the_storage() {
@@ -44,16 +19,7 @@ async fn a_full_disk_that_clears_does_not_poison_the_storage() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(
-        mounted.success(),
-        "mounting a tmpfs failed although running as root"
-    );
-    let _unmount = Tmpfs(&mnt);
+    let _unmount = Tmpfs::mount(&mnt, "8m");
 
     let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
     let engine = engine_with(storage, Recorder::new(), Config::default()).await;
