@@ -4,6 +4,7 @@
 //! How a key is held and passed on is in [`crate::shard`]; the steps of a
 //! session's life (load, finalize, save) are in [`crate::lifecycle`].
 
+use crate::acquire::Acquire;
 use crate::clock::{Clock, Timestamp};
 use crate::config::Config;
 use crate::error::Error;
@@ -64,12 +65,14 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     }
 
     /// This thread's way into the cache.
+    #[inline]
     fn handle(&self) -> &Arc<Handle<K, S>> {
         &self.handles[thread_slot() % HANDLES]
     }
 
     /// Take the key if it is free, or queue for it (or answer busy).
-    fn enter(&self, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
+    #[inline]
+    pub(crate) fn enter(&self, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
         let hash = self.core().hash(&key);
         self.handle().enter(hash, key, wait)
     }
@@ -107,13 +110,15 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         now: Timestamp,
     ) -> expiry::Flushed {
         let hash = self.core().hash(&key);
-        let mut s = match self.cache.take_for_flush(hash, &key, last_access, now) {
-            Ok(s) => s,
+        let mut owned = match self.cache.take_for_flush(hash, &key, last_access, now) {
+            Ok(owned) => owned,
             Err(outcome) => return outcome,
         };
-        let saved = self.core().save(&key, &mut s).await;
-        let ok = saved.is_ok();
-        self.handle().pass_on(hash, &key, Some(s), true, ok);
+        let ok = match owned.session.as_mut() {
+            Some(s) => self.core().save(&key, s).await.is_ok(),
+            None => true,
+        };
+        self.handle().release(hash, &key, owned, ok);
         if ok {
             Counters::add(&self.core().counters.flushes, 1);
         }
@@ -154,29 +159,14 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// Exclusive access to the session of `key`, waiting in its queue while
     /// another command holds it. `Ok(None)`: the session exists nowhere and
     /// `create` is false (nothing is queued then).
-    pub async fn get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
-        // Like tokio's own locks, an acquire spends the task's scheduling
-        // budget (and yields, before taking the key, when it is spent): a
-        // task that acquires free sessions in a loop never suspends
-        // otherwise, and would keep a waiter it handed a key to from
-        // running (and every command queued behind that waiter).
-        tokio::task::coop::consume_budget().await;
-        match self.shared.enter(key, true)? {
-            // The common case stays a small future; the slow path (loading,
-            // finalizing, waiting in the queue) is boxed.
-            Entered::Ready(guard) if !self.shared.core().needs_ready(&guard) => Ok(Some(guard)),
-            entered => Box::pin(shard::complete(entered, create)).await,
-        }
+    pub fn get(&self, key: K, create: bool) -> Acquire<'_, K, S> {
+        Acquire::new(&self.shared, key, true, create)
     }
 
     /// Like [`Engine::get`], but answers [`Error::Busy`] at once when
     /// another command holds the session.
-    pub async fn try_get(&self, key: K, create: bool) -> Result<Option<SessionGuard<K, S>>, Error> {
-        tokio::task::coop::consume_budget().await;
-        match self.shared.enter(key, false)? {
-            Entered::Ready(guard) if !self.shared.core().needs_ready(&guard) => Ok(Some(guard)),
-            entered => Box::pin(shard::complete(entered, create)).await,
-        }
+    pub fn try_get(&self, key: K, create: bool) -> Acquire<'_, K, S> {
+        Acquire::new(&self.shared, key, false, create)
     }
 
     /// Hand a command to the engine. Its place in the session's queue is

@@ -21,7 +21,8 @@ pub enum Error {
     #[error("session state does not serialize: {0}")]
     Encode(#[source] serde_json::Error),
     /// The engine's background task that ran a submitted command ended
-    /// without an answer (it panicked).
+    /// without an answer (it panicked), or an [`crate::Acquire`] was polled
+    /// again after it finished.
     #[error("the submitted command did not complete")]
     Lost,
 }

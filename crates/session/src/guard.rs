@@ -4,9 +4,11 @@ use crate::data::SessionData;
 use crate::engine::State;
 use crate::error::Error;
 use crate::key::SessionKey;
-use crate::shard::Handle;
+use crate::shard::{Handle, Held, Owned};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+
+const HELD: &str = "a guard holds its session until it is released";
 
 /// Exclusive access to one session, given to one command at a time.
 ///
@@ -19,22 +21,18 @@ pub struct SessionGuard<K: SessionKey, S: State> {
     /// The key's hash, computed once when it was asked for.
     hash: u64,
     key: K,
-    /// `Some` until released; only `release` and `drop` take it.
-    session: Option<SessionData<S>>,
+    /// The key's cell, locked, with a session in it; `Some` until released
+    /// (only `release`, `into_held` and `drop` take it).
+    owned: Option<Owned<S>>,
 }
 
 impl<K: SessionKey, S: State> SessionGuard<K, S> {
-    pub(crate) fn new(
-        handle: Arc<Handle<K, S>>,
-        hash: u64,
-        key: K,
-        session: SessionData<S>,
-    ) -> Self {
+    pub(crate) fn new(handle: Arc<Handle<K, S>>, hash: u64, key: K, owned: Owned<S>) -> Self {
         SessionGuard {
             handle,
             hash,
             key,
-            session: Some(session),
+            owned: Some(owned),
         }
     }
 
@@ -42,14 +40,15 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
         &self.handle
     }
 
-    /// Take the session out without releasing the key (the engine goes on
-    /// holding it).
-    pub(crate) fn into_parts(mut self) -> (Arc<Handle<K, S>>, u64, K, SessionData<S>) {
-        let session = self
-            .session
-            .take()
-            .expect("a guard holds its session until it is released");
-        (self.handle.clone(), self.hash, self.key.clone(), session)
+    /// Go on holding the key without a command (the engine finalizes or
+    /// recovers the session first).
+    pub(crate) fn into_held(mut self) -> Held<K, S> {
+        Held {
+            handle: self.handle.clone(),
+            hash: self.hash,
+            key: self.key.clone(),
+            owned: self.owned.take(),
+        }
     }
 
     /// The session's key.
@@ -61,7 +60,7 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// make a step durable before it goes on (and undo its change if the
     /// save fails).
     pub async fn save(&mut self) -> Result<(), Error> {
-        match self.session.as_mut() {
+        match self.owned.as_mut().and_then(|o| o.session.as_mut()) {
             Some(session) => self.handle.core().save(&self.key, session).await,
             None => Ok(()),
         }
@@ -72,11 +71,11 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// the error is returned and the session stays in memory, dirty, to be
     /// saved on a later attempt; the next command gets it either way.
     pub async fn release(mut self) -> Result<(), Error> {
-        match self.session.take() {
-            Some(session) => {
+        match self.owned.take() {
+            Some(owned) => {
                 self.handle
                     .clone()
-                    .finish(self.hash, self.key.clone(), session)
+                    .finish(self.hash, self.key.clone(), owned)
                     .await
             }
             None => Ok(()),
@@ -87,24 +86,26 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
 impl<K: SessionKey, S: State> Deref for SessionGuard<K, S> {
     type Target = SessionData<S>;
     fn deref(&self) -> &SessionData<S> {
-        self.session
+        self.owned
             .as_ref()
-            .expect("a guard holds its session until it is released")
+            .and_then(|o| o.session.as_ref())
+            .expect(HELD)
     }
 }
 
 impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
     fn deref_mut(&mut self) -> &mut SessionData<S> {
-        self.session
+        self.owned
             .as_mut()
-            .expect("a guard holds its session until it is released")
+            .and_then(|o| o.session.as_mut())
+            .expect(HELD)
     }
 }
 
 impl<K: SessionKey, S: State> Drop for SessionGuard<K, S> {
     fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            self.handle.release_from_drop(self.hash, &self.key, session);
+        if let Some(owned) = self.owned.take() {
+            self.handle.release_from_drop(self.hash, &self.key, owned);
         }
     }
 }
@@ -113,7 +114,7 @@ impl<K: SessionKey, S: State + std::fmt::Debug> std::fmt::Debug for SessionGuard
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionGuard")
             .field("key", &self.key)
-            .field("session", &self.session)
+            .field("session", &self.owned.as_ref().map(|o| &o.session))
             .finish()
     }
 }

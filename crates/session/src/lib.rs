@@ -51,6 +51,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod acquire;
 pub mod clock;
 mod config;
 mod data;
@@ -68,6 +69,7 @@ mod stats;
 pub mod storage;
 mod writer;
 
+pub use acquire::Acquire;
 pub use clock::{Clock, SystemClock, Timestamp, TokioClock};
 pub use config::Config;
 pub use data::SessionData;

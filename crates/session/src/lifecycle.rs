@@ -12,6 +12,7 @@ use crate::expiry::ExpiryMsg;
 use crate::hooks::{Finalize, Hooks};
 use crate::key::SessionKey;
 use crate::record::{self, Record};
+use crate::shard::Cell;
 use crate::stats::Counters;
 use crate::storage::{Storage, StorageError, Write};
 use crate::writer::SaveRequest;
@@ -212,15 +213,22 @@ impl<K: SessionKey, S: State> Core<K, S> {
     }
 
     /// Lazy creation and the begin notification, at release: a new session
-    /// its creating command left untouched is dropped (`None`).
-    pub(crate) fn begin_if_kept(&self, key: &K, mut s: SessionData<S>) -> Option<SessionData<S>> {
+    /// its creating command left untouched is dropped (the cell keeps
+    /// knowing that the key has no session).
+    pub(crate) fn begin_if_kept(&self, key: &K, cell: &mut Cell<S>) {
+        let Some(s) = cell.session.as_mut() else {
+            return;
+        };
+        if s.begun {
+            return;
+        }
         if !s.stored && !s.touched {
-            return None;
+            cell.session = None;
+            return;
         }
         if !s.begun {
             s.begun = true;
             self.hooks.begin(key, &s.state);
         }
-        Some(s)
     }
 }

@@ -1,14 +1,26 @@
-//! One lock-protected part of the session cache, and how a key is held.
+//! One part of the session cache, and how a key is held and passed on.
 //!
-//! A shard is a hash table of slots, found with the one hash the engine
-//! computed for the key. A slot is `Free` (the session is stored in it,
-//! inline: no pointer to chase) or `Locked` (a command owns the session,
-//! and a FIFO of commands waits for it). Holding a key is owning its
-//! session: acquiring moves it out of the slot into the guard, releasing
-//! moves it back, or straight to the next waiter through a oneshot channel.
-//! So an uncontended acquire and release each take the shard's lock once,
-//! briefly, with no allocation, no clock read and no shared counter; no
-//! thread blocks and nothing can observe two holders.
+//! Each key in memory has a cell: a small lock around its session (if one
+//! is loaded) in its own allocation, found through its shard's hash table.
+//! Holding a key is holding its cell's lock, through an owned guard, so a
+//! `'static` session guard can keep it across awaits and threads. The
+//! uncontended path writes nothing but the cell: find the key under the
+//! shard's read lock, take the cell's lock with one compare-and-swap; the
+//! release lets it go with another and reads one shared counter. The
+//! session stays in place in the cell: it is never moved into the guard and
+//! back.
+//!
+//! Commands that find a key held queue in its table entry, in arrival
+//! order, under the shard's write lock (the contended path only). A release
+//! that sees waiters in its shard hands the cell, still locked, to the first
+//! of them through a oneshot channel, so nobody can take the key ahead of
+//! the queue and nothing can observe two holders. A waiter registers and
+//! then tries the lock once more, and a release lets go before it looks for
+//! waiters, so a key is never left free with someone waiting for it.
+//!
+//! The expiry manager and `stop` inspect cells only under a shard lock and
+//! only when nobody waits for them, so their brief look can neither race a
+//! waiter's registration nor make one wait for nothing.
 //!
 //! A guard must keep the cache alive, so it holds an `Arc`. Were that one
 //! `Arc`, every acquire and release on every core would change one
@@ -28,40 +40,55 @@ use crate::lifecycle::Core;
 use crate::stats::Counters;
 use crate::storage::Write;
 use hashbrown::HashTable;
+use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 type Waiter<K, S> = oneshot::Sender<Result<Held<K, S>, Error>>;
 
-enum Slot<K: SessionKey, S: State> {
-    Free(SessionData<S>),
-    Locked(VecDeque<Waiter<K, S>>),
+/// What a key has in memory.
+pub(crate) struct Cell<S> {
+    /// Its session, when one is loaded or created.
+    pub(crate) session: Option<SessionData<S>>,
+    /// Storage was already asked: no session here means none anywhere.
+    pub(crate) loaded: bool,
 }
 
-/// A table entry. Aligned to a cache line so that finding a key and
-/// taking its session touch one line (two for large keys or states).
-#[repr(align(64))]
+/// A key, held: its cell's lock, owned.
+pub(crate) type Owned<S> = ArcMutexGuard<RawMutex, Cell<S>>;
+
+/// A table entry: the key, its cell, and the commands waiting for it.
 struct Entry<K: SessionKey, S: State> {
     key: K,
-    slot: Slot<K, S>,
+    cell: Arc<Mutex<Cell<S>>>,
+    /// `Some` (and not empty) while commands wait. Boxed on purpose: one
+    /// word in every entry instead of four, as few keys ever have waiters
+    /// and a small table stays in cache.
+    #[allow(clippy::box_collection)]
+    waiters: Option<Box<VecDeque<Waiter<K, S>>>>,
 }
 
-struct Table<K: SessionKey, S: State> {
-    slots: HashTable<Entry<K, S>>,
+/// What every release of a shard reads, and the expiry manager's list: a
+/// cache line apart from the table's lock, which every acquire writes.
+#[repr(align(64))]
+struct Side<K> {
+    /// How many of the shard's keys have waiters. A release that sees 0
+    /// after letting its key go is done.
+    waiting: AtomicUsize,
     /// Keys released since the expiry manager last looked (each at most
     /// once: see `SessionData::touch_pending`). The manager reads their
-    /// times from the slots, so a release costs no message and no wake-up.
-    touched: Vec<K>,
+    /// times from the cells, so a release costs no message and no wake-up.
+    touched: std::sync::Mutex<Vec<K>>,
 }
 
-/// One shard: its lock and table. Aligned so that shards share no cache
-/// line.
+/// One shard. Aligned so that shards share no cache line.
 #[repr(align(64))]
 struct Shard<K: SessionKey, S: State> {
-    table: Mutex<Table<K, S>>,
+    table: RwLock<HashTable<Entry<K, S>>>,
+    side: Side<K>,
 }
 
 /// The cache: what every shard shares, and the shards.
@@ -74,27 +101,24 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn new(core: Core<K, S>) -> Self {
         let shards = (0..core.config.shards.max(1))
             .map(|_| Shard {
-                table: Mutex::new(Table {
-                    slots: HashTable::new(),
-                    touched: Vec::new(),
-                }),
+                table: RwLock::new(HashTable::new()),
+                side: Side {
+                    waiting: AtomicUsize::new(0),
+                    touched: std::sync::Mutex::new(Vec::new()),
+                },
             })
             .collect();
         Cache { core, shards }
     }
 
-    /// The table of the shard a key's hash falls in. The shard is picked
-    /// from hash bits that the table does not use (it takes the low bits
-    /// for the bucket and the top seven as a tag), so keys spread within a
-    /// shard; by a multiply and shift rather than a division.
-    fn table(&self, hash: u64) -> MutexGuard<'_, Table<K, S>> {
+    /// The shard a key's hash falls in. Picked from hash bits that the
+    /// table does not use (it takes the low bits for the bucket and the top
+    /// seven as a tag), so keys spread within a shard; by a multiply and
+    /// shift rather than a division.
+    fn shard(&self, hash: u64) -> &Shard<K, S> {
         let bits = u64::from((hash >> 25) as u32);
         let i = ((bits * self.shards.len() as u64) >> 32) as usize;
-        lock(&self.shards[i].table)
-    }
-
-    fn tables(&self) -> impl Iterator<Item = MutexGuard<'_, Table<K, S>>> {
-        self.shards.iter().map(|s| lock(&s.table))
+        &self.shards[i]
     }
 }
 
@@ -106,27 +130,33 @@ pub(crate) struct Handle<K: SessionKey, S: State> {
     pub(crate) cache: Arc<Cache<K, S>>,
 }
 
-/// The right to a key, as passed from one command to the next: the session
-/// if there is one in memory, and whether storage was already asked.
+/// A held key whose session is not ready for a command yet (not loaded,
+/// absent, or due for finalizing), as passed from one command to the next.
 pub(crate) struct Held<K: SessionKey, S: State> {
-    handle: Arc<Handle<K, S>>,
-    hash: u64,
-    key: K,
+    pub(crate) handle: Arc<Handle<K, S>>,
+    pub(crate) hash: u64,
+    pub(crate) key: K,
     /// `None` once handed on (so that `Drop` does nothing).
-    payload: Option<(Option<SessionData<S>>, bool)>,
+    pub(crate) owned: Option<Owned<S>>,
 }
 
 impl<K: SessionKey, S: State> Held<K, S> {
-    fn take(&mut self) -> (Option<SessionData<S>>, bool) {
-        self.payload.take().unwrap_or((None, false))
+    /// A command gets the key.
+    fn into_guard(mut self) -> Option<SessionGuard<K, S>> {
+        let owned = self.owned.take()?;
+        Some(SessionGuard::new(
+            self.handle.clone(),
+            self.hash,
+            self.key.clone(),
+            owned,
+        ))
     }
 }
 
 impl<K: SessionKey, S: State> Drop for Held<K, S> {
     fn drop(&mut self) {
-        if let Some((session, loaded)) = self.payload.take() {
-            self.handle
-                .pass_on(self.hash, &self.key, session, loaded, false);
+        if let Some(owned) = self.owned.take() {
+            self.handle.release(self.hash, &self.key, owned, false);
         }
     }
 }
@@ -135,14 +165,14 @@ impl<K: SessionKey, S: State> Drop for Held<K, S> {
 pub(crate) enum Entered<K: SessionKey, S: State> {
     /// A free session, taken at once (the common case: no hand-over).
     Ready(SessionGuard<K, S>),
-    /// The key, with nothing in memory yet.
+    /// The key, with nothing ready in memory.
     Held(Held<K, S>),
     /// A place in the key's queue.
     Queued(oneshot::Receiver<Result<Held<K, S>, Error>>),
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning only means a panic elsewhere; the table itself is consistent.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Poisoning only means a panic elsewhere; a list of keys stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -151,113 +181,209 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         &self.cache.core
     }
 
+    /// The key is ours: a guard if its session is in memory.
+    fn entered(self: &Arc<Self>, hash: u64, key: K, owned: Owned<S>) -> Entered<K, S> {
+        if owned.session.is_some() {
+            Entered::Ready(SessionGuard::new(self.clone(), hash, key, owned))
+        } else {
+            Entered::Held(Held {
+                handle: self.clone(),
+                hash,
+                key,
+                owned: Some(owned),
+            })
+        }
+    }
+
     /// Take the key if it is free, or queue for it (or answer busy).
+    #[inline]
     pub(crate) fn enter(
         self: &Arc<Self>,
         hash: u64,
         key: K,
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
+        if self.core().stopping.load(Ordering::SeqCst) {
+            return Err(Error::Stopping);
+        }
+        let shard = self.cache.shard(hash);
+        {
+            let table = shard.table.read();
+            if let Some(entry) = table.find(hash, |e| e.key == key)
+                && entry.waiters.is_none()
+                && let Some(owned) = entry.cell.try_lock_arc()
+            {
+                drop(table);
+                return Ok(self.entered(hash, key, owned));
+            }
+        }
+        self.enter_contended(shard, hash, key, wait)
+    }
+
+    /// The key is new, held, or has a queue (or the expiry manager is
+    /// looking at it): decide under the write lock.
+    #[cold]
+    #[inline(never)]
+    fn enter_contended(
+        self: &Arc<Self>,
+        shard: &Shard<K, S>,
+        hash: u64,
+        key: K,
+        wait: bool,
+    ) -> Result<Entered<K, S>, Error> {
         let core = self.core();
-        let mut table = self.cache.table(hash);
+        let mut table = shard.table.write();
+        // Checked under the lock: `stop` fails the waiters of each shard
+        // under it, so no waiter can join after that unanswered.
         if core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
-        let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
-            table.slots.insert_unique(
+        let Some(entry) = table.find_mut(hash, |e| e.key == key) else {
+            let cell = Arc::new(Mutex::new(Cell {
+                session: None,
+                loaded: false,
+            }));
+            // A new lock: taken at once.
+            let owned = cell.lock_arc();
+            table.insert_unique(
                 hash,
                 Entry {
                     key: key.clone(),
-                    slot: Slot::Locked(VecDeque::new()),
+                    cell,
+                    waiters: None,
                 },
                 |e| core.hash(&e.key),
             );
             drop(table);
-            return Ok(Entered::Held(Held {
-                handle: self.clone(),
-                hash,
-                key,
-                payload: Some((None, false)),
-            }));
+            return Ok(self.entered(hash, key, owned));
         };
-        if let Slot::Locked(queue) = &mut entry.slot {
-            if !wait {
-                return Err(Error::Busy);
-            }
-            let (tx, rx) = oneshot::channel();
-            queue.push_back(tx);
-            Counters::add(&core.counters.queued, 1);
-            return Ok(Entered::Queued(rx));
+        if entry.waiters.is_none()
+            && let Some(owned) = entry.cell.try_lock_arc()
+        {
+            drop(table);
+            return Ok(self.entered(hash, key, owned));
         }
-        let taken = std::mem::replace(&mut entry.slot, Slot::Locked(VecDeque::new()));
-        drop(table);
-        Ok(match taken {
-            Slot::Free(session) => {
-                Entered::Ready(SessionGuard::new(self.clone(), hash, key, session))
-            }
-            // Not reached (the slot was free); holding the key with nothing
-            // loaded is still correct.
-            Slot::Locked(_) => Entered::Held(Held {
-                handle: self.clone(),
-                hash,
-                key,
-                payload: Some((None, false)),
-            }),
-        })
+        if !wait {
+            return Err(Error::Busy);
+        }
+        let (tx, rx) = oneshot::channel();
+        entry
+            .waiters
+            .get_or_insert_with(|| {
+                shard.side.waiting.fetch_add(1, Ordering::SeqCst);
+                Box::default()
+            })
+            .push_back(tx);
+        Counters::add(&core.counters.queued, 1);
+        // The holder may have let go before it could see the queue: then
+        // the key is free now, and goes to the first in line.
+        fence(Ordering::SeqCst);
+        if let Some(owned) = entry.cell.try_lock_arc() {
+            self.give(shard, &mut table, hash, &key, owned, false);
+        }
+        Ok(Entered::Queued(rx))
     }
 
-    /// Hand the key to the next waiter, or free it (`evict`: drop it from
-    /// memory instead, when nobody waits).
-    pub(crate) fn pass_on(
+    /// Under the shard's write lock, with the key held: hand it to the
+    /// first waiter still there; if there is none, let it go (and drop the
+    /// entry when the cell is empty or `evict` asks for it).
+    fn give(
         self: &Arc<Self>,
+        shard: &Shard<K, S>,
+        table: &mut HashTable<Entry<K, S>>,
         hash: u64,
         key: &K,
-        session: Option<SessionData<S>>,
-        loaded: bool,
+        mut owned: Owned<S>,
         evict: bool,
     ) {
-        let core = self.core();
-        let mut guard = self.cache.table(hash);
-        let table = &mut *guard;
-        let Ok(mut entry) = table.slots.find_entry(hash, |e| e.key == *key) else {
-            tracing::error!(?key, "a released session had no slot; dropped");
+        let Ok(mut slot) = table.find_entry(hash, |e| e.key == *key) else {
+            tracing::error!(?key, "a held session had no table entry; dropped");
             return;
         };
-        let mut payload = (session, loaded);
-        if let Slot::Locked(queue) = &mut entry.get_mut().slot {
-            while let Some(waiter) = queue.pop_front() {
-                core.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                let held = Held {
-                    handle: self.clone(),
-                    hash,
-                    key: key.clone(),
-                    payload: Some(payload),
-                };
-                match waiter.send(Ok(held)) {
-                    Ok(()) => return,
-                    // That waiter gave up; take the key back and try the next.
-                    Err(Ok(mut held)) => payload = held.take(),
-                    Err(Err(_)) => return,
-                }
+        let entry = slot.get_mut();
+        while let Some(queue) = entry.waiters.as_mut() {
+            let next = queue.pop_front();
+            if queue.is_empty() {
+                entry.waiters = None;
+                shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            let Some(waiter) = next else { break };
+            self.core().counters.queued.fetch_sub(1, Ordering::Relaxed);
+            let held = Held {
+                handle: self.clone(),
+                hash,
+                key: key.clone(),
+                owned: Some(owned),
+            };
+            match waiter.send(Ok(held)) {
+                Ok(()) => return,
+                // That waiter gave up; take the key back and try the next.
+                Err(Ok(mut held)) => match held.owned.take() {
+                    Some(o) => owned = o,
+                    None => return,
+                },
+                Err(Err(_)) => return,
             }
         }
-        let mut wake = false;
-        match payload.0 {
-            Some(mut s) if !evict => {
-                if !s.touch_pending {
-                    s.touch_pending = true;
-                    table.touched.push(key.clone());
-                }
-                wake = s
-                    .expires_at
-                    .is_some_and(|t| t.0 < core.next_wake.load(Ordering::Relaxed));
-                entry.get_mut().slot = Slot::Free(s);
-            }
-            _ => {
-                entry.remove();
+        if evict || owned.session.is_none() {
+            slot.remove();
+        }
+        drop(owned);
+    }
+
+    /// Let a held key go: to the next waiter, or free (`evict`: out of
+    /// memory, when nobody waits). The common case (a session kept in
+    /// memory, nobody waiting, nothing for the expiry manager) is inlined;
+    /// everything else is out of line.
+    #[inline]
+    pub(crate) fn release(self: &Arc<Self>, hash: u64, key: &K, mut owned: Owned<S>, evict: bool) {
+        let core = self.core();
+        let Some(s) = owned.session.as_mut().filter(|_| !evict) else {
+            return self.release_out(hash, key, owned);
+        };
+        let first = !s.touch_pending;
+        if first {
+            s.touch_pending = true;
+        }
+        let wake = s
+            .expires_at
+            .is_some_and(|t| t.0 < core.next_wake.load(Ordering::Relaxed));
+        drop(owned);
+        // Let go first, then look for waiters (see `enter_contended`).
+        fence(Ordering::SeqCst);
+        let shard = self.cache.shard(hash);
+        let waiting = shard.side.waiting.load(Ordering::Relaxed) > 0;
+        if first || wake || waiting || core.stopping.load(Ordering::Relaxed) {
+            self.released(shard, hash, key, first, wake, waiting);
+        }
+    }
+
+    /// The rest of a release that kept its session in memory: list the key
+    /// for the expiry manager, wake it, hand the key to a waiter.
+    #[cold]
+    #[inline(never)]
+    fn released(
+        self: &Arc<Self>,
+        shard: &Shard<K, S>,
+        hash: u64,
+        key: &K,
+        first: bool,
+        wake: bool,
+        waiting: bool,
+    ) {
+        let core = self.core();
+        if first {
+            lock(&shard.side.touched).push(key.clone());
+        }
+        if waiting {
+            let mut table = shard.table.write();
+            if let Some(entry) = table.find(hash, |e| e.key == *key)
+                && entry.waiters.is_some()
+                && let Some(owned) = entry.cell.try_lock_arc()
+            {
+                self.give(shard, &mut table, hash, key, owned, false);
             }
         }
-        drop(guard);
         if wake {
             core.wake_expiry.notify_one();
         }
@@ -266,23 +392,53 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         }
     }
 
-    /// A guard was dropped without an awaited release.
-    pub(crate) fn release_from_drop(self: &Arc<Self>, hash: u64, key: &K, mut s: SessionData<S>) {
-        if s.dirty {
-            let handle = self.clone();
-            let key = key.clone();
-            self.core().runtime.spawn(async move {
-                if let Err(e) = handle.finish(hash, key, s).await {
-                    tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
-                }
-            });
-        } else {
-            // No clock read here: the expiry manager stamps the release
-            // time when it notes the key (within about a second).
-            s.unstamped = true;
-            let kept = self.core().begin_if_kept(key, s);
-            self.pass_on(hash, key, kept, true, false);
+    /// A release that leaves no session in memory unless someone waits.
+    #[cold]
+    #[inline(never)]
+    fn release_out(self: &Arc<Self>, hash: u64, key: &K, owned: Owned<S>) {
+        let shard = self.cache.shard(hash);
+        let mut table = shard.table.write();
+        self.give(shard, &mut table, hash, key, owned, true);
+        drop(table);
+        let core = self.core();
+        if core.stopping.load(Ordering::Relaxed) {
+            core.released.notify_waiters();
         }
+    }
+
+    /// A guard was dropped without an awaited release.
+    #[inline]
+    pub(crate) fn release_from_drop(self: &Arc<Self>, hash: u64, key: &K, mut owned: Owned<S>) {
+        match owned.session.as_mut() {
+            Some(s) if s.dirty => return self.save_in_background(hash, key, owned),
+            Some(s) => {
+                if !s.unstamped {
+                    // No clock read here: the expiry manager stamps the
+                    // release time when it notes the key (within about a
+                    // second).
+                    s.unstamped = true;
+                }
+                if !s.begun {
+                    self.core().begin_if_kept(key, &mut owned);
+                }
+            }
+            None => {}
+        }
+        self.release(hash, key, owned, false);
+    }
+
+    /// A guard with a persistent change was dropped: its save goes on in
+    /// the background, and the key is released after it.
+    #[cold]
+    #[inline(never)]
+    fn save_in_background(self: &Arc<Self>, hash: u64, key: &K, owned: Owned<S>) {
+        let handle = self.clone();
+        let key = key.clone();
+        self.core().runtime.spawn(async move {
+            if let Err(e) = handle.finish(hash, key, owned).await {
+                tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
+            }
+        });
     }
 
     /// A command is done with the session: save it if needed, apply lazy
@@ -291,14 +447,19 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         self: Arc<Self>,
         hash: u64,
         key: K,
-        mut s: SessionData<S>,
+        mut owned: Owned<S>,
     ) -> Result<(), Error> {
         let core = self.core();
-        s.last_access = core.now();
-        s.unstamped = false;
-        let result = core.save(&key, &mut s).await;
-        let kept = core.begin_if_kept(&key, s);
-        self.pass_on(hash, &key, kept, true, false);
+        let result = match owned.session.as_mut() {
+            Some(s) => {
+                s.last_access = core.now();
+                s.unstamped = false;
+                core.save(&key, s).await
+            }
+            None => Ok(()),
+        };
+        core.begin_if_kept(&key, &mut owned);
+        self.release(hash, &key, owned, false);
         result
     }
 }
@@ -312,47 +473,63 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         now: Timestamp,
         out: &mut Vec<(K, Option<Timestamp>, Timestamp)>,
     ) {
-        for mut guard in self.tables() {
-            let table = &mut *guard;
-            let keys = std::mem::take(&mut table.touched);
+        for shard in self.shards.iter() {
+            let keys = std::mem::take(&mut *lock(&shard.side.touched));
+            if keys.is_empty() {
+                continue;
+            }
+            let mut held = Vec::new();
+            let table = shard.table.read();
             for key in keys {
                 let hash = self.core.hash(&key);
-                match table.slots.find_mut(hash, |e| e.key == key) {
-                    Some(Entry {
-                        slot: Slot::Free(s),
-                        ..
-                    }) => {
-                        s.touch_pending = false;
-                        if s.unstamped {
-                            s.unstamped = false;
-                            s.last_access = s.last_access.max(now);
+                let Some(entry) = table.find(hash, |e| e.key == key) else {
+                    continue;
+                };
+                let cell = match entry.waiters {
+                    None => entry.cell.try_lock(),
+                    Some(_) => None,
+                };
+                match cell {
+                    Some(mut cell) => {
+                        if let Some(s) = cell.session.as_mut() {
+                            s.touch_pending = false;
+                            if s.unstamped {
+                                s.unstamped = false;
+                                s.last_access = s.last_access.max(now);
+                            }
+                            out.push((key, s.expires_at, s.last_access));
                         }
-                        out.push((key, s.expires_at, s.last_access));
                     }
-                    Some(Entry {
-                        slot: Slot::Locked(_),
-                        ..
-                    }) => table.touched.push(key),
-                    None => {}
+                    None => held.push(key),
                 }
+            }
+            drop(table);
+            if !held.is_empty() {
+                lock(&shard.side.touched).extend(held);
             }
         }
     }
 
     /// The synchronous part of a flush: drop a clean session at once, or
-    /// lock a dirty one for saving (`Ok`).
+    /// hold a dirty one's key for saving (`Ok`).
     pub(crate) fn take_for_flush(
         &self,
         hash: u64,
         key: &K,
         last_access: Timestamp,
         now: Timestamp,
-    ) -> Result<SessionData<S>, expiry::Flushed> {
-        let mut table = self.table(hash);
-        let Ok(mut entry) = table.slots.find_entry(hash, |e| e.key == *key) else {
+    ) -> Result<Owned<S>, expiry::Flushed> {
+        let mut table = self.shard(hash).table.write();
+        let Ok(slot) = table.find_entry(hash, |e| e.key == *key) else {
             return Err(expiry::Flushed::Skipped);
         };
-        let Slot::Free(s) = &entry.get().slot else {
+        if slot.get().waiters.is_some() {
+            return Err(expiry::Flushed::Skipped);
+        }
+        let Some(owned) = slot.get().cell.try_lock_arc() else {
+            return Err(expiry::Flushed::Skipped);
+        };
+        let Some(s) = owned.session.as_ref() else {
             return Err(expiry::Flushed::Skipped);
         };
         if s.touch_pending || s.last_access > last_access {
@@ -363,42 +540,40 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         {
             return Err(expiry::Flushed::KeepResident(s.expires_at));
         }
-        if !s.dirty {
-            let stored = s.stored;
-            entry.remove();
-            Counters::add(&self.core.counters.flushes, 1);
-            return Err(if stored {
-                expiry::Flushed::Done
-            } else {
-                expiry::Flushed::Forget
-            });
+        if s.dirty {
+            return Ok(owned);
         }
-        match std::mem::replace(&mut entry.get_mut().slot, Slot::Locked(VecDeque::new())) {
-            Slot::Free(s) => Ok(s),
-            Slot::Locked(q) => {
-                entry.get_mut().slot = Slot::Locked(q);
-                Err(expiry::Flushed::Skipped)
-            }
-        }
+        let stored = s.stored;
+        slot.remove();
+        drop(owned);
+        Counters::add(&self.core.counters.flushes, 1);
+        Err(if stored {
+            expiry::Flushed::Done
+        } else {
+            expiry::Flushed::Forget
+        })
     }
 
-    /// How many sessions the cache holds (free or locked).
+    /// How many sessions the cache holds (free or held).
     pub(crate) fn len(&self) -> usize {
-        self.tables().map(|t| t.slots.len()).sum()
+        self.shards.iter().map(|s| s.table.read().len()).sum()
     }
 
     /// Whether a command holds any key.
     pub(crate) fn any_locked(&self) -> bool {
-        self.tables()
-            .any(|t| t.slots.iter().any(|e| matches!(e.slot, Slot::Locked(_))))
+        self.shards
+            .iter()
+            .any(|s| s.table.read().iter().any(|e| e.cell.is_locked()))
     }
 
     /// Stopping: answer every queued command with [`Error::Stopping`].
     pub(crate) fn fail_waiters(&self) {
-        for mut table in self.tables() {
-            for entry in table.slots.iter_mut() {
-                if let Slot::Locked(queue) = &mut entry.slot {
-                    for waiter in queue.drain(..) {
+        for shard in self.shards.iter() {
+            let mut table = shard.table.write();
+            for entry in table.iter_mut() {
+                if let Some(queue) = entry.waiters.take() {
+                    shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
+                    for waiter in *queue {
                         self.core.counters.queued.fetch_sub(1, Ordering::Relaxed);
                         let _ = waiter.send(Err(Error::Stopping));
                     }
@@ -409,9 +584,11 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 
     /// The writes that save every dirty free session.
     pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<(), Error> {
-        for table in self.tables() {
-            for entry in table.slots.iter() {
-                if let Slot::Free(s) = &entry.slot
+        for shard in self.shards.iter() {
+            let table = shard.table.read();
+            for entry in table.iter().filter(|e| e.waiters.is_none()) {
+                if let Some(cell) = entry.cell.try_lock()
+                    && let Some(s) = cell.session.as_ref()
                     && s.dirty
                 {
                     out.push((entry.key.clone(), self.core.put(&entry.key, s)?));
@@ -424,10 +601,11 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     /// The session of `key` was saved by `stop`.
     pub(crate) fn mark_saved(&self, key: &K) {
         let hash = self.core.hash(key);
-        if let Some(Entry {
-            slot: Slot::Free(s),
-            ..
-        }) = self.table(hash).slots.find_mut(hash, |e| e.key == *key)
+        let table = self.shard(hash).table.read();
+        if let Some(entry) = table.find(hash, |e| e.key == *key)
+            && entry.waiters.is_none()
+            && let Some(mut cell) = entry.cell.try_lock()
+            && let Some(s) = cell.session.as_mut()
         {
             s.dirty = false;
             s.stored = true;
@@ -447,48 +625,34 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
             if !guard.handle().core().needs_ready(&guard) {
                 return Ok(Some(guard));
             }
-            let (handle, hash, key, session) = guard.into_parts();
-            Held {
-                handle,
-                hash,
-                key,
-                payload: Some((Some(session), true)),
-            }
+            guard.into_held()
         }
         Entered::Held(h) => h,
         Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
     };
-    let (mut session, loaded) = held.take();
-    // Until the session is handed to a guard, `held` still owns the key
-    // with no session in it: if this future is dropped (its caller went
-    // away) while loading or finalizing, the key is passed on and its next
-    // holder reads the session from storage again.
-    held.payload = Some((None, false));
-    let core = held.handle.core();
-    if !loaded {
-        // On an error, `held` passes the key on unread: the next waiter
-        // tries storage again.
-        session = core.load(&held.key).await?;
+    let handle = held.handle.clone();
+    let core = handle.core();
+    let Some(cell) = held.owned.as_mut() else {
+        return Ok(None);
+    };
+    // If this future is dropped (its caller went away) while loading or
+    // finalizing, `held` passes the key on with `loaded` false and its next
+    // holder reads the session from storage again; on a load error too.
+    if !cell.loaded {
+        cell.session = core.load(&held.key).await?;
+        cell.loaded = true;
     }
-    if let Some(s) = session.take() {
-        session = core.ready(&held.key, s).await;
+    if let Some(s) = cell.session.take() {
+        cell.loaded = false;
+        cell.session = core.ready(&held.key, s).await;
+        cell.loaded = true;
     }
-    if session.is_none() && create {
-        session = Some(core.fresh());
+    if cell.session.is_none() && create {
+        cell.session = Some(core.fresh());
     }
-    match session {
-        Some(s) => {
-            held.payload = None;
-            Ok(Some(SessionGuard::new(
-                held.handle.clone(),
-                held.hash,
-                held.key.clone(),
-                s,
-            )))
-        }
-        None => {
-            held.payload = Some((None, true));
-            Ok(None)
-        }
+    if cell.session.is_some() {
+        Ok(held.into_guard())
+    } else {
+        Ok(None)
     }
 }

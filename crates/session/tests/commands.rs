@@ -100,6 +100,70 @@ async fn contended_acquires_and_releases_lose_no_increment() {
     assert_eq!(engine.stats().queued, 0);
 }
 
+/// The hand-over's corner cases racing on two worker threads: waiters that
+/// give up after their first poll, sessions created and dropped untouched
+/// at release (their entry leaves the table, possibly with a queue behind
+/// it), absent keys asked for without `create`. No key is ever left held or
+/// free with a waiter behind it: every task finishes, nothing stays queued,
+/// and every increment made lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn give_ups_and_dropped_sessions_wedge_no_key() {
+    const TASKS: u64 = 16;
+    const OPS: u64 = 400;
+    const KEYS: u64 = 3;
+    let (engine, _, _) = memory_engine().await;
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut made = 0u64;
+            for i in 0..OPS {
+                let key = format!("k{}", (t + i) % KEYS);
+                let empty = format!("e{}", (t + i) % KEYS);
+                match i % 4 {
+                    0 => {
+                        let mut s = engine.get(key, true).await.unwrap().unwrap();
+                        tokio::task::yield_now().await;
+                        s.state_mut().n += 1;
+                        made += 1;
+                    }
+                    1 => {
+                        // Polled once, then dropped if it had to queue.
+                        tokio::select! {
+                            biased;
+                            s = engine.get(key, true) => {
+                                s.unwrap().unwrap().state_mut().n += 1;
+                                made += 1;
+                            }
+                            () = std::future::ready(()) => {}
+                        }
+                    }
+                    2 => {
+                        // Created, held across a yield, dropped untouched.
+                        let s = engine.get(empty, true).await.unwrap().unwrap();
+                        tokio::task::yield_now().await;
+                        drop(s);
+                    }
+                    _ => assert!(engine.get(empty, false).await.unwrap().is_none()),
+                }
+            }
+            made
+        }));
+    }
+    let mut made = 0;
+    for t in tasks {
+        made += t.await.unwrap();
+    }
+    let mut counted = 0;
+    for k in 0..KEYS {
+        counted += read(&engine, &format!("k{k}")).await.unwrap().n;
+        assert!(read(&engine, &format!("e{k}")).await.is_none());
+    }
+    assert_eq!(counted, made);
+    assert_eq!(engine.stats().queued, 0);
+    assert_eq!(engine.stats().in_memory, KEYS);
+}
+
 #[tokio::test(start_paused = true)]
 async fn queued_commands_run_in_submission_order() {
     let (engine, _, _) = memory_engine().await;
