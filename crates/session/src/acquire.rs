@@ -13,68 +13,100 @@ use crate::engine::{Shared, State};
 use crate::error::Error;
 use crate::guard::SessionGuard;
 use crate::key::SessionKey;
-use crate::shard::{self, Entered};
+use crate::shard::{self, Entered, Held};
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
+use tokio::sync::oneshot;
 
 type Slow<K, S> = Pin<Box<dyn Future<Output = Result<Option<SessionGuard<K, S>>, Error>> + Send>>;
+type Handed<K, S> = oneshot::Receiver<Result<Held<K, S>, Error>>;
+
+/// Where an acquire is.
+enum Step<K: SessionKey, S: State> {
+    /// Not polled yet: key, whether to wait, whether to create.
+    Start(K, bool, bool),
+    /// In the key's queue, until the key is handed over (and whether to
+    /// create). Kept unboxed: under contention this is the common case.
+    Queued(Handed<K, S>, bool),
+    /// Loading, finalizing or recovering, boxed so that the future stays
+    /// small.
+    Slow(Slow<K, S>),
+    Done,
+}
 
 /// Exclusive access to a session, once it is free: see
 /// [`Engine::get`](crate::Engine::get).
 #[must_use = "a future does nothing unless awaited"]
 pub struct Acquire<'a, K: SessionKey, S: State> {
     shared: &'a Shared<K, S>,
-    /// Key, whether to wait, whether to create; taken by the first step.
-    request: Option<(K, bool, bool)>,
-    /// The slow path, boxed so that the common case stays small: waiting
-    /// in the key's queue, loading, finalizing.
-    slow: Option<Slow<K, S>>,
+    step: Step<K, S>,
 }
 
 impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
     pub(crate) fn new(shared: &'a Shared<K, S>, key: K, wait: bool, create: bool) -> Self {
         Acquire {
             shared,
-            request: Some((key, wait, create)),
-            slow: None,
+            step: Step::Start(key, wait, create),
         }
     }
 }
 
-// Nothing in it is pinned in place: the key is moved out, and the slow
-// path is boxed.
+// Nothing in it is pinned in place: the key is moved out, the queue's
+// receiver is `Unpin`, and the slow path is boxed.
 impl<K: SessionKey, S: State> Unpin for Acquire<'_, K, S> {}
 
 impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
     type Output = Result<Option<SessionGuard<K, S>>, Error>;
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Some((key, wait, create)) = this.request.take() {
-            let coop = match tokio::task::coop::poll_proceed(cx) {
-                Poll::Ready(coop) => coop,
-                Poll::Pending => {
-                    this.request = Some((key, wait, create));
-                    return Poll::Pending;
+        loop {
+            match std::mem::replace(&mut this.step, Step::Done) {
+                Step::Start(key, wait, create) => {
+                    let coop = match tokio::task::coop::poll_proceed(cx) {
+                        Poll::Ready(coop) => coop,
+                        Poll::Pending => {
+                            this.step = Step::Start(key, wait, create);
+                            return Poll::Pending;
+                        }
+                    };
+                    coop.made_progress();
+                    this.step = match this.shared.enter(key, wait) {
+                        Err(e) => return Poll::Ready(Err(e)),
+                        Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
+                            return Poll::Ready(Ok(Some(guard)));
+                        }
+                        Ok(Entered::Queued(rx)) => Step::Queued(rx, create),
+                        Ok(entered) => Step::Slow(Box::pin(shard::complete(entered, create))),
+                    };
                 }
-            };
-            coop.made_progress();
-            match this.shared.enter(key, wait) {
-                Err(e) => return Poll::Ready(Err(e)),
-                Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
-                    return Poll::Ready(Ok(Some(guard)));
+                Step::Queued(mut rx, create) => {
+                    let held = match Pin::new(&mut rx).poll(cx) {
+                        Poll::Pending => {
+                            this.step = Step::Queued(rx, create);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(_)) => return Poll::Ready(Err(Error::Stopping)),
+                        Poll::Ready(Ok(Err(e))) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(Ok(held))) => held,
+                    };
+                    let core = this.shared.core();
+                    if held.session().is_some_and(|s| !core.needs_ready(s)) {
+                        return Poll::Ready(Ok(held.into_guard()));
+                    }
+                    this.step = Step::Slow(Box::pin(shard::complete(Entered::Held(held), create)));
                 }
-                Ok(entered) => this.slow = Some(Box::pin(shard::complete(entered, create))),
+                Step::Slow(mut slow) => match slow.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        this.step = Step::Slow(slow);
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(result) => return Poll::Ready(result),
+                },
+                // Polled again after it finished.
+                Step::Done => return Poll::Ready(Err(Error::Lost)),
             }
         }
-        let Some(slow) = this.slow.as_mut() else {
-            // Polled again after it finished.
-            return Poll::Ready(Err(Error::Lost));
-        };
-        let result = ready!(slow.as_mut().poll(cx));
-        this.slow = None;
-        Poll::Ready(result)
     }
 }

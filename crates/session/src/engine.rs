@@ -200,7 +200,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         self.shared
             .core()
             .counters
-            .snapshot(self.shared.cache.len() as u64)
+            .snapshot(self.shared.cache.len() as u64, self.shared.cache.queued() as u64)
     }
 
     /// The clock the engine runs on.

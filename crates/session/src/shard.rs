@@ -84,10 +84,18 @@ struct Side<K> {
     touched: std::sync::Mutex<Vec<K>>,
 }
 
+/// A shard's table: its entries, and how many commands wait in them
+/// (counted under the write lock that every queue change takes, so the
+/// contended path writes no shared counter).
+struct Table<K: SessionKey, S: State> {
+    slots: HashTable<Entry<K, S>>,
+    queued: usize,
+}
+
 /// One shard. Aligned so that shards share no cache line.
 #[repr(align(64))]
 struct Shard<K: SessionKey, S: State> {
-    table: RwLock<HashTable<Entry<K, S>>>,
+    table: RwLock<Table<K, S>>,
     side: Side<K>,
 }
 
@@ -101,7 +109,10 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn new(core: Core<K, S>) -> Self {
         let shards = (0..core.config.shards.max(1))
             .map(|_| Shard {
-                table: RwLock::new(HashTable::new()),
+                table: RwLock::new(Table {
+                    slots: HashTable::new(),
+                    queued: 0,
+                }),
                 side: Side {
                     waiting: AtomicUsize::new(0),
                     touched: std::sync::Mutex::new(Vec::new()),
@@ -141,8 +152,13 @@ pub(crate) struct Held<K: SessionKey, S: State> {
 }
 
 impl<K: SessionKey, S: State> Held<K, S> {
+    /// The session in the held cell, if there is one.
+    pub(crate) fn session(&self) -> Option<&SessionData<S>> {
+        self.owned.as_ref().and_then(|o| o.session.as_ref())
+    }
+
     /// A command gets the key.
-    fn into_guard(mut self) -> Option<SessionGuard<K, S>> {
+    pub(crate) fn into_guard(mut self) -> Option<SessionGuard<K, S>> {
         let owned = self.owned.take()?;
         Some(SessionGuard::new(
             self.handle.clone(),
@@ -209,7 +225,7 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         let shard = self.cache.shard(hash);
         {
             let table = shard.table.read();
-            if let Some(entry) = table.find(hash, |e| e.key == key)
+            if let Some(entry) = table.slots.find(hash, |e| e.key == key)
                 && entry.waiters.is_none()
                 && let Some(owned) = entry.cell.try_lock_arc()
             {
@@ -232,20 +248,21 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
         let core = self.core();
-        let mut table = shard.table.write();
+        let mut guard = shard.table.write();
+        let table = &mut *guard;
         // Checked under the lock: `stop` fails the waiters of each shard
         // under it, so no waiter can join after that unanswered.
         if core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
-        let Some(entry) = table.find_mut(hash, |e| e.key == key) else {
+        let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
             let cell = Arc::new(Mutex::new(Cell {
                 session: None,
                 loaded: false,
             }));
             // A new lock: taken at once.
             let owned = cell.lock_arc();
-            table.insert_unique(
+            table.slots.insert_unique(
                 hash,
                 Entry {
                     key: key.clone(),
@@ -254,13 +271,13 @@ impl<K: SessionKey, S: State> Handle<K, S> {
                 },
                 |e| core.hash(&e.key),
             );
-            drop(table);
+            drop(guard);
             return Ok(self.entered(hash, key, owned));
         };
         if entry.waiters.is_none()
             && let Some(owned) = entry.cell.try_lock_arc()
         {
-            drop(table);
+            drop(guard);
             return Ok(self.entered(hash, key, owned));
         }
         if !wait {
@@ -274,12 +291,12 @@ impl<K: SessionKey, S: State> Handle<K, S> {
                 Box::default()
             })
             .push_back(tx);
-        Counters::add(&core.counters.queued, 1);
+        table.queued += 1;
         // The holder may have let go before it could see the queue: then
         // the key is free now, and goes to the first in line.
         fence(Ordering::SeqCst);
         if let Some(owned) = entry.cell.try_lock_arc() {
-            self.give(shard, &mut table, hash, &key, owned, false);
+            self.give(shard, table, hash, &key, owned, false);
         }
         Ok(Entered::Queued(rx))
     }
@@ -290,13 +307,13 @@ impl<K: SessionKey, S: State> Handle<K, S> {
     fn give(
         self: &Arc<Self>,
         shard: &Shard<K, S>,
-        table: &mut HashTable<Entry<K, S>>,
+        table: &mut Table<K, S>,
         hash: u64,
         key: &K,
         mut owned: Owned<S>,
         evict: bool,
     ) {
-        let Ok(mut slot) = table.find_entry(hash, |e| e.key == *key) else {
+        let Ok(mut slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             tracing::error!(?key, "a held session had no table entry; dropped");
             return;
         };
@@ -308,7 +325,7 @@ impl<K: SessionKey, S: State> Handle<K, S> {
                 shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
             }
             let Some(waiter) = next else { break };
-            self.core().counters.queued.fetch_sub(1, Ordering::Relaxed);
+            table.queued -= 1;
             let held = Held {
                 handle: self.clone(),
                 hash,
@@ -377,7 +394,7 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         }
         if waiting {
             let mut table = shard.table.write();
-            if let Some(entry) = table.find(hash, |e| e.key == *key)
+            if let Some(entry) = table.slots.find(hash, |e| e.key == *key)
                 && entry.waiters.is_some()
                 && let Some(owned) = entry.cell.try_lock_arc()
             {
@@ -482,7 +499,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             let table = shard.table.read();
             for key in keys {
                 let hash = self.core.hash(&key);
-                let Some(entry) = table.find(hash, |e| e.key == key) else {
+                let Some(entry) = table.slots.find(hash, |e| e.key == key) else {
                     continue;
                 };
                 let cell = match entry.waiters {
@@ -520,7 +537,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         now: Timestamp,
     ) -> Result<Owned<S>, expiry::Flushed> {
         let mut table = self.shard(hash).table.write();
-        let Ok(slot) = table.find_entry(hash, |e| e.key == *key) else {
+        let Ok(slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return Err(expiry::Flushed::Skipped);
         };
         if slot.get().waiters.is_some() {
@@ -556,25 +573,31 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 
     /// How many sessions the cache holds (free or held).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.table.read().len()).sum()
+        self.shards.iter().map(|s| s.table.read().slots.len()).sum()
+    }
+
+    /// How many commands wait in queues.
+    pub(crate) fn queued(&self) -> usize {
+        self.shards.iter().map(|s| s.table.read().queued).sum()
     }
 
     /// Whether a command holds any key.
     pub(crate) fn any_locked(&self) -> bool {
         self.shards
             .iter()
-            .any(|s| s.table.read().iter().any(|e| e.cell.is_locked()))
+            .any(|s| s.table.read().slots.iter().any(|e| e.cell.is_locked()))
     }
 
     /// Stopping: answer every queued command with [`Error::Stopping`].
     pub(crate) fn fail_waiters(&self) {
         for shard in self.shards.iter() {
-            let mut table = shard.table.write();
-            for entry in table.iter_mut() {
+            let mut guard = shard.table.write();
+            let table = &mut *guard;
+            for entry in table.slots.iter_mut() {
                 if let Some(queue) = entry.waiters.take() {
                     shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
                     for waiter in *queue {
-                        self.core.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                        table.queued -= 1;
                         let _ = waiter.send(Err(Error::Stopping));
                     }
                 }
@@ -586,7 +609,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<(), Error> {
         for shard in self.shards.iter() {
             let table = shard.table.read();
-            for entry in table.iter().filter(|e| e.waiters.is_none()) {
+            for entry in table.slots.iter().filter(|e| e.waiters.is_none()) {
                 if let Some(cell) = entry.cell.try_lock()
                     && let Some(s) = cell.session.as_ref()
                     && s.dirty
@@ -602,7 +625,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn mark_saved(&self, key: &K) {
         let hash = self.core.hash(key);
         let table = self.shard(hash).table.read();
-        if let Some(entry) = table.find(hash, |e| e.key == *key)
+        if let Some(entry) = table.slots.find(hash, |e| e.key == *key)
             && entry.waiters.is_none()
             && let Some(mut cell) = entry.cell.try_lock()
             && let Some(s) = cell.session.as_mut()

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Live counters (monotonic, except the gauges).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) queued: AtomicU64,
     pub(crate) loads: AtomicU64,
     pub(crate) saves: AtomicU64,
     pub(crate) save_batches: AtomicU64,
@@ -49,11 +48,11 @@ pub struct Stats {
 }
 
 impl Counters {
-    pub(crate) fn snapshot(&self, in_memory: u64) -> Stats {
+    pub(crate) fn snapshot(&self, in_memory: u64, queued: u64) -> Stats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
             in_memory,
-            queued: l(&self.queued),
+            queued,
             loads: l(&self.loads),
             saves: l(&self.saves),
             save_batches: l(&self.save_batches),
