@@ -22,34 +22,42 @@ use tokio::sync::oneshot;
 type Slow<K, S> = Pin<Box<dyn Future<Output = Result<Option<SessionGuard<K, S>>, Error>> + Send>>;
 type Handed<K, S> = oneshot::Receiver<Result<Held<K, S>, Error>>;
 
-/// Where an acquire is.
-enum Step<K: SessionKey, S: State> {
-    /// Not polled yet: key, whether to wait, whether to create.
-    Start(K, bool, bool),
-    /// In the key's queue, until the key is handed over (and whether to
-    /// create). Kept unboxed: under contention this is the common case.
-    Queued(Handed<K, S>, bool),
-    /// Loading, finalizing or recovering, boxed so that the future stays
-    /// small.
-    Slow(Slow<K, S>),
-    Done,
-}
-
 /// Exclusive access to a session, once it is free: see
 /// [`Engine::get`](crate::Engine::get).
 #[must_use = "a future does nothing unless awaited"]
 pub struct Acquire<'a, K: SessionKey, S: State> {
     shared: &'a Shared<K, S>,
-    step: Step<K, S>,
+    /// The key, until the first step takes it.
+    key: Option<K>,
+    wait: bool,
+    create: bool,
+    /// In the key's queue, until the key is handed over. Kept unboxed:
+    /// under contention this is the common case.
+    queued: Option<Handed<K, S>>,
+    /// Loading, finalizing or recovering, boxed so that the future stays
+    /// small.
+    slow: Option<Slow<K, S>>,
 }
 
 impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
     pub(crate) fn new(shared: &'a Shared<K, S>, key: K, wait: bool, create: bool) -> Self {
         Acquire {
             shared,
-            step: Step::Start(key, wait, create),
+            key: Some(key),
+            wait,
+            create,
+            queued: None,
+            slow: None,
         }
     }
+}
+
+/// The slow path's future, built out of line so that the fast path's
+/// stack frame stays small.
+#[cold]
+#[inline(never)]
+fn slow<K: SessionKey, S: State>(entered: Entered<K, S>, create: bool) -> Slow<K, S> {
+    Box::pin(shard::complete(entered, create))
 }
 
 // Nothing in it is pinned in place: the key is moved out, the queue's
@@ -61,52 +69,49 @@ impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        loop {
-            match std::mem::replace(&mut this.step, Step::Done) {
-                Step::Start(key, wait, create) => {
-                    let coop = match tokio::task::coop::poll_proceed(cx) {
-                        Poll::Ready(coop) => coop,
-                        Poll::Pending => {
-                            this.step = Step::Start(key, wait, create);
-                            return Poll::Pending;
-                        }
-                    };
-                    coop.made_progress();
-                    this.step = match this.shared.enter(key, wait) {
-                        Err(e) => return Poll::Ready(Err(e)),
-                        Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
-                            return Poll::Ready(Ok(Some(guard)));
-                        }
-                        Ok(Entered::Queued(rx)) => Step::Queued(rx, create),
-                        Ok(entered) => Step::Slow(Box::pin(shard::complete(entered, create))),
-                    };
+        if let Some(key) = this.key.take() {
+            let coop = match tokio::task::coop::poll_proceed(cx) {
+                Poll::Ready(coop) => coop,
+                Poll::Pending => {
+                    this.key = Some(key);
+                    return Poll::Pending;
                 }
-                Step::Queued(mut rx, create) => {
-                    let held = match Pin::new(&mut rx).poll(cx) {
-                        Poll::Pending => {
-                            this.step = Step::Queued(rx, create);
-                            return Poll::Pending;
-                        }
-                        Poll::Ready(Err(_)) => return Poll::Ready(Err(Error::Stopping)),
-                        Poll::Ready(Ok(Err(e))) => return Poll::Ready(Err(e)),
-                        Poll::Ready(Ok(Ok(held))) => held,
-                    };
-                    let core = this.shared.core();
-                    if held.session().is_some_and(|s| !core.needs_ready(s)) {
-                        return Poll::Ready(Ok(held.into_guard()));
-                    }
-                    this.step = Step::Slow(Box::pin(shard::complete(Entered::Held(held), create)));
+            };
+            coop.made_progress();
+            match this.shared.enter(key, this.wait) {
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
+                    return Poll::Ready(Ok(Some(guard)));
                 }
-                Step::Slow(mut slow) => match slow.as_mut().poll(cx) {
-                    Poll::Pending => {
-                        this.step = Step::Slow(slow);
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(result) => return Poll::Ready(result),
-                },
-                // Polled again after it finished.
-                Step::Done => return Poll::Ready(Err(Error::Lost)),
+                Ok(Entered::Queued(rx)) => this.queued = Some(rx),
+                Ok(entered) => this.slow = Some(slow(entered, this.create)),
             }
+        }
+        if let Some(rx) = this.queued.as_mut() {
+            let held = match Pin::new(rx).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => Err(Error::Stopping),
+                Poll::Ready(Ok(result)) => result,
+            };
+            this.queued = None;
+            let held = match held {
+                Ok(held) => held,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            let core = this.shared.core();
+            if held.session().is_some_and(|s| !core.needs_ready(s)) {
+                return Poll::Ready(Ok(held.into_guard()));
+            }
+            this.slow = Some(slow(Entered::Held(held), this.create));
+        }
+        match this.slow.as_mut() {
+            Some(f) => {
+                let result = std::task::ready!(f.as_mut().poll(cx));
+                this.slow = None;
+                Poll::Ready(result)
+            }
+            // Polled again after it finished.
+            None => Poll::Ready(Err(Error::Lost)),
         }
     }
 }

@@ -14,16 +14,15 @@ use crate::hooks::Hooks;
 use crate::index::{DefaultIndex, ExpiryIndex};
 use crate::key::SessionKey;
 use crate::lifecycle::{Core, blocking};
-use crate::shard::{self, Cache, Entered, Handle};
+use crate::shard::{self, Cache, Entered};
 use crate::stats::{Counters, Stats};
 use crate::storage::{Storage, Write};
 use crate::writer;
 use serde::{Serialize, de::DeserializeOwned};
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -31,32 +30,16 @@ use tokio::sync::{Notify, mpsc, oneshot};
 pub trait State: Serialize + DeserializeOwned + Default + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
-/// How many ways into the cache the engine keeps (see [`Handle`]): enough
-/// that each worker thread of a usual runtime gets its own.
-const HANDLES: usize = 16;
-
-thread_local! {
-    /// This thread's number, given at its first use of any engine.
-    static THREAD_SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
-
-fn thread_slot() -> usize {
-    THREAD_SLOT.with(|slot| {
-        let mut n = slot.get();
-        if n == usize::MAX {
-            n = NEXT_THREAD_SLOT.fetch_add(1, Ordering::Relaxed);
-            slot.set(n);
-        }
-        n
-    })
-}
-
 /// State shared by the engine handle and the expiry manager: the cache and
 /// the ways into it.
 pub(crate) struct Shared<K: SessionKey, S: State> {
     pub(crate) cache: Arc<Cache<K, S>>,
-    handles: Box<[Arc<Handle<K, S>>]>,
+}
+
+impl<K: SessionKey, S: State> Drop for Shared<K, S> {
+    fn drop(&mut self) {
+        self.cache.clear();
+    }
 }
 
 impl<K: SessionKey, S: State> Shared<K, S> {
@@ -64,17 +47,11 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         &self.cache.core
     }
 
-    /// This thread's way into the cache.
-    #[inline]
-    fn handle(&self) -> &Arc<Handle<K, S>> {
-        &self.handles[thread_slot() % HANDLES]
-    }
-
     /// Take the key if it is free, or queue for it (or answer busy).
     #[inline]
     pub(crate) fn enter(&self, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
         let hash = self.core().hash(&key);
-        self.handle().enter(hash, key, wait)
+        self.cache.enter(hash, key, wait)
     }
 
     /// For the expiry manager: the keys released since it last looked.
@@ -118,7 +95,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             Some(s) => self.core().save(&key, s).await.is_ok(),
             None => true,
         };
-        self.handle().release(hash, &key, owned, ok);
+        shard::release(hash, &key, owned, ok);
         if ok {
             Counters::add(&self.core().counters.flushes, 1);
         }
@@ -335,14 +312,7 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
         };
         let max_batch = core.config.max_batch;
         let cache = Arc::new(Cache::new(core));
-        let handles = (0..HANDLES)
-            .map(|_| {
-                Arc::new(Handle {
-                    cache: cache.clone(),
-                })
-            })
-            .collect();
-        let shared = Arc::new(Shared { cache, handles });
+        let shared = Arc::new(Shared { cache });
         runtime.spawn(writer::run(self.storage, counters, max_batch, writer_rx));
         runtime.spawn(expiry::run(Arc::downgrade(&shared), index, expiry_rx));
         Ok(Engine { shared })

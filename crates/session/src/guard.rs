@@ -4,9 +4,9 @@ use crate::data::SessionData;
 use crate::engine::State;
 use crate::error::Error;
 use crate::key::SessionKey;
-use crate::shard::{Handle, Held, Owned};
+use crate::lifecycle::Core;
+use crate::shard::{self, Held, Owned};
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 
 const HELD: &str = "a guard holds its session until it is released";
 
@@ -16,35 +16,33 @@ const HELD: &str = "a guard holds its session until it is released";
 /// save then happens in the background); [`SessionGuard::release`] releases
 /// it and returns only once a needed save is durable.
 pub struct SessionGuard<K: SessionKey, S: State> {
-    /// The way back into the cache (one of several: see [`Handle`]).
-    handle: Arc<Handle<K, S>>,
     /// The key's hash, computed once when it was asked for.
     hash: u64,
     key: K,
-    /// The key's cell, locked, with a session in it; `Some` until released
-    /// (only `release`, `into_held` and `drop` take it).
-    owned: Option<Owned<S>>,
+    /// The key's cell, locked, with a session in it (and the way back to
+    /// the cache); `Some` until released (only `release`, `into_held` and
+    /// `drop` take it).
+    owned: Option<Owned<K, S>>,
 }
 
 impl<K: SessionKey, S: State> SessionGuard<K, S> {
-    pub(crate) fn new(handle: Arc<Handle<K, S>>, hash: u64, key: K, owned: Owned<S>) -> Self {
+    pub(crate) fn new(hash: u64, key: K, owned: Owned<K, S>) -> Self {
         SessionGuard {
-            handle,
             hash,
             key,
             owned: Some(owned),
         }
     }
 
-    pub(crate) fn handle(&self) -> &Handle<K, S> {
-        &self.handle
+    /// The engine's shared parts.
+    pub(crate) fn core(&self) -> &Core<K, S> {
+        &self.owned.as_ref().expect(HELD).home.core
     }
 
     /// Go on holding the key without a command (the engine finalizes or
     /// recovers the session first).
     pub(crate) fn into_held(mut self) -> Held<K, S> {
         Held {
-            handle: self.handle.clone(),
             hash: self.hash,
             key: self.key.clone(),
             owned: self.owned.take(),
@@ -60,8 +58,11 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// make a step durable before it goes on (and undo its change if the
     /// save fails).
     pub async fn save(&mut self) -> Result<(), Error> {
-        match self.owned.as_mut().and_then(|o| o.session.as_mut()) {
-            Some(session) => self.handle.core().save(&self.key, session).await,
+        let Some(cell) = self.owned.as_deref_mut() else {
+            return Ok(());
+        };
+        match cell.session.as_mut() {
+            Some(session) => cell.home.core.save(&self.key, session).await,
             None => Ok(()),
         }
     }
@@ -72,12 +73,7 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// saved on a later attempt; the next command gets it either way.
     pub async fn release(mut self) -> Result<(), Error> {
         match self.owned.take() {
-            Some(owned) => {
-                self.handle
-                    .clone()
-                    .finish(self.hash, self.key.clone(), owned)
-                    .await
-            }
+            Some(owned) => shard::finish(self.hash, self.key.clone(), owned).await,
             None => Ok(()),
         }
     }
@@ -105,7 +101,7 @@ impl<K: SessionKey, S: State> DerefMut for SessionGuard<K, S> {
 impl<K: SessionKey, S: State> Drop for SessionGuard<K, S> {
     fn drop(&mut self) {
         if let Some(owned) = self.owned.take() {
-            self.handle.release_from_drop(self.hash, &self.key, owned);
+            shard::release_from_drop(self.hash, &self.key, owned);
         }
     }
 }

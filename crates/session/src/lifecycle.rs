@@ -215,7 +215,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
     /// Lazy creation and the begin notification, at release: a new session
     /// its creating command left untouched is dropped (the cell keeps
     /// knowing that the key has no session).
-    pub(crate) fn begin_if_kept(&self, key: &K, cell: &mut Cell<S>) {
+    pub(crate) fn begin_if_kept(&self, key: &K, cell: &mut Cell<K, S>) {
         let Some(s) = cell.session.as_mut() else {
             return;
         };

@@ -3,31 +3,25 @@
 //! Each key in memory has a cell: a small lock around its session (if one
 //! is loaded) in its own allocation, found through its shard's hash table.
 //! Holding a key is holding its cell's lock, through an owned guard, so a
-//! `'static` session guard can keep it across awaits and threads. The
-//! uncontended path writes nothing but the cell: find the key under the
-//! shard's read lock, take the cell's lock with one compare-and-swap; the
-//! release lets it go with another and reads one shared counter. The
-//! session stays in place in the cell: it is never moved into the guard and
-//! back.
+//! `'static` session guard can keep it across awaits and threads. The cell
+//! also points back to its cache, so a guard needs nothing else to find
+//! its way back. The uncontended path writes nothing shared but the
+//! shard's read lock: find the key, take the cell's lock with one
+//! compare-and-swap; the release lets it go with another and reads one
+//! hint. The session stays in place in the cell: it is never moved into
+//! the guard and back.
 //!
 //! Commands that find a key held queue in its table entry, in arrival
 //! order, under the shard's write lock (the contended path only). A release
-//! that sees waiters in its shard hands the cell, still locked, to the first
-//! of them through a oneshot channel, so nobody can take the key ahead of
-//! the queue and nothing can observe two holders. A waiter registers and
-//! then tries the lock once more, and a release lets go before it looks for
-//! waiters, so a key is never left free with someone waiting for it.
+//! that sees waiters hands the cell, still locked, to the first of them
+//! through a oneshot channel, so nobody can take the key ahead of the queue
+//! and nothing can observe two holders. A waiter registers and then tries
+//! the lock once more, and a release lets go before it looks for waiters,
+//! so a key is never left free with someone waiting for it.
 //!
 //! The expiry manager and `stop` inspect cells only under a shard lock and
 //! only when nobody waits for them, so their brief look can neither race a
 //! waiter's registration nor make one wait for nothing.
-//!
-//! A guard must keep the cache alive, so it holds an `Arc`. Were that one
-//! `Arc`, every acquire and release on every core would change one
-//! reference count on one cache line. So the engine keeps several
-//! [`Handle`]s to the same cache, each on its own line, and a thread takes
-//! the one numbered after it: the count a guard changes stays in that
-//! core's cache.
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
@@ -50,38 +44,31 @@ use tokio::sync::oneshot;
 type Waiter<K, S> = oneshot::Sender<Result<Held<K, S>, Error>>;
 
 /// What a key has in memory.
-pub(crate) struct Cell<S> {
+pub(crate) struct Cell<K: SessionKey, S: State> {
     /// Its session, when one is loaded or created.
     pub(crate) session: Option<SessionData<S>>,
     /// Storage was already asked: no session here means none anywhere.
     pub(crate) loaded: bool,
+    /// The cache it lives in: how a guard gets back without a reference
+    /// count of its own to change on every acquire. (A cycle through the
+    /// table, broken by [`Cache::clear`] when the engine goes away.)
+    pub(crate) home: Arc<Cache<K, S>>,
 }
 
+type CellRef<K, S> = Arc<Mutex<Cell<K, S>>>;
+
 /// A key, held: its cell's lock, owned.
-pub(crate) type Owned<S> = ArcMutexGuard<RawMutex, Cell<S>>;
+pub(crate) type Owned<K, S> = ArcMutexGuard<RawMutex, Cell<K, S>>;
 
 /// A table entry: the key, its cell, and the commands waiting for it.
 struct Entry<K: SessionKey, S: State> {
     key: K,
-    cell: Arc<Mutex<Cell<S>>>,
+    cell: CellRef<K, S>,
     /// `Some` (and not empty) while commands wait. Boxed on purpose: one
     /// word in every entry instead of four, as few keys ever have waiters
     /// and a small table stays in cache.
     #[allow(clippy::box_collection)]
     waiters: Option<Box<VecDeque<Waiter<K, S>>>>,
-}
-
-/// What every release of a shard reads, and the expiry manager's list: a
-/// cache line apart from the table's lock, which every acquire writes.
-#[repr(align(64))]
-struct Side<K> {
-    /// How many of the shard's keys have waiters. A release that sees 0
-    /// after letting its key go is done.
-    waiting: AtomicUsize,
-    /// Keys released since the expiry manager last looked (each at most
-    /// once: see `SessionData::touch_pending`). The manager reads their
-    /// times from the cells, so a release costs no message and no wake-up.
-    touched: std::sync::Mutex<Vec<K>>,
 }
 
 /// A shard's table: its entries, and how many commands wait in them
@@ -96,7 +83,23 @@ struct Table<K: SessionKey, S: State> {
 #[repr(align(64))]
 struct Shard<K: SessionKey, S: State> {
     table: RwLock<Table<K, S>>,
-    side: Side<K>,
+    /// Keys released since the expiry manager last looked (each at most
+    /// once: see `SessionData::touch_pending`). The manager reads their
+    /// times from the cells, so a release costs no message and no wake-up.
+    touched: std::sync::Mutex<Vec<K>>,
+}
+
+/// Keys with waiters, counted per 64th of the hash space, for every engine
+/// in the process. A release reads its counter after letting its key go
+/// and is done if it is 0; otherwise it looks in its table. A counter that
+/// another engine or key shares only sends a release the long way round.
+/// Global so that the release needs no pointer to reach it.
+#[repr(align(64))]
+struct Hint(AtomicUsize);
+static WAITING: [Hint; 64] = [const { Hint(AtomicUsize::new(0)) }; 64];
+
+fn waiting(hash: u64) -> &'static AtomicUsize {
+    &WAITING[(hash >> 58) as usize].0
 }
 
 /// The cache: what every shard shares, and the shards.
@@ -105,50 +108,13 @@ pub(crate) struct Cache<K: SessionKey, S: State> {
     shards: Box<[Shard<K, S>]>,
 }
 
-impl<K: SessionKey, S: State> Cache<K, S> {
-    pub(crate) fn new(core: Core<K, S>) -> Self {
-        let shards = (0..core.config.shards.max(1))
-            .map(|_| Shard {
-                table: RwLock::new(Table {
-                    slots: HashTable::new(),
-                    queued: 0,
-                }),
-                side: Side {
-                    waiting: AtomicUsize::new(0),
-                    touched: std::sync::Mutex::new(Vec::new()),
-                },
-            })
-            .collect();
-        Cache { core, shards }
-    }
-
-    /// The shard a key's hash falls in. Picked from hash bits that the
-    /// table does not use (it takes the low bits for the bucket and the top
-    /// seven as a tag), so keys spread within a shard; by a multiply and
-    /// shift rather than a division.
-    fn shard(&self, hash: u64) -> &Shard<K, S> {
-        let bits = u64::from((hash >> 25) as u32);
-        let i = ((bits * self.shards.len() as u64) >> 32) as usize;
-        &self.shards[i]
-    }
-}
-
-/// A way into the cache for guards, one of several (see the module
-/// documentation). Aligned so that its reference count has a cache line
-/// of its own.
-#[repr(align(64))]
-pub(crate) struct Handle<K: SessionKey, S: State> {
-    pub(crate) cache: Arc<Cache<K, S>>,
-}
-
 /// A held key whose session is not ready for a command yet (not loaded,
 /// absent, or due for finalizing), as passed from one command to the next.
 pub(crate) struct Held<K: SessionKey, S: State> {
-    pub(crate) handle: Arc<Handle<K, S>>,
     pub(crate) hash: u64,
     pub(crate) key: K,
     /// `None` once handed on (so that `Drop` does nothing).
-    pub(crate) owned: Option<Owned<S>>,
+    pub(crate) owned: Option<Owned<K, S>>,
 }
 
 impl<K: SessionKey, S: State> Held<K, S> {
@@ -160,19 +126,14 @@ impl<K: SessionKey, S: State> Held<K, S> {
     /// A command gets the key.
     pub(crate) fn into_guard(mut self) -> Option<SessionGuard<K, S>> {
         let owned = self.owned.take()?;
-        Some(SessionGuard::new(
-            self.handle.clone(),
-            self.hash,
-            self.key.clone(),
-            owned,
-        ))
+        Some(SessionGuard::new(self.hash, self.key.clone(), owned))
     }
 }
 
 impl<K: SessionKey, S: State> Drop for Held<K, S> {
     fn drop(&mut self) {
         if let Some(owned) = self.owned.take() {
-            self.handle.release(self.hash, &self.key, owned, false);
+            release(self.hash, &self.key, owned, false);
         }
     }
 }
@@ -192,37 +153,50 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl<K: SessionKey, S: State> Handle<K, S> {
-    pub(crate) fn core(&self) -> &Core<K, S> {
-        &self.cache.core
+/// The key is ours: a guard if its session is in memory.
+fn entered<K: SessionKey, S: State>(hash: u64, key: K, owned: Owned<K, S>) -> Entered<K, S> {
+    if owned.session.is_some() {
+        Entered::Ready(SessionGuard::new(hash, key, owned))
+    } else {
+        Entered::Held(Held {
+            hash,
+            key,
+            owned: Some(owned),
+        })
+    }
+}
+
+impl<K: SessionKey, S: State> Cache<K, S> {
+    pub(crate) fn new(core: Core<K, S>) -> Self {
+        let shards = (0..core.config.shards.max(1))
+            .map(|_| Shard {
+                table: RwLock::new(Table {
+                    slots: HashTable::new(),
+                    queued: 0,
+                }),
+                touched: std::sync::Mutex::new(Vec::new()),
+            })
+            .collect();
+        Cache { core, shards }
     }
 
-    /// The key is ours: a guard if its session is in memory.
-    fn entered(self: &Arc<Self>, hash: u64, key: K, owned: Owned<S>) -> Entered<K, S> {
-        if owned.session.is_some() {
-            Entered::Ready(SessionGuard::new(self.clone(), hash, key, owned))
-        } else {
-            Entered::Held(Held {
-                handle: self.clone(),
-                hash,
-                key,
-                owned: Some(owned),
-            })
-        }
+    /// The shard a key's hash falls in. Picked from hash bits that the
+    /// table does not use (it takes the low bits for the bucket and the top
+    /// seven as a tag), so keys spread within a shard; by a multiply and
+    /// shift rather than a division.
+    fn shard(&self, hash: u64) -> &Shard<K, S> {
+        let bits = u64::from((hash >> 25) as u32);
+        let i = ((bits * self.shards.len() as u64) >> 32) as usize;
+        &self.shards[i]
     }
 
     /// Take the key if it is free, or queue for it (or answer busy).
     #[inline]
-    pub(crate) fn enter(
-        self: &Arc<Self>,
-        hash: u64,
-        key: K,
-        wait: bool,
-    ) -> Result<Entered<K, S>, Error> {
-        if self.core().stopping.load(Ordering::SeqCst) {
+    pub(crate) fn enter(self: &Arc<Self>, hash: u64, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
+        if self.core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
-        let shard = self.cache.shard(hash);
+        let shard = self.shard(hash);
         {
             let table = shard.table.read();
             if let Some(entry) = table.slots.find(hash, |e| e.key == key)
@@ -230,7 +204,7 @@ impl<K: SessionKey, S: State> Handle<K, S> {
                 && let Some(owned) = entry.cell.try_lock_arc()
             {
                 drop(table);
-                return Ok(self.entered(hash, key, owned));
+                return Ok(entered(hash, key, owned));
             }
         }
         self.enter_contended(shard, hash, key, wait)
@@ -247,18 +221,18 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         key: K,
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
-        let core = self.core();
         let mut guard = shard.table.write();
         let table = &mut *guard;
         // Checked under the lock: `stop` fails the waiters of each shard
         // under it, so no waiter can join after that unanswered.
-        if core.stopping.load(Ordering::SeqCst) {
+        if self.core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
         let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
             let cell = Arc::new(Mutex::new(Cell {
                 session: None,
                 loaded: false,
+                home: self.clone(),
             }));
             // A new lock: taken at once.
             let owned = cell.lock_arc();
@@ -269,16 +243,16 @@ impl<K: SessionKey, S: State> Handle<K, S> {
                     cell,
                     waiters: None,
                 },
-                |e| core.hash(&e.key),
+                |e| self.core.hash(&e.key),
             );
             drop(guard);
-            return Ok(self.entered(hash, key, owned));
+            return Ok(entered(hash, key, owned));
         };
         if entry.waiters.is_none()
             && let Some(owned) = entry.cell.try_lock_arc()
         {
             drop(guard);
-            return Ok(self.entered(hash, key, owned));
+            return Ok(entered(hash, key, owned));
         }
         if !wait {
             return Err(Error::Busy);
@@ -287,7 +261,7 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         entry
             .waiters
             .get_or_insert_with(|| {
-                shard.side.waiting.fetch_add(1, Ordering::SeqCst);
+                waiting(hash).fetch_add(1, Ordering::SeqCst);
                 Box::default()
             })
             .push_back(tx);
@@ -296,38 +270,33 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         // the key is free now, and goes to the first in line.
         fence(Ordering::SeqCst);
         if let Some(owned) = entry.cell.try_lock_arc() {
-            self.give(shard, table, hash, &key, owned, false);
+            self.give(table, hash, &key, owned, false);
         }
         Ok(Entered::Queued(rx))
     }
 
     /// Under the shard's write lock, with the key held: hand it to the
     /// first waiter still there; if there is none, let it go (and drop the
-    /// entry when the cell is empty or `evict` asks for it).
-    fn give(
-        self: &Arc<Self>,
-        shard: &Shard<K, S>,
-        table: &mut Table<K, S>,
-        hash: u64,
-        key: &K,
-        mut owned: Owned<S>,
-        evict: bool,
-    ) {
+    /// entry when the cell is empty or `evict` asks for it). A cell that is
+    /// no longer the key's (it left the table while nobody held it) is
+    /// just let go.
+    fn give(&self, table: &mut Table<K, S>, hash: u64, key: &K, mut owned: Owned<K, S>, evict: bool) {
         let Ok(mut slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
-            tracing::error!(?key, "a held session had no table entry; dropped");
             return;
         };
+        if !Arc::ptr_eq(&slot.get().cell, ArcMutexGuard::mutex(&owned)) {
+            return;
+        }
         let entry = slot.get_mut();
         while let Some(queue) = entry.waiters.as_mut() {
             let next = queue.pop_front();
             if queue.is_empty() {
                 entry.waiters = None;
-                shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
+                waiting(hash).fetch_sub(1, Ordering::SeqCst);
             }
             let Some(waiter) = next else { break };
             table.queued -= 1;
             let held = Held {
-                handle: self.clone(),
                 hash,
                 key: key.clone(),
                 owned: Some(owned),
@@ -348,137 +317,165 @@ impl<K: SessionKey, S: State> Handle<K, S> {
         drop(owned);
     }
 
-    /// Let a held key go: to the next waiter, or free (`evict`: out of
-    /// memory, when nobody waits). The common case (a session kept in
-    /// memory, nobody waiting, nothing for the expiry manager) is inlined;
-    /// everything else is out of line.
-    #[inline]
-    pub(crate) fn release(self: &Arc<Self>, hash: u64, key: &K, mut owned: Owned<S>, evict: bool) {
-        let core = self.core();
-        let Some(s) = owned.session.as_mut().filter(|_| !evict) else {
-            return self.release_out(hash, key, owned);
-        };
-        let first = !s.touch_pending;
-        if first {
-            s.touch_pending = true;
-        }
-        let wake = s
-            .expires_at
-            .is_some_and(|t| t.0 < core.next_wake.load(Ordering::Relaxed));
-        drop(owned);
-        // Let go first, then look for waiters (see `enter_contended`).
-        fence(Ordering::SeqCst);
-        let shard = self.cache.shard(hash);
-        let waiting = shard.side.waiting.load(Ordering::Relaxed) > 0;
-        if first || wake || waiting || core.stopping.load(Ordering::Relaxed) {
-            self.released(shard, hash, key, first, wake, waiting);
-        }
+    /// [`Cache::give`] under the key's shard's write lock.
+    fn hand_over(&self, hash: u64, key: &K, owned: Owned<K, S>, evict: bool) {
+        let mut table = self.shard(hash).table.write();
+        self.give(&mut table, hash, key, owned, evict);
     }
 
-    /// The rest of a release that kept its session in memory: list the key
-    /// for the expiry manager, wake it, hand the key to a waiter.
-    #[cold]
-    #[inline(never)]
-    fn released(
-        self: &Arc<Self>,
-        shard: &Shard<K, S>,
-        hash: u64,
-        key: &K,
-        first: bool,
-        wake: bool,
-        waiting: bool,
-    ) {
-        let core = self.core();
-        if first {
-            lock(&shard.side.touched).push(key.clone());
-        }
-        if waiting {
-            let mut table = shard.table.write();
-            if let Some(entry) = table.slots.find(hash, |e| e.key == *key)
-                && entry.waiters.is_some()
-                && let Some(owned) = entry.cell.try_lock_arc()
-            {
-                self.give(shard, &mut table, hash, key, owned, false);
-            }
-        }
-        if wake {
-            core.wake_expiry.notify_one();
-        }
-        if core.stopping.load(Ordering::Relaxed) {
-            core.released.notify_waiters();
-        }
-    }
-
-    /// A release that leaves no session in memory unless someone waits.
-    #[cold]
-    #[inline(never)]
-    fn release_out(self: &Arc<Self>, hash: u64, key: &K, owned: Owned<S>) {
-        let shard = self.cache.shard(hash);
-        let mut table = shard.table.write();
-        self.give(shard, &mut table, hash, key, owned, true);
-        drop(table);
-        let core = self.core();
-        if core.stopping.load(Ordering::Relaxed) {
-            core.released.notify_waiters();
-        }
-    }
-
-    /// A guard was dropped without an awaited release.
-    #[inline]
-    pub(crate) fn release_from_drop(self: &Arc<Self>, hash: u64, key: &K, mut owned: Owned<S>) {
-        match owned.session.as_mut() {
-            Some(s) if s.dirty => return self.save_in_background(hash, key, owned),
-            Some(s) => {
-                if !s.unstamped {
-                    // No clock read here: the expiry manager stamps the
-                    // release time when it notes the key (within about a
-                    // second).
-                    s.unstamped = true;
-                }
-                if !s.begun {
-                    self.core().begin_if_kept(key, &mut owned);
+    /// The engine is gone: drop every cell (each points back here, so
+    /// the cache and its cells would otherwise keep each other alive).
+    /// Waiters are answered by their channel closing; guards still out
+    /// keep their own cell, and their release finds no entry.
+    pub(crate) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let entries = {
+                let mut table = shard.table.write();
+                table.queued = 0;
+                std::mem::take(&mut table.slots)
+            };
+            for entry in entries {
+                if entry.waiters.is_some() {
+                    waiting(self.core.hash(&entry.key)).fetch_sub(1, Ordering::SeqCst);
                 }
             }
-            None => {}
         }
-        self.release(hash, key, owned, false);
     }
+}
 
-    /// A guard with a persistent change was dropped: its save goes on in
-    /// the background, and the key is released after it.
-    #[cold]
-    #[inline(never)]
-    fn save_in_background(self: &Arc<Self>, hash: u64, key: &K, owned: Owned<S>) {
-        let handle = self.clone();
-        let key = key.clone();
-        self.core().runtime.spawn(async move {
-            if let Err(e) = handle.finish(hash, key, owned).await {
-                tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
-            }
-        });
+/// Let a held key go: to the next waiter, or free (`evict`: out of memory,
+/// when nobody waits). The common case (a session kept in memory, nobody
+/// waiting) is inlined; everything else is out of line.
+#[inline]
+pub(crate) fn release<K: SessionKey, S: State>(hash: u64, key: &K, mut owned: Owned<K, S>, evict: bool) {
+    let Some(s) = owned.session.as_mut().filter(|_| !evict) else {
+        return release_out(hash, key, owned);
+    };
+    let first = !s.touch_pending;
+    if first {
+        s.touch_pending = true;
     }
+    let expires_at = s.expires_at;
+    let core = &owned.home.core;
+    let wake = expires_at.is_some_and(|t| t.0 < core.next_wake.load(Ordering::Relaxed));
+    if first || wake || core.stopping.load(Ordering::Relaxed) {
+        return release_noting(hash, key, owned, first, wake);
+    }
+    let cell = ArcMutexGuard::into_arc(owned);
+    // Let go first, then look for waiters (see `Cache::enter_contended`).
+    fence(Ordering::SeqCst);
+    if waiting(hash).load(Ordering::Relaxed) > 0 {
+        hand_over_after(hash, key, &cell);
+    }
+}
 
-    /// A command is done with the session: save it if needed, apply lazy
-    /// creation, send the begin notification, hand it on.
-    pub(crate) async fn finish(
-        self: Arc<Self>,
-        hash: u64,
-        key: K,
-        mut owned: Owned<S>,
-    ) -> Result<(), Error> {
-        let core = self.core();
-        let result = match owned.session.as_mut() {
-            Some(s) => {
-                s.last_access = core.now();
-                s.unstamped = false;
-                core.save(&key, s).await
-            }
-            None => Ok(()),
-        };
-        core.begin_if_kept(&key, &mut owned);
-        self.release(hash, &key, owned, false);
-        result
+/// A release with something for the expiry manager or `stop`: list the
+/// key, wake the manager if the deadline comes before its plan, tell
+/// `stop` that one more key is free.
+#[cold]
+#[inline(never)]
+fn release_noting<K: SessionKey, S: State>(
+    hash: u64,
+    key: &K,
+    owned: Owned<K, S>,
+    first: bool,
+    wake: bool,
+) {
+    let home = owned.home.clone();
+    let core = &home.core;
+    if first {
+        lock(&home.shard(hash).touched).push(key.clone());
     }
+    let cell = ArcMutexGuard::into_arc(owned);
+    fence(Ordering::SeqCst);
+    if waiting(hash).load(Ordering::Relaxed) > 0 {
+        hand_over_after(hash, key, &cell);
+    }
+    if wake {
+        core.wake_expiry.notify_one();
+    }
+    if core.stopping.load(Ordering::Relaxed) {
+        core.released.notify_waiters();
+    }
+}
+
+/// After letting a key go, someone waits in its part of the hash space:
+/// take the key back if it is still free and hand it to its first waiter.
+#[cold]
+#[inline(never)]
+fn hand_over_after<K: SessionKey, S: State>(hash: u64, key: &K, cell: &CellRef<K, S>) {
+    if let Some(owned) = cell.try_lock_arc() {
+        let home = owned.home.clone();
+        home.hand_over(hash, key, owned, false);
+    }
+}
+
+/// A release that leaves no session in memory unless someone waits.
+#[cold]
+#[inline(never)]
+fn release_out<K: SessionKey, S: State>(hash: u64, key: &K, owned: Owned<K, S>) {
+    let home = owned.home.clone();
+    home.hand_over(hash, key, owned, true);
+    if home.core.stopping.load(Ordering::Relaxed) {
+        home.core.released.notify_waiters();
+    }
+}
+
+/// A guard was dropped without an awaited release.
+#[inline]
+pub(crate) fn release_from_drop<K: SessionKey, S: State>(hash: u64, key: &K, mut owned: Owned<K, S>) {
+    match owned.session.as_mut() {
+        Some(s) if s.dirty => return save_in_background(hash, key, owned),
+        Some(s) => {
+            if !s.unstamped {
+                // No clock read here: the expiry manager stamps the release
+                // time when it notes the key (within about a second).
+                s.unstamped = true;
+            }
+            if !s.begun {
+                let home = owned.home.clone();
+                home.core.begin_if_kept(key, &mut owned);
+            }
+        }
+        None => {}
+    }
+    release(hash, key, owned, false);
+}
+
+/// A guard with a persistent change was dropped: its save goes on in the
+/// background, and the key is released after it.
+#[cold]
+#[inline(never)]
+fn save_in_background<K: SessionKey, S: State>(hash: u64, key: &K, owned: Owned<K, S>) {
+    let key = key.clone();
+    let runtime = owned.home.core.runtime.clone();
+    runtime.spawn(async move {
+        if let Err(e) = finish(hash, key, owned).await {
+            tracing::warn!(error = %e, "background save after drop failed; the session stays dirty");
+        }
+    });
+}
+
+/// A command is done with the session: save it if needed, apply lazy
+/// creation, send the begin notification, hand it on.
+pub(crate) async fn finish<K: SessionKey, S: State>(
+    hash: u64,
+    key: K,
+    mut owned: Owned<K, S>,
+) -> Result<(), Error> {
+    let cell = &mut *owned;
+    let result = match cell.session.as_mut() {
+        Some(s) => {
+            s.last_access = cell.home.core.now();
+            s.unstamped = false;
+            cell.home.core.save(&key, s).await
+        }
+        None => Ok(()),
+    };
+    let home = owned.home.clone();
+    home.core.begin_if_kept(&key, &mut owned);
+    release(hash, &key, owned, false);
+    result
 }
 
 impl<K: SessionKey, S: State> Cache<K, S> {
@@ -491,7 +488,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         out: &mut Vec<(K, Option<Timestamp>, Timestamp)>,
     ) {
         for shard in self.shards.iter() {
-            let keys = std::mem::take(&mut *lock(&shard.side.touched));
+            let keys = std::mem::take(&mut *lock(&shard.touched));
             if keys.is_empty() {
                 continue;
             }
@@ -522,7 +519,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             }
             drop(table);
             if !held.is_empty() {
-                lock(&shard.side.touched).extend(held);
+                lock(&shard.touched).extend(held);
             }
         }
     }
@@ -535,7 +532,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         key: &K,
         last_access: Timestamp,
         now: Timestamp,
-    ) -> Result<Owned<S>, expiry::Flushed> {
+    ) -> Result<Owned<K, S>, expiry::Flushed> {
         let mut table = self.shard(hash).table.write();
         let Ok(slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return Err(expiry::Flushed::Skipped);
@@ -595,7 +592,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             let table = &mut *guard;
             for entry in table.slots.iter_mut() {
                 if let Some(queue) = entry.waiters.take() {
-                    shard.side.waiting.fetch_sub(1, Ordering::SeqCst);
+                    waiting(self.core.hash(&entry.key)).fetch_sub(1, Ordering::SeqCst);
                     for waiter in *queue {
                         table.queued -= 1;
                         let _ = waiter.send(Err(Error::Stopping));
@@ -645,7 +642,7 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
 ) -> Result<Option<SessionGuard<K, S>>, Error> {
     let mut held = match entered {
         Entered::Ready(guard) => {
-            if !guard.handle().core().needs_ready(&guard) {
+            if !guard.core().needs_ready(&guard) {
                 return Ok(Some(guard));
             }
             guard.into_held()
@@ -653,11 +650,11 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         Entered::Held(h) => h,
         Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
     };
-    let handle = held.handle.clone();
-    let core = handle.core();
     let Some(cell) = held.owned.as_mut() else {
         return Ok(None);
     };
+    let home = cell.home.clone();
+    let core = &home.core;
     // If this future is dropped (its caller went away) while loading or
     // finalizing, `held` passes the key on with `loaded` false and its next
     // holder reads the session from storage again; on a load error too.
