@@ -37,7 +37,7 @@ use hashbrown::HashTable;
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -89,20 +89,22 @@ struct Shard<K: SessionKey, S: State> {
     touched: std::sync::Mutex<Vec<K>>,
 }
 
-/// Keys with waiters, counted per 64th of the hash space, for every engine
-/// in the process. A release reads its counter after letting its key go
-/// and is done if it is 0; otherwise it looks in its table. A counter that
-/// another engine or key shares only sends a release the long way round.
-/// Global so that the release needs no pointer to reach it.
-#[repr(align(64))]
-struct Hint(AtomicUsize);
-static WAITING: [Hint; 64] = [const { Hint(AtomicUsize::new(0)) }; 64];
+/// Keys with waiters, counted per 1024th of the hash space, for every
+/// engine in the process. A release reads its counter after letting its
+/// key go and is done if it is 0; otherwise it looks in its table. A
+/// counter that another engine or key shares only sends a release the long
+/// way round, so there are many (written only when a queue starts or
+/// empties; 4 KiB). Global so that the release needs no pointer to it.
+static WAITING: [AtomicU32; 1024] = [const { AtomicU32::new(0) }; 1024];
 
-fn waiting(hash: u64) -> &'static AtomicUsize {
-    &WAITING[(hash >> 58) as usize].0
+fn waiting(hash: u64) -> &'static AtomicU32 {
+    &WAITING[(hash >> 54) as usize]
 }
 
-/// The cache: what every shard shares, and the shards.
+/// The cache: what every shard shares, and the shards. Aligned so that
+/// its `Arc`'s reference count (changed when a cell is created or a key is
+/// handed over) shares no cache line with what every operation reads.
+#[repr(align(64))]
 pub(crate) struct Cache<K: SessionKey, S: State> {
     pub(crate) core: Core<K, S>,
     shards: Box<[Shard<K, S>]>,
