@@ -74,6 +74,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod completion;
 mod config;
 mod error;
 mod http;
@@ -88,6 +89,7 @@ mod webhook;
 mod window;
 mod worker;
 
+pub use completion::{Completion, OnDone};
 pub use config::{Adaptive, Kind, ProbePolicy, QueueConfig, TypeConfig};
 pub use error::{ConfigError, SendError, TransportError};
 pub use http::HttpAnswer;

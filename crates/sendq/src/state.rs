@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
@@ -53,20 +52,9 @@ pub struct Done<H, P, A> {
     pub result: Result<A, SendError>,
 }
 
-/// A boxed completion callback.
-pub(crate) type Callback<H, P, A> = Box<dyn FnOnce(Done<H, P, A>) + Send>;
-
-/// Where an entry's outcome goes.
-pub(crate) enum Completion<H, P, A> {
-    /// Run by the finalizer task.
-    Callback(Callback<H, P, A>),
-    /// Sent by the finalizer task to a waiting caller.
-    Channel(oneshot::Sender<Done<H, P, A>>),
-}
-
 /// A finished entry on its way to the finalizer.
-pub(crate) struct Finished<H, P, A> {
-    pub(crate) completion: Completion<H, P, A>,
+pub(crate) struct Finished<H, P, A, C> {
+    pub(crate) completion: C,
     pub(crate) done: Done<H, P, A>,
 }
 
@@ -83,13 +71,13 @@ enum Stage {
     Sent,
 }
 
-struct Entry<H, P, A> {
+struct Entry<H, P, A, C> {
     host: H,
     /// The host's slab key; a removed host's key finds nothing.
     host_key: u64,
     kind: usize,
     payload: Arc<P>,
-    completion: Completion<H, P, A>,
+    completion: C,
     added: Instant,
     deadline: Option<Instant>,
     stage: Stage,
@@ -105,8 +93,8 @@ struct Entry<H, P, A> {
 /// An entry waiting for its type's window. Plain entries wait inline, so
 /// the slab holds only entries that are in flight (few, and hot in cache)
 /// and a long queue is read front to back.
-enum Waiter<H, P, A> {
-    Plain(Intake<H, P, A>),
+enum Waiter<H, P, C> {
+    Plain(Intake<H, P, C>),
     /// An entry with a deadline or a prior one-shot, in the slab so the
     /// deadline watcher can find it by key.
     Keyed(u64),
@@ -115,18 +103,18 @@ enum Waiter<H, P, A> {
 /// A waiting queue longer than this gives its memory back once it empties.
 const WAITING_KEEP: usize = 1024;
 
-struct TypeQueue<H, P, A> {
+struct TypeQueue<H, P, C> {
     /// Waiting entries in order of adding; keys of entries that left early
     /// (expired) are skipped when met.
-    waiting: VecDeque<Waiter<H, P, A>>,
+    waiting: VecDeque<Waiter<H, P, C>>,
     waiting_live: usize,
     in_flight: usize,
     window: Window,
     one_shot_busy: bool,
 }
 
-struct HostQueue<H, P, A> {
-    types: Vec<TypeQueue<H, P, A>>,
+struct HostQueue<H, P, C> {
+    types: Vec<TypeQueue<H, P, C>>,
     /// Entry keys in the order their windows opened (prior one-shots in front).
     ready: VecDeque<u64>,
     /// Entries of this host held by workers and not yet written. A worker
@@ -183,20 +171,20 @@ pub(crate) struct Wakes {
 }
 
 /// The queue's state; see the module documentation.
-pub(crate) struct State<H, P, A> {
+pub(crate) struct State<H, P, A, C> {
     config: Arc<QueueConfig>,
     /// Host names and keys, down flags, the intake and the idle workers.
-    admission: Arc<Mutex<Admission<H, P, A>>>,
+    admission: Arc<Mutex<Admission<H, P, C>>>,
     /// Per host key (handed out by the admission).
-    hosts: Mirror<HostQueue<H, P, A>>,
-    entries: Slab<Entry<H, P, A>>,
+    hosts: Mirror<HostQueue<H, P, C>>,
+    entries: Slab<Entry<H, P, A, C>>,
     /// The intake's other buffer, kept so filing allocates nothing.
-    intake_spare: Vec<Intake<H, P, A>>,
+    intake_spare: Vec<Intake<H, P, C>>,
     /// Keys of hosts with ready entries and a free send slot, served round-robin.
     hostq: VecDeque<u64>,
     deadlines: BTreeSet<(Instant, u64)>,
     /// Finished entries for the finalizer, in the order they finished.
-    done: Vec<Finished<H, P, A>>,
+    done: Vec<Finished<H, P, A, C>>,
     /// `done` went from empty to non-empty since the last [`State::wakes`].
     wake_finalizer: bool,
     /// Counts host-down, host-removed and shutdown events, so a worker holding
@@ -205,13 +193,13 @@ pub(crate) struct State<H, P, A> {
     closed: bool,
 }
 
-impl<H, P, A> State<H, P, A>
+impl<H, P, A, C> State<H, P, A, C>
 where
     H: Clone + Eq + Hash,
 {
     pub(crate) fn new(
         config: Arc<QueueConfig>,
-        admission: Arc<Mutex<Admission<H, P, A>>>,
+        admission: Arc<Mutex<Admission<H, P, C>>>,
         changes: Arc<AtomicU64>,
     ) -> Self {
         Self {
@@ -230,7 +218,7 @@ where
     }
 
     /// The host's queues, made on first use of a key the admission handed out.
-    fn host_mut(&mut self, host_key: u64) -> Option<&mut HostQueue<H, P, A>> {
+    fn host_mut(&mut self, host_key: u64) -> Option<&mut HostQueue<H, P, C>> {
         if self.hosts.get(host_key).is_none() {
             let hq = HostQueue {
                 types: self
@@ -264,7 +252,7 @@ where
         host: H,
         kind: Kind,
         payload: Arc<P>,
-        completion: Completion<H, P, A>,
+        completion: C,
         now: Instant,
     ) -> Result<bool, SendError> {
         let Some(tc) = self.config.types.get(kind.0) else {
@@ -336,7 +324,7 @@ where
         self.intake_spare = batch;
     }
 
-    fn file(&mut self, batch: &mut Vec<Intake<H, P, A>>) {
+    fn file(&mut self, batch: &mut Vec<Intake<H, P, C>>) {
         for new in batch.drain(..) {
             let (host_key, kind) = (new.host_key, new.kind);
             if let Some(hq) = self.host_mut(host_key) {
@@ -761,7 +749,7 @@ where
     /// Fails nothing yet: takes waiting entries out of their queue, files
     /// the plain ones in the slab (as waiting) and returns every key, so the
     /// caller can fail them all alike.
-    fn unfile(&mut self, host_key: u64, waiters: Vec<Waiter<H, P, A>>) -> Vec<u64> {
+    fn unfile(&mut self, host_key: u64, waiters: Vec<Waiter<H, P, C>>) -> Vec<u64> {
         let mut keys = Vec::with_capacity(waiters.len());
         for waiter in waiters {
             keys.push(match waiter {
@@ -783,7 +771,7 @@ where
         keys
     }
 
-    fn host(&self, host: &H) -> Option<&HostQueue<H, P, A>> {
+    fn host(&self, host: &H) -> Option<&HostQueue<H, P, C>> {
         let key = self.admit().find(host)?;
         self.hosts.get(key)
     }
@@ -825,13 +813,13 @@ where
 }
 
 /// Shutting down and delivering need nothing of the host key, so `Drop` can use them.
-impl<H, P, A> State<H, P, A> {
+impl<H, P, A, C> State<H, P, A, C> {
     /// True once [`State::close`] ran.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
 
-    fn deliver(&mut self, e: Entry<H, P, A>, result: Result<A, SendError>) {
+    fn deliver(&mut self, e: Entry<H, P, A, C>, result: Result<A, SendError>) {
         self.push_done(Finished {
             completion: e.completion,
             done: Done {
@@ -843,12 +831,12 @@ impl<H, P, A> State<H, P, A> {
         });
     }
 
-    fn push_done(&mut self, finished: Finished<H, P, A>) {
+    fn push_done(&mut self, finished: Finished<H, P, A, C>) {
         self.wake_finalizer |= self.done.is_empty();
         self.done.push(finished);
     }
 
-    fn admit(&self) -> MutexGuard<'_, Admission<H, P, A>> {
+    fn admit(&self) -> MutexGuard<'_, Admission<H, P, C>> {
         self.admission
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -873,7 +861,7 @@ impl<H, P, A> State<H, P, A> {
     }
 
     /// Swaps the finalizer's empty buffer with the batch of finished entries.
-    pub(crate) fn take_done(&mut self, batch: &mut Vec<Finished<H, P, A>>) {
+    pub(crate) fn take_done(&mut self, batch: &mut Vec<Finished<H, P, A, C>>) {
         std::mem::swap(&mut self.done, batch);
     }
 
@@ -927,7 +915,7 @@ mod tests {
     use super::*;
     use crate::config::TypeConfig;
 
-    type TestState = State<&'static str, u32, u32>;
+    type TestState = State<&'static str, u32, u32, ()>;
 
     fn state(types: Vec<TypeConfig>) -> TestState {
         let config = Arc::new(QueueConfig::new(types));
@@ -937,7 +925,6 @@ mod tests {
 
     /// Adds a plain entry the way `SendQueue::add` does: through the intake.
     fn add(st: &mut TestState, host: &'static str, payload: u32) {
-        let (tx, _rx) = oneshot::channel();
         let mut admission = st.admit();
         let host_key = admission.check(&host, true).unwrap();
         let entry = Intake {
@@ -945,7 +932,7 @@ mod tests {
             host_key,
             kind: 0,
             payload: Arc::new(payload),
-            completion: Completion::Channel(tx),
+            completion: (),
             added: Instant::now(),
         };
         admission.push(entry, |_| {});
@@ -964,7 +951,7 @@ mod tests {
             .collect()
     }
 
-    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32>> {
+    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32, ()>> {
         let mut batch = Vec::new();
         st.take_done(&mut batch);
         batch
@@ -1071,15 +1058,8 @@ mod tests {
         assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2), ("h", 3)]);
         // The first write waits on the network; meanwhile a probe arrives.
         let first = jobs.pop_front().unwrap();
-        let (tx, _rx) = oneshot::channel();
-        st.add(
-            "h",
-            Kind(1),
-            Arc::new(99),
-            Completion::Channel(tx),
-            Instant::now(),
-        )
-        .unwrap();
+        st.add("h", Kind(1), Arc::new(99), (), Instant::now())
+            .unwrap();
         st.hand_back(&mut jobs);
         assert!(jobs.is_empty());
         // The host is still sending the first entry.

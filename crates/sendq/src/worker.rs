@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
+use crate::completion::Completion;
 use crate::error::{SendError, TransportError};
 use crate::queue::Shared;
 use crate::state::{Verdict, Written};
@@ -28,11 +29,12 @@ use crate::transport::{Parking, Reply, ReplySink, Transport};
 const MAX_BATCH: usize = 128;
 
 /// One send worker; see the module documentation.
-pub(crate) async fn work<H, P, T>(index: usize, shared: Arc<Shared<H, P, T>>)
+pub(crate) async fn work<H, P, T, C>(index: usize, shared: Arc<Shared<H, P, T, C>>)
 where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
 {
     // The worker's own parking spot; replies clone this rather than the
     // shared queue, whose reference count every worker would fight over.
