@@ -56,9 +56,13 @@ struct NoOp(Arc<Counters>);
 
 impl Transport<usize, ()> for NoOp {
     type Answer = ();
-    async fn send(&self, request: Request<usize, ()>, reply: Reply<()>) -> Result<(), SendError> {
-        self.0.enter(request.host, request.kind.0);
-        self.0.leave(request.host, request.kind.0);
+    async fn send(
+        &self,
+        request: Request<'_, usize, ()>,
+        reply: Reply<()>,
+    ) -> Result<(), SendError> {
+        self.0.enter(*request.host, request.kind.0);
+        self.0.leave(*request.host, request.kind.0);
         reply.answer(Ok(()));
         Ok(())
     }

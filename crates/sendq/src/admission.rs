@@ -10,20 +10,19 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::error::SendError;
 use crate::slab::Slab;
+use crate::state::Body;
 
 /// An entry `add` accepted but did not file yet: a plain type (no deadline,
 /// not a one-shot), so nothing but its queue position depends on filing it.
 pub(crate) struct Intake<H, P, C> {
-    pub(crate) host: H,
+    pub(crate) body: Body<H, P>,
     pub(crate) host_key: u64,
     pub(crate) kind: usize,
-    pub(crate) payload: Arc<P>,
     pub(crate) completion: C,
     pub(crate) added: Instant,
 }

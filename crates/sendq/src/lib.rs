@@ -55,7 +55,7 @@
 //!
 //! impl Transport<&'static str, u32> for Doubler {
 //!     type Answer = u32;
-//!     async fn send(&self, request: Request<&'static str, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+//!     async fn send(&self, request: Request<'_, &'static str, u32>, reply: Reply<u32>) -> Result<(), SendError> {
 //!         reply.answer(Ok(*request.payload * 2));
 //!         Ok(())
 //!     }

@@ -18,9 +18,9 @@ use crate::admission::{Admission, Intake};
 use crate::completion::{Completion, OnDone};
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
-use crate::state::{Done, Finished, State, TypeStats};
+use crate::state::{Body, Done, Finished, State, TypeStats};
 use crate::transport::{ReplySink, Transport};
-use crate::worker::work;
+use crate::worker::{Closing, work};
 
 /// Outbound requests per remote host and per request type, each type with a
 /// window of entries in flight. Cloning gives another handle to the same
@@ -57,6 +57,8 @@ pub(crate) struct Shared<H, P, T: Transport<H, P>, C> {
     /// Woken when the finalizer's batch goes from empty to non-empty.
     finalizer_wake: Notify,
     expiry: Notify,
+    /// Stops workers waiting on a transport when the queue shuts down.
+    pub(crate) closing: Closing,
     /// The state's count of host-down, removal and shutdown events, readable
     /// without the lock.
     pub(crate) changes: Arc<AtomicU64>,
@@ -101,6 +103,7 @@ impl<H, P, T: Transport<H, P>, C> Shared<H, P, T, C> {
             self.workers[worker].notify_one();
         }
         self.release(st);
+        self.closing.close();
         self.expiry.notify_one();
     }
 }
@@ -134,13 +137,13 @@ where
     /// Adds an entry; `on_done` runs on the finalizer task when it ends.
     ///
     /// Never waits. A refused entry (`Err`) was not added and `on_done` is not
-    /// run. The payload may be a `P` or the `Arc<P>` of a finished entry's
-    /// [`Done`], so a completion can add its entry again without a copy.
+    /// run. [`Done`] gives the payload back, so a completion can add its
+    /// entry again without a copy.
     pub fn add(
         &self,
         host: H,
         kind: Kind,
-        payload: impl Into<Arc<P>>,
+        payload: P,
         on_done: impl FnOnce(Done<H, P, T::Answer>) + Send + 'static,
     ) -> Result<(), SendError> {
         self.add_with(host, kind, payload, OnDone::callback(on_done))
@@ -153,7 +156,7 @@ where
         &self,
         host: H,
         kind: Kind,
-        payload: impl Into<Arc<P>>,
+        payload: P,
     ) -> Result<Pending<H, P, T::Answer>, SendError> {
         let (tx, rx) = oneshot::channel();
         self.add_with(host, kind, payload, OnDone::channel(tx))?;
@@ -192,6 +195,7 @@ where
             workers: (0..config.workers).map(|_| Notify::new()).collect(),
             finalizer_wake: Notify::new(),
             expiry: Notify::new(),
+            closing: Closing::default(),
             changes,
             finalizer: Mutex::new(None),
         });
@@ -219,12 +223,12 @@ where
         &self,
         host: H,
         kind: Kind,
-        payload: impl Into<Arc<P>>,
+        payload: P,
         completion: C,
     ) -> Result<(), SendError> {
-        // Allocate and read the clock before taking a lock.
-        let payload = payload.into();
+        // Read the clock before taking a lock.
         let now = Instant::now();
+        let body = Body { host, payload };
         let Some(tc) = self.shared.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
         };
@@ -232,12 +236,12 @@ where
             // A plain entry: accepted under the admission lock alone.
             let shared = &*self.shared;
             let mut admission = shared.admit();
-            let host_key = admission.check(&host, tc.queueable_if_down || tc.probe.is_some())?;
+            let may_go_down = tc.queueable_if_down || tc.probe.is_some();
+            let host_key = admission.check(&body.host, may_go_down)?;
             let entry = Intake {
-                host,
+                body,
                 host_key,
                 kind: kind.0,
-                payload,
                 completion,
                 added: now,
             };
@@ -245,7 +249,7 @@ where
             return Ok(());
         }
         let mut st = self.shared.lock();
-        let earliest = st.add(host, kind, payload, completion, now);
+        let earliest = st.add(body, kind, completion, now);
         self.shared.release(st);
         if earliest? {
             self.shared.expiry.notify_one();
@@ -380,7 +384,7 @@ where
         let closed = {
             let mut st = shared.lock();
             st.take_done(&mut batch);
-            st.is_closed()
+            st.is_drained()
         };
         if batch.is_empty() {
             if closed {

@@ -24,7 +24,11 @@ struct Scripted {
 
 impl Transport<Host, u32> for Scripted {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         let p = *request.payload;
         match p % 5 {
             0 => {
@@ -83,7 +87,7 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
                     if matches!(done.result, Err(SendError::Expired)) {
                         expired.fetch_add(1, Ordering::SeqCst);
                     }
-                    counts[*done.payload as usize].fetch_add(1, Ordering::SeqCst);
+                    counts[done.payload as usize].fetch_add(1, Ordering::SeqCst);
                     inside.store(false, Ordering::SeqCst);
                 });
                 match added {
@@ -124,7 +128,11 @@ struct Echo;
 
 impl Transport<Host, u32> for Echo {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         reply.answer(Ok(*request.payload));
         Ok(())
     }
@@ -302,7 +310,11 @@ struct Fragile;
 
 impl Transport<Host, u32> for Fragile {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         assert_ne!(*request.payload, 13, "transport bug");
         reply.answer(Ok(*request.payload));
         Ok(())

@@ -414,7 +414,11 @@ struct AnswersFirst(tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sen
 
 impl Transport<Host, u32> for AnswersFirst {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         reply.answer(Ok(*request.payload));
         let (written, wait) = tokio::sync::oneshot::channel();
         let _ = self.0.send(written);
