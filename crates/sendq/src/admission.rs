@@ -34,6 +34,8 @@ pub(crate) struct Admission<H, P, C> {
     down: Slab<bool>,
     /// Accepted plain entries not filed yet, in order of adding.
     intake: Vec<Intake<H, P, C>>,
+    /// When the first entry of the intake was added; see [`Admission::stamp`].
+    intake_since: Instant,
     /// Workers waiting for work.
     idle_workers: Vec<usize>,
     closed: bool,
@@ -45,6 +47,7 @@ impl<H: Clone + Eq + Hash, P, C> Admission<H, P, C> {
             names: HashMap::new(),
             down: Slab::new(),
             intake: Vec::new(),
+            intake_since: Instant::now(),
             idle_workers: (0..workers).rev().collect(),
             closed: false,
         }
@@ -90,6 +93,20 @@ impl<H: Clone + Eq + Hash, P, C> Admission<H, P, C> {
 }
 
 impl<H, P, C> Admission<H, P, C> {
+    /// The time an entry added now is stamped with, for its age in
+    /// [`crate::TypeStats::oldest_queued`]: the clock is read only for the
+    /// first entry of an intake, and the entries that join it before a worker
+    /// (or any call that needs an exact picture) files it share that stamp.
+    /// Workers file the intake each time they take work, so a busy queue reads
+    /// the clock once per batch rather than once per entry; an age may be
+    /// overstated by at most the time the intake waited to be filed.
+    pub(crate) fn stamp(&mut self) -> Instant {
+        if self.intake.is_empty() {
+            self.intake_since = Instant::now();
+        }
+        self.intake_since
+    }
+
     /// Appends an accepted entry to the intake and wakes every idle worker.
     pub(crate) fn push(&mut self, entry: Intake<H, P, C>, wake_worker: impl FnMut(usize)) {
         self.intake.push(entry);

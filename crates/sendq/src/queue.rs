@@ -226,8 +226,6 @@ where
         payload: P,
         completion: C,
     ) -> Result<(), SendError> {
-        // Read the clock before taking a lock.
-        let now = Instant::now();
         let body = Body { host, payload };
         let Some(tc) = self.shared.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
@@ -243,11 +241,12 @@ where
                 host_key,
                 kind: kind.0,
                 completion,
-                added: now,
+                added: admission.stamp(),
             };
             admission.push(entry, |worker| shared.workers[worker].notify_one());
             return Ok(());
         }
+        let now = Instant::now();
         let mut st = self.shared.lock();
         let earliest = st.add(body, kind, completion, now);
         self.shared.release(st);

@@ -171,7 +171,10 @@ pub struct TypeStats {
     pub in_flight: usize,
     /// The current window.
     pub window: usize,
-    /// Age of the oldest entry not yet handed to a send worker.
+    /// Age of the oldest entry not yet handed to a send worker. Entries of
+    /// types without a deadline that are added in a burst share the time the
+    /// burst began (the clock is read once per batch the workers take), so
+    /// an age may be overstated by as long as every worker was busy writing.
     pub oldest_queued: Option<Duration>,
 }
 
