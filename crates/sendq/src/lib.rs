@@ -38,6 +38,11 @@
 //!   and every entry is finalized exactly once: answered, failed, expired,
 //!   aborted, removed, or failed with [`SendError::ShuttingDown`] by
 //!   [`SendQueue::shutdown`] (or when the last handle is dropped).
+//! - Adding allocates nothing per entry: the payload is stored by value and
+//!   lent to the transport ([`Request`] borrows it from the send worker that
+//!   holds the entry), and the completion is stored inline, its type chosen
+//!   by the caller ([`Completion`]; the default [`OnDone`] boxes any callback
+//!   and serves [`SendQueue::submit`]).
 //!
 //! The [`Transport`] contract keeps "sent" and "answered" apart: the future
 //! of [`Transport::send`] resolving is the sent event, and the [`Reply`] it is

@@ -305,7 +305,8 @@ where
 
     /// Shuts down: every unfinished entry fails with [`SendError::ShuttingDown`],
     /// new entries are refused, and this returns once the finalizer has run
-    /// every completion.
+    /// every completion. A send still waiting on its transport is dropped
+    /// (its entry fails the same way), so shutting down never waits on a host.
     pub async fn shutdown(&self) {
         self.shared.close();
         let finalizer = self
