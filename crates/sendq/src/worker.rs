@@ -9,6 +9,11 @@
 //! queue, where other workers take it, and its next batch is a single job; a
 //! batch whose every write finished at once lets the next one double, up to
 //! [`MAX_BATCH`].
+//!
+//! A job owns its entry's host and payload while the worker writes it (the
+//! transport borrows them) and returns them with the sent event. Shutting
+//! down drops a send that is still waiting on its transport, so every entry
+//! comes back, and is finalized, without waiting on a host.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -17,8 +22,8 @@ use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::task::{Context, Poll};
+
 use tokio::sync::Notify;
 
 use crate::completion::Completion;
