@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use estafeta_sendq::{
-    Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig,
+    Completion, Done, Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport,
+    TypeConfig,
 };
 use tokio::sync::{Notify, Semaphore};
 
@@ -55,9 +56,13 @@ struct NoOp(Arc<Counters>);
 
 impl Transport<usize, ()> for NoOp {
     type Answer = ();
-    async fn send(&self, request: Request<usize, ()>, reply: Reply<()>) -> Result<(), SendError> {
-        self.0.enter(request.host, request.kind.0);
-        self.0.leave(request.host, request.kind.0);
+    async fn send(
+        &self,
+        request: Request<'_, usize, ()>,
+        reply: Reply<()>,
+    ) -> Result<(), SendError> {
+        self.0.enter(*request.host, request.kind.0);
+        self.0.leave(*request.host, request.kind.0);
         reply.answer(Ok(()));
         Ok(())
     }
@@ -84,6 +89,17 @@ impl Finish {
     }
 }
 
+/// The queue side's completion: checks the outcome and counts it, as a
+/// callback would, stored inline in the entry.
+struct Counted(Arc<Finish>);
+
+impl Completion<usize, (), ()> for Counted {
+    fn complete(self, done: Done<usize, (), ()>) {
+        assert!(done.result.is_ok());
+        self.0.one();
+    }
+}
+
 fn order() -> impl Iterator<Item = (usize, usize)> {
     (0..PER_QUEUE).flat_map(|_| (0..HOSTS).flat_map(|h| (0..TYPES).map(move |k| (h, k))))
 }
@@ -107,7 +123,11 @@ fn bench(c: &mut Criterion) {
             .collect();
         let mut config = QueueConfig::new(types);
         config.workers = 2;
-        SendQueue::new(config, NoOp(Arc::clone(&queue_counters))).unwrap()
+        SendQueue::<usize, (), NoOp, Counted>::with_completion(
+            config,
+            NoOp(Arc::clone(&queue_counters)),
+        )
+        .unwrap()
     });
     group.bench_function("send_queue", |b| {
         b.to_async(&rt).iter(|| async {
@@ -116,12 +136,8 @@ fn bench(c: &mut Criterion) {
             let run = tokio::spawn(async move {
                 let finish = Finish::new();
                 for (host, kind) in order() {
-                    let finish = Arc::clone(&finish);
                     queue
-                        .add(host, Kind(kind), (), move |done| {
-                            assert!(done.result.is_ok());
-                            finish.one();
-                        })
+                        .add_with(host, Kind(kind), (), Counted(Arc::clone(&finish)))
                         .unwrap();
                 }
                 finish.all.notified().await;

@@ -10,43 +10,44 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::error::SendError;
 use crate::slab::Slab;
-use crate::state::Completion;
+use crate::state::Body;
 
 /// An entry `add` accepted but did not file yet: a plain type (no deadline,
 /// not a one-shot), so nothing but its queue position depends on filing it.
-pub(crate) struct Intake<H, P, A> {
-    pub(crate) host: H,
+pub(crate) struct Intake<H, P, C> {
+    pub(crate) body: Body<H, P>,
     pub(crate) host_key: u64,
     pub(crate) kind: usize,
-    pub(crate) payload: Arc<P>,
-    pub(crate) completion: Completion<H, P, A>,
+    pub(crate) completion: C,
     pub(crate) added: Instant,
 }
 
 /// See the module documentation.
-pub(crate) struct Admission<H, P, A> {
+pub(crate) struct Admission<H, P, C> {
     names: HashMap<H, u64>,
     /// Hands out host keys; the value is whether the host is down.
     down: Slab<bool>,
     /// Accepted plain entries not filed yet, in order of adding.
-    intake: Vec<Intake<H, P, A>>,
+    intake: Vec<Intake<H, P, C>>,
+    /// When the first entry of the intake was added; see [`Admission::stamp`].
+    intake_since: Instant,
     /// Workers waiting for work.
     idle_workers: Vec<usize>,
     closed: bool,
 }
 
-impl<H: Clone + Eq + Hash, P, A> Admission<H, P, A> {
+impl<H: Clone + Eq + Hash, P, C> Admission<H, P, C> {
     pub(crate) fn new(workers: usize) -> Self {
         Self {
             names: HashMap::new(),
             down: Slab::new(),
             intake: Vec::new(),
+            intake_since: Instant::now(),
             idle_workers: (0..workers).rev().collect(),
             closed: false,
         }
@@ -91,16 +92,30 @@ impl<H: Clone + Eq + Hash, P, A> Admission<H, P, A> {
     }
 }
 
-impl<H, P, A> Admission<H, P, A> {
+impl<H, P, C> Admission<H, P, C> {
+    /// The time an entry added now is stamped with, for its age in
+    /// [`crate::TypeStats::oldest_queued`]: the clock is read only for the
+    /// first entry of an intake, and the entries that join it before a worker
+    /// (or any call that needs an exact picture) files it share that stamp.
+    /// Workers file the intake each time they take work, so a busy queue reads
+    /// the clock once per batch rather than once per entry; an age may be
+    /// overstated by at most the time the intake waited to be filed.
+    pub(crate) fn stamp(&mut self) -> Instant {
+        if self.intake.is_empty() {
+            self.intake_since = Instant::now();
+        }
+        self.intake_since
+    }
+
     /// Appends an accepted entry to the intake and wakes every idle worker.
-    pub(crate) fn push(&mut self, entry: Intake<H, P, A>, wake_worker: impl FnMut(usize)) {
+    pub(crate) fn push(&mut self, entry: Intake<H, P, C>, wake_worker: impl FnMut(usize)) {
         self.intake.push(entry);
         self.wake_idle(wake_worker);
     }
 
     /// Swaps `spare` (empty) with the intake, so the caller files the
     /// entries and the buffers are reused rather than allocated.
-    pub(crate) fn take_intake(&mut self, spare: &mut Vec<Intake<H, P, A>>) {
+    pub(crate) fn take_intake(&mut self, spare: &mut Vec<Intake<H, P, C>>) {
         std::mem::swap(&mut self.intake, spare);
     }
 
@@ -126,7 +141,7 @@ impl<H, P, A> Admission<H, P, A> {
     }
 
     /// Closes admission: returns the entries never filed and the idle workers.
-    pub(crate) fn close(&mut self) -> (Vec<Intake<H, P, A>>, Vec<usize>) {
+    pub(crate) fn close(&mut self) -> (Vec<Intake<H, P, C>>, Vec<usize>) {
         self.closed = true;
         self.names.clear();
         (

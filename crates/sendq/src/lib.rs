@@ -38,6 +38,11 @@
 //!   and every entry is finalized exactly once: answered, failed, expired,
 //!   aborted, removed, or failed with [`SendError::ShuttingDown`] by
 //!   [`SendQueue::shutdown`] (or when the last handle is dropped).
+//! - Adding allocates nothing per entry: the payload is stored by value and
+//!   lent to the transport ([`Request`] borrows it from the send worker that
+//!   holds the entry), and the completion is stored inline, its type chosen
+//!   by the caller ([`Completion`]; the default [`OnDone`] boxes any callback
+//!   and serves [`SendQueue::submit`]).
 //!
 //! The [`Transport`] contract keeps "sent" and "answered" apart: the future
 //! of [`Transport::send`] resolving is the sent event, and the [`Reply`] it is
@@ -55,7 +60,7 @@
 //!
 //! impl Transport<&'static str, u32> for Doubler {
 //!     type Answer = u32;
-//!     async fn send(&self, request: Request<&'static str, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+//!     async fn send(&self, request: Request<'_, &'static str, u32>, reply: Reply<u32>) -> Result<(), SendError> {
 //!         reply.answer(Ok(*request.payload * 2));
 //!         Ok(())
 //!     }
@@ -74,6 +79,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod completion;
 mod config;
 mod error;
 mod http;
@@ -88,6 +94,7 @@ mod webhook;
 mod window;
 mod worker;
 
+pub use completion::{Completion, OnDone};
 pub use config::{Adaptive, Kind, ProbePolicy, QueueConfig, TypeConfig};
 pub use error::{ConfigError, SendError, TransportError};
 pub use http::HttpAnswer;

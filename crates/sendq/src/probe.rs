@@ -58,7 +58,7 @@ impl<H: Send + Sync + 'static> Transport<H, ProbeRequest> for HttpProbe {
 
     async fn send(
         &self,
-        request: Request<H, ProbeRequest>,
+        request: Request<'_, H, ProbeRequest>,
         reply: Reply<HttpAnswer>,
     ) -> Result<(), SendError> {
         let url = http::parse_url(&request.payload.url)?;

@@ -15,21 +15,22 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
+use crate::completion::{Completion, OnDone};
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
-use crate::state::{Completion, Done, Finished, State, TypeStats};
+use crate::state::{Body, Done, Finished, State, TypeStats};
 use crate::transport::{ReplySink, Transport};
-use crate::worker::work;
+use crate::worker::{Closing, work};
 
 /// Outbound requests per remote host and per request type, each type with a
 /// window of entries in flight. Cloning gives another handle to the same
 /// queue; dropping the last handle shuts it down.
-pub struct SendQueue<H, P, T: Transport<H, P>> {
-    shared: Arc<Shared<H, P, T>>,
-    owner: Arc<Owner<H, P, T>>,
+pub struct SendQueue<H, P, T: Transport<H, P>, C = OnDone<H, P, <T as Transport<H, P>>::Answer>> {
+    shared: Arc<Shared<H, P, T, C>>,
+    owner: Arc<Owner<H, P, T, C>>,
 }
 
-impl<H, P, T: Transport<H, P>> Clone for SendQueue<H, P, T> {
+impl<H, P, T: Transport<H, P>, C> Clone for SendQueue<H, P, T, C> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -38,24 +39,26 @@ impl<H, P, T: Transport<H, P>> Clone for SendQueue<H, P, T> {
     }
 }
 
-impl<H, P, T: Transport<H, P>> std::fmt::Debug for SendQueue<H, P, T> {
+impl<H, P, T: Transport<H, P>, C> std::fmt::Debug for SendQueue<H, P, T, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendQueue").finish_non_exhaustive()
     }
 }
 
 /// What the background tasks share with the handles.
-pub(crate) struct Shared<H, P, T: Transport<H, P>> {
+pub(crate) struct Shared<H, P, T: Transport<H, P>, C> {
     config: Arc<QueueConfig>,
-    state: Mutex<State<H, P, T::Answer>>,
+    state: Mutex<State<H, P, T::Answer, C>>,
     /// Also held by the state; see [`crate::admission`].
-    admission: Arc<Mutex<Admission<H, P, T::Answer>>>,
+    admission: Arc<Mutex<Admission<H, P, C>>>,
     pub(crate) transport: T,
     /// One per send worker: woken when it is idle and work arrives.
     pub(crate) workers: Vec<Notify>,
     /// Woken when the finalizer's batch goes from empty to non-empty.
     finalizer_wake: Notify,
     expiry: Notify,
+    /// Stops workers waiting on a transport when the queue shuts down.
+    pub(crate) closing: Closing,
     /// The state's count of host-down, removal and shutdown events, readable
     /// without the lock.
     pub(crate) changes: Arc<AtomicU64>,
@@ -63,30 +66,30 @@ pub(crate) struct Shared<H, P, T: Transport<H, P>> {
 }
 
 /// Shuts the queue down when the last handle goes, so the tasks never outlive it.
-struct Owner<H, P, T: Transport<H, P>> {
-    shared: Arc<Shared<H, P, T>>,
+struct Owner<H, P, T: Transport<H, P>, C> {
+    shared: Arc<Shared<H, P, T, C>>,
 }
 
-impl<H, P, T: Transport<H, P>> Drop for Owner<H, P, T> {
+impl<H, P, T: Transport<H, P>, C> Drop for Owner<H, P, T, C> {
     fn drop(&mut self) {
         self.shared.close();
     }
 }
 
-impl<H, P, T: Transport<H, P>> Shared<H, P, T> {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State<H, P, T::Answer>> {
+impl<H, P, T: Transport<H, P>, C> Shared<H, P, T, C> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State<H, P, T::Answer, C>> {
         // Nothing panics while holding the lock; recover the state if a bug ever does.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn admit(&self) -> MutexGuard<'_, Admission<H, P, T::Answer>> {
+    fn admit(&self) -> MutexGuard<'_, Admission<H, P, C>> {
         self.admission
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Releases the lock and wakes whoever the state says has something to do.
-    pub(crate) fn release(&self, mut st: MutexGuard<'_, State<H, P, T::Answer>>) {
+    pub(crate) fn release(&self, mut st: MutexGuard<'_, State<H, P, T::Answer, C>>) {
         let wakes = st.wakes(|worker| self.workers[worker].notify_one());
         drop(st);
         if wakes.finalizer {
@@ -100,15 +103,17 @@ impl<H, P, T: Transport<H, P>> Shared<H, P, T> {
             self.workers[worker].notify_one();
         }
         self.release(st);
+        self.closing.close();
         self.expiry.notify_one();
     }
 }
 
-impl<H, P, T> ReplySink<T::Answer> for Shared<H, P, T>
+impl<H, P, T, C> ReplySink<T::Answer> for Shared<H, P, T, C>
 where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
 {
     fn settle(&self, id: u64, result: Result<T::Answer, SendError>, abandoned: bool) {
         let mut st = self.lock();
@@ -123,8 +128,53 @@ where
     P: Send + Sync + 'static,
     T: Transport<H, P>,
 {
-    /// Builds the queue and starts its tasks on the current Tokio runtime.
+    /// Builds the queue, with [`OnDone`] completions (callbacks and
+    /// [`SendQueue::submit`]), and starts its tasks on the current Tokio runtime.
     pub fn new(config: QueueConfig, transport: T) -> Result<Self, ConfigError> {
+        Self::with_completion(config, transport)
+    }
+
+    /// Adds an entry; `on_done` runs on the finalizer task when it ends.
+    ///
+    /// Never waits. A refused entry (`Err`) was not added and `on_done` is not
+    /// run. [`Done`] gives the payload back, so a completion can add its
+    /// entry again without a copy.
+    pub fn add(
+        &self,
+        host: H,
+        kind: Kind,
+        payload: P,
+        on_done: impl FnOnce(Done<H, P, T::Answer>) + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.add_with(host, kind, payload, OnDone::callback(on_done))
+    }
+
+    /// Adds an entry and returns a future of its outcome.
+    ///
+    /// Never waits. A refused entry (`Err`) was not added.
+    pub fn submit(
+        &self,
+        host: H,
+        kind: Kind,
+        payload: P,
+    ) -> Result<Pending<H, P, T::Answer>, SendError> {
+        let (tx, rx) = oneshot::channel();
+        self.add_with(host, kind, payload, OnDone::channel(tx))?;
+        Ok(Pending { rx })
+    }
+}
+
+impl<H, P, T, C> SendQueue<H, P, T, C>
+where
+    H: Clone + Eq + Hash + Send + Sync + 'static,
+    P: Send + Sync + 'static,
+    T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
+{
+    /// Builds a queue whose entries finish through completions of type `C`,
+    /// stored inline in each entry (so adding allocates nothing for them),
+    /// and starts its tasks on the current Tokio runtime.
+    pub fn with_completion(config: QueueConfig, transport: T) -> Result<Self, ConfigError> {
         config.validate()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| ConfigError::Invalid {
             what: "runtime",
@@ -145,6 +195,7 @@ where
             workers: (0..config.workers).map(|_| Notify::new()).collect(),
             finalizer_wake: Notify::new(),
             expiry: Notify::new(),
+            closing: Closing::default(),
             changes,
             finalizer: Mutex::new(None),
         });
@@ -163,45 +214,19 @@ where
         Ok(Self { shared, owner })
     }
 
-    /// Adds an entry; `on_done` runs on the finalizer task when it ends.
+    /// Adds an entry; `completion` receives its outcome on the finalizer
+    /// task when it ends.
     ///
-    /// Never waits. A refused entry (`Err`) was not added and `on_done` is not
-    /// run. The payload may be a `P` or the `Arc<P>` of a finished entry's
-    /// [`Done`], so a completion can add its entry again without a copy.
-    pub fn add(
+    /// Never waits. A refused entry (`Err`) was not added and `completion`
+    /// is dropped unused.
+    pub fn add_with(
         &self,
         host: H,
         kind: Kind,
-        payload: impl Into<Arc<P>>,
-        on_done: impl FnOnce(Done<H, P, T::Answer>) + Send + 'static,
+        payload: P,
+        completion: C,
     ) -> Result<(), SendError> {
-        self.add_with(host, kind, payload, Completion::Callback(Box::new(on_done)))
-    }
-
-    /// Adds an entry and returns a future of its outcome.
-    ///
-    /// Never waits. A refused entry (`Err`) was not added.
-    pub fn submit(
-        &self,
-        host: H,
-        kind: Kind,
-        payload: impl Into<Arc<P>>,
-    ) -> Result<Pending<H, P, T::Answer>, SendError> {
-        let (tx, rx) = oneshot::channel();
-        self.add_with(host, kind, payload, Completion::Channel(tx))?;
-        Ok(Pending { rx })
-    }
-
-    fn add_with(
-        &self,
-        host: H,
-        kind: Kind,
-        payload: impl Into<Arc<P>>,
-        completion: Completion<H, P, T::Answer>,
-    ) -> Result<(), SendError> {
-        // Allocate and read the clock before taking a lock.
-        let payload = payload.into();
-        let now = Instant::now();
+        let body = Body { host, payload };
         let Some(tc) = self.shared.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
         };
@@ -209,20 +234,21 @@ where
             // A plain entry: accepted under the admission lock alone.
             let shared = &*self.shared;
             let mut admission = shared.admit();
-            let host_key = admission.check(&host, tc.queueable_if_down || tc.probe.is_some())?;
+            let may_go_down = tc.queueable_if_down || tc.probe.is_some();
+            let host_key = admission.check(&body.host, may_go_down)?;
             let entry = Intake {
-                host,
+                body,
                 host_key,
                 kind: kind.0,
-                payload,
                 completion,
-                added: now,
+                added: admission.stamp(),
             };
             admission.push(entry, |worker| shared.workers[worker].notify_one());
             return Ok(());
         }
+        let now = Instant::now();
         let mut st = self.shared.lock();
-        let earliest = st.add(host, kind, payload, completion, now);
+        let earliest = st.add(body, kind, completion, now);
         self.shared.release(st);
         if earliest? {
             self.shared.expiry.notify_one();
@@ -279,7 +305,8 @@ where
 
     /// Shuts down: every unfinished entry fails with [`SendError::ShuttingDown`],
     /// new entries are refused, and this returns once the finalizer has run
-    /// every completion.
+    /// every completion. A send still waiting on its transport is dropped
+    /// (its entry fails the same way), so shutting down never waits on a host.
     pub async fn shutdown(&self) {
         self.shared.close();
         let finalizer = self
@@ -315,11 +342,12 @@ impl<H, P, A> Future for Pending<H, P, A> {
 }
 
 /// Fails queued entries whose deadline passed, sleeping on Tokio time until the next one.
-async fn watch_deadlines<H, P, T>(shared: Arc<Shared<H, P, T>>)
+async fn watch_deadlines<H, P, T, C>(shared: Arc<Shared<H, P, T, C>>)
 where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
 {
     loop {
         let next = {
@@ -346,13 +374,17 @@ where
 /// The finalizer: takes the finished entries a batch at a time and runs
 /// their completions one at a time, outside every lock. It ends once the
 /// queue is closed and nothing is left.
-async fn finalize<H, P, T: Transport<H, P>>(shared: Arc<Shared<H, P, T>>) {
-    let mut batch: Vec<Finished<H, P, T::Answer>> = Vec::new();
+async fn finalize<H, P, T, C>(shared: Arc<Shared<H, P, T, C>>)
+where
+    T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
+{
+    let mut batch: Vec<Finished<H, P, T::Answer, C>> = Vec::new();
     loop {
         let closed = {
             let mut st = shared.lock();
             st.take_done(&mut batch);
-            st.is_closed()
+            st.is_drained()
         };
         if batch.is_empty() {
             if closed {
@@ -362,16 +394,8 @@ async fn finalize<H, P, T: Transport<H, P>>(shared: Arc<Shared<H, P, T>>) {
             continue;
         }
         for Finished { completion, done } in batch.drain(..) {
-            match completion {
-                Completion::Callback(callback) => {
-                    if std::panic::catch_unwind(AssertUnwindSafe(|| callback(done))).is_err() {
-                        tracing::error!("a send queue completion callback panicked");
-                    }
-                }
-                Completion::Channel(tx) => {
-                    // The caller may have stopped waiting; that is its choice.
-                    let _ = tx.send(done);
-                }
+            if std::panic::catch_unwind(AssertUnwindSafe(|| completion.complete(done))).is_err() {
+                tracing::error!("a send queue completion panicked");
             }
         }
     }

@@ -75,6 +75,11 @@ impl<T> Slab<T> {
         Some(value)
     }
 
+    /// Whether no value is stored.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.slots.len() == self.free.len()
+    }
+
     /// Keys of every stored value.
     pub(crate) fn keys(&self) -> Vec<u64> {
         self.slots
@@ -153,6 +158,9 @@ mod tests {
         assert_eq!(slab.remove(a), None);
         assert_eq!(slab.get(b), Some(&"b"));
         assert_eq!(slab.keys(), vec![b]);
+        assert!(!slab.is_empty());
+        slab.remove(b);
+        assert!(slab.is_empty());
     }
 
     #[test]

@@ -117,10 +117,10 @@ impl<H: Send + Sync + 'static> Transport<H, SmsMessage> for SmsTransport {
 
     async fn send(
         &self,
-        request: Request<H, SmsMessage>,
+        request: Request<'_, H, SmsMessage>,
         reply: Reply<HttpAnswer>,
     ) -> Result<(), SendError> {
-        let (url, body) = self.render(&request.payload);
+        let (url, body) = self.render(request.payload);
         let url = http::parse_url(&url)?;
         let call = self
             .client

@@ -170,10 +170,10 @@ impl<H: Send + Sync + 'static> Transport<H, EmailMessage> for SmtpTransport {
 
     async fn send(
         &self,
-        request: Request<H, EmailMessage>,
+        request: Request<'_, H, EmailMessage>,
         reply: Reply<SmtpAnswer>,
     ) -> Result<(), SendError> {
-        let message = self.message(&request.payload)?;
+        let message = self.message(request.payload)?;
         let result = match self.mailer.send(message).await {
             Ok(response) => Ok(SmtpAnswer {
                 code: response.code().to_string(),

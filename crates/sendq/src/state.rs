@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
@@ -48,25 +47,21 @@ pub struct Done<H, P, A> {
     /// The entry's request type.
     pub kind: Kind,
     /// The entry's payload, returned so that a caller can add it again.
-    pub payload: Arc<P>,
+    pub payload: P,
     /// The transport's answer, or why the entry failed.
     pub result: Result<A, SendError>,
 }
 
-/// A boxed completion callback.
-pub(crate) type Callback<H, P, A> = Box<dyn FnOnce(Done<H, P, A>) + Send>;
-
-/// Where an entry's outcome goes.
-pub(crate) enum Completion<H, P, A> {
-    /// Run by the finalizer task.
-    Callback(Callback<H, P, A>),
-    /// Sent by the finalizer task to a waiting caller.
-    Channel(oneshot::Sender<Done<H, P, A>>),
+/// What an entry carries for its transport: its host and payload. A send
+/// worker holds it (moved, not copied or shared) while it writes the entry.
+pub(crate) struct Body<H, P> {
+    pub(crate) host: H,
+    pub(crate) payload: P,
 }
 
 /// A finished entry on its way to the finalizer.
-pub(crate) struct Finished<H, P, A> {
-    pub(crate) completion: Completion<H, P, A>,
+pub(crate) struct Finished<H, P, A, C> {
+    pub(crate) completion: C,
     pub(crate) done: Done<H, P, A>,
 }
 
@@ -83,13 +78,14 @@ enum Stage {
     Sent,
 }
 
-struct Entry<H, P, A> {
-    host: H,
+struct Entry<H, P, A, C> {
+    /// `None` while a send worker holds it: from being picked until the
+    /// worker hands it back with the sent event (or unwritten).
+    body: Option<Body<H, P>>,
     /// The host's slab key; a removed host's key finds nothing.
     host_key: u64,
     kind: usize,
-    payload: Arc<P>,
-    completion: Completion<H, P, A>,
+    completion: C,
     added: Instant,
     deadline: Option<Instant>,
     stage: Stage,
@@ -105,8 +101,8 @@ struct Entry<H, P, A> {
 /// An entry waiting for its type's window. Plain entries wait inline, so
 /// the slab holds only entries that are in flight (few, and hot in cache)
 /// and a long queue is read front to back.
-enum Waiter<H, P, A> {
-    Plain(Intake<H, P, A>),
+enum Waiter<H, P, C> {
+    Plain(Intake<H, P, C>),
     /// An entry with a deadline or a prior one-shot, in the slab so the
     /// deadline watcher can find it by key.
     Keyed(u64),
@@ -115,18 +111,18 @@ enum Waiter<H, P, A> {
 /// A waiting queue longer than this gives its memory back once it empties.
 const WAITING_KEEP: usize = 1024;
 
-struct TypeQueue<H, P, A> {
+struct TypeQueue<H, P, C> {
     /// Waiting entries in order of adding; keys of entries that left early
     /// (expired) are skipped when met.
-    waiting: VecDeque<Waiter<H, P, A>>,
+    waiting: VecDeque<Waiter<H, P, C>>,
     waiting_live: usize,
     in_flight: usize,
     window: Window,
     one_shot_busy: bool,
 }
 
-struct HostQueue<H, P, A> {
-    types: Vec<TypeQueue<H, P, A>>,
+struct HostQueue<H, P, C> {
+    types: Vec<TypeQueue<H, P, C>>,
     /// Entry keys in the order their windows opened (prior one-shots in front).
     ready: VecDeque<u64>,
     /// Entries of this host held by workers and not yet written. A worker
@@ -143,24 +139,27 @@ struct HostQueue<H, P, A> {
 pub(crate) struct Job<H, P> {
     pub(crate) id: u64,
     pub(crate) host_key: u64,
-    pub(crate) request: Request<H, P>,
+    pub(crate) kind: Kind,
+    pub(crate) body: Body<H, P>,
+}
+
+impl<H, P> Job<H, P> {
+    /// The entry as its transport sees it, borrowed from the job.
+    pub(crate) fn request(&self) -> Request<'_, H, P> {
+        Request {
+            host: &self.body.host,
+            kind: self.kind,
+            payload: &self.body.payload,
+        }
+    }
 }
 
 /// A job a worker has written (or failed to write), for [`State::written`].
-pub(crate) struct Written<A> {
-    pub(crate) id: u64,
-    pub(crate) host_key: u64,
+pub(crate) struct Written<H, P, A> {
+    pub(crate) job: Job<H, P>,
     pub(crate) result: Result<(), SendError>,
     /// The answer given while the transport was still writing, if any.
     pub(crate) parked: Option<EarlyAnswer<A>>,
-}
-
-/// What a worker should do with a job whose host changed since it was picked.
-pub(crate) enum Verdict {
-    /// Write it.
-    Send,
-    /// It already finished (host down or removed, shutdown); skip it.
-    Skip,
 }
 
 /// Per host and type numbers, for dashboards and for callers that shed load.
@@ -172,7 +171,10 @@ pub struct TypeStats {
     pub in_flight: usize,
     /// The current window.
     pub window: usize,
-    /// Age of the oldest entry not yet handed to a send worker.
+    /// Age of the oldest entry not yet handed to a send worker. Entries of
+    /// types without a deadline that are added in a burst share the time the
+    /// burst began (the clock is read once per batch the workers take), so
+    /// an age may be overstated by as long as every worker was busy writing.
     pub oldest_queued: Option<Duration>,
 }
 
@@ -183,20 +185,20 @@ pub(crate) struct Wakes {
 }
 
 /// The queue's state; see the module documentation.
-pub(crate) struct State<H, P, A> {
+pub(crate) struct State<H, P, A, C> {
     config: Arc<QueueConfig>,
     /// Host names and keys, down flags, the intake and the idle workers.
-    admission: Arc<Mutex<Admission<H, P, A>>>,
+    admission: Arc<Mutex<Admission<H, P, C>>>,
     /// Per host key (handed out by the admission).
-    hosts: Mirror<HostQueue<H, P, A>>,
-    entries: Slab<Entry<H, P, A>>,
+    hosts: Mirror<HostQueue<H, P, C>>,
+    entries: Slab<Entry<H, P, A, C>>,
     /// The intake's other buffer, kept so filing allocates nothing.
-    intake_spare: Vec<Intake<H, P, A>>,
+    intake_spare: Vec<Intake<H, P, C>>,
     /// Keys of hosts with ready entries and a free send slot, served round-robin.
     hostq: VecDeque<u64>,
     deadlines: BTreeSet<(Instant, u64)>,
     /// Finished entries for the finalizer, in the order they finished.
-    done: Vec<Finished<H, P, A>>,
+    done: Vec<Finished<H, P, A, C>>,
     /// `done` went from empty to non-empty since the last [`State::wakes`].
     wake_finalizer: bool,
     /// Counts host-down, host-removed and shutdown events, so a worker holding
@@ -205,13 +207,13 @@ pub(crate) struct State<H, P, A> {
     closed: bool,
 }
 
-impl<H, P, A> State<H, P, A>
+impl<H, P, A, C> State<H, P, A, C>
 where
     H: Clone + Eq + Hash,
 {
     pub(crate) fn new(
         config: Arc<QueueConfig>,
-        admission: Arc<Mutex<Admission<H, P, A>>>,
+        admission: Arc<Mutex<Admission<H, P, C>>>,
         changes: Arc<AtomicU64>,
     ) -> Self {
         Self {
@@ -230,7 +232,7 @@ where
     }
 
     /// The host's queues, made on first use of a key the admission handed out.
-    fn host_mut(&mut self, host_key: u64) -> Option<&mut HostQueue<H, P, A>> {
+    fn host_mut(&mut self, host_key: u64) -> Option<&mut HostQueue<H, P, C>> {
         if self.hosts.get(host_key).is_none() {
             let hq = HostQueue {
                 types: self
@@ -261,10 +263,9 @@ where
     /// the earliest deadline (the expiry task should wake).
     pub(crate) fn add(
         &mut self,
-        host: H,
+        body: Body<H, P>,
         kind: Kind,
-        payload: Arc<P>,
-        completion: Completion<H, P, A>,
+        completion: C,
         now: Instant,
     ) -> Result<bool, SendError> {
         let Some(tc) = self.config.types.get(kind.0) else {
@@ -275,7 +276,7 @@ where
             tc.queueable_if_down || tc.probe.is_some(),
             tc.deadline.map(|d| now + d),
         );
-        let host_key = self.admit().check(&host, may_go_down)?;
+        let host_key = self.admit().check(&body.host, may_go_down)?;
         if one_shot
             && self
                 .hosts
@@ -287,10 +288,9 @@ where
         // Entries added before this one are filed first, so order holds.
         self.absorb();
         let id = self.entries.insert(Entry {
-            host,
+            body: Some(body),
             host_key,
             kind: kind.0,
-            payload,
             completion,
             added: now,
             deadline,
@@ -336,7 +336,7 @@ where
         self.intake_spare = batch;
     }
 
-    fn file(&mut self, batch: &mut Vec<Intake<H, P, A>>) {
+    fn file(&mut self, batch: &mut Vec<Intake<H, P, C>>) {
         for new in batch.drain(..) {
             let (host_key, kind) = (new.host_key, new.kind);
             if let Some(hq) = self.host_mut(host_key) {
@@ -368,10 +368,9 @@ where
             };
             let id = match waiter {
                 Waiter::Plain(new) => self.entries.insert(Entry {
-                    host: new.host,
+                    body: Some(new.body),
                     host_key: new.host_key,
                     kind: new.kind,
-                    payload: new.payload,
                     completion: new.completion,
                     added: new.added,
                     deadline: None,
@@ -449,6 +448,10 @@ where
                     self.expire(id);
                     continue;
                 }
+                // A ready entry always has its body; the worker holds it now.
+                let Some(body) = e.body.take() else {
+                    continue;
+                };
                 e.stage = Stage::Sending;
                 if self.config.types[e.kind].adaptive.is_some() {
                     e.started = Some(now());
@@ -456,16 +459,12 @@ where
                 if let Some(d) = e.deadline {
                     self.deadlines.remove(&(d, id));
                 }
-                let request = Request {
-                    host: e.host.clone(),
-                    kind: Kind(e.kind),
-                    payload: Arc::clone(&e.payload),
-                };
                 hq.sending += 1;
                 jobs.push_back(Job {
                     id,
                     host_key,
-                    request,
+                    kind: Kind(e.kind),
+                    body,
                 });
                 run += 1;
             }
@@ -476,21 +475,30 @@ where
     /// Called by a worker before writing a job whose host may have changed
     /// since it was picked: fails the entry with "host down" if its host went
     /// down (or "host removed" if it is gone) and frees its slot.
-    pub(crate) fn before_write(&mut self, id: u64, host_key: u64) -> Verdict {
-        let Some(e) = self.entries.get(id) else {
-            self.release_host(host_key);
-            return Verdict::Skip;
+    /// Returns the job if it should still be written.
+    pub(crate) fn before_write(&mut self, job: Job<H, P>) -> Option<Job<H, P>> {
+        let Some(err) = self.refusal(job.kind.0, job.host_key) else {
+            return Some(job);
         };
-        if let Some(err) = self.refusal(e.kind, host_key) {
-            self.finish(id, Err(err));
-            self.release_host(host_key);
-            return Verdict::Skip;
+        let (id, host_key) = (job.id, job.host_key);
+        self.restore(job);
+        self.finish(id, Err(err));
+        self.release_host(host_key);
+        None
+    }
+
+    /// Gives a job's body back to its entry, which a worker no longer holds.
+    fn restore(&mut self, job: Job<H, P>) {
+        if let Some(e) = self.entries.get_mut(job.id) {
+            e.body = Some(job.body);
         }
-        Verdict::Send
     }
 
     /// Why an entry of `kind` may not be written to this host now, if it may not.
     fn refusal(&self, kind: usize, host_key: u64) -> Option<SendError> {
+        if self.closed {
+            return Some(SendError::ShuttingDown);
+        }
         let probe = self.config.types[kind].probe.is_some();
         match self.hosts.get(host_key) {
             Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
@@ -503,12 +511,9 @@ where
     /// in order, behind any prior one-shot that arrived meanwhile.
     pub(crate) fn hand_back(&mut self, jobs: &mut VecDeque<Job<H, P>>) {
         while let Some(job) = jobs.pop_back() {
-            let (id, host_key) = (job.id, job.host_key);
-            let Some(e) = self.entries.get(id) else {
-                self.release_host(host_key);
-                continue;
-            };
-            if let Some(err) = self.refusal(e.kind, host_key) {
+            let (id, host_key, kind) = (job.id, job.host_key, job.kind.0);
+            self.restore(job);
+            if let Some(err) = self.refusal(kind, host_key) {
                 self.finish(id, Err(err));
                 self.release_host(host_key);
                 continue;
@@ -543,17 +548,26 @@ where
 
     /// The sent events of a worker's batch: each transport's send future
     /// resolved with its result.
-    pub(crate) fn written(&mut self, batch: &mut Vec<Written<A>>) {
-        for w in batch.drain(..) {
-            self.release_host(w.host_key);
-            let Some(e) = self.entries.get_mut(w.id) else {
+    pub(crate) fn written(&mut self, batch: &mut Vec<Written<H, P, A>>) {
+        for Written {
+            job,
+            result,
+            parked,
+        } in batch.drain(..)
+        {
+            let (id, host_key) = (job.id, job.host_key);
+            self.release_host(host_key);
+            let Some(e) = self.entries.get_mut(id) else {
                 continue;
             };
-            match (w.result, w.parked.or_else(|| e.early.take().map(|b| *b))) {
+            e.body = Some(job.body);
+            match (result, parked.or_else(|| e.early.take().map(|b| *b))) {
                 // A write error explains a reply dropped on the way out better
                 // than "connection aborted" does.
-                (Err(err), Some((_, true)) | None) => self.finish(w.id, Err(err)),
-                (_, Some((answer, _))) => self.finish(w.id, answer),
+                (Err(err), Some((_, true)) | None) => self.finish(id, Err(err)),
+                (_, Some((answer, _))) => self.finish(id, answer),
+                // Nothing will wait for the answer of a queue that is shutting down.
+                (Ok(()), None) if self.closed => self.finish(id, Err(SendError::ShuttingDown)),
                 (Ok(()), None) => e.stage = Stage::Sent,
             }
         }
@@ -579,6 +593,10 @@ where
     /// window slot, feeds the adaptive window and the probe policy, and sends
     /// it to the finalizer.
     fn finish(&mut self, id: u64, result: Result<A, SendError>) {
+        // An entry a worker holds finishes when the worker hands it back.
+        if self.entries.get(id).is_none_or(|e| e.body.is_none()) {
+            return;
+        }
         let Some(e) = self.entries.remove(id) else {
             return;
         };
@@ -761,16 +779,15 @@ where
     /// Fails nothing yet: takes waiting entries out of their queue, files
     /// the plain ones in the slab (as waiting) and returns every key, so the
     /// caller can fail them all alike.
-    fn unfile(&mut self, host_key: u64, waiters: Vec<Waiter<H, P, A>>) -> Vec<u64> {
+    fn unfile(&mut self, host_key: u64, waiters: Vec<Waiter<H, P, C>>) -> Vec<u64> {
         let mut keys = Vec::with_capacity(waiters.len());
         for waiter in waiters {
             keys.push(match waiter {
                 Waiter::Keyed(id) => id,
                 Waiter::Plain(new) => self.entries.insert(Entry {
-                    host: new.host,
+                    body: Some(new.body),
                     host_key,
                     kind: new.kind,
-                    payload: new.payload,
                     completion: new.completion,
                     added: new.added,
                     deadline: None,
@@ -783,7 +800,7 @@ where
         keys
     }
 
-    fn host(&self, host: &H) -> Option<&HostQueue<H, P, A>> {
+    fn host(&self, host: &H) -> Option<&HostQueue<H, P, C>> {
         let key = self.admit().find(host)?;
         self.hosts.get(key)
     }
@@ -825,30 +842,39 @@ where
 }
 
 /// Shutting down and delivering need nothing of the host key, so `Drop` can use them.
-impl<H, P, A> State<H, P, A> {
+impl<H, P, A, C> State<H, P, A, C> {
     /// True once [`State::close`] ran.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
 
-    fn deliver(&mut self, e: Entry<H, P, A>, result: Result<A, SendError>) {
-        self.push_done(Finished {
-            completion: e.completion,
-            done: Done {
-                host: e.host,
-                kind: Kind(e.kind),
-                payload: e.payload,
-                result,
-            },
-        });
+    /// True once the queue is closed and every entry has gone to the finalizer.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.closed && self.entries.is_empty()
     }
 
-    fn push_done(&mut self, finished: Finished<H, P, A>) {
+    /// Sends a finished entry to the finalizer; `finish` and `close` never
+    /// take an entry whose body a worker holds.
+    fn deliver(&mut self, e: Entry<H, P, A, C>, result: Result<A, SendError>) {
+        if let Some(body) = e.body {
+            self.push_done(Finished {
+                completion: e.completion,
+                done: Done {
+                    host: body.host,
+                    kind: Kind(e.kind),
+                    payload: body.payload,
+                    result,
+                },
+            });
+        }
+    }
+
+    fn push_done(&mut self, finished: Finished<H, P, A, C>) {
         self.wake_finalizer |= self.done.is_empty();
         self.done.push(finished);
     }
 
-    fn admit(&self) -> MutexGuard<'_, Admission<H, P, A>> {
+    fn admit(&self) -> MutexGuard<'_, Admission<H, P, C>> {
         self.admission
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -873,7 +899,7 @@ impl<H, P, A> State<H, P, A> {
     }
 
     /// Swaps the finalizer's empty buffer with the batch of finished entries.
-    pub(crate) fn take_done(&mut self, batch: &mut Vec<Finished<H, P, A>>) {
+    pub(crate) fn take_done(&mut self, batch: &mut Vec<Finished<H, P, A, C>>) {
         std::mem::swap(&mut self.done, batch);
     }
 
@@ -900,8 +926,12 @@ impl<H, P, A> State<H, P, A> {
         }
         self.hostq.clear();
         self.deadlines.clear();
+        // Entries a worker holds finish when it hands them back, which
+        // closing makes it do at once (see `crate::worker`).
         for id in self.entries.keys() {
-            if let Some(e) = self.entries.remove(id) {
+            if self.entries.get(id).is_some_and(|e| e.body.is_some())
+                && let Some(e) = self.entries.remove(id)
+            {
                 self.deliver(e, Err(SendError::ShuttingDown));
             }
         }
@@ -909,9 +939,9 @@ impl<H, P, A> State<H, P, A> {
             self.push_done(Finished {
                 completion: new.completion,
                 done: Done {
-                    host: new.host,
+                    host: new.body.host,
                     kind: Kind(new.kind),
-                    payload: new.payload,
+                    payload: new.body.payload,
                     result: Err(SendError::ShuttingDown),
                 },
             });
@@ -927,7 +957,7 @@ mod tests {
     use super::*;
     use crate::config::TypeConfig;
 
-    type TestState = State<&'static str, u32, u32>;
+    type TestState = State<&'static str, u32, u32, ()>;
 
     fn state(types: Vec<TypeConfig>) -> TestState {
         let config = Arc::new(QueueConfig::new(types));
@@ -937,15 +967,13 @@ mod tests {
 
     /// Adds a plain entry the way `SendQueue::add` does: through the intake.
     fn add(st: &mut TestState, host: &'static str, payload: u32) {
-        let (tx, _rx) = oneshot::channel();
         let mut admission = st.admit();
         let host_key = admission.check(&host, true).unwrap();
         let entry = Intake {
-            host,
+            body: Body { host, payload },
             host_key,
             kind: 0,
-            payload: Arc::new(payload),
-            completion: Completion::Channel(tx),
+            completion: (),
             added: Instant::now(),
         };
         admission.push(entry, |_| {});
@@ -959,24 +987,22 @@ mod tests {
     }
 
     fn payloads(jobs: &VecDeque<Job<&'static str, u32>>) -> Vec<(&'static str, u32)> {
-        jobs.iter()
-            .map(|j| (j.request.host, *j.request.payload))
-            .collect()
+        jobs.iter().map(|j| (j.body.host, j.body.payload)).collect()
     }
 
-    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32>> {
+    fn done(st: &mut TestState) -> Vec<Finished<&'static str, u32, u32, ()>> {
         let mut batch = Vec::new();
         st.take_done(&mut batch);
         batch
     }
 
     /// The sent event of `job`, answered while it was being written.
-    fn answered(job: &Job<&'static str, u32>) -> Written<u32> {
+    fn answered(job: Job<&'static str, u32>) -> Written<&'static str, u32, u32> {
+        let answer = job.body.payload;
         Written {
-            id: job.id,
-            host_key: job.host_key,
+            job,
             result: Ok(()),
-            parked: Some((Ok(*job.request.payload), false)),
+            parked: Some((Ok(answer), false)),
         }
     }
 
@@ -989,10 +1015,7 @@ mod tests {
         st.host_down(&"h");
         // The worker sees the change without the lock and takes a second look.
         assert_ne!(st.changes.load(Ordering::Acquire), seen);
-        assert!(matches!(
-            st.before_write(job.id, job.host_key),
-            Verdict::Skip
-        ));
+        assert!(st.before_write(job).is_none());
         let finished = done(&mut st);
         assert_eq!(finished.len(), 1);
         assert!(matches!(finished[0].done.result, Err(SendError::HostDown)));
@@ -1009,10 +1032,7 @@ mod tests {
         let job = pick(&mut st, 8).pop_front().unwrap();
         st.remove_host(&"h");
         add(&mut st, "h", 2);
-        assert!(matches!(
-            st.before_write(job.id, job.host_key),
-            Verdict::Skip
-        ));
+        assert!(st.before_write(job).is_none());
         let finished = done(&mut st);
         assert_eq!(finished.len(), 1);
         assert!(matches!(
@@ -1039,7 +1059,7 @@ mod tests {
         );
         // Both hosts are sending: nothing more until the batch is written.
         assert!(pick(&mut st, 16).is_empty());
-        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        let mut written: Vec<_> = jobs.into_iter().map(answered).collect();
         st.written(&mut written);
         assert_eq!(payloads(&pick(&mut st, 16)), vec![("h", 4)]);
         assert_eq!(done(&mut st).len(), 4);
@@ -1053,7 +1073,7 @@ mod tests {
         }
         let jobs = pick(&mut st, 2);
         assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2)]);
-        let mut written: Vec<Written<u32>> = jobs.iter().map(answered).collect();
+        let mut written: Vec<_> = jobs.into_iter().map(answered).collect();
         st.written(&mut written);
         assert_eq!(
             payloads(&pick(&mut st, 8)),
@@ -1071,22 +1091,18 @@ mod tests {
         assert_eq!(payloads(&jobs), vec![("h", 1), ("h", 2), ("h", 3)]);
         // The first write waits on the network; meanwhile a probe arrives.
         let first = jobs.pop_front().unwrap();
-        let (tx, _rx) = oneshot::channel();
-        st.add(
-            "h",
-            Kind(1),
-            Arc::new(99),
-            Completion::Channel(tx),
-            Instant::now(),
-        )
-        .unwrap();
+        let probe = Body {
+            host: "h",
+            payload: 99,
+        };
+        st.add(probe, Kind(1), (), Instant::now()).unwrap();
         st.hand_back(&mut jobs);
         assert!(jobs.is_empty());
         // The host is still sending the first entry.
         assert!(pick(&mut st, 8).is_empty());
         let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
         assert_eq!((stats.in_flight, stats.queued), (3, 0));
-        st.written(&mut vec![answered(&first)]);
+        st.written(&mut vec![answered(first)]);
         assert_eq!(
             payloads(&pick(&mut st, 8)),
             vec![("h", 99), ("h", 2), ("h", 3)]
@@ -1098,20 +1114,29 @@ mod tests {
         let mut st = state(vec![TypeConfig::new("a", 1)]);
         add(&mut st, "h", 1);
         add(&mut st, "h", 2);
-        let jobs = pick(&mut st, 8);
+        let mut jobs = pick(&mut st, 8);
         assert_eq!(jobs.len(), 1);
         add(&mut st, "h", 3);
         // The first add woke (and so unlisted) every idle worker.
         assert!(st.close().is_empty());
-        let mut finished: Vec<u32> = done(&mut st)
-            .into_iter()
-            .map(|f| {
-                assert!(matches!(f.done.result, Err(SendError::ShuttingDown)));
-                *f.done.payload
-            })
-            .collect();
-        finished.sort_unstable();
-        // Being written (1), waiting inline (2) and never filed (3).
-        assert_eq!(finished, vec![1, 2, 3]);
+        let fates = |st: &mut TestState| -> Vec<u32> {
+            let mut finished: Vec<u32> = done(st)
+                .into_iter()
+                .map(|f| {
+                    assert!(matches!(f.done.result, Err(SendError::ShuttingDown)));
+                    f.done.payload
+                })
+                .collect();
+            finished.sort_unstable();
+            finished
+        };
+        // Waiting inline (2) and never filed (3).
+        assert_eq!(fates(&mut st), vec![2, 3]);
+        // Being written (1): it fails once its worker hands it back.
+        assert!(!st.is_drained());
+        let job = jobs.pop_front().unwrap();
+        assert!(st.before_write(job).is_none());
+        assert_eq!(fates(&mut st), vec![1]);
+        assert!(st.is_drained());
     }
 }

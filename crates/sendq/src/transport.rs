@@ -12,15 +12,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::config::Kind;
 use crate::error::SendError;
 
-/// One entry as handed to a transport.
-#[derive(Debug)]
-pub struct Request<H, P> {
+/// One entry as handed to a transport: borrowed from the send worker that
+/// holds the entry while it is written, so handing it over copies nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a, H, P> {
     /// The host the entry is for.
-    pub host: H,
+    pub host: &'a H,
     /// The entry's request type.
     pub kind: Kind,
-    /// The entry's payload, shared with the queue until the entry is finished.
-    pub payload: Arc<P>,
+    /// The entry's payload.
+    pub payload: &'a P,
 }
 
 /// Sends entries to hosts over one protocol.
@@ -35,7 +36,7 @@ pub trait Transport<H, P>: Send + Sync + 'static {
     /// with that error unless `reply` already answered it.
     fn send(
         &self,
-        request: Request<H, P>,
+        request: Request<'_, H, P>,
         reply: Reply<Self::Answer>,
     ) -> impl Future<Output = Result<(), SendError>> + Send;
 }

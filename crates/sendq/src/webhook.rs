@@ -63,7 +63,7 @@ impl<H: Send + Sync + 'static> Transport<H, WebhookRequest> for WebhookTransport
 
     async fn send(
         &self,
-        request: Request<H, WebhookRequest>,
+        request: Request<'_, H, WebhookRequest>,
         reply: Reply<WebhookAnswer>,
     ) -> Result<(), SendError> {
         let url = http::parse_url(&request.payload.url)?;

@@ -9,6 +9,11 @@
 //! queue, where other workers take it, and its next batch is a single job; a
 //! batch whose every write finished at once lets the next one double, up to
 //! [`MAX_BATCH`].
+//!
+//! A job owns its entry's host and payload while the worker writes it (the
+//! transport borrows them) and returns them with the sent event. Shutting
+//! down drops a send that is still waiting on its transport, so every entry
+//! comes back, and is finalized, without waiting on a host.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,23 +21,27 @@ use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
+use tokio::sync::Notify;
+
+use crate::completion::Completion;
 use crate::error::{SendError, TransportError};
 use crate::queue::Shared;
-use crate::state::{Verdict, Written};
+use crate::state::Written;
 use crate::transport::{Parking, Reply, ReplySink, Transport};
 
 /// Most jobs a worker takes under one lock acquisition.
 const MAX_BATCH: usize = 128;
 
 /// One send worker; see the module documentation.
-pub(crate) async fn work<H, P, T>(index: usize, shared: Arc<Shared<H, P, T>>)
+pub(crate) async fn work<H, P, T, C>(index: usize, shared: Arc<Shared<H, P, T, C>>)
 where
     H: Clone + Eq + Hash + Send + Sync + 'static,
     P: Send + Sync + 'static,
     T: Transport<H, P>,
+    C: Completion<H, P, T::Answer>,
 {
     // The worker's own parking spot; replies clone this rather than the
     // shared queue, whose reference count every worker would fight over.
@@ -48,6 +57,8 @@ where
             let mut st = shared.lock();
             st.written(&mut written);
             if st.is_closed() {
+                // The finalizer may be waiting for the entries just written.
+                shared.release(st);
                 return;
             }
             st.absorb();
@@ -67,21 +78,21 @@ where
             continue;
         }
         let mut waited = false;
-        while let Some(job) = jobs.pop_front() {
-            let (id, host_key) = (job.id, job.host_key);
+        while let Some(mut job) = jobs.pop_front() {
             if shared.changes.load(Ordering::Acquire) != seen {
                 let mut st = shared.lock();
                 seen = shared.changes.load(Ordering::Acquire);
-                let verdict = st.before_write(id, host_key);
+                let checked = st.before_write(job);
                 shared.release(st);
-                if let Verdict::Skip = verdict {
-                    continue;
+                match checked {
+                    Some(checked) => job = checked,
+                    None => continue,
                 }
             }
-            parking.open(id);
-            let reply = Reply::new(id, Arc::clone(&parking));
-            let mut send = CatchPanic(pin!(shared.transport.send(job.request, reply)));
-            let result =
+            parking.open(job.id);
+            let result = {
+                let reply = Reply::new(job.id, Arc::clone(&parking));
+                let mut send = CatchPanic(pin!(shared.transport.send(job.request(), reply)));
                 match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut send).poll(cx))).await {
                     Poll::Ready(result) => result,
                     Poll::Pending => {
@@ -92,12 +103,14 @@ where
                             st.hand_back(&mut jobs);
                             shared.release(st);
                         }
-                        send.await
+                        until_closed(&shared.closing, send).await
                     }
-                };
+                }
+            };
+            // The send (and with it an unanswered reply) is gone: whatever
+            // answer came is parked.
             written.push(Written {
-                id,
-                host_key,
+                job,
                 result,
                 parked: parking.close(),
             });
@@ -110,6 +123,39 @@ where
         // Lets the finalizer (woken on this thread) and every other task run
         // between batches, however busy the queue is.
         tokio::task::yield_now().await;
+    }
+}
+
+/// Waits for a send that did not finish at once, unless the queue shuts down
+/// first: the send is then dropped and its entry fails with
+/// [`SendError::ShuttingDown`], so shutting down never waits on a transport.
+async fn until_closed<F>(closing: &Closing, send: F) -> Result<(), SendError>
+where
+    F: Future<Output = Result<(), SendError>>,
+{
+    let mut closed = pin!(closing.notify.notified());
+    closed.as_mut().enable();
+    if closing.done.load(Ordering::Acquire) {
+        return Err(SendError::ShuttingDown);
+    }
+    tokio::select! {
+        result = send => result,
+        () = closed => Err(SendError::ShuttingDown),
+    }
+}
+
+/// Tells workers that are waiting on a transport that the queue is closing.
+#[derive(Default)]
+pub(crate) struct Closing {
+    done: AtomicBool,
+    notify: Notify,
+}
+
+impl Closing {
+    /// Marks the queue closing and wakes every worker waiting on a send.
+    pub(crate) fn close(&self) {
+        self.done.store(true, Ordering::Release);
+        self.notify.notify_waiters();
     }
 }
 

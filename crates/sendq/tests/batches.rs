@@ -47,8 +47,12 @@ struct Mixed(Arc<Seen>);
 impl Transport<usize, u32> for Mixed {
     type Answer = u32;
 
-    async fn send(&self, request: Request<usize, u32>, reply: Reply<u32>) -> Result<(), SendError> {
-        let (host, kind, payload) = (request.host, request.kind.0, *request.payload);
+    async fn send(
+        &self,
+        request: Request<'_, usize, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
+        let (host, kind, payload) = (*request.host, request.kind.0, *request.payload);
         let seen = &self.0;
         seen.writes[payload as usize].fetch_add(1, Ordering::SeqCst);
         if seen.writing[host].fetch_add(1, Ordering::SeqCst) + 1 > PER_HOST_SENDS {

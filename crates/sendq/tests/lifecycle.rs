@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{Host, Manual, Recorder, drain_calls, settle};
 use estafeta_sendq::{
-    Adaptive, ConfigError, Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport,
-    TransportError, TypeConfig,
+    Adaptive, Completion, ConfigError, Done, Kind, QueueConfig, Reply, Request, SendError,
+    SendQueue, Transport, TransportError, TypeConfig,
 };
 
 const A: Kind = Kind(0);
@@ -24,7 +24,11 @@ struct Scripted {
 
 impl Transport<Host, u32> for Scripted {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         let p = *request.payload;
         match p % 5 {
             0 => {
@@ -83,7 +87,7 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
                     if matches!(done.result, Err(SendError::Expired)) {
                         expired.fetch_add(1, Ordering::SeqCst);
                     }
-                    counts[*done.payload as usize].fetch_add(1, Ordering::SeqCst);
+                    counts[done.payload as usize].fetch_add(1, Ordering::SeqCst);
                     inside.store(false, Ordering::SeqCst);
                 });
                 match added {
@@ -124,10 +128,50 @@ struct Echo;
 
 impl Transport<Host, u32> for Echo {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         reply.answer(Ok(*request.payload));
         Ok(())
     }
+}
+
+/// A completion of the caller's own type, stored inline in each entry.
+struct Tally(tokio::sync::mpsc::UnboundedSender<(u32, Result<u32, SendError>)>);
+
+impl Completion<Host, u32, u32> for Tally {
+    fn complete(self, done: Done<Host, u32, u32>) {
+        let _ = self.0.send((done.payload, done.result));
+    }
+}
+
+#[tokio::test]
+async fn an_inline_completion_type_gets_each_outcome_once() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let config = QueueConfig::new(vec![TypeConfig::new("a", 3)]);
+    let q = SendQueue::<Host, u32, Echo, Tally>::with_completion(config, Echo).unwrap();
+    for i in 0..1_000u32 {
+        let host = ["x", "y", "z"][(i % 3) as usize];
+        q.add_with(host, A, i, Tally(tx.clone())).unwrap();
+    }
+    // Refused: the completion is dropped unused.
+    assert!(matches!(
+        q.add_with("x", Kind(7), 7_000, Tally(tx.clone())),
+        Err(SendError::Config(ConfigError::UnknownKind(7)))
+    ));
+    drop(tx);
+    let mut seen = vec![0u8; 1_000];
+    for _ in 0..1_000 {
+        let (payload, result) = rx.recv().await.unwrap();
+        assert_eq!(result.unwrap(), payload);
+        seen[payload as usize] += 1;
+    }
+    assert!(seen.iter().all(|&n| n == 1));
+    q.shutdown().await;
+    // Every completion is gone (the queue held the last senders): nothing more comes.
+    assert!(rx.recv().await.is_none());
 }
 
 /// Many tasks add to the same few hosts while the manager drains them; every
@@ -302,7 +346,11 @@ struct Fragile;
 
 impl Transport<Host, u32> for Fragile {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         assert_ne!(*request.payload, 13, "transport bug");
         reply.answer(Ok(*request.payload));
         Ok(())

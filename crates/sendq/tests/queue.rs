@@ -409,12 +409,43 @@ async fn queued_entries_past_their_deadline_expire() {
     q.shutdown().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_oldest_queued_age_counts_from_adding() {
+    let (transport, mut calls) = Manual::new();
+    let q = SendQueue::new(config(vec![TypeConfig::new("a", 1)]), transport).unwrap();
+    let rec = Recorder::new();
+    let start = tokio::time::Instant::now();
+    q.add("h", A, 0, rec.callback()).unwrap();
+    q.add("h", A, 1, rec.callback()).unwrap();
+    settle().await;
+    // Kept unanswered: a dropped reply would fail the entry and free the window.
+    let sent = drain_calls(&mut calls);
+    assert_eq!(payloads(&sent), vec![0]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let later = tokio::time::Instant::now();
+    q.add("g", A, 2, rec.callback()).unwrap();
+    q.add("g", A, 3, rec.callback()).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Entry 1 waits behind the unanswered 0; entry 3 behind 2.
+    let stats = q.stats(&"h", A).unwrap();
+    assert_eq!(stats.oldest_queued, Some(start.elapsed()));
+    let stats = q.stats(&"g", A).unwrap();
+    assert_eq!(stats.oldest_queued, Some(later.elapsed()));
+    assert!(later.elapsed() < start.elapsed());
+    q.shutdown().await;
+    drop(sent);
+}
+
 /// Answers before its write is done, then waits for the test to finish the write.
 struct AnswersFirst(tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>);
 
 impl Transport<Host, u32> for AnswersFirst {
     type Answer = u32;
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         reply.answer(Ok(*request.payload));
         let (written, wait) = tokio::sync::oneshot::channel();
         let _ = self.0.send(written);

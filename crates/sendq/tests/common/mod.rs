@@ -62,10 +62,14 @@ impl Manual {
 impl Transport<Host, u32> for Manual {
     type Answer = u32;
 
-    async fn send(&self, request: Request<Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+    async fn send(
+        &self,
+        request: Request<'_, Host, u32>,
+        reply: Reply<u32>,
+    ) -> Result<(), SendError> {
         {
             let mut w = self.writing.lock().unwrap();
-            let slot = w.entry(request.host).or_default();
+            let slot = w.entry(*request.host).or_default();
             slot.0 += 1;
             slot.1 = slot.1.max(slot.0);
         }
@@ -89,7 +93,7 @@ impl Transport<Host, u32> for Manual {
         self.writing
             .lock()
             .unwrap()
-            .entry(request.host)
+            .entry(*request.host)
             .or_default()
             .0 -= 1;
         Ok(())
@@ -136,7 +140,7 @@ impl Recorder {
         move |done| {
             let _ = tx.send(Outcome {
                 host: done.host,
-                payload: *done.payload,
+                payload: done.payload,
                 result: done.result.map_err(|e| short(&e)),
             });
         }

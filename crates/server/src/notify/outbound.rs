@@ -70,7 +70,7 @@ impl Transport<String, HttpOut> for HttpTransport {
 
     async fn send(
         &self,
-        request: Request<String, HttpOut>,
+        request: Request<'_, String, HttpOut>,
         reply: Reply<HttpAnswer>,
     ) -> Result<(), SendError> {
         let Request {
@@ -78,10 +78,10 @@ impl Transport<String, HttpOut> for HttpTransport {
             kind,
             payload,
         } = request;
-        match &*payload {
+        match payload {
             HttpOut::Sms(sms) => match &self.sms {
                 Some(t) => {
-                    let payload = Arc::new(sms.clone());
+                    let payload = sms;
                     t.send(
                         Request {
                             host,
@@ -98,7 +98,7 @@ impl Transport<String, HttpOut> for HttpTransport {
                 })),
             },
             HttpOut::Webhook(w) => {
-                let payload = Arc::new(w.clone());
+                let payload = w;
                 self.webhook
                     .send(
                         Request {
@@ -111,7 +111,7 @@ impl Transport<String, HttpOut> for HttpTransport {
                     .await
             }
             HttpOut::Probe(p) => {
-                let payload = Arc::new(p.clone());
+                let payload = p;
                 self.probe
                     .send(
                         Request {
