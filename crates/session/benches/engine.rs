@@ -4,6 +4,8 @@
 //! - `in_memory/*`: acquire + change + release on 10,000 keys (uniform and
 //!   Zipf-skewed), engine vs `DashMap<Key, Arc<tokio::sync::Mutex<State>>>`;
 //!   `in_memory_one_worker/*`: the same on a one-worker runtime.
+//! - `paired`: the same comparison, both sides alternately round after
+//!   round (printed: median ratio and range).
 //! - `durable/*`: releases that each carry a persistent change, engine on
 //!   redb (group commit) vs one durable redb transaction per release.
 //! - `memory`: resident bytes per idle session (printed, from /proc).
@@ -204,9 +206,10 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
-/// Whether criterion's command line names a filter that leaves `memory`
-/// out (criterion only filters what runs through it; this step does not).
-fn memory_filtered_out() -> bool {
+/// Whether criterion's command line names a filter that leaves the step
+/// `name` out (criterion only filters what runs through it; the `paired`
+/// and `memory` steps do not).
+fn filtered_out(name: &str) -> bool {
     const WITH_VALUE: &[&str] = &[
         "-s",
         "--save-baseline",
@@ -237,12 +240,56 @@ fn memory_filtered_out() -> bool {
         })
         .map(|(_, a)| a)
         .collect();
-    !filters.is_empty() && !filters.iter().any(|f| "memory".contains(f.as_str()))
+    !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+/// Not a criterion timing: engine and DashMap + Mutex alternately, round
+/// after round, each round's ratio from two back-to-back runs. On a shared
+/// machine whose speed changes from one second to the next this is the
+/// steadier comparison; it prints the median ratio and its range.
+fn paired(_c: &mut Criterion) {
+    if filtered_out("paired") {
+        return;
+    }
+    const ROUNDS: usize = 15;
+    const OPS: u64 = TASKS * 50_000;
+    for workers in [2, 1] {
+        let rt = runtime_with(workers);
+        for zipf in [false, true] {
+            let engine: Engine<u64, u64> = rt
+                .block_on(Engine::builder(Arc::new(MemoryStorage::new())).open())
+                .unwrap();
+            let map: Arc<DashMap<u64, Arc<tokio::sync::Mutex<u64>>>> = Arc::new(DashMap::new());
+            let (mut ratios, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                let e = rt.block_on(run_tasks(OPS, zipf, EngineOp(engine.clone())));
+                let d = rt.block_on(run_tasks(OPS, zipf, DashMapOp(map.clone())));
+                let rate = |t: Duration| OPS as f64 / t.as_secs_f64() / 1e6;
+                ours.push(rate(e));
+                theirs.push(rate(d));
+                ratios.push(d.as_secs_f64() / e.as_secs_f64());
+            }
+            for v in [&mut ratios, &mut ours, &mut theirs] {
+                v.sort_by(f64::total_cmp);
+            }
+            let mid = ROUNDS / 2;
+            println!(
+                "paired/{}/{workers}_workers: engine {:.2} M/s, dashmap_mutex {:.2} M/s (medians); \
+                 ratio median {:.2}x, range {:.2}x-{:.2}x over {ROUNDS} rounds",
+                if zipf { "zipf" } else { "uniform" },
+                ours[mid],
+                theirs[mid],
+                ratios[mid],
+                ratios[0],
+                ratios[ROUNDS - 1],
+            );
+        }
+    }
 }
 
 /// Not a timing: prints resident bytes per idle in-memory session.
 fn memory(_c: &mut Criterion) {
-    if memory_filtered_out() {
+    if filtered_out("memory") {
         return;
     }
     let rt = runtime();
@@ -268,5 +315,5 @@ fn memory(_c: &mut Criterion) {
     assert_eq!(engine.stats().in_memory, n);
 }
 
-criterion_group!(benches, in_memory, durable, memory);
+criterion_group!(benches, in_memory, paired, durable, memory);
 criterion_main!(benches);
