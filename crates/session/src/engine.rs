@@ -174,10 +174,10 @@ impl<K: SessionKey, S: State> Engine<K, S> {
 
     /// The engine's figures now.
     pub fn stats(&self) -> Stats {
-        self.shared
-            .core()
-            .counters
-            .snapshot(self.shared.cache.len() as u64, self.shared.cache.queued() as u64)
+        self.shared.core().counters.snapshot(
+            self.shared.cache.len() as u64,
+            self.shared.cache.queued() as u64,
+        )
     }
 
     /// The clock the engine runs on.

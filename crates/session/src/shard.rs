@@ -194,7 +194,12 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 
     /// Take the key if it is free, or queue for it (or answer busy).
     #[inline]
-    pub(crate) fn enter(self: &Arc<Self>, hash: u64, key: K, wait: bool) -> Result<Entered<K, S>, Error> {
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        hash: u64,
+        key: K,
+        wait: bool,
+    ) -> Result<Entered<K, S>, Error> {
         if self.core.stopping.load(Ordering::SeqCst) {
             return Err(Error::Stopping);
         }
@@ -282,7 +287,14 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     /// entry when the cell is empty or `evict` asks for it). A cell that is
     /// no longer the key's (it left the table while nobody held it) is
     /// just let go.
-    fn give(&self, table: &mut Table<K, S>, hash: u64, key: &K, mut owned: Owned<K, S>, evict: bool) {
+    fn give(
+        &self,
+        table: &mut Table<K, S>,
+        hash: u64,
+        key: &K,
+        mut owned: Owned<K, S>,
+        evict: bool,
+    ) {
         let Ok(mut slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return;
         };
@@ -349,7 +361,12 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 /// when nobody waits). The common case (a session kept in memory, nobody
 /// waiting) is inlined; everything else is out of line.
 #[inline]
-pub(crate) fn release<K: SessionKey, S: State>(hash: u64, key: &K, mut owned: Owned<K, S>, evict: bool) {
+pub(crate) fn release<K: SessionKey, S: State>(
+    hash: u64,
+    key: &K,
+    mut owned: Owned<K, S>,
+    evict: bool,
+) {
     let Some(s) = owned.session.as_mut().filter(|_| !evict) else {
         return release_out(hash, key, owned);
     };
@@ -425,7 +442,11 @@ fn release_out<K: SessionKey, S: State>(hash: u64, key: &K, owned: Owned<K, S>) 
 
 /// A guard was dropped without an awaited release.
 #[inline]
-pub(crate) fn release_from_drop<K: SessionKey, S: State>(hash: u64, key: &K, mut owned: Owned<K, S>) {
+pub(crate) fn release_from_drop<K: SessionKey, S: State>(
+    hash: u64,
+    key: &K,
+    mut owned: Owned<K, S>,
+) {
     match owned.session.as_mut() {
         Some(s) if s.dirty => return save_in_background(hash, key, owned),
         Some(s) => {
