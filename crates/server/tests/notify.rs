@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::recorder::{self, Hit};
 use common::smtp_server::{self, Received};
-use common::{Binary, Tenancy, TestServer, message, start_request};
+use common::{Binary, Tenancy, TestServer, message, next, quick_retry, start_request};
 use estafeta_client::Client;
 use estafeta_exchange::wire::{
     CallStatus, MessageResult, PrepareRequest, ProcessState, ResultStatus, Version,
@@ -17,17 +17,6 @@ use estafeta_exchange::{Alert, AlertKind, ProcessId};
 use estafeta_sendq::{SmsConfig, SmtpConfig, SmtpSecurity};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::{EmailChannel, NotifySettings, SmsChannel};
-use tokio::sync::mpsc::UnboundedReceiver;
-
-/// How long a test waits for something that should happen within seconds.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-async fn next<T>(rx: &mut UnboundedReceiver<T>) -> T {
-    tokio::time::timeout(PATIENCE, rx.recv())
-        .await
-        .expect("nothing arrived in time")
-        .expect("the channel closed")
-}
 
 /// Puts a process of `db-a` in READY_TO_COMMIT (which the short ready
 /// timeout of these tests then turns into IN_DOUBT); its id.
@@ -72,13 +61,6 @@ async fn wait_in_doubt(client: &Client, pid: &ProcessId) {
     panic!("the process did not go in doubt");
 }
 
-fn settings(data: &std::path::Path) -> NotifySettings {
-    NotifySettings {
-        retry: Duration::from_secs(1),
-        ..NotifySettings::log_only(data)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
     let mut smtp = smtp_server::start(smtp_server::Options::default()).await;
@@ -108,7 +90,7 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
                 to: vec!["+15550100".into()],
             }),
             webhook: Some(format!("http://{hook_addr}/alerts")),
-            ..settings(data)
+            ..quick_retry(data)
         },
     )
     .await;
@@ -173,7 +155,7 @@ async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back() {
                 },
                 to: vec!["+15550100".into()],
             }),
-            ..settings(data)
+            ..quick_retry(data)
         },
     )
     .await;
@@ -241,7 +223,7 @@ async fn free_disk_under_the_threshold_alerts() {
         |data| NotifySettings {
             webhook: Some(format!("http://{hook_addr}/")),
             disk_alert_bytes: u64::MAX,
-            ..settings(data)
+            ..quick_retry(data)
         },
     )
     .await;
@@ -260,7 +242,7 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
         |_| {},
         |data| NotifySettings {
             webhook: Some(format!("http://{hook_addr}/")),
-            ..settings(data)
+            ..quick_retry(data)
         },
     )
     .await;
@@ -324,7 +306,7 @@ async fn a_gateway_failing_its_probes_raises_a_host_down_alert() {
             }),
             webhook: Some(format!("http://{hook_addr}/alerts")),
             probe: Duration::from_millis(50),
-            ..settings(data)
+            ..quick_retry(data)
         },
     )
     .await;

@@ -11,31 +11,21 @@ use std::time::Duration;
 
 use common::clock::ManualClock;
 use common::restartable::Server;
-use common::webhook::{self, Hook, Post, Script};
-use common::{ADMIN_TOKEN, Tenancy, message, ready_process};
+use common::webhook::{self, Post, Script};
+use common::{ADMIN_TOKEN, PATIENCE, Tenancy, message, next, quick_retry, ready_process};
 use estafeta_exchange::Timestamp;
 use estafeta_exchange::wire::{CallStatus, ResultStatus};
 use estafeta_server::notify::NotifySettings;
 use serde_json::{Value, json};
 
-/// How long a test waits for something that should happen within seconds.
-const PATIENCE: Duration = Duration::from_secs(60);
 /// Far past any retry wait of these tests (the first is a second).
 const AN_HOUR: Duration = Duration::from_secs(3600);
 
 fn settings(data: &std::path::Path, probe: Duration) -> NotifySettings {
     NotifySettings {
-        retry: Duration::from_secs(1),
         probe,
-        ..NotifySettings::log_only(data)
+        ..quick_retry(data)
     }
-}
-
-async fn next(hook: &mut Hook) -> Post {
-    tokio::time::timeout(PATIENCE, hook.posts.recv())
-        .await
-        .expect("no POST arrived in time")
-        .expect("the webhook stopped")
 }
 
 /// `PUT` (with `Some(body)`) or `DELETE` a webhook; status and answer.
@@ -124,7 +114,7 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies() {
         .send(&message("db-b", r#"{"secret":"do not push me"}"#, None))
         .await
         .unwrap();
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
     assert_notification(&post, "db-b", "database", &clock);
     assert!(!post.json.to_string().contains("secret"));
@@ -132,7 +122,7 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies() {
     // A committed reply lands in phone-1's inbox (db-a has no webhook).
     let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
     assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
     assert_notification(&post, "phone-1", "device", &clock);
 
@@ -151,7 +141,7 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies() {
     .await;
     assert!(hook.posts.try_recv().is_err(), "pushed before its time");
     clock.advance(AN_HOUR + Duration::from_secs(1));
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/later");
     assert_notification(&post, "db-x", "database", &clock);
     server.stop().await;
@@ -173,13 +163,13 @@ async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts() {
 
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first notification is out and unanswered while 49 more arrive.
-    next(&mut hook).await;
+    next(&mut hook.posts).await;
     for n in 1..50 {
         let body = format!(r#"{{"n":{n}}}"#);
         t.phone1.send(&message("db-a", &body, None)).await.unwrap();
     }
     hook.open();
-    let second = next(&mut hook).await;
+    let second = next(&mut hook.posts).await;
     assert_notification(&second, "db-a", "database", &clock);
     // Settled: nothing is pending, so nothing more can come.
     wait_metric(
@@ -208,14 +198,14 @@ async fn a_webhook_failing_twice_gets_the_push_on_the_third_try() {
 
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     for _ in 0..2 {
-        next(&mut hook).await;
+        next(&mut hook.posts).await;
         // Answered 500: the push waits for its retry (backoff), not sent
         // again before the clock moves.
         wait_retrying(&server.base).await;
         assert!(hook.posts.try_recv().is_err());
         clock.advance(AN_HOUR);
     }
-    let third = next(&mut hook).await;
+    let third = next(&mut hook.posts).await;
     assert_notification(&third, "db-a", "database", &clock);
     wait_metric(
         &server.base,
@@ -250,7 +240,7 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up() {
 
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let mut hook = webhook::serve(listener, Script::default());
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
     assert_notification(&post, "db-a", "database", &clock);
     wait_metric(&server.base, &up, 1.0).await;
@@ -283,7 +273,7 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up() {
     // The clock stands still: only the host coming back can send it now.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let mut hook = webhook::serve(listener, Script::default());
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_notification(&post, "phone-1", "device", &clock);
     wait_metric(
         &server.base,
@@ -319,7 +309,7 @@ async fn a_pending_push_survives_a_restart() {
     let server =
         Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
     clock.advance(AN_HOUR);
-    let post = next(&mut hook).await;
+    let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
     assert_notification(&post, "phone-1", "device", &clock);
     server.stop().await;

@@ -33,6 +33,26 @@ use tokio::task::JoinHandle;
 /// The admin token of in-process servers.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
+/// How long a test waits for something that should happen within seconds.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The next thing a loopback fake received (a mail, an SMS, a POST).
+pub async fn next<T>(rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("nothing arrived in time")
+        .expect("the channel closed")
+}
+
+/// Notification settings over `data` with a one-second first retry, so a
+/// test that moves its clock past it sees the retry.
+pub fn quick_retry(data: &Path) -> NotifySettings {
+    NotifySettings {
+        retry: Duration::from_secs(1),
+        ..NotifySettings::log_only(data)
+    }
+}
+
 pub fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
