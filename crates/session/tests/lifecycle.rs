@@ -366,3 +366,49 @@ async fn a_caller_that_goes_away_midway_does_not_wedge_the_key() {
         .expect("still stored");
     assert_eq!(s.state().n, 7);
 }
+
+/// Live instances of [`Tracked`] (only the test below makes any).
+static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+/// A state that counts its live instances.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Tracked {
+    n: u64,
+}
+
+impl Default for Tracked {
+    fn default() -> Self {
+        LIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Tracked { n: 0 }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Each cached session points back to its cache; the cycle is broken when
+/// the last engine handle goes, so the sessions it held are freed then.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_engine_frees_its_sessions() {
+    let live = || LIVE.load(std::sync::atomic::Ordering::SeqCst);
+    let engine =
+        estafeta_session::Engine::<String, Tracked>::builder(Arc::new(MemoryStorage::new()))
+            .open()
+            .await
+            .unwrap();
+    for k in 0..100 {
+        let mut s = engine.get(format!("k{k}"), true).await.unwrap().unwrap();
+        s.state_mut().n += 1;
+    }
+    assert_eq!(live(), 100);
+    let kept = engine.get("k0".to_string(), false).await.unwrap().unwrap();
+    drop(engine);
+    // Every session but the one a guard still holds is gone at once.
+    assert_eq!(live(), 1);
+    assert_eq!(kept.state().n, 1);
+    drop(kept);
+    assert_eq!(live(), 0);
+}
