@@ -191,6 +191,7 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     pub async fn stop(&self) -> Result<(), Error> {
         let cache = &self.shared.cache;
         let core = &cache.core;
+        let _stopping = StoppingHint::raise();
         core.stopping.store(true, Ordering::SeqCst);
         cache.fail_waiters();
         loop {
@@ -203,7 +204,9 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             notified.await;
         }
         let mut writes = Vec::new();
-        cache.dirty_writes(&mut writes)?;
+        while !cache.dirty_writes(&mut writes)? {
+            tokio::task::yield_now().await;
+        }
         let _ = core.expiry_tx.send(ExpiryMsg::Stop);
         if writes.is_empty() {
             return Ok(());
@@ -222,6 +225,23 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             cache.mark_saved(&key);
         }
         Ok(())
+    }
+}
+
+/// Raises [`shard::STOPPING`] while a `stop` runs (even if its future is
+/// dropped midway).
+struct StoppingHint;
+
+impl StoppingHint {
+    fn raise() -> Self {
+        shard::STOPPING.fetch_add(1, Ordering::SeqCst);
+        StoppingHint
+    }
+}
+
+impl Drop for StoppingHint {
+    fn drop(&mut self) {
+        shard::STOPPING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -101,6 +101,12 @@ fn waiting(hash: u64) -> &'static AtomicU32 {
     &WAITING[(hash >> 54) as usize]
 }
 
+/// How many engines in the process are stopping. While it is not 0, every
+/// release looks again after letting its key go, so that `stop` (waiting
+/// for the last held key) hears of it; like [`WAITING`], global so that the
+/// release needs no pointer to it.
+pub(crate) static STOPPING: AtomicU32 = AtomicU32::new(0);
+
 /// The cache: what every shard shares, and the shards. Aligned so that
 /// its `Arc`'s reference count (changed when a cell is created or a key is
 /// handed over) shares no cache line with what every operation reads.
@@ -200,12 +206,14 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         key: K,
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
-        if self.core.stopping.load(Ordering::SeqCst) {
-            return Err(Error::Stopping);
-        }
         let shard = self.shard(hash);
         {
             let table = shard.table.read();
+            // Under the lock that `stop` takes to see which keys are held:
+            // either it sees this key held, or this sees it stopping.
+            if self.core.stopping.load(Ordering::SeqCst) {
+                return Err(Error::Stopping);
+            }
             if let Some(entry) = table.slots.find(hash, |e| e.key == key)
                 && entry.waiters.is_none()
                 && let Some(owned) = entry.cell.try_lock_arc()
@@ -381,10 +389,11 @@ pub(crate) fn release<K: SessionKey, S: State>(
         return release_noting(hash, key, owned, first, wake);
     }
     let cell = ArcMutexGuard::into_arc(owned);
-    // Let go first, then look for waiters (see `Cache::enter_contended`).
+    // Let go first, then look for waiters (see `Cache::enter_contended`)
+    // and for a `stop` that may have seen the key held.
     fence(Ordering::SeqCst);
-    if waiting(hash).load(Ordering::Relaxed) > 0 {
-        hand_over_after(hash, key, &cell);
+    if waiting(hash).load(Ordering::Relaxed) > 0 || STOPPING.load(Ordering::Relaxed) > 0 {
+        settle_after(hash, key, &cell);
     }
 }
 
@@ -408,7 +417,7 @@ fn release_noting<K: SessionKey, S: State>(
     let cell = ArcMutexGuard::into_arc(owned);
     fence(Ordering::SeqCst);
     if waiting(hash).load(Ordering::Relaxed) > 0 {
-        hand_over_after(hash, key, &cell);
+        settle_after(hash, key, &cell);
     }
     if wake {
         core.wake_expiry.notify_one();
@@ -418,14 +427,19 @@ fn release_noting<K: SessionKey, S: State>(
     }
 }
 
-/// After letting a key go, someone waits in its part of the hash space:
-/// take the key back if it is still free and hand it to its first waiter.
+/// After letting a key go, someone waits in its part of the hash space, or
+/// an engine is stopping: take the key back if it is still free, hand it
+/// to its first waiter, and tell a stopping engine. (If someone else took
+/// it meanwhile, their release does this.)
 #[cold]
 #[inline(never)]
-fn hand_over_after<K: SessionKey, S: State>(hash: u64, key: &K, cell: &CellRef<K, S>) {
+fn settle_after<K: SessionKey, S: State>(hash: u64, key: &K, cell: &CellRef<K, S>) {
     if let Some(owned) = cell.try_lock_arc() {
         let home = owned.home.clone();
         home.hand_over(hash, key, owned, false);
+        if home.core.stopping.load(Ordering::SeqCst) {
+            home.core.released.notify_waiters();
+        }
     }
 }
 
@@ -601,11 +615,13 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         self.shards.iter().map(|s| s.table.read().queued).sum()
     }
 
-    /// Whether a command holds any key.
+    /// Whether a command holds any key. Under each shard's write lock, so
+    /// that the brief looks the expiry manager takes under the read lock
+    /// are not mistaken for holders.
     pub(crate) fn any_locked(&self) -> bool {
         self.shards
             .iter()
-            .any(|s| s.table.read().slots.iter().any(|e| e.cell.is_locked()))
+            .any(|s| s.table.write().slots.iter().any(|e| e.cell.is_locked()))
     }
 
     /// Stopping: answer every queued command with [`Error::Stopping`].
@@ -625,26 +641,31 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         }
     }
 
-    /// The writes that save every dirty free session.
-    pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<(), Error> {
+    /// Stopping, with no key held: the writes that save every dirty
+    /// session. `Ok(false)`: a key was busy for a moment (a release making
+    /// sure nobody waits for it); the caller asks again.
+    pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<bool, Error> {
+        out.clear();
         for shard in self.shards.iter() {
-            let table = shard.table.read();
-            for entry in table.slots.iter().filter(|e| e.waiters.is_none()) {
-                if let Some(cell) = entry.cell.try_lock()
-                    && let Some(s) = cell.session.as_ref()
+            let table = shard.table.write();
+            for entry in table.slots.iter() {
+                let Some(cell) = entry.cell.try_lock() else {
+                    return Ok(false);
+                };
+                if let Some(s) = cell.session.as_ref()
                     && s.dirty
                 {
                     out.push((entry.key.clone(), self.core.put(&entry.key, s)?));
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The session of `key` was saved by `stop`.
     pub(crate) fn mark_saved(&self, key: &K) {
         let hash = self.core.hash(key);
-        let table = self.shard(hash).table.read();
+        let table = self.shard(hash).table.write();
         if let Some(entry) = table.slots.find(hash, |e| e.key == *key)
             && entry.waiters.is_none()
             && let Some(mut cell) = entry.cell.try_lock()

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use estafeta_session::Error;
+use estafeta_session::{Config, Error};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -162,6 +162,57 @@ async fn give_ups_and_dropped_sessions_wedge_no_key() {
     assert_eq!(counted, made);
     assert_eq!(engine.stats().queued, 0);
     assert_eq!(engine.stats().in_memory, KEYS);
+}
+
+/// `stop` while commands run on two workers (persistent changes released
+/// by dropping the guard, so each save runs in the background) ends, and
+/// every change made before it answered `Stopping` is in storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_amid_running_commands_ends_and_saves_every_change() {
+    const TASKS: u64 = 16;
+    const KEYS: u64 = 5;
+    let (engine, storage, hooks) = memory_engine().await;
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let engine = engine.clone();
+        let started_tx = started_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut made = 0u64;
+            for i in 0.. {
+                match engine.get(format!("k{}", (t + i) % KEYS), true).await {
+                    Ok(Some(mut s)) => {
+                        s.persistent_mut().n += 1;
+                        made += 1;
+                        if made == 20 {
+                            let _ = started_tx.send(());
+                        }
+                    }
+                    Err(Error::Stopping) => break,
+                    other => panic!("get: {other:?}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            made
+        }));
+    }
+    for _ in 0..TASKS {
+        started.recv().await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(60), engine.stop())
+        .await
+        .expect("stop ended")
+        .unwrap();
+    let mut made = 0;
+    for t in tasks {
+        made += t.await.unwrap();
+    }
+    let reopened = engine_with(storage, hooks, Config::default()).await;
+    let mut stored = 0;
+    for k in 0..KEYS {
+        stored += read(&reopened, &format!("k{k}")).await.unwrap().n;
+    }
+    assert_eq!(stored, made);
 }
 
 #[tokio::test(start_paused = true)]
