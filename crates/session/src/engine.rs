@@ -30,8 +30,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 pub trait State: Serialize + DeserializeOwned + Default + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
-/// State shared by the engine handle and the expiry manager: the cache and
-/// the ways into it.
+/// State shared by the engine handle and the expiry manager: the cache.
+/// Dropping it (the last handle went) breaks the cache's cycle with its
+/// cells.
 pub(crate) struct Shared<K: SessionKey, S: State> {
     pub(crate) cache: Arc<Cache<K, S>>,
 }

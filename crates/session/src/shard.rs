@@ -19,9 +19,11 @@
 //! the lock once more, and a release lets go before it looks for waiters,
 //! so a key is never left free with someone waiting for it.
 //!
-//! The expiry manager and `stop` inspect cells only under a shard lock and
-//! only when nobody waits for them, so their brief look can neither race a
-//! waiter's registration nor make one wait for nothing.
+//! The expiry manager inspects cells only under a shard's lock and only
+//! when nobody waits for them, so its brief look can neither race a
+//! waiter's registration nor make one wait for nothing. `stop` looks under
+//! the write lock, so such a look never passes for a holder, and while an
+//! engine stops every release tells it when it lets a key go.
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
