@@ -194,6 +194,9 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         let core = &cache.core;
         let _stopping = StoppingHint::raise();
         core.stopping.store(true, Ordering::SeqCst);
+        // Pairs with the fence a release takes after letting its key go:
+        // either the release sees the stop, or the stop sees the key free.
+        std::sync::atomic::fence(Ordering::SeqCst);
         cache.fail_waiters();
         loop {
             let notified = core.released.notified();

@@ -424,7 +424,7 @@ fn release_noting<K: SessionKey, S: State>(
     if wake {
         core.wake_expiry.notify_one();
     }
-    if core.stopping.load(Ordering::Relaxed) {
+    if core.stopping.load(Ordering::SeqCst) {
         core.released.notify_waiters();
     }
 }
