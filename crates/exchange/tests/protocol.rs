@@ -183,14 +183,7 @@ async fn ready_timeout_in_doubt_then_late_rollback() {
 #[tokio::test(start_paused = true)]
 async fn rollback_and_abort_delete_replies() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    assert_eq!(
-        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 2)
-            .await,
-        CallStatus::Ok
-    );
+    let pid = w.prepared(2).await;
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
     assert_eq!(w.files("db-a", Folder::Prepared), 0);
     assert_eq!(w.files("db-a", Folder::Messages), 1);

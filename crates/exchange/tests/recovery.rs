@@ -37,14 +37,7 @@ async fn restart_removes_timed_out_started_processes() {
 #[tokio::test(start_paused = true)]
 async fn orphans_in_prepared_are_moved_to_unknown() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    assert_eq!(
-        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
-            .await,
-        CallStatus::Ok
-    );
+    let pid = w.prepared(1).await;
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
     // A reply file nobody refers to (as if a delete had failed).
     let prepared = w.data().join("db-a/Prepared");
@@ -167,14 +160,7 @@ impl estafeta_exchange::AlertSink for Raised {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    assert_eq!(
-        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
-            .await,
-        CallStatus::Ok
-    );
+    let pid = w.prepared(1).await;
     w.ex.shutdown().await.unwrap();
     let World { dir, ex, .. } = w;
     drop(ex);

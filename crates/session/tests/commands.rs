@@ -3,10 +3,44 @@
 mod common;
 
 use common::*;
-use estafeta_session::{Config, Error};
+use estafeta_session::{Config, Engine, Error};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Runs `task(engine, t)` for each `t` in `0..n`, each on its own task.
+fn spawn_each<R, Fut>(
+    engine: &Engine<String, Counter>,
+    n: u64,
+    task: impl Fn(Engine<String, Counter>, u64) -> Fut,
+) -> Vec<JoinHandle<R>>
+where
+    Fut: Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    (0..n)
+        .map(|t| tokio::spawn(task(engine.clone(), t)))
+        .collect()
+}
+
+/// What the tasks returned, in order.
+async fn joined<R>(tasks: Vec<JoinHandle<R>>) -> Vec<R> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// The sum of the counters of keys `k0` … `k{keys-1}`.
+async fn total(engine: &Engine<String, Counter>, keys: u64) -> u64 {
+    let mut sum = 0;
+    for k in 0..keys {
+        sum += read(engine, &format!("k{k}")).await.unwrap().n;
+    }
+    sum
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_increments_are_serialized() {
@@ -48,54 +82,45 @@ async fn contended_acquires_and_releases_lose_no_increment() {
     const OPS: u64 = 300;
     const KEYS: u64 = 3;
     let (engine, _, _) = memory_engine().await;
-    let mut tasks = Vec::new();
-    for t in 0..TASKS {
-        let engine = engine.clone();
-        tasks.push(tokio::spawn(async move {
-            let (mut made, mut busy) = (0u64, 0u64);
-            for i in 0..OPS {
-                let key = format!("k{}", (t + i) % KEYS);
-                match i % 3 {
-                    0 => {
-                        let mut s = engine.get(key, true).await.unwrap().unwrap();
-                        tokio::task::yield_now().await;
+    let tasks = spawn_each(&engine, TASKS, |engine, t| async move {
+        let (mut made, mut busy) = (0u64, 0u64);
+        for i in 0..OPS {
+            let key = format!("k{}", (t + i) % KEYS);
+            match i % 3 {
+                0 => {
+                    let mut s = engine.get(key, true).await.unwrap().unwrap();
+                    tokio::task::yield_now().await;
+                    s.state_mut().n += 1;
+                    made += 1;
+                }
+                1 => {
+                    engine
+                        .submit(key, true, |mut s| async move {
+                            s.state_mut().n += 1;
+                        })
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    made += 1;
+                }
+                _ => match engine.try_get(key, true).await {
+                    Ok(Some(mut s)) => {
                         s.state_mut().n += 1;
                         made += 1;
                     }
-                    1 => {
-                        engine
-                            .submit(key, true, |mut s| async move {
-                                s.state_mut().n += 1;
-                            })
-                            .await
-                            .unwrap()
-                            .unwrap();
-                        made += 1;
-                    }
-                    _ => match engine.try_get(key, true).await {
-                        Ok(Some(mut s)) => {
-                            s.state_mut().n += 1;
-                            made += 1;
-                        }
-                        Err(Error::Busy) => busy += 1,
-                        other => panic!("try_get: {other:?}"),
-                    },
-                }
+                    Err(Error::Busy) => busy += 1,
+                    other => panic!("try_get: {other:?}"),
+                },
             }
-            (made, busy)
-        }));
-    }
+        }
+        (made, busy)
+    });
     let (mut made, mut busy) = (0, 0);
-    for t in tasks {
-        let (m, b) = t.await.unwrap();
+    for (m, b) in joined(tasks).await {
         made += m;
         busy += b;
     }
-    let mut counted = 0;
-    for k in 0..KEYS {
-        counted += read(&engine, &format!("k{k}")).await.unwrap().n;
-    }
-    assert_eq!(counted, made);
+    assert_eq!(total(&engine, KEYS).await, made);
     assert_eq!(made + busy, TASKS * OPS);
     assert_eq!(engine.stats().queued, 0);
 }
@@ -112,54 +137,45 @@ async fn give_ups_and_dropped_sessions_wedge_no_key() {
     const OPS: u64 = 400;
     const KEYS: u64 = 3;
     let (engine, _, _) = memory_engine().await;
-    let mut tasks = Vec::new();
-    for t in 0..TASKS {
-        let engine = engine.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut made = 0u64;
-            for i in 0..OPS {
-                let key = format!("k{}", (t + i) % KEYS);
-                let empty = format!("e{}", (t + i) % KEYS);
-                match i % 4 {
-                    0 => {
-                        let mut s = engine.get(key, true).await.unwrap().unwrap();
-                        tokio::task::yield_now().await;
-                        s.state_mut().n += 1;
-                        made += 1;
-                    }
-                    1 => {
-                        // Polled once, then dropped if it had to queue.
-                        tokio::select! {
-                            biased;
-                            s = engine.get(key, true) => {
-                                s.unwrap().unwrap().state_mut().n += 1;
-                                made += 1;
-                            }
-                            () = std::future::ready(()) => {}
-                        }
-                    }
-                    2 => {
-                        // Created, held across a yield, dropped untouched.
-                        let s = engine.get(empty, true).await.unwrap().unwrap();
-                        tokio::task::yield_now().await;
-                        drop(s);
-                    }
-                    _ => assert!(engine.get(empty, false).await.unwrap().is_none()),
+    let tasks = spawn_each(&engine, TASKS, |engine, t| async move {
+        let mut made = 0u64;
+        for i in 0..OPS {
+            let key = format!("k{}", (t + i) % KEYS);
+            let empty = format!("e{}", (t + i) % KEYS);
+            match i % 4 {
+                0 => {
+                    let mut s = engine.get(key, true).await.unwrap().unwrap();
+                    tokio::task::yield_now().await;
+                    s.state_mut().n += 1;
+                    made += 1;
                 }
+                1 => {
+                    // Polled once, then dropped if it had to queue.
+                    tokio::select! {
+                        biased;
+                        s = engine.get(key, true) => {
+                            s.unwrap().unwrap().state_mut().n += 1;
+                            made += 1;
+                        }
+                        () = std::future::ready(()) => {}
+                    }
+                }
+                2 => {
+                    // Created, held across a yield, dropped untouched.
+                    let s = engine.get(empty, true).await.unwrap().unwrap();
+                    tokio::task::yield_now().await;
+                    drop(s);
+                }
+                _ => assert!(engine.get(empty, false).await.unwrap().is_none()),
             }
-            made
-        }));
-    }
-    let mut made = 0;
-    for t in tasks {
-        made += t.await.unwrap();
-    }
-    let mut counted = 0;
+        }
+        made
+    });
+    let made: u64 = joined(tasks).await.into_iter().sum();
     for k in 0..KEYS {
-        counted += read(&engine, &format!("k{k}")).await.unwrap().n;
         assert!(read(&engine, &format!("e{k}")).await.is_none());
     }
-    assert_eq!(counted, made);
+    assert_eq!(total(&engine, KEYS).await, made);
     assert_eq!(engine.stats().queued, 0);
     assert_eq!(engine.stats().in_memory, KEYS);
 }
@@ -173,11 +189,9 @@ async fn stop_amid_running_commands_ends_and_saves_every_change() {
     const KEYS: u64 = 5;
     let (engine, storage, hooks) = memory_engine().await;
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let mut tasks = Vec::new();
-    for t in 0..TASKS {
-        let engine = engine.clone();
+    let tasks = spawn_each(&engine, TASKS, |engine, t| {
         let started_tx = started_tx.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let mut made = 0u64;
             for i in 0.. {
                 match engine.get(format!("k{}", (t + i) % KEYS), true).await {
@@ -194,8 +208,8 @@ async fn stop_amid_running_commands_ends_and_saves_every_change() {
                 tokio::task::yield_now().await;
             }
             made
-        }));
-    }
+        }
+    });
     for _ in 0..TASKS {
         started.recv().await.unwrap();
     }
@@ -203,16 +217,9 @@ async fn stop_amid_running_commands_ends_and_saves_every_change() {
         .await
         .expect("stop ended")
         .unwrap();
-    let mut made = 0;
-    for t in tasks {
-        made += t.await.unwrap();
-    }
+    let made: u64 = joined(tasks).await.into_iter().sum();
     let reopened = engine_with(storage, hooks, Config::default()).await;
-    let mut stored = 0;
-    for k in 0..KEYS {
-        stored += read(&reopened, &format!("k{k}")).await.unwrap().n;
-    }
-    assert_eq!(stored, made);
+    assert_eq!(total(&reopened, KEYS).await, made);
 }
 
 #[tokio::test(start_paused = true)]

@@ -168,6 +168,20 @@ impl World {
         serde_json::from_slice(&self.ex.start(&self.db, req).await.unwrap()).unwrap()
     }
 
+    /// One uploaded message, started and prepared as processed with
+    /// `replies` replies; the process id.
+    pub async fn prepared(&self, replies: usize) -> String {
+        self.upload(1).await;
+        let s = self.start().await;
+        let pid = s.process_id.unwrap().to_string();
+        assert_eq!(
+            self.prepare(&pid, Self::results(&s, ResultStatus::Processed), replies)
+                .await,
+            CallStatus::Ok
+        );
+        pid
+    }
+
     pub fn results(start: &StartResponse, status: ResultStatus) -> Vec<MessageResult> {
         start
             .messages
