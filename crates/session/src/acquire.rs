@@ -7,7 +7,9 @@
 //! cooperative budget the way Tokio's own locks do: when the budget is
 //! spent it yields before taking the key, so that a task acquiring free
 //! sessions in a loop still lets others run (among them a waiter it handed
-//! a key to, and everyone queued behind that waiter).
+//! a key to, and everyone queued behind that waiter). And right after its
+//! thread handed a key to a waiter, it yields before taking another key, so
+//! that the waiter, which holds the key from then on, runs at once.
 
 use crate::engine::{Shared, State};
 use crate::error::Error;
@@ -37,6 +39,9 @@ pub struct Acquire<'a, K: SessionKey, S: State> {
     /// Loading, finalizing or recovering, boxed so that the future stays
     /// small.
     slow: Option<Slow<K, S>>,
+    /// Letting the task that this thread just handed a key to run first
+    /// (see [`shard::handed_over`]); boxed, as only a hand-over needs it.
+    yielding: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
@@ -48,6 +53,7 @@ impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
             create,
             queued: None,
             slow: None,
+            yielding: None,
         }
     }
 }
@@ -69,6 +75,13 @@ impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        if this.key.is_some() && this.yielding.is_none() && shard::handed_over() {
+            this.yielding = Some(Box::pin(tokio::task::yield_now()));
+        }
+        if let Some(y) = this.yielding.as_mut() {
+            std::task::ready!(y.as_mut().poll(cx));
+            this.yielding = None;
+        }
         if let Some(key) = this.key.take() {
             let coop = match tokio::task::coop::poll_proceed(cx) {
                 Poll::Ready(coop) => coop,

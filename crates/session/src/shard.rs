@@ -35,8 +35,9 @@ use crate::key::SessionKey;
 use crate::lifecycle::Core;
 use crate::stats::Counters;
 use crate::storage::Write;
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use hashbrown::HashTable;
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
+use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering, fence};
@@ -84,7 +85,12 @@ struct Table<K: SessionKey, S: State> {
 /// One shard. Aligned so that shards share no cache line.
 #[repr(align(64))]
 struct Shard<K: SessionKey, S: State> {
-    table: RwLock<Table<K, S>>,
+    /// Read-locked by every acquire, so a sharded lock: each thread
+    /// read-locks its own slot, on its own cache line, and acquires on two
+    /// cores write no line in common (a plain reader count is one line that
+    /// both cores write on every acquire). Writing (a new key, a queue, a
+    /// flush, `stop`) locks every slot: the rare path pays.
+    table: ShardedLock<Table<K, S>>,
     /// Keys released since the expiry manager last looked (each at most
     /// once: see `SessionData::touch_pending`). The manager reads their
     /// times from the cells, so a release costs no message and no wake-up.
@@ -108,6 +114,23 @@ fn waiting(hash: u64) -> &'static AtomicU32 {
 /// for the last held key) hears of it; like [`WAITING`], global so that the
 /// release needs no pointer to it.
 pub(crate) static STOPPING: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// This thread has just handed a key to a queued command. That command's
+    /// task was woken onto this thread and holds the key until it runs; see
+    /// [`handed_over`].
+    static HANDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread handed a key over since the last call (and forget
+/// it). The next acquire on this thread yields first when it did, so that
+/// the task that got the key runs now: otherwise it would wait until the
+/// task that let the key go has spent its whole cooperative budget, holding
+/// a hot key all that time while every other command for it queues behind
+/// (a convoy that made a skewed mix 3× slower).
+pub(crate) fn handed_over() -> bool {
+    HANDED.with(|h| h.replace(false))
+}
 
 /// The cache: what every shard shares, and the shards. Aligned so that
 /// its `Arc`'s reference count (changed when a cell is created or a key is
@@ -176,11 +199,27 @@ fn entered<K: SessionKey, S: State>(hash: u64, key: K, owned: Owned<K, S>) -> En
     }
 }
 
+impl<K: SessionKey, S: State> Shard<K, S> {
+    // A panic under the lock cannot leave a table half changed (no user
+    // code runs under it), so a poisoned lock is used as it is.
+    fn read(&self) -> ShardedLockReadGuard<'_, Table<K, S>> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> ShardedLockWriteGuard<'_, Table<K, S>> {
+        self.table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn new(core: Core<K, S>) -> Self {
         let shards = (0..core.config.shards.max(1))
             .map(|_| Shard {
-                table: RwLock::new(Table {
+                table: ShardedLock::new(Table {
                     slots: HashTable::new(),
                     queued: 0,
                 }),
@@ -210,7 +249,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     ) -> Result<Entered<K, S>, Error> {
         let shard = self.shard(hash);
         {
-            let table = shard.table.read();
+            let table = shard.read();
             // Under the lock that `stop` takes to see which keys are held:
             // either it sees this key held, or this sees it stopping.
             if self.core.stopping.load(Ordering::SeqCst) {
@@ -238,7 +277,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         key: K,
         wait: bool,
     ) -> Result<Entered<K, S>, Error> {
-        let mut guard = shard.table.write();
+        let mut guard = shard.write();
         let table = &mut *guard;
         // Checked under the lock: `stop` fails the waiters of each shard
         // under it, so no waiter can join after that unanswered.
@@ -326,7 +365,10 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                 owned: Some(owned),
             };
             match waiter.send(Ok(held)) {
-                Ok(()) => return,
+                Ok(()) => {
+                    HANDED.with(|h| h.set(true));
+                    return;
+                }
                 // That waiter gave up; take the key back and try the next.
                 Err(Ok(mut held)) => match held.owned.take() {
                     Some(o) => owned = o,
@@ -343,7 +385,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 
     /// [`Cache::give`] under the key's shard's write lock.
     fn hand_over(&self, hash: u64, key: &K, owned: Owned<K, S>, evict: bool) {
-        let mut table = self.shard(hash).table.write();
+        let mut table = self.shard(hash).write();
         self.give(&mut table, hash, key, owned, evict);
     }
 
@@ -354,7 +396,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn clear(&self) {
         for shard in self.shards.iter() {
             let entries = {
-                let mut table = shard.table.write();
+                let mut table = shard.write();
                 table.queued = 0;
                 std::mem::take(&mut table.slots)
             };
@@ -532,7 +574,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                 continue;
             }
             let mut held = Vec::new();
-            let table = shard.table.read();
+            let table = shard.read();
             for key in keys {
                 let hash = self.core.hash(&key);
                 let Some(entry) = table.slots.find(hash, |e| e.key == key) else {
@@ -572,7 +614,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         last_access: Timestamp,
         now: Timestamp,
     ) -> Result<Owned<K, S>, expiry::Flushed> {
-        let mut table = self.shard(hash).table.write();
+        let mut table = self.shard(hash).write();
         let Ok(slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return Err(expiry::Flushed::Skipped);
         };
@@ -609,12 +651,12 @@ impl<K: SessionKey, S: State> Cache<K, S> {
 
     /// How many sessions the cache holds (free or held).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.table.read().slots.len()).sum()
+        self.shards.iter().map(|s| s.read().slots.len()).sum()
     }
 
     /// How many commands wait in queues.
     pub(crate) fn queued(&self) -> usize {
-        self.shards.iter().map(|s| s.table.read().queued).sum()
+        self.shards.iter().map(|s| s.read().queued).sum()
     }
 
     /// Whether a command holds any key. Under each shard's write lock, so
@@ -623,13 +665,13 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn any_locked(&self) -> bool {
         self.shards
             .iter()
-            .any(|s| s.table.write().slots.iter().any(|e| e.cell.is_locked()))
+            .any(|s| s.write().slots.iter().any(|e| e.cell.is_locked()))
     }
 
     /// Stopping: answer every queued command with [`Error::Stopping`].
     pub(crate) fn fail_waiters(&self) {
         for shard in self.shards.iter() {
-            let mut guard = shard.table.write();
+            let mut guard = shard.write();
             let table = &mut *guard;
             for entry in table.slots.iter_mut() {
                 if let Some(queue) = entry.waiters.take() {
@@ -649,7 +691,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     pub(crate) fn dirty_writes(&self, out: &mut Vec<(K, Write)>) -> Result<bool, Error> {
         out.clear();
         for shard in self.shards.iter() {
-            let table = shard.table.write();
+            let table = shard.write();
             for entry in table.slots.iter() {
                 let Some(cell) = entry.cell.try_lock() else {
                     return Ok(false);
@@ -667,7 +709,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
     /// The session of `key` was saved by `stop`.
     pub(crate) fn mark_saved(&self, key: &K) {
         let hash = self.core.hash(key);
-        let table = self.shard(hash).table.write();
+        let table = self.shard(hash).write();
         if let Some(entry) = table.slots.find(hash, |e| e.key == *key)
             && entry.waiters.is_none()
             && let Some(mut cell) = entry.cell.try_lock()

@@ -248,6 +248,30 @@ async fn queued_commands_run_in_submission_order() {
     assert_eq!(seen, vec!["", "0", "01", "012", "0123"]);
 }
 
+/// The command a key is handed to runs before the task that handed it
+/// over takes another key: the key is the command's from the hand-over on,
+/// so until it runs every other command for that key queues behind it.
+#[tokio::test(start_paused = true)]
+async fn a_handed_over_key_runs_before_its_giver_takes_another() {
+    let (engine, _, _) = memory_engine().await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let held = engine.get("hot".to_string(), true).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let (engine, order) = (engine.clone(), order.clone());
+        async move {
+            let _s = engine.get("hot".to_string(), true).await.unwrap().unwrap();
+            order.lock().unwrap().push("waiter has hot");
+        }
+    });
+    settle().await;
+    assert_eq!(engine.stats().queued, 1);
+    drop(held);
+    let _other = engine.get("other".to_string(), true).await.unwrap().unwrap();
+    order.lock().unwrap().push("giver has other");
+    waiter.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["waiter has hot", "giver has other"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_held_key_does_not_delay_another() {
     let (engine, _, _) = memory_engine().await;
