@@ -23,37 +23,46 @@ use tokio::sync::oneshot;
 
 type Slow<K, S> = Pin<Box<dyn Future<Output = Result<Option<SessionGuard<K, S>>, Error>> + Send>>;
 type Handed<K, S> = oneshot::Receiver<Result<Held<K, S>, Error>>;
+type Yield = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Exclusive access to a session, once it is free: see
 /// [`Engine::get`](crate::Engine::get).
 #[must_use = "a future does nothing unless awaited"]
 pub struct Acquire<'a, K: SessionKey, S: State> {
     shared: &'a Shared<K, S>,
-    /// The key, until the first step takes it.
-    key: Option<K>,
     wait: bool,
     create: bool,
-    /// In the key's queue, until the key is handed over. Kept unboxed:
-    /// under contention this is the common case.
-    queued: Option<Handed<K, S>>,
-    /// Loading, finalizing or recovering, boxed so that the future stays
-    /// small.
-    slow: Option<Slow<K, S>>,
+    step: Step<K, S>,
+}
+
+/// Where an [`Acquire`] is. One field rather than one per step, so that
+/// the finished future (the common case: done at the first poll) drops by
+/// looking at one tag.
+enum Step<K: SessionKey, S: State> {
+    /// Not polled yet.
+    Start(K),
     /// Letting the task that this thread just handed a key to run first
     /// (see [`shard::handed_over`]); boxed, as only a hand-over needs it.
-    yielding: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    Yield(K, Yield),
+    /// The yield is over: take the key now.
+    Enter(K),
+    /// In the key's queue, until the key is handed over. Kept unboxed:
+    /// under contention this is the common case.
+    Queued(Handed<K, S>),
+    /// Loading, finalizing or recovering, boxed so that the future stays
+    /// small.
+    Slow(Slow<K, S>),
+    /// Finished.
+    Done,
 }
 
 impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
     pub(crate) fn new(shared: &'a Shared<K, S>, key: K, wait: bool, create: bool) -> Self {
         Acquire {
             shared,
-            key: Some(key),
             wait,
             create,
-            queued: None,
-            slow: None,
-            yielding: None,
+            step: Step::Start(key),
         }
     }
 }
@@ -66,8 +75,15 @@ fn slow<K: SessionKey, S: State>(entered: Entered<K, S>, create: bool) -> Slow<K
     Box::pin(shard::complete(entered, create))
 }
 
+/// The yield after a hand-over, built out of line like [`slow`].
+#[cold]
+#[inline(never)]
+fn yield_now() -> Yield {
+    Box::pin(tokio::task::yield_now())
+}
+
 // Nothing in it is pinned in place: the key is moved out, the queue's
-// receiver is `Unpin`, and the slow path is boxed.
+// receiver is `Unpin`, and the futures it polls are boxed.
 impl<K: SessionKey, S: State> Unpin for Acquire<'_, K, S> {}
 
 impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
@@ -75,56 +91,60 @@ impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if this.key.is_some() && this.yielding.is_none() && shard::handed_over() {
-            this.yielding = Some(Box::pin(tokio::task::yield_now()));
-        }
-        if let Some(y) = this.yielding.as_mut() {
-            std::task::ready!(y.as_mut().poll(cx));
-            this.yielding = None;
-        }
-        if let Some(key) = this.key.take() {
-            let coop = match tokio::task::coop::poll_proceed(cx) {
-                Poll::Ready(coop) => coop,
-                Poll::Pending => {
-                    this.key = Some(key);
-                    return Poll::Pending;
+        loop {
+            this.step = match std::mem::replace(&mut this.step, Step::Done) {
+                Step::Start(key) if shard::handed_over() => Step::Yield(key, yield_now()),
+                Step::Start(key) | Step::Enter(key) => {
+                    let coop = match tokio::task::coop::poll_proceed(cx) {
+                        Poll::Ready(coop) => coop,
+                        Poll::Pending => {
+                            this.step = Step::Enter(key);
+                            return Poll::Pending;
+                        }
+                    };
+                    coop.made_progress();
+                    match this.shared.enter(key, this.wait) {
+                        Err(e) => return Poll::Ready(Err(e)),
+                        Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
+                            return Poll::Ready(Ok(Some(guard)));
+                        }
+                        Ok(Entered::Queued(rx)) => Step::Queued(rx),
+                        Ok(entered) => Step::Slow(slow(entered, this.create)),
+                    }
                 }
-            };
-            coop.made_progress();
-            match this.shared.enter(key, this.wait) {
-                Err(e) => return Poll::Ready(Err(e)),
-                Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
-                    return Poll::Ready(Ok(Some(guard)));
+                Step::Yield(key, mut y) => match y.as_mut().poll(cx) {
+                    Poll::Ready(()) => Step::Enter(key),
+                    Poll::Pending => {
+                        this.step = Step::Yield(key, y);
+                        return Poll::Pending;
+                    }
+                },
+                Step::Queued(mut rx) => {
+                    let held = match Pin::new(&mut rx).poll(cx) {
+                        Poll::Pending => {
+                            this.step = Step::Queued(rx);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(_)) => return Poll::Ready(Err(Error::Stopping)),
+                        Poll::Ready(Ok(Err(e))) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(Ok(held))) => held,
+                    };
+                    let core = this.shared.core();
+                    if held.session().is_some_and(|s| !core.needs_ready(s)) {
+                        return Poll::Ready(Ok(held.into_guard()));
+                    }
+                    Step::Slow(slow(Entered::Held(held), this.create))
                 }
-                Ok(Entered::Queued(rx)) => this.queued = Some(rx),
-                Ok(entered) => this.slow = Some(slow(entered, this.create)),
-            }
-        }
-        if let Some(rx) = this.queued.as_mut() {
-            let held = match Pin::new(rx).poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(_)) => Err(Error::Stopping),
-                Poll::Ready(Ok(result)) => result,
+                Step::Slow(mut f) => match f.as_mut().poll(cx) {
+                    Poll::Ready(result) => return Poll::Ready(result),
+                    Poll::Pending => {
+                        this.step = Step::Slow(f);
+                        return Poll::Pending;
+                    }
+                },
+                // Polled again after it finished.
+                Step::Done => return Poll::Ready(Err(Error::Lost)),
             };
-            this.queued = None;
-            let held = match held {
-                Ok(held) => held,
-                Err(e) => return Poll::Ready(Err(e)),
-            };
-            let core = this.shared.core();
-            if held.session().is_some_and(|s| !core.needs_ready(s)) {
-                return Poll::Ready(Ok(held.into_guard()));
-            }
-            this.slow = Some(slow(Entered::Held(held), this.create));
-        }
-        match this.slow.as_mut() {
-            Some(f) => {
-                let result = std::task::ready!(f.as_mut().poll(cx));
-                this.slow = None;
-                Poll::Ready(result)
-            }
-            // Polled again after it finished.
-            None => Poll::Ready(Err(Error::Lost)),
         }
     }
 }

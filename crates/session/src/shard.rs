@@ -128,6 +128,7 @@ thread_local! {
 /// task that let the key go has spent its whole cooperative budget, holding
 /// a hot key all that time while every other command for it queues behind
 /// (a convoy that made a skewed mix 3× slower).
+#[inline]
 pub(crate) fn handed_over() -> bool {
     HANDED.with(|h| h.replace(false))
 }

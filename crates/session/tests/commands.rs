@@ -266,10 +266,17 @@ async fn a_handed_over_key_runs_before_its_giver_takes_another() {
     settle().await;
     assert_eq!(engine.stats().queued, 1);
     drop(held);
-    let _other = engine.get("other".to_string(), true).await.unwrap().unwrap();
+    let _other = engine
+        .get("other".to_string(), true)
+        .await
+        .unwrap()
+        .unwrap();
     order.lock().unwrap().push("giver has other");
     waiter.await.unwrap();
-    assert_eq!(*order.lock().unwrap(), ["waiter has hot", "giver has other"]);
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["waiter has hot", "giver has other"]
+    );
 }
 
 #[tokio::test(start_paused = true)]
