@@ -192,11 +192,8 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     pub async fn stop(&self) -> Result<(), Error> {
         let cache = &self.shared.cache;
         let core = &cache.core;
-        let _stopping = StoppingHint::raise();
         core.stopping.store(true, Ordering::SeqCst);
-        // Pairs with the fence a release takes after letting its key go:
-        // either the release sees the stop, or the stop sees the key free.
-        std::sync::atomic::fence(Ordering::SeqCst);
+        cache.watch_releases();
         cache.fail_waiters();
         loop {
             let notified = core.released.notified();
@@ -229,23 +226,6 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             cache.mark_saved(&key);
         }
         Ok(())
-    }
-}
-
-/// Raises [`shard::STOPPING`] while a `stop` runs (even if its future is
-/// dropped midway).
-struct StoppingHint;
-
-impl StoppingHint {
-    fn raise() -> Self {
-        shard::STOPPING.fetch_add(1, Ordering::SeqCst);
-        StoppingHint
-    }
-}
-
-impl Drop for StoppingHint {
-    fn drop(&mut self) {
-        shard::STOPPING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

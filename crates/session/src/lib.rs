@@ -63,6 +63,7 @@ mod hooks;
 pub mod index;
 mod key;
 mod lifecycle;
+mod lock;
 pub mod record;
 mod shard;
 mod stats;

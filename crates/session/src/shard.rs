@@ -5,25 +5,29 @@
 //! Holding a key is holding its cell's lock, through an owned guard, so a
 //! `'static` session guard can keep it across awaits and threads. The cell
 //! also points back to its cache, so a guard needs nothing else to find
-//! its way back. The uncontended path writes nothing shared but the
-//! shard's read lock: find the key, take the cell's lock with one
-//! compare-and-swap; the release lets it go with another and reads one
-//! hint. The session stays in place in the cell: it is never moved into
-//! the guard and back.
+//! its way back. The uncontended path writes nothing shared: the shard's
+//! read lock is a slot of this thread's own, the key is found in the
+//! table, and the cell's lock is taken with one atomic operation; the
+//! release lets it go with another, which also says whether anyone waits
+//! ([`crate::lock`]). The session stays in place in the cell: it is never
+//! moved into the guard and back.
 //!
 //! Commands that find a key held queue in its table entry, in arrival
-//! order, under the shard's write lock (the contended path only). A release
-//! that sees waiters hands the cell, still locked, to the first of them
-//! through a oneshot channel, so nobody can take the key ahead of the queue
-//! and nothing can observe two holders. A waiter registers and then tries
-//! the lock once more, and a release lets go before it looks for waiters,
-//! so a key is never left free with someone waiting for it.
+//! order, under the shard's write lock (the contended path only), and mark
+//! the cell's lock. A release that sees the mark hands the cell, still
+//! locked, to the first waiter through a oneshot channel, so nobody can
+//! take the key ahead of the queue and nothing can observe two holders. A
+//! waiter marks the lock and then tries it once more, and the release's
+//! letting go and reading the mark are one atomic operation on the same
+//! byte, so a key is never left free with someone waiting for it. After a
+//! hand-over, the releasing thread's next acquire yields first, so that the
+//! new holder runs at once rather than keep a hot key while others queue.
 //!
 //! The expiry manager inspects cells only under a shard's lock and only
 //! when nobody waits for them, so its brief look can neither race a
 //! waiter's registration nor make one wait for nothing. `stop` looks under
-//! the write lock, so such a look never passes for a holder, and while an
-//! engine stops every release tells it when it lets a key go.
+//! the write lock, so such a look never passes for a holder, and it marks
+//! every cell's lock so that each release tells it when it lets a key go.
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
@@ -33,14 +37,14 @@ use crate::expiry;
 use crate::guard::SessionGuard;
 use crate::key::SessionKey;
 use crate::lifecycle::Core;
+use crate::lock::{self, ArcGuard, Mutex};
 use crate::stats::Counters;
 use crate::storage::Write;
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use hashbrown::HashTable;
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -61,7 +65,7 @@ pub(crate) struct Cell<K: SessionKey, S: State> {
 type CellRef<K, S> = Arc<Mutex<Cell<K, S>>>;
 
 /// A key, held: its cell's lock, owned.
-pub(crate) type Owned<K, S> = ArcMutexGuard<RawMutex, Cell<K, S>>;
+pub(crate) type Owned<K, S> = ArcGuard<Cell<K, S>>;
 
 /// A table entry: the key, its cell, and the commands waiting for it.
 struct Entry<K: SessionKey, S: State> {
@@ -96,24 +100,6 @@ struct Shard<K: SessionKey, S: State> {
     /// times from the cells, so a release costs no message and no wake-up.
     touched: std::sync::Mutex<Vec<K>>,
 }
-
-/// Keys with waiters, counted per 1024th of the hash space, for every
-/// engine in the process. A release reads its counter after letting its
-/// key go and is done if it is 0; otherwise it looks in its table. A
-/// counter that another engine or key shares only sends a release the long
-/// way round, so there are many (written only when a queue starts or
-/// empties; 4 KiB). Global so that the release needs no pointer to it.
-static WAITING: [AtomicU32; 1024] = [const { AtomicU32::new(0) }; 1024];
-
-fn waiting(hash: u64) -> &'static AtomicU32 {
-    &WAITING[(hash >> 54) as usize]
-}
-
-/// How many engines in the process are stopping. While it is not 0, every
-/// release looks again after letting its key go, so that `stop` (waiting
-/// for the last held key) hears of it; like [`WAITING`], global so that the
-/// release needs no pointer to it.
-pub(crate) static STOPPING: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// This thread has just handed a key to a queued command. That command's
@@ -315,17 +301,11 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             return Err(Error::Busy);
         }
         let (tx, rx) = oneshot::channel();
-        entry
-            .waiters
-            .get_or_insert_with(|| {
-                waiting(hash).fetch_add(1, Ordering::SeqCst);
-                Box::default()
-            })
-            .push_back(tx);
+        entry.waiters.get_or_insert_default().push_back(tx);
         table.queued += 1;
-        // The holder may have let go before it could see the queue: then
+        // Either the holder's release sees this, or it let go before: then
         // the key is free now, and goes to the first in line.
-        fence(Ordering::SeqCst);
+        lock::set_notify(&entry.cell);
         if let Some(owned) = entry.cell.try_lock_arc() {
             self.give(table, hash, &key, owned, false);
         }
@@ -348,7 +328,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         let Ok(mut slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
             return;
         };
-        if !Arc::ptr_eq(&slot.get().cell, ArcMutexGuard::mutex(&owned)) {
+        if !Arc::ptr_eq(&slot.get().cell, ArcGuard::mutex(&owned)) {
             return;
         }
         let entry = slot.get_mut();
@@ -356,7 +336,11 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             let next = queue.pop_front();
             if queue.is_empty() {
                 entry.waiters = None;
-                waiting(hash).fetch_sub(1, Ordering::SeqCst);
+                // Nobody else to tell, unless the engine is stopping (then
+                // every release reports to `stop`).
+                if !self.core.stopping.load(Ordering::SeqCst) {
+                    lock::clear_notify(&entry.cell);
+                }
             }
             let Some(waiter) = next else { break };
             table.queued -= 1;
@@ -401,11 +385,8 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                 table.queued = 0;
                 std::mem::take(&mut table.slots)
             };
-            for entry in entries {
-                if entry.waiters.is_some() {
-                    waiting(self.core.hash(&entry.key)).fetch_sub(1, Ordering::SeqCst);
-                }
-            }
+            // Dropped outside the lock: a waiter's end may release a key.
+            drop(entries);
         }
     }
 }
@@ -433,11 +414,9 @@ pub(crate) fn release<K: SessionKey, S: State>(
     if first || wake || core.stopping.load(Ordering::Relaxed) {
         return release_noting(hash, key, owned, first, wake);
     }
-    let cell = ArcMutexGuard::into_arc(owned);
-    // Let go first, then look for waiters (see `Cache::enter_contended`)
-    // and for a `stop` that may have seen the key held.
-    fence(Ordering::SeqCst);
-    if waiting(hash).load(Ordering::Relaxed) > 0 || STOPPING.load(Ordering::Relaxed) > 0 {
+    let cell = ArcGuard::into_arc(owned);
+    // Someone queued, or `stop` waits for this key (see `crate::lock`).
+    if lock::must_notify(&cell) {
         settle_after(hash, key, &cell);
     }
 }
@@ -459,9 +438,8 @@ fn release_noting<K: SessionKey, S: State>(
     if first {
         lock(&home.shard(hash).touched).push(key.clone());
     }
-    let cell = ArcMutexGuard::into_arc(owned);
-    fence(Ordering::SeqCst);
-    if waiting(hash).load(Ordering::Relaxed) > 0 {
+    let cell = ArcGuard::into_arc(owned);
+    if lock::must_notify(&cell) {
         settle_after(hash, key, &cell);
     }
     if wake {
@@ -669,6 +647,19 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             .any(|s| s.write().slots.iter().any(|e| e.cell.is_locked()))
     }
 
+    /// Stopping: from now on every release of a key in memory tells
+    /// `stop` (which waits for the last held key). Under each shard's write
+    /// lock, so no key can be taken unseen: a command that took it before
+    /// holds it now (and its release sees the mark), and one that comes
+    /// after sees the engine stopping.
+    pub(crate) fn watch_releases(&self) {
+        for shard in self.shards.iter() {
+            for entry in shard.write().slots.iter() {
+                lock::set_notify(&entry.cell);
+            }
+        }
+    }
+
     /// Stopping: answer every queued command with [`Error::Stopping`].
     pub(crate) fn fail_waiters(&self) {
         for shard in self.shards.iter() {
@@ -676,7 +667,6 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             let table = &mut *guard;
             for entry in table.slots.iter_mut() {
                 if let Some(queue) = entry.waiters.take() {
-                    waiting(self.core.hash(&entry.key)).fetch_sub(1, Ordering::SeqCst);
                     for waiter in *queue {
                         table.queued -= 1;
                         let _ = waiter.send(Err(Error::Stopping));
