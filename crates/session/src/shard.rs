@@ -187,8 +187,8 @@ fn entered<K: SessionKey, S: State>(hash: u64, key: K, owned: Owned<K, S>) -> En
 }
 
 impl<K: SessionKey, S: State> Shard<K, S> {
-    // A panic under the lock cannot leave a table half changed (no user
-    // code runs under it), so a poisoned lock is used as it is.
+    // Only a key's own `Hash` or `Eq` could panic under the lock, and the
+    // table stays sound if one does: a poisoned lock is used as it is.
     fn read(&self) -> ShardedLockReadGuard<'_, Table<K, S>> {
         self.table
             .read()
