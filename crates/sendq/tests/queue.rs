@@ -378,6 +378,22 @@ async fn ten_thousand_adds_with_one_stuck_worker_all_return_at_once() {
     drop(stuck);
 }
 
+/// Adds entries 0 and 1 to host "h" of type `A` (window 1): 0 is sent, 1
+/// queues behind it. The returned call is kept unanswered by the caller: a
+/// dropped reply would fail the entry and free the window.
+async fn one_sent_one_queued(
+    q: &SendQueue<Host, u32, Manual>,
+    calls: &mut tokio::sync::mpsc::UnboundedReceiver<common::Call>,
+    rec: &Recorder,
+) -> Vec<common::Call> {
+    q.add("h", A, 0, rec.callback()).unwrap();
+    q.add("h", A, 1, rec.callback()).unwrap();
+    settle().await;
+    let sent = drain_calls(calls);
+    assert_eq!(payloads(&sent), vec![0]);
+    sent
+}
+
 #[tokio::test(start_paused = true)]
 async fn queued_entries_past_their_deadline_expire() {
     let (transport, mut calls) = Manual::new();
@@ -385,11 +401,7 @@ async fn queued_entries_past_their_deadline_expire() {
     let q = SendQueue::new(config(vec![t]), transport).unwrap();
     let mut rec = Recorder::new();
     let start = tokio::time::Instant::now();
-    q.add("h", A, 0, rec.callback()).unwrap();
-    q.add("h", A, 1, rec.callback()).unwrap();
-    settle().await;
-    let sent = drain_calls(&mut calls);
-    assert_eq!(payloads(&sent), vec![0]);
+    let sent = one_sent_one_queued(&q, &mut calls, &rec).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     q.add("h", A, 2, rec.callback()).unwrap();
     assert_eq!(
@@ -415,12 +427,7 @@ async fn the_oldest_queued_age_counts_from_adding() {
     let q = SendQueue::new(config(vec![TypeConfig::new("a", 1)]), transport).unwrap();
     let rec = Recorder::new();
     let start = tokio::time::Instant::now();
-    q.add("h", A, 0, rec.callback()).unwrap();
-    q.add("h", A, 1, rec.callback()).unwrap();
-    settle().await;
-    // Kept unanswered: a dropped reply would fail the entry and free the window.
-    let sent = drain_calls(&mut calls);
-    assert_eq!(payloads(&sent), vec![0]);
+    let sent = one_sent_one_queued(&q, &mut calls, &rec).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let later = tokio::time::Instant::now();
     q.add("g", A, 2, rec.callback()).unwrap();

@@ -33,6 +33,14 @@ async fn joined<R>(tasks: Vec<JoinHandle<R>>) -> Vec<R> {
     out
 }
 
+/// Take `key`, hold it across a yield (so that others queue behind it),
+/// then increment it in memory.
+async fn bump_held_across_a_yield(engine: &Engine<String, Counter>, key: String) {
+    let mut s = engine.get(key, true).await.unwrap().unwrap();
+    tokio::task::yield_now().await;
+    s.state_mut().n += 1;
+}
+
 /// The sum of the counters of keys `k0` … `k{keys-1}`.
 async fn total(engine: &Engine<String, Counter>, keys: u64) -> u64 {
     let mut sum = 0;
@@ -88,9 +96,7 @@ async fn contended_acquires_and_releases_lose_no_increment() {
             let key = format!("k{}", (t + i) % KEYS);
             match i % 3 {
                 0 => {
-                    let mut s = engine.get(key, true).await.unwrap().unwrap();
-                    tokio::task::yield_now().await;
-                    s.state_mut().n += 1;
+                    bump_held_across_a_yield(&engine, key).await;
                     made += 1;
                 }
                 1 => {
@@ -144,9 +150,7 @@ async fn give_ups_and_dropped_sessions_wedge_no_key() {
             let empty = format!("e{}", (t + i) % KEYS);
             match i % 4 {
                 0 => {
-                    let mut s = engine.get(key, true).await.unwrap().unwrap();
-                    tokio::task::yield_now().await;
-                    s.state_mut().n += 1;
+                    bump_held_across_a_yield(&engine, key).await;
                     made += 1;
                 }
                 1 => {
