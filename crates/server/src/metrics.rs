@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use estafeta_exchange::Id;
@@ -501,34 +502,50 @@ pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
     ))
 }
 
-/// Middleware: counts every answer and its latency under its route
-/// template (not the raw path, so that ids do not make the label set grow
-/// without bound), and puts every error answer in the event log.
+/// Middleware: counts every answer and its latency by method and route.
+/// Both labels come from closed sets, so no request can add series without
+/// bound: the method is one of HTTP's own (else `other`), the route is the
+/// matched template, never the raw path (`unmatched` when none matched).
+/// Refused and failed requests are counted here and not written to the
+/// event log one by one: a burst of bad requests must neither grow what
+/// the server keeps nor push the log's history out.
 pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let response = next.run(request).await;
-    let status = response.status();
     state.metrics().record(
-        &method,
+        method,
         &route,
-        status.as_u16(),
+        response.status().as_u16(),
         started.elapsed(),
         SystemTime::now(),
     );
-    // Every error answer goes to the event log too.
-    let code = status.as_u16();
-    if status.is_server_error() {
-        tracing::warn!(target: "estafeta::event", method, route, status = code, "request failed");
-    } else if status.is_client_error() {
-        tracing::info!(target: "estafeta::event", method, route, status = code, "request refused");
-    }
     response
+}
+
+/// The metric label of a request method: HTTP's own methods by name,
+/// anything made up as `other`.
+pub fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::HEAD, "HEAD"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::DELETE, "DELETE"),
+        (Method::PATCH, "PATCH"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::TRACE, "TRACE"),
+        (Method::CONNECT, "CONNECT"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _)| m == method)
+        .map_or("other", |(_, name)| name)
 }
 
 #[cfg(test)]
@@ -594,6 +611,15 @@ mod tests {
         upload(at(61 + 60 * 60));
         let series = m.uploads_per_minute(at(61 + 60 * 60));
         assert_eq!(series.iter().sum::<u64>(), 1, "the old minutes are gone");
+    }
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::OPTIONS), "OPTIONS");
+        let made_up = Method::from_bytes("X".repeat(1000).as_bytes()).unwrap();
+        assert_eq!(method_label(&made_up), "other");
+        assert_eq!(method_label(&Method::from_bytes(b"get").unwrap()), "other");
     }
 
     #[test]

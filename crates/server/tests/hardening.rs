@@ -9,7 +9,8 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, PATIENCE, TestServer};
+use common::{ADMIN_TOKEN, Binary, PATIENCE, TestServer, wait_ready};
+use estafeta_client::Client;
 use estafeta_server::HttpSettings;
 use estafeta_server::dashboard::FORM_LIMIT;
 use serde_json::Value;
@@ -192,4 +193,66 @@ async fn a_form_body_that_does_not_arrive_in_time_is_408() {
     assert_eq!(answer.status, 408, "{answer:?}");
     assert_eq!(answer.error_code(), "request_timeout");
     server.stop().await.unwrap();
+}
+
+/// Every line of the event log under `data`, all files together.
+fn event_lines(data: &std::path::Path) -> Vec<String> {
+    let dir = estafeta_server::events::events_dir(data);
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        lines.extend(text.lines().map(str::to_owned));
+    }
+    lines
+}
+
+#[tokio::test]
+async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    let lines_before = event_lines(&data).len();
+    const BURST: usize = 40;
+    for i in 0..BURST {
+        let method = format!("M{i}{}", "X".repeat(20_000));
+        let path = format!("/{}{i}", "p".repeat(5_000));
+        let answer = send_raw(server.addr, head(&method, &path, &[]).as_bytes()).await;
+        assert_eq!(answer.status, 404, "{answer:?}");
+        let answer = send_raw(server.addr, head(&method, "/v1/inbox", &[]).as_bytes()).await;
+        assert_eq!(answer.status, 405, "{answer:?}");
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("XXXX") && !metrics.contains("pppp"));
+    let other = |route: &str, status: u16| {
+        format!(
+            "estafeta_http_requests_total{{method=\"other\",route=\"{route}\",status=\"{status}\"}} {BURST}\n"
+        )
+    };
+    assert!(metrics.contains(&other("unmatched", 404)), "{metrics}");
+    assert!(metrics.contains(&other("/v1/inbox", 405)), "{metrics}");
+    assert!(
+        metrics.len() < 64 * 1024,
+        "{} bytes of metrics",
+        metrics.len()
+    );
+
+    let lines = event_lines(&data);
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("XXXX") && !l.contains("pppp"))
+    );
+    assert!(
+        lines.len() < lines_before + BURST,
+        "{} event lines for {} refused requests",
+        lines.len() - lines_before,
+        2 * BURST
+    );
+    server.terminate().await;
 }

@@ -3,6 +3,10 @@
 //! becomes `events.1.jsonl`, `.1` becomes `.2`, and the oldest beyond the
 //! kept count is removed.
 //!
+//! Every record is size-capped (values cut at [`MAX_VALUE_BYTES`], at most
+//! [`MAX_FIELDS`] other fields, a line at most [`MAX_RECORD_BYTES`]): what
+//! a request carries into an event cannot grow the log without bound.
+//!
 //! Log lines are not fsynced one by one: they are a record of what
 //! happened, not data the server promised to keep; a crash may lose the
 //! last few.
@@ -18,6 +22,16 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
 use super::{ALERT_TARGET, EVENT_TARGET, EventRecord};
+
+/// The longest value (the text or a field) a record keeps, in bytes; a
+/// longer one is cut and ends in `…`.
+pub const MAX_VALUE_BYTES: usize = 1024;
+/// The most fields besides the text, database, device, process and message
+/// a record keeps; later ones are dropped.
+pub const MAX_FIELDS: usize = 32;
+/// The longest line written, in bytes. A record whose line would be longer
+/// keeps its text (cut short) and names, and loses its other fields.
+pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 
 /// How large `events.jsonl` may grow and how many older files are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,9 +88,13 @@ impl EventLog {
         target == EVENT_TARGET || target == ALERT_TARGET || *level <= Level::WARN
     }
 
-    /// Writes one record (rotating first if the file is full).
+    /// Writes one record (rotating first if the file is full), cut down to
+    /// [`MAX_RECORD_BYTES`] if it is longer.
     pub fn write(&self, record: &EventRecord) -> io::Result<()> {
         let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
+        if line.len() > MAX_RECORD_BYTES {
+            line = serde_json::to_vec(&shrunk(record)).map_err(io::Error::other)?;
+        }
         line.push(b'\n');
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         if files.size > 0 && files.size + line.len() as u64 > self.rotation.max_bytes {
@@ -112,6 +130,46 @@ impl EventLog {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         format!("{nanos}-{seq}")
     }
+}
+
+/// `record` cut down far enough that its line fits [`MAX_RECORD_BYTES`]
+/// even when every character needs escaping: the text and names short,
+/// the other fields replaced by `"truncated": true`.
+fn shrunk(record: &EventRecord) -> EventRecord {
+    let short = |s: &str, max: usize| {
+        let mut s = s.to_owned();
+        cut(&mut s, max);
+        s
+    };
+    let name = |n: &Option<String>| n.as_deref().map(|n| short(n, 128));
+    let mut fields = serde_json::Map::new();
+    fields.insert("truncated".to_owned(), true.into());
+    EventRecord {
+        id: short(&record.id, 64),
+        ts: short(&record.ts, 64),
+        level: short(&record.level, 16),
+        target: short(&record.target, 128),
+        text: short(&record.text, 256),
+        db: name(&record.db),
+        device: name(&record.device),
+        process: name(&record.process),
+        message: name(&record.message),
+        fields,
+    }
+}
+
+/// Cuts `s` to at most `max` bytes (at a character boundary), marking the
+/// cut with `…`.
+fn cut(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push('…');
 }
 
 fn append(path: &Path) -> io::Result<File> {
@@ -171,7 +229,10 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    fn put(&mut self, field: &Field, value: serde_json::Value) {
+    fn put(&mut self, field: &Field, mut value: serde_json::Value) {
+        if let serde_json::Value::String(s) = &mut value {
+            cut(s, MAX_VALUE_BYTES);
+        }
         let text = || match &value {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -185,9 +246,10 @@ impl Fields<'_> {
             "db" => self.record.db = Some(text()),
             "device" => self.record.device = Some(text()),
             "process" => self.record.process = Some(text()),
-            name => {
+            name if self.record.fields.len() < MAX_FIELDS => {
                 self.record.fields.insert(name.to_owned(), value);
             }
+            _ => {}
         }
     }
 }
@@ -250,6 +312,63 @@ mod tests {
         assert_eq!(events[1].level, "WARN");
         assert!(events[2].is_alert());
         assert_ne!(events[0].id, events[1].id);
+    }
+
+    #[test]
+    fn every_record_is_size_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
+        let subscriber = tracing_subscriber::registry().with(log);
+        let huge = "é".repeat(1 << 20);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "estafeta::event", method = %huge, db = %huge, "{huge}");
+        });
+        let text = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        assert!(text.len() <= MAX_RECORD_BYTES + 1, "{} bytes", text.len());
+        let e = &lines(&dir.path().join("events.jsonl"))[0];
+        assert!(e.text.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
+        assert!(e.text.ends_with('…') && e.text.starts_with("éé"));
+        let field = e.fields["method"].as_str().unwrap();
+        assert!(field.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
+
+        // Every value escaped six-fold in JSON still fits, with the names kept.
+        let log = EventLog::open(dir.path().join("b"), Rotation::default()).unwrap();
+        let control = "\u{1}".repeat(MAX_VALUE_BYTES);
+        let mut fields = serde_json::Map::new();
+        for i in 0..MAX_FIELDS {
+            fields.insert(format!("f{i}"), control.clone().into());
+        }
+        log.write(&EventRecord {
+            id: "1".to_owned(),
+            ts: "2026-11-25T10:00:00.000Z".to_owned(),
+            level: "INFO".to_owned(),
+            target: EVENT_TARGET.to_owned(),
+            text: control.clone(),
+            db: Some("db-a".to_owned()),
+            device: None,
+            process: None,
+            message: None,
+            fields,
+        })
+        .unwrap();
+        let path = dir.path().join("b").join("events.jsonl");
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(size <= MAX_RECORD_BYTES as u64 + 1, "{size} bytes");
+        let e = &lines(&path)[0];
+        assert_eq!(e.db.as_deref(), Some("db-a"));
+        assert_eq!(e.fields["truncated"], true);
+
+        let subscriber = tracing_subscriber::registry()
+            .with(EventLog::open(dir.path().join("c"), Rotation::default()).unwrap());
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "estafeta::event", a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6,
+                a7 = 7, a8 = 8, a9 = 9, b0 = 0, b1 = 1, b2 = 2, b3 = 3, b4 = 4, b5 = 5, b6 = 6, b7 = 7,
+                b8 = 8, b9 = 9, c0 = 0, c1 = 1, c2 = 2, c3 = 3, c4 = 4, c5 = 5, c6 = 6, c7 = 7, c8 = 8,
+                c9 = 9, d0 = 0, d1 = 1, d2 = 2, d3 = 3, "many fields");
+        });
+        let e = &lines(&dir.path().join("c").join("events.jsonl"))[0];
+        assert_eq!(e.fields.len(), MAX_FIELDS);
+        assert_eq!(e.text, "many fields");
     }
 
     #[test]
