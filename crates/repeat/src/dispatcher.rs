@@ -122,12 +122,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             // Nothing due: sleep to the next wall-clock second (the seed's
             // waitTillNextSecond), or until a failing source may be retried,
             // or until an earlier entry is scheduled.
-            let next_due = sources.next_due().unwrap_or(u64::MAX);
-            shared.deadline.store(next_due, Ordering::SeqCst);
-            if !shared.inbox().placed.is_empty() {
-                // Something was placed after the inbox was read but before
-                // the deadline was published: look at it now.
-                shared.deadline.store(0, Ordering::SeqCst);
+            if !shared.may_sleep(sources.next_due().unwrap_or(u64::MAX)) {
                 continue;
             }
             let to_next_second =
@@ -145,7 +140,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 }
                 () = tokio::time::sleep_until(wake_at) => {}
             }
-            shared.deadline.store(0, Ordering::SeqCst);
+            shared.awake();
         }
     }
 
