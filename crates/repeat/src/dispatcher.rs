@@ -384,8 +384,9 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 return;
             }
         }
-        // An empty caller write returns once every write queued before it is
-        // committed (or has failed and been left to redelivery).
+        // An empty caller write returns once every write queued before it
+        // was tried; background writes that failed are retried until the
+        // scheduler closes.
         let _ = self.scheduler.write(Vec::new()).await;
     }
 }

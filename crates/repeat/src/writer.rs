@@ -103,8 +103,11 @@ pub(crate) struct WriteRequest {
 }
 
 /// Runs until every sender is gone; background writes still failing then
-/// are tried once more and dropped (their entries stay stored and are
-/// handed out again, which at-least-once allows).
+/// are tried once more and dropped. With at-least-once delivery their
+/// entries stay stored as they were and are handed out again. With
+/// at-most-once delivery an entry was removed before its handler ran, so a
+/// `Failed` or `Reschedule` outcome that cannot be put back is lost, as in
+/// a crash at that moment: it is logged and counted in `Stats::lost`.
 pub(crate) async fn run<S: Store>(
     store: Arc<S>,
     shared: Arc<Shared>,
@@ -153,11 +156,25 @@ pub(crate) async fn run<S: Store>(
         } else {
             failures = failures.saturating_add(1);
             if !open {
-                // Last try after close: what still fails is left to redelivery.
-                commit(&store, &shared, failed).await;
+                // Last try after close: what still fails is dropped.
+                for request in commit(&store, &shared, failed).await {
+                    lost(&shared, &request.ops);
+                }
                 break;
             }
             retry = failed;
+        }
+    }
+}
+
+/// Reports the at-most-once entries among dropped ops: removed before
+/// their handler ran and not put back, they are gone. (Dropped removals and
+/// moves leave their entry stored, to be handed out again.)
+fn lost(shared: &Shared, ops: &[Op]) {
+    for op in ops {
+        if let Op::Restore(entry) = op {
+            Counters::bump(&shared.counters.lost, 1);
+            tracing::error!(source = %entry.source, id = %entry.id, "putting back a handed-out entry failed until the scheduler closed; it is lost");
         }
     }
 }
