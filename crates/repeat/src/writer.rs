@@ -41,6 +41,24 @@ pub(crate) struct Inbox {
     pub(crate) settled: Vec<(String, Position)>,
 }
 
+impl Inbox {
+    /// Records an entry placed at `at` in `source`; returns whether it is
+    /// due by `deadline` (the dispatcher should wake).
+    fn place(&mut self, source: &str, at: &Position, deadline: u64) -> bool {
+        match self.placed.get_mut(source) {
+            Some(p) => {
+                if *at < *p {
+                    *p = at.clone();
+                }
+            }
+            None => {
+                self.placed.insert(source.to_owned(), at.clone());
+            }
+        }
+        at.due <= deadline
+    }
+}
+
 impl Shared {
     pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
         self.inbox.lock().unwrap_or_else(|e| e.into_inner())
@@ -53,8 +71,9 @@ pub(crate) enum Waiter {
     /// A caller, told the result.
     Caller(oneshot::Sender<Result<Vec<Applied>, StoreError>>),
     /// The dispatcher's record of finished deliveries: retried until it
-    /// succeeds, then these handed-out positions are settled.
-    Background(Vec<(String, Position)>),
+    /// succeeds, then the handed-out entries its removals and moves name
+    /// are settled.
+    Background,
 }
 
 /// A batch of ops that must be applied together.
@@ -163,8 +182,11 @@ async fn commit<S: Store>(
     match result {
         Ok(applied) => {
             let mut applied = applied.into_iter();
+            let mut start = 0;
             for (waiter, n) in waiters.into_iter().zip(lens) {
-                finish(shared, waiter, applied.by_ref().take(n).collect());
+                let ops = &all[start..start + n];
+                finish(shared, waiter, ops, applied.by_ref().take(n).collect());
+                start += n;
             }
         }
         Err(e) if waiters.len() == 1 => {
@@ -177,7 +199,7 @@ async fn commit<S: Store>(
             for (waiter, n) in waiters.into_iter().zip(lens) {
                 let (ops, result) = apply(store, rest.by_ref().take(n).collect()).await;
                 match result {
-                    Ok(applied) => finish(shared, waiter, applied),
+                    Ok(applied) => finish(shared, waiter, &ops, applied),
                     Err(e) => fail(shared, WriteRequest { ops, waiter }, e, &mut failed),
                 }
             }
@@ -187,28 +209,31 @@ async fn commit<S: Store>(
 }
 
 /// Tells the dispatcher what was placed and settled, then the waiter.
-fn finish(shared: &Shared, waiter: Waiter, applied: Vec<Applied>) {
+fn finish(shared: &Shared, waiter: Waiter, ops: &[Op], applied: Vec<Applied>) {
     let mut wake = false;
     let reply = {
         let deadline = shared.deadline.load(Ordering::SeqCst);
         let mut inbox = shared.inbox();
         for a in &applied {
             if let Applied::Placed { source, at } = a {
-                wake |= at.due <= deadline;
-                inbox
-                    .placed
-                    .entry(source.clone())
-                    .and_modify(|p| {
-                        if *at < *p {
-                            *p = at.clone();
-                        }
-                    })
-                    .or_insert_with(|| at.clone());
+                wake |= inbox.place(source, at, deadline);
             }
         }
         match waiter {
-            Waiter::Background(settles) => {
-                inbox.settled.extend(settles);
+            Waiter::Background => {
+                for (op, a) in ops.iter().zip(&applied) {
+                    let (Op::Remove(entry) | Op::Move { entry, .. }) = op else {
+                        continue;
+                    };
+                    let at = entry.position();
+                    if *a == Applied::Unchanged {
+                        // A caller moved, removed or replaced the entry while
+                        // it was handled: a replacement at the same place was
+                        // passed over as in flight, so read from there again.
+                        wake |= inbox.place(&entry.source, &at, deadline);
+                    }
+                    inbox.settled.push((entry.source.clone(), at));
+                }
                 None
             }
             Waiter::Caller(reply) => Some(reply),
@@ -229,7 +254,7 @@ fn fail(shared: &Shared, request: WriteRequest, e: StoreError, failed: &mut Vec<
         Waiter::Caller(reply) => {
             let _ = reply.send(Err(e));
         }
-        Waiter::Background(_) => {
+        Waiter::Background => {
             Counters::bump(&shared.counters.write_errors, 1);
             tracing::warn!(error = %e, "recording finished deliveries failed; will retry");
             failed.push(request);

@@ -1,10 +1,14 @@
 //! [`app`]: the router of every route of API.md and of the dashboard,
-//! with the body limit and the request counters.
+//! with the body limits and the request counters.
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::middleware::{from_fn_with_state, map_response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::dashboard;
 use crate::error::ApiError;
@@ -15,7 +19,7 @@ use crate::state::AppState;
 /// The server's router.
 pub fn app(state: AppState) -> Router {
     let max_body = state.http().max_body_bytes;
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -58,10 +62,39 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/processes/{pid}/commit", post(process::commit))
         .route("/v1/processes/{pid}/rollback", post(process::rollback))
         .route("/v1/processes/{pid}/abort", post(process::abort))
-        .merge(dashboard::routes())
+        .merge(dashboard::routes(&state))
         .fallback(|| async { ApiError::no_route() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(DefaultBodyLimit::max(max_body));
+    limit_bodies(router, max_body)
         .layer(from_fn_with_state(state.clone(), metrics::count))
         .with_state(state)
+}
+
+/// Refuses request bodies over `limit` bytes with 413 and the error JSON:
+/// at once, before any of the body is read, when the declared
+/// `Content-Length` is over it; otherwise as soon as the body read passes it.
+pub fn limit_bodies<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    limit: usize,
+) -> Router<S> {
+    router
+        .layer(RequestBodyLimitLayer::new(limit))
+        .layer(map_response(move |response: Response| async move {
+            too_large_as_json(response, limit)
+        }))
+}
+
+/// The limit layer's own 413 (plain text) as the error JSON.
+fn too_large_as_json(response: Response, limit: usize) -> Response {
+    let json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !json {
+        ApiError::body_too_large(format!("the request body is larger than {limit} bytes"))
+            .into_response()
+    } else {
+        response
+    }
 }

@@ -2,7 +2,9 @@
 //! templates in `templates/`), one small script for live figures, no build
 //! step. Everything but the login form and the static files needs a
 //! logged-in session ([`auth`]); every state-changing form carries the
-//! session's CSRF token.
+//! session's CSRF token. A form's body is read whole before its handler
+//! runs: at most [`FORM_LIMIT`] bytes, within the request timeout, so that
+//! anonymous clients can pin neither memory nor connections with forms.
 //!
 //! - [`auth`]: login, logout, sessions, CSRF.
 //! - [`pages`]: the pages and the operator actions.
@@ -13,17 +15,25 @@ pub mod chart;
 pub mod pages;
 
 use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::map_response;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{Next, from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::app::limit_bodies;
+use crate::error::ApiError;
 use crate::state::AppState;
 
+/// The largest body of a dashboard form, in bytes (the forms carry a token,
+/// a nonce or a CSRF token, and a word or two).
+pub const FORM_LIMIT: usize = 4096;
+
 /// The dashboard's routes (merged into the server's router).
-pub fn routes() -> Router<AppState> {
-    Router::new()
+pub fn routes(state: &AppState) -> Router<AppState> {
+    let router = Router::new()
         .route("/admin", get(pages::figures::overview))
         .route("/admin/login", get(auth::login_form).post(auth::login))
         .route("/admin/logout", post(auth::logout))
@@ -47,7 +57,30 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/deliveries", get(pages::outbound::deliveries))
         .route("/admin/static/app.js", get(script))
         .route("/admin/static/style.css", get(style))
-        .layer(map_response(protect))
+        .layer(from_fn_with_state(state.clone(), read_form));
+    limit_bodies(router, FORM_LIMIT).layer(map_response(protect))
+}
+
+/// Middleware: reads the request body whole within the request timeout
+/// (408 if it does not arrive in time; the whole body, not each piece of
+/// it, so a client trickling bytes cannot hold on), then runs the handler.
+async fn read_form(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = Bytes::from_request(Request::new(body), &());
+    match tokio::time::timeout(state.http().request_timeout, read).await {
+        Err(_) => ApiError::request_timeout().into_response(),
+        Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::body_too_large(format!("a form is at most {FORM_LIMIT} bytes"))
+                .into_response()
+        }
+        Ok(Err(rejection)) => {
+            ApiError::bad_request("bad_request", rejection.body_text()).into_response()
+        }
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+    }
 }
 
 async fn script() -> Response {

@@ -1,0 +1,195 @@
+//! Bad and hostile input from anonymous clients: body limits and read
+//! timeouts, values that could grow what the server keeps, login
+//! throttling, deeply nested JSON. Through real HTTP on a port-0 listener,
+//! mostly as raw bytes on a socket, since the point is what the server does
+//! before a request is complete.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{ADMIN_TOKEN, PATIENCE, TestServer};
+use estafeta_server::HttpSettings;
+use estafeta_server::dashboard::FORM_LIMIT;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An answer read off a socket: status, headers (lower-case names), body.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("not JSON: {self:?}"))
+    }
+
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// Reads one answer from `tcp`. A server that does not answer fails the
+/// test after [`PATIENCE`] rather than hanging it.
+async fn read_answer(tcp: &mut TcpStream) -> Answer {
+    tokio::time::timeout(PATIENCE, read_answer_inner(tcp))
+        .await
+        .expect("the server did not answer")
+}
+
+async fn read_answer_inner(tcp: &mut TcpStream) -> Answer {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed before an answer: {bytes:?}");
+        bytes.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&bytes[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = bytes[head_end + 4..].to_vec();
+    while body.len() < length {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed in the answer's body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    Answer {
+        status: status.parse().unwrap(),
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// Sends `bytes` on a new connection to `addr` and reads the answer.
+async fn send_raw(addr: SocketAddr, bytes: &[u8]) -> Answer {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(bytes).await.unwrap();
+    read_answer(&mut tcp).await
+}
+
+/// A request head (no body) with the given extra header lines.
+fn head(method: &str, path: &str, extra: &[String]) -> String {
+    let mut h = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
+    for line in extra {
+        h.push_str(line);
+        h.push_str("\r\n");
+    }
+    h.push_str("\r\n");
+    h
+}
+
+#[tokio::test]
+async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent() {
+    let server = TestServer::start().await;
+    // Well under the API's 32 MB, well over a form's limit. Only the head
+    // goes out: an answer can only come from the declared length.
+    let request = head(
+        "POST",
+        "/admin/login",
+        &[
+            "content-type: application/x-www-form-urlencoded".to_owned(),
+            "content-length: 1000000".to_owned(),
+        ],
+    );
+    let answer = send_raw(server.addr, request.as_bytes()).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    assert_eq!(answer.error_code(), "body_too_large");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent() {
+    let server = TestServer::start_with(HttpSettings {
+        max_body_bytes: 64 * 1024,
+        ..HttpSettings::default()
+    })
+    .await;
+    let request = head(
+        "POST",
+        "/v1/admin/enterprises",
+        &[
+            format!("authorization: Bearer {ADMIN_TOKEN}"),
+            "content-type: application/json".to_owned(),
+            "content-length: 1000000".to_owned(),
+        ],
+    );
+    let answer = send_raw(server.addr, request.as_bytes()).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.error_code(), "body_too_large");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_chunked_form_over_its_limit_is_413() {
+    let server = TestServer::start().await;
+    let mut request = head(
+        "POST",
+        "/admin/login",
+        &[
+            "content-type: application/x-www-form-urlencoded".to_owned(),
+            "transfer-encoding: chunked".to_owned(),
+        ],
+    )
+    .into_bytes();
+    // No declared length: the limit bites while the body is read.
+    let chunk = "a".repeat(1024);
+    for _ in 0..(FORM_LIMIT / 1024 + 2) {
+        request.extend_from_slice(format!("400\r\n{chunk}\r\n").as_bytes());
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    let answer = send_raw(server.addr, &request).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.error_code(), "body_too_large");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_form_body_that_does_not_arrive_in_time_is_408() {
+    let server = TestServer::start_with(HttpSettings {
+        request_timeout: Duration::from_millis(300),
+        ..HttpSettings::default()
+    })
+    .await;
+    let mut request = head(
+        "POST",
+        "/admin/login",
+        &[
+            "content-type: application/x-www-form-urlencoded".to_owned(),
+            "content-length: 100".to_owned(),
+        ],
+    );
+    request.push_str("token=abc");
+    // The rest never comes; the server answers on its own.
+    let answer = send_raw(server.addr, request.as_bytes()).await;
+    assert_eq!(answer.status, 408, "{answer:?}");
+    assert_eq!(answer.error_code(), "request_timeout");
+    server.stop().await.unwrap();
+}
