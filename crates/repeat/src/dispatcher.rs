@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::scheduler::Scheduler;
 use crate::sources::Sources;
 use crate::stats::Counters;
-use crate::store::{Op, Store};
+use crate::store::{Applied, Op, Store};
 use crate::writer::{Waiter, WriteRequest};
 use crate::{
     Clock, Delivery, Entry, Error, Handler, Misfire, Outcome, Position, StoreError, WorkerPool,
@@ -23,12 +23,13 @@ use crate::{
 
 /// A handed-out entry, remembered until its handler returns.
 struct InFlight {
-    source: String,
-    at: Position,
-    attempt: u32,
-    /// Kept only with at-most-once delivery, where the stored entry is gone
-    /// and a reschedule has to put it back.
-    payload: Option<Vec<u8>>,
+    /// The entry as it was handed out: the handler's outcome applies to
+    /// this version only.
+    entry: Entry,
+    /// With at-most-once delivery: the id was handed out again (a caller
+    /// scheduled it anew) while this handler ran, so this outcome is not
+    /// put back.
+    superseded: bool,
 }
 
 /// The dispatcher's running state.
@@ -39,6 +40,8 @@ struct Dispatcher<'a, S, C, H> {
     sources: Option<Sources>,
     tasks: JoinSet<Outcome>,
     in_flight: HashMap<Id, InFlight>,
+    /// With at-most-once delivery: the latest hand-out of each id in flight.
+    latest: HashMap<String, Id>,
 }
 
 /// See [`Scheduler::run`].
@@ -59,6 +62,7 @@ pub(crate) async fn run<S: Store, C: Clock, H: Handler>(
         sources: Some(Sources::new(names)),
         tasks: JoinSet::new(),
         in_flight: HashMap::new(),
+        latest: HashMap::new(),
     };
     let result = dispatcher.run(shutdown).await;
     dispatcher.drain().await;
@@ -118,12 +122,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             // Nothing due: sleep to the next wall-clock second (the seed's
             // waitTillNextSecond), or until a failing source may be retried,
             // or until an earlier entry is scheduled.
-            let next_due = sources.next_due().unwrap_or(u64::MAX);
-            shared.deadline.store(next_due, Ordering::SeqCst);
-            if !shared.inbox().placed.is_empty() {
-                // Something was placed after the inbox was read but before
-                // the deadline was published: look at it now.
-                shared.deadline.store(0, Ordering::SeqCst);
+            if !shared.may_sleep(sources.next_due().unwrap_or(u64::MAX)) {
                 continue;
             }
             let to_next_second =
@@ -141,7 +140,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 }
                 () = tokio::time::sleep_until(wake_at) => {}
             }
-            shared.deadline.store(0, Ordering::SeqCst);
+            shared.awake();
         }
     }
 
@@ -221,38 +220,48 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 Misfire::FireNow | Misfire::Coalesce => true,
             });
         Counters::bump(&self.counters().skipped, skip.len() as u64);
-        let removals: Vec<(String, Position)> = skip
-            .iter()
-            .map(|e| (e.source.clone(), e.position()))
-            .collect();
-        match options.delivery {
+        let run = match options.delivery {
             Delivery::AtLeastOnce => {
-                if !removals.is_empty() {
-                    self.scheduler.submit(background(removals))?;
+                if !skip.is_empty() {
+                    self.scheduler.submit(WriteRequest {
+                        ops: skip.into_iter().map(Op::Remove).collect(),
+                        waiter: Waiter::Background,
+                    })?;
                 }
+                run
             }
             Delivery::AtMostOnce => {
-                let mut all = removals;
-                all.extend(run.iter().map(|e| (e.source.clone(), e.position())));
-                let ops = all
+                let places: Vec<(String, Position)> = skip
                     .iter()
-                    .map(|(source, at)| Op::Remove {
-                        source: source.clone(),
-                        at: at.clone(),
-                    })
+                    .chain(&run)
+                    .map(|e| (e.source.clone(), e.position()))
+                    .collect();
+                let skipped = skip.len();
+                let ops = skip
+                    .into_iter()
+                    .chain(run.iter().cloned())
+                    .map(Op::Remove)
                     .collect();
                 let result = self.scheduler.write(ops).await;
                 let sources = self.sources.as_mut().ok_or(Error::Closed)?;
                 match result {
-                    Ok(_) => {
-                        for (source, at) in &all {
+                    Ok(applied) => {
+                        for (source, at) in &places {
                             sources.settled(source, at);
                         }
+                        // An entry a caller moved, removed or replaced since
+                        // it was read is not handed out; a replacement is
+                        // read in its turn.
+                        run.into_iter()
+                            .zip(&applied[skipped..])
+                            .filter(|(_, a)| **a == Applied::Removed)
+                            .map(|(e, _)| e)
+                            .collect()
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "removing entries before hand-out failed; they stay scheduled");
                         Counters::bump(&inner.shared.counters.write_errors, 1);
-                        for (source, at) in all {
+                        for (source, at) in places {
                             sources.unsettle(&source, at);
                         }
                         // Let the store recover before the next attempt.
@@ -261,7 +270,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                     }
                 }
             }
-        }
+        };
 
         let counters = &inner.shared.counters;
         {
@@ -275,15 +284,19 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         for (entry, worker) in run.into_iter().zip(workers) {
             let handler = Arc::clone(&self.handler);
             let meta = InFlight {
-                source: entry.source.clone(),
-                at: entry.position(),
-                attempt: entry.attempt,
-                payload: (options.delivery == Delivery::AtMostOnce).then(|| entry.payload.clone()),
+                entry: entry.clone(),
+                superseded: false,
             };
             let task = self.tasks.spawn(async move {
                 let _worker = worker;
                 handler.handle(entry).await
             });
+            if options.delivery == Delivery::AtMostOnce
+                && let Some(older) = self.latest.insert(meta.entry.id.clone(), task.id())
+                && let Some(older) = self.in_flight.get_mut(&older)
+            {
+                older.superseded = true;
+            }
             self.in_flight.insert(task.id(), meta);
         }
         Ok(())
@@ -299,7 +312,6 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         let counters = &inner.shared.counters;
         let now = inner.clock.now_secs();
         let mut ops = Vec::with_capacity(finished.len());
-        let mut settles = Vec::with_capacity(finished.len());
         for result in finished {
             let (id, outcome) = match result {
                 Ok(done) => done,
@@ -311,60 +323,54 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             let Some(job) = self.in_flight.remove(&id) else {
                 continue;
             };
+            if self.latest.get(&job.entry.id) == Some(&id) {
+                self.latest.remove(&job.entry.id);
+            }
             counters.in_flight.fetch_sub(1, Ordering::Relaxed);
             let (due, attempt) = match outcome {
                 Outcome::Done => {
                     Counters::bump(&counters.done, 1);
                     if options.delivery == Delivery::AtLeastOnce {
-                        ops.push(Op::Remove {
-                            source: job.source.clone(),
-                            at: job.at.clone(),
-                        });
-                        settles.push((job.source, job.at));
+                        ops.push(Op::Remove(job.entry));
                     }
                     continue;
                 }
                 Outcome::Reschedule(due) => {
                     Counters::bump(&counters.rescheduled, 1);
                     let due = match options.misfire {
-                        Misfire::Coalesce => coalesce(job.at.due, due, now),
+                        Misfire::Coalesce => coalesce(job.entry.due, due, now),
                         Misfire::FireNow | Misfire::Skip { .. } => due,
                     };
                     (due, 0)
                 }
                 Outcome::Failed(reason) => {
                     Counters::bump(&counters.failed, 1);
-                    let attempt = job.attempt.saturating_add(1);
-                    tracing::debug!(id = %job.at.id, attempt, %reason, "handler failed; retrying");
+                    let attempt = job.entry.attempt.saturating_add(1);
+                    tracing::debug!(id = %job.entry.id, attempt, %reason, "handler failed; retrying");
                     (
                         now.saturating_add(options.retry.delay_secs(attempt)),
                         attempt,
                     )
                 }
             };
-            match job.payload {
-                Some(payload) => ops.push(Op::Put(Entry {
-                    source: job.source,
+            match options.delivery {
+                Delivery::AtLeastOnce => ops.push(Op::Move {
+                    entry: job.entry,
                     due,
-                    id: job.at.id,
-                    payload,
                     attempt,
+                }),
+                Delivery::AtMostOnce if job.superseded => {}
+                Delivery::AtMostOnce => ops.push(Op::Restore(Entry {
+                    due,
+                    attempt,
+                    ..job.entry
                 })),
-                None => {
-                    ops.push(Op::Move {
-                        source: job.source.clone(),
-                        at: job.at.clone(),
-                        due,
-                        attempt,
-                    });
-                    settles.push((job.source, job.at));
-                }
             }
         }
         if !ops.is_empty() {
             self.scheduler.submit(WriteRequest {
                 ops,
-                waiter: Waiter::Background(settles),
+                waiter: Waiter::Background,
             })?;
         }
         Ok(())
@@ -378,23 +384,10 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 return;
             }
         }
-        // An empty caller write returns once every write queued before it is
-        // committed (or has failed and been left to redelivery).
+        // An empty caller write returns once every write queued before it
+        // was tried; background writes that failed are retried until the
+        // scheduler closes.
         let _ = self.scheduler.write(Vec::new()).await;
-    }
-}
-
-/// A background write removing handed-out entries.
-fn background(removals: Vec<(String, Position)>) -> WriteRequest {
-    WriteRequest {
-        ops: removals
-            .iter()
-            .map(|(source, at)| Op::Remove {
-                source: source.clone(),
-                at: at.clone(),
-            })
-            .collect(),
-        waiter: Waiter::Background(removals),
     }
 }
 

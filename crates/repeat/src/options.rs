@@ -27,7 +27,10 @@ pub enum Delivery {
     #[default]
     AtLeastOnce,
     /// Removed (durably) before it is handed out, as in the seed: a crash
-    /// while its handler runs loses it, but it never runs twice.
+    /// while its handler runs loses it, but it never runs twice. A `Failed`
+    /// or `Reschedule` outcome puts it back; if that write still fails when
+    /// the scheduler closes, the entry is lost the same way and counted in
+    /// [`Stats::lost`](crate::Stats::lost).
     AtMostOnce,
 }
 

@@ -81,7 +81,10 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
     }
 
     /// Schedules `payload` under `id` in `source`, due at wall-clock second
-    /// `due`. An entry with the same id (in any source) is replaced.
+    /// `due`. An entry with the same id (in any source) is replaced; if a
+    /// handler is running for the entry it replaces, that handler's outcome
+    /// applies to the old version only, and the replacement is handed out
+    /// in its turn.
     pub async fn schedule(
         &self,
         source: &str,

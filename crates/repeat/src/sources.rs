@@ -354,13 +354,13 @@ mod tests {
             },
         );
         store
-            .apply(&[Op::Remove {
+            .apply(&[Op::Remove(Entry {
                 source: "a".into(),
-                at: Position {
-                    due: 5,
-                    id: "x".into(),
-                },
-            }])
+                due: 5,
+                id: "x".into(),
+                payload: Vec::new(),
+                attempt: 0,
+            })])
             .unwrap();
         let placed = store
             .apply(&[Op::Reschedule {

@@ -86,8 +86,14 @@ pub struct Stats {
     pub skipped: u64,
     /// Times the dispatcher loop woke up; it stays flat while the loop sleeps.
     pub wakeups: u64,
-    /// Failed background writes (finished deliveries), retried until they succeed.
+    /// Failed background writes (finished deliveries), retried until they
+    /// succeed or the scheduler closes.
     pub write_errors: u64,
+    /// Entries lost: with [`Delivery::AtMostOnce`](crate::Delivery::AtMostOnce),
+    /// a `Failed` or `Reschedule` outcome whose entry could not be put back
+    /// by the time the scheduler closed (the entry was removed before its
+    /// handler ran, as a crash would leave it).
+    pub lost: u64,
     /// Dispatch lag.
     pub lag: LagHistogram,
 }
@@ -103,6 +109,7 @@ pub(crate) struct Counters {
     pub(crate) skipped: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) write_errors: AtomicU64,
+    pub(crate) lost: AtomicU64,
     pub(crate) lag: Mutex<LagHistogram>,
     /// Failing sources: name → (failures, last error).
     pub(crate) health: Mutex<BTreeMap<String, (u32, String)>>,
@@ -124,6 +131,7 @@ impl Counters {
         stats.skipped = get(&self.skipped);
         stats.wakeups = get(&self.wakeups);
         stats.write_errors = get(&self.write_errors);
+        stats.lost = get(&self.lost);
         stats.lag = self.lag.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
         for (name, (failures, error)) in health.iter() {

@@ -41,7 +41,44 @@ pub(crate) struct Inbox {
     pub(crate) settled: Vec<(String, Position)>,
 }
 
+impl Inbox {
+    /// Records an entry placed at `at` in `source`; returns whether it is
+    /// due by `deadline` (the dispatcher should wake).
+    fn place(&mut self, source: &str, at: &Position, deadline: u64) -> bool {
+        match self.placed.get_mut(source) {
+            Some(p) => {
+                if *at < *p {
+                    *p = at.clone();
+                }
+            }
+            None => {
+                self.placed.insert(source.to_owned(), at.clone());
+            }
+        }
+        at.due <= deadline
+    }
+}
+
 impl Shared {
+    /// The dispatcher is about to sleep until `next_due`: publishes that
+    /// deadline, so that a placement due by then wakes it. Returns `false`
+    /// (and withdraws the deadline) if something was placed since the
+    /// dispatcher last read the inbox: it must look at that first.
+    pub(crate) fn may_sleep(&self, next_due: u64) -> bool {
+        self.deadline.store(next_due, Ordering::SeqCst);
+        if self.inbox().placed.is_empty() {
+            return true;
+        }
+        self.awake();
+        false
+    }
+
+    /// The dispatcher is awake and reads the inbox anyway: placements need
+    /// not wake it.
+    pub(crate) fn awake(&self) {
+        self.deadline.store(0, Ordering::SeqCst);
+    }
+
     pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
         self.inbox.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -53,8 +90,9 @@ pub(crate) enum Waiter {
     /// A caller, told the result.
     Caller(oneshot::Sender<Result<Vec<Applied>, StoreError>>),
     /// The dispatcher's record of finished deliveries: retried until it
-    /// succeeds, then these handed-out positions are settled.
-    Background(Vec<(String, Position)>),
+    /// succeeds, then the handed-out entries its removals and moves name
+    /// are settled.
+    Background,
 }
 
 /// A batch of ops that must be applied together.
@@ -65,8 +103,11 @@ pub(crate) struct WriteRequest {
 }
 
 /// Runs until every sender is gone; background writes still failing then
-/// are tried once more and dropped (their entries stay stored and are
-/// handed out again, which at-least-once allows).
+/// are tried once more and dropped. With at-least-once delivery their
+/// entries stay stored as they were and are handed out again. With
+/// at-most-once delivery an entry was removed before its handler ran, so a
+/// `Failed` or `Reschedule` outcome that cannot be put back is lost, as in
+/// a crash at that moment: it is logged and counted in `Stats::lost`.
 pub(crate) async fn run<S: Store>(
     store: Arc<S>,
     shared: Arc<Shared>,
@@ -115,11 +156,25 @@ pub(crate) async fn run<S: Store>(
         } else {
             failures = failures.saturating_add(1);
             if !open {
-                // Last try after close: what still fails is left to redelivery.
-                commit(&store, &shared, failed).await;
+                // Last try after close: what still fails is dropped.
+                for request in commit(&store, &shared, failed).await {
+                    lost(&shared, &request.ops);
+                }
                 break;
             }
             retry = failed;
+        }
+    }
+}
+
+/// Reports the at-most-once entries among dropped ops: removed before
+/// their handler ran and not put back, they are gone. (Dropped removals and
+/// moves leave their entry stored, to be handed out again.)
+fn lost(shared: &Shared, ops: &[Op]) {
+    for op in ops {
+        if let Op::Restore(entry) = op {
+            Counters::bump(&shared.counters.lost, 1);
+            tracing::error!(source = %entry.source, id = %entry.id, "putting back a handed-out entry failed until the scheduler closed; it is lost");
         }
     }
 }
@@ -163,8 +218,11 @@ async fn commit<S: Store>(
     match result {
         Ok(applied) => {
             let mut applied = applied.into_iter();
+            let mut start = 0;
             for (waiter, n) in waiters.into_iter().zip(lens) {
-                finish(shared, waiter, applied.by_ref().take(n).collect());
+                let ops = &all[start..start + n];
+                finish(shared, waiter, ops, applied.by_ref().take(n).collect());
+                start += n;
             }
         }
         Err(e) if waiters.len() == 1 => {
@@ -177,7 +235,7 @@ async fn commit<S: Store>(
             for (waiter, n) in waiters.into_iter().zip(lens) {
                 let (ops, result) = apply(store, rest.by_ref().take(n).collect()).await;
                 match result {
-                    Ok(applied) => finish(shared, waiter, applied),
+                    Ok(applied) => finish(shared, waiter, &ops, applied),
                     Err(e) => fail(shared, WriteRequest { ops, waiter }, e, &mut failed),
                 }
             }
@@ -187,28 +245,33 @@ async fn commit<S: Store>(
 }
 
 /// Tells the dispatcher what was placed and settled, then the waiter.
-fn finish(shared: &Shared, waiter: Waiter, applied: Vec<Applied>) {
+fn finish(shared: &Shared, waiter: Waiter, ops: &[Op], applied: Vec<Applied>) {
     let mut wake = false;
     let reply = {
-        let deadline = shared.deadline.load(Ordering::SeqCst);
         let mut inbox = shared.inbox();
+        // Read under the inbox lock: a dispatcher that published its
+        // deadline after this read checks the inbox after this placement.
+        let deadline = shared.deadline.load(Ordering::SeqCst);
         for a in &applied {
             if let Applied::Placed { source, at } = a {
-                wake |= at.due <= deadline;
-                inbox
-                    .placed
-                    .entry(source.clone())
-                    .and_modify(|p| {
-                        if *at < *p {
-                            *p = at.clone();
-                        }
-                    })
-                    .or_insert_with(|| at.clone());
+                wake |= inbox.place(source, at, deadline);
             }
         }
         match waiter {
-            Waiter::Background(settles) => {
-                inbox.settled.extend(settles);
+            Waiter::Background => {
+                for (op, a) in ops.iter().zip(&applied) {
+                    let (Op::Remove(entry) | Op::Move { entry, .. }) = op else {
+                        continue;
+                    };
+                    let at = entry.position();
+                    if *a == Applied::Unchanged {
+                        // A caller moved, removed or replaced the entry while
+                        // it was handled: a replacement at the same place was
+                        // passed over as in flight, so read from there again.
+                        wake |= inbox.place(&entry.source, &at, deadline);
+                    }
+                    inbox.settled.push((entry.source.clone(), at));
+                }
                 None
             }
             Waiter::Caller(reply) => Some(reply),
@@ -229,10 +292,97 @@ fn fail(shared: &Shared, request: WriteRequest, e: StoreError, failed: &mut Vec<
         Waiter::Caller(reply) => {
             let _ = reply.send(Err(e));
         }
-        Waiter::Background(_) => {
+        Waiter::Background => {
             Counters::bump(&shared.counters.write_errors, 1);
             tracing::warn!(error = %e, "recording finished deliveries failed; will retry");
             failed.push(request);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Context, Waker};
+
+    use super::*;
+
+    /// A pseudo-random busy wait, so that the two sides meet at every offset.
+    fn spin(seed: &mut u64) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        for _ in 0..*seed % 256 {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Waits until `counter` reaches `n`, busy at first (so both threads
+    /// leave the barrier within nanoseconds of each other), then giving the
+    /// core away (the other thread may be waiting for it).
+    fn reach(counter: &AtomicUsize, n: usize) {
+        let mut spins = 0u32;
+        while counter.load(Ordering::Acquire) < n {
+            spins += 1;
+            if spins < 20_000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The writer reports an entry placed for second 5 while the dispatcher
+    /// goes to sleep until second 10, on two threads at random offsets: in
+    /// every round the dispatcher either sees the placement before it
+    /// sleeps or finds a wake-up waiting.
+    #[test]
+    fn a_placement_racing_the_dispatcher_going_to_sleep_always_wakes_it() {
+        const ROUNDS: usize = 5_000;
+        let rounds: Arc<Vec<Shared>> = Arc::new((0..ROUNDS).map(|_| Shared::default()).collect());
+        let go = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (rounds, go, done) = (Arc::clone(&rounds), Arc::clone(&go), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+                for (n, shared) in rounds.iter().enumerate() {
+                    reach(&go, n + 1);
+                    spin(&mut seed);
+                    let placed = Applied::Placed {
+                        source: "a".into(),
+                        at: Position {
+                            due: 5,
+                            id: "x".into(),
+                        },
+                    };
+                    finish(shared, Waiter::Background, &[], vec![placed]);
+                    done.store(n + 1, Ordering::Release);
+                }
+            })
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut missed = 0;
+        for (n, shared) in rounds.iter().enumerate() {
+            go.store(n + 1, Ordering::Release);
+            spin(&mut seed);
+            let sleeps = shared.may_sleep(10);
+            reach(&done, n + 1);
+            let mut woken = pin!(shared.wake.notified());
+            let woken = woken
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_ready();
+            if sleeps && !woken {
+                missed += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(
+            missed, 0,
+            "of {ROUNDS} rounds, sleeps that missed a placement due sooner"
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::ops::Bound;
 
 use common::entry;
 use estafeta_repeat::store::{Applied, Op, SourceCount};
-use estafeta_repeat::{MemoryStore, Position, RedbStore, Store};
+use estafeta_repeat::{Entry, MemoryStore, Position, RedbStore, Store};
 
 fn pos(due: u64, id: &str) -> Position {
     Position {
@@ -82,20 +82,13 @@ fn contract(store: &impl Store) {
     // Exact removes and moves do nothing when the entry moved meanwhile.
     let results = store
         .apply(&[
-            Op::Remove {
-                source: "a".into(),
-                at: pos(20, "x"),
-            },
+            Op::Remove(entry("a", 20, "x")),
             Op::Move {
-                source: "a".into(),
-                at: pos(10, "y"),
+                entry: entry("a", 10, "y"),
                 due: 50,
                 attempt: 3,
             },
-            Op::Remove {
-                source: "a".into(),
-                at: pos(10, "w"),
-            },
+            Op::Remove(entry("a", 10, "w")),
             Op::Cancel { id: "z".into() },
             Op::Cancel { id: "z".into() },
             Op::Reschedule {
@@ -133,6 +126,51 @@ fn contract(store: &impl Store) {
     assert_eq!((scan.entries[0].due, scan.entries[0].attempt), (50, 3));
     assert_eq!(scan.entries[0].payload, b"y");
     assert_eq!(ids(store, "b", 100), vec!["x"]);
+
+    // Nor when the entry was replaced at the same place: the replacement
+    // stays as it is. A restore puts an entry back only if its id is free.
+    let old = entry("c", 7, "r");
+    let new = Entry {
+        payload: b"new".to_vec(),
+        ..old.clone()
+    };
+    store.apply(&[Op::Put(new.clone())]).unwrap();
+    let results = store
+        .apply(&[
+            Op::Remove(old.clone()),
+            Op::Move {
+                entry: old.clone(),
+                due: 9,
+                attempt: 1,
+            },
+            Op::Remove(Entry {
+                attempt: 1,
+                ..new.clone()
+            }),
+            Op::Restore(Entry { due: 1, ..old }),
+            Op::Restore(entry("c", 8, "s")),
+        ])
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            Applied::Unchanged,
+            Applied::Unchanged,
+            Applied::Unchanged,
+            Applied::Unchanged,
+            Applied::Placed {
+                source: "c".into(),
+                at: pos(8, "s")
+            },
+        ]
+    );
+    let scan = store
+        .scan("c", Bound::Unbounded, 100, 10, &|_| false)
+        .unwrap();
+    assert_eq!(scan.entries, vec![new.clone(), entry("c", 8, "s")]);
+    let results = store.apply(&[Op::Remove(new), Op::Cancel { id: "s".into() }]);
+    assert_eq!(results.unwrap(), vec![Applied::Removed, Applied::Removed]);
+    assert_eq!(ids(store, "c", 100), Vec::<String>::new());
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Method;
 use reqwest::header::CONTENT_TYPE;
 use serde::{Deserialize, Serialize};
@@ -159,17 +160,16 @@ fn fill(template: &str, recipient: &str, text: &str, escape: impl Fn(&str) -> St
     out
 }
 
+/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, NOT_UNRESERVED).to_string()
 }
 
 /// Escapes a string for use inside a JSON string literal.

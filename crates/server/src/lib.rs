@@ -2,7 +2,7 @@
 //! shutdown around the exchange domain ([`estafeta_exchange::Exchange`]).
 //!
 //! - [`config`]: [`Settings`] from defaults, a TOML file and `ESTAFETA_*`
-//!   variables (figment), mapped to the exchange's configuration.
+//!   variables, each setting declared once, mapped to the exchange's configuration.
 //! - [`mod@app`]: [`app()`], the router of every route of API.md, whose
 //!   handlers live in [`routes`]; [`AppState`] ([`state`]) holds the
 //!   exchange, readiness and the request counters of [`metrics`], which

@@ -1,7 +1,7 @@
 //! [`init`]: the process's `tracing` subscriber: human-readable lines on
-//! stderr (filtered by `ESTAFETA_LOG`, default `info`) and, for `serve`,
+//! stderr (filtered by the `log` setting, `ESTAFETA_LOG`) and, for `serve`,
 //! the structured event log under the data folder, which keeps every
-//! protocol step, alert, warning and error whatever `ESTAFETA_LOG` says.
+//! protocol step, alert, warning and error whatever that filter says.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -12,6 +12,7 @@ use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use crate::config::LogFilter;
 use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
 
 /// Installing the subscriber failed.
@@ -25,15 +26,13 @@ pub enum LoggingError {
     Init(#[from] tracing_subscriber::util::TryInitError),
 }
 
-/// Installs the global subscriber; with `data_dir`, also the event log in
-/// `<data_dir>/.estafeta/events/`.
-pub fn init(data_dir: Option<&Path>) -> Result<(), LoggingError> {
+/// Installs the global subscriber, its stderr lines filtered by `filter`;
+/// with `data_dir`, also the event log in `<data_dir>/.estafeta/events/`.
+pub fn init(filter: &LogFilter, data_dir: Option<&Path>) -> Result<(), LoggingError> {
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(
-            EnvFilter::try_from_env("ESTAFETA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        );
+        .with_filter(EnvFilter::new(filter.as_str()));
     let events = match data_dir {
         Some(dir) => {
             let dir = events_dir(dir);

@@ -1,5 +1,6 @@
 //! The `estafeta` binary: parses the command line and hands over to the
-//! library (`serve`), to the client (`admin …`), or to the demo (`demo`).
+//! library (`serve`, `config`), to the client (`admin …`), or to the demo
+//! (`demo`).
 
 mod demo;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_server::config::SETTINGS_HELP;
+use estafeta_server::config::{self, SettingsArgs};
 use estafeta_server::open::open_exchange;
 use estafeta_server::operator::{self, AdminArgs};
 use estafeta_server::{Settings, run_with};
@@ -17,7 +18,7 @@ use estafeta_server::{Settings, run_with};
 /// Estafeta: a reliable message server between mobile devices and database
 /// processors.
 #[derive(Debug, Parser)]
-#[command(name = "estafeta", version, after_help = SETTINGS_HELP)]
+#[command(name = "estafeta", version, after_help = config::help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,11 +28,18 @@ struct Cli {
 enum Command {
     /// Run the server (with no configuration at all: data in
     /// ./estafeta-data, listening on 127.0.0.1:8080).
-    #[command(after_help = SETTINGS_HELP)]
-    Serve {
-        /// A TOML file with settings (default: estafeta.toml, if present).
+    #[command(after_help = config::help())]
+    Serve(SettingsArgs),
+    /// Print the effective settings and where each comes from (secrets
+    /// masked), or check a configuration file.
+    #[command(after_help = config::help())]
+    Config {
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// Check this file as `serve --config PATH` would read it (with the
+        /// environment): print "PATH: ok", or the error and exit non-zero.
         #[arg(long, value_name = "PATH")]
-        config: Option<PathBuf>,
+        check: Option<PathBuf>,
     },
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
@@ -50,26 +58,47 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // `serve` also keeps the structured event log in its data folder.
-    let event_log_data = match &cli.command {
-        Command::Serve { config } => Some(Settings::load(config.as_deref())?.data_dir),
-        Command::Admin(_) | Command::Demo { .. } => None,
-    };
-    estafeta_server::logging::init(event_log_data.as_deref())?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     match cli.command {
-        Command::Serve { config } => runtime.block_on(serve(config)),
+        Command::Serve(args) => {
+            let settings = args.sources().resolve()?.settings;
+            // `serve` also keeps the structured event log in its data folder.
+            estafeta_server::logging::init(&settings.log, Some(&settings.data_dir))?;
+            runtime()?.block_on(serve(settings))
+        }
+        Command::Config { settings, check } => match check {
+            Some(path) => {
+                let sources = SettingsArgs {
+                    config: Some(path.clone()),
+                    ..settings
+                }
+                .sources();
+                sources.resolve()?;
+                println!("{}: ok", path.display());
+                Ok(())
+            }
+            None => {
+                print!("{}", settings.sources().resolve()?);
+                Ok(())
+            }
+        },
         Command::Admin(args) => {
-            let out = runtime.block_on(operator::execute(&args))?;
+            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
+            let out = runtime()?.block_on(operator::execute(&args))?;
             println!("{out}");
             Ok(())
         }
-        Command::Demo { listen, duration } => runtime.block_on(demo::demo(&listen, duration)),
+        Command::Demo { listen, duration } => {
+            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
+            runtime()?.block_on(demo::demo(&listen, duration))
+        }
     }
 }
 
-async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let settings = Settings::load(config.as_deref())?;
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().context("starting the async runtime")
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(?settings, "starting");
     #[cfg(feature = "failpoints")]
     {

@@ -131,6 +131,7 @@ where
             shutdown.await;
             tracing::info!("stopping: no new connections; finishing calls in flight");
             state.set_ready(false);
+            tell_service_manager(sd_notify::NotifyState::Stopping);
             stop_tx.send_replace(true);
         }
     };
@@ -223,6 +224,7 @@ async fn recover(state: AppState, mut stop: watch::Receiver<bool>) {
                 tracing::info!(?report, "start-up recovery done; ready");
                 if !*stop.borrow() {
                     state.set_ready(true);
+                    tell_service_manager(sd_notify::NotifyState::Ready);
                 }
                 return;
             }
@@ -235,6 +237,14 @@ async fn recover(state: AppState, mut stop: watch::Receiver<bool>) {
             _ = stop.wait_for(|stopping| *stopping) => return,
         }
         backoff = (backoff * 2).min(MAX_RECOVERY_BACKOFF);
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit, through `NOTIFY_SOCKET`) that the
+/// server is ready or stopping; without a service manager this does nothing.
+fn tell_service_manager(state: sd_notify::NotifyState<'_>) {
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!(error = %e, "telling the service manager failed");
     }
 }
 

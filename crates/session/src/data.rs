@@ -34,6 +34,16 @@ pub struct SessionData<S> {
     pub(crate) unstamped: bool,
 }
 
+impl<S: Clone> SessionData<S> {
+    /// A copy to stage a change on ([`crate::Transaction`]).
+    pub(crate) fn staged(&self) -> Self {
+        SessionData {
+            state: self.state.clone(),
+            ..*self
+        }
+    }
+}
+
 impl<S> SessionData<S> {
     pub(crate) fn fresh(state: S, now: Timestamp, generation: u64) -> Self {
         SessionData {

@@ -55,8 +55,7 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     }
 
     /// Save the session now, durably, and keep holding it. Lets a command
-    /// make a step durable before it goes on (and undo its change if the
-    /// save fails).
+    /// make a step durable before it goes on.
     pub async fn save(&mut self) -> Result<(), Error> {
         let Some(cell) = self.owned.as_deref_mut() else {
             return Ok(());
@@ -76,6 +75,67 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
             Some(owned) => shard::finish(self.hash, self.key.clone(), owned).await,
             None => Ok(()),
         }
+    }
+}
+
+impl<K: SessionKey, S: State + Clone> SessionGuard<K, S> {
+    /// Change the session as one transaction: `change` works on a staged
+    /// copy, which becomes the session only once it is durably saved (when
+    /// it carries a persistent change). If `change` answers an error, or the
+    /// save fails, the session stays exactly as it was and the error is
+    /// returned.
+    pub async fn update<R, E: From<Error>>(
+        &mut self,
+        change: impl FnOnce(&mut SessionData<S>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let mut tx = self.begin();
+        let result = change(&mut tx)?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Stage a change: the [`Transaction`] holds a copy of the session to
+    /// change (across awaits, too); [`Transaction::commit`] saves it and
+    /// makes it the session, dropping it leaves the session as it was.
+    pub fn begin(&mut self) -> Transaction<'_, K, S> {
+        let staged = SessionData::staged(self);
+        Transaction {
+            guard: self,
+            staged,
+        }
+    }
+}
+
+/// A staged change to a held session (see [`SessionGuard::begin`]). It
+/// derefs to the staged copy; the session itself changes only when
+/// [`Transaction::commit`] succeeds.
+pub struct Transaction<'g, K: SessionKey, S: State> {
+    guard: &'g mut SessionGuard<K, S>,
+    staged: SessionData<S>,
+}
+
+impl<K: SessionKey, S: State> Transaction<'_, K, S> {
+    /// Save the staged copy durably if it carries a persistent change, then
+    /// make it the session. On an error the session stays as it was.
+    pub async fn commit(mut self) -> Result<(), Error> {
+        let guard = self.guard;
+        let cell = guard.owned.as_deref_mut().expect(HELD);
+        cell.home.core.save(&guard.key, &mut self.staged).await?;
+        cell.session = Some(self.staged);
+        Ok(())
+    }
+}
+
+impl<K: SessionKey, S: State> Deref for Transaction<'_, K, S> {
+    type Target = SessionData<S>;
+    fn deref(&self) -> &SessionData<S> {
+        &self.staged
+    }
+}
+
+impl<K: SessionKey, S: State> DerefMut for Transaction<'_, K, S> {
+    fn deref_mut(&mut self) -> &mut SessionData<S> {
+        &mut self.staged
     }
 }
 

@@ -17,6 +17,9 @@
 //!   and [`SessionData::set_expires_at`] mark it persistent, and
 //!   [`SessionGuard::release`] returns once that save is durable. Saves of
 //!   many sessions share one durable transaction (group commit).
+//!   [`SessionGuard::update`] (or [`SessionGuard::begin`]) stages a change
+//!   that becomes the session only once it is durably saved: a failed save
+//!   leaves the session as it was.
 //! - An expiry manager finalizes sessions whose time passed (the
 //!   [`Hooks::finalize`] hook may keep them with a new deadline or end
 //!   them) and flushes idle ones out of memory. After a restart, the
@@ -76,7 +79,7 @@ pub use config::Config;
 pub use data::SessionData;
 pub use engine::{Builder, Engine, State, Submitted};
 pub use error::Error;
-pub use guard::SessionGuard;
+pub use guard::{SessionGuard, Transaction};
 pub use hooks::{BoxFuture, Finalize, Hooks};
 pub use key::SessionKey;
 pub use stats::Stats;

@@ -44,3 +44,44 @@ async fn a_full_disk_that_clears_does_not_poison_the_storage() {
     assert_eq!(bump(&engine, "after").await, 1);
     engine.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_update_on_a_full_disk_leaves_the_old_state() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _unmount = Tmpfs::mount(&mnt, "8m");
+
+    let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
+    let engine = engine_with(storage, Recorder::new(), Config::default()).await;
+    bump(&engine, "a").await;
+
+    let ballast = mnt.join("ballast");
+    fill(&ballast);
+    let mut s = engine.get("a".to_string(), false).await.unwrap().unwrap();
+    let r = s
+        .update(|s| {
+            s.persistent_mut().note = "x".repeat(2 * 1024 * 1024);
+            Ok::<_, Error>(())
+        })
+        .await;
+    assert!(
+        matches!(r, Err(Error::Storage(_))),
+        "a save on a full disk fails"
+    );
+    assert_eq!(s.state().note, "", "the old state stays");
+    assert!(!s.is_dirty());
+    s.release().await.unwrap();
+
+    std::fs::remove_file(&ballast).unwrap();
+    assert_eq!(
+        bump(&engine, "a").await,
+        2,
+        "saves work again; the old state went on"
+    );
+    engine.stop().await.unwrap();
+}

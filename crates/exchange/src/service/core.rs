@@ -5,7 +5,7 @@
 use super::ExchangeConfig;
 use super::alerts::AlertKind;
 use super::error::ExchangeError;
-use super::state::{Owner, Process, RECENT, Record, Step, loc, pid_key};
+use super::state::{Owner, Process, Record, Step, loc, pid_key};
 use crate::error::MailboxError;
 use crate::mailbox::{FileName, Folder, Location, Mailboxes};
 use crate::tenancy::Registry;
@@ -172,31 +172,28 @@ impl Core {
     pub(crate) async fn finish(
         &self,
         rec: &mut Record,
-        mut p: Process,
+        p: Process,
         state: ProcessState,
     ) -> Result<(), ExchangeError> {
         self.write_owner(&p.id, &p.db, Some(state)).await?;
-        p.state = state;
-        p.ended_at = Some(self.now());
-        rec.counters.ended(&p, state, self.now());
-        p.pending.clear();
-        p.target = None;
-        tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
-        rec.recent.push_back(p);
-        while rec.recent.len() > RECENT {
-            rec.recent.pop_front();
-        }
+        rec.end(p, state, self.now());
         Ok(())
     }
 
     /// Delete the reply files of a prepare that was never answered.
     pub(crate) async fn drop_preparing(&self, p: &mut Process) {
         let names = std::mem::take(&mut p.preparing);
+        self.discard_prepared(&p.db, &names).await;
+    }
+
+    /// Delete reply files from a database's `Prepared` (a missing one
+    /// counts as deleted; other failures are logged).
+    pub(crate) async fn discard_prepared(&self, db: &Id, names: &[FileName]) {
         if names.is_empty() {
             return;
         }
-        let prepared = self.location(&p.db, Folder::Prepared);
-        for r in self.mailboxes.delete_all(&prepared, &names).await {
+        let prepared = self.location(db, Folder::Prepared);
+        for r in self.mailboxes.delete_all(&prepared, names).await {
             match r {
                 Ok(_) | Err(MailboxError::NotFound { .. }) => {}
                 Err(e) => {

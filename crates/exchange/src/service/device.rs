@@ -112,30 +112,27 @@ impl Core {
         let ttl_cutoff = now.as_millis().saturating_sub(
             i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX),
         );
-        let before = g.state().device.clone();
-        let rec = g.persistent_mut();
-        rec.device.sent += 1;
-        rec.device.bytes += body_bytes;
-        rec.device.last_seen = Some(now);
-        rec.keys.retain(|_, u| u.at.as_millis() >= ttl_cutoff);
-        rec.keys.insert(
-            key.clone(),
-            Upload {
-                name: FileName::of(&message),
-                at: now,
-            },
-        );
-        if let Err(e) = g.save().await {
+        let upload = Upload {
+            name: FileName::of(&message),
+            at: now,
+        };
+        g.update(|s| {
+            let rec = s.persistent_mut();
+            rec.device.sent += 1;
+            rec.device.bytes += body_bytes;
+            rec.device.last_seen = Some(now);
+            rec.keys.retain(|_, u| u.at.as_millis() >= ttl_cutoff);
+            rec.keys.insert(key.clone(), upload);
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
+        if let Err(e) = self.place(&message, deliver_at).await {
+            // The file was not written: the upload did not happen, so its
+            // key and count go (saved when the session is let go).
             let rec = g.persistent_mut();
             rec.keys.remove(&key);
-            rec.device = before;
-            return Err(e.into());
-        }
-        let written = self.place(&message, deliver_at).await;
-        if let Err(e) = written {
-            let rec = g.persistent_mut();
-            rec.keys.remove(&key);
-            rec.device = before;
+            rec.device.sent -= 1;
+            rec.device.bytes -= body_bytes;
             drop(g);
             return Err(e);
         }

@@ -51,29 +51,6 @@ impl Core {
             })
     }
 
-    /// Save the command's changes durably and release; if the save fails,
-    /// put back what was there before (so nothing half-done is visible)
-    /// and answer 503.
-    async fn save_or_revert(
-        &self,
-        mut g: Guard,
-        before: Record,
-        before_exp: Option<estafeta_session::Timestamp>,
-    ) -> Result<(), ExchangeError> {
-        match g.save().await {
-            Ok(()) => {
-                g.release().await?;
-                Ok(())
-            }
-            Err(e) => {
-                *g.persistent_mut() = before;
-                g.set_expires_at(before_exp);
-                drop(g);
-                Err(e.into())
-            }
-        }
-    }
-
     /// Find `pid` for database `db`: 403 if it belongs to another database.
     async fn locate(
         &self,
@@ -148,9 +125,7 @@ impl Core {
         }
         let pid = self.ids.process_id(self.now_system());
         self.write_owner(&pid, &db, None).await?;
-        let before = g.state().clone();
-        let before_exp = g.expires_at();
-        g.persistent_mut().process = Some(Process {
+        let process = Process {
             id: pid,
             db: db.clone(),
             state: ProcessState::Started,
@@ -166,10 +141,15 @@ impl Core {
             target: None,
             attempts: 0,
             deferred: Vec::new(),
-        });
+        };
         let deadline = self.session_now().after(self.config.started_timeout);
-        g.set_expires_at(Some(deadline));
-        self.save_or_revert(g, before, before_exp).await?;
+        g.update(|s| {
+            s.persistent_mut().process = Some(process);
+            s.set_expires_at(Some(deadline));
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
+        g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, "process started");
         Ok(StartResponse::ok_json_from_raw(pid, &raw.json))
     }
@@ -195,13 +175,15 @@ impl Core {
                 format!("message {bad} is not in this process"),
             ));
         }
-        let before = g.state().clone();
-        let exp = g.expires_at();
         let narrowed = req.message_ids.len();
-        if let Some(p) = g.persistent_mut().process.as_mut() {
-            p.accepted = Some(req.message_ids);
-        }
-        self.save_or_revert(g, before, exp).await?;
+        g.update(|s| {
+            if let Some(p) = s.persistent_mut().process.as_mut() {
+                p.accepted = Some(req.message_ids);
+            }
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
+        g.release().await?;
         tracing::info!(target: "estafeta::event", process = pid, db = %db, accepted = narrowed, "process narrowed (accept)");
         Ok(answer(CallStatus::Ok))
     }
@@ -292,21 +274,20 @@ impl Core {
         // The reply names are durable before the files are written, so that
         // a crash in between leaves no orphans: start-up processing deletes
         // the files of a prepare that was never answered.
-        let before = g.state().clone();
-        let exp = g.expires_at();
-        if let Some(p) = g.persistent_mut().process.as_mut() {
-            self.drop_preparing(p).await;
-            p.preparing = replies.iter().map(FileName::of).collect();
+        if let Some(p) = g.state().process.as_ref() {
+            self.discard_prepared(&db, &p.preparing).await;
         }
-        if let Err(e) = g.save().await {
-            *g.persistent_mut() = before;
-            g.set_expires_at(exp);
-            return Err(e.into());
-        }
+        g.update(|s| {
+            if let Some(p) = s.persistent_mut().process.as_mut() {
+                p.preparing = replies.iter().map(FileName::of).collect();
+            }
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
         let written = self.mailboxes.write_all(&prepared, &replies).await?;
-        let before = g.state().clone();
-        let exp = g.expires_at();
-        if let Some(p) = g.persistent_mut().process.as_mut() {
+        let ready_deadline = self.session_now().after(self.config.ready_timeout);
+        let updated = g.update(|s| {
+            if let Some(p) = s.persistent_mut().process.as_mut() {
             p.results = verdicts;
             p.replies = written.iter().map(|e| e.name.clone()).collect();
             p.preparing.clear();
@@ -321,9 +302,12 @@ impl Core {
                     );
                 }
             }
-        }
-        g.set_expires_at(Some(self.session_now().after(self.config.ready_timeout)));
-        if let Err(e) = self.save_or_revert(g, before, exp).await {
+            }
+            s.set_expires_at(Some(ready_deadline));
+            Ok::<_, ExchangeError>(())
+        })
+        .await;
+        if let Err(e) = updated {
             let names: Vec<_> = written.into_iter().map(|e| e.name).collect();
             for r in self.mailboxes.delete_all(&prepared, &names).await {
                 if let Err(e) = r {
@@ -332,6 +316,7 @@ impl Core {
             }
             return Err(e);
         }
+        g.release().await?;
         tracing::info!(target: "estafeta::event", process = pid, db = %db, "process READY_TO_COMMIT (prepare)");
         Ok(answer(CallStatus::Ok))
     }
@@ -352,25 +337,22 @@ impl Core {
                     Some(ProcessState::ReadyToCommit) => {
                         // The intent record first: CLEANUP with every move
                         // decided, durable before the first file moves.
-                        let before = g.state().clone();
-                        let exp = g.expires_at();
                         let steps = g
                             .state()
                             .process
                             .as_ref()
                             .map(|p| self.commit_steps(p))
                             .unwrap_or_default();
-                        if let Some(p) = g.persistent_mut().process.as_mut() {
-                            p.state = ProcessState::Cleanup;
-                            p.pending = steps;
-                            p.target = Some(ProcessState::Done);
-                        }
-                        g.set_expires_at(None);
-                        if let Err(e) = g.save().await {
-                            *g.persistent_mut() = before;
-                            g.set_expires_at(exp);
-                            return Err(e.into());
-                        }
+                        g.update(|s| {
+                            if let Some(p) = s.persistent_mut().process.as_mut() {
+                                p.state = ProcessState::Cleanup;
+                                p.pending = steps;
+                                p.target = Some(ProcessState::Done);
+                            }
+                            s.set_expires_at(None);
+                            Ok::<_, ExchangeError>(())
+                        })
+                        .await?;
                         self.cleanup(g).await
                     }
                     Some(ProcessState::Cleanup | ProcessState::Failed) => self.cleanup(g).await,
@@ -411,22 +393,19 @@ impl Core {
         } else {
             ProcessState::RolledBack
         };
-        let before = g.state().clone();
-        let exp = g.expires_at();
         let steps = self.settle_steps(&g.state().in_doubt[i], commit);
         tracing::info!(
             target: "estafeta::event", process = %g.state().in_doubt[i].id,
             db = %g.state().in_doubt[i].db, commit, "settling a process in doubt"
         );
-        if let Some(p) = g.persistent_mut().in_doubt.get_mut(i) {
-            p.pending = steps;
-            p.target = Some(target);
-        }
-        if let Err(e) = g.save().await {
-            *g.persistent_mut() = before;
-            g.set_expires_at(exp);
-            return Err(e.into());
-        }
+        g.update(|s| {
+            if let Some(p) = s.persistent_mut().in_doubt.get_mut(i) {
+                p.pending = steps;
+                p.target = Some(target);
+            }
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
         self.replay_in_doubt(g.persistent_mut()).await?;
         g.release().await?;
         tracing::info!(target: "estafeta::event", commit, "process in doubt settled");
@@ -464,14 +443,18 @@ impl Core {
                 if let Err(e) = self.run_steps(&steps).await {
                     tracing::warn!(error = %e, "deleting prepared replies failed");
                 }
-                let before = g.state().clone();
-                let exp = g.expires_at();
-                let rec = g.persistent_mut();
-                if let Some(p) = rec.process.take() {
-                    self.finish(rec, p, target).await?;
-                }
-                g.set_expires_at(None);
-                self.save_or_revert(g, before, exp).await?;
+                self.write_owner(&p.id, &db, Some(target)).await?;
+                let now = self.now();
+                g.update(|s| {
+                    let rec = s.persistent_mut();
+                    if let Some(p) = rec.process.take() {
+                        rec.end(p, target, now);
+                    }
+                    s.set_expires_at(None);
+                    Ok::<_, ExchangeError>(())
+                })
+                .await?;
+                g.release().await?;
                 Ok(answer(CallStatus::Ok))
             }
             Found::InDoubt(i) => {

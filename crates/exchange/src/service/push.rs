@@ -157,12 +157,11 @@ impl Core {
         let mut g = self.sessions()?.get(key, true).await?.ok_or_else(|| {
             ExchangeError::unavailable("storage_error", "recipient session unavailable")
         })?;
-        let before = g.state().webhook.clone();
-        g.persistent_mut().webhook = url.clone();
-        if let Err(e) = g.save().await {
-            g.persistent_mut().webhook = before;
-            return Err(e.into());
-        }
+        g.update(|s| {
+            s.persistent_mut().webhook = url.clone();
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
         g.release().await?;
         {
             let mut map = self

@@ -58,6 +58,23 @@ pub(crate) struct Record {
     pub(crate) webhook: Option<String>,
 }
 
+impl Record {
+    /// A database's process ended as `state` at `now`: it is counted and
+    /// kept among the recent ones.
+    pub(crate) fn end(&mut self, mut p: Process, state: ProcessState, now: Timestamp) {
+        p.state = state;
+        p.ended_at = Some(now);
+        self.counters.ended(&p, state, now);
+        p.pending.clear();
+        p.target = None;
+        tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
+        self.recent.push_back(p);
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+    }
+}
+
 /// A device upload with an idempotency key: written into the device
 /// session before the message file, so that a retry after a crash in
 /// between writes the same file rather than a second message.

@@ -60,8 +60,16 @@ impl Inner {
         }
     }
 
-    fn is_at(&self, source: &str, at: &Position) -> bool {
-        self.ids.get(&at.id) == Some(&(source.to_owned(), at.due))
+    /// Whether exactly `entry` (place, payload and attempt) is stored.
+    fn holds(&self, entry: &Entry) -> bool {
+        self.ids.get(&entry.id) == Some(&(entry.source.clone(), entry.due))
+            && self
+                .sources
+                .get(&entry.source)
+                .and_then(|table| table.get(&entry.position()))
+                .is_some_and(|(payload, attempt)| {
+                    *payload == entry.payload && *attempt == entry.attempt
+                })
     }
 
     fn apply(&mut self, op: &Op) -> Applied {
@@ -77,33 +85,36 @@ impl Inner {
                 }
                 None => Applied::Unchanged,
             },
-            Op::Remove { source, at } => {
-                if !self.is_at(source, at) {
+            Op::Remove(e) => {
+                if !self.holds(e) {
                     return Applied::Unchanged;
                 }
-                self.remove_id(&at.id);
+                self.remove_id(&e.id);
                 Applied::Removed
             }
             Op::Move {
-                source,
-                at,
+                entry,
                 due,
                 attempt,
             } => {
-                if !self.is_at(source, at) {
+                if !self.holds(entry) {
                     return Applied::Unchanged;
                 }
-                match self.remove_id(&at.id) {
-                    Some((_, _, (payload, _))) => self.put(
-                        source,
-                        Position {
-                            due: *due,
-                            id: at.id.clone(),
-                        },
-                        (payload, *attempt),
-                    ),
-                    None => Applied::Unchanged,
+                self.remove_id(&entry.id);
+                self.put(
+                    &entry.source,
+                    Position {
+                        due: *due,
+                        id: entry.id.clone(),
+                    },
+                    (entry.payload.clone(), *attempt),
+                )
+            }
+            Op::Restore(e) => {
+                if self.ids.contains_key(&e.id) {
+                    return Applied::Unchanged;
                 }
+                self.put(&e.source, e.position(), (e.payload.clone(), e.attempt))
             }
         }
     }

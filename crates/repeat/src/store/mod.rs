@@ -32,27 +32,25 @@ pub enum Op {
         /// New due second.
         due: u64,
     },
-    /// Remove the entry at exactly this place; nothing happens if it was
-    /// moved or removed meanwhile (a delivery finished, but a caller may have
-    /// rescheduled the entry while its handler ran).
-    Remove {
-        /// Source of the entry.
-        source: String,
-        /// Its place when it was handed out.
-        at: Position,
-    },
-    /// Move the entry at exactly this place to `due` with `attempt`; nothing
-    /// happens if it was moved or removed meanwhile.
+    /// Remove exactly this entry, as it was read: nothing happens if it was
+    /// moved, removed or replaced meanwhile (a delivery finished, but a
+    /// caller may have rescheduled or replaced the entry while its handler
+    /// ran; the outcome is not theirs).
+    Remove(Entry),
+    /// Move exactly this entry, as it was read, to `due` with `attempt`;
+    /// nothing happens if it was moved, removed or replaced meanwhile.
     Move {
-        /// Source of the entry.
-        source: String,
-        /// Its place when it was handed out.
-        at: Position,
+        /// The entry as it was read.
+        entry: Entry,
         /// New due second.
         due: u64,
         /// New attempt count.
         attempt: u32,
     },
+    /// Insert the entry unless an entry with its id exists (a handed-out
+    /// entry that was removed before its handler ran goes back, unless a
+    /// caller scheduled its id again meanwhile).
+    Restore(Entry),
 }
 
 /// What one [`Op`] did.

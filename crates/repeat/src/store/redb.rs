@@ -132,22 +132,38 @@ impl<'t> Writer<'t> {
         Ok(Some((source, due, attempt, payload)))
     }
 
-    /// Removes the entry if it is exactly at `at` in `source`, returning its
-    /// payload. Ids are unique, so finding the key in the source table is
-    /// enough; the index is not consulted (this is the hot path of every
-    /// finished delivery).
-    fn take_at(&mut self, source: &str, at: &Position) -> Result<Option<Vec<u8>>, StoreError> {
-        let table = Self::open_source(self.txn, &mut self.sources, source)?;
-        let value = table
-            .remove((at.due, at.id.as_str()))
-            .map_err(StoreError::redb)?;
-        let Some(value) = value else {
-            return Ok(None);
+    /// Removes exactly `entry` (place, payload and attempt), if it is
+    /// stored; returns whether it was. Ids are unique, so finding the key in
+    /// the source table is enough; the index is not consulted (this is the
+    /// hot path of every finished delivery). An entry replaced at the same
+    /// place is put back as it was.
+    fn take_exact(&mut self, entry: &crate::Entry) -> Result<bool, StoreError> {
+        let table = Self::open_source(self.txn, &mut self.sources, &entry.source)?;
+        let key = (entry.due, entry.id.as_str());
+        // The stored bytes when they are not exactly the entry, to put back.
+        let other = match table.remove(key).map_err(StoreError::redb)? {
+            None => return Ok(false),
+            Some(value) => {
+                let stored = value.value();
+                let exact = stored
+                    .split_first_chunk::<4>()
+                    .is_some_and(|(attempt, payload)| {
+                        *attempt == entry.attempt.to_le_bytes()
+                            && payload == entry.payload.as_slice()
+                    });
+                (!exact).then(|| stored.to_vec())
+            }
         };
-        let (_, payload) = decode(&at.id, value.value())?;
-        drop(value);
-        self.ids.remove(at.id.as_str()).map_err(StoreError::redb)?;
-        Ok(Some(payload))
+        if let Some(other) = other {
+            table
+                .insert(key, other.as_slice())
+                .map_err(StoreError::redb)?;
+            return Ok(false);
+        }
+        self.ids
+            .remove(entry.id.as_str())
+            .map_err(StoreError::redb)?;
+        Ok(true)
     }
 
     fn put(
@@ -185,19 +201,27 @@ impl<'t> Writer<'t> {
                 Some((source, _, _, payload)) => self.put(&source, *due, id, 0, &payload),
                 None => Ok(Applied::Unchanged),
             },
-            Op::Remove { source, at } => Ok(match self.take_at(source, at)? {
-                Some(_) => Applied::Removed,
-                None => Applied::Unchanged,
+            Op::Remove(entry) => Ok(if self.take_exact(entry)? {
+                Applied::Removed
+            } else {
+                Applied::Unchanged
             }),
             Op::Move {
-                source,
-                at,
+                entry,
                 due,
                 attempt,
-            } => match self.take_at(source, at)? {
-                Some(payload) => self.put(source, *due, &at.id, *attempt, &payload),
-                None => Ok(Applied::Unchanged),
-            },
+            } => {
+                if !self.take_exact(entry)? {
+                    return Ok(Applied::Unchanged);
+                }
+                self.put(&entry.source, *due, &entry.id, *attempt, &entry.payload)
+            }
+            Op::Restore(e) => {
+                if self.locate(&e.id)?.is_some() {
+                    return Ok(Applied::Unchanged);
+                }
+                self.put(&e.source, e.due, &e.id, e.attempt, &e.payload)
+            }
         }
     }
 }

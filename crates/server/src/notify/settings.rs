@@ -76,17 +76,19 @@ fn list(s: &str) -> Vec<String> {
 }
 
 impl NotifySettings {
-    /// No channels: alerts are only logged; the disk is still watched.
+    /// No channels and no probes: alerts are only logged; the disk is still
+    /// watched (at the settings' default period, with no alert threshold).
     pub fn log_only(data_dir: impl Into<PathBuf>) -> Self {
+        let defaults = Settings::default();
         NotifySettings {
             data_dir: data_dir.into(),
             email: None,
             sms: None,
             webhook: None,
-            retry: Duration::from_secs(5),
+            retry: defaults.alert_retry,
             probe: Duration::ZERO,
             disk_alert_bytes: 0,
-            disk_check: Duration::from_secs(60),
+            disk_check: defaults.disk_check,
         }
     }
 
@@ -95,7 +97,7 @@ impl NotifySettings {
         let email = match (&s.alert_email, &s.smtp_url) {
             (None, None) => None,
             (Some(to), Some(url)) => Some(EmailChannel {
-                smtp: smtp_config(url, &s.smtp_from)?,
+                smtp: smtp_config(url.expose(), &s.smtp_from)?,
                 to: list(to),
             }),
             _ => return Err(NotifyConfigError::EmailIncomplete),
@@ -108,7 +110,7 @@ impl NotifySettings {
             (None, None) => None,
             (Some(url), Some(to)) => {
                 let gateway = SmsConfig {
-                    url: url.clone(),
+                    url: url.expose().to_owned(),
                     method: s.alert_sms_method.clone(),
                     body: Some(s.alert_sms_body.clone()).filter(|b| !b.is_empty()),
                     content_type: s.alert_sms_content_type.clone(),
@@ -122,7 +124,8 @@ impl NotifySettings {
             }
             _ => return Err(NotifyConfigError::SmsIncomplete),
         };
-        if let Some(url) = &s.alert_webhook {
+        let webhook = s.alert_webhook.as_ref().map(|url| url.expose().to_owned());
+        if let Some(url) = &webhook {
             reqwest::Url::parse(url).map_err(|e| estafeta_sendq::ConfigError::InvalidUrl {
                 url: url.clone(),
                 reason: e.to_string(),
@@ -132,7 +135,7 @@ impl NotifySettings {
             data_dir: s.data_dir.clone(),
             email,
             sms,
-            webhook: s.alert_webhook.clone(),
+            webhook,
             retry: s.alert_retry.max(Duration::from_secs(1)),
             probe: s.alert_probe,
             disk_alert_bytes: s.disk_alert_mb.saturating_mul(1 << 20),
