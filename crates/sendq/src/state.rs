@@ -135,6 +135,14 @@ struct HostQueue<H, P, C> {
     probe_failures: u32,
 }
 
+impl<H, P, C> HostQueue<H, P, C> {
+    /// Whether entries of a type go no further than their type queue now:
+    /// while the host is down, all but probes (which find out when it is up).
+    fn holds_back(&self, probe: bool) -> bool {
+        self.down && !probe
+    }
+}
+
 /// A send handed to a worker.
 pub(crate) struct Job<H, P> {
     pub(crate) id: u64,
@@ -271,8 +279,9 @@ where
         let Some(tc) = self.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
         };
-        let (one_shot, may_go_down, deadline) = (
+        let (one_shot, probe, may_go_down, deadline) = (
             tc.prior_one_shot,
+            tc.probe.is_some(),
             tc.queueable_if_down || tc.probe.is_some(),
             tc.deadline.map(|d| now + d),
         );
@@ -301,8 +310,9 @@ where
         let Some(hq) = self.host_mut(host_key) else {
             return Err(SendError::HostRemoved);
         };
+        let held_back = hq.holds_back(probe);
         let tq = &mut hq.types[kind.0];
-        if one_shot && tq.in_flight < tq.window.limit() {
+        if one_shot && !held_back && tq.in_flight < tq.window.limit() {
             tq.one_shot_busy = true;
             tq.in_flight += 1;
             hq.ready.push_front(id);
@@ -355,7 +365,7 @@ where
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
-        if hq.down && tc.probe.is_none() {
+        if hq.holds_back(tc.probe.is_some()) {
             return;
         }
         let tq = &mut hq.types[kind];
@@ -501,7 +511,7 @@ where
         }
         let probe = self.config.types[kind].probe.is_some();
         match self.hosts.get(host_key) {
-            Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
+            Some(hq) => hq.holds_back(probe).then_some(SendError::HostDown),
             None => Some(SendError::HostRemoved),
         }
     }
