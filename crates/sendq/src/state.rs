@@ -72,7 +72,9 @@ enum Stage {
     Waiting,
     /// In the host's ready queue; counts as in flight.
     Ready,
-    /// Handed to a send worker, not yet written.
+    /// Held by a send worker, which writes it or gives it back (then it is
+    /// `Ready` again); still `Sending` when handed back written, until the
+    /// sent event is recorded.
     Sending,
     /// Written; waiting for the answer.
     Sent,
@@ -497,10 +499,13 @@ where
         None
     }
 
-    /// Gives a job's body back to its entry, which a worker no longer holds.
+    /// Gives back the body of a job a worker did not hand to its transport:
+    /// the entry is ready again, as if it had never been picked.
     fn restore(&mut self, job: Job<H, P>) {
         if let Some(e) = self.entries.get_mut(job.id) {
             e.body = Some(job.body);
+            e.stage = Stage::Ready;
+            e.started = None;
         }
     }
 
@@ -528,12 +533,8 @@ where
                 self.release_host(host_key);
                 continue;
             }
-            if let Some(e) = self.entries.get_mut(id) {
-                e.stage = Stage::Ready;
-                e.started = None;
-                if let Some(d) = e.deadline {
-                    self.deadlines.insert((d, id));
-                }
+            if let Some(d) = self.entries.get(id).and_then(|e| e.deadline) {
+                self.deadlines.insert((d, id));
             }
             if let Some(hq) = self.hosts.get_mut(host_key) {
                 let entries = &self.entries;
@@ -617,6 +618,8 @@ where
         let probe = tc.probe.clone();
         if let Some(hq) = self.hosts.get_mut(e.host_key) {
             let tq = &mut hq.types[e.kind];
+            // Only an entry its transport was given says something about
+            // the host (an entry refused before its write is ready again).
             let written = matches!(e.stage, Stage::Sending | Stage::Sent);
             match e.stage {
                 Stage::Waiting => tq.waiting_live -= 1,
@@ -1033,6 +1036,43 @@ mod tests {
         assert!(!st.window_is_full(&"h", Kind(0)));
         let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
         assert_eq!(stats.in_flight, 0);
+    }
+
+    /// Jobs refused before they were handed to the transport (their host
+    /// went down after they were picked) were never written: they say
+    /// nothing about the host, so the adaptive window keeps its size.
+    #[tokio::test]
+    async fn jobs_refused_before_their_write_leave_the_adaptive_window_alone() {
+        let adaptive = crate::config::Adaptive {
+            min: 1,
+            max: 8,
+            latency_target: Duration::from_secs(1),
+        };
+        let mut st = state(vec![
+            TypeConfig::new("a", 4)
+                .queueable_if_down()
+                .adaptive(adaptive),
+        ]);
+        for i in 1..=3 {
+            add(&mut st, "h", i);
+        }
+        let mut jobs = pick(&mut st, 8);
+        assert_eq!(jobs.len(), 3);
+        st.host_down(&"h");
+        // One job checked before its write, the others handed back after
+        // the first write made the worker wait.
+        let first = jobs.pop_front().unwrap();
+        assert!(st.before_write(first).is_none());
+        st.hand_back(&mut jobs);
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 3);
+        assert!(
+            finished
+                .iter()
+                .all(|f| matches!(f.done.result, Err(SendError::HostDown)))
+        );
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!((stats.in_flight, stats.window), (0, 4));
     }
 
     #[tokio::test]
