@@ -9,7 +9,12 @@
 //!
 //! * An [`Entry`] is `(due second, id, payload)` in a *source* (partition).
 //!   Each source is read in [`Position`] order (due, then id). Ids are unique
-//!   across a store; scheduling an existing id replaces it.
+//!   across a store; scheduling an existing id replaces it. A handler's
+//!   outcome applies only to the version of the entry it was handed (same
+//!   place, payload and attempt count): if a caller replaced, moved or
+//!   cancelled the entry while the handler ran, the outcome changes nothing
+//!   and a replacement is handed out in its turn, even one at the very same
+//!   place (`tests/replace.rs`, both stores, both delivery modes).
 //! * A [`Store`] keeps entries durably: [`RedbStore`] (one redb file, a table
 //!   per source plus an id index) by default, [`MemoryStore`] for tests.
 //!   [`Scheduler::schedule`], [`Scheduler::cancel`] and
@@ -17,7 +22,8 @@
 //!   writes share a commit.
 //! * [`Scheduler::run`] is the dispatcher loop. It knows the earliest due
 //!   second; before it, it sleeps to the next second (woken early when an
-//!   entry due sooner is scheduled). At or after it, it takes due entries —
+//!   entry due sooner is scheduled, also when that happens just as the loop
+//!   goes to sleep: checked on two threads at random offsets). At or after it, it takes due entries —
 //!   overdue ones included — up to the number of free workers of the
 //!   [`WorkerPool`], waiting without spinning while none is free, and starts
 //!   the [`Handler`] on them. It tracks each source's next due time as it reads.
@@ -32,7 +38,12 @@
 //!   the outcome (remove, move) is committed, batched with other outcomes.
 //!   After a crash that set is gone and every stored entry is due again,
 //!   which is the re-delivery. (redb locks its file, so no second process
-//!   can be handing out the same entries.)
+//!   can be handing out the same entries.) An outcome whose write keeps
+//!   failing is retried until the scheduler closes; then, with
+//!   at-least-once delivery, the entry stays stored as it was and is handed
+//!   out again, while with at-most-once delivery a `Failed` or `Reschedule`
+//!   outcome cannot put the entry back and it is lost, as in a crash, and
+//!   counted in [`Stats::lost`] (`tests/close.rs`).
 //! * Late entries follow the [`Misfire`] policy.
 //! * A source whose reads fail is retried with backoff and reported in
 //!   [`Stats`]; the other sources go on.

@@ -26,14 +26,19 @@
 //!   when it is up) and *prior one-shot* (to the front of the ready queue; a
 //!   second one while the first is unanswered is refused with
 //!   [`SendError::Busy`]: the health probe, see [`TypeConfig::probe`]).
+//!   Nothing but a probe is handed to the transport while its host is down,
+//!   a queueable one-shot included: it waits for the host to come up.
 //! - Host down ([`SendQueue::host_down`]): ready entries fail with
 //!   [`SendError::ConnectionAborted`], queued entries of other types with
 //!   [`SendError::HostDown`], queueable ones stay; written entries are settled
 //!   by their transport. Host removed: every unsent entry fails with
 //!   [`SendError::HostRemoved`].
 //! - Beyond the seed: a deadline per queued entry ([`SendError::Expired`]) and
-//!   an adaptive (AIMD) window per type ([`Adaptive`]). Time is Tokio's, so
-//!   tests drive it with `tokio::time::pause()`.
+//!   an adaptive (AIMD) window per type ([`Adaptive`]). Only entries handed
+//!   to the transport feed the window (and a probe's failure count); an
+//!   entry refused after a worker picked it but before its write (its host
+//!   went down or was removed, or the queue closed) counts as never sent.
+//!   Time is Tokio's, so tests drive it with `tokio::time::pause()`.
 //! - One finalizer task runs completions one at a time, outside every lock,
 //!   and every entry is finalized exactly once: answered, failed, expired,
 //!   aborted, removed, or failed with [`SendError::ShuttingDown`] by
@@ -47,7 +52,9 @@
 //! The [`Transport`] contract keeps "sent" and "answered" apart: the future
 //! of [`Transport::send`] resolving is the sent event, and the [`Reply`] it is
 //! given carries the answer, from any task, at any time (an answer that comes
-//! first is held until the sent event). Transports here: [`WebhookTransport`]
+//! first is held until the sent event). Every answer reaches its entry,
+//! whatever the entry's key: no key value stands for "no send running",
+//! so an entry is never left sent but unanswered with its window slot taken. Transports here: [`WebhookTransport`]
 //! (JSON POST; sent when the body is written), [`SmtpTransport`] (e-mail,
 //! STARTTLS and AUTH), [`SmsTransport`] (an HTTP SMS gateway from URL, method
 //! and body templates) and [`HttpProbe`] (health probes).

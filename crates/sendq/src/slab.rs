@@ -164,6 +164,18 @@ mod tests {
     }
 
     #[test]
+    fn slot_0_hands_out_key_0_once_its_generation_wraps() {
+        let mut slab = Slab::new();
+        let a = slab.insert("a");
+        slab.remove(a);
+        slab.slots[0].generation = u32::MAX;
+        let b = slab.insert("b");
+        assert_eq!(b, 0);
+        assert_eq!(slab.get(b), Some(&"b"));
+        assert_eq!(slab.get(a), None);
+    }
+
+    #[test]
     fn a_mirror_finds_only_the_key_it_was_given() {
         let mut slab = Slab::new();
         let mut mirror = Mirror::new();

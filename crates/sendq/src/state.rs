@@ -72,7 +72,9 @@ enum Stage {
     Waiting,
     /// In the host's ready queue; counts as in flight.
     Ready,
-    /// Handed to a send worker, not yet written.
+    /// Held by a send worker, which writes it or gives it back (then it is
+    /// `Ready` again); still `Sending` when handed back written, until the
+    /// sent event is recorded.
     Sending,
     /// Written; waiting for the answer.
     Sent,
@@ -133,6 +135,14 @@ struct HostQueue<H, P, C> {
     in_hostq: bool,
     down: bool,
     probe_failures: u32,
+}
+
+impl<H, P, C> HostQueue<H, P, C> {
+    /// Whether entries of a type go no further than their type queue now:
+    /// while the host is down, all but probes (which find out when it is up).
+    fn holds_back(&self, probe: bool) -> bool {
+        self.down && !probe
+    }
 }
 
 /// A send handed to a worker.
@@ -271,8 +281,9 @@ where
         let Some(tc) = self.config.types.get(kind.0) else {
             return Err(ConfigError::UnknownKind(kind.0).into());
         };
-        let (one_shot, may_go_down, deadline) = (
+        let (one_shot, probe, may_go_down, deadline) = (
             tc.prior_one_shot,
+            tc.probe.is_some(),
             tc.queueable_if_down || tc.probe.is_some(),
             tc.deadline.map(|d| now + d),
         );
@@ -301,8 +312,9 @@ where
         let Some(hq) = self.host_mut(host_key) else {
             return Err(SendError::HostRemoved);
         };
+        let held_back = hq.holds_back(probe);
         let tq = &mut hq.types[kind.0];
-        if one_shot && tq.in_flight < tq.window.limit() {
+        if one_shot && !held_back && tq.in_flight < tq.window.limit() {
             tq.one_shot_busy = true;
             tq.in_flight += 1;
             hq.ready.push_front(id);
@@ -355,7 +367,7 @@ where
         let Some(hq) = self.hosts.get_mut(host_key) else {
             return;
         };
-        if hq.down && tc.probe.is_none() {
+        if hq.holds_back(tc.probe.is_some()) {
             return;
         }
         let tq = &mut hq.types[kind];
@@ -487,10 +499,13 @@ where
         None
     }
 
-    /// Gives a job's body back to its entry, which a worker no longer holds.
+    /// Gives back the body of a job a worker did not hand to its transport:
+    /// the entry is ready again, as if it had never been picked.
     fn restore(&mut self, job: Job<H, P>) {
         if let Some(e) = self.entries.get_mut(job.id) {
             e.body = Some(job.body);
+            e.stage = Stage::Ready;
+            e.started = None;
         }
     }
 
@@ -501,7 +516,7 @@ where
         }
         let probe = self.config.types[kind].probe.is_some();
         match self.hosts.get(host_key) {
-            Some(hq) => (hq.down && !probe).then_some(SendError::HostDown),
+            Some(hq) => hq.holds_back(probe).then_some(SendError::HostDown),
             None => Some(SendError::HostRemoved),
         }
     }
@@ -518,12 +533,8 @@ where
                 self.release_host(host_key);
                 continue;
             }
-            if let Some(e) = self.entries.get_mut(id) {
-                e.stage = Stage::Ready;
-                e.started = None;
-                if let Some(d) = e.deadline {
-                    self.deadlines.insert((d, id));
-                }
+            if let Some(d) = self.entries.get(id).and_then(|e| e.deadline) {
+                self.deadlines.insert((d, id));
             }
             if let Some(hq) = self.hosts.get_mut(host_key) {
                 let entries = &self.entries;
@@ -607,6 +618,8 @@ where
         let probe = tc.probe.clone();
         if let Some(hq) = self.hosts.get_mut(e.host_key) {
             let tq = &mut hq.types[e.kind];
+            // Only an entry its transport was given says something about
+            // the host (an entry refused before its write is ready again).
             let written = matches!(e.stage, Stage::Sending | Stage::Sent);
             match e.stage {
                 Stage::Waiting => tq.waiting_live -= 1,
@@ -1023,6 +1036,43 @@ mod tests {
         assert!(!st.window_is_full(&"h", Kind(0)));
         let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
         assert_eq!(stats.in_flight, 0);
+    }
+
+    /// Jobs refused before they were handed to the transport (their host
+    /// went down after they were picked) were never written: they say
+    /// nothing about the host, so the adaptive window keeps its size.
+    #[tokio::test]
+    async fn jobs_refused_before_their_write_leave_the_adaptive_window_alone() {
+        let adaptive = crate::config::Adaptive {
+            min: 1,
+            max: 8,
+            latency_target: Duration::from_secs(1),
+        };
+        let mut st = state(vec![
+            TypeConfig::new("a", 4)
+                .queueable_if_down()
+                .adaptive(adaptive),
+        ]);
+        for i in 1..=3 {
+            add(&mut st, "h", i);
+        }
+        let mut jobs = pick(&mut st, 8);
+        assert_eq!(jobs.len(), 3);
+        st.host_down(&"h");
+        // One job checked before its write, the others handed back after
+        // the first write made the worker wait.
+        let first = jobs.pop_front().unwrap();
+        assert!(st.before_write(first).is_none());
+        st.hand_back(&mut jobs);
+        let finished = done(&mut st);
+        assert_eq!(finished.len(), 3);
+        assert!(
+            finished
+                .iter()
+                .all(|f| matches!(f.done.result, Err(SendError::HostDown)))
+        );
+        let stats = st.stats(&"h", Kind(0), Instant::now()).unwrap();
+        assert_eq!((stats.in_flight, stats.window), (0, 4));
     }
 
     #[tokio::test]

@@ -65,39 +65,53 @@ pub(crate) type EarlyAnswer<A> = (Result<A, SendError>, bool);
 /// [`Transport::send`] waits for the worker, so the common "answered at once"
 /// case takes no queue lock of its own.
 pub(crate) struct Parking<A> {
-    slot: Mutex<(u64, Option<EarlyAnswer<A>>)>,
+    slot: Mutex<Slot<A>>,
     sink: Arc<dyn ReplySink<A>>,
+}
+
+/// The parking slot of one worker.
+struct Slot<A> {
+    /// The entry whose send is running; `None` between sends. Every `u64`
+    /// is a possible entry key, so "no send" is not a key value.
+    sending: Option<u64>,
+    answer: Option<EarlyAnswer<A>>,
 }
 
 impl<A> Parking<A> {
     pub(crate) fn new(sink: Arc<dyn ReplySink<A>>) -> Self {
         Self {
-            slot: Mutex::new((0, None)),
+            slot: Mutex::new(Slot {
+                sending: None,
+                answer: None,
+            }),
             sink,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<EarlyAnswer<A>>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot<A>> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The worker is about to call the transport for entry `id`.
     pub(crate) fn open(&self, id: u64) {
-        *self.lock() = (id, None);
+        *self.lock() = Slot {
+            sending: Some(id),
+            answer: None,
+        };
     }
 
     /// The transport's send returned: later answers go to the queue itself.
     pub(crate) fn close(&self) -> Option<EarlyAnswer<A>> {
         let mut slot = self.lock();
-        slot.0 = 0;
-        slot.1.take()
+        slot.sending = None;
+        slot.answer.take()
     }
 
     /// Parks the answer if entry `id`'s send is still running; gives it back otherwise.
     fn park(&self, id: u64, answer: EarlyAnswer<A>) -> Option<EarlyAnswer<A>> {
         let mut slot = self.lock();
-        if slot.0 == id && slot.1.is_none() {
-            slot.1 = Some(answer);
+        if slot.sending == Some(id) && slot.answer.is_none() {
+            slot.answer = Some(answer);
             None
         } else {
             Some(answer)
@@ -136,5 +150,53 @@ impl<A: Send + 'static> Drop for Reply<A> {
 impl<A: Send + 'static> std::fmt::Debug for Reply<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reply").field("id", &self.id).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Settled = (u64, Result<u32, SendError>, bool);
+
+    /// Records what reaches the queue.
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<Settled>>);
+
+    impl ReplySink<u32> for Sink {
+        fn settle(&self, id: u64, result: Result<u32, SendError>, abandoned: bool) {
+            self.0.lock().unwrap().push((id, result, abandoned));
+        }
+    }
+
+    fn parking() -> (Arc<Sink>, Arc<Parking<u32>>) {
+        let sink = Arc::new(Sink::default());
+        let parking = Arc::new(Parking::new(Arc::clone(&sink) as Arc<dyn ReplySink<u32>>));
+        (sink, parking)
+    }
+
+    #[test]
+    fn an_answer_during_the_send_is_parked_for_the_worker() {
+        let (sink, parking) = parking();
+        parking.open(7);
+        Reply::new(7, Arc::clone(&parking)).answer(Ok(1));
+        assert!(matches!(parking.close(), Some((Ok(1), false))));
+        assert!(sink.0.lock().unwrap().is_empty());
+    }
+
+    /// Entry keys carry a 32-bit generation that wraps, so slot 0 of the
+    /// entry slab hands out key 0 once in every 2^32 uses of that slot.
+    #[test]
+    fn a_late_answer_for_key_0_reaches_the_queue() {
+        let (sink, parking) = parking();
+        parking.open(0);
+        let reply = Reply::new(0, Arc::clone(&parking));
+        assert!(parking.close().is_none());
+        reply.answer(Ok(5));
+        let settled = sink.0.lock().unwrap();
+        assert!(
+            matches!(settled.as_slice(), [(0, Ok(5), false)]),
+            "{settled:?}"
+        );
     }
 }

@@ -254,6 +254,43 @@ async fn queueable_entries_survive_a_down_period_and_go_out_in_order() {
     q.shutdown().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_queueable_one_shot_added_while_its_host_is_down_waits_for_it_to_come_up() {
+    let (transport, mut calls) = Manual::new();
+    let types = vec![
+        TypeConfig::new("urgent", 1)
+            .prior_one_shot()
+            .queueable_if_down(),
+    ];
+    let q = SendQueue::new(config(types), transport).unwrap();
+    let mut rec = Recorder::new();
+    q.add("h", A, 0, rec.callback()).unwrap();
+    settle().await;
+    drain_calls(&mut calls).pop().unwrap().reply.answer(Ok(0));
+    settle().await;
+    q.host_down(&"h");
+    q.add("h", A, 1, rec.callback()).unwrap();
+    settle().await;
+    assert!(
+        payloads(&drain_calls(&mut calls)).is_empty(),
+        "nothing is sent to a host that is down"
+    );
+    let stats = q.stats(&"h", A).unwrap();
+    assert_eq!((stats.queued, stats.in_flight), (1, 0));
+    assert!(matches!(
+        q.add("h", A, 2, rec.callback()),
+        Err(SendError::Busy)
+    ));
+    q.host_up(&"h");
+    settle().await;
+    let call = drain_calls(&mut calls).pop().unwrap();
+    assert_eq!(call.payload, 1);
+    call.reply.answer(Ok(1));
+    settle().await;
+    assert_eq!(rec.drain(), vec![ok("h", 0), ok("h", 1)]);
+    q.shutdown().await;
+}
+
 /// Builds one host with entries in every stage: `keep` 0 being written,
 /// `keep` 1 ready, `keep` 2 waiting, `plain` 10 and 11 ready, `plain` 12 waiting.
 async fn entries_in_every_stage(
