@@ -20,6 +20,9 @@ pub const ENV_PREFIX: &str = "ESTAFETA_";
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "estafeta.toml";
 
+/// The shortest admin token the settings may give, in characters.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
+
 /// Settings whose values are text: the environment gives them as they are,
 /// so that a token or a folder name made of digits stays text.
 const TEXT_KEYS: [&str; 12] = [
@@ -42,8 +45,8 @@ pub const SETTINGS_HELP: &str = "\
 Settings (environment variables; a TOML file may set the same keys in lower case without the prefix):
   ESTAFETA_DATA_DIR         data folder: mailboxes and .estafeta/ [default: ./estafeta-data]
   ESTAFETA_LISTEN           address to listen on [default: 127.0.0.1:8080]
-  ESTAFETA_ADMIN_TOKEN      admin token; when unset, one is made at first start, printed once
-                            and kept in <data>/.estafeta/admin-token
+  ESTAFETA_ADMIN_TOKEN      admin token, at least 32 characters; when unset, one is made at first
+                            start, printed once and kept in <data>/.estafeta/admin-token
   ESTAFETA_MAX_FILES        most messages a process start hands out [default: 10]
   ESTAFETA_MAX_MB           most megabytes a process start hands out [default: 20]
   ESTAFETA_STARTED_TIMEOUT  a STARTED process older than this times out [default: 10m]
@@ -87,6 +90,11 @@ pub enum ConfigError {
     /// The message-start limits are out of range.
     #[error("configuration: {0}")]
     Limits(#[from] estafeta_exchange::LimitError),
+    /// The admin token is shorter than [`MIN_ADMIN_TOKEN_LEN`].
+    #[error(
+        "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is {0} characters long; it must be at least {MIN_ADMIN_TOKEN_LEN} (for example `openssl rand -hex 16`), or unset to have one made"
+    )]
+    WeakAdminToken(usize),
     /// `max_body_mb` is zero.
     #[error("configuration: max_body_mb must be at least 1")]
     NoBody,
@@ -253,6 +261,11 @@ impl Settings {
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
         let settings: Settings = Self::figment(file).extract().map_err(Box::new)?;
         settings.exchange_config()?;
+        if let Some(token) = &settings.admin_token
+            && token.chars().count() < MIN_ADMIN_TOKEN_LEN
+        {
+            return Err(ConfigError::WeakAdminToken(token.chars().count()));
+        }
         if settings.max_body_mb == 0 {
             return Err(ConfigError::NoBody);
         }
@@ -384,12 +397,13 @@ mod tests {
     #[test]
     fn text_settings_stay_text_even_when_they_look_like_numbers() {
         Jail::expect_with(|jail| {
-            jail.set_env("ESTAFETA_ADMIN_TOKEN", "0012345");
+            let digits = "00123456789012345678901234567890";
+            jail.set_env("ESTAFETA_ADMIN_TOKEN", digits);
             jail.set_env("ESTAFETA_DATA_DIR", "1e5");
             let s = Settings::load(None).unwrap();
-            assert_eq!(s.admin_token.as_deref(), Some("0012345"));
+            assert_eq!(s.admin_token.as_deref(), Some(digits));
             assert_eq!(s.data_dir, PathBuf::from("1e5"));
-            assert!(!format!("{s:?}").contains("0012345"));
+            assert!(!format!("{s:?}").contains(digits));
             Ok(())
         });
     }
@@ -417,6 +431,14 @@ mod tests {
             jail.set_env("ESTAFETA_MAX_FILES", "10");
             jail.set_env("ESTAFETA_MAX_BODY_MB", "0");
             assert!(matches!(Settings::load(None), Err(ConfigError::NoBody)));
+
+            jail.set_env("ESTAFETA_MAX_BODY_MB", "32");
+            jail.set_env("ESTAFETA_ADMIN_TOKEN", "x".repeat(MIN_ADMIN_TOKEN_LEN - 1));
+            let err = Settings::load(None).unwrap_err();
+            assert!(matches!(err, ConfigError::WeakAdminToken(31)), "{err}");
+            assert!(err.to_string().contains("at least 32"), "{err}");
+            jail.set_env("ESTAFETA_ADMIN_TOKEN", "x".repeat(MIN_ADMIN_TOKEN_LEN));
+            assert!(Settings::load(None).is_ok());
             Ok(())
         });
     }
