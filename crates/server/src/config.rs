@@ -116,8 +116,8 @@ settings! {
         data_dir: PathBuf = "./estafeta-data";
         /// address to listen on
         listen: String = "127.0.0.1:8080";
-        /// admin token; when unset, one is made at first start, printed once and kept in
-        /// <data>/.estafeta/admin-token
+        /// admin token, at least 32 characters; when unset, one is made at first start,
+        /// printed once and kept in <data>/.estafeta/admin-token
         admin_token: Option<Secret>;
         /// most messages a process start hands out
         max_files: usize = "10";
@@ -281,9 +281,17 @@ fn wrap(text: &str, indent: usize, width: usize) -> String {
     out
 }
 
+/// The shortest admin token the settings may give, in characters.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
+
 /// The configuration could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The admin token is shorter than [`MIN_ADMIN_TOKEN_LEN`].
+    #[error(
+        "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is {0} characters long; it must be at least {MIN_ADMIN_TOKEN_LEN} (for example `openssl rand -hex 16`), or unset to have one made"
+    )]
+    WeakAdminToken(usize),
     /// The configuration file cannot be read.
     #[error("configuration file {}: {source}", path.display())]
     ReadFile {
@@ -434,6 +442,12 @@ impl Sources {
                 reason: "no such setting".to_owned(),
             })?;
             effective.set(setting, text, Origin::Flag(flag))?;
+        }
+        if let Some(token) = &effective.settings.admin_token {
+            let len = token.expose().chars().count();
+            if len < MIN_ADMIN_TOKEN_LEN {
+                return Err(ConfigError::WeakAdminToken(len));
+            }
         }
         effective.settings.exchange_config()?;
         effective.settings.notify()?;
@@ -712,6 +726,16 @@ mod tests {
         Ok(sources(None, env).resolve()?.settings)
     }
 
+    #[test]
+    fn a_short_admin_token_is_refused_with_the_length_it_needs() {
+        let short = "x".repeat(MIN_ADMIN_TOKEN_LEN - 1);
+        let err = load(&[("ESTAFETA_ADMIN_TOKEN", &short)]).unwrap_err();
+        assert!(matches!(err, ConfigError::WeakAdminToken(31)), "{err}");
+        assert!(err.to_string().contains("at least 32"), "{err}");
+        let enough = "x".repeat(MIN_ADMIN_TOKEN_LEN);
+        assert!(load(&[("ESTAFETA_ADMIN_TOKEN", &enough)]).is_ok());
+    }
+
     /// A folder with `estafeta.toml` holding `text`, and its path.
     fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -828,16 +852,17 @@ mod tests {
 
     #[test]
     fn text_settings_stay_text_even_when_they_look_like_numbers() {
-        let (_dir, path) = file("admin_token = 12345\nsmtp_from = \"0012@example.org\"");
+        let (_dir, path) = file("listen = 12345\nsmtp_from = \"0012@example.org\"");
         let s = sources(Some(&path), &[("ESTAFETA_DATA_DIR", "1e5")])
             .resolve()
             .unwrap()
             .settings;
-        assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some("12345"));
+        assert_eq!(s.listen, "12345");
         assert_eq!(s.data_dir, PathBuf::from("1e5"));
-        let s = load(&[("ESTAFETA_ADMIN_TOKEN", "0012345")]).unwrap();
-        assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some("0012345"));
-        assert!(!format!("{s:?}").contains("0012345"));
+        let digits = "00123456789012345678901234567890";
+        let s = load(&[("ESTAFETA_ADMIN_TOKEN", digits)]).unwrap();
+        assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some(digits));
+        assert!(!format!("{s:?}").contains(digits));
     }
 
     #[test]
@@ -970,7 +995,7 @@ mod tests {
         let effective = sources(
             Some(&path),
             &[
-                ("ESTAFETA_ADMIN_TOKEN", "t0ken"),
+                ("ESTAFETA_ADMIN_TOKEN", "t0ken-t0ken-t0ken-t0ken-t0ken-t0"),
                 ("ESTAFETA_MAX_FILES", "4"),
             ],
         )

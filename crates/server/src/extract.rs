@@ -17,8 +17,9 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The authenticated caller: `Authorization: Bearer <token>` resolved by the
-/// exchange. A missing, malformed or unknown token is 401; rights are the
-/// exchange's to check (403).
+/// exchange. A missing, malformed or unknown token is 401; more than one
+/// `Authorization` header is 400 (no header wins over another); rights are
+/// the exchange's to check (403).
 #[derive(Debug, Clone)]
 pub struct Caller(pub Principal);
 
@@ -26,10 +27,16 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
+        let mut headers = parts.headers.get_all(AUTHORIZATION).iter();
+        let header = headers
+            .next()
             .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+        if headers.next().is_some() {
+            return Err(ApiError::bad_request(
+                "bad_request",
+                "more than one Authorization header",
+            ));
+        }
         let token = header.to_str().ok().and_then(bearer_token).ok_or_else(|| {
             ApiError::unauthorized("the Authorization header is not Bearer <token>")
         })?;

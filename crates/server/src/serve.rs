@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use estafeta_exchange::{Exchange, ExchangeError, LogOnly, NoPush};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -19,6 +20,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower_http::add_extension::AddExtension;
 
 use crate::app::app;
 use crate::config::HttpSettings;
@@ -192,7 +194,9 @@ async fn serve_http(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(router.clone());
+        // The client's address, for the handlers that need it (login throttling).
+        let service =
+            TowerToHyperService::new(AddExtension::new(router.clone(), ConnectInfo(remote)));
         let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
         tokio::spawn(async move {
             if let Err(e) = conn.await {

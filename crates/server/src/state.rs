@@ -1,7 +1,7 @@
 //! [`AppState`]: what every handler shares: the exchange, readiness, the
 //! HTTP settings, the request counters, the notifier (which delivers and
 //! keeps the alerts), push notifications, the dashboard's login sessions
-//! and when each client last called.
+//! and failed logins, and when each client last called.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use estafeta_exchange::Exchange;
 
 use crate::config::HttpSettings;
-use crate::dashboard::auth::Sessions;
+use crate::dashboard::auth::{LoginThrottle, Sessions};
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};
@@ -27,6 +27,7 @@ struct Inner {
     ready: AtomicBool,
     metrics: Metrics,
     sessions: Sessions,
+    login_throttle: LoginThrottle,
     last_seen: LastSeen,
     /// Alert delivery, once [`crate::run_with`] has started it (its store
     /// is the dashboard's list of alerts and their acknowledgements).
@@ -44,6 +45,7 @@ impl AppState {
                 ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
                 sessions: Sessions::default(),
+                login_throttle: LoginThrottle::default(),
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier: OnceLock::new(),
@@ -70,6 +72,11 @@ impl AppState {
     /// The dashboard's login sessions.
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
+    }
+
+    /// The dashboard's failed logins by client address.
+    pub fn login_throttle(&self) -> &LoginThrottle {
+        &self.inner.login_throttle
     }
 
     /// When each database and device last called.

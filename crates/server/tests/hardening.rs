@@ -12,7 +12,9 @@ use std::time::Duration;
 use common::{ADMIN_TOKEN, Binary, PATIENCE, TestServer, wait_ready};
 use estafeta_client::Client;
 use estafeta_server::HttpSettings;
+use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
+use estafeta_server::dashboard::auth::{FIRST_DELAY, FREE_FAILURES};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -255,4 +257,97 @@ async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
         2 * BURST
     );
     server.terminate().await;
+}
+
+#[tokio::test]
+async fn two_authorization_headers_are_400() {
+    let server = TestServer::start().await;
+    for (first, second) in [
+        (ADMIN_TOKEN, "not-a-token"),
+        ("not-a-token", ADMIN_TOKEN),
+        (ADMIN_TOKEN, ADMIN_TOKEN),
+    ] {
+        let request = head(
+            "GET",
+            "/v1/admin/stats",
+            &[
+                format!("authorization: Bearer {first}"),
+                format!("authorization: Bearer {second}"),
+            ],
+        );
+        let answer = send_raw(server.addr, request.as_bytes()).await;
+        assert_eq!(answer.status, 400, "{answer:?}");
+        assert_eq!(answer.error_code(), "bad_request");
+    }
+    let one = head(
+        "GET",
+        "/v1/admin/stats",
+        &[format!("authorization: Bearer {ADMIN_TOKEN}")],
+    );
+    assert_eq!(send_raw(server.addr, one.as_bytes()).await.status, 200);
+    server.stop().await.unwrap();
+}
+
+/// A dashboard login with `token` (the form's nonce in the field and the
+/// cookie, as the login page sets them).
+async fn try_login(server: &TestServer, token: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(server.url("/admin/login"))
+        .header("cookie", "estafeta_login=nonce-1")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}&nonce=nonce-1"))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn wrong_logins_from_one_address_must_wait_before_the_next_try() {
+    let server = TestServer::start().await;
+    for _ in 0..FREE_FAILURES {
+        assert_eq!(try_login(&server, "guess").await.status(), 401);
+    }
+    // Even the right token is not looked at before the wait is over.
+    let r = try_login(&server, ADMIN_TOKEN).await;
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+    assert!(
+        r.headers()
+            .get("set-cookie")
+            .is_none_or(|c| !c.to_str().unwrap().starts_with("estafeta_admin="))
+    );
+    assert!(r.text().await.unwrap().contains("Too many wrong tokens"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_short_admin_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = "x".repeat(MIN_ADMIN_TOKEN_LEN - 1);
+    let run = common::estafeta(dir.path())
+        .arg("serve")
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
+        .env("ESTAFETA_ADMIN_TOKEN", &short)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the server started with a short admin token")
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ESTAFETA_ADMIN_TOKEN"), "{err}");
+    assert!(
+        err.contains(&format!("at least {MIN_ADMIN_TOKEN_LEN}")),
+        "{err}"
+    );
+    assert!(!dir.path().join("data").exists(), "nothing was created");
 }

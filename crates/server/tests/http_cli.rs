@@ -120,7 +120,7 @@ async fn environment_overrides_the_config_file() {
     let env_data = dir.path().join("env-data");
     std::fs::write(
         dir.path().join("estafeta.toml"),
-        "data_dir = \"file-data\"\nmax_files = 1\nmax_mb = 4\nadmin_token = \"from-file\"\n",
+        "data_dir = \"file-data\"\nmax_files = 1\nmax_mb = 4\nadmin_token = \"from-file-0123456789abcdef0123456789\"\n",
     )
     .unwrap();
     let server = Binary::serve(
@@ -129,14 +129,21 @@ async fn environment_overrides_the_config_file() {
         &[],
         &[
             ("ESTAFETA_MAX_FILES", "2"),
-            ("ESTAFETA_ADMIN_TOKEN", "from-env"),
+            (
+                "ESTAFETA_ADMIN_TOKEN",
+                "from-env-0123456789abcdef0123456789",
+            ),
         ],
     )
     .await;
     assert_eq!(server.printed_token, None);
-    let admin = Client::new(&server.base, "from-env").unwrap();
+    let admin = Client::new(&server.base, "from-env-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
-    let e = admin.with_token("from-file").stats().await.unwrap_err();
+    let e = admin
+        .with_token("from-file-0123456789abcdef0123456789")
+        .stats()
+        .await
+        .unwrap_err();
     assert_eq!(e.status().map(|s| s.as_u16()), Some(401));
     // The environment's data folder, not the file's.
     assert!(env_data.join(".estafeta").is_dir());
@@ -166,10 +173,13 @@ async fn environment_overrides_the_config_file() {
         dir.path(),
         &env_data,
         &["--config", "other.toml"],
-        &[("ESTAFETA_ADMIN_TOKEN", "from-env")],
+        &[(
+            "ESTAFETA_ADMIN_TOKEN",
+            "from-env-0123456789abcdef0123456789",
+        )],
     )
     .await;
-    let admin = Client::new(&server.base, "from-env").unwrap();
+    let admin = Client::new(&server.base, "from-env-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     assert_eq!(server.terminate().await, Some(0));
     let (ok, _, err) = output(dir.path(), &["serve", "--config", "missing.toml"]).await;
@@ -184,17 +194,20 @@ async fn admin_subcommands_provision_through_the_api() {
         dir.path(),
         &dir.path().join("data"),
         &[],
-        &[("ESTAFETA_ADMIN_TOKEN", "op-token")],
+        &[(
+            "ESTAFETA_ADMIN_TOKEN",
+            "op-token-0123456789abcdef0123456789",
+        )],
     )
     .await;
-    wait_ready(&Client::new(&server.base, "op-token").unwrap()).await;
+    wait_ready(&Client::new(&server.base, "op-token-0123456789abcdef0123456789").unwrap()).await;
     let admin = |args: &[&str]| {
         let mut full = vec![
             "admin",
             "--url",
             server.base.as_str(),
             "--token",
-            "op-token",
+            "op-token-0123456789abcdef0123456789",
         ];
         full.extend_from_slice(args);
         let full: Vec<String> = full.into_iter().map(str::to_owned).collect();

@@ -14,9 +14,12 @@ use estafeta_exchange::wire::{
 async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let env = [("ESTAFETA_ADMIN_TOKEN", "crash-admin")];
+    let env = [(
+        "ESTAFETA_ADMIN_TOKEN",
+        "crash-admin-0123456789abcdef0123456789",
+    )];
     let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, "crash-admin").unwrap();
+    let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     let (db, phone) = provision_one(&admin).await;
     admin
@@ -50,7 +53,7 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     server.kill9().await;
 
     let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, "crash-admin").unwrap();
+    let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     let processor = admin.with_token(&db);
     assert_eq!(
@@ -99,7 +102,7 @@ struct Crashable {
     admin: Client,
 }
 
-const ADMIN: &str = "crash-admin";
+const ADMIN: &str = "crash-admin-0123456789abcdef0123456789";
 
 impl Crashable {
     async fn start() -> Crashable {

@@ -27,12 +27,15 @@ async fn a_restart_on_a_full_disk_waits_for_space_and_loses_nothing() {
     let _unmount = Tmpfs::mount(&mnt, "16m");
     let data = mnt.join("data");
     let env = [
-        ("ESTAFETA_ADMIN_TOKEN", "disk-admin"),
+        (
+            "ESTAFETA_ADMIN_TOKEN",
+            "disk-admin-0123456789abcdef0123456789",
+        ),
         ("ESTAFETA_DISK_ALERT_MB", "1"),
     ];
 
     let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, "disk-admin").unwrap();
+    let admin = Client::new(&server.base, "disk-admin-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     let (_db, phone) = provision_one(&admin).await;
     let mut sent = Vec::new();
@@ -89,7 +92,11 @@ async fn a_restart_on_a_full_disk_waits_for_space_and_loses_nothing() {
             break addr.to_owned();
         }
     };
-    let admin = Client::new(&format!("http://{addr}"), "disk-admin").unwrap();
+    let admin = Client::new(
+        &format!("http://{addr}"),
+        "disk-admin-0123456789abcdef0123456789",
+    )
+    .unwrap();
     wait_ready(&admin).await;
     let queued: Vec<_> = admin
         .folder(&id("db-a"), Folder::Messages)
