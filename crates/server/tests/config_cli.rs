@@ -124,13 +124,13 @@ async fn durations_may_be_bare_numbers_of_seconds() {
         &dir.path().join("data"),
         &[],
         &[
-            ("ESTAFETA_ADMIN_TOKEN", "op-token"),
+            ("ESTAFETA_ADMIN_TOKEN", "op-token-0123456789abcdef0123456789"),
             ("ESTAFETA_ALERT_PROBE", "0"),
             ("ESTAFETA_READY_TIMEOUT", "5"),
         ],
     )
     .await;
-    wait_ready(&Client::new(&server.base, "op-token").unwrap()).await;
+    wait_ready(&Client::new(&server.base, "op-token-0123456789abcdef0123456789").unwrap()).await;
     assert_eq!(server.terminate().await, Some(0));
 
     let (ok, listing, err) = run(
@@ -199,12 +199,12 @@ async fn flags_override_the_environment_and_the_file() {
             data.to_str().unwrap(),
         ],
         &[
-            ("ESTAFETA_ADMIN_TOKEN", "op-token"),
+            ("ESTAFETA_ADMIN_TOKEN", "op-token-0123456789abcdef0123456789"),
             ("ESTAFETA_LISTEN", "not an address either"),
         ],
     )
     .await;
-    wait_ready(&Client::new(&server.base, "op-token").unwrap()).await;
+    wait_ready(&Client::new(&server.base, "op-token-0123456789abcdef0123456789").unwrap()).await;
     assert!(data.join(".estafeta").is_dir());
     assert!(!dir.path().join("env-data").exists());
     assert!(!dir.path().join("file-data").exists());
@@ -221,7 +221,7 @@ async fn config_lists_the_effective_settings_with_secrets_masked() {
         &["config", "--listen", "0.0.0.0:9000"],
         &[
             (CONFIG_VARIABLE, "named.toml"),
-            ("ESTAFETA_ADMIN_TOKEN", "s3cret-token"),
+            ("ESTAFETA_ADMIN_TOKEN", "s3cret-token-0123456789abcdef01234567"),
             ("ESTAFETA_SMTP_URL", "smtp://ops:pa55@mail.example.org"),
             ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
         ],
