@@ -15,6 +15,7 @@
 //!   Unknown,Error}`, one file per message, with durable, group-committed
 //!   writes, idempotent moves and deletes, selection for a process start, and
 //!   answers assembled from raw file bytes.
+//! - [`layout`]: [`DataLayout`], every path under the data folder.
 //! - [`tenancy`] and [`token`]: the registry of enterprises, subsystems,
 //!   databases and devices (redb), and bearer tokens stored as hashes.
 //! - [`error`]: the typed errors of all of the above.
@@ -64,6 +65,7 @@
 
 pub mod error;
 pub mod id;
+pub mod layout;
 pub mod mailbox;
 pub mod service;
 pub mod tenancy;
@@ -74,6 +76,7 @@ pub mod wire;
 
 pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;
+pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
     NoPush, PushSink, RecipientKind, RecoveryReport, Upload, alert_key,

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TenancyError;
 use crate::id::Id;
+use crate::layout::DataLayout;
 use crate::token::{Token, TokenHash};
 
 /// Enterprise id → nothing.
@@ -34,11 +35,6 @@ const ENTERPRISES: TableDefinition<'static, &str, ()> = TableDefinition::new("en
 const SUBSYSTEMS: TableDefinition<'static, (&str, &str), ()> = TableDefinition::new("subsystems");
 /// Database or device id → JSON [`Record`].
 const ENDPOINTS: TableDefinition<'static, &str, &str> = TableDefinition::new("endpoints");
-
-/// The registry file's name in the state folder.
-pub const REGISTRY_FILE: &str = "registry.redb";
-/// The admin token file's name in the state folder.
-pub const ADMIN_TOKEN_FILE: &str = "admin-token";
 
 /// Who a token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,16 +150,16 @@ struct Inner {
 }
 
 impl Registry {
-    /// Opens (creating if needed) the registry in the state folder `state_dir`
-    /// (`<data>/.estafeta`). The admin token is `admin_token` when given;
-    /// otherwise the one saved in `<state_dir>/admin-token`, or a new one made
-    /// and saved there with mode 0600 ([`AdminToken::Generated`]).
+    /// Opens (creating if needed) the registry in the state folder of
+    /// `layout`. The admin token is `admin_token` when given; otherwise the
+    /// one saved in the layout's admin-token file, or a new one made and
+    /// saved there with mode 0600 ([`AdminToken::Generated`]).
     pub async fn open(
-        state_dir: impl Into<PathBuf>,
+        layout: &DataLayout,
         admin_token: Option<String>,
     ) -> Result<(Self, AdminToken), TenancyError> {
-        let dir = state_dir.into();
-        blocking(move || open_blocking(&dir, admin_token)).await
+        let layout = layout.clone();
+        blocking(move || open_blocking(&layout, admin_token)).await
     }
 
     /// Who `token` belongs to, or `None` for an unknown token (401).
@@ -417,17 +413,18 @@ fn exists(kind: &'static str, id: &Id) -> TenancyError {
 /// Opens the redb file, makes sure the tables exist, loads the cache, and
 /// settles the admin token.
 fn open_blocking(
-    dir: &Path,
+    layout: &DataLayout,
     admin_token: Option<String>,
 ) -> Result<(Registry, AdminToken), TenancyError> {
     let configured = admin_token.map(Token::from_text).transpose()?;
     // Private: it holds the admin token and the registry.
+    let dir = layout.state_dir();
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(dir)
-        .map_err(|e| TenancyError::io(dir, e))?;
-    let db = Database::create(dir.join(REGISTRY_FILE)).map_err(redb::Error::from)?;
+        .create(&dir)
+        .map_err(|e| TenancyError::io(&dir, e))?;
+    let db = Database::create(layout.registry()).map_err(redb::Error::from)?;
     let txn = db.begin_write().map_err(redb::Error::from)?;
     txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
     txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
@@ -437,11 +434,11 @@ fn open_blocking(
 
     let (admin, origin) = match configured {
         Some(token) => (token.hash(), AdminToken::Configured),
-        None => match read_admin_token(dir)? {
+        None => match read_admin_token(&layout.admin_token())? {
             Some(token) => (token.hash(), AdminToken::Existing),
             None => {
                 let token = Token::generate()?;
-                save_admin_token(dir, &token)?;
+                save_admin_token(&layout.admin_token(), &token)?;
                 (token.hash(), AdminToken::Generated(token))
             }
         },
@@ -507,22 +504,24 @@ fn load(db: &Database) -> Result<Cache, TenancyError> {
     Ok(cache)
 }
 
-/// The saved admin token, if there is one.
-fn read_admin_token(dir: &Path) -> Result<Option<Token>, TenancyError> {
-    let path = dir.join(ADMIN_TOKEN_FILE);
-    match std::fs::read_to_string(&path) {
+/// The admin token saved at `path`, if there is one.
+fn read_admin_token(path: &Path) -> Result<Option<Token>, TenancyError> {
+    match std::fs::read_to_string(path) {
         Ok(text) => Token::from_text(text.trim_end()).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(TenancyError::io(path, e)),
     }
 }
 
-/// Saves the admin token with mode 0600: written to a temporary file created
-/// with that mode (never readable by others, not even for a moment), fsynced,
-/// renamed, and the folder fsynced.
-fn save_admin_token(dir: &Path, token: &Token) -> Result<(), TenancyError> {
-    let path = dir.join(ADMIN_TOKEN_FILE);
-    let temp = dir.join(format!(".{ADMIN_TOKEN_FILE}.tmp"));
+/// Saves the admin token at `path` with mode 0600: written to a temporary
+/// file beside it created with that mode (never readable by others, not even
+/// for a moment), fsynced, renamed, and the folder fsynced.
+fn save_admin_token(path: &Path, token: &Token) -> Result<(), TenancyError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(path.file_name().unwrap_or_default());
+    temp_name.push(".tmp");
+    let temp = dir.join(temp_name);
     // A stale temporary file might have another mode; start from nothing.
     let _ = std::fs::remove_file(&temp);
     let written = std::fs::OpenOptions::new()
@@ -535,11 +534,11 @@ fn save_admin_token(dir: &Path, token: &Token) -> Result<(), TenancyError> {
             f.write_all(b"\n")?;
             f.sync_all()
         })
-        .and_then(|()| std::fs::rename(&temp, &path))
+        .and_then(|()| std::fs::rename(&temp, path))
         .and_then(|()| std::fs::File::open(dir)?.sync_all());
     written.map_err(|e| {
         let _ = std::fs::remove_file(&temp);
-        TenancyError::io(&path, e)
+        TenancyError::io(path, e)
     })
 }
 

@@ -6,11 +6,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use common::id;
-use estafeta_exchange::TenancyError;
-use estafeta_exchange::tenancy::{ADMIN_TOKEN_FILE, AdminToken, Principal, Registry, Role};
+use estafeta_exchange::tenancy::{AdminToken, Principal, Registry, Role};
+use estafeta_exchange::{DataLayout, TenancyError};
 
 async fn open(dir: &Path, admin: Option<&str>) -> (Registry, AdminToken) {
-    Registry::open(dir.join(".estafeta"), admin.map(str::to_owned))
+    Registry::open(&DataLayout::new(dir), admin.map(str::to_owned))
         .await
         .unwrap()
 }
@@ -193,7 +193,7 @@ async fn the_admin_token_is_made_once_and_kept_private() {
         assert_eq!(reg.authenticate(token.expose()), Some(Principal::Admin));
         token
     };
-    let file = dir.path().join(".estafeta").join(ADMIN_TOKEN_FILE);
+    let file = dir.path().join(".estafeta").join("admin-token");
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 
@@ -212,6 +212,6 @@ async fn the_admin_token_is_made_once_and_kept_private() {
 #[tokio::test]
 async fn a_bad_configured_admin_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let r = Registry::open(dir.path().join(".estafeta"), Some(" padded ".to_owned())).await;
+    let r = Registry::open(&DataLayout::new(dir.path()), Some(" padded ".to_owned())).await;
     assert!(matches!(r, Err(TenancyError::BadAdminToken)));
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::config::{self, SettingsArgs};
 use estafeta_server::open::open_exchange;
@@ -117,7 +118,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
     if let AdminToken::Generated(token) = admin {
-        let kept = settings.data_dir.join(".estafeta").join("admin-token");
+        let kept = DataLayout::new(&settings.data_dir).admin_token();
         println!(
             "admin token: {} (kept in {})",
             token.expose(),

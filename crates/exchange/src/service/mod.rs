@@ -84,16 +84,15 @@ impl Exchange {
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
-        let state_dir = config.data_dir.join(".estafeta");
-        let (registry, admin_token) =
-            Registry::open(&state_dir, config.admin_token.clone()).await?;
+        let layout = crate::DataLayout::new(&config.data_dir);
+        let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
         let mailboxes = Mailboxes::open(&config.data_dir, SyncConfig::default()).await?;
-        let sessions_path = state_dir.join("sessions.redb");
+        let sessions_path = layout.sessions();
         let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
             .await
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
             .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
-        let scheduled_path = state_dir.join("scheduled.redb");
+        let scheduled_path = layout.scheduled();
         let scheduled =
             tokio::task::spawn_blocking(move || estafeta_repeat::RedbStore::open(scheduled_path))
                 .await

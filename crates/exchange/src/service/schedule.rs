@@ -128,7 +128,7 @@ impl Core {
             return Err(MailboxError::NotFound {
                 name: name.to_string(),
                 from: self.mailboxes.path(from),
-                to: self.mailboxes.root().join(".estafeta/scheduled.redb"),
+                to: crate::DataLayout::new(self.mailboxes.root()).scheduled(),
             });
         }
         let mut messages: Vec<Message> = serde_json::from_slice(&raw.json)

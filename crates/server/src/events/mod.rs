@@ -26,7 +26,7 @@ pub const ALERT_TARGET: &str = "estafeta::alert";
 
 /// The folder of the event log in a data folder.
 pub fn events_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join(".estafeta").join("events")
+    estafeta_exchange::DataLayout::new(data_dir).events_dir()
 }
 
 /// One line of the event log.

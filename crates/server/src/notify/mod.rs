@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_exchange::service::Listed;
-use estafeta_exchange::{Alert, AlertKind, AlertSink, Exchange, Timestamp, alert_key};
+use estafeta_exchange::{Alert, AlertKind, AlertSink, DataLayout, Exchange, Timestamp, alert_key};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -111,16 +111,16 @@ impl Notifier {
     /// Opens the notifier's stores under `<data>/.estafeta/` and builds its
     /// send queues. Must run inside the Tokio runtime.
     pub async fn open(settings: NotifySettings) -> Result<Self, NotifyError> {
-        let state = settings.data_dir.join(".estafeta");
-        tokio::fs::create_dir_all(&state).await?;
+        let layout = DataLayout::new(&settings.data_dir);
+        tokio::fs::create_dir_all(layout.state_dir()).await?;
         let raised = {
-            let path = state.join("alerts.redb");
+            let path = layout.alerts();
             tokio::task::spawn_blocking(move || Raised::open(&path))
                 .await
                 .map_err(std::io::Error::other)??
         };
         let store = {
-            let path = state.join("alerts-repeat.redb");
+            let path = layout.alert_deliveries();
             tokio::task::spawn_blocking(move || RedbStore::open(path))
                 .await
                 .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use estafeta_exchange::service::Listed;
-use estafeta_exchange::{Exchange, Id, PushSink, RecipientKind};
+use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
 use serde::{Deserialize, Serialize};
@@ -87,10 +87,7 @@ impl Pusher {
     /// notifier's queues, retrying after the notifier's first wait.
     /// Notifications pending from an earlier run are picked up.
     pub async fn open(notifier: &Notifier, exchange: Exchange) -> Result<Self, NotifyError> {
-        let path = notifier
-            .settings()
-            .data_dir
-            .join(".estafeta/push-repeat.redb");
+        let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
         let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
             .await
             .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
