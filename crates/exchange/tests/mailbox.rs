@@ -300,7 +300,8 @@ async fn moves_are_idempotent_and_cross_mailboxes() {
     let err = mv(&prepared, &inbox).await.unwrap_err();
     assert!(matches!(err, MailboxError::NotFound { .. }), "{err}");
 
-    // A target folder that does not exist is a storage error and the file stays.
+    // A target folder that cannot be made is a storage error and the file stays.
+    std::fs::write(data.dir.path().join("data").join("nobody"), b"x").unwrap();
     let nowhere = Location::new(id("nobody"), Folder::Messages);
     let err = mv(&device_log, &nowhere).await.unwrap_err();
     assert!(matches!(err, MailboxError::Storage { .. }), "{err}");
@@ -380,9 +381,9 @@ where
 async fn a_failed_write_leaves_nothing_visible() {
     let data = Data::new().await;
     let queue = data.folder("db-a", Folder::Messages).await;
-    // The folder's path is a file now: creating the temporary file fails (ENOTDIR).
+    // The folder's path is a file: creating the temporary file fails (ENOTDIR).
     let dir = data.mailboxes.path(&queue);
-    std::fs::remove_dir(&dir).unwrap();
+    std::fs::create_dir(dir.parent().unwrap()).unwrap();
     std::fs::write(&dir, b"not a folder").unwrap();
     let err = data
         .mailboxes
@@ -392,16 +393,25 @@ async fn a_failed_write_leaves_nothing_visible() {
     assert!(matches!(err, MailboxError::Storage { .. }), "{err}");
     assert!(!err.is_storage_full());
     assert_eq!(std::fs::read(&dir).unwrap(), b"not a folder");
-    // A mailbox that was never created.
-    let missing = Location::new(id("db-b"), Folder::Messages);
-    assert!(data.mailboxes.write(&missing, &sized(1, 10)).await.is_err());
-    assert!(!data.mailboxes.path(&missing).exists());
+    // A mailbox whose path is a file.
+    let squatted = Location::new(id("db-b"), Folder::Messages);
+    let base = data.dir.path().join("data").join("db-b");
+    std::fs::write(&base, b"not a folder").unwrap();
+    assert!(data.mailboxes.create_mailbox(&id("db-b")).await.is_err());
+    assert!(
+        data.mailboxes
+            .write(&squatted, &sized(1, 10))
+            .await
+            .is_err()
+    );
+    assert_eq!(std::fs::read(&base).unwrap(), b"not a folder");
 }
 
 #[tokio::test]
 async fn a_failed_batch_write_removes_its_siblings() {
     let data = Data::new().await;
     let prepared = data.folder("db-a", Folder::Prepared).await;
+    std::fs::create_dir_all(data.mailboxes.path(&prepared)).unwrap();
     let replies = [sized(0, 10), sized(1, 10), sized(2, 10)];
     // A folder squats the final name of the middle reply, so its rename fails.
     let squat = FileName::of(&replies[1]).to_string();
@@ -499,18 +509,43 @@ async fn temporary_and_foreign_files_are_not_listed_and_temp_files_are_swept() {
 }
 
 #[tokio::test]
-async fn creating_a_mailbox_twice_is_fine() {
+async fn folders_are_made_when_their_first_file_arrives() {
     let data = Data::new().await;
     let db = id("db-a");
     data.mailboxes.create_mailbox(&db).await.unwrap();
     data.mailboxes.create_mailbox(&db).await.unwrap();
-    for folder in Folder::ALL {
-        assert!(
-            data.mailboxes
-                .path(&Location::new(db.clone(), folder))
-                .is_dir()
-        );
-    }
+    let base = data.dir.path().join("data").join("db-a");
+    assert!(!base.exists(), "an idle mailbox has nothing on disk");
+    let queue = Location::new(db.clone(), Folder::Messages);
+    let log = Location::new(db.clone(), Folder::Log);
+    // Missing folders list as empty; deleting from one is already done.
+    assert_eq!(data.mailboxes.list(&queue).await.unwrap(), vec![]);
+    assert_eq!(data.mailboxes.count(&log).await.unwrap(), 0);
+    let absent = FileName::of(&sized(9, 10));
+    assert_eq!(
+        data.mailboxes.delete(&queue, &absent).await.unwrap(),
+        Outcome::AlreadyDone
+    );
+    assert!(!base.exists());
+
+    let entry = data.mailboxes.write(&queue, &sized(0, 10)).await.unwrap();
+    assert!(data.mailboxes.path(&queue).is_dir());
+    assert!(!data.mailboxes.path(&log).exists());
+    data.mailboxes
+        .move_file(&entry.name, &queue, &log)
+        .await
+        .unwrap();
+    let mut made: Vec<_> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    made.sort();
+    assert_eq!(made, vec!["Log", "Messages"]);
+    assert_eq!(
+        data.mailboxes.list_names(&log).await.unwrap(),
+        vec![entry.name]
+    );
+    data.mailboxes.create_mailbox(&db).await.unwrap();
 }
 
 #[tokio::test]
@@ -539,8 +574,8 @@ async fn many_moves_and_deletes_share_one_batch() {
     assert_eq!(after.batches - before.batches, 1);
     assert_eq!(
         after.dir_fsyncs - before.dir_fsyncs,
-        2,
-        "source and target folder once each"
+        3,
+        "the mailbox for the new Log, then source and target folder once each"
     );
     assert_eq!(data.mailboxes.list_names(&log).await.unwrap(), names);
 

@@ -371,9 +371,8 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
             .await,
         CallStatus::Ok
     );
-    // The Log folder cannot take files: the moves fail.
+    // The Log folder (not made yet) cannot take files: the moves fail.
     let log = w.data().join("db-a/Log");
-    std::fs::remove_dir_all(&log).unwrap();
     std::fs::write(&log, b"not a folder").unwrap();
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);
     assert_eq!(w.state(&pid).await, ProcessState::Failed);
@@ -405,7 +404,6 @@ async fn a_later_commit_retries_failed_moves_at_once() {
     w.prepare(&pid, World::results(&s, ResultStatus::Processed), 0)
         .await;
     let log = w.data().join("db-a/Log");
-    std::fs::remove_dir_all(&log).unwrap();
     std::fs::write(&log, b"x").unwrap();
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);
     std::fs::remove_file(&log).unwrap();

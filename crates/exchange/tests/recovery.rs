@@ -96,7 +96,7 @@ async fn a_failed_write_is_503_and_other_databases_go_on() {
     let w = World::new().await;
     // db-a's queue folder is replaced by a file: every write there fails.
     let queue = w.data().join("db-a/Messages");
-    std::fs::remove_dir_all(&queue).unwrap();
+    std::fs::create_dir_all(w.data().join("db-a")).unwrap();
     std::fs::write(&queue, b"not a folder").unwrap();
     let req = |to: &str| SendMessage {
         version: Version,

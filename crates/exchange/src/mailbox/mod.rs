@@ -15,8 +15,19 @@
 //! [`SyncConfig`]); no call returns before its change is on disk. Moves and
 //! deletes are idempotent, so an interrupted sequence of them can simply be
 //! repeated after a crash.
+//!
+//! A mailbox's folders are made when their first file goes into them (the
+//! new folder's entry fsynced before the file's), so an idle mailbox costs
+//! nothing on disk; a folder not made yet lists as empty.
+//!
+//! Listings, selections and counts are answered from an in-memory index of
+//! each folder (built at the folder's first use, told of every change once
+//! its folder fsync is done, and checked against the directory every
+//! [`SyncConfig::verify_every`]), so their cost does not grow with the
+//! number of files waiting; the files stay the truth.
 
 mod folder;
+mod index;
 mod name;
 mod select;
 mod sync;
@@ -24,7 +35,8 @@ mod sync;
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 pub use folder::{Folder, Location};
 pub use name::FileName;
@@ -36,7 +48,8 @@ use crate::id::Id;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::{FileInfo, Message};
-use sync::{Applied, Change, Syncer};
+use index::{FolderIndex, Indexes};
+use sync::{Applied, Change, DirSync, Fate, Settle, Syncer};
 
 /// A message file in a listing: its parsed name and its size in bytes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -100,14 +113,24 @@ pub struct Mailboxes {
 struct Inner {
     root: PathBuf,
     syncer: Syncer,
+    indexes: Indexes,
 }
 
 impl Mailboxes {
     /// Opens (creating if needed) the data folder `root` and starts the
-    /// group-commit task on the current runtime.
+    /// group-commit task and the index checks on the current runtime.
     pub async fn open(root: impl Into<PathBuf>, config: SyncConfig) -> Result<Self, MailboxError> {
-        let root = root.into();
+        Self::open_with(root.into(), config, Arc::new(sync::fsync_dir)).await
+    }
+
+    /// [`open`](Self::open), making directories durable with `dir_sync`.
+    async fn open_with(
+        root: PathBuf,
+        config: SyncConfig,
+        dir_sync: DirSync,
+    ) -> Result<Self, MailboxError> {
         let dir = root.clone();
+        let sync_root = Arc::clone(&dir_sync);
         blocking(move || {
             if dir.is_dir() {
                 // Made durable by the start that created it; a start on a
@@ -121,15 +144,16 @@ impl Mailboxes {
                 Some(p) if !p.as_os_str().is_empty() => p,
                 _ => Path::new("."),
             };
-            sync::fsync_dir(parent).map_err(|e| MailboxError::io(parent, e))
+            sync_root(parent).map_err(|e| MailboxError::io(parent, e))
         })
         .await?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                root,
-                syncer: Syncer::start(config),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            root,
+            syncer: Syncer::start(config, dir_sync),
+            indexes: Indexes::default(),
+        });
+        tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
+        Ok(Self { inner })
     }
 
     /// The data folder.
@@ -147,20 +171,59 @@ impl Mailboxes {
         self.inner.syncer.stats()
     }
 
-    /// Creates the mailbox of a database or device (its five folders), durably.
-    /// Creating an existing mailbox is not an error.
+    /// Checks that the mailbox of a database or device can be used: nothing
+    /// that is not a folder is in the way of its folder. Nothing is made:
+    /// the mailbox's folders are made when their first file goes into them.
+    /// Checking an existing mailbox is not an error.
     pub async fn create_mailbox(&self, id: &Id) -> Result<(), MailboxError> {
-        let root = self.inner.root.clone();
-        let base = root.join(id.as_str());
-        blocking(move || {
-            create_dir(&base)?;
-            for folder in Folder::ALL {
-                create_dir(&base.join(folder.as_str()))?;
-            }
-            sync::fsync_dir(&base).map_err(|e| MailboxError::io(&base, e))?;
-            sync::fsync_dir(&root).map_err(|e| MailboxError::io(&root, e))
+        let base = self.inner.root.join(id.as_str());
+        blocking(move || match std::fs::metadata(&base) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(MailboxError::io(
+                &base,
+                io::Error::new(io::ErrorKind::NotADirectory, "not a folder"),
+            )),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MailboxError::io(&base, e)),
         })
         .await
+    }
+
+    /// The index of a folder, not necessarily built.
+    fn index(&self, loc: &Location) -> Arc<FolderIndex> {
+        self.inner.indexes.folder(loc, || self.path(loc))
+    }
+
+    /// The index of a folder, built from its directory at its first use.
+    async fn ready(&self, loc: &Location) -> Result<Arc<FolderIndex>, MailboxError> {
+        let index = self.index(loc);
+        if !index.ready() {
+            let building = Arc::clone(&index);
+            blocking(move || building.build()).await?;
+        }
+        Ok(index)
+    }
+
+    /// Checks the index of every folder read since its last check against
+    /// its directory, so that files added or removed by hand are seen by
+    /// the next listing; run every [`SyncConfig::verify_every`] in the
+    /// background. Returns how many folders were checked, or the first
+    /// error (the other folders are checked all the same).
+    pub async fn verify(&self) -> Result<usize, MailboxError> {
+        let mut checked = 0;
+        let mut first_error = None;
+        for index in self.inner.indexes.used() {
+            match blocking(move || index.rescan()).await {
+                Ok(()) => checked += 1,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            None => Ok(checked),
+            Some(e) => Err(e),
+        }
     }
 
     /// Writes `message` durably into `loc` and returns its file entry. On any
@@ -187,12 +250,20 @@ impl Mailboxes {
         // The ticket makes the batch now forming wait for this file's fsync.
         let ticket = self.inner.syncer.ticket();
         let written = {
-            let temp = temp.clone();
-            blocking(move || write_synced(&temp, &bytes)).await
+            let (syncer, temp) = (self.inner.syncer.clone(), temp.clone());
+            blocking(move || write_synced(&syncer, &dir, &temp, &bytes)).await
         };
         written?;
         self.inner.syncer.count_file_fsync();
-        ticket.submit(Change::Publish { temp, target }).await?;
+        let index = self.index(loc);
+        index.expect(&name);
+        let settled = name.clone();
+        let settle = Settle::new(move |fate| {
+            index.settle_in(&settled, (fate == Fate::Durable).then_some(Some(size)));
+        });
+        ticket
+            .submit(Change::Publish { temp, target }, settle)
+            .await?;
         Ok(FileEntry { name, size })
     }
 
@@ -238,61 +309,43 @@ impl Mailboxes {
 
     /// The message file names in `loc`, oldest first, without their sizes.
     /// Temporary files are skipped; foreign names are skipped with a warning.
+    /// This copies the whole listing: for a count or the oldest few, see
+    /// [`count`](Self::count) and [`oldest`](Self::oldest).
     pub async fn list_names(&self, loc: &Location) -> Result<Vec<FileName>, MailboxError> {
-        let dir = self.path(loc);
-        blocking(move || read_names(&dir)).await
+        let index = self.ready(loc).await?;
+        blocking(move || Ok(index.names_where(|_| true))).await
     }
 
     /// The message files in `loc`, oldest first, with their sizes.
     pub async fn list(&self, loc: &Location) -> Result<Vec<FileEntry>, MailboxError> {
-        let dir = self.path(loc);
-        blocking(move || {
-            let names = read_names(&dir)?;
-            let mut entries = Vec::with_capacity(names.len());
-            for name in names {
-                if let Some(size) = size_of(&dir, &name)? {
-                    entries.push(FileEntry { name, size });
-                }
-            }
-            Ok(entries)
-        })
-        .await
+        let index = self.ready(loc).await?;
+        blocking(move || index.entries()).await
+    }
+
+    /// How many message files `loc` holds.
+    pub async fn count(&self, loc: &Location) -> Result<usize, MailboxError> {
+        Ok(self.ready(loc).await?.count())
+    }
+
+    /// The names of the `n` oldest message files in `loc`, oldest first.
+    pub async fn oldest(&self, loc: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
+        Ok(self.ready(loc).await?.oldest(n))
     }
 
     /// The oldest messages in `loc` that pass `filter`, within `limits` (see
     /// [`Limits`]: a single message larger than the byte limit comes alone).
-    /// Only the files taken are looked at for their sizes.
+    /// Only the files looked at until the limits are reached count, so the
+    /// cost does not grow with the files waiting (unless the filter passes
+    /// few of them).
     pub async fn select(
         &self,
         loc: &Location,
         filter: &Filter,
         limits: Limits,
     ) -> Result<Vec<FileEntry>, MailboxError> {
-        let dir = self.path(loc);
+        let index = self.ready(loc).await?;
         let filter = filter.clone();
-        blocking(move || {
-            let names = read_names(&dir)?;
-            let mut stat_error = None;
-            let taken = select::take_within(
-                names.into_iter().filter(|n| filter.matches(n)),
-                |name| match size_of(&dir, name) {
-                    Ok(size) => size,
-                    Err(e) => {
-                        stat_error.get_or_insert(e);
-                        None
-                    }
-                },
-                limits,
-            );
-            match stat_error {
-                Some(e) => Err(e),
-                None => Ok(taken
-                    .into_iter()
-                    .map(|(name, size)| FileEntry { name, size })
-                    .collect()),
-            }
-        })
-        .await
+        blocking(move || index.select(&filter, limits)).await
     }
 
     /// Reads the named files of `loc` and joins their bytes into one JSON
@@ -306,6 +359,7 @@ impl Mailboxes {
     ) -> Result<RawArray, MailboxError> {
         let dir = self.path(loc);
         let names = names.to_vec();
+        let index = self.index(loc);
         blocking(move || {
             let mut json = Vec::with_capacity(2 + names.len() * 256);
             let mut included = Vec::with_capacity(names.len());
@@ -314,7 +368,11 @@ impl Mailboxes {
                 let path = dir.join(name.to_string());
                 let bytes = match read_file(&path) {
                     Ok(b) => b,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        // Removed by hand, or moved away meanwhile.
+                        index.remove(&name);
+                        continue;
+                    }
                     Err(e) => return Err(MailboxError::io(&path, e)),
                 };
                 if !looks_like_object(&bytes) {
@@ -335,14 +393,16 @@ impl Mailboxes {
         .await
     }
 
-    /// The file of message `id` in `loc`, if it is there. This lists the
-    /// folder; to look up many ids, call [`list_names`](Self::list_names) once.
+    /// The file of message `id` in `loc`, if it is there. This looks
+    /// through the folder's index; to look up many ids, call
+    /// [`list_names`](Self::list_names) once.
     pub async fn find(
         &self,
         loc: &Location,
         id: MessageId,
     ) -> Result<Option<FileName>, MailboxError> {
-        Ok(self.list_names(loc).await?.into_iter().find(|n| n.id == id))
+        let index = self.ready(loc).await?;
+        blocking(move || Ok(index.names_where(|n| n.id == id).into_iter().next())).await
     }
 
     /// Moves a file between folders (of the same or another mailbox)
@@ -355,12 +415,54 @@ impl Mailboxes {
         from: &Location,
         to: &Location,
     ) -> Result<Outcome, MailboxError> {
+        let (change, settle) = self.move_change(name, from, to);
+        Ok(self
+            .inner
+            .syncer
+            .ticket()
+            .submit(change, settle)
+            .await?
+            .into())
+    }
+
+    /// The change of a move, and what the indexes learn when it is settled
+    /// (the target expects the file from now on).
+    fn move_change(&self, name: &FileName, from: &Location, to: &Location) -> (Change, Settle) {
         let file = name.to_string();
         let change = Change::Move {
             from: self.path(from).join(&file),
             to: self.path(to).join(&file),
         };
-        Ok(self.inner.syncer.ticket().submit(change).await?.into())
+        let (source, target) = (self.index(from), self.index(to));
+        target.expect(name);
+        let name = name.clone();
+        let settle = Settle::new(move |fate| match fate {
+            Fate::Durable => {
+                let size = source.size_of(&name);
+                source.remove(&name);
+                target.settle_in(&name, Some(size));
+            }
+            Fate::Missing => {
+                source.remove(&name);
+                target.settle_in(&name, None);
+            }
+            Fate::Failed => target.settle_in(&name, None),
+        });
+        (change, settle)
+    }
+
+    /// The change of a delete, and what the index learns when it is settled.
+    fn delete_change(&self, loc: &Location, name: &FileName) -> (Change, Settle) {
+        let change = Change::Delete {
+            path: self.path(loc).join(name.to_string()),
+        };
+        let (index, name) = (self.index(loc), name.clone());
+        let settle = Settle::new(move |fate| {
+            if fate == Fate::Durable {
+                index.remove(&name);
+            }
+        });
+        (change, settle)
     }
 
     /// Moves many files at once, each like [`move_file`](Self::move_file),
@@ -370,13 +472,9 @@ impl Mailboxes {
         &self,
         moves: &[(FileName, Location, Location)],
     ) -> Vec<Result<Outcome, MailboxError>> {
-        let changes = moves.iter().map(|(name, from, to)| {
-            let file = name.to_string();
-            Change::Move {
-                from: self.path(from).join(&file),
-                to: self.path(to).join(&file),
-            }
-        });
+        let changes = moves
+            .iter()
+            .map(|(name, from, to)| self.move_change(name, from, to));
         self.commit_all(changes.collect()).await
     }
 
@@ -388,21 +486,21 @@ impl Mailboxes {
         loc: &Location,
         names: &[FileName],
     ) -> Vec<Result<Outcome, MailboxError>> {
-        let dir = self.path(loc);
-        let changes = names.iter().map(|name| Change::Delete {
-            path: dir.join(name.to_string()),
-        });
+        let changes = names.iter().map(|name| self.delete_change(loc, name));
         self.commit_all(changes.collect()).await
     }
 
     /// Queues all changes before waiting for any, so they share one batch.
-    async fn commit_all(&self, changes: Vec<Change>) -> Vec<Result<Outcome, MailboxError>> {
+    async fn commit_all(
+        &self,
+        changes: Vec<(Change, Settle)>,
+    ) -> Vec<Result<Outcome, MailboxError>> {
         // Every ticket first: the batch then waits until all are queued.
         let tickets: Vec<_> = changes.iter().map(|_| self.inner.syncer.ticket()).collect();
         let pending: Vec<_> = tickets
             .into_iter()
             .zip(changes)
-            .map(|(ticket, change)| ticket.send(change))
+            .map(|(ticket, (change, settle))| ticket.send(change, settle))
             .collect();
         let mut out = Vec::with_capacity(pending.len());
         for p in pending {
@@ -414,10 +512,14 @@ impl Mailboxes {
     /// Deletes a file durably. Idempotent: a file already gone is
     /// [`Outcome::AlreadyDone`].
     pub async fn delete(&self, loc: &Location, name: &FileName) -> Result<Outcome, MailboxError> {
-        let change = Change::Delete {
-            path: self.path(loc).join(name.to_string()),
-        };
-        Ok(self.inner.syncer.ticket().submit(change).await?.into())
+        let (change, settle) = self.delete_change(loc, name);
+        Ok(self
+            .inner
+            .syncer
+            .ticket()
+            .submit(change, settle)
+            .await?
+            .into())
     }
 
     /// The files in `loc` that arrived before `cutoff`. Age is read from the
@@ -429,9 +531,8 @@ impl Mailboxes {
         loc: &Location,
         cutoff: Timestamp,
     ) -> Result<Vec<FileName>, MailboxError> {
-        let mut names = self.list_names(loc).await?;
-        names.retain(|n| n.id.timestamp() < cutoff);
-        Ok(names)
+        let index = self.ready(loc).await?;
+        blocking(move || Ok(index.names_where(|n| n.id.timestamp() < cutoff))).await
     }
 
     /// Deletes the files in `loc` that arrived before `cutoff`, except
@@ -497,18 +598,38 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| MailboxError::Join(e.to_string()))?
 }
 
-/// Creates a directory unless it exists.
-fn create_dir(dir: &Path) -> Result<(), MailboxError> {
-    match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
-        Err(e) => Err(MailboxError::io(dir, e)),
+/// Checks the indexes in use every `every` (or, after a long round of
+/// checks, 19 times as long as it took), until the mailboxes are dropped.
+async fn verify_every(inner: Weak<Inner>, every: Duration) {
+    let mut pause = every;
+    loop {
+        tokio::time::sleep(pause).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let began = tokio::time::Instant::now();
+        if let Err(e) = (Mailboxes { inner }).verify().await {
+            tracing::warn!(error = %e, "checking a mailbox folder against its directory failed");
+        }
+        pause = every.max(began.elapsed() * 19);
     }
 }
 
-/// Writes and fsyncs a temporary file; removes it again on any failure.
-fn write_synced(temp: &Path, bytes: &[u8]) -> Result<(), MailboxError> {
-    write_and_sync(temp, bytes).map_err(|e| {
+/// Writes and fsyncs a temporary file in `dir`, making the folder first if
+/// it does not exist yet; removes the file again on any failure.
+fn write_synced(
+    syncer: &Syncer,
+    dir: &Path,
+    temp: &Path,
+    bytes: &[u8],
+) -> Result<(), MailboxError> {
+    let written = match write_and_sync(temp, bytes) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => syncer
+            .make_folder(dir)
+            .and_then(|()| write_and_sync(temp, bytes)),
+        other => other,
+    };
+    written.map_err(|e| {
         let _ = std::fs::remove_file(temp);
         MailboxError::io(temp, e)
     })
@@ -535,41 +656,6 @@ fn injected_disk_full() -> io::Error {
     io::Error::from(io::ErrorKind::StorageFull)
 }
 
-/// The message file names of a directory, sorted.
-fn read_names(dir: &Path) -> Result<Vec<FileName>, MailboxError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| MailboxError::io(dir, e))?;
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
-        let os_name = entry.file_name();
-        let Some(text) = os_name.to_str() else {
-            tracing::warn!(dir = %dir.display(), name = ?os_name, "ignoring a non-UTF-8 file name");
-            continue;
-        };
-        if text.starts_with('.') {
-            continue;
-        }
-        match text.parse::<FileName>() {
-            Ok(name) => names.push(name),
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), name = text, error = %e, "ignoring a foreign file")
-            }
-        }
-    }
-    names.sort_unstable();
-    Ok(names)
-}
-
-/// The size of a message file, or `None` if it is gone.
-fn size_of(dir: &Path, name: &FileName) -> Result<Option<u64>, MailboxError> {
-    let path = dir.join(name.to_string());
-    match std::fs::metadata(&path) {
-        Ok(m) => Ok(Some(m.len())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(MailboxError::io(&path, e)),
-    }
-}
-
 fn read_file(path: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.read_to_end(&mut bytes)?;
@@ -580,4 +666,138 @@ fn read_file(path: &Path) -> io::Result<Vec<u8>> {
 fn looks_like_object(bytes: &[u8]) -> bool {
     let trimmed = bytes.trim_ascii();
     trimmed.first() == Some(&b'{') && trimmed.last() == Some(&b'}')
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::wire::{Body, Version};
+
+    fn message(seq: u128) -> Message {
+        Message {
+            version: Version,
+            id: MessageId::from_parts(1_000, seq),
+            from: Id::new("phone-1").unwrap(),
+            to: Id::new("db-a").unwrap(),
+            subsystem: Id::new("sales").unwrap(),
+            created_at: Timestamp::from_millis(1_000),
+            body: Body::from_json("{}").unwrap(),
+        }
+    }
+
+    /// Mailboxes whose first fsync of `held` (a folder under the data
+    /// folder) tells the test it has begun and waits for its go-ahead.
+    async fn holding(
+        data: &Path,
+        held: &str,
+    ) -> (
+        Mailboxes,
+        mpsc::UnboundedReceiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (reached, reached_rx) = mpsc::unbounded_channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let gate = Mutex::new(Some((reached, go_rx)));
+        let held = data.join(held);
+        let dir_sync: DirSync = Arc::new(move |dir: &Path| {
+            if dir == held {
+                let first = gate.lock().unwrap().take();
+                if let Some((reached, go)) = first {
+                    reached.send(()).unwrap();
+                    go.recv().unwrap();
+                }
+            }
+            sync::fsync_dir(dir)
+        });
+        let mailboxes = Mailboxes::open_with(data.to_owned(), SyncConfig::default(), dir_sync)
+            .await
+            .unwrap();
+        (mailboxes, reached_rx, go)
+    }
+
+    async fn selected(mailboxes: &Mailboxes, queue: &Location) -> usize {
+        mailboxes
+            .select(queue, &Filter::default(), Limits::default())
+            .await
+            .unwrap()
+            .len()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_is_not_selected_before_its_folder_fsync_completes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        // The index is built before the write.
+        assert_eq!(selected(&mailboxes, &queue).await, 0);
+
+        let writing = {
+            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
+            tokio::spawn(async move { mailboxes.write(&queue, &message(1)).await })
+        };
+        reached.recv().await.unwrap();
+        // Renamed into the folder, its folder fsync not done: not visible,
+        // not even after a check of the folder against its directory.
+        let file = mailboxes
+            .path(&queue)
+            .join(FileName::of(&message(1)).to_string());
+        assert!(file.is_file());
+        assert_eq!(selected(&mailboxes, &queue).await, 0);
+        assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+        assert_eq!(mailboxes.verify().await.unwrap(), 1);
+        assert_eq!(selected(&mailboxes, &queue).await, 0);
+
+        go.send(()).unwrap();
+        writing.await.unwrap().unwrap();
+        assert_eq!(selected(&mailboxes, &queue).await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_use_during_a_folder_fsync_does_not_see_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let writing = {
+            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
+            tokio::spawn(async move { mailboxes.write(&queue, &message(1)).await })
+        };
+        reached.recv().await.unwrap();
+        // The folder's first use reads the directory, file included.
+        assert_eq!(selected(&mailboxes, &queue).await, 0);
+        go.send(()).unwrap();
+        writing.await.unwrap().unwrap();
+        assert_eq!(selected(&mailboxes, &queue).await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_moved_message_appears_in_its_target_only_after_the_fsyncs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let (mailboxes, mut reached, go) = holding(&data, "db-a/Log").await;
+        let db = Id::new("db-a").unwrap();
+        let (queue, log) = (
+            Location::new(db.clone(), Folder::Messages),
+            Location::new(db, Folder::Log),
+        );
+        let entry = mailboxes.write(&queue, &message(1)).await.unwrap();
+        assert_eq!(mailboxes.count(&log).await.unwrap(), 0);
+        let moving = {
+            let (mailboxes, queue, log) = (mailboxes.clone(), queue.clone(), log.clone());
+            tokio::spawn(async move { mailboxes.move_file(&entry.name, &queue, &log).await })
+        };
+        reached.recv().await.unwrap();
+        assert_eq!(mailboxes.count(&log).await.unwrap(), 0);
+        mailboxes.verify().await.unwrap();
+        assert_eq!(mailboxes.count(&log).await.unwrap(), 0);
+        go.send(()).unwrap();
+        assert_eq!(moving.await.unwrap().unwrap(), Outcome::Done);
+        assert_eq!(mailboxes.count(&log).await.unwrap(), 1);
+        assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+    }
 }

@@ -88,8 +88,13 @@ impl Filter {
 
     /// Whether the message named `name` passes.
     pub fn matches(&self, name: &FileName) -> bool {
+        self.admits(&name.subsystem, &name.from)
+    }
+
+    /// Whether a message of `subsystem` from `sender` passes.
+    pub(crate) fn admits(&self, subsystem: &Id, sender: &Id) -> bool {
         let ok = |set: &Option<HashSet<Id>>, id: &Id| set.as_ref().is_none_or(|s| s.contains(id));
-        ok(&self.subsystems, &name.subsystem) && ok(&self.senders, &name.from)
+        ok(&self.subsystems, subsystem) && ok(&self.senders, sender)
     }
 }
 

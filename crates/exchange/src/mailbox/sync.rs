@@ -12,6 +12,12 @@
 //! linger time since its first change has passed. Callers take a ticket
 //! before their slow part (writing and fsyncing a file), so concurrent writes
 //! that started together are committed together instead of one by one.
+//!
+//! Each change carries a [`Settle`]: what the folder indexes learn of its
+//! fate. It runs after the directory fsyncs (so an index never shows a file
+//! whose entry is not yet durable) and before the caller is answered; it runs
+//! even if the caller has gone away, or, with [`Fate::Failed`], if the change
+//! is dropped unapplied.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -34,6 +40,11 @@ pub struct SyncConfig {
     /// How long a batch may wait for changes that are still under way
     /// (a file being written) before it is committed without them.
     pub linger: Duration,
+    /// How often the index of a folder in use is checked against its
+    /// directory, so that files added or removed by hand are seen. A check
+    /// of a large folder waits longer: at least 19 times as long as the
+    /// previous round of checks took, so checking costs at most 5% of a core.
+    pub verify_every: Duration,
 }
 
 impl Default for SyncConfig {
@@ -41,6 +52,7 @@ impl Default for SyncConfig {
         Self {
             max_batch: 512,
             linger: Duration::from_millis(2),
+            verify_every: Duration::from_secs(10),
         }
     }
 }
@@ -53,7 +65,7 @@ pub struct SyncStats {
     pub changes: u64,
     /// Batches committed.
     pub batches: u64,
-    /// Directory fsyncs made.
+    /// Directory fsyncs made (a folder made for its first file included).
     pub dir_fsyncs: u64,
     /// File fsyncs made (by writers, before their changes were submitted).
     pub file_fsyncs: u64,
@@ -92,15 +104,57 @@ pub(crate) enum Applied {
     AlreadyDone,
 }
 
+/// What became of a change, as the folder indexes need to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Applied (now or before) and its directories fsynced.
+    Durable,
+    /// A move whose file is in neither of its folders.
+    Missing,
+    /// Not applied, not known to be durable, or withdrawn again.
+    Failed,
+}
+
+/// What to do once a change's fate is known: the index updates of the
+/// change. Dropped without being told, it is told [`Fate::Failed`].
+pub(crate) struct Settle(Option<Box<dyn FnOnce(Fate) + Send>>);
+
+impl Settle {
+    /// Calls `f` with the fate of the change.
+    pub(crate) fn new(f: impl FnOnce(Fate) + Send + 'static) -> Self {
+        Self(Some(Box::new(f)))
+    }
+
+    fn tell(mut self, fate: Fate) {
+        if let Some(f) = self.0.take() {
+            f(fate);
+        }
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Fate::Failed);
+        }
+    }
+}
+
+/// How a directory's entries are made durable: [`fsync_dir`], or in unit
+/// tests a stand-in that fails or waits.
+pub(crate) type DirSync = Arc<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
+
 /// A change waiting in a batch, with the caller waiting for its outcome.
 struct Job {
     change: Change,
+    settle: Settle,
     reply: oneshot::Sender<Result<Applied, MailboxError>>,
 }
 
 /// State shared by the handles and the commit task.
-#[derive(Default)]
 struct Shared {
+    /// Makes a directory's entries durable.
+    dir_sync: DirSync,
     /// Tickets taken and not yet submitted or dropped.
     in_flight: AtomicUsize,
     /// Wakes the commit task when a ticket is submitted or dropped.
@@ -119,13 +173,27 @@ pub(crate) struct Syncer {
 }
 
 impl Syncer {
-    /// Starts the commit task on the current tokio runtime. It ends when the
-    /// last handle is dropped.
-    pub(crate) fn start(config: SyncConfig) -> Self {
+    /// Starts the commit task on the current tokio runtime, making
+    /// directories durable with `dir_sync`. It ends when the last handle is
+    /// dropped.
+    pub(crate) fn start(config: SyncConfig, dir_sync: DirSync) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            dir_sync,
+            in_flight: AtomicUsize::new(0),
+            progress: Notify::new(),
+            changes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            dir_fsyncs: AtomicU64::new(0),
+            file_fsyncs: AtomicU64::new(0),
+        });
         tokio::spawn(run(rx, Arc::clone(&shared), config));
         Self { tx, shared }
+    }
+
+    /// Makes a folder for its first file (blocking): see [`make_folder`].
+    pub(crate) fn make_folder(&self, dir: &Path) -> io::Result<()> {
+        make_folder(&self.shared, dir)
     }
 
     /// Announces a change that will be submitted soon, so that the batch
@@ -165,15 +233,23 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// Submits the change and waits until it is applied and its directories
     /// are fsynced.
-    pub(crate) async fn submit(self, change: Change) -> Result<Applied, MailboxError> {
-        self.send(change).wait().await
+    pub(crate) async fn submit(
+        self,
+        change: Change,
+        settle: Settle,
+    ) -> Result<Applied, MailboxError> {
+        self.send(change, settle).wait().await
     }
 
     /// Queues the change without waiting, so that a caller with many
     /// changes can queue them all into one batch and then wait for each.
-    pub(crate) fn send(mut self, change: Change) -> Pending {
+    pub(crate) fn send(mut self, change: Change, settle: Settle) -> Pending {
         let (reply, answer) = oneshot::channel();
-        let sent = self.syncer.tx.send(Job { change, reply });
+        let sent = self.syncer.tx.send(Job {
+            change,
+            settle,
+            reply,
+        });
         self.release();
         Pending(sent.ok().map(|()| answer))
     }
@@ -241,33 +317,40 @@ fn drain(rx: &mut mpsc::UnboundedReceiver<Job>, batch: &mut Vec<Job>, max_batch:
     }
 }
 
-/// Applies the batch's changes, fsyncs each touched directory once, answers.
-async fn commit(batch: Vec<Job>, shared: &Shared) {
-    let (jobs, replies): (Vec<Change>, Vec<_>) =
-        batch.into_iter().map(|j| (j.change, j.reply)).unzip();
-    let applied = match tokio::task::spawn_blocking(move || {
-        let results: Vec<_> = jobs.iter().map(apply).collect();
-        (jobs, results)
+/// Applies the batch's changes, fsyncs each touched directory once, settles
+/// the changes with the indexes and answers the callers.
+async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
+    let mut changes = Vec::with_capacity(batch.len());
+    let mut waiting = Vec::with_capacity(batch.len());
+    for job in batch {
+        changes.push(job.change);
+        waiting.push((job.settle, job.reply));
+    }
+    let applying = Arc::clone(shared);
+    let (changes, results) = match tokio::task::spawn_blocking(move || {
+        let results: Vec<_> = changes.iter().map(|c| apply(&applying, c)).collect();
+        (changes, results)
     })
     .await
     {
         Ok(done) => done,
         Err(e) => {
-            for reply in replies {
+            for (settle, reply) in waiting {
+                settle.tell(Fate::Failed);
                 let _ = reply.send(Err(MailboxError::Join(e.to_string())));
             }
             return;
         }
     };
-    let (jobs, results) = applied;
 
     // Every directory any change touched, failed ones included: a failed
     // publish removed its temporary file, and that removal is made durable too.
-    let dirs: BTreeSet<PathBuf> = jobs.iter().flat_map(dirs_of).collect();
+    let dirs: BTreeSet<PathBuf> = changes.iter().flat_map(dirs_of).collect();
     let mut fsyncs = JoinSet::new();
     for dir in dirs {
+        let dir_sync = Arc::clone(&shared.dir_sync);
         fsyncs.spawn_blocking(move || {
-            let r = fsync_dir(&dir);
+            let r = dir_sync(&dir);
             (dir, r)
         });
     }
@@ -278,6 +361,9 @@ async fn commit(batch: Vec<Job>, shared: &Shared) {
             Ok((_, Ok(()))) => {
                 shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
             }
+            // A folder that does not exist holds none of the batch's entries
+            // (a delete of a file in a folder never made).
+            Ok((_, Err(e))) if e.kind() == io::ErrorKind::NotFound => {}
             Ok((dir, Err(e))) => failed_dirs.push((dir, e)),
             Err(e) => lost_task = Some(e.to_string()),
         }
@@ -287,42 +373,88 @@ async fn commit(batch: Vec<Job>, shared: &Shared) {
     shared.batches.fetch_add(1, Ordering::Relaxed);
     shared
         .changes
-        .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        .fetch_add(changes.len() as u64, Ordering::Relaxed);
 
-    for ((change, result), reply) in jobs.into_iter().zip(results).zip(replies) {
-        let answer = result.and_then(|applied| {
-            if let Some(e) = &lost_task {
-                undo_unsynced(&change);
-                return Err(MailboxError::Join(e.clone()));
-            }
-            let touched = dirs_of(&change);
-            match failed_dirs.iter().find(|(dir, _)| touched.contains(dir)) {
-                None => Ok(applied),
-                Some((dir, e)) => {
-                    undo_unsynced(&change);
-                    Err(MailboxError::io(
-                        dir,
-                        io::Error::new(e.kind(), e.to_string()),
-                    ))
+    let mut withdraw = Vec::new();
+    let answers: Vec<_> = changes
+        .into_iter()
+        .zip(results)
+        .map(|(change, result)| {
+            result.and_then(|applied| {
+                let unsynced = match &lost_task {
+                    Some(e) => Some(MailboxError::Join(e.clone())),
+                    None => {
+                        let touched = dirs_of(&change);
+                        failed_dirs
+                            .iter()
+                            .find(|(dir, _)| touched.contains(dir))
+                            .map(|(dir, e)| {
+                                MailboxError::io(dir, io::Error::new(e.kind(), e.to_string()))
+                            })
+                    }
+                };
+                match unsynced {
+                    None => Ok(applied),
+                    Some(e) => {
+                        if let Change::Publish { target, .. } = change {
+                            withdraw.push(target);
+                        }
+                        Err(e)
+                    }
                 }
-            }
+            })
+        })
+        .collect();
+    if !withdraw.is_empty() {
+        let withdrawing = Arc::clone(shared);
+        let _ =
+            tokio::task::spawn_blocking(move || withdraw_unsynced(&withdrawing, &withdraw)).await;
+    }
+    for (answer, (settle, reply)) in answers.into_iter().zip(waiting) {
+        settle.tell(match &answer {
+            Ok(_) => Fate::Durable,
+            Err(MailboxError::NotFound { .. }) => Fate::Missing,
+            Err(_) => Fate::Failed,
         });
         let _ = reply.send(answer);
     }
 }
 
 /// After a failed directory fsync, a published file is not known to be
-/// durable; it is removed so that the caller's error ("not stored") is the
-/// whole truth. Moves and deletes are left as they are: they are idempotent
-/// and the caller retries them.
-fn undo_unsynced(change: &Change) {
-    if let Change::Publish { target, .. } = change {
-        let _ = std::fs::remove_file(target);
+/// durable; it is removed, and the removal fsynced, so that the caller's
+/// error ("not stored") is the whole truth, now and after a power loss.
+/// Should that fsync fail too, a power loss may bring the file back: that
+/// is logged as an error naming it (the start-up scan would then list the
+/// message, which its sender was told had not been stored). Moves and
+/// deletes are left as they are: they are idempotent and the caller
+/// retries them.
+fn withdraw_unsynced(shared: &Shared, targets: &[PathBuf]) {
+    let mut dirs = BTreeSet::new();
+    for target in targets {
+        match std::fs::remove_file(target) {
+            Ok(()) => {
+                dirs.insert(parent(target).to_owned());
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::error!(file = %target.display(), error = %e,
+                "could not withdraw a message file whose folder fsync failed"),
+        }
+    }
+    for dir in dirs {
+        match sync(shared, &dir) {
+            Ok(()) => {}
+            Err(e) => {
+                for target in targets.iter().filter(|t| parent(t) == dir) {
+                    tracing::error!(file = %target.display(), error = %e,
+                        "a withdrawn message file may reappear after a power loss: its folder fsync failed twice");
+                }
+            }
+        }
     }
 }
 
 /// Applies one change (blocking).
-fn apply(change: &Change) -> Result<Applied, MailboxError> {
+fn apply(shared: &Shared, change: &Change) -> Result<Applied, MailboxError> {
     match change {
         Change::Publish { temp, target } => match rename(temp, target) {
             Ok(()) => Ok(Applied::Done),
@@ -337,7 +469,11 @@ fn apply(change: &Change) -> Result<Applied, MailboxError> {
                 // ENOENT is also what a missing target folder gives, so look
                 // at both ends before calling the move done or lost.
                 if exists(from) {
-                    Err(MailboxError::io(to, e))
+                    // The target folder is made for its first file.
+                    make_folder(shared, parent(to))
+                        .and_then(|()| rename(from, to))
+                        .map(|()| Applied::Done)
+                        .map_err(|e| MailboxError::io(to, e))
                 } else if exists(to) {
                     Ok(Applied::AlreadyDone)
                 } else {
@@ -356,6 +492,39 @@ fn apply(change: &Change) -> Result<Applied, MailboxError> {
             Err(e) => Err(MailboxError::io(path, e)),
         },
     }
+}
+
+/// Makes the mailbox folder `dir` (`<data>/<mailbox>/<folder>`) and, if
+/// needed, its mailbox's folder, fsyncing the parent of each, so that the
+/// folder is durable before any file in it is (blocking). The parent is
+/// fsynced also when the folder already exists: whoever made it a moment
+/// ago may not have fsynced yet.
+fn make_folder(shared: &Shared, dir: &Path) -> io::Result<()> {
+    let mailbox = parent(dir);
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            made(std::fs::create_dir(mailbox))?;
+            sync(shared, parent(mailbox))?;
+            made(std::fs::create_dir(dir))?;
+        }
+        other => made(other)?,
+    }
+    sync(shared, mailbox)
+}
+
+/// A folder creation that found the folder there already succeeded.
+fn made(created: io::Result<()>) -> io::Result<()> {
+    match created {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
+/// Fsyncs a directory and counts it.
+fn sync(shared: &Shared, dir: &Path) -> io::Result<()> {
+    (shared.dir_sync)(dir)?;
+    shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
+    Ok(())
 }
 
 /// The directories whose entries a change alters.
@@ -402,16 +571,26 @@ pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
 
     fn in_flight(s: &Syncer) -> usize {
         s.shared.in_flight.load(Ordering::SeqCst)
     }
 
+    fn syncer(config: SyncConfig) -> Syncer {
+        Syncer::start(config, Arc::new(fsync_dir))
+    }
+
+    fn ignore() -> Settle {
+        Settle::new(|_| {})
+    }
+
     #[tokio::test]
     async fn tickets_are_released_by_submit_and_by_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let syncer = Syncer::start(SyncConfig::default());
+        let syncer = syncer(SyncConfig::default());
         let ticket = syncer.ticket();
         assert_eq!(in_flight(&syncer), 1);
         drop(ticket);
@@ -420,7 +599,7 @@ mod tests {
         let gone = dir.path().join("gone");
         let applied = syncer
             .ticket()
-            .submit(Change::Delete { path: gone })
+            .submit(Change::Delete { path: gone }, ignore())
             .await
             .unwrap();
         assert_eq!(applied, Applied::AlreadyDone);
@@ -432,16 +611,20 @@ mod tests {
     #[tokio::test]
     async fn a_batch_does_not_wait_past_the_linger_for_a_silent_ticket() {
         let dir = tempfile::tempdir().unwrap();
-        let syncer = Syncer::start(SyncConfig {
+        let syncer = syncer(SyncConfig {
             max_batch: 8,
             linger: Duration::from_millis(1),
+            ..SyncConfig::default()
         });
         let silent = syncer.ticket();
         let applied = syncer
             .ticket()
-            .submit(Change::Delete {
-                path: dir.path().join("x"),
-            })
+            .submit(
+                Change::Delete {
+                    path: dir.path().join("x"),
+                },
+                ignore(),
+            )
             .await
             .unwrap();
         assert_eq!(applied, Applied::AlreadyDone);
@@ -455,18 +638,102 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();
-        let syncer = Syncer::start(SyncConfig::default());
+        let syncer = syncer(SyncConfig::default());
         let temp = dir.path().join(".t.tmp");
         std::fs::write(&temp, b"{}").unwrap();
+        let (told, fate) = std::sync::mpsc::channel();
         let err = syncer
             .ticket()
-            .submit(Change::Publish {
-                temp: temp.clone(),
-                target: file.join("m.msg"),
-            })
+            .submit(
+                Change::Publish {
+                    temp: temp.clone(),
+                    target: file.join("m.msg"),
+                },
+                Settle::new(move |f| told.send(f).unwrap()),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, MailboxError::Storage { .. }), "{err}");
         assert!(!temp.exists(), "the temporary file is removed");
+        assert_eq!(fate.try_recv(), Ok(Fate::Failed));
+    }
+
+    #[tokio::test]
+    async fn a_publish_whose_folder_fsync_failed_is_withdrawn_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("m.msg");
+        let temp = dir.path().join(".m.msg.tmp");
+        std::fs::write(&temp, b"{}").unwrap();
+        // The first fsync of the folder fails; each call notes whether the
+        // published file was there when the folder was fsynced.
+        let calls: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let seen = Arc::clone(&calls);
+        let probe = target.clone();
+        let dir_sync: DirSync = Arc::new(move |d: &Path| {
+            let mut calls = seen.lock().unwrap();
+            calls.push(probe.exists());
+            if calls.len() == 1 {
+                Err(io::Error::other("injected fsync failure"))
+            } else {
+                fsync_dir(d)
+            }
+        });
+        let syncer = Syncer::start(SyncConfig::default(), dir_sync);
+        let err = syncer
+            .ticket()
+            .submit(
+                Change::Publish {
+                    temp,
+                    target: target.clone(),
+                },
+                ignore(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, MailboxError::Storage { .. }), "{err}");
+        assert!(!target.exists(), "the file is withdrawn");
+        // Fsynced with the file in place (failed), then again without it.
+        assert_eq!(*calls.lock().unwrap(), vec![true, false]);
+    }
+
+    #[tokio::test]
+    async fn a_move_makes_its_target_folder_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("db-a").join("Messages");
+        std::fs::create_dir_all(&from).unwrap();
+        std::fs::write(from.join("m.msg"), b"{}").unwrap();
+        let synced: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+        let seen = Arc::clone(&synced);
+        let dir_sync: DirSync = Arc::new(move |d: &Path| {
+            seen.lock().unwrap().push(d.to_owned());
+            fsync_dir(d)
+        });
+        let syncer = Syncer::start(SyncConfig::default(), dir_sync);
+        let to = dir.path().join("db-a").join("Log");
+        let applied = syncer
+            .ticket()
+            .submit(
+                Change::Move {
+                    from: from.join("m.msg"),
+                    to: to.join("m.msg"),
+                },
+                ignore(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::Done);
+        assert!(to.join("m.msg").is_file());
+        let mut synced = synced.lock().unwrap().clone();
+        // The new folder's entry first, then both folders of the move.
+        assert_eq!(synced.remove(0), dir.path().join("db-a"));
+        synced.sort();
+        assert_eq!(synced, vec![to, from]);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_settle_is_told_failed() {
+        let (told, fate) = std::sync::mpsc::channel();
+        drop(Settle::new(move |f| told.send(f).unwrap()));
+        assert_eq!(fate.try_recv(), Ok(Fate::Failed));
     }
 }

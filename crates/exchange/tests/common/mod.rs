@@ -58,6 +58,7 @@ pub fn patient() -> SyncConfig {
     SyncConfig {
         max_batch: 10_000,
         linger: Duration::from_secs(60),
+        ..SyncConfig::default()
     }
 }
 

@@ -1,0 +1,481 @@
+//! The in-memory index of a mailbox folder: its message files in order,
+//! with their sizes, so that a start, an inbox answer, a count or the oldest
+//! message cost the same with a million files waiting as with a thousand.
+//!
+//! The files stay the truth; an index is a copy of a folder's listing:
+//! - built from the directory at the folder's first use (so start-up does
+//!   not pay for mailboxes nobody asks about);
+//! - kept up to date by the mailboxes' own changes, each told to the index
+//!   only after its directory fsync (a [`Settle`](super::sync::Settle)), so a
+//!   file is never listed before its entry is durable. A file being
+//!   published or moved in is *pending* meanwhile, and a scan that sees it
+//!   on disk leaves it out;
+//! - checked against the directory again by a rescan (see
+//!   [`Mailboxes::verify`](super::Mailboxes::verify)), which notices files
+//!   added or removed by hand; a file found missing when it is read or
+//!   sized is dropped at once.
+//!
+//! A rescan reads the directory without holding the index (readers keep
+//! using the old listing meanwhile); changes settled during it are noted in
+//! a journal and replayed on the new listing before it replaces the old.
+//!
+//! Memory: an entry holds the time, the message id and a shared route
+//! (sender, recipient, subsystem: one copy per distinct route), about 50
+//! bytes with the map's overhead. Sizes are read lazily (a rescan reads only
+//! names), when a selection or a listing first needs them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::select::{self, Filter, Limits};
+use super::{FileEntry, FileName, Location};
+use crate::error::MailboxError;
+use crate::id::Id;
+use crate::timestamp::Timestamp;
+use crate::ulid_ids::MessageId;
+
+/// The indexes of every folder used so far, by location.
+#[derive(Default)]
+pub(crate) struct Indexes {
+    folders: Mutex<HashMap<Location, Arc<FolderIndex>>>,
+}
+
+impl Indexes {
+    /// The index of the folder at `dir` (`loc`), made empty and unbuilt on
+    /// first call.
+    pub(crate) fn folder(&self, loc: &Location, dir: impl FnOnce() -> PathBuf) -> Arc<FolderIndex> {
+        let mut folders = lock(&self.folders);
+        if let Some(index) = folders.get(loc) {
+            return Arc::clone(index);
+        }
+        let index = Arc::new(FolderIndex::new(dir()));
+        folders.insert(loc.clone(), Arc::clone(&index));
+        index
+    }
+
+    /// The indexes of the folders used since their last scan.
+    pub(crate) fn used(&self) -> Vec<Arc<FolderIndex>> {
+        lock(&self.folders)
+            .values()
+            .filter(|index| {
+                let state = index.state();
+                state.built && state.used
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// The sender, recipient and subsystem of a message file: shared by the
+/// entries of one folder that have the same.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Route {
+    from: Id,
+    to: Id,
+    subsystem: Id,
+}
+
+/// An entry's key. The fields are those of [`FileName`], in its order, so
+/// keys sort as names do.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    created_at: Timestamp,
+    id: MessageId,
+    route: Arc<Route>,
+}
+
+impl Key {
+    /// The key of `name` with a route of its own, for a lookup.
+    fn probe(name: &FileName) -> Self {
+        Self {
+            created_at: name.created_at,
+            id: name.id,
+            route: Arc::new(Route {
+                from: name.from.clone(),
+                to: name.to.clone(),
+                subsystem: name.subsystem.clone(),
+            }),
+        }
+    }
+
+    fn name(&self) -> FileName {
+        FileName {
+            created_at: self.created_at,
+            id: self.id,
+            from: self.route.from.clone(),
+            to: self.route.to.clone(),
+            subsystem: self.route.subsystem.clone(),
+        }
+    }
+}
+
+/// The files of a folder, in order, with their sizes once known.
+#[derive(Default)]
+struct Listing {
+    entries: BTreeMap<Key, Option<u64>>,
+    routes: HashSet<Arc<Route>>,
+}
+
+impl Listing {
+    /// A listing of `names`, which are sorted.
+    fn of_sorted(names: Vec<FileName>) -> Self {
+        let mut listing = Listing::default();
+        let keys: Vec<_> = names.iter().map(|n| listing.key(n)).collect();
+        // Sorted input is bulk-built.
+        listing.entries = keys.into_iter().map(|k| (k, None)).collect();
+        listing
+    }
+
+    /// The key of `name`, its route shared with the listing's.
+    fn key(&mut self, name: &FileName) -> Key {
+        let probe = Key::probe(name);
+        let route = match self.routes.get(&probe.route) {
+            Some(route) => Arc::clone(route),
+            None => {
+                self.routes.insert(Arc::clone(&probe.route));
+                probe.route
+            }
+        };
+        Key { route, ..probe }
+    }
+
+    fn apply(&mut self, edit: &Edit) {
+        match edit {
+            Edit::Insert(name, size) => {
+                let key = self.key(name);
+                let known = self.entries.entry(key).or_insert(*size);
+                if size.is_some() {
+                    *known = *size;
+                }
+            }
+            Edit::Remove(name) => {
+                self.entries.remove(&Key::probe(name));
+            }
+        }
+    }
+}
+
+/// A change to a listing.
+#[derive(Debug, Clone)]
+enum Edit {
+    /// A file is there, with its size if known.
+    Insert(FileName, Option<u64>),
+    /// A file is gone.
+    Remove(FileName),
+}
+
+struct State {
+    /// Whether `listing` has been read from the directory.
+    built: bool,
+    /// Whether the index was read since its last scan.
+    used: bool,
+    listing: Listing,
+    /// Files being published or moved in whose fate is not settled yet,
+    /// with how many changes of each are under way.
+    pending: HashMap<FileName, u32>,
+    /// The edits settled while a scan runs, to replay on its listing.
+    journal: Option<Vec<Edit>>,
+}
+
+impl State {
+    fn edit(&mut self, edit: Edit) {
+        if self.built {
+            self.listing.apply(&edit);
+        }
+        if let Some(journal) = &mut self.journal {
+            journal.push(edit);
+        }
+    }
+}
+
+/// The index of one folder.
+pub(crate) struct FolderIndex {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Held for a whole scan: one scan of a folder at a time.
+    scanning: Mutex<()>,
+}
+
+impl FolderIndex {
+    fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            state: Mutex::new(State {
+                built: false,
+                used: false,
+                listing: Listing::default(),
+                pending: HashMap::new(),
+                journal: None,
+            }),
+            scanning: Mutex::new(()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Whether the index has been built, noting the use when it has.
+    pub(crate) fn ready(&self) -> bool {
+        let mut state = self.state();
+        state.used = true;
+        state.built
+    }
+
+    /// Builds the index unless that is done (blocking; the first use).
+    pub(crate) fn build(&self) -> Result<(), MailboxError> {
+        let _scan = lock(&self.scanning);
+        if self.state().built {
+            return Ok(());
+        }
+        self.scan_locked()
+    }
+
+    /// Reads the directory again and replaces the listing (blocking).
+    pub(crate) fn rescan(&self) -> Result<(), MailboxError> {
+        let _scan = lock(&self.scanning);
+        self.scan_locked()
+    }
+
+    fn scan_locked(&self) -> Result<(), MailboxError> {
+        self.state().journal = Some(Vec::new());
+        let names = match read_names(&self.dir) {
+            Ok(names) => names,
+            Err(e) => {
+                self.state().journal = None;
+                return Err(e);
+            }
+        };
+        let mut fresh = Listing::of_sorted(names);
+        let old = {
+            let mut state = self.state();
+            for name in state.pending.keys() {
+                fresh.entries.remove(&Key::probe(name));
+            }
+            for edit in state.journal.take().unwrap_or_default() {
+                fresh.apply(&edit);
+            }
+            state.built = true;
+            state.used = false;
+            std::mem::replace(&mut state.listing, fresh)
+        };
+        // The old listing is freed outside the lock.
+        drop(old);
+        Ok(())
+    }
+
+    /// Notes that `name` is being published or moved in: a scan leaves it
+    /// out until its change is settled with [`settle_in`](Self::settle_in).
+    pub(crate) fn expect(&self, name: &FileName) {
+        *self.state().pending.entry(name.clone()).or_insert(0) += 1;
+    }
+
+    /// Settles a change announced with [`expect`](Self::expect): the file
+    /// is there (with its size if known) if it is durable, else not.
+    pub(crate) fn settle_in(&self, name: &FileName, durable: Option<Option<u64>>) {
+        let mut state = self.state();
+        if let Some(count) = state.pending.get_mut(name) {
+            *count -= 1;
+            if *count == 0 {
+                state.pending.remove(name);
+            }
+        }
+        state.edit(match durable {
+            Some(size) => Edit::Insert(name.clone(), size),
+            None => Edit::Remove(name.clone()),
+        });
+    }
+
+    /// Notes that `name` is gone from the folder.
+    pub(crate) fn remove(&self, name: &FileName) {
+        self.state().edit(Edit::Remove(name.clone()));
+    }
+
+    /// The size of `name` if the index knows it.
+    pub(crate) fn size_of(&self, name: &FileName) -> Option<u64> {
+        let state = self.state();
+        state
+            .listing
+            .entries
+            .get(&Key::probe(name))
+            .copied()
+            .flatten()
+    }
+
+    /// How many files the folder holds.
+    pub(crate) fn count(&self) -> usize {
+        self.state().listing.entries.len()
+    }
+
+    /// The names of the `n` oldest files.
+    pub(crate) fn oldest(&self, n: usize) -> Vec<FileName> {
+        let state = self.state();
+        state
+            .listing
+            .entries
+            .keys()
+            .take(n)
+            .map(Key::name)
+            .collect()
+    }
+
+    /// Every name that passes `keep`, in order.
+    pub(crate) fn names_where(&self, mut keep: impl FnMut(&FileName) -> bool) -> Vec<FileName> {
+        let state = self.state();
+        state
+            .listing
+            .entries
+            .keys()
+            .map(Key::name)
+            .filter(|n| keep(n))
+            .collect()
+    }
+
+    /// The oldest files that pass `filter`, within `limits` (blocking: the
+    /// sizes not known yet are read from the files, which are then known).
+    pub(crate) fn select(
+        &self,
+        filter: &Filter,
+        limits: Limits,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        let mut state = self.state();
+        let mut learned = Vec::new();
+        let mut stat_error = None;
+        let candidates = state
+            .listing
+            .entries
+            .iter()
+            .filter(|(key, _)| filter.admits(&key.route.subsystem, &key.route.from));
+        let taken = select::take_within(
+            candidates,
+            |(key, size)| match size {
+                Some(size) => Some(*size),
+                None => {
+                    let name = key.name();
+                    match size_on_disk(&self.dir, &name) {
+                        Ok(found) => {
+                            learned.push((name, found));
+                            found
+                        }
+                        Err(e) => {
+                            stat_error.get_or_insert(e);
+                            None
+                        }
+                    }
+                }
+            },
+            limits,
+        );
+        let taken: Vec<_> = taken
+            .into_iter()
+            .map(|((key, _), size)| FileEntry {
+                name: key.name(),
+                size,
+            })
+            .collect();
+        for (name, size) in learned {
+            state.edit(match size {
+                Some(size) => Edit::Insert(name, Some(size)),
+                None => Edit::Remove(name),
+            });
+        }
+        match stat_error {
+            Some(e) => Err(e),
+            None => Ok(taken),
+        }
+    }
+
+    /// Every file with its size (blocking: sizes not known yet are read
+    /// from the files outside the index's lock, and then known).
+    pub(crate) fn entries(&self) -> Result<Vec<FileEntry>, MailboxError> {
+        let listed: Vec<(FileName, Option<u64>)> = {
+            let state = self.state();
+            state
+                .listing
+                .entries
+                .iter()
+                .map(|(key, size)| (key.name(), *size))
+                .collect()
+        };
+        let mut entries = Vec::with_capacity(listed.len());
+        let mut learned = Vec::new();
+        for (name, size) in listed {
+            match size {
+                Some(size) => entries.push(FileEntry { name, size }),
+                None => match size_on_disk(&self.dir, &name)? {
+                    Some(size) => {
+                        learned.push(Edit::Insert(name.clone(), Some(size)));
+                        entries.push(FileEntry { name, size });
+                    }
+                    None => learned.push(Edit::Remove(name)),
+                },
+            }
+        }
+        let mut state = self.state();
+        for edit in learned {
+            // Only what is still listed: the file may have moved meanwhile.
+            let listed = state.listing.entries.contains_key(&Key::probe(edit.name()));
+            if listed {
+                state.edit(edit);
+            }
+        }
+        Ok(entries)
+    }
+}
+
+impl Edit {
+    fn name(&self) -> &FileName {
+        match self {
+            Edit::Insert(name, _) | Edit::Remove(name) => name,
+        }
+    }
+}
+
+/// Locks a mutex; a panic elsewhere while holding it leaves a listing that
+/// is still a valid listing, so the lock is taken over.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The message file names of a directory, sorted; a directory that does
+/// not exist (a folder not made yet) has none. Temporary files are skipped;
+/// foreign names are skipped with a warning.
+fn read_names(dir: &Path) -> Result<Vec<FileName>, MailboxError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(MailboxError::io(dir, e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
+        let os_name = entry.file_name();
+        let Some(text) = os_name.to_str() else {
+            tracing::warn!(dir = %dir.display(), name = ?os_name, "ignoring a non-UTF-8 file name");
+            continue;
+        };
+        if text.starts_with('.') {
+            continue;
+        }
+        match text.parse::<FileName>() {
+            Ok(name) => names.push(name),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), name = text, error = %e, "ignoring a foreign file")
+            }
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+/// The size of a message file, or `None` if it is gone.
+fn size_on_disk(dir: &Path, name: &FileName) -> Result<Option<u64>, MailboxError> {
+    let path = dir.join(name.to_string());
+    match std::fs::metadata(&path) {
+        Ok(m) => Ok(Some(m.len())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(MailboxError::io(&path, e)),
+    }
+}
