@@ -1,6 +1,7 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`), to the client (`admin …`), or to the demo (`demo`).
 
+#[cfg(feature = "demo")]
 mod demo;
 
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ enum Command {
     Admin(AdminArgs),
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token.
+    #[cfg(feature = "demo")]
     Demo {
         /// Where to listen.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -53,7 +55,9 @@ fn main() -> anyhow::Result<()> {
     // `serve` also keeps the structured event log in its data folder.
     let event_log_data = match &cli.command {
         Command::Serve { config } => Some(Settings::load(config.as_deref())?.data_dir),
-        Command::Admin(_) | Command::Demo { .. } => None,
+        Command::Admin(_) => None,
+        #[cfg(feature = "demo")]
+        Command::Demo { .. } => None,
     };
     estafeta_server::logging::init(event_log_data.as_deref())?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -64,6 +68,7 @@ fn main() -> anyhow::Result<()> {
             println!("{out}");
             Ok(())
         }
+        #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => runtime.block_on(demo::demo(&listen, duration)),
     }
 }
