@@ -1,14 +1,16 @@
-//! A typed async client for the Estafeta HTTP API (API.md, version 1).
+//! A typed async client for the Estafeta HTTP API (version 1).
 //!
 //! [`Client`] has one method per call of the API; request and answer bodies
-//! are the wire types of [`estafeta_exchange::wire`], so the client and the
-//! server cannot disagree about a field. Status words (`IDLE`, `BUSY`, `OK`,
-//! `CANCELLED`, `FAILED`) are values in the answers, not errors: an `Err`
-//! is always a failed transport or an HTTP error answer ([`ClientError`]),
-//! and the latter carries the status and the server's error code and message.
+//! are the types of [`estafeta_wire`], which the server parses and answers
+//! with too, so the client and the server cannot disagree about a field;
+//! nothing else of the server's comes along (no storage, no SQLite, no CLI).
+//! Status words (`IDLE`, `BUSY`, `OK`, `CANCELLED`, `FAILED`) are values in
+//! the answers, not errors: an `Err` is always a failed transport or an HTTP
+//! error answer ([`ClientError`]), and the latter carries the status and the
+//! server's error code and message.
 //!
-//! [`sim`] holds the simulated processor and device that the tests, the
-//! fault-injection harness (`estafeta-harness`) and `estafeta demo` run.
+//! The simulated processor and device built on it, and the fault-injection
+//! harness, are in the `estafeta-sim` crate.
 //!
 //! # Example
 //!
@@ -17,8 +19,7 @@
 //!
 //! ```no_run
 //! use estafeta_client::Client;
-//! use estafeta_exchange::wire::{Body, SendMessage, StartRequest, StartStatus, Version};
-//! use estafeta_exchange::Id;
+//! use estafeta_wire::{Body, Id, SendMessage, StartRequest, StartStatus, Version};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let admin = Client::new("http://127.0.0.1:8080", "the-admin-token")?;
@@ -59,19 +60,17 @@
 #![deny(missing_docs)]
 
 mod error;
-pub mod sim;
 
 pub use error::ClientError;
-pub use estafeta_exchange::Upload;
+pub use estafeta_wire::Upload;
 
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::{
+use estafeta_wire::{
     AbortRequest, AcceptRequest, AckRequest, AckResponse, AlertList, CallResponse, CommitRequest,
     CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem, Credentials, ErrorBody,
-    FolderListing, Inbox, MessageAccepted, PrepareRequest, ProcessList, ProcessStatus,
-    RollbackRequest, SendMessage, StartRequest, StartResponse, Stats, Version,
+    Folder, FolderListing, Id, Inbox, MessageAccepted, MessageId, PrepareRequest, ProcessId,
+    ProcessList, ProcessStatus, RollbackRequest, SendMessage, StartRequest, StartResponse, Stats,
+    Version,
 };
-use estafeta_exchange::{Id, MessageId, ProcessId};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -1,16 +1,14 @@
 //! The message-exchange domain of Estafeta, with no HTTP in it.
 //!
 //! Devices (mobile applications) send messages to databases; processors
-//! working on a database fetch them in processes (the six-call protocol of
-//! API.md) and send replies back to devices. This crate holds the parts the
+//! working on a database fetch them in processes (the six-call protocol)
+//! and send replies back to devices. This crate holds the parts the
 //! server builds on:
 //!
-//! - [`id`]: [`Id`], the validated name of an enterprise, subsystem, database
-//!   or device: the only client-given text that may reach a path.
-//! - [`timestamp`] and [`ulid_ids`]: [`Timestamp`] (a message's `created_at`)
-//!   and the server-assigned [`MessageId`] and [`ProcessId`] (ULIDs).
-//! - [`wire`]: serde types (with OpenAPI schemas) for every request and
-//!   response body of the API, shared with the client crate.
+//! - [`wire`], [`id`], [`timestamp`] and [`ulid_ids`]: the API's vocabulary
+//!   (the serde type of every body, [`Id`], [`Timestamp`], [`MessageId`],
+//!   [`ProcessId`]), re-exported from the `estafeta-wire` crate, which the
+//!   client uses without any of the storage below.
 //! - [`mailbox`]: the mailboxes on disk, `<data>/<id>/{Messages,Prepared,Log,
 //!   Unknown,Error}`, one file per message, with durable, group-committed
 //!   writes, idempotent moves and deletes, selection for a process start, and
@@ -64,15 +62,14 @@
 #![deny(missing_docs)]
 
 pub mod error;
-pub mod id;
 pub mod layout;
 pub mod mailbox;
 pub mod service;
 pub mod tenancy;
-pub mod timestamp;
 pub mod token;
-pub mod ulid_ids;
-pub mod wire;
+
+pub use estafeta_wire as wire;
+pub use estafeta_wire::{id, timestamp, ulid_ids};
 
 pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;

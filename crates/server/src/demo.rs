@@ -1,6 +1,6 @@
-//! `estafeta demo`: a server on a temporary data folder with an enterprise,
-//! databases and devices provisioned, simulated devices and processors
-//! (the client crate's [`estafeta_client::sim`]) exchanging messages
+//! `estafeta demo` (with the `demo` feature): a server on a temporary data
+//! folder with an enterprise, databases and devices provisioned, the
+//! simulated devices and processors of [`estafeta_sim`] exchanging messages
 //! through it, and the dashboard's address and admin token printed, until
 //! Ctrl-C or `--duration`. Nothing is left behind: the folder goes away
 //! when the demo ends.
@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
-use estafeta_client::sim::{Device, Processor, ProcessorConfig};
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_exchange::{Exchange, ExchangeConfig, Id};
 use estafeta_server::{HttpSettings, run};
+use estafeta_sim::{Device, Processor, ProcessorConfig};
 use tokio::sync::oneshot;
 
 /// The databases and devices the demo provisions.

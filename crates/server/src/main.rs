@@ -2,6 +2,7 @@
 //! library (`serve`, `config`), to the client (`admin …`), or to the demo
 //! (`demo`).
 
+#[cfg(feature = "demo")]
 mod demo;
 
 use std::path::PathBuf;
@@ -47,6 +48,7 @@ enum Command {
     Admin(AdminArgs),
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token.
+    #[cfg(feature = "demo")]
     Demo {
         /// Where to listen.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -88,6 +90,7 @@ fn main() -> anyhow::Result<()> {
             println!("{out}");
             Ok(())
         }
+        #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
             estafeta_server::logging::init(&Settings::log_from_env(), None)?;
             runtime()?.block_on(demo::demo(&listen, duration))

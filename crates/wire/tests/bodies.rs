@@ -1,18 +1,39 @@
 //! The wire types as a whole: their OpenAPI schemas are complete, and
 //! full bodies round-trip through JSON (as the client crate relies on).
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{id, message};
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::*;
-use estafeta_exchange::{MessageId, ProcessId, Timestamp};
+use estafeta_wire::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{Components, ComponentsBuilder};
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// A message with the given routing, created at `created_ms` and arrived at
+/// `arrived_ms` (the time inside its id); `seq` keeps ids unique.
+fn message(
+    from: &str,
+    to: &str,
+    subsystem: &str,
+    created_ms: i64,
+    arrived_ms: u64,
+    seq: u128,
+    body: &str,
+) -> Message {
+    Message {
+        version: Version,
+        id: MessageId::from_parts(arrived_ms, seq),
+        from: id(from),
+        to: id(to),
+        subsystem: id(subsystem),
+        created_at: Timestamp::from_millis(created_ms),
+        body: Body::from_json(body).unwrap(),
+    }
+}
 
 /// Adds `T` and everything it refers to.
 fn with<T: ToSchema>(builder: ComponentsBuilder) -> ComponentsBuilder {

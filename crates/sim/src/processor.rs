@@ -1,5 +1,5 @@
 //! [`Processor`]: a database processor that runs the six-call protocol the
-//! way the seed's Gedemin does, against a real SQLite database.
+//! way a real processor (Gedemin) does, against a real SQLite database.
 //!
 //! One cycle ([`Processor::run_once`]):
 //!
@@ -30,17 +30,16 @@
 use std::path::Path;
 use std::time::Duration;
 
-use estafeta_exchange::wire::{
-    Body, CallStatus, Message, MessageResult, PrepareRequest, Reply, ResultStatus, StartRequest,
-    StartStatus, Version,
+use estafeta_client::Client;
+use estafeta_wire::{
+    Body, CallStatus, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
+    ResultStatus, StartRequest, StartStatus, Version,
 };
-use estafeta_exchange::{Id, MessageId, ProcessId};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 
-use super::SimError;
-use crate::Client;
+use crate::SimError;
 
 /// The processor's schema: applied messages, proof of duplicates, the
 /// processes whose transaction committed, and the processes not yet settled
@@ -310,7 +309,7 @@ impl Processor {
                     return Ok(Cycle::Cancelled);
                 }
                 Err(e) => {
-                    // The seed: no confirmation ends the process here.
+                    // No confirmation ends the process here.
                     // `pending` remembers to roll it back on the server, so
                     // the database is free before the STARTED timeout.
                     return Err(e.into());

@@ -1,4 +1,4 @@
-//! The status words of the API, spelled exactly as API.md spells them.
+//! The status words of the API, in the exact spelling of the JSON bodies.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -11,10 +11,8 @@ use std::time::Duration;
 
 use common::{TestServer, id, provision};
 use estafeta_client::Client;
-use estafeta_client::sim::{Cycle, Device, Processor, ProcessorConfig, Step};
-use estafeta_exchange::MessageId;
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::ProcessState;
+use estafeta_sim::{Cycle, Device, Processor, ProcessorConfig, Step};
+use estafeta_wire::{Folder, MessageId, ProcessState};
 
 /// A processor on `path` for `db-a` with the given rates.
 fn processor(path: &Path, client: &Client, seed: u64, faulty: bool) -> Processor {

@@ -14,10 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_client::sim::{Device, Processor};
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::ProcessState;
-use estafeta_exchange::{Id, MessageId};
+use estafeta_sim::{Device, Processor};
+use estafeta_wire::{Folder, Id, MessageId, ProcessState};
 
 use crate::run::Faults;
 use crate::server::READY_BOUND;

@@ -4,10 +4,10 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Body, Version};
 use crate::id::Id;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
+use crate::{Body, Version};
 
 /// A message as handed out by the API; a message file holds exactly the
 /// compact JSON of this struct, so answers are built by joining file bytes.
@@ -69,6 +69,16 @@ pub struct MessageAccepted {
     pub id: MessageId,
 }
 
+/// Whether an upload made a new message or found the earlier one: the
+/// status of the answer to `POST /v1/messages`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upload {
+    /// A new message (201).
+    Created,
+    /// The same idempotency key from the same device: the earlier id (200).
+    Repeated,
+}
+
 /// The answer to `GET /v1/inbox`: unacknowledged messages, oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Inbox {
@@ -80,7 +90,7 @@ pub struct Inbox {
 
 impl Inbox {
     /// Builds the answer around a JSON array of messages that was assembled
-    /// from file bytes (see [`Mailboxes::read_array`](crate::mailbox::Mailboxes::read_array)).
+    /// from message files' bytes (each file holds one [`Message`]'s JSON).
     pub fn json_from_raw(messages_array: &[u8]) -> Vec<u8> {
         let head: &[u8] = br#"{"version":1,"messages":"#;
         let mut out = Vec::with_capacity(head.len() + messages_array.len() + 1);

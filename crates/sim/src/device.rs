@@ -12,11 +12,10 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use estafeta_exchange::wire::{Body, Message, SendMessage, Version};
-use estafeta_exchange::{Id, MessageId};
+use estafeta_client::Client;
+use estafeta_wire::{Body, Id, Message, MessageId, SendMessage, Upload, Version};
 
-use super::SimError;
-use crate::{Client, Upload};
+use crate::SimError;
 
 /// An upload not yet answered.
 #[derive(Clone, Debug)]

@@ -3,10 +3,10 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Body, CallStatus, Message, ProcessState, ResultStatus, StartStatus, Version};
 use crate::id::Id;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::{MessageId, ProcessId};
+use crate::{Body, CallStatus, Message, ProcessState, ResultStatus, StartStatus, Version};
 
 /// API_1, `POST /v1/processes`: start a process for a database.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

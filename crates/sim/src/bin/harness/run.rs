@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
-use estafeta_client::sim::{Device, Processor, Step};
-use estafeta_exchange::Id;
-use estafeta_exchange::mailbox::Folder;
+use estafeta_sim::{Device, Processor, Step};
+use estafeta_wire::{Folder, Id};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 

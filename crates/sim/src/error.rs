@@ -1,6 +1,6 @@
 //! [`SimError`]: why a simulator step failed.
 
-use crate::ClientError;
+use estafeta_client::ClientError;
 
 /// A simulator step failed: its own database, or a call the simulator
 /// could not complete.

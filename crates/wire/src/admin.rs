@@ -3,11 +3,11 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ProcessState, Version};
+use crate::Folder;
 use crate::id::Id;
-use crate::mailbox::Folder;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::{MessageId, ProcessId};
+use crate::{ProcessState, Version};
 
 /// `POST /v1/admin/enterprises`, and the 201 answer (the same shape).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

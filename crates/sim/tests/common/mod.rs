@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId};
+use estafeta_exchange::{Exchange, ExchangeConfig};
 use estafeta_server::{HttpSettings, ServeError, run};
+use estafeta_wire::{Folder, Id, MessageId};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use estafeta_client::Client;
-use estafeta_client::sim::{Processor, ProcessorConfig, Step};
-use estafeta_exchange::Id;
+use estafeta_sim::{Processor, ProcessorConfig, Step};
+use estafeta_wire::Id;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -111,7 +111,7 @@ async fn processor_loop(args: ProcessorArgs) -> anyhow::Result<()> {
     });
     while !closed.load(Ordering::Relaxed) {
         match processor.run_once().await {
-            Ok(estafeta_client::sim::Cycle::Idle | estafeta_client::sim::Cycle::Busy) => {
+            Ok(estafeta_sim::Cycle::Idle | estafeta_sim::Cycle::Busy) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok(_) => {}
