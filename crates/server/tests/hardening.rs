@@ -399,3 +399,53 @@ async fn json_nested_deeper_than_the_limit_is_400_bad_json_and_stores_nothing() 
     assert_eq!(started["status"], "OK");
     server.stop().await.unwrap();
 }
+
+/// The status of `GET /readyz`.
+async fn readyz(base: &str) -> u16 {
+    reqwest::get(format!("{base}/readyz"))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_storage_is_full_or_read_only_and_200_again_after() {
+    use common::tmpfs::{Tmpfs, fill, is_root};
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _unmount = Tmpfs::mount(&mnt, "16m");
+    let server = Binary::serve(dir.path(), &mnt.join("data"), &[], &[]).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    assert_eq!(readyz(&server.base).await, 200);
+
+    let ballast = mnt.join("ballast");
+    fill(&ballast);
+    assert_eq!(readyz(&server.base).await, 503, "disk full");
+    std::fs::remove_file(&ballast).unwrap();
+    assert_eq!(readyz(&server.base).await, 200, "space again");
+
+    // Read-only: the server's folder of state behind a read-only bind mount
+    // (the files it holds open stay writable; a remount of the whole file
+    // system would be refused while they are open).
+    let state = mnt.join("data").join(".estafeta");
+    let run = |program: &str, args: &[&str]| {
+        let ok = std::process::Command::new(program)
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "{program} {args:?}");
+    };
+    let state_arg = state.to_str().unwrap();
+    run("mount", &["--bind", state_arg, state_arg]);
+    run("mount", &["-o", "remount,bind,ro", state_arg]);
+    assert_eq!(readyz(&server.base).await, 503, "read-only");
+    run("umount", &[state_arg]);
+    assert_eq!(readyz(&server.base).await, 200, "writable again");
+    server.terminate().await;
+}
