@@ -3,11 +3,12 @@
 //! [`ApiJson`] (a JSON body, within the size limit and the request timeout),
 //! [`ApiPath`] and [`ApiQuery`], and the id parsers for path segments.
 
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
 use estafeta_exchange::Id;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
@@ -57,11 +58,18 @@ fn bearer_token(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// A JSON request body. Malformed JSON, a wrong `version`, a missing field,
-/// a field of the wrong type or a content type other than JSON is 400; a
-/// body over the configured size is 413; a body that does not arrive within
-/// the request timeout is 408. The timeout covers only receiving the body,
-/// so an exchange call, once started, is never cut off halfway.
+/// The deepest nesting of arrays and objects a JSON request body may have.
+/// A message body travels inside at most three levels of envelope (the
+/// `messages` of a start answer or an inbox), so every document the server
+/// hands out stays within the 128 levels that common JSON parsers accept.
+pub const MAX_JSON_DEPTH: usize = 100;
+
+/// A JSON request body. Malformed JSON, JSON nested deeper than
+/// [`MAX_JSON_DEPTH`], a wrong `version`, a missing field, a field of the
+/// wrong type or a content type other than JSON is 400; a body over the
+/// configured size is 413; a body that does not arrive within the request
+/// timeout is 408. The timeout covers only receiving the body, so an
+/// exchange call, once started, is never cut off halfway.
 #[derive(Debug, Clone)]
 pub struct ApiJson<T>(pub T);
 
@@ -69,25 +77,91 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let timeout = state.http().request_timeout;
-        match tokio::time::timeout(timeout, axum::Json::<T>::from_request(req, state)).await {
-            Err(_) => Err(ApiError::request_timeout()),
-            Ok(Ok(axum::Json(value))) => Ok(ApiJson(value)),
-            Ok(Err(rejection)) => Err(json_rejection(&rejection, state)),
+        if !json_content_type(req.headers()) {
+            return Err(ApiError::bad_request(
+                "bad_content_type",
+                "expected a request with Content-Type: application/json",
+            ));
         }
+        let timeout = state.http().request_timeout;
+        let bytes = match tokio::time::timeout(timeout, Bytes::from_request(req, state)).await {
+            Err(_) => return Err(ApiError::request_timeout()),
+            Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(too_large(state));
+            }
+            Ok(Err(rejection)) => {
+                return Err(ApiError::bad_request("bad_request", rejection.body_text()));
+            }
+            Ok(Ok(bytes)) => bytes,
+        };
+        if nested_deeper_than(&bytes, MAX_JSON_DEPTH) {
+            return Err(ApiError::bad_request(
+                "bad_json",
+                format!("the JSON is nested more than {MAX_JSON_DEPTH} levels deep"),
+            ));
+        }
+        axum::Json::<T>::from_bytes(&bytes)
+            .map(|axum::Json(value)| ApiJson(value))
+            .map_err(|rejection| json_rejection(&rejection))
     }
 }
 
-/// The error answer for a JSON rejection.
-fn json_rejection(rejection: &JsonRejection, state: &AppState) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::body_too_large(format!(
-            "the request body is larger than {} bytes",
-            state.http().max_body_bytes
-        ));
+/// Whether the request says its body is JSON: `application/json` or
+/// `application/…+json`, parameters allowed.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let subtype = subtype.to_ascii_lowercase();
+    kind.eq_ignore_ascii_case("application") && (subtype == "json" || subtype.ends_with("+json"))
+}
+
+/// Whether JSON text nests arrays and objects more than `max` levels deep
+/// (brackets inside strings do not count; the text need not be valid).
+fn nested_deeper_than(text: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
     }
+    false
+}
+
+/// The 413 answer of a JSON body over the configured size.
+fn too_large(state: &AppState) -> ApiError {
+    ApiError::body_too_large(format!(
+        "the request body is larger than {} bytes",
+        state.http().max_body_bytes
+    ))
+}
+
+/// The error answer for a JSON body that does not parse into its type.
+fn json_rejection(rejection: &JsonRejection) -> ApiError {
     let code = match rejection {
-        JsonRejection::MissingJsonContentType(_) => "bad_content_type",
         JsonRejection::JsonSyntaxError(_) => "bad_json",
         _ => "bad_request",
     };
@@ -152,6 +226,37 @@ mod tests {
         assert_eq!(bearer_token("Basic abc"), None);
         assert_eq!(bearer_token("Bearer "), None);
         assert_eq!(bearer_token("Bearer"), None);
+    }
+
+    #[test]
+    fn nesting_depth_skips_strings() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!nested_deeper_than(nested(3).as_bytes(), 3));
+        assert!(nested_deeper_than(nested(4).as_bytes(), 3));
+        let in_strings = r#"{"a":"[[[[{{{{","b":"\\\"[[[[","c":[[1]]}"#;
+        assert!(!nested_deeper_than(in_strings.as_bytes(), 3));
+        assert!(nested_deeper_than(in_strings.as_bytes(), 2));
+        assert!(
+            !nested_deeper_than(b"]]]]}}}}[[", 2),
+            "stray closers do not go negative"
+        );
+    }
+
+    #[test]
+    fn json_content_types() {
+        let ok = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, v.parse().unwrap());
+            json_content_type(&h)
+        };
+        assert!(ok("application/json"));
+        assert!(ok("application/json; charset=utf-8"));
+        assert!(ok("Application/JSON;charset=utf-8"));
+        assert!(ok("application/cloudevents+json"));
+        assert!(!ok("text/json"));
+        assert!(!ok("application/jsonp"));
+        assert!(!ok("json"));
+        assert!(!json_content_type(&HeaderMap::new()));
     }
 
     #[test]

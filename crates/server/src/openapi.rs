@@ -18,7 +18,8 @@ pub const BEARER: &str = "bearer";
     info(
         title = "Estafeta",
         description = "Reliable message exchange between devices and database processors (API.md, version 1). \
-                       Every JSON body carries \"version\": 1; errors are {\"version\":1,\"error\":{\"code\",\"message\"}}."
+                       Every JSON body carries \"version\": 1; errors are {\"version\":1,\"error\":{\"code\",\"message\"}}. \
+                       A request body nested more than 100 levels deep is 400 bad_json."
     ),
     paths(
         ops::healthz, ops::readyz, ops::metrics, ops::openapi,

@@ -9,12 +9,14 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Binary, PATIENCE, TestServer, wait_ready};
+use common::{ADMIN_TOKEN, Binary, PATIENCE, TestServer, id, provision_one, wait_ready};
 use estafeta_client::Client;
+use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
 use estafeta_server::dashboard::auth::{FIRST_DELAY, FREE_FAILURES};
+use estafeta_server::extract::MAX_JSON_DEPTH;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -350,4 +352,100 @@ async fn a_short_admin_token_is_refused_at_start() {
         "{err}"
     );
     assert!(!dir.path().join("data").exists(), "nothing was created");
+}
+
+/// JSON arrays nested `depth` levels deep.
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+#[tokio::test]
+async fn json_nested_deeper_than_the_limit_is_400_bad_json_and_stores_nothing() {
+    let server = TestServer::start().await;
+    let (db, phone) = provision_one(&server.admin).await;
+    let http = reqwest::Client::new();
+    let upload = |body: String| {
+        http.post(server.url("/v1/messages"))
+            .bearer_auth(&phone)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"version":1,"to":"db-a","body":{body}}}"#))
+            .send()
+    };
+    // The envelope is one level: a body at the limit minus one fits.
+    for depth in [100_000, MAX_JSON_DEPTH] {
+        let r = upload(nested(depth)).await.unwrap();
+        assert_eq!(r.status(), 400, "depth {depth}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "bad_json", "{json}");
+    }
+    let queue = server.admin.folder(&id("db-a"), Folder::Messages).await;
+    assert!(queue.unwrap().files.is_empty(), "nothing stored");
+    let r = upload(nested(MAX_JSON_DEPTH - 1)).await.unwrap();
+    assert_eq!(r.status(), 201);
+
+    // What the processor gets parses with a parser's default depth limit.
+    let started = http
+        .post(server.url("/v1/processes"))
+        .bearer_auth(&db)
+        .header("content-type", "application/json")
+        .body(r#"{"version":1,"db_id":"db-a"}"#)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let started: Value = serde_json::from_str(&started).unwrap();
+    assert_eq!(started["status"], "OK");
+    server.stop().await.unwrap();
+}
+
+/// The status of `GET /readyz`.
+async fn readyz(base: &str) -> u16 {
+    reqwest::get(format!("{base}/readyz"))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_storage_is_full_or_read_only_and_200_again_after() {
+    use common::tmpfs::{Tmpfs, fill, is_root};
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _unmount = Tmpfs::mount(&mnt, "16m");
+    let server = Binary::serve(dir.path(), &mnt.join("data"), &[], &[]).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    assert_eq!(readyz(&server.base).await, 200);
+
+    let ballast = mnt.join("ballast");
+    fill(&ballast);
+    assert_eq!(readyz(&server.base).await, 503, "disk full");
+    std::fs::remove_file(&ballast).unwrap();
+    assert_eq!(readyz(&server.base).await, 200, "space again");
+
+    // Read-only: the server's folder of state behind a read-only bind mount
+    // (the files it holds open stay writable; a remount of the whole file
+    // system would be refused while they are open).
+    let state = mnt.join("data").join(".estafeta");
+    let run = |program: &str, args: &[&str]| {
+        let ok = std::process::Command::new(program)
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "{program} {args:?}");
+    };
+    let state_arg = state.to_str().unwrap();
+    run("mount", &["--bind", state_arg, state_arg]);
+    run("mount", &["-o", "remount,bind,ro", state_arg]);
+    assert_eq!(readyz(&server.base).await, 503, "read-only");
+    run("umount", &[state_arg]);
+    assert_eq!(readyz(&server.base).await, 200, "writable again");
+    server.terminate().await;
 }
