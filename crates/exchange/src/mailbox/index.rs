@@ -240,8 +240,21 @@ impl FolderIndex {
     }
 
     fn scan_locked(&self) -> Result<(), MailboxError> {
+        self.begin_scan();
+        let names = read_names(&self.dir);
+        self.end_scan(names)
+    }
+
+    /// From now on, settled edits are also noted for the scan's listing.
+    fn begin_scan(&self) {
         self.state().journal = Some(Vec::new());
-        let names = match read_names(&self.dir) {
+    }
+
+    /// Replaces the listing with the directory's `names` (read since
+    /// [`begin_scan`](Self::begin_scan)), less the files pending, plus the
+    /// edits settled meanwhile.
+    fn end_scan(&self, names: Result<Vec<FileName>, MailboxError>) -> Result<(), MailboxError> {
+        let names = match names {
             Ok(names) => names,
             Err(e) => {
                 self.state().journal = None;
@@ -477,5 +490,69 @@ fn size_on_disk(dir: &Path, name: &FileName) -> Result<Option<u64>, MailboxError
         Ok(m) => Ok(Some(m.len())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(MailboxError::io(&path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(seq: u128) -> FileName {
+        FileName {
+            created_at: Timestamp::from_millis(1_000),
+            id: MessageId::from_parts(1_000, seq),
+            from: Id::new("phone-1").unwrap(),
+            to: Id::new("db-a").unwrap(),
+            subsystem: Id::new("sales").unwrap(),
+        }
+    }
+
+    fn put(dir: &Path, n: &FileName) {
+        std::fs::write(dir.join(n.to_string()), b"{}").unwrap();
+    }
+
+    #[test]
+    fn changes_settled_during_a_scan_are_not_lost_and_pending_files_stay_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let index = FolderIndex::new(dir.to_owned());
+        let (kept, deleted, published, arriving) = (name(1), name(2), name(3), name(4));
+        for n in [&kept, &deleted, &arriving] {
+            put(dir, n);
+        }
+        // Renamed in, its folder fsync not done.
+        index.expect(&arriving);
+        index.begin_scan();
+        let listed = read_names(dir);
+        // Settled while the scan ran, after the directory was read.
+        std::fs::remove_file(dir.join(deleted.to_string())).unwrap();
+        index.remove(&deleted);
+        put(dir, &published);
+        index.expect(&published);
+        index.settle_in(&published, Some(Some(2)));
+        index.end_scan(listed).unwrap();
+        assert_eq!(
+            index.names_where(|_| true),
+            vec![kept.clone(), published.clone()]
+        );
+        assert_eq!(index.size_of(&published), Some(2));
+        assert_eq!(index.size_of(&kept), None, "read when first needed");
+
+        index.settle_in(&arriving, Some(None));
+        assert_eq!(index.count(), 3);
+        // A scan now sees the same as the index.
+        index.rescan().unwrap();
+        assert_eq!(index.names_where(|_| true), vec![kept, published, arriving]);
+    }
+
+    #[test]
+    fn a_failed_scan_keeps_the_old_listing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        let index = FolderIndex::new(file);
+        assert!(index.build().is_err());
+        assert!(!index.ready());
+        assert!(index.state().journal.is_none());
     }
 }
