@@ -785,7 +785,8 @@ mod tests {
             let text = match Settings::default().show(setting) {
                 Shown::Plain(toml::Value::String(text)) => text,
                 Shown::Plain(value) => value.to_string(),
-                Shown::Redacted(_) | Shown::Unset => "x".to_owned(),
+                // Long enough for the admin token's minimum.
+                Shown::Redacted(_) | Shown::Unset => "x".repeat(MIN_ADMIN_TOKEN_LEN),
             };
             let from_env = sources(None, &[(&setting.env(), &text)]).resolve();
             // Channels need their other half; the variable was still read.

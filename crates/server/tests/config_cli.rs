@@ -75,6 +75,7 @@ fn variables(text: &str) -> BTreeSet<String> {
 fn sample(setting: &Setting) -> &'static str {
     match (setting.default, setting.key) {
         (Some(default), _) => default,
+        (None, "admin_token") => "sample-admin-token-0123456789abcdef",
         (None, "alert_email") => "ops@example.org",
         (None, "smtp_url") => "smtp://127.0.0.1:2525",
         (None, "alert_sms_url") => "http://127.0.0.1:1/send",

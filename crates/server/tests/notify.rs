@@ -247,10 +247,14 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     )
     .await;
     let t = Tenancy::provision(&server.admin).await;
-    // db-a's queue folder is replaced by a file: every write there fails.
+    // db-a's queue folder (made with its first file) is a file instead:
+    // every write there fails.
     let queue = server.data.path().join("db-a/Messages");
     let break_queue = || {
-        std::fs::remove_dir_all(&queue).unwrap();
+        if queue.is_dir() {
+            std::fs::remove_dir_all(&queue).unwrap();
+        }
+        std::fs::create_dir_all(queue.parent().unwrap()).unwrap();
         std::fs::write(&queue, b"not a folder").unwrap();
     };
     let mend_queue = || {
