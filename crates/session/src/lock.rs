@@ -16,8 +16,9 @@
 
 #![allow(unsafe_code)]
 
+use crate::sync::AtomicU8;
 use lock_api::{GuardSend, RawMutex};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
 /// A command holds the key.
 const HELD: u8 = 1;
@@ -34,13 +35,23 @@ pub(crate) type Mutex<T> = lock_api::Mutex<CellLock, T>;
 /// An owned hold on a cell (keeps the cell alive and locked).
 pub(crate) type ArcGuard<T> = lock_api::ArcMutexGuard<CellLock, T>;
 
+/// A new, free lock around `value`. (Not `Mutex::new`: a model's atomics
+/// cannot be made in a constant.)
+pub(crate) fn new<T>(value: T) -> Mutex<T> {
+    Mutex::from_raw(CellLock(AtomicU8::new(0)), value)
+}
+
 // SAFETY: `try_lock` and `lock` succeed only by changing HELD from clear to
 // set in one atomic operation (Acquire), and `unlock` clears it (Release):
 // one holder at a time, and each holder sees the previous one's writes. The
 // NOTIFY bit never affects who holds the lock.
 unsafe impl RawMutex for CellLock {
+    #[cfg(not(loom))]
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: CellLock = CellLock(AtomicU8::new(0));
+    // Every lock is made by `new`; this is never evaluated.
+    #[cfg(loom)]
+    const INIT: CellLock = panic!("a model's lock is made by `lock::new`");
 
     // A held key is passed between tasks and threads (see `shard`).
     type GuardMarker = GuardSend;
@@ -49,8 +60,7 @@ unsafe impl RawMutex for CellLock {
         // Only ever called on a cell nobody else can see yet; spinning is
         // still correct if that changes.
         while !self.try_lock() {
-            std::hint::spin_loop();
-            std::thread::yield_now();
+            crate::sync::spin();
         }
     }
 
@@ -100,14 +110,14 @@ pub(crate) fn clear_notify<T>(m: &Mutex<T>) {
     raw(m).0.fetch_and(!NOTIFY, Ordering::AcqRel);
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
 
     #[test]
     fn holding_and_the_notify_bit_are_independent() {
-        let m = Arc::new(Mutex::new(0u32));
+        let m = Arc::new(new(0u32));
         let g = m.try_lock_arc().expect("free");
         assert!(m.try_lock_arc().is_none(), "one holder at a time");
         set_notify(&m);
@@ -123,7 +133,7 @@ mod tests {
 
     #[test]
     fn holders_see_each_others_writes() {
-        let m = Arc::new(Mutex::new(0u64));
+        let m = Arc::new(new(0u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let m = m.clone();

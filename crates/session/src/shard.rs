@@ -40,7 +40,7 @@ use crate::lifecycle::Core;
 use crate::lock::{self, ArcGuard, Mutex};
 use crate::stats::Counters;
 use crate::storage::Write;
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crate::sync::{self, ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use hashbrown::HashTable;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -98,14 +98,21 @@ struct Shard<K: SessionKey, S: State> {
     /// Keys released since the expiry manager last looked (each at most
     /// once: see `SessionData::touch_pending`). The manager reads their
     /// times from the cells, so a release costs no message and no wake-up.
-    touched: std::sync::Mutex<Vec<K>>,
+    touched: sync::Mutex<Vec<K>>,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread has just handed a key to a queued command. That command's
     /// task was woken onto this thread and holds the key until it runs; see
     /// [`handed_over`].
     static HANDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// A model's threads share one operating-system thread.
+#[cfg(loom)]
+loom::thread_local! {
+    static HANDED: std::cell::Cell<bool> = std::cell::Cell::new(false);
 }
 
 /// Whether this thread handed a key over since the last call (and forget
@@ -168,7 +175,7 @@ pub(crate) enum Entered<K: SessionKey, S: State> {
     Queued(oneshot::Receiver<Result<Held<K, S>, Error>>),
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &sync::Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
     // Poisoning only means a panic elsewhere; a list of keys stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -210,7 +217,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                     slots: HashTable::new(),
                     queued: 0,
                 }),
-                touched: std::sync::Mutex::new(Vec::new()),
+                touched: sync::Mutex::new(Vec::new()),
             })
             .collect();
         Cache { core, shards }
@@ -272,7 +279,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             return Err(Error::Stopping);
         }
         let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
-            let cell = Arc::new(Mutex::new(Cell {
+            let cell = Arc::new(lock::new(Cell {
                 session: None,
                 loaded: false,
                 home: self.clone(),
