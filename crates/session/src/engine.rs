@@ -189,10 +189,15 @@ impl<K: SessionKey, S: State> Engine<K, S> {
 
     /// Stop: new requests and queued commands get [`Error::Stopping`],
     /// running commands finish, then every dirty session is saved in one
-    /// durable batch. An error means some sessions could not be saved.
+    /// durable batch. An error means some sessions could not be saved, or
+    /// ([`Error::StopTimedOut`]) commands still held sessions after
+    /// [`Config::stop_wait`]: then nothing was saved, and `stop` can be
+    /// called again.
     pub async fn stop(&self) -> Result<(), Error> {
         let cache = &self.shared.cache;
         let core = &cache.core;
+        let waited = core.config.stop_wait;
+        let deadline = tokio::time::Instant::now() + waited;
         core.stopping.store(true, Ordering::SeqCst);
         cache.watch_releases();
         cache.fail_waiters();
@@ -200,10 +205,15 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             let notified = core.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !cache.any_locked() {
+            if cache.locked() == 0 {
                 break;
             }
-            notified.await;
+            if crate::sync::before(deadline, notified).await.is_none() {
+                let held = cache.locked();
+                if held > 0 {
+                    return Err(Error::StopTimedOut { held, waited });
+                }
+            }
         }
         let mut writes = Vec::new();
         while !cache.dirty_writes(&mut writes)? {

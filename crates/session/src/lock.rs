@@ -2,13 +2,17 @@
 //! whether whoever lets it go must look at the key's queue.
 //!
 //! Holding alone is what any mutex does. The second bit is why this one
-//! exists: commands that find a key held queue for it and raise the bit
-//! (under their shard's write lock), and the release that clears the
-//! holding bit reads the other bit in the same atomic operation. So letting
-//! go and learning that someone waits cannot miss each other, with no fence
-//! and no second memory location on the common path: the release is one
-//! atomic instruction on the line the command already owns. (A stopping
-//! engine raises the bit on every cell, so that each release tells it.)
+//! exists: commands that find a key held queue for it, raise the bit
+//! (under their shard's write lock) and try the lock once more; a release
+//! clears the holding bit with one atomic operation and then reads the
+//! other bit with a separate Acquire load of the same byte. Every change of
+//! the byte is in one modification order, so either the raise comes before
+//! the clear, and the release's later load sees it, or after, and the
+//! waiter's own retry finds the key free: letting go and learning that
+//! someone waits cannot miss each other, with no fence and no second
+//! memory location on the common path (one atomic instruction and one load
+//! on the line the command already owns). A stopping engine raises the bit
+//! on every cell, so that each release tells it.
 //!
 //! Used through [`lock_api::Mutex`], whose owned guards (`lock_arc`) a
 //! `'static` session guard holds; the bit is read and changed only through

@@ -38,3 +38,18 @@ pub(crate) async fn yield_now() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+/// `f`'s output, or `None` if `deadline` passes first. A model has no
+/// clock (and no timer outside a runtime): there it is `f`'s output.
+pub(crate) async fn before<F: std::future::Future>(
+    deadline: tokio::time::Instant,
+    f: F,
+) -> Option<F::Output> {
+    #[cfg(not(loom))]
+    return tokio::time::timeout_at(deadline, f).await.ok();
+    #[cfg(loom)]
+    {
+        let _ = deadline;
+        Some(f.await)
+    }
+}
