@@ -419,17 +419,38 @@ fn open_blocking(
     let configured = admin_token.map(Token::from_text).transpose()?;
     // Private: it holds the admin token and the registry.
     let dir = layout.state_dir();
+    // On a first start, the data folder and `.estafeta` itself.
+    let mut new_folders = Vec::new();
+    let mut up = Some(dir.as_path());
+    while let Some(folder) = up.filter(|f| !f.as_os_str().is_empty() && !f.exists()) {
+        new_folders.push(folder);
+        up = folder.parent();
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&dir)
         .map_err(|e| TenancyError::io(&dir, e))?;
-    let db = Database::create(layout.registry()).map_err(redb::Error::from)?;
+    let registry_file = layout.registry();
+    let new_registry = !registry_file.exists();
+    let db = Database::create(&registry_file).map_err(redb::Error::from)?;
     let txn = db.begin_write().map_err(redb::Error::from)?;
     txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
     txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
     txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
     txn.commit().map_err(redb::Error::from)?;
+    // What this start created survives a power loss only once each new
+    // entry's folder is fsynced (redb syncs the file's contents only).
+    if new_registry {
+        sync_folder(&dir)?;
+    }
+    for folder in new_folders {
+        let parent = match folder.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_folder(parent)?;
+    }
     let cache = load(&db)?;
 
     let (admin, origin) = match configured {
@@ -542,10 +563,50 @@ fn save_admin_token(path: &Path, token: &Token) -> Result<(), TenancyError> {
     })
 }
 
+/// Fsync a folder, making the entries created in it durable.
+fn sync_folder(folder: &Path) -> Result<(), TenancyError> {
+    #[cfg(test)]
+    tests::SYNCED.with(|s| s.borrow_mut().push(folder.to_path_buf()));
+    std::fs::File::open(folder)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TenancyError::io(folder, e))
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, TenancyError> + Send + 'static,
 ) -> Result<T, TenancyError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| TenancyError::Join(e.to_string()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The folders this thread fsynced through `sync_folder`.
+        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn synced() -> BTreeSet<PathBuf> {
+        SYNCED.with(|s| s.take()).into_iter().collect()
+    }
+
+    /// A first start creates the data folder, `.estafeta` and the registry
+    /// file: each one's folder is fsynced. A later start creates nothing
+    /// and fsyncs nothing (a full disk must not stop it).
+    #[test]
+    fn a_first_start_makes_its_new_folders_and_registry_durable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let state = data.join(".estafeta");
+        let token = Some("a".repeat(40));
+        drop(open_blocking(&state, token.clone()).unwrap());
+        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data, state.clone()].into();
+        assert_eq!(synced(), expected);
+        drop(open_blocking(&state, token).unwrap());
+        assert_eq!(synced(), BTreeSet::new());
+    }
 }

@@ -15,6 +15,10 @@ pub struct Config {
     /// The cache is split into this many independently locked shards, so
     /// commands on different keys rarely contend.
     pub shards: usize,
+    /// How long [`crate::Engine::stop`] waits for running commands to let
+    /// their sessions go before it gives up with
+    /// [`crate::Error::StopTimedOut`].
+    pub stop_wait: Duration,
 }
 
 impl Default for Config {
@@ -24,6 +28,7 @@ impl Default for Config {
             flush_time_limit: Duration::from_secs(600),
             max_batch: 1024,
             shards: 64,
+            stop_wait: Duration::from_secs(30),
         }
     }
 }

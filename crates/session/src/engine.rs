@@ -17,12 +17,13 @@ use crate::lifecycle::{Core, blocking};
 use crate::shard::{self, Cache, Entered};
 use crate::stats::{Counters, Stats};
 use crate::storage::{Storage, Write};
+use crate::sync::AtomicBool;
 use crate::writer;
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -111,7 +112,7 @@ impl<K: SessionKey, S: State> Shared<K, S> {
 /// instead of waiting; [`Engine::submit`] hands a command to the engine,
 /// which runs it when the session is free and delivers its result.
 pub struct Engine<K: SessionKey, S: State> {
-    shared: Arc<Shared<K, S>>,
+    pub(crate) shared: Arc<Shared<K, S>>,
 }
 
 impl<K: SessionKey, S: State> Clone for Engine<K, S> {
@@ -188,10 +189,15 @@ impl<K: SessionKey, S: State> Engine<K, S> {
 
     /// Stop: new requests and queued commands get [`Error::Stopping`],
     /// running commands finish, then every dirty session is saved in one
-    /// durable batch. An error means some sessions could not be saved.
+    /// durable batch. An error means some sessions could not be saved, or
+    /// ([`Error::StopTimedOut`]) commands still held sessions after
+    /// [`Config::stop_wait`]: then nothing was saved, and `stop` can be
+    /// called again.
     pub async fn stop(&self) -> Result<(), Error> {
         let cache = &self.shared.cache;
         let core = &cache.core;
+        let waited = core.config.stop_wait;
+        let deadline = tokio::time::Instant::now() + waited;
         core.stopping.store(true, Ordering::SeqCst);
         cache.watch_releases();
         cache.fail_waiters();
@@ -199,14 +205,19 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             let notified = core.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !cache.any_locked() {
+            if cache.locked() == 0 {
                 break;
             }
-            notified.await;
+            if crate::sync::before(deadline, notified).await.is_none() {
+                let held = cache.locked();
+                if held > 0 {
+                    return Err(Error::StopTimedOut { held, waited });
+                }
+            }
         }
         let mut writes = Vec::new();
         while !cache.dirty_writes(&mut writes)? {
-            tokio::task::yield_now().await;
+            crate::sync::yield_now().await;
         }
         let _ = core.expiry_tx.send(ExpiryMsg::Stop);
         if writes.is_empty() {
@@ -284,24 +295,41 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
 
     /// Open the engine: rebuild the expiry index from storage and start the
     /// writer and the expiry manager on the current tokio runtime.
-    pub async fn open(self) -> Result<Engine<K, S>, Error> {
-        let mut index = self.index;
+    pub async fn open(mut self) -> Result<Engine<K, S>, Error> {
         let storage = self.storage.clone();
         let deadlines = blocking(move || storage.deadlines()).await?;
         for (kb, t) in deadlines {
             match K::from_bytes(&kb) {
-                Some(k) => index.touch(&k, Some(t), None),
+                Some(k) => self.index.touch(&k, Some(t), None),
                 None => tracing::warn!(key = ?kb, "stored session key does not decode; ignored"),
             }
         }
+        let runtime = tokio::runtime::Handle::current();
+        let parts = self.assemble(runtime.clone());
+        let core = parts.engine.shared.core();
+        runtime.spawn(writer::run(
+            core.storage.clone(),
+            core.counters.clone(),
+            core.config.max_batch,
+            parts.writer_rx,
+        ));
+        runtime.spawn(expiry::run(
+            Arc::downgrade(&parts.engine.shared),
+            parts.index,
+            parts.expiry_rx,
+        ));
+        Ok(parts.engine)
+    }
+
+    /// The engine and what its background tasks would run on, with
+    /// nothing running yet.
+    pub(crate) fn assemble(self, runtime: tokio::runtime::Handle) -> Parts<K, S, I> {
         let (expiry_tx, expiry_rx) = mpsc::unbounded_channel();
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
-        let counters = Arc::new(Counters::default());
-        let runtime = tokio::runtime::Handle::current();
         let core = Core {
             hasher: foldhash::fast::RandomState::default(),
             generation: self.storage.generation(),
-            storage: self.storage.clone(),
+            storage: self.storage,
             clock: self.clock,
             hooks: self.hooks,
             config: self.config,
@@ -311,14 +339,26 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             next_wake: AtomicU64::new(0),
             expiry_tx,
             writer_tx,
-            counters: counters.clone(),
-            runtime: runtime.clone(),
+            counters: Arc::new(Counters::default()),
+            runtime,
         };
-        let max_batch = core.config.max_batch;
         let cache = Arc::new(Cache::new(core));
-        let shared = Arc::new(Shared { cache });
-        runtime.spawn(writer::run(self.storage, counters, max_batch, writer_rx));
-        runtime.spawn(expiry::run(Arc::downgrade(&shared), index, expiry_rx));
-        Ok(Engine { shared })
+        Parts {
+            engine: Engine {
+                shared: Arc::new(Shared { cache }),
+            },
+            index: self.index,
+            writer_rx,
+            expiry_rx,
+        }
     }
+}
+
+/// An engine not started yet: the writer's and the expiry manager's
+/// inputs are still here.
+pub(crate) struct Parts<K: SessionKey, S: State, I> {
+    pub(crate) engine: Engine<K, S>,
+    pub(crate) index: I,
+    pub(crate) writer_rx: mpsc::UnboundedReceiver<writer::SaveRequest>,
+    pub(crate) expiry_rx: mpsc::UnboundedReceiver<ExpiryMsg<K>>,
 }

@@ -1,6 +1,7 @@
 //! What can go wrong when asking for, saving or releasing a session.
 
 use crate::storage::StorageError;
+use std::time::Duration;
 
 /// An engine operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -9,6 +10,18 @@ pub enum Error {
     /// commands that were queued are answered with this.
     #[error("the session engine is stopping")]
     Stopping,
+    /// [`crate::Engine::stop`] gave up: commands still held sessions after
+    /// [`crate::Config::stop_wait`]. Nothing was saved; the engine takes no
+    /// new commands, and `stop` can be called again.
+    #[error(
+        "the session engine did not stop: {held} session(s) still held by commands after {waited:?}"
+    )]
+    StopTimedOut {
+        /// How many sessions were still held.
+        held: usize,
+        /// How long `stop` waited for them.
+        waited: Duration,
+    },
     /// The session is held by another command (only from the non-waiting
     /// [`crate::Engine::try_get`]).
     #[error("the session is busy")]

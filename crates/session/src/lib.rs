@@ -67,10 +67,13 @@ pub mod index;
 mod key;
 mod lifecycle;
 mod lock;
+#[cfg(all(test, loom))]
+mod model;
 pub mod record;
 mod shard;
 mod stats;
 pub mod storage;
+mod sync;
 mod writer;
 
 pub use acquire::Acquire;

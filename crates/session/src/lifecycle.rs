@@ -15,10 +15,11 @@ use crate::record::{self, Record};
 use crate::shard::Cell;
 use crate::stats::Counters;
 use crate::storage::{Storage, StorageError, Write};
+use crate::sync::AtomicBool;
 use crate::writer::SaveRequest;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 

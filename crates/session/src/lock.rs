@@ -2,13 +2,17 @@
 //! whether whoever lets it go must look at the key's queue.
 //!
 //! Holding alone is what any mutex does. The second bit is why this one
-//! exists: commands that find a key held queue for it and raise the bit
-//! (under their shard's write lock), and the release that clears the
-//! holding bit reads the other bit in the same atomic operation. So letting
-//! go and learning that someone waits cannot miss each other, with no fence
-//! and no second memory location on the common path: the release is one
-//! atomic instruction on the line the command already owns. (A stopping
-//! engine raises the bit on every cell, so that each release tells it.)
+//! exists: commands that find a key held queue for it, raise the bit
+//! (under their shard's write lock) and try the lock once more; a release
+//! clears the holding bit with one atomic operation and then reads the
+//! other bit with a separate Acquire load of the same byte. Every change of
+//! the byte is in one modification order, so either the raise comes before
+//! the clear, and the release's later load sees it, or after, and the
+//! waiter's own retry finds the key free: letting go and learning that
+//! someone waits cannot miss each other, with no fence and no second
+//! memory location on the common path (one atomic instruction and one load
+//! on the line the command already owns). A stopping engine raises the bit
+//! on every cell, so that each release tells it.
 //!
 //! Used through [`lock_api::Mutex`], whose owned guards (`lock_arc`) a
 //! `'static` session guard holds; the bit is read and changed only through
@@ -16,8 +20,9 @@
 
 #![allow(unsafe_code)]
 
+use crate::sync::AtomicU8;
 use lock_api::{GuardSend, RawMutex};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
 /// A command holds the key.
 const HELD: u8 = 1;
@@ -34,13 +39,23 @@ pub(crate) type Mutex<T> = lock_api::Mutex<CellLock, T>;
 /// An owned hold on a cell (keeps the cell alive and locked).
 pub(crate) type ArcGuard<T> = lock_api::ArcMutexGuard<CellLock, T>;
 
+/// A new, free lock around `value`. (Not `Mutex::new`: a model's atomics
+/// cannot be made in a constant.)
+pub(crate) fn new<T>(value: T) -> Mutex<T> {
+    Mutex::from_raw(CellLock(AtomicU8::new(0)), value)
+}
+
 // SAFETY: `try_lock` and `lock` succeed only by changing HELD from clear to
 // set in one atomic operation (Acquire), and `unlock` clears it (Release):
 // one holder at a time, and each holder sees the previous one's writes. The
 // NOTIFY bit never affects who holds the lock.
 unsafe impl RawMutex for CellLock {
+    #[cfg(not(loom))]
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: CellLock = CellLock(AtomicU8::new(0));
+    // Every lock is made by `new`; this is never evaluated.
+    #[cfg(loom)]
+    const INIT: CellLock = panic!("a model's lock is made by `lock::new`");
 
     // A held key is passed between tasks and threads (see `shard`).
     type GuardMarker = GuardSend;
@@ -49,8 +64,7 @@ unsafe impl RawMutex for CellLock {
         // Only ever called on a cell nobody else can see yet; spinning is
         // still correct if that changes.
         while !self.try_lock() {
-            std::hint::spin_loop();
-            std::thread::yield_now();
+            crate::sync::spin();
         }
     }
 
@@ -100,14 +114,14 @@ pub(crate) fn clear_notify<T>(m: &Mutex<T>) {
     raw(m).0.fetch_and(!NOTIFY, Ordering::AcqRel);
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
 
     #[test]
     fn holding_and_the_notify_bit_are_independent() {
-        let m = Arc::new(Mutex::new(0u32));
+        let m = Arc::new(new(0u32));
         let g = m.try_lock_arc().expect("free");
         assert!(m.try_lock_arc().is_none(), "one holder at a time");
         set_notify(&m);
@@ -123,7 +137,7 @@ mod tests {
 
     #[test]
     fn holders_see_each_others_writes() {
-        let m = Arc::new(Mutex::new(0u64));
+        let m = Arc::new(new(0u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let m = m.clone();

@@ -8,7 +8,7 @@
 //! its way back. The uncontended path writes nothing shared: the shard's
 //! read lock is a slot of this thread's own, the key is found in the
 //! table, and the cell's lock is taken with one atomic operation; the
-//! release lets it go with another, which also says whether anyone waits
+//! release lets it go with another and then reads whether anyone waits
 //! ([`crate::lock`]). The session stays in place in the cell: it is never
 //! moved into the guard and back.
 //!
@@ -17,9 +17,9 @@
 //! the cell's lock. A release that sees the mark hands the cell, still
 //! locked, to the first waiter through a oneshot channel, so nobody can
 //! take the key ahead of the queue and nothing can observe two holders. A
-//! waiter marks the lock and then tries it once more, and the release's
-//! letting go and reading the mark are one atomic operation on the same
-//! byte, so a key is never left free with someone waiting for it. After a
+//! waiter marks the lock and then tries it once more, and a release reads
+//! the mark after letting go, on the same byte, so a key is never left free
+//! with someone waiting for it. After a
 //! hand-over, the releasing thread's next acquire yields first, so that the
 //! new holder runs at once rather than keep a hot key while others queue.
 //!
@@ -28,6 +28,10 @@
 //! waiter's registration nor make one wait for nothing. `stop` looks under
 //! the write lock, so such a look never passes for a holder, and it marks
 //! every cell's lock so that each release tells it when it lets a key go.
+//! A release that comes back for its key (to hand it on, or to tell
+//! `stop`) and finds it taken again leaves that to whoever took it, so the
+//! end of a brief look tells a stopping engine too: otherwise a look that
+//! overlaps the last release would leave `stop` waiting for nobody.
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
@@ -40,7 +44,7 @@ use crate::lifecycle::Core;
 use crate::lock::{self, ArcGuard, Mutex};
 use crate::stats::Counters;
 use crate::storage::Write;
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crate::sync::{self, ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use hashbrown::HashTable;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -98,14 +102,21 @@ struct Shard<K: SessionKey, S: State> {
     /// Keys released since the expiry manager last looked (each at most
     /// once: see `SessionData::touch_pending`). The manager reads their
     /// times from the cells, so a release costs no message and no wake-up.
-    touched: std::sync::Mutex<Vec<K>>,
+    touched: sync::Mutex<Vec<K>>,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread has just handed a key to a queued command. That command's
     /// task was woken onto this thread and holds the key until it runs; see
     /// [`handed_over`].
     static HANDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// A model's threads share one operating-system thread.
+#[cfg(loom)]
+loom::thread_local! {
+    static HANDED: std::cell::Cell<bool> = std::cell::Cell::new(false);
 }
 
 /// Whether this thread handed a key over since the last call (and forget
@@ -168,7 +179,7 @@ pub(crate) enum Entered<K: SessionKey, S: State> {
     Queued(oneshot::Receiver<Result<Held<K, S>, Error>>),
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &sync::Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
     // Poisoning only means a panic elsewhere; a list of keys stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -210,7 +221,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                     slots: HashTable::new(),
                     queued: 0,
                 }),
-                touched: std::sync::Mutex::new(Vec::new()),
+                touched: sync::Mutex::new(Vec::new()),
             })
             .collect();
         Cache { core, shards }
@@ -272,7 +283,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             return Err(Error::Stopping);
         }
         let Some(entry) = table.slots.find_mut(hash, |e| e.key == key) else {
-            let cell = Arc::new(Mutex::new(Cell {
+            let cell = Arc::new(lock::new(Cell {
                 session: None,
                 loaded: false,
                 home: self.clone(),
@@ -450,10 +461,11 @@ fn release_noting<K: SessionKey, S: State>(
     }
 }
 
-/// After letting a key go, someone waits in its part of the hash space, or
-/// an engine is stopping: take the key back if it is still free, hand it
-/// to its first waiter, and tell a stopping engine. (If someone else took
-/// it meanwhile, their release does this.)
+/// After letting a key go, someone waits for it, or an engine is
+/// stopping: take the key back if it is still free, hand it to its first
+/// waiter, and tell a stopping engine. If someone else took it meanwhile,
+/// their release does this: a command's, or the end of a brief look
+/// ([`Cache::looked`]).
 #[cold]
 #[inline(never)]
 fn settle_after<K: SessionKey, S: State>(hash: u64, key: &K, cell: &CellRef<K, S>) {
@@ -582,11 +594,39 @@ impl<K: SessionKey, S: State> Cache<K, S> {
                 lock(&shard.touched).extend(held);
             }
         }
+        self.looked();
+    }
+
+    /// After brief looks at cells (the expiry manager's, which take a cell
+    /// only when nobody waits for it and let it go plainly): tell a
+    /// stopping engine. A release whose retry found the cell taken by such
+    /// a look leaves the telling to it, and `stop` may be waiting for that
+    /// very release.
+    fn looked(&self) {
+        if self.core.stopping.load(Ordering::SeqCst) {
+            self.core.released.notify_waiters();
+        }
     }
 
     /// The synchronous part of a flush: drop a clean session at once, or
-    /// hold a dirty one's key for saving (`Ok`).
+    /// hold a dirty one's key for saving (`Ok`, let go by a release).
     pub(crate) fn take_for_flush(
+        &self,
+        hash: u64,
+        key: &K,
+        last_access: Timestamp,
+        now: Timestamp,
+    ) -> Result<Owned<K, S>, expiry::Flushed> {
+        let taken = self.look_for_flush(hash, key, last_access, now);
+        if taken.is_err() {
+            self.looked();
+        }
+        taken
+    }
+
+    /// [`Cache::take_for_flush`]'s look, which lets the cell go again
+    /// unless it is taken.
+    fn look_for_flush(
         &self,
         hash: u64,
         key: &K,
@@ -638,20 +678,25 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         self.shards.iter().map(|s| s.read().queued).sum()
     }
 
-    /// Whether a command holds any key. Under each shard's write lock, so
-    /// that the brief looks the expiry manager takes under the read lock
-    /// are not mistaken for holders.
-    pub(crate) fn any_locked(&self) -> bool {
+    /// How many keys commands hold. Under each shard's write lock, so that
+    /// the brief looks the expiry manager takes under the read lock are not
+    /// mistaken for holders.
+    pub(crate) fn locked(&self) -> usize {
         self.shards
             .iter()
-            .any(|s| s.write().slots.iter().any(|e| e.cell.is_locked()))
+            .map(|s| {
+                let table = s.write();
+                table.slots.iter().filter(|e| e.cell.is_locked()).count()
+            })
+            .sum()
     }
 
     /// Stopping: from now on every release of a key in memory tells
-    /// `stop` (which waits for the last held key). Under each shard's write
-    /// lock, so no key can be taken unseen: a command that took it before
-    /// holds it now (and its release sees the mark), and one that comes
-    /// after sees the engine stopping.
+    /// `stop` (which waits for the last held key), and so does the end of
+    /// every brief look ([`Cache::looked`]). Under each shard's write lock,
+    /// so no key can be taken unseen: a command that took it before holds
+    /// it now (and its release sees the mark), and one that comes after
+    /// sees the engine stopping.
     pub(crate) fn watch_releases(&self) {
         for shard in self.shards.iter() {
             for entry in shard.write().slots.iter() {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use estafeta_session::{Config, Engine, Error};
+use estafeta_session::{Config, Engine, Error, MemoryStorage};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -400,6 +400,28 @@ async fn stop_answers_queued_commands_and_saves_dirty_sessions() {
     drop(held);
     stopper.await.unwrap().unwrap();
     assert!(storage.batches() >= 1);
+}
+
+/// A command that keeps its session past `Config::stop_wait`: `stop` gives
+/// up with a typed error saying how many sessions are held, and stops once
+/// the command lets go.
+#[tokio::test(start_paused = true)]
+async fn stop_gives_up_on_a_session_held_past_its_wait() {
+    let config = Config {
+        stop_wait: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let engine = engine_with(Arc::new(MemoryStorage::new()), Recorder::new(), config).await;
+    let mut held = engine.get("k".to_string(), true).await.unwrap().unwrap();
+    held.persistent_mut().n = 1;
+    match engine.stop().await {
+        Err(Error::StopTimedOut { held, waited }) => {
+            assert_eq!((held, waited), (1, Duration::from_secs(5)));
+        }
+        other => panic!("expected StopTimedOut, got {other:?}"),
+    }
+    drop(held);
+    engine.stop().await.unwrap();
 }
 
 proptest::proptest! {

@@ -32,8 +32,11 @@ pub struct RedbStorage {
 
 impl RedbStorage {
     /// Open (or create) the database at `path` and start a new generation.
+    /// A file it creates is durable, entry in its folder included, when
+    /// this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbStorage, StorageError> {
         let path = path.as_ref().to_path_buf();
+        let created = !path.try_exists().map_err(redb::Error::from)?;
         let db = Database::create(&path)?;
         let mut tx = db.begin_write()?;
         tx.set_durability(Durability::Immediate)?;
@@ -47,6 +50,10 @@ impl RedbStorage {
             meta.insert("generation", generation)?;
         }
         tx.commit()?;
+        if created {
+            // redb syncs the file's contents, not its entry in the folder.
+            sync_folder_of(&path).map_err(redb::Error::from)?;
+        }
         Ok(RedbStorage {
             path,
             db: RwLock::new(Some(db)),
@@ -194,4 +201,45 @@ fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
 #[cfg(feature = "failpoints")]
 fn injected_disk_full() -> StorageError {
     std::io::Error::from(std::io::ErrorKind::StorageFull).into()
+}
+
+/// Fsync the folder that holds `path`, so that a power loss cannot drop a
+/// file just created there.
+fn sync_folder_of(path: &Path) -> std::io::Result<()> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    #[cfg(test)]
+    tests::SYNCED.with(|s| s.borrow_mut().push(folder.to_path_buf()));
+    std::fs::File::open(folder)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The folders this thread fsynced through `sync_folder_of`.
+        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn synced() -> Vec<PathBuf> {
+        SYNCED.with(|s| s.take())
+    }
+
+    #[test]
+    fn a_new_database_file_is_durable_in_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.redb");
+        drop(RedbStorage::open(&path).unwrap());
+        assert_eq!(synced(), vec![dir.path().to_path_buf()]);
+        drop(RedbStorage::open(&path).unwrap());
+        assert_eq!(
+            synced(),
+            Vec::<PathBuf>::new(),
+            "an existing file's entry is durable"
+        );
+    }
 }
