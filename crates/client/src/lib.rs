@@ -291,8 +291,10 @@ impl Client {
         enterprise: &Id,
         id: &Id,
     ) -> Result<CreateSubsystem, ClientError> {
-        self.delete(&format!("/v1/admin/enterprises/{enterprise}/subsystems/{id}"))
-            .await
+        self.delete(&format!(
+            "/v1/admin/enterprises/{enterprise}/subsystems/{id}"
+        ))
+        .await
     }
 
     /// `GET /v1/admin/databases?limit=&after=&enterprise=`: one page of databases.
@@ -378,8 +380,10 @@ impl Client {
         folder: Folder,
         id: &MessageId,
     ) -> Result<Message, ClientError> {
-        self.get(&format!("/v1/admin/databases/{mailbox}/folders/{folder}/{id}"))
-            .await
+        self.get(&format!(
+            "/v1/admin/databases/{mailbox}/folders/{folder}/{id}"
+        ))
+        .await
     }
 
     /// `POST /v1/admin/databases/{db}/folders/{folder}/{id}/requeue`.

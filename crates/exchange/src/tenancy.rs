@@ -436,7 +436,11 @@ impl Registry {
             inner.require_enterprise(&enterprise)?;
             {
                 let cache = inner.read_cache();
-                if !cache.enterprises.get(&enterprise).is_some_and(|s| s.contains(&id)) {
+                if !cache
+                    .enterprises
+                    .get(&enterprise)
+                    .is_some_and(|s| s.contains(&id))
+                {
                     return Err(TenancyError::UnknownSubsystem {
                         enterprise: enterprise.into_string(),
                         subsystem: id.into_string(),

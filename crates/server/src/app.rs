@@ -50,7 +50,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/admin/devices/{dev}",
             get(admin::show_device).delete(admin::delete_device),
         )
-        .route("/v1/admin/devices/{dev}/token", post(admin::rotate_device_token))
+        .route(
+            "/v1/admin/devices/{dev}/token",
+            post(admin::rotate_device_token),
+        )
         .route("/v1/admin/token", post(admin::rotate_admin_token))
         .route("/v1/admin/processes/{pid}/settle", post(admin::settle))
         .route(

@@ -321,9 +321,7 @@ pub async fn execute(args: &AdminArgs) -> Result<Answer, OperatorError> {
             EndpointCommand::Delete { id, force } => {
                 return deleted(client.delete_database(id, *force).await?, "database");
             }
-            EndpointCommand::RotateToken { id } => {
-                pretty(&client.rotate_database_token(id).await?)
-            }
+            EndpointCommand::RotateToken { id } => pretty(&client.rotate_database_token(id).await?),
         },
         AdminCommand::Device { command } => match command {
             EndpointCommand::Create {
