@@ -71,6 +71,10 @@ use estafeta_wire::{
     ProcessList, ProcessStatus, RollbackRequest, SendMessage, StartRequest, StartResponse, Stats,
     Version,
 };
+use estafeta_wire::{
+    AdminCredentials, DatabaseList, Deleted, DeviceList, EndpointDetail, EnterpriseDetail,
+    EnterpriseList, HandSettled, Message, SettleRequest, Settlement, SubsystemList,
+};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -255,6 +259,155 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/admin/enterprises?limit=&after=`: one page of enterprises.
+    pub async fn enterprises(
+        &self,
+        limit: Option<usize>,
+        after: Option<&Id>,
+    ) -> Result<EnterpriseList, ClientError> {
+        self.get(&paged("/v1/admin/enterprises", limit, after, None))
+            .await
+    }
+
+    /// `GET /v1/admin/enterprises/{ent}`.
+    pub async fn enterprise(&self, id: &Id) -> Result<EnterpriseDetail, ClientError> {
+        self.get(&format!("/v1/admin/enterprises/{id}")).await
+    }
+
+    /// `DELETE /v1/admin/enterprises/{ent}`: refused while it has members.
+    pub async fn delete_enterprise(&self, id: &Id) -> Result<CreateEnterprise, ClientError> {
+        self.delete(&format!("/v1/admin/enterprises/{id}")).await
+    }
+
+    /// `GET /v1/admin/enterprises/{ent}/subsystems`.
+    pub async fn subsystems(&self, enterprise: &Id) -> Result<SubsystemList, ClientError> {
+        self.get(&format!("/v1/admin/enterprises/{enterprise}/subsystems"))
+            .await
+    }
+
+    /// `DELETE /v1/admin/enterprises/{ent}/subsystems/{sub}`: refused while devices run it.
+    pub async fn delete_subsystem(
+        &self,
+        enterprise: &Id,
+        id: &Id,
+    ) -> Result<CreateSubsystem, ClientError> {
+        self.delete(&format!(
+            "/v1/admin/enterprises/{enterprise}/subsystems/{id}"
+        ))
+        .await
+    }
+
+    /// `GET /v1/admin/databases?limit=&after=&enterprise=`: one page of databases.
+    pub async fn databases(
+        &self,
+        limit: Option<usize>,
+        after: Option<&Id>,
+        enterprise: Option<&Id>,
+    ) -> Result<DatabaseList, ClientError> {
+        self.get(&paged("/v1/admin/databases", limit, after, enterprise))
+            .await
+    }
+
+    /// `GET /v1/admin/devices?limit=&after=&enterprise=`: one page of devices.
+    pub async fn devices(
+        &self,
+        limit: Option<usize>,
+        after: Option<&Id>,
+        enterprise: Option<&Id>,
+    ) -> Result<DeviceList, ClientError> {
+        self.get(&paged("/v1/admin/devices", limit, after, enterprise))
+            .await
+    }
+
+    /// `GET /v1/admin/databases/{db}`.
+    pub async fn database(&self, id: &Id) -> Result<EndpointDetail, ClientError> {
+        self.get(&format!("/v1/admin/databases/{id}")).await
+    }
+
+    /// `GET /v1/admin/devices/{dev}`.
+    pub async fn device(&self, id: &Id) -> Result<EndpointDetail, ClientError> {
+        self.get(&format!("/v1/admin/devices/{id}")).await
+    }
+
+    /// `DELETE /v1/admin/databases/{db}[?force=true]`.
+    pub async fn delete_database(&self, id: &Id, force: bool) -> Result<Deleted, ClientError> {
+        self.delete(&format!("/v1/admin/databases/{id}?force={force}"))
+            .await
+    }
+
+    /// `DELETE /v1/admin/devices/{dev}[?force=true]`.
+    pub async fn delete_device(&self, id: &Id, force: bool) -> Result<Deleted, ClientError> {
+        self.delete(&format!("/v1/admin/devices/{id}?force={force}"))
+            .await
+    }
+
+    /// `POST /v1/admin/databases/{db}/token`: a new token, shown once.
+    pub async fn rotate_database_token(&self, id: &Id) -> Result<Credentials, ClientError> {
+        self.post(&format!("/v1/admin/databases/{id}/token"), &())
+            .await
+    }
+
+    /// `POST /v1/admin/devices/{dev}/token`: a new token, shown once.
+    pub async fn rotate_device_token(&self, id: &Id) -> Result<Credentials, ClientError> {
+        self.post(&format!("/v1/admin/devices/{id}/token"), &())
+            .await
+    }
+
+    /// `POST /v1/admin/token`: a new admin token, shown once.
+    pub async fn rotate_admin_token(&self) -> Result<AdminCredentials, ClientError> {
+        self.post("/v1/admin/token", &()).await
+    }
+
+    /// `POST /v1/admin/processes/{pid}/settle`: settle a process in doubt.
+    pub async fn settle(
+        &self,
+        pid: &ProcessId,
+        outcome: Settlement,
+    ) -> Result<CallResponse, ClientError> {
+        let body = SettleRequest {
+            version: Version,
+            outcome,
+        };
+        self.post(&format!("/v1/admin/processes/{pid}/settle"), &body)
+            .await
+    }
+
+    /// `GET /v1/admin/databases/{db}/folders/{folder}/{id}`: a message of
+    /// `Unknown` or `Error`.
+    pub async fn message(
+        &self,
+        mailbox: &Id,
+        folder: Folder,
+        id: &MessageId,
+    ) -> Result<Message, ClientError> {
+        self.get(&format!(
+            "/v1/admin/databases/{mailbox}/folders/{folder}/{id}"
+        ))
+        .await
+    }
+
+    /// `POST /v1/admin/databases/{db}/folders/{folder}/{id}/requeue`.
+    pub async fn requeue(
+        &self,
+        mailbox: &Id,
+        folder: Folder,
+        id: &MessageId,
+    ) -> Result<HandSettled, ClientError> {
+        let path = format!("/v1/admin/databases/{mailbox}/folders/{folder}/{id}/requeue");
+        self.post(&path, &()).await
+    }
+
+    /// `POST /v1/admin/databases/{db}/folders/{folder}/{id}/discard`.
+    pub async fn discard(
+        &self,
+        mailbox: &Id,
+        folder: Folder,
+        id: &MessageId,
+    ) -> Result<HandSettled, ClientError> {
+        let path = format!("/v1/admin/databases/{mailbox}/folders/{folder}/{id}/discard");
+        self.post(&path, &()).await
+    }
+
     // Devices (device token).
 
     /// `POST /v1/messages`: upload a message; returns once it is durable.
@@ -371,12 +524,35 @@ impl Client {
         decode(self.request(Method::GET, path).send().await?).await
     }
 
+    async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        decode(self.request(Method::DELETE, path).send().await?).await
+    }
+
     async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
         decode(self.request(Method::POST, path).json(body).send().await?).await
+    }
+}
+
+/// `path` with the paging query (ids need no escaping: they are URL-safe).
+fn paged(path: &str, limit: Option<usize>, after: Option<&Id>, enterprise: Option<&Id>) -> String {
+    let mut query = Vec::new();
+    if let Some(n) = limit {
+        query.push(format!("limit={n}"));
+    }
+    if let Some(a) = after {
+        query.push(format!("after={a}"));
+    }
+    if let Some(e) = enterprise {
+        query.push(format!("enterprise={e}"));
+    }
+    if query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", query.join("&"))
     }
 }
 

@@ -138,6 +138,30 @@ pub enum TenancyError {
         /// The subsystem.
         subsystem: String,
     },
+    /// No database or device of that kind has this id (404).
+    #[error("no {kind} {id}")]
+    Unknown {
+        /// `"database"` or `"device"`.
+        kind: &'static str,
+        /// The id asked for.
+        id: String,
+    },
+    /// The enterprise or subsystem is still used, so it is not deleted (409).
+    #[error("{kind} {id} is in use: {reason}")]
+    InUse {
+        /// `"enterprise"` or `"subsystem"`.
+        kind: &'static str,
+        /// Its id.
+        id: String,
+        /// What still uses it.
+        reason: String,
+    },
+    /// The admin token comes from `ESTAFETA_ADMIN_TOKEN`, which the server
+    /// cannot change (409).
+    #[error(
+        "the admin token is pinned by ESTAFETA_ADMIN_TOKEN: set a new value there and restart the server"
+    )]
+    AdminTokenPinned,
     /// The configured admin token is empty or has surrounding whitespace.
     #[error("the admin token must be non-empty printable text without surrounding whitespace")]
     BadAdminToken,

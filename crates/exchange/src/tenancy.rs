@@ -145,8 +145,37 @@ pub struct Registry {
 
 struct Inner {
     db: Database,
-    admin: TokenHash,
+    /// The admin token's hash; replaced by [`Registry::rotate_admin_token`].
+    admin: RwLock<TokenHash>,
+    /// Where the admin token is saved; `None` when the environment pins it.
+    admin_file: Option<std::path::PathBuf>,
     cache: RwLock<Cache>,
+}
+
+/// Which kind of registered id a paged list or a lookup is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Databases.
+    Database,
+    /// Devices.
+    Device,
+}
+
+impl Kind {
+    /// `"database"` or `"device"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Database => "database",
+            Kind::Device => "device",
+        }
+    }
+
+    fn holds(self, role: &Role) -> bool {
+        matches!(
+            (self, role),
+            (Kind::Database, Role::Database) | (Kind::Device, Role::Device { .. })
+        )
+    }
 }
 
 impl Registry {
@@ -165,7 +194,8 @@ impl Registry {
     /// Who `token` belongs to, or `None` for an unknown token (401).
     pub fn authenticate(&self, token: &str) -> Option<Principal> {
         let presented = TokenHash::of(token);
-        if self.inner.admin.ct_eq(&presented) {
+        let admin = *self.inner.admin.read().unwrap_or_else(|p| p.into_inner());
+        if admin.ct_eq(&presented) {
             return Some(Principal::Admin);
         }
         let cache = self.read();
@@ -324,6 +354,194 @@ impl Registry {
         self.endpoints_where(|e| matches!(e.role, Role::Device { .. }))
     }
 
+    /// Up to `limit` enterprises after `after` (exclusive), sorted, each
+    /// with its subsystems.
+    pub fn enterprises_page(&self, after: Option<&Id>, limit: usize) -> Vec<(Id, Vec<Id>)> {
+        let cache = self.read();
+        let from = match after {
+            Some(a) => std::ops::Bound::Excluded(a),
+            None => std::ops::Bound::Unbounded,
+        };
+        cache
+            .enterprises
+            .range::<Id, _>((from, std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|(id, subs)| (id.clone(), subs.iter().cloned().collect()))
+            .collect()
+    }
+
+    /// Up to `limit` databases or devices after `after` (exclusive), sorted
+    /// by id, of `enterprise` when given.
+    pub fn endpoints_page(
+        &self,
+        kind: Kind,
+        enterprise: Option<&Id>,
+        after: Option<&Id>,
+        limit: usize,
+    ) -> Vec<Endpoint> {
+        let cache = self.read();
+        let from = match after {
+            Some(a) => std::ops::Bound::Excluded(a),
+            None => std::ops::Bound::Unbounded,
+        };
+        cache
+            .endpoints
+            .range::<Id, _>((from, std::ops::Bound::Unbounded))
+            .map(|(_, (e, _))| e)
+            .filter(|e| kind.holds(&e.role) && enterprise.is_none_or(|ent| &e.enterprise == ent))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Deletes an enterprise; refused ([`TenancyError::InUse`]) while it has
+    /// subsystems, databases or devices.
+    pub async fn delete_enterprise(&self, id: Id) -> Result<(), TenancyError> {
+        self.write(move |inner| {
+            inner.require_enterprise(&id)?;
+            {
+                let cache = inner.read_cache();
+                let members = cache
+                    .endpoints
+                    .values()
+                    .filter(|(e, _)| e.enterprise == id)
+                    .count();
+                let subsystems = cache.enterprises.get(&id).map_or(0, BTreeSet::len);
+                if members > 0 || subsystems > 0 {
+                    return Err(TenancyError::InUse {
+                        kind: "enterprise",
+                        id: id.to_string(),
+                        reason: format!(
+                            "it has {members} databases and devices and {subsystems} subsystems; delete those first"
+                        ),
+                    });
+                }
+            }
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+                table.remove(id.as_str()).map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            inner.write_cache().enterprises.remove(&id);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Deletes a subsystem of an enterprise; refused
+    /// ([`TenancyError::InUse`]) while a device runs it.
+    pub async fn delete_subsystem(&self, enterprise: Id, id: Id) -> Result<(), TenancyError> {
+        self.write(move |inner| {
+            inner.require_enterprise(&enterprise)?;
+            {
+                let cache = inner.read_cache();
+                if !cache
+                    .enterprises
+                    .get(&enterprise)
+                    .is_some_and(|s| s.contains(&id))
+                {
+                    return Err(TenancyError::UnknownSubsystem {
+                        enterprise: enterprise.into_string(),
+                        subsystem: id.into_string(),
+                    });
+                }
+                let devices = cache
+                    .endpoints
+                    .values()
+                    .filter(|(e, _)| {
+                        e.enterprise == enterprise
+                            && matches!(&e.role, Role::Device { subsystem } if *subsystem == id)
+                    })
+                    .count();
+                if devices > 0 {
+                    return Err(TenancyError::InUse {
+                        kind: "subsystem",
+                        id: id.to_string(),
+                        reason: format!("{devices} devices run it; delete them first"),
+                    });
+                }
+            }
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+                table
+                    .remove((enterprise.as_str(), id.as_str()))
+                    .map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            if let Some(subs) = inner.write_cache().enterprises.get_mut(&enterprise) {
+                subs.remove(&id);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Deletes a database or device (of `kind`): its token stops working at
+    /// once. Its mailbox is the caller's to empty.
+    pub async fn delete_endpoint(&self, kind: Kind, id: Id) -> Result<Endpoint, TenancyError> {
+        self.write(move |inner| {
+            let endpoint = inner.require_endpoint(kind, &id)?;
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                table.remove(id.as_str()).map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            let mut cache = inner.write_cache();
+            if let Some((_, hash)) = cache.endpoints.remove(&id) {
+                cache.by_token.remove(&hash);
+            }
+            Ok(endpoint)
+        })
+        .await
+    }
+
+    /// Gives a database or device (of `kind`) a new token, returned to be
+    /// shown once; the old one stops working at once.
+    pub async fn rotate_token(&self, kind: Kind, id: Id) -> Result<Token, TenancyError> {
+        self.write(move |inner| {
+            let endpoint = inner.require_endpoint(kind, &id)?;
+            let token = Token::generate()?;
+            let hash = token.hash();
+            let json = record_json(&endpoint, &hash)?;
+            let txn = inner.db.begin_write().map_err(redb::Error::from)?;
+            {
+                let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                table
+                    .insert(id.as_str(), json.as_str())
+                    .map_err(redb::Error::from)?;
+            }
+            txn.commit().map_err(redb::Error::from)?;
+            let mut cache = inner.write_cache();
+            if let Some((_, old)) = cache.endpoints.remove(&id) {
+                cache.by_token.remove(&old);
+            }
+            cache.add_endpoint(endpoint, hash);
+            Ok(token)
+        })
+        .await
+    }
+
+    /// Replaces the admin token with a new one, returned to be shown once:
+    /// saved to the admin-token file (mode 0600) first, then the old one
+    /// stops working. Refused ([`TenancyError::AdminTokenPinned`]) when the
+    /// token comes from the environment: the server cannot change that.
+    pub async fn rotate_admin_token(&self) -> Result<Token, TenancyError> {
+        self.write(move |inner| {
+            let path = inner
+                .admin_file
+                .as_ref()
+                .ok_or(TenancyError::AdminTokenPinned)?;
+            let token = Token::generate()?;
+            save_admin_token(path, &token)?;
+            *inner.admin.write().unwrap_or_else(|p| p.into_inner()) = token.hash();
+            Ok(token)
+        })
+        .await
+    }
+
     fn endpoints_where(&self, keep: impl Fn(&Endpoint) -> bool) -> Vec<Endpoint> {
         self.read()
             .endpoints
@@ -367,22 +585,23 @@ impl Inner {
         }
     }
 
+    /// The database or device (of `kind`) `id`; [`TenancyError::Unknown`] if
+    /// there is none.
+    fn require_endpoint(&self, kind: Kind, id: &Id) -> Result<Endpoint, TenancyError> {
+        match self.read_cache().endpoints.get(id) {
+            Some((e, _)) if kind.holds(&e.role) => Ok(e.clone()),
+            _ => Err(TenancyError::Unknown {
+                kind: kind.as_str(),
+                id: id.to_string(),
+            }),
+        }
+    }
+
     /// Stores a new database or device with a fresh token, durably.
     fn add_endpoint(&self, endpoint: Endpoint) -> Result<Token, TenancyError> {
         let token = Token::generate()?;
         let hash = token.hash();
-        let record = Record {
-            enterprise: endpoint.enterprise.clone(),
-            device_subsystem: match &endpoint.role {
-                Role::Database => None,
-                Role::Device { subsystem } => Some(subsystem.clone()),
-            },
-            token_sha256: hash.to_hex(),
-        };
-        let json = serde_json::to_string(&record).map_err(|e| TenancyError::Corrupt {
-            key: endpoint.id.to_string(),
-            reason: e.to_string(),
-        })?;
+        let json = record_json(&endpoint, &hash)?;
         let txn = self.db.begin_write().map_err(redb::Error::from)?;
         {
             let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
@@ -401,6 +620,22 @@ impl Inner {
         self.write_cache().add_endpoint(endpoint, hash);
         Ok(token)
     }
+}
+
+/// The stored JSON of an endpoint with the token hash `hash`.
+fn record_json(endpoint: &Endpoint, hash: &TokenHash) -> Result<String, TenancyError> {
+    let record = Record {
+        enterprise: endpoint.enterprise.clone(),
+        device_subsystem: match &endpoint.role {
+            Role::Database => None,
+            Role::Device { subsystem } => Some(subsystem.clone()),
+        },
+        token_sha256: hash.to_hex(),
+    };
+    serde_json::to_string(&record).map_err(|e| TenancyError::Corrupt {
+        key: endpoint.id.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 fn exists(kind: &'static str, id: &Id) -> TenancyError {
@@ -453,6 +688,7 @@ fn open_blocking(
     }
     let cache = load(&db)?;
 
+    let admin_file = configured.is_none().then(|| layout.admin_token());
     let (admin, origin) = match configured {
         Some(token) => (token.hash(), AdminToken::Configured),
         None => match read_admin_token(&layout.admin_token())? {
@@ -467,7 +703,8 @@ fn open_blocking(
     let registry = Registry {
         inner: Arc::new(Inner {
             db,
-            admin,
+            admin: RwLock::new(admin),
+            admin_file,
             cache: RwLock::new(cache),
         }),
     };

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::middleware::{from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::dashboard;
@@ -24,10 +24,53 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/v1/openapi.json", get(ops::openapi))
-        .route("/v1/admin/enterprises", post(admin::create_enterprise))
+        .route(
+            "/v1/admin/enterprises",
+            post(admin::create_enterprise).get(admin::list_enterprises),
+        )
+        .route(
+            "/v1/admin/enterprises/{ent}",
+            get(admin::show_enterprise).delete(admin::delete_enterprise),
+        )
+        .route(
+            "/v1/admin/enterprises/{ent}/subsystems/{sub}",
+            delete(admin::delete_subsystem),
+        )
+        .route("/v1/admin/databases", get(admin::list_databases))
+        .route(
+            "/v1/admin/databases/{db}",
+            get(admin::show_database).delete(admin::delete_database),
+        )
+        .route(
+            "/v1/admin/databases/{db}/token",
+            post(admin::rotate_database_token),
+        )
+        .route("/v1/admin/devices", get(admin::list_devices))
+        .route(
+            "/v1/admin/devices/{dev}",
+            get(admin::show_device).delete(admin::delete_device),
+        )
+        .route(
+            "/v1/admin/devices/{dev}/token",
+            post(admin::rotate_device_token),
+        )
+        .route("/v1/admin/token", post(admin::rotate_admin_token))
+        .route("/v1/admin/processes/{pid}/settle", post(admin::settle))
+        .route(
+            "/v1/admin/databases/{db}/folders/{folder}/{id}",
+            get(admin::show_message),
+        )
+        .route(
+            "/v1/admin/databases/{db}/folders/{folder}/{id}/requeue",
+            post(admin::requeue),
+        )
+        .route(
+            "/v1/admin/databases/{db}/folders/{folder}/{id}/discard",
+            post(admin::discard),
+        )
         .route(
             "/v1/admin/enterprises/{ent}/subsystems",
-            post(admin::create_subsystem),
+            post(admin::create_subsystem).get(admin::list_subsystems),
         )
         .route(
             "/v1/admin/enterprises/{ent}/databases",

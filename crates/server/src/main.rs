@@ -87,7 +87,10 @@ fn main() -> anyhow::Result<()> {
         Command::Admin(args) => {
             estafeta_server::logging::init(&Settings::log_from_env(), None)?;
             let out = runtime()?.block_on(operator::execute(&args))?;
-            println!("{out}");
+            if let Some(warning) = out.warning {
+                eprintln!("warning: {warning}");
+            }
+            println!("{}", out.json);
             Ok(())
         }
         #[cfg(feature = "demo")]

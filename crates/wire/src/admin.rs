@@ -196,6 +196,14 @@ pub struct FileInfo {
     pub subsystem: Id,
     /// The sender's creation time.
     pub created_at: Timestamp,
+    /// In `Error`: the error code the processor gave with PROCESSED_INCORRECT,
+    /// while the server still remembers the process that put it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<i64>,
+    /// In `Error`: the error text the processor gave with PROCESSED_INCORRECT,
+    /// while the server still remembers the process that put it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_text: Option<String>,
 }
 
 /// `GET /v1/admin/alerts`: every alert raised, newest first.
@@ -228,6 +236,191 @@ pub struct AlertEntry {
     /// When an operator acknowledged it, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged_at: Option<Timestamp>,
+}
+
+/// One enterprise in an [`EnterpriseList`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EnterpriseInfo {
+    /// The enterprise.
+    pub id: Id,
+    /// Its subsystems, sorted.
+    pub subsystems: Vec<Id>,
+}
+
+/// `GET /v1/admin/enterprises`: one page of enterprises, sorted by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EnterpriseList {
+    /// Always 1.
+    pub version: Version,
+    /// This page.
+    pub enterprises: Vec<EnterpriseInfo>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Id>,
+}
+
+/// `GET /v1/admin/enterprises/{ent}`: an enterprise and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EnterpriseDetail {
+    /// Always 1.
+    pub version: Version,
+    /// The enterprise.
+    pub id: Id,
+    /// Its subsystems, sorted.
+    pub subsystems: Vec<Id>,
+    /// How many databases it has.
+    pub databases: u64,
+    /// How many devices it has.
+    pub devices: u64,
+}
+
+/// `GET /v1/admin/enterprises/{ent}/subsystems`: all subsystems of an enterprise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SubsystemList {
+    /// Always 1.
+    pub version: Version,
+    /// The enterprise.
+    pub enterprise: Id,
+    /// Its subsystems, sorted.
+    pub subsystems: Vec<Id>,
+}
+
+/// One database or device in a [`DatabaseList`] or [`DeviceList`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EndpointInfo {
+    /// The database's or device's id.
+    pub id: Id,
+    /// Its enterprise.
+    pub enterprise: Id,
+    /// A device's subsystem (absent for a database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem: Option<Id>,
+}
+
+/// `GET /v1/admin/databases`: one page of databases, sorted by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DatabaseList {
+    /// Always 1.
+    pub version: Version,
+    /// This page.
+    pub databases: Vec<EndpointInfo>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Id>,
+}
+
+/// `GET /v1/admin/devices`: one page of devices, sorted by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceList {
+    /// Always 1.
+    pub version: Version,
+    /// This page.
+    pub devices: Vec<EndpointInfo>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Id>,
+}
+
+/// How many message files each folder of a mailbox holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FolderCounts {
+    /// `Messages`: waiting to be handed out.
+    pub messages: u64,
+    /// `Prepared`: replies waiting for their process's commit.
+    pub prepared: u64,
+    /// `Log`: processed or acknowledged.
+    pub log: u64,
+    /// `Unknown`: held by processes in doubt.
+    pub unknown: u64,
+    /// `Error`: processed incorrectly.
+    pub error: u64,
+}
+
+/// `GET /v1/admin/databases/{db}` and `GET /v1/admin/devices/{dev}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EndpointDetail {
+    /// Always 1.
+    pub version: Version,
+    /// The database's or device's id.
+    pub id: Id,
+    /// Its enterprise.
+    pub enterprise: Id,
+    /// A device's subsystem (absent for a database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem: Option<Id>,
+    /// The files in its mailbox's folders.
+    pub folders: FolderCounts,
+    /// A database's processes that have not ended: the live one and those
+    /// in doubt.
+    pub open_processes: Vec<ProcessSummary>,
+}
+
+/// The 200 answer to deleting a database or device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Deleted {
+    /// Always 1.
+    pub version: Version,
+    /// The deleted database or device.
+    pub id: Id,
+    /// Whether the delete was forced.
+    pub forced: bool,
+    /// Message files deleted with its mailbox (only a forced delete
+    /// deletes any besides `Log`).
+    pub discarded: u64,
+    /// Processes a forced delete ended: the live one aborted, those in
+    /// doubt settled as rolled back.
+    pub ended_processes: Vec<ProcessId>,
+}
+
+/// The 200 answer to `POST /v1/admin/token`: the new admin token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AdminCredentials {
+    /// Always 1.
+    pub version: Version,
+    /// The new admin token; the old one no longer works.
+    pub token: String,
+}
+
+/// How an operator settles a process in doubt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Settlement {
+    /// As committed: replies go to their devices, PROCESSED messages to `Log`.
+    Commit,
+    /// As rolled back: replies are deleted, the messages go back to `Messages`.
+    Rollback,
+}
+
+/// `POST /v1/admin/processes/{pid}/settle`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SettleRequest {
+    /// Always 1.
+    pub version: Version,
+    /// Commit or roll back.
+    pub outcome: Settlement,
+}
+
+/// What an operator did with a message of `Unknown` or `Error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HandAction {
+    /// Moved into its recipient's `Messages`.
+    Requeued,
+    /// Deleted for good.
+    Discarded,
+}
+
+/// The 200 answer to requeueing or discarding a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HandSettled {
+    /// Always 1.
+    pub version: Version,
+    /// The message.
+    pub id: MessageId,
+    /// The folder it was in.
+    pub folder: Folder,
+    /// What was done.
+    pub action: HandAction,
 }
 
 #[cfg(test)]

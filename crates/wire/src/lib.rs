@@ -75,9 +75,11 @@ mod status;
 mod version;
 
 pub use admin::{
-    AlertEntry, AlertList, CreateDatabase, CreateDevice, CreateEnterprise, CreateSubsystem,
-    Credentials, DatabaseStats, DeviceStats, FileInfo, FolderListing, ProcessList, ProcessSummary,
-    Stats, Webhook,
+    AdminCredentials, AlertEntry, AlertList, CreateDatabase, CreateDevice, CreateEnterprise,
+    CreateSubsystem, Credentials, DatabaseList, DatabaseStats, Deleted, DeviceList, DeviceStats,
+    EndpointDetail, EndpointInfo, EnterpriseDetail, EnterpriseInfo, EnterpriseList, FileInfo,
+    FolderCounts, FolderListing, HandAction, HandSettled, ProcessList, ProcessSummary,
+    SettleRequest, Settlement, Stats, SubsystemList, Webhook,
 };
 pub use body::Body;
 pub use error::{IdError, TimestampError, UlidError};

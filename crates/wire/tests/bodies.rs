@@ -260,6 +260,8 @@ fn full_bodies_round_trip() {
             to: id("b"),
             subsystem: id("c"),
             created_at: t,
+            error_code: Some(7),
+            error_text: Some("bad order".to_owned()),
         }],
     });
     round_trip(Credentials {

@@ -70,6 +70,8 @@ impl From<&FileEntry> for FileInfo {
             to: e.name.to.clone(),
             subsystem: e.name.subsystem.clone(),
             created_at: e.name.created_at,
+            error_code: None,
+            error_text: None,
         }
     }
 }

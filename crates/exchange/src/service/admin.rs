@@ -18,7 +18,7 @@ pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
     }
 }
 
-fn summary(p: &Process) -> ProcessSummary {
+pub(crate) fn summary(p: &Process) -> ProcessSummary {
     ProcessSummary {
         process_id: p.id,
         db_id: p.db.clone(),

@@ -99,7 +99,11 @@ impl From<crate::error::TenancyError> for ExchangeError {
             T::AlreadyExists { .. } => {
                 ExchangeError::new(ErrorKind::Conflict, "already_exists", e.to_string())
             }
-            T::UnknownEnterprise(_) | T::UnknownSubsystem { .. } => {
+            T::InUse { .. } => ExchangeError::new(ErrorKind::Conflict, "in_use", e.to_string()),
+            T::AdminTokenPinned => {
+                ExchangeError::new(ErrorKind::Conflict, "admin_token_pinned", e.to_string())
+            }
+            T::UnknownEnterprise(_) | T::UnknownSubsystem { .. } | T::Unknown { .. } => {
                 ExchangeError::not_found(e.to_string())
             }
             T::BadAdminToken => ExchangeError::bad_request("bad_admin_token", e.to_string()),

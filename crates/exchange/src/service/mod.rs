@@ -11,6 +11,7 @@ mod core;
 mod device;
 mod error;
 mod hooks;
+mod manage;
 mod operator;
 mod protocol;
 mod push;
