@@ -449,3 +449,86 @@ async fn readyz_is_503_while_storage_is_full_or_read_only_and_200_again_after() 
     assert_eq!(readyz(&server.base).await, 200, "writable again");
     server.terminate().await;
 }
+
+/// Mode bits of a file or folder.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // The most permissive umask: the server must not rely on it.
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        "umask 000; exec \"$0\" serve",
+        env!("CARGO_BIN_EXE_estafeta"),
+    ]);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ESTAFETA_") {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd
+        .current_dir(dir.path())
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_DATA_DIR", &data)
+        .env("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let base = loop {
+        let line = stdout
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the server exited");
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            break format!("http://{addr}");
+        }
+    };
+    let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let (_db, phone) = provision_one(&admin).await;
+    admin
+        .with_token(&phone)
+        .send(&common::message("db-a", "{}", None))
+        .await
+        .unwrap();
+    let r = reqwest::Client::new()
+        .put(format!("{base}/v1/admin/databases/db-a/webhook"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({"version":1,"url":"http://hook-user:hook-secret@127.0.0.1:9/x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let state = data.join(".estafeta");
+    assert_eq!(mode(&state), 0o700, ".estafeta");
+    let events = estafeta_server::events::events_dir(&data);
+    assert_eq!(mode(&events), 0o700, "events folder");
+    assert_eq!(mode(&events.join("events.jsonl")), 0o600, "event log");
+    let queue = data.join("db-a").join("Messages");
+    let files: Vec<_> = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(mode(&files[0]), 0o600, "message file");
+
+    let lines = event_lines(&data);
+    assert!(lines.iter().any(|l| l.contains("webhook set")), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| !l.contains("hook-secret")),
+        "{lines:?}"
+    );
+    child.kill().await.unwrap();
+}

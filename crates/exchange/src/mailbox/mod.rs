@@ -34,6 +34,7 @@ mod sync;
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -642,10 +643,12 @@ fn write_synced(
 /// disk.
 fn write_and_sync(temp: &Path, bytes: &[u8]) -> io::Result<()> {
     fail::fail_point!("mailbox::temp_write", |_| Err(injected_disk_full()));
+    // Messages are the server's user's only, whatever the umask.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         .open(temp)?;
     f.write_all(bytes)?;
     fail::fail_point!("mailbox::temp_fsync", |_| Err(injected_disk_full()));

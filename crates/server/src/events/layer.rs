@@ -3,6 +3,9 @@
 //! becomes `events.1.jsonl`, `.1` becomes `.2`, and the oldest beyond the
 //! kept count is removed.
 //!
+//! Credentials in URLs (`scheme://user:password@host`) are replaced by
+//! `***` in every value before it is written ([`redact_credentials`]).
+//!
 //! Every record is size-capped (values cut at [`MAX_VALUE_BYTES`], at most
 //! [`MAX_FIELDS`] other fields, a line at most [`MAX_RECORD_BYTES`]): what
 //! a request carries into an event cannot grow the log without bound.
@@ -11,8 +14,9 @@
 //! happened, not data the server promised to keep; a crash may lose the
 //! last few.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,10 +70,12 @@ struct Files {
 }
 
 impl EventLog {
-    /// A layer writing into `dir` (created if missing).
+    /// A layer writing into `dir` (created if missing, with every missing
+    /// parent, readable by the server's user only: the log is the first
+    /// thing `estafeta serve` creates in a new data folder).
     pub fn open(dir: impl Into<PathBuf>, rotation: Rotation) -> io::Result<EventLog> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
+        DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         let events = append(&dir.join("events.jsonl"))?;
         let size = events.metadata()?.len();
         Ok(EventLog {
@@ -158,6 +164,35 @@ fn shrunk(record: &EventRecord) -> EventRecord {
     }
 }
 
+/// `text` with the user information of every URL in it (what comes
+/// between `scheme://` and `@host`, such as `user:password`) replaced by
+/// `***`.
+pub fn redact_credentials(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") || !text.contains('@') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (before, after) = rest.split_at(i + 3);
+        out.push_str(before);
+        let end = after
+            .find(|c: char| "/?#\"'<> ".contains(c) || c.is_whitespace() || c.is_control())
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 /// Cuts `s` to at most `max` bytes (at a character boundary), marking the
 /// cut with `…`.
 fn cut(s: &mut String, max: usize) {
@@ -172,8 +207,13 @@ fn cut(s: &mut String, max: usize) {
     s.push('…');
 }
 
+/// Opens a log file for appending; a new one is the server's user's only.
 fn append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 fn remove_if_present(path: &Path) -> io::Result<()> {
@@ -231,6 +271,9 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn put(&mut self, field: &Field, mut value: serde_json::Value) {
         if let serde_json::Value::String(s) = &mut value {
+            if let std::borrow::Cow::Owned(redacted) = redact_credentials(s) {
+                *s = redacted;
+            }
             cut(s, MAX_VALUE_BYTES);
         }
         let text = || match &value {
@@ -312,6 +355,39 @@ mod tests {
         assert_eq!(events[1].level, "WARN");
         assert!(events[2].is_alert());
         assert_ne!(events[0].id, events[1].id);
+    }
+
+    #[test]
+    fn credentials_in_urls_are_redacted() {
+        let cases = [
+            (
+                "http://u:secret@example.org/hook",
+                "http://***@example.org/hook",
+            ),
+            (
+                "see https://tok@h:8080?x=1 and ftp://a:b@c",
+                "see https://***@h:8080?x=1 and ftp://***@c",
+            ),
+            ("http://example.org/a@b", "http://example.org/a@b"),
+            ("mail ops@example.org", "mail ops@example.org"),
+            ("no url", "no url"),
+            ("\"http://a:b@c\"", "\"http://***@c\""),
+        ];
+        for (given, want) in cases {
+            assert_eq!(redact_credentials(given), want, "{given}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
+        let subscriber = tracing_subscriber::registry().with(log);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "estafeta::event", webhook = "http://u:secret@h/x", "set http://v:hidden@h/y");
+        });
+        let text = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        assert!(
+            !text.contains("secret") && !text.contains("hidden"),
+            "{text}"
+        );
+        assert!(text.contains("http://***@h/x"), "{text}");
     }
 
     #[test]
