@@ -89,9 +89,8 @@ impl Core {
         for db in self.registry.databases() {
             let waiting = self
                 .mailboxes
-                .list_names(&self.location(&db.id, Folder::Messages))
-                .await?
-                .len() as u64;
+                .count(&self.location(&db.id, Folder::Messages))
+                .await? as u64;
             let mut s = DatabaseStats {
                 id: db.id.clone(),
                 enterprise: db.enterprise.clone(),
@@ -126,9 +125,8 @@ impl Core {
             s.received = s.waiting
                 + self
                     .mailboxes
-                    .list_names(&self.location(&db.id, Folder::Log))
-                    .await?
-                    .len() as u64;
+                    .count(&self.location(&db.id, Folder::Log))
+                    .await? as u64;
             databases.push(s);
         }
         let mut devices = Vec::new();
@@ -138,14 +136,12 @@ impl Core {
             };
             let inbox = self
                 .mailboxes
-                .list_names(&self.location(&d.id, Folder::Messages))
-                .await?
-                .len() as u64;
+                .count(&self.location(&d.id, Folder::Messages))
+                .await? as u64;
             let acked = self
                 .mailboxes
-                .list_names(&self.location(&d.id, Folder::Log))
-                .await?
-                .len() as u64;
+                .count(&self.location(&d.id, Folder::Log))
+                .await? as u64;
             let counters = match self.sessions()?.get(dev_key(&d.id), false).await? {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),

@@ -188,8 +188,10 @@ impl Core {
     ) -> Result<Vec<u8>, ExchangeError> {
         let dev = device(who)?;
         let inbox = self.location(dev.id, Folder::Messages);
-        let mut names = self.mailboxes.list_names(&inbox).await?;
-        names.truncate(limit.unwrap_or(MAX_INBOX).min(MAX_INBOX));
+        let names = self
+            .mailboxes
+            .oldest(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
+            .await?;
         let raw = self.mailboxes.read_array(&inbox, &names).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }

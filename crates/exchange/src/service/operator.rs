@@ -49,33 +49,28 @@ impl Exchange {
         ))
     }
 
-    /// Admin: the number of files in each folder of each mailbox, counted
-    /// from the folder listing alone (no file is opened), for the metrics.
+    /// Admin: the number of message files in each folder of each mailbox,
+    /// from the folder indexes (no folder is listed), for the metrics.
     pub async fn folder_counts(
         &self,
         who: &Principal,
     ) -> Result<Vec<(Id, Folder, u64)>, ExchangeError> {
         let (dbs, devs) = self.mailbox_ids(who)?;
-        let root = self.core.mailboxes.root().to_path_buf();
-        let count = move || {
-            let mut out = Vec::new();
-            for id in dbs.into_iter().chain(devs) {
-                for folder in Folder::ALL {
-                    let dir = root.join(id.as_str()).join(folder.as_str());
-                    let n = std::fs::read_dir(&dir).map_or(0, |entries| {
-                        entries
-                            .filter_map(Result::ok)
-                            .filter(|e| e.file_name().to_string_lossy().ends_with(FileName::SUFFIX))
-                            .count() as u64
-                    });
-                    out.push((id.clone(), folder, n));
-                }
+        let mut out = Vec::new();
+        for id in dbs.into_iter().chain(devs) {
+            for folder in Folder::ALL {
+                let loc = self.core.location(&id, folder);
+                // A folder that cannot be read counts as empty here.
+                let n = self
+                    .core
+                    .mailboxes
+                    .count(&loc)
+                    .await
+                    .map_or(0, |n| n as u64);
+                out.push((id.clone(), folder, n));
             }
-            out
-        };
-        tokio::task::spawn_blocking(count)
-            .await
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+        }
+        Ok(out)
     }
 
     /// Admin: the oldest message waiting in a database's `Messages`.
@@ -89,7 +84,7 @@ impl Exchange {
         Ok(self
             .core
             .mailboxes
-            .list_names(&queue)
+            .oldest(&queue, 1)
             .await?
             .into_iter()
             .next())

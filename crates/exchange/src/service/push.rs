@@ -191,8 +191,8 @@ impl Core {
             .collect();
         for id in hooked {
             let messages = Location::new(id.clone(), Folder::Messages);
-            match self.mailboxes.list_names(&messages).await {
-                Ok(names) if !names.is_empty() => self.arrived(&id),
+            match self.mailboxes.count(&messages).await {
+                Ok(waiting) if waiting > 0 => self.arrived(&id),
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(recipient = %id, error = %e, "start-up push: listing Messages failed")
