@@ -821,6 +821,7 @@ async fn blocking<T: Send + 'static>(
 mod tests {
     use super::*;
     use std::cell::RefCell;
+    use std::path::PathBuf;
 
     thread_local! {
         /// The folders this thread fsynced through `sync_folder`.
@@ -838,12 +839,13 @@ mod tests {
     fn a_first_start_makes_its_new_folders_and_registry_durable() {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
-        let state = data.join(".estafeta");
+        let layout = DataLayout::new(&data);
+        let state = layout.state_dir();
         let token = Some("a".repeat(40));
-        drop(open_blocking(&state, token.clone()).unwrap());
-        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data, state.clone()].into();
+        drop(open_blocking(&layout, token.clone()).unwrap());
+        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data, state].into();
         assert_eq!(synced(), expected);
-        drop(open_blocking(&state, token).unwrap());
+        drop(open_blocking(&layout, token).unwrap());
         assert_eq!(synced(), BTreeSet::new());
     }
 }
