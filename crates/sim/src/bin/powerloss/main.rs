@@ -178,7 +178,7 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
             .map(|i| todo[(i as f64 * step) as usize].clone())
             .collect();
         // The last cut (everything done) is always among them.
-        if let Some(last) = seen_last(&cuts, &acks) {
+        if let Some(last) = strictest_last(&cuts) {
             todo.push(last);
         }
     }
@@ -213,13 +213,12 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
 }
 
 /// The last cut's strictest state (every unsynced entry lost).
-fn seen_last(cuts: &[model::Cut], acks: &Acks) -> Option<(usize, f64, model::State)> {
+fn strictest_last(cuts: &[model::Cut]) -> Option<(usize, f64, model::State)> {
     let last = cuts.last()?;
-    let _ = acks;
-    last.states()
-        .get(1)
-        .cloned()
-        .map(|s| (last.barriers, last.until, s))
+    let mut states = last.states();
+    states.truncate(2);
+    let state = states.pop()?;
+    Some((last.barriers, last.until, state))
 }
 
 /// `kill -9` of the children of `pid` (the traced server).

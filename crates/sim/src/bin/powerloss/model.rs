@@ -108,7 +108,7 @@ pub(crate) fn cuts(root: &Path, events: &[Event]) -> (Vec<Cut>, u64) {
 }
 
 impl Cut {
-    fn split<'p>(&self, root: &Path, path: &'p Path) -> Option<(Ino, String)> {
+    fn split(&self, root: &Path, path: &Path) -> Option<(Ino, String)> {
         let rel = path.strip_prefix(root).ok()?;
         let name = rel.file_name()?.to_str()?.to_owned();
         let parent = self.walk(rel.parent()?)?;

@@ -171,7 +171,7 @@ fn prepare(messages: &[MessageId], replies: Vec<Reply>) -> PrepareRequest {
         results: messages
             .iter()
             .map(|id| MessageResult {
-                message_id: id.clone(),
+                message_id: *id,
                 status: ResultStatus::Processed,
                 error_code: None,
                 error_text: None,
@@ -289,13 +289,13 @@ async fn checks(admin: &Client, acks: &Acks, until: f64) -> anyhow::Result<Vec<S
     // settles the process with a commit (again).
     let mut applied: BTreeSet<MessageId> = BTreeSet::new();
     if acked(acks.local_commit) {
-        applied.extend(acks.processed.iter().cloned());
-        if let Some(pid) = &acks.pid {
-            if let Err(e) = processor.commit(pid).await {
-                found.push(format!(
-                    "lost: the prepared process {pid}, its commit answered {e}"
-                ));
-            }
+        applied.extend(acks.processed.iter().copied());
+        if let Some(pid) = &acks.pid
+            && let Err(e) = processor.commit(pid).await
+        {
+            found.push(format!(
+                "lost: the prepared process {pid}, its commit answered {e}"
+            ));
         }
     }
     // Then it processes whatever the queue offers until it is idle.
@@ -324,7 +324,7 @@ async fn checks(admin: &Client, acks: &Acks, until: f64) -> anyhow::Result<Vec<S
                     .map(|m| m.id)
                     .collect();
                 for id in &ids {
-                    if !applied.insert(id.clone()) {
+                    if !applied.insert(*id) {
                         found.push(format!(
                             "duplicated: message {id} offered again after it was processed"
                         ));
