@@ -125,7 +125,10 @@ async fn durations_may_be_bare_numbers_of_seconds() {
         &dir.path().join("data"),
         &[],
         &[
-            ("ESTAFETA_ADMIN_TOKEN", "op-token-0123456789abcdef0123456789"),
+            (
+                "ESTAFETA_ADMIN_TOKEN",
+                "op-token-0123456789abcdef0123456789",
+            ),
             ("ESTAFETA_ALERT_PROBE", "0"),
             ("ESTAFETA_READY_TIMEOUT", "5"),
         ],
@@ -200,7 +203,10 @@ async fn flags_override_the_environment_and_the_file() {
             data.to_str().unwrap(),
         ],
         &[
-            ("ESTAFETA_ADMIN_TOKEN", "op-token-0123456789abcdef0123456789"),
+            (
+                "ESTAFETA_ADMIN_TOKEN",
+                "op-token-0123456789abcdef0123456789",
+            ),
             ("ESTAFETA_LISTEN", "not an address either"),
         ],
     )
@@ -222,7 +228,10 @@ async fn config_lists_the_effective_settings_with_secrets_masked() {
         &["config", "--listen", "0.0.0.0:9000"],
         &[
             (CONFIG_VARIABLE, "named.toml"),
-            ("ESTAFETA_ADMIN_TOKEN", "s3cret-token-0123456789abcdef01234567"),
+            (
+                "ESTAFETA_ADMIN_TOKEN",
+                "s3cret-token-0123456789abcdef01234567",
+            ),
             ("ESTAFETA_SMTP_URL", "smtp://ops:pa55@mail.example.org"),
             ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
         ],
