@@ -666,19 +666,16 @@ fn open_blocking(
         .mode(0o700)
         .create(&dir)
         .map_err(|e| TenancyError::io(&dir, e))?;
-    let registry_file = layout.registry();
-    let new_registry = !registry_file.exists();
-    let db = Database::create(&registry_file).map_err(redb::Error::from)?;
-    let txn = db.begin_write().map_err(redb::Error::from)?;
-    txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
-    txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
-    txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
-    txn.commit().map_err(redb::Error::from)?;
+    let db = estafeta_durable::open_redb(&layout.registry(), |db| {
+        let txn = db.begin_write()?;
+        txn.open_table(ENTERPRISES)?;
+        txn.open_table(SUBSYSTEMS)?;
+        txn.open_table(ENDPOINTS)?;
+        txn.commit()?;
+        Ok(())
+    })?;
     // What this start created survives a power loss only once each new
-    // entry's folder is fsynced (redb syncs the file's contents only).
-    if new_registry {
-        sync_folder(&dir)?;
-    }
+    // folder's entry is fsynced.
     for folder in new_folders {
         let parent = match folder.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -840,10 +837,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let layout = DataLayout::new(&data);
-        let state = layout.state_dir();
         let token = Some("a".repeat(40));
         drop(open_blocking(&layout, token.clone()).unwrap());
-        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data, state].into();
+        // `.estafeta` itself is fsynced by the registry's creation.
+        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data].into();
         assert_eq!(synced(), expected);
         drop(open_blocking(&layout, token).unwrap());
         assert_eq!(synced(), BTreeSet::new());

@@ -39,29 +39,15 @@ impl RedbStore {
     /// this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref();
-        let created = !path.try_exists().map_err(StoreError::redb)?;
-        let db = Database::create(path).map_err(StoreError::redb)?;
-        let txn = db.begin_write().map_err(StoreError::redb)?;
-        txn.open_table(IDS).map_err(StoreError::redb)?;
-        txn.commit().map_err(StoreError::redb)?;
-        if created {
-            // redb syncs the file's contents, not its entry in the folder.
-            sync_folder_of(path).map_err(StoreError::redb)?;
-        }
+        let db = estafeta_durable::open_redb(path, |db| {
+            let txn = db.begin_write()?;
+            txn.open_table(IDS)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(StoreError::redb)?;
         Ok(Self { db })
     }
-}
-
-/// Fsync the folder that holds `path`, so that a power loss cannot drop a
-/// file just created there.
-fn sync_folder_of(path: &Path) -> std::io::Result<()> {
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    #[cfg(test)]
-    synced::SYNCED.with(|s| s.borrow_mut().push(folder.to_path_buf()));
-    std::fs::File::open(folder)?.sync_all()
 }
 
 fn encode(attempt: u32, payload: &[u8]) -> Vec<u8> {
@@ -336,35 +322,5 @@ impl Store for RedbStore {
             due += 1;
         }
         Ok(SourceCount { entries, due })
-    }
-}
-
-#[cfg(test)]
-mod synced {
-    use super::*;
-    use std::cell::RefCell;
-    use std::path::PathBuf;
-
-    thread_local! {
-        /// The folders this thread fsynced through `sync_folder_of`.
-        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
-    }
-
-    fn synced() -> Vec<PathBuf> {
-        SYNCED.with(|s| s.take())
-    }
-
-    #[test]
-    fn a_new_store_file_is_durable_in_its_folder() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("scheduled.redb");
-        drop(RedbStore::open(&path).unwrap());
-        assert_eq!(synced(), vec![dir.path().to_path_buf()]);
-        drop(RedbStore::open(&path).unwrap());
-        assert_eq!(
-            synced(),
-            Vec::<PathBuf>::new(),
-            "an existing file's entry is durable"
-        );
     }
 }

@@ -61,11 +61,14 @@ pub struct Raised {
 impl Raised {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Self, RaisedError> {
-        let db = Database::create(path).map_err(err)?;
-        let txn = db.begin_write().map_err(err)?;
-        txn.open_table(ALERTS).map_err(err)?;
-        txn.open_table(ONGOING).map_err(err)?;
-        txn.commit().map_err(err)?;
+        let db = estafeta_durable::open_redb(path, |db| {
+            let txn = db.begin_write()?;
+            txn.open_table(ALERTS)?;
+            txn.open_table(ONGOING)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(err)?;
         Ok(Raised { db: Arc::new(db) })
     }
 

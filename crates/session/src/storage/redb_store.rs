@@ -36,24 +36,21 @@ impl RedbStorage {
     /// this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbStorage, StorageError> {
         let path = path.as_ref().to_path_buf();
-        let created = !path.try_exists().map_err(redb::Error::from)?;
-        let db = Database::create(&path)?;
-        let mut tx = db.begin_write()?;
-        tx.set_durability(Durability::Immediate)?;
-        let generation;
-        {
-            tx.open_table(SESSIONS)?;
-            tx.open_table(DEADLINES)?;
-            tx.open_table(QUARANTINE)?;
-            let mut meta = tx.open_table(META)?;
-            generation = meta.get("generation")?.map(|g| g.value()).unwrap_or(0) + 1;
-            meta.insert("generation", generation)?;
-        }
-        tx.commit()?;
-        if created {
-            // redb syncs the file's contents, not its entry in the folder.
-            sync_folder_of(&path).map_err(redb::Error::from)?;
-        }
+        let mut generation = 0;
+        let db = estafeta_durable::open_redb(&path, |db| {
+            let mut tx = db.begin_write()?;
+            tx.set_durability(Durability::Immediate)?;
+            {
+                tx.open_table(SESSIONS)?;
+                tx.open_table(DEADLINES)?;
+                tx.open_table(QUARANTINE)?;
+                let mut meta = tx.open_table(META)?;
+                generation = meta.get("generation")?.map(|g| g.value()).unwrap_or(0) + 1;
+                meta.insert("generation", generation)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })?;
         Ok(RedbStorage {
             path,
             db: RwLock::new(Some(db)),
@@ -201,45 +198,4 @@ fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
 #[cfg(feature = "failpoints")]
 fn injected_disk_full() -> StorageError {
     std::io::Error::from(std::io::ErrorKind::StorageFull).into()
-}
-
-/// Fsync the folder that holds `path`, so that a power loss cannot drop a
-/// file just created there.
-fn sync_folder_of(path: &Path) -> std::io::Result<()> {
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    #[cfg(test)]
-    tests::SYNCED.with(|s| s.borrow_mut().push(folder.to_path_buf()));
-    std::fs::File::open(folder)?.sync_all()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::RefCell;
-
-    thread_local! {
-        /// The folders this thread fsynced through `sync_folder_of`.
-        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
-    }
-
-    fn synced() -> Vec<PathBuf> {
-        SYNCED.with(|s| s.take())
-    }
-
-    #[test]
-    fn a_new_database_file_is_durable_in_its_folder() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sessions.redb");
-        drop(RedbStorage::open(&path).unwrap());
-        assert_eq!(synced(), vec![dir.path().to_path_buf()]);
-        drop(RedbStorage::open(&path).unwrap());
-        assert_eq!(
-            synced(),
-            Vec::<PathBuf>::new(),
-            "an existing file's entry is durable"
-        );
-    }
 }
