@@ -11,11 +11,13 @@ mod core;
 mod device;
 mod error;
 mod hooks;
+mod lifecycle;
 mod operator;
 mod protocol;
 mod push;
 mod recovery;
 mod schedule;
+mod sessions;
 mod state;
 mod stats;
 
@@ -39,7 +41,7 @@ use crate::wire::{
 use crate::{Id, UlidGenerator};
 use admin::admin;
 use core::Core;
-use estafeta_session::{Clock, Engine, RedbStorage};
+use estafeta_session::{Clock, RedbStorage};
 use hooks::ExchangeHooks;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -126,12 +128,8 @@ impl Exchange {
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
         });
-        let engine = Engine::builder(Arc::new(storage))
-            .clock(clock)
-            .hooks(hooks)
-            .open()
-            .await?;
-        let _ = core.sessions.set(engine);
+        let sessions = sessions::Sessions::open(Arc::new(storage), clock, hooks).await?;
+        let _ = core.sessions.set(sessions);
         Ok((Exchange { core }, admin_token))
     }
 
@@ -477,8 +475,8 @@ impl Exchange {
         Ok(())
     }
 
-    /// The session engine's figures (for metrics).
+    /// The session engines' figures, added up (for metrics).
     pub fn session_stats(&self) -> Option<estafeta_session::Stats> {
-        self.core.sessions.get().map(Engine::stats)
+        self.core.sessions.get().map(sessions::Sessions::stats)
     }
 }
