@@ -689,3 +689,7 @@ fn end(rec: &mut DbRecord, mut p: Process, state: ProcessState, now: Timestamp) 
         rec.recent.pop_front();
     }
 }
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;
