@@ -1,32 +1,29 @@
 //! The process lifecycle, as one pure function: [`step`] takes a
 //! database's record and an [`Event`], changes the record, and answers the
 //! [`Step`]s to carry out. Nothing in here reads a clock, touches a file or
-//! a session: protocol calls, deadlines, start-up recovery and operator
+//! a session (it only emits tracing events): protocol calls, deadlines, start-up recovery and operator
 //! actions are all events, and the callers (`protocol.rs` for calls and the
 //! operator, `hooks.rs` for deadlines and recovery) only carry out steps.
 //!
 //! ```text
-//!                 start
-//!                   │  Owner(live), deadline STARTED timeout
-//!                   ▼
-//!   ┌──────────── STARTED ──── accept, prepare (first half) ───┐
-//!   │ rollback,     │  ▲                                        │
-//!   │ abort         │  └────────────────────────────────────────┘
-//!   │               │ prepare: replies written,
-//!   │               │ deadline READY_TO_COMMIT timeout
-//!   │  deadline     ▼
-//!   │  or crash  READY_TO_COMMIT ── deadline or crash: moves to Unknown ──┐
-//!   │  past its     │         │                                         │
-//!   │  timeout      │ commit  │ rollback, abort                         ▼
-//!   │  (replies     │ (intent │ (replies deleted)                    IN_DOUBT
-//!   │  deleted)     │ saved)  │                              late commit │ late rollback,
-//!   ▼               ▼         ▼                           or operator     │ abort or operator
-//! TIMED_OUT      CLEANUP    ROLLED_BACK / ABORTED                 (intent saved, moves run)
-//!                 │  ▲                                                    │
-//!     moves done  │  │ deadline (backoff), commit again, crash            ▼
-//!                 │  │                                           DONE / ROLLED_BACK
-//!                 ▼  │ moves failed: alert
-//!               DONE  FAILED ── moves done: alert cleared ──▶ DONE
+//!  start ──▶ STARTED ◀── accept, prepare (first half: reply names saved)
+//!             │  │  │
+//!             │  │  └── rollback / abort ──▶ ROLLED_BACK / ABORTED
+//!             │  │                           (replies deleted)
+//!             │  └───── deadline, or crash past its timeout ──▶ TIMED_OUT
+//!             │ prepare (second half: replies written)
+//!             ▼
+//!      READY_TO_COMMIT ── rollback / abort ──▶ ROLLED_BACK / ABORTED
+//!        │          │
+//! commit │          │ deadline or crash: files to Unknown (and Error)
+//! (moves ▼          ▼
+//! saved) CLEANUP   IN_DOUBT ── late commit / rollback, or the operator
+//!        │    │                (verdict and moves saved, moves run)
+//!        │    │                     ──▶ DONE / ROLLED_BACK
+//!  moves │    │ moves failed (alert raised)
+//!   done ▼    ▼
+//!      DONE   FAILED ── deadline (backoff), commit, or crash: moves again
+//!                          ──▶ DONE (alert cleared), or FAILED again
 //! ```
 //!
 //! Every ended process's owner record is written ([`Step::Owner`]) before

@@ -3,6 +3,17 @@
 //! the server's HTTP handlers call with the authenticated caller; alerts
 //! and message arrivals (for push notifications) are handed to sinks the
 //! server plugs in.
+//!
+//! Where things are:
+//! - `lifecycle.rs`: the process lifecycle as one pure function (state
+//!   diagram in its doc): every change of a process is an event there.
+//! - `core.rs`: the service's parts and the driver that carries out the
+//!   lifecycle's steps (owner records, file moves, alerts, saves).
+//! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
+//!   `hooks.rs` (deadlines and start-up processing of database sessions),
+//!   `operator.rs`, `recovery.rs`, `admin.rs`, `push.rs`, `schedule.rs`.
+//! - `sessions.rs` and `state.rs`: the session engines (databases,
+//!   devices, processes) and their record types.
 
 mod admin;
 mod alerts;
