@@ -71,6 +71,8 @@ mod error_body;
 mod folder;
 mod message;
 mod process;
+#[cfg(feature = "session-key")]
+mod session_key;
 mod status;
 mod version;
 

@@ -1,23 +1,31 @@
-//! The shared core of the service: its parts, the clock, and the process
-//! transitions that both protocol calls and the session hooks (timeouts,
-//! recovery) perform.
+//! The shared core of the service: its parts, the clock, and the driver
+//! that carries out the process lifecycle's steps (file operations, owner
+//! records, alerts, saves) for protocol calls and for the session hooks.
 
 use super::ExchangeConfig;
-use super::alerts::AlertKind;
 use super::error::ExchangeError;
-use super::state::{Owner, Process, Record, Step, loc, pid_key};
+use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
+use super::sessions::Sessions;
+use super::state::{DbRecord, FileOp, Owner, loc};
 use crate::error::MailboxError;
 use crate::mailbox::{FileName, Folder, Location, Mailboxes};
 use crate::tenancy::Registry;
-use crate::wire::{ProcessState, ResultStatus};
+use crate::wire::ProcessState;
 use crate::{Id, ProcessId, Timestamp, UlidGenerator};
-use estafeta_session::{Clock, Engine};
+use estafeta_session::{Clock, SessionData, SessionGuard};
+use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-/// The longest wait between retries of moves that failed.
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// What carrying out a lifecycle's steps left over: the answer, the events
+/// that file operations gave, and the error of the last that failed.
+#[derive(Default)]
+struct Carried {
+    answer: Option<Answer>,
+    next: VecDeque<Event>,
+    failed: Option<MailboxError>,
+}
 
 /// Counters of start-up processing, filled by the first-load hook.
 #[derive(Default)]
@@ -33,8 +41,8 @@ pub(crate) struct Core {
     pub(crate) registry: Registry,
     pub(crate) mailboxes: Mailboxes,
     pub(crate) ids: UlidGenerator,
-    /// Set once at open; the hooks reach the engine through the core.
-    pub(crate) sessions: OnceLock<Engine<String, Record>>,
+    /// Set once at open; the hooks reach the engines through the core.
+    pub(crate) sessions: OnceLock<Sessions>,
     pub(crate) ready: AtomicBool,
     pub(crate) recovery: RecoveryCounters,
     /// Where alerts go ([`super::Exchange::set_alert_sink`]).
@@ -74,24 +82,24 @@ impl Core {
         self.clock.now()
     }
 
-    pub(crate) fn sessions(&self) -> Result<&Engine<String, Record>, ExchangeError> {
+    pub(crate) fn sessions(&self) -> Result<&Sessions, ExchangeError> {
         self.sessions
             .get()
             .ok_or_else(|| ExchangeError::unavailable("not_ready", "the server is starting"))
     }
 
-    /// Run file steps: moves concurrently (sharing fsyncs), then deletes.
-    /// A step whose file is already where it should be, or gone, counts as
+    /// Run file operations: moves concurrently (sharing fsyncs), then deletes.
+    /// An operation whose file is already where it should be, or gone, counts as
     /// done (it was done before a crash, or retention removed the file).
-    pub(crate) async fn run_steps(&self, steps: &[Step]) -> Result<(), MailboxError> {
+    pub(crate) async fn run_ops(&self, steps: &[FileOp]) -> Result<(), MailboxError> {
         let mut moves = Vec::new();
         let mut deletes = Vec::new();
         let mut schedules = Vec::new();
         for s in steps {
             match s {
-                Step::Move { name, from, to } => moves.push((name.clone(), loc(from), loc(to))),
-                Step::Delete { name, at } => deletes.push((name.clone(), loc(at))),
-                Step::Schedule { name, from, at } => schedules.push((name, loc(from), *at)),
+                FileOp::Move { name, from, to } => moves.push((name.clone(), loc(from), loc(to))),
+                FileOp::Delete { name, at } => deletes.push((name.clone(), loc(at))),
+                FileOp::Schedule { name, from, at } => schedules.push((name, loc(from), *at)),
             }
         }
         let mut first_error = None;
@@ -144,7 +152,7 @@ impl Core {
         ended: Option<ProcessState>,
     ) -> Result<(), ExchangeError> {
         let sessions = self.sessions()?;
-        let mut g = sessions.get(pid_key(pid), true).await?.ok_or_else(|| {
+        let mut g = sessions.process.get(*pid, true).await?.ok_or_else(|| {
             ExchangeError::unavailable("storage_error", "process record unavailable")
         })?;
         g.persistent_mut().owner = Some(Owner {
@@ -159,31 +167,12 @@ impl Core {
 
     /// The owner record of a process, if it was ever issued.
     pub(crate) async fn owner(&self, pid: &ProcessId) -> Result<Option<Owner>, ExchangeError> {
-        let Some(g) = self.sessions()?.get(pid_key(pid), false).await? else {
+        let Some(g) = self.sessions()?.process.get(*pid, false).await? else {
             return Ok(None);
         };
         let owner = g.state().owner.clone();
         drop(g);
         Ok(owner)
-    }
-
-    /// End a process: its owner record says how, and the database
-    /// remembers it among the recent ones.
-    pub(crate) async fn finish(
-        &self,
-        rec: &mut Record,
-        p: Process,
-        state: ProcessState,
-    ) -> Result<(), ExchangeError> {
-        self.write_owner(&p.id, &p.db, Some(state)).await?;
-        rec.end(p, state, self.now());
-        Ok(())
-    }
-
-    /// Delete the reply files of a prepare that was never answered.
-    pub(crate) async fn drop_preparing(&self, p: &mut Process) {
-        let names = std::mem::take(&mut p.preparing);
-        self.discard_prepared(&p.db, &names).await;
     }
 
     /// Delete reply files from a database's `Prepared` (a missing one
@@ -203,163 +192,117 @@ impl Core {
         }
     }
 
-    /// The steps of a confirmed commit (CLEANUP).
-    ///
-    /// Progress is kept as an intent record rather than as the seed's save
-    /// after every single move: the whole list of moves is saved durably
-    /// with the CLEANUP state before the first file moves, then the moves
-    /// run together (sharing folder fsyncs), then DONE is saved. Every move
-    /// is idempotent (source gone and target present counts as done), so a
-    /// crash at any point is finished by running the list again at start-up
-    /// — the same outcome as the seed's per-move record, with two session
-    /// saves per commit instead of one per file.
-    pub(crate) fn commit_steps(&self, p: &Process) -> Vec<Step> {
-        let db = &p.db;
-        let mut steps: Vec<Step> = p
-            .replies
-            .iter()
-            .map(|r| Step::deliver(p, r, (db, Folder::Prepared)))
-            .collect();
-        for n in p.verdicts(ResultStatus::Processed) {
-            steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
+    /// The lifecycle's view of the time and the timeouts now.
+    pub(crate) fn ctx(&self) -> Ctx {
+        Ctx {
+            now: self.now(),
+            started_timeout: self.config.started_timeout,
+            ready_timeout: self.config.ready_timeout,
         }
-        for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-            steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-        }
-        steps
     }
 
-    /// Put the READY_TO_COMMIT process of `rec` in doubt: processed
-    /// messages and replies to `Unknown`, incorrect ones to `Error`,
-    /// deadlocked ones stay. Deterministic from the record, so a crash in
-    /// the middle is repaired by doing it again.
-    pub(crate) async fn go_in_doubt(&self, rec: &mut Record) -> Result<(), ExchangeError> {
-        let Some(p) = rec.process.as_ref() else {
-            return Ok(());
-        };
-        let db = &p.db;
-        let mut steps: Vec<Step> = p
-            .replies
-            .iter()
-            .map(|r| Step::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
-            .collect();
-        for n in p.verdicts(ResultStatus::Processed) {
-            steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Unknown)));
-        }
-        for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-            steps.push(Step::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-        }
-        self.run_steps(&steps).await?;
-        if let Some(mut p) = rec.process.take() {
-            p.state = ProcessState::InDoubt;
-            rec.counters.went_in_doubt(self.now());
-            tracing::error!(
-                target: "estafeta::alert",
-                process = %p.id, db = %p.db,
-                "process in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback"
-            );
-            self.raise_alert(
-                AlertKind::InDoubt,
-                &p.id,
-                format!("process {} of database {} is in doubt: READY_TO_COMMIT past its timeout; its files are in Unknown until a late commit or rollback", p.id, p.db),
-            )
-            .await;
-            rec.in_doubt.push(p);
+    /// Carry out one step of the lifecycle that does not touch the
+    /// database record (the callers save it and set its deadline).
+    async fn carry_out(&self, step: Step, out: &mut Carried) -> Result<(), ExchangeError> {
+        match step {
+            Step::Owner { pid, db, ended } => self.write_owner(&pid, &db, ended).await?,
+            Step::Discard { db, names } => self.discard_prepared(&db, &names).await,
+            Step::Run { pid, ops } => {
+                let result = self.run_ops(&ops).await.map_err(|e| {
+                    let text = e.to_string();
+                    out.failed = Some(e);
+                    text
+                });
+                out.next.push_back(Event::Ran { pid, result });
+            }
+            Step::Raise { kind, pid, text } => self.raise_alert(kind, pid, text).await,
+            Step::Clear { kind, pid } => self.clear_alert(kind, pid).await,
+            Step::Count(found) => count(match found {
+                Found::TimedOut => &self.recovery.timed_out,
+                Found::Cleanup => &self.recovery.cleanups,
+                Found::InDoubt => &self.recovery.in_doubt,
+            }),
+            Step::Answer(answer) => out.answer = Some(answer),
+            Step::Fail(text) => {
+                return Err(match out.failed.take() {
+                    Some(e) => e.into(),
+                    None => ExchangeError::unavailable("storage_error", text),
+                });
+            }
+            Step::Deadline(_) | Step::Save => {}
         }
         Ok(())
     }
 
-    /// The steps that settle a process in doubt as committed or rolled back.
-    pub(crate) fn settle_steps(&self, p: &Process, commit: bool) -> Vec<Step> {
-        let db = &p.db;
-        let mut steps = Vec::new();
-        if commit {
-            for r in &p.replies {
-                steps.push(Step::deliver(p, r, (db, Folder::Unknown)));
-            }
-            for n in p.verdicts(ResultStatus::Processed) {
-                steps.push(Step::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
-            }
-        } else {
-            for r in &p.replies {
-                steps.push(Step::delete(r, (db, Folder::Unknown)));
-            }
-            for n in p.verdicts(ResultStatus::Processed) {
-                steps.push(Step::mv(&n, (db, Folder::Unknown), (db, Folder::Messages)));
-            }
-            for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-                steps.push(Step::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
-            }
-        }
-        steps
-    }
-
-    /// Run the live process's pending steps: it ends as its target, or is
-    /// FAILED and retried with backoff. The new session deadline is
-    /// returned (the retry time, or none).
-    pub(crate) async fn run_pending(
+    /// Run `event` through the lifecycle on a held database session (a
+    /// protocol call): each event's change is staged and becomes the
+    /// session's state at its [`Step::Save`], once durable; an error leaves
+    /// the change of the event at hand unsaved (file operations are
+    /// idempotent and run again).
+    pub(crate) async fn drive(
         &self,
-        rec: &mut Record,
-    ) -> Result<(ProcessState, Option<estafeta_session::Timestamp>), ExchangeError> {
-        let Some(p) = rec.process.as_mut() else {
-            return Ok((ProcessState::Done, None));
-        };
-        let steps = p.pending.clone();
-        match self.run_steps(&steps).await {
-            Ok(()) => {
-                let target = p.target.unwrap_or(ProcessState::Done);
-                let failed = p.attempts > 0;
-                if let Some(p) = rec.process.take() {
-                    if failed {
-                        self.clear_alert(AlertKind::Failed, &p.id).await;
+        g: &mut SessionGuard<Id, DbRecord>,
+        event: Event,
+    ) -> Result<Answer, ExchangeError> {
+        let ctx = self.ctx();
+        let mut out = Carried::default();
+        out.next.push_back(event);
+        while let Some(event) = out.next.pop_front() {
+            let mut staged = g.begin();
+            let steps = lifecycle::step(staged.state_mut(), event, &ctx);
+            let mut staged = Some(staged);
+            for step in steps {
+                match step {
+                    Step::Deadline(at) => {
+                        if let Some(tx) = staged.as_mut() {
+                            tx.set_expires_at(at);
+                        }
                     }
-                    self.finish(rec, p, target).await?;
+                    Step::Save => {
+                        if let Some(mut tx) = staged.take() {
+                            tx.persistent_mut();
+                            tx.commit().await?;
+                        }
+                    }
+                    other => self.carry_out(other, &mut out).await?,
                 }
-                Ok((target, None))
-            }
-            Err(e) => {
-                p.state = ProcessState::Failed;
-                p.attempts = p.attempts.saturating_add(1);
-                let backoff = Duration::from_secs(1u64 << p.attempts.min(16)).min(MAX_BACKOFF);
-                tracing::error!(
-                    target: "estafeta::alert",
-                    process = %p.id, db = %p.db, error = %e, attempts = p.attempts,
-                    "process FAILED: files could not be moved; retrying with backoff"
-                );
-                let text = format!(
-                    "process {} of database {} is FAILED: its files could not be moved ({e}); retrying with backoff",
-                    p.id, p.db
-                );
-                let pid = p.id;
-                self.raise_alert(AlertKind::Failed, pid, text).await;
-                Ok((
-                    ProcessState::Failed,
-                    Some(self.session_now().after(backoff)),
-                ))
             }
         }
+        Ok(out.answer.unwrap_or(Answer::Ok))
     }
 
-    /// Settle processes in doubt whose late commit or rollback was decided
-    /// but not finished (a crash in between).
-    pub(crate) async fn replay_in_doubt(&self, rec: &mut Record) -> Result<(), ExchangeError> {
-        let mut i = 0;
-        while i < rec.in_doubt.len() {
-            if let Some(target) = rec.in_doubt[i].target {
-                let steps = rec.in_doubt[i].pending.clone();
-                self.run_steps(&steps).await?;
-                let p = rec.in_doubt.remove(i);
-                self.clear_alert(AlertKind::InDoubt, &p.id).await;
-                self.finish(rec, p, target).await?;
-            } else {
-                i += 1;
+    /// Run `event` (a deadline, start-up recovery) through the lifecycle
+    /// inside a session hook: the engine saves the session after the hook.
+    /// On an error the session keeps its state as it was.
+    pub(crate) async fn drive_hook(
+        &self,
+        s: &mut SessionData<DbRecord>,
+        event: Event,
+    ) -> Result<(), ExchangeError> {
+        let ctx = self.ctx();
+        let mut rec = s.state().clone();
+        let mut deadline = s.expires_at();
+        let mut changed = false;
+        let mut out = Carried::default();
+        out.next.push_back(event);
+        while let Some(event) = out.next.pop_front() {
+            for step in lifecycle::step(&mut rec, event, &ctx) {
+                match step {
+                    Step::Deadline(at) => deadline = at,
+                    Step::Save => changed = true,
+                    other => self.carry_out(other, &mut out).await?,
+                }
             }
         }
+        if changed {
+            *s.persistent_mut() = rec;
+        }
+        s.set_expires_at(deadline);
         Ok(())
     }
 
     /// The file names a mailbox's live and in-doubt processes refer to.
-    pub(crate) fn referenced(rec: &Record) -> impl Iterator<Item = &FileName> {
+    pub(crate) fn referenced(rec: &DbRecord) -> impl Iterator<Item = &FileName> {
         rec.process
             .iter()
             .chain(rec.in_doubt.iter())

@@ -4,7 +4,7 @@
 use super::Upload as UploadOutcome;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{Upload, dev_key};
+use super::state::{DeviceRecord, Upload};
 use crate::Id;
 use crate::mailbox::{FileName, Folder};
 use crate::tenancy::Principal;
@@ -151,9 +151,10 @@ impl Core {
     async fn device_session(
         &self,
         id: &Id,
-    ) -> Result<estafeta_session::SessionGuard<String, super::state::Record>, ExchangeError> {
+    ) -> Result<estafeta_session::SessionGuard<Id, DeviceRecord>, ExchangeError> {
         self.sessions()?
-            .get(dev_key(id), true)
+            .device
+            .get(id.clone(), true)
             .await?
             .ok_or_else(|| {
                 ExchangeError::unavailable("storage_error", "device session unavailable")

@@ -1,16 +1,13 @@
-//! The session hooks: process deadlines (finalize) and start-up processing
-//! (first load after a restart) for database sessions.
+//! The session hooks of database sessions: a passed deadline (finalize)
+//! and start-up processing (first load after a restart) are events of the
+//! process lifecycle, carried out by [`Core::drive_hook`].
 
-use super::core::{Core, count};
-use super::error::ExchangeError;
-use super::state::Record;
-use crate::wire::ProcessState;
+use super::core::Core;
+use super::lifecycle::{Event, RETRY};
+use super::state::DbRecord;
+use crate::Id;
 use estafeta_session::{BoxFuture, Finalize, Hooks, SessionData};
 use std::sync::Weak;
-use std::time::Duration;
-
-/// How long before a failed deadline action is tried again.
-const RETRY: Duration = Duration::from_secs(60);
 
 pub(crate) struct ExchangeHooks {
     /// Weak: the core owns the engine, which owns the hooks.
@@ -18,70 +15,22 @@ pub(crate) struct ExchangeHooks {
 }
 
 impl ExchangeHooks {
-    /// A database session's deadline passed: the live process timed out
-    /// (STARTED), is in doubt (READY_TO_COMMIT), or has moves to retry
-    /// (CLEANUP, FAILED).
-    async fn deadline(core: &Core, s: &mut SessionData<Record>) -> Result<(), ExchangeError> {
-        let state = s.state().process.as_ref().map(|p| p.state);
-        let mut next = None;
-        match state {
-            Some(ProcessState::Started) => {
-                let rec = s.persistent_mut();
-                if let Some(mut p) = rec.process.take() {
-                    core.drop_preparing(&mut p).await;
-                    tracing::warn!(target: "estafeta::event", process = %p.id, db = %p.db, "STARTED process timed out");
-                    core.finish(rec, p, ProcessState::TimedOut).await?;
-                }
-            }
-            Some(ProcessState::ReadyToCommit) => core.go_in_doubt(s.persistent_mut()).await?,
-            Some(ProcessState::Cleanup | ProcessState::Failed) => {
-                next = core.run_pending(s.persistent_mut()).await?.1;
-            }
-            _ => {}
+    /// Carry out `event` on the session; on failure it is tried again after
+    /// [`RETRY`].
+    async fn handle(&self, key: &Id, s: &mut SessionData<DbRecord>, event: Event) -> Finalize {
+        let Some(core) = self.core.upgrade() else {
+            return Finalize::Keep;
+        };
+        core.wait_started().await;
+        let what = match event {
+            Event::Recover => "start-up processing",
+            _ => "process deadline handling",
+        };
+        if let Err(e) = core.drive_hook(s, event).await {
+            tracing::error!(db = %key, error = %e, "{what} failed; retrying");
+            s.set_expires_at(Some(core.session_now().after(RETRY)));
         }
-        s.set_expires_at(next);
-        Ok(())
-    }
-
-    /// Start-up processing of one database session saved by an earlier run.
-    async fn recover(core: &Core, s: &mut SessionData<Record>) -> Result<(), ExchangeError> {
-        let state = s.state().process.as_ref().map(|p| (p.state, p.started_at));
-        let mut next = s.expires_at();
-        match state {
-            Some((ProcessState::Started, started)) => {
-                // A prepare that was under way when the server died was
-                // never answered: its reply files go.
-                if let Some(p) = s.persistent_mut().process.as_mut() {
-                    core.drop_preparing(p).await;
-                }
-                let deadline = started
-                    .as_millis()
-                    .saturating_add(millis(core.config.started_timeout));
-                if deadline <= core.now().as_millis() {
-                    count(&core.recovery.timed_out);
-                    let rec = s.persistent_mut();
-                    if let Some(p) = rec.process.take() {
-                        core.finish(rec, p, ProcessState::TimedOut).await?;
-                    }
-                    next = None;
-                }
-            }
-            Some((ProcessState::ReadyToCommit, _)) => {
-                count(&core.recovery.in_doubt);
-                core.go_in_doubt(s.persistent_mut()).await?;
-                next = None;
-            }
-            Some((ProcessState::Cleanup | ProcessState::Failed, _)) => {
-                count(&core.recovery.cleanups);
-                next = core.run_pending(s.persistent_mut()).await?.1;
-            }
-            _ => {}
-        }
-        if s.state().in_doubt.iter().any(|p| p.target.is_some()) {
-            core.replay_in_doubt(s.persistent_mut()).await?;
-        }
-        s.set_expires_at(next);
-        Ok(())
+        Finalize::Keep
     }
 }
 
@@ -95,50 +44,20 @@ impl Core {
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-impl Hooks<String, Record> for ExchangeHooks {
+impl Hooks<Id, DbRecord> for ExchangeHooks {
     fn finalize<'a>(
         &'a self,
-        key: &'a String,
-        s: &'a mut SessionData<Record>,
+        key: &'a Id,
+        s: &'a mut SessionData<DbRecord>,
     ) -> BoxFuture<'a, Finalize> {
-        Box::pin(async move {
-            if !key.starts_with("db/") {
-                return Finalize::End; // process records past retention
-            }
-            let Some(core) = self.core.upgrade() else {
-                return Finalize::Keep;
-            };
-            core.wait_started().await;
-            if let Err(e) = Self::deadline(&core, s).await {
-                tracing::error!(key, error = %e, "process deadline handling failed; retrying");
-                s.set_expires_at(Some(core.session_now().after(RETRY)));
-            }
-            Finalize::Keep
-        })
+        Box::pin(self.handle(key, s, Event::Deadline))
     }
 
     fn first_load<'a>(
         &'a self,
-        key: &'a String,
-        s: &'a mut SessionData<Record>,
+        key: &'a Id,
+        s: &'a mut SessionData<DbRecord>,
     ) -> BoxFuture<'a, Finalize> {
-        Box::pin(async move {
-            if !key.starts_with("db/") {
-                return Finalize::Keep;
-            }
-            let Some(core) = self.core.upgrade() else {
-                return Finalize::Keep;
-            };
-            core.wait_started().await;
-            if let Err(e) = Self::recover(&core, s).await {
-                tracing::error!(key, error = %e, "start-up processing failed; retrying");
-                s.set_expires_at(Some(core.session_now().after(RETRY)));
-            }
-            Finalize::Keep
-        })
+        Box::pin(self.handle(key, s, Event::Recover))
     }
 }

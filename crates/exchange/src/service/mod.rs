@@ -3,6 +3,17 @@
 //! the server's HTTP handlers call with the authenticated caller; alerts
 //! and message arrivals (for push notifications) are handed to sinks the
 //! server plugs in.
+//!
+//! Where things are:
+//! - `lifecycle.rs`: the process lifecycle as one pure function (state
+//!   diagram in its doc): every change of a process is an event there.
+//! - `core.rs`: the service's parts and the driver that carries out the
+//!   lifecycle's steps (owner records, file moves, alerts, saves).
+//! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
+//!   `hooks.rs` (deadlines and start-up processing of database sessions),
+//!   `operator.rs`, `recovery.rs`, `admin.rs`, `push.rs`, `schedule.rs`.
+//! - `sessions.rs` and `state.rs`: the session engines (databases,
+//!   devices, processes) and their record types.
 
 mod admin;
 mod alerts;
@@ -11,12 +22,14 @@ mod core;
 mod device;
 mod error;
 mod hooks;
+mod lifecycle;
 mod manage;
 mod operator;
 mod protocol;
 mod push;
 mod recovery;
 mod schedule;
+mod sessions;
 mod state;
 mod stats;
 
@@ -40,7 +53,7 @@ use crate::wire::{
 use crate::{Id, UlidGenerator};
 use admin::admin;
 use core::Core;
-use estafeta_session::{Clock, Engine, RedbStorage};
+use estafeta_session::{Clock, RedbStorage};
 use hooks::ExchangeHooks;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -126,12 +139,8 @@ impl Exchange {
         let hooks = Arc::new(ExchangeHooks {
             core: Arc::downgrade(&core),
         });
-        let engine = Engine::builder(Arc::new(storage))
-            .clock(clock)
-            .hooks(hooks)
-            .open()
-            .await?;
-        let _ = core.sessions.set(engine);
+        let sessions = sessions::Sessions::open(Arc::new(storage), clock, hooks).await?;
+        let _ = core.sessions.set(sessions);
         Ok((Exchange { core }, admin_token))
     }
 
@@ -477,8 +486,8 @@ impl Exchange {
         Ok(())
     }
 
-    /// The session engine's figures (for metrics).
+    /// The session engines' figures, added up (for metrics).
     pub fn session_stats(&self) -> Option<estafeta_session::Stats> {
-        self.core.sessions.get().map(Engine::stats)
+        self.core.sessions.get().map(sessions::Sessions::stats)
     }
 }

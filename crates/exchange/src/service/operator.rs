@@ -12,7 +12,6 @@ use super::Exchange;
 use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::db_key;
 use crate::mailbox::{FileName, Folder};
 use crate::tenancy::Principal;
 use crate::wire::{CallResponse, ProcessState};
@@ -98,7 +97,7 @@ impl Exchange {
         db: &Id,
     ) -> Result<Vec<(ProcessId, Vec<MessageId>)>, ExchangeError> {
         admin(who)?;
-        let Some(g) = self.core.sessions()?.get(db_key(db), false).await? else {
+        let Some(g) = self.core.sessions()?.db.get(db.clone(), false).await? else {
             return Ok(Vec::new());
         };
         Ok(g.state()
@@ -243,7 +242,7 @@ impl Core {
         id: MessageId,
         requeue: bool,
     ) -> Result<(), ExchangeError> {
-        let g = self.sessions()?.get(db_key(mailbox), false).await?;
+        let g = self.sessions()?.db.get(mailbox.clone(), false).await?;
         if let Some(g) = &g
             && Core::referenced(g.state()).any(|n| n.id == id)
         {

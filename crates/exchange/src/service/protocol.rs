@@ -1,36 +1,31 @@
 //! The six processor calls (API_1 … API_6) and the process status, each a
 //! command on the database's session: two calls for one database never
-//! interleave, and the process record is durable before the answer.
+//! interleave, and the process record is durable before the answer. A call
+//! checks its request, then hands the process lifecycle an event
+//! ([`super::lifecycle`]) and carries out its steps ([`Core::drive`]).
 
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{Process, Record, Step, Verdict, db_key};
+use super::lifecycle::{self, Answer, Event};
+use super::state::{DbRecord, Verdict};
 use crate::mailbox::{FileName, Filter, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::wire::{
     AcceptRequest, CallResponse, CallStatus, Message, PrepareRequest, ProcessState, ProcessStatus,
-    ResultStatus, StartRequest, StartResponse, Version,
+    StartRequest, StartResponse, Version,
 };
 use crate::{Id, MessageId, ProcessId};
 use estafeta_session::SessionGuard;
 use std::collections::HashSet;
 
-type Guard = SessionGuard<String, Record>;
+type Guard = SessionGuard<Id, DbRecord>;
 
-/// Where a process id was found for a call.
-enum Found {
-    /// The database's live process.
-    Live,
-    /// Among the database's processes in doubt, at this index.
-    InDoubt(usize),
-    /// Ended in this state.
-    Ended(ProcessState),
-    /// Never issued.
-    Unknown,
-}
-
-fn answer(status: CallStatus) -> CallResponse {
-    CallResponse::new(status)
+fn answer(a: Answer) -> CallResponse {
+    CallResponse::new(match a {
+        Answer::Ok => CallStatus::Ok,
+        Answer::Failed => CallStatus::Failed,
+        Answer::Cancelled | Answer::Busy => CallStatus::Cancelled,
+    })
 }
 
 /// The database a processor's token stands for.
@@ -44,50 +39,35 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
 impl Core {
     async fn db_session(&self, db: &Id) -> Result<Guard, ExchangeError> {
         self.sessions()?
-            .get(db_key(db), true)
+            .db
+            .get(db.clone(), true)
             .await?
             .ok_or_else(|| {
                 ExchangeError::unavailable("storage_error", "database session unavailable")
             })
     }
 
-    /// Find `pid` for database `db`: 403 if it belongs to another database.
+    /// Find `pid` for database `db`: `None` if it is not a process id; with
+    /// how its owner record says it ended when the database holds it no
+    /// more. 403 if it belongs to another database.
     async fn locate(
         &self,
         db: &Id,
         pid: &str,
         g: &Guard,
-    ) -> Result<(Found, Option<ProcessId>), ExchangeError> {
+    ) -> Result<Option<(ProcessId, Option<ProcessState>)>, ExchangeError> {
         let Ok(pid) = pid.parse::<ProcessId>() else {
-            return Ok((Found::Unknown, None));
+            return Ok(None);
         };
-        let rec = g.state();
-        if rec.process.as_ref().is_some_and(|p| p.id == pid) {
-            return Ok((Found::Live, Some(pid)));
-        }
-        if let Some(i) = rec.in_doubt.iter().position(|p| p.id == pid) {
-            return Ok((Found::InDoubt(i), Some(pid)));
+        if lifecycle::holds(g.state(), &pid) {
+            return Ok(Some((pid, None)));
         }
         match self.owner(&pid).await? {
-            None => Ok((Found::Unknown, Some(pid))),
             Some(o) if &o.db != db => Err(ExchangeError::forbidden(
                 "the process belongs to another database",
             )),
-            Some(o) => Ok((o.ended.map_or(Found::Unknown, Found::Ended), Some(pid))),
+            o => Ok(Some((pid, o.and_then(|o| o.ended)))),
         }
-    }
-
-    /// The database's session, held, if `pid` is its live process and still
-    /// STARTED (`None`: the call is answered CANCELLED).
-    async fn started(&self, db: &Id, pid: &str) -> Result<Option<Guard>, ExchangeError> {
-        let g = self.db_session(db).await?;
-        let (found, _) = self.locate(db, pid, &g).await?;
-        let started = matches!(found, Found::Live)
-            && g.state()
-                .process
-                .as_ref()
-                .is_some_and(|p| p.state == ProcessState::Started);
-        Ok(started.then_some(g))
     }
 
     /// API_1.
@@ -109,7 +89,7 @@ impl Core {
             .map_err(|e| ExchangeError::bad_request("bad_limits", e.to_string()))?;
         let filter = Filter::new(req.subsystems, req.senders);
         let mut g = self.db_session(&db).await?;
-        if g.state().process.is_some() {
+        if !lifecycle::can_start(g.state()) {
             tracing::info!(target: "estafeta::event", db = %db, "start answered BUSY");
             return Ok(json(&StartResponse::busy()));
         }
@@ -124,31 +104,14 @@ impl Core {
             return Ok(json(&StartResponse::idle()));
         }
         let pid = self.ids.process_id(self.now_system());
-        self.write_owner(&pid, &db, None).await?;
-        let process = Process {
-            id: pid,
+        let event = Event::Start {
+            pid,
             db: db.clone(),
-            state: ProcessState::Started,
-            started_at: self.now(),
-            ready_at: None,
-            ended_at: None,
             messages: raw.names,
-            accepted: None,
-            results: Vec::new(),
-            preparing: Vec::new(),
-            replies: Vec::new(),
-            pending: Vec::new(),
-            target: None,
-            attempts: 0,
-            deferred: Vec::new(),
         };
-        let deadline = self.session_now().after(self.config.started_timeout);
-        g.update(|s| {
-            s.persistent_mut().process = Some(process);
-            s.set_expires_at(Some(deadline));
-            Ok::<_, ExchangeError>(())
-        })
-        .await?;
+        if self.drive(&mut g, event).await? == Answer::Busy {
+            return Ok(json(&StartResponse::busy()));
+        }
         g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, "process started");
         Ok(StartResponse::ok_json_from_raw(pid, &raw.json))
@@ -162,11 +125,12 @@ impl Core {
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
         let db = database_of(who)?;
-        let Some(mut g) = self.started(&db, pid).await? else {
-            return Ok(answer(CallStatus::Cancelled));
+        let mut g = self.db_session(&db).await?;
+        let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
+            return Ok(answer(Answer::Cancelled));
         };
-        let Some(p) = g.state().process.as_ref() else {
-            return Ok(answer(CallStatus::Cancelled));
+        let Some(p) = lifecycle::started(g.state(), &pid) else {
+            return Ok(answer(Answer::Cancelled));
         };
         let known: HashSet<MessageId> = p.messages.iter().map(|n| n.id).collect();
         if let Some(bad) = req.message_ids.iter().find(|id| !known.contains(id)) {
@@ -176,16 +140,14 @@ impl Core {
             ));
         }
         let narrowed = req.message_ids.len();
-        g.update(|s| {
-            if let Some(p) = s.persistent_mut().process.as_mut() {
-                p.accepted = Some(req.message_ids);
-            }
-            Ok::<_, ExchangeError>(())
-        })
-        .await?;
+        let event = Event::Accept {
+            pid,
+            ids: req.message_ids,
+        };
+        let a = self.drive(&mut g, event).await?;
         g.release().await?;
-        tracing::info!(target: "estafeta::event", process = pid, db = %db, accepted = narrowed, "process narrowed (accept)");
-        Ok(answer(CallStatus::Ok))
+        tracing::info!(target: "estafeta::event", process = %pid, db = %db, accepted = narrowed, "process narrowed (accept)");
+        Ok(answer(a))
     }
 
     /// API_3.
@@ -199,11 +161,12 @@ impl Core {
         let Principal::Database { enterprise, .. } = who else {
             return Err(ExchangeError::forbidden("database token needed"));
         };
-        let Some(mut g) = self.started(&db, pid).await? else {
-            return Ok(answer(CallStatus::Cancelled));
+        let mut g = self.db_session(&db).await?;
+        let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
+            return Ok(answer(Answer::Cancelled));
         };
-        let Some(p) = g.state().process.as_ref() else {
-            return Ok(answer(CallStatus::Cancelled));
+        let Some(p) = lifecycle::started(g.state(), &pid) else {
+            return Ok(answer(Answer::Cancelled));
         };
         let accepted = p.accepted_names();
         // Every accepted message exactly once.
@@ -274,54 +237,36 @@ impl Core {
         // The reply names are durable before the files are written, so that
         // a crash in between leaves no orphans: start-up processing deletes
         // the files of a prepare that was never answered.
-        if let Some(p) = g.state().process.as_ref() {
-            self.discard_prepared(&db, &p.preparing).await;
+        let names = replies.iter().map(FileName::of).collect();
+        let a = self.drive(&mut g, Event::Preparing { pid, names }).await?;
+        if a != Answer::Ok {
+            return Ok(answer(a));
         }
-        g.update(|s| {
-            if let Some(p) = s.persistent_mut().process.as_mut() {
-                p.preparing = replies.iter().map(FileName::of).collect();
-            }
-            Ok::<_, ExchangeError>(())
-        })
-        .await?;
         let written = self.mailboxes.write_all(&prepared, &replies).await?;
-        let ready_deadline = self.session_now().after(self.config.ready_timeout);
-        let updated = g.update(|s| {
-            if let Some(p) = s.persistent_mut().process.as_mut() {
-            p.results = verdicts;
-            p.replies = written.iter().map(|e| e.name.clone()).collect();
-            p.preparing.clear();
-            p.deferred = deferred;
-            p.state = ProcessState::ReadyToCommit;
-            p.ready_at = Some(now);
-            for v in &p.results {
-                if v.status == ResultStatus::ProcessedIncorrect {
-                    tracing::warn!(
-                        target: "estafeta::event", process = %p.id, db = %p.db, message = %v.name.id,
-                        code = ?v.error_code, text = ?v.error_text, "message processed incorrectly"
-                    );
+        let written: Vec<FileName> = written.into_iter().map(|e| e.name).collect();
+        let event = Event::Prepared {
+            pid,
+            results: verdicts,
+            replies: written.clone(),
+            deferred,
+        };
+        let a = match self.drive(&mut g, event).await {
+            Ok(a) => a,
+            Err(e) => {
+                for r in self.mailboxes.delete_all(&prepared, &written).await {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "removing a reply after a failed prepare");
+                    }
                 }
+                return Err(e);
             }
-            }
-            s.set_expires_at(Some(ready_deadline));
-            Ok::<_, ExchangeError>(())
-        })
-        .await;
-        if let Err(e) = updated {
-            let names: Vec<_> = written.into_iter().map(|e| e.name).collect();
-            for r in self.mailboxes.delete_all(&prepared, &names).await {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "removing a reply after a failed prepare");
-                }
-            }
-            return Err(e);
-        }
+        };
         g.release().await?;
-        tracing::info!(target: "estafeta::event", process = pid, db = %db, "process READY_TO_COMMIT (prepare)");
-        Ok(answer(CallStatus::Ok))
+        tracing::info!(target: "estafeta::event", process = %pid, db = %db, "process READY_TO_COMMIT (prepare)");
+        Ok(answer(a))
     }
 
-    /// API_4.
+    /// API_4 (and the operator settling a process in doubt as committed).
     pub(crate) async fn commit(
         &self,
         who: &Principal,
@@ -329,147 +274,39 @@ impl Core {
     ) -> Result<CallResponse, ExchangeError> {
         let db = database_of(who)?;
         let mut g = self.db_session(&db).await?;
-        let (found, _) = self.locate(&db, pid, &g).await?;
-        match found {
-            Found::Live => {
-                let state = g.state().process.as_ref().map(|p| p.state);
-                match state {
-                    Some(ProcessState::ReadyToCommit) => {
-                        // The intent record first: CLEANUP with every move
-                        // decided, durable before the first file moves.
-                        let steps = g
-                            .state()
-                            .process
-                            .as_ref()
-                            .map(|p| self.commit_steps(p))
-                            .unwrap_or_default();
-                        g.update(|s| {
-                            if let Some(p) = s.persistent_mut().process.as_mut() {
-                                p.state = ProcessState::Cleanup;
-                                p.pending = steps;
-                                p.target = Some(ProcessState::Done);
-                            }
-                            s.set_expires_at(None);
-                            Ok::<_, ExchangeError>(())
-                        })
-                        .await?;
-                        self.cleanup(g).await
-                    }
-                    Some(ProcessState::Cleanup | ProcessState::Failed) => self.cleanup(g).await,
-                    _ => Ok(answer(CallStatus::Cancelled)),
-                }
-            }
-            Found::InDoubt(i) => self.settle_in_doubt(g, i, true).await,
-            Found::Ended(ProcessState::Done) => Ok(answer(CallStatus::Ok)),
-            Found::Ended(_) | Found::Unknown => {
-                tracing::info!(target: "estafeta::event", process = pid, db = %db, "commit answered CANCELLED");
-                Ok(answer(CallStatus::Cancelled))
-            }
-        }
-    }
-
-    /// Run the CLEANUP moves of the live process: OK, or FAILED (retried by
-    /// the session deadline with backoff, and by a later commit at once).
-    async fn cleanup(&self, mut g: Guard) -> Result<CallResponse, ExchangeError> {
-        let (state, next) = self.run_pending(g.persistent_mut()).await?;
-        g.set_expires_at(next);
-        g.release().await?;
-        Ok(answer(if state == ProcessState::Failed {
-            CallStatus::Failed
-        } else {
-            CallStatus::Ok
-        }))
-    }
-
-    /// A late commit or rollback of a process in doubt.
-    async fn settle_in_doubt(
-        &self,
-        mut g: Guard,
-        i: usize,
-        commit: bool,
-    ) -> Result<CallResponse, ExchangeError> {
-        let target = if commit {
-            ProcessState::Done
-        } else {
-            ProcessState::RolledBack
+        let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
+            tracing::info!(target: "estafeta::event", process = pid, db = %db, "commit answered CANCELLED");
+            return Ok(answer(Answer::Cancelled));
         };
-        let steps = self.settle_steps(&g.state().in_doubt[i], commit);
-        tracing::info!(
-            target: "estafeta::event", process = %g.state().in_doubt[i].id,
-            db = %g.state().in_doubt[i].db, commit, "settling a process in doubt"
-        );
-        g.update(|s| {
-            if let Some(p) = s.persistent_mut().in_doubt.get_mut(i) {
-                p.pending = steps;
-                p.target = Some(target);
-            }
-            Ok::<_, ExchangeError>(())
-        })
-        .await?;
-        self.replay_in_doubt(g.persistent_mut()).await?;
+        let a = self.drive(&mut g, Event::Commit { pid, ended }).await?;
         g.release().await?;
-        tracing::info!(target: "estafeta::event", commit, "process in doubt settled");
-        Ok(answer(CallStatus::Ok))
+        Ok(answer(a))
     }
 
-    /// API_5 and API_6: the processor's transaction did not commit.
+    /// API_5 and API_6 (and the operator settling a process in doubt as
+    /// rolled back): the processor's transaction did not commit.
     pub(crate) async fn give_up(
         &self,
         who: &Principal,
         pid: &str,
-        target: ProcessState,
+        as_state: ProcessState,
         text: &str,
     ) -> Result<CallResponse, ExchangeError> {
         let db = database_of(who)?;
         let mut g = self.db_session(&db).await?;
-        let (found, _) = self.locate(&db, pid, &g).await?;
-        match found {
-            Found::Live => {
-                let p = g.state().process.clone();
-                let Some(p) = p.filter(|p| {
-                    matches!(p.state, ProcessState::Started | ProcessState::ReadyToCommit)
-                }) else {
-                    return Ok(answer(CallStatus::Cancelled));
-                };
-                tracing::info!(target: "estafeta::event", process = %p.id, db = %db, state = ?target, text, "processor gave up");
-                let steps: Vec<Step> = p
-                    .replies
-                    .iter()
-                    .chain(p.preparing.iter())
-                    .map(|r| Step::delete(r, (&db, Folder::Prepared)))
-                    .collect();
-                // Failed deletes are only logged: reconciliation at start-up
-                // moves any leftover in Prepared to Unknown.
-                if let Err(e) = self.run_steps(&steps).await {
-                    tracing::warn!(error = %e, "deleting prepared replies failed");
-                }
-                self.write_owner(&p.id, &db, Some(target)).await?;
-                let now = self.now();
-                g.update(|s| {
-                    let rec = s.persistent_mut();
-                    if let Some(p) = rec.process.take() {
-                        rec.end(p, target, now);
-                    }
-                    s.set_expires_at(None);
-                    Ok::<_, ExchangeError>(())
-                })
-                .await?;
-                g.release().await?;
-                Ok(answer(CallStatus::Ok))
-            }
-            Found::InDoubt(i) => {
-                let r = self.settle_in_doubt(g, i, false).await?;
-                if target == ProcessState::Aborted {
-                    tracing::info!(target: "estafeta::event", text, "process in doubt aborted (rolled back)");
-                }
-                Ok(r)
-            }
-            Found::Ended(ProcessState::Done) | Found::Unknown => {
-                tracing::info!(target: "estafeta::event", process = pid, db = %db, state = ?target, "rollback or abort answered CANCELLED");
-                Ok(answer(CallStatus::Cancelled))
-            }
-            Found::Ended(_) => Ok(answer(CallStatus::Ok)),
-        }
+        let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
+            tracing::info!(target: "estafeta::event", process = pid, db = %db, state = ?as_state, "rollback or abort answered CANCELLED");
+            return Ok(answer(Answer::Cancelled));
+        };
+        tracing::info!(target: "estafeta::event", process = %pid, db = %db, state = ?as_state, text, "processor gave up");
+        let event = Event::GiveUp {
+            pid,
+            as_state,
+            ended,
+        };
+        let a = self.drive(&mut g, event).await?;
+        g.release().await?;
+        Ok(answer(a))
     }
 
     /// GET /v1/processes/{pid}.

@@ -12,7 +12,6 @@
 use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{db_key, dev_key};
 use crate::Id;
 use crate::mailbox::{Folder, Location};
 use crate::tenancy::{Principal, Role};
@@ -150,19 +149,37 @@ impl Core {
         if let Some(u) = &url {
             check_url(u)?;
         }
-        let key = match kind {
-            RecipientKind::Database => db_key(id),
-            RecipientKind::Device => dev_key(id),
-        };
-        let mut g = self.sessions()?.get(key, true).await?.ok_or_else(|| {
-            ExchangeError::unavailable("storage_error", "recipient session unavailable")
-        })?;
-        g.update(|s| {
-            s.persistent_mut().webhook = url.clone();
-            Ok::<_, ExchangeError>(())
-        })
-        .await?;
-        g.release().await?;
+        let unavailable =
+            || ExchangeError::unavailable("storage_error", "recipient session unavailable");
+        let sessions = self.sessions()?;
+        match kind {
+            RecipientKind::Database => {
+                let mut g = sessions
+                    .db
+                    .get(id.clone(), true)
+                    .await?
+                    .ok_or_else(unavailable)?;
+                g.update(|s| {
+                    s.persistent_mut().webhook = url.clone();
+                    Ok::<_, ExchangeError>(())
+                })
+                .await?;
+                g.release().await?;
+            }
+            RecipientKind::Device => {
+                let mut g = sessions
+                    .device
+                    .get(id.clone(), true)
+                    .await?
+                    .ok_or_else(unavailable)?;
+                g.update(|s| {
+                    s.persistent_mut().webhook = url.clone();
+                    Ok::<_, ExchangeError>(())
+                })
+                .await?;
+                g.release().await?;
+            }
+        }
         {
             let mut map = self
                 .webhooks
@@ -205,22 +222,19 @@ impl Core {
     /// again after a failed start-up, it reads the same).
     pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
         let mut map = HashMap::new();
-        let recipients = self
-            .registry
-            .databases()
-            .into_iter()
-            .map(|e| (RecipientKind::Database, db_key(&e.id), e.id))
-            .chain(
-                self.registry
-                    .devices()
-                    .into_iter()
-                    .map(|e| (RecipientKind::Device, dev_key(&e.id), e.id)),
-            );
-        for (kind, key, id) in recipients {
-            if let Some(g) = self.sessions()?.get(key, false).await?
+        let sessions = self.sessions()?;
+        for e in self.registry.databases() {
+            if let Some(g) = sessions.db.get(e.id.clone(), false).await?
                 && let Some(url) = g.state().webhook.clone()
             {
-                map.insert(id, (kind, url));
+                map.insert(e.id, (RecipientKind::Database, url));
+            }
+        }
+        for e in self.registry.devices() {
+            if let Some(g) = sessions.device.get(e.id.clone(), false).await?
+                && let Some(url) = g.state().webhook.clone()
+            {
+                map.insert(e.id, (RecipientKind::Device, url));
             }
         }
         // A webhook set while this ran (the admin API answers during

@@ -4,7 +4,6 @@ use super::RecoveryReport;
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::db_key;
 use crate::mailbox::Folder;
 use crate::{MessageId, Timestamp};
 use std::collections::HashSet;
@@ -29,7 +28,7 @@ impl Core {
         }
         for db in self.registry.databases() {
             report.databases += 1;
-            let g = self.sessions()?.get(db_key(&db.id), true).await?;
+            let g = self.sessions()?.db.get(db.id.clone(), true).await?;
             let referenced: HashSet<MessageId> = match &g {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),
@@ -92,10 +91,11 @@ impl Core {
             .into_iter()
             .chain(self.registry.devices())
         {
-            let keep: HashSet<MessageId> = match self.sessions()?.get(db_key(&e.id), false).await? {
-                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
-                None => HashSet::new(),
-            };
+            let keep: HashSet<MessageId> =
+                match self.sessions()?.db.get(e.id.clone(), false).await? {
+                    Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+                    None => HashSet::new(),
+                };
             for folder in [
                 Folder::Log,
                 Folder::Prepared,

@@ -1,12 +1,9 @@
-//! What the exchange keeps in its sessions.
-//!
-//! One session engine holds three kinds of session, told apart by key:
-//! `db/<id>` for a database (its live process, its processes in doubt and
-//! the last ended ones), `dev/<id>` for a device (its recent idempotency
-//! keys), and `pid/<process id>` for a process (which database it belongs
-//! to and how it ended, kept for the retention period so that a late call
-//! is answered correctly). One record type serves all three; each uses its
-//! own fields.
+//! What the exchange keeps in its sessions, one record type per kind:
+//! a database's [`DbRecord`] (its live process, its processes in doubt and
+//! the last ended ones), a device's [`DeviceRecord`] (its recent
+//! idempotency keys) and a process's [`ProcessRecord`] (which database it
+//! belongs to and how it ended, kept for the retention period so that a
+//! late call is answered correctly).
 
 use super::stats::{DbCounters, DeviceCounters};
 use crate::mailbox::{FileName, Folder, Location};
@@ -15,64 +12,45 @@ use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-/// How many ended processes a database session remembers in full (for the
-/// admin list); older ones are only in their `pid/` sessions.
-pub(crate) const RECENT: usize = 32;
-
-pub(crate) fn db_key(id: &Id) -> String {
-    format!("db/{id}")
-}
-pub(crate) fn dev_key(id: &Id) -> String {
-    format!("dev/{id}")
-}
-pub(crate) fn pid_key(pid: &ProcessId) -> String {
-    format!("pid/{pid}")
-}
-
-/// A session's record.
+/// A database's session.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Record {
-    /// `db/`: the process that has not ended (at most one).
+pub(crate) struct DbRecord {
+    /// The process that has not ended (at most one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) process: Option<Process>,
-    /// `db/`: processes in doubt, waiting for a late commit or rollback.
+    /// Processes in doubt, waiting for a late commit or rollback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) in_doubt: Vec<Process>,
-    /// `db/`: the last ended processes, newest last.
+    /// The last ended processes, newest last.
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub(crate) recent: VecDeque<Process>,
-    /// `dev/`: idempotency key → the message it made.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub(crate) keys: BTreeMap<String, Upload>,
-    /// `pid/`: where a process lives and how it ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) owner: Option<Owner>,
-    /// `db/`: counters of the database's processes.
+    /// Counters of the database's processes.
     #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
     pub(crate) counters: DbCounters,
-    /// `dev/`: counters of the device's uploads and acknowledgements.
-    #[serde(default, skip_serializing_if = "DeviceCounters::is_empty")]
-    pub(crate) device: DeviceCounters,
-    /// `db/` and `dev/`: where arrivals are pushed ([`super::push`]).
+    /// Where arrivals are pushed ([`super::push`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) webhook: Option<String>,
 }
 
-impl Record {
-    /// A database's process ended as `state` at `now`: it is counted and
-    /// kept among the recent ones.
-    pub(crate) fn end(&mut self, mut p: Process, state: ProcessState, now: Timestamp) {
-        p.state = state;
-        p.ended_at = Some(now);
-        self.counters.ended(&p, state, now);
-        p.pending.clear();
-        p.target = None;
-        tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
-        self.recent.push_back(p);
-        while self.recent.len() > RECENT {
-            self.recent.pop_front();
-        }
-    }
+/// A device's session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct DeviceRecord {
+    /// Idempotency key → the message it made.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) keys: BTreeMap<String, Upload>,
+    /// Counters of the device's uploads and acknowledgements.
+    #[serde(default, skip_serializing_if = "DeviceCounters::is_empty")]
+    pub(crate) device: DeviceCounters,
+    /// Where arrivals are pushed ([`super::push`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) webhook: Option<String>,
+}
+
+/// A process's session: `None` until its owner is recorded.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ProcessRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) owner: Option<Owner>,
 }
 
 /// A device upload with an idempotency key: written into the device
@@ -85,7 +63,7 @@ pub(crate) struct Upload {
     pub(crate) at: Timestamp,
 }
 
-/// The `pid/` record.
+/// Where a process lives and how it ended.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Owner {
     pub(crate) db: Id,
@@ -125,7 +103,7 @@ pub(crate) struct Process {
     /// record. Each is idempotent, so after a crash they are simply run
     /// again; when all are done the process ends as `target`.
     #[serde(default)]
-    pub(crate) pending: Vec<Step>,
+    pub(crate) pending: Vec<FileOp>,
     #[serde(default)]
     pub(crate) target: Option<ProcessState>,
     /// Failed attempts to run `pending` (for the retry backoff).
@@ -137,6 +115,32 @@ pub(crate) struct Process {
 }
 
 impl Process {
+    /// A new STARTED process of `messages`.
+    pub(crate) fn started(
+        id: ProcessId,
+        db: Id,
+        messages: Vec<FileName>,
+        now: Timestamp,
+    ) -> Process {
+        Process {
+            id,
+            db,
+            state: ProcessState::Started,
+            started_at: now,
+            ready_at: None,
+            ended_at: None,
+            messages,
+            accepted: None,
+            results: Vec::new(),
+            preparing: Vec::new(),
+            replies: Vec::new(),
+            pending: Vec::new(),
+            target: None,
+            attempts: 0,
+            deferred: Vec::new(),
+        }
+    }
+
     pub(crate) fn accepted_names(&self) -> Vec<FileName> {
         match &self.accepted {
             None => self.messages.clone(),
@@ -172,8 +176,8 @@ pub(crate) struct Verdict {
 }
 
 /// One idempotent file operation.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) enum Step {
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) enum FileOp {
     Move {
         #[serde(with = "display")]
         name: FileName,
@@ -194,9 +198,9 @@ pub(crate) enum Step {
     },
 }
 
-impl Step {
-    pub(crate) fn mv(name: &FileName, from: (&Id, Folder), to: (&Id, Folder)) -> Step {
-        Step::Move {
+impl FileOp {
+    pub(crate) fn mv(name: &FileName, from: (&Id, Folder), to: (&Id, Folder)) -> FileOp {
+        FileOp::Move {
             name: name.clone(),
             from: (from.0.clone(), from.1),
             to: (to.0.clone(), to.1),
@@ -204,18 +208,18 @@ impl Step {
     }
     /// A reply's way to its recipient's `Messages`: moved now, or kept
     /// aside until its `deliver_at`.
-    pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Step {
+    pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> FileOp {
         match p.deferred.iter().find(|(id, _)| *id == name.id) {
-            Some((_, at)) => Step::Schedule {
+            Some((_, at)) => FileOp::Schedule {
                 name: name.clone(),
                 from: (from.0.clone(), from.1),
                 at: *at,
             },
-            None => Step::mv(name, from, (&name.to, Folder::Messages)),
+            None => FileOp::mv(name, from, (&name.to, Folder::Messages)),
         }
     }
-    pub(crate) fn delete(name: &FileName, at: (&Id, Folder)) -> Step {
-        Step::Delete {
+    pub(crate) fn delete(name: &FileName, at: (&Id, Folder)) -> FileOp {
+        FileOp::Delete {
             name: name.clone(),
             at: (at.0.clone(), at.1),
         }

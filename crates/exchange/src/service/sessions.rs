@@ -1,0 +1,253 @@
+//! The exchange's sessions: one engine per kind, each with its own key and
+//! record type — databases ([`DbRecord`] by [`Id`]), devices
+//! ([`DeviceRecord`] by [`Id`]) and processes ([`ProcessRecord`] by
+//! [`ProcessId`]). The three share one durable store, each in its own
+//! [`Namespace`] of it.
+
+use super::hooks::ExchangeHooks;
+use super::state::{DbRecord, DeviceRecord, ProcessRecord};
+use crate::{Id, ProcessId};
+use estafeta_session::{
+    Clock, Engine, Error, Stats, Storage, StorageError, Timestamp, storage::Write,
+};
+use std::sync::Arc;
+
+/// One kind's part of a shared store: its keys are stored behind a
+/// prefix of their own, so the kinds never meet.
+pub(crate) struct Namespace {
+    prefix: &'static [u8],
+    inner: Arc<dyn Storage>,
+}
+
+impl Namespace {
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        [self.prefix, key].concat()
+    }
+
+    fn own<'k>(&self, key: &'k [u8]) -> Option<&'k [u8]> {
+        key.strip_prefix(self.prefix)
+    }
+}
+
+impl Storage for Namespace {
+    fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.load(&self.key(key))
+    }
+
+    fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
+        let batch: Vec<Write> = batch
+            .iter()
+            .map(|w| match w {
+                Write::Put {
+                    key,
+                    record,
+                    expires_at,
+                } => Write::Put {
+                    key: self.key(key),
+                    record: record.clone(),
+                    expires_at: *expires_at,
+                },
+                Write::Delete { key } => Write::Delete { key: self.key(key) },
+            })
+            .collect();
+        self.inner.write(&batch)
+    }
+
+    fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
+        Ok(self
+            .inner
+            .deadlines()?
+            .into_iter()
+            .filter_map(|(k, t)| Some((self.own(&k)?.to_vec(), t)))
+            .collect())
+    }
+
+    fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
+        self.inner.quarantine(&self.key(key), reason)
+    }
+
+    fn quarantined(&self) -> Result<Vec<Vec<u8>>, StorageError> {
+        Ok(self
+            .inner
+            .quarantined()?
+            .into_iter()
+            .filter_map(|k| Some(self.own(&k)?.to_vec()))
+            .collect())
+    }
+
+    fn generation(&self) -> u64 {
+        self.inner.generation()
+    }
+}
+
+/// The three engines.
+pub(crate) struct Sessions {
+    /// Databases: the live process, those in doubt, the recent ones.
+    pub(crate) db: Engine<Id, DbRecord>,
+    /// Devices: idempotency keys and counters.
+    pub(crate) device: Engine<Id, DeviceRecord>,
+    /// Processes: which database owns each and how it ended.
+    pub(crate) process: Engine<ProcessId, ProcessRecord>,
+}
+
+impl Sessions {
+    /// Open the engines over `storage`; the database engine runs the
+    /// exchange's hooks (deadlines and start-up processing), the others
+    /// none (a process record ends when its retention deadline passes).
+    pub(crate) async fn open(
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+        hooks: Arc<ExchangeHooks>,
+    ) -> Result<Sessions, Error> {
+        let part = |prefix| -> Arc<dyn Storage> {
+            Arc::new(Namespace {
+                prefix,
+                inner: storage.clone(),
+            })
+        };
+        Ok(Sessions {
+            db: Engine::builder(part(b"db/"))
+                .clock(clock.clone())
+                .hooks(hooks)
+                .open()
+                .await?,
+            device: Engine::builder(part(b"dev/"))
+                .clock(clock.clone())
+                .open()
+                .await?,
+            process: Engine::builder(part(b"pid/")).clock(clock).open().await?,
+        })
+    }
+
+    /// Stop every engine (each saves its dirty sessions); the first error.
+    pub(crate) async fn stop(&self) -> Result<(), Error> {
+        let db = self.db.stop().await;
+        let device = self.device.stop().await;
+        let process = self.process.stop().await;
+        db.and(device).and(process)
+    }
+
+    /// The engines' figures, added up.
+    pub(crate) fn stats(&self) -> Stats {
+        let [a, b, c] = [self.db.stats(), self.device.stats(), self.process.stats()];
+        Stats {
+            in_memory: a.in_memory + b.in_memory + c.in_memory,
+            queued: a.queued + b.queued + c.queued,
+            loads: a.loads + b.loads + c.loads,
+            saves: a.saves + b.saves + c.saves,
+            save_batches: a.save_batches + b.save_batches + c.save_batches,
+            flushes: a.flushes + b.flushes + c.flushes,
+            expiries: a.expiries + b.expiries + c.expiries,
+            finalize_calls: a.finalize_calls + b.finalize_calls + c.finalize_calls,
+            storage_errors: a.storage_errors + b.storage_errors + c.storage_errors,
+            quarantined: a.quarantined + b.quarantined + c.quarantined,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use estafeta_session::MemoryStorage;
+
+    #[test]
+    fn each_kind_sees_only_its_own_keys() {
+        let store = Arc::new(MemoryStorage::new());
+        let db = Namespace {
+            prefix: b"db/",
+            inner: store.clone(),
+        };
+        let dev = Namespace {
+            prefix: b"dev/",
+            inner: store.clone(),
+        };
+        let put = |key: &[u8], at| Write::Put {
+            key: key.to_vec(),
+            record: vec![1],
+            expires_at: Some(Timestamp(at)),
+        };
+        db.write(&[put(b"a", 1)]).unwrap();
+        dev.write(&[put(b"a", 2)]).unwrap();
+        assert_eq!(db.deadlines().unwrap(), vec![(b"a".to_vec(), Timestamp(1))]);
+        assert_eq!(
+            dev.deadlines().unwrap(),
+            vec![(b"a".to_vec(), Timestamp(2))]
+        );
+        // The store keeps the key layout of one shared table.
+        assert!(store.load(b"db/a").unwrap().is_some());
+        assert!(store.load(b"dev/a").unwrap().is_some());
+        db.write(&[Write::Delete { key: b"a".to_vec() }]).unwrap();
+        assert!(db.load(b"a").unwrap().is_none());
+        assert!(dev.load(b"a").unwrap().is_some());
+    }
+
+    /// Records written when one record type served all three kinds (one
+    /// flat JSON object, the kind told by the key's prefix) load as the
+    /// typed records, under the same keys.
+    #[tokio::test]
+    async fn records_of_the_shared_layout_load() {
+        let store = Arc::new(MemoryStorage::new());
+        let old = |state: &str| {
+            let mut bytes = vec![estafeta_session::record::FORMAT_VERSION];
+            bytes.extend(
+                format!(
+                    r#"{{"created_at":1,"last_access":1,"expires_at":null,"generation":0,"state":{state}}}"#
+                )
+                .bytes(),
+            );
+            bytes
+        };
+        store.put_raw(
+            b"db/db-a",
+            &old(r#"{"counters":{"ended":2},"webhook":"http://h/db"}"#),
+        );
+        store.put_raw(
+            b"dev/phone-1",
+            &old(r#"{"device":{"sent":3},"webhook":"http://h/dev"}"#),
+        );
+        let pid: ProcessId = "01JD6Y0000000000000000000A".parse().unwrap();
+        store.put_raw(
+            format!("pid/{pid}").as_bytes(),
+            &old(r#"{"owner":{"db":"db-a","ended":"DONE"}}"#),
+        );
+        let part = |prefix| -> Arc<dyn Storage> {
+            Arc::new(Namespace {
+                prefix,
+                inner: store.clone(),
+            })
+        };
+        let db: Engine<Id, DbRecord> = Engine::builder(part(b"db/")).open().await.unwrap();
+        let device: Engine<Id, DeviceRecord> = Engine::builder(part(b"dev/")).open().await.unwrap();
+        let process: Engine<ProcessId, ProcessRecord> =
+            Engine::builder(part(b"pid/")).open().await.unwrap();
+
+        let g = db
+            .get("db-a".parse().unwrap(), false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.state().counters.ended, 2);
+        assert_eq!(g.state().webhook.as_deref(), Some("http://h/db"));
+        drop(g);
+        let g = device
+            .get("phone-1".parse().unwrap(), false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.state().device.sent, 3);
+        assert_eq!(g.state().webhook.as_deref(), Some("http://h/dev"));
+        drop(g);
+        let g = process.get(pid, false).await.unwrap().unwrap();
+        let owner = g.state().owner.clone().unwrap();
+        assert_eq!(owner.db.as_str(), "db-a");
+        assert_eq!(owner.ended, Some(crate::wire::ProcessState::Done));
+        drop(g);
+        assert!(
+            db.get("phone-1".parse().unwrap(), false)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(store.quarantined().unwrap(), Vec::<Vec<u8>>::new());
+    }
+}
