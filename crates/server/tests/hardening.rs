@@ -532,3 +532,28 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     );
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn webhooks_to_malformed_hosts_or_link_local_addresses_are_400() {
+    let server = TestServer::start().await;
+    provision_one(&server.admin).await;
+    let http = reqwest::Client::new();
+    for url in [
+        "http://\"evil\"<x>/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fe80::1]:8080/",
+    ] {
+        let r = http
+            .put(server.url("/v1/admin/databases/db-a/webhook"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&serde_json::json!({"version":1,"url":url}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{url}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "bad_webhook_url", "{json}");
+        assert_eq!(server.exchange.webhook(&id("db-a")), None, "{url}");
+    }
+    server.stop().await.unwrap();
+}

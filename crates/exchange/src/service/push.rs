@@ -17,6 +17,7 @@ use crate::mailbox::{Folder, Location};
 use crate::tenancy::{Principal, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, PoisonError};
 
 /// The longest webhook URL accepted.
@@ -62,6 +63,10 @@ pub(crate) type Webhooks = std::sync::RwLock<HashMap<Id, (RecipientKind, String)
 
 /// Checks a webhook URL: `http://` or `https://`, a host, an optional
 /// numeric port, no spaces or control characters, at most [`MAX_URL`] bytes.
+/// The host is a name (letters, digits, `-`, `.`, `_`) or an IP address,
+/// and not a link-local one (169.254.0.0/16, fe80::/10, where cloud
+/// metadata services answer, such as 169.254.169.254) nor the IPv6
+/// metadata address fd00:ec2::254.
 pub(crate) fn check_url(url: &str) -> Result<(), ExchangeError> {
     let bad = |why: &str| {
         ExchangeError::bad_request("bad_webhook_url", format!("webhook url {url:?}: {why}"))
@@ -92,7 +97,42 @@ pub(crate) fn check_url(url: &str) -> Result<(), ExchangeError> {
     {
         return Err(bad("the port must be a number up to 65535"));
     }
-    Ok(())
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => Some(
+            v6.parse::<Ipv6Addr>()
+                .map(IpAddr::V6)
+                .map_err(|_| bad("the host is not a valid IPv6 address"))?,
+        ),
+        None => host.parse::<IpAddr>().ok(),
+    };
+    match ip {
+        Some(ip) if is_link_local_or_metadata(ip) => Err(bad(
+            "link-local and metadata addresses (169.254.0.0/16, fe80::/10) are refused",
+        )),
+        Some(_) => Ok(()),
+        None if host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')) =>
+        {
+            Ok(())
+        }
+        None => Err(bad(
+            "the host must be a name of letters, digits, '-', '.' and '_', or an IP address",
+        )),
+    }
+}
+
+/// Link-local addresses (where cloud metadata services answer) and the
+/// IPv6 metadata address, also when an IPv4 one is mapped into IPv6.
+fn is_link_local_or_metadata(ip: IpAddr) -> bool {
+    const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.is_link_local(),
+            None => v6.is_unicast_link_local() || v6 == METADATA_V6,
+        },
+    }
 }
 
 impl Core {
@@ -295,6 +335,9 @@ mod tests {
             "HTTP://Example.org",
             "http://user:pw@example.org:8080/",
             "http://[::1]:8080/x",
+            "http://10.0.0.5/hook",
+            "http://[fd00::1]/",
+            "http://my_host.internal:81/",
         ] {
             assert!(check_url(good).is_ok(), "{good}");
         }
@@ -307,6 +350,17 @@ mod tests {
             "http://example.org:port/",
             "http://exa mple.org/",
             "example.org/hook",
+            "http://\"evil\"/",
+            "http://<script>/",
+            "http://a'b.org/",
+            "http://a\\b/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://169.254.1.1:8080/",
+            "http://[fe80::1]/",
+            "http://[FE80::1%25eth0]/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://[fd00:ec2::254]/",
+            "http://[not-v6]/",
         ] {
             let e = check_url(bad).unwrap_err();
             assert_eq!(e.code(), "bad_webhook_url", "{bad}");
