@@ -248,9 +248,13 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     .await;
     let t = Tenancy::provision(&server.admin).await;
     // db-a's queue folder is replaced by a file: every write there fails.
+    // (The folder is made by the first message that goes in.)
     let queue = server.data.path().join("db-a/Messages");
     let break_queue = || {
-        std::fs::remove_dir_all(&queue).unwrap();
+        if queue.is_dir() {
+            std::fs::remove_dir_all(&queue).unwrap();
+        }
+        std::fs::create_dir_all(queue.parent().unwrap()).unwrap();
         std::fs::write(&queue, b"not a folder").unwrap();
     };
     let mend_queue = || {
