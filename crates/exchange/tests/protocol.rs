@@ -181,6 +181,31 @@ async fn ready_timeout_in_doubt_then_late_rollback() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn ready_timeout_in_doubt_then_late_abort_ends_aborted() {
+    let w = World::new().await;
+    let pid = w.prepared(2).await;
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
+    let r =
+        w.ex.abort(
+            &w.db,
+            &pid,
+            AbortRequest {
+                version: Version,
+                message: "the processor gave up".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, CallStatus::Ok);
+    assert_eq!(w.state(&pid).await, ProcessState::Aborted);
+    assert_eq!(w.files("db-a", Folder::Messages), 1, "back in the queue");
+    assert_eq!(w.files("db-a", Folder::Unknown), 0, "the reply is deleted");
+    assert!(w.inbox().await.messages.is_empty());
+    assert_eq!(w.commit(&pid).await, CallStatus::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
 async fn rollback_and_abort_delete_replies() {
     let w = World::new().await;
     let pid = w.prepared(2).await;

@@ -106,8 +106,26 @@ impl Inbox {
 pub struct AckRequest {
     /// Always 1.
     pub version: Version,
-    /// Message ids; unknown ones are ignored.
+    /// Message ids; ids that are not messages of the device's inbox, of
+    /// whatever shape (not a message id, not even a string), are ignored
+    /// and not counted.
+    #[serde(deserialize_with = "message_ids_only")]
+    #[schema(value_type = Vec<String>)]
     pub ids: Vec<MessageId>,
+}
+
+/// The elements of a JSON array that are message ids; every other element
+/// is dropped (an acknowledgement of something that is not a message of the
+/// inbox acknowledges nothing). A non-array is still a type error.
+fn message_ids_only<'de, D>(deserializer: D) -> Result<Vec<MessageId>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let items = Vec::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(items
+        .iter()
+        .filter_map(|item| item.as_str()?.parse().ok())
+        .collect())
 }
 
 /// The answer to `POST /v1/inbox/ack`.

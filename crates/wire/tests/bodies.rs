@@ -289,3 +289,15 @@ fn wrong_or_missing_versions_are_refused_everywhere() {
         serde_json::from_str(r#"{"version":1,"id":"acme","colour":"red"}"#).unwrap();
     assert_eq!(e.id, id("acme"));
 }
+
+#[test]
+fn an_ack_ignores_elements_that_are_not_message_ids() {
+    let ids = UlidGenerator::new();
+    let real = ids.message_id(std::time::SystemTime::now());
+    let body = format!(
+        r#"{{"version":1,"ids":["not-an-id",5,{{"x":1}},null,"{real}","01ZZZZZZZZZZZZZZZZZZZZZZZZ9"]}}"#
+    );
+    let req: AckRequest = serde_json::from_str(&body).unwrap();
+    assert_eq!(req.ids, vec![real]);
+    assert!(serde_json::from_str::<AckRequest>(r#"{"version":1,"ids":"x"}"#).is_err());
+}

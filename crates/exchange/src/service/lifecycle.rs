@@ -316,7 +316,7 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>) -> Ve
         };
     }
     if let Some(p) = rec.in_doubt.iter_mut().find(|p| p.id == pid) {
-        return settle(p, true);
+        return settle(p, ProcessState::Done);
     }
     match ended {
         Some(ProcessState::Done) => vec![Step::Answer(Answer::Ok)],
@@ -359,7 +359,7 @@ fn give_up(
         ];
     }
     if let Some(p) = rec.in_doubt.iter_mut().find(|p| p.id == pid) {
-        return settle(p, false);
+        return settle(p, as_state);
     }
     match ended {
         Some(ProcessState::Done) | None => {
@@ -370,16 +370,14 @@ fn give_up(
     }
 }
 
-/// A late commit or rollback of a process in doubt: its verdict and moves
-/// are saved, then the moves run.
-fn settle(p: &mut Process, commit: bool) -> Vec<Step> {
+/// A late commit, rollback or abort of a process in doubt: its verdict and
+/// moves are saved, then the moves run; it ends as `target` (DONE,
+/// ROLLED_BACK or ABORTED).
+fn settle(p: &mut Process, target: ProcessState) -> Vec<Step> {
+    let commit = target == ProcessState::Done;
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, commit, "settling a process in doubt");
     p.pending = settle_ops(p, commit);
-    p.target = Some(if commit {
-        ProcessState::Done
-    } else {
-        ProcessState::RolledBack
-    });
+    p.target = Some(target);
     vec![
         Step::Save,
         Step::Run {
