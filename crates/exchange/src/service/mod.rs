@@ -75,14 +75,7 @@ pub struct RecoveryReport {
     pub expired_files: usize,
 }
 
-/// Whether an upload made a new message or found the earlier one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Upload {
-    /// A new message (201).
-    Created,
-    /// The same idempotency key from the same device: the earlier id (200).
-    Repeated,
-}
+pub use crate::wire::Upload;
 
 /// The exchange service. Cheap to clone.
 #[derive(Clone)]
