@@ -581,3 +581,40 @@ async fn concurrent_calls_for_one_database_never_interleave() {
     let list = w.ex.processes(&w.admin).await.unwrap();
     assert_eq!(list.processes.len(), 1);
 }
+
+/// The alerts an exchange raised, by key and text.
+#[derive(Clone, Default)]
+struct Alerts(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+impl estafeta_exchange::AlertSink for Alerts {
+    fn raise(&self, alert: estafeta_exchange::Alert) -> estafeta_session::BoxFuture<'_, ()> {
+        self.0.lock().unwrap().push((alert.key, alert.text));
+        Box::pin(async {})
+    }
+    fn clear(&self, _key: String) -> estafeta_session::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
+    let w = World::new().await;
+    let alerts = Alerts::default();
+    w.ex.set_alert_sink(std::sync::Arc::new(alerts.clone()));
+    let pid = w.prepared(1).await;
+    let queue = w.data().join("db-a").join(Folder::Messages.as_str());
+    let file = std::fs::read_dir(&queue)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| !n.starts_with('.'))
+        .unwrap();
+    std::fs::remove_file(queue.join(&file)).unwrap();
+
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    let raised = alerts.0.lock().unwrap().clone();
+    assert_eq!(raised.len(), 1, "{raised:?}");
+    let (key, text) = &raised[0];
+    assert_eq!(key, &format!("missing_file:{file}"));
+    assert!(text.contains(&file), "{text}");
+}

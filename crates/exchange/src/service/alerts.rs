@@ -33,6 +33,9 @@ pub enum AlertKind {
     DiskLow,
     /// An outbound host (a webhook, a gateway) stays down.
     HostDown,
+    /// A file a process's step was to move was in neither place: it was
+    /// lost, or removed by hand or by retention. The step counts as done.
+    MissingFile,
 }
 
 impl AlertKind {
@@ -45,6 +48,7 @@ impl AlertKind {
             AlertKind::StorageWrite => "storage_write",
             AlertKind::DiskLow => "disk_low",
             AlertKind::HostDown => "host_down",
+            AlertKind::MissingFile => "missing_file",
         }
     }
 }

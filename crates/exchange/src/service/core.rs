@@ -3,6 +3,7 @@
 //! records, alerts, saves) for protocol calls and for the session hooks.
 
 use super::ExchangeConfig;
+use super::alerts::AlertKind;
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;
@@ -103,12 +104,11 @@ impl Core {
             }
         }
         let mut first_error = None;
+        let mut missing = Vec::new();
         let mut arrivals = std::collections::BTreeSet::new();
         let mut note = |r: Result<crate::mailbox::Outcome, MailboxError>| match r {
             Ok(_) => {}
-            Err(MailboxError::NotFound { .. }) => {
-                tracing::warn!("a file step found its file in neither place; counted as done");
-            }
+            Err(e @ MailboxError::NotFound { .. }) => missing.push(e),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -137,6 +137,19 @@ impl Core {
         }
         for (name, at) in deletes {
             note(self.mailboxes.delete(&at, &name).await);
+        }
+        for e in missing {
+            let MailboxError::NotFound { name, .. } = &e else {
+                continue;
+            };
+            self.raise_alert(
+                AlertKind::MissingFile,
+                name,
+                format!(
+                    "{e}: lost, or removed by hand or by retention; the step is counted as done"
+                ),
+            )
+            .await;
         }
         match first_error {
             None => Ok(()),
