@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::select::{self, Filter, Limits};
 use super::{FileEntry, FileName, Location};
-use crate::error::MailboxError;
+use crate::error::{FileNameError, MailboxError};
 use crate::id::Id;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
@@ -119,13 +119,42 @@ struct Listing {
 }
 
 impl Listing {
-    /// A listing of `names`, which are sorted.
-    fn of_sorted(names: Vec<FileName>) -> Self {
-        let mut listing = Listing::default();
-        let keys: Vec<_> = names.iter().map(|n| listing.key(n)).collect();
-        // Sorted input is bulk-built.
-        listing.entries = keys.into_iter().map(|k| (k, None)).collect();
-        listing
+    /// The listing of the message files in a directory; a directory that
+    /// does not exist (a folder not made yet) has none. Temporary files are
+    /// skipped; foreign names are skipped with a warning. A name is parsed
+    /// in full (and its route kept) the first time its route is seen; later
+    /// names with that route only have their time and id parsed.
+    fn read(dir: &Path) -> Result<Self, MailboxError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(MailboxError::io(dir, e)),
+        };
+        let mut routes: HashMap<String, Arc<Route>> = HashMap::new();
+        let mut keys = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
+            let os_name = entry.file_name();
+            let Some(text) = os_name.to_str() else {
+                tracing::warn!(dir = %dir.display(), name = ?os_name, "ignoring a non-UTF-8 file name");
+                continue;
+            };
+            if text.starts_with('.') {
+                continue;
+            }
+            match key_of(text, &mut routes) {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), name = text, error = %e, "ignoring a foreign file")
+                }
+            }
+        }
+        keys.sort_unstable();
+        Ok(Self {
+            // Sorted input is bulk-built.
+            entries: keys.into_iter().map(|k| (k, None)).collect(),
+            routes: routes.into_values().collect(),
+        })
     }
 
     /// The key of `name`, its route shared with the listing's.
@@ -241,8 +270,8 @@ impl FolderIndex {
 
     fn scan_locked(&self) -> Result<(), MailboxError> {
         self.begin_scan();
-        let names = read_names(&self.dir);
-        self.end_scan(names)
+        let listing = Listing::read(&self.dir);
+        self.end_scan(listing)
     }
 
     /// From now on, settled edits are also noted for the scan's listing.
@@ -250,18 +279,17 @@ impl FolderIndex {
         self.state().journal = Some(Vec::new());
     }
 
-    /// Replaces the listing with the directory's `names` (read since
+    /// Replaces the listing with the directory's (read since
     /// [`begin_scan`](Self::begin_scan)), less the files pending, plus the
     /// edits settled meanwhile.
-    fn end_scan(&self, names: Result<Vec<FileName>, MailboxError>) -> Result<(), MailboxError> {
-        let names = match names {
-            Ok(names) => names,
+    fn end_scan(&self, read: Result<Listing, MailboxError>) -> Result<(), MailboxError> {
+        let mut fresh = match read {
+            Ok(listing) => listing,
             Err(e) => {
                 self.state().journal = None;
                 return Err(e);
             }
         };
-        let mut fresh = Listing::of_sorted(names);
         let old = {
             let mut state = self.state();
             for name in state.pending.keys() {
@@ -452,35 +480,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The message file names of a directory, sorted; a directory that does
-/// not exist (a folder not made yet) has none. Temporary files are skipped;
-/// foreign names are skipped with a warning.
-fn read_names(dir: &Path) -> Result<Vec<FileName>, MailboxError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(MailboxError::io(dir, e)),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
-        let os_name = entry.file_name();
-        let Some(text) = os_name.to_str() else {
-            tracing::warn!(dir = %dir.display(), name = ?os_name, "ignoring a non-UTF-8 file name");
-            continue;
-        };
-        if text.starts_with('.') {
-            continue;
-        }
-        match text.parse::<FileName>() {
-            Ok(name) => names.push(name),
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), name = text, error = %e, "ignoring a foreign file")
-            }
-        }
+/// The key of the message file named `text`. `routes` holds the routes
+/// seen so far by the text after the message id: a name whose route is
+/// known needs only its time and id checked (both parse only from their
+/// canonical spelling), any other is parsed in full.
+fn key_of(text: &str, routes: &mut HashMap<String, Arc<Route>>) -> Result<Key, FileNameError> {
+    const TIME: usize = 19;
+    const ID_END: usize = TIME + 1 + MessageId::LEN;
+    let known = text
+        .get(ID_END + 1..)
+        .filter(|_| text.as_bytes()[TIME] == b'_' && text.as_bytes()[ID_END] == b'_')
+        .and_then(|route| routes.get(route));
+    if let Some(route) = known
+        && let (Ok(created_at), Ok(id)) = (
+            Timestamp::parse_compact(&text[..TIME]),
+            text[TIME + 1..ID_END].parse::<MessageId>(),
+        )
+    {
+        return Ok(Key {
+            created_at,
+            id,
+            route: Arc::clone(route),
+        });
     }
-    names.sort_unstable();
-    Ok(names)
+    let name: FileName = text.parse()?;
+    let key = Key::probe(&name);
+    routes.insert(text[ID_END + 1..].to_owned(), Arc::clone(&key.route));
+    Ok(key)
 }
 
 /// The size of a message file, or `None` if it is gone.
@@ -523,7 +549,7 @@ mod tests {
         // Renamed in, its folder fsync not done.
         index.expect(&arriving);
         index.begin_scan();
-        let listed = read_names(dir);
+        let listed = Listing::read(dir);
         // Settled while the scan ran, after the directory was read.
         std::fs::remove_file(dir.join(deleted.to_string())).unwrap();
         index.remove(&deleted);
@@ -543,6 +569,28 @@ mod tests {
         // A scan now sees the same as the index.
         index.rescan().unwrap();
         assert_eq!(index.names_where(|_| true), vec![kept, published, arriving]);
+    }
+
+    #[test]
+    fn names_with_a_known_route_are_checked_as_strictly_as_others() {
+        let mut routes = HashMap::new();
+        let first = name(1).to_string();
+        assert_eq!(key_of(&first, &mut routes).unwrap(), Key::probe(&name(1)));
+        assert_eq!(routes.len(), 1);
+        let second = name(2).to_string();
+        assert_eq!(key_of(&second, &mut routes).unwrap(), Key::probe(&name(2)));
+        let (time, rest) = second.split_at(19);
+        let bad = [
+            format!("20261332T000000000Z{rest}"),
+            format!("{time}{}", rest.to_lowercase()),
+            format!("{time}_{}", &rest[1..].replacen('0', "O", 1)),
+            format!("{time}{rest}x"),
+            format!("{}{rest}", &time[..18]),
+        ];
+        for b in bad {
+            assert!(key_of(&b, &mut routes).is_err(), "{b}");
+            assert!(b.parse::<FileName>().is_err(), "{b}");
+        }
     }
 
     #[test]
