@@ -388,6 +388,8 @@ async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
 #[tokio::test(start_paused = true)]
 async fn commit_failed_then_retried_with_backoff_and_at_once() {
     let w = World::new().await;
+    let alerts = Alerts::default();
+    w.ex.set_alert_sink(std::sync::Arc::new(alerts.clone()));
     w.upload(2).await;
     let s = w.start().await;
     let pid = s.process_id.unwrap().to_string();
@@ -401,6 +403,13 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
     std::fs::write(&log, b"not a folder").unwrap();
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);
     assert_eq!(w.state(&pid).await, ProcessState::Failed);
+    let failed_key = format!("failed:{pid}");
+    assert!(
+        alerts.raised().iter().any(|(key, _)| *key == failed_key),
+        "a FAILED commit alerts: {:?}",
+        alerts.raised()
+    );
+    assert!(!alerts.cleared().contains(&failed_key));
     assert_eq!(
         w.start().await.status,
         StartStatus::Busy,
@@ -415,6 +424,11 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
     std::fs::create_dir(&log).unwrap();
     tokio::time::sleep(Duration::from_secs(400)).await;
     assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert!(
+        alerts.cleared().contains(&failed_key),
+        "the alert ends when the retries succeed: {:?}",
+        alerts.cleared()
+    );
     assert_eq!(w.files("db-a", Folder::Log), 2);
     assert_eq!(w.inbox().await.messages.len(), 1);
     assert_eq!(w.commit(&pid).await, CallStatus::Ok);
@@ -582,16 +596,29 @@ async fn concurrent_calls_for_one_database_never_interleave() {
     assert_eq!(list.processes.len(), 1);
 }
 
-/// The alerts an exchange raised, by key and text.
+/// The alerts an exchange raised (key and text) and the keys it cleared.
 #[derive(Clone, Default)]
-struct Alerts(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+struct Alerts {
+    raised: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    cleared: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Alerts {
+    fn raised(&self) -> Vec<(String, String)> {
+        self.raised.lock().unwrap().clone()
+    }
+    fn cleared(&self) -> Vec<String> {
+        self.cleared.lock().unwrap().clone()
+    }
+}
 
 impl estafeta_exchange::AlertSink for Alerts {
     fn raise(&self, alert: estafeta_exchange::Alert) -> estafeta_session::BoxFuture<'_, ()> {
-        self.0.lock().unwrap().push((alert.key, alert.text));
+        self.raised.lock().unwrap().push((alert.key, alert.text));
         Box::pin(async {})
     }
-    fn clear(&self, _key: String) -> estafeta_session::BoxFuture<'_, ()> {
+    fn clear(&self, key: String) -> estafeta_session::BoxFuture<'_, ()> {
+        self.cleared.lock().unwrap().push(key);
         Box::pin(async {})
     }
 }
@@ -612,7 +639,7 @@ async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
     std::fs::remove_file(queue.join(&file)).unwrap();
 
     assert_eq!(w.commit(&pid).await, CallStatus::Ok);
-    let raised = alerts.0.lock().unwrap().clone();
+    let raised = alerts.raised();
     assert_eq!(raised.len(), 1, "{raised:?}");
     let (key, text) = &raised[0];
     assert_eq!(key, &format!("missing_file:{file}"));
