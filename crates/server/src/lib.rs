@@ -3,10 +3,11 @@
 //!
 //! - [`config`]: [`Settings`] from defaults, a TOML file and `ESTAFETA_*`
 //!   variables, each setting declared once, mapped to the exchange's configuration.
-//! - [`mod@app`]: [`app()`], the router of every route of API.md, whose
+//! - [`mod@app`]: [`app()`], the router of every route of the HTTP API, whose
 //!   handlers live in [`routes`]; [`AppState`] ([`state`]) holds the
 //!   exchange, readiness and the request counters of [`metrics`], which
-//!   serves `/metrics` in the Prometheus text format.
+//!   serves `/metrics` in the Prometheus text format; [`body_limit`] caps
+//!   request bodies per group of routes.
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
 //!   every bad request with the error JSON ([`ApiError`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
@@ -61,6 +62,7 @@
 #![deny(missing_docs)]
 
 pub mod app;
+pub mod body_limit;
 pub mod config;
 pub mod dashboard;
 pub mod error;

@@ -23,7 +23,7 @@ use axum::middleware::{Next, from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::app::limit_bodies;
+use crate::body_limit::limit_bodies;
 use crate::error::ApiError;
 use crate::state::AppState;
 
