@@ -9,7 +9,8 @@ use std::sync::{Arc, OnceLock};
 use estafeta_exchange::Exchange;
 
 use crate::config::HttpSettings;
-use crate::dashboard::auth::{LoginThrottle, Sessions};
+use crate::dashboard::auth::Sessions;
+use crate::dashboard::throttle::LoginThrottle;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};

@@ -15,7 +15,7 @@ use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
-use estafeta_server::dashboard::auth::{FIRST_DELAY, FREE_FAILURES};
+use estafeta_server::dashboard::throttle::{FIRST_DELAY, FREE_FAILURES};
 use estafeta_server::extract::MAX_JSON_DEPTH;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,7 +3,7 @@
 //! records, alerts, saves) for protocol calls and for the session hooks.
 
 use super::ExchangeConfig;
-use super::alerts::AlertKind;
+use super::alert_kind::AlertKind;
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;

@@ -33,7 +33,7 @@
 //! ([`Step::Run`]), whose outcome comes back as [`Event::Ran`]. Every move
 //! is idempotent, so after a crash the moves are simply run again.
 
-use super::alerts::AlertKind;
+use super::alert_kind::AlertKind;
 use super::state::{DbRecord, FileOp, Process, Verdict};
 use crate::mailbox::{FileName, Folder};
 use crate::wire::{ProcessState, ResultStatus};

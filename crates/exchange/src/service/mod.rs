@@ -16,6 +16,7 @@
 //!   devices, processes) and their record types.
 
 mod admin;
+mod alert_kind;
 mod alerts;
 mod config;
 mod core;
