@@ -7,22 +7,45 @@ mod common;
 
 use common::tmpfs::{Tmpfs, fill, is_root};
 use common::*;
-use estafeta_session::{Config, Error, RedbStorage};
+use estafeta_session::{Config, Engine, Error, RedbStorage};
 use std::sync::Arc;
+
+/// An engine whose storage is on an 8 MB tmpfs that the test can fill.
+struct FullDisk {
+    engine: Engine<String, Counter>,
+    mnt: std::path::PathBuf,
+    _unmount: Tmpfs,
+    _dir: tempfile::TempDir,
+}
+
+impl FullDisk {
+    /// `None` when not root (a tmpfs cannot be mounted).
+    async fn new() -> Option<FullDisk> {
+        if !is_root() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let unmount = Tmpfs::mount(&mnt, "8m");
+        let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
+        let engine = engine_with(storage, Recorder::new(), Config::default()).await;
+        Some(FullDisk {
+            engine,
+            mnt,
+            _unmount: unmount,
+            _dir: dir,
+        })
+    }
+}
 
 #[tokio::test]
 async fn a_full_disk_that_clears_does_not_poison_the_storage() {
-    if !is_root() {
+    let Some(full) = FullDisk::new().await else {
         eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let _unmount = Tmpfs::mount(&mnt, "8m");
-
-    let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
-    let engine = engine_with(storage, Recorder::new(), Config::default()).await;
+    };
+    let (engine, mnt) = (&full.engine, &full.mnt);
     bump(&engine, "before").await;
 
     let ballast = mnt.join("ballast");
@@ -47,17 +70,11 @@ async fn a_full_disk_that_clears_does_not_poison_the_storage() {
 
 #[tokio::test]
 async fn an_update_on_a_full_disk_leaves_the_old_state() {
-    if !is_root() {
+    let Some(full) = FullDisk::new().await else {
         eprintln!("skipped: mounting a tmpfs needs root (CI runs as root)");
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let _unmount = Tmpfs::mount(&mnt, "8m");
-
-    let storage = Arc::new(RedbStorage::open(mnt.join("sessions.redb")).unwrap());
-    let engine = engine_with(storage, Recorder::new(), Config::default()).await;
+    };
+    let (engine, mnt) = (&full.engine, &full.mnt);
     bump(&engine, "a").await;
 
     let ballast = mnt.join("ballast");
