@@ -46,7 +46,7 @@ async fn a_full_disk_that_clears_does_not_poison_the_storage() {
         return;
     };
     let (engine, mnt) = (&full.engine, &full.mnt);
-    bump(&engine, "before").await;
+    bump(engine, "before").await;
 
     let ballast = mnt.join("ballast");
     fill(&ballast);
@@ -64,7 +64,7 @@ async fn a_full_disk_that_clears_does_not_poison_the_storage() {
     s.release()
         .await
         .expect("saves work again once the disk has room");
-    assert_eq!(bump(&engine, "after").await, 1);
+    assert_eq!(bump(engine, "after").await, 1);
     engine.stop().await.unwrap();
 }
 
@@ -75,7 +75,7 @@ async fn an_update_on_a_full_disk_leaves_the_old_state() {
         return;
     };
     let (engine, mnt) = (&full.engine, &full.mnt);
-    bump(&engine, "a").await;
+    bump(engine, "a").await;
 
     let ballast = mnt.join("ballast");
     fill(&ballast);
@@ -96,7 +96,7 @@ async fn an_update_on_a_full_disk_leaves_the_old_state() {
 
     std::fs::remove_file(&ballast).unwrap();
     assert_eq!(
-        bump(&engine, "a").await,
+        bump(engine, "a").await,
         2,
         "saves work again; the old state went on"
     );
