@@ -151,30 +151,20 @@ async fn sizes_and_filters_come_from_the_index() {
     for m in [&a, &b, &c] {
         data.mailboxes.write(&queue, m).await.unwrap();
     }
-    let select = |subsystems: Option<Vec<&str>>, senders: Option<Vec<&str>>| {
-        let filter = Filter::new(
-            subsystems.map(|v| v.into_iter().map(id).collect()),
-            senders.map(|v| v.into_iter().map(id).collect()),
-        );
-        let mailboxes = data.mailboxes.clone();
-        let queue = queue.clone();
-        async move {
-            mailboxes
-                .select(&queue, &filter, Limits::default())
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|e| e.name.id)
-                .collect::<Vec<_>>()
-        }
-    };
-    assert_eq!(select(Some(vec!["stock"]), None).await, vec![b.id, c.id]);
-    assert_eq!(select(None, Some(vec!["phone-1"])).await, vec![a.id, c.id]);
     assert_eq!(
-        select(Some(vec!["stock"]), Some(vec!["phone-1"])).await,
+        data.selected(&queue, Some(&["stock"]), None).await,
+        vec![b.id, c.id]
+    );
+    assert_eq!(
+        data.selected(&queue, None, Some(&["phone-1"])).await,
+        vec![a.id, c.id]
+    );
+    assert_eq!(
+        data.selected(&queue, Some(&["stock"]), Some(&["phone-1"]))
+            .await,
         vec![c.id]
     );
-    assert_eq!(select(Some(vec![]), None).await, vec![]);
+    assert_eq!(data.selected(&queue, Some(&[]), None).await, vec![]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,41 +78,31 @@ async fn select_filters_by_subsystem_and_sender() {
     for m in &msgs {
         data.mailboxes.write(&queue, m).await.unwrap();
     }
-    let pick = |subsystems: Option<&[&str]>, senders: Option<&[&str]>| {
-        let filter = Filter::new(
-            subsystems.map(|s| s.iter().map(|x| id(x)).collect()),
-            senders.map(|s| s.iter().map(|x| id(x)).collect()),
-        );
-        let mailboxes = data.mailboxes.clone();
-        let queue = queue.clone();
-        async move {
-            mailboxes
-                .select(&queue, &filter, Limits::default())
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|e| e.name.id)
-                .collect::<Vec<_>>()
-        }
-    };
     assert_eq!(
-        pick(None, None).await,
+        data.selected(&queue, None, None).await,
         msgs.iter().map(|m| m.id).collect::<Vec<_>>()
     );
     assert_eq!(
-        pick(Some(&["stock"]), None).await,
+        data.selected(&queue, Some(&["stock"]), None).await,
         vec![msgs[2].id, msgs[3].id]
     );
     assert_eq!(
-        pick(None, Some(&["phone-2"])).await,
+        data.selected(&queue, None, Some(&["phone-2"])).await,
         vec![msgs[1].id, msgs[3].id]
     );
     assert_eq!(
-        pick(Some(&["sales"]), Some(&["phone-2"])).await,
+        data.selected(&queue, Some(&["sales"]), Some(&["phone-2"]))
+            .await,
         vec![msgs[1].id]
     );
-    assert_eq!(pick(Some(&[]), None).await, Vec::<MessageId>::new());
-    assert_eq!(pick(Some(&["other"]), None).await, Vec::<MessageId>::new());
+    assert_eq!(
+        data.selected(&queue, Some(&[]), None).await,
+        Vec::<MessageId>::new()
+    );
+    assert_eq!(
+        data.selected(&queue, Some(&["other"]), None).await,
+        Vec::<MessageId>::new()
+    );
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use estafeta_exchange::mailbox::{Folder, Location, Mailboxes, SyncConfig};
+use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 
@@ -20,6 +20,25 @@ pub struct Data {
 }
 
 impl Data {
+    /// The ids a process start would be handed from `queue` with these
+    /// subsystem and sender filters and the default limits, oldest first.
+    pub async fn selected(
+        &self,
+        queue: &Location,
+        subsystems: Option<&[&str]>,
+        senders: Option<&[&str]>,
+    ) -> Vec<MessageId> {
+        let ids = |v: &[&str]| v.iter().map(|x| id(x)).collect();
+        let filter = Filter::new(subsystems.map(ids), senders.map(ids));
+        self.mailboxes
+            .select(queue, &filter, Limits::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name.id)
+            .collect()
+    }
+
     /// Mailboxes with the default group-commit settings.
     pub async fn new() -> Self {
         Self::with_config(SyncConfig::default()).await
