@@ -64,11 +64,18 @@ impl ClientError {
         }
     }
 
-    /// The server's error code, for an HTTP error answer.
+    /// The server's error code, for an HTTP error answer, as sent (a newer
+    /// server may send a code this client does not know).
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { code, .. } => Some(code),
             _ => None,
         }
+    }
+
+    /// The server's error code, for an HTTP error answer whose code this
+    /// client knows: what to match on.
+    pub fn error_code(&self) -> Option<estafeta_wire::ErrorCode> {
+        self.code()?.parse().ok()
     }
 }

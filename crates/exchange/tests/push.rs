@@ -9,7 +9,7 @@
 mod world;
 
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::{Body, CallStatus, ResultStatus, SendMessage, Version};
+use estafeta_exchange::wire::{Body, CallStatus, ErrorCode, ResultStatus, SendMessage, Version};
 use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind};
 use estafeta_session::Timestamp as SessionTime;
 use std::path::PathBuf;
@@ -168,7 +168,7 @@ async fn setting_a_webhook_needs_the_admin_a_known_recipient_and_a_good_url() {
     let e = bad.unwrap_err();
     assert_eq!(
         (e.kind(), e.code()),
-        (ErrorKind::BadRequest, "bad_webhook_url")
+        (ErrorKind::BadRequest, ErrorCode::BadWebhookUrl)
     );
     assert_eq!(
         w.ex.webhook(&id("db-a")),

@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use estafeta_exchange::wire::ErrorBody;
+use estafeta_exchange::wire::{ErrorBody, ErrorCode};
 use estafeta_exchange::{ErrorKind, ExchangeError};
 
 /// Seconds a client is asked to wait before retrying a 503.
@@ -13,40 +13,40 @@ pub const RETRY_AFTER_SECS: u64 = 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     status: StatusCode,
-    code: String,
+    code: ErrorCode,
     message: String,
 }
 
 impl ApiError {
     /// An error answer with the given status, code and message.
-    pub fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
-            code: code.into(),
+            code,
             message: message.into(),
         }
     }
 
     /// 400: the request is malformed.
-    pub fn bad_request(code: &str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
     /// 401: no token, or one the server does not know.
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message)
     }
 
     /// 404: no such route.
     pub fn no_route() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+        Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route")
     }
 
     /// 405: the route exists, the method does not.
     pub fn method_not_allowed() -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "method not allowed on this route",
         )
     }
@@ -55,14 +55,18 @@ impl ApiError {
     pub fn request_timeout() -> Self {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ErrorCode::RequestTimeout,
             "the request body did not arrive in time",
         )
     }
 
     /// 413: the request body is over the configured size.
     pub fn body_too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::BodyTooLarge,
+            message,
+        )
     }
 
     /// The HTTP status.
@@ -71,8 +75,8 @@ impl ApiError {
     }
 
     /// The stable code.
-    pub fn code(&self) -> &str {
-        &self.code
+    pub fn code(&self) -> ErrorCode {
+        self.code
     }
 
     /// The human-readable message.
@@ -137,13 +141,13 @@ mod tests {
             (ErrorKind::Unavailable, 503),
         ];
         for (kind, code) in cases {
-            let e = ExchangeError::new(kind, "some_code", "some text");
+            let e = ExchangeError::new(kind, ErrorCode::NotInDoubt, "some text");
             let (status, retry, json) = render(e.into()).await;
             assert_eq!(status.as_u16(), code);
             assert_eq!(retry.is_some(), code == 503);
             assert_eq!(
                 json,
-                serde_json::json!({"version":1,"error":{"code":"some_code","message":"some text"}})
+                serde_json::json!({"version":1,"error":{"code":"not_in_doubt","message":"some text"}})
             );
         }
     }

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use estafeta_exchange::Id;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::ErrorCode;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -34,7 +35,7 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
         if headers.next().is_some() {
             return Err(ApiError::bad_request(
-                "bad_request",
+                ErrorCode::BadRequest,
                 "more than one Authorization header",
             ));
         }
@@ -79,7 +80,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         if !json_content_type(req.headers()) {
             return Err(ApiError::bad_request(
-                "bad_content_type",
+                ErrorCode::BadContentType,
                 "expected a request with Content-Type: application/json",
             ));
         }
@@ -90,13 +91,16 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
                 return Err(too_large(state));
             }
             Ok(Err(rejection)) => {
-                return Err(ApiError::bad_request("bad_request", rejection.body_text()));
+                return Err(ApiError::bad_request(
+                    ErrorCode::BadRequest,
+                    rejection.body_text(),
+                ));
             }
             Ok(Ok(bytes)) => bytes,
         };
         if nested_deeper_than(&bytes, MAX_JSON_DEPTH) {
             return Err(ApiError::bad_request(
-                "bad_json",
+                ErrorCode::BadJson,
                 format!("the JSON is nested more than {MAX_JSON_DEPTH} levels deep"),
             ));
         }
@@ -162,8 +166,8 @@ fn too_large(state: &AppState) -> ApiError {
 /// The error answer for a JSON body that does not parse into its type.
 fn json_rejection(rejection: &JsonRejection) -> ApiError {
     let code = match rejection {
-        JsonRejection::JsonSyntaxError(_) => "bad_json",
-        _ => "bad_request",
+        JsonRejection::JsonSyntaxError(_) => ErrorCode::BadJson,
+        _ => ErrorCode::BadRequest,
     };
     ApiError::bad_request(code, rejection.body_text())
 }
@@ -179,7 +183,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(v)| ApiPath(v))
-            .map_err(|r| ApiError::bad_request("bad_path", r.body_text()))
+            .map_err(|r| ApiError::bad_request(ErrorCode::BadPath, r.body_text()))
     }
 }
 
@@ -194,14 +198,15 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiQuer
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(v)| ApiQuery(v))
-            .map_err(|r| ApiError::bad_request("bad_query", r.body_text()))
+            .map_err(|r| ApiError::bad_request(ErrorCode::BadQuery, r.body_text()))
     }
 }
 
 /// An id from a path segment (`what` names it in the message); bad is 400.
 pub fn path_id(what: &str, text: &str) -> Result<Id, ApiError> {
-    Id::new(text)
-        .map_err(|e| ApiError::bad_request("bad_id", format!("bad {what} id {text:?}: {e}")))
+    Id::new(text).map_err(|e| {
+        ApiError::bad_request(ErrorCode::BadId, format!("bad {what} id {text:?}: {e}"))
+    })
 }
 
 /// A folder name from a path segment; bad is 400.
@@ -209,7 +214,7 @@ pub fn path_folder(text: &str) -> Result<Folder, ApiError> {
     Folder::from_name(text).ok_or_else(|| {
         let names: Vec<&str> = Folder::ALL.iter().map(|f| f.as_str()).collect();
         ApiError::bad_request(
-            "bad_folder",
+            ErrorCode::BadFolder,
             format!("bad folder {text:?}: one of {}", names.join(", ")),
         )
     })
@@ -263,8 +268,11 @@ mod tests {
     fn path_segments() {
         assert_eq!(path_id("database", "db-a").unwrap().as_str(), "db-a");
         let e = path_id("database", "..").unwrap_err();
-        assert_eq!((e.status(), e.code()), (StatusCode::BAD_REQUEST, "bad_id"));
+        assert_eq!(
+            (e.status(), e.code()),
+            (StatusCode::BAD_REQUEST, ErrorCode::BadId)
+        );
         assert_eq!(path_folder("Log").unwrap(), Folder::Log);
-        assert_eq!(path_folder("log").unwrap_err().code(), "bad_folder");
+        assert_eq!(path_folder("log").unwrap_err().code(), ErrorCode::BadFolder);
     }
 }

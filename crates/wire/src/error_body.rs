@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::Version;
+use super::{ErrorCode, Version};
 
 /// `{"version":1,"error":{"code":"…","message":"…"}}`, sent with 400, 401,
 /// 403, 404, 409, 413, 422 or 503.
@@ -18,8 +18,8 @@ pub struct ErrorBody {
 /// The inside of an [`ErrorBody`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
-    /// A stable, machine-readable code (e.g. `bad_request`, `forbidden`);
-    /// kept a string so that a client never fails on a code it does not know.
+    /// A stable, machine-readable code, one of [`ErrorCode`]; kept a string
+    /// so that a client never fails on a code it does not know.
     pub code: String,
     /// A human-readable explanation.
     pub message: String,
@@ -27,11 +27,11 @@ pub struct ErrorDetail {
 
 impl ErrorBody {
     /// An error body with the given code and message.
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             version: Version,
             error: ErrorDetail {
-                code: code.into(),
+                code: code.as_str().to_owned(),
                 message: message.into(),
             },
         }
@@ -44,12 +44,13 @@ mod tests {
 
     #[test]
     fn shape() {
-        let e = ErrorBody::new("forbidden", "not your inbox");
+        let e = ErrorBody::new(ErrorCode::Forbidden, "not your inbox");
         let json = serde_json::to_string(&e).unwrap();
         assert_eq!(
             json,
             r#"{"version":1,"error":{"code":"forbidden","message":"not your inbox"}}"#
         );
         assert_eq!(serde_json::from_str::<ErrorBody>(&json).unwrap(), e);
+        assert_eq!(e.error.code.parse(), Ok(ErrorCode::Forbidden));
     }
 }

@@ -12,7 +12,8 @@
 //! - The bodies, at the crate root: [`Message`] and the device calls'
 //!   bodies, the six process calls' ([`StartRequest`] … [`CallResponse`]),
 //!   the admin calls' ([`Stats`], [`FolderListing`] over the five
-//!   [`Folder`]s, …), and [`ErrorBody`], the JSON of every error answer.
+//!   [`Folder`]s, …), and [`ErrorBody`], the JSON of every error answer,
+//!   with its [`ErrorCode`].
 //! - [`error`]: why a string is not a valid id, ULID or timestamp.
 //!
 //! Every body carries [`Version`] (only `1` parses; a missing version is an
@@ -68,6 +69,7 @@ pub mod ulid_ids;
 mod admin;
 mod body;
 mod error_body;
+mod error_code;
 mod folder;
 mod message;
 mod process;
@@ -86,6 +88,7 @@ pub use admin::{
 pub use body::Body;
 pub use error::{IdError, TimestampError, UlidError};
 pub use error_body::{ErrorBody, ErrorDetail};
+pub use error_code::{ErrorCode, UnknownErrorCode};
 pub use folder::Folder;
 pub use id::Id;
 pub use message::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Upload};

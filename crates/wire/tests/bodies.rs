@@ -269,7 +269,7 @@ fn full_bodies_round_trip() {
         id: id("db-a"),
         token: "t".to_owned(),
     });
-    round_trip(ErrorBody::new("bad_request", "version must be 1"));
+    round_trip(ErrorBody::new(ErrorCode::BadRequest, "version must be 1"));
 }
 
 #[test]

@@ -12,6 +12,7 @@
 pub use super::alert_kind::AlertKind;
 use super::core::Core;
 use crate::Timestamp;
+use crate::wire::ErrorCode;
 use estafeta_session::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -113,7 +114,7 @@ impl Core {
         result: Result<T, super::ExchangeError>,
     ) -> Result<T, super::ExchangeError> {
         match &result {
-            Err(e) if matches!(e.code(), "storage_error" | "storage_full") => {
+            Err(e) if matches!(e.code(), ErrorCode::StorageError | ErrorCode::StorageFull) => {
                 if !self.storage_alert.swap(true, Ordering::SeqCst) {
                     tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
                 }

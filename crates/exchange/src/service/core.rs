@@ -11,6 +11,7 @@ use super::state::{DbRecord, FileOp, Owner, loc};
 use crate::error::MailboxError;
 use crate::mailbox::{FileName, Folder, Location, Mailboxes};
 use crate::tenancy::Registry;
+use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::{Id, ProcessId, Timestamp, UlidGenerator};
 use estafeta_session::{Clock, SessionData, SessionGuard};
@@ -84,9 +85,9 @@ impl Core {
     }
 
     pub(crate) fn sessions(&self) -> Result<&Sessions, ExchangeError> {
-        self.sessions
-            .get()
-            .ok_or_else(|| ExchangeError::unavailable("not_ready", "the server is starting"))
+        self.sessions.get().ok_or_else(|| {
+            ExchangeError::unavailable(ErrorCode::NotReady, "the server is starting")
+        })
     }
 
     /// Run file operations: moves concurrently (sharing fsyncs), then deletes.
@@ -166,7 +167,7 @@ impl Core {
     ) -> Result<(), ExchangeError> {
         let sessions = self.sessions()?;
         let mut g = sessions.process.get(*pid, true).await?.ok_or_else(|| {
-            ExchangeError::unavailable("storage_error", "process record unavailable")
+            ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
         })?;
         g.persistent_mut().owner = Some(Owner {
             db: db.clone(),
@@ -239,7 +240,7 @@ impl Core {
             Step::Fail(text) => {
                 return Err(match out.failed.take() {
                     Some(e) => e.into(),
-                    None => ExchangeError::unavailable("storage_error", text),
+                    None => ExchangeError::unavailable(ErrorCode::StorageError, text),
                 });
             }
             Step::Deadline(_) | Step::Save => {}

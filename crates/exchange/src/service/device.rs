@@ -8,6 +8,7 @@ use super::state::{DeviceRecord, Upload};
 use crate::Id;
 use crate::mailbox::{FileName, Folder};
 use crate::tenancy::Principal;
+use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
 use std::collections::HashSet;
 
@@ -49,7 +50,7 @@ impl Core {
             && (key.is_empty() || key.len() > MAX_KEY_LEN)
         {
             return Err(ExchangeError::bad_request(
-                "bad_idempotency_key",
+                ErrorCode::BadIdempotencyKey,
                 format!("idempotency_key must be 1–{MAX_KEY_LEN} bytes"),
             ));
         }
@@ -157,7 +158,7 @@ impl Core {
             .get(id.clone(), true)
             .await?
             .ok_or_else(|| {
-                ExchangeError::unavailable("storage_error", "device session unavailable")
+                ExchangeError::unavailable(ErrorCode::StorageError, "device session unavailable")
             })
     }
 

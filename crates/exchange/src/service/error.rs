@@ -1,6 +1,8 @@
 //! The one error type of the exchange's operations, with the class of
 //! failure the server turns into an HTTP status.
 
+use crate::wire::ErrorCode;
+
 /// What kind of failure an [`ExchangeError`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -24,13 +26,13 @@ pub enum ErrorKind {
 #[error("{message}")]
 pub struct ExchangeError {
     kind: ErrorKind,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
 impl ExchangeError {
     /// An error of `kind` with a stable machine-readable `code`.
-    pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, code: ErrorCode, message: impl Into<String>) -> Self {
         ExchangeError {
             kind,
             code,
@@ -41,27 +43,27 @@ impl ExchangeError {
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
-    /// A stable code for the error JSON (`"forbidden"`, `"storage_full"`, …).
-    pub fn code(&self) -> &'static str {
+    /// The stable code of the error JSON.
+    pub fn code(&self) -> ErrorCode {
         self.code
     }
     /// The human-readable message.
     pub fn message(&self) -> &str {
         &self.message
     }
-    pub(crate) fn bad_request(code: &'static str, m: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(code: ErrorCode, m: impl Into<String>) -> Self {
         Self::new(ErrorKind::BadRequest, code, m)
     }
     pub(crate) fn forbidden(m: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Forbidden, "forbidden", m)
+        Self::new(ErrorKind::Forbidden, ErrorCode::Forbidden, m)
     }
     pub(crate) fn not_found(m: impl Into<String>) -> Self {
-        Self::new(ErrorKind::NotFound, "not_found", m)
+        Self::new(ErrorKind::NotFound, ErrorCode::NotFound, m)
     }
-    pub(crate) fn unprocessable(code: &'static str, m: impl Into<String>) -> Self {
+    pub(crate) fn unprocessable(code: ErrorCode, m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unprocessable, code, m)
     }
-    pub(crate) fn unavailable(code: &'static str, m: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(code: ErrorCode, m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unavailable, code, m)
     }
 }
@@ -69,9 +71,9 @@ impl ExchangeError {
 impl From<crate::error::MailboxError> for ExchangeError {
     fn from(e: crate::error::MailboxError) -> Self {
         let code = if e.is_storage_full() {
-            "storage_full"
+            ErrorCode::StorageFull
         } else {
-            "storage_error"
+            ErrorCode::StorageError
         };
         tracing::error!(error = %e, "mailbox operation failed");
         ExchangeError::unavailable(code, e.to_string())
@@ -82,11 +84,11 @@ impl From<estafeta_session::Error> for ExchangeError {
     fn from(e: estafeta_session::Error) -> Self {
         match e {
             estafeta_session::Error::Stopping => {
-                ExchangeError::unavailable("stopping", "the server is stopping")
+                ExchangeError::unavailable(ErrorCode::Stopping, "the server is stopping")
             }
             other => {
                 tracing::error!(error = %other, "session operation failed");
-                ExchangeError::unavailable("storage_error", other.to_string())
+                ExchangeError::unavailable(ErrorCode::StorageError, other.to_string())
             }
         }
     }
@@ -97,19 +99,23 @@ impl From<crate::error::TenancyError> for ExchangeError {
         use crate::error::TenancyError as T;
         match e {
             T::AlreadyExists { .. } => {
-                ExchangeError::new(ErrorKind::Conflict, "already_exists", e.to_string())
+                ExchangeError::new(ErrorKind::Conflict, ErrorCode::AlreadyExists, e.to_string())
             }
-            T::InUse { .. } => ExchangeError::new(ErrorKind::Conflict, "in_use", e.to_string()),
-            T::AdminTokenPinned => {
-                ExchangeError::new(ErrorKind::Conflict, "admin_token_pinned", e.to_string())
+            T::InUse { .. } => {
+                ExchangeError::new(ErrorKind::Conflict, ErrorCode::InUse, e.to_string())
             }
+            T::AdminTokenPinned => ExchangeError::new(
+                ErrorKind::Conflict,
+                ErrorCode::AdminTokenPinned,
+                e.to_string(),
+            ),
             T::UnknownEnterprise(_) | T::UnknownSubsystem { .. } | T::Unknown { .. } => {
                 ExchangeError::not_found(e.to_string())
             }
-            T::BadAdminToken => ExchangeError::bad_request("bad_admin_token", e.to_string()),
+            T::BadAdminToken => ExchangeError::bad_request(ErrorCode::BadAdminToken, e.to_string()),
             other => {
                 tracing::error!(error = %other, "registry operation failed");
-                ExchangeError::unavailable("storage_error", other.to_string())
+                ExchangeError::unavailable(ErrorCode::StorageError, other.to_string())
             }
         }
     }

@@ -7,6 +7,7 @@
 //! delete aborts the live process, settles those in doubt as rolled back,
 //! and deletes every file of the mailbox.
 
+use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::Exchange;
@@ -139,7 +140,7 @@ impl Exchange {
         if !force && (held > 0 || !open.is_empty()) {
             return Err(ExchangeError::new(
                 super::ErrorKind::Conflict,
-                "not_empty",
+                ErrorCode::NotEmpty,
                 format!(
                     "{kind} {id} still holds {held} messages (Messages {}, Prepared {}, Unknown {}, \
                      Error {}) and {} open processes; settle them first, or force the delete to \
@@ -311,7 +312,7 @@ impl Exchange {
         };
         tokio::task::spawn_blocking(remove)
             .await
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         Ok(discarded)
     }
 }

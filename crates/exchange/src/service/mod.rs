@@ -45,6 +45,7 @@ use crate::mailbox::{Mailboxes, SyncConfig};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
+use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::wire::{
     AbortRequest, AcceptRequest, AckRequest, AckResponse, CallResponse, CommitRequest,
@@ -98,14 +99,14 @@ impl Exchange {
         let sessions_path = layout.sessions();
         let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
             .await
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         let scheduled_path = layout.scheduled();
         let scheduled =
             tokio::task::spawn_blocking(move || estafeta_repeat::RedbStore::open(scheduled_path))
                 .await
-                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?
-                .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))?;
+                .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
+                .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         let scheduled = Arc::new(scheduled);
         let deferred = estafeta_repeat::Scheduler::new(
             schedule::Listed(scheduled.clone()),
@@ -178,7 +179,7 @@ impl Exchange {
         match tokio::spawn(call(self.core.clone())).await {
             Ok(result) => result,
             Err(e) => Err(ExchangeError::unavailable(
-                "internal",
+                ErrorCode::Internal,
                 format!("the call did not complete: {e}"),
             )),
         }
@@ -189,7 +190,7 @@ impl Exchange {
             Ok(())
         } else {
             Err(ExchangeError::unavailable(
-                "not_ready",
+                ErrorCode::NotReady,
                 "start-up processing is not done yet",
             ))
         }
@@ -448,7 +449,7 @@ impl Exchange {
             .deferred
             .run(estafeta_repeat::WorkerPool::new(4), handler, shutdown)
             .await
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
 
     /// Messages kept aside until their `deliver_at` (the first `limit`,
@@ -460,8 +461,8 @@ impl Exchange {
         let listed = schedule::Listed(self.core.deferred_store.clone());
         tokio::task::spawn_blocking(move || listed.entries(schedule::SOURCE, limit))
             .await
-            .map_err(|e| ExchangeError::unavailable("internal", e.to_string()))?
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
 
     /// The scheduled-delivery store's counts (backlog) and dispatch figures.
@@ -470,7 +471,7 @@ impl Exchange {
             .deferred
             .stats()
             .await
-            .map_err(|e| ExchangeError::unavailable("storage_error", e.to_string()))
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
 
     /// Stop: refuse new calls, let running ones finish, save sessions.

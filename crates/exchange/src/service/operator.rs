@@ -14,6 +14,7 @@ use super::core::Core;
 use super::error::ExchangeError;
 use crate::mailbox::{FileName, Folder};
 use crate::tenancy::Principal;
+use crate::wire::ErrorCode;
 use crate::wire::{CallResponse, ProcessState};
 use crate::{Id, MessageId, ProcessId};
 use std::path::Path;
@@ -23,7 +24,7 @@ fn settleable(folder: Folder) -> Result<(), ExchangeError> {
     match folder {
         Folder::Unknown | Folder::Error => Ok(()),
         other => Err(ExchangeError::bad_request(
-            "bad_folder",
+            ErrorCode::BadFolder,
             format!(
                 "only Unknown and Error are settled by hand, not {}",
                 other.as_str()
@@ -171,7 +172,7 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         admin(who)?;
         let not_in_doubt =
-            || ExchangeError::unprocessable("not_in_doubt", "the process is not in doubt");
+            || ExchangeError::unprocessable(ErrorCode::NotInDoubt, "the process is not in doubt");
         let parsed: ProcessId = pid.parse().map_err(|_| not_in_doubt())?;
         let owner = self.core.owner(&parsed).await?.ok_or_else(not_in_doubt)?;
         let in_doubt = self.in_doubt(who, &owner.db).await?;
@@ -247,7 +248,7 @@ impl Core {
             && Core::referenced(g.state()).any(|n| n.id == id)
         {
             return Err(ExchangeError::unprocessable(
-                "held_by_process",
+                ErrorCode::HeldByProcess,
                 format!("message {id} belongs to a process; settle the process instead"),
             ));
         }
@@ -325,7 +326,7 @@ mod tests {
             ErrorKind::Forbidden
         );
         let settle = ex.settle(&admin, "not-a-process", true).await.unwrap_err();
-        assert_eq!(settle.code(), "not_in_doubt");
+        assert_eq!(settle.code(), ErrorCode::NotInDoubt);
         assert!(ex.in_doubt(&admin, &db).await.unwrap().is_empty());
         assert_eq!(ex.oldest_waiting(&admin, &db).await.unwrap(), None);
         let counts = ex.folder_counts(&admin).await.unwrap();

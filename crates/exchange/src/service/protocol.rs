@@ -10,6 +10,7 @@ use super::lifecycle::{self, Answer, Event};
 use super::state::{DbRecord, Verdict};
 use crate::mailbox::{FileName, Filter, Folder};
 use crate::tenancy::{Principal, Role};
+use crate::wire::ErrorCode;
 use crate::wire::{
     AcceptRequest, CallResponse, CallStatus, Message, PrepareRequest, ProcessState, ProcessStatus,
     StartRequest, StartResponse, Version,
@@ -43,7 +44,7 @@ impl Core {
             .get(db.clone(), true)
             .await?
             .ok_or_else(|| {
-                ExchangeError::unavailable("storage_error", "database session unavailable")
+                ExchangeError::unavailable(ErrorCode::StorageError, "database session unavailable")
             })
     }
 
@@ -86,7 +87,7 @@ impl Core {
             .config
             .limits
             .narrow(req.max_files, req.max_mb)
-            .map_err(|e| ExchangeError::bad_request("bad_limits", e.to_string()))?;
+            .map_err(|e| ExchangeError::bad_request(ErrorCode::BadLimits, e.to_string()))?;
         let filter = Filter::new(req.subsystems, req.senders);
         let mut g = self.db_session(&db).await?;
         if !lifecycle::can_start(g.state()) {
@@ -135,7 +136,7 @@ impl Core {
         let known: HashSet<MessageId> = p.messages.iter().map(|n| n.id).collect();
         if let Some(bad) = req.message_ids.iter().find(|id| !known.contains(id)) {
             return Err(ExchangeError::unprocessable(
-                "not_in_process",
+                ErrorCode::NotInProcess,
                 format!("message {bad} is not in this process"),
             ));
         }
@@ -175,13 +176,13 @@ impl Core {
         for r in &req.results {
             let Some(name) = accepted.iter().find(|n| n.id == r.message_id) else {
                 return Err(ExchangeError::unprocessable(
-                    "results_mismatch",
+                    ErrorCode::ResultsMismatch,
                     format!("{} is not an accepted message", r.message_id),
                 ));
             };
             if !seen.insert(r.message_id) {
                 return Err(ExchangeError::unprocessable(
-                    "results_mismatch",
+                    ErrorCode::ResultsMismatch,
                     format!("{} is named twice", r.message_id),
                 ));
             }
@@ -194,7 +195,7 @@ impl Core {
         }
         if seen.len() != accepted.len() {
             return Err(ExchangeError::unprocessable(
-                "results_mismatch",
+                ErrorCode::ResultsMismatch,
                 "every accepted message needs exactly one result",
             ));
         }
@@ -211,7 +212,7 @@ impl Core {
                 .filter(|e| &e.enterprise == enterprise)
                 .ok_or_else(|| {
                     ExchangeError::unprocessable(
-                        "unknown_recipient",
+                        ErrorCode::UnknownRecipient,
                         format!("{} is not an endpoint of this enterprise", r.to),
                     )
                 })?;

@@ -15,6 +15,7 @@ use super::error::ExchangeError;
 use crate::Id;
 use crate::mailbox::{Folder, Location};
 use crate::tenancy::{Principal, Role};
+use crate::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -69,7 +70,10 @@ pub(crate) type Webhooks = std::sync::RwLock<HashMap<Id, (RecipientKind, String)
 /// metadata address fd00:ec2::254.
 pub(crate) fn check_url(url: &str) -> Result<(), ExchangeError> {
     let bad = |why: &str| {
-        ExchangeError::bad_request("bad_webhook_url", format!("webhook url {url:?}: {why}"))
+        ExchangeError::bad_request(
+            ErrorCode::BadWebhookUrl,
+            format!("webhook url {url:?}: {why}"),
+        )
     };
     if url.len() > MAX_URL {
         return Err(bad(&format!("longer than {MAX_URL} bytes")));
@@ -190,7 +194,7 @@ impl Core {
             check_url(u)?;
         }
         let unavailable =
-            || ExchangeError::unavailable("storage_error", "recipient session unavailable");
+            || ExchangeError::unavailable(ErrorCode::StorageError, "recipient session unavailable");
         let sessions = self.sessions()?;
         match kind {
             RecipientKind::Database => {
@@ -363,7 +367,7 @@ mod tests {
             "http://[not-v6]/",
         ] {
             let e = check_url(bad).unwrap_err();
-            assert_eq!(e.code(), "bad_webhook_url", "{bad}");
+            assert_eq!(e.code(), ErrorCode::BadWebhookUrl, "{bad}");
         }
         assert!(check_url(&format!("http://a.b/{}", "x".repeat(MAX_URL))).is_err());
     }

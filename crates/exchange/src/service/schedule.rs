@@ -11,6 +11,7 @@ use super::error::ExchangeError;
 use crate::Timestamp;
 use crate::error::MailboxError;
 use crate::mailbox::{FileName, Folder, Location};
+use crate::wire::ErrorCode;
 use crate::wire::Message;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
 use estafeta_repeat::{Entry, Outcome, Position, RedbStore, Scheduler, StoreError};
@@ -74,7 +75,7 @@ impl<S: Store> Store for Listed<S> {
 }
 
 fn storage(e: impl std::fmt::Display) -> ExchangeError {
-    ExchangeError::unavailable("storage_error", e.to_string())
+    ExchangeError::unavailable(ErrorCode::StorageError, e.to_string())
 }
 
 /// The first whole second at or after `t`.

@@ -24,6 +24,8 @@ use axum::middleware::{Next, from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use estafeta_exchange::wire::ErrorCode;
+
 use crate::body_limit::limit_bodies;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -75,7 +77,7 @@ async fn read_form(State(state): State<AppState>, request: Request, next: Next) 
                 .into_response()
         }
         Ok(Err(rejection)) => {
-            ApiError::bad_request("bad_request", rejection.body_text()).into_response()
+            ApiError::bad_request(ErrorCode::BadRequest, rejection.body_text()).into_response()
         }
         Ok(Ok(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))

@@ -12,8 +12,8 @@ use estafeta_exchange::wire::{
     AdminCredentials, AlertEntry, AlertList, CallResponse, CreateDatabase, CreateDevice,
     CreateEnterprise, CreateSubsystem, Credentials, DatabaseList, Deleted, DeviceList,
     EndpointDetail, EndpointInfo, EnterpriseDetail, EnterpriseInfo, EnterpriseList, ErrorBody,
-    FolderListing, HandAction, HandSettled, ProcessList, SettleRequest, Settlement, Stats,
-    SubsystemList, Version, Webhook,
+    ErrorCode, FolderListing, HandAction, HandSettled, ProcessList, SettleRequest, Settlement,
+    Stats, SubsystemList, Version, Webhook,
 };
 use estafeta_exchange::{Id, MessageId, RecipientKind};
 use serde::Deserialize;
@@ -195,7 +195,7 @@ impl Page {
             None => Ok(PAGE_DEFAULT),
             Some(n @ 1..=PAGE_MAX) => Ok(n),
             Some(n) => Err(ApiError::bad_request(
-                "bad_limit",
+                ErrorCode::BadLimit,
                 format!("limit must be 1 to {PAGE_MAX}, got {n}"),
             )),
         }
@@ -574,9 +574,9 @@ fn message_path(
 ) -> Result<(Id, estafeta_exchange::mailbox::Folder, MessageId), ApiError> {
     let db = path_id("database", db)?;
     let folder = path_folder(folder)?;
-    let id = id
-        .parse()
-        .map_err(|e| ApiError::bad_request("bad_id", format!("bad message id {id:?}: {e}")))?;
+    let id = id.parse().map_err(|e| {
+        ApiError::bad_request(ErrorCode::BadId, format!("bad message id {id:?}: {e}"))
+    })?;
     Ok((db, folder, id))
 }
 
@@ -770,12 +770,12 @@ pub async fn alerts(
     if who != Principal::Admin {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             "this call needs the admin token",
         ));
     }
     let unavailable =
-        |m: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "storage_error", m);
+        |m: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::StorageError, m);
     let notifier = state
         .notifier()
         .ok_or_else(|| unavailable("the alert store is not open yet".to_owned()))?;
