@@ -64,6 +64,11 @@ impl DataLayout {
         self.state_dir().join("sessions.redb")
     }
 
+    /// The devices' idempotency keys, one entry per key.
+    pub fn keys(&self) -> PathBuf {
+        self.state_dir().join("keys.redb")
+    }
+
     /// The store of `deliver_at` messages waiting for their time.
     pub fn scheduled(&self) -> PathBuf {
         self.state_dir().join("scheduled.redb")

@@ -62,6 +62,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod keys;
 pub mod layout;
 pub mod mailbox;
 pub mod service;

@@ -5,6 +5,7 @@
 mod world;
 
 use estafeta_exchange::ErrorKind;
+use estafeta_exchange::Upload;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::*;
 use estafeta_session::Timestamp as SessionTime;
@@ -197,4 +198,109 @@ async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open
     let listed = reader.await.unwrap();
     assert_eq!(listed.processes[0].state, ProcessState::InDoubt);
     assert_eq!(*raised.0.lock().unwrap(), [format!("in_doubt:{pid}")]);
+}
+
+fn keyed(key: &str) -> SendMessage {
+    SendMessage {
+        version: Version,
+        to: "db-a".parse().unwrap(),
+        body: Body::from_json(r#"{"n":1}"#).unwrap(),
+        created_at: None,
+        idempotency_key: Some(key.to_owned()),
+        deliver_at: None,
+    }
+}
+
+/// A key is remembered across restarts for its time to live, then
+/// forgotten: the same key makes a new message, and the retention sweep
+/// removes the expired entry from the key store.
+#[tokio::test(start_paused = true)]
+async fn idempotency_keys_survive_restarts_and_expire_one_by_one() {
+    let w = World::new().await;
+    let (first, _) = w.ex.send(&w.phone, keyed("k")).await.unwrap();
+    let (_, w) = restart(w, T0 + DAY).await;
+    let (again, outcome) = w.ex.send(&w.phone, keyed("k")).await.unwrap();
+    assert_eq!((again.id, outcome), (first.id, Upload::Repeated));
+    // A second key, a day younger than the first.
+    w.ex.send(&w.phone, keyed("k2")).await.unwrap();
+    // Seven days after the first upload, only the first key is forgotten.
+    let (_, w) = restart(w, T0 + 7 * DAY + 1).await;
+    let (new, outcome) = w.ex.send(&w.phone, keyed("k")).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
+    assert_ne!(new.id, first.id);
+    let (_, outcome) = w.ex.send(&w.phone, keyed("k2")).await.unwrap();
+    assert_eq!(outcome, Upload::Repeated);
+    assert_eq!(w.files("db-a", Folder::Messages), 3);
+    // Past every expiry, the sweep empties the store.
+    let (_, w) = restart(w, T0 + 30 * DAY).await;
+    w.ex.retention_sweep().await.unwrap();
+    let layout = estafeta_exchange::DataLayout::new(w.data());
+    w.ex.shutdown().await.unwrap();
+    let World { ex, dir, .. } = w;
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    use estafeta_exchange::keys::UploadKeys;
+    let keys = estafeta_exchange::keys::RedbKeys::open(layout.keys()).unwrap();
+    assert_eq!(keys.len().unwrap(), 0);
+    drop(dir);
+}
+
+/// Keys a device session holds from before the key store are honoured
+/// until they expire.
+#[tokio::test(start_paused = true)]
+async fn keys_kept_in_a_device_session_are_still_honoured() {
+    let w = World::new().await;
+    let plain = SendMessage {
+        idempotency_key: None,
+        ..keyed("unused")
+    };
+    let (sent, _) = w.ex.send(&w.phone, plain).await.unwrap();
+    let name = std::fs::read_dir(w.data().join("db-a/Messages"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| !n.starts_with('.'))
+        .unwrap();
+    let layout = estafeta_exchange::DataLayout::new(w.data());
+    w.ex.shutdown().await.unwrap();
+    let World { ex, dir, phone, .. } = w;
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    {
+        use estafeta_session::Storage;
+        let storage = estafeta_session::RedbStorage::open(layout.sessions()).unwrap();
+        let at = Timestamp::from_millis(i64::try_from(T0).unwrap());
+        let state = format!(
+            r#"{{"keys":{{"old-key":{{"name":"{name}","at":"{at}"}}}},"device":{{"sent":1}}}}"#
+        );
+        let mut record = vec![estafeta_session::record::FORMAT_VERSION];
+        record.extend(
+            format!(
+                r#"{{"created_at":{T0},"last_access":{T0},"expires_at":null,"generation":0,"state":{state}}}"#
+            )
+            .bytes(),
+        );
+        storage
+            .write(&[estafeta_session::storage::Write::Put {
+                key: b"dev/phone-1".to_vec(),
+                record,
+                expires_at: None,
+            }])
+            .unwrap();
+    }
+    let ex = open(dir.path(), SessionTime(T0 + DAY)).await;
+    let (again, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
+    assert_eq!((again.id, outcome), (sent.id, Upload::Repeated));
+    // Expired, the old key no longer matches.
+    ex.shutdown().await.unwrap();
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let ex = open(dir.path(), SessionTime(T0 + 8 * DAY)).await;
+    let (_, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
 }

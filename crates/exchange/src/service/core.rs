@@ -51,6 +51,8 @@ pub(crate) struct Core {
     pub(crate) alerts: std::sync::RwLock<std::sync::Arc<dyn super::alerts::AlertSink>>,
     /// A storage-write alert is open (cleared by the next good write).
     pub(crate) storage_alert: AtomicBool,
+    /// The devices' idempotency keys.
+    pub(crate) keys: std::sync::Arc<dyn crate::keys::UploadKeys>,
     /// Messages kept aside until their `deliver_at`.
     pub(crate) deferred: super::schedule::Deferred,
     /// The store under `deferred`, read to list what is scheduled.

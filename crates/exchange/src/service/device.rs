@@ -4,12 +4,13 @@
 use super::Upload as UploadOutcome;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{DeviceRecord, Upload};
-use crate::Id;
+use super::state::DeviceRecord;
+use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::mailbox::{FileName, Folder};
 use crate::tenancy::Principal;
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
+use crate::{Id, Timestamp};
 use std::collections::HashSet;
 
 /// The longest idempotency key accepted.
@@ -86,57 +87,62 @@ impl Core {
             ));
         };
 
+        // The device's session serializes its uploads, so two uploads with
+        // one key never race between the lookup and the record.
         let mut g = self.device_session(dev.id).await?;
-        if let Some(earlier) = g.state().keys.get(&key).cloned() {
+        if let Some(earlier) = self.earlier_upload(&mut g, dev.id, &key, now).await? {
             let counters = &mut g.persistent_mut().device;
             counters.duplicates += 1;
             counters.last_seen = Some(now);
             g.release().await?;
-            tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.name.to, message = %earlier.name.id, "repeated upload (same idempotency key)");
-            if !self.exists_anywhere(&earlier.name).await {
+            tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.to, message = %earlier.id, "repeated upload (same idempotency key)");
+            if !self.exists_anywhere(&earlier).await {
                 // Recorded but not written (a crash in between): write the
                 // very same message now.
-                message.id = earlier.name.id;
-                message.created_at = earlier.name.created_at;
-                message.to = earlier.name.to.clone();
+                message.id = earlier.id;
+                message.created_at = earlier.created_at;
+                message.to = earlier.to.clone();
                 self.place(&message, deliver_at).await?;
             }
             return Ok((
                 MessageAccepted {
                     version: Version,
-                    id: earlier.name.id,
+                    id: earlier.id,
                 },
                 UploadOutcome::Repeated,
             ));
         }
         // The key and the file name are durable before the file is written.
-        let ttl_cutoff = now.as_millis().saturating_sub(
-            i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX),
-        );
-        let upload = Upload {
-            name: FileName::of(&message),
+        let ttl = i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
+        let upload = KeyedUpload {
+            name: FileName::of(&message).to_string(),
             at: now,
+            expires_at: Timestamp::from_millis(now.as_millis().saturating_add(ttl)),
         };
-        g.update(|s| {
-            let rec = s.persistent_mut();
-            rec.device.sent += 1;
-            rec.device.bytes += body_bytes;
-            rec.device.last_seen = Some(now);
-            rec.keys.retain(|_, u| u.at.as_millis() >= ttl_cutoff);
-            rec.keys.insert(key.clone(), upload);
-            Ok::<_, ExchangeError>(())
+        self.with_keys({
+            let (device, key) = (dev.id.clone(), key.clone());
+            move |keys| keys.put(&device, &key, &upload)
         })
         .await?;
         if let Err(e) = self.place(&message, deliver_at).await {
             // The file was not written: the upload did not happen, so its
-            // key and count go (saved when the session is let go).
-            let rec = g.persistent_mut();
-            rec.keys.remove(&key);
-            rec.device.sent -= 1;
-            rec.device.bytes -= body_bytes;
-            drop(g);
+            // key goes. Should forgetting it fail too, the retry finds the
+            // key without its file and writes the file then.
+            let forgotten = self
+                .with_keys({
+                    let (device, key) = (dev.id.clone(), key.clone());
+                    move |keys| keys.remove(&device, &key)
+                })
+                .await;
+            if let Err(forget) = forgotten {
+                tracing::warn!(error = %forget, "forgetting the key of a failed upload");
+            }
             return Err(e);
         }
+        let counters = &mut g.persistent_mut().device;
+        counters.sent += 1;
+        counters.bytes += body_bytes;
+        counters.last_seen = Some(now);
         g.release().await?;
         tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
         Ok((
@@ -146,6 +152,66 @@ impl Core {
             },
             UploadOutcome::Created,
         ))
+    }
+
+    /// The message an earlier upload of `device` with `key` made, if the key
+    /// is remembered: in the key store, or among the keys a device session
+    /// written before the key store existed still holds (those are dropped
+    /// as they expire, and with them the cost of reading them).
+    async fn earlier_upload(
+        &self,
+        g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
+        device: &Id,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Option<FileName>, ExchangeError> {
+        let found = self
+            .with_keys({
+                let (device, key) = (device.clone(), key.to_owned());
+                move |keys| keys.get(&device, &key, now)
+            })
+            .await?;
+        if let Some(found) = found {
+            return found.name.parse().map(Some).map_err(|_| {
+                ExchangeError::unavailable(
+                    ErrorCode::StorageError,
+                    format!("the idempotency key {key:?} of {device} names no message file"),
+                )
+            });
+        }
+        if g.state().keys.is_empty() {
+            return Ok(None);
+        }
+        let ttl = i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now.as_millis().saturating_sub(ttl);
+        let earlier = g
+            .state()
+            .keys
+            .get(key)
+            .filter(|u| u.at.as_millis() >= cutoff)
+            .map(|u| u.name.clone());
+        if g.state().keys.values().any(|u| u.at.as_millis() < cutoff) {
+            g.update(|s| {
+                s.persistent_mut()
+                    .keys
+                    .retain(|_, u| u.at.as_millis() >= cutoff);
+                Ok::<_, ExchangeError>(())
+            })
+            .await?;
+        }
+        Ok(earlier)
+    }
+
+    /// Run `f` on the key store off the async threads.
+    pub(crate) async fn with_keys<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn UploadKeys) -> Result<T, KeysError> + Send + 'static,
+    ) -> Result<T, ExchangeError> {
+        let keys = self.keys.clone();
+        tokio::task::spawn_blocking(move || f(keys.as_ref()))
+            .await
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
+            .map_err(ExchangeError::from)
     }
 
     /// The device's session, held (its keys and counters).

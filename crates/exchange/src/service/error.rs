@@ -80,6 +80,18 @@ impl From<crate::error::MailboxError> for ExchangeError {
     }
 }
 
+impl From<crate::keys::KeysError> for ExchangeError {
+    fn from(e: crate::keys::KeysError) -> Self {
+        let code = if e.is_storage_full() {
+            ErrorCode::StorageFull
+        } else {
+            ErrorCode::StorageError
+        };
+        tracing::error!(error = %e, "idempotency key store failed");
+        ExchangeError::unavailable(code, e.to_string())
+    }
+}
+
 impl From<estafeta_session::Error> for ExchangeError {
     fn from(e: estafeta_session::Error) -> Self {
         match e {

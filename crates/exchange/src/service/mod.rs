@@ -108,6 +108,10 @@ impl Exchange {
                 .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
                 .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         let scheduled = Arc::new(scheduled);
+        let keys_path = layout.keys();
+        let keys = tokio::task::spawn_blocking(move || crate::keys::RedbKeys::open(keys_path))
+            .await
+            .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))??;
         let deferred = estafeta_repeat::Scheduler::new(
             schedule::Listed(scheduled.clone()),
             schedule::WallClock(clock.clone()),
@@ -124,6 +128,7 @@ impl Exchange {
             recovery: Default::default(),
             alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
             storage_alert: Default::default(),
+            keys: Arc::new(keys),
             deferred,
             deferred_store: scheduled,
             push: std::sync::RwLock::new(Arc::new(NoPush)),

@@ -9,6 +9,8 @@ use crate::{MessageId, Timestamp};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+/// Expired idempotency keys removed per write of the key store.
+const KEY_SWEEP_BATCH: usize = 10_000;
 impl Core {
     /// Every database session is loaded, which runs the first-load hook on
     /// each (timeouts, CLEANUP, in doubt); then files in `Prepared` that no
@@ -76,6 +78,23 @@ impl Core {
         Ok(report)
     }
 
+    /// Forget the idempotency keys past their expiry, in batches of
+    /// [`KEY_SWEEP_BATCH`] (one write each, so a sweep never holds the key
+    /// store for long); how many went.
+    pub(crate) async fn expire_keys(&self) -> Result<usize, ExchangeError> {
+        let mut expired = 0;
+        loop {
+            let now = self.now();
+            let n = self
+                .with_keys(move |keys| keys.expire(now, KEY_SWEEP_BATCH))
+                .await?;
+            expired += n;
+            if n < KEY_SWEEP_BATCH {
+                return Ok(expired);
+            }
+        }
+    }
+
     /// Remove `Log`, `Prepared`, `Unknown` and `Error` files older than the
     /// retention period, except those a live or in-doubt process refers to.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
@@ -84,6 +103,7 @@ impl Core {
             .as_millis()
             .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
         let cutoff = Timestamp::from_millis(cutoff_ms);
+        self.expire_keys().await?;
         let mut removed = 0;
         for e in self
             .registry

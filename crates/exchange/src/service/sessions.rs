@@ -84,7 +84,7 @@ impl Storage for Namespace {
 pub(crate) struct Sessions {
     /// Databases: the live process, those in doubt, the recent ones.
     pub(crate) db: Engine<Id, DbRecord>,
-    /// Devices: idempotency keys and counters.
+    /// Devices: counters and webhooks (uploads are serialized on them).
     pub(crate) device: Engine<Id, DeviceRecord>,
     /// Processes: which database owns each and how it ended.
     pub(crate) process: Engine<ProcessId, ProcessRecord>,

@@ -1,7 +1,7 @@
 //! What the exchange keeps in its sessions, one record type per kind:
 //! a database's [`DbRecord`] (its live process, its processes in doubt and
-//! the last ended ones), a device's [`DeviceRecord`] (its recent
-//! idempotency keys) and a process's [`ProcessRecord`] (which database it
+//! the last ended ones), a device's [`DeviceRecord`] (its counters and
+//! webhook) and a process's [`ProcessRecord`] (which database it
 //! belongs to and how it ended, kept for the retention period so that a
 //! late call is answered correctly).
 
@@ -35,7 +35,9 @@ pub(crate) struct DbRecord {
 /// A device's session.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct DeviceRecord {
-    /// Idempotency key → the message it made.
+    /// Idempotency keys recorded in the device's session by servers before
+    /// the key store (`crate::keys`): still honoured until they expire,
+    /// never added to.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) keys: BTreeMap<String, Upload>,
     /// Counters of the device's uploads and acknowledgements.
@@ -53,9 +55,8 @@ pub(crate) struct ProcessRecord {
     pub(crate) owner: Option<Owner>,
 }
 
-/// A device upload with an idempotency key: written into the device
-/// session before the message file, so that a retry after a crash in
-/// between writes the same file rather than a second message.
+/// A device upload with an idempotency key, as device sessions recorded it
+/// before the key store kept keys one per entry.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Upload {
     #[serde(with = "display")]

@@ -1,0 +1,334 @@
+//! Idempotency keys of device uploads: one entry per (device, key), each
+//! with its own expiry, so that an upload costs the same whether its device
+//! has sent ten keyed messages this week or a million.
+//!
+//! An upload with a key records it here (durably) before its message file
+//! is written; a retry with the same key finds it and is answered with the
+//! same message id (the file written then if a crash came in between).
+//! Entries past their expiry are treated as absent and removed in bounded
+//! batches by [`UploadKeys::expire`], oldest first, through an index by
+//! expiry time: nothing ever scans all keys.
+//!
+//! [`RedbKeys`] keeps them in one redb file (the embedded store).
+//!
+//! ```
+//! use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
+//! use estafeta_exchange::{Id, Timestamp};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let keys = RedbKeys::open(dir.path().join("keys.redb"))?;
+//! let phone: Id = "phone-1".parse()?;
+//! let upload = KeyedUpload {
+//!     name: "01JD6Y00000000000000000000~phone-1~db-a~sales~1732000000000.json".into(),
+//!     at: Timestamp::from_millis(1_000),
+//!     expires_at: Timestamp::from_millis(2_000),
+//! };
+//! keys.put(&phone, "order-17", &upload)?;
+//! assert_eq!(keys.get(&phone, "order-17", Timestamp::from_millis(1_500))?, Some(upload));
+//! // Past its expiry it is gone, and the sweep removes it.
+//! assert_eq!(keys.get(&phone, "order-17", Timestamp::from_millis(2_000))?, None);
+//! assert_eq!(keys.expire(Timestamp::from_millis(2_000), 100)?, 1);
+//! assert_eq!(keys.len()?, 0);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::{Id, Timestamp};
+
+/// (device, key) → the upload (see [`encode`]).
+const KEYS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("keys");
+/// (expiry in ms, device, key) → (): the sweep's order.
+const EXPIRY: TableDefinition<'_, (i64, &str, &str), ()> = TableDefinition::new("keys.expiry");
+
+/// What an idempotency key made: the message's file name, when, and until
+/// when the key is remembered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedUpload {
+    /// The message file's name (it carries the id, sender, recipient,
+    /// subsystem and creation time).
+    pub name: String,
+    /// When the upload was accepted.
+    pub at: Timestamp,
+    /// From this time on the key is forgotten.
+    pub expires_at: Timestamp,
+}
+
+/// A key store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The underlying database failed (I/O, a full disk, damage).
+    #[error("idempotency key store {path}: {source}")]
+    Storage {
+        /// The store's file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: redb::Error,
+    },
+    /// A stored entry cannot be read back (damaged outside the server).
+    #[error("idempotency key store {path}: malformed entry for {device}/{key}")]
+    Malformed {
+        /// The store's file.
+        path: PathBuf,
+        /// The device.
+        device: String,
+        /// The key.
+        key: String,
+    },
+}
+
+impl KeysError {
+    /// Whether the failure is a full disk (answered `storage_full`).
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            KeysError::Storage {
+                source: redb::Error::Io(e),
+                ..
+            } => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+}
+
+/// Where a device's idempotency keys are kept. Every method is blocking
+/// (call it off the async runtime's threads); each change is durable when
+/// it returns `Ok`, and on `Err` nothing changed.
+pub trait UploadKeys: Send + Sync + 'static {
+    /// The upload `device` made with `key`, unless it is unknown or
+    /// expired at `now`.
+    fn get(&self, device: &Id, key: &str, now: Timestamp)
+    -> Result<Option<KeyedUpload>, KeysError>;
+    /// Record (or replace) what `key` made.
+    fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError>;
+    /// Forget `key` (its upload did not happen after all).
+    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError>;
+    /// Remove up to `max` entries expired at `now`, soonest expired first;
+    /// how many were removed.
+    fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError>;
+    /// How many entries are stored, expired ones not yet swept included.
+    fn len(&self) -> Result<u64, KeysError>;
+    /// Whether no entry is stored.
+    fn is_empty(&self) -> Result<bool, KeysError> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// [`UploadKeys`] in one redb file; each change is one write transaction
+/// committed with redb's default (fsynced) durability.
+pub struct RedbKeys {
+    path: PathBuf,
+    db: Database,
+}
+
+impl RedbKeys {
+    /// Open the store at `path`, creating it (durably, entry in its folder
+    /// included) if it does not exist.
+    pub fn open(path: impl AsRef<Path>) -> Result<RedbKeys, KeysError> {
+        let path = path.as_ref().to_path_buf();
+        let db = estafeta_durable::open_redb(&path, |db| {
+            let txn = db.begin_write()?;
+            txn.open_table(KEYS)?;
+            txn.open_table(EXPIRY)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(|source| KeysError::Storage {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(RedbKeys { path, db })
+    }
+
+    fn fail(&self, e: impl Into<redb::Error>) -> KeysError {
+        KeysError::Storage {
+            path: self.path.clone(),
+            source: e.into(),
+        }
+    }
+}
+
+/// The stored value: `at` and `expires_at` (ms, big-endian i64) and the
+/// file name's bytes.
+fn encode(u: &KeyedUpload) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + u.name.len());
+    v.extend_from_slice(&u.at.as_millis().to_be_bytes());
+    v.extend_from_slice(&u.expires_at.as_millis().to_be_bytes());
+    v.extend_from_slice(u.name.as_bytes());
+    v
+}
+
+fn decode(v: &[u8]) -> Option<KeyedUpload> {
+    let (at, rest) = v.split_first_chunk::<8>()?;
+    let (expires_at, name) = rest.split_first_chunk::<8>()?;
+    Some(KeyedUpload {
+        name: std::str::from_utf8(name).ok()?.to_owned(),
+        at: Timestamp::from_millis(i64::from_be_bytes(*at)),
+        expires_at: Timestamp::from_millis(i64::from_be_bytes(*expires_at)),
+    })
+}
+
+impl UploadKeys for RedbKeys {
+    fn get(
+        &self,
+        device: &Id,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Option<KeyedUpload>, KeysError> {
+        let txn = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let table = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+        let Some(value) = table
+            .get((device.as_str(), key))
+            .map_err(|e| self.fail(e))?
+        else {
+            return Ok(None);
+        };
+        let upload = decode(value.value()).ok_or_else(|| KeysError::Malformed {
+            path: self.path.clone(),
+            device: device.to_string(),
+            key: key.to_owned(),
+        })?;
+        Ok((upload.expires_at > now).then_some(upload))
+    }
+
+    fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError> {
+        let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        {
+            let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
+            let before = keys
+                .insert((device.as_str(), key), encode(upload).as_slice())
+                .map_err(|e| self.fail(e))?
+                .and_then(|old| decode(old.value()));
+            if let Some(old) = before {
+                expiry
+                    .remove((old.expires_at.as_millis(), device.as_str(), key))
+                    .map_err(|e| self.fail(e))?;
+            }
+            expiry
+                .insert((upload.expires_at.as_millis(), device.as_str(), key), ())
+                .map_err(|e| self.fail(e))?;
+        }
+        txn.commit().map_err(|e| self.fail(e))
+    }
+
+    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
+        let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        {
+            let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
+            let gone = keys
+                .remove((device.as_str(), key))
+                .map_err(|e| self.fail(e))?
+                .and_then(|old| decode(old.value()));
+            if let Some(old) = gone {
+                expiry
+                    .remove((old.expires_at.as_millis(), device.as_str(), key))
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.fail(e))
+    }
+
+    fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
+        let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let removed;
+        {
+            let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
+            let due: Vec<(i64, String, String)> = expiry
+                .range(..(now.as_millis().saturating_add(1), "", ""))
+                .map_err(|e| self.fail(e))?
+                .take(max)
+                .map(|entry| {
+                    entry.map(|(k, _)| {
+                        let (at, device, key) = k.value();
+                        (at, device.to_owned(), key.to_owned())
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| self.fail(e))?;
+            for (at, device, key) in &due {
+                expiry
+                    .remove((*at, device.as_str(), key.as_str()))
+                    .map_err(|e| self.fail(e))?;
+                keys.remove((device.as_str(), key.as_str()))
+                    .map_err(|e| self.fail(e))?;
+            }
+            removed = due.len();
+        }
+        if removed == 0 {
+            txn.abort().map_err(|e| self.fail(e))?;
+            return Ok(0);
+        }
+        txn.commit().map_err(|e| self.fail(e))?;
+        Ok(removed)
+    }
+
+    fn len(&self) -> Result<u64, KeysError> {
+        let txn = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let table = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+        table.len().map_err(|e| self.fail(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upload(n: i64, expires: i64) -> KeyedUpload {
+        KeyedUpload {
+            name: format!("file-{n}.json"),
+            at: Timestamp::from_millis(n),
+            expires_at: Timestamp::from_millis(expires),
+        }
+    }
+
+    fn id(s: &str) -> Id {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn keys_are_per_device_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.redb");
+        let now = Timestamp::from_millis(5);
+        {
+            let keys = RedbKeys::open(&path).unwrap();
+            keys.put(&id("a"), "k", &upload(1, 100)).unwrap();
+            keys.put(&id("b"), "k", &upload(2, 100)).unwrap();
+        }
+        let keys = RedbKeys::open(&path).unwrap();
+        assert_eq!(keys.get(&id("a"), "k", now).unwrap(), Some(upload(1, 100)));
+        assert_eq!(keys.get(&id("b"), "k", now).unwrap(), Some(upload(2, 100)));
+        assert_eq!(keys.get(&id("a"), "other", now).unwrap(), None);
+        keys.remove(&id("a"), "k").unwrap();
+        assert_eq!(keys.get(&id("a"), "k", now).unwrap(), None);
+        assert_eq!(keys.len().unwrap(), 1);
+    }
+
+    #[test]
+    fn the_sweep_takes_expired_entries_in_bounded_batches_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = RedbKeys::open(dir.path().join("keys.redb")).unwrap();
+        for n in 0..10 {
+            keys.put(&id("a"), &format!("k{n}"), &upload(n, 100 + n))
+                .unwrap();
+        }
+        // Replacing a key moves its expiry: the old one is not swept.
+        keys.put(&id("a"), "k0", &upload(0, 1_000)).unwrap();
+        let now = Timestamp::from_millis(106);
+        assert_eq!(keys.expire(now, 3).unwrap(), 3);
+        assert_eq!(keys.get(&id("a"), "k1", now).unwrap(), None);
+        assert_eq!(keys.len().unwrap(), 7);
+        assert_eq!(keys.expire(now, 100).unwrap(), 3);
+        assert_eq!(keys.expire(now, 100).unwrap(), 0);
+        assert!(keys.get(&id("a"), "k0", now).unwrap().is_some());
+        assert!(keys.get(&id("a"), "k9", now).unwrap().is_some());
+        assert_eq!(keys.len().unwrap(), 4);
+    }
+}
