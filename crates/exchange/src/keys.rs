@@ -103,8 +103,13 @@ pub trait UploadKeys: Send + Sync + 'static {
     /// expired at `now`.
     fn get(&self, device: &Id, key: &str, now: Timestamp)
     -> Result<Option<KeyedUpload>, KeysError>;
+    /// Record (or replace) what each key made, all in one durable write
+    /// (concurrent uploads can share it).
+    fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError>;
     /// Record (or replace) what `key` made.
-    fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError>;
+    fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError> {
+        self.put_all(&[(device.clone(), key.to_owned(), upload.clone())])
+    }
     /// Forget `key` (its upload did not happen after all).
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError>;
     /// Remove up to `max` entries expired at `now`, soonest expired first;
@@ -195,23 +200,26 @@ impl UploadKeys for RedbKeys {
         Ok((upload.expires_at > now).then_some(upload))
     }
 
-    fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError> {
+    fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
         {
             let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
             let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
-            let before = keys
-                .insert((device.as_str(), key), encode(upload).as_slice())
-                .map_err(|e| self.fail(e))?
-                .and_then(|old| decode(old.value()));
-            if let Some(old) = before {
+            for (device, key, upload) in entries {
+                let (device, key) = (device.as_str(), key.as_str());
+                let before = keys
+                    .insert((device, key), encode(upload).as_slice())
+                    .map_err(|e| self.fail(e))?
+                    .and_then(|old| decode(old.value()));
+                if let Some(old) = before {
+                    expiry
+                        .remove((old.expires_at.as_millis(), device, key))
+                        .map_err(|e| self.fail(e))?;
+                }
                 expiry
-                    .remove((old.expires_at.as_millis(), device.as_str(), key))
+                    .insert((upload.expires_at.as_millis(), device, key), ())
                     .map_err(|e| self.fail(e))?;
             }
-            expiry
-                .insert((upload.expires_at.as_millis(), device.as_str(), key), ())
-                .map_err(|e| self.fail(e))?;
         }
         txn.commit().map_err(|e| self.fail(e))
     }
