@@ -154,6 +154,9 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
     if trace.unparsed > 0 {
         eprintln!("{} traced calls could not be read", trace.unparsed);
     }
+    // The recorded events, for reading a violation against them.
+    let listing: String = trace.events.iter().map(|e| format!("{e:?}\n")).collect();
+    std::fs::write(work.join("events.txt"), listing)?;
     let (cuts, misplaced) = model::cuts(&root, &trace.events);
     if misplaced > 0 {
         eprintln!("{misplaced} recorded operations did not fit the model");
@@ -192,10 +195,12 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
             std::fs::remove_dir_all(&dir)?;
         } else {
             let files: Vec<String> = state.keys().map(|p| p.display().to_string()).collect();
-            eprintln!(
-                "crash state {i} (after {at_barrier} of {barriers} barriers): files {}",
+            let files = if files.is_empty() {
+                "(none: the data folder is gone)".to_owned()
+            } else {
                 files.join(" ")
-            );
+            };
+            eprintln!("crash state {i} (after {at_barrier} of {barriers} barriers): files {files}");
             violations.extend(found.into_iter().map(|v| (i, v)));
         }
     }
