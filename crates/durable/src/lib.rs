@@ -1,6 +1,7 @@
 //! Durable file-system steps shared by every crate that keeps a file of
-//! its own: making a folder's entries durable, and creating a redb file so
-//! that a power loss never leaves it half made.
+//! its own: making a folder's entries durable, creating folders that
+//! survive a power loss, and creating a redb file so that a power loss
+//! never leaves it half made.
 //!
 //! A file's contents become durable at its fsync; its entry in a folder (a
 //! create, a rename) only at an fsync of that folder. redb syncs a new
@@ -37,6 +38,7 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use redb::Database;
@@ -50,6 +52,41 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Makes `path`'s entry in its folder durable.
 pub fn sync_parent(path: &Path) -> io::Result<()> {
     sync_dir(parent(path))
+}
+
+/// Creates `dir` and every missing parent with `mode`, and makes each
+/// new folder's entry durable in its parent before returning (whoever
+/// creates a folder first makes it durable: a later caller finds it
+/// present and creates nothing).
+pub fn create_dir_all(dir: &Path, mode: u32) -> io::Result<()> {
+    create_dir_all_with(dir, mode, &mut sync_dir)
+}
+
+/// [`create_dir_all`] with the folder fsync given.
+fn create_dir_all_with(
+    dir: &Path,
+    mode: u32,
+    sync: &mut dyn FnMut(&Path) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut new = Vec::new();
+    let mut up = Some(dir);
+    while let Some(folder) = up.filter(|f| !f.as_os_str().is_empty()) {
+        if folder.try_exists()? {
+            break;
+        }
+        new.push(folder);
+        up = folder.parent();
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
+    // Outermost first: each parent's own entry is durable before its
+    // child's.
+    for folder in new.iter().rev() {
+        sync(parent(folder))?;
+    }
+    Ok(())
 }
 
 /// The folder that holds `path` (`.` for a bare file name).
@@ -112,6 +149,34 @@ mod tests {
         txn.open_table(T)?.insert("k", 1)?;
         txn.commit()?;
         Ok(())
+    }
+
+    /// Creates `dir`; the folders fsynced meanwhile, in order.
+    fn synced_while_creating(dir: &Path) -> Vec<PathBuf> {
+        let mut synced = Vec::new();
+        create_dir_all_with(dir, 0o700, &mut |d| {
+            synced.push(d.to_path_buf());
+            Ok(())
+        })
+        .unwrap();
+        synced
+    }
+
+    #[test]
+    fn new_folders_are_made_durable_in_their_parents_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let dir = data.join(".estafeta").join("events");
+        assert_eq!(
+            synced_while_creating(&dir),
+            [
+                tmp.path().to_path_buf(),
+                data.clone(),
+                data.join(".estafeta")
+            ]
+        );
+        assert!(dir.is_dir());
+        assert_eq!(synced_while_creating(&dir), Vec::<PathBuf>::new());
     }
 
     #[test]

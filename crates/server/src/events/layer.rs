@@ -14,9 +14,9 @@
 //! happened, not data the server promised to keep; a crash may lose the
 //! last few.
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,11 +71,12 @@ struct Files {
 
 impl EventLog {
     /// A layer writing into `dir` (created if missing, with every missing
-    /// parent, readable by the server's user only: the log is the first
-    /// thing `estafeta serve` creates in a new data folder).
+    /// parent, readable by the server's user only and durable in their
+    /// parents: the log is the first thing `estafeta serve` creates in a
+    /// new data folder, so later opens find these folders present).
     pub fn open(dir: impl Into<PathBuf>, rotation: Rotation) -> io::Result<EventLog> {
         let dir = dir.into();
-        DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        estafeta_durable::create_dir_all(&dir, 0o700)?;
         let events = append(&dir.join("events.jsonl"))?;
         let size = events.metadata()?.len();
         Ok(EventLog {

@@ -16,7 +16,7 @@ mod record;
 mod verify;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -39,6 +39,9 @@ struct Cli {
     /// Check at most this many crash states (spread over the whole run).
     #[arg(long)]
     max_states: Option<usize>,
+    /// Crash states checked at the same time (each runs its own server).
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
     /// The working folder (trace, copies, crash states); a temporary one
     /// when not given.
     #[arg(long, value_name = "DIR")]
@@ -150,10 +153,14 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
         .join()
         .map_err(|_| anyhow::anyhow!("the trace reader panicked"))??;
     let acks = acks?;
+    let acknowledged = acks.count();
     let trace = std::mem::take(&mut *trace.lock().expect("trace lock"));
     if trace.unparsed > 0 {
         eprintln!("{} traced calls could not be read", trace.unparsed);
     }
+    // The recorded events, for reading a violation against them.
+    let listing: String = trace.events.iter().map(|e| format!("{e:?}\n")).collect();
+    std::fs::write(work.join("events.txt"), listing)?;
     let (cuts, misplaced) = model::cuts(&root, &trace.events);
     if misplaced > 0 {
         eprintln!("{misplaced} recorded operations did not fit the model");
@@ -182,22 +189,23 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
             todo.push(last);
         }
     }
+    let checked = todo.len();
+    let mut outcomes =
+        check_all(todo, cli.jobs.max(1), &binary, &states_dir, Arc::new(acks)).await?;
+    outcomes.sort_by_key(|o| o.index);
     let mut violations = Vec::new();
-    for (i, (at_barrier, until, state)) in todo.iter().enumerate() {
-        let dir = states_dir.join(i.to_string());
-        model::materialize(state, &dir.join("fs"))?;
-        let found =
-            verify::check_state(&binary, &dir.join("fs"), &acks, *until, free_port()?).await?;
-        if found.is_empty() {
-            std::fs::remove_dir_all(&dir)?;
+    for o in outcomes.into_iter().filter(|o| !o.found.is_empty()) {
+        let files: Vec<String> = o.state.keys().map(|p| p.display().to_string()).collect();
+        let files = if files.is_empty() {
+            "(none: the data folder is gone)".to_owned()
         } else {
-            let files: Vec<String> = state.keys().map(|p| p.display().to_string()).collect();
-            eprintln!(
-                "crash state {i} (after {at_barrier} of {barriers} barriers): files {}",
-                files.join(" ")
-            );
-            violations.extend(found.into_iter().map(|v| (i, v)));
-        }
+            files.join(" ")
+        };
+        eprintln!(
+            "crash state {} (after {} of {barriers} barriers): files {files}",
+            o.index, o.at_barrier
+        );
+        violations.extend(o.found.into_iter().map(|v| (o.index, v)));
     }
     if !violations.is_empty() {
         let kept = temp.map_or(work, tempfile::TempDir::keep);
@@ -205,15 +213,85 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
     }
     Ok(Summary {
         barriers,
-        acknowledged: acks.count(),
+        acknowledged,
         states,
-        checked: todo.len(),
+        checked,
         violations,
     })
 }
 
+/// A crash state to check: its number, the barriers durable in it, the
+/// moment until which the crash can happen, and its files.
+type Todo = (usize, f64, model::State);
+
+/// What checking one crash state found.
+struct Outcome {
+    index: usize,
+    at_barrier: usize,
+    state: model::State,
+    found: Vec<String>,
+}
+
+/// Checks every state of `todo`, `jobs` at a time, each on its own port
+/// and in its own folder under `states_dir` (removed when clean).
+async fn check_all(
+    todo: Vec<Todo>,
+    jobs: usize,
+    binary: &Path,
+    states_dir: &Path,
+    acks: Arc<Acks>,
+) -> anyhow::Result<Vec<Outcome>> {
+    let mut queue = todo.into_iter().enumerate();
+    let mut running = tokio::task::JoinSet::new();
+    let mut ports = BTreeSet::new();
+    let mut outcomes = Vec::new();
+    loop {
+        while running.len() < jobs {
+            let Some((index, (at_barrier, until, state))) = queue.next() else {
+                break;
+            };
+            // A port no running server of this run holds.
+            let port = loop {
+                let port = free_port()?;
+                if ports.insert(port) {
+                    break port;
+                }
+            };
+            let (binary, dir, acks) = (
+                binary.to_owned(),
+                states_dir.join(index.to_string()),
+                acks.clone(),
+            );
+            running.spawn(async move {
+                let fs = dir.join("fs");
+                model::materialize(&state, &fs)?;
+                let found = verify::check_state(&binary, &fs, &acks, until, port).await?;
+                if found.is_empty() {
+                    std::fs::remove_dir_all(&dir)?;
+                }
+                anyhow::Ok((
+                    port,
+                    Outcome {
+                        index,
+                        at_barrier,
+                        state,
+                        found,
+                    },
+                ))
+            });
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        let (port, outcome) = done??;
+        ports.remove(&port);
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
 /// The last cut's strictest state (every unsynced entry lost).
-fn strictest_last(cuts: &[model::Cut]) -> Option<(usize, f64, model::State)> {
+fn strictest_last(cuts: &[model::Cut]) -> Option<Todo> {
     let last = cuts.last()?;
     let mut states = last.states();
     states.truncate(2);

@@ -239,6 +239,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_file_renamed_into_place_keeps_the_syncs_made_under_its_new_name() {
+        // What `open_redb` does: made as `.new`, synced, renamed, the
+        // folder synced, reopened under the final name and written again.
+        let root = Path::new("/w");
+        let sync = |path: &str, at: f64, snapshot: Option<&str>| Event::Sync {
+            path: path.into(),
+            at,
+            snapshot: snapshot.map(PathBuf::from),
+        };
+        let events = vec![
+            Event::Mkdir("/w/d".into()),
+            sync("/w", 1.0, None),
+            Event::Create("/w/d/r.redb.new".into()),
+            sync("/w/d/r.redb.new", 2.0, Some("/snap/first")),
+            Event::Rename("/w/d/r.redb.new".into(), "/w/d/r.redb".into()),
+            sync("/w/d", 3.0, None),
+            Event::Create("/w/d/r.redb".into()),
+            sync("/w/d/r.redb", 4.0, Some("/snap/later")),
+        ];
+        let (cuts, misplaced) = cuts(root, &events);
+        assert_eq!(misplaced, 0);
+        let whole = State::from([
+            ("d".into(), Entry::Dir),
+            ("d/r.redb".into(), Entry::File(Some("/snap/later".into()))),
+        ]);
+        assert_eq!(cuts.last().unwrap().states(), vec![whole]);
+    }
+
+    #[test]
     fn an_entry_whose_folder_was_never_synced_can_be_lost() {
         let root = Path::new("/w");
         let events = vec![
