@@ -208,7 +208,8 @@ impl Exchange {
         Err(ExchangeError::unavailable(ErrorCode::NotReady, why))
     }
 
-    /// Start-up processing (API.md, seed 004): timed-out STARTED removed,
+    /// Start-up processing (`docs/protocol.md`, "Crash and start-up
+    /// recovery"): timed-out STARTED removed,
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
     /// moved to `Unknown`, retention applied. Protocol calls answer 503
     /// (`not_ready`) until it has run.
