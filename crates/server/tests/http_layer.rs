@@ -35,7 +35,7 @@ fn assert_error(json: &Value, code: &str) {
     );
 }
 
-/// Every route of API.md that needs a token, with a well-formed body.
+/// Every route of the HTTP API that needs a token, with a well-formed body.
 fn authenticated_routes() -> Vec<(&'static str, &'static str, Value)> {
     vec![
         (
@@ -381,7 +381,7 @@ async fn readyz_is_503_until_recovery_is_done() {
     exchange.shutdown().await.unwrap();
 }
 
-/// Every path of API.md, as the OpenAPI document writes it.
+/// Every path of the HTTP API, as the OpenAPI document writes it.
 const API_PATHS: [(&str, &str); 26] = [
     ("/healthz", "get"),
     ("/readyz", "get"),
