@@ -387,9 +387,8 @@ async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
 
 #[tokio::test(start_paused = true)]
 async fn commit_failed_then_retried_with_backoff_and_at_once() {
-    let w = World::new().await;
     let alerts = Alerts::default();
-    w.ex.set_alert_sink(std::sync::Arc::new(alerts.clone()));
+    let w = World::with_sinks(|_| alerts.sinks()).await;
     w.upload(2).await;
     let s = w.start().await;
     let pid = s.process_id.unwrap().to_string();
@@ -612,6 +611,16 @@ impl Alerts {
     }
 }
 
+impl Alerts {
+    /// Sinks that record alerts here (and push nothing).
+    fn sinks(&self) -> estafeta_exchange::Sinks {
+        estafeta_exchange::Sinks {
+            alerts: std::sync::Arc::new(self.clone()),
+            ..Default::default()
+        }
+    }
+}
+
 impl estafeta_exchange::AlertSink for Alerts {
     fn raise(&self, alert: estafeta_exchange::Alert) -> estafeta_session::BoxFuture<'_, ()> {
         self.raised.lock().unwrap().push((alert.key, alert.text));
@@ -625,9 +634,8 @@ impl estafeta_exchange::AlertSink for Alerts {
 
 #[tokio::test(start_paused = true)]
 async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
-    let w = World::new().await;
     let alerts = Alerts::default();
-    w.ex.set_alert_sink(std::sync::Arc::new(alerts.clone()));
+    let w = World::with_sinks(|_| alerts.sinks()).await;
     let pid = w.prepared(1).await;
     let queue = w.data().join("db-a").join(Folder::Messages.as_str());
     let file = std::fs::read_dir(&queue)

@@ -10,9 +10,9 @@ mod world;
 
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{Body, CallStatus, ErrorCode, ResultStatus, SendMessage, Version};
-use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind};
+use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind, Sinks};
 use estafeta_session::Timestamp as SessionTime;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use world::World;
 
@@ -28,13 +28,23 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn new(w: &World) -> Arc<Recorder> {
-        let r = Arc::new(Recorder {
-            data: w.data(),
+    fn new(data: &Path) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            data: data.to_path_buf(),
             seen: Mutex::new(Vec::new()),
-        });
-        w.ex.set_push_sink(r.clone());
-        r
+        })
+    }
+
+    /// Sinks that make a recorder on the data folder, kept in `slot`.
+    fn sinks(slot: &mut Option<Arc<Recorder>>) -> impl FnOnce(&Path) -> Sinks + '_ {
+        |data| {
+            let r = Recorder::new(data);
+            *slot = Some(r.clone());
+            Sinks {
+                push: r,
+                ..Sinks::default()
+            }
+        }
     }
 
     fn take(&self) -> Vec<(String, RecipientKind, usize)> {
@@ -71,8 +81,9 @@ fn upload_to(db: &str) -> SendMessage {
 
 #[tokio::test(start_paused = true)]
 async fn arrivals_for_recipients_with_a_webhook_reach_the_sink_after_the_file() {
-    let w = World::new().await;
-    let rec = Recorder::new(&w);
+    let mut rec = None;
+    let w = World::with_sinks(Recorder::sinks(&mut rec)).await;
+    let rec = rec.unwrap();
     let url = Some("http://127.0.0.1:9/hook".to_owned());
     for (kind, who) in [
         (RecipientKind::Database, "db-a"),
@@ -111,11 +122,19 @@ async fn arrivals_for_recipients_with_a_webhook_reach_the_sink_after_the_file() 
     assert_eq!(w.files("phone-1", Folder::Messages), 2);
 
     // Kept in the sessions: after a restart the webhooks are known again.
-    let w = w.restart(SessionTime(1_800_000_100_000)).await;
-    let rec = Recorder::new(&w);
+    let mut rec = None;
+    let w = w
+        .restart_with(SessionTime(1_800_000_100_000), Recorder::sinks(&mut rec))
+        .await;
+    let rec = rec.unwrap();
     assert_eq!(
         w.ex.webhook(&id("db-a")).map(|(k, _)| k),
         Some(RecipientKind::Database)
+    );
+    assert_eq!(
+        rec.take(),
+        vec![("phone-1".into(), RecipientKind::Device, 2)],
+        "start-up processing announces the replies still waiting"
     );
     w.upload(1).await;
     assert_eq!(
@@ -194,9 +213,11 @@ async fn after_a_restart_recipients_with_waiting_messages_are_pushed_again() {
 
     // The pushes of those arrivals may not have been scheduled durably
     // before the stop: start-up processing announces what waits.
-    let w = w.restart(SessionTime(1_800_000_100_000)).await;
-    let rec = Recorder::new(&w);
-    w.ex.recover().await.unwrap();
+    let mut rec = None;
+    let _w = w
+        .restart_with(SessionTime(1_800_000_100_000), Recorder::sinks(&mut rec))
+        .await;
+    let rec = rec.unwrap();
     assert_eq!(
         rec.take(),
         vec![("db-a".into(), RecipientKind::Database, 2)],

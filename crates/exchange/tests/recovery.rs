@@ -159,7 +159,7 @@ impl estafeta_exchange::AlertSink for Raised {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open() {
+async fn a_deadline_passed_while_down_waits_for_start_up_processing_then_alerts() {
     let w = World::new().await;
     let pid = w.prepared(1).await;
     w.ex.shutdown().await.unwrap();
@@ -171,9 +171,14 @@ async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open
 
     // Opened past the READY_TO_COMMIT deadline, and the process's session
     // is touched (the expiry manager, or here a reader) before start-up
-    // processing: nothing may happen to it before the caller has set its
-    // alert sink and started start-up processing.
-    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000)).await;
+    // processing: nothing may happen to it before start-up processing
+    // begins, and then its alert reaches the sink given at open.
+    let raised = std::sync::Arc::new(Raised::default());
+    let sinks = estafeta_exchange::Sinks {
+        alerts: raised.clone(),
+        ..Default::default()
+    };
+    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000), sinks).await;
     let reader = {
         let ex = ex.clone();
         tokio::spawn(async move {
@@ -184,7 +189,7 @@ async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open
     };
     // Give the reader every chance to get through (its session load runs
     // on a blocking thread): without the wait for start-up processing it
-    // would put the process in doubt now, with no sink to alert.
+    // would put the process in doubt now.
     for _ in 0..200 {
         if reader.is_finished() {
             break;
@@ -192,9 +197,14 @@ async fn a_deadline_passed_while_down_is_alerted_through_the_sink_set_after_open
         tokio::task::spawn_blocking(|| ()).await.unwrap();
         tokio::task::yield_now().await;
     }
-    let raised = std::sync::Arc::new(Raised::default());
-    ex.set_alert_sink(raised.clone());
+    assert!(!reader.is_finished(), "the session hook waits");
+    assert!(raised.0.lock().unwrap().is_empty());
+    assert_eq!(
+        ex.phase().borrow().clone(),
+        estafeta_exchange::Phase::Starting
+    );
     ex.recover().await.unwrap();
+    assert!(ex.is_ready());
     let listed = reader.await.unwrap();
     assert_eq!(listed.processes[0].state, ProcessState::InDoubt);
     assert_eq!(*raised.0.lock().unwrap(), [format!("in_doubt:{pid}")]);

@@ -1,4 +1,4 @@
-//! The dispatcher loop (the seed's `repeatHandler`): sleeps until the
+//! The dispatcher loop: sleeps until the
 //! earliest due second, then hands due entries to free workers and records
 //! what their handlers decided.
 
@@ -119,9 +119,9 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 continue;
             }
 
-            // Nothing due: sleep to the next wall-clock second (the seed's
-            // waitTillNextSecond), or until a failing source may be retried,
-            // or until an earlier entry is scheduled.
+            // Nothing due: sleep to the next wall-clock second, or until a
+            // failing source may be retried, or until an earlier entry is
+            // scheduled.
             if !shared.may_sleep(sources.next_due().unwrap_or(u64::MAX)) {
                 continue;
             }

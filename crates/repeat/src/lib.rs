@@ -2,8 +2,7 @@
 //! are handed to a bounded worker pool no faster than it has free workers.
 //!
 //! Estafeta uses it for delivery retries with backoff, scheduled delivery and
-//! periodic jobs; it also stands alone. It follows the "session repeat" seed
-//! (`003`), with the additions the design asks for.
+//! periodic jobs; it also stands alone.
 //!
 //! # Model
 //!
@@ -28,11 +27,11 @@
 //!   [`WorkerPool`], waiting without spinning while none is free, and starts
 //!   the [`Handler`] on them. It tracks each source's next due time as it reads.
 //! * Sources are read in [`SourceOrder::Fair`] order (round-robin shares, the
-//!   default) or the seed's [`SourceOrder::NearestFirst`].
+//!   default) or [`SourceOrder::NearestFirst`] (nearest due source first).
 //! * [`Delivery::AtLeastOnce`] (default) removes an entry only when its
 //!   handler finished or rescheduled it, so entries in flight when the
 //!   process dies are handed out again after a restart;
-//!   [`Delivery::AtMostOnce`] removes it before hand-out, as the seed does.
+//!   [`Delivery::AtMostOnce`] removes it before hand-out.
 //!   Nothing is written when an entry is handed out: the dispatcher keeps
 //!   the set of entries in flight in memory and reads past them, and only
 //!   the outcome (remove, move) is committed, batched with other outcomes.

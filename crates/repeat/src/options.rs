@@ -13,7 +13,7 @@ pub enum SourceOrder {
     /// cannot starve another.
     #[default]
     Fair,
-    /// The seed's order: the source with the nearest due entry is drained
+    /// Nearest first: the source with the nearest due entry is drained
     /// first (ties broken by source name), then the next. A busy source can
     /// starve the others.
     NearestFirst,
@@ -26,7 +26,7 @@ pub enum Delivery {
     /// entry in flight when the process dies is handed out again after restart.
     #[default]
     AtLeastOnce,
-    /// Removed (durably) before it is handed out, as in the seed: a crash
+    /// Removed (durably) before it is handed out: a crash
     /// while its handler runs loses it, but it never runs twice. A `Failed`
     /// or `Reschedule` outcome puts it back; if that write still fails when
     /// the scheduler closes, the entry is lost the same way and counted in

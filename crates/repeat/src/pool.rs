@@ -1,4 +1,4 @@
-//! The worker pool (the seed's "artel"): a bounded number of workers whose
+//! The worker pool: a bounded number of workers whose
 //! free count the dispatcher reads and waits on.
 
 use std::sync::Arc;

@@ -114,7 +114,7 @@ pub struct QueueConfig {
     pub types: Vec<TypeConfig>,
     /// Number of send workers shared by all hosts.
     pub workers: usize,
-    /// Most sends being written to one host at once (1 in the seed).
+    /// Most sends being written to one host at once (1 by default).
     pub per_host_sends: usize,
 }
 

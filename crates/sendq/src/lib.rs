@@ -2,7 +2,7 @@
 //! type, each type with a window of requests in flight, so that one slow or
 //! dead host never holds back the others and no host gets more than it can take.
 //!
-//! Built from Gfarm's `netsendq` (seed 002):
+//! How it works:
 //!
 //! - An entry joins its type queue at its host. While the type's window is
 //!   open it moves to the host's ready queue, in the order windows opened,
@@ -16,10 +16,10 @@
 //!   written one after another, so the host's send concurrency holds) and
 //!   records the batch's sent events under the next; finished entries reach
 //!   the finalizer as one batch. Idle workers and the finalizer are woken
-//!   only when work appears for them. The seed's manager task is gone: its
-//!   job (handing ready entries of hosts that are not sending to a free
-//!   worker, round-robin) is done under the lock by whichever worker is free,
-//!   which spares two task wake-ups per entry. A worker whose transport makes
+//!   only when work appears for them. There is no manager task: handing
+//!   ready entries of hosts that are not sending to a free worker,
+//!   round-robin, is done under the lock by whichever worker is free, which
+//!   spares two task wake-ups per entry. A worker whose transport makes
 //!   it wait hands the rest of its batch back to the others. Adding never
 //!   waits.
 //! - Per type: *queueable if down* (kept while the host is down, sent in order
@@ -33,7 +33,7 @@
 //!   [`SendError::HostDown`], queueable ones stay; written entries are settled
 //!   by their transport. Host removed: every unsent entry fails with
 //!   [`SendError::HostRemoved`].
-//! - Beyond the seed: a deadline per queued entry ([`SendError::Expired`]) and
+//! - A deadline per queued entry ([`SendError::Expired`]) and
 //!   an adaptive (AIMD) window per type ([`Adaptive`]). Only entries handed
 //!   to the transport feed the window (and a probe's failure count); an
 //!   entry refused after a worker picked it but before its write (its host

@@ -1,6 +1,6 @@
 //! The transport contract: how the queue hands one entry to a real protocol.
 //!
-//! "Sent" and "answered" are separate events, as in the seed: the future
+//! "Sent" and "answered" are separate events: the future
 //! returned by [`Transport::send`] resolving is the *sent* event (the request
 //! is written out and the host may take its next send), and the [`Reply`] is
 //! how the *answer* comes back, at any later time and from any task. Only the

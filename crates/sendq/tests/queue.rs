@@ -528,7 +528,7 @@ async fn a_completion_can_add_an_aborted_entry_again_without_a_copy() {
     let again = q.clone();
     let record = rec.callback();
     q.add("h", A, 2, move |done| {
-        // Aborted while ready: put it back, as the seed's FHREMOVE finalizer does.
+        // Aborted while ready: the finalizer puts it back.
         assert!(matches!(done.result, Err(SendError::ConnectionAborted)));
         again
             .add(done.host, done.kind, done.payload, record)

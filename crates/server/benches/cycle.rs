@@ -20,8 +20,10 @@ use estafeta_exchange::wire::{
     Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
     StartRequest, StartStatus, Version,
 };
-use estafeta_exchange::{Exchange, ExchangeConfig, Id};
-use estafeta_server::{HttpSettings, run};
+use estafeta_exchange::{ExchangeConfig, Id};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, Server};
+use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
 const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"note":"deliver before noon"}}"#;
@@ -52,18 +54,18 @@ async fn world(data: &Path) -> World {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some("bench-admin".to_owned());
     config.limits = Limits::new(100, 20.0).unwrap();
-    let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
-        .await
-        .unwrap();
+    let (server, _) = Server::open(
+        config,
+        Arc::new(estafeta_session::SystemClock),
+        HttpSettings::default(),
+        NotifySettings::log_only(data),
+    )
+    .await
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     // The server runs until the bench process exits.
-    tokio::spawn(run(
-        listener,
-        exchange,
-        HttpSettings::default(),
-        std::future::pending(),
-    ));
+    tokio::spawn(server.run(listener, CancellationToken::new()));
     let admin = Client::new(&base, "bench-admin").unwrap();
     while !admin.readyz().await.unwrap() {
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,4 +1,4 @@
-//! [`app`]: the router of every route of API.md and of the dashboard,
+//! [`app`]: the router of every route of the HTTP API and of the dashboard,
 //! with the body limits and the request counters.
 
 use axum::Router;

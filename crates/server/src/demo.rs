@@ -12,10 +12,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use estafeta_client::Client;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id};
-use estafeta_server::{HttpSettings, run};
+use estafeta_exchange::{ExchangeConfig, Id};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, Server};
 use estafeta_sim::{Device, Processor, ProcessorConfig};
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// The databases and devices the demo provisions.
 const DATABASES: [&str; 2] = ["db-north", "db-south"];
@@ -30,8 +31,13 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
     let mut config = ExchangeConfig::new(folder.path());
     config.started_timeout = Duration::from_secs(30);
     config.ready_timeout = Duration::from_secs(60);
-    let (exchange, admin_token) =
-        Exchange::open(config, Arc::new(estafeta_session::SystemClock)).await?;
+    let (server, admin_token) = Server::open(
+        config,
+        Arc::new(estafeta_session::SystemClock),
+        HttpSettings::default(),
+        NotifySettings::log_only(folder.path()),
+    )
+    .await?;
     let AdminToken::Generated(token) = admin_token else {
         bail!("a fresh data folder must get a fresh admin token");
     };
@@ -40,15 +46,8 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
-    let (stop_server, server_stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(run(
-        listener,
-        exchange,
-        HttpSettings::default(),
-        async move {
-            let _ = server_stopped.await;
-        },
-    ));
+    let stop_server = CancellationToken::new();
+    let server = tokio::spawn(server.run(listener, stop_server.clone()));
 
     let admin = Client::new(&format!("http://{addr}"), &token)?;
     wait_ready(&admin).await?;
@@ -97,7 +96,7 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
             tracing::error!(error = %e, "a processor task panicked");
         }
     }
-    let _ = stop_server.send(());
+    stop_server.cancel();
     server.await.context("the server task")??;
     println!("demo stopped: {uploaded} messages uploaded, {replies} replies received");
     Ok(())

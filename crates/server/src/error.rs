@@ -1,5 +1,5 @@
 //! [`ApiError`]: every HTTP error answer, rendered as the error JSON of
-//! API.md (`{"version":1,"error":{"code":"…","message":"…"}}`).
+//! the HTTP API (`{"version":1,"error":{"code":"…","message":"…"}}`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

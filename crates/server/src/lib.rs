@@ -11,8 +11,9 @@
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
 //!   every bad request with the error JSON ([`ApiError`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
-//! - [`mod@serve`]: [`run`], which serves a caller-bound listener until the
-//!   caller's shutdown signal, with start-up recovery in the background.
+//! - [`mod@serve`]: [`Server`], the parts built in order ([`Server::open`])
+//!   and served on a caller-bound listener until the caller cancels its
+//!   token ([`Server::run`]), with start-up recovery in the background.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate.
 //! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
 //!   session, CSRF-protected operator actions).
@@ -24,7 +25,7 @@
 //!   of raised alerts and their acknowledgements the dashboard shows), and push
 //!   notifications to the webhooks of databases and devices when messages
 //!   arrive for them ([`notify::Pusher`]).
-//! - [`open`]: opening the data folder at start, waiting out a full disk.
+//! - [`open`]: opening the server at start, waiting out a full disk.
 //! - `failpoints` (cargo feature `failpoints`, for the fault-injection
 //!   harness only): named crash and disk-full points armed from the
 //!   environment.
@@ -44,18 +45,22 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use estafeta_exchange::Exchange;
-//! use estafeta_server::{Settings, run};
+//! use estafeta_server::{Server, Settings};
+//! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! let settings = Settings::load(None)?;
-//! let (exchange, _admin) =
-//!     Exchange::open(settings.exchange_config()?, Arc::new(estafeta_session::SystemClock)).await?;
+//! let clock = Arc::new(estafeta_session::SystemClock);
+//! let (server, _admin) =
+//!     Server::open(settings.exchange_config()?, clock, settings.http(), settings.notify()?).await?;
 //! let listener = tokio::net::TcpListener::bind(&settings.listen).await?;
-//! run(listener, exchange, settings.http(), async {
+//! let shutdown = CancellationToken::new();
+//! let on_ctrl_c = shutdown.clone();
+//! tokio::spawn(async move {
 //!     let _ = tokio::signal::ctrl_c().await;
-//! })
-//! .await?;
+//!     on_ctrl_c.cancel();
+//! });
+//! server.run(listener, shutdown).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -84,5 +89,5 @@ pub mod state;
 pub use app::app;
 pub use config::{HttpSettings, Settings};
 pub use error::ApiError;
-pub use serve::{ServeError, run, run_with};
+pub use serve::{ServeError, Server};
 pub use state::AppState;

@@ -12,10 +12,11 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
+use estafeta_server::Settings;
 use estafeta_server::config::{self, SettingsArgs};
-use estafeta_server::open::open_exchange;
+use estafeta_server::open::open_server;
 use estafeta_server::operator::{self, AdminArgs};
-use estafeta_server::{Settings, run_with};
+use tokio_util::sync::CancellationToken;
 
 /// Estafeta: a reliable message server between mobile devices and database
 /// processors.
@@ -116,9 +117,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     }
     let exchange_config = settings.exchange_config()?;
-    let (exchange, admin) = open_exchange(
+    let (server, admin) = open_server(
         exchange_config,
         Arc::new(estafeta_session::SystemClock),
+        settings.http(),
+        settings.notify()?,
         settings.disk_alert_mb << 20,
     )
     .await
@@ -136,20 +139,20 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", settings.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     println!("listening on {addr}");
-    let notify = settings.notify()?;
-    run_with(
-        listener,
-        exchange,
-        settings.http(),
-        notify,
-        shutdown_signal(),
-    )
-    .await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_signal(shutdown.clone()));
+    server.run(listener, shutdown).await?;
     Ok(())
 }
 
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+async fn shutdown_signal(shutdown: CancellationToken) {
+    wait_for_signal().await;
+    shutdown.cancel();
+}
+
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+async fn wait_for_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

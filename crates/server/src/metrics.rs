@@ -225,7 +225,7 @@ impl Snapshot {
         let mut s = Snapshot {
             ready: state.is_ready(),
             folders: exchange.folder_counts(&admin).await.unwrap_or_default(),
-            sessions: exchange.session_stats(),
+            sessions: Some(exchange.session_stats()),
             ..Snapshot::default()
         };
         for st in OPEN_STATES {
@@ -247,10 +247,9 @@ impl Snapshot {
             }
         }
         s.backlogs = backlogs(state).await;
-        if let Some(n) = state.notifier() {
-            s.queues = n.outbound().figures();
-            s.alerts_open = n.unacknowledged().await.unwrap_or(0);
-        }
+        let n = state.notifier();
+        s.queues = n.outbound().figures();
+        s.alerts_open = n.unacknowledged().await.unwrap_or(0);
         let dir = exchange.data_dir().to_path_buf();
         s.disk = tokio::task::spawn_blocking(move || disk_space(&dir))
             .await
@@ -467,14 +466,10 @@ impl Snapshot {
 /// read is left out.
 pub async fn backlogs(state: &AppState) -> Vec<(&'static str, Backlog)> {
     let mut out = Vec::new();
-    if let Some(n) = state.notifier()
-        && let Ok(b) = n.backlog().await
-    {
+    if let Ok(b) = state.notifier().backlog().await {
         out.push((crate::notify::SOURCE, b));
     }
-    if let Some(p) = state.pusher()
-        && let Ok(b) = p.backlog().await
-    {
+    if let Ok(b) = state.pusher().backlog().await {
         out.push((push::SOURCE, b));
     }
     let ex = state.exchange();

@@ -12,11 +12,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError};
 use estafeta_session::Clock;
 
+use crate::config::HttpSettings;
+use crate::notify::NotifySettings;
 use crate::notify::disk::free_bytes;
+use crate::serve::{ServeError, Server};
 
 /// The first pause after a failed open on a full disk; it doubles.
 const FIRST_WAIT: Duration = Duration::from_secs(1);
@@ -25,14 +28,16 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
 
-/// Opens the exchange on `config.data_dir`. While opening fails and the
-/// file system has less than `low_bytes` free (0: 16 MiB), waits
-/// and tries again.
-pub async fn open_exchange(
+/// Opens the server on `config.data_dir` ([`Server::open`]). While opening
+/// fails and the file system has less than `low_bytes` free (0: 16 MiB),
+/// waits and tries again.
+pub async fn open_server(
     config: ExchangeConfig,
     clock: Arc<dyn Clock>,
+    http: HttpSettings,
+    notify: NotifySettings,
     low_bytes: u64,
-) -> Result<(Exchange, AdminToken), ExchangeError> {
+) -> Result<(Server, AdminToken), ServeError> {
     let low = if low_bytes == 0 {
         DEFAULT_LOW
     } else {
@@ -40,7 +45,9 @@ pub async fn open_exchange(
     };
     let mut wait = FIRST_WAIT;
     loop {
-        let error = match Exchange::open(config.clone(), clock.clone()).await {
+        let opened =
+            Server::open(config.clone(), clock.clone(), http.clone(), notify.clone()).await;
+        let error = match opened {
             Ok(opened) => return Ok(opened),
             Err(e) => e,
         };

@@ -1,25 +1,32 @@
-//! [`run`]: serve the router on a listener the caller bound, with start-up
-//! recovery in the background, the daily retention sweep, scheduled
-//! delivery, alert delivery ([`run_with`]), and graceful shutdown when the
-//! caller's signal fires.
+//! [`Server`]: the server's parts built in order (the alert notifier and the
+//! pusher first, then the exchange with both as its sinks, then the
+//! router's state), and [`Server::run`]: serve the router on a listener the
+//! caller bound, with start-up recovery in the background, the daily
+//! retention sweep, scheduled delivery, alert and push delivery, and a
+//! graceful shutdown when the caller cancels its token.
+//!
+//! One [`CancellationToken`] tells every part to stop: it is cloned into
+//! each task (no value to read, nothing to send it back), and a part that
+//! runs helpers of its own stops them with a child token.
 //!
 //! The accept loop is hyper's own rather than `axum::serve`, because the
 //! latter sets no header read timeout: a client that never finishes its
 //! request head would hold a connection, and a graceful shutdown, forever.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use estafeta_exchange::{Exchange, ExchangeError, LogOnly, NoPush};
+use estafeta_exchange::tenancy::AdminToken;
+use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Sinks};
+use estafeta_session::Clock;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tower_http::add_extension::AddExtension;
 
 use crate::app::app;
@@ -30,134 +37,129 @@ use crate::state::AppState;
 /// The longest wait between two attempts at start-up recovery.
 const MAX_RECOVERY_BACKOFF: Duration = Duration::from_secs(60);
 
-/// Serving ended with an error.
+/// Opening or serving ended with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The alert notifier could not start.
+    /// The alert notifier or the pusher could not open.
     #[error("starting alert delivery failed: {0}")]
     Notify(#[from] NotifyError),
+    /// The exchange could not open its data folder.
+    #[error("opening the exchange failed: {0}")]
+    Open(ExchangeError),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
-    Shutdown(#[from] ExchangeError),
+    Shutdown(ExchangeError),
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then stops
-/// accepting, lets in-flight calls finish, and shuts the exchange down.
-///
-/// `/healthz` answers at once; `/readyz` answers 503 until
-/// [`Exchange::recover`] (run here in the background, retried with backoff
-/// if it fails) has returned Ok, and again once stopping has begun.
-pub async fn run<F>(
-    listener: TcpListener,
-    exchange: Exchange,
-    http: HttpSettings,
-    shutdown: F,
-) -> Result<(), ServeError>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let notify = NotifySettings::log_only(exchange.data_dir());
-    run_with(listener, exchange, http, notify, shutdown).await
+/// The server, assembled: every part was given what it needs when it was
+/// built, and nothing refers back to what owns it.
+pub struct Server {
+    state: AppState,
 }
 
-/// [`run`] with alerts sent to the administrators of `notify` (the
-/// [`Notifier`] becomes the exchange's alert sink before start-up recovery,
-/// so alerts that recovery raises reach them too), and push notifications
-/// to the recipients' webhooks (the [`Pusher`], sending once start-up
-/// recovery has loaded the webhooks).
-pub async fn run_with<F>(
-    listener: TcpListener,
-    exchange: Exchange,
-    http: HttpSettings,
-    notify: NotifySettings,
-    shutdown: F,
-) -> Result<(), ServeError>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let notifier = Notifier::open(notify).await?;
-    exchange.set_alert_sink(Arc::new(notifier.clone()));
-    let pusher = Pusher::open(&notifier, exchange.clone()).await?;
-    exchange.set_push_sink(Arc::new(pusher.clone()));
-    let state = AppState::new(exchange.clone(), http.clone());
-    state.set_notifier(notifier.clone());
-    state.set_pusher(pusher.clone());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = Arc::new(stop_tx);
-    let recovery = tokio::spawn(recover(state.clone(), stop_rx.clone()));
-    let retention = tokio::spawn(retention(
-        exchange.clone(),
-        http.retention_interval,
-        stop_rx.clone(),
-    ));
-    let deliveries = {
-        let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            };
-            if let Err(e) = exchange.run_deliveries(stopped).await {
-                tracing::error!(error = %e, "scheduled delivery stopped");
-            }
-        })
-    };
-    let pushes = {
-        let (exchange, mut stop) = (exchange.clone(), stop_rx.clone());
-        let probe = notifier.settings().probe;
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            };
-            let mut stopped = std::pin::pin!(stopped);
-            tokio::select! {
-                _ = exchange.wait_ready() => pusher.run(probe, stopped).await,
-                _ = &mut stopped => pusher.close().await,
-            }
-        })
-    };
-    let alerts = {
-        let (notifier, exchange, mut stop) = (notifier, exchange.clone(), stop_rx);
-        tokio::spawn(async move {
-            notifier
-                .run(exchange, async move {
-                    let _ = stop.wait_for(|stopping| *stopping).await;
-                })
-                .await;
-        })
-    };
-
-    let signal = {
-        let state = state.clone();
-        let stop_tx = stop_tx.clone();
-        async move {
-            shutdown.await;
-            tracing::info!("stopping: no new connections; finishing calls in flight");
-            state.set_ready(false);
-            tell_service_manager(sd_notify::NotifyState::Stopping);
-            stop_tx.send_replace(true);
-        }
-    };
-    let signal = tokio::spawn(signal);
-    serve_http(
-        listener,
-        app(state.clone()),
-        http.request_timeout,
-        stop_tx.subscribe(),
-    )
-    .await;
-    signal.abort();
-
-    for task in [recovery, retention, deliveries, pushes, alerts] {
-        if let Err(e) = task.await {
-            tracing::error!(error = %e, "a background task panicked");
-        }
+impl Server {
+    /// Opens the alert notifier (alerts to the administrators of
+    /// `notify`), the pusher (push notifications to the recipients'
+    /// webhooks, on `clock`), then the exchange with both as its sinks, so
+    /// that the alerts start-up recovery raises reach them. Returns the
+    /// admin token's provenance (print it when `Generated`).
+    pub async fn open(
+        config: ExchangeConfig,
+        clock: Arc<dyn Clock>,
+        http: HttpSettings,
+        notify: NotifySettings,
+    ) -> Result<(Server, AdminToken), ServeError> {
+        let notifier = Notifier::open(notify).await?;
+        let pusher = Pusher::open(&notifier, clock.clone()).await?;
+        let sinks = Sinks {
+            alerts: Arc::new(notifier.clone()),
+            push: Arc::new(pusher.clone()),
+        };
+        let (exchange, admin) = Exchange::open(config, clock, sinks)
+            .await
+            .map_err(ServeError::Open)?;
+        let state = AppState::new(exchange, http, notifier, pusher);
+        Ok((Server { state }, admin))
     }
-    // The notifier's stores close with it; a later run may open them again.
-    exchange.set_alert_sink(Arc::new(LogOnly));
-    exchange.set_push_sink(Arc::new(NoPush));
-    exchange.shutdown().await?;
-    tracing::info!("stopped");
-    Ok(())
+
+    /// The exchange.
+    pub fn exchange(&self) -> &Exchange {
+        self.state.exchange()
+    }
+
+    /// What the handlers share.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves the API on `listener` until `shutdown` is cancelled, then
+    /// stops accepting, lets in-flight calls finish, and shuts the
+    /// exchange down.
+    ///
+    /// `/healthz` answers at once; `/readyz` answers 503 until
+    /// [`Exchange::recover`] (run here in the background, retried with
+    /// backoff if it fails) has returned Ok, and again once stopping has
+    /// begun. Push notifications start once recovery has loaded the
+    /// webhooks.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError> {
+        let state = self.state;
+        let exchange = state.exchange().clone();
+        let http = state.http().clone();
+        let recovery = tokio::spawn(recover(exchange.clone(), shutdown.clone()));
+        let retention = tokio::spawn(retention(
+            exchange.clone(),
+            http.retention_interval,
+            shutdown.clone(),
+        ));
+        let deliveries = {
+            let (exchange, stop) = (exchange.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                if let Err(e) = exchange.run_deliveries(stop).await {
+                    tracing::error!(error = %e, "scheduled delivery stopped");
+                }
+            })
+        };
+        let pushes = {
+            let (pusher, exchange, stop) =
+                (state.pusher().clone(), exchange.clone(), shutdown.clone());
+            let probe = state.notifier().settings().probe;
+            tokio::spawn(async move {
+                if exchange.wait_ready().await {
+                    pusher.run(exchange, probe, stop).await;
+                } else {
+                    pusher.close().await;
+                }
+            })
+        };
+        let alerts = {
+            let (notifier, exchange, stop) =
+                (state.notifier().clone(), exchange.clone(), shutdown.clone());
+            tokio::spawn(async move { notifier.run(exchange, stop).await })
+        };
+        let signal = {
+            let (exchange, shutdown) = (exchange.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                tracing::info!("stopping: no new connections; finishing calls in flight");
+                exchange.begin_stopping();
+                tell_service_manager(sd_notify::NotifyState::Stopping);
+            })
+        };
+        serve_http(listener, app(state), http.request_timeout, shutdown).await;
+
+        for task in [signal, recovery, retention, deliveries, pushes, alerts] {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "a background task panicked");
+            }
+        }
+        exchange.shutdown().await.map_err(ServeError::Shutdown)?;
+        tracing::info!("stopped");
+        Ok(())
+    }
 }
 
 /// Accepts connections until `stop`, then lets every open connection finish
@@ -167,7 +169,7 @@ async fn serve_http(
     listener: TcpListener,
     router: Router,
     header_timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
@@ -176,7 +178,7 @@ async fn serve_http(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stopping| *stopping) => break,
+            _ = stop.cancelled() => break,
         };
         let (tcp, remote) = match accepted {
             Ok(pair) => pair,
@@ -186,7 +188,7 @@ async fn serve_http(
                 tracing::error!(error = %e, "accepting a connection failed");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    _ = stop.wait_for(|stopping| *stopping) => break,
+                    _ = stop.cancelled() => break,
                 }
             }
         };
@@ -218,16 +220,15 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
-/// Runs start-up recovery until it succeeds (or the server stops), then
-/// marks the state ready.
-async fn recover(state: AppState, mut stop: watch::Receiver<bool>) {
+/// Runs start-up recovery until it succeeds (the exchange's phase becomes
+/// ready then, unless stopping began) or the server stops.
+async fn recover(exchange: Exchange, stop: CancellationToken) {
     let mut backoff = Duration::from_secs(1);
     loop {
-        match state.exchange().recover().await {
+        match exchange.recover().await {
             Ok(report) => {
                 tracing::info!(?report, "start-up recovery done; ready");
-                if !*stop.borrow() {
-                    state.set_ready(true);
+                if exchange.is_ready() {
                     tell_service_manager(sd_notify::NotifyState::Ready);
                 }
                 return;
@@ -238,7 +239,7 @@ async fn recover(state: AppState, mut stop: watch::Receiver<bool>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = stop.wait_for(|stopping| *stopping) => return,
+            _ = stop.cancelled() => return,
         }
         backoff = (backoff * 2).min(MAX_RECOVERY_BACKOFF);
     }
@@ -254,11 +255,11 @@ fn tell_service_manager(state: sd_notify::NotifyState<'_>) {
 
 /// Removes expired files every `interval` (start-up recovery did the first
 /// sweep). A sweep in progress is let finish when the server stops.
-async fn retention(exchange: Exchange, interval: Duration, mut stop: watch::Receiver<bool>) {
+async fn retention(exchange: Exchange, interval: Duration, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait_for(|stopping| *stopping) => return,
+            _ = stop.cancelled() => return,
         }
         match exchange.retention_sweep().await {
             Ok(removed) => tracing::info!(removed, "retention sweep done"),

@@ -1,10 +1,10 @@
-//! [`AppState`]: what every handler shares: the exchange, readiness, the
-//! HTTP settings, the request counters, the notifier (which delivers and
-//! keeps the alerts), push notifications, the dashboard's login sessions
-//! and failed logins, and when each client last called.
+//! [`AppState`]: what every handler shares: the exchange (whose phase is
+//! the server's readiness), the HTTP settings, the request counters, the
+//! notifier (which delivers and keeps the alerts), push notifications, the
+//! dashboard's login sessions and failed logins, and when each client last
+//! called.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use estafeta_exchange::Exchange;
 
@@ -24,33 +24,31 @@ pub struct AppState {
 struct Inner {
     exchange: Exchange,
     http: HttpSettings,
-    /// Set when start-up recovery succeeded; cleared when stopping.
-    ready: AtomicBool,
     metrics: Metrics,
     sessions: Sessions,
     login_throttle: LoginThrottle,
     last_seen: LastSeen,
-    /// Alert delivery, once [`crate::run_with`] has started it (its store
-    /// is the dashboard's list of alerts and their acknowledgements).
-    notifier: OnceLock<Notifier>,
-    /// Push notifications, once [`crate::run_with`] has started them.
-    pusher: OnceLock<Pusher>,
+    /// Alert delivery (its store is the dashboard's list of alerts and
+    /// their acknowledgements): the exchange's alert sink.
+    notifier: Notifier,
+    /// Push notifications: the exchange's push sink.
+    pusher: Pusher,
 }
 
 impl AppState {
-    /// State around an opened exchange; not ready until [`AppState::set_ready`].
-    pub fn new(exchange: Exchange, http: HttpSettings) -> Self {
+    /// State around an exchange opened with `notifier` and `pusher` as its
+    /// sinks ([`crate::Server::open`] builds them in that order).
+    pub fn new(exchange: Exchange, http: HttpSettings, notifier: Notifier, pusher: Pusher) -> Self {
         AppState {
             inner: Arc::new(Inner {
                 http,
-                ready: AtomicBool::new(false),
                 metrics: Metrics::default(),
                 sessions: Sessions::default(),
                 login_throttle: LoginThrottle::default(),
                 last_seen: LastSeen::default(),
                 exchange,
-                notifier: OnceLock::new(),
-                pusher: OnceLock::new(),
+                notifier,
+                pusher,
             }),
         }
     }
@@ -85,33 +83,19 @@ impl AppState {
         &self.inner.last_seen
     }
 
-    /// Alert delivery, when the server runs one.
-    pub fn notifier(&self) -> Option<&Notifier> {
-        self.inner.notifier.get()
+    /// Alert delivery.
+    pub fn notifier(&self) -> &Notifier {
+        &self.inner.notifier
     }
 
-    /// Records the server's alert delivery (once; later calls are ignored).
-    pub fn set_notifier(&self, notifier: Notifier) {
-        let _ = self.inner.notifier.set(notifier);
+    /// Push notifications.
+    pub fn pusher(&self) -> &Pusher {
+        &self.inner.pusher
     }
 
-    /// Push notifications, when the server runs them.
-    pub fn pusher(&self) -> Option<&Pusher> {
-        self.inner.pusher.get()
-    }
-
-    /// Records the server's push notifications (once; later calls are ignored).
-    pub fn set_pusher(&self, pusher: Pusher) {
-        let _ = self.inner.pusher.set(pusher);
-    }
-
-    /// Whether `/readyz` answers 200: recovery done, not stopping.
+    /// Whether `/readyz` answers 200: the phase is
+    /// [`estafeta_exchange::Phase::Ready`] (recovery done, not stopping).
     pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::Acquire) && self.inner.exchange.is_ready()
-    }
-
-    /// Marks recovery done (`true`) or the server stopping (`false`).
-    pub fn set_ready(&self, ready: bool) {
-        self.inner.ready.store(ready, Ordering::Release);
+        self.inner.exchange.is_ready()
     }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
-use common::{ADMIN_TOKEN, TestServer, id, open_exchange};
+use common::{ADMIN_TOKEN, TestServer, id, open_server};
 use estafeta_exchange::mailbox::Folder;
-use estafeta_server::{AppState, HttpSettings, app};
+use estafeta_server::{HttpSettings, app};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
@@ -35,7 +35,7 @@ fn assert_error(json: &Value, code: &str) {
     );
 }
 
-/// Every route of API.md that needs a token, with a well-formed body.
+/// Every route of the HTTP API that needs a token, with a well-formed body.
 fn authenticated_routes() -> Vec<(&'static str, &'static str, Value)> {
     vec![
         (
@@ -321,9 +321,9 @@ async fn a_body_that_does_not_arrive_in_time_is_408() {
 #[tokio::test]
 async fn readyz_is_503_until_recovery_is_done() {
     let data = tempfile::tempdir().unwrap();
-    let exchange = open_exchange(data.path()).await;
-    let state = AppState::new(exchange.clone(), HttpSettings::default());
-    let router = app(state.clone());
+    let server = open_server(data.path()).await;
+    let exchange = server.exchange().clone();
+    let router = app(server.state().clone());
     let get = |path: &'static str| Request::get(path).body(Body::empty()).unwrap();
 
     assert_eq!(
@@ -367,7 +367,6 @@ async fn readyz_is_503_until_recovery_is_done() {
     assert_error(&serde_json::from_slice(&body).unwrap(), "not_ready");
 
     exchange.recover().await.unwrap();
-    state.set_ready(true);
     assert_eq!(
         router
             .clone()
@@ -377,12 +376,12 @@ async fn readyz_is_503_until_recovery_is_done() {
             .status(),
         200
     );
-    state.set_ready(false);
+    exchange.begin_stopping();
     assert_eq!(router.oneshot(get("/readyz")).await.unwrap().status(), 503);
     exchange.shutdown().await.unwrap();
 }
 
-/// Every path of API.md, as the OpenAPI document writes it.
+/// Every path of the HTTP API, as the OpenAPI document writes it.
 const API_PATHS: [(&str, &str); 26] = [
     ("/healthz", "get"),
     ("/readyz", "get"),

@@ -295,7 +295,15 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
 
     /// Open the engine: rebuild the expiry index from storage and start the
     /// writer and the expiry manager on the current tokio runtime.
-    pub async fn open(mut self) -> Result<Engine<K, S>, Error> {
+    pub async fn open(self) -> Result<Engine<K, S>, Error> {
+        Ok(self.load().await?.start())
+    }
+
+    /// Rebuild the expiry index from storage, and start nothing yet:
+    /// [`Loaded::start`] does not wait, so the engine can be made inside a
+    /// synchronous constructor (`Arc::new_cyclic`, for hooks that refer to
+    /// what owns the engine).
+    pub async fn load(mut self) -> Result<Loaded<K, S, I>, Error> {
         let storage = self.storage.clone();
         let deadlines = blocking(move || storage.deadlines()).await?;
         for (kb, t) in deadlines {
@@ -304,21 +312,7 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
                 None => tracing::warn!(key = ?kb, "stored session key does not decode; ignored"),
             }
         }
-        let runtime = tokio::runtime::Handle::current();
-        let parts = self.assemble(runtime.clone());
-        let core = parts.engine.shared.core();
-        runtime.spawn(writer::run(
-            core.storage.clone(),
-            core.counters.clone(),
-            core.config.max_batch,
-            parts.writer_rx,
-        ));
-        runtime.spawn(expiry::run(
-            Arc::downgrade(&parts.engine.shared),
-            parts.index,
-            parts.expiry_rx,
-        ));
-        Ok(parts.engine)
+        Ok(Loaded { builder: self })
     }
 
     /// The engine and what its background tasks would run on, with
@@ -351,6 +345,39 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             writer_rx,
             expiry_rx,
         }
+    }
+}
+
+/// A builder whose expiry index is read from storage ([`Builder::load`]).
+pub struct Loaded<K: SessionKey, S: State, I> {
+    builder: Builder<K, S, I>,
+}
+
+impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Loaded<K, S, I> {
+    /// The application's hooks (default: none; expired sessions end).
+    pub fn hooks(mut self, hooks: Arc<dyn Hooks<K, S>>) -> Self {
+        self.builder.hooks = hooks;
+        self
+    }
+
+    /// Start the writer and the expiry manager on the current tokio
+    /// runtime (call it inside one).
+    pub fn start(self) -> Engine<K, S> {
+        let runtime = tokio::runtime::Handle::current();
+        let parts = self.builder.assemble(runtime.clone());
+        let core = parts.engine.shared.core();
+        runtime.spawn(writer::run(
+            core.storage.clone(),
+            core.counters.clone(),
+            core.config.max_batch,
+            parts.writer_rx,
+        ));
+        runtime.spawn(expiry::run(
+            Arc::downgrade(&parts.engine.shared),
+            parts.index,
+            parts.expiry_rx,
+        ));
+        parts.engine
     }
 }
 

@@ -80,7 +80,7 @@ pub use acquire::Acquire;
 pub use clock::{Clock, SystemClock, Timestamp, TokioClock};
 pub use config::Config;
 pub use data::SessionData;
-pub use engine::{Builder, Engine, State, Submitted};
+pub use engine::{Builder, Engine, Loaded, State, Submitted};
 pub use error::Error;
 pub use guard::{SessionGuard, Transaction};
 pub use hooks::{BoxFuture, Finalize, Hooks};

@@ -7,7 +7,7 @@ use super::FileName;
 use crate::error::LimitError;
 use crate::id::Id;
 
-/// A megabyte, as API.md defines it.
+/// A megabyte, as the size limits count it (2^20 bytes).
 pub const MB: u64 = 1_048_576;
 
 /// How much one start may hand out. The effective limits are the smaller of
@@ -50,7 +50,7 @@ impl Limits {
 }
 
 impl Default for Limits {
-    /// The seed's defaults: 10 files, 20 MB.
+    /// 10 files, 20 MB per answer.
     fn default() -> Self {
         Self {
             max_files: 10,

@@ -65,7 +65,7 @@ impl Core {
     pub(crate) async fn processes(&self) -> Result<ProcessList, ExchangeError> {
         let mut processes = Vec::new();
         for db in self.registry.databases() {
-            let Some(g) = self.sessions()?.db.get(db.id.clone(), false).await? else {
+            let Some(g) = self.sessions.db.get(db.id.clone(), false).await? else {
                 continue;
             };
             let rec = g.state();
@@ -106,7 +106,7 @@ impl Core {
                 last_error: None,
                 last_seen: None,
             };
-            if let Some(g) = self.sessions()?.db.get(db.id.clone(), false).await? {
+            if let Some(g) = self.sessions.db.get(db.id.clone(), false).await? {
                 let rec = g.state();
                 let c = &rec.counters;
                 // Ended processes are counted; the live one and those in
@@ -142,7 +142,7 @@ impl Core {
                 .mailboxes
                 .count(&self.location(&d.id, Folder::Log))
                 .await? as u64;
-            let counters = match self.sessions()?.device.get(d.id.clone(), false).await? {
+            let counters = match self.sessions.device.get(d.id.clone(), false).await? {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),
             };

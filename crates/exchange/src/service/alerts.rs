@@ -17,7 +17,6 @@ use estafeta_session::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
 
 /// One alert: a condition that began.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,14 +81,6 @@ impl AlertSink for LogOnly {
 }
 
 impl Core {
-    /// The sink alerts go to now.
-    pub(crate) fn alert_sink(&self) -> Arc<dyn AlertSink> {
-        self.alerts
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// Raise an alert of `kind` for `subject` with the current time.
     pub(crate) async fn raise_alert(
         &self,
@@ -98,12 +89,12 @@ impl Core {
         text: impl Into<String>,
     ) {
         let alert = Alert::new(kind, subject, text, self.now());
-        self.alert_sink().raise(alert).await;
+        self.alerts.raise(alert).await;
     }
 
     /// The condition `kind` of `subject` ended.
     pub(crate) async fn clear_alert(&self, kind: AlertKind, subject: impl fmt::Display) {
-        self.alert_sink().clear(key(kind, subject)).await;
+        self.alerts.clear(key(kind, subject)).await;
     }
 
     /// Raise a storage-write alert when `result` failed on storage, and

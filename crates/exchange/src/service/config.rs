@@ -26,7 +26,8 @@ pub struct ExchangeConfig {
 }
 
 impl ExchangeConfig {
-    /// The defaults of API.md, on `data_dir`.
+    /// The protocol's default timeouts and limits (`docs/protocol.md`), on
+    /// `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         ExchangeConfig {
             data_dir: data_dir.into(),

@@ -16,7 +16,7 @@ use crate::wire::ProcessState;
 use crate::{Id, ProcessId, Timestamp, UlidGenerator};
 use estafeta_session::{Clock, SessionData, SessionGuard};
 use std::collections::VecDeque;
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
@@ -39,16 +39,17 @@ pub(crate) struct RecoveryCounters {
 
 pub(crate) struct Core {
     pub(crate) config: ExchangeConfig,
-    pub(crate) clock: std::sync::Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) registry: Registry,
     pub(crate) mailboxes: Mailboxes,
     pub(crate) ids: UlidGenerator,
-    /// Set once at open; the hooks reach the engines through the core.
-    pub(crate) sessions: OnceLock<Sessions>,
-    pub(crate) ready: AtomicBool,
+    /// The engines; their hooks reach the core through a `Weak` to it.
+    pub(crate) sessions: Sessions,
+    /// The server's phase: the exchange moves it, everyone reads it.
+    pub(crate) phase: tokio::sync::watch::Sender<super::Phase>,
     pub(crate) recovery: RecoveryCounters,
-    /// Where alerts go ([`super::Exchange::set_alert_sink`]).
-    pub(crate) alerts: std::sync::RwLock<std::sync::Arc<dyn super::alerts::AlertSink>>,
+    /// Where alerts go.
+    pub(crate) alerts: Arc<dyn super::alerts::AlertSink>,
     /// A storage-write alert is open (cleared by the next good write).
     pub(crate) storage_alert: AtomicBool,
     /// The devices' idempotency keys.
@@ -56,17 +57,11 @@ pub(crate) struct Core {
     /// Messages kept aside until their `deliver_at`.
     pub(crate) deferred: super::schedule::Deferred,
     /// The store under `deferred`, read to list what is scheduled.
-    pub(crate) deferred_store: std::sync::Arc<estafeta_repeat::RedbStore>,
-    /// Where arrivals are pushed ([`super::Exchange::set_push_sink`]).
-    pub(crate) push: std::sync::RwLock<std::sync::Arc<dyn super::push::PushSink>>,
+    pub(crate) deferred_store: Arc<estafeta_repeat::RedbStore>,
+    /// Where arrivals are pushed.
+    pub(crate) push: Arc<dyn super::push::PushSink>,
     /// The recipients' webhooks, loaded by start-up processing.
     pub(crate) webhooks: super::push::Webhooks,
-    /// Woken when start-up processing is done.
-    pub(crate) became_ready: tokio::sync::Notify,
-    /// True once start-up processing has begun: until then the session
-    /// hooks wait, so that nothing changes state (and raises an alert)
-    /// before the caller had the chance to set its alert sink.
-    pub(crate) started: tokio::sync::watch::Sender<bool>,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -84,12 +79,6 @@ impl Core {
 
     pub(crate) fn session_now(&self) -> estafeta_session::Timestamp {
         self.clock.now()
-    }
-
-    pub(crate) fn sessions(&self) -> Result<&Sessions, ExchangeError> {
-        self.sessions.get().ok_or_else(|| {
-            ExchangeError::unavailable(ErrorCode::NotReady, "the server is starting")
-        })
     }
 
     /// Run file operations: moves concurrently (sharing fsyncs), then deletes.
@@ -167,7 +156,7 @@ impl Core {
         db: &Id,
         ended: Option<ProcessState>,
     ) -> Result<(), ExchangeError> {
-        let sessions = self.sessions()?;
+        let sessions = &self.sessions;
         let mut g = sessions.process.get(*pid, true).await?.ok_or_else(|| {
             ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
         })?;
@@ -183,7 +172,7 @@ impl Core {
 
     /// The owner record of a process, if it was ever issued.
     pub(crate) async fn owner(&self, pid: &ProcessId) -> Result<Option<Owner>, ExchangeError> {
-        let Some(g) = self.sessions()?.process.get(*pid, false).await? else {
+        let Some(g) = self.sessions.process.get(*pid, false).await? else {
             return Ok(None);
         };
         let owner = g.state().owner.clone();

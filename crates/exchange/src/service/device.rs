@@ -219,7 +219,7 @@ impl Core {
         &self,
         id: &Id,
     ) -> Result<estafeta_session::SessionGuard<Id, DeviceRecord>, ExchangeError> {
-        self.sessions()?
+        self.sessions
             .device
             .get(id.clone(), true)
             .await?

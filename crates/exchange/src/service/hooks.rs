@@ -37,10 +37,14 @@ impl ExchangeHooks {
 impl Core {
     /// Waits until start-up processing has begun: a deadline that passed
     /// while the server was down is acted on (a process put in doubt, its
-    /// alert raised) only once the alert sink is in place.
+    /// alert raised) only once start-up processing has made the mailboxes.
     async fn wait_started(&self) {
         // Err only when the sender is gone, i.e. never while `self` lives.
-        let _ = self.started.subscribe().wait_for(|started| *started).await;
+        let _ = self
+            .phase
+            .subscribe()
+            .wait_for(|phase| phase.hooks_run())
+            .await;
     }
 }
 

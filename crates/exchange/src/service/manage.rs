@@ -203,7 +203,7 @@ impl Exchange {
         db: &Id,
     ) -> Result<HashMap<MessageId, (Option<i64>, Option<String>)>, ExchangeError> {
         admin(who)?;
-        let Some(g) = self.core.sessions()?.db.get(db.clone(), false).await? else {
+        let Some(g) = self.core.sessions.db.get(db.clone(), false).await? else {
             return Ok(HashMap::new());
         };
         let rec = g.state();
@@ -248,7 +248,7 @@ impl Exchange {
 
     /// A database's live process and its processes in doubt.
     async fn open_processes(&self, id: &Id) -> Result<Vec<ProcessSummary>, ExchangeError> {
-        let Some(g) = self.core.sessions()?.db.get(id.clone(), false).await? else {
+        let Some(g) = self.core.sessions.db.get(id.clone(), false).await? else {
             return Ok(Vec::new());
         };
         let rec = g.state();

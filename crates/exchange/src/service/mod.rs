@@ -26,6 +26,7 @@ mod hooks;
 mod lifecycle;
 mod manage;
 mod operator;
+mod phase;
 mod protocol;
 mod push;
 mod recovery;
@@ -37,6 +38,7 @@ mod stats;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
+pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind};
 pub use schedule::Listed;
 
@@ -57,8 +59,9 @@ use admin::admin;
 use core::Core;
 use estafeta_session::{Clock, RedbStorage};
 use hooks::ExchangeHooks;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// What start-up processing found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -79,6 +82,27 @@ pub struct RecoveryReport {
 
 pub use crate::wire::Upload;
 
+/// Where the exchange hands what it does not handle itself: alerts for
+/// administrators and arrivals for push notifications. Given at
+/// [`Exchange::open`], so that start-up processing's alerts reach them.
+#[derive(Clone)]
+pub struct Sinks {
+    /// Where alerts go.
+    pub alerts: Arc<dyn AlertSink>,
+    /// Where arrivals for recipients with a webhook go.
+    pub push: Arc<dyn PushSink>,
+}
+
+impl Default for Sinks {
+    /// Alerts only logged ([`LogOnly`]), arrivals not pushed ([`NoPush`]).
+    fn default() -> Self {
+        Sinks {
+            alerts: Arc::new(LogOnly),
+            push: Arc::new(NoPush),
+        }
+    }
+}
+
 /// The exchange service. Cheap to clone.
 #[derive(Clone)]
 pub struct Exchange {
@@ -86,12 +110,14 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Open the data folder: registry, mailboxes, sessions. Returns the admin
-    /// token's provenance (print it when `Generated`). Call
-    /// [`Exchange::recover`] before serving protocol calls.
+    /// Open the data folder: registry, mailboxes, sessions, handing alerts
+    /// and arrivals to `sinks`. Returns the admin token's provenance (print
+    /// it when `Generated`). Call [`Exchange::recover`] before serving
+    /// protocol calls: until it begins, the phase is [`Phase::Starting`].
     pub async fn open(
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
+        sinks: Sinks,
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
         let layout = crate::DataLayout::new(&config.data_dir);
         let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
@@ -117,53 +143,39 @@ impl Exchange {
             schedule::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
         );
-        let core = Arc::new(Core {
+        let sessions = sessions::Sessions::open(Arc::new(storage), clock.clone()).await?;
+        // The database engine's hooks reach the core that owns the engine
+        // through a `Weak` to it.
+        let core = Arc::new_cyclic(|core| Core {
             config,
-            clock: clock.clone(),
+            clock,
             registry,
             mailboxes,
             ids: UlidGenerator::new(),
-            sessions: OnceLock::new(),
-            ready: Default::default(),
+            sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
+            phase: watch::Sender::new(Phase::Starting),
             recovery: Default::default(),
-            alerts: std::sync::RwLock::new(Arc::new(LogOnly)),
+            alerts: sinks.alerts,
             storage_alert: Default::default(),
             keys: Arc::new(keys),
             deferred,
             deferred_store: scheduled,
-            push: std::sync::RwLock::new(Arc::new(NoPush)),
+            push: sinks.push,
             webhooks: Default::default(),
-            became_ready: tokio::sync::Notify::new(),
-            started: tokio::sync::watch::Sender::new(false),
         });
-        let hooks = Arc::new(ExchangeHooks {
-            core: Arc::downgrade(&core),
-        });
-        let sessions = sessions::Sessions::open(Arc::new(storage), clock, hooks).await?;
-        let _ = core.sessions.set(sessions);
         Ok((Exchange { core }, admin_token))
-    }
-
-    /// Send alerts to `sink` from now on (the default only logs them). Set
-    /// it before [`Exchange::recover`] so start-up alerts reach it.
-    pub fn set_alert_sink(&self, sink: Arc<dyn AlertSink>) {
-        *self
-            .core
-            .alerts
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = sink;
     }
 
     /// Raise an alert found outside the exchange (free disk, an outbound
     /// host down) through the same sink, with the same tracing event.
     pub async fn raise_alert(&self, alert: Alert) {
         tracing::error!(target: "estafeta::alert", key = %alert.key, "{}", alert.text);
-        self.core.alert_sink().raise(alert).await;
+        self.core.alerts.raise(alert).await;
     }
 
     /// The condition with `key` ended.
     pub async fn clear_alert(&self, key: String) {
-        self.core.alert_sink().clear(key).await;
+        self.core.alerts.clear(key).await;
     }
 
     /// The exchange's clock (its time is what alerts and schedules read).
@@ -190,18 +202,19 @@ impl Exchange {
         }
     }
 
+    /// Protocol calls are served in [`Phase::Ready`] only (503
+    /// `not_ready` before and once stopping began).
     fn ready(&self) -> Result<(), ExchangeError> {
-        if self.is_ready() {
-            Ok(())
-        } else {
-            Err(ExchangeError::unavailable(
-                ErrorCode::NotReady,
-                "start-up processing is not done yet",
-            ))
-        }
+        let why = match *self.core.phase.borrow() {
+            Phase::Ready => return Ok(()),
+            Phase::Starting | Phase::Recovering => "start-up processing is not done yet",
+            Phase::Stopping => "the server is stopping",
+        };
+        Err(ExchangeError::unavailable(ErrorCode::NotReady, why))
     }
 
-    /// Start-up processing (API.md, seed 004): timed-out STARTED removed,
+    /// Start-up processing (`docs/protocol.md`, "Crash and start-up
+    /// recovery"): timed-out STARTED removed,
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
     /// moved to `Unknown`, retention applied. Protocol calls answer 503
     /// (`not_ready`) until it has run.
@@ -209,23 +222,31 @@ impl Exchange {
         self.core.recover().await
     }
 
-    /// Whether start-up processing is done.
+    /// The server's phase, to read or to wait on.
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.core.phase.subscribe()
+    }
+
+    /// Whether the phase is [`Phase::Ready`]: start-up processing done, not
+    /// stopping.
     pub fn is_ready(&self) -> bool {
-        self.core.ready.load(Ordering::SeqCst)
+        *self.core.phase.borrow() == Phase::Ready
     }
 
     /// Waits until start-up processing is done (what depends on its
-    /// results, such as the webhooks it loads, starts after it).
-    pub async fn wait_ready(&self) {
-        loop {
-            let woken = self.core.became_ready.notified();
-            let mut woken = std::pin::pin!(woken);
-            woken.as_mut().enable();
-            if self.is_ready() {
-                return;
-            }
-            woken.await;
-        }
+    /// results, such as the webhooks it loads, starts after it) or stopping
+    /// began; whether the phase is [`Phase::Ready`].
+    pub async fn wait_ready(&self) -> bool {
+        let mut phase = self.phase();
+        // Err only when the sender is gone, i.e. never while `self` lives.
+        let reached = phase.wait_for(|p| *p >= Phase::Ready).await;
+        reached.is_ok_and(|p| *p == Phase::Ready)
+    }
+
+    /// Stopping began: the phase becomes [`Phase::Stopping`] (readiness
+    /// ends, new protocol calls answer `not_ready`); calls in flight finish.
+    pub fn begin_stopping(&self) {
+        self.core.phase.send_replace(Phase::Stopping);
     }
 
     /// Who a bearer token belongs to.
@@ -440,11 +461,8 @@ impl Exchange {
     }
 
     /// Move scheduled messages (`deliver_at`) into their queues as they
-    /// come due, until `shutdown` resolves. Run it once, beside serving.
-    pub async fn run_deliveries(
-        &self,
-        shutdown: impl std::future::Future<Output = ()> + Send,
-    ) -> Result<(), ExchangeError> {
+    /// come due, until `stop` is cancelled. Run it once, beside serving.
+    pub async fn run_deliveries(&self, stop: CancellationToken) -> Result<(), ExchangeError> {
         let core = self.core.clone();
         let handler = move |entry: estafeta_repeat::Entry| {
             let core = core.clone();
@@ -452,7 +470,11 @@ impl Exchange {
         };
         self.core
             .deferred
-            .run(estafeta_repeat::WorkerPool::new(4), handler, shutdown)
+            .run(
+                estafeta_repeat::WorkerPool::new(4),
+                handler,
+                stop.cancelled(),
+            )
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
@@ -479,15 +501,17 @@ impl Exchange {
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
 
-    /// Stop: refuse new calls, let running ones finish, save sessions.
+    /// Stop: refuse new calls ([`Exchange::begin_stopping`]), let running
+    /// ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
+        self.begin_stopping();
         self.core.deferred.close().await;
-        self.core.sessions()?.stop().await?;
+        self.core.sessions.stop().await?;
         Ok(())
     }
 
     /// The session engines' figures, added up (for metrics).
-    pub fn session_stats(&self) -> Option<estafeta_session::Stats> {
-        self.core.sessions.get().map(sessions::Sessions::stats)
+    pub fn session_stats(&self) -> estafeta_session::Stats {
+        self.core.sessions.stats()
     }
 }

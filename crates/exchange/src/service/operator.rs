@@ -98,7 +98,7 @@ impl Exchange {
         db: &Id,
     ) -> Result<Vec<(ProcessId, Vec<MessageId>)>, ExchangeError> {
         admin(who)?;
-        let Some(g) = self.core.sessions()?.db.get(db.clone(), false).await? else {
+        let Some(g) = self.core.sessions.db.get(db.clone(), false).await? else {
             return Ok(Vec::new());
         };
         Ok(g.state()
@@ -243,7 +243,7 @@ impl Core {
         id: MessageId,
         requeue: bool,
     ) -> Result<(), ExchangeError> {
-        let g = self.sessions()?.db.get(mailbox.clone(), false).await?;
+        let g = self.sessions.db.get(mailbox.clone(), false).await?;
         if let Some(g) = &g
             && Core::referenced(g.state()).any(|n| n.id == id)
         {
@@ -288,6 +288,7 @@ mod tests {
         let (ex, _) = Exchange::open(
             ExchangeConfig::new(data),
             Arc::new(estafeta_session::SystemClock),
+            crate::Sinks::default(),
         )
         .await
         .unwrap();

@@ -39,7 +39,7 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
 
 impl Core {
     async fn db_session(&self, db: &Id) -> Result<Guard, ExchangeError> {
-        self.sessions()?
+        self.sessions
             .db
             .get(db.clone(), true)
             .await?

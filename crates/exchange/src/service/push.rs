@@ -19,7 +19,7 @@ use crate::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, PoisonError};
+use std::sync::PoisonError;
 
 /// The longest webhook URL accepted.
 const MAX_URL: usize = 2048;
@@ -140,14 +140,6 @@ fn is_link_local_or_metadata(ip: IpAddr) -> bool {
 }
 
 impl Core {
-    /// The sink arrivals go to now.
-    fn push_sink(&self) -> Arc<dyn PushSink> {
-        self.push
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// Messages are durably in `recipient`'s `Messages`: tell the sink, if
     /// the recipient has a webhook.
     pub(crate) fn arrived(&self, recipient: &Id) {
@@ -158,7 +150,7 @@ impl Core {
             .get(recipient)
             .map(|(kind, _)| *kind);
         if let Some(kind) = kind {
-            self.push_sink().arrived(recipient, kind);
+            self.push.arrived(recipient, kind);
         }
     }
 
@@ -195,7 +187,7 @@ impl Core {
         }
         let unavailable =
             || ExchangeError::unavailable(ErrorCode::StorageError, "recipient session unavailable");
-        let sessions = self.sessions()?;
+        let sessions = &self.sessions;
         match kind {
             RecipientKind::Database => {
                 let mut g = sessions
@@ -266,7 +258,7 @@ impl Core {
     /// again after a failed start-up, it reads the same).
     pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
         let mut map = HashMap::new();
-        let sessions = self.sessions()?;
+        let sessions = &self.sessions;
         for e in self.registry.databases() {
             if let Some(g) = sessions.db.get(e.id.clone(), false).await?
                 && let Some(url) = g.state().webhook.clone()
@@ -295,16 +287,6 @@ impl Core {
 }
 
 impl super::Exchange {
-    /// Send arrivals for recipients with a webhook to `sink` from now on
-    /// (the default drops them).
-    pub fn set_push_sink(&self, sink: Arc<dyn PushSink>) {
-        *self
-            .core
-            .push
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = sink;
-    }
-
     /// Admin: set (or with `None` clear) the webhook of a database or a
     /// device; the stored value. 403 for a non-admin, 404 for an unknown
     /// id, 400 for a bad URL.

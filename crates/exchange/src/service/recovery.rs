@@ -17,7 +17,7 @@ impl Core {
     /// process refers to are moved to `Unknown` and reported; then
     /// retention runs.
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
-        self.started.send_replace(true);
+        self.phase.send_modify(|phase| *phase = phase.recovering());
         let mut report = RecoveryReport::default();
         for e in self
             .registry
@@ -30,7 +30,7 @@ impl Core {
         }
         for db in self.registry.databases() {
             report.databases += 1;
-            let g = self.sessions()?.db.get(db.id.clone(), true).await?;
+            let g = self.sessions.db.get(db.id.clone(), true).await?;
             let referenced: HashSet<MessageId> = match &g {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),
@@ -72,8 +72,7 @@ impl Core {
         report.expired_files = self.retention_sweep().await?;
         self.load_webhooks().await?;
         self.push_waiting().await;
-        self.ready.store(true, Ordering::SeqCst);
-        self.became_ready.notify_waiters();
+        self.phase.send_modify(|phase| *phase = phase.recovered());
         tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
         Ok(report)
     }
@@ -111,11 +110,10 @@ impl Core {
             .into_iter()
             .chain(self.registry.devices())
         {
-            let keep: HashSet<MessageId> =
-                match self.sessions()?.db.get(e.id.clone(), false).await? {
-                    Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
-                    None => HashSet::new(),
-                };
+            let keep: HashSet<MessageId> = match self.sessions.db.get(e.id.clone(), false).await? {
+                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+                None => HashSet::new(),
+            };
             for folder in [
                 Folder::Log,
                 Folder::Prepared,

@@ -7,8 +7,9 @@
 use super::hooks::ExchangeHooks;
 use super::state::{DbRecord, DeviceRecord, ProcessRecord};
 use crate::{Id, ProcessId};
+use estafeta_session::index::DefaultIndex;
 use estafeta_session::{
-    Clock, Engine, Error, Stats, Storage, StorageError, Timestamp, storage::Write,
+    Clock, Engine, Error, Loaded, Stats, Storage, StorageError, Timestamp, storage::Write,
 };
 use std::sync::Arc;
 
@@ -80,6 +81,25 @@ impl Storage for Namespace {
     }
 }
 
+/// The engines opened, the database engine not started: its hooks hold
+/// a `Weak` to the core that will own it.
+pub(crate) struct Opening {
+    db: Loaded<Id, DbRecord, DefaultIndex<Id>>,
+    device: Engine<Id, DeviceRecord>,
+    process: Engine<ProcessId, ProcessRecord>,
+}
+
+impl Opening {
+    /// Start the database engine with `hooks` (without waiting).
+    pub(crate) fn start(self, hooks: Arc<ExchangeHooks>) -> Sessions {
+        Sessions {
+            db: self.db.hooks(hooks).start(),
+            device: self.device,
+            process: self.process,
+        }
+    }
+}
+
 /// The three engines.
 pub(crate) struct Sessions {
     /// Databases: the live process, those in doubt, the recent ones.
@@ -91,25 +111,25 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    /// Open the engines over `storage`; the database engine runs the
-    /// exchange's hooks (deadlines and start-up processing), the others
-    /// none (a process record ends when its retention deadline passes).
+    /// Open the device and process engines over `storage` and load the
+    /// database engine's expiry index; [`Opening::start`] starts the
+    /// latter with the exchange's hooks (deadlines and start-up
+    /// processing). The other kinds have no hooks (a process record ends
+    /// when its retention deadline passes).
     pub(crate) async fn open(
         storage: Arc<dyn Storage>,
         clock: Arc<dyn Clock>,
-        hooks: Arc<ExchangeHooks>,
-    ) -> Result<Sessions, Error> {
+    ) -> Result<Opening, Error> {
         let part = |prefix| -> Arc<dyn Storage> {
             Arc::new(Namespace {
                 prefix,
                 inner: storage.clone(),
             })
         };
-        Ok(Sessions {
+        Ok(Opening {
             db: Engine::builder(part(b"db/"))
                 .clock(clock.clone())
-                .hooks(hooks)
-                .open()
+                .load()
                 .await?,
             device: Engine::builder(part(b"dev/"))
                 .clock(clock.clone())

@@ -5,7 +5,7 @@
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks};
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,19 +30,21 @@ fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
-pub async fn open(dir: &std::path::Path, start: SessionTime) -> Exchange {
-    let ex = open_unrecovered(dir, start).await;
+/// The exchange opened on `dir`'s data folder, handing alerts and arrivals
+/// to `sinks`, and start-up processing run.
+pub async fn open(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
+    let ex = open_unrecovered(dir, start, sinks).await;
     ex.recover().await.unwrap();
     ex
 }
 
 /// The exchange opened, start-up processing not yet run.
-pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime) -> Exchange {
+pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
     let mut config = ExchangeConfig::new(dir.join("data"));
     config.admin_token = Some("a".repeat(64));
     config.started_timeout = STARTED_TIMEOUT;
     config.ready_timeout = READY_TIMEOUT;
-    let (ex, _) = Exchange::open(config, Arc::new(TokioClock::starting_at(start)))
+    let (ex, _) = Exchange::open(config, Arc::new(TokioClock::starting_at(start)), sinks)
         .await
         .unwrap();
     ex
@@ -50,8 +52,15 @@ pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime) -> Exch
 
 impl World {
     pub async fn new() -> World {
+        World::with_sinks(|_| Sinks::default()).await
+    }
+
+    /// A world whose exchange hands alerts and arrivals to the sinks that
+    /// `sinks` makes, given the data folder.
+    pub async fn with_sinks(sinks: impl FnOnce(&std::path::Path) -> Sinks) -> World {
         let dir = tempfile::tempdir().unwrap();
-        let ex = open(dir.path(), SessionTime(1_800_000_000_000)).await;
+        let sinks = sinks(&dir.path().join("data"));
+        let ex = open(dir.path(), SessionTime(1_800_000_000_000), sinks).await;
         let admin = Principal::Admin;
         for ent in ["acme", "other"] {
             ex.create_enterprise(&admin, id(ent)).await.unwrap();
@@ -94,6 +103,16 @@ impl World {
     /// Shut the exchange down, let its tasks close their files, and open
     /// the same data folder again with a clock that reads `at`.
     pub async fn restart(self, at: SessionTime) -> World {
+        self.restart_with(at, |_| Sinks::default()).await
+    }
+
+    /// [`World::restart`] with the sinks that `sinks` makes, given the
+    /// data folder.
+    pub async fn restart_with(
+        self,
+        at: SessionTime,
+        sinks: impl FnOnce(&std::path::Path) -> Sinks,
+    ) -> World {
         self.ex.shutdown().await.unwrap();
         let World {
             ex,
@@ -110,7 +129,8 @@ impl World {
         for _ in 0..100 {
             tokio::task::yield_now().await;
         }
-        let ex = open(dir.path(), at).await;
+        let sinks = sinks(&dir.path().join("data"));
+        let ex = open(dir.path(), at, sinks).await;
         World {
             dir,
             ex,

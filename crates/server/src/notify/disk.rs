@@ -1,11 +1,11 @@
 //! Free disk space of the data folder, checked periodically: under the
 //! threshold raises a `disk_low` alert, back over it clears the condition.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use estafeta_exchange::{Alert, AlertKind, Exchange, alert_key};
+use tokio_util::sync::CancellationToken;
 
 /// Bytes available to an unprivileged writer on the file system of `path`
 /// (the same statvfs reading as the `estafeta_disk_free_bytes` metric).
@@ -14,23 +14,23 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
-/// Checks free space every `period` until `stop`; `threshold` 0: never.
+/// Checks free space every `period` until `stop` is cancelled; `threshold`
+/// 0: never.
 pub async fn watch(
     exchange: Exchange,
     data_dir: PathBuf,
     threshold: u64,
     period: Duration,
-    stop: impl Future<Output = ()> + Send,
+    stop: CancellationToken,
 ) {
     if threshold == 0 {
-        return stop.await;
+        return stop.cancelled().await;
     }
-    let mut stop = std::pin::pin!(stop);
     let mut tick = tokio::time::interval(period);
     let mut low = false;
     loop {
         tokio::select! {
-            _ = &mut stop => return,
+            _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let dir = data_dir.clone();

@@ -35,7 +35,6 @@ pub use push::Pusher;
 pub use raised::{AlertRecord, Raised, RaisedError};
 pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +46,7 @@ use estafeta_repeat::{
 use estafeta_sendq::{EmailMessage, ProbeRequest, SendError, SmsMessage, WebhookRequest};
 use estafeta_session::BoxFuture;
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use outbound::{EMAIL, HttpOut, Outbound, PROBE, SMS, WEBHOOK, host_of};
 
@@ -208,29 +208,22 @@ impl Notifier {
     }
 
     /// Delivers due alerts, watches the disk and probes the HTTP hosts
-    /// until `stop` resolves; then stops the queues (queued alerts go back
-    /// to the scheduler, to be sent after the restart).
-    pub async fn run(&self, exchange: Exchange, stop: impl Future<Output = ()> + Send + 'static) {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
+    /// until `stop` is cancelled; then stops the queues (queued alerts go
+    /// back to the scheduler, to be sent after the restart).
+    pub async fn run(&self, exchange: Exchange, stop: CancellationToken) {
         let disk = tokio::spawn(disk::watch(
             exchange.clone(),
             self.inner.settings.data_dir.clone(),
             self.inner.settings.disk_alert_bytes,
             self.inner.settings.disk_check,
-            stopped(stop_rx.clone()),
+            stop.clone(),
         ));
-        let probes = tokio::spawn(
-            self.clone()
-                .probe(exchange.clone(), stopped(stop_rx.clone())),
-        );
+        let probes = tokio::spawn(self.clone().probe(exchange.clone(), stop.clone()));
         let queues = {
             let outbound = self.inner.outbound.clone();
-            let rx = stop_rx.clone();
+            let stop = stop.clone();
             tokio::spawn(async move {
-                stopped(rx).await;
+                stop.cancelled().await;
                 // Sends waiting in the queues fail now, so the scheduler's
                 // handlers finish and their entries stay for the next start.
                 outbound.shutdown().await;
@@ -241,14 +234,10 @@ impl Notifier {
             let me = me.clone();
             async move { me.deliver(entry).await }
         };
-        tokio::spawn(async move {
-            stop.await;
-            stop_tx.send_replace(true);
-        });
         if let Err(e) = self
             .inner
             .scheduler
-            .run(WorkerPool::new(WORKERS), handler, stopped(stop_rx))
+            .run(WorkerPool::new(WORKERS), handler, stop.cancelled())
             .await
         {
             tracing::error!(error = %e, "alert delivery stopped");
@@ -356,17 +345,16 @@ impl Notifier {
     /// again on a good one. A host found down raises a `host_down` alert
     /// (sent through the other channels at once, through its own when it
     /// is back), cleared when it is up again.
-    async fn probe(self, exchange: Exchange, stop: impl Future<Output = ()> + Send) {
+    async fn probe(self, exchange: Exchange, stop: CancellationToken) {
         let period = self.inner.settings.probe;
         if period.is_zero() {
-            return stop.await;
+            return stop.cancelled().await;
         }
-        let mut stop = std::pin::pin!(stop);
         let mut tick = tokio::time::interval(period);
         let mut down = std::collections::HashSet::new();
         loop {
             tokio::select! {
-                _ = &mut stop => return,
+                _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
             for host in &self.inner.outbound.http_hosts() {

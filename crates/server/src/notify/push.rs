@@ -25,7 +25,6 @@
 //! still holds something (at least once: one notification more at most).
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -35,6 +34,7 @@ use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use super::backlog::{self, Backlog, LastErrors, Row};
 use super::outbound::{HttpOut, Outbound, PUSH, host_of};
@@ -56,11 +56,11 @@ struct Push {
 
 /// The exchange's clock as the repeat scheduler's, so a test that moves
 /// one moves both.
-struct ExchangeClock(Exchange);
+struct ExchangeClock(Arc<dyn estafeta_session::Clock>);
 
 impl estafeta_repeat::Clock for ExchangeClock {
     fn now(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.0.now().as_millis()).unwrap_or(0))
+        Duration::from_millis(self.0.now().0)
     }
 }
 
@@ -71,7 +71,6 @@ pub struct Pusher {
 }
 
 struct Inner {
-    exchange: Exchange,
     outbound: Outbound,
     scheduler: Scheduler<Listed<RedbStore>, ExchangeClock>,
     store: Arc<RedbStore>,
@@ -84,9 +83,13 @@ struct Inner {
 
 impl Pusher {
     /// Opens the push store under `<data>/.estafeta/` and sends through the
-    /// notifier's queues, retrying after the notifier's first wait.
-    /// Notifications pending from an earlier run are picked up.
-    pub async fn open(notifier: &Notifier, exchange: Exchange) -> Result<Self, NotifyError> {
+    /// notifier's queues, retrying after the notifier's first wait, on the
+    /// exchange's `clock`. Notifications pending from an earlier run are
+    /// picked up.
+    pub async fn open(
+        notifier: &Notifier,
+        clock: Arc<dyn estafeta_session::Clock>,
+    ) -> Result<Self, NotifyError> {
         let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
         let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
             .await
@@ -99,11 +102,7 @@ impl Pusher {
             },
             ..Options::default()
         };
-        let scheduler = Scheduler::new(
-            Listed(store.clone()),
-            ExchangeClock(exchange.clone()),
-            options,
-        );
+        let scheduler = Scheduler::new(Listed(store.clone()), ExchangeClock(clock), options);
         // What an earlier run left pending is pending now: arrivals for
         // those recipients coalesce into it.
         let earlier = {
@@ -119,7 +118,6 @@ impl Pusher {
             .collect();
         let pusher = Pusher {
             inner: Arc::new(Inner {
-                exchange,
                 outbound: notifier.outbound().clone(),
                 scheduler,
                 store,
@@ -131,26 +129,28 @@ impl Pusher {
         Ok(pusher)
     }
 
-    /// Sends due notifications until `stop` resolves, and every `probe`
-    /// (when not zero) looks for webhook hosts that came back up. Start it
-    /// once start-up processing is done (the webhooks are known then).
-    pub async fn run(&self, probe: Duration, stop: impl Future<Output = ()> + Send) {
+    /// Sends due notifications to the webhooks `exchange` knows until `stop`
+    /// is cancelled, and every `probe` (when not zero) looks for webhook
+    /// hosts that came back up. Start it once start-up processing is done
+    /// (the webhooks are known then).
+    pub async fn run(&self, exchange: Exchange, probe: Duration, stop: CancellationToken) {
         let me = self.clone();
+        let ex = exchange.clone();
         let handler = move |entry: Entry| {
-            let me = me.clone();
-            async move { me.deliver(entry).await }
+            let (me, ex) = (me.clone(), ex.clone());
+            async move { me.deliver(&ex, entry).await }
         };
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let watcher = tokio::spawn(self.clone().watch_hosts(probe, stop_rx));
+        let hosts = stop.child_token();
+        let watcher = tokio::spawn(self.clone().watch_hosts(exchange, probe, hosts.clone()));
         if let Err(e) = self
             .inner
             .scheduler
-            .run(WorkerPool::new(WORKERS), handler, stop)
+            .run(WorkerPool::new(WORKERS), handler, stop.cancelled())
             .await
         {
             tracing::error!(error = %e, "push delivery stopped");
         }
-        stop_tx.send_replace(true);
+        hosts.cancel();
         if let Err(e) = watcher.await {
             tracing::error!(error = %e, "the push host watcher panicked");
         }
@@ -165,16 +165,15 @@ impl Pusher {
 
     /// A host that was down and is up again gets its notifications at
     /// once, rather than when their backoff runs out (attempts restart).
-    async fn watch_hosts(self, period: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+    async fn watch_hosts(self, exchange: Exchange, period: Duration, stop: CancellationToken) {
         if period.is_zero() {
-            let _ = stop.wait_for(|s| *s).await;
-            return;
+            return stop.cancelled().await;
         }
         let mut tick = tokio::time::interval(period);
         let mut down = HashSet::new();
         loop {
             tokio::select! {
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
             for host in self.inner.outbound.http_hosts() {
@@ -182,7 +181,7 @@ impl Pusher {
                     Some(true) => {
                         down.insert(host);
                     }
-                    _ if down.remove(&host) => self.hurry(&host).await,
+                    _ if down.remove(&host) => self.hurry(&exchange, &host).await,
                     _ => {}
                 }
             }
@@ -190,7 +189,7 @@ impl Pusher {
     }
 
     /// Makes the notifications for `host` that wait for a retry due now.
-    async fn hurry(&self, host: &str) {
+    async fn hurry(&self, exchange: &Exchange, host: &str) {
         use estafeta_repeat::Clock;
         let now = self.inner.scheduler.clock().now_secs();
         let listed = Listed(self.inner.store.clone());
@@ -203,7 +202,7 @@ impl Pusher {
         for entry in entries.iter().filter(|e| e.due > now) {
             let for_host = serde_json::from_slice::<Push>(&entry.payload)
                 .ok()
-                .and_then(|p| self.inner.exchange.webhook(&p.recipient))
+                .and_then(|p| exchange.webhook(&p.recipient))
                 .and_then(|(_, url)| host_of(&url))
                 .is_some_and(|h| h == host);
             if for_host && let Err(e) = self.inner.scheduler.reschedule(&entry.id, now).await {
@@ -266,7 +265,7 @@ impl Pusher {
     }
 
     /// One due notification: sent, or failed for a retry with backoff.
-    async fn deliver(&self, entry: Entry) -> Outcome {
+    async fn deliver(&self, exchange: &Exchange, entry: Entry) -> Outcome {
         let push: Push = match serde_json::from_slice(&entry.payload) {
             Ok(p) => p,
             Err(e) => {
@@ -274,7 +273,7 @@ impl Pusher {
                 return Outcome::Done;
             }
         };
-        let Some((kind, url)) = self.inner.exchange.webhook(&push.recipient) else {
+        let Some((kind, url)) = exchange.webhook(&push.recipient) else {
             tracing::info!(recipient = %push.recipient, "webhook cleared; push notification dropped");
             return self.settled(&entry, &push.recipient);
         };
@@ -288,7 +287,7 @@ impl Pusher {
             "event": "messages_waiting",
             "recipient": push.recipient,
             "kind": kind,
-            "at": self.inner.exchange.now(),
+            "at": exchange.now(),
         });
         let call = HttpOut::Webhook(WebhookRequest { url, body });
         let sent = match self.inner.outbound.http.submit(host, PUSH, call) {

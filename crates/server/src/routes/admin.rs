@@ -776,10 +776,8 @@ pub async fn alerts(
     }
     let unavailable =
         |m: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::StorageError, m);
-    let notifier = state
+    let records = state
         .notifier()
-        .ok_or_else(|| unavailable("the alert store is not open yet".to_owned()))?;
-    let records = notifier
         .alerts(ALERTS_LISTED)
         .await
         .map_err(|e| unavailable(e.to_string()))?;

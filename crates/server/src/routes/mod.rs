@@ -1,4 +1,4 @@
-//! The HTTP handlers, one module per group of API.md: operations, the
+//! The HTTP handlers, one module per group of the HTTP API: operations, the
 //! administration calls, the device calls and the processor calls. Each
 //! handler authenticates, parses its path and body into domain types, calls
 //! one method of the exchange and turns its answer into HTTP.

@@ -24,11 +24,11 @@ use estafeta_client::Client;
 use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Id};
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::{HttpSettings, ServeError, run_with};
+use estafeta_server::{HttpSettings, ServeError, Server};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// The admin token of in-process servers.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
@@ -57,28 +57,32 @@ pub fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
-/// Opens an exchange on `data` with the test admin token.
-pub async fn open_exchange(data: &Path) -> Exchange {
-    open_exchange_with(data, |_| {}).await
+/// Opens a server on `data` with the test admin token, the default HTTP
+/// settings and logged alerts.
+pub async fn open_server(data: &Path) -> Server {
+    open_server_with(
+        data,
+        HttpSettings::default(),
+        |_| {},
+        NotifySettings::log_only(data),
+    )
+    .await
 }
 
-/// Opens an exchange on `data` with the test admin token and `tweak`ed settings.
-pub async fn open_exchange_with(data: &Path, tweak: impl FnOnce(&mut ExchangeConfig)) -> Exchange {
-    open_exchange_clocked(data, Arc::new(estafeta_session::SystemClock), tweak).await
-}
-
-/// Opens an exchange on `data` with the test admin token, `clock` and
-/// `tweak`ed settings.
-pub async fn open_exchange_clocked(
+/// Opens a server on `data` with the test admin token, `http`, `tweak`ed
+/// exchange settings and `notify`.
+pub async fn open_server_with(
     data: &Path,
-    clock: Arc<dyn estafeta_session::Clock>,
+    http: HttpSettings,
     tweak: impl FnOnce(&mut ExchangeConfig),
-) -> Exchange {
+    notify: NotifySettings,
+) -> Server {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
     tweak(&mut config);
-    let (exchange, _) = Exchange::open(config, clock).await.unwrap();
-    exchange
+    let clock = Arc::new(estafeta_session::SystemClock);
+    let (server, _) = Server::open(config, clock, http, notify).await.unwrap();
+    server
 }
 
 /// Waits until `/readyz` answers 200 (start-up recovery runs in the
@@ -102,7 +106,7 @@ pub struct TestServer {
     pub admin: Client,
     /// The server's exchange (for calls no HTTP route makes).
     pub exchange: Exchange,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
@@ -133,20 +137,13 @@ impl TestServer {
         notify: impl FnOnce(&Path) -> NotifySettings,
     ) -> TestServer {
         let data = tempfile::tempdir().unwrap();
-        let exchange = open_exchange_with(data.path(), tweak).await;
+        let notify = notify(data.path());
+        let server = open_server_with(data.path(), http, tweak, notify).await;
+        let exchange = server.exchange().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let notify = notify(data.path());
-        let task = tokio::spawn(run_with(
-            listener,
-            exchange.clone(),
-            http,
-            notify,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server.run(listener, stop.clone()));
         let base = format!("http://{addr}");
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
@@ -156,7 +153,7 @@ impl TestServer {
             base,
             admin,
             exchange,
-            stop: Some(stop),
+            stop,
             task: Some(task),
         }
     }
@@ -173,9 +170,7 @@ impl TestServer {
 
     /// Signals shutdown without waiting for it.
     pub fn signal_stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
     }
 
     /// Signals shutdown and waits for `run` to return.

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::{Exchange, ExchangeConfig, MessageId};
+use estafeta_exchange::{ExchangeConfig, MessageId};
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::{HttpSettings, ServeError, run_with};
-use tokio::sync::oneshot;
+use estafeta_server::{HttpSettings, ServeError, Server as Assembled};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::clock::ManualClock;
 use super::{ADMIN_TOKEN, id, wait_ready};
@@ -21,7 +21,7 @@ pub struct Server {
     pub admin: Client,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
-    stop: oneshot::Sender<()>,
+    stop: CancellationToken,
     task: JoinHandle<Result<(), ServeError>>,
 }
 
@@ -36,19 +36,11 @@ impl Server {
         clock: &ManualClock,
         notify: NotifySettings,
     ) -> Server {
-        let exchange = reopen(data, clock).await;
+        let server = reopen(data, clock, notify).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_with(
-            listener,
-            exchange,
-            HttpSettings::default(),
-            notify,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server.run(listener, stop.clone()));
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
         Server {
@@ -60,7 +52,7 @@ impl Server {
     }
 
     pub async fn stop(self) {
-        let _ = self.stop.send(());
+        self.stop.cancel();
         self.task.await.unwrap().unwrap();
     }
 
@@ -90,14 +82,15 @@ impl Server {
     }
 }
 
-/// Opens the exchange on `data`; the last run's tasks release the files
+/// Opens the server on `data`; the last run's tasks release the files
 /// a moment after it stopped, so a restart tries a few times.
-pub async fn reopen(data: &Path, clock: &ManualClock) -> Exchange {
+pub async fn reopen(data: &Path, clock: &ManualClock, notify: NotifySettings) -> Assembled {
     for _ in 0..500 {
         let mut config = ExchangeConfig::new(data);
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
-        match Exchange::open(config, Arc::new(clock.clone())).await {
-            Ok((exchange, _)) => return exchange,
+        let (http, notify) = (HttpSettings::default(), notify.clone());
+        match Assembled::open(config, Arc::new(clock.clone()), http, notify).await {
+            Ok((server, _)) => return server,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }

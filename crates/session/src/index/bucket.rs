@@ -1,4 +1,4 @@
-//! Seed 001's index: time slices. A key touched is copied forward into the
+//! An index of time slices. A key touched is copied forward into the
 //! slice of its new time; stale copies in older slices are skipped when met;
 //! whole slices are dropped at once when their time has passed.
 //!
@@ -17,7 +17,7 @@ struct Entry {
     last_access: Option<Timestamp>,
 }
 
-/// Time-bucket index (seed 001).
+/// Time-bucket index.
 #[derive(Debug)]
 pub struct BucketIndex<K> {
     slice_ms: u64,

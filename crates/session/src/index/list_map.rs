@@ -1,5 +1,5 @@
-//! Seed 000's index: a list of keys in last-access order, a hash from key to
-//! its entry, and an ordered map of expirations.
+//! An index of a list of keys in last-access order, a hash from key to its
+//! entry, and an ordered map of expirations.
 
 use super::ExpiryIndex;
 use crate::clock::Timestamp;
@@ -15,7 +15,7 @@ struct Entry {
     seq: u64,
 }
 
-/// List + hash + ordered map (seed 000).
+/// List + hash + ordered map.
 #[derive(Debug)]
 pub struct ListMapIndex<K> {
     entries: HashMap<K, Entry>,

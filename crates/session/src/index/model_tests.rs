@@ -1,6 +1,7 @@
 //! Both indexes checked against a plain map on random operations.
 
-use super::{BucketIndex, ExpiryIndex, ListMapIndex};
+use super::list_map::ListMapIndex;
+use super::{BucketIndex, ExpiryIndex};
 use crate::clock::Timestamp;
 use proptest::prelude::*;
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! The shared harness of the simulator tests: the server library's `run` on
+//! The shared harness of the simulator tests: the server library's `Server` on
 //! a loopback port-0 listener over a temporary data folder, and a
 //! provisioned enterprise.
 #![allow(dead_code, unreachable_pub)]
@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_exchange::{Exchange, ExchangeConfig};
-use estafeta_server::{HttpSettings, ServeError, run};
+use estafeta_exchange::ExchangeConfig;
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, Server};
 use estafeta_wire::{Folder, Id, MessageId};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// The admin token of the test servers.
 pub const ADMIN_TOKEN: &str = "sim-test-admin-token-0123456789";
@@ -24,7 +25,7 @@ pub fn id(s: &str) -> Id {
 pub struct TestServer {
     pub data: tempfile::TempDir,
     pub admin: Client,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
@@ -35,27 +36,25 @@ impl TestServer {
         let mut config = ExchangeConfig::new(data.path());
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
         tweak(&mut config);
-        let (exchange, _) = Exchange::open(config, Arc::new(estafeta_session::SystemClock))
-            .await
-            .unwrap();
+        let (server, _) = Server::open(
+            config,
+            Arc::new(estafeta_session::SystemClock),
+            HttpSettings::default(),
+            NotifySettings::log_only(data.path()),
+        )
+        .await
+        .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(
-            listener,
-            exchange,
-            HttpSettings::default(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server.run(listener, stop.clone()));
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         for _ in 0..1000 {
             if admin.readyz().await.unwrap() {
                 return TestServer {
                     data,
                     admin,
-                    stop: Some(stop),
+                    stop,
                     task: Some(task),
                 };
             }
@@ -66,9 +65,7 @@ impl TestServer {
 
     /// Stops the server and waits for it.
     pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
         self.task.take().unwrap().await.unwrap().unwrap();
     }
 

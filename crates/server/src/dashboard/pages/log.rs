@@ -28,13 +28,10 @@ pub(super) struct AlertRow {
     pub(super) acked_at: Option<String>,
 }
 
-/// The newest alerts from the notifier's store (none when the server
-/// runs no notifier).
+/// The newest alerts from the notifier's store.
 pub(super) async fn alert_rows(state: &AppState) -> Result<Vec<AlertRow>, PageError> {
-    let Some(notifier) = state.notifier() else {
-        return Ok(Vec::new());
-    };
-    let alerts = notifier
+    let alerts = state
+        .notifier()
         .alerts(ALERTS_SHOWN)
         .await
         .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
@@ -88,7 +85,7 @@ pub async fn acknowledge(
     }
     let unknown = || PageError(StatusCode::NOT_FOUND, format!("no alert {id}"));
     let number: u64 = id.parse().map_err(|_| unknown())?;
-    let notifier = state.notifier().ok_or_else(unknown)?;
+    let notifier = state.notifier();
     match notifier.acknowledge(number, state.exchange().now()).await {
         Ok(()) => {
             tracing::info!(target: "estafeta::event", alert = id, "alert acknowledged");

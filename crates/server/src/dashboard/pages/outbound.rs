@@ -21,20 +21,14 @@ const ROWS_SHOWN: usize = 200;
 #[template(path = "queues.html")]
 struct QueuesPage {
     layout: Layout,
-    configured: bool,
     hosts: Vec<HostFigures>,
 }
 
 /// `GET /admin/queues`: the send queues' hosts and types.
 pub async fn queues(State(state): State<AppState>, session: AdminSession) -> PageResult {
-    let (configured, hosts) = match state.notifier() {
-        Some(n) => (true, n.outbound().figures()),
-        None => (false, Vec::new()),
-    };
     Ok(render(&QueuesPage {
         layout: Layout::new("Queues", &session, None),
-        configured,
-        hosts,
+        hosts: state.notifier().outbound().figures(),
     }))
 }
 
@@ -69,12 +63,14 @@ struct DeliveriesPage {
 pub async fn deliveries(State(state): State<AppState>, session: AdminSession) -> PageResult {
     let ex = state.exchange();
     let mut entries: Vec<Row> = Vec::new();
-    if let Some(n) = state.notifier() {
-        entries.extend(n.pending(ROWS_SHOWN).await.unwrap_or_default());
-    }
-    if let Some(p) = state.pusher() {
-        entries.extend(p.pending(ROWS_SHOWN).await.unwrap_or_default());
-    }
+    entries.extend(
+        state
+            .notifier()
+            .pending(ROWS_SHOWN)
+            .await
+            .unwrap_or_default(),
+    );
+    entries.extend(state.pusher().pending(ROWS_SHOWN).await.unwrap_or_default());
     let none = LastErrors::default();
     entries.extend(
         ex.scheduled(ROWS_SHOWN)
