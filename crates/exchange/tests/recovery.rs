@@ -301,7 +301,12 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
             }])
             .unwrap();
     }
-    let ex = open(dir.path(), SessionTime(T0 + DAY)).await;
+    let ex = open(
+        dir.path(),
+        SessionTime(T0 + DAY),
+        estafeta_exchange::Sinks::default(),
+    )
+    .await;
     let (again, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
     assert_eq!((again.id, outcome), (sent.id, Upload::Repeated));
     // Expired, the old key no longer matches.
@@ -310,7 +315,12 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    let ex = open(dir.path(), SessionTime(T0 + 8 * DAY)).await;
+    let ex = open(
+        dir.path(),
+        SessionTime(T0 + 8 * DAY),
+        estafeta_exchange::Sinks::default(),
+    )
+    .await;
     let (_, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
     assert_eq!(outcome, Upload::Created);
 }
