@@ -13,6 +13,8 @@
 //!   opens a transaction and locks the key's row until [`Locked::commit`];
 //!   a holder that dies, or drops its [`Locked`] without committing, releases
 //!   the lock and leaves nothing behind.
+//! - [`SessionStorage`] keeps the session engine's records in the store
+//!   (`estafeta_session::Storage`).
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -35,10 +37,12 @@
 mod error;
 mod lock;
 mod migrate;
+mod session_storage;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
 pub use error::Error;
 pub use lock::Locked;
+pub use session_storage::SessionStorage;
 pub use store::{Options, Store};
