@@ -76,13 +76,23 @@ async fn other_keys_do_not_wait() {
 #[tokio::test]
 async fn a_step_dropped_or_cut_off_leaves_nothing_and_frees_the_key() {
     let pg = Postgres::start().unwrap();
-    let a = node(&pg, &Options::default()).await;
+    // One connection: the next step of this node gets whatever connection
+    // the dropped step left behind.
+    let a = node(
+        &pg,
+        &Options {
+            pool_size: 1,
+            ..Options::default()
+        },
+    )
+    .await;
     let b = node(&pg, &Options::default()).await;
 
     // Dropped without commit (the node's task failed or was cancelled).
     let mut step = a.lock(b"k").await.unwrap();
     step.save(b"uncommitted", None).await.unwrap();
     drop(step);
+    assert_eq!(record(&a, b"k").await, None);
     assert_eq!(record(&b, b"k").await, None);
 
     // The holder's connection cut (the node died): the server ends its
