@@ -10,7 +10,10 @@
 //!   holder whose lease expired cannot write. 5 round trips.
 //!
 //! Both against a throwaway PostgreSQL on loopback, one client at a time,
-//! so the figure is round trips and server work, not contention.
+//! so the figure is commits, round trips and server work, not contention:
+//! once with durable commits (the row lock commits once per step, the
+//! lease three times: take, step, give back) and once without waiting for
+//! the WAL flush (round trips and server work alone).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use estafeta_cluster::Store;
@@ -80,31 +83,35 @@ fn exclusivity(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let pg = Postgres::start().unwrap();
-    let store = Store::connect(&pg.url()).unwrap();
-    runtime.block_on(async {
-        store.migrate().await.unwrap();
-        store
-            .client()
-            .await
-            .unwrap()
-            .batch_execute(LEASES)
-            .await
-            .unwrap();
-        // Both keys exist before measuring, so neither pays a first insert.
-        row_lock(&store, b"row").await;
-        row_lock(&store, b"lease").await;
-        lease_fencing(&store, b"lease").await;
-    });
-    let mut group = c.benchmark_group("exclusive_step");
-    group.bench_function("row_lock", |b| {
-        b.to_async(&runtime).iter(|| row_lock(&store, b"row"))
-    });
-    group.bench_function("lease_fencing", |b| {
-        b.to_async(&runtime)
-            .iter(|| lease_fencing(&store, b"lease"))
-    });
-    group.finish();
+    // Durable commits (as in production: each commit waits for its WAL
+    // flush), and the same without waiting for the flush, which leaves the
+    // round trips and the server's work. Each mode on a fresh instance, so
+    // that neither inherits the other's table bloat or pending WAL.
+    for (mode, settings) in [
+        ("durable", ""),
+        ("no_flush_wait", "?options=-c%20synchronous_commit%3Doff"),
+    ] {
+        let pg = Postgres::start().unwrap();
+        let store = Store::connect(&format!("{}{settings}", pg.url())).unwrap();
+        runtime.block_on(async {
+            store.migrate().await.unwrap();
+            let client = store.client().await.unwrap();
+            client.batch_execute(LEASES).await.unwrap();
+            // Both keys exist before measuring: neither pays a first insert.
+            row_lock(&store, b"row").await;
+            row_lock(&store, b"lease").await;
+            lease_fencing(&store, b"lease").await;
+        });
+        let mut group = c.benchmark_group(format!("exclusive_step/{mode}"));
+        group.bench_function("row_lock", |b| {
+            b.to_async(&runtime).iter(|| row_lock(&store, b"row"))
+        });
+        group.bench_function("lease_fencing", |b| {
+            b.to_async(&runtime)
+                .iter(|| lease_fencing(&store, b"lease"))
+        });
+        group.finish();
+    }
 }
 
 criterion_group!(benches, exclusivity);
