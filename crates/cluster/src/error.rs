@@ -11,6 +11,9 @@ pub enum Error {
     /// The store URL names no host to connect to.
     #[error("invalid store URL: it names no host")]
     NoHost,
+    /// The pool could not be built from the given options.
+    #[error("invalid store options: {0}")]
+    Options(String),
     /// No writable PostgreSQL server could be reached (all hosts down, a
     /// failover under way, the connection lost mid-call). Worth retrying:
     /// callers answer 503 with `Retry-After`.

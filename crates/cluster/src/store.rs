@@ -18,7 +18,8 @@ pub struct Options {
     pub wait_timeout: Duration,
     /// The longest a session may sit idle inside an open transaction before
     /// the server ends it (`idle_in_transaction_session_timeout`): the bound
-    /// on how long a paused or stuck node can hold a key's lock.
+    /// on how long a paused or stuck node can hold a key's lock. Zero turns
+    /// the bound off (PostgreSQL's meaning of 0).
     pub hold_limit: Duration,
 }
 
@@ -81,7 +82,7 @@ impl Store {
             .wait_timeout(Some(options.wait_timeout))
             .create_timeout(Some(options.wait_timeout))
             .build()
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
+            .map_err(|e| Error::Options(e.to_string()))?;
         Ok(Store { pool })
     }
 
