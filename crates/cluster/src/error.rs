@@ -1,0 +1,72 @@
+//! The cluster store's errors.
+
+use deadpool_postgres::PoolError;
+
+/// Why a cluster store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store URL is not a valid libpq URL or connection string.
+    #[error("invalid store URL: {0}")]
+    Url(#[source] tokio_postgres::Error),
+    /// The store URL names no host to connect to.
+    #[error("invalid store URL: it names no host")]
+    NoHost,
+    /// The pool could not be built from the given options.
+    #[error("invalid store options: {0}")]
+    Options(String),
+    /// No writable PostgreSQL server could be reached (all hosts down, a
+    /// failover under way, the connection lost mid-call). Worth retrying:
+    /// callers answer 503 with `Retry-After`.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// The server refused a statement (a bug, or a schema that does not
+    /// match this build).
+    #[error("store query failed: {0}")]
+    Query(#[source] tokio_postgres::Error),
+    /// The schema migrations could not be applied.
+    #[error("store schema migration failed: {0}")]
+    Migration(#[source] refinery::Error),
+}
+
+impl Error {
+    /// Whether the operation may succeed when tried again (the database is
+    /// unreachable or switching primaries), as opposed to a refusal that
+    /// will repeat.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}
+
+/// SQLSTATE classes and codes that mean "this server cannot serve writes
+/// now", not "this statement is wrong": connection exceptions (08…), an
+/// administrator or crash shutdown (57P01, 57P02, 57P03), a read-only server
+/// (25006: a demoted primary), the idle-in-transaction timeout that ended
+/// the session (25P03), and a serialization or deadlock retry (40001, 40P01).
+fn is_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "25006" | "25P03" | "40001" | "40P01"
+        )
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+        let transient = e.is_closed() || io || e.code().is_some_and(|c| is_transient(c.code()));
+        if transient {
+            Error::Unavailable(e.to_string())
+        } else {
+            Error::Query(e)
+        }
+    }
+}
+
+impl From<PoolError> for Error {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Backend(e) => e.into(),
+            other => Error::Unavailable(other.to_string()),
+        }
+    }
+}

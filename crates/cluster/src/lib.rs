@@ -1,0 +1,48 @@
+//! Estafeta's cluster store: the state of every node in one PostgreSQL
+//! database, so that any number of stateless `estafeta` nodes serve the same
+//! tenants and a node or the database primary can die without loss.
+//!
+//! - [`Store::connect`] opens a connection pool from a libpq URL
+//!   (`postgres://…`). A URL with several hosts and
+//!   `target_session_attrs=read-write` finds the primary among them, so a
+//!   failover needs no reconfiguration: broken connections are dropped and
+//!   new ones go to the promoted host.
+//! - [`Store::migrate`] creates or updates the schema (the SQL files under
+//!   `migrations/`); several nodes starting at once apply it exactly once.
+//! - [`Store::lock`] makes a key's step exclusive across the cluster: it
+//!   opens a transaction and locks the key's row until [`Locked::commit`];
+//!   a holder that dies, or drops its [`Locked`] without committing, releases
+//!   the lock and leaves nothing behind.
+//! - [`SessionStorage`] keeps the session engine's records in the store
+//!   (`estafeta_session::Storage`).
+//! - With the `test-support` feature, the `testing` module starts throwaway
+//!   PostgreSQL instances (crash, standby and failover included) for tests.
+//!
+//! ```no_run
+//! use estafeta_cluster::Store;
+//!
+//! # async fn run() -> Result<(), estafeta_cluster::Error> {
+//! let store = Store::connect("postgres://estafeta@db1,db2/estafeta?target_session_attrs=read-write")?;
+//! store.migrate().await?;
+//!
+//! let mut step = store.lock(b"db-a").await?;
+//! let count = step.record().map_or(0, |r| r.len());
+//! step.save(&vec![0; count + 1], None).await?;
+//! step.commit().await?; // durable (and on the synchronous standby) here
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod lock;
+mod migrate;
+mod session_storage;
+mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
+
+pub use error::Error;
+pub use lock::Locked;
+pub use session_storage::SessionStorage;
+pub use store::{Options, Store};

@@ -1,0 +1,130 @@
+//! Exclusivity of a key's steps across the cluster: a row lock held for one
+//! step's transaction.
+//!
+//! Within a node the session engine already runs one command per key at a
+//! time; across nodes the lock is the key's row in `sessions`, locked with
+//! `SELECT … FOR UPDATE` in the transaction that carries out the step. The
+//! lock lives exactly as long as the transaction: commit or rollback ends
+//! it, and so does the holder's connection closing (a node killed, a
+//! network cut) or the server ending a session that sat idle in its
+//! transaction past the hold limit (a paused node). A holder that lost its
+//! lock cannot write afterwards: its writes belonged to the transaction the
+//! server already rolled back, so there is no stale write to fence off.
+
+use crate::{Error, Store};
+use deadpool_postgres::Object;
+
+/// Loads the key's record and locks its row until the transaction ends.
+const SELECT_FOR_UPDATE: &str = "SELECT record FROM sessions WHERE key = $1 FOR UPDATE";
+/// Makes the key's row when the key has never been seen (its first step).
+const INSERT_KEY: &str = "INSERT INTO sessions (key) VALUES ($1) ON CONFLICT (key) DO NOTHING";
+const SAVE: &str = "UPDATE sessions SET record = $2, expires_at = $3 WHERE key = $1";
+
+impl Store {
+    /// Begin an exclusive step for `key`: wait until no other step (on any
+    /// node) holds the key, then hold it until [`Locked::commit`] or until
+    /// the [`Locked`] is dropped.
+    ///
+    /// `BEGIN` and the locking read travel together (pipelined), so taking
+    /// the lock costs one round trip on a key seen before.
+    pub async fn lock(&self, key: &[u8]) -> Result<Locked, Error> {
+        let mut locked = Locked {
+            client: Some(self.client().await?),
+            key: key.to_vec(),
+            record: None,
+        };
+        let client = locked.client();
+        let select = client.prepare_cached(SELECT_FOR_UPDATE).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
+        let (begun, row) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.query_opt(&select, &params)
+        );
+        begun?;
+        let row = match row? {
+            Some(row) => row,
+            None => {
+                client.execute(INSERT_KEY, &[&key]).await?;
+                client.query_one(&select, &[&key]).await?
+            }
+        };
+        locked.record = row.get(0);
+        Ok(locked)
+    }
+}
+
+/// An exclusive step on one key: an open transaction holding the key's row
+/// lock. Statements run through [`Locked::client`] belong to the step and
+/// take effect together at [`Locked::commit`].
+///
+/// Dropped without a commit, the step's connection is closed rather than
+/// returned to the pool: the server rolls the transaction back and releases
+/// the lock, and nothing of the step remains.
+pub struct Locked {
+    client: Option<Object>,
+    key: Vec<u8>,
+    record: Option<Vec<u8>>,
+}
+
+impl Locked {
+    /// The key's stored record as the step began, if any.
+    pub fn record(&self) -> Option<&[u8]> {
+        self.record.as_deref()
+    }
+
+    /// The step's connection, inside its transaction.
+    pub fn client(&self) -> &deadpool_postgres::ClientWrapper {
+        self.client
+            .as_ref()
+            .expect("a Locked holds its connection until commit or drop")
+    }
+
+    /// Replace the key's record (and its deadline, in milliseconds since the
+    /// Unix epoch) as part of the step.
+    pub async fn save(&mut self, record: &[u8], expires_at: Option<i64>) -> Result<(), Error> {
+        let client = self.client();
+        let save = client.prepare_cached(SAVE).await?;
+        client
+            .execute(&save, &[&self.key, &record, &expires_at])
+            .await?;
+        self.record = Some(record.to_vec());
+        Ok(())
+    }
+
+    /// Commit the step: every statement it ran takes effect at once, and the
+    /// lock is released. When this returns `Ok`, the step is durable.
+    ///
+    /// A probe travels with the `COMMIT` (pipelined, no extra round trip):
+    /// PostgreSQL answers a `COMMIT` of a transaction that an earlier failed
+    /// statement aborted with a silent rollback, and the probe's error is
+    /// what reveals it.
+    pub async fn commit(mut self) -> Result<(), Error> {
+        let client = self.client();
+        let (probe, committed) = tokio::join!(
+            client.simple_query("SELECT 1"),
+            client.batch_execute("COMMIT")
+        );
+        probe?;
+        committed?;
+        // Committed: the connection is clean and goes back to the pool.
+        self.client.take();
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Locked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("key", &self.key)
+            .field("record_len", &self.record.as_ref().map(Vec::len))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            drop(Object::take(client));
+        }
+    }
+}

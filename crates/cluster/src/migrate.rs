@@ -1,0 +1,33 @@
+//! The schema, created or updated at start by whichever node comes first.
+
+use crate::{Error, Store};
+
+refinery::embed_migrations!("migrations");
+
+/// The advisory lock key that serialises migration runs of the whole cluster
+/// (the bytes of "estafeta" read as a number).
+const MIGRATION_LOCK: i64 = 0x6573_7461_6665_7461;
+
+impl Store {
+    /// Bring the schema up to this build's version. Safe when several nodes
+    /// start at once: each run holds a cluster-wide advisory lock on its own
+    /// connection, so one applies the migrations (all in one transaction)
+    /// while the others wait and then find nothing left to do.
+    ///
+    /// The run's connection is taken out of the pool and closed afterwards,
+    /// which releases the lock whatever happened; a node that dies mid-run
+    /// releases it the same way, and its transaction is rolled back.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut client = deadpool_postgres::Object::take(self.client().await?);
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        let client: &mut tokio_postgres::Client = &mut client;
+        migrations::runner()
+            .set_grouped(true)
+            .run_async(client)
+            .await
+            .map_err(Error::Migration)?;
+        Ok(())
+    }
+}

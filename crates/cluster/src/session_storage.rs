@@ -1,0 +1,138 @@
+//! The session engine's storage (`estafeta_session::Storage`) over the
+//! cluster store: the `sessions` and `quarantined_sessions` tables.
+//!
+//! The trait is synchronous and the engine calls it from blocking threads;
+//! each call runs on the pool through the runtime handle taken at
+//! [`SessionStorage::open`]. A write batch is one transaction.
+
+use crate::{Error, Store};
+use estafeta_session::clock::Timestamp;
+use estafeta_session::storage::{Storage, StorageError, Write};
+
+const LOAD: &str = "SELECT record FROM sessions WHERE key = $1";
+const PUT: &str =
+    "INSERT INTO sessions (key, record, expires_at, generation) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (key) DO UPDATE SET record = $2, expires_at = $3, generation = $4";
+const DELETE: &str = "DELETE FROM sessions WHERE key = $1";
+const DEADLINES: &str =
+    "SELECT key, expires_at FROM sessions WHERE expires_at IS NOT NULL AND record IS NOT NULL";
+const QUARANTINE: &str = "INSERT INTO quarantined_sessions (key, record, reason)
+    SELECT key, record, $2 FROM sessions WHERE key = $1
+    ON CONFLICT (key) DO UPDATE SET record = EXCLUDED.record, reason = EXCLUDED.reason";
+const QUARANTINED: &str = "SELECT key FROM quarantined_sessions ORDER BY key";
+const NEXT_GENERATION: &str =
+    "UPDATE cluster_counters SET value = value + 1 WHERE name = 'generation' RETURNING value";
+
+/// Session records in the cluster store, for an `estafeta_session::Engine`.
+pub struct SessionStorage {
+    store: Store,
+    runtime: tokio::runtime::Handle,
+    generation: u64,
+}
+
+impl SessionStorage {
+    /// Open the storage on the current runtime: takes this node's start
+    /// generation from the cluster-wide counter (each opening on any node
+    /// gets a greater one). The schema must be migrated.
+    pub async fn open(store: Store) -> Result<SessionStorage, Error> {
+        let client = store.client().await?;
+        let generation: i64 = client.query_one(NEXT_GENERATION, &[]).await?.get(0);
+        Ok(SessionStorage {
+            store,
+            runtime: tokio::runtime::Handle::current(),
+            generation: u64::try_from(generation).unwrap_or(0),
+        })
+    }
+
+    fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, StorageError> {
+        self.runtime.block_on(f).map_err(storage_error)
+    }
+}
+
+/// The engine's error type names no backend of this kind, so a store
+/// failure travels as an I/O error that keeps the original as its source.
+fn storage_error(e: Error) -> StorageError {
+    StorageError::from(std::io::Error::other(e))
+}
+
+/// Milliseconds as PostgreSQL's `bigint` (saturating: no real deadline is
+/// past the year 292 million).
+fn millis(t: Timestamp) -> i64 {
+    i64::try_from(t.0).unwrap_or(i64::MAX)
+}
+
+impl Storage for SessionStorage {
+    fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let row = client.query_opt(LOAD, &[&key]).await?;
+            Ok(row.and_then(|r| r.get(0)))
+        })
+    }
+
+    fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
+        let generation = i64::try_from(self.generation).unwrap_or(i64::MAX);
+        self.run(async {
+            let mut client = self.store.client().await?;
+            let tx = client.transaction().await?;
+            for write in batch {
+                match write {
+                    Write::Put {
+                        key,
+                        record,
+                        expires_at,
+                    } => {
+                        let expires_at = expires_at.map(millis);
+                        tx.execute(PUT, &[key, record, &expires_at, &generation])
+                            .await?;
+                    }
+                    Write::Delete { key } => {
+                        tx.execute(DELETE, &[key]).await?;
+                    }
+                }
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let rows = client.query(DEADLINES, &[]).await?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let at: i64 = r.get(1);
+                    (r.get(0), Timestamp(u64::try_from(at).unwrap_or(0)))
+                })
+                .collect())
+        })
+    }
+
+    fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
+        self.run(async {
+            let mut client = self.store.client().await?;
+            let tx = client.transaction().await?;
+            tx.execute(QUARANTINE, &[&key, &reason]).await?;
+            tx.execute(DELETE, &[&key]).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn quarantined(&self) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let rows = client.query(QUARANTINED, &[]).await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+}

@@ -1,0 +1,93 @@
+//! The connection pool over a libpq URL.
+
+use crate::Error;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+/// How a node uses the database, beyond what the URL says.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The most connections this node keeps open.
+    pub pool_size: usize,
+    /// How long one host may take to accept a connection before the next
+    /// host of the URL is tried (unless the URL sets `connect_timeout`).
+    pub connect_timeout: Duration,
+    /// How long a caller waits for a free pooled connection, or for a new one
+    /// to be made, before the store counts as unavailable.
+    pub wait_timeout: Duration,
+    /// The longest a session may sit idle inside an open transaction before
+    /// the server ends it (`idle_in_transaction_session_timeout`): the bound
+    /// on how long a paused or stuck node can hold a key's lock. Zero turns
+    /// the bound off (PostgreSQL's meaning of 0).
+    pub hold_limit: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(10),
+            hold_limit: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A node's handle on the cluster store: a pool of connections to the
+/// current primary. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+}
+
+impl Store {
+    /// Open a pool over `url` with default [`Options`]. No connection is
+    /// made yet: the first call that needs one connects (so a node can start
+    /// while the database is still coming up).
+    pub fn connect(url: &str) -> Result<Store, Error> {
+        Store::connect_with(url, &Options::default())
+    }
+
+    /// Open a pool over `url` (a `postgres://` URL or a libpq `key=value`
+    /// string; several hosts with `target_session_attrs=read-write` let the
+    /// pool find the primary after a failover).
+    pub fn connect_with(url: &str, options: &Options) -> Result<Store, Error> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(Error::Url)?;
+        if config.get_hosts().is_empty() {
+            return Err(Error::NoHost);
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        let hold = format!(
+            "-c idle_in_transaction_session_timeout={}",
+            options.hold_limit.as_millis()
+        );
+        let server_options = match config.get_options() {
+            Some(given) => format!("{given} {hold}"),
+            None => hold,
+        };
+        config.options(server_options);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.wait_timeout))
+            .create_timeout(Some(options.wait_timeout))
+            .build()
+            .map_err(|e| Error::Options(e.to_string()))?;
+        Ok(Store { pool })
+    }
+
+    /// A pooled connection (to the primary).
+    pub async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
+        Ok(self.pool.get().await?)
+    }
+}

@@ -1,0 +1,63 @@
+//! The primary killed, its synchronous standby promoted: every committed
+//! step survives, and the same store (one multi-host URL) carries on.
+
+use estafeta_cluster::testing::Postgres;
+use estafeta_cluster::{Options, Store};
+
+#[tokio::test]
+async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
+    let primary = Postgres::start().unwrap();
+    let standby = primary.standby().unwrap();
+    let url = format!(
+        "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+        primary.host_port(),
+        standby.host_port()
+    );
+    let options = Options {
+        pool_size: 2,
+        ..Options::default()
+    };
+    let store = Store::connect_with(&url, &options).unwrap();
+    store.migrate().await.unwrap();
+    for i in 0..20u8 {
+        let mut step = store.lock(&[i]).await.unwrap();
+        step.save(&[i; 3], None).await.unwrap();
+        step.commit().await.unwrap();
+    }
+
+    primary.kill().unwrap();
+    // Before the promotion the only server left is read-only: the URL asks
+    // for a writable one, so calls are refused as unavailable, never
+    // answered by the standby.
+    let err = store.lock(&[0]).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+
+    standby.promote().unwrap();
+    let mut survivors = 0;
+    let mut unavailable = 0;
+    for i in 0..20u8 {
+        let step = loop {
+            match store.lock(&[i]).await {
+                Ok(step) => break step,
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e:?}");
+                    unavailable += 1;
+                    assert!(
+                        unavailable <= options.pool_size,
+                        "the pool does not reconnect"
+                    );
+                }
+            }
+        };
+        assert_eq!(step.record(), Some(&[i; 3][..]));
+        step.commit().await.unwrap();
+        survivors += 1;
+    }
+    assert_eq!(survivors, 20);
+
+    let mut step = store.lock(b"after").await.unwrap();
+    step.save(b"written on the new primary", None)
+        .await
+        .unwrap();
+    step.commit().await.unwrap();
+}

@@ -1,0 +1,173 @@
+//! Cross-node exclusivity: two pools (two nodes) contend for one key.
+
+use estafeta_cluster::testing::Postgres;
+use estafeta_cluster::{Options, Store};
+use std::time::Duration;
+
+async fn node(pg: &Postgres, options: &Options) -> Store {
+    let store = Store::connect_with(&pg.url(), options).unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// Wait until `n` sessions of the instance wait for a lock (the state the
+/// test needs, observed, not slept for).
+async fn until_waiting_for_lock(observer: &Store, n: i64) {
+    let client = observer.client().await.unwrap();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn record(store: &Store, key: &[u8]) -> Option<Vec<u8>> {
+    let step = store.lock(key).await.unwrap();
+    let record = step.record().map(<[u8]>::to_vec);
+    step.commit().await.unwrap();
+    record
+}
+
+#[tokio::test]
+async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, &Options::default()).await;
+    let b = node(&pg, &Options::default()).await;
+
+    let mut held = a.lock(b"db-a").await.unwrap();
+    let contender = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let mut step = b.lock(b"db-a").await.unwrap();
+            let seen = step.record().map(<[u8]>::to_vec);
+            step.save(b"second", None).await.unwrap();
+            step.commit().await.unwrap();
+            seen
+        }
+    });
+    until_waiting_for_lock(&a, 1).await;
+    assert!(!contender.is_finished());
+    held.save(b"first", None).await.unwrap();
+    held.commit().await.unwrap();
+
+    assert_eq!(contender.await.unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(record(&a, b"db-a").await.as_deref(), Some(&b"second"[..]));
+}
+
+#[tokio::test]
+async fn other_keys_do_not_wait() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, &Options::default()).await;
+    let _held = a.lock(b"db-a").await.unwrap();
+    let mut other = a.lock(b"db-b").await.unwrap();
+    other.save(b"free", None).await.unwrap();
+    other.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_step_dropped_or_cut_off_leaves_nothing_and_frees_the_key() {
+    let pg = Postgres::start().unwrap();
+    // One connection: the next step of this node gets whatever connection
+    // the dropped step left behind.
+    let a = node(
+        &pg,
+        &Options {
+            pool_size: 1,
+            ..Options::default()
+        },
+    )
+    .await;
+    let b = node(&pg, &Options::default()).await;
+
+    // Dropped without commit (the node's task failed or was cancelled).
+    let mut step = a.lock(b"k").await.unwrap();
+    step.save(b"uncommitted", None).await.unwrap();
+    drop(step);
+    assert_eq!(record(&a, b"k").await, None);
+    assert_eq!(record(&b, b"k").await, None);
+
+    // The holder's connection cut (the node died): the server ends its
+    // transaction, the other node gets the key, the holder cannot commit.
+    let mut step = a.lock(b"k").await.unwrap();
+    step.save(b"from a dead node", None).await.unwrap();
+    let pid: i32 = step
+        .client()
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let admin = b.client().await.unwrap();
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    assert_eq!(record(&b, b"k").await, None);
+    let err = step.commit().await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert_eq!(record(&b, b"k").await, None);
+}
+
+#[tokio::test]
+async fn a_paused_holder_loses_the_key_and_cannot_overwrite_newer_state() {
+    let pg = Postgres::start().unwrap();
+    // The paused node: the server ends its session once it sits idle in
+    // its transaction longer than its hold limit.
+    let paused = node(
+        &pg,
+        &Options {
+            hold_limit: Duration::from_millis(200),
+            ..Options::default()
+        },
+    )
+    .await;
+    let live = node(&pg, &Options::default()).await;
+
+    let mut stale = paused.lock(b"db-a").await.unwrap();
+    stale.save(b"before the pause", None).await.unwrap();
+
+    // The live node waits for the key only until the server ends the
+    // paused session, then writes newer state.
+    let mut step = live.lock(b"db-a").await.unwrap();
+    assert_eq!(step.record(), None);
+    step.save(b"newer", None).await.unwrap();
+    step.commit().await.unwrap();
+
+    // The paused node resumes: neither its write nor its commit lands.
+    assert!(
+        stale
+            .save(b"stale", None)
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    assert!(stale.commit().await.unwrap_err().is_unavailable());
+    assert_eq!(record(&live, b"db-a").await.as_deref(), Some(&b"newer"[..]));
+}
+
+#[tokio::test]
+async fn a_step_whose_statement_failed_does_not_commit() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, &Options::default()).await;
+    let mut step = a.lock(b"k").await.unwrap();
+    step.save(b"half a step", None).await.unwrap();
+    // A statement of the step fails and its error is overlooked.
+    let failed = step
+        .client()
+        .execute("SELECT no_such_column FROM sessions", &[])
+        .await;
+    assert!(failed.is_err());
+    assert!(
+        step.commit().await.is_err(),
+        "a silent rollback must not pass as a commit"
+    );
+    assert_eq!(record(&a, b"k").await, None);
+}

@@ -1,0 +1,100 @@
+//! The session engine over the cluster store: its storage trait against a
+//! real PostgreSQL, and a session saved by one node's engine loaded by
+//! another's.
+
+use estafeta_cluster::testing::Postgres;
+use estafeta_cluster::{SessionStorage, Store};
+use estafeta_session::clock::Timestamp;
+use estafeta_session::storage::Write;
+use estafeta_session::{Engine, Storage};
+use std::sync::Arc;
+
+async fn store(pg: &Postgres) -> Store {
+    let store = Store::connect(&pg.url()).unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// Run a storage call as the engine does: on a blocking thread.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_storage_trait_over_postgres() {
+    let pg = Postgres::start().unwrap();
+    let storage = Arc::new(SessionStorage::open(store(&pg).await).await.unwrap());
+    let s = storage.clone();
+    blocking(move || {
+        s.write(&[
+            Write::Put {
+                key: b"a".to_vec(),
+                record: b"ra".to_vec(),
+                expires_at: Some(Timestamp(5_000)),
+            },
+            Write::Put {
+                key: b"b".to_vec(),
+                record: b"rb".to_vec(),
+                expires_at: None,
+            },
+            Write::Put {
+                key: b"c".to_vec(),
+                record: b"rc".to_vec(),
+                expires_at: Some(Timestamp(7_000)),
+            },
+        ])
+        .unwrap();
+        s.write(&[
+            Write::Delete { key: b"c".to_vec() },
+            Write::Put {
+                key: b"b".to_vec(),
+                record: b"rb2".to_vec(),
+                expires_at: None,
+            },
+        ])
+        .unwrap();
+        assert_eq!(s.load(b"a").unwrap().as_deref(), Some(&b"ra"[..]));
+        assert_eq!(s.load(b"b").unwrap().as_deref(), Some(&b"rb2"[..]));
+        assert_eq!(s.load(b"c").unwrap(), None);
+        assert_eq!(
+            s.deadlines().unwrap(),
+            vec![(b"a".to_vec(), Timestamp(5_000))]
+        );
+
+        s.quarantine(b"a", "undecodable").unwrap();
+        assert_eq!(s.load(b"a").unwrap(), None);
+        assert_eq!(s.quarantined().unwrap(), vec![b"a".to_vec()]);
+        assert!(s.deadlines().unwrap().is_empty());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_saved_by_one_node_loads_on_another() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+
+    let first = SessionStorage::open(store.clone()).await.unwrap();
+    let first_generation = first.generation();
+    let engine: Engine<String, u64> = Engine::builder(Arc::new(first)).open().await.unwrap();
+    let mut counter = engine
+        .get("alice".to_string(), true)
+        .await
+        .unwrap()
+        .unwrap();
+    *counter.persistent_mut() += 41;
+    counter.release().await.unwrap();
+    engine.stop().await.unwrap();
+
+    let second = SessionStorage::open(store).await.unwrap();
+    assert!(second.generation() > first_generation);
+    let engine: Engine<String, u64> = Engine::builder(Arc::new(second)).open().await.unwrap();
+    let counter = engine
+        .get("alice".to_string(), false)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*counter.state(), 41);
+    counter.release().await.unwrap();
+    engine.stop().await.unwrap();
+}
