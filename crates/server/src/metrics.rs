@@ -1,30 +1,42 @@
 //! [`Metrics`]: what the HTTP layer counts (requests and their latency by
 //! route and status, uploads per minute), and [`Snapshot`]: the figures
-//! gathered at scrape time (messages per folder, processes by state, the
-//! session engine, the send queues, the repeat schedulers' backlogs,
-//! alerts, disk). Together they are `/metrics` in the
-//! Prometheus text format, names after the Prometheus conventions (base
-//! units, `_total` counters).
+//! gathered at scrape time (messages per folder summed over all mailboxes,
+//! processes by state, the session engine, the send queues, the repeat
+//! schedulers' backlogs, alerts, disk). Together they are `/metrics` in the
+//! Prometheus text format (written by `prometheus-client`), names after the
+//! Prometheus conventions (base units, `_total` counters).
+//!
+//! No series is per mailbox: a scrape has the same size with ten mailboxes
+//! or ten thousand. Per-mailbox figures are the admin API's and the
+//! dashboard's.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use estafeta_exchange::Id;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
+use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
 
 use crate::notify::outbound::{HostFigures, TypeFigures};
 use crate::notify::{Backlog, push};
 use crate::state::AppState;
 
-/// Upper bounds (seconds) of the request latency histogram buckets.
+/// Upper bounds (seconds) of the request latency histogram buckets: from a
+/// cached read (1 ms) through a group-committed upload (tens of ms) to a
+/// call held up by a slow disk (10 s).
 pub const LATENCY_BUCKETS: [f64; 11] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
@@ -41,21 +53,43 @@ pub const OPEN_STATES: [ProcessState; 5] = [
     ProcessState::InDoubt,
 ];
 
-/// One request series: a count and a latency histogram.
-#[derive(Clone, Debug, Default)]
-struct Series {
-    count: u64,
-    sum: f64,
-    /// Non-cumulative counts per bucket of [`LATENCY_BUCKETS`].
-    buckets: [u64; LATENCY_BUCKETS.len()],
+/// The two kinds of mailbox, the `kind` label of the mailbox series.
+pub const KINDS: [&str; 2] = ["database", "device"];
+
+/// The labels of one request series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
 }
 
+/// Label pairs of a series drawn at scrape time.
+type Labels = Vec<(&'static str, String)>;
+
 /// Counters of the HTTP layer.
-#[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), Series>>,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// Requests answered, all routes together (the dashboard's figure).
+    answered: AtomicU64,
     /// (minute since the epoch, uploads in it), oldest first.
     uploads: Mutex<VecDeque<(u64, u64)>>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Family::default(),
+            durations: Family::new_with_constructor(latency_histogram),
+            answered: AtomicU64::new(0),
+            uploads: Mutex::new(VecDeque::new()),
+        }
+    }
 }
 
 impl Metrics {
@@ -69,18 +103,16 @@ impl Metrics {
         elapsed: Duration,
         now: SystemTime,
     ) {
-        let secs = elapsed.as_secs_f64();
-        {
-            let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-            let s = map
-                .entry((method.to_owned(), route.to_owned(), status))
-                .or_default();
-            s.count += 1;
-            s.sum += secs;
-            if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
-                s.buckets[i] += 1;
-            }
-        }
+        let labels = RequestLabels {
+            method: method.to_owned(),
+            route: route.to_owned(),
+            status,
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.durations
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        self.answered.fetch_add(1, Ordering::Relaxed);
         if method == "POST" && route == "/v1/messages" && status == 201 {
             let minute = minute_of(now);
             let mut up = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
@@ -110,61 +142,37 @@ impl Metrics {
 
     /// Requests answered so far, all routes together.
     pub fn requests_total(&self) -> u64 {
-        let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().map(|s| s.count).sum()
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// The Prometheus text exposition of these counters and of `snapshot`.
     pub fn render(&self, snapshot: &Snapshot) -> String {
-        let mut out = String::new();
-        header(
-            &mut out,
+        let mut out = Exposition::default();
+        out.registry.register(
+            "estafeta_build",
+            "The running server's version (always 1)",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        out.gauge(
             "estafeta_ready",
-            "gauge",
-            "Whether start-up recovery is done and the server is not stopping.",
+            "Whether start-up recovery is done and the server is not stopping (1) or not (0)",
+            u64::from(snapshot.ready),
         );
-        let _ = writeln!(out, "estafeta_ready {}", u8::from(snapshot.ready));
-        self.render_requests(&mut out);
+        out.registry.register(
+            "estafeta_http_requests",
+            "HTTP requests answered, by method, route template and status",
+            self.requests.clone(),
+        );
+        out.registry.register(
+            "estafeta_http_request_duration_seconds",
+            "Time from a request's arrival to its answer, by method, route template and status",
+            self.durations.clone(),
+        );
         snapshot.render(&mut out);
-        out
-    }
-
-    fn render_requests(&self, out: &mut String) {
-        let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        header(
-            out,
-            "estafeta_http_requests_total",
-            "counter",
-            "HTTP requests answered, by method, route and status.",
-        );
-        for ((method, route, status), s) in map.iter() {
-            let labels = format!(
-                "method=\"{method}\",route=\"{}\",status=\"{status}\"",
-                escape(route)
-            );
-            let _ = writeln!(out, "estafeta_http_requests_total{{{labels}}} {}", s.count);
-        }
-        let name = "estafeta_http_request_duration_seconds";
-        header(
-            out,
-            name,
-            "histogram",
-            "Time from a request's arrival to its answer, by method, route and status.",
-        );
-        for ((method, route, status), s) in map.iter() {
-            let labels = format!(
-                "method=\"{method}\",route=\"{}\",status=\"{status}\"",
-                escape(route)
-            );
-            let mut cumulative = 0;
-            for (bound, n) in LATENCY_BUCKETS.iter().zip(s.buckets) {
-                cumulative += n;
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-            }
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", s.sum);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", s.count);
-        }
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, &out.registry);
+        text
     }
 }
 
@@ -173,16 +181,34 @@ fn minute_of(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_secs() / 60)
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// The registry of one scrape: the figures of the moment as constant
+/// metrics, beside the HTTP layer's live ones.
+#[derive(Default)]
+struct Exposition {
+    registry: Registry,
 }
 
-/// Label values escape `\`, `"` and newlines (Prometheus text format).
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Exposition {
+    fn gauge(&mut self, name: &str, help: &str, value: u64) {
+        self.registry.register(name, help, ConstGauge::new(value));
+    }
+
+    fn gauge_f64(&mut self, name: &str, help: &str, value: f64) {
+        self.registry.register(name, help, ConstGauge::new(value));
+    }
+
+    /// `name` without its `_total`, which the encoder adds.
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.registry.register(name, help, ConstCounter::new(value));
+    }
+
+    fn gauges(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, u64)>) {
+        let family = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+        for (labels, v) in series {
+            family.get_or_create(&labels).set(v);
+        }
+        self.registry.register(name, help, family);
+    }
 }
 
 /// The wire name of a process state (`READY_TO_COMMIT`).
@@ -198,8 +224,14 @@ pub fn state_name(state: ProcessState) -> String {
 pub struct Snapshot {
     /// Whether `/readyz` answers 200.
     pub ready: bool,
-    /// Files per mailbox and folder.
-    pub folders: Vec<(Id, Folder, u64)>,
+    /// Mailboxes of each kind of [`KINDS`].
+    pub mailboxes: BTreeMap<&'static str, u64>,
+    /// Message files per (kind of mailbox, folder), summed over the
+    /// mailboxes of that kind; every pair present, zero or not.
+    pub messages: BTreeMap<(&'static str, &'static str), u64>,
+    /// Seconds the oldest message waiting in a database's `Messages` has
+    /// waited since its creation (0 when none waits).
+    pub oldest_waiting_secs: f64,
     /// Processes not ended, by state (every state of [`OPEN_STATES`]).
     pub processes: BTreeMap<String, u64>,
     /// Seconds the oldest READY_TO_COMMIT process has waited.
@@ -216,33 +248,69 @@ pub struct Snapshot {
     pub disk: Option<(u64, u64)>,
 }
 
+/// Milliseconds since the epoch of `t` (0 before it).
+fn epoch_millis(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Seconds from `since_ms` to `now_ms` (0 when `since_ms` is later).
+fn age_secs(now_ms: i64, since_ms: i64) -> f64 {
+    now_ms.saturating_sub(since_ms).max(0) as f64 / 1000.0
+}
+
 impl Snapshot {
     /// Gathers the figures at `now` (the caller's clock). A part that
     /// cannot be read is left out rather than failing the scrape.
     pub async fn gather(state: &AppState, now: SystemTime) -> Snapshot {
         let exchange = state.exchange();
         let admin = Principal::Admin;
+        let now_ms = epoch_millis(now);
         let mut s = Snapshot {
             ready: state.is_ready(),
-            folders: exchange.folder_counts(&admin).await.unwrap_or_default(),
             sessions: Some(exchange.session_stats()),
             ..Snapshot::default()
         };
+        for kind in KINDS {
+            s.mailboxes.insert(kind, 0);
+            for folder in Folder::ALL {
+                s.messages.insert((kind, folder.as_str()), 0);
+            }
+        }
+        if let Ok((dbs, devices)) = exchange.mailbox_ids(&admin) {
+            s.mailboxes.insert(KINDS[0], dbs.len() as u64);
+            s.mailboxes.insert(KINDS[1], devices.len() as u64);
+            let dbs: std::collections::HashSet<_> = dbs.into_iter().collect();
+            let mut waiting = Vec::new();
+            for (id, folder, n) in exchange.folder_counts(&admin).await.unwrap_or_default() {
+                let kind = if dbs.contains(&id) {
+                    KINDS[0]
+                } else {
+                    KINDS[1]
+                };
+                *s.messages.entry((kind, folder.as_str())).or_default() += n;
+                if kind == KINDS[0] && folder == Folder::Messages && n > 0 {
+                    waiting.push(id);
+                }
+            }
+            for db in waiting {
+                if let Ok(Some(oldest)) = exchange.oldest_waiting(&admin, &db).await {
+                    let age = age_secs(now_ms, oldest.created_at.as_millis());
+                    s.oldest_waiting_secs = s.oldest_waiting_secs.max(age);
+                }
+            }
+        }
         for st in OPEN_STATES {
             s.processes.insert(state_name(st), 0);
         }
         if let Ok(list) = exchange.processes(&admin).await {
-            let now_ms = now
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             for p in &list.processes {
                 if let Some(n) = s.processes.get_mut(&state_name(p.state)) {
                     *n += 1;
                 }
                 if p.state == ProcessState::ReadyToCommit {
                     let since = p.ready_at.unwrap_or(p.started_at).as_millis();
-                    let age = now_ms.saturating_sub(since).max(0) as f64 / 1000.0;
-                    s.oldest_ready_secs = s.oldest_ready_secs.max(age);
+                    s.oldest_ready_secs = s.oldest_ready_secs.max(age_secs(now_ms, since));
                 }
             }
         }
@@ -258,206 +326,189 @@ impl Snapshot {
         s
     }
 
-    fn render(&self, out: &mut String) {
-        let name = "estafeta_mailbox_messages";
-        header(
-            out,
-            name,
-            "gauge",
-            "Message files in each folder of each mailbox.",
+    fn render(&self, out: &mut Exposition) {
+        out.gauges(
+            "estafeta_mailboxes",
+            "Mailboxes, by kind (database or device)",
+            self.mailboxes
+                .iter()
+                .map(|(kind, n)| (vec![("kind", (*kind).to_owned())], *n)),
         );
-        for (id, folder, n) in &self.folders {
-            let _ = writeln!(
-                out,
-                "{name}{{mailbox=\"{}\",folder=\"{}\"}} {n}",
-                escape(id.as_str()),
-                folder.as_str()
-            );
-        }
-        let name = "estafeta_processes";
-        header(out, name, "gauge", "Processes not ended, by state.");
-        for (st, n) in &self.processes {
-            let _ = writeln!(out, "{name}{{state=\"{st}\"}} {n}");
-        }
-        let name = "estafeta_oldest_ready_to_commit_age_seconds";
-        header(
-            out,
-            name,
-            "gauge",
-            "How long the oldest READY_TO_COMMIT process has waited (0 when none).",
+        out.gauges(
+            "estafeta_mailbox_messages",
+            "Message files in each folder, summed over all mailboxes of a kind (database or device)",
+            self.messages.iter().map(|((kind, folder), n)| {
+                (
+                    vec![("kind", (*kind).to_owned()), ("folder", (*folder).to_owned())],
+                    *n,
+                )
+            }),
         );
-        let _ = writeln!(out, "{name} {}", self.oldest_ready_secs);
+        out.gauge_f64(
+            "estafeta_oldest_waiting_message_age_seconds",
+            "Age (since its creation) of the oldest message waiting in any database's Messages folder (0 when none waits)",
+            self.oldest_waiting_secs,
+        );
+        out.gauges(
+            "estafeta_processes",
+            "Processes not ended, by state",
+            self.processes
+                .iter()
+                .map(|(st, n)| (vec![("state", st.clone())], *n)),
+        );
+        out.gauge_f64(
+            "estafeta_oldest_ready_to_commit_age_seconds",
+            "How long the oldest READY_TO_COMMIT process has waited (0 when none)",
+            self.oldest_ready_secs,
+        );
         if let Some(st) = &self.sessions {
-            let gauges = [
-                (
-                    "estafeta_sessions_in_memory",
-                    "Sessions held in memory.",
-                    st.in_memory,
-                ),
-                (
-                    "estafeta_session_commands_queued",
-                    "Commands waiting in session queues.",
-                    st.queued,
-                ),
-            ];
-            for (name, help, v) in gauges {
-                header(out, name, "gauge", help);
-                let _ = writeln!(out, "{name} {v}");
-            }
+            out.gauge(
+                "estafeta_sessions_in_memory",
+                "Sessions held in memory",
+                st.in_memory,
+            );
+            out.gauge(
+                "estafeta_session_commands_queued",
+                "Commands waiting in session queues",
+                st.queued,
+            );
             let counters = [
                 (
-                    "estafeta_session_loads_total",
-                    "Sessions read from storage.",
+                    "estafeta_session_loads",
+                    "Sessions read from storage",
                     st.loads,
                 ),
                 (
-                    "estafeta_session_saves_total",
-                    "Session records written to storage.",
+                    "estafeta_session_saves",
+                    "Session records written to storage",
                     st.saves,
                 ),
                 (
-                    "estafeta_session_save_batches_total",
-                    "Durable write transactions of the session engine.",
+                    "estafeta_session_save_batches",
+                    "Durable write transactions of the session engine",
                     st.save_batches,
                 ),
                 (
-                    "estafeta_session_flushes_total",
-                    "Idle sessions flushed out of memory.",
+                    "estafeta_session_flushes",
+                    "Idle sessions flushed out of memory",
                     st.flushes,
                 ),
                 (
-                    "estafeta_session_expiries_total",
-                    "Sessions that ended.",
+                    "estafeta_session_expiries",
+                    "Sessions that ended",
                     st.expiries,
                 ),
                 (
-                    "estafeta_session_finalize_calls_total",
-                    "Calls of the session finalize hook.",
+                    "estafeta_session_finalize_calls",
+                    "Calls of the session finalize hook",
                     st.finalize_calls,
                 ),
                 (
-                    "estafeta_session_storage_errors_total",
-                    "Session storage operations that failed.",
+                    "estafeta_session_storage_errors",
+                    "Session storage operations that failed",
                     st.storage_errors,
                 ),
                 (
-                    "estafeta_session_quarantined_total",
-                    "Session records set aside as undecodable.",
+                    "estafeta_session_quarantined",
+                    "Session records set aside as undecodable",
                     st.quarantined,
                 ),
             ];
             for (name, help, v) in counters {
-                header(out, name, "counter", help);
-                let _ = writeln!(out, "{name} {v}");
+                out.counter(name, help, v);
             }
         }
         self.render_queues(out);
         self.render_backlogs(out);
-        header(
-            out,
+        out.gauge(
             "estafeta_alerts_open",
-            "gauge",
-            "Alerts not acknowledged.",
+            "Alerts not acknowledged",
+            self.alerts_open,
         );
-        let _ = writeln!(out, "estafeta_alerts_open {}", self.alerts_open);
         if let Some((free, total)) = self.disk {
-            header(
-                out,
+            out.gauge(
                 "estafeta_disk_free_bytes",
-                "gauge",
-                "Bytes available to the server on the data folder's file system.",
+                "Bytes available to the server on the data folder's file system",
+                free,
             );
-            let _ = writeln!(out, "estafeta_disk_free_bytes {free}");
-            header(
-                out,
+            out.gauge(
                 "estafeta_disk_size_bytes",
-                "gauge",
-                "Size of the data folder's file system.",
+                "Size of the data folder's file system in bytes",
+                total,
             );
-            let _ = writeln!(out, "estafeta_disk_size_bytes {total}");
         }
     }
 }
 
 /// A gauge drawn from each of some figures: name, help, value.
-type Gauge<T, V> = (&'static str, &'static str, fn(&T) -> V);
+type Drawn<T> = (&'static str, &'static str, fn(&T) -> u64);
 
 impl Snapshot {
-    fn render_queues(&self, out: &mut String) {
-        let name = "estafeta_sendq_host_up";
-        header(
-            out,
-            name,
-            "gauge",
-            "Whether a send queue host is up (0: its health probes marked it down).",
+    fn render_queues(&self, out: &mut Exposition) {
+        out.gauges(
+            "estafeta_sendq_host_up",
+            "Whether a send queue host is up (0: its health probes marked it down), by queue and host",
+            self.queues.iter().map(|h| {
+                (
+                    vec![("queue", h.queue.to_string()), ("host", h.host.clone())],
+                    u64::from(!h.down),
+                )
+            }),
         );
-        for h in &self.queues {
-            let _ = writeln!(
-                out,
-                "{name}{{queue=\"{}\",host=\"{}\"}} {}",
-                h.queue,
-                escape(&h.host),
-                u8::from(!h.down)
-            );
-        }
-        let series: [Gauge<TypeFigures, usize>; 3] = [
+        let series: [Drawn<TypeFigures>; 3] = [
             (
                 "estafeta_sendq_queued",
-                "Send queue entries waiting for their window or for the host, by host and type.",
-                |t| t.queued,
+                "Send queue entries waiting for their window or for the host, by queue, host and type",
+                |t| t.queued as u64,
             ),
             (
                 "estafeta_sendq_in_flight",
-                "Send queue entries being sent or unanswered, by host and type.",
-                |t| t.in_flight,
+                "Send queue entries being sent or unanswered, by queue, host and type",
+                |t| t.in_flight as u64,
             ),
             (
                 "estafeta_sendq_window",
-                "Send queue window (most entries in flight), by host and type.",
-                |t| t.window,
+                "Send queue window (most entries in flight), by queue, host and type",
+                |t| t.window as u64,
             ),
         ];
         for (name, help, value) in series {
-            header(out, name, "gauge", help);
-            for h in &self.queues {
-                for t in &h.types {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{queue=\"{}\",host=\"{}\",type=\"{}\"}} {}",
-                        h.queue,
-                        escape(&h.host),
-                        t.name,
-                        value(t)
-                    );
-                }
-            }
+            out.gauges(
+                name,
+                help,
+                self.queues.iter().flat_map(|h| {
+                    h.types.iter().map(move |t| {
+                        (
+                            vec![
+                                ("queue", h.queue.to_string()),
+                                ("host", h.host.clone()),
+                                ("type", t.name.to_string()),
+                            ],
+                            value(t),
+                        )
+                    })
+                }),
+            );
         }
     }
 
-    fn render_backlogs(&self, out: &mut String) {
-        let series: [Gauge<Backlog, u64>; 3] = [
-            (
-                "estafeta_repeat_entries",
-                "Entries held by a repeat scheduler (scheduled or retrying), by source.",
-                |b| b.entries,
-            ),
-            (
-                "estafeta_repeat_backlog",
-                "Repeat entries due now and not yet done, by source.",
-                |b| b.due,
-            ),
-            (
-                "estafeta_repeat_lag_seconds",
-                "Age of the oldest due repeat entry past its due time (0 when none is due), by source.",
-                |b| b.lag_secs,
-            ),
-        ];
-        for (name, help, value) in series {
-            header(out, name, "gauge", help);
-            for (source, b) in &self.backlogs {
-                let _ = writeln!(out, "{name}{{source=\"{source}\"}} {}", value(b));
-            }
-        }
+    fn render_backlogs(&self, out: &mut Exposition) {
+        let source = |s: &str| vec![("source", s.to_owned())];
+        out.gauges(
+            "estafeta_repeat_entries",
+            "Entries held by a repeat scheduler (scheduled or retrying), by source",
+            self.backlogs.iter().map(|(s, b)| (source(s), b.entries)),
+        );
+        out.gauges(
+            "estafeta_repeat_backlog",
+            "Repeat entries due now and not yet done, by source",
+            self.backlogs.iter().map(|(s, b)| (source(s), b.due)),
+        );
+        out.gauges(
+            "estafeta_repeat_lag_seconds",
+            "Age of the oldest due repeat entry past its due time (0 when none is due), by source",
+            self.backlogs.iter().map(|(s, b)| (source(s), b.lag_secs)),
+        );
     }
 }
 
@@ -567,6 +618,8 @@ mod tests {
             ..Snapshot::default()
         });
         assert!(text.contains("estafeta_ready 1\n"));
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(text.contains(&format!("estafeta_build_info{{version=\"{version}\"}} 1\n")));
         let inbox = "method=\"GET\",route=\"/v1/inbox\",status=\"200\"";
         assert!(text.contains(&format!("estafeta_http_requests_total{{{inbox}}} 2\n")));
         assert!(text.contains(&format!(
@@ -587,7 +640,6 @@ mod tests {
         assert!(text.contains(
             "estafeta_http_requests_total{method=\"POST\",route=\"/v1/processes/{pid}/commit\",status=\"401\"} 1\n"
         ));
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
         assert_eq!(m.requests_total(), 3);
     }
 

@@ -234,20 +234,34 @@ async fn metrics_parse_and_move_with_traffic() {
             &uploads
         ) > 0.0
     );
-    let folder = |mailbox, folder| {
+    let folder = |kind, folder| {
         value(
             &after,
             "estafeta_mailbox_messages",
-            &[("mailbox", mailbox), ("folder", folder)],
+            &[("kind", kind), ("folder", folder)],
         )
     };
-    assert_eq!(folder("db-b", "Messages"), 3.0);
     assert_eq!(
-        folder("db-a", "Messages"),
-        1.0,
-        "in the process, still in Messages"
+        folder("database", "Messages"),
+        4.0,
+        "three in db-b, one in db-a's process, still in Messages"
     );
-    assert_eq!(folder("db-a", "Prepared"), 1.0, "the reply");
+    assert_eq!(folder("database", "Prepared"), 1.0, "the reply");
+    assert_eq!(folder("device", "Messages"), 0.0);
+    assert_eq!(
+        value(&after, "estafeta_mailboxes", &[("kind", "database")]),
+        3.0
+    );
+    assert_eq!(
+        value(&after, "estafeta_mailboxes", &[("kind", "device")]),
+        3.0
+    );
+    assert!(value(&after, "estafeta_oldest_waiting_message_age_seconds", &[]) >= 0.0);
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        value(&after, "estafeta_build_info", &[("version", version)]),
+        1.0
+    );
     assert_eq!(
         value(
             &after,
@@ -275,6 +289,8 @@ async fn metrics_parse_and_move_with_traffic() {
 /// queue shows it in flight at its host, and the push source shows a
 /// backlog whose lag is how long it has been due; a message scheduled for
 /// later is an entry but no backlog. Once answered, all of it is gone.
+/// That scrape, with a send queue host, is the one the shipped Grafana
+/// dashboard and alert rules are checked against ([`check_packaging`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_queue_and_repeat_backlog_figures_move_with_pushes() {
     use estafeta_session::Clock;
@@ -308,7 +324,9 @@ async fn send_queue_and_repeat_backlog_figures_move_with_pushes() {
 
     let host = format!("http://{addr}");
     let push = [("queue", "http"), ("host", host.as_str()), ("type", "push")];
-    let held = parse(&server.admin.metrics().await.unwrap());
+    let held_text = server.admin.metrics().await.unwrap();
+    check_packaging(&held_text);
+    let held = parse(&held_text);
     assert_eq!(value(&held, "estafeta_sendq_in_flight", &push), 1.0);
     assert_eq!(value(&held, "estafeta_sendq_queued", &push), 0.0);
     assert_eq!(value(&held, "estafeta_sendq_window", &push), 8.0);
@@ -364,4 +382,218 @@ async fn send_queue_and_repeat_backlog_figures_move_with_pushes() {
         0.0
     );
     server.stop().await;
+}
+
+/// The number of series in a scrape (sample lines).
+fn series(text: &str) -> usize {
+    text.lines().filter(|l| !l.starts_with('#')).count()
+}
+
+/// Devices made by [`scrape_does_not_grow_with_mailboxes`], and a tenth as
+/// many databases: `ESTAFETA_METRICS_DEVICES` (default 2,000).
+fn devices_to_make() -> usize {
+    std::env::var("ESTAFETA_METRICS_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+/// The most series a scrape of a server without send queue hosts has,
+/// however many mailboxes it holds.
+const MOST_SERIES: usize = 400;
+
+/// The most bytes of such a scrape.
+const MOST_BYTES: usize = 64 * 1024;
+
+/// Thousands of mailboxes, made through the exchange, add no series: the
+/// scrape before and after has as many, under a fixed bound, and its
+/// mailbox figures count them all. Prints the scrape's size and time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_does_not_grow_with_mailboxes() {
+    use estafeta_exchange::tenancy::Principal;
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    server.admin.metrics().await.unwrap();
+    let small = server.admin.metrics().await.unwrap();
+
+    let devices = devices_to_make();
+    let ex = &server.exchange;
+    let admin = Principal::Admin;
+    let made = std::time::Instant::now();
+    ex.create_enterprise(&admin, common::id("big"))
+        .await
+        .unwrap();
+    ex.create_subsystem(&admin, common::id("big"), common::id("app"))
+        .await
+        .unwrap();
+    for i in 0..devices / 10 {
+        ex.create_database(&admin, common::id("big"), common::id(&format!("bdb-{i}")))
+            .await
+            .unwrap();
+    }
+    for i in 0..devices {
+        ex.create_device(
+            &admin,
+            common::id("big"),
+            common::id(&format!("bdev-{i}")),
+            common::id("app"),
+        )
+        .await
+        .unwrap();
+    }
+    let made = made.elapsed();
+
+    // The first scrape builds the new folders' indexes; the next is the
+    // steady state.
+    let started = std::time::Instant::now();
+    let first = server.admin.metrics().await.unwrap();
+    let first_took = started.elapsed();
+    let started = std::time::Instant::now();
+    let big = server.admin.metrics().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(series(&first), series(&big));
+    let samples = parse(&big);
+    assert_eq!(
+        value(&samples, "estafeta_mailboxes", &[("kind", "device")]),
+        (devices + 3) as f64
+    );
+    assert_eq!(
+        value(&samples, "estafeta_mailboxes", &[("kind", "database")]),
+        (devices / 10 + 3) as f64
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "estafeta_mailbox_messages",
+            &[("kind", "database"), ("folder", "Messages")]
+        ),
+        1.0
+    );
+    assert_eq!(series(&big), series(&small), "{small}\n----\n{big}");
+    assert!(series(&big) <= MOST_SERIES, "{} series", series(&big));
+    assert!(big.len() <= MOST_BYTES, "{} bytes", big.len());
+    println!(
+        "{} devices and {} databases (made in {made:.1?}): scrape {} bytes, {} series, \
+         {first_took:.1?} the first time, {took:.1?} the next",
+        devices + 3,
+        devices / 10 + 3,
+        big.len(),
+        series(&big),
+    );
+    server.stop().await.unwrap();
+}
+
+/// The metric names a PromQL expression uses: its identifiers that start
+/// with `estafeta_`.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("estafeta_") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Every `expr` string anywhere in a JSON value.
+fn json_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => json_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| json_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The names a scrape declares: each family of a `# TYPE` line, and for a
+/// histogram its `_bucket`, `_sum` and `_count`.
+fn declared(text: &str) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            out.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    out.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The shipped Grafana dashboard is JSON and the Prometheus alert rules are
+/// YAML of the rule-file shape (each rule named, with an expression, a
+/// severity and a summary), and every metric either uses is one that
+/// `scrape`, a real server's, declares.
+fn check_packaging(scrape: &str) {
+    use yaml_rust2::{Yaml, YamlLoader};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging");
+    let known = declared(scrape);
+    let grafana: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("grafana/estafeta.json")).unwrap())
+            .expect("the Grafana dashboard is JSON");
+    assert!(grafana["title"].is_string() && grafana["panels"].is_array());
+    let mut exprs = Vec::new();
+    json_exprs(&grafana, &mut exprs);
+    assert!(exprs.len() >= 8, "the dashboard's queries: {exprs:?}");
+
+    let rules = std::fs::read_to_string(root.join("prometheus/alerts.yml")).unwrap();
+    let docs = YamlLoader::load_from_str(&rules).expect("the alert rules are YAML");
+    let groups = docs[0]["groups"].as_vec().expect("a list of groups");
+    let mut alerts = Vec::new();
+    for group in groups {
+        assert!(group["name"].as_str().is_some());
+        for rule in group["rules"].as_vec().expect("a list of rules") {
+            let name = rule["alert"].as_str().expect("each rule is an alert");
+            let expr = rule["expr"].as_str().expect("each rule has an expression");
+            assert!(
+                ["critical", "warning"]
+                    .contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+                "{name}: severity"
+            );
+            assert!(
+                rule["annotations"]["summary"].as_str().is_some(),
+                "{name}: summary"
+            );
+            assert!(
+                matches!(rule["for"], Yaml::String(_) | Yaml::BadValue),
+                "{name}: for"
+            );
+            alerts.push(name.to_owned());
+            exprs.push(expr.to_owned());
+        }
+    }
+    for wanted in [
+        "EstafetaNotReady",
+        "EstafetaStorageErrors",
+        "EstafetaDiskLow",
+        "EstafetaProcessInDoubt",
+        "EstafetaReadyToCommitTooLong",
+        "EstafetaOutboundHostDown",
+    ] {
+        assert!(alerts.iter().any(|a| a == wanted), "no alert {wanted}");
+    }
+    for expr in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{expr:?} uses no estafeta metric");
+        for name in names {
+            assert!(known.contains(&name), "{name} (in {expr:?}) is not served");
+        }
+    }
 }
