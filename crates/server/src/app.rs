@@ -1,5 +1,6 @@
 //! [`app`]: the router of every route of API.md and of the dashboard,
-//! with the body limits and the request counters.
+//! with the body limits, the request counters, and the request ids and
+//! spans.
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -12,6 +13,7 @@ use crate::error::ApiError;
 use crate::metrics;
 use crate::routes::{admin, device, ops, process};
 use crate::state::AppState;
+use crate::trace::traced;
 
 /// The server's router.
 pub fn app(state: AppState) -> Router {
@@ -106,7 +108,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::no_route() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(max_body));
-    limit_bodies(router, max_body)
-        .layer(from_fn_with_state(state.clone(), metrics::count))
-        .with_state(state)
+    let router =
+        limit_bodies(router, max_body).layer(from_fn_with_state(state.clone(), metrics::count));
+    traced(router).with_state(state)
 }

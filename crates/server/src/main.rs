@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = args.sources().resolve()?.settings;
             // `serve` also keeps the structured event log in its data folder.
-            estafeta_server::logging::init(&settings.log, Some(&settings.data_dir))?;
+            estafeta_server::logging::init(&settings, Some(&settings.data_dir))?;
             runtime()?.block_on(serve(settings))
         }
         Command::Config { settings, check } => match check {
@@ -85,7 +85,7 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Admin(args) => {
-            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
+            estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
             let out = runtime()?.block_on(operator::execute(&args))?;
             if let Some(warning) = out.warning {
                 eprintln!("warning: {warning}");
@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         }
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
-            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
+            estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
             runtime()?.block_on(demo::demo(&listen, duration))
         }
     }
