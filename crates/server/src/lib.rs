@@ -37,8 +37,7 @@
 //! needs no exchange):
 //!
 //! ```
-//! use utoipa::OpenApi;
-//! let doc = estafeta_server::openapi::ApiDoc::openapi();
+//! let doc = estafeta_server::openapi::document();
 //! assert!(doc.paths.paths.contains_key("/v1/processes/{pid}/commit"));
 //! ```
 //!
