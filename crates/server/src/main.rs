@@ -1,15 +1,17 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`, `config`), to the client (`admin …`), or to the demo
-//! (`demo`).
+//! (`demo`); `completions` and `man` print what clap derives from this
+//! command line for shells and `man`.
 
 #[cfg(feature = "demo")]
 mod demo;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::config::{self, SettingsArgs};
@@ -46,6 +48,22 @@ enum Command {
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
     Admin(AdminArgs),
+    /// Print the completion script of a shell, e.g. `estafeta completions
+    /// bash > /usr/share/bash-completion/completions/estafeta` (for zsh:
+    /// a `_estafeta` file in a folder of `$fpath`; for fish:
+    /// `~/.config/fish/completions/estafeta.fish`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page estafeta(1) in roff (`estafeta man | man -l -`),
+    /// or write one page per command into a folder.
+    Man {
+        /// Write estafeta.1, estafeta-serve.1, estafeta-admin.1, … into this
+        /// folder (e.g. /usr/local/share/man/man1) instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token.
     #[cfg(feature = "demo")]
@@ -93,12 +111,35 @@ fn main() -> anyhow::Result<()> {
             println!("{}", out.json);
             Ok(())
         }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "estafeta", &mut script);
+            print_bytes(&script)
+        }
+        Command::Man { out_dir } => match out_dir {
+            Some(dir) => clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("writing the manual pages into {}", dir.display())),
+            None => {
+                let mut page = Vec::new();
+                clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+                print_bytes(&page)
+            }
+        },
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
             estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
             runtime()?.block_on(demo::demo(&listen, duration))
         }
     }
+}
+
+/// Writes `bytes` to stdout: an error (a closed pipe) is reported, not a
+/// panic as `print!` would make it.
+fn print_bytes(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
