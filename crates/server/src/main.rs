@@ -6,6 +6,10 @@
 #[cfg(feature = "demo")]
 mod demo;
 
+#[cfg(feature = "demo")]
+use estafeta_server::config::{LogFilter, Value as _};
+
+use std::future::Future;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,17 +69,24 @@ enum Command {
         out_dir: Option<PathBuf>,
     },
     /// A server on a temporary data folder with simulated devices and
-    /// processors; prints the dashboard address and the admin token.
+    /// processors; prints the dashboard address and the admin token. Logs
+    /// warnings only unless ESTAFETA_LOG says otherwise; removes its folder
+    /// when it stops (Ctrl-C, SIGTERM or --duration).
     #[cfg(feature = "demo")]
     Demo {
-        /// Where to listen.
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        /// Where to listen (not serve's 8080, so that both can run at once).
+        #[arg(long, default_value = "127.0.0.1:8081")]
         listen: String,
-        /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C.
+        /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C
+        /// or SIGTERM.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
     },
 }
+
+/// The demo's log filter when `ESTAFETA_LOG` is not set.
+#[cfg(feature = "demo")]
+const DEMO_LOG: &str = "warn";
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -127,8 +138,14 @@ fn main() -> anyhow::Result<()> {
         },
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
-            estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
-            runtime()?.block_on(demo::demo(&listen, duration))
+            let mut logging = Settings::logging_from_env();
+            // Quiet unless asked: the address and the token stay on screen
+            // instead of scrolling away under the simulators' protocol steps.
+            if std::env::var_os("ESTAFETA_LOG").is_none() {
+                logging.log = LogFilter::parse(DEMO_LOG).map_err(anyhow::Error::msg)?;
+            }
+            estafeta_server::logging::init(&logging, None)?;
+            runtime()?.block_on(async { demo::demo(&listen, duration, shutdown_signal()?).await })
         }
     }
 }
@@ -183,33 +200,24 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         exchange,
         settings.http(),
         notify,
-        shutdown_signal(),
+        shutdown_signal()?,
     )
     .await?;
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-                let _ = interrupt.await;
-            }
+/// A future that resolves on SIGINT or SIGTERM. Both are watched from this
+/// call on, not from the future's first poll: a signal that arrives before
+/// the caller awaits is kept, not left to its default action (which would
+/// end the process without its clean-up).
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("watching SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("watching SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
+    })
 }
