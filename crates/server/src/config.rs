@@ -24,7 +24,7 @@ use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::mailbox::Limits;
 
 use crate::notify::{NotifyConfigError, NotifySettings};
-pub use value::{LogFilter, Secret, SecretUrl, Shown, Value, duration_text};
+pub use value::{LogFilter, LogFormat, Secret, SecretUrl, Shown, Value, duration_text};
 
 /// The prefix of every environment variable the server reads.
 pub const ENV_PREFIX: &str = "ESTAFETA_";
@@ -135,6 +135,8 @@ settings! {
         request_timeout: Duration = "30s";
         /// log filter on stderr, tracing EnvFilter syntax
         log: LogFilter = "info";
+        /// form of the log lines on stderr: text, or json (one object per line)
+        log_format: LogFormat = "text";
     }
     section "Alerts to administrators (each channel is used when its settings are given; without any, alerts are only logged):" {
         /// e-mail recipients of alerts, comma-separated
@@ -645,18 +647,22 @@ impl Settings {
         Ok(Sources::process(file).resolve()?.settings)
     }
 
-    /// The `log` setting from the environment alone, for the commands that
-    /// read no configuration file (`admin`, `demo`): its default when the
-    /// variable is unset or bad.
-    pub fn log_from_env() -> LogFilter {
+    /// The defaults with the `log` and `log_format` settings from the
+    /// environment alone, for the commands that read no configuration file
+    /// (`admin`, `demo`): each at its default when its variable is unset or
+    /// bad.
+    pub fn logging_from_env() -> Settings {
         let mut settings = Settings::default();
-        if let Some(setting) = SETTINGS.iter().find(|s| s.key == "log")
-            && let Ok(text) = std::env::var(setting.env())
+        for setting in SETTINGS
+            .iter()
+            .filter(|s| matches!(s.key, "log" | "log_format"))
         {
-            // A bad filter leaves the default: these commands still run.
-            let _ = settings.set(setting, &text);
+            if let Ok(text) = std::env::var(setting.env()) {
+                // A bad value leaves the default: these commands still run.
+                let _ = settings.set(setting, &text);
+            }
         }
-        settings.log
+        settings
     }
 
     /// The exchange's part of the settings.

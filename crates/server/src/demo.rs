@@ -2,9 +2,10 @@
 //! folder with an enterprise, databases and devices provisioned, the
 //! simulated devices and processors of [`estafeta_sim`] exchanging messages
 //! through it, and the dashboard's address and admin token printed, until
-//! Ctrl-C or `--duration`. Nothing is left behind: the folder goes away
-//! when the demo ends.
+//! SIGINT (Ctrl-C), SIGTERM or `--duration`. Nothing is left behind: the
+//! folder goes away when the demo ends, by a signal too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,8 +23,12 @@ use tokio_util::sync::CancellationToken;
 const DATABASES: [&str; 2] = ["db-north", "db-south"];
 const DEVICES: [&str; 4] = ["phone-1", "phone-2", "phone-3", "phone-4"];
 
-/// Runs the demo on `listen` until Ctrl-C, or for `duration`.
-pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Result<()> {
+/// Runs the demo on `listen` until `stop` resolves, or for `duration`.
+pub(crate) async fn demo(
+    listen: &str,
+    duration: Option<Duration>,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let folder = tempfile::Builder::new()
         .prefix("estafeta-demo-")
         .tempdir()
@@ -60,6 +65,7 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
         folder.path().display()
     );
 
+    let stop_signal = stop;
     let stop = Arc::new(AtomicBool::new(false));
     let devices: Vec<_> = devices
         .into_iter()
@@ -73,12 +79,10 @@ pub(crate) async fn demo(listen: &str, duration: Option<Duration>) -> anyhow::Re
         Some(d) => {
             tokio::select! {
                 _ = tokio::time::sleep(d) => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = stop_signal => {}
             }
         }
-        None => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        None => stop_signal.await,
     }
     stop.store(true, Ordering::Relaxed);
     let (mut uploaded, mut replies) = (0, 0);

@@ -17,6 +17,8 @@
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate.
 //! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
 //!   session, CSRF-protected operator actions).
+//! - [`trace`]: a request id on every request and answer, and a span
+//!   carrying it around every log line of the request.
 //! - [`events`]: the structured event log (a `tracing` layer writing JSON
 //!   lines, rotated) that the dashboard reads; [`logging`]: the subscriber
 //!   that `estafeta serve` installs with it.
@@ -36,8 +38,7 @@
 //! needs no exchange):
 //!
 //! ```
-//! use utoipa::OpenApi;
-//! let doc = estafeta_server::openapi::ApiDoc::openapi();
+//! let doc = estafeta_server::openapi::document();
 //! assert!(doc.paths.paths.contains_key("/v1/processes/{pid}/commit"));
 //! ```
 //!
@@ -85,6 +86,7 @@ pub mod operator;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod trace;
 
 pub use app::app;
 pub use config::{HttpSettings, Settings};

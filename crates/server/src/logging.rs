@@ -1,18 +1,21 @@
-//! [`init`]: the process's `tracing` subscriber: human-readable lines on
-//! stderr (filtered by the `log` setting, `ESTAFETA_LOG`) and, for `serve`,
-//! the structured event log under the data folder, which keeps every
-//! protocol step, alert, warning and error whatever that filter says.
+//! [`init`]: the process's `tracing` subscriber: log lines on stderr
+//! ([`stderr_lines`]: filtered by the `log` setting, `ESTAFETA_LOG`, as text
+//! or JSON by `log_format`, `ESTAFETA_LOG_FORMAT`) and, for `serve`, the
+//! structured event log under the data folder, which keeps every protocol
+//! step, alert, warning and error whatever that filter says.
 
 use std::io::IsTerminal;
 use std::path::Path;
 
-use tracing::Level;
+use tracing::{Level, Subscriber};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::LogFilter;
+use crate::config::{LogFormat, Settings};
 use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
 
 /// Installing the subscriber failed.
@@ -26,13 +29,12 @@ pub enum LoggingError {
     Init(#[from] tracing_subscriber::util::TryInitError),
 }
 
-/// Installs the global subscriber, its stderr lines filtered by `filter`;
-/// with `data_dir`, also the event log in `<data_dir>/.estafeta/events/`.
-pub fn init(filter: &LogFilter, data_dir: Option<&Path>) -> Result<(), LoggingError> {
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(EnvFilter::new(filter.as_str()));
+/// Installs the global subscriber: the stderr lines of `settings` (`log`,
+/// `log_format`); with `data_dir`, also the event log in
+/// `<data_dir>/.estafeta/events/`.
+pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingError> {
+    let ansi = std::io::stderr().is_terminal();
+    let stderr = stderr_lines(settings, std::io::stderr, ansi);
     let events = match data_dir {
         Some(dir) => {
             let dir = events_dir(dir);
@@ -53,4 +55,33 @@ pub fn init(filter: &LogFilter, data_dir: Option<&Path>) -> Result<(), LoggingEr
         .with(events)
         .try_init()?;
     Ok(())
+}
+
+/// The layer of the log lines that `init` writes to stderr, writing to
+/// `writer` instead (with terminal colours when `ansi`, text only).
+///
+/// Text: the time, the level, the spans (a request's `request{request_id=…
+/// method=… path=…}`), the target, the message and the fields. JSON: one
+/// object per line with `timestamp`, `level`, `target`, `message` and the
+/// event's fields at the top level, and the innermost span's fields and
+/// `name` under `span`.
+pub fn stderr_lines<S, W>(settings: &Settings, writer: W, ansi: bool) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let lines = match settings.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(writer)
+            .with_ansi(ansi)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(writer)
+            .boxed(),
+    };
+    lines.with_filter(EnvFilter::new(settings.log.as_str()))
 }

@@ -1,15 +1,21 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`, `config`), to the client (`admin …`), or to the demo
-//! (`demo`).
+//! (`demo`); `completions` and `man` print what clap derives from this
+//! command line for shells and `man`.
 
 #[cfg(feature = "demo")]
 mod demo;
 
+#[cfg(feature = "demo")]
+use estafeta_server::config::{LogFilter, Value as _};
+
+use std::future::Future;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::Settings;
@@ -47,18 +53,41 @@ enum Command {
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
     Admin(AdminArgs),
+    /// Print the completion script of a shell, e.g. `estafeta completions
+    /// bash > /usr/share/bash-completion/completions/estafeta` (for zsh:
+    /// a `_estafeta` file in a folder of `$fpath`; for fish:
+    /// `~/.config/fish/completions/estafeta.fish`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page estafeta(1) in roff (`estafeta man | man -l -`),
+    /// or write one page per command into a folder.
+    Man {
+        /// Write estafeta.1, estafeta-serve.1, estafeta-admin.1, … into this
+        /// folder (e.g. /usr/local/share/man/man1) instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// A server on a temporary data folder with simulated devices and
-    /// processors; prints the dashboard address and the admin token.
+    /// processors; prints the dashboard address and the admin token. Logs
+    /// warnings only unless ESTAFETA_LOG says otherwise; removes its folder
+    /// when it stops (Ctrl-C, SIGTERM or --duration).
     #[cfg(feature = "demo")]
     Demo {
-        /// Where to listen.
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        /// Where to listen (not serve's 8080, so that both can run at once).
+        #[arg(long, default_value = "127.0.0.1:8081")]
         listen: String,
-        /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C.
+        /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C
+        /// or SIGTERM.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
     },
 }
+
+/// The demo's log filter when `ESTAFETA_LOG` is not set.
+#[cfg(feature = "demo")]
+const DEMO_LOG: &str = "warn";
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -66,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = args.sources().resolve()?.settings;
             // `serve` also keeps the structured event log in its data folder.
-            estafeta_server::logging::init(&settings.log, Some(&settings.data_dir))?;
+            estafeta_server::logging::init(&settings, Some(&settings.data_dir))?;
             runtime()?.block_on(serve(settings))
         }
         Command::Config { settings, check } => match check {
@@ -86,7 +115,7 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Admin(args) => {
-            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
+            estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
             let out = runtime()?.block_on(operator::execute(&args))?;
             if let Some(warning) = out.warning {
                 eprintln!("warning: {warning}");
@@ -94,12 +123,41 @@ fn main() -> anyhow::Result<()> {
             println!("{}", out.json);
             Ok(())
         }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "estafeta", &mut script);
+            print_bytes(&script)
+        }
+        Command::Man { out_dir } => match out_dir {
+            Some(dir) => clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("writing the manual pages into {}", dir.display())),
+            None => {
+                let mut page = Vec::new();
+                clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+                print_bytes(&page)
+            }
+        },
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
-            estafeta_server::logging::init(&Settings::log_from_env(), None)?;
-            runtime()?.block_on(demo::demo(&listen, duration))
+            let mut logging = Settings::logging_from_env();
+            // Quiet unless asked: the address and the token stay on screen
+            // instead of scrolling away under the simulators' protocol steps.
+            if std::env::var_os("ESTAFETA_LOG").is_none() {
+                logging.log = LogFilter::parse(DEMO_LOG).map_err(anyhow::Error::msg)?;
+            }
+            estafeta_server::logging::init(&logging, None)?;
+            runtime()?.block_on(async { demo::demo(&listen, duration, shutdown_signal()?).await })
         }
     }
+}
+
+/// Writes `bytes` to stdout: an error (a closed pipe) is reported, not a
+/// panic as `print!` would make it.
+fn print_bytes(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -140,38 +198,30 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("reading the bound address")?;
     println!("listening on {addr}");
     let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_signal(shutdown.clone()));
+    let signal = shutdown_signal()?;
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            signal.await;
+            shutdown.cancel();
+        }
+    });
     server.run(listener, shutdown).await?;
     Ok(())
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM.
-async fn shutdown_signal(shutdown: CancellationToken) {
-    wait_for_signal().await;
-    shutdown.cancel();
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn wait_for_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-                let _ = interrupt.await;
-            }
+/// A future that resolves on SIGINT or SIGTERM. Both are watched from this
+/// call on, not from the future's first poll: a signal that arrives before
+/// the caller awaits is kept, not left to its default action (which would
+/// end the process without its clean-up).
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("watching SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("watching SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
+    })
 }

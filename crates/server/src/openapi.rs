@@ -1,5 +1,8 @@
-//! [`ApiDoc`]: the OpenAPI document served on `/v1/openapi.json`, built from
-//! the handlers' `#[utoipa::path]` annotations and the wire types' schemas.
+//! [`document`]: the OpenAPI document served on `/v1/openapi.json`: the
+//! frame of [`ApiDoc`] (title, tags, shared schemas) with the operations of
+//! every route that [`routes::api`] registers, from the handlers'
+//! `#[utoipa::path]` annotations, and the conventions every authenticated
+//! call shares.
 
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
@@ -7,12 +10,13 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{admin, device, ops, process};
+use crate::routes;
 
 /// The name of the bearer security scheme in the document.
 pub const BEARER: &str = "bearer";
 
-/// The API's OpenAPI document.
+/// The frame of the API's OpenAPI document; its operations come from
+/// the router ([`document`]).
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -21,24 +25,7 @@ pub const BEARER: &str = "bearer";
                        Every JSON body carries \"version\": 1; errors are {\"version\":1,\"error\":{\"code\",\"message\"}}. \
                        A request body nested more than 100 levels deep is 400 bad_json."
     ),
-    paths(
-        ops::healthz, ops::readyz, ops::metrics, ops::openapi,
-        admin::create_enterprise, admin::create_subsystem, admin::create_database,
-        admin::create_device, admin::processes, admin::stats, admin::folder, admin::alerts,
-        admin::set_database_webhook, admin::clear_database_webhook,
-        admin::set_device_webhook, admin::clear_device_webhook,
-        admin::list_enterprises, admin::show_enterprise, admin::delete_enterprise,
-        admin::list_subsystems, admin::delete_subsystem,
-        admin::list_databases, admin::show_database, admin::delete_database,
-        admin::list_devices, admin::show_device, admin::delete_device,
-        admin::rotate_database_token, admin::rotate_device_token, admin::rotate_admin_token,
-        admin::settle, admin::show_message, admin::requeue, admin::discard,
-        device::send_message, device::inbox, device::ack,
-        process::start, process::accept, process::prepare, process::commit,
-        process::rollback, process::abort, process::status,
-    ),
     components(schemas(estafeta_exchange::wire::ErrorBody)),
-    modifiers(&Conventions),
     tags(
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "admin", description = "Provisioning and inspection (admin token)"),
@@ -47,6 +34,16 @@ pub const BEARER: &str = "bearer";
     )
 )]
 pub struct ApiDoc;
+
+/// The API's OpenAPI document: every route the server's API router serves,
+/// and only those.
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = utoipa_axum::router::OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(routes::api())
+        .into_openapi();
+    Conventions.modify(&mut doc);
+    doc
+}
 
 /// Adds what every authenticated call shares: the bearer scheme, and the
 /// error answers 400, 401, 403 and 503 (and 413 where there is a body).
@@ -124,7 +121,7 @@ mod tests {
 
     #[test]
     fn authenticated_operations_carry_bearer_and_errors() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(document()).unwrap();
         assert_eq!(
             doc["components"]["securitySchemes"][BEARER]["scheme"],
             "bearer"

@@ -270,6 +270,35 @@ impl Value for LogFilter {
     }
 }
 
+/// The form of the log lines on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event, the request's span in front.
+    #[default]
+    Text,
+    /// One JSON object per line, the event's fields at the top level and
+    /// the request's span fields under `span`.
+    Json,
+}
+
+impl Value for LogFormat {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected text or json".to_owned()),
+        }
+    }
+
+    fn show(&self) -> Shown {
+        let word = match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        Shown::Plain(toml::Value::String(word.to_owned()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,5 +370,12 @@ mod tests {
     fn log_filters_are_checked() {
         assert!(LogFilter::parse("warn,estafeta_server=debug").is_ok());
         assert!(LogFilter::parse("info,[[").is_err());
+        assert_eq!(LogFormat::parse("json"), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::parse("text"), Ok(LogFormat::Text));
+        assert!(
+            LogFormat::parse("JSON")
+                .unwrap_err()
+                .contains("text or json")
+        );
     }
 }

@@ -37,13 +37,16 @@ pub const FORM_LIMIT: usize = 4096;
 /// The dashboard's routes (merged into the server's router).
 pub fn routes(state: &AppState) -> Router<AppState> {
     let router = Router::new()
-        .route("/admin", get(pages::figures::overview))
+        .route("/admin", get(pages::overview::overview))
         .route("/admin/login", get(auth::login_form).post(auth::login))
         .route("/admin/logout", post(auth::logout))
-        .route("/admin/processes", get(pages::figures::processes))
-        .route("/admin/processes/{pid}/settle", post(pages::browse::settle))
-        .route("/admin/databases", get(pages::figures::databases))
-        .route("/admin/devices", get(pages::figures::devices))
+        .route("/admin/processes", get(pages::processes::processes))
+        .route(
+            "/admin/processes/{pid}/settle",
+            post(pages::processes::settle),
+        )
+        .route("/admin/databases", get(pages::databases::databases))
+        .route("/admin/devices", get(pages::devices::devices))
         .route("/admin/browse/{folder}", get(pages::browse::browse))
         .route(
             "/admin/browse/{folder}/{mailbox}/{id}",
@@ -53,11 +56,11 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             "/admin/browse/{folder}/{mailbox}/{id}/{action}",
             post(pages::browse::message_action),
         )
-        .route("/admin/alerts", get(pages::log::alerts))
-        .route("/admin/alerts/{id}/ack", post(pages::log::acknowledge))
-        .route("/admin/events", get(pages::log::events))
-        .route("/admin/queues", get(pages::outbound::queues))
-        .route("/admin/deliveries", get(pages::outbound::deliveries))
+        .route("/admin/alerts", get(pages::alerts::alerts))
+        .route("/admin/alerts/{id}/ack", post(pages::alerts::acknowledge))
+        .route("/admin/events", get(pages::events::events))
+        .route("/admin/queues", get(pages::queues::queues))
+        .route("/admin/deliveries", get(pages::deliveries::deliveries))
         .route("/admin/static/app.js", get(script))
         .route("/admin/static/style.css", get(style))
         .layer(from_fn_with_state(state.clone(), read_form));

@@ -10,11 +10,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use utoipa::OpenApi;
 
 use crate::metrics::Snapshot;
 use crate::notify::disk::free_bytes;
-use crate::openapi::ApiDoc;
+use crate::openapi::document;
 use crate::state::AppState;
 
 /// `GET /healthz`: 200 while the process runs.
@@ -73,7 +72,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 
 /// The document never changes while the server runs: built once.
 static OPENAPI_JSON: LazyLock<Vec<u8>> =
-    LazyLock::new(|| serde_json::to_vec(&ApiDoc::openapi()).unwrap_or_default());
+    LazyLock::new(|| serde_json::to_vec(&document()).unwrap_or_default());
 
 /// `GET /v1/openapi.json`: this API's OpenAPI document.
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(

@@ -1,5 +1,6 @@
-//! The `Unknown` and `Error` browsers: list, show one message, requeue,
-//! discard, and settle a process in doubt.
+//! `/admin/browse/{folder}`: the `Unknown` and `Error` browsers: list,
+//! show one message (`…/{mailbox}/{id}`), requeue or discard it
+//! (`…/{mailbox}/{id}/{action}`).
 
 use askama::Template;
 use axum::Form;
@@ -9,7 +10,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
-use serde::Deserialize;
 
 use super::{Layout, Notice, PageError, PageResult, render};
 use crate::dashboard::auth::{AdminSession, CsrfForm};
@@ -158,7 +158,8 @@ pub async fn message(
     Ok(render(&page))
 }
 
-fn back_to(folder: &str, notice: &str) -> Response {
+/// A redirect to the browser of `folder` showing `notice`.
+pub(super) fn back_to(folder: &str, notice: &str) -> Response {
     let notice: String = notice
         .chars()
         .map(|c| {
@@ -198,53 +199,4 @@ pub async fn message_action(
         }
     }
     Ok(back_to(folder.as_str(), &format!("message {id} {action}d")))
-}
-
-/// The settle form.
-#[derive(Debug, Deserialize)]
-pub struct SettleForm {
-    /// The session's CSRF token.
-    #[serde(default)]
-    pub csrf: String,
-    /// `commit` or `rollback`.
-    pub outcome: String,
-    /// The folder page to return to.
-    #[serde(default)]
-    pub back: String,
-}
-
-/// `POST /admin/processes/{pid}/settle`: settle a process in doubt.
-pub async fn settle(
-    State(state): State<AppState>,
-    session: AdminSession,
-    ApiPath(pid): ApiPath<String>,
-    Form(form): Form<SettleForm>,
-) -> PageResult {
-    if let Err(r) = session.check_csrf(&form.csrf) {
-        return Ok(r.into_response());
-    }
-    let commit = match form.outcome.as_str() {
-        "commit" => true,
-        "rollback" => false,
-        _ => {
-            return Err(PageError(
-                StatusCode::BAD_REQUEST,
-                "outcome is commit or rollback".to_owned(),
-            ));
-        }
-    };
-    let answer = state
-        .exchange()
-        .settle(&Principal::Admin, &pid, commit)
-        .await?;
-    let back = if form.back == "Error" {
-        "Error"
-    } else {
-        "Unknown"
-    };
-    let outcome = if commit { "committed" } else { "rolled back" };
-    Ok(back_to(
-        back,
-        &format!("process {pid} settled as {outcome}: {:?}", answer.status),
-    ))
 }

@@ -3,27 +3,32 @@
 //! askama template (`templates/`). Actions are POST forms carrying the
 //! session's CSRF token; each ends in a redirect back to a page.
 //!
-//! - [`figures`]: overview, processes, databases, devices.
-//! - [`browse`]: the `Unknown` and `Error` browsers and their actions.
-//! - [`log`]: alerts and the event log.
-//! - [`outbound`]: the send queues, and scheduled and retrying deliveries.
+//!
+//! Each module is named after the page's path under `/admin` and holds the
+//! page and the actions posted under that path: [`overview`] (`/admin`
+//! itself), [`processes`], [`databases`], [`devices`], [`browse`],
+//! [`alerts`], [`events`], [`queues`], [`deliveries`]. The login form is
+//! [`auth`](super::auth)'s.
 
+pub mod alerts;
 pub mod browse;
-pub mod figures;
-pub mod log;
-pub mod outbound;
+pub mod databases;
+pub mod deliveries;
+pub mod devices;
+pub mod events;
+pub mod overview;
+pub mod processes;
+pub mod queues;
 
 use super::auth::AdminSession;
 use crate::error::ApiError;
 use askama::Template;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
-use estafeta_exchange::{ExchangeError, Timestamp};
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::{ExchangeError, Id, Timestamp};
 use serde::Deserialize;
 use std::time::SystemTime;
-
-/// The most event-log lines one page shows.
-pub const EVENTS_SHOWN: usize = 500;
 
 /// Renders a template, or a 500 page if it fails.
 pub fn render<T: Template>(t: &T) -> Response {
@@ -137,4 +142,16 @@ fn human_bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{v:.1} {}", UNITS[unit])
+}
+
+/// Files per folder of one mailbox, in [`Folder::ALL`] order.
+fn counts_of(all: &[(Id, Folder, u64)], id: &Id) -> Vec<u64> {
+    Folder::ALL
+        .iter()
+        .map(|f| {
+            all.iter()
+                .find(|(i, g, _)| i == id && g == f)
+                .map_or(0, |(_, _, n)| *n)
+        })
+        .collect()
 }

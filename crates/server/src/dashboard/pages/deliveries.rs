@@ -1,7 +1,6 @@
-//! What waits to go out: the send queues (each host up or down, and per
-//! request type its depth, entries in flight and window) and the repeat
-//! schedulers' entries (alert deliveries, push notifications and their
-//! retries, messages kept aside until their `deliver_at`).
+//! `/admin/deliveries`: the repeat schedulers' entries (alert deliveries,
+//! push notifications and their retries, messages kept aside until their
+//! `deliver_at`), soonest first.
 
 use askama::Template;
 use axum::extract::State;
@@ -10,27 +9,11 @@ use estafeta_exchange::Timestamp;
 use super::{Layout, PageResult, render};
 use crate::dashboard::auth::AdminSession;
 use crate::metrics::{SCHEDULED, backlogs};
-use crate::notify::outbound::HostFigures;
 use crate::notify::{LastErrors, Row};
 use crate::state::AppState;
 
-/// The most entries per source the deliveries page lists.
+/// The most entries per source the page lists.
 const ROWS_SHOWN: usize = 200;
-
-#[derive(Template)]
-#[template(path = "queues.html")]
-struct QueuesPage {
-    layout: Layout,
-    hosts: Vec<HostFigures>,
-}
-
-/// `GET /admin/queues`: the send queues' hosts and types.
-pub async fn queues(State(state): State<AppState>, session: AdminSession) -> PageResult {
-    Ok(render(&QueuesPage {
-        layout: Layout::new("Queues", &session, None),
-        hosts: state.notifier().outbound().figures(),
-    }))
-}
 
 /// One line of the deliveries page.
 struct DeliveryRow {

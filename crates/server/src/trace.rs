@@ -1,0 +1,109 @@
+//! [`traced`]: a request id on every request and a `tracing` span around
+//! it, so that every log line written while the request runs says which
+//! request it belongs to.
+//!
+//! The id is the client's `x-request-id` when it sent a fit one (at most
+//! [`MAX_REQUEST_ID`] visible ASCII characters), else a new UUID; the answer
+//! carries it back in `x-request-id`. The span is named `request` and has
+//! the fields `request_id`, `method` and `path`; `/healthz` and `/readyz`
+//! get a span named `probe` with the same fields.
+//!
+//! When a request finishes, one line with `status` and `latency_s` (in
+//! seconds) is logged under this module's target: at DEBUG (an access log
+//! with `ESTAFETA_LOG=info,estafeta_server::trace=debug`), at INFO for a
+//! 503 (recovering, stopping, storage failing: its cause is logged where
+//! it happens), at WARN for any other 5xx. Probes always log at DEBUG: a
+//! load balancer asking `/readyz` every second during start-up gets 503
+//! each time, which is the answer it asked for, not a fault.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderName, Response, StatusCode};
+use axum::middleware::map_request;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use tracing::Span;
+
+/// The header that carries the request id, both ways.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The longest request id taken from a client, in bytes.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// The paths whose requests get a `probe` span and quiet lines.
+const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
+/// `router` with request ids and the request span around every route.
+pub fn traced<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    // The last layer added is the first to see a request.
+    router
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(span_of)
+                .on_request(())
+                .on_response(finished::<Body>)
+                .on_body_chunk(())
+                .on_eos(())
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(map_request(drop_unfit_id))
+}
+
+/// Removes a client's `x-request-id` that is too long, not visible ASCII,
+/// or given more than once: one is made in its place. An id goes into
+/// every log line of its request, so a client must not choose a huge or
+/// misleading one.
+async fn drop_unfit_id(mut request: Request) -> Request {
+    let given = request.headers().get_all(&REQUEST_ID);
+    let mut values = given.iter();
+    let fit = match (values.next(), values.next()) {
+        (None, _) => true,
+        (Some(id), None) => {
+            let bytes = id.as_bytes();
+            !bytes.is_empty()
+                && bytes.len() <= MAX_REQUEST_ID
+                && bytes.iter().all(u8::is_ascii_graphic)
+        }
+        (Some(_), Some(_)) => false,
+    };
+    if !fit {
+        request.headers_mut().remove(&REQUEST_ID);
+    }
+    request
+}
+
+/// The span of one request. At ERROR level so that it is kept under any
+/// log filter that keeps any line of the request: a warning must say whose
+/// request it was even when only warnings are shown.
+fn span_of(request: &Request) -> Span {
+    let request_id = request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|id| id.to_str().ok())
+        .unwrap_or_default();
+    let method = request.method().as_str();
+    let path = request.uri().path();
+    if PROBES.contains(&path) {
+        tracing::error_span!("probe", request_id = %request_id, method = %method, path = %path)
+    } else {
+        tracing::error_span!("request", request_id = %request_id, method = %method, path = %path)
+    }
+}
+
+/// The line that ends a request (inside its span).
+fn finished<B>(response: &Response<B>, latency: Duration, span: &Span) {
+    let status = response.status().as_u16();
+    let latency_s = latency.as_secs_f64();
+    let probe = span.metadata().is_some_and(|m| m.name() == "probe");
+    match response.status() {
+        _ if probe => tracing::debug!(status, latency_s, "finished"),
+        StatusCode::SERVICE_UNAVAILABLE => tracing::info!(status, latency_s, "finished"),
+        s if s.is_server_error() => tracing::warn!(status, latency_s, "finished"),
+        _ => tracing::debug!(status, latency_s, "finished"),
+    }
+}
