@@ -4,16 +4,26 @@
 //! and message arrivals (for push notifications) are handed to sinks the
 //! server plugs in.
 //!
-//! Where things are:
-//! - `lifecycle.rs`: the process lifecycle as one pure function (state
-//!   diagram in its doc): every change of a process is an event there.
-//! - `core.rs`: the service's parts and the driver that carries out the
-//!   lifecycle's steps (owner records, file moves, alerts, saves).
+//! Where things are, in the order a call flows through them:
 //! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
-//!   `hooks.rs` (deadlines and start-up processing of database sessions),
-//!   `operator.rs`, `recovery.rs`, `admin.rs`, `push.rs`, `schedule.rs`.
+//!   `operator.rs`, `admin.rs`, `manage.rs`: the calls; each runs on the
+//!   session of the database or device it concerns.
+//! - `lifecycle.rs`: the process lifecycle as one pure function (state
+//!   diagram in its doc): every change of a process is an event there,
+//!   and the steps it returns say what to do (batches of message moves,
+//!   owner records, alerts, saves).
+//! - `core.rs`: the service's parts and the driver that carries out the
+//!   lifecycle's steps; a batch of moves goes to the message store
+//!   ([`crate::store::MessageStore`]) as one `apply`.
+//! - `hooks.rs` (deadlines and start-up processing of database sessions),
+//!   `recovery.rs`, `push.rs`, `schedule.rs` (messages kept aside until
+//!   their `deliver_at`), `alerts.rs`, `stats.rs`.
 //! - `sessions.rs` and `state.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
+//!
+//! The service reaches messages and the registry only through the store
+//! traits; which implementations it runs on is chosen in
+//! [`Exchange::open`] (the embedded files and redb).
 
 mod admin;
 mod alert_kind;
@@ -29,7 +39,7 @@ mod operator;
 mod protocol;
 mod push;
 mod recovery;
-mod schedule;
+pub(crate) mod schedule;
 mod sessions;
 mod state;
 mod stats;
@@ -40,8 +50,7 @@ pub use error::{ErrorKind, ExchangeError};
 pub use push::{NoPush, PushSink, RecipientKind};
 pub use schedule::Listed;
 
-use crate::mailbox::Folder;
-use crate::mailbox::{Mailboxes, SyncConfig};
+use crate::store::{FileStore, Folder};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
@@ -95,7 +104,6 @@ impl Exchange {
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
         let layout = crate::DataLayout::new(&config.data_dir);
         let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
-        let mailboxes = Mailboxes::open(&config.data_dir, SyncConfig::default()).await?;
         let sessions_path = layout.sessions();
         let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
             .await
@@ -108,16 +116,17 @@ impl Exchange {
                 .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
                 .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         let scheduled = Arc::new(scheduled);
-        let deferred = estafeta_repeat::Scheduler::new(
+        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
             schedule::Listed(scheduled.clone()),
             schedule::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
-        );
+        ));
+        let store = Arc::new(FileStore::open(&config.data_dir, deferred.clone()).await?);
         let core = Arc::new(Core {
             config,
             clock: clock.clone(),
             registry,
-            mailboxes,
+            store,
             ids: UlidGenerator::new(),
             sessions: OnceLock::new(),
             ready: Default::default(),

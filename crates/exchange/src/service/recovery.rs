@@ -4,16 +4,17 @@ use super::RecoveryReport;
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
-use crate::mailbox::Folder;
+use crate::store::{Folder, Op};
 use crate::{MessageId, Timestamp};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 impl Core {
-    /// Every database session is loaded, which runs the first-load hook on
-    /// each (timeouts, CLEANUP, in doubt); then files in `Prepared` that no
-    /// process refers to are moved to `Unknown` and reported; then
-    /// retention runs.
+    /// Every mailbox is readied (what writes interrupted by a crash left is
+    /// cleared); every database session is loaded, which runs the
+    /// first-load hook on each (timeouts, CLEANUP, in doubt); then messages
+    /// in `Prepared` that no process refers to (the store's orphans) are
+    /// moved to `Unknown` and reported; then retention runs.
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         self.started.send_replace(true);
         let mut report = RecoveryReport::default();
@@ -23,8 +24,8 @@ impl Core {
             .into_iter()
             .chain(self.registry.devices())
         {
-            self.mailboxes.create_mailbox(&e.id).await?;
-            self.mailboxes.sweep_temp_files(&e.id).await?;
+            self.store.create_mailbox(&e.id).await?;
+            self.store.recover_writes(&e.id).await?;
         }
         for db in self.registry.databases() {
             report.databases += 1;
@@ -33,14 +34,7 @@ impl Core {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),
             };
-            let prepared = self.location(&db.id, Folder::Prepared);
-            let orphans: Vec<_> = self
-                .mailboxes
-                .list_names(&prepared)
-                .await?
-                .into_iter()
-                .filter(|n| !referenced.contains(&n.id))
-                .collect();
+            let orphans = self.store.orphans(&db.id, &referenced).await?;
             if !orphans.is_empty() {
                 tracing::error!(
                     target: "estafeta::alert", db = %db.id, files = orphans.len(),
@@ -52,12 +46,19 @@ impl Core {
                     format!("{} orphaned files in Prepared of database {} with no process; moved to Unknown", orphans.len(), db.id),
                 )
                 .await;
-                let unknown = self.location(&db.id, Folder::Unknown);
+                let (prepared, unknown) = (
+                    self.location(&db.id, Folder::Prepared),
+                    self.location(&db.id, Folder::Unknown),
+                );
                 let moves: Vec<_> = orphans
                     .iter()
-                    .map(|n| (n.clone(), prepared.clone(), unknown.clone()))
+                    .map(|n| Op::Move {
+                        name: n.clone(),
+                        from: prepared.clone(),
+                        to: unknown.clone(),
+                    })
                     .collect();
-                for r in self.mailboxes.move_all(&moves).await {
+                for r in self.store.apply(&moves).await.results {
                     r?;
                 }
                 report.orphans += orphans.len();
@@ -76,7 +77,7 @@ impl Core {
         Ok(report)
     }
 
-    /// Remove `Log`, `Prepared`, `Unknown` and `Error` files older than the
+    /// Remove `Log`, `Prepared`, `Unknown` and `Error` messages older than the
     /// retention period, except those a live or in-doubt process refers to.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
         let cutoff_ms = self
@@ -103,7 +104,7 @@ impl Core {
                 Folder::Error,
             ] {
                 removed += self
-                    .mailboxes
+                    .store
                     .remove_older_than(&self.location(&e.id, folder), cutoff, &keep)
                     .await?;
             }

@@ -9,8 +9,7 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Timestamp;
-use crate::error::MailboxError;
-use crate::mailbox::{FileName, Folder, Location};
+use crate::store::{FileName, Folder};
 use crate::wire::ErrorCode;
 use crate::wire::Message;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
@@ -84,6 +83,21 @@ fn due_second(t: Timestamp) -> u64 {
     ms.div_ceil(1000)
 }
 
+/// Keeps `message` aside in `deferred` until `at`, durably.
+pub(crate) async fn keep_aside(
+    deferred: &Deferred,
+    message: &Message,
+    at: Timestamp,
+) -> Result<(), ExchangeError> {
+    let bytes = message.to_file_bytes().map_err(storage)?;
+    deferred
+        .schedule(SOURCE, due_second(at), &message.id.to_string(), &bytes)
+        .await
+        .map_err(storage)?;
+    tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
+    Ok(())
+}
+
 impl Core {
     /// Write `message` into its recipient's `Messages` now, or keep it
     /// aside until `deliver_at` when that is later than now.
@@ -95,59 +109,16 @@ impl Core {
         match deliver_at.filter(|at| *at > self.now()) {
             None => {
                 let queue = self.location(&message.to, Folder::Messages);
-                self.mailboxes.write(&queue, message).await?;
+                self.store.put(&queue, message).await?;
                 self.arrived(&message.to);
             }
-            Some(at) => {
-                let bytes = message.to_file_bytes().map_err(storage)?;
-                self.deferred
-                    .schedule(SOURCE, due_second(at), &message.id.to_string(), &bytes)
-                    .await
-                    .map_err(storage)?;
-                tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
-            }
+            Some(at) => keep_aside(&self.deferred, message, at).await?,
         }
         Ok(())
     }
 
-    /// The [`Step::Schedule`](super::state::Step) of a committed reply:
-    /// keep the file in `from` aside until `at` (or write it into its
-    /// recipient's `Messages` if that time has passed), then remove it from
-    /// `from`. Done again after a crash, it schedules the same entry again
-    /// (same id, replaced) or finds the file gone.
-    pub(crate) async fn schedule_file(
-        &self,
-        name: &FileName,
-        from: &Location,
-        at: Timestamp,
-    ) -> Result<(), MailboxError> {
-        let raw = self
-            .mailboxes
-            .read_array(from, std::slice::from_ref(name))
-            .await?;
-        if raw.names.is_empty() {
-            return Err(MailboxError::NotFound {
-                name: name.to_string(),
-                from: self.mailboxes.path(from),
-                to: crate::DataLayout::new(self.mailboxes.root()).scheduled(),
-            });
-        }
-        let mut messages: Vec<Message> = serde_json::from_slice(&raw.json)
-            .map_err(|_| MailboxError::Corrupt(self.mailboxes.path(from).join(name.to_string())))?;
-        let Some(message) = messages.pop() else {
-            return Ok(());
-        };
-        if let Err(e) = self.place(&message, Some(at)).await {
-            return Err(MailboxError::io(
-                self.mailboxes.path(from).join(name.to_string()),
-                std::io::Error::other(e.to_string()),
-            ));
-        }
-        self.mailboxes.delete(from, name).await?;
-        Ok(())
-    }
-
-    /// A kept-aside message came due: into `Messages`, durably.
+    /// A kept-aside message came due: into `Messages`, durably, unless a
+    /// delivery before a crash got there but not to removing its entry.
     pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {
         let message: Message = match serde_json::from_slice(&entry.payload) {
             Ok(m) => m,
@@ -156,11 +127,16 @@ impl Core {
                 return Outcome::Done;
             }
         };
-        if self.delivered_already(&message).await {
+        if self
+            .store
+            .delivered(&FileName::of(&message))
+            .await
+            .unwrap_or(false)
+        {
             return Outcome::Done;
         }
         let queue = self.location(&message.to, Folder::Messages);
-        match self.mailboxes.write(&queue, &message).await {
+        match self.store.put(&queue, &message).await {
             Ok(_) => {
                 self.arrived(&message.to);
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
@@ -168,28 +144,6 @@ impl Core {
             }
             Err(e) => Outcome::Failed(e.to_string()),
         }
-    }
-
-    /// Whether the message's file is in any folder of its recipient (a
-    /// delivery before a crash that did not get to remove its entry).
-    async fn delivered_already(&self, message: &Message) -> bool {
-        let name = FileName::of(message).to_string();
-        let paths: Vec<_> = [
-            Folder::Messages,
-            Folder::Log,
-            Folder::Error,
-            Folder::Unknown,
-        ]
-        .into_iter()
-        .map(|f| {
-            self.mailboxes
-                .path(&self.location(&message.to, f))
-                .join(&name)
-        })
-        .collect();
-        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
-            .await
-            .unwrap_or(false)
     }
 }
 
