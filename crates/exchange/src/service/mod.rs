@@ -6,8 +6,9 @@
 //!
 //! Where things are, in the order a call flows through them:
 //! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
-//!   `operator.rs`, `admin.rs`, `manage.rs`: the calls; each runs on the
-//!   session of the database or device it concerns.
+//!   `operator.rs`, `admin.rs`, `manage.rs`: the calls; a call that
+//!   changes a database's processes or a device's records holds that
+//!   database's or device's session while it runs.
 //! - `lifecycle.rs`: the process lifecycle as one pure function (state
 //!   diagram in its doc): every change of a process is an event there,
 //!   and the steps it returns say what to do (batches of message moves,

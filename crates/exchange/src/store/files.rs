@@ -276,3 +276,120 @@ impl MessageStore for FileStore {
         Ok(names)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::schedule::{Listed, SOURCE, WallClock};
+    use crate::wire::{Body, Version};
+
+    fn id(s: &str) -> Id {
+        Id::new(s).unwrap()
+    }
+
+    fn message(seq: u64, to: &str) -> Message {
+        Message {
+            version: Version,
+            id: MessageId::from_parts(1_764_064_800_000 + seq, u128::from(seq)),
+            from: id("db-a"),
+            to: id(to),
+            subsystem: id("sales"),
+            created_at: Timestamp::from_millis(1_764_064_800_000),
+            body: Body::from_json(r#"{"n":1}"#).unwrap(),
+        }
+    }
+
+    async fn open(dir: &Path) -> (FileStore, Arc<estafeta_repeat::RedbStore>) {
+        let scheduled =
+            Arc::new(estafeta_repeat::RedbStore::open(dir.join("scheduled.redb")).unwrap());
+        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
+            Listed(scheduled.clone()),
+            WallClock(Arc::new(estafeta_session::SystemClock)),
+            estafeta_repeat::Options::default(),
+        ));
+        (
+            FileStore::open(&dir.join("data"), deferred).await.unwrap(),
+            scheduled,
+        )
+    }
+
+    /// One result per op in the ops' order, whatever order the files store
+    /// runs them in; arrivals name the recipients whose `Messages` got a
+    /// message; run again (after a crash), every move and delete that was
+    /// done counts as done, and a message in none of its places (a schedule
+    /// done before) is `NotFound`.
+    #[tokio::test]
+    async fn a_batch_answers_each_op_in_order_and_can_be_run_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, scheduled) = open(tmp.path()).await;
+        let prepared = Location::new(id("db-a"), Folder::Prepared);
+        let inbox = Location::new(id("phone-1"), Folder::Messages);
+        let [now, gone, later, past] = [1, 2, 3, 4].map(|seq| message(seq, "phone-1"));
+        let written = store
+            .put_all(
+                &prepared,
+                &[gone.clone(), now.clone(), later.clone(), past.clone()],
+            )
+            .await
+            .unwrap();
+        let name = |m: &Message| FileName::of(m);
+        let far = Timestamp::from_millis(4_102_444_800_000);
+        let ops = [
+            Op::Delete {
+                name: name(&gone),
+                at: prepared.clone(),
+            },
+            Op::Schedule {
+                name: name(&later),
+                from: prepared.clone(),
+                until: far,
+            },
+            Op::Move {
+                name: name(&now),
+                from: prepared.clone(),
+                to: inbox.clone(),
+            },
+            Op::Schedule {
+                name: name(&past),
+                from: prepared.clone(),
+                until: Timestamp::from_millis(0),
+            },
+        ];
+        assert_eq!(written.len(), 4);
+
+        let first = store.apply(&ops).await;
+        let outcomes: Vec<_> = first.results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(outcomes, [Outcome::Done; 4]);
+        assert_eq!(first.arrivals, BTreeSet::from([id("phone-1")]));
+        let mut delivered = store.oldest(&inbox, 10).await.unwrap();
+        delivered.sort_by_key(|n| n.id);
+        assert_eq!(delivered, [name(&now), name(&past)]);
+        assert_eq!(store.count(&prepared).await.unwrap(), 0);
+        let kept = Listed(scheduled).entries(SOURCE, 10).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].id, later.id.to_string());
+
+        let again = store.apply(&ops).await;
+        // A move found done counts as an arrival again: a push too many is
+        // harmless, one too few leaves a recipient waiting.
+        assert_eq!(again.arrivals, BTreeSet::from([id("phone-1")]));
+        let again: Vec<_> = again
+            .results
+            .into_iter()
+            .map(|r| match r {
+                Ok(o) => Some(o),
+                Err(MailboxError::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            again,
+            [
+                Some(Outcome::AlreadyDone),
+                None,
+                Some(Outcome::AlreadyDone),
+                None
+            ]
+        );
+    }
+}

@@ -73,8 +73,8 @@ pub struct Applied {
     /// message was in none of the places the op names (lost, removed by
     /// hand or by retention); the caller counts the op as done.
     pub results: Vec<Result<Outcome, MailboxError>>,
-    /// The recipients whose `Messages` received a message (for push
-    /// notifications).
+    /// The recipients whose `Messages` received a message, or already held
+    /// it when a move is run again (for push notifications).
     pub arrivals: BTreeSet<Id>,
 }
 
