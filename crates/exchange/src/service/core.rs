@@ -54,7 +54,7 @@ pub(crate) struct Core {
     /// A storage-write alert is open (cleared by the next good write).
     pub(crate) storage_alert: AtomicBool,
     /// Messages kept aside until their `deliver_at`.
-    pub(crate) deferred: std::sync::Arc<super::schedule::Deferred>,
+    pub(crate) deferred: std::sync::Arc<crate::store::deferred::Deferred>,
     /// The store under `deferred`, read to list what is scheduled.
     pub(crate) deferred_store: std::sync::Arc<estafeta_repeat::RedbStore>,
     /// Where arrivals are pushed ([`super::Exchange::set_push_sink`]).

@@ -40,16 +40,16 @@ mod operator;
 mod protocol;
 mod push;
 mod recovery;
-pub(crate) mod schedule;
+mod schedule;
 mod sessions;
 mod state;
 mod stats;
 
+pub use crate::store::Listed;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use push::{NoPush, PushSink, RecipientKind};
-pub use schedule::Listed;
 
 use crate::store::{FileStore, Folder};
 use crate::tenancy::Registry;
@@ -118,8 +118,8 @@ impl Exchange {
                 .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
         let scheduled = Arc::new(scheduled);
         let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            schedule::Listed(scheduled.clone()),
-            schedule::WallClock(clock.clone()),
+            Listed(scheduled.clone()),
+            crate::store::deferred::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
         ));
         let store = Arc::new(FileStore::open(&config.data_dir, deferred.clone()).await?);
@@ -468,8 +468,8 @@ impl Exchange {
         &self,
         limit: usize,
     ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
-        let listed = schedule::Listed(self.core.deferred_store.clone());
-        tokio::task::spawn_blocking(move || listed.entries(schedule::SOURCE, limit))
+        let listed = Listed(self.core.deferred_store.clone());
+        tokio::task::spawn_blocking(move || listed.entries(crate::store::deferred::SOURCE, limit))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))

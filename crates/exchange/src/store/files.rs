@@ -15,13 +15,13 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::deferred::{self, Deferred};
 use super::{Applied, MessageStore, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
 use crate::mailbox::{
     FileEntry, FileName, Filter, Folder, Limits, Location, Mailboxes, Outcome, RawArray, SyncConfig,
 };
-use crate::service::schedule::{self, Deferred};
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
@@ -80,7 +80,7 @@ impl FileStore {
             return Ok(Outcome::Done);
         };
         let kept = if until > self.now() {
-            schedule::keep_aside(&self.deferred, &message, until)
+            deferred::keep_aside(&self.deferred, &message, until)
                 .await
                 .map_err(|e| e.to_string())
         } else {
@@ -280,7 +280,7 @@ impl MessageStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::schedule::{Listed, SOURCE, WallClock};
+    use crate::store::deferred::{Listed, SOURCE, WallClock};
     use crate::wire::{Body, Version};
 
     fn id(s: &str) -> Id {

@@ -14,10 +14,12 @@
 //! folder indexes checked against their directories) stays inside
 //! `FileStore`.
 
+pub(crate) mod deferred;
 mod files;
 mod redb_registry;
 mod registry;
 
+pub use deferred::Listed;
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};
