@@ -572,13 +572,13 @@ impl Registry {
         .map_err(|e| TenancyError::Join(e.to_string()))?
     }
 
-    /// Hands a change to the store (the caller holds `changing`).
+    /// Hands a change to the store (inside [`change`](Self::change)).
     async fn store(&self, change: Change) -> Result<(), TenancyError> {
         self.inner.store.apply(&change).await
     }
 
-    /// Stores a new database or device with a fresh token, durably (the
-    /// caller holds `changing`).
+    /// Stores a new database or device with a fresh token, durably (inside
+    /// [`change`](Self::change)).
     async fn add_endpoint(&self, endpoint: Endpoint) -> Result<Token, TenancyError> {
         let token = Token::generate()?;
         let hash = token.hash();
