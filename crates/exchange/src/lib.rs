@@ -9,19 +9,33 @@
 //!   (the serde type of every body, [`Id`], [`Timestamp`], [`MessageId`],
 //!   [`ProcessId`]), re-exported from the `estafeta-wire` crate, which the
 //!   client uses without any of the storage below.
-//! - [`mailbox`]: the mailboxes on disk, `<data>/<id>/{Messages,Prepared,Log,
-//!   Unknown,Error}`, one file per message, with durable, group-committed
-//!   writes, idempotent moves and deletes, selection for a process start, and
-//!   answers assembled from raw file bytes.
+//! - [`service`]: the [`Exchange`], the one entry point the server calls.
+//!   A call goes through the protocol (`service/protocol.rs`,
+//!   `device.rs`, …) to the process lifecycle (`service/lifecycle.rs`, a
+//!   pure state machine: state + event → new state + steps), whose steps
+//!   the driver (`service/core.rs`) carries out against the stores.
+//! - [`store`]: the storage seams. [`store::MessageStore`] keeps the
+//!   messages in their places (`Messages`, `Prepared`, `Log`, `Unknown`,
+//!   `Error` of each database and device) and applies each protocol step's
+//!   batch of moves; [`store::RegistryStore`] keeps the registry's records.
+//!   The session engine and the scheduler have storage traits in their own
+//!   crates. The embedded implementations are files and redb.
+//! - [`mailbox`]: the files behind the embedded message store,
+//!   `<data>/<id>/{Messages,Prepared,Log,Unknown,Error}`, one file per
+//!   message, with durable, group-committed writes, idempotent moves and
+//!   deletes, an in-memory index per folder, and answers assembled from raw
+//!   file bytes.
 //! - [`layout`]: [`DataLayout`], every path under the data folder.
 //! - [`tenancy`] and [`token`]: the registry of enterprises, subsystems,
-//!   databases and devices (redb), and bearer tokens stored as hashes.
+//!   databases and devices (kept in memory over its [`store::RegistryStore`]),
+//!   and bearer tokens stored as hashes.
 //! - [`error`]: the typed errors of all of the above.
 //!
 //! # Example
 //!
-//! A device's message is written into a database's queue, chosen for a
-//! process start, and handed out as bytes that parse as the same message:
+//! The mailbox files on their own: a device's message is written into a
+//! database's queue, chosen for a process start, and handed out as bytes
+//! that parse as the same message:
 //!
 //! ```
 //! use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
@@ -66,6 +80,7 @@ pub mod keys;
 pub mod layout;
 pub mod mailbox;
 pub mod service;
+pub mod store;
 pub mod tenancy;
 pub mod token;
 

@@ -215,3 +215,35 @@ async fn a_bad_configured_admin_token_is_refused() {
     let r = Registry::open(&DataLayout::new(dir.path()), Some(" padded ".to_owned())).await;
     assert!(matches!(r, Err(TenancyError::BadAdminToken)));
 }
+
+/// Changes reach the store and the copy in memory in the same order: after
+/// many concurrent rotations of one token, the token the running registry
+/// accepts is the one the store kept (the one a restart accepts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rotations_leave_memory_and_store_agreeing() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = acme(dir.path()).await;
+    reg.create_database(id("acme"), id("db-a")).await.unwrap();
+    let rotations: Vec<_> = (0..16)
+        .map(|_| {
+            let reg = reg.clone();
+            tokio::spawn(async move {
+                reg.rotate_token(estafeta_exchange::tenancy::Kind::Database, id("db-a"))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for r in rotations {
+        tokens.push(r.await.unwrap());
+    }
+    let accepted: Vec<_> = tokens
+        .iter()
+        .filter(|t| reg.authenticate(t.expose()).is_some())
+        .collect();
+    assert_eq!(accepted.len(), 1);
+    drop(reg);
+    let (reopened, _) = open(dir.path(), Some("admin-secret")).await;
+    assert!(reopened.authenticate(accepted[0].expose()).is_some());
+}

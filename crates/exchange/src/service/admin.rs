@@ -4,7 +4,7 @@ use super::core::Core;
 use super::error::ExchangeError;
 use super::state::Process;
 use crate::Id;
-use crate::mailbox::{FileEntry, Folder};
+use crate::store::{FileEntry, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::token::Token;
 use crate::wire::{
@@ -41,7 +41,7 @@ impl Core {
             .registry
             .create_database(enterprise, id.clone())
             .await?;
-        self.mailboxes.create_mailbox(&id).await?;
+        self.store.create_mailbox(&id).await?;
         tracing::info!(target: "estafeta::event", db = %id, "database created");
         Ok(token)
     }
@@ -56,7 +56,7 @@ impl Core {
             .registry
             .create_device(enterprise, id.clone(), subsystem)
             .await?;
-        self.mailboxes.create_mailbox(&id).await?;
+        self.store.create_mailbox(&id).await?;
         tracing::info!(target: "estafeta::event", device = %id, "device created");
         Ok(token)
     }
@@ -88,7 +88,7 @@ impl Core {
         let mut databases = Vec::new();
         for db in self.registry.databases() {
             let waiting = self
-                .mailboxes
+                .store
                 .count(&self.location(&db.id, Folder::Messages))
                 .await? as u64;
             let mut s = DatabaseStats {
@@ -124,7 +124,7 @@ impl Core {
             }
             s.received = s.waiting
                 + self
-                    .mailboxes
+                    .store
                     .count(&self.location(&db.id, Folder::Log))
                     .await? as u64;
             databases.push(s);
@@ -135,13 +135,10 @@ impl Core {
                 continue;
             };
             let inbox = self
-                .mailboxes
+                .store
                 .count(&self.location(&d.id, Folder::Messages))
                 .await? as u64;
-            let acked = self
-                .mailboxes
-                .count(&self.location(&d.id, Folder::Log))
-                .await? as u64;
+            let acked = self.store.count(&self.location(&d.id, Folder::Log)).await? as u64;
             let counters = match self.sessions.device.get(d.id.clone(), false).await? {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),
@@ -173,10 +170,7 @@ impl Core {
                 "no database or device {mailbox}"
             )));
         }
-        let files: Vec<FileEntry> = self
-            .mailboxes
-            .list(&self.location(&mailbox, folder))
-            .await?;
+        let files: Vec<FileEntry> = self.store.list(&self.location(&mailbox, folder)).await?;
         Ok(FolderListing {
             version: Version,
             db_id: mailbox,

@@ -1,7 +1,7 @@
 //! Settings of the exchange domain (the server fills them from its
 //! configuration file and environment).
 
-use crate::mailbox::Limits;
+use crate::store::Limits;
 use std::path::PathBuf;
 use std::time::Duration;
 

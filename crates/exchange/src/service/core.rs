@@ -1,6 +1,7 @@
 //! The shared core of the service: its parts, the clock, and the driver
-//! that carries out the process lifecycle's steps (file operations, owner
-//! records, alerts, saves) for protocol calls and for the session hooks.
+//! that carries out the process lifecycle's steps (batches of message
+//! moves handed to the message store, owner records, alerts, saves) for
+//! protocol calls and for the session hooks.
 
 use super::ExchangeConfig;
 use super::alert_kind::AlertKind;
@@ -9,7 +10,7 @@ use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;
 use super::state::{DbRecord, FileOp, Owner, loc};
 use crate::error::MailboxError;
-use crate::mailbox::{FileName, Folder, Location, Mailboxes};
+use crate::store::{FileName, Folder, Location, MessageStore, Op};
 use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
@@ -41,7 +42,8 @@ pub(crate) struct Core {
     pub(crate) config: ExchangeConfig,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) registry: Registry,
-    pub(crate) mailboxes: Mailboxes,
+    /// Where messages live.
+    pub(crate) store: std::sync::Arc<dyn MessageStore>,
     pub(crate) ids: UlidGenerator,
     /// The engines; their hooks reach the core through a `Weak` to it.
     pub(crate) sessions: Sessions,
@@ -55,7 +57,7 @@ pub(crate) struct Core {
     /// The devices' idempotency keys.
     pub(crate) keys: std::sync::Arc<dyn crate::keys::UploadKeys>,
     /// Messages kept aside until their `deliver_at`.
-    pub(crate) deferred: super::schedule::Deferred,
+    pub(crate) deferred: std::sync::Arc<crate::store::deferred::Deferred>,
     /// The store under `deferred`, read to list what is scheduled.
     pub(crate) deferred_store: Arc<estafeta_repeat::RedbStore>,
     /// Where arrivals are pushed.
@@ -81,67 +83,52 @@ impl Core {
         self.clock.now()
     }
 
-    /// Run file operations: moves concurrently (sharing fsyncs), then deletes.
-    /// An operation whose file is already where it should be, or gone, counts as
-    /// done (it was done before a crash, or retention removed the file).
+    /// Hand a step's batch to the message store. An op whose message is
+    /// already where it should be, or gone, counts as done (it was done
+    /// before a crash, or retention removed the message); a missing one
+    /// raises an alert.
     pub(crate) async fn run_ops(&self, steps: &[FileOp]) -> Result<(), MailboxError> {
-        let mut moves = Vec::new();
-        let mut deletes = Vec::new();
-        let mut schedules = Vec::new();
-        for s in steps {
-            match s {
-                FileOp::Move { name, from, to } => moves.push((name.clone(), loc(from), loc(to))),
-                FileOp::Delete { name, at } => deletes.push((name.clone(), loc(at))),
-                FileOp::Schedule { name, from, at } => schedules.push((name, loc(from), *at)),
-            }
-        }
-        let mut first_error = None;
-        let mut missing = Vec::new();
-        let mut arrivals = std::collections::BTreeSet::new();
-        let mut note = |r: Result<crate::mailbox::Outcome, MailboxError>| match r {
-            Ok(_) => {}
-            Err(e @ MailboxError::NotFound { .. }) => missing.push(e),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        };
-        for (r, (_, _, to)) in self
-            .mailboxes
-            .move_all(&moves)
-            .await
-            .into_iter()
-            .zip(&moves)
-        {
-            if r.is_ok() && to.folder == Folder::Messages {
-                arrivals.insert(to.mailbox.clone());
-            }
-            note(r);
-        }
-        for recipient in &arrivals {
+        let ops: Vec<Op> = steps
+            .iter()
+            .map(|s| match s {
+                FileOp::Move { name, from, to } => Op::Move {
+                    name: name.clone(),
+                    from: loc(from),
+                    to: loc(to),
+                },
+                FileOp::Delete { name, at } => Op::Delete {
+                    name: name.clone(),
+                    at: loc(at),
+                },
+                FileOp::Schedule { name, from, at } => Op::Schedule {
+                    name: name.clone(),
+                    from: loc(from),
+                    until: *at,
+                },
+            })
+            .collect();
+        let applied = self.store.apply(&ops).await;
+        for recipient in &applied.arrivals {
             self.arrived(recipient);
         }
-        for (name, from, at) in schedules {
-            note(
-                self.schedule_file(name, &from, at)
-                    .await
-                    .map(|()| crate::mailbox::Outcome::Done),
-            );
-        }
-        for (name, at) in deletes {
-            note(self.mailboxes.delete(&at, &name).await);
-        }
-        for e in missing {
-            let MailboxError::NotFound { name, .. } = &e else {
-                continue;
-            };
-            self.raise_alert(
-                AlertKind::MissingFile,
-                name,
-                format!(
-                    "{e}: lost, or removed by hand or by retention; the step is counted as done"
-                ),
-            )
-            .await;
+        let mut first_error = None;
+        for r in applied.results {
+            let Err(e) = r else { continue };
+            match &e {
+                MailboxError::NotFound { name, .. } => {
+                    self.raise_alert(
+                        AlertKind::MissingFile,
+                        name,
+                        format!(
+                            "{e}: lost, or removed by hand or by retention; the step is counted as done"
+                        ),
+                    )
+                    .await;
+                }
+                _ => {
+                    first_error.get_or_insert(e);
+                }
+            }
         }
         match first_error {
             None => Ok(()),
@@ -187,7 +174,7 @@ impl Core {
             return;
         }
         let prepared = self.location(db, Folder::Prepared);
-        for r in self.mailboxes.delete_all(&prepared, names).await {
+        for r in self.store.delete_all(&prepared, names).await {
             match r {
                 Ok(_) | Err(MailboxError::NotFound { .. }) => {}
                 Err(e) => {

@@ -6,7 +6,7 @@ use super::core::Core;
 use super::error::ExchangeError;
 use super::state::DeviceRecord;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
-use crate::mailbox::{FileName, Folder};
+use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
@@ -96,7 +96,8 @@ impl Core {
             counters.last_seen = Some(now);
             g.release().await?;
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.to, message = %earlier.id, "repeated upload (same idempotency key)");
-            if !self.exists_anywhere(&earlier).await {
+            // A failed look counts as delivered: no second copy.
+            if !self.store.delivered(&earlier).await.unwrap_or(true) {
                 // Recorded but not written (a crash in between): write the
                 // very same message now.
                 message.id = earlier.id;
@@ -228,26 +229,6 @@ impl Core {
             })
     }
 
-    /// Whether a message file is in any folder of its recipient's mailbox.
-    async fn exists_anywhere(&self, name: &FileName) -> bool {
-        let paths: Vec<_> = [
-            Folder::Messages,
-            Folder::Log,
-            Folder::Error,
-            Folder::Unknown,
-        ]
-        .into_iter()
-        .map(|f| {
-            self.mailboxes
-                .path(&self.location(&name.to, f))
-                .join(name.to_string())
-        })
-        .collect();
-        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
-            .await
-            .unwrap_or(true)
-    }
-
     /// GET /v1/inbox.
     pub(crate) async fn inbox(
         &self,
@@ -257,10 +238,10 @@ impl Core {
         let dev = device(who)?;
         let inbox = self.location(dev.id, Folder::Messages);
         let names = self
-            .mailboxes
+            .store
             .oldest(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
             .await?;
-        let raw = self.mailboxes.read_array(&inbox, &names).await?;
+        let raw = self.store.read_array(&inbox, &names).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }
 
@@ -275,22 +256,20 @@ impl Core {
         // serialized with each other.
         let mut g = self.device_session(dev.id).await?;
         let inbox = self.location(dev.id, Folder::Messages);
-        let wanted: HashSet<_> = req.ids.iter().collect();
-        let names: Vec<FileName> = self
-            .mailboxes
-            .list_names(&inbox)
-            .await?
-            .into_iter()
-            .filter(|n| wanted.contains(&n.id))
-            .collect();
+        let wanted: HashSet<_> = req.ids.iter().copied().collect();
+        let names: Vec<FileName> = self.store.find_all(&inbox, &wanted).await?;
         let log = self.location(dev.id, Folder::Log);
         let moves: Vec<_> = names
             .iter()
-            .map(|n| (n.clone(), inbox.clone(), log.clone()))
+            .map(|n| Op::Move {
+                name: n.clone(),
+                from: inbox.clone(),
+                to: log.clone(),
+            })
             .collect();
         let mut acked = 0;
         let mut failed = None;
-        for r in self.mailboxes.move_all(&moves).await {
+        for r in self.store.apply(&moves).await.results {
             match r {
                 Ok(_) => acked += 1,
                 Err(crate::error::MailboxError::NotFound { .. }) => {}

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use super::Exchange;
 use super::admin::{admin, summary};
 use super::error::ExchangeError;
-use crate::mailbox::Folder;
+use crate::store::Folder;
 use crate::tenancy::{Endpoint, Kind, Principal, Role};
 use crate::token::Token;
 use crate::wire::{
@@ -232,7 +232,7 @@ impl Exchange {
         for folder in Folder::ALL {
             let n = self
                 .core
-                .mailboxes
+                .store
                 .count(&self.core.location(id, folder))
                 .await? as u64;
             *match folder {
@@ -288,31 +288,8 @@ impl Exchange {
         Ok(ended)
     }
 
-    /// Deletes every file of a mailbox's folders and the emptied folders;
-    /// how many files there were.
+    /// Deletes every message of a mailbox; how many there were.
     async fn empty_mailbox(&self, id: &Id) -> Result<u64, ExchangeError> {
-        let mailboxes = &self.core.mailboxes;
-        let mut discarded = 0;
-        for folder in Folder::ALL {
-            let at = self.core.location(id, folder);
-            let names = mailboxes.list_names(&at).await?;
-            for outcome in mailboxes.delete_all(&at, &names).await {
-                outcome?;
-            }
-            discarded += names.len() as u64;
-        }
-        let base = mailboxes.root().join(id.as_str());
-        let remove = move || {
-            for folder in Folder::ALL {
-                // A folder that never got a file does not exist; one that
-                // got a file since is kept (and seen in the next listing).
-                let _ = std::fs::remove_dir(base.join(folder.as_str()));
-            }
-            let _ = std::fs::remove_dir(&base);
-        };
-        tokio::task::spawn_blocking(remove)
-            .await
-            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
-        Ok(discarded)
+        Ok(self.core.store.remove_mailbox(id).await?)
     }
 }

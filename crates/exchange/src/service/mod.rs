@@ -4,16 +4,27 @@
 //! and message arrivals (for push notifications) are handed to sinks the
 //! server plugs in.
 //!
-//! Where things are:
-//! - `lifecycle.rs`: the process lifecycle as one pure function (state
-//!   diagram in its doc): every change of a process is an event there.
-//! - `core.rs`: the service's parts and the driver that carries out the
-//!   lifecycle's steps (owner records, file moves, alerts, saves).
+//! Where things are, in the order a call flows through them:
 //! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
-//!   `hooks.rs` (deadlines and start-up processing of database sessions),
-//!   `operator.rs`, `recovery.rs`, `admin.rs`, `push.rs`, `schedule.rs`.
+//!   `operator.rs`, `admin.rs`, `manage.rs`: the calls; a call that
+//!   changes a database's processes or a device's records holds that
+//!   database's or device's session while it runs.
+//! - `lifecycle.rs`: the process lifecycle as one pure function (state
+//!   diagram in its doc): every change of a process is an event there,
+//!   and the steps it returns say what to do (batches of message moves,
+//!   owner records, alerts, saves).
+//! - `core.rs`: the service's parts and the driver that carries out the
+//!   lifecycle's steps; a batch of moves goes to the message store
+//!   ([`crate::store::MessageStore`]) as one `apply`.
+//! - `hooks.rs` (deadlines and start-up processing of database sessions),
+//!   `recovery.rs`, `push.rs`, `schedule.rs` (messages kept aside until
+//!   their `deliver_at`), `alerts.rs`, `stats.rs`.
 //! - `sessions.rs` and `state.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
+//!
+//! The service reaches messages and the registry only through the store
+//! traits; which implementations it runs on is chosen in
+//! [`Exchange::open`] (the embedded files and redb).
 
 mod admin;
 mod alert_kind;
@@ -35,15 +46,14 @@ mod sessions;
 mod state;
 mod stats;
 
+pub use crate::store::Listed;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind};
-pub use schedule::Listed;
 
-use crate::mailbox::Folder;
-use crate::mailbox::{Mailboxes, SyncConfig};
+use crate::store::{FileStore, Folder};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
@@ -121,7 +131,6 @@ impl Exchange {
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
         let layout = crate::DataLayout::new(&config.data_dir);
         let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
-        let mailboxes = Mailboxes::open(&config.data_dir, SyncConfig::default()).await?;
         let sessions_path = layout.sessions();
         let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
             .await
@@ -138,11 +147,12 @@ impl Exchange {
         let keys = tokio::task::spawn_blocking(move || crate::keys::RedbKeys::open(keys_path))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))??;
-        let deferred = estafeta_repeat::Scheduler::new(
-            schedule::Listed(scheduled.clone()),
-            schedule::WallClock(clock.clone()),
+        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
+            Listed(scheduled.clone()),
+            crate::store::deferred::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
-        );
+        ));
+        let store = Arc::new(FileStore::open(&config.data_dir, deferred.clone()).await?);
         let sessions = sessions::Sessions::open(Arc::new(storage), clock.clone()).await?;
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
@@ -150,7 +160,7 @@ impl Exchange {
             config,
             clock,
             registry,
-            mailboxes,
+            store,
             ids: UlidGenerator::new(),
             sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
             phase: watch::Sender::new(Phase::Starting),
@@ -485,8 +495,8 @@ impl Exchange {
         &self,
         limit: usize,
     ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
-        let listed = schedule::Listed(self.core.deferred_store.clone());
-        tokio::task::spawn_blocking(move || listed.entries(schedule::SOURCE, limit))
+        let listed = Listed(self.core.deferred_store.clone());
+        tokio::task::spawn_blocking(move || listed.entries(crate::store::deferred::SOURCE, limit))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))

@@ -12,7 +12,7 @@ use super::Exchange;
 use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
-use crate::mailbox::{FileName, Folder};
+use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
 use crate::wire::ErrorCode;
 use crate::wire::{CallResponse, ProcessState};
@@ -61,12 +61,7 @@ impl Exchange {
             for folder in Folder::ALL {
                 let loc = self.core.location(&id, folder);
                 // A folder that cannot be read counts as empty here.
-                let n = self
-                    .core
-                    .mailboxes
-                    .count(&loc)
-                    .await
-                    .map_or(0, |n| n as u64);
+                let n = self.core.store.count(&loc).await.map_or(0, |n| n as u64);
                 out.push((id.clone(), folder, n));
             }
         }
@@ -81,13 +76,7 @@ impl Exchange {
     ) -> Result<Option<FileName>, ExchangeError> {
         admin(who)?;
         let queue = self.core.location(db, Folder::Messages);
-        Ok(self
-            .core
-            .mailboxes
-            .oldest(&queue, 1)
-            .await?
-            .into_iter()
-            .next())
+        Ok(self.core.store.oldest(&queue, 1).await?.into_iter().next())
     }
 
     /// Admin: a database's processes in doubt and the messages each holds
@@ -221,9 +210,9 @@ impl Core {
             return Err(not_found());
         }
         let at = self.location(mailbox, folder);
-        let name = self.mailboxes.find(&at, id).await?.ok_or_else(not_found)?;
+        let name = self.store.find(&at, id).await?.ok_or_else(not_found)?;
         let raw = self
-            .mailboxes
+            .store
             .read_array(&at, std::slice::from_ref(&name))
             .await?;
         if raw.names.is_empty() {
@@ -256,17 +245,30 @@ impl Core {
         let not_found = || {
             ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
         };
-        let name = self.mailboxes.find(&at, id).await?.ok_or_else(not_found)?;
+        let name = self.store.find(&at, id).await?.ok_or_else(not_found)?;
         if requeue {
             let to = self.location(&name.to, Folder::Messages);
-            self.mailboxes.move_file(&name, &at, &to).await?;
+            let requeue = [Op::Move {
+                name: name.clone(),
+                from: at.clone(),
+                to: to.clone(),
+            }];
+            for r in self.store.apply(&requeue).await.results {
+                r?;
+            }
             self.arrived(&name.to);
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id, to = %name.to,
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"
             );
         } else {
-            self.mailboxes.delete(&at, &name).await?;
+            for r in self
+                .store
+                .delete_all(&at, std::slice::from_ref(&name))
+                .await
+            {
+                r?;
+            }
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id,
                 from_folder = folder.as_str(), "the operator discarded a message"

@@ -8,7 +8,7 @@ use super::core::Core;
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event};
 use super::state::{DbRecord, Verdict};
-use crate::mailbox::{FileName, Filter, Folder};
+use crate::store::{FileName, Filter, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::wire::ErrorCode;
 use crate::wire::{
@@ -95,12 +95,12 @@ impl Core {
             return Ok(json(&StartResponse::busy()));
         }
         let queue = self.location(&db, Folder::Messages);
-        let chosen = self.mailboxes.select(&queue, &filter, limits).await?;
+        let chosen = self.store.select(&queue, &filter, limits).await?;
         if chosen.is_empty() {
             return Ok(json(&StartResponse::idle()));
         }
         let names: Vec<_> = chosen.into_iter().map(|e| e.name).collect();
-        let raw = self.mailboxes.read_array(&queue, &names).await?;
+        let raw = self.store.read_array(&queue, &names).await?;
         if raw.names.is_empty() {
             return Ok(json(&StartResponse::idle()));
         }
@@ -243,7 +243,7 @@ impl Core {
         if a != Answer::Ok {
             return Ok(answer(a));
         }
-        let written = self.mailboxes.write_all(&prepared, &replies).await?;
+        let written = self.store.put_all(&prepared, &replies).await?;
         let written: Vec<FileName> = written.into_iter().map(|e| e.name).collect();
         let event = Event::Prepared {
             pid,
@@ -254,7 +254,7 @@ impl Core {
         let a = match self.drive(&mut g, event).await {
             Ok(a) => a,
             Err(e) => {
-                for r in self.mailboxes.delete_all(&prepared, &written).await {
+                for r in self.store.delete_all(&prepared, &written).await {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "removing a reply after a failed prepare");
                     }

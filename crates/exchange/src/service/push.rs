@@ -13,7 +13,7 @@ use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Id;
-use crate::mailbox::{Folder, Location};
+use crate::store::{Folder, Location};
 use crate::tenancy::{Principal, Role};
 use crate::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -244,7 +244,7 @@ impl Core {
             .collect();
         for id in hooked {
             let messages = Location::new(id.clone(), Folder::Messages);
-            match self.mailboxes.count(&messages).await {
+            match self.store.count(&messages).await {
                 Ok(waiting) if waiting > 0 => self.arrived(&id),
                 Ok(_) => {}
                 Err(e) => {

@@ -4,7 +4,7 @@ use super::RecoveryReport;
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
-use crate::mailbox::Folder;
+use crate::store::{Folder, Op};
 use crate::{MessageId, Timestamp};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -12,10 +12,11 @@ use std::sync::atomic::Ordering;
 /// Expired idempotency keys removed per write of the key store.
 const KEY_SWEEP_BATCH: usize = 10_000;
 impl Core {
-    /// Every database session is loaded, which runs the first-load hook on
-    /// each (timeouts, CLEANUP, in doubt); then files in `Prepared` that no
-    /// process refers to are moved to `Unknown` and reported; then
-    /// retention runs.
+    /// Every mailbox is readied (what writes interrupted by a crash left is
+    /// cleared); every database session is loaded, which runs the
+    /// first-load hook on each (timeouts, CLEANUP, in doubt); then messages
+    /// in `Prepared` that no process refers to (the store's orphans) are
+    /// moved to `Unknown` and reported; then retention runs.
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         self.phase.send_modify(|phase| *phase = phase.recovering());
         let mut report = RecoveryReport::default();
@@ -25,8 +26,8 @@ impl Core {
             .into_iter()
             .chain(self.registry.devices())
         {
-            self.mailboxes.create_mailbox(&e.id).await?;
-            self.mailboxes.sweep_temp_files(&e.id).await?;
+            self.store.create_mailbox(&e.id).await?;
+            self.store.recover_writes(&e.id).await?;
         }
         for db in self.registry.databases() {
             report.databases += 1;
@@ -35,14 +36,7 @@ impl Core {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),
             };
-            let prepared = self.location(&db.id, Folder::Prepared);
-            let orphans: Vec<_> = self
-                .mailboxes
-                .list_names(&prepared)
-                .await?
-                .into_iter()
-                .filter(|n| !referenced.contains(&n.id))
-                .collect();
+            let orphans = self.store.orphans(&db.id, &referenced).await?;
             if !orphans.is_empty() {
                 tracing::error!(
                     target: "estafeta::alert", db = %db.id, files = orphans.len(),
@@ -54,12 +48,19 @@ impl Core {
                     format!("{} orphaned files in Prepared of database {} with no process; moved to Unknown", orphans.len(), db.id),
                 )
                 .await;
-                let unknown = self.location(&db.id, Folder::Unknown);
+                let (prepared, unknown) = (
+                    self.location(&db.id, Folder::Prepared),
+                    self.location(&db.id, Folder::Unknown),
+                );
                 let moves: Vec<_> = orphans
                     .iter()
-                    .map(|n| (n.clone(), prepared.clone(), unknown.clone()))
+                    .map(|n| Op::Move {
+                        name: n.clone(),
+                        from: prepared.clone(),
+                        to: unknown.clone(),
+                    })
                     .collect();
-                for r in self.mailboxes.move_all(&moves).await {
+                for r in self.store.apply(&moves).await.results {
                     r?;
                 }
                 report.orphans += orphans.len();
@@ -94,7 +95,7 @@ impl Core {
         }
     }
 
-    /// Remove `Log`, `Prepared`, `Unknown` and `Error` files older than the
+    /// Remove `Log`, `Prepared`, `Unknown` and `Error` messages older than the
     /// retention period, except those a live or in-doubt process refers to.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
         let cutoff_ms = self
@@ -121,7 +122,7 @@ impl Core {
                 Folder::Error,
             ] {
                 removed += self
-                    .mailboxes
+                    .store
                     .remove_older_than(&self.location(&e.id, folder), cutoff, &keep)
                     .await?;
             }

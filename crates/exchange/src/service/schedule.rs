@@ -9,79 +9,14 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Timestamp;
-use crate::error::MailboxError;
-use crate::mailbox::{FileName, Folder, Location};
+use crate::store::deferred::keep_aside;
+use crate::store::{FileName, Folder};
 use crate::wire::ErrorCode;
 use crate::wire::Message;
-use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
-use estafeta_repeat::{Entry, Outcome, Position, RedbStore, Scheduler, StoreError};
-use std::ops::Bound;
-use std::sync::Arc;
-use std::time::Duration;
-
-/// The repeat source of scheduled messages.
-pub(crate) const SOURCE: &str = "deliver_at";
-
-/// The exchange's clock as the repeat scheduler's wall clock, so a test
-/// that controls one controls both.
-pub(crate) struct WallClock(pub(crate) Arc<dyn estafeta_session::Clock>);
-
-impl estafeta_repeat::Clock for WallClock {
-    fn now(&self) -> Duration {
-        Duration::from_millis(self.0.now().0)
-    }
-}
-
-/// The store of messages kept aside.
-pub(crate) type Deferred = Scheduler<Listed<RedbStore>, WallClock>;
-
-/// A repeat store shared between its scheduler and readers that list its
-/// entries (the dashboard's page of scheduled and retrying deliveries):
-/// the scheduler owns its store, so it is given this handle and the reader
-/// keeps another.
-#[derive(Debug)]
-pub struct Listed<S>(pub Arc<S>);
-
-impl<S: Store> Listed<S> {
-    /// The first `limit` entries of `source`, due or not, soonest first.
-    pub fn entries(&self, source: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        Ok(self
-            .0
-            .scan(source, Bound::Unbounded, u64::MAX, limit, &|_| false)?
-            .entries)
-    }
-}
-
-impl<S: Store> Store for Listed<S> {
-    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
-        self.0.apply(ops)
-    }
-    fn sources(&self) -> Result<Vec<String>, StoreError> {
-        self.0.sources()
-    }
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
-        self.0.scan(source, from, now, limit, skip)
-    }
-    fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
-        self.0.count(source, now)
-    }
-}
+use estafeta_repeat::{Entry, Outcome};
 
 fn storage(e: impl std::fmt::Display) -> ExchangeError {
     ExchangeError::unavailable(ErrorCode::StorageError, e.to_string())
-}
-
-/// The first whole second at or after `t`.
-fn due_second(t: Timestamp) -> u64 {
-    let ms = u64::try_from(t.as_millis()).unwrap_or(0);
-    ms.div_ceil(1000)
 }
 
 impl Core {
@@ -95,59 +30,18 @@ impl Core {
         match deliver_at.filter(|at| *at > self.now()) {
             None => {
                 let queue = self.location(&message.to, Folder::Messages);
-                self.mailboxes.write(&queue, message).await?;
+                self.store.put(&queue, message).await?;
                 self.arrived(&message.to);
             }
-            Some(at) => {
-                let bytes = message.to_file_bytes().map_err(storage)?;
-                self.deferred
-                    .schedule(SOURCE, due_second(at), &message.id.to_string(), &bytes)
-                    .await
-                    .map_err(storage)?;
-                tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
-            }
+            Some(at) => keep_aside(&self.deferred, message, at)
+                .await
+                .map_err(storage)?,
         }
         Ok(())
     }
 
-    /// The [`Step::Schedule`](super::state::Step) of a committed reply:
-    /// keep the file in `from` aside until `at` (or write it into its
-    /// recipient's `Messages` if that time has passed), then remove it from
-    /// `from`. Done again after a crash, it schedules the same entry again
-    /// (same id, replaced) or finds the file gone.
-    pub(crate) async fn schedule_file(
-        &self,
-        name: &FileName,
-        from: &Location,
-        at: Timestamp,
-    ) -> Result<(), MailboxError> {
-        let raw = self
-            .mailboxes
-            .read_array(from, std::slice::from_ref(name))
-            .await?;
-        if raw.names.is_empty() {
-            return Err(MailboxError::NotFound {
-                name: name.to_string(),
-                from: self.mailboxes.path(from),
-                to: crate::DataLayout::new(self.mailboxes.root()).scheduled(),
-            });
-        }
-        let mut messages: Vec<Message> = serde_json::from_slice(&raw.json)
-            .map_err(|_| MailboxError::Corrupt(self.mailboxes.path(from).join(name.to_string())))?;
-        let Some(message) = messages.pop() else {
-            return Ok(());
-        };
-        if let Err(e) = self.place(&message, Some(at)).await {
-            return Err(MailboxError::io(
-                self.mailboxes.path(from).join(name.to_string()),
-                std::io::Error::other(e.to_string()),
-            ));
-        }
-        self.mailboxes.delete(from, name).await?;
-        Ok(())
-    }
-
-    /// A kept-aside message came due: into `Messages`, durably.
+    /// A kept-aside message came due: into `Messages`, durably, unless a
+    /// delivery before a crash got there but not to removing its entry.
     pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {
         let message: Message = match serde_json::from_slice(&entry.payload) {
             Ok(m) => m,
@@ -156,11 +50,16 @@ impl Core {
                 return Outcome::Done;
             }
         };
-        if self.delivered_already(&message).await {
+        if self
+            .store
+            .delivered(&FileName::of(&message))
+            .await
+            .unwrap_or(false)
+        {
             return Outcome::Done;
         }
         let queue = self.location(&message.to, Folder::Messages);
-        match self.mailboxes.write(&queue, &message).await {
+        match self.store.put(&queue, &message).await {
             Ok(_) => {
                 self.arrived(&message.to);
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
@@ -168,39 +67,5 @@ impl Core {
             }
             Err(e) => Outcome::Failed(e.to_string()),
         }
-    }
-
-    /// Whether the message's file is in any folder of its recipient (a
-    /// delivery before a crash that did not get to remove its entry).
-    async fn delivered_already(&self, message: &Message) -> bool {
-        let name = FileName::of(message).to_string();
-        let paths: Vec<_> = [
-            Folder::Messages,
-            Folder::Log,
-            Folder::Error,
-            Folder::Unknown,
-        ]
-        .into_iter()
-        .map(|f| {
-            self.mailboxes
-                .path(&self.location(&message.to, f))
-                .join(&name)
-        })
-        .collect();
-        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
-            .await
-            .unwrap_or(false)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn due_seconds_round_up() {
-        assert_eq!(due_second(Timestamp::from_millis(5_000)), 5);
-        assert_eq!(due_second(Timestamp::from_millis(5_001)), 6);
-        assert_eq!(due_second(Timestamp::from_millis(-1)), 0);
     }
 }

@@ -6,7 +6,7 @@
 //! late call is answered correctly).
 
 use super::stats::{DbCounters, DeviceCounters};
-use crate::mailbox::{FileName, Folder, Location};
+use crate::store::{FileName, Folder, Location};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,395 @@
+//! The embedded message store: one file per message under the data
+//! folder (`<data>/<id>/<Folder>/<name>.msg`), written, moved and deleted
+//! through the [`Mailboxes`] engine (temporary file, fsync, rename, folder
+//! fsync, group-committed), with messages due later kept aside in the
+//! repeat scheduler (`<data>/.estafeta/scheduled.redb`).
+//!
+//! Files cannot move together atomically, so every op is idempotent: a
+//! move whose file is already in its target, or a delete whose file is
+//! gone, is done. What a crash can leave half-way is cleared at start-up:
+//! temporary files of unfinished writes ([`MessageStore::recover_writes`])
+//! and replies written to `Prepared` but never recorded
+//! ([`MessageStore::orphans`]).
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::deferred::{self, Deferred};
+use super::{Applied, MessageStore, Op};
+use crate::error::MailboxError;
+use crate::id::Id;
+use crate::mailbox::{
+    FileEntry, FileName, Filter, Folder, Limits, Location, Mailboxes, Outcome, RawArray, SyncConfig,
+};
+use crate::timestamp::Timestamp;
+use crate::ulid_ids::MessageId;
+use crate::wire::Message;
+
+/// Messages as files under the data folder. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct FileStore {
+    mailboxes: Mailboxes,
+    /// Where a message due later is kept until its time.
+    deferred: Arc<Deferred>,
+}
+
+impl FileStore {
+    /// Opens the message files under the data folder `root` (group commit
+    /// with its default settings), keeping messages due later in `deferred`.
+    pub(crate) async fn open(root: &Path, deferred: Arc<Deferred>) -> Result<Self, MailboxError> {
+        Ok(Self {
+            mailboxes: Mailboxes::open(root, SyncConfig::default()).await?,
+            deferred,
+        })
+    }
+
+    /// The exchange's clock now (the scheduler runs on it).
+    fn now(&self) -> Timestamp {
+        let ms = self.deferred.clock().0.now().0;
+        Timestamp::from_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+    }
+
+    /// [`Op::Schedule`]: the message read from `from`, kept aside until
+    /// `until` (or written into its recipient's `Messages` if that time has
+    /// passed, noted in `arrivals`), then removed from `from`. Run again
+    /// after a crash, it schedules the same entry again (same id, replaced)
+    /// or finds the file gone.
+    async fn schedule(
+        &self,
+        name: &FileName,
+        from: &Location,
+        until: Timestamp,
+        arrivals: &mut BTreeSet<Id>,
+    ) -> Result<Outcome, MailboxError> {
+        let path = || self.mailboxes.path(from).join(name.to_string());
+        let raw = self
+            .mailboxes
+            .read_array(from, std::slice::from_ref(name))
+            .await?;
+        if raw.names.is_empty() {
+            return Err(MailboxError::NotFound {
+                name: name.to_string(),
+                from: self.mailboxes.path(from),
+                to: crate::DataLayout::new(self.mailboxes.root()).scheduled(),
+            });
+        }
+        let mut messages: Vec<Message> =
+            serde_json::from_slice(&raw.json).map_err(|_| MailboxError::Corrupt(path()))?;
+        let Some(message) = messages.pop() else {
+            return Ok(Outcome::Done);
+        };
+        let kept = if until > self.now() {
+            deferred::keep_aside(&self.deferred, &message, until)
+                .await
+                .map_err(|e| e.to_string())
+        } else {
+            let queue = Location::new(message.to.clone(), Folder::Messages);
+            match self.mailboxes.write(&queue, &message).await {
+                Ok(_) => {
+                    arrivals.insert(message.to.clone());
+                    Ok(())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        if let Err(e) = kept {
+            return Err(MailboxError::io(path(), std::io::Error::other(e)));
+        }
+        self.mailboxes.delete(from, name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl MessageStore for FileStore {
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.mailboxes.create_mailbox(owner).await
+    }
+
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let mut discarded = 0;
+        for folder in Folder::ALL {
+            let at = Location::new(owner.clone(), folder);
+            let names = self.mailboxes.list_names(&at).await?;
+            for outcome in self.mailboxes.delete_all(&at, &names).await {
+                outcome?;
+            }
+            discarded += names.len() as u64;
+        }
+        let base = self.mailboxes.root().join(owner.as_str());
+        let remove = move || {
+            for folder in Folder::ALL {
+                // A folder that never got a file does not exist; one that
+                // got a file since is kept (and seen in the next listing).
+                let _ = std::fs::remove_dir(base.join(folder.as_str()));
+            }
+            let _ = std::fs::remove_dir(&base);
+        };
+        tokio::task::spawn_blocking(remove)
+            .await
+            .map_err(|e| MailboxError::Join(e.to_string()))?;
+        Ok(discarded)
+    }
+
+    async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
+        self.mailboxes.write(at, message).await
+    }
+
+    async fn put_all(
+        &self,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        self.mailboxes.write_all(at, messages).await
+    }
+
+    /// Moves first, all in one group commit (they share fsyncs), then the
+    /// schedules, then the deletes.
+    async fn apply(&self, ops: &[Op]) -> Applied {
+        let mut results: Vec<Option<Result<Outcome, MailboxError>>> =
+            ops.iter().map(|_| None).collect();
+        let mut arrivals = BTreeSet::new();
+        let (moved, moves): (Vec<usize>, Vec<_>) = ops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op {
+                Op::Move { name, from, to } => Some((i, (name.clone(), from.clone(), to.clone()))),
+                _ => None,
+            })
+            .unzip();
+        let outcomes = self.mailboxes.move_all(&moves).await;
+        for ((i, (_, _, to)), r) in moved.into_iter().zip(&moves).zip(outcomes) {
+            if r.is_ok() && to.folder == Folder::Messages {
+                arrivals.insert(to.mailbox.clone());
+            }
+            results[i] = Some(r);
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Schedule { name, from, until } = op {
+                results[i] = Some(self.schedule(name, from, *until, &mut arrivals).await);
+            }
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Delete { name, at } = op {
+                results[i] = Some(self.mailboxes.delete(at, name).await);
+            }
+        }
+        Applied {
+            results: results.into_iter().flatten().collect(),
+            arrivals,
+        }
+    }
+
+    async fn delete_all(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Vec<Result<Outcome, MailboxError>> {
+        self.mailboxes.delete_all(at, names).await
+    }
+
+    async fn select(
+        &self,
+        at: &Location,
+        filter: &Filter,
+        limits: Limits,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        self.mailboxes.select(at, filter, limits).await
+    }
+
+    async fn read_array(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Result<RawArray, MailboxError> {
+        self.mailboxes.read_array(at, names).await
+    }
+
+    async fn count(&self, at: &Location) -> Result<usize, MailboxError> {
+        self.mailboxes.count(at).await
+    }
+
+    async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
+        self.mailboxes.oldest(at, n).await
+    }
+
+    async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
+        self.mailboxes.find(at, id).await
+    }
+
+    async fn find_all(
+        &self,
+        at: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        let mut names = self.mailboxes.list_names(at).await?;
+        names.retain(|n| ids.contains(&n.id));
+        Ok(names)
+    }
+
+    /// Looks at the files themselves, not the folder indexes: a file put
+    /// there by hand counts too.
+    async fn delivered(&self, name: &FileName) -> Result<bool, MailboxError> {
+        let paths: Vec<_> = [
+            Folder::Messages,
+            Folder::Log,
+            Folder::Error,
+            Folder::Unknown,
+        ]
+        .into_iter()
+        .map(|f| {
+            self.mailboxes
+                .path(&Location::new(name.to.clone(), f))
+                .join(name.to_string())
+        })
+        .collect();
+        tokio::task::spawn_blocking(move || paths.iter().any(|p| p.exists()))
+            .await
+            .map_err(|e| MailboxError::Join(e.to_string()))
+    }
+
+    async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError> {
+        self.mailboxes.list(at).await
+    }
+
+    async fn remove_older_than(
+        &self,
+        at: &Location,
+        cutoff: Timestamp,
+        keep: &HashSet<MessageId>,
+    ) -> Result<usize, MailboxError> {
+        self.mailboxes.remove_older_than(at, cutoff, keep).await
+    }
+
+    async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.mailboxes.sweep_temp_files(owner).await.map(|_| ())
+    }
+
+    async fn orphans(
+        &self,
+        db: &Id,
+        referenced: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        let prepared = Location::new(db.clone(), Folder::Prepared);
+        let mut names = self.mailboxes.list_names(&prepared).await?;
+        names.retain(|n| !referenced.contains(&n.id));
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::deferred::{Listed, SOURCE, WallClock};
+    use crate::wire::{Body, Version};
+
+    fn id(s: &str) -> Id {
+        Id::new(s).unwrap()
+    }
+
+    fn message(seq: u64, to: &str) -> Message {
+        Message {
+            version: Version,
+            id: MessageId::from_parts(1_764_064_800_000 + seq, u128::from(seq)),
+            from: id("db-a"),
+            to: id(to),
+            subsystem: id("sales"),
+            created_at: Timestamp::from_millis(1_764_064_800_000),
+            body: Body::from_json(r#"{"n":1}"#).unwrap(),
+        }
+    }
+
+    async fn open(dir: &Path) -> (FileStore, Arc<estafeta_repeat::RedbStore>) {
+        let scheduled =
+            Arc::new(estafeta_repeat::RedbStore::open(dir.join("scheduled.redb")).unwrap());
+        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
+            Listed(scheduled.clone()),
+            WallClock(Arc::new(estafeta_session::SystemClock)),
+            estafeta_repeat::Options::default(),
+        ));
+        (
+            FileStore::open(&dir.join("data"), deferred).await.unwrap(),
+            scheduled,
+        )
+    }
+
+    /// One result per op in the ops' order, whatever order the files store
+    /// runs them in; arrivals name the recipients whose `Messages` got a
+    /// message; run again (after a crash), every move and delete that was
+    /// done counts as done, and a message in none of its places (a schedule
+    /// done before) is `NotFound`.
+    #[tokio::test]
+    async fn a_batch_answers_each_op_in_order_and_can_be_run_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, scheduled) = open(tmp.path()).await;
+        let prepared = Location::new(id("db-a"), Folder::Prepared);
+        let inbox = Location::new(id("phone-1"), Folder::Messages);
+        let [now, gone, later, past] = [1, 2, 3, 4].map(|seq| message(seq, "phone-1"));
+        let written = store
+            .put_all(
+                &prepared,
+                &[gone.clone(), now.clone(), later.clone(), past.clone()],
+            )
+            .await
+            .unwrap();
+        let name = |m: &Message| FileName::of(m);
+        let far = Timestamp::from_millis(4_102_444_800_000);
+        let ops = [
+            Op::Delete {
+                name: name(&gone),
+                at: prepared.clone(),
+            },
+            Op::Schedule {
+                name: name(&later),
+                from: prepared.clone(),
+                until: far,
+            },
+            Op::Move {
+                name: name(&now),
+                from: prepared.clone(),
+                to: inbox.clone(),
+            },
+            Op::Schedule {
+                name: name(&past),
+                from: prepared.clone(),
+                until: Timestamp::from_millis(0),
+            },
+        ];
+        assert_eq!(written.len(), 4);
+
+        let first = store.apply(&ops).await;
+        let outcomes: Vec<_> = first.results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(outcomes, [Outcome::Done; 4]);
+        assert_eq!(first.arrivals, BTreeSet::from([id("phone-1")]));
+        let mut delivered = store.oldest(&inbox, 10).await.unwrap();
+        delivered.sort_by_key(|n| n.id);
+        assert_eq!(delivered, [name(&now), name(&past)]);
+        assert_eq!(store.count(&prepared).await.unwrap(), 0);
+        let kept = Listed(scheduled).entries(SOURCE, 10).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].id, later.id.to_string());
+
+        let again = store.apply(&ops).await;
+        // A move found done counts as an arrival again: a push too many is
+        // harmless, one too few leaves a recipient waiting.
+        assert_eq!(again.arrivals, BTreeSet::from([id("phone-1")]));
+        let again: Vec<_> = again
+            .results
+            .into_iter()
+            .map(|r| match r {
+                Ok(o) => Some(o),
+                Err(MailboxError::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            again,
+            [
+                Some(Outcome::AlreadyDone),
+                None,
+                Some(Outcome::AlreadyDone),
+                None
+            ]
+        );
+    }
+}

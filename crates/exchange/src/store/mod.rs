@@ -1,0 +1,186 @@
+//! The exchange's storage, behind traits: the protocol code reaches
+//! messages only through [`MessageStore`] and the registry's records only
+//! through [`RegistryStore`]; the session engine's storage
+//! (`estafeta_session::Storage`) and the scheduler's
+//! (`estafeta_repeat::store::Store`) are traits of their own crates.
+//!
+//! The embedded implementations are `FileStore` (one file per message
+//! under the data folder, written through the [`mailbox`](crate::mailbox)
+//! engine's group commit) and [`RedbRegistry`] (`registry.redb`). The traits
+//! speak of places and messages, not of files, so that a transactional
+//! backend (a SQL database) can implement them with rows: a batch of
+//! [`Op`]s is then one transaction, and what the files need to survive a
+//! crash half-way (temporary files swept, orphans moved to `Unknown`,
+//! folder indexes checked against their directories) stays inside
+//! `FileStore`.
+
+pub(crate) mod deferred;
+mod files;
+mod redb_registry;
+mod registry;
+
+pub use deferred::Listed;
+pub(crate) use files::FileStore;
+pub use redb_registry::RedbRegistry;
+pub use registry::{Change, RegistryStore, Snapshot};
+
+pub use crate::mailbox::{
+    FileEntry, FileName, Filter, Folder, Limits, Location, Outcome, RawArray,
+};
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::error::MailboxError;
+use crate::id::Id;
+use crate::timestamp::Timestamp;
+use crate::ulid_ids::MessageId;
+use crate::wire::Message;
+
+/// One change of a batch a protocol step makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// The message leaves `from` for `to`.
+    Move {
+        /// The message.
+        name: FileName,
+        /// Where it is.
+        from: Location,
+        /// Where it goes.
+        to: Location,
+    },
+    /// The message is removed from `at`.
+    Delete {
+        /// The message.
+        name: FileName,
+        /// Where it is.
+        at: Location,
+    },
+    /// The message leaves `from` and is kept aside until `until` (scheduled
+    /// delivery); if that time has passed it goes into its recipient's
+    /// `Messages` at once.
+    Schedule {
+        /// The message.
+        name: FileName,
+        /// Where it is.
+        from: Location,
+        /// When it is due.
+        until: Timestamp,
+    },
+}
+
+/// What a batch of [`Op`]s did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// One result per op, in order. [`MailboxError::NotFound`] means the
+    /// message was in none of the places the op names (lost, removed by
+    /// hand or by retention); the caller counts the op as done.
+    pub results: Vec<Result<Outcome, MailboxError>>,
+    /// The recipients whose `Messages` received a message, or already held
+    /// it when a move is run again (for push notifications).
+    pub arrivals: BTreeSet<Id>,
+}
+
+/// Where messages live: the places (`Messages`, `Prepared`, `Log`,
+/// `Unknown`, `Error`) of each database and device, and the messages kept
+/// aside until their `deliver_at`.
+///
+/// Every write is durable when its call returns. A batch of [`Op`]s is the
+/// changes of one protocol step: a transactional backend applies it
+/// atomically (all or nothing); `FileStore` applies it op by op, each op
+/// idempotent (an op already done counts as done), so that the lifecycle,
+/// which records the batch before running it, can run it again after a
+/// crash. Reads see every write that returned.
+#[async_trait::async_trait]
+pub trait MessageStore: Send + Sync {
+    /// Makes room for a new database or device (and checks, at start-up,
+    /// that its places can be used). Doing it again is not an error.
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError>;
+
+    /// Removes everything of a deleted database or device; how many
+    /// messages there were.
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError>;
+
+    /// Puts a new message into `at`.
+    async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
+
+    /// Puts several new messages into `at`, all or none.
+    async fn put_all(
+        &self,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Vec<FileEntry>, MailboxError>;
+
+    /// Applies a protocol step's batch (see the trait's doc for atomicity).
+    async fn apply(&self, ops: &[Op]) -> Applied;
+
+    /// Removes messages of one place, each on its own (a message already
+    /// gone counts as removed); one result per name, in order.
+    async fn delete_all(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Vec<Result<Outcome, MailboxError>>;
+
+    /// The oldest messages of `at` that pass `filter`, within `limits`
+    /// (a process start's choice).
+    async fn select(
+        &self,
+        at: &Location,
+        filter: &Filter,
+        limits: Limits,
+    ) -> Result<Vec<FileEntry>, MailboxError>;
+
+    /// The bodies of `names` in `at` as one JSON array (`[m1,m2,…]`), built
+    /// from the stored bytes; a message no longer there is left out.
+    async fn read_array(&self, at: &Location, names: &[FileName])
+    -> Result<RawArray, MailboxError>;
+
+    /// How many messages `at` holds.
+    async fn count(&self, at: &Location) -> Result<usize, MailboxError>;
+
+    /// The `n` oldest messages of `at`.
+    async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError>;
+
+    /// The message `id` in `at`, if it is there.
+    async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError>;
+
+    /// Those of `ids` that are in `at`.
+    async fn find_all(
+        &self,
+        at: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError>;
+
+    /// Whether the message is in `Messages`, `Log`, `Unknown` or `Error` of
+    /// its recipient (delivered before: an upload or a scheduled delivery
+    /// repeated after a crash is not delivered twice).
+    async fn delivered(&self, name: &FileName) -> Result<bool, MailboxError>;
+
+    /// Every message of `at`, oldest first (the operator's folder listing).
+    async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError>;
+
+    /// Removes the messages of `at` that arrived before `cutoff` (by the
+    /// time in their id), except those in `keep`; how many were removed.
+    async fn remove_older_than(
+        &self,
+        at: &Location,
+        cutoff: Timestamp,
+        keep: &HashSet<MessageId>,
+    ) -> Result<usize, MailboxError>;
+
+    /// Start-up, before anything else touches the mailbox of `owner`:
+    /// clears what writes interrupted by a crash left behind (none was
+    /// acknowledged). Nothing to do for a transactional backend.
+    async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
+
+    /// Start-up, after the database's processes are loaded: the messages in
+    /// its `Prepared` that none of them refers to (`referenced`), left by a
+    /// crash between writing a prepare's replies and recording them. The
+    /// caller moves them to `Unknown`. Always empty for a backend whose
+    /// prepare is one transaction.
+    async fn orphans(
+        &self,
+        db: &Id,
+        referenced: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError>;
+}

@@ -1,0 +1,350 @@
+//! The embedded registry store: `registry.redb` in the server's state
+//! folder (`<data>/.estafeta/`), every change a durable (fsynced) redb
+//! commit, and the admin token in its own file beside it (mode 0600) so
+//! that the operator can read it after a restart.
+
+use std::collections::BTreeSet;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::registry::{Change, RegistryStore, Snapshot};
+use crate::error::TenancyError;
+use crate::id::Id;
+use crate::layout::DataLayout;
+use crate::tenancy::{Endpoint, Role};
+use crate::token::{Token, TokenHash};
+
+/// Enterprise id → nothing.
+const ENTERPRISES: TableDefinition<'static, &str, ()> = TableDefinition::new("enterprises");
+/// (enterprise id, subsystem id) → nothing.
+const SUBSYSTEMS: TableDefinition<'static, (&str, &str), ()> = TableDefinition::new("subsystems");
+/// Database or device id → JSON [`Record`].
+const ENDPOINTS: TableDefinition<'static, &str, &str> = TableDefinition::new("endpoints");
+
+/// The stored form of an endpoint.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    enterprise: Id,
+    /// Present for devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device_subsystem: Option<Id>,
+    token_sha256: String,
+}
+
+/// The registry in `registry.redb`. Cheap to clone.
+#[derive(Clone)]
+pub struct RedbRegistry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    /// The admin-token file.
+    admin_file: PathBuf,
+}
+
+impl RedbRegistry {
+    /// Opens (creating if needed, with its folders made durable) the
+    /// registry of `layout`.
+    pub async fn open(layout: &DataLayout) -> Result<Self, TenancyError> {
+        let layout = layout.clone();
+        blocking(move || open_blocking(&layout)).await
+    }
+
+    /// Runs `f` on a blocking thread (redb commits fsync).
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, TenancyError> + Send + 'static,
+    ) -> Result<T, TenancyError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || f(&inner)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl RegistryStore for RedbRegistry {
+    async fn load(&self) -> Result<Snapshot, TenancyError> {
+        self.run(|inner| load(&inner.db)).await
+    }
+
+    async fn admin(&self) -> Result<Option<TokenHash>, TenancyError> {
+        self.run(|inner| Ok(read_admin_token(&inner.admin_file)?.map(|t| t.hash())))
+            .await
+    }
+
+    async fn apply(&self, change: &Change) -> Result<(), TenancyError> {
+        let change = change.clone();
+        self.run(move |inner| inner.apply(change)).await
+    }
+}
+
+impl Inner {
+    fn apply(&self, change: Change) -> Result<(), TenancyError> {
+        if let Change::SetAdmin(token) = &change {
+            return save_admin_token(&self.admin_file, token);
+        }
+        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        match change {
+            Change::CreateEnterprise(id) => {
+                let mut table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+                if table.get(id.as_str()).map_err(redb::Error::from)?.is_some() {
+                    return Err(exists("enterprise", &id));
+                }
+                table.insert(id.as_str(), ()).map_err(redb::Error::from)?;
+            }
+            Change::DeleteEnterprise(id) => {
+                let mut table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+                table.remove(id.as_str()).map_err(redb::Error::from)?;
+            }
+            Change::CreateSubsystem { enterprise, id } => {
+                let mut table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+                let key = (enterprise.as_str(), id.as_str());
+                if table.get(key).map_err(redb::Error::from)?.is_some() {
+                    return Err(exists("subsystem", &id));
+                }
+                table.insert(key, ()).map_err(redb::Error::from)?;
+            }
+            Change::DeleteSubsystem { enterprise, id } => {
+                let mut table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+                table
+                    .remove((enterprise.as_str(), id.as_str()))
+                    .map_err(redb::Error::from)?;
+            }
+            Change::CreateEndpoint { endpoint, token } => {
+                let json = record_json(&endpoint, &token)?;
+                let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                if table
+                    .get(endpoint.id.as_str())
+                    .map_err(redb::Error::from)?
+                    .is_some()
+                {
+                    return Err(exists("database or device", &endpoint.id));
+                }
+                table
+                    .insert(endpoint.id.as_str(), json.as_str())
+                    .map_err(redb::Error::from)?;
+            }
+            Change::DeleteEndpoint(id) => {
+                let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                table.remove(id.as_str()).map_err(redb::Error::from)?;
+            }
+            Change::SetToken { endpoint, token } => {
+                let json = record_json(&endpoint, &token)?;
+                let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                table
+                    .insert(endpoint.id.as_str(), json.as_str())
+                    .map_err(redb::Error::from)?;
+            }
+            Change::SetAdmin(_) => {}
+        }
+        txn.commit().map_err(redb::Error::from)?;
+        Ok(())
+    }
+}
+
+/// The stored JSON of an endpoint with the token hash `hash`.
+fn record_json(endpoint: &Endpoint, hash: &TokenHash) -> Result<String, TenancyError> {
+    let record = Record {
+        enterprise: endpoint.enterprise.clone(),
+        device_subsystem: match &endpoint.role {
+            Role::Database => None,
+            Role::Device { subsystem } => Some(subsystem.clone()),
+        },
+        token_sha256: hash.to_hex(),
+    };
+    serde_json::to_string(&record).map_err(|e| TenancyError::Corrupt {
+        key: endpoint.id.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn exists(kind: &'static str, id: &Id) -> TenancyError {
+    TenancyError::AlreadyExists {
+        kind,
+        id: id.to_string(),
+    }
+}
+
+/// Makes the state folder (mode 0700) and opens the redb file, making sure
+/// the tables exist; on a first start, each new folder's entry is fsynced.
+fn open_blocking(layout: &DataLayout) -> Result<RedbRegistry, TenancyError> {
+    // Private: it holds the admin token and the registry.
+    let dir = layout.state_dir();
+    // On a first start, the data folder and `.estafeta` itself.
+    let mut new_folders = Vec::new();
+    let mut up = Some(dir.as_path());
+    while let Some(folder) = up.filter(|f| !f.as_os_str().is_empty() && !f.exists()) {
+        new_folders.push(folder);
+        up = folder.parent();
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| TenancyError::io(&dir, e))?;
+    let db = estafeta_durable::open_redb(&layout.registry(), |db| {
+        let txn = db.begin_write()?;
+        txn.open_table(ENTERPRISES)?;
+        txn.open_table(SUBSYSTEMS)?;
+        txn.open_table(ENDPOINTS)?;
+        txn.commit()?;
+        Ok(())
+    })?;
+    // What this start created survives a power loss only once each new
+    // folder's entry is fsynced.
+    for folder in new_folders {
+        let parent = match folder.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_folder(parent)?;
+    }
+    Ok(RedbRegistry {
+        inner: Arc::new(Inner {
+            db,
+            admin_file: layout.admin_token(),
+        }),
+    })
+}
+
+/// Reads every table.
+fn load(db: &Database) -> Result<Snapshot, TenancyError> {
+    let txn = db.begin_read().map_err(redb::Error::from)?;
+    let mut snapshot = Snapshot::default();
+    let corrupt = |key: &str, reason: String| TenancyError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    };
+    let stored_id = |s: &str| Id::new(s).map_err(|e| corrupt(s, e.to_string()));
+
+    let table = txn.open_table(ENTERPRISES).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, _) = row.map_err(redb::Error::from)?;
+        snapshot
+            .enterprises
+            .insert(stored_id(key.value())?, BTreeSet::new());
+    }
+    let table = txn.open_table(SUBSYSTEMS).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, _) = row.map_err(redb::Error::from)?;
+        let (enterprise, subsystem) = key.value();
+        snapshot
+            .enterprises
+            .entry(stored_id(enterprise)?)
+            .or_default()
+            .insert(stored_id(subsystem)?);
+    }
+    let table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, value) = row.map_err(redb::Error::from)?;
+        let id = stored_id(key.value())?;
+        let record: Record =
+            serde_json::from_str(value.value()).map_err(|e| corrupt(id.as_str(), e.to_string()))?;
+        let hash = TokenHash::from_hex(&record.token_sha256)
+            .ok_or_else(|| corrupt(id.as_str(), "bad token hash".to_owned()))?;
+        let role = match record.device_subsystem {
+            None => Role::Database,
+            Some(subsystem) => Role::Device { subsystem },
+        };
+        snapshot.endpoints.push((
+            Endpoint {
+                id,
+                enterprise: record.enterprise,
+                role,
+            },
+            hash,
+        ));
+    }
+    Ok(snapshot)
+}
+
+/// The admin token saved at `path`, if there is one.
+fn read_admin_token(path: &Path) -> Result<Option<Token>, TenancyError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Token::from_text(text.trim_end()).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(TenancyError::io(path, e)),
+    }
+}
+
+/// Saves the admin token at `path` with mode 0600: written to a temporary
+/// file beside it created with that mode (never readable by others, not even
+/// for a moment), fsynced, renamed, and the folder fsynced.
+fn save_admin_token(path: &Path, token: &Token) -> Result<(), TenancyError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(path.file_name().unwrap_or_default());
+    temp_name.push(".tmp");
+    let temp = dir.join(temp_name);
+    // A stale temporary file might have another mode; start from nothing.
+    let _ = std::fs::remove_file(&temp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut f| {
+            f.write_all(token.expose().as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temp, path))
+        .and_then(|()| std::fs::File::open(dir)?.sync_all());
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        TenancyError::io(path, e)
+    })
+}
+
+/// Fsync a folder, making the entries created in it durable.
+fn sync_folder(folder: &Path) -> Result<(), TenancyError> {
+    #[cfg(test)]
+    tests::SYNCED.with(|s| s.borrow_mut().push(folder.to_path_buf()));
+    std::fs::File::open(folder)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TenancyError::io(folder, e))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TenancyError> + Send + 'static,
+) -> Result<T, TenancyError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TenancyError::Join(e.to_string()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The folders this thread fsynced through `sync_folder`.
+        pub(super) static SYNCED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn synced() -> BTreeSet<PathBuf> {
+        SYNCED.with(|s| s.take()).into_iter().collect()
+    }
+
+    /// A first start creates the data folder, `.estafeta` and the registry
+    /// file: each one's folder is fsynced. A later start creates nothing
+    /// and fsyncs nothing (a full disk must not stop it).
+    #[test]
+    fn a_first_start_makes_its_new_folders_and_registry_durable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let layout = DataLayout::new(&data);
+        drop(open_blocking(&layout).unwrap());
+        // `.estafeta` itself is fsynced by the registry's creation.
+        let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data].into();
+        assert_eq!(synced(), expected);
+        drop(open_blocking(&layout).unwrap());
+        assert_eq!(synced(), BTreeSet::new());
+    }
+}
