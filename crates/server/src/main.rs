@@ -46,6 +46,11 @@ enum Command {
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
     Admin(AdminArgs),
+    /// Check the state files of the data folder (with the server stopped):
+    /// one line per file (ok, repaired, absent, in use or DAMAGED with what
+    /// to do), repairing what redb can. Exit status 0 when every file is fit
+    /// to serve from, 1 otherwise.
+    Check(SettingsArgs),
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token.
     #[cfg(feature = "demo")]
@@ -93,6 +98,17 @@ fn main() -> anyhow::Result<()> {
             println!("{}", out.json);
             Ok(())
         }
+        Command::Check(args) => {
+            let data_dir = args.sources().resolve()?.settings.data_dir;
+            let reports = estafeta_server::check::check(&data_dir);
+            for report in &reports {
+                println!("{report}");
+            }
+            if !reports.iter().all(|r| r.is_fit()) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
             estafeta_server::logging::init(&Settings::log_from_env(), None)?;
@@ -115,6 +131,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             println!("failpoints armed: {}", armed.join(" "));
         }
     }
+    estafeta_server::check::before_serving(&settings.data_dir)?;
     let exchange_config = settings.exchange_config()?;
     let (exchange, admin) = open_exchange(
         exchange_config,
