@@ -10,8 +10,8 @@
 
 use estafeta_exchange::DataLayout;
 use redb::{Database, DatabaseError, StorageError};
-use std::io::ErrorKind;
 use std::fmt;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +39,10 @@ fn state_files(data_dir: &Path) -> [StateFile; 6] {
             layout.scheduled(),
             "the replies waiting for their deliver_at",
         ),
-        file(layout.alerts(), "the raised alerts and their acknowledgements"),
+        file(
+            layout.alerts(),
+            "the raised alerts and their acknowledgements",
+        ),
         file(layout.alert_deliveries(), "the alert notices not yet sent"),
         file(
             layout.push_deliveries(),
@@ -213,7 +216,10 @@ mod tests {
         assert!(reports.iter().all(|r| r.health == Health::Absent));
         made(dir.path());
         let reports = check(dir.path());
-        assert!(reports.iter().all(|r| r.health == Health::Whole), "{reports:?}");
+        assert!(
+            reports.iter().all(|r| r.health == Health::Whole),
+            "{reports:?}"
+        );
         before_serving(dir.path()).unwrap();
     }
 
