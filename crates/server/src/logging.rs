@@ -2,6 +2,8 @@
 //! stderr (filtered by the `log` setting, `ESTAFETA_LOG`) and, for `serve`,
 //! the structured event log under the data folder, which keeps every
 //! protocol step, alert, warning and error whatever that filter says.
+//! Both mask the credentials of URLs (webhook targets with a user and
+//! password) in what they write.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -13,6 +15,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFilter;
+use crate::events::layer::redact_credentials;
 use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
 
 /// Installing the subscriber failed.
@@ -30,7 +33,7 @@ pub enum LoggingError {
 /// with `data_dir`, also the event log in `<data_dir>/.estafeta/events/`.
 pub fn init(filter: &LogFilter, data_dir: Option<&Path>) -> Result<(), LoggingError> {
     let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| Redacting(std::io::stderr()))
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(EnvFilter::new(filter.as_str()));
     let events = match data_dir {
@@ -53,4 +56,44 @@ pub fn init(filter: &LogFilter, data_dir: Option<&Path>) -> Result<(), LoggingEr
         .with(events)
         .try_init()?;
     Ok(())
+}
+
+/// A writer that masks the credentials of every URL in what it is given
+/// ([`redact_credentials`]) before writing it on. The stderr layer writes
+/// each formatted line in one call, so a URL is never split between two.
+struct Redacting<W>(W);
+
+impl<W: std::io::Write> std::io::Write for Redacting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(redact_credentials(text).as_bytes())?,
+            Err(_) => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn urls_lose_their_credentials_on_the_way_out() {
+        let mut out = Redacting(Vec::new());
+        write!(
+            out,
+            "push failed: error sending request for url (https://hook:s3cret@example.net/x)"
+        )
+        .unwrap();
+        let text = String::from_utf8(out.0).unwrap();
+        assert_eq!(
+            text,
+            "push failed: error sending request for url (https://***@example.net/x)"
+        );
+    }
 }
