@@ -37,7 +37,7 @@ mod stats;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
-pub use push::{NoPush, PushSink, RecipientKind};
+pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use schedule::Listed;
 
 use crate::mailbox::Folder;
