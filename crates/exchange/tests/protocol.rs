@@ -735,3 +735,47 @@ async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
     assert_eq!(key, &format!("missing_file:{file}"));
     assert!(text.contains(&file), "{text}");
 }
+
+/// The committed verdicts on `device`'s messages: processed, deadlocked,
+/// incorrect.
+async fn device_verdicts(w: &World, device: &str) -> (u64, u64, u64) {
+    let stats = w.ex.stats(&w.admin).await.unwrap();
+    let d = stats
+        .devices
+        .iter()
+        .find(|d| d.id.as_str() == device)
+        .unwrap();
+    (d.processed, d.deadlocks, d.incorrect)
+}
+
+#[tokio::test(start_paused = true)]
+async fn verdicts_are_counted_per_sending_device_when_a_commit_lands_and_kept() {
+    let w = World::new().await;
+    w.upload(3).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedDeadlock;
+    results[2].status = ResultStatus::ProcessedIncorrect;
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    assert_eq!(
+        device_verdicts(&w, "phone-1").await,
+        (0, 0, 0),
+        "not before the commit"
+    );
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
+    assert_eq!(device_verdicts(&w, "phone-2").await, (0, 0, 0));
+    // A process rolled back counts nothing.
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let results = World::results(&s, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 0).await, CallStatus::Ok);
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
+    // Durable: the same after a restart.
+    let w = w
+        .restart(estafeta_session::Timestamp(1_800_000_100_000))
+        .await;
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
+}

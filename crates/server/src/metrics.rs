@@ -214,6 +214,9 @@ pub struct Snapshot {
     pub backlogs: Vec<(&'static str, Backlog)>,
     /// Bytes free for the server on the data folder's file system, and its size.
     pub disk: Option<(u64, u64)>,
+    /// The committed verdicts on devices' messages, summed over every
+    /// device: processed, deadlocked, incorrect.
+    pub device_messages: Option<[u64; 3]>,
 }
 
 impl Snapshot {
@@ -247,6 +250,11 @@ impl Snapshot {
             }
         }
         s.backlogs = backlogs(state).await;
+        if let Ok(stats) = exchange.stats(&admin).await {
+            s.device_messages = Some(stats.devices.iter().fold([0; 3], |[p, d, i], dev| {
+                [p + dev.processed, d + dev.deadlocks, i + dev.incorrect]
+            }));
+        }
         if let Some(n) = state.notifier() {
             s.queues = n.outbound().figures();
             s.alerts_open = n.unacknowledged().await.unwrap_or(0);
@@ -274,6 +282,18 @@ impl Snapshot {
                 escape(id.as_str()),
                 folder.as_str()
             );
+        }
+        if let Some(totals) = self.device_messages {
+            let name = "estafeta_device_messages_total";
+            header(
+                out,
+                name,
+                "counter",
+                "Devices' messages in committed processes, by verdict (summed over every device).",
+            );
+            for (outcome, n) in ["processed", "deadlocked", "incorrect"].iter().zip(totals) {
+                let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {n}");
+            }
         }
         let name = "estafeta_processes";
         header(out, name, "gauge", "Processes not ended, by state.");
