@@ -433,6 +433,94 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
     assert_eq!(w.commit(&pid).await, CallStatus::Ok);
 }
 
+/// How many times the alert with `key` was raised.
+fn raises(alerts: &Alerts, key: &str) -> usize {
+    alerts.raised().iter().filter(|(k, _)| k == key).count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_commit_in_doubt_whose_moves_fail_is_retried_with_backoff() {
+    let alerts = Alerts::default();
+    let w = World::with_sinks(|_| alerts.sinks()).await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let results = World::results(&s, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
+    // The Log folder (not made yet) cannot take files: the settlement's
+    // moves fail part-way (the reply is delivered, the messages stay).
+    let log = w.data().join("db-a/Log");
+    std::fs::write(&log, b"not a folder").unwrap();
+    assert_eq!(w.commit(&pid).await, CallStatus::Failed);
+    assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
+    let failed_key = format!("failed:{pid}");
+    assert_eq!(raises(&alerts, &failed_key), 1, "{:?}", alerts.raised());
+    assert_eq!(
+        w.start().await.status,
+        StartStatus::Busy,
+        "no new process while the settlement is unfinished"
+    );
+    // The server tries again by itself, with a growing backoff: not within
+    // the first second, a few times within ten.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(raises(&alerts, &failed_key), 1);
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let retries = raises(&alerts, &failed_key);
+    assert!((2..=4).contains(&retries), "{retries} attempts in 10 s");
+    assert!(!alerts.cleared().contains(&failed_key));
+    // The folder is back: the next retry settles the process.
+    std::fs::remove_file(&log).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    tokio::time::sleep(Duration::from_secs(400)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+    let cleared = alerts.cleared();
+    assert!(cleared.contains(&failed_key), "{cleared:?}");
+    assert!(cleared.contains(&format!("in_doubt:{pid}")), "{cleared:?}");
+    assert_eq!(w.files("db-a", Folder::Unknown), 0);
+    assert_eq!(w.files("db-a", Folder::Log), 2);
+    assert_eq!(w.inbox().await.messages.len(), 1);
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn moves_into_doubt_failing_part_way_then_a_late_commit_leave_nothing_in_unknown() {
+    let alerts = Alerts::default();
+    let w = World::with_sinks(|_| alerts.sinks()).await;
+    w.upload(2).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedIncorrect;
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    // The Error folder (not made yet) cannot take files: of the moves into
+    // doubt, the reply's and the processed message's are done, the
+    // incorrect message's fails.
+    let error = w.data().join("db-a/Error");
+    std::fs::write(&error, b"not a folder").unwrap();
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(1)).await;
+    assert_eq!(w.files("db-a", Folder::Unknown), 2);
+    // The processor's late commit comes while the moves are unfinished.
+    assert_eq!(w.commit(&pid).await, CallStatus::Failed);
+    std::fs::remove_file(&error).unwrap();
+    std::fs::create_dir(&error).unwrap();
+    tokio::time::sleep(Duration::from_secs(400)).await;
+    assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert_eq!(w.files("db-a", Folder::Unknown), 0, "nothing left in doubt");
+    assert_eq!(w.files("db-a", Folder::Log), 1);
+    assert_eq!(w.files("db-a", Folder::Error), 1);
+    assert_eq!(w.inbox().await.messages.len(), 1, "the reply is delivered");
+    let raised = alerts.raised();
+    assert!(
+        raised.iter().all(|(k, _)| !k.starts_with("missing_file:")),
+        "every file was found: {raised:?}"
+    );
+    let cleared = alerts.cleared();
+    assert!(cleared.contains(&format!("failed:{pid}")), "{cleared:?}");
+    assert!(cleared.contains(&format!("in_doubt:{pid}")), "{cleared:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_later_commit_retries_failed_moves_at_once() {
     let w = World::new().await;
@@ -652,4 +740,48 @@ async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
     let (key, text) = &raised[0];
     assert_eq!(key, &format!("missing_file:{file}"));
     assert!(text.contains(&file), "{text}");
+}
+
+/// The committed verdicts on `device`'s messages: processed, deadlocked,
+/// incorrect.
+async fn device_verdicts(w: &World, device: &str) -> (u64, u64, u64) {
+    let stats = w.ex.stats(&w.admin).await.unwrap();
+    let d = stats
+        .devices
+        .iter()
+        .find(|d| d.id.as_str() == device)
+        .unwrap();
+    (d.processed, d.deadlocks, d.incorrect)
+}
+
+#[tokio::test(start_paused = true)]
+async fn verdicts_are_counted_per_sending_device_when_a_commit_lands_and_kept() {
+    let w = World::new().await;
+    w.upload(3).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let mut results = World::results(&s, ResultStatus::Processed);
+    results[1].status = ResultStatus::ProcessedDeadlock;
+    results[2].status = ResultStatus::ProcessedIncorrect;
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    assert_eq!(
+        device_verdicts(&w, "phone-1").await,
+        (0, 0, 0),
+        "not before the commit"
+    );
+    assert_eq!(w.commit(&pid).await, CallStatus::Ok);
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
+    assert_eq!(device_verdicts(&w, "phone-2").await, (0, 0, 0));
+    // A process rolled back counts nothing.
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let results = World::results(&s, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 0).await, CallStatus::Ok);
+    assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
+    // Durable: the same after a restart.
+    let w = w
+        .restart(estafeta_session::Timestamp(1_800_000_100_000))
+        .await;
+    assert_eq!(device_verdicts(&w, "phone-1").await, (1, 1, 1));
 }

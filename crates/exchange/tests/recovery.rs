@@ -324,3 +324,66 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
     let (_, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
     assert_eq!(outcome, Upload::Created);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_commit_retried_at_start_up_before_the_mailboxes_are_made_raises_no_alert() {
+    let w = World::new().await;
+    w.upload(1).await;
+    let s = w.start().await;
+    let pid = s.process_id.unwrap().to_string();
+    let results = World::results(&s, ResultStatus::Processed);
+    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let log = w.data().join("db-a/Log");
+    std::fs::write(&log, b"not a folder").unwrap();
+    assert_eq!(w.commit(&pid).await, CallStatus::Failed);
+    w.ex.shutdown().await.unwrap();
+    let data = w.data();
+    let World {
+        dir, ex, db, phone, ..
+    } = w;
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    // While the server is down the cause goes: the Log folder is not
+    // there at all until start-up processing makes the mailboxes' folders.
+    std::fs::remove_file(&log).unwrap();
+
+    // Opened past the retry, the session touched before start-up
+    // processing begins: its deadline handling is the first thing to run
+    // once it may, before the mailboxes are made.
+    let raised = std::sync::Arc::new(Raised::default());
+    let sinks = estafeta_exchange::Sinks {
+        alerts: raised.clone(),
+        ..Default::default()
+    };
+    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000), sinks).await;
+    let reader = {
+        let ex = ex.clone();
+        tokio::spawn(async move {
+            ex.processes(&estafeta_exchange::tenancy::Principal::Admin)
+                .await
+                .unwrap()
+        })
+    };
+    for _ in 0..200 {
+        if reader.is_finished() {
+            break;
+        }
+        tokio::task::spawn_blocking(|| ()).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    ex.recover().await.unwrap();
+    reader.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let state = ex.process_status(&db, &pid).await.unwrap().state;
+    assert_eq!(state, ProcessState::Done);
+    assert_eq!(std::fs::read_dir(data.join("db-a/Log")).unwrap().count(), 1);
+    let inbox: Inbox = serde_json::from_slice(&ex.inbox(&phone, None).await.unwrap()).unwrap();
+    assert_eq!(inbox.messages.len(), 1, "the reply is delivered");
+    assert!(
+        raised.0.lock().unwrap().is_empty(),
+        "no alert: {:?}",
+        raised.0.lock().unwrap()
+    );
+}

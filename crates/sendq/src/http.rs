@@ -27,15 +27,22 @@ pub struct HttpAnswer {
     pub body: String,
 }
 
-/// Builds a client with the given timeouts.
-pub(crate) fn client(connect_timeout: Duration) -> Result<reqwest::Client, ConfigError> {
-    reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .build()
-        .map_err(|e| ConfigError::Invalid {
-            what: "HTTP client",
-            reason: e.to_string(),
-        })
+/// Builds a client with the given timeouts, resolving host names through
+/// `resolver` when one is given (else the system's resolver).
+pub(crate) fn client(
+    connect_timeout: Duration,
+    resolver: Option<std::sync::Arc<dyn reqwest::dns::Resolve>>,
+) -> Result<reqwest::Client, ConfigError> {
+    let builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    match resolver {
+        Some(r) => builder.dns_resolver(r),
+        None => builder,
+    }
+    .build()
+    .map_err(|e| ConfigError::Invalid {
+        what: "HTTP client",
+        reason: e.to_string(),
+    })
 }
 
 /// Checks that a URL parses, so a bad one fails as a configuration error.

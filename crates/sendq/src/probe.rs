@@ -36,7 +36,7 @@ impl HttpProbe {
     /// each probe from connect to answer.
     pub fn new(timeout: Duration) -> Result<Self, ConfigError> {
         Ok(Self {
-            client: http::client(timeout)?,
+            client: http::client(timeout, None)?,
             timeout,
             reachability: false,
         })

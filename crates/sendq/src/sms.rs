@@ -91,7 +91,7 @@ impl SmsTransport {
             Escape::Raw
         };
         Ok(Self {
-            client: http::client(config.connect_timeout)?,
+            client: http::client(config.connect_timeout, None)?,
             config,
             method,
             escape,

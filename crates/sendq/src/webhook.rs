@@ -51,8 +51,24 @@ pub struct WebhookTransport {
 impl WebhookTransport {
     /// Builds the transport with its own HTTP client.
     pub fn new(config: &WebhookConfig) -> Result<Self, ConfigError> {
+        Self::build(config, None)
+    }
+
+    /// Builds the transport with a client that resolves host names through
+    /// `resolver` (which may refuse a name, e.g. by the addresses it has).
+    pub fn with_resolver(
+        config: &WebhookConfig,
+        resolver: std::sync::Arc<dyn reqwest::dns::Resolve>,
+    ) -> Result<Self, ConfigError> {
+        Self::build(config, Some(resolver))
+    }
+
+    fn build(
+        config: &WebhookConfig,
+        resolver: Option<std::sync::Arc<dyn reqwest::dns::Resolve>>,
+    ) -> Result<Self, ConfigError> {
         Ok(Self {
-            client: http::client(config.connect_timeout)?,
+            client: http::client(config.connect_timeout, resolver)?,
             timeout: config.timeout,
         })
     }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::mailbox::Limits;
 
+use crate::notify::targets::PrivateTargets;
 use crate::notify::{NotifyConfigError, NotifySettings};
 pub use value::{LogFilter, LogFormat, Secret, SecretUrl, Shown, Value, duration_text};
 
@@ -165,6 +166,10 @@ settings! {
         /// the URL's origin; any answer below 500 is up; a host failing 3 probes in a row is
         /// marked down and its alerts and pushes wait until it is up)
         alert_probe: Duration = "30s", zero "no probes";
+        /// webhook targets (push and alert) in private ranges (10/8, 172.16/12, 192.168/16,
+        /// 100.64/10, loopback, fc00::/7): allow or deny; link-local and metadata addresses
+        /// (169.254/16, fe80::/10) are always refused, also when a host name resolves to one
+        webhook_private: PrivateTargets = "allow";
         /// alert when free space in the data folder falls under this many MB
         disk_alert_mb: u64 = "100", zero "never";
         /// how often free disk space is checked

@@ -99,9 +99,25 @@ impl From<ExchangeError> for ApiError {
     }
 }
 
+/// What a client is told of a storage failure: never its detail, which
+/// names files and folders of the server (the log keeps it).
+fn storage_answer(code: ErrorCode, detail: &str) -> Option<&'static str> {
+    let answer = match code {
+        ErrorCode::StorageError => "the server's storage failed; retry later",
+        ErrorCode::StorageFull => "the server's storage is full; retry later",
+        _ => return None,
+    };
+    tracing::error!(%code, detail, "storage failure answered without its detail");
+    Some(answer)
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody::new(self.code, self.message);
+        let message = match storage_answer(self.code, &self.message) {
+            Some(answer) => answer.to_owned(),
+            None => self.message,
+        };
+        let body = ErrorBody::new(self.code, message);
         let mut response = (self.status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {

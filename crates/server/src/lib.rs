@@ -27,7 +27,9 @@
 //!   of raised alerts and their acknowledgements the dashboard shows), and push
 //!   notifications to the webhooks of databases and devices when messages
 //!   arrive for them ([`notify::Pusher`]).
-//! - [`open`]: opening the server at start, waiting out a full disk.
+//! - [`open`]: opening the server at start, waiting out a full disk;
+//!   [`check`]: the state files' health (`estafeta check`, and the look
+//!   before serving that refuses a damaged file).
 //! - `failpoints` (cargo feature `failpoints`, for the fault-injection
 //!   harness only): named crash and disk-full points armed from the
 //!   environment.
@@ -69,6 +71,7 @@
 
 pub mod app;
 pub mod body_limit;
+pub mod check;
 pub mod config;
 pub mod dashboard;
 pub mod error;

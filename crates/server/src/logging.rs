@@ -2,7 +2,9 @@
 //! ([`stderr_lines`]: filtered by the `log` setting, `ESTAFETA_LOG`, as text
 //! or JSON by `log_format`, `ESTAFETA_LOG_FORMAT`) and, for `serve`, the
 //! structured event log under the data folder, which keeps every protocol
-//! step, alert, warning and error whatever that filter says.
+//! step, alert, warning and error whatever that filter says. Both mask the
+//! credentials of URLs (webhook targets with a user and password) in what
+//! they write.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -16,6 +18,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, Settings};
+use crate::events::layer::redact_credentials;
 use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
 
 /// Installing the subscriber failed.
@@ -34,7 +37,7 @@ pub enum LoggingError {
 /// `<data_dir>/.estafeta/events/`.
 pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingError> {
     let ansi = std::io::stderr().is_terminal();
-    let stderr = stderr_lines(settings, std::io::stderr, ansi);
+    let stderr = stderr_lines(settings, || Redacting(std::io::stderr()), ansi);
     let events = match data_dir {
         Some(dir) => {
             let dir = events_dir(dir);
@@ -84,4 +87,44 @@ where
             .boxed(),
     };
     lines.with_filter(EnvFilter::new(settings.log.as_str()))
+}
+
+/// A writer that masks the credentials of every URL in what it is given
+/// ([`redact_credentials`]) before writing it on. The stderr layer writes
+/// each formatted line in one call, so a URL is never split between two.
+struct Redacting<W>(W);
+
+impl<W: std::io::Write> std::io::Write for Redacting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(redact_credentials(text).as_bytes())?,
+            Err(_) => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn urls_lose_their_credentials_on_the_way_out() {
+        let mut out = Redacting(Vec::new());
+        write!(
+            out,
+            "push failed: error sending request for url (https://hook:s3cret@example.net/x)"
+        )
+        .unwrap();
+        let text = String::from_utf8(out.0).unwrap();
+        assert_eq!(
+            text,
+            "push failed: error sending request for url (https://***@example.net/x)"
+        );
+    }
 }

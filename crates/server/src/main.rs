@@ -69,6 +69,11 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
+    /// Check the state files of the data folder (with the server stopped):
+    /// one line per file (ok, repaired, absent, in use or DAMAGED with what
+    /// to do), repairing what redb can. Exit status 0 when every file is fit
+    /// to serve from, 1 otherwise.
+    Check(SettingsArgs),
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token. Logs
     /// warnings only unless ESTAFETA_LOG says otherwise; removes its folder
@@ -137,6 +142,17 @@ fn main() -> anyhow::Result<()> {
                 print_bytes(&page)
             }
         },
+        Command::Check(args) => {
+            let data_dir = args.sources().resolve()?.settings.data_dir;
+            let reports = estafeta_server::check::check(&data_dir);
+            for report in &reports {
+                println!("{report}");
+            }
+            if !reports.iter().all(|r| r.is_fit()) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         #[cfg(feature = "demo")]
         Command::Demo { listen, duration } => {
             let mut logging = Settings::logging_from_env();
@@ -174,6 +190,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             println!("failpoints armed: {}", armed.join(" "));
         }
     }
+    estafeta_server::check::before_serving(&settings.data_dir)?;
     let exchange_config = settings.exchange_config()?;
     let (server, admin) = open_server(
         exchange_config,

@@ -202,6 +202,21 @@ impl Exposition {
         self.registry.register(name, help, ConstCounter::new(value));
     }
 
+    /// Counters with labels; `name` without its `_total`, which the
+    /// encoder adds.
+    fn counters(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (Labels, u64)>,
+    ) {
+        let family = Family::<Labels, Counter<u64, AtomicU64>>::default();
+        for (labels, v) in series {
+            family.get_or_create(&labels).inc_by(v);
+        }
+        self.registry.register(name, help, family);
+    }
+
     fn gauges(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, u64)>) {
         let family = Family::<Labels, Gauge<u64, AtomicU64>>::default();
         for (labels, v) in series {
@@ -246,6 +261,9 @@ pub struct Snapshot {
     pub backlogs: Vec<(&'static str, Backlog)>,
     /// Bytes free for the server on the data folder's file system, and its size.
     pub disk: Option<(u64, u64)>,
+    /// The committed verdicts on devices' messages, summed over every
+    /// device: processed, deadlocked, incorrect.
+    pub device_messages: Option<[u64; 3]>,
 }
 
 /// Milliseconds since the epoch of `t` (0 before it).
@@ -315,6 +333,11 @@ impl Snapshot {
             }
         }
         s.backlogs = backlogs(state).await;
+        if let Ok(stats) = exchange.stats(&admin).await {
+            s.device_messages = Some(stats.devices.iter().fold([0; 3], |[p, d, i], dev| {
+                [p + dev.processed, d + dev.deadlocks, i + dev.incorrect]
+            }));
+        }
         let n = state.notifier();
         s.queues = n.outbound().figures();
         s.alerts_open = n.unacknowledged().await.unwrap_or(0);
@@ -349,6 +372,16 @@ impl Snapshot {
             "Age (since its creation) of the oldest message waiting in any database's Messages folder (0 when none waits)",
             self.oldest_waiting_secs,
         );
+        if let Some(totals) = self.device_messages {
+            out.counters(
+                "estafeta_device_messages",
+                "Devices' messages in committed processes, by verdict (summed over every device)",
+                ["processed", "deadlocked", "incorrect"]
+                    .into_iter()
+                    .zip(totals)
+                    .map(|(outcome, n)| (vec![("outcome", outcome.to_owned())], n)),
+            );
+        }
         out.gauges(
             "estafeta_processes",
             "Processes not ended, by state",

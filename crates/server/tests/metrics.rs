@@ -597,3 +597,40 @@ fn check_packaging(scrape: &str) {
         }
     }
 }
+
+#[tokio::test]
+async fn devices_verdicts_are_totals_in_metrics_and_per_device_in_admin_stats() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let (pid, _) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
+    t.db_a.commit(&pid).await.unwrap();
+    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
+    t.db_a.commit(&pid).await.unwrap();
+    let samples = parse(&server.admin.metrics().await.unwrap());
+    let total = |outcome| {
+        value(
+            &samples,
+            "estafeta_device_messages_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(total("processed"), 1.0);
+    assert_eq!(total("deadlocked"), 0.0);
+    assert_eq!(total("incorrect"), 1.0);
+    // One series per verdict, none per device.
+    let series = samples
+        .iter()
+        .filter(|(n, _, _)| n == "estafeta_device_messages_total")
+        .count();
+    assert_eq!(series, 3);
+    let stats = server.admin.stats().await.unwrap();
+    let phone = stats
+        .devices
+        .iter()
+        .find(|d| d.id.as_str() == "phone-1")
+        .unwrap();
+    assert_eq!(
+        (phone.processed, phone.deadlocks, phone.incorrect),
+        (1, 0, 1)
+    );
+}

@@ -415,3 +415,35 @@ async fn the_webhook_admin_api_checks_its_input() {
     assert!(doc["components"]["schemas"]["Webhook"].is_object());
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting() {
+    use estafeta_server::notify::targets::PrivateTargets;
+    let (addr, mut hook) = webhook::start(Script::default()).await;
+    let url = format!("http://localhost:{}/db", addr.port());
+    for private in [PrivateTargets::Deny, PrivateTargets::Allow] {
+        let data = tempfile::tempdir().unwrap();
+        let clock = ManualClock::now();
+        let notify = NotifySettings {
+            webhook_private: private,
+            ..settings(data.path(), Duration::ZERO)
+        };
+        let server = Server::start_notified(data.path(), &clock, notify).await;
+        let t = Tenancy::provision(&server.admin).await;
+        set_webhook(&server, "databases/db-b", &url).await;
+        t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
+        match private {
+            // localhost resolves to loopback, a private range: refused
+            // before any connection, so the push waits for a retry.
+            PrivateTargets::Deny => {
+                wait_retrying(&server.base).await;
+                assert!(hook.posts.try_recv().is_err(), "a refused host got a POST");
+            }
+            PrivateTargets::Allow => {
+                let post = next(&mut hook.posts).await;
+                assert_eq!(post.uri, "/db");
+            }
+        }
+        server.stop().await;
+    }
+}

@@ -164,6 +164,15 @@ pub struct DeviceStats {
     pub received: u64,
     /// Replies acknowledged.
     pub acked: u64,
+    /// Its messages committed PROCESSED, over every database.
+    #[serde(default)]
+    pub processed: u64,
+    /// Its messages reported PROCESSED_DEADLOCK in committed processes.
+    #[serde(default)]
+    pub deadlocks: u64,
+    /// Its messages committed PROCESSED_INCORRECT.
+    #[serde(default)]
+    pub incorrect: u64,
 }
 
 /// `GET /v1/admin/databases/{db}/folders/{folder}`: the files in a folder.

@@ -246,6 +246,9 @@ fn full_bodies_round_trip() {
             duplicates: 2,
             received: 3,
             acked: 4,
+            processed: 5,
+            deadlocks: 6,
+            incorrect: 7,
         }],
     });
     round_trip(FolderListing {

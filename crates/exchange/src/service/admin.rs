@@ -3,6 +3,7 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use super::state::Process;
+use super::stats::SenderCounts;
 use crate::Id;
 use crate::store::{FileEntry, Folder};
 use crate::tenancy::{Principal, Role};
@@ -10,6 +11,7 @@ use crate::token::Token;
 use crate::wire::{
     DatabaseStats, DeviceStats, FolderListing, ProcessList, ProcessSummary, Stats, Version,
 };
+use std::collections::HashMap;
 
 pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
     match who {
@@ -86,6 +88,7 @@ impl Core {
 
     pub(crate) async fn stats(&self) -> Result<Stats, ExchangeError> {
         let mut databases = Vec::new();
+        let mut by_sender: HashMap<Id, SenderCounts> = HashMap::new();
         for db in self.registry.databases() {
             let waiting = self
                 .store
@@ -121,6 +124,9 @@ impl Core {
                 s.in_doubt = c.in_doubt;
                 s.last_error = c.last_error.clone();
                 s.last_seen = c.last_seen;
+                for (sender, counts) in &c.by_sender {
+                    by_sender.entry(sender.clone()).or_default().add(counts);
+                }
             }
             s.received = s.waiting
                 + self
@@ -143,6 +149,7 @@ impl Core {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),
             };
+            let verdicts = by_sender.get(&d.id).copied().unwrap_or_default();
             devices.push(DeviceStats {
                 id: d.id.clone(),
                 enterprise: d.enterprise.clone(),
@@ -151,6 +158,9 @@ impl Core {
                 duplicates: counters.duplicates,
                 received: inbox + acked,
                 acked,
+                processed: verdicts.processed,
+                deadlocks: verdicts.deadlocks,
+                incorrect: verdicts.incorrect,
             });
         }
         Ok(Stats {

@@ -11,7 +11,8 @@ use std::fmt;
 pub enum AlertKind {
     /// A READY_TO_COMMIT process stalled, or was found at start-up: in doubt.
     InDoubt,
-    /// A commit's file moves failed; the process is FAILED and retried.
+    /// A process's file moves failed (a commit's, those putting it in
+    /// doubt, or a late settlement's): they are retried with backoff.
     Failed,
     /// Files in `Prepared` that no process referred to, moved to `Unknown`.
     Orphans,

@@ -21,13 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
-/// What carrying out a lifecycle's steps left over: the answer, the events
-/// that file operations gave, and the error of the last that failed.
+/// What carrying out a lifecycle's steps left over: the answer and the
+/// events that file operations gave.
 #[derive(Default)]
 struct Carried {
     answer: Option<Answer>,
     next: VecDeque<Event>,
-    failed: Option<MailboxError>,
 }
 
 /// Counters of start-up processing, filled by the first-load hook.
@@ -200,11 +199,7 @@ impl Core {
             Step::Owner { pid, db, ended } => self.write_owner(&pid, &db, ended).await?,
             Step::Discard { db, names } => self.discard_prepared(&db, &names).await,
             Step::Run { pid, ops } => {
-                let result = self.run_ops(&ops).await.map_err(|e| {
-                    let text = e.to_string();
-                    out.failed = Some(e);
-                    text
-                });
+                let result = self.run_ops(&ops).await.map_err(|e| e.to_string());
                 out.next.push_back(Event::Ran { pid, result });
             }
             Step::Raise { kind, pid, text } => self.raise_alert(kind, pid, text).await,
@@ -215,12 +210,6 @@ impl Core {
                 Found::InDoubt => &self.recovery.in_doubt,
             }),
             Step::Answer(answer) => out.answer = Some(answer),
-            Step::Fail(text) => {
-                return Err(match out.failed.take() {
-                    Some(e) => e.into(),
-                    None => ExchangeError::unavailable(ErrorCode::StorageError, text),
-                });
-            }
             Step::Deadline(_) | Step::Save => {}
         }
         Ok(())

@@ -15,21 +15,29 @@
 //!             ▼
 //!      READY_TO_COMMIT ── rollback / abort ──▶ ROLLED_BACK / ABORTED
 //!        │          │
-//! commit │          │ deadline or crash: files to Unknown (and Error)
-//! (moves ▼          ▼
-//! saved) CLEANUP   IN_DOUBT ── late commit / rollback, or the operator
-//!        │    │                (verdict and moves saved, moves run)
-//!        │    │                     ──▶ DONE / ROLLED_BACK
+//! commit │          │ deadline or crash: moves to Unknown (and Error)
+//! (moves │          │ saved, then run; retried with backoff until done;
+//! saved) │          │ a late verdict meanwhile is saved and settles after)
+//!        ▼          ▼
+//!    CLEANUP       IN_DOUBT ── late commit / rollback, or the operator
+//!        │    │                (verdict and moves saved, moves run, a
+//!        │    │                failure retried with backoff, alerted)
+//!        │    │                     ──▶ DONE / ROLLED_BACK / ABORTED
 //!  moves │    │ moves failed (alert raised)
 //!   done ▼    ▼
 //!      DONE   FAILED ── deadline (backoff), commit, or crash: moves again
 //!                          ──▶ DONE (alert cleared), or FAILED again
 //! ```
 //!
+//! The session's deadline is the earliest time the record needs the
+//! server by itself: the live process's timeout or retry, or the retry of
+//! a settlement in doubt whose moves failed.
+//!
 //! Every ended process's owner record is written ([`Step::Owner`]) before
 //! the database record that ends it is saved ([`Step::Save`]); a change
 //! that file moves depend on (the intent record: CLEANUP with every move,
-//! an in-doubt process's late verdict) is saved before the moves run
+//! the moves into doubt, an in-doubt process's late verdict) is saved
+//! before the moves run
 //! ([`Step::Run`]), whose outcome comes back as [`Event::Ran`]. Every move
 //! is idempotent, so after a crash the moves are simply run again.
 
@@ -45,7 +53,8 @@ use std::time::Duration;
 const RECENT: usize = 32;
 /// The longest wait between retries of moves that failed.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// How long before a failed deadline or recovery action is tried again.
+/// How long before a deadline or recovery action that failed outside the
+/// file moves (an owner record, a save) is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(60);
 
 /// What the lifecycle needs to know besides the record: the time and the
@@ -58,10 +67,37 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// The session deadline `d` from now.
-    fn after(&self, d: Duration) -> Option<estafeta_session::Timestamp> {
-        let now = u64::try_from(self.now.as_millis()).unwrap_or(0);
-        Some(estafeta_session::Timestamp(now).after(d))
+    /// The time `d` from now.
+    fn after(&self, d: Duration) -> Timestamp {
+        plus(self.now, d)
+    }
+}
+
+fn plus(t: Timestamp, d: Duration) -> Timestamp {
+    Timestamp::from_millis(t.as_millis().saturating_add(millis(d)))
+}
+
+/// The session's deadline: the earliest time the record needs the server
+/// by itself, over the live process and the settlements in doubt whose
+/// moves are to be tried again.
+fn next_deadline(rec: &DbRecord, ctx: &Ctx) -> Option<estafeta_session::Timestamp> {
+    rec.process
+        .iter()
+        .filter_map(|p| due(p, ctx))
+        .chain(rec.in_doubt.iter().filter_map(|p| p.retry_at))
+        .min()
+        .map(|t| estafeta_session::Timestamp(u64::try_from(t.as_millis()).unwrap_or(0)))
+}
+
+/// When the live process `p` needs the server by itself: its timeout, or
+/// the retry of moves that failed.
+fn due(p: &Process, ctx: &Ctx) -> Option<Timestamp> {
+    match p.state {
+        ProcessState::Started => Some(plus(p.started_at, ctx.started_timeout)),
+        ProcessState::ReadyToCommit if p.target.is_none() => {
+            Some(plus(p.ready_at.unwrap_or(p.started_at), ctx.ready_timeout))
+        }
+        _ => p.retry_at,
     }
 }
 
@@ -164,14 +200,14 @@ pub(crate) enum Step {
     Count(Found),
     /// Answer the call.
     Answer(Answer),
-    /// The call fails with the error of the last [`Step::Run`]; a deadline
-    /// or recovery is tried again after [`RETRY`]. Nothing changed.
-    Fail(String),
 }
 
-/// Whether a new process may start: none lives.
+/// Whether a new process may start: none lives, and no settlement of a
+/// process in doubt waits for its moves to be tried again (a rollback's
+/// moves put messages back into `Messages`: a new process given one could
+/// see it moved away under it).
 pub(crate) fn can_start(rec: &DbRecord) -> bool {
-    rec.process.is_none()
+    rec.process.is_none() && rec.in_doubt.iter().all(|p| p.target.is_none())
 }
 
 /// The live process `pid`, if it is STARTED (what API_2 and API_3 check
@@ -238,14 +274,14 @@ pub(crate) fn step(rec: &mut DbRecord, event: Event, ctx: &Ctx) -> Vec<Step> {
                     }
                 }
                 vec![
-                    Step::Deadline(ctx.after(ctx.ready_timeout)),
+                    Step::Deadline(next_deadline(rec, ctx)),
                     Step::Save,
                     Step::Answer(Answer::Ok),
                 ]
             }
             None => cancelled(),
         },
-        Event::Commit { pid, ended } => commit(rec, pid, ended),
+        Event::Commit { pid, ended } => commit(rec, pid, ended, ctx),
         Event::GiveUp {
             pid,
             as_state,
@@ -284,15 +320,18 @@ fn start(
             db,
             ended: None,
         },
-        Step::Deadline(ctx.after(ctx.started_timeout)),
+        Step::Deadline(next_deadline(rec, ctx)),
         Step::Save,
         Step::Answer(Answer::Ok),
     ]
 }
 
-fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>) -> Vec<Step> {
+fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: &Ctx) -> Vec<Step> {
     if let Some(p) = rec.process.as_mut().filter(|p| p.id == pid) {
         return match p.state {
+            ProcessState::ReadyToCommit if p.target.is_some() => {
+                late_verdict(p, ProcessState::Done)
+            }
             ProcessState::ReadyToCommit => {
                 // The intent record: CLEANUP with every move decided,
                 // durable before the first file moves.
@@ -300,11 +339,15 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>) -> Ve
                 p.target = Some(ProcessState::Done);
                 p.state = ProcessState::Cleanup;
                 vec![
-                    Step::Deadline(None),
+                    Step::Deadline(next_deadline(rec, ctx)),
                     Step::Save,
                     Step::Run {
                         pid,
-                        ops: p.pending.clone(),
+                        ops: rec
+                            .process
+                            .as_ref()
+                            .map(|p| p.pending.clone())
+                            .unwrap_or_default(),
                     },
                 ]
             }
@@ -334,7 +377,10 @@ fn give_up(
     ended: Option<ProcessState>,
     ctx: &Ctx,
 ) -> Vec<Step> {
-    if let Some(p) = rec.process.as_ref().filter(|p| p.id == pid) {
+    if let Some(p) = rec.process.as_mut().filter(|p| p.id == pid) {
+        if p.state == ProcessState::ReadyToCommit && p.target.is_some() {
+            return late_verdict(p, as_state);
+        }
         if !matches!(p.state, ProcessState::Started | ProcessState::ReadyToCommit) {
             return cancelled();
         }
@@ -353,7 +399,7 @@ fn give_up(
                 db,
                 ended: Some(as_state),
             },
-            Step::Deadline(None),
+            Step::Deadline(next_deadline(rec, ctx)),
             Step::Save,
             Step::Answer(Answer::Ok),
         ];
@@ -370,11 +416,30 @@ fn give_up(
     }
 }
 
+/// Whether two verdicts agree on whether the processor committed.
+fn agree(a: ProcessState, b: ProcessState) -> bool {
+    (a == ProcessState::Done) == (b == ProcessState::Done)
+}
+
 /// A late commit, rollback or abort of a process in doubt: its verdict and
 /// moves are saved, then the moves run; it ends as `target` (DONE,
-/// ROLLED_BACK or ABORTED).
+/// ROLLED_BACK or ABORTED). Once a verdict is saved it stands: the same
+/// one runs its moves again at once, the other is CANCELLED.
 fn settle(p: &mut Process, target: ProcessState) -> Vec<Step> {
     let commit = target == ProcessState::Done;
+    match p.target {
+        Some(saved) if !agree(saved, target) => {
+            tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, commit, "settlement answered CANCELLED: the other verdict is saved");
+            return cancelled();
+        }
+        Some(_) => {
+            return vec![Step::Run {
+                pid: p.id,
+                ops: p.pending.clone(),
+            }];
+        }
+        None => {}
+    }
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, commit, "settling a process in doubt");
     p.pending = settle_ops(p, commit);
     p.target = Some(target);
@@ -387,25 +452,82 @@ fn settle(p: &mut Process, target: ProcessState) -> Vec<Step> {
     ]
 }
 
-fn deadline(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
-    let Some(p) = rec.process.as_ref() else {
-        return vec![Step::Deadline(None)];
-    };
-    match p.state {
-        ProcessState::Started => {
-            tracing::warn!(target: "estafeta::event", process = %p.id, db = %p.db, "STARTED process timed out");
-            time_out(rec, ctx)
-        }
-        ProcessState::ReadyToCommit => vec![Step::Run {
-            pid: p.id,
-            ops: in_doubt_ops(p),
-        }],
-        ProcessState::Cleanup | ProcessState::Failed => vec![Step::Run {
+/// A late commit, rollback or abort of a READY_TO_COMMIT process whose
+/// moves into doubt are decided but not all done: the verdict is saved,
+/// the moves run again, and it settles the process once they are done.
+fn late_verdict(p: &mut Process, verdict: ProcessState) -> Vec<Step> {
+    if p.verdict.is_some_and(|saved| !agree(saved, verdict)) {
+        return cancelled();
+    }
+    p.verdict.get_or_insert(verdict);
+    vec![
+        Step::Save,
+        Step::Run {
             pid: p.id,
             ops: p.pending.clone(),
-        }],
-        _ => vec![Step::Deadline(None)],
+        },
+    ]
+}
+
+/// The live READY_TO_COMMIT process passed its timeout (or was found at
+/// start-up): the moves that put it in doubt are its intent record, saved
+/// before they run, so that a failure or a crash part-way resumes them and
+/// a late verdict finds every file in `Unknown`.
+fn go_to_doubt(p: &mut Process) -> Vec<Step> {
+    if p.target.is_none() {
+        p.pending = in_doubt_ops(p);
+        p.target = Some(ProcessState::InDoubt);
     }
+    vec![
+        Step::Save,
+        Step::Run {
+            pid: p.id,
+            ops: p.pending.clone(),
+        },
+    ]
+}
+
+fn deadline(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let live = rec
+        .process
+        .as_ref()
+        .filter(|p| due(p, ctx).is_none_or(|t| t <= ctx.now))
+        .map(|p| p.state);
+    match live {
+        Some(ProcessState::Started) => {
+            if let Some(p) = &rec.process {
+                tracing::warn!(target: "estafeta::event", process = %p.id, db = %p.db, "STARTED process timed out");
+            }
+            steps.extend(time_out(rec, ctx));
+        }
+        Some(ProcessState::ReadyToCommit) => {
+            if let Some(p) = rec.process.as_mut() {
+                steps.extend(go_to_doubt(p));
+            }
+        }
+        Some(ProcessState::Cleanup | ProcessState::Failed) => {
+            if let Some(p) = &rec.process {
+                steps.push(Step::Run {
+                    pid: p.id,
+                    ops: p.pending.clone(),
+                });
+            }
+        }
+        _ => {}
+    }
+    for p in rec
+        .in_doubt
+        .iter()
+        .filter(|p| p.target.is_some() && p.retry_at.is_some_and(|t| t <= ctx.now))
+    {
+        steps.push(Step::Run {
+            pid: p.id,
+            ops: p.pending.clone(),
+        });
+    }
+    steps.insert(0, Step::Deadline(next_deadline(rec, ctx)));
+    steps
 }
 
 /// The live STARTED process timed out: a prepare under way is dropped.
@@ -423,7 +545,7 @@ fn time_out(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             db: p.db.clone(),
             ended: Some(ProcessState::TimedOut),
         },
-        Step::Deadline(None),
+        Step::Deadline(next_deadline(rec, ctx)),
         Step::Save,
     ];
     end(rec, p, ProcessState::TimedOut, ctx.now);
@@ -454,10 +576,7 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             }
             ProcessState::ReadyToCommit => {
                 steps.push(Step::Count(Found::InDoubt));
-                steps.push(Step::Run {
-                    pid: p.id,
-                    ops: in_doubt_ops(p),
-                });
+                steps.extend(go_to_doubt(p));
             }
             ProcessState::Cleanup | ProcessState::Failed => {
                 steps.push(Step::Count(Found::Cleanup));
@@ -476,25 +595,69 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             ops: p.pending.clone(),
         });
     }
+    steps.push(Step::Deadline(next_deadline(rec, ctx)));
     steps.push(Step::Save);
     steps
+}
+
+/// Moves of `p` failed: they are tried again after a backoff that grows
+/// with each failed attempt, and an alert says so. The alert is raised
+/// after the attempt is saved, so that the success that clears it (the
+/// [`moved`] of a process with failed attempts) is never missed.
+fn failed(p: &mut Process, e: &str, ctx: &Ctx) -> Step {
+    p.attempts = p.attempts.saturating_add(1);
+    let backoff = Duration::from_secs(1u64 << p.attempts.min(16)).min(MAX_BACKOFF);
+    p.retry_at = Some(ctx.after(backoff));
+    let what = match p.state {
+        ProcessState::Cleanup | ProcessState::Failed => "process FAILED: its commit",
+        ProcessState::ReadyToCommit => "process going in doubt: its files",
+        _ => "process in doubt: its late settlement",
+    };
+    tracing::error!(
+        target: "estafeta::alert",
+        process = %p.id, db = %p.db, error = %e, attempts = p.attempts,
+        "{what} could not move its files; retrying with backoff"
+    );
+    Step::Raise {
+        kind: AlertKind::Failed,
+        pid: p.id,
+        text: format!(
+            "{what} of process {} of database {} could not move its files ({e}); retrying with backoff",
+            p.id, p.db
+        ),
+    }
+}
+
+/// The answer to a call whose moves failed and are retried: FAILED for a
+/// commit, OK for a rollback or abort (its verdict is saved and carried
+/// out by the retries).
+fn retried(verdict: Option<ProcessState>) -> Vec<Step> {
+    match verdict {
+        Some(ProcessState::Done) => vec![Step::Answer(Answer::Failed)],
+        Some(_) => vec![Step::Answer(Answer::Ok)],
+        None => Vec::new(),
+    }
+}
+
+/// The alerts that end when the moves of `p` succeed.
+fn moved(p: &Process) -> Vec<Step> {
+    if p.attempts > 0 {
+        vec![Step::Clear {
+            kind: AlertKind::Failed,
+            pid: p.id,
+        }]
+    } else {
+        Vec::new()
+    }
 }
 
 fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx) -> Vec<Step> {
     if let Some(p) = rec.process.as_mut().filter(|p| p.id == pid) {
         return match (p.state, result) {
             (ProcessState::ReadyToCommit, Ok(())) => go_in_doubt(rec, ctx),
-            (ProcessState::ReadyToCommit, Err(e)) => vec![Step::Fail(e)],
             (ProcessState::Cleanup | ProcessState::Failed, Ok(())) => {
-                let failed = p.attempts > 0;
                 let target = p.target.unwrap_or(ProcessState::Done);
-                let mut steps = Vec::new();
-                if failed {
-                    steps.push(Step::Clear {
-                        kind: AlertKind::Failed,
-                        pid,
-                    });
-                }
+                let mut steps = moved(p);
                 steps.push(Step::Owner {
                     pid,
                     db: p.db.clone(),
@@ -503,32 +666,30 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
                 if let Some(p) = rec.process.take() {
                     end(rec, p, target, ctx.now);
                 }
-                steps.extend([Step::Deadline(None), Step::Save, Step::Answer(Answer::Ok)]);
+                steps.extend([
+                    Step::Deadline(next_deadline(rec, ctx)),
+                    Step::Save,
+                    Step::Answer(Answer::Ok),
+                ]);
                 steps
             }
-            (ProcessState::Cleanup | ProcessState::Failed, Err(e)) => {
-                p.state = ProcessState::Failed;
-                p.attempts = p.attempts.saturating_add(1);
-                let backoff = Duration::from_secs(1u64 << p.attempts.min(16)).min(MAX_BACKOFF);
-                tracing::error!(
-                    target: "estafeta::alert",
-                    process = %p.id, db = %p.db, error = %e, attempts = p.attempts,
-                    "process FAILED: files could not be moved; retrying with backoff"
-                );
-                let text = format!(
-                    "process {} of database {} is FAILED: its files could not be moved ({e}); retrying with backoff",
-                    p.id, p.db
-                );
-                vec![
-                    Step::Raise {
-                        kind: AlertKind::Failed,
-                        pid,
-                        text,
-                    },
-                    Step::Deadline(ctx.after(backoff)),
-                    Step::Save,
-                    Step::Answer(Answer::Failed),
-                ]
+            (
+                state
+                @ (ProcessState::ReadyToCommit | ProcessState::Cleanup | ProcessState::Failed),
+                Err(e),
+            ) => {
+                if state == ProcessState::Cleanup {
+                    p.state = ProcessState::Failed;
+                }
+                let answer = if state == ProcessState::ReadyToCommit {
+                    retried(p.verdict)
+                } else {
+                    retried(p.target)
+                };
+                let raise = failed(p, &e, ctx);
+                let mut steps = vec![Step::Deadline(next_deadline(rec, ctx)), Step::Save, raise];
+                steps.extend(answer);
+                steps
             }
             _ => Vec::new(),
         };
@@ -541,11 +702,19 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
         return Vec::new();
     };
     match result {
-        Err(e) => vec![Step::Fail(e)],
+        Err(e) => {
+            let p = &mut rec.in_doubt[i];
+            let answer = retried(p.target);
+            let raise = failed(p, &e, ctx);
+            let mut steps = vec![Step::Deadline(next_deadline(rec, ctx)), Step::Save, raise];
+            steps.extend(answer);
+            steps
+        }
         Ok(()) => {
             let p = rec.in_doubt.remove(i);
             let target = p.target.unwrap_or(ProcessState::Done);
-            let steps = vec![
+            let mut steps = moved(&p);
+            steps.extend([
                 Step::Clear {
                     kind: AlertKind::InDoubt,
                     pid,
@@ -555,10 +724,13 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
                     db: p.db.clone(),
                     ended: Some(target),
                 },
+            ]);
+            end(rec, p, target, ctx.now);
+            steps.extend([
+                Step::Deadline(next_deadline(rec, ctx)),
                 Step::Save,
                 Step::Answer(Answer::Ok),
-            ];
-            end(rec, p, target, ctx.now);
+            ]);
             tracing::info!(target: "estafeta::event", process = %pid, commit = target == ProcessState::Done, "process in doubt settled");
             steps
         }
@@ -566,12 +738,19 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
 }
 
 /// The live READY_TO_COMMIT process's files are in `Unknown` (and
-/// `Error`): it is in doubt until a late commit or rollback.
+/// `Error`): it is in doubt until a late commit or rollback, or settled at
+/// once by the late verdict that came while its files moved.
 fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     let Some(mut p) = rec.process.take() else {
         return Vec::new();
     };
+    let mut steps = moved(&p);
     p.state = ProcessState::InDoubt;
+    p.pending.clear();
+    p.target = None;
+    p.attempts = 0;
+    p.retry_at = None;
+    let verdict = p.verdict.take();
     rec.counters.went_in_doubt(ctx.now);
     tracing::error!(
         target: "estafeta::alert",
@@ -584,15 +763,19 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     );
     let pid = p.id;
     rec.in_doubt.push(p);
-    vec![
+    steps.extend([
         Step::Raise {
             kind: AlertKind::InDoubt,
             pid,
             text,
         },
-        Step::Deadline(None),
+        Step::Deadline(next_deadline(rec, ctx)),
         Step::Save,
-    ]
+    ]);
+    if let (Some(verdict), Some(p)) = (verdict, rec.in_doubt.last_mut()) {
+        steps.extend(settle(p, verdict));
+    }
+    steps
 }
 
 /// The moves of a confirmed commit: replies to their recipients (or kept
@@ -678,6 +861,7 @@ fn end(rec: &mut DbRecord, mut p: Process, state: ProcessState, now: Timestamp) 
     rec.counters.ended(&p, state, now);
     p.pending.clear();
     p.target = None;
+    p.retry_at = None;
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
     rec.recent.push_back(p);
     while rec.recent.len() > RECENT {

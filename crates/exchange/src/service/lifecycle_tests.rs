@@ -89,6 +89,8 @@ struct World {
     next_id: u64,
     crash_at: Option<usize>,
     fail_moves: Option<usize>,
+    /// The open alerts (the sink keeps them across restarts).
+    alerts: std::collections::HashSet<(AlertKind, ProcessId)>,
 }
 
 /// A call crashed the server.
@@ -111,6 +113,7 @@ impl World {
             next_id: 1,
             crash_at: None,
             fail_moves: None,
+            alerts: std::collections::HashSet::new(),
         }
     }
 
@@ -147,9 +150,14 @@ impl World {
                 FileOp::Move { name, from, to } => {
                     let from = Place::At(from.0.clone(), from.1);
                     let to = Place::At(to.0.clone(), to.1);
-                    if let Some((_, at)) = self.files.get_mut(&name.id)
-                        && *at == from
-                    {
+                    // A file found in neither place is lost; a reply
+                    // deleted by a rollback that crashed before it was
+                    // saved is gone.
+                    if let Some((_, at)) = self.files.get_mut(&name.id) {
+                        assert!(
+                            *at == from || *at == to,
+                            "{name} is at {at:?}, not at {from:?} or {to:?}"
+                        );
                         *at = to;
                     }
                 }
@@ -165,9 +173,11 @@ impl World {
                 }
                 FileOp::Schedule { name, from, .. } => {
                     let from = Place::At(from.0.clone(), from.1);
-                    if let Some((_, at)) = self.files.get_mut(&name.id)
-                        && *at == from
-                    {
+                    if let Some((_, at)) = self.files.get_mut(&name.id) {
+                        assert!(
+                            *at == from || *at == Place::Scheduled,
+                            "{name} is at {at:?}, not at {from:?} or scheduled"
+                        );
                         *at = Place::Scheduled;
                     }
                 }
@@ -224,25 +234,18 @@ impl World {
                         Mode::Hook => hook_changed = true,
                     },
                     Step::Run { pid, ops } => {
-                        // A partial failure of the moves that put a process
-                        // in doubt is not injected: a commit after it looks
-                        // for the moved files only where they were before.
-                        let in_doubt_moves = staged
-                            .process
-                            .as_ref()
-                            .is_some_and(|p| p.state == ProcessState::ReadyToCommit);
-                        let fail = self.fail_moves.take_if(|_| !in_doubt_moves);
+                        let fail = self.fail_moves.take();
                         let result = self.run(&ops, fail);
                         queue.push_back(Event::Ran { pid, result });
                     }
-                    Step::Raise { .. } | Step::Clear { .. } | Step::Count(_) => {}
-                    Step::Answer(a) => answer = Some(a),
-                    Step::Fail(_) => {
-                        if mode == Mode::Hook {
-                            self.deadline = ctx.after(RETRY);
-                        }
-                        return Ok(None);
+                    Step::Raise { kind, pid, .. } => {
+                        self.alerts.insert((kind, pid));
                     }
+                    Step::Clear { kind, pid } => {
+                        self.alerts.remove(&(kind, pid));
+                    }
+                    Step::Count(_) => {}
+                    Step::Answer(a) => answer = Some(a),
                 }
             }
             if mode == Mode::Hook {
@@ -344,7 +347,7 @@ impl World {
                     );
                 }
             }
-            Op::Settle(commit) => self.settle(commit),
+            Op::Settle(commit) => self.settle(Some(commit)),
             Op::Tick(minutes) => {
                 self.now += i64::from(minutes) * MINUTE;
                 self.fire();
@@ -410,10 +413,15 @@ impl World {
         self.call(event, Mode::Call);
     }
 
-    fn settle(&mut self, commit: bool) {
-        let Some(pid) = self.rec.in_doubt.first().map(|p| p.id) else {
+    /// A late verdict on the first process in doubt; `None`: the one it
+    /// already has, else a commit.
+    fn settle(&mut self, commit: Option<bool>) {
+        let Some(p) = self.rec.in_doubt.first() else {
             return;
         };
+        let pid = p.id;
+        let saved = p.target.map(|t| t == ProcessState::Done);
+        let commit = commit.or(saved).unwrap_or(true);
         let event = if commit {
             Event::Commit { pid, ended: None }
         } else {
@@ -443,7 +451,11 @@ impl World {
                 .process
                 .iter()
                 .chain(&self.saved.in_doubt)
-                .any(|p| p.id == *pid && p.target == Some(ProcessState::Done))
+                .any(|p| {
+                    p.id == *pid
+                        && (p.target == Some(ProcessState::Done)
+                            || p.verdict == Some(ProcessState::Done))
+                })
     }
 
     fn check(&self) {
@@ -467,9 +479,21 @@ impl World {
                 }
             }
         }
-        // A live process has a way out: its deadline.
+        // A live process has a way out: its deadline; moves that failed
+        // are tried again by their retry time.
         if let Some(p) = &self.rec.process {
             assert!(self.deadline.is_some(), "{:?} with no deadline", p.state);
+        }
+        for p in self.rec.process.iter().chain(&self.rec.in_doubt) {
+            if let Some(retry) = p.retry_at {
+                let retry = estafeta_session::Timestamp(retry.as_millis() as u64);
+                assert!(
+                    self.deadline.is_some_and(|d| d <= retry),
+                    "{:?} retries at {retry:?} but the deadline is {:?}",
+                    p.state,
+                    self.deadline
+                );
+            }
         }
     }
 
@@ -485,11 +509,9 @@ impl World {
             self.check();
         }
         assert!(self.rec.process.is_none(), "a live process never ends");
-        let mut commit = true;
         while !self.rec.in_doubt.is_empty() {
             let before = self.rec.in_doubt.len();
-            self.settle(commit);
-            commit = !commit;
+            self.settle(None);
             self.check();
             assert!(
                 self.rec.in_doubt.len() < before,
@@ -500,6 +522,13 @@ impl World {
             let stuck = matches!(at, Place::At(_, Folder::Prepared | Folder::Unknown));
             assert!(!stuck, "{n} left at {at:?}");
         }
+        assert!(
+            self.alerts
+                .iter()
+                .all(|(kind, _)| *kind != AlertKind::Failed),
+            "a failed-moves alert stays open: {:?}",
+            self.alerts
+        );
         // An id whose start never became durable (a crash between its
         // owner record and the database's save) has no process to end.
         for (pid, ended) in &self.owners {

@@ -51,7 +51,7 @@ pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
-pub use push::{NoPush, PushSink, RecipientKind};
+pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 
 use crate::store::{FileStore, Folder};
 use crate::tenancy::Registry;

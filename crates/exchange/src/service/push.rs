@@ -127,8 +127,9 @@ pub(crate) fn check_url(url: &str) -> Result<(), ExchangeError> {
 }
 
 /// Link-local addresses (where cloud metadata services answer) and the
-/// IPv6 metadata address, also when an IPv4 one is mapped into IPv6.
-fn is_link_local_or_metadata(ip: IpAddr) -> bool {
+/// IPv6 metadata address, also when an IPv4 one is mapped into IPv6: never
+/// a webhook's target.
+pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
     const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
     match ip {
         IpAddr::V4(v4) => v4.is_link_local(),

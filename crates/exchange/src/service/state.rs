@@ -110,6 +110,14 @@ pub(crate) struct Process {
     /// Failed attempts to run `pending` (for the retry backoff).
     #[serde(default)]
     pub(crate) attempts: u32,
+    /// When `pending` is tried again after a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) retry_at: Option<Timestamp>,
+    /// A late commit, rollback or abort that came while the moves putting
+    /// the process in doubt were not all done: it settles the process as
+    /// this state once they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) verdict: Option<ProcessState>,
     /// Replies with a `deliver_at`: kept aside at commit until that time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) deferred: Vec<(MessageId, Timestamp)>,
@@ -138,6 +146,8 @@ impl Process {
             pending: Vec::new(),
             target: None,
             attempts: 0,
+            retry_at: None,
+            verdict: None,
             deferred: Vec::new(),
         }
     }

@@ -4,9 +4,10 @@
 //! when a process ends or goes in doubt.
 
 use super::state::Process;
-use crate::Timestamp;
 use crate::wire::{ProcessState, ResultStatus};
+use crate::{Id, Timestamp};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The longest error text kept as the last error.
 const MAX_ERROR: usize = 500;
@@ -41,6 +42,33 @@ pub(crate) struct DbCounters {
     /// When a process of this database last ended or went in doubt.
     #[serde(default)]
     pub(crate) last_seen: Option<Timestamp>,
+    /// The committed verdicts by the device (or database) that sent the
+    /// message.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) by_sender: BTreeMap<Id, SenderCounts>,
+}
+
+/// The committed verdicts on one sender's messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SenderCounts {
+    /// Committed PROCESSED.
+    #[serde(default)]
+    pub(crate) processed: u64,
+    /// Reported PROCESSED_DEADLOCK in a committed process.
+    #[serde(default)]
+    pub(crate) deadlocks: u64,
+    /// Committed PROCESSED_INCORRECT.
+    #[serde(default)]
+    pub(crate) incorrect: u64,
+}
+
+impl SenderCounts {
+    /// Adds `other`'s counts.
+    pub(crate) fn add(&mut self, other: &SenderCounts) {
+        self.processed += other.processed;
+        self.deadlocks += other.deadlocks;
+        self.incorrect += other.incorrect;
+    }
 }
 
 impl DbCounters {
@@ -59,6 +87,14 @@ impl DbCounters {
                 self.deadlocks += p.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
                 self.incorrect += p.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
                 self.replies += p.replies.len() as u64;
+                for v in &p.results {
+                    let c = self.by_sender.entry(v.name.from.clone()).or_default();
+                    match v.status {
+                        ResultStatus::Processed => c.processed += 1,
+                        ResultStatus::ProcessedDeadlock => c.deadlocks += 1,
+                        ResultStatus::ProcessedIncorrect => c.incorrect += 1,
+                    }
+                }
                 if let Some(v) = p
                     .results
                     .iter()

@@ -69,8 +69,10 @@ impl Backlog {
 pub struct LastErrors(Arc<Mutex<HashMap<String, String>>>);
 
 impl LastErrors {
-    /// The attempt of entry `id` failed with `error`.
+    /// The attempt of entry `id` failed with `error` (kept with the
+    /// credentials of any URL in it masked: the dashboard shows it).
     pub fn set(&self, id: &str, error: String) {
+        let error = crate::events::layer::redact_credentials(&error).into_owned();
         self.lock().insert(id.to_owned(), error);
     }
 
@@ -141,5 +143,17 @@ mod tests {
         assert_eq!(e.get("a").as_deref(), Some("refused"));
         e.clear("a");
         assert_eq!(e.get("a"), None);
+    }
+
+    #[test]
+    fn errors_shown_on_the_dashboard_mask_url_credentials() {
+        let e = LastErrors::default();
+        e.set(
+            "push/phone-1/1-0",
+            "error sending request for url (https://hook:s3cret@example.net/x)".into(),
+        );
+        let shown = e.get("push/phone-1/1-0").unwrap();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("https://***@example.net/x"), "{shown}");
     }
 }

@@ -29,6 +29,7 @@ pub mod outbound;
 pub mod push;
 pub mod raised;
 pub mod settings;
+pub mod targets;
 
 pub use backlog::{Backlog, LastErrors, Row};
 pub use push::Pusher;
@@ -137,6 +138,7 @@ impl Notifier {
         let outbound = Outbound::new(
             settings.email.as_ref().map(|e| &e.smtp),
             settings.sms.as_ref().map(|s| &s.gateway),
+            settings.webhook_private,
         )?;
         if let Some(host) = settings.webhook.as_deref().and_then(host_of) {
             outbound.note_host(&host);

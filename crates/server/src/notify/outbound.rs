@@ -136,6 +136,8 @@ pub struct Outbound {
     pub http: SendQueue<String, HttpOut, HttpTransport>,
     /// The HTTP hosts in use (configured, or sent to since the start).
     hosts: Arc<Mutex<BTreeSet<String>>>,
+    /// Whether webhook targets may be in private address ranges.
+    pub webhook_private: super::targets::PrivateTargets,
 }
 
 /// One request type's figures at one host.
@@ -169,6 +171,7 @@ impl Outbound {
     pub fn new(
         smtp: Option<&SmtpConfig>,
         sms: Option<&SmsConfig>,
+        webhook_private: super::targets::PrivateTargets,
     ) -> Result<Self, estafeta_sendq::ConfigError> {
         let email = match smtp {
             Some(c) => Some(SendQueue::new(
@@ -183,7 +186,13 @@ impl Outbound {
         };
         let transport = HttpTransport {
             sms: sms.cloned().map(SmsTransport::new).transpose()?,
-            webhook: WebhookTransport::new(&WebhookConfig::default())?,
+            // Every address a webhook host resolves to is checked first.
+            webhook: WebhookTransport::with_resolver(
+                &WebhookConfig::default(),
+                std::sync::Arc::new(super::targets::CheckedResolver {
+                    private: webhook_private,
+                }),
+            )?,
             // Webhook origins and gateways have no health URL: any HTTP
             // answer below 500 means the host is there.
             probe: HttpProbe::reachability(Duration::from_secs(5))?,
@@ -211,6 +220,7 @@ impl Outbound {
             email,
             http,
             hosts: Arc::new(Mutex::new(hosts)),
+            webhook_private,
         })
     }
 

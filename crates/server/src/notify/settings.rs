@@ -64,6 +64,8 @@ pub struct NotifySettings {
     pub disk_alert_bytes: u64,
     /// Period of the free-disk check.
     pub disk_check: Duration,
+    /// Whether webhook targets may be in private address ranges.
+    pub webhook_private: super::targets::PrivateTargets,
 }
 
 /// Splits a comma-separated list, dropping blanks.
@@ -89,6 +91,7 @@ impl NotifySettings {
             probe: Duration::ZERO,
             disk_alert_bytes: 0,
             disk_check: defaults.disk_check,
+            webhook_private: defaults.webhook_private,
         }
     }
 
@@ -140,6 +143,7 @@ impl NotifySettings {
             probe: s.alert_probe,
             disk_alert_bytes: s.disk_alert_mb.saturating_mul(1 << 20),
             disk_check: s.disk_check.max(Duration::from_secs(1)),
+            webhook_private: s.webhook_private,
         })
     }
 }

@@ -18,6 +18,9 @@ struct DevRow {
     subsystem: String,
     inbox: u64,
     acked: u64,
+    processed: u64,
+    deadlocks: u64,
+    incorrect: u64,
     counts: Vec<u64>,
 }
 
@@ -50,6 +53,9 @@ pub async fn devices(State(state): State<AppState>, session: AdminSession) -> Pa
             subsystem: d.subsystem.to_string(),
             inbox: d.received.saturating_sub(d.acked),
             acked: d.acked,
+            processed: d.processed,
+            deadlocks: d.deadlocks,
+            incorrect: d.incorrect,
         })
         .collect();
     let page = DevicesPage {

@@ -1,0 +1,258 @@
+//! The health of the state folder's redb files: `estafeta check`, which
+//! reports on each file and repairs what redb can, and the look before
+//! serving, which refuses to start on a damaged file with a message that
+//! names it and says what to do.
+//!
+//! After a crash (`kill -9`, a power loss) redb repairs a file when it is
+//! next opened: the time that takes grows with the file's size, not with
+//! what the crash interrupted. A file cut short or overwritten is beyond
+//! that repair: only a backup, or starting with the file empty, helps.
+
+use estafeta_exchange::DataLayout;
+use redb::{Database, DatabaseError, StorageError};
+use std::fmt;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One redb file of the state folder and what it holds.
+struct StateFile {
+    path: PathBuf,
+    holds: &'static str,
+}
+
+/// Every redb file of the data folder `data_dir`.
+fn state_files(data_dir: &Path) -> [StateFile; 6] {
+    let layout = DataLayout::new(data_dir);
+    let file = |path, holds| StateFile { path, holds };
+    [
+        file(
+            layout.registry(),
+            "the enterprises, subsystems, databases, devices and their token hashes",
+        ),
+        file(
+            layout.sessions(),
+            "the processes, the idempotency keys of uploads and the counters",
+        ),
+        file(
+            layout.scheduled(),
+            "the replies waiting for their deliver_at",
+        ),
+        file(
+            layout.alerts(),
+            "the raised alerts and their acknowledgements",
+        ),
+        file(layout.alert_deliveries(), "the alert notices not yet sent"),
+        file(
+            layout.push_deliveries(),
+            "the push notifications not yet sent",
+        ),
+    ]
+}
+
+/// What was found in one state file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// No such file: it is made at the next start.
+    Absent,
+    /// The file passed redb's integrity check.
+    Whole,
+    /// redb found damage (or an unfinished write of a crash) and repaired it.
+    Repaired,
+    /// A running server holds the file.
+    InUse,
+    /// redb cannot open or repair the file; the error says why.
+    Damaged(String),
+}
+
+/// The finding on one state file.
+#[derive(Clone, Debug)]
+pub struct FileReport {
+    /// The file.
+    pub path: PathBuf,
+    /// What it holds (what is lost if it is set aside).
+    pub holds: &'static str,
+    /// What was found.
+    pub health: Health,
+}
+
+impl FileReport {
+    /// Whether the file is fit to serve from (absent, whole or repaired).
+    pub fn is_fit(&self) -> bool {
+        matches!(
+            self.health,
+            Health::Absent | Health::Whole | Health::Repaired
+        )
+    }
+}
+
+impl fmt::Display for FileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = self.path.display();
+        match &self.health {
+            Health::Absent => write!(f, "{path}: absent (made at the next start)"),
+            Health::Whole => write!(f, "{path}: ok"),
+            Health::Repaired => write!(f, "{path}: repaired"),
+            Health::InUse => write!(
+                f,
+                "{path}: in use by a running server; stop it, then check again"
+            ),
+            Health::Damaged(e) => write!(
+                f,
+                "{path}: DAMAGED, redb cannot repair it ({e}). It holds {}: restore it from a \
+                 backup, or move it aside to start with it empty (losing what it held)",
+                self.holds
+            ),
+        }
+    }
+}
+
+/// Opens `path` as redb does at a start (repairing what a crash left
+/// unfinished); `check` adds redb's full integrity check.
+fn examine(file: &StateFile, check: bool) -> FileReport {
+    let health = match file.path.try_exists() {
+        Ok(false) => Health::Absent,
+        Err(e) => Health::Damaged(e.to_string()),
+        Ok(true) => open(&file.path, check),
+    };
+    FileReport {
+        path: file.path.clone(),
+        holds: file.holds,
+        health,
+    }
+}
+
+fn open(path: &Path, check: bool) -> Health {
+    let repaired = Arc::new(AtomicBool::new(false));
+    let seen = repaired.clone();
+    let mut builder = Database::builder();
+    builder.set_repair_callback(move |_| seen.store(true, Ordering::Relaxed));
+    let mut db = match builder.open(path) {
+        Ok(db) => db,
+        Err(DatabaseError::DatabaseAlreadyOpen) => return Health::InUse,
+        Err(e) => return Health::Damaged(damage(e)),
+    };
+    let whole = if check {
+        match db.check_integrity() {
+            Ok(whole) => whole,
+            Err(e) => return Health::Damaged(e.to_string()),
+        }
+    } else {
+        true
+    };
+    if whole && !repaired.load(Ordering::Relaxed) {
+        Health::Whole
+    } else {
+        Health::Repaired
+    }
+}
+
+/// What is wrong with a file redb cannot open, in an operator's words.
+fn damage(e: DatabaseError) -> String {
+    match e {
+        DatabaseError::Storage(StorageError::Io(io)) if io.kind() == ErrorKind::UnexpectedEof => {
+            "the file is cut short: it ends before its own header says it does".into()
+        }
+        e => e.to_string(),
+    }
+}
+
+/// `estafeta check`: every state file of `data_dir` opened (repaired if a
+/// crash left it unfinished) and checked by redb, one report each.
+pub fn check(data_dir: &Path) -> Vec<FileReport> {
+    state_files(data_dir)
+        .iter()
+        .map(|f| examine(f, true))
+        .collect()
+}
+
+/// A state file the server cannot start on.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{report}. The server does not start on a damaged state file; `estafeta check --data-dir {}` \
+     reports on every state file and repairs what redb can",
+    data_dir.display()
+)]
+pub struct DamagedState {
+    /// The file and what was found.
+    pub report: FileReport,
+    /// The data folder.
+    pub data_dir: PathBuf,
+}
+
+/// Before serving: every state file of `data_dir` that exists is opened
+/// (and repaired if a crash left it unfinished); the first that redb
+/// cannot open stops the start.
+pub fn before_serving(data_dir: &Path) -> Result<(), DamagedState> {
+    for file in state_files(data_dir) {
+        let report = examine(&file, false);
+        if !report.is_fit() {
+            return Err(DamagedState {
+                report,
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(dir: &Path) {
+        let layout = DataLayout::new(dir);
+        std::fs::create_dir_all(layout.state_dir()).unwrap();
+        for f in state_files(dir) {
+            drop(Database::create(&f.path).unwrap());
+        }
+    }
+
+    #[test]
+    fn whole_files_pass_and_absent_ones_are_made_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = check(dir.path());
+        assert!(reports.iter().all(|r| r.health == Health::Absent));
+        made(dir.path());
+        let reports = check(dir.path());
+        assert!(
+            reports.iter().all(|r| r.health == Health::Whole),
+            "{reports:?}"
+        );
+        before_serving(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_truncated_file_is_named_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        made(dir.path());
+        let sessions = DataLayout::new(dir.path()).sessions();
+        for len in [100, 3000] {
+            std::fs::File::options()
+                .write(true)
+                .open(&sessions)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+            let err = before_serving(dir.path()).unwrap_err().to_string();
+            assert!(err.contains(&sessions.display().to_string()), "{err}");
+            assert!(err.contains("estafeta check"), "{err}");
+            assert!(err.contains("restore it from a backup"), "{err}");
+            let reports = check(dir.path());
+            let bad: Vec<_> = reports.iter().filter(|r| !r.is_fit()).collect();
+            assert_eq!(bad.len(), 1, "{reports:?}");
+            assert_eq!(bad[0].path, sessions);
+        }
+    }
+
+    #[test]
+    fn a_file_held_by_a_server_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        made(dir.path());
+        let held = Database::open(DataLayout::new(dir.path()).registry()).unwrap();
+        let reports = check(dir.path());
+        assert_eq!(reports[0].health, Health::InUse);
+        drop(held);
+    }
+}

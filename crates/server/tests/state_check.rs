@@ -1,0 +1,216 @@
+//! Damaged state files through the real binary: `estafeta serve` refuses
+//! to start on a truncated or overwritten redb file with a message that
+//! names it and says what to do, and `estafeta check` reports on every
+//! state file (after a `kill -9` too), exiting non-zero on damage.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Binary, estafeta, provision_one, wait_ready};
+use estafeta_client::Client;
+use estafeta_exchange::DataLayout;
+
+const TOKEN: &str = "check-admin-0123456789abcdef0123456789";
+
+/// Runs the binary with `args` in `cwd` on the data folder `data`:
+/// (success, stdout, stderr). A start that does not end fails the test.
+async fn run(cwd: &Path, data: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = estafeta(cwd)
+        .args(args)
+        .env("ESTAFETA_DATA_DIR", data)
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_ADMIN_TOKEN", TOKEN)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the command ends")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A data folder with a provisioned database, left by a `kill -9`.
+async fn crashed(cwd: &Path, data: &Path) {
+    let server = Binary::serve(cwd, data, &[], &[("ESTAFETA_ADMIN_TOKEN", TOKEN)]).await;
+    let admin = Client::new(&server.base, TOKEN).unwrap();
+    wait_ready(&admin).await;
+    provision_one(&admin).await;
+    server.kill9().await;
+}
+
+fn line<'a>(out: &'a str, file: &Path) -> &'a str {
+    let file = file.display().to_string();
+    out.lines()
+        .find(|l| l.starts_with(&file))
+        .unwrap_or_else(|| panic!("no line for {file} in {out}"))
+}
+
+#[tokio::test]
+async fn check_after_a_crash_finds_every_file_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    crashed(dir.path(), &data).await;
+    let (ok, out, err) = run(dir.path(), &data, &["check"]).await;
+    assert!(ok, "{out}{err}");
+    let layout = DataLayout::new(&data);
+    for file in [layout.registry(), layout.sessions(), layout.scheduled()] {
+        let l = line(&out, &file);
+        assert!(l.ends_with(": ok") || l.ends_with(": repaired"), "{l}");
+    }
+}
+
+#[tokio::test]
+async fn a_truncated_or_overwritten_state_file_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    crashed(dir.path(), &data).await;
+    let layout = DataLayout::new(&data);
+    let cases: [(&Path, Damage); 3] = [
+        (&layout.sessions(), |p| truncate(p, 100)),
+        (&layout.registry(), |p| truncate(p, 5000)),
+        (&layout.scheduled(), |p| overwrite_head(p)),
+    ];
+    for (file, damage) in cases {
+        let saved = std::fs::read(file).unwrap();
+        damage(file);
+        let (ok, out, err) = run(dir.path(), &data, &["serve"]).await;
+        assert!(!ok, "served on a damaged {}: {out}{err}", file.display());
+        assert!(!out.contains("listening on"), "{out}");
+        assert!(err.contains(&file.display().to_string()), "{err}");
+        assert!(err.contains("estafeta check --data-dir"), "{err}");
+        assert!(err.contains("restore it from a backup"), "{err}");
+        assert!(!err.contains("failed to fill whole buffer"), "{err}");
+
+        let (ok, out, _) = run(dir.path(), &data, &["check"]).await;
+        assert!(!ok, "check exits non-zero on damage: {out}");
+        assert!(line(&out, file).contains("DAMAGED"), "{out}");
+        let damaged = out.lines().filter(|l| l.contains("DAMAGED")).count();
+        assert_eq!(damaged, 1, "only the damaged file: {out}");
+
+        std::fs::write(file, saved).unwrap();
+        let (ok, out, _) = run(dir.path(), &data, &["check"]).await;
+        assert!(ok, "whole again: {out}");
+    }
+}
+
+/// A way to damage a file.
+type Damage = fn(&Path);
+
+fn truncate(file: &Path, len: u64) {
+    std::fs::File::options()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+fn overwrite_head(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    for b in bytes.iter_mut().take(512) {
+        *b = 0x5a;
+    }
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// Start-up time after a `kill -9` with 100,000 process records in
+/// `sessions.redb` (one real process's record, copied under new ids):
+/// printed, not asserted (`--ignored --nocapture` to see it).
+#[tokio::test]
+#[ignore = "a measurement: 100,000 records take a while to write"]
+async fn start_up_time_after_a_crash_with_100k_process_records() {
+    use common::{Tenancy, ready_process};
+    use estafeta_exchange::ProcessId;
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    const SESSIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("sessions");
+    const DEADLINES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("deadlines");
+    const RECORDS: u64 = 100_000;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let env = [("ESTAFETA_ADMIN_TOKEN", TOKEN)];
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let admin = Client::new(&server.base, TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let tenancy = Tenancy::provision(&admin).await;
+    let (pid, _) = ready_process(&tenancy, estafeta_exchange::wire::ResultStatus::Processed).await;
+    tenancy.db_a.commit(&pid).await.unwrap();
+    assert_eq!(server.terminate().await, Some(0));
+
+    let sessions = DataLayout::new(&data).sessions();
+    {
+        let db = redb::Database::create(&sessions).unwrap();
+        let (key, record, deadline) = {
+            let read = db.begin_read().unwrap();
+            let table = read.open_table(SESSIONS).unwrap();
+            let pid = pid.to_string();
+            let (key, record) = table
+                .iter()
+                .unwrap()
+                .map(Result::unwrap)
+                .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
+                .find(|(k, _)| k.ends_with(pid.as_bytes()))
+                .expect("the process's record");
+            let deadline = read
+                .open_table(DEADLINES)
+                .unwrap()
+                .get(key.as_slice())
+                .unwrap()
+                .map(|d| d.value());
+            (key, record, deadline)
+        };
+        let prefix = &key[..key.len() - pid.to_string().len()];
+        let write = db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(SESSIONS).unwrap();
+            let mut deadlines = write.open_table(DEADLINES).unwrap();
+            for i in 0..RECORDS {
+                let id = ProcessId::from_parts(1_800_000_000_000 + i, u128::from(i));
+                let mut k = prefix.to_vec();
+                k.extend_from_slice(id.to_string().as_bytes());
+                table.insert(k.as_slice(), record.as_slice()).unwrap();
+                if let Some(d) = deadline {
+                    deadlines.insert(k.as_slice(), d).unwrap();
+                }
+            }
+        }
+        write.commit().unwrap();
+    }
+    let size = std::fs::metadata(&sessions).unwrap().len();
+
+    // A start that is killed: redb must repair the file at the next open.
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, TOKEN).unwrap()).await;
+    server.kill9().await;
+
+    let began = std::time::Instant::now();
+    let (ok, out, _) = run(dir.path(), &data, &["check"]).await;
+    let check = began.elapsed();
+    assert!(ok, "{out}");
+    // The check repaired the file; kill a start again for the timed one.
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, TOKEN).unwrap()).await;
+    server.kill9().await;
+    let began = std::time::Instant::now();
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let listening = began.elapsed();
+    wait_ready(&Client::new(&server.base, TOKEN).unwrap()).await;
+    let ready = began.elapsed();
+    assert_eq!(server.terminate().await, Some(0));
+    // For comparison: a start after a clean stop.
+    let began = std::time::Instant::now();
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, TOKEN).unwrap()).await;
+    let clean = began.elapsed();
+    assert_eq!(server.terminate().await, Some(0));
+    println!(
+        "{RECORDS} process records, sessions.redb {} MiB: after kill -9, listening in {listening:?}, \
+         ready in {ready:?}; after a clean stop, ready in {clean:?}; `estafeta check` {check:?}",
+        size >> 20
+    );
+}
