@@ -12,7 +12,7 @@
 //! list; a secret's type ([`Secret`], [`SecretUrl`]) keeps it out of every
 //! listing and log. Adding a setting is adding one entry.
 
-mod value;
+pub(crate) mod value;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -23,9 +23,10 @@ use std::time::Duration;
 use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::mailbox::Limits;
 
-use crate::notify::targets::PrivateTargets;
 use crate::notify::{NotifyConfigError, NotifySettings};
-pub use value::{LogFilter, LogFormat, Secret, SecretUrl, Shown, Value, duration_text};
+pub use value::{
+    LogFilter, LogFormat, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
+};
 
 /// The prefix of every environment variable the server reads.
 pub const ENV_PREFIX: &str = "ESTAFETA_";

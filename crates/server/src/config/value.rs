@@ -299,6 +299,33 @@ impl Value for LogFormat {
     }
 }
 
+/// Whether webhook targets may be in private address ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrivateTargets {
+    /// Private ranges are allowed (a site's own hosts).
+    Allow,
+    /// Private ranges are refused too.
+    Deny,
+}
+
+impl Value for PrivateTargets {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "allow" => Ok(PrivateTargets::Allow),
+            "deny" => Ok(PrivateTargets::Deny),
+            _ => Err("expected allow or deny".to_owned()),
+        }
+    }
+
+    fn show(&self) -> Shown {
+        let text = match self {
+            PrivateTargets::Allow => "allow",
+            PrivateTargets::Deny => "deny",
+        };
+        Shown::Plain(toml::Value::String(text.to_owned()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

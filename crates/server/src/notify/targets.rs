@@ -10,34 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use estafeta_exchange::service::is_link_local_or_metadata;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::config::{Shown, Value};
-
-/// Whether webhook targets may be in private address ranges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PrivateTargets {
-    /// Private ranges are allowed (a site's own hosts).
-    Allow,
-    /// Private ranges are refused too.
-    Deny,
-}
-
-impl Value for PrivateTargets {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "allow" => Ok(PrivateTargets::Allow),
-            "deny" => Ok(PrivateTargets::Deny),
-            _ => Err("expected allow or deny".to_owned()),
-        }
-    }
-
-    fn show(&self) -> Shown {
-        let text = match self {
-            PrivateTargets::Allow => "allow",
-            PrivateTargets::Deny => "deny",
-        };
-        Shown::Plain(toml::Value::String(text.to_owned()))
-    }
-}
+pub use crate::config::value::PrivateTargets;
 
 /// Private ranges: 10/8, 172.16/12, 192.168/16, 100.64/10 (shared), the
 /// loopback ranges and IPv6 unique local addresses (fc00::/7), also when
