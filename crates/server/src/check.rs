@@ -23,7 +23,7 @@ struct StateFile {
 }
 
 /// Every redb file of the data folder `data_dir`.
-fn state_files(data_dir: &Path) -> [StateFile; 6] {
+fn state_files(data_dir: &Path) -> [StateFile; 7] {
     let layout = DataLayout::new(data_dir);
     let file = |path, holds| StateFile { path, holds };
     [
@@ -33,8 +33,9 @@ fn state_files(data_dir: &Path) -> [StateFile; 6] {
         ),
         file(
             layout.sessions(),
-            "the processes, the idempotency keys of uploads and the counters",
+            "the processes and the databases' and devices' counters",
         ),
+        file(layout.keys(), "the idempotency keys of devices' uploads"),
         file(
             layout.scheduled(),
             "the replies waiting for their deliver_at",
@@ -200,6 +201,32 @@ pub fn before_serving(data_dir: &Path) -> Result<(), DamagedState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check looks at every redb file a server makes in its state
+    /// folder, and at nothing else.
+    #[tokio::test]
+    async fn every_redb_file_a_server_makes_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = estafeta_exchange::ExchangeConfig::new(dir.path());
+        config.admin_token = Some("a".repeat(40));
+        let (server, _) = crate::Server::open(
+            config,
+            std::sync::Arc::new(estafeta_session::SystemClock),
+            crate::HttpSettings::default(),
+            crate::notify::NotifySettings::log_only(dir.path()),
+        )
+        .await
+        .unwrap();
+        drop(server);
+        let made: std::collections::BTreeSet<PathBuf> =
+            std::fs::read_dir(DataLayout::new(dir.path()).state_dir())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "redb"))
+                .collect();
+        let checked = state_files(dir.path()).map(|f| f.path).into();
+        assert_eq!(made, checked);
+    }
 
     fn made(dir: &Path) {
         let layout = DataLayout::new(dir);
