@@ -158,6 +158,43 @@ impl estafeta_exchange::AlertSink for Raised {
     }
 }
 
+/// Opens the exchange at `at` (ms) without start-up processing, its alerts
+/// recorded, and has a reader touch the database sessions (as the expiry
+/// manager could) before start-up processing begins; the reader is given
+/// every chance to get through (its session load runs on a blocking
+/// thread) before this returns.
+async fn open_with_a_reader(
+    dir: &std::path::Path,
+    at: u64,
+) -> (
+    estafeta_exchange::Exchange,
+    std::sync::Arc<Raised>,
+    tokio::task::JoinHandle<ProcessList>,
+) {
+    let raised = std::sync::Arc::new(Raised::default());
+    let sinks = estafeta_exchange::Sinks {
+        alerts: raised.clone(),
+        ..Default::default()
+    };
+    let ex = open_unrecovered(dir, SessionTime(at), sinks).await;
+    let reader = {
+        let ex = ex.clone();
+        tokio::spawn(async move {
+            ex.processes(&estafeta_exchange::tenancy::Principal::Admin)
+                .await
+                .unwrap()
+        })
+    };
+    for _ in 0..200 {
+        if reader.is_finished() {
+            break;
+        }
+        tokio::task::spawn_blocking(|| ()).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    (ex, raised, reader)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deadline_passed_while_down_waits_for_start_up_processing_then_alerts() {
     let w = World::new().await;
@@ -173,30 +210,7 @@ async fn a_deadline_passed_while_down_waits_for_start_up_processing_then_alerts(
     // is touched (the expiry manager, or here a reader) before start-up
     // processing: nothing may happen to it before start-up processing
     // begins, and then its alert reaches the sink given at open.
-    let raised = std::sync::Arc::new(Raised::default());
-    let sinks = estafeta_exchange::Sinks {
-        alerts: raised.clone(),
-        ..Default::default()
-    };
-    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000), sinks).await;
-    let reader = {
-        let ex = ex.clone();
-        tokio::spawn(async move {
-            ex.processes(&estafeta_exchange::tenancy::Principal::Admin)
-                .await
-                .unwrap()
-        })
-    };
-    // Give the reader every chance to get through (its session load runs
-    // on a blocking thread): without the wait for start-up processing it
-    // would put the process in doubt now.
-    for _ in 0..200 {
-        if reader.is_finished() {
-            break;
-        }
-        tokio::task::spawn_blocking(|| ()).await.unwrap();
-        tokio::task::yield_now().await;
-    }
+    let (ex, raised, reader) = open_with_a_reader(dir.path(), T0 + 3_600_000).await;
     assert!(!reader.is_finished(), "the session hook waits");
     assert!(raised.0.lock().unwrap().is_empty());
     assert_eq!(
@@ -352,27 +366,7 @@ async fn a_failed_commit_retried_at_start_up_before_the_mailboxes_are_made_raise
     // Opened past the retry, the session touched before start-up
     // processing begins: its deadline handling is the first thing to run
     // once it may, before the mailboxes are made.
-    let raised = std::sync::Arc::new(Raised::default());
-    let sinks = estafeta_exchange::Sinks {
-        alerts: raised.clone(),
-        ..Default::default()
-    };
-    let ex = open_unrecovered(dir.path(), SessionTime(T0 + 3_600_000), sinks).await;
-    let reader = {
-        let ex = ex.clone();
-        tokio::spawn(async move {
-            ex.processes(&estafeta_exchange::tenancy::Principal::Admin)
-                .await
-                .unwrap()
-        })
-    };
-    for _ in 0..200 {
-        if reader.is_finished() {
-            break;
-        }
-        tokio::task::spawn_blocking(|| ()).await.unwrap();
-        tokio::task::yield_now().await;
-    }
+    let (ex, raised, reader) = open_with_a_reader(dir.path(), T0 + 3_600_000).await;
     ex.recover().await.unwrap();
     reader.await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -186,35 +186,13 @@ impl Core {
         if let Some(u) = &url {
             check_url(u)?;
         }
-        let unavailable =
-            || ExchangeError::unavailable(ErrorCode::StorageError, "recipient session unavailable");
         let sessions = &self.sessions;
         match kind {
             RecipientKind::Database => {
-                let mut g = sessions
-                    .db
-                    .get(id.clone(), true)
-                    .await?
-                    .ok_or_else(unavailable)?;
-                g.update(|s| {
-                    s.persistent_mut().webhook = url.clone();
-                    Ok::<_, ExchangeError>(())
-                })
-                .await?;
-                g.release().await?;
+                save_webhook(&sessions.db, id, url.clone(), |r| &mut r.webhook).await?
             }
             RecipientKind::Device => {
-                let mut g = sessions
-                    .device
-                    .get(id.clone(), true)
-                    .await?
-                    .ok_or_else(unavailable)?;
-                g.update(|s| {
-                    s.persistent_mut().webhook = url.clone();
-                    Ok::<_, ExchangeError>(())
-                })
-                .await?;
-                g.release().await?;
+                save_webhook(&sessions.device, id, url.clone(), |r| &mut r.webhook).await?
             }
         }
         {
@@ -308,6 +286,26 @@ impl super::Exchange {
     pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
         self.core.webhook(recipient)
     }
+}
+
+/// Save `url` as the webhook of `id`'s session in `engine` (a database's
+/// or a device's), durably; `field` is where the record keeps it.
+async fn save_webhook<S: estafeta_session::State + Clone>(
+    engine: &estafeta_session::Engine<Id, S>,
+    id: &Id,
+    url: Option<String>,
+    field: impl FnOnce(&mut S) -> &mut Option<String>,
+) -> Result<(), ExchangeError> {
+    let mut g = engine.get(id.clone(), true).await?.ok_or_else(|| {
+        ExchangeError::unavailable(ErrorCode::StorageError, "recipient session unavailable")
+    })?;
+    g.update(|s| {
+        *field(s.persistent_mut()) = url;
+        Ok::<_, ExchangeError>(())
+    })
+    .await?;
+    g.release().await?;
+    Ok(())
 }
 
 #[cfg(test)]
