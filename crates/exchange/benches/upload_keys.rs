@@ -15,7 +15,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, SendMessage, Version};
-use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, Id, Sinks, Timestamp};
+use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, Id, Sinks, Stores, Timestamp};
 use estafeta_session::SystemClock;
 
 const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2}],"note":"deliver before noon"}}"#;
@@ -60,7 +60,9 @@ fn fill(keys: &RedbKeys, n: usize) {
 async fn exchange(data: &std::path::Path) -> (Exchange, Principal) {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some("a".repeat(64));
-    let (ex, _) = Exchange::open(config, Arc::new(SystemClock), Sinks::default())
+    let clock: Arc<dyn estafeta_session::Clock> = Arc::new(SystemClock);
+    let stores = Stores::embedded(data, clock.clone()).await.unwrap();
+    let (ex, _) = Exchange::open(config, clock, Sinks::default(), stores)
         .await
         .unwrap();
     ex.recover().await.unwrap();

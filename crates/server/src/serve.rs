@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Sinks};
+use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Sinks, Stores};
 use estafeta_session::Clock;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -69,13 +69,27 @@ impl Server {
         http: HttpSettings,
         notify: NotifySettings,
     ) -> Result<(Server, AdminToken), ServeError> {
+        let stores = Stores::embedded(&config.data_dir, clock.clone())
+            .await
+            .map_err(ServeError::Open)?;
+        Server::open_with(config, clock, http, notify, stores).await
+    }
+
+    /// [`Server::open`] over the given `stores` (embedded or shared).
+    pub async fn open_with(
+        config: ExchangeConfig,
+        clock: Arc<dyn Clock>,
+        http: HttpSettings,
+        notify: NotifySettings,
+        stores: Stores,
+    ) -> Result<(Server, AdminToken), ServeError> {
         let notifier = Notifier::open(notify).await?;
         let pusher = Pusher::open(&notifier, clock.clone()).await?;
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
         };
-        let (exchange, admin) = Exchange::open(config, clock, sinks)
+        let (exchange, admin) = Exchange::open(config, clock, sinks, stores)
             .await
             .map_err(ServeError::Open)?;
         let state = AppState::new(exchange, http, notifier, pusher);

@@ -58,7 +58,7 @@ pub(crate) struct Core {
     /// Messages kept aside until their `deliver_at`.
     pub(crate) deferred: std::sync::Arc<crate::store::deferred::Deferred>,
     /// The store under `deferred`, read to list what is scheduled.
-    pub(crate) deferred_store: Arc<estafeta_repeat::RedbStore>,
+    pub(crate) deferred_store: Arc<dyn estafeta_repeat::store::Store>,
     /// Where arrivals are pushed.
     pub(crate) push: Arc<dyn super::push::PushSink>,
     /// The recipients' webhooks, loaded by start-up processing.

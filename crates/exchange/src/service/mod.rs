@@ -23,8 +23,9 @@
 //!   devices, processes) and their record types.
 //!
 //! The service reaches messages and the registry only through the store
-//! traits; which implementations it runs on is chosen in
-//! [`Exchange::open`] (the embedded files and redb).
+//! traits; which implementations it runs on is the caller's choice, given
+//! to [`Exchange::open`] as [`Stores`] (the embedded files and redb:
+//! [`Stores::embedded`]).
 
 mod admin;
 mod alert_kind;
@@ -53,7 +54,8 @@ pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 
-use crate::store::{FileStore, Folder};
+use crate::keys::UploadKeys;
+use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
@@ -67,8 +69,9 @@ use crate::wire::{
 use crate::{Id, UlidGenerator};
 use admin::admin;
 use core::Core;
-use estafeta_session::{Clock, RedbStorage};
+use estafeta_session::{Clock, RedbStorage, Storage};
 use hooks::ExchangeHooks;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -113,6 +116,58 @@ impl Default for Sinks {
     }
 }
 
+/// What the exchange keeps its state in, given at [`Exchange::open`]: the
+/// embedded files and redb under the data folder ([`Stores::embedded`]),
+/// or a shared store that several servers use at once.
+pub struct Stores {
+    /// Messages and their places.
+    pub messages: Arc<dyn MessageStore>,
+    /// Enterprises, subsystems, databases, devices and token hashes.
+    pub registry: Arc<dyn RegistryStore>,
+    /// The session engines' records (databases, devices, processes).
+    pub sessions: Arc<dyn Storage>,
+    /// Messages kept aside until their `deliver_at`.
+    pub scheduled: Scheduled,
+    /// The devices' idempotency keys.
+    pub keys: Arc<dyn UploadKeys>,
+}
+
+impl Stores {
+    /// The embedded stores under `data_dir`: message files, and
+    /// `registry.redb`, `sessions.redb`, `scheduled.redb` and `keys.redb`
+    /// in its state folder, each opened (and repaired after a crash) here.
+    /// `clock` is the one the exchange is opened with (the scheduler of
+    /// messages kept aside runs on it).
+    pub async fn embedded(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Stores, ExchangeError> {
+        let layout = crate::DataLayout::new(data_dir);
+        let registry = RedbRegistry::open(&layout).await?;
+        let sessions = blocking(RedbStorage::open, layout.sessions()).await?;
+        let scheduled = blocking(estafeta_repeat::RedbStore::open, layout.scheduled()).await?;
+        let keys = blocking(crate::keys::RedbKeys::open, layout.keys()).await?;
+        let scheduled = Scheduled::new(Arc::new(scheduled), clock);
+        let messages = FileStore::open(data_dir, scheduled.scheduler.clone()).await?;
+        Ok(Stores {
+            messages: Arc::new(messages),
+            registry: Arc::new(registry),
+            sessions: Arc::new(sessions),
+            scheduled,
+            keys: Arc::new(keys),
+        })
+    }
+}
+
+/// Opens one embedded redb file on a blocking thread (an open after a crash
+/// repairs it, which reads the whole file).
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    open: fn(PathBuf) -> Result<T, E>,
+    path: PathBuf,
+) -> Result<T, ExchangeError> {
+    tokio::task::spawn_blocking(move || open(path))
+        .await
+        .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
+}
+
 /// The exchange service. Cheap to clone.
 #[derive(Clone)]
 pub struct Exchange {
@@ -120,56 +175,40 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Open the data folder: registry, mailboxes, sessions, handing alerts
-    /// and arrivals to `sinks`. Returns the admin token's provenance (print
-    /// it when `Generated`). Call [`Exchange::recover`] before serving
-    /// protocol calls: until it begins, the phase is [`Phase::Starting`].
+    /// Open the exchange over `stores`: the registry loaded, the sessions
+    /// opened, alerts and arrivals handed to `sinks`. Returns the admin
+    /// token's provenance (print it when `Generated`). Call
+    /// [`Exchange::recover`] before serving protocol calls: until it
+    /// begins, the phase is [`Phase::Starting`].
     pub async fn open(
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
         sinks: Sinks,
+        stores: Stores,
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
-        let layout = crate::DataLayout::new(&config.data_dir);
-        let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
-        let sessions_path = layout.sessions();
-        let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
-            .await
-            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
-            .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
-        let scheduled_path = layout.scheduled();
-        let scheduled =
-            tokio::task::spawn_blocking(move || estafeta_repeat::RedbStore::open(scheduled_path))
-                .await
-                .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?
-                .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))?;
-        let scheduled = Arc::new(scheduled);
-        let keys_path = layout.keys();
-        let keys = tokio::task::spawn_blocking(move || crate::keys::RedbKeys::open(keys_path))
-            .await
-            .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))??;
-        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            Listed(scheduled.clone()),
-            crate::store::deferred::WallClock(clock.clone()),
-            estafeta_repeat::Options::default(),
-        ));
-        let store = Arc::new(FileStore::open(&config.data_dir, deferred.clone()).await?);
-        let sessions = sessions::Sessions::open(Arc::new(storage), clock.clone()).await?;
+        let configured = config
+            .admin_token
+            .clone()
+            .map(Token::from_text)
+            .transpose()?;
+        let (registry, admin_token) = Registry::with_store(stores.registry, configured).await?;
+        let sessions = sessions::Sessions::open(stores.sessions, clock.clone()).await?;
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {
             config,
             clock,
             registry,
-            store,
+            store: stores.messages,
             ids: UlidGenerator::new(),
             sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
             phase: watch::Sender::new(Phase::Starting),
             recovery: Default::default(),
             alerts: sinks.alerts,
             storage_alert: Default::default(),
-            keys: Arc::new(keys),
-            deferred,
-            deferred_store: scheduled,
+            keys: stores.keys,
+            deferred: stores.scheduled.scheduler,
+            deferred_store: stores.scheduled.store,
             push: sinks.push,
             webhooks: Default::default(),
         });

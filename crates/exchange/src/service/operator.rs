@@ -287,10 +287,13 @@ mod tests {
     use std::sync::Arc;
 
     async fn exchange(data: &Path) -> Exchange {
+        let clock: Arc<dyn estafeta_session::Clock> = Arc::new(estafeta_session::SystemClock);
+        let stores = crate::Stores::embedded(data, clock.clone()).await.unwrap();
         let (ex, _) = Exchange::open(
             ExchangeConfig::new(data),
-            Arc::new(estafeta_session::SystemClock),
+            clock,
             crate::Sinks::default(),
+            stores,
         )
         .await
         .unwrap();

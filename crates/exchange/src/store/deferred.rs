@@ -6,7 +6,7 @@
 use crate::Timestamp;
 use crate::wire::Message;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
-use estafeta_repeat::{Entry, Position, RedbStore, Scheduler, StoreError};
+use estafeta_repeat::{Entry, Position, Scheduler, StoreError};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +25,39 @@ impl estafeta_repeat::Clock for WallClock {
 }
 
 /// The store of messages kept aside.
-pub(crate) type Deferred = Scheduler<Listed<RedbStore>, WallClock>;
+pub(crate) type Deferred = Scheduler<Listed<dyn Store>, WallClock>;
+
+/// Where messages are kept aside until their `deliver_at`: a repeat store
+/// (embedded: `scheduled.redb`) and the one scheduler over it, running on
+/// the exchange's clock. The message store hands due-later messages to the
+/// scheduler, and the exchange runs its deliveries and lists its entries.
+#[derive(Clone)]
+pub struct Scheduled {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) scheduler: Arc<Deferred>,
+}
+
+impl Scheduled {
+    /// The scheduler over `store`, on `clock` (the clock the exchange is
+    /// opened with).
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn estafeta_session::Clock>) -> Scheduled {
+        let scheduler = Arc::new(Scheduler::new(
+            Listed(store.clone()),
+            WallClock(clock),
+            estafeta_repeat::Options::default(),
+        ));
+        Scheduled { store, scheduler }
+    }
+}
 
 /// A repeat store shared between its scheduler and readers that list its
 /// entries (the dashboard's page of scheduled and retrying deliveries):
 /// the scheduler owns its store, so it is given this handle and the reader
 /// keeps another.
 #[derive(Debug)]
-pub struct Listed<S>(pub Arc<S>);
+pub struct Listed<S: ?Sized>(pub Arc<S>);
 
-impl<S: Store> Listed<S> {
+impl<S: Store + ?Sized> Listed<S> {
     /// The first `limit` entries of `source`, due or not, soonest first.
     pub fn entries(&self, source: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
         Ok(self
@@ -44,7 +67,7 @@ impl<S: Store> Listed<S> {
     }
 }
 
-impl<S: Store> Store for Listed<S> {
+impl<S: Store + ?Sized> Store for Listed<S> {
     fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
         self.0.apply(ops)
     }

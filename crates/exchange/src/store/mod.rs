@@ -19,7 +19,7 @@ mod files;
 mod redb_registry;
 mod registry;
 
-pub use deferred::Listed;
+pub use deferred::{Listed, Scheduled};
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};

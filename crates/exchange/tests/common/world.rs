@@ -5,7 +5,7 @@
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores};
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,9 +44,11 @@ pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: 
     config.admin_token = Some("a".repeat(64));
     config.started_timeout = STARTED_TIMEOUT;
     config.ready_timeout = READY_TIMEOUT;
-    let (ex, _) = Exchange::open(config, Arc::new(TokioClock::starting_at(start)), sinks)
+    let clock: Arc<dyn estafeta_session::Clock> = Arc::new(TokioClock::starting_at(start));
+    let stores = Stores::embedded(&config.data_dir, clock.clone())
         .await
         .unwrap();
+    let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();
     ex
 }
 
