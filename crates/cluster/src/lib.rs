@@ -14,7 +14,8 @@
 //!   a holder that dies, or drops its [`Locked`] without committing, releases
 //!   the lock and leaves nothing behind.
 //! - [`SessionStorage`] keeps the session engine's records in the store
-//!   (`estafeta_session::Storage`).
+//!   (`estafeta_session::Storage`); [`PgRegistry`] the exchange's registry
+//!   (`estafeta_exchange::store::RegistryStore`), shared by every node.
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -37,6 +38,7 @@
 mod error;
 mod lock;
 mod migrate;
+mod registry;
 mod session_storage;
 mod store;
 #[cfg(feature = "test-support")]
@@ -44,5 +46,6 @@ pub mod testing;
 
 pub use error::Error;
 pub use lock::Locked;
+pub use registry::PgRegistry;
 pub use session_storage::SessionStorage;
 pub use store::{Options, Store};

@@ -79,7 +79,7 @@ async fn exchange(data: &std::path::Path) -> (Exchange, Principal) {
         .create_device(&admin, id("acme"), id("phone-1"), id("sales"))
         .await
         .unwrap();
-    let phone = ex.authenticate(token.expose()).unwrap();
+    let phone = ex.authenticate(token.expose()).await.unwrap().unwrap();
     (ex, phone)
 }
 

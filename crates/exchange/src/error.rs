@@ -191,6 +191,10 @@ pub enum TenancyError {
     /// A blocking task panicked or was cancelled.
     #[error("a blocking registry task failed: {0}")]
     Join(String),
+    /// A shared registry store (a cluster's database) failed: unreachable,
+    /// or it refused a statement.
+    #[error("registry store: {0}")]
+    Shared(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl TenancyError {

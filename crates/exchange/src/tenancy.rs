@@ -5,7 +5,11 @@
 //! in the server's state folder, [`RedbRegistry`]); every change is durable
 //! there before it is acknowledged. A copy is kept in memory, so
 //! authentication and lookups, which every request makes, never wait on
-//! storage. Database and device ids share one namespace across the server:
+//! storage. A store shared by several servers makes the copy a
+//! read-through cache: [`Registry::refresh`] reads the store's change
+//! counter and reloads the copy when another server changed the store, so
+//! what one server created or revoked holds on every server at once (one
+//! counter read per call; nothing for the embedded store). Database and device ids share one namespace across the server:
 //! they name mailboxes, and a message names its sender and recipient by id
 //! alone.
 //!
@@ -16,6 +20,7 @@
 //! compared in constant time as well.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::TenancyError;
@@ -140,8 +145,13 @@ struct Inner {
     admin_pinned: bool,
     cache: RwLock<Cache>,
     /// Held from checking a change against the cache until the cache has
-    /// it: changes reach the store and the cache in the same order.
+    /// it: changes reach the store and the cache in the same order (and a
+    /// reload of a shared store's records waits for both).
     changing: tokio::sync::Mutex<()>,
+    /// Other servers change the store too ([`RegistryStore::shared`]).
+    shared: bool,
+    /// The shared store's change counter as the cache was last loaded.
+    seen: AtomicU64,
 }
 
 /// Which kind of registered id a paged list or a lookup is about.
@@ -192,7 +202,9 @@ impl Registry {
         store: Arc<dyn RegistryStore>,
         configured: Option<Token>,
     ) -> Result<(Self, AdminToken), TenancyError> {
-        let cache = Cache::from_snapshot(store.load().await?);
+        let snapshot = store.load().await?;
+        let seen = snapshot.version;
+        let cache = Cache::from_snapshot(snapshot);
         let admin_pinned = configured.is_some();
         let (admin, origin) = match configured {
             Some(token) => (token.hash(), AdminToken::Configured),
@@ -200,11 +212,20 @@ impl Registry {
                 Some(hash) => (hash, AdminToken::Existing),
                 None => {
                     let token = Token::generate()?;
-                    store.apply(&Change::SetAdmin(token.clone())).await?;
-                    (token.hash(), AdminToken::Generated(token))
+                    if store.set_first_admin(&token).await? {
+                        (token.hash(), AdminToken::Generated(token))
+                    } else {
+                        // Another server of a shared store made it first.
+                        let hash = store.admin().await?.ok_or_else(|| TenancyError::Corrupt {
+                            key: "admin token".into(),
+                            reason: "a first admin token was stored and is gone".into(),
+                        })?;
+                        (hash, AdminToken::Existing)
+                    }
                 }
             },
         };
+        let shared = store.shared();
         let registry = Registry {
             inner: Arc::new(Inner {
                 store,
@@ -212,9 +233,48 @@ impl Registry {
                 admin_pinned,
                 cache: RwLock::new(cache),
                 changing: tokio::sync::Mutex::new(()),
+                shared,
+                seen: AtomicU64::new(seen),
             }),
         };
         Ok((registry, origin))
+    }
+
+    /// Brings the copy in memory up to the store when other servers share
+    /// it and changed it since it was loaded: call before answering from the
+    /// copy ([`Registry::authenticate`]). Nothing to do (no await) for a
+    /// store that is not shared.
+    pub async fn refresh(&self) -> Result<(), TenancyError> {
+        if !self.inner.shared {
+            return Ok(());
+        }
+        let now = self.inner.store.version().await?;
+        if now <= self.inner.seen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _changing = self.inner.changing.lock().await;
+        self.catch_up(now).await
+    }
+
+    /// Reloads the copy unless it was loaded at `version` or later (inside
+    /// [`change`](Self::change) or with `changing` held). The copy is
+    /// replaced whole, so a reload cut short leaves the old one.
+    async fn catch_up(&self, version: u64) -> Result<(), TenancyError> {
+        if self.inner.seen.load(Ordering::Acquire) >= version {
+            return Ok(());
+        }
+        let snapshot = self.inner.store.load().await?;
+        let admin = match self.inner.admin_pinned {
+            true => None,
+            false => self.inner.store.admin().await?,
+        };
+        let loaded = snapshot.version;
+        *self.inner.write_cache() = Cache::from_snapshot(snapshot);
+        if let Some(hash) = admin {
+            *self.inner.admin.write().unwrap_or_else(|p| p.into_inner()) = hash;
+        }
+        self.inner.seen.fetch_max(loaded, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Who `token` belongs to, or `None` for an unknown token (401).
@@ -556,7 +616,8 @@ impl Registry {
 
     /// Runs a change on a task of its own, one change at a time: a caller
     /// that goes away midway cannot leave the store changed and the copy in
-    /// memory not.
+    /// memory not. With a shared store the copy is brought up to the store
+    /// first, so the change is checked against what every server did.
     async fn change<T, F, Fut>(&self, f: F) -> Result<T, TenancyError>
     where
         F: FnOnce(Registry) -> Fut + Send + 'static,
@@ -566,6 +627,10 @@ impl Registry {
         let this = self.clone();
         tokio::spawn(async move {
             let _changing = this.inner.changing.lock().await;
+            if this.inner.shared {
+                let now = this.inner.store.version().await?;
+                this.catch_up(now).await?;
+            }
             f(this.clone()).await
         })
         .await

@@ -45,6 +45,7 @@ impl FromRequestParts<AppState> for Caller {
         let who = state
             .exchange()
             .authenticate(token)
+            .await?
             .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
         state.last_seen().saw(&who, std::time::SystemTime::now());
         Ok(Caller(who))

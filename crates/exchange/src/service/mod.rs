@@ -298,9 +298,12 @@ impl Exchange {
         self.core.phase.send_replace(Phase::Stopping);
     }
 
-    /// Who a bearer token belongs to.
-    pub fn authenticate(&self, token: &str) -> Option<Principal> {
-        self.core.registry.authenticate(token)
+    /// Who a bearer token belongs to (`None`: nobody, 401). With a shared
+    /// registry store, what other servers changed is read first; a store
+    /// that cannot be read is an error (503), not a refusal.
+    pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, ExchangeError> {
+        self.core.registry.refresh().await?;
+        Ok(self.core.registry.authenticate(token))
     }
 
     /// Admin: create an enterprise (409 if it exists).

@@ -14,6 +14,9 @@ pub struct Snapshot {
     pub enterprises: BTreeMap<Id, BTreeSet<Id>>,
     /// Every database and device with the hash of its token.
     pub endpoints: Vec<(Endpoint, TokenHash)>,
+    /// A shared store's change counter as these records were read (0 for a
+    /// store that is not shared).
+    pub version: u64,
 }
 
 /// One change of the registry. The [`Registry`](crate::tenancy::Registry)
@@ -70,9 +73,11 @@ pub enum Change {
 ///
 /// A store shared by several servers (a cluster over one database) makes
 /// the copy a read-through cache: each change also bumps a change counter
-/// in the same transaction, and a registry whose last-read counter is
-/// behind reloads with [`load`](Self::load) before it answers, so a token
-/// revoked through one server is refused by all at once.
+/// ([`version`](Self::version)) in the same transaction, and a registry
+/// whose last-read counter is behind reloads with [`load`](Self::load)
+/// before it answers, so a token revoked through one server is refused by
+/// all at once. A store that is not shared (the embedded one) says so
+/// ([`shared`](Self::shared) false), and its registry never asks.
 ///
 /// [`Registry`]: crate::tenancy::Registry
 #[async_trait::async_trait]
@@ -85,4 +90,23 @@ pub trait RegistryStore: Send + Sync {
 
     /// Applies one change durably before returning.
     async fn apply(&self, change: &Change) -> Result<(), TenancyError>;
+
+    /// Stores the admin token made at a first start, unless a token is
+    /// stored already (another server of a shared store made one first);
+    /// whether this one was stored.
+    async fn set_first_admin(&self, token: &Token) -> Result<bool, TenancyError> {
+        self.apply(&Change::SetAdmin(token.clone())).await?;
+        Ok(true)
+    }
+
+    /// Whether other servers change this store too.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// The change counter now (a shared store); its value in a
+    /// [`Snapshot`] is what that snapshot holds.
+    async fn version(&self) -> Result<u64, TenancyError> {
+        Ok(0)
+    }
 }

@@ -85,10 +85,10 @@ impl World {
                     .unwrap(),
             );
         }
-        let p: Vec<Principal> = tokens
-            .iter()
-            .map(|t| ex.authenticate(t.expose()).unwrap())
-            .collect();
+        let mut p: Vec<Principal> = Vec::new();
+        for t in &tokens {
+            p.push(ex.authenticate(t.expose()).await.unwrap().unwrap());
+        }
         World {
             dir,
             ex,

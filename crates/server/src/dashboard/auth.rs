@@ -258,7 +258,14 @@ pub async fn login(
     if !same(&expected, &form.nonce) {
         return refused("the login form expired or came from elsewhere; reload it");
     }
-    if state.exchange().authenticate(form.token.trim()) != Some(Principal::Admin) {
+    let who = match state.exchange().authenticate(form.token.trim()).await {
+        Ok(who) => who,
+        Err(e) => {
+            let message = format!("The server cannot check tokens now ({e}); try again.");
+            return login_page(&headers, Some(&message), StatusCode::SERVICE_UNAVAILABLE);
+        }
+    };
+    if who != Some(Principal::Admin) {
         state.login_throttle().failed(client, now);
         tracing::warn!(target: "estafeta::event", %client, "dashboard login refused: not the admin token");
         return login_page(
