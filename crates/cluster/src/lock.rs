@@ -91,6 +91,20 @@ impl Locked {
         Ok(())
     }
 
+    /// Remove the key's record (and its deadline) as part of the step; the
+    /// row stays, as the key's lock.
+    pub async fn delete(&mut self) -> Result<(), Error> {
+        let client = self.client();
+        let save = client.prepare_cached(SAVE).await?;
+        let none: Option<&[u8]> = None;
+        let no_deadline: Option<i64> = None;
+        client
+            .execute(&save, &[&self.key, &none, &no_deadline])
+            .await?;
+        self.record = None;
+        Ok(())
+    }
+
     /// Commit the step: every statement it ran takes effect at once, and the
     /// lock is released. When this returns `Ok`, the step is durable.
     ///

@@ -4,10 +4,17 @@
 //! The trait is synchronous and the engine calls it from blocking threads;
 //! each call runs on the pool through the runtime handle taken at
 //! [`SessionStorage::open`]. A write batch is one transaction.
+//!
+//! The store is shared by every node, so it offers the engine steps
+//! ([`estafeta_session::storage::Shared`]): each command holds its key's
+//! row lock ([`Store::lock`]) from the record it starts from to its last
+//! save, and the deadlines due are read from `sessions.expires_at`,
+//! skipping the keys a step holds.
 
+use crate::Locked;
 use crate::{Error, Store};
 use estafeta_session::clock::Timestamp;
-use estafeta_session::storage::{Storage, StorageError, Write};
+use estafeta_session::storage::{Shared, Step, Storage, StorageError, Write};
 
 const LOAD: &str = "SELECT record FROM sessions WHERE key = $1";
 const PUT: &str =
@@ -20,6 +27,12 @@ const QUARANTINE: &str = "INSERT INTO quarantined_sessions (key, record, reason)
     SELECT key, record, $2 FROM sessions WHERE key = $1
     ON CONFLICT (key) DO UPDATE SET record = EXCLUDED.record, reason = EXCLUDED.reason";
 const QUARANTINED: &str = "SELECT key FROM quarantined_sessions ORDER BY key";
+/// Due keys of a prefix, skipping those a step holds (its row is locked);
+/// the transaction is only the read, so the keys are not kept locked.
+const DUE: &str = "SELECT key FROM sessions
+    WHERE expires_at <= $1 AND record IS NOT NULL
+      AND substring(key from 1 for length($2::bytea)) = $2::bytea
+    ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED";
 const NEXT_GENERATION: &str =
     "UPDATE cluster_counters SET value = value + 1 WHERE name = 'generation' RETURNING value";
 
@@ -52,10 +65,9 @@ impl SessionStorage {
     }
 }
 
-/// The engine's error type names no backend of this kind, so a store
-/// failure travels as an I/O error that keeps the original as its source.
+/// A store failure as the engine's error, with the original as its source.
 fn storage_error(e: Error) -> StorageError {
-    StorageError::from(std::io::Error::other(e))
+    StorageError::Shared(std::sync::Arc::new(e))
 }
 
 /// Milliseconds as PostgreSQL's `bigint` (saturating: no real deadline is
@@ -134,5 +146,96 @@ impl Storage for SessionStorage {
 
     fn generation(&self) -> u64 {
         self.generation
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        Some(self)
+    }
+}
+
+impl Shared for SessionStorage {
+    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
+        let locked = self.run(self.store.lock(key))?;
+        Ok(Box::new(PgStep {
+            locked: Some(locked),
+            store: self.store.clone(),
+            runtime: self.runtime.clone(),
+            key: key.to_vec(),
+        }))
+    }
+
+    fn due(
+        &self,
+        prefix: &[u8],
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(async {
+            let mut client = self.store.client().await?;
+            let tx = client.transaction().await?;
+            let rows = tx.query(DUE, &[&millis(now), &prefix, &limit]).await?;
+            tx.commit().await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+}
+
+/// A command's hold on one key: the key's row locked in an open
+/// transaction ([`Locked`]). A save commits and locks the row again at
+/// once; a record that differs from the one just saved means another node
+/// took the key in between ([`StorageError::Conflict`]).
+struct PgStep {
+    /// `None` once a save failed half-way (nothing more is written).
+    locked: Option<Locked>,
+    store: Store,
+    runtime: tokio::runtime::Handle,
+    key: Vec<u8>,
+}
+
+impl PgStep {
+    /// Write `write` into the held transaction and commit it.
+    async fn commit(mut locked: Locked, write: Option<&Write>) -> Result<(), Error> {
+        match write {
+            Some(Write::Put {
+                record, expires_at, ..
+            }) => locked.save(record, expires_at.map(millis)).await?,
+            Some(Write::Delete { .. }) => locked.delete().await?,
+            None => {}
+        }
+        locked.commit().await
+    }
+}
+
+impl Step for PgStep {
+    fn record(&self) -> Option<&[u8]> {
+        self.locked.as_ref().and_then(Locked::record)
+    }
+
+    fn save(&mut self, write: &Write) -> Result<(), StorageError> {
+        let locked = self.locked.take().ok_or(StorageError::Conflict)?;
+        let again = self
+            .runtime
+            .block_on(async {
+                PgStep::commit(locked, Some(write)).await?;
+                self.store.lock(&self.key).await
+            })
+            .map_err(storage_error)?;
+        let saved = match write {
+            Write::Put { record, .. } => Some(record.as_slice()),
+            Write::Delete { .. } => None,
+        };
+        if again.record() != saved {
+            return Err(StorageError::Conflict);
+        }
+        self.locked = Some(again);
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
+        let locked = self.locked.take().ok_or(StorageError::Conflict)?;
+        self.runtime
+            .block_on(PgStep::commit(locked, write))
+            .map_err(storage_error)
     }
 }

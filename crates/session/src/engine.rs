@@ -31,6 +31,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 pub trait State: Serialize + DeserializeOwned + Default + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
+/// The most due keys read from a shared store at one look.
+const DUE_BATCH: usize = 100;
+
 /// State shared by the engine handle and the expiry manager: the cache.
 /// Dropping it (the last handle went) breaks the cache's cycle with its
 /// cells.
@@ -80,6 +83,27 @@ impl<K: SessionKey, S: State> Shared<K, S> {
         }
     }
 
+    /// With a shared storage: the keys due by `now` in the store, whichever
+    /// engine set their deadlines (one that died included), leaving out
+    /// those a step holds. Each is then expired as usual: its step reads
+    /// the record as stored, so a key another engine already finalized is
+    /// no longer due and nothing happens twice.
+    pub(crate) async fn due_in_store(&self, now: Timestamp) -> Vec<K> {
+        let storage = self.core().storage.clone();
+        let due = blocking(move || match storage.shared() {
+            Some(shared) => shared.due(b"", now, DUE_BATCH),
+            None => Ok(Vec::new()),
+        })
+        .await;
+        match due {
+            Ok(keys) => keys.iter().filter_map(|k| K::from_bytes(k)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading due sessions from the shared store failed; retrying");
+                Vec::new()
+            }
+        }
+    }
+
     /// Flush an idle session out of memory, if it is still idle since
     /// `last_access` and does not expire within five seconds.
     pub(crate) async fn flush_key(
@@ -93,9 +117,13 @@ impl<K: SessionKey, S: State> Shared<K, S> {
             Ok(owned) => owned,
             Err(outcome) => return outcome,
         };
-        let ok = match owned.session.as_mut() {
-            Some(s) => self.core().save(&key, s).await.is_ok(),
-            None => true,
+        // With a shared storage memory is not the truth: nothing to save.
+        let cell = &mut *owned;
+        let ok = match cell.session.as_mut() {
+            Some(s) if !self.core().shared => {
+                self.core().save(&key, s, &mut cell.step).await.is_ok()
+            }
+            _ => true,
         };
         shard::release(hash, &key, owned, ok);
         if ok {
@@ -216,7 +244,9 @@ impl<K: SessionKey, S: State> Engine<K, S> {
             }
         }
         let mut writes = Vec::new();
-        while !cache.dirty_writes(&mut writes)? {
+        // With a shared storage every save went through its step; a session
+        // left dirty (its save failed) is not the stored truth to write now.
+        while !core.shared && !cache.dirty_writes(&mut writes)? {
             crate::sync::yield_now().await;
         }
         let _ = core.expiry_tx.send(ExpiryMsg::Stop);
@@ -323,6 +353,7 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
         let core = Core {
             hasher: foldhash::fast::RandomState::default(),
             generation: self.storage.generation(),
+            shared: self.storage.shared().is_some(),
             storage: self.storage,
             clock: self.clock,
             hooks: self.hooks,

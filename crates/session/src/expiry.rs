@@ -89,6 +89,9 @@ pub(crate) async fn run<K: SessionKey, S: State, I: ExpiryIndex<K>>(
         }
 
         index.take_expired(now, &mut due);
+        if engine.core().shared {
+            due.extend(engine.due_in_store(now).await);
+        }
         for key in due.drain(..) {
             engine.expire_key(key).await;
         }

@@ -61,7 +61,12 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
             return Ok(());
         };
         match cell.session.as_mut() {
-            Some(session) => cell.home.core.save(&self.key, session).await,
+            Some(session) => {
+                cell.home
+                    .core
+                    .save(&self.key, session, &mut cell.step)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -120,7 +125,10 @@ impl<K: SessionKey, S: State> Transaction<'_, K, S> {
     pub async fn commit(mut self) -> Result<(), Error> {
         let guard = self.guard;
         let cell = guard.owned.as_deref_mut().expect(HELD);
-        cell.home.core.save(&guard.key, &mut self.staged).await?;
+        cell.home
+            .core
+            .save(&guard.key, &mut self.staged, &mut cell.step)
+            .await?;
         cell.session = Some(self.staged);
         Ok(())
     }

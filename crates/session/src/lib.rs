@@ -20,6 +20,10 @@
 //!   [`SessionGuard::update`] (or [`SessionGuard::begin`]) stages a change
 //!   that becomes the session only once it is durably saved: a failed save
 //!   leaves the session as it was.
+//! - One storage trait serves a store of this engine's own (embedded) and a
+//!   store that several engines share (a cluster): with the latter each
+//!   command runs in a step that holds its key in the store and starts from
+//!   the stored record ([`storage`] says how).
 //! - An expiry manager finalizes sessions whose time passed (the
 //!   [`Hooks::finalize`] hook may keep them with a new deadline or end
 //!   them) and flushes idle ones out of memory. After a restart, the
@@ -86,4 +90,4 @@ pub use guard::{SessionGuard, Transaction};
 pub use hooks::{BoxFuture, Finalize, Hooks};
 pub use key::SessionKey;
 pub use stats::Stats;
-pub use storage::{MemoryStorage, RedbStorage, Storage, StorageError};
+pub use storage::{MemoryStorage, RedbStorage, Shared, Step, Storage, StorageError};

@@ -14,7 +14,7 @@ use crate::key::SessionKey;
 use crate::record::{self, Record};
 use crate::shard::Cell;
 use crate::stats::Counters;
-use crate::storage::{Storage, StorageError, Write};
+use crate::storage::{Step, Storage, StorageError, Write};
 use crate::sync::AtomicBool;
 use crate::writer::SaveRequest;
 use std::hash::BuildHasher;
@@ -37,6 +37,9 @@ pub(crate) struct Core<K: SessionKey, S: State> {
     pub(crate) hooks: Arc<dyn Hooks<K, S>>,
     pub(crate) config: Config,
     pub(crate) generation: u64,
+    /// The storage is shared with other engines ([`Storage::shared`]): every
+    /// command runs in a [`Step`] and starts from the stored record.
+    pub(crate) shared: bool,
     pub(crate) stopping: AtomicBool,
     /// Signalled, while stopping, whenever a slot stops being locked:
     /// `stop` waits on it.
@@ -72,10 +75,42 @@ impl<K: SessionKey, S: State> Core<K, S> {
     }
 
     /// Whether a session must be finalized or recovered before a command
-    /// may see it. Reads the clock only for a session with a deadline.
+    /// may see it (with a shared storage, always: it is read again in a
+    /// step). Reads the clock only for a session with a deadline.
     pub(crate) fn needs_ready(&self, s: &SessionData<S>) -> bool {
-        s.expires_at.is_some_and(|t| t <= self.now())
+        self.shared
+            || s.expires_at.is_some_and(|t| t <= self.now())
             || (s.stored && s.generation < self.generation)
+    }
+
+    /// With a shared storage: hold `key` against every other engine, and its
+    /// session as stored now.
+    pub(crate) async fn begin(
+        &self,
+        key: &K,
+    ) -> Result<(Box<dyn Step>, Option<SessionData<S>>), Error> {
+        let storage = self.storage.clone();
+        let kb = key.to_bytes();
+        let step = blocking(move || match storage.shared() {
+            Some(shared) => shared.begin(&kb),
+            None => Err(StorageError::Conflict),
+        })
+        .await
+        .inspect_err(|_| {
+            Counters::add(&self.counters.storage_errors, 1);
+        })?;
+        let session = match step.record() {
+            Some(bytes) => {
+                Counters::add(&self.counters.loads, 1);
+                Some(Self::decoded(record::decode::<S>(bytes).map_err(|e| {
+                    Error::Storage(StorageError::Shared(Arc::new(std::io::Error::other(
+                        format!("the stored session does not decode: {e}"),
+                    ))))
+                })?))
+            }
+            None => None,
+        };
+        Ok((step, session))
     }
 
     /// A new, empty session (the caller asked to create it).
@@ -84,18 +119,26 @@ impl<K: SessionKey, S: State> Core<K, S> {
     }
 
     /// Finalize a session whose time has passed, and run the first-load hook
-    /// on one saved by an earlier run.
-    pub(crate) async fn ready(&self, key: &K, mut s: SessionData<S>) -> Option<SessionData<S>> {
+    /// on one saved by an earlier run. With a shared storage there is no
+    /// earlier run to recover from (a record of an older generation may be
+    /// another live engine's), so only deadlines apply; saves go through the
+    /// held `step`.
+    pub(crate) async fn ready(
+        &self,
+        key: &K,
+        mut s: SessionData<S>,
+        step: &mut Option<Box<dyn Step>>,
+    ) -> Option<SessionData<S>> {
         if s.expires_at.is_some_and(|t| t <= self.now()) {
             Counters::add(&self.counters.finalize_calls, 1);
             let verdict = self.hooks.finalize(key, &mut s).await;
-            s = self.settle(key, s, verdict).await?;
+            s = self.settle(key, s, verdict, step).await?;
         }
-        if s.stored && s.generation < self.generation {
+        if !self.shared && s.stored && s.generation < self.generation {
             let verdict = self.hooks.first_load(key, &mut s).await;
             // Saved under the new generation, so the hook runs once per restart.
             s.dirty = true;
-            s = self.settle(key, s, verdict).await?;
+            s = self.settle(key, s, verdict, step).await?;
         }
         Some(s)
     }
@@ -106,27 +149,21 @@ impl<K: SessionKey, S: State> Core<K, S> {
         key: &K,
         mut s: SessionData<S>,
         verdict: Finalize,
+        step: &mut Option<Box<dyn Step>>,
     ) -> Option<SessionData<S>> {
         match verdict {
             Finalize::Keep => {
-                if let Err(e) = self.save(key, &mut s).await {
+                if let Err(e) = self.save(key, &mut s, step).await {
                     tracing::warn!(?key, error = %e, "saving a finalized session failed; it stays dirty");
                 }
                 Some(s)
             }
             Finalize::End => {
                 if s.stored {
-                    let (tx, rx) = oneshot::channel();
                     let write = Write::Delete {
                         key: key.to_bytes(),
                     };
-                    let deleted = match self.writer_tx.send(SaveRequest { write, done: tx }) {
-                        Ok(()) => rx
-                            .await
-                            .map_err(|_| Error::Stopping)
-                            .and_then(|r| r.map_err(Error::from)),
-                        Err(_) => Err(Error::Stopping),
-                    };
+                    let deleted = self.write(write, step).await;
                     if let Err(e) = deleted {
                         tracing::warn!(?key, error = %e, "deleting an ended session failed; retrying later");
                         s.expires_at = Some(self.now().after(FINALIZE_RETRY));
@@ -154,19 +191,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
         let Some(bytes) = bytes else { return Ok(None) };
         Counters::add(&self.counters.loads, 1);
         match record::decode::<S>(&bytes) {
-            Ok(r) => Ok(Some(SessionData {
-                state: r.state,
-                created_at: r.created_at,
-                last_access: r.last_access,
-                expires_at: r.expires_at,
-                stored: true,
-                dirty: false,
-                touched: true,
-                begun: true,
-                generation: r.generation,
-                touch_pending: false,
-                unstamped: false,
-            })),
+            Ok(r) => Ok(Some(Self::decoded(r))),
             Err(e) => {
                 tracing::error!(?key, error = %e, "session record does not decode; moving it aside");
                 let storage = self.storage.clone();
@@ -176,6 +201,23 @@ impl<K: SessionKey, S: State> Core<K, S> {
                 Counters::add(&self.counters.quarantined, 1);
                 Ok(None)
             }
+        }
+    }
+
+    /// A stored session, as read.
+    fn decoded(r: Record<S>) -> SessionData<S> {
+        SessionData {
+            state: r.state,
+            created_at: r.created_at,
+            last_access: r.last_access,
+            expires_at: r.expires_at,
+            stored: true,
+            dirty: false,
+            touched: true,
+            begun: true,
+            generation: r.generation,
+            touch_pending: false,
+            unstamped: false,
         }
     }
 
@@ -196,21 +238,88 @@ impl<K: SessionKey, S: State> Core<K, S> {
         })
     }
 
-    /// Save a session durably if it carries persistent changes.
-    pub(crate) async fn save(&self, key: &K, s: &mut SessionData<S>) -> Result<(), Error> {
+    /// Save a session durably if it carries persistent changes: through the
+    /// held `step` with a shared storage, through the writer otherwise.
+    pub(crate) async fn save(
+        &self,
+        key: &K,
+        s: &mut SessionData<S>,
+        step: &mut Option<Box<dyn Step>>,
+    ) -> Result<(), Error> {
         if !s.dirty {
             return Ok(());
         }
         let write = self.put(key, s)?;
+        self.write(write, step).await?;
+        s.dirty = false;
+        s.stored = true;
+        s.generation = self.generation;
+        Ok(())
+    }
+
+    /// Make one write durable: through the held `step` (a shared storage;
+    /// without a step nothing may be written there), or group-committed by
+    /// the writer.
+    async fn write(&self, write: Write, step: &mut Option<Box<dyn Step>>) -> Result<(), Error> {
+        if self.shared {
+            let Some(mut held) = step.take() else {
+                return Err(Error::Storage(StorageError::Conflict));
+            };
+            let (held, result) = match tokio::task::spawn_blocking(move || {
+                let r = held.save(&write);
+                (held, r)
+            })
+            .await
+            {
+                Ok((held, r)) => (Some(held), r),
+                Err(_) => (None, Err(StorageError::Panicked)),
+            };
+            if result.is_err() {
+                Counters::add(&self.counters.storage_errors, 1);
+            } else {
+                Counters::add(&self.counters.saves, 1);
+            }
+            // After a conflict the step is dropped: nothing more is written
+            // from this session's stale state.
+            *step = held.filter(|_| result.is_ok());
+            return result.map_err(Error::from);
+        }
         let (tx, rx) = oneshot::channel();
         self.writer_tx
             .send(SaveRequest { write, done: tx })
             .map_err(|_| Error::Stopping)?;
         rx.await.map_err(|_| Error::Stopping)??;
-        s.dirty = false;
-        s.stored = true;
-        s.generation = self.generation;
         Ok(())
+    }
+
+    /// With a shared storage, a command is done: save the session if it
+    /// carries persistent changes and let the key go (the step ends either
+    /// way).
+    pub(crate) async fn finish_step(
+        &self,
+        key: &K,
+        s: Option<&mut SessionData<S>>,
+        step: Box<dyn Step>,
+    ) -> Result<(), Error> {
+        let write = match s.as_ref().filter(|s| s.dirty) {
+            Some(s) => Some(self.put(key, s)?),
+            None => None,
+        };
+        let saving = write.is_some();
+        let result = blocking(move || step.finish(write.as_ref())).await;
+        match &result {
+            Err(_) => Counters::add(&self.counters.storage_errors, 1),
+            Ok(()) if saving => {
+                Counters::add(&self.counters.saves, 1);
+                if let Some(s) = s {
+                    s.dirty = false;
+                    s.stored = true;
+                    s.generation = self.generation;
+                }
+            }
+            Ok(()) => {}
+        }
+        result
     }
 
     /// Lazy creation and the begin notification, at release: a new session

@@ -60,6 +60,9 @@ pub(crate) struct Cell<K: SessionKey, S: State> {
     pub(crate) session: Option<SessionData<S>>,
     /// Storage was already asked: no session here means none anywhere.
     pub(crate) loaded: bool,
+    /// With a shared storage, while a command holds the key: the step that
+    /// holds it against other engines.
+    pub(crate) step: Option<Box<dyn crate::storage::Step>>,
     /// The cache it lives in: how a guard gets back without a reference
     /// count of its own to change on every acquire. (A cycle through the
     /// table, broken by [`Cache::clear`] when the engine goes away.)
@@ -286,6 +289,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             let cell = Arc::new(lock::new(Cell {
                 session: None,
                 loaded: false,
+                step: None,
                 home: self.clone(),
             }));
             // A new lock: taken at once.
@@ -412,6 +416,10 @@ pub(crate) fn release<K: SessionKey, S: State>(
     mut owned: Owned<K, S>,
     evict: bool,
 ) {
+    if owned.step.is_some() {
+        // A step not finished: dropped, it lets the key go unchanged.
+        owned.step = None;
+    }
     let Some(s) = owned.session.as_mut().filter(|_| !evict) else {
         return release_out(hash, key, owned);
     };
@@ -496,6 +504,9 @@ pub(crate) fn release_from_drop<K: SessionKey, S: State>(
     key: &K,
     mut owned: Owned<K, S>,
 ) {
+    if owned.step.is_some() {
+        return save_in_background(hash, key, owned);
+    }
     match owned.session.as_mut() {
         Some(s) if s.dirty => return save_in_background(hash, key, owned),
         Some(s) => {
@@ -536,13 +547,14 @@ pub(crate) async fn finish<K: SessionKey, S: State>(
     mut owned: Owned<K, S>,
 ) -> Result<(), Error> {
     let cell = &mut *owned;
-    let result = match cell.session.as_mut() {
-        Some(s) => {
-            s.last_access = cell.home.core.now();
-            s.unstamped = false;
-            cell.home.core.save(&key, s).await
-        }
-        None => Ok(()),
+    if let Some(s) = cell.session.as_mut() {
+        s.last_access = cell.home.core.now();
+        s.unstamped = false;
+    }
+    let result = match (cell.step.take(), cell.session.as_mut()) {
+        (Some(step), s) => cell.home.core.finish_step(&key, s, step).await,
+        (None, Some(s)) => cell.home.core.save(&key, s, &mut cell.step).await,
+        (None, None) => Ok(()),
     };
     let home = owned.home.clone();
     home.core.begin_if_kept(&key, &mut owned);
@@ -779,6 +791,15 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
     };
     let home = cell.home.clone();
     let core = &home.core;
+    // With a shared storage the session is what is stored now, whatever
+    // memory holds: another engine may have changed it.
+    if core.shared {
+        cell.loaded = false;
+        let (step, session) = core.begin(&held.key).await?;
+        cell.step = Some(step);
+        cell.session = session;
+        cell.loaded = true;
+    }
     // If this future is dropped (its caller went away) while loading or
     // finalizing, `held` passes the key on with `loaded` false and its next
     // holder reads the session from storage again; on a load error too.
@@ -788,7 +809,7 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
     }
     if let Some(s) = cell.session.take() {
         cell.loaded = false;
-        cell.session = core.ready(&held.key, s).await;
+        cell.session = core.ready(&held.key, s, &mut cell.step).await;
         cell.loaded = true;
     }
     if cell.session.is_none() && create {

@@ -8,9 +8,8 @@ use super::hooks::ExchangeHooks;
 use super::state::{DbRecord, DeviceRecord, ProcessRecord};
 use crate::{Id, ProcessId};
 use estafeta_session::index::DefaultIndex;
-use estafeta_session::{
-    Clock, Engine, Error, Loaded, Stats, Storage, StorageError, Timestamp, storage::Write,
-};
+use estafeta_session::storage::{Shared, Step, Write};
+use estafeta_session::{Clock, Engine, Error, Loaded, Stats, Storage, StorageError, Timestamp};
 use std::sync::Arc;
 
 /// One kind's part of a shared store: its keys are stored behind a
@@ -78,6 +77,36 @@ impl Storage for Namespace {
 
     fn generation(&self) -> u64 {
         self.inner.generation()
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        self.inner.shared().map(|_| self as &dyn Shared)
+    }
+}
+
+/// A shared store's steps and due keys, within the kind's prefix.
+impl Shared for Namespace {
+    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
+        match self.inner.shared() {
+            Some(shared) => shared.begin(&self.key(key)),
+            None => Err(StorageError::Conflict),
+        }
+    }
+
+    fn due(
+        &self,
+        prefix: &[u8],
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let Some(shared) = self.inner.shared() else {
+            return Ok(Vec::new());
+        };
+        Ok(shared
+            .due(&self.key(prefix), now, limit)?
+            .into_iter()
+            .filter_map(|k| Some(self.own(&k)?.to_vec()))
+            .collect())
     }
 }
 

@@ -4,6 +4,32 @@
 //! blocking threads. Writes come in batches: the engine's writer task collects
 //! the saves of many sessions and commits them as one durable transaction
 //! (group commit), so that many releases share one fsync.
+//!
+//! One trait serves two kinds of store:
+//!
+//! - A store only this engine uses (embedded: [`RedbStorage`], or
+//!   [`MemoryStorage`]): [`Storage::shared`] is `None`. The engine's
+//!   per-key queue is all the exclusivity needed, its memory is the truth
+//!   between commands (a session is loaded once and saved by the writer),
+//!   deadlines live in its in-memory expiry index (rebuilt from
+//!   [`Storage::deadlines`] at start), and a record of an older
+//!   [`Storage::generation`] is recovered by the first-load hook. Nothing of
+//!   the shared path runs: the hot path pays one flag test.
+//! - A store several engines share (a cluster's database): [`Shared`].
+//!   Commands for one key still queue on the key's session within an engine
+//!   (so a hot key waits in memory, not in the database's lock waits);
+//!   across engines each command runs in a [`Step`] that holds the key in
+//!   the store ([`Shared::begin`]) and starts from the record as stored then,
+//!   replacing what memory held. Every save of the command goes through the
+//!   step (durable when it returns; the step goes on holding the key), and
+//!   the release's save finishes it; a step dropped unfinished lets the key
+//!   go with nothing of it written. Deadlines are read from the store
+//!   ([`Shared::due`]) by every engine's expiry manager, and each due key
+//!   is finalized in a step: the first engine to hold it acts, and the
+//!   others find it no longer due, so a deadline is acted on once, by a live
+//!   engine, whichever engine set it. There is no first-load recovery (an
+//!   older generation may be another live engine's record): an engine that
+//!   died leaves only deadlines behind, which the others act on.
 
 mod memory;
 mod redb_store;
@@ -61,6 +87,15 @@ pub enum StorageError {
     /// A failure injected by a test through [`MemoryStorage::fail_writes`].
     #[error("storage: injected write failure")]
     Injected,
+    /// A shared store failed (unreachable, failing over, or it refused a
+    /// statement).
+    #[error("storage: {0}")]
+    Shared(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// Another process changed the key while this one held it between two
+    /// durable saves of one step ([`Step::save`]): the session in memory is
+    /// not the stored one any more, and the command must not go on with it.
+    #[error("storage: the session was changed elsewhere during the command")]
+    Conflict,
 }
 
 impl<E: Into<redb::Error>> From<E> for StorageError {
@@ -90,4 +125,47 @@ pub trait Storage: Send + Sync + 'static {
     /// A number that grows with every opening of the storage: records saved
     /// under an older generation were saved before the last restart.
     fn generation(&self) -> u64;
+
+    /// For a store that several processes (engines) share: how one of them
+    /// holds a key exclusively and finds the sessions that are due. `None`
+    /// (the default) for a store only one engine uses: the engine's own
+    /// per-key queue is then all the exclusivity there is, and its memory
+    /// is the truth between two commands.
+    fn shared(&self) -> Option<&dyn Shared> {
+        None
+    }
+}
+
+/// A store shared by several engines (in several processes): each command
+/// runs inside a [`Step`] that holds the key against every other engine and
+/// starts from the record as stored now.
+pub trait Shared: Send + Sync {
+    /// Wait until no other engine holds `key`, then hold it: the step
+    /// carries the record stored now.
+    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError>;
+    /// Up to `limit` keys starting with `prefix` whose expiration is at or
+    /// before `now`, soonest first, leaving out keys that a step holds now
+    /// (its release settles the deadline).
+    fn due(
+        &self,
+        prefix: &[u8],
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError>;
+}
+
+/// One key held exclusively across engines (see [`Shared::begin`]). Dropped
+/// without [`Step::finish`], it lets the key go and nothing it did not save
+/// remains.
+pub trait Step: Send + Sync {
+    /// The key's record as stored when the step began (or at its last
+    /// [`Step::save`]).
+    fn record(&self) -> Option<&[u8]>;
+    /// Make `write` durable now and go on holding the key.
+    /// [`StorageError::Conflict`]: another engine took the key in between
+    /// (the write is durable, but the caller's state is not the stored one
+    /// any more).
+    fn save(&mut self, write: &Write) -> Result<(), StorageError>;
+    /// Make `write` (if any) durable and let the key go.
+    fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError>;
 }
