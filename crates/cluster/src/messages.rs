@@ -102,8 +102,12 @@ impl PgMessages {
         let (owner, place) = (at.mailbox.as_str(), at.folder.as_str());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner, &place];
         params.extend_from_slice(more);
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| failed(at, e))?;
         let rows = client
-            .query(sql, &params)
+            .query(&statement, &params)
             .await
             .map_err(|e| failed(at, e))?;
         rows.iter().map(|r| entry(at, r)).collect()
@@ -129,9 +133,13 @@ impl PgMessages {
         let created: Vec<i64> = messages.iter().map(|m| m.created_at.as_millis()).collect();
         let sizes: Vec<i64> = bytes.iter().map(|b| b.len() as i64).collect();
         let client = self.client(at).await?;
+        let insert = client
+            .prepare_cached(INSERT)
+            .await
+            .map_err(|e| failed(at, e))?;
         client
             .execute(
-                INSERT,
+                &insert,
                 &[
                     &ids,
                     &owners,
@@ -187,7 +195,7 @@ impl PgMessages {
             let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
             let moved = tx
                 .query(
-                    MOVE,
+                    &tx.prepare_cached(MOVE).await?,
                     &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
                 )
                 .await?;
@@ -196,7 +204,12 @@ impl PgMessages {
             let there: HashSet<String> = if rest.is_empty() {
                 HashSet::new()
             } else {
-                let rows = tx.query(PRESENT, &[&rest, &loc(to).0, &loc(to).1]).await?;
+                let rows = tx
+                    .query(
+                        &tx.prepare_cached(PRESENT).await?,
+                        &[&rest, &loc(to).0, &loc(to).1],
+                    )
+                    .await?;
                 rows.iter().map(|r| r.get(0)).collect()
             };
             for (&i, id) in indexes.iter().zip(&ids) {
@@ -221,13 +234,16 @@ impl PgMessages {
             let (owner, place) = loc(from);
             let id = name.id.to_string();
             let outcome = if *until > now {
-                match tx.query_opt(TAKE, &[&id, &owner, &place]).await? {
+                match tx
+                    .query_opt(&tx.prepare_cached(TAKE).await?, &[&id, &owner, &place])
+                    .await?
+                {
                     Some(row) => {
                         let entry = kept_aside(name.id, row.get(0), *until);
                         let due = crate::schedule::to_sql(entry.due);
                         let attempt = crate::schedule::attempt_to_sql(entry.attempt);
                         tx.execute(
-                            PUT_ENTRY,
+                            &tx.prepare_cached(PUT_ENTRY).await?,
                             &[&entry.id, &entry.source, &due, &attempt, &entry.payload],
                         )
                         .await?;
@@ -240,7 +256,13 @@ impl PgMessages {
                     )),
                 }
             } else {
-                match tx.query_opt(DELIVER_NOW, &[&id, &owner, &place]).await? {
+                match tx
+                    .query_opt(
+                        &tx.prepare_cached(DELIVER_NOW).await?,
+                        &[&id, &owner, &place],
+                    )
+                    .await?
+                {
                     Some(_) => {
                         arrivals.insert(name.to.clone());
                         Ok(Outcome::Done)
@@ -256,7 +278,12 @@ impl PgMessages {
         }
         for (at, indexes) in deletes {
             let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
-            let rows = tx.query(DELETE, &[&ids, &loc(at).0, &loc(at).1]).await?;
+            let rows = tx
+                .query(
+                    &tx.prepare_cached(DELETE).await?,
+                    &[&ids, &loc(at).0, &loc(at).1],
+                )
+                .await?;
             let deleted: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
             for (&i, id) in indexes.iter().zip(&ids) {
                 let outcome = if deleted.contains(id) {

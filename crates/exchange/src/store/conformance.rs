@@ -6,10 +6,15 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::ops::Bound;
+use std::path::Path;
 use std::sync::Arc;
 
+use estafeta_repeat::RedbStore;
+
+use super::deferred::{Listed, WallClock};
 use super::{
-    FileEntry, FileName, Filter, Folder, Limits, Location, MessageStore, Op, Outcome, kept_aside,
+    FileEntry, FileName, FileStore, Filter, Folder, Limits, Location, MessageStore, Op, Outcome,
+    kept_aside,
 };
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -60,6 +65,22 @@ fn outcome(r: Result<Outcome, MailboxError>) -> Option<Outcome> {
         Err(MailboxError::NotFound { .. }) => None,
         Err(e) => panic!("unexpected error: {e}"),
     }
+}
+
+/// The embedded message store under the folder `dir` (messages in
+/// `dir/data`, kept-aside messages in `dir/scheduled.redb`, on the system
+/// clock), as the exchange opens it, and the repeat store it keeps
+/// messages aside in: for tests and benchmarks that hold another backend
+/// to it.
+pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
+    let scheduled = Arc::new(RedbStore::open(dir.join("scheduled.redb")).unwrap());
+    let deferred = Arc::new(estafeta_repeat::Scheduler::new(
+        Listed(scheduled.clone()),
+        WallClock(Arc::new(estafeta_session::SystemClock)),
+        estafeta_repeat::Options::default(),
+    ));
+    let store = FileStore::open(&dir.join("data"), deferred).await.unwrap();
+    (Arc::new(store), scheduled)
 }
 
 /// Runs every check of the [`MessageStore`] contract on `store`, a fresh
@@ -475,23 +496,12 @@ pub fn upload_keys_contract(keys: &dyn UploadKeys) {
 mod tests {
     use super::*;
     use crate::keys::RedbKeys;
-    use crate::store::FileStore;
-    use crate::store::deferred::{Listed, WallClock};
 
     #[tokio::test]
     async fn the_file_store_keeps_the_contract() {
         let tmp = tempfile::tempdir().unwrap();
-        let scheduled =
-            Arc::new(estafeta_repeat::RedbStore::open(tmp.path().join("scheduled.redb")).unwrap());
-        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            Listed(scheduled.clone()),
-            WallClock(Arc::new(estafeta_session::SystemClock)),
-            estafeta_repeat::Options::default(),
-        ));
-        let store = FileStore::open(&tmp.path().join("data"), deferred)
-            .await
-            .unwrap();
-        message_store_contract(&store, scheduled).await;
+        let (store, scheduled) = file_store(tmp.path()).await;
+        message_store_contract(&*store, scheduled).await;
     }
 
     #[test]
