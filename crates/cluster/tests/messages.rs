@@ -100,6 +100,24 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
     assert_eq!(messages.count(&inbox).await.unwrap(), 0);
 }
 
+/// Nothing is left half-done by a crash: no writes to recover, and a
+/// prepare's replies (one statement) are never orphans, referenced or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn there_is_nothing_to_recover_and_no_orphan() {
+    let pg = Postgres::start().unwrap();
+    let messages = PgMessages::new(store(&pg).await);
+    let prepared = Location::new(id("db-a"), Folder::Prepared);
+    messages
+        .put_all(&prepared, &[message(1, "phone-1", "sales")])
+        .await
+        .unwrap();
+    messages.recover_writes(&id("db-a")).await.unwrap();
+    let referenced = std::collections::HashSet::new();
+    let orphans = messages.orphans(&id("db-a"), &referenced).await.unwrap();
+    assert!(orphans.is_empty());
+    assert_eq!(messages.count(&prepared).await.unwrap(), 1);
+}
+
 /// `start`'s query (the one `PgMessages::select` runs), with 20,000
 /// messages waiting in each of two databases, unfiltered and filtered by
 /// subsystem: one range scan of `messages_folder` that reads exactly the
