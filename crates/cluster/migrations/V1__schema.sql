@@ -50,46 +50,60 @@ CREATE TABLE mailboxes (
     FOREIGN KEY (enterprise_id, subsystem_id) REFERENCES subsystems (enterprise_id, id)
 );
 
--- Every message, body included, and its place. `owner` is the mailbox whose
--- folder holds it (an upload: its database; a reply: the database that
--- prepared it while it is `Prepared`, then its device). `place` is the
--- folder, or `Scheduled` for an upload whose `deliver_at` has not come yet
--- (in no folder until then). A protocol step moves messages by updating
--- `place` (and `owner`) of the rows it names, in the step's transaction.
+-- Every message, body included, and its place: `owner` is the mailbox
+-- whose folder holds it and `place` the folder. A message is in one place
+-- at a time (its id is the key), so a move is an `UPDATE` of `owner` and
+-- `place`, and a second delivery of one message (two nodes dispatching the
+-- same due entry) finds the first. No reference to `mailboxes`: the
+-- message store and the registry are separate stores, and a mailbox's
+-- messages are removed by the store when the registry removes it.
 CREATE TABLE messages (
-    id          text PRIMARY KEY,
-    owner       text NOT NULL REFERENCES mailboxes (id),
+    id          text COLLATE "C" PRIMARY KEY,
+    owner       text NOT NULL,
     place       text NOT NULL
-                CHECK (place IN ('Messages', 'Prepared', 'Log', 'Unknown', 'Error', 'Scheduled')),
+                CHECK (place IN ('Messages', 'Prepared', 'Log', 'Unknown', 'Error')),
     sender      text NOT NULL,
     recipient   text NOT NULL,
     subsystem   text NOT NULL,
-    -- The sender's creation time: folders list oldest first by it.
+    -- The sender's creation time: folders list oldest first by it, then by
+    -- id (a ULID: arrival order).
     created_at  bigint NOT NULL,
-    -- When the message entered its current place: retention counts from it.
-    placed_at   bigint NOT NULL,
-    deliver_at  bigint,
-    -- The process that prepared this reply (while `Prepared` or `Unknown`).
-    process_id  text,
     -- The body's size in bytes, kept so that `start` sums sizes from the
     -- index without reading bodies.
     size        bigint NOT NULL,
     -- The message as handed out (JSON bytes, exactly as stored).
-    body        bytea NOT NULL,
-    CHECK (place <> 'Scheduled' OR deliver_at IS NOT NULL)
+    body        bytea NOT NULL
 );
 -- A folder in listing order: `start` reads the first rows of
 -- (database, 'Messages'), a device's inbox the first rows of
 -- (device, 'Messages'), the dashboard any folder, each one index range scan
--- that stops after its limit whatever the folder's size. `size` is included
--- so that `start` trims its list to the megabyte limit from the index alone.
-CREATE INDEX messages_folder ON messages (owner, place, created_at, id) INCLUDE (size, sender, subsystem);
--- Scheduled uploads by due time, claimed when due.
-CREATE INDEX messages_scheduled ON messages (deliver_at) WHERE place = 'Scheduled';
--- The replies a process prepared, moved together at commit, rollback or doubt.
-CREATE INDEX messages_process ON messages (process_id) WHERE process_id IS NOT NULL;
--- Retention: the oldest rows of the folders that expire.
-CREATE INDEX messages_retention ON messages (placed_at) WHERE place IN ('Prepared', 'Log', 'Unknown', 'Error');
+-- that stops after its limit whatever the folder's size. The columns of a
+-- message's name and its size are included, so that `start` picks its
+-- messages and applies the megabyte limit from the index alone.
+CREATE INDEX messages_folder ON messages (owner, place, created_at, id)
+    INCLUDE (size, sender, recipient, subsystem);
+
+-- Entries of the repeat scheduler (estafeta-repeat's store): messages kept
+-- aside until their `deliver_at` (source `deliver_at`, the message's bytes
+-- as the payload) and any other source. Ids are unique across sources.
+-- Read in (source, due, id) order; `due` is a wall-clock second.
+CREATE TABLE repeat_entries (
+    id      text COLLATE "C" PRIMARY KEY,
+    source  text NOT NULL,
+    due     bigint NOT NULL,
+    attempt integer NOT NULL,
+    payload bytea NOT NULL
+);
+CREATE INDEX repeat_entries_due ON repeat_entries (source, due, id);
+
+-- Every source that holds or held entries: a node's scheduler reads them
+-- when it starts. The exchange's `deliver_at` source is there from the
+-- start, so that every node reads it even before any node scheduled a
+-- message.
+CREATE TABLE repeat_sources (
+    name text PRIMARY KEY
+);
+INSERT INTO repeat_sources (name) VALUES ('deliver_at');
 
 -- Processes (the six-call protocol), cluster-wide: any node continues a
 -- process another node started. `deadline` is the STARTED or READY_TO_COMMIT
@@ -129,18 +143,20 @@ CREATE TABLE process_messages (
     PRIMARY KEY (process_id, message_id)
 );
 
--- Idempotency keys of uploads: one row per (device, key), so two nodes
--- receiving the same upload at once both try one insert and exactly one
--- wins; the loser reads the winner's message id. Expired rows are swept by
--- `expires_at`.
+-- Idempotency keys of uploads: one row per (device, key) with the upload
+-- it made (the message's file name), so two nodes receiving the same
+-- upload at once both write one row, and the later write replaces the
+-- earlier as a second write on one node would. Expired rows are swept by
+-- `expires_at`, oldest first.
 CREATE TABLE idempotency_keys (
-    device_id  text NOT NULL REFERENCES mailboxes (id),
+    device_id  text NOT NULL,
     key        text NOT NULL,
-    message_id text NOT NULL,
+    name       text NOT NULL,
+    at         bigint NOT NULL,
     expires_at bigint NOT NULL,
     PRIMARY KEY (device_id, key)
 );
-CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at, device_id, key);
 
 -- Alerts to the administrator (a process in doubt, a failed commit), raised
 -- once per event by the transaction that found the event.

@@ -16,6 +16,10 @@
 //! - [`SessionStorage`] keeps the session engine's records in the store
 //!   (`estafeta_session::Storage`); [`PgRegistry`] the exchange's registry
 //!   (`estafeta_exchange::store::RegistryStore`), shared by every node.
+//! - The exchange's data: [`PgMessages`] (its message store: every message
+//!   and its place, a step's batch in one transaction), [`PgKeys`] (upload
+//!   idempotency keys) and [`PgSchedule`] (the repeat scheduler's entries:
+//!   messages kept aside until their `deliver_at`).
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -36,16 +40,22 @@
 #![deny(missing_docs)]
 
 mod error;
+mod keys;
 mod lock;
+mod messages;
 mod migrate;
 mod registry;
+mod schedule;
 mod session_storage;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
 pub use error::Error;
+pub use keys::PgKeys;
 pub use lock::Locked;
+pub use messages::PgMessages;
 pub use registry::PgRegistry;
+pub use schedule::PgSchedule;
 pub use session_storage::SessionStorage;
 pub use store::{Options, Store};

@@ -235,13 +235,11 @@ impl RegistryStore for PgRegistry {
                 }
             }
             Change::DeleteEndpoint(id) => {
-                // Everything that names the mailbox goes with it, in this
-                // transaction: its token stops working with its records.
+                // The rows that refer to the mailbox go with it, in this
+                // transaction (its messages are the message store's to
+                // remove, which the exchange does next).
                 for sql in [
-                    "DELETE FROM process_messages WHERE message_id IN (SELECT id FROM messages WHERE owner = $1)",
                     "DELETE FROM processes WHERE db_id = $1",
-                    "DELETE FROM messages WHERE owner = $1",
-                    "DELETE FROM idempotency_keys WHERE device_id = $1",
                     "DELETE FROM push_backlog WHERE recipient = $1",
                     "DELETE FROM statistics WHERE mailbox_id = $1",
                     "DELETE FROM mailboxes WHERE id = $1",

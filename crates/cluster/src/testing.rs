@@ -21,6 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The query [`PgMessages::select`](crate::PgMessages) runs (parameters:
+/// mailbox, folder, subsystems or NULL, senders or NULL, row limit), for
+/// tests that check its plan with `EXPLAIN`.
+pub const MESSAGES_SELECT: &str = crate::messages::SELECT;
+
 /// Where Debian installs each PostgreSQL version's server binaries.
 const DEBIAN_ROOT: &str = "/usr/lib/postgresql";
 /// The longest a harness wait (start, stop, a standby catching up) may take.

@@ -50,15 +50,12 @@ async fn one_live_process_per_database_and_one_message_per_idempotency_key() {
         .unwrap();
     client.execute(start, &[&"p2", &"STARTED"]).await.unwrap();
 
-    let upload = "INSERT INTO idempotency_keys (device_id, key, message_id, expires_at)
-                  VALUES ('phone-1', 'k1', $1, 1000) ON CONFLICT DO NOTHING";
+    let upload = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
+                  VALUES ('phone-1', 'k1', $1, 0, 1000) ON CONFLICT DO NOTHING";
     assert_eq!(client.execute(upload, &[&"m1"]).await.unwrap(), 1);
     assert_eq!(client.execute(upload, &[&"m2"]).await.unwrap(), 0);
     let kept: String = client
-        .query_one(
-            "SELECT message_id FROM idempotency_keys WHERE key = 'k1'",
-            &[],
-        )
+        .query_one("SELECT name FROM idempotency_keys WHERE key = 'k1'", &[])
         .await
         .unwrap()
         .get(0);

@@ -70,6 +70,10 @@ pub enum KeysError {
         #[source]
         source: redb::Error,
     },
+    /// A key store other than the embedded one failed (the cluster store's
+    /// database, for example).
+    #[error("idempotency key store: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A stored entry cannot be read back (damaged outside the server).
     #[error("idempotency key store {path}: malformed entry for {device}/{key}")]
     Malformed {

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 pub use folder::{Folder, Location};
 pub use name::FileName;
-pub use select::{Filter, Limits, MB};
+pub use select::{Filter, Limits, MB, take_within};
 pub use sync::{SyncConfig, SyncStats};
 
 use crate::error::MailboxError;

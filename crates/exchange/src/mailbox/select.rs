@@ -102,7 +102,7 @@ impl Filter {
 /// even the first message is larger than the byte limit, it alone, so that
 /// no message can block the queue. Sizes are asked for lazily (`None` means
 /// the file vanished and is skipped), so only the files taken are looked at.
-pub(crate) fn take_within<T>(
+pub fn take_within<T>(
     candidates: impl IntoIterator<Item = T>,
     mut size_of: impl FnMut(&T) -> Option<u64>,
     limits: Limits,

@@ -4,6 +4,7 @@
 //! after the time.
 
 use crate::Timestamp;
+use crate::ulid_ids::MessageId;
 use crate::wire::Message;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, Scheduler, StoreError};
@@ -106,15 +107,29 @@ fn due_second(t: Timestamp) -> u64 {
     ms.div_ceil(1000)
 }
 
+/// The repeat entry that keeps the message `id`, stored as `bytes` (its
+/// file bytes), aside until `at`: what [`keep_aside`] schedules, and what a
+/// transactional message store writes itself when a batch keeps a message
+/// aside in the same transaction.
+pub fn kept_aside(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
+    Entry {
+        source: SOURCE.to_owned(),
+        due: due_second(at),
+        id: id.to_string(),
+        payload: bytes,
+        attempt: 0,
+    }
+}
+
 /// Keeps `message` aside in `deferred` until `at`, durably.
 pub(crate) async fn keep_aside(
     deferred: &Deferred,
     message: &Message,
     at: Timestamp,
 ) -> Result<(), KeepAsideError> {
-    let bytes = message.to_file_bytes()?;
+    let entry = kept_aside(message.id, message.to_file_bytes()?, at);
     deferred
-        .schedule(SOURCE, due_second(at), &message.id.to_string(), &bytes)
+        .schedule(&entry.source, entry.due, &entry.id, &entry.payload)
         .await?;
     tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
     Ok(())

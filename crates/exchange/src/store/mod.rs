@@ -14,18 +14,20 @@
 //! folder indexes checked against their directories) stays inside
 //! `FileStore`.
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod conformance;
 pub(crate) mod deferred;
 mod files;
 mod redb_registry;
 mod registry;
 
-pub use deferred::{Listed, Scheduled};
+pub use deferred::{Listed, Scheduled, kept_aside};
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};
 
 pub use crate::mailbox::{
-    FileEntry, FileName, Filter, Folder, Limits, Location, Outcome, RawArray,
+    FileEntry, FileName, Filter, Folder, Limits, Location, Outcome, RawArray, take_within,
 };
 
 use std::collections::{BTreeSet, HashSet};

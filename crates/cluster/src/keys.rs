@@ -1,0 +1,128 @@
+//! Idempotency keys of uploads (`estafeta_exchange::keys::UploadKeys`) over
+//! the `idempotency_keys` table: one row per (device, key).
+//!
+//! Two nodes writing the same key at once write one row: the database
+//! orders the two upserts, and the one that commits last is what every node
+//! reads from then on, as a second write of a key on one node replaces the
+//! first. The sweep of expired keys takes its rows with `SKIP LOCKED`, so
+//! nodes sweeping at once share the work instead of waiting for each other.
+//!
+//! The trait is synchronous (the exchange calls it from blocking threads);
+//! each call runs on the pool through the runtime handle taken at
+//! [`PgKeys::new`].
+
+use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
+use estafeta_exchange::{Id, Timestamp};
+
+use crate::{Error, Store};
+
+const GET: &str = "SELECT name, at, expires_at FROM idempotency_keys
+    WHERE device_id = $1 AND key = $2 AND expires_at > $3";
+const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+    ON CONFLICT (device_id, key) DO UPDATE
+    SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
+const REMOVE: &str = "DELETE FROM idempotency_keys WHERE device_id = $1 AND key = $2";
+const EXPIRE: &str = "DELETE FROM idempotency_keys WHERE (device_id, key) IN (
+    SELECT device_id, key FROM idempotency_keys WHERE expires_at <= $1
+    ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Upload idempotency keys in the cluster store.
+pub struct PgKeys {
+    store: Store,
+    runtime: tokio::runtime::Handle,
+}
+
+impl PgKeys {
+    /// The key store over `store` (migrated). Call it within the Tokio
+    /// runtime whose pool connections it will use: it keeps that runtime's
+    /// handle, and its methods must then be called off the runtime's own
+    /// threads.
+    pub fn new(store: Store) -> PgKeys {
+        PgKeys {
+            store,
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, KeysError> {
+        self.runtime
+            .block_on(f)
+            .map_err(|e| KeysError::Backend(Box::new(e)))
+    }
+}
+
+impl UploadKeys for PgKeys {
+    fn get(
+        &self,
+        device: &Id,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Option<KeyedUpload>, KeysError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let row = client
+                .query_opt(GET, &[&device.as_str(), &key, &now.as_millis()])
+                .await?;
+            Ok(row.map(|r| KeyedUpload {
+                name: r.get(0),
+                at: Timestamp::from_millis(r.get(1)),
+                expires_at: Timestamp::from_millis(r.get(2)),
+            }))
+        })
+    }
+
+    /// One statement. A key given twice is written once, as its last entry
+    /// says (one statement cannot change a row twice).
+    fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
+        let mut seen = std::collections::HashSet::new();
+        let last: Vec<&(Id, String, KeyedUpload)> = entries
+            .iter()
+            .rev()
+            .filter(|e| seen.insert((e.0.as_str(), e.1.as_str())))
+            .collect();
+        let devices: Vec<&str> = last.iter().map(|e| e.0.as_str()).collect();
+        let keys: Vec<&str> = last.iter().map(|e| e.1.as_str()).collect();
+        let names: Vec<&str> = last.iter().map(|e| e.2.name.as_str()).collect();
+        let at: Vec<i64> = last.iter().map(|e| e.2.at.as_millis()).collect();
+        let expires: Vec<i64> = last.iter().map(|e| e.2.expires_at.as_millis()).collect();
+        self.run(async {
+            let client = self.store.client().await?;
+            client
+                .execute(PUT, &[&devices, &keys, &names, &at, &expires])
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            client.execute(REMOVE, &[&device.as_str(), &key]).await?;
+            Ok(())
+        })
+    }
+
+    fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        self.run(async {
+            let client = self.store.client().await?;
+            let n = client.execute(EXPIRE, &[&now.as_millis(), &max]).await?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn len(&self) -> Result<u64, KeysError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let n: i64 = client
+                .query_one("SELECT count(*) FROM idempotency_keys", &[])
+                .await?
+                .get(0);
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+}

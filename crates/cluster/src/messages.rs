@@ -1,0 +1,591 @@
+//! The exchange's message store (`estafeta_exchange::store::MessageStore`)
+//! over the `messages` table: one row per message, body included, its
+//! place given by `owner` and `place`.
+//!
+//! A batch of ops ([`MessageStore::apply`]) is one transaction: all of it
+//! or none. Each op is still idempotent, because the exchange records a
+//! step's batch before running it and runs it again after a crash: a move
+//! whose message is already in its target is `AlreadyDone`, a delete whose
+//! message is gone likewise, and a message in none of an op's places is
+//! `NotFound`. Moves with the same source and target are one `UPDATE` of
+//! all their ids, so a commit of 100 messages is a few statements.
+//!
+//! A message kept aside until its `deliver_at` ([`Op::Schedule`] with a
+//! time still to come) becomes an entry of the repeat scheduler's table
+//! (`repeat_entries`, see [`PgSchedule`](crate::PgSchedule)), exactly the
+//! entry the exchange's scheduler makes for an upload due later, written in
+//! the batch's transaction; the scheduler delivers both the same way.
+//!
+//! Nothing is left half-done by a crash, so [`MessageStore::recover_writes`]
+//! has nothing to do and [`MessageStore::orphans`] finds nothing.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Display;
+use std::sync::Arc;
+
+use estafeta_exchange::error::MailboxError;
+use estafeta_exchange::store::{
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MessageStore, Op, Outcome,
+    RawArray, kept_aside, take_within,
+};
+use estafeta_exchange::wire::Message;
+use estafeta_exchange::{Id, MessageId, Timestamp};
+use estafeta_session::Clock;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::schedule::PUT_ENTRY;
+use crate::{Error, Store};
+
+/// The columns a [`FileEntry`] is made of, in [`entry`]'s order.
+const ENTRY: &str = "id, created_at, sender, recipient, subsystem, size";
+
+const INSERT: &str = "INSERT INTO messages
+    (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::bigint[], $8::bigint[], $9::bytea[])
+    ON CONFLICT (id) DO NOTHING";
+pub(crate) const SELECT: &str =
+    "SELECT id, created_at, sender, recipient, subsystem, size FROM messages
+    WHERE owner = $1 AND place = $2
+      AND ($3::text[] IS NULL OR subsystem = ANY($3))
+      AND ($4::text[] IS NULL OR sender = ANY($4))
+    ORDER BY created_at, id LIMIT $5";
+const MOVE: &str = "UPDATE messages SET owner = $4, place = $5
+    WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
+const PRESENT: &str = "SELECT id FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3";
+const DELETE: &str =
+    "DELETE FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
+const TAKE: &str =
+    "DELETE FROM messages WHERE id = $1 AND owner = $2 AND place = $3 RETURNING body";
+const DELIVER_NOW: &str = "UPDATE messages SET owner = recipient, place = 'Messages'
+    WHERE id = $1 AND owner = $2 AND place = $3 RETURNING recipient";
+
+/// The messages of every database and device, in the cluster store.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct PgMessages {
+    store: Store,
+    /// Tells whether an [`Op::Schedule`]'s time has come.
+    clock: Arc<dyn Clock>,
+}
+
+impl PgMessages {
+    /// The message store over `store` (migrated), on the system clock.
+    pub fn new(store: Store) -> PgMessages {
+        PgMessages::with_clock(store, Arc::new(estafeta_session::SystemClock))
+    }
+
+    /// The message store over `store`, deciding on `clock` (the exchange's)
+    /// whether a scheduled message is due at once.
+    pub fn with_clock(store: Store, clock: Arc<dyn Clock>) -> PgMessages {
+        PgMessages { store, clock }
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(i64::try_from(self.clock.now().0).unwrap_or(i64::MAX))
+    }
+
+    async fn client(&self, at: impl Display) -> Result<deadpool_postgres::Object, MailboxError> {
+        self.store.client().await.map_err(|e| failed(at, e))
+    }
+
+    /// The rows of `sql` (whose first two parameters are `at`'s mailbox and
+    /// folder) as entries.
+    async fn entries(
+        &self,
+        at: &Location,
+        sql: &str,
+        more: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        let client = self.client(at).await?;
+        let (owner, place) = (at.mailbox.as_str(), at.folder.as_str());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner, &place];
+        params.extend_from_slice(more);
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| failed(at, e))?;
+        let rows = client
+            .query(&statement, &params)
+            .await
+            .map_err(|e| failed(at, e))?;
+        rows.iter().map(|r| entry(at, r)).collect()
+    }
+
+    async fn insert(
+        &self,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        let bytes = messages
+            .iter()
+            .map(Message::to_file_bytes)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(MailboxError::Serialize)?;
+        let column = |f: fn(&Message) -> String| messages.iter().map(f).collect::<Vec<_>>();
+        let ids = column(|m| m.id.to_string());
+        let owners = vec![at.mailbox.as_str(); messages.len()];
+        let places = vec![at.folder.as_str(); messages.len()];
+        let senders = column(|m| m.from.to_string());
+        let recipients = column(|m| m.to.to_string());
+        let subsystems = column(|m| m.subsystem.to_string());
+        let created: Vec<i64> = messages.iter().map(|m| m.created_at.as_millis()).collect();
+        let sizes: Vec<i64> = bytes.iter().map(|b| b.len() as i64).collect();
+        let client = self.client(at).await?;
+        let insert = client
+            .prepare_cached(INSERT)
+            .await
+            .map_err(|e| failed(at, e))?;
+        client
+            .execute(
+                &insert,
+                &[
+                    &ids,
+                    &owners,
+                    &places,
+                    &senders,
+                    &recipients,
+                    &subsystems,
+                    &created,
+                    &sizes,
+                    &bytes,
+                ],
+            )
+            .await
+            .map_err(|e| failed(at, e))?;
+        Ok(messages
+            .iter()
+            .zip(&bytes)
+            .map(|(m, b)| FileEntry {
+                name: FileName::of(m),
+                size: b.len() as u64,
+            })
+            .collect())
+    }
+
+    /// The batch in one transaction: moves first (one statement per source
+    /// and target), then schedules, then deletes (one statement per place),
+    /// the order the file store keeps.
+    async fn apply_all(
+        &self,
+        ops: &[Op],
+        results: &mut [Option<Result<Outcome, MailboxError>>],
+        arrivals: &mut BTreeSet<Id>,
+    ) -> Result<(), Error> {
+        let mut client = self.store.client().await?;
+        let tx = client.transaction().await?;
+        // Groups in the order of their first op, so that concurrent batches
+        // lock rows in a predictable order.
+        let mut moves: Vec<((&Location, &Location), Vec<usize>)> = Vec::new();
+        let mut deletes: Vec<(&Location, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Move { from, to, .. } => group(&mut moves, (from, to), i),
+                Op::Delete { at, .. } => group(&mut deletes, at, i),
+                Op::Schedule { .. } => {}
+            }
+        }
+        let id_of = |i: usize| match &ops[i] {
+            Op::Move { name, .. } | Op::Delete { name, .. } | Op::Schedule { name, .. } => {
+                name.id.to_string()
+            }
+        };
+        for ((from, to), indexes) in moves {
+            let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
+            let moved = tx
+                .query(
+                    &tx.prepare_cached(MOVE).await?,
+                    &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
+                )
+                .await?;
+            let moved: HashSet<String> = moved.iter().map(|r| r.get(0)).collect();
+            let rest: Vec<&String> = ids.iter().filter(|id| !moved.contains(*id)).collect();
+            let there: HashSet<String> = if rest.is_empty() {
+                HashSet::new()
+            } else {
+                let rows = tx
+                    .query(
+                        &tx.prepare_cached(PRESENT).await?,
+                        &[&rest, &loc(to).0, &loc(to).1],
+                    )
+                    .await?;
+                rows.iter().map(|r| r.get(0)).collect()
+            };
+            for (&i, id) in indexes.iter().zip(&ids) {
+                let outcome = if moved.contains(id) {
+                    Ok(Outcome::Done)
+                } else if there.contains(id) {
+                    Ok(Outcome::AlreadyDone)
+                } else {
+                    Err(not_found(&ops[i], from, to))
+                };
+                if outcome.is_ok() && to.folder == Folder::Messages {
+                    arrivals.insert(to.mailbox.clone());
+                }
+                results[i] = Some(outcome);
+            }
+        }
+        let now = self.now();
+        for (i, op) in ops.iter().enumerate() {
+            let Op::Schedule { name, from, until } = op else {
+                continue;
+            };
+            let (owner, place) = loc(from);
+            let id = name.id.to_string();
+            let outcome = if *until > now {
+                match tx
+                    .query_opt(&tx.prepare_cached(TAKE).await?, &[&id, &owner, &place])
+                    .await?
+                {
+                    Some(row) => {
+                        let entry = kept_aside(name.id, row.get(0), *until);
+                        let due = crate::schedule::to_sql(entry.due);
+                        let attempt = crate::schedule::attempt_to_sql(entry.attempt);
+                        tx.execute(
+                            &tx.prepare_cached(PUT_ENTRY).await?,
+                            &[&entry.id, &entry.source, &due, &attempt, &entry.payload],
+                        )
+                        .await?;
+                        Ok(Outcome::Done)
+                    }
+                    None => Err(not_found(
+                        op,
+                        from,
+                        &Location::new(name.to.clone(), Folder::Messages),
+                    )),
+                }
+            } else {
+                match tx
+                    .query_opt(
+                        &tx.prepare_cached(DELIVER_NOW).await?,
+                        &[&id, &owner, &place],
+                    )
+                    .await?
+                {
+                    Some(_) => {
+                        arrivals.insert(name.to.clone());
+                        Ok(Outcome::Done)
+                    }
+                    None => Err(not_found(
+                        op,
+                        from,
+                        &Location::new(name.to.clone(), Folder::Messages),
+                    )),
+                }
+            };
+            results[i] = Some(outcome);
+        }
+        for (at, indexes) in deletes {
+            let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
+            let rows = tx
+                .query(
+                    &tx.prepare_cached(DELETE).await?,
+                    &[&ids, &loc(at).0, &loc(at).1],
+                )
+                .await?;
+            let deleted: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+            for (&i, id) in indexes.iter().zip(&ids) {
+                let outcome = if deleted.contains(id) {
+                    Outcome::Done
+                } else {
+                    Outcome::AlreadyDone
+                };
+                results[i] = Some(Ok(outcome));
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Adds op `i` to the group of `key`, made if it is the first.
+fn group<K: PartialEq>(groups: &mut Vec<(K, Vec<usize>)>, key: K, i: usize) {
+    match groups.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, members)) => members.push(i),
+        None => groups.push((key, vec![i])),
+    }
+}
+
+/// A location as its two columns.
+fn loc(at: &Location) -> (&str, &'static str) {
+    (at.mailbox.as_str(), at.folder.as_str())
+}
+
+/// A store failure as the exchange's storage error, naming where it
+/// happened.
+fn failed(at: impl Display, e: impl Into<Error>) -> MailboxError {
+    MailboxError::io(format!("postgres:{at}"), std::io::Error::other(e.into()))
+}
+
+fn not_found(op: &Op, from: &Location, to: &Location) -> MailboxError {
+    let name = match op {
+        Op::Move { name, .. } | Op::Delete { name, .. } | Op::Schedule { name, .. } => name,
+    };
+    MailboxError::NotFound {
+        name: name.to_string(),
+        from: format!("postgres:{from}").into(),
+        to: format!("postgres:{to}").into(),
+    }
+}
+
+/// A row of [`ENTRY`]'s columns as an entry; a row that does not make a
+/// valid name (written by hand) is an error, not a panic.
+fn entry(at: &Location, row: &Row) -> Result<FileEntry, MailboxError> {
+    let corrupt = || MailboxError::Corrupt(format!("postgres:{at}").into());
+    let id: &str = row.get(0);
+    let name = FileName {
+        id: id.parse().map_err(|_| corrupt())?,
+        created_at: Timestamp::from_millis(row.get(1)),
+        from: Id::new(row.get::<_, &str>(2)).map_err(|_| corrupt())?,
+        to: Id::new(row.get::<_, &str>(3)).map_err(|_| corrupt())?,
+        subsystem: Id::new(row.get::<_, &str>(4)).map_err(|_| corrupt())?,
+    };
+    let size: i64 = row.get(5);
+    Ok(FileEntry {
+        name,
+        size: u64::try_from(size).map_err(|_| corrupt())?,
+    })
+}
+
+fn texts(set: &Option<HashSet<Id>>) -> Option<Vec<&str>> {
+    set.as_ref().map(|s| s.iter().map(Id::as_str).collect())
+}
+
+/// The smallest id of a message that arrived at `t` (ids are ULIDs, whose
+/// text sorts by arrival time first).
+fn first_id_at(t: Timestamp) -> String {
+    MessageId::from_parts(u64::try_from(t.as_millis()).unwrap_or(0), 0).to_string()
+}
+
+#[async_trait::async_trait]
+impl MessageStore for PgMessages {
+    /// Nothing to make: a mailbox's rows are its messages.
+    async fn create_mailbox(&self, _owner: &Id) -> Result<(), MailboxError> {
+        Ok(())
+    }
+
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let client = self.client(owner).await?;
+        let n = client
+            .execute("DELETE FROM messages WHERE owner = $1", &[&owner.as_str()])
+            .await
+            .map_err(|e| failed(owner, e))?;
+        Ok(n)
+    }
+
+    /// A message whose id is stored already stays where it is (a delivery
+    /// repeated by another node finds the first one's message): one
+    /// message per id.
+    async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
+        let mut entries = self.insert(at, std::slice::from_ref(message)).await?;
+        // One entry per message given.
+        Ok(entries.swap_remove(0))
+    }
+
+    /// One statement: all or none.
+    async fn put_all(
+        &self,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        self.insert(at, messages).await
+    }
+
+    async fn apply(&self, ops: &[Op]) -> Applied {
+        let mut results: Vec<Option<Result<Outcome, MailboxError>>> =
+            ops.iter().map(|_| None).collect();
+        let mut arrivals = BTreeSet::new();
+        if let Err(e) = self.apply_all(ops, &mut results, &mut arrivals).await {
+            // Rolled back: nothing of the batch happened.
+            let text = e.to_string();
+            return Applied {
+                results: ops
+                    .iter()
+                    .map(|_| {
+                        let e = std::io::Error::other(text.clone());
+                        Err(MailboxError::io("postgres:batch", e))
+                    })
+                    .collect(),
+                arrivals: BTreeSet::new(),
+            };
+        }
+        Applied {
+            results: results.into_iter().flatten().collect(),
+            arrivals,
+        }
+    }
+
+    async fn delete_all(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Vec<Result<Outcome, MailboxError>> {
+        let ops: Vec<Op> = names
+            .iter()
+            .map(|name| Op::Delete {
+                name: name.clone(),
+                at: at.clone(),
+            })
+            .collect();
+        self.apply(&ops).await.results
+    }
+
+    /// One range scan of `messages_folder` that stops after
+    /// `limits.max_files` rows; the byte limit is applied to those.
+    async fn select(
+        &self,
+        at: &Location,
+        filter: &Filter,
+        limits: Limits,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        let subsystems = texts(&filter.subsystems);
+        let senders = texts(&filter.senders);
+        let max = i64::try_from(limits.max_files).unwrap_or(i64::MAX);
+        let rows = self
+            .entries(at, SELECT, &[&subsystems, &senders, &max])
+            .await?;
+        let taken = take_within(rows, |e| Some(e.size), limits);
+        Ok(taken.into_iter().map(|(e, _)| e).collect())
+    }
+
+    async fn read_array(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Result<RawArray, MailboxError> {
+        let ids: Vec<String> = names.iter().map(|n| n.id.to_string()).collect();
+        let client = self.client(at).await?;
+        let rows = client
+            .query(
+                "SELECT id, body FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3",
+                &[&ids, &loc(at).0, &loc(at).1],
+            )
+            .await
+            .map_err(|e| failed(at, e))?;
+        let mut bodies: HashMap<String, Vec<u8>> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let mut json = Vec::with_capacity(2 + names.len() * 256);
+        let mut included = Vec::with_capacity(names.len());
+        json.push(b'[');
+        for (name, id) in names.iter().zip(&ids) {
+            let Some(body) = bodies.remove(id) else {
+                continue;
+            };
+            if body.first() != Some(&b'{') || body.last() != Some(&b'}') {
+                return Err(MailboxError::Corrupt(
+                    format!("postgres:{at}/{name}").into(),
+                ));
+            }
+            if !included.is_empty() {
+                json.push(b',');
+            }
+            json.extend_from_slice(&body);
+            included.push(name.clone());
+        }
+        json.push(b']');
+        Ok(RawArray {
+            json,
+            names: included,
+        })
+    }
+
+    async fn count(&self, at: &Location) -> Result<usize, MailboxError> {
+        let client = self.client(at).await?;
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM messages WHERE owner = $1 AND place = $2",
+                &[&loc(at).0, &loc(at).1],
+            )
+            .await
+            .map_err(|e| failed(at, e))?
+            .get(0);
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
+        let max = i64::try_from(n).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2
+             ORDER BY created_at, id LIMIT $3"
+        );
+        let entries = self.entries(at, &sql, &[&max]).await?;
+        Ok(entries.into_iter().map(|e| e.name).collect())
+    }
+
+    async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
+        let sql =
+            format!("SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2 AND id = $3");
+        let entries = self.entries(at, &sql, &[&id.to_string()]).await?;
+        Ok(entries.into_iter().next().map(|e| e.name))
+    }
+
+    async fn find_all(
+        &self,
+        at: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
+        let sql = format!(
+            "SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2 AND id = ANY($3)
+             ORDER BY created_at, id"
+        );
+        let entries = self.entries(at, &sql, &[&ids]).await?;
+        Ok(entries.into_iter().map(|e| e.name).collect())
+    }
+
+    async fn delivered(&self, name: &FileName) -> Result<bool, MailboxError> {
+        let client = self.client(name).await?;
+        let row = client
+            .query_opt(
+                "SELECT 1 FROM messages WHERE id = $1 AND owner = $2
+                   AND place IN ('Messages', 'Log', 'Unknown', 'Error')",
+                &[&name.id.to_string(), &name.to.as_str()],
+            )
+            .await
+            .map_err(|e| failed(name, e))?;
+        Ok(row.is_some())
+    }
+
+    async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError> {
+        let sql = format!(
+            "SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2 ORDER BY created_at, id"
+        );
+        self.entries(at, &sql, &[]).await
+    }
+
+    /// Age is the arrival time in the id: the ids below the first id of
+    /// `cutoff`'s millisecond, read from the folder's index range.
+    async fn remove_older_than(
+        &self,
+        at: &Location,
+        cutoff: Timestamp,
+        keep: &HashSet<MessageId>,
+    ) -> Result<usize, MailboxError> {
+        let keep: Vec<String> = keep.iter().map(MessageId::to_string).collect();
+        let client = self.client(at).await?;
+        let n = client
+            .execute(
+                "DELETE FROM messages WHERE owner = $1 AND place = $2 AND id < $3
+                   AND NOT (id = ANY($4))",
+                &[&loc(at).0, &loc(at).1, &first_id_at(cutoff), &keep],
+            )
+            .await
+            .map_err(|e| failed(at, e))?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    /// Every write is one transaction: nothing is left half-done.
+    async fn recover_writes(&self, _owner: &Id) -> Result<(), MailboxError> {
+        Ok(())
+    }
+
+    /// A prepare's replies are written in one statement: there are none.
+    async fn orphans(
+        &self,
+        _db: &Id,
+        _referenced: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        Ok(Vec::new())
+    }
+}

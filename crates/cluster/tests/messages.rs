@@ -1,0 +1,191 @@
+//! The exchange's message store over PostgreSQL: the same contract as the
+//! embedded file store, a batch all or nothing, and `start`'s query one
+//! index range scan that reads only what it returns.
+
+use estafeta_cluster::testing::{MESSAGES_SELECT, Postgres};
+use estafeta_cluster::{PgMessages, PgSchedule, Store};
+use estafeta_exchange::store::conformance::message_store_contract;
+use estafeta_exchange::store::{FileName, Folder, Location, MessageStore, Op};
+use estafeta_exchange::wire::{Body, Message, Version};
+use estafeta_exchange::{Id, MessageId, Timestamp};
+use std::sync::Arc;
+
+async fn store(pg: &Postgres) -> Store {
+    let store = Store::connect(&pg.url()).unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+fn message(seq: u64, to: &str, subsystem: &str) -> Message {
+    Message {
+        version: Version,
+        id: MessageId::from_parts(1_764_064_800_000 + seq, u128::from(seq)),
+        from: id("phone-1"),
+        to: id(to),
+        subsystem: id(subsystem),
+        created_at: Timestamp::from_millis(1_764_064_800_000),
+        body: Body::from_json(r#"{"n":1}"#).unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_messages_keep_the_message_store_contract() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    let kept = Arc::new(PgSchedule::new(store.clone()));
+    message_store_contract(&PgMessages::new(store), kept).await;
+}
+
+/// A statement that fails half-way through a batch (here a constraint the
+/// test adds) leaves every message of the batch where it was; `put_all`
+/// likewise writes all of its messages or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_and_a_put_all_are_all_or_nothing() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    store
+        .client()
+        .await
+        .unwrap()
+        .batch_execute(
+            "ALTER TABLE messages ADD CONSTRAINT no_poison
+               CHECK (owner <> 'poison' AND subsystem <> 'poison')",
+        )
+        .await
+        .unwrap();
+    let messages = PgMessages::new(store);
+    let queue = Location::new(id("db-a"), Folder::Messages);
+    let log = Location::new(id("db-a"), Folder::Log);
+    let (a, b) = (message(1, "db-a", "sales"), message(2, "db-a", "sales"));
+    messages
+        .put_all(&queue, &[a.clone(), b.clone()])
+        .await
+        .unwrap();
+
+    let applied = messages
+        .apply(&[
+            Op::Move {
+                name: FileName::of(&a),
+                from: queue.clone(),
+                to: log.clone(),
+            },
+            Op::Move {
+                name: FileName::of(&b),
+                from: queue.clone(),
+                to: Location::new(id("poison"), Folder::Messages),
+            },
+            Op::Delete {
+                name: FileName::of(&b),
+                at: queue.clone(),
+            },
+        ])
+        .await;
+    assert_eq!(applied.results.len(), 3);
+    assert!(applied.results.iter().all(Result::is_err), "{applied:?}");
+    assert!(applied.arrivals.is_empty());
+    assert_eq!(messages.count(&queue).await.unwrap(), 2);
+    assert_eq!(messages.count(&log).await.unwrap(), 0);
+
+    let fresh = [
+        message(3, "db-a", "sales"),
+        message(4, "db-a", "poison"),
+        message(5, "db-a", "sales"),
+    ];
+    let inbox = Location::new(id("db-b"), Folder::Messages);
+    assert!(messages.put_all(&inbox, &fresh).await.is_err());
+    assert_eq!(messages.count(&inbox).await.unwrap(), 0);
+}
+
+/// Nothing is left half-done by a crash: no writes to recover, and a
+/// prepare's replies (one statement) are never orphans, referenced or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn there_is_nothing_to_recover_and_no_orphan() {
+    let pg = Postgres::start().unwrap();
+    let messages = PgMessages::new(store(&pg).await);
+    let prepared = Location::new(id("db-a"), Folder::Prepared);
+    messages
+        .put_all(&prepared, &[message(1, "phone-1", "sales")])
+        .await
+        .unwrap();
+    messages.recover_writes(&id("db-a")).await.unwrap();
+    let referenced = std::collections::HashSet::new();
+    let orphans = messages.orphans(&id("db-a"), &referenced).await.unwrap();
+    assert!(orphans.is_empty());
+    assert_eq!(messages.count(&prepared).await.unwrap(), 1);
+}
+
+/// `start`'s query (the one `PgMessages::select` runs), with 20,000
+/// messages waiting in each of two databases, unfiltered and filtered by
+/// subsystem: one range scan of `messages_folder` that reads exactly the
+/// rows it returns, no sort, no table scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_reads_only_the_rows_it_returns_whatever_the_queue_length() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    let client = store.client().await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+               SELECT format('m%s-%s', db, lpad(i::text, 6, '0')), db, 'Messages', 'phone-1', db,
+                      CASE WHEN i % 2 = 0 THEN 'sales' ELSE 'stock' END, i, 100, '\\x7b7d'
+               FROM generate_series(1, 20000) AS i, unnest(ARRAY['db-a', 'db-b']) AS db;
+             ANALYZE messages;",
+        )
+        .await
+        .unwrap();
+    // The very statement, its parameters bound as the store binds them.
+    client
+        .batch_execute(&format!(
+            "PREPARE sel (text, text, text[], text[], bigint) AS {MESSAGES_SELECT}"
+        ))
+        .await
+        .unwrap();
+    for subsystems in ["NULL", "ARRAY['sales']"] {
+        let explain = format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE sel ('db-a', 'Messages', {subsystems}, NULL, 10)"
+        );
+        let rows = client.simple_query(&explain).await.unwrap();
+        let text = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap();
+        let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut nodes = Vec::new();
+        collect_nodes(&plan[0]["Plan"], &mut nodes);
+        let scan = nodes
+            .iter()
+            .find(|n| {
+                n["Node Type"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("Index"))
+            })
+            .unwrap_or_else(|| panic!("no index scan in {text}"));
+        assert_eq!(scan["Index Name"], "messages_folder", "{text}");
+        assert_eq!(scan["Actual Rows"], 10, "{text}");
+        // The filtered scan passes over the other subsystem's rows in
+        // between (every other one), no more.
+        let removed = scan["Rows Removed by Filter"].as_u64().unwrap_or(0);
+        assert!(removed <= 10, "{text}");
+        assert!(
+            nodes
+                .iter()
+                .all(|n| n["Node Type"] != "Sort" && n["Node Type"] != "Seq Scan"),
+            "{text}"
+        );
+    }
+}
+
+/// Every node of an EXPLAIN plan, depth first.
+fn collect_nodes<'a>(node: &'a serde_json::Value, into: &mut Vec<&'a serde_json::Value>) {
+    into.push(node);
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        collect_nodes(child, into);
+    }
+}
