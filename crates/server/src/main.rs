@@ -198,16 +198,25 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.http(),
         settings.notify()?,
         settings.disk_alert_mb << 20,
+        settings.store.as_ref().map(|s| s.expose()),
     )
     .await
     .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
     if let AdminToken::Generated(token) = admin {
-        let kept = DataLayout::new(&settings.data_dir).admin_token();
-        println!(
-            "admin token: {} (kept in {})",
-            token.expose(),
-            kept.display()
-        );
+        match settings.store {
+            None => {
+                let kept = DataLayout::new(&settings.data_dir).admin_token();
+                println!(
+                    "admin token: {} (kept in {})",
+                    token.expose(),
+                    kept.display()
+                );
+            }
+            Some(_) => println!(
+                "admin token: {} (shown once; the cluster store keeps only its hash)",
+                token.expose()
+            ),
+        }
     }
     let listener = tokio::net::TcpListener::bind(&settings.listen)
         .await

@@ -1,4 +1,6 @@
-//! Opening the data folder at start, waiting out a full disk.
+//! Opening the data folder at start, waiting out a full disk; the stores
+//! the exchange runs on: embedded under the data folder, or a cluster's
+//! PostgreSQL database (the `store` setting).
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -12,8 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::tenancy::AdminToken;
+use estafeta_exchange::{ExchangeConfig, Stores};
 use estafeta_session::Clock;
 
 use crate::config::HttpSettings;
@@ -28,15 +30,49 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
 
-/// Opens the server on `config.data_dir` ([`Server::open`]). While opening
-/// fails and the file system has less than `low_bytes` free (0: 16 MiB),
-/// waits and tries again.
+/// The stores the exchange runs on: with no `store` URL, the embedded ones
+/// under `data_dir`; with a `postgres://` URL, the cluster's database, its
+/// schema created or brought up to date first (safe when several nodes
+/// start at once).
+pub async fn stores(
+    data_dir: &Path,
+    store: Option<&str>,
+    clock: Arc<dyn Clock>,
+) -> Result<Stores, ServeError> {
+    let Some(url) = store else {
+        return Stores::embedded(data_dir, clock)
+            .await
+            .map_err(ServeError::Open);
+    };
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(ServeError::StoreUrl);
+    }
+    let db = estafeta_cluster::Store::connect(url).map_err(ServeError::Store)?;
+    db.migrate().await.map_err(ServeError::Store)?;
+    let sessions = estafeta_cluster::SessionStorage::open(db.clone())
+        .await
+        .map_err(ServeError::Store)?;
+    let scheduled = Arc::new(estafeta_cluster::PgSchedule::new(db.clone()));
+    Ok(Stores {
+        messages: Arc::new(estafeta_cluster::PgMessages::new(db.clone())),
+        registry: Arc::new(estafeta_cluster::PgRegistry::new(db.clone())),
+        sessions: Arc::new(sessions),
+        scheduled: estafeta_exchange::store::Scheduled::new(scheduled, clock),
+        keys: Arc::new(estafeta_cluster::PgKeys::new(db)),
+    })
+}
+
+/// Opens the server on `config.data_dir` over the stores `store` names
+/// ([`stores`], [`Server::open_with`]). While opening fails and the file
+/// system has less than `low_bytes` free (0: 16 MiB), waits and tries
+/// again.
 pub async fn open_server(
     config: ExchangeConfig,
     clock: Arc<dyn Clock>,
     http: HttpSettings,
     notify: NotifySettings,
     low_bytes: u64,
+    store: Option<&str>,
 ) -> Result<(Server, AdminToken), ServeError> {
     let low = if low_bytes == 0 {
         DEFAULT_LOW
@@ -45,8 +81,19 @@ pub async fn open_server(
     };
     let mut wait = FIRST_WAIT;
     loop {
-        let opened =
-            Server::open(config.clone(), clock.clone(), http.clone(), notify.clone()).await;
+        let opened = match stores(&config.data_dir, store, clock.clone()).await {
+            Ok(stores) => {
+                Server::open_with(
+                    config.clone(),
+                    clock.clone(),
+                    http.clone(),
+                    notify.clone(),
+                    stores,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
         let error = match opened {
             Ok(opened) => return Ok(opened),
             Err(e) => e,

@@ -46,6 +46,15 @@ pub enum ServeError {
     /// The exchange could not open its data folder.
     #[error("opening the exchange failed: {0}")]
     Open(ExchangeError),
+    /// The `store` setting is neither unset nor a `postgres://` URL.
+    #[error(
+        "the store setting must be a postgres:// (or postgresql://) URL, or unset for the embedded store"
+    )]
+    StoreUrl,
+    /// The cluster store could not be reached or its schema brought up to
+    /// date.
+    #[error("opening the cluster store failed: {0}")]
+    Store(#[source] estafeta_cluster::Error),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
     Shutdown(ExchangeError),

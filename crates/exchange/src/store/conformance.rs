@@ -75,7 +75,9 @@ fn outcome(r: Result<Outcome, MailboxError>) -> Option<Outcome> {
 pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
     let scheduled = Arc::new(RedbStore::open(dir.join("scheduled.redb")).unwrap());
     let kept = Scheduled::new(scheduled.clone(), Arc::new(estafeta_session::SystemClock));
-    let store = FileStore::open(&dir.join("data"), kept.scheduler).await.unwrap();
+    let store = FileStore::open(&dir.join("data"), kept.scheduler)
+        .await
+        .unwrap();
     (Arc::new(store), scheduled)
 }
 
