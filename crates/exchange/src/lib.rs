@@ -92,7 +92,8 @@ pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
-    NoPush, Phase, PushSink, RecipientKind, RecoveryReport, Sinks, Upload, alert_key,
+    NoPush, Paused, Phase, PushSink, Quiesce, RecipientKind, RecoveryReport, Sinks, Upload,
+    alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -69,8 +69,8 @@ impl Server {
         http: HttpSettings,
         notify: NotifySettings,
     ) -> Result<(Server, AdminToken), ServeError> {
-        let notifier = Notifier::open(notify).await?;
-        let pusher = Pusher::open(&notifier, clock.clone()).await?;
+        let notifier = Notifier::open(notify, config.quiesce.clone()).await?;
+        let pusher = Pusher::open(&notifier, clock.clone(), config.quiesce.clone()).await?;
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),

@@ -43,6 +43,7 @@ mod push;
 mod recovery;
 mod schedule;
 mod sessions;
+mod snapshot;
 mod state;
 mod stats;
 
@@ -52,8 +53,9 @@ pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
+pub use snapshot::{Gated, Paused, Quiesce};
 
-use crate::store::{FileStore, Folder};
+use crate::store::{FileStore, Folder, RedbRegistry};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::Token;
@@ -130,7 +132,21 @@ impl Exchange {
         sinks: Sinks,
     ) -> Result<(Exchange, AdminToken), ExchangeError> {
         let layout = crate::DataLayout::new(&config.data_dir);
-        let (registry, admin_token) = Registry::open(&layout, config.admin_token.clone()).await?;
+        // Every store's writes wait out a backup's pause.
+        let quiesce = config.quiesce.clone();
+        let configured = config
+            .admin_token
+            .clone()
+            .map(Token::from_text)
+            .transpose()?;
+        let (registry, admin_token) = Registry::with_store(
+            Arc::new(Gated::new(
+                RedbRegistry::open(&layout).await?,
+                quiesce.clone(),
+            )),
+            configured,
+        )
+        .await?;
         let sessions_path = layout.sessions();
         let storage = tokio::task::spawn_blocking(move || RedbStorage::open(sessions_path))
             .await
@@ -148,12 +164,19 @@ impl Exchange {
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))??;
         let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            Listed(scheduled.clone()),
+            Gated::new(Listed(scheduled.clone()), quiesce.clone()),
             crate::store::deferred::WallClock(clock.clone()),
             estafeta_repeat::Options::default(),
         ));
-        let store = Arc::new(FileStore::open(&config.data_dir, deferred.clone()).await?);
-        let sessions = sessions::Sessions::open(Arc::new(storage), clock.clone()).await?;
+        let store = Arc::new(Gated::new(
+            FileStore::open(&config.data_dir, deferred.clone()).await?,
+            quiesce.clone(),
+        ));
+        let sessions = sessions::Sessions::open(
+            Arc::new(Gated::new(storage, quiesce.clone())),
+            clock.clone(),
+        )
+        .await?;
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {
@@ -167,7 +190,7 @@ impl Exchange {
             recovery: Default::default(),
             alerts: sinks.alerts,
             storage_alert: Default::default(),
-            keys: Arc::new(keys),
+            keys: Arc::new(Gated::new(keys, quiesce)),
             deferred,
             deferred_store: scheduled,
             push: sinks.push,
@@ -518,6 +541,14 @@ impl Exchange {
         self.core.deferred.close().await;
         self.core.sessions.stop().await?;
         Ok(())
+    }
+
+    /// Admin: waits for the durable writes under way to end and holds back
+    /// new ones (reads go on) until the guard is dropped: the data folder on
+    /// disk is then a state a crash could have left, safe to copy.
+    pub async fn pause_writes(&self, who: &Principal) -> Result<Paused, ExchangeError> {
+        admin(who)?;
+        Ok(self.core.config.quiesce.pause().await)
     }
 
     /// The session engines' figures, added up (for metrics).

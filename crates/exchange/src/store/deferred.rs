@@ -25,7 +25,7 @@ impl estafeta_repeat::Clock for WallClock {
 }
 
 /// The store of messages kept aside.
-pub(crate) type Deferred = Scheduler<Listed<RedbStore>, WallClock>;
+pub(crate) type Deferred = Scheduler<crate::service::Gated<Listed<RedbStore>>, WallClock>;
 
 /// A repeat store shared between its scheduler and readers that list its
 /// entries (the dashboard's page of scheduled and retrying deliveries):

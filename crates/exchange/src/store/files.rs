@@ -303,7 +303,7 @@ mod tests {
         let scheduled =
             Arc::new(estafeta_repeat::RedbStore::open(dir.join("scheduled.redb")).unwrap());
         let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            Listed(scheduled.clone()),
+            crate::service::Gated::new(Listed(scheduled.clone()), Default::default()),
             WallClock(Arc::new(estafeta_session::SystemClock)),
             estafeta_repeat::Options::default(),
         ));
