@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Sinks};
+use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Quiesce, Sinks};
 use estafeta_session::Clock;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -31,6 +31,7 @@ use tower_http::add_extension::AddExtension;
 
 use crate::app::app;
 use crate::config::HttpSettings;
+use crate::metrics::{Commits, Metrics};
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::state::AppState;
 
@@ -69,6 +70,10 @@ impl Server {
         http: HttpSettings,
         notify: NotifySettings,
     ) -> Result<(Server, AdminToken), ServeError> {
+        // The exchange tells the metrics of its commits.
+        let commits = Arc::new(Commits::default());
+        let mut config = config;
+        config.quiesce = Quiesce::observed(commits.clone());
         let notifier = Notifier::open(notify, config.quiesce.clone()).await?;
         let pusher = Pusher::open(&notifier, clock.clone(), config.quiesce.clone()).await?;
         let sinks = Sinks {
@@ -78,7 +83,7 @@ impl Server {
         let (exchange, admin) = Exchange::open(config, clock, sinks)
             .await
             .map_err(ServeError::Open)?;
-        let state = AppState::new(exchange, http, notifier, pusher);
+        let state = AppState::new(exchange, http, notifier, pusher, Metrics::new(commits));
         Ok((Server { state }, admin))
     }
 

@@ -53,7 +53,7 @@ pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
-pub use snapshot::{Gated, Paused, Quiesce};
+pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
 
 use crate::store::{FileStore, Folder, RedbRegistry};
 use crate::tenancy::Registry;

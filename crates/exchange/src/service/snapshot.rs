@@ -19,6 +19,7 @@
 use std::collections::HashSet;
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 
@@ -26,16 +27,48 @@ use crate::error::{MailboxError, TenancyError};
 use crate::id::Id;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{
-    Applied, Change, FileEntry, FileName, Filter, Limits, Location, MessageStore, Op, Outcome,
-    RawArray, RegistryStore, Snapshot,
+    Applied, Change, FileEntry, FileName, Filter, Folder, Limits, Location, MessageStore, Op,
+    Outcome, RawArray, RegistryStore, Snapshot,
 };
 use crate::timestamp::Timestamp;
 use crate::token::TokenHash;
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
 
-/// The pause that backups take: shared by every store of one data folder
-/// (the exchange's and the server's own). Cheap to clone.
+/// The durable commits that a [`CommitObserver`] is told of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Durable {
+    /// A batch of session saves (one redb transaction, group-committed).
+    Sessions,
+    /// A message store write: an upload, or a protocol step's batch of moves.
+    Messages,
+}
+
+impl Durable {
+    /// The name, as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durable::Sessions => "sessions",
+            Durable::Messages => "messages",
+        }
+    }
+}
+
+/// Told of the exchange's durable commits and of what they did (for
+/// metrics); called on the writing thread, so it must be quick.
+pub trait CommitObserver: Send + Sync {
+    /// A durable commit of `what` took `took` (not counting a backup's pause).
+    fn committed(&self, what: Durable, took: Duration);
+    /// `n` messages arrived in their recipients' `Messages` folders
+    /// (uploads, replies on commit, scheduled deliveries).
+    fn delivered(&self, n: u64);
+    /// A process ended in `state`, or went in doubt (`IN_DOUBT`).
+    fn ended(&self, state: crate::wire::ProcessState);
+}
+
+/// The pause that backups take, shared by every store of one data folder
+/// (the exchange's and the server's own), and the observer of the
+/// exchange's commits. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Quiesce {
     inner: Arc<Locks>,
@@ -45,6 +78,7 @@ pub struct Quiesce {
 struct Locks {
     files: Arc<RwLock<()>>,
     stores: Arc<RwLock<()>>,
+    observer: Option<Arc<dyn CommitObserver>>,
 }
 
 impl std::fmt::Debug for Quiesce {
@@ -60,6 +94,35 @@ pub struct Paused {
 }
 
 impl Quiesce {
+    /// A pause whose stores tell `observer` of their commits.
+    pub fn observed(observer: Arc<dyn CommitObserver>) -> Self {
+        Quiesce {
+            inner: Arc::new(Locks {
+                observer: Some(observer),
+                ..Locks::default()
+            }),
+        }
+    }
+
+    /// The observer of the exchange's commits, if there is one.
+    pub(crate) fn observer(&self) -> Option<&dyn CommitObserver> {
+        self.inner.observer.as_deref()
+    }
+
+    /// Tells the observer that a commit of `what` begun at `started` ended.
+    fn committed(&self, what: Durable, started: Instant) {
+        if let Some(o) = self.observer() {
+            o.committed(what, started.elapsed());
+        }
+    }
+
+    /// Tells the observer that `n` messages arrived in `Messages` folders.
+    fn delivered(&self, n: usize) {
+        if let (Some(o), 1..) = (self.observer(), n) {
+            o.delivered(n as u64);
+        }
+    }
+
     /// Waits for the writes under way to end and holds back new ones until
     /// the guard is dropped.
     pub async fn pause(&self) -> Paused {
@@ -130,7 +193,12 @@ impl<S: estafeta_session::storage::Storage> estafeta_session::storage::Storage f
         &self,
         batch: &[estafeta_session::storage::Write],
     ) -> Result<(), estafeta_session::storage::StorageError> {
-        self.quiesce.store_write(|| self.inner.write(batch))
+        self.quiesce.store_write(|| {
+            let started = Instant::now();
+            let written = self.inner.write(batch);
+            self.quiesce.committed(Durable::Sessions, started);
+            written
+        })
     }
     fn deadlines(
         &self,
@@ -203,7 +271,13 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     }
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         let _writing = self.quiesce.inner.files.read().await;
-        self.inner.put(at, message).await
+        let started = Instant::now();
+        let put = self.inner.put(at, message).await;
+        self.quiesce.committed(Durable::Messages, started);
+        if put.is_ok() && at.folder == Folder::Messages {
+            self.quiesce.delivered(1);
+        }
+        put
     }
     async fn put_all(
         &self,
@@ -211,11 +285,32 @@ impl<M: MessageStore> MessageStore for Gated<M> {
         messages: &[Message],
     ) -> Result<Vec<FileEntry>, MailboxError> {
         let _writing = self.quiesce.inner.files.read().await;
-        self.inner.put_all(at, messages).await
+        let started = Instant::now();
+        let put = self.inner.put_all(at, messages).await;
+        self.quiesce.committed(Durable::Messages, started);
+        if let (Ok(entries), Folder::Messages) = (&put, at.folder) {
+            self.quiesce.delivered(entries.len());
+        }
+        put
     }
     async fn apply(&self, ops: &[Op]) -> Applied {
         let _writing = self.quiesce.inner.files.read().await;
-        self.inner.apply(ops).await
+        let started = Instant::now();
+        let applied = self.inner.apply(ops).await;
+        self.quiesce.committed(Durable::Messages, started);
+        // Moves into a Messages folder made by this call (not the ones a
+        // repeated step finds done already).
+        let arrived = ops
+            .iter()
+            .zip(&applied.results)
+            .filter(|(op, result)| {
+                matches!(op, Op::Move { to, from, .. }
+                    if to.folder == Folder::Messages && from.folder != Folder::Messages)
+                    && matches!(result, Ok(Outcome::Done))
+            })
+            .count();
+        self.quiesce.delivered(arrived);
+        applied
     }
     async fn delete_all(
         &self,
