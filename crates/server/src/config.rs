@@ -176,6 +176,9 @@ settings! {
         disk_alert_mb: u64 = "100", zero "never";
         /// how often free disk space is checked
         disk_check: Duration = "1m";
+        /// /metrics: messages waiting per database for at most this many databases (the
+        /// first by id); every other figure is a total, whatever the number of mailboxes
+        metrics_per_database: usize = "0", zero "totals only";
     }
 }
 
@@ -696,6 +699,7 @@ impl Settings {
                 .unwrap_or(usize::MAX),
             request_timeout: self.request_timeout,
             retention_interval: RETENTION_INTERVAL,
+            metrics_per_database: self.metrics_per_database,
         }
     }
 }
@@ -713,6 +717,8 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     /// The period of the retention sweep.
     pub retention_interval: Duration,
+    /// `/metrics` gives the messages waiting of at most this many databases.
+    pub metrics_per_database: usize,
 }
 
 impl Default for HttpSettings {

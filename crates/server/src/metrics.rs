@@ -6,8 +6,9 @@
 //! Prometheus text format (written by `prometheus-client`), names after the
 //! Prometheus conventions (base units, `_total` counters).
 //!
-//! No series is per mailbox: a scrape has the same size with ten mailboxes
-//! or ten thousand. Per-mailbox figures are the admin API's and the
+//! No series is per mailbox unless the `metrics_per_database` setting asks
+//! for the messages waiting of a capped number of databases: a scrape has
+//! the same size with ten mailboxes or ten thousand. Per-mailbox figures are the admin API's and the
 //! dashboard's.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -353,6 +354,9 @@ pub struct Snapshot {
     /// Message files per (kind of mailbox, folder), summed over the
     /// mailboxes of that kind; every pair present, zero or not.
     pub messages: BTreeMap<(&'static str, &'static str), u64>,
+    /// Messages waiting per database, for the first `metrics_per_database`
+    /// databases by id (none by default).
+    pub per_database: BTreeMap<String, u64>,
     /// Seconds the oldest message waiting in a database's `Messages` has
     /// waited since its creation (0 when none waits).
     pub oldest_waiting_secs: f64,
@@ -407,6 +411,13 @@ impl Snapshot {
         if let Ok((dbs, devices)) = exchange.mailbox_ids(&admin) {
             s.mailboxes.insert(KINDS[0], dbs.len() as u64);
             s.mailboxes.insert(KINDS[1], devices.len() as u64);
+            // The first databases by id, as many as the setting allows.
+            let mut detailed: Vec<_> = dbs.clone();
+            detailed.sort();
+            detailed.truncate(state.http().metrics_per_database);
+            for db in detailed {
+                s.per_database.insert(db.to_string(), 0);
+            }
             let dbs: std::collections::HashSet<_> = dbs.into_iter().collect();
             let mut waiting = Vec::new();
             for (id, folder, n) in exchange.folder_counts(&admin).await.unwrap_or_default() {
@@ -416,8 +427,13 @@ impl Snapshot {
                     KINDS[1]
                 };
                 *s.messages.entry((kind, folder.as_str())).or_default() += n;
-                if kind == KINDS[0] && folder == Folder::Messages && n > 0 {
-                    waiting.push(id);
+                if kind == KINDS[0] && folder == Folder::Messages {
+                    if let Some(count) = s.per_database.get_mut(id.as_str()) {
+                        *count = n;
+                    }
+                    if n > 0 {
+                        waiting.push(id);
+                    }
                 }
             }
             for db in waiting {
@@ -476,6 +492,15 @@ impl Snapshot {
                 )
             }),
         );
+        if !self.per_database.is_empty() {
+            out.gauges(
+                "estafeta_database_waiting_messages",
+                "Messages waiting in a database's Messages folder, for the first databases by id (setting metrics_per_database)",
+                self.per_database
+                    .iter()
+                    .map(|(db, n)| (vec![("db", db.clone())], *n)),
+            );
+        }
         out.gauge_f64(
             "estafeta_oldest_waiting_message_age_seconds",
             "Age (since its creation) of the oldest message waiting in any database's Messages folder (0 when none waits)",

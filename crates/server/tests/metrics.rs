@@ -697,3 +697,32 @@ async fn process_outcomes_deliveries_and_commit_latency_are_counted() {
         assert!(commits > 0.0, "{store}: {commits}");
     }
 }
+
+/// Per-database series only behind `metrics_per_database`, capped by it:
+/// none by default, at most N (the first databases by id) when set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_database_series_only_when_asked_and_capped() {
+    let per_db = |text: &str| {
+        parse(text)
+            .into_iter()
+            .filter(|(name, _, _)| name == "estafeta_database_waiting_messages")
+            .map(|(_, labels, v)| (labels["db"].clone(), v))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let plain = TestServer::start().await;
+    Tenancy::provision(&plain.admin).await;
+    assert!(per_db(&plain.admin.metrics().await.unwrap()).is_empty());
+
+    let capped = TestServer::start_with(estafeta_server::HttpSettings {
+        metrics_per_database: 2,
+        ..Default::default()
+    })
+    .await;
+    let t = Tenancy::provision(&capped.admin).await;
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    // Three databases (db-a, db-b, db-x): the first two by id.
+    let series = per_db(&capped.admin.metrics().await.unwrap());
+    let expected = BTreeMap::from([("db-a".to_owned(), 2.0), ("db-b".to_owned(), 0.0)]);
+    assert_eq!(series, expected);
+}
