@@ -91,8 +91,9 @@ pub use error::{IdError, LimitError, MailboxError, TenancyError};
 pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
-    Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
-    NoPush, Phase, PushSink, RecipientKind, RecoveryReport, Sinks, Stores, Upload, alert_key,
+    Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
+    ExchangeError, LogOnly, NoPush, Paused, Phase, PushSink, Quiesce, RecipientKind,
+    RecoveryReport, Sinks, Stores, Upload, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -2,7 +2,9 @@
 //! a no-op handler: entries dispatched per second and the lag distribution,
 //! for estafeta-repeat on redb and for the asynq/Sidekiq way (a Redis sorted
 //! set per source, polled with a Lua script that moves up to 100 due entries
-//! per call to a pending list that workers pop from).
+//! per call to a pending list that workers pop from), driven through the
+//! `redis` crate as a Redis user would: multiplexed async connections,
+//! pipelined writes, the script sent once and run by its hash.
 //!
 //! Each round schedules 100,000 entries due two seconds ahead (not timed),
 //! then times from that due second until every one was handled (for
@@ -11,9 +13,6 @@
 //!
 //! Run: `cargo bench -p estafeta-repeat --bench dispatch` (needs
 //! `redis-server` on the PATH; without it only estafeta is measured).
-
-#[path = "support/resp.rs"]
-mod resp;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -25,7 +24,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, Scheduler, SystemClock, WorkerPool,
 };
-use resp::{Conn, Reply};
+use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
@@ -152,7 +151,7 @@ impl Estafeta {
 /// A local redis-server with one sorted set per source.
 struct Redis {
     server: Child,
-    port: u16,
+    client: redis::Client,
     round: AtomicUsize,
 }
 
@@ -187,21 +186,25 @@ impl Redis {
             println!("redis-server not found: baseline skipped");
             return None;
         };
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
         let redis = Self {
             server,
-            port,
+            client,
             round: AtomicUsize::new(0),
         };
         let mut conn = None;
         for _ in 0..100 {
-            if let Ok(c) = Conn::connect(port).await {
+            if let Ok(c) = redis.connect().await {
                 conn = Some(c);
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let mut conn = conn?;
-        conn.cmd(&[b"FLUSHALL"]).await.ok()?;
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut conn)
+            .await
+            .ok()?;
         let later = SystemClock.now_secs() + 3_600;
         let members: Vec<(usize, u64, String)> = (0..TOTAL - DUE)
             .map(|i| {
@@ -212,49 +215,53 @@ impl Redis {
                 )
             })
             .collect();
-        redis.zadd(&mut conn, &members).await;
+        Redis::zadd(&mut conn, &members).await;
         Some(redis)
     }
 
-    async fn zadd(&self, conn: &mut Conn, members: &[(usize, u64, String)]) {
+    /// A multiplexed connection (blocking commands hold theirs, so each
+    /// worker has its own, as with a Redis client's pool).
+    async fn connect(&self) -> redis::RedisResult<MultiplexedConnection> {
+        self.client.get_multiplexed_async_connection().await
+    }
+
+    /// Adds `members` (source, due, id) in pipelines of 10,000, one `ZADD`
+    /// per source each.
+    async fn zadd(conn: &mut MultiplexedConnection, members: &[(usize, u64, String)]) {
         for chunk in members.chunks(10_000) {
-            let mut commands = Vec::new();
+            let mut pipe = redis::pipe();
             for source in 0..SOURCES {
-                let mut command = vec![
-                    b"ZADD".to_vec(),
-                    format!("scheduled:{source:02}").into_bytes(),
-                ];
-                for (_, due, id) in chunk.iter().filter(|m| m.0 == source) {
-                    command.push(due.to_string().into_bytes());
-                    command.push(format!("{due}:{id}").into_bytes());
-                }
-                if command.len() > 2 {
-                    commands.push(command);
+                let scored: Vec<(u64, String)> = chunk
+                    .iter()
+                    .filter(|m| m.0 == source)
+                    .map(|(_, due, id)| (*due, format!("{due}:{id}")))
+                    .collect();
+                if !scored.is_empty() {
+                    pipe.zadd_multiple(format!("scheduled:{source:02}"), &scored)
+                        .ignore();
                 }
             }
-            conn.pipeline(&commands).await.unwrap();
+            pipe.query_async::<()>(conn).await.unwrap();
         }
     }
 
     async fn round(&self, rounds: &Mutex<Rounds>) -> Duration {
         let round = self.round.fetch_add(1, Ordering::SeqCst);
         let due = due_in_two_seconds();
-        let mut conn = Conn::connect(self.port).await.unwrap();
+        let mut conn = self.connect().await.unwrap();
         let members: Vec<_> = (0..DUE)
             .map(|i| (i % SOURCES, due, format!("r{round}-{i:06}")))
             .collect();
-        self.zadd(&mut conn, &members).await;
+        Redis::zadd(&mut conn, &members).await;
         if SystemClock.now_secs() >= due {
             println!("warning: scheduling took past the due second");
         }
-        let sha = match conn
-            .cmd(&[b"SCRIPT", b"LOAD", FORWARD.as_bytes()])
+        let forward = redis::Script::new(FORWARD);
+        forward
+            .prepare_invoke()
+            .load_async(&mut conn)
             .await
-            .unwrap()
-        {
-            Reply::Bulk(Some(sha)) => sha,
-            other => panic!("SCRIPT LOAD: {other:?}"),
-        };
+            .unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let handled = Arc::new(AtomicUsize::new(0));
         let all = Arc::new(Notify::new());
@@ -265,26 +272,18 @@ impl Redis {
             let stop = stop.clone();
             tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
-                    let now = SystemClock.now_secs().to_string();
+                    let now = SystemClock.now_secs();
                     let mut moved = 0;
                     for source in 0..SOURCES {
                         let key = format!("scheduled:{source:02}");
                         loop {
-                            let reply = conn
-                                .cmd(&[
-                                    b"EVALSHA",
-                                    &sha,
-                                    b"2",
-                                    key.as_bytes(),
-                                    b"pending",
-                                    now.as_bytes(),
-                                ])
+                            let n: i64 = forward
+                                .key(&key)
+                                .key("pending")
+                                .arg(now)
+                                .invoke_async(&mut conn)
                                 .await
                                 .unwrap();
-                            let n = match reply {
-                                Reply::Int(n) => n,
-                                other => panic!("forward: {other:?}"),
-                            };
                             moved += n;
                             if n < 100 {
                                 break;
@@ -303,20 +302,28 @@ impl Redis {
         for _ in 0..WORKERS {
             let (stop, handled, all, lags) =
                 (stop.clone(), handled.clone(), all.clone(), lags.clone());
-            let mut conn = Conn::connect(self.port).await.unwrap();
+            let mut conn = self.connect().await.unwrap();
             workers.push(tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
-                    let reply = conn
-                        .cmd(&[b"BLMOVE", b"pending", b"active", b"RIGHT", b"LEFT", b"0.05"])
+                    let member: Option<String> = redis::cmd("BLMOVE")
+                        .arg("pending")
+                        .arg("active")
+                        .arg("RIGHT")
+                        .arg("LEFT")
+                        .arg(0.05)
+                        .query_async(&mut conn)
                         .await
                         .unwrap();
-                    let Reply::Bulk(Some(member)) = reply else {
+                    let Some(member) = member else {
                         continue;
                     };
-                    let text = String::from_utf8_lossy(&member);
-                    let due: u64 = text.split(':').next().unwrap().parse().unwrap();
+                    let due: u64 = member.split(':').next().unwrap().parse().unwrap();
                     lags.lock().unwrap().push(lag_since(due));
-                    conn.cmd(&[b"LREM", b"active", b"1", &member])
+                    redis::cmd("LREM")
+                        .arg("active")
+                        .arg(1)
+                        .arg(&member)
+                        .query_async::<()>(&mut conn)
                         .await
                         .unwrap();
                     if handled.fetch_add(1, Ordering::SeqCst) + 1 == DUE {

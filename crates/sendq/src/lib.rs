@@ -108,9 +108,7 @@ pub use http::HttpAnswer;
 pub use probe::{HttpProbe, ProbeRequest};
 pub use queue::{Pending, SendQueue};
 pub use sms::{SmsConfig, SmsMessage, SmsTransport};
-pub use smtp::{
-    EmailMessage, SmtpAnswer, SmtpConfig, SmtpCredentials, SmtpSecurity, SmtpTransport,
-};
+pub use smtp::{EmailMessage, SmtpAnswer, SmtpConfig, SmtpTransport};
 pub use state::{Done, TypeStats};
 pub use transport::{Reply, Request, Transport};
 pub use webhook::{WebhookAnswer, WebhookConfig, WebhookRequest, WebhookTransport};

@@ -1,4 +1,5 @@
-//! E-mail over SMTP (lettre, async), with optional STARTTLS and authentication.
+//! E-mail over SMTP (lettre, async): the relay given as an SMTP URL (plain,
+//! STARTTLS required or opportunistic, or TLS from the start; a login).
 //!
 //! SMTP is a dialogue: the server's reply to the end of DATA both confirms
 //! that the message was written and answers it, so for this transport the
@@ -10,7 +11,6 @@ use std::time::Duration;
 
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, Message};
-use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, CertificateStore, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use serde::{Deserialize, Serialize};
@@ -18,51 +18,42 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ConfigError, SendError, TransportError};
 use crate::transport::{Reply, Request, Transport};
 
-/// How the SMTP connection is secured.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SmtpSecurity {
-    /// Plain text (only for a relay on a trusted network or loopback).
-    None,
-    /// STARTTLS is required; the server's certificate must verify against the
-    /// system's roots or, if given, only against this PEM root certificate.
-    StartTls {
-        /// A PEM root certificate to trust instead of the system's.
-        root_certificate_pem: Option<String>,
-    },
-}
-
-/// A user name and password for SMTP AUTH (PLAIN or LOGIN).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SmtpCredentials {
-    /// The user name.
-    pub username: String,
-    /// The password.
-    pub password: String,
-}
-
-impl std::fmt::Debug for SmtpCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SmtpCredentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
-
 /// How to reach the SMTP relay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SmtpConfig {
-    /// The relay's host name (also the name its TLS certificate must carry).
-    pub host: String,
-    /// The relay's port.
-    pub port: u16,
-    /// Plain or STARTTLS.
-    pub security: SmtpSecurity,
-    /// Log in with these, if given.
-    pub credentials: Option<SmtpCredentials>,
+    /// The relay as an SMTP URL, read by lettre:
+    /// `smtp://[user[:password]@]host[:port]` is plain text (port 25),
+    /// `?tls=required` adds STARTTLS, required, and `?tls=opportunistic`
+    /// STARTTLS when the relay offers it (both port 587), `smtps://…` is TLS
+    /// from the first byte (port 465). User and password are
+    /// percent-encoded; a path names the host given in EHLO.
+    pub url: String,
+    /// A PEM root certificate that TLS trusts instead of the system's.
+    pub root_certificate_pem: Option<String>,
     /// The sender address, e.g. `Estafeta <alerts@example.org>`.
     pub from: String,
     /// Limit on each step of the SMTP dialogue.
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for SmtpConfig {
+    /// The URL without its password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = match reqwest::Url::parse(&self.url) {
+            Ok(mut url) if url.password().is_some() => {
+                let _ = url.set_password(Some("***"));
+                url.to_string()
+            }
+            Ok(url) => url.to_string(),
+            Err(_) => "(not a URL)".to_owned(),
+        };
+        f.debug_struct("SmtpConfig")
+            .field("url", &url)
+            .field("root_certificate_pem", &self.root_certificate_pem.is_some())
+            .field("from", &self.from)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// One e-mail.
@@ -116,34 +107,54 @@ fn mailbox(address: &str) -> Result<Mailbox, ConfigError> {
     )
 }
 
+fn url_error(reason: impl std::fmt::Display) -> ConfigError {
+    ConfigError::Invalid {
+        what: "SMTP URL",
+        reason: reason.to_string(),
+    }
+}
+
 impl SmtpTransport {
-    /// Builds the transport; checks the sender address and the TLS settings.
+    /// Builds the transport; checks the URL (as lettre reads it), the sender
+    /// address and the TLS settings. Errors never repeat the URL, which may
+    /// hold a password.
     pub fn new(config: &SmtpConfig) -> Result<Self, ConfigError> {
         let from = mailbox(&config.from)?;
-        let tls = match &config.security {
-            SmtpSecurity::None => Tls::None,
-            SmtpSecurity::StartTls {
-                root_certificate_pem,
-            } => {
-                let mut params = TlsParameters::builder(config.host.clone());
-                if let Some(pem) = root_certificate_pem {
-                    let root = Certificate::from_pem(pem.as_bytes()).map_err(tls_error)?;
-                    params = params
-                        .certificate_store(CertificateStore::None)
-                        .add_root_certificate(root);
+        let url = reqwest::Url::parse(&config.url).map_err(url_error)?;
+        // lettre reads `tls` and passes over any other option: a misspelt
+        // one would quietly mean plain text.
+        let mut tls = None;
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "tls" => tls = Some(value.into_owned()),
+                _ => {
+                    return Err(url_error(format!(
+                        "unknown option {key}={value}; the one option is tls=required or \
+                         tls=opportunistic (STARTTLS), or smtps:// for TLS from the start"
+                    )));
                 }
-                Tls::Required(params.build_rustls().map_err(tls_error)?)
             }
-        };
-        let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&config.host)
-            .port(config.port)
-            .timeout(Some(config.timeout))
-            .tls(tls);
-        if let Some(c) = &config.credentials {
-            builder = builder.credentials(Credentials::new(c.username.clone(), c.password.clone()));
+        }
+        let mut builder =
+            AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.url).map_err(url_error)?;
+        if let Some(pem) = &config.root_certificate_pem {
+            let host = url.host_str().unwrap_or_default().to_owned();
+            let root = Certificate::from_pem(pem.as_bytes()).map_err(tls_error)?;
+            let params = TlsParameters::builder(host)
+                .certificate_store(CertificateStore::None)
+                .add_root_certificate(root)
+                .build_rustls()
+                .map_err(tls_error)?;
+            // The mode lettre chose from the URL, with this root.
+            builder = builder.tls(match (url.scheme(), tls.as_deref()) {
+                ("smtps", _) => Tls::Wrapper(params),
+                (_, Some("required")) => Tls::Required(params),
+                (_, Some("opportunistic")) => Tls::Opportunistic(params),
+                _ => Tls::None,
+            });
         }
         Ok(Self {
-            mailer: builder.build(),
+            mailer: builder.timeout(Some(config.timeout)).build(),
             from,
         })
     }

@@ -7,19 +7,15 @@ use std::time::Duration;
 
 use common::smtp_server::{self, Options};
 use estafeta_sendq::{
-    EmailMessage, Kind, QueueConfig, SendError, SendQueue, SmtpConfig, SmtpCredentials,
-    SmtpSecurity, SmtpTransport, TransportError, TypeConfig,
+    EmailMessage, Kind, QueueConfig, SendError, SendQueue, SmtpConfig, SmtpTransport,
+    TransportError, TypeConfig,
 };
 
-fn config(port: u16, security: SmtpSecurity, login: Option<(&str, &str)>) -> SmtpConfig {
+/// The relay `url`, trusting `root` (PEM) for TLS.
+fn config(url: String, root: Option<String>) -> SmtpConfig {
     SmtpConfig {
-        host: "localhost".into(),
-        port,
-        security,
-        credentials: login.map(|(u, p)| SmtpCredentials {
-            username: u.into(),
-            password: p.into(),
-        }),
+        url,
+        root_certificate_pem: root,
         from: "Estafeta <alerts@estafeta.test>".into(),
         timeout: Duration::from_secs(10),
     }
@@ -44,8 +40,11 @@ fn queue(transport: SmtpTransport) -> SendQueue<&'static str, EmailMessage, Smtp
 #[tokio::test]
 async fn a_message_arrives_with_its_recipients_subject_and_body() {
     let mut server = smtp_server::start(Options::default()).await;
-    let transport =
-        SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap();
+    let transport = SmtpTransport::new(&config(
+        format!("smtp://localhost:{}", server.addr.port()),
+        None,
+    ))
+    .unwrap();
     let q = queue(transport);
     let answer = q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
     assert_eq!(answer.code, "250");
@@ -77,11 +76,12 @@ async fn authentication_is_used_when_configured() {
     let options = Options {
         login: Some(("ops".into(), "s3cret".into())),
         tls: None,
+        implicit: false,
     };
     let mut server = smtp_server::start(options).await;
     let port = server.addr.port();
     let good = queue(
-        SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "s3cret")))).unwrap(),
+        SmtpTransport::new(&config(format!("smtp://ops:s3cret@localhost:{port}"), None)).unwrap(),
     );
     good.submit("relay", Kind(0), alert())
         .unwrap()
@@ -92,7 +92,7 @@ async fn authentication_is_used_when_configured() {
     good.shutdown().await;
 
     let bad = queue(
-        SmtpTransport::new(&config(port, SmtpSecurity::None, Some(("ops", "wrong")))).unwrap(),
+        SmtpTransport::new(&config(format!("smtp://ops:wrong@localhost:{port}"), None)).unwrap(),
     );
     let refused = bad.submit("relay", Kind(0), alert()).unwrap().await;
     assert!(
@@ -101,7 +101,8 @@ async fn authentication_is_used_when_configured() {
     );
     bad.shutdown().await;
 
-    let anonymous = queue(SmtpTransport::new(&config(port, SmtpSecurity::None, None)).unwrap());
+    let anonymous =
+        queue(SmtpTransport::new(&config(format!("smtp://localhost:{port}"), None)).unwrap());
     let refused = anonymous.submit("relay", Kind(0), alert()).unwrap().await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
@@ -120,17 +121,14 @@ async fn starttls_with_a_self_signed_root_and_authentication() {
     let options = Options {
         login: Some(("ops".into(), "s3cret".into())),
         tls: Some(acceptor),
+        implicit: false,
     };
     let mut server = smtp_server::start(options).await;
-    let security = SmtpSecurity::StartTls {
-        root_certificate_pem: Some(root_pem),
-    };
-    let transport = SmtpTransport::new(&config(
-        server.addr.port(),
-        security,
-        Some(("ops", "s3cret")),
-    ))
-    .unwrap();
+    let url = format!(
+        "smtp://ops:s3cret@localhost:{}?tls=required",
+        server.addr.port()
+    );
+    let transport = SmtpTransport::new(&config(url, Some(root_pem))).unwrap();
     let q = queue(transport);
     q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
     let got = server.received.recv().await.unwrap();
@@ -147,12 +145,11 @@ async fn starttls_refuses_a_certificate_it_does_not_trust() {
     let options = Options {
         login: None,
         tls: Some(acceptor),
+        implicit: false,
     };
     let mut server = smtp_server::start(options).await;
-    let security = SmtpSecurity::StartTls {
-        root_certificate_pem: Some(other_root),
-    };
-    let q = queue(SmtpTransport::new(&config(server.addr.port(), security, None)).unwrap());
+    let url = format!("smtp://localhost:{}?tls=required", server.addr.port());
+    let q = queue(SmtpTransport::new(&config(url, Some(other_root))).unwrap());
     let refused = q.submit("relay", Kind(0), alert()).unwrap().await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
@@ -166,15 +163,83 @@ async fn starttls_refuses_a_certificate_it_does_not_trust() {
 async fn bad_addresses_are_configuration_errors() {
     let bad_from = SmtpConfig {
         from: "not an address".into(),
-        ..config(25, SmtpSecurity::None, None)
+        ..config("smtp://localhost".into(), None)
     };
     assert!(SmtpTransport::new(&bad_from).is_err());
     let server = smtp_server::start(Options::default()).await;
-    let q =
-        queue(SmtpTransport::new(&config(server.addr.port(), SmtpSecurity::None, None)).unwrap());
+    let q = queue(
+        SmtpTransport::new(&config(
+            format!("smtp://localhost:{}", server.addr.port()),
+            None,
+        ))
+        .unwrap(),
+    );
     let mut email = alert();
     email.to = vec!["nobody".into()];
     let refused = q.submit("relay", Kind(0), email).unwrap().await;
     assert!(matches!(refused, Err(SendError::Config(_))), "{refused:?}");
     q.shutdown().await;
+}
+
+#[tokio::test]
+async fn opportunistic_tls_upgrades_when_the_relay_offers_it() {
+    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
+    let options = Options {
+        login: None,
+        tls: Some(acceptor),
+        implicit: false,
+    };
+    let mut server = smtp_server::start(options).await;
+    let url = format!("smtp://localhost:{}?tls=opportunistic", server.addr.port());
+    let q = queue(SmtpTransport::new(&config(url, Some(root_pem))).unwrap());
+    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    assert!(server.received.recv().await.unwrap().tls);
+    q.shutdown().await;
+
+    // A relay without STARTTLS gets the message in plain text.
+    let mut plain = smtp_server::start(Options::default()).await;
+    let url = format!("smtp://localhost:{}?tls=opportunistic", plain.addr.port());
+    let q = queue(SmtpTransport::new(&config(url, None)).unwrap());
+    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    assert!(!plain.received.recv().await.unwrap().tls);
+    q.shutdown().await;
+}
+
+#[tokio::test]
+async fn smtps_speaks_tls_from_the_first_byte() {
+    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
+    let options = Options {
+        login: Some(("ops".into(), "s3cret".into())),
+        tls: Some(acceptor),
+        implicit: true,
+    };
+    let mut server = smtp_server::start(options).await;
+    let url = format!("smtps://ops:s3cret@localhost:{}", server.addr.port());
+    let q = queue(SmtpTransport::new(&config(url, Some(root_pem))).unwrap());
+    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let got = server.received.recv().await.unwrap();
+    assert!(got.tls);
+    assert_eq!(got.user.as_deref(), Some("ops"));
+    q.shutdown().await;
+}
+
+#[test]
+fn bad_smtp_urls_are_refused_without_showing_the_password() {
+    for url in [
+        "http://ops:pa55word@mail.example.org",
+        "smtp://ops:pa55word@mail.example.org?starttls=on",
+        "smtp://ops:pa55word@mail.example.org?tls=maybe",
+        "smtp://ops:pa55word@:25",
+        "not a url",
+    ] {
+        let refused = SmtpTransport::new(&config(url.into(), None)).unwrap_err();
+        let text = refused.to_string();
+        assert!(text.contains("SMTP URL"), "{url}: {text}");
+        assert!(!text.contains("pa55word"), "{url}: {text}");
+    }
+    let starttls = SmtpTransport::new(&config("smtp://h?starttls=on".into(), None)).unwrap_err();
+    assert!(starttls.to_string().contains("tls=required"), "{starttls}");
+    let good = config("smtps://ops:pa55word@mail.example.org".into(), None);
+    SmtpTransport::new(&good).unwrap();
+    assert!(!format!("{good:?}").contains("pa55word"));
 }

@@ -148,8 +148,9 @@ settings! {
     section "Alerts to administrators (each channel is used when its settings are given; without any, alerts are only logged):" {
         /// e-mail recipients of alerts, comma-separated
         alert_email: Option<String>;
-        /// the SMTP relay: smtp://[user[:password]@]host[:port][?starttls=on|off] (user and
-        /// password percent-encoded; port 25 and starttls off unless given)
+        /// the SMTP relay: smtp://[user[:password]@]host[:port] in plain text (port 25),
+        /// ?tls=required or ?tls=opportunistic for STARTTLS (port 587), smtps://… for TLS
+        /// from the first byte (port 465); user and password percent-encoded
         smtp_url: Option<SecretUrl>;
         /// the sender address of alert e-mail
         smtp_from: String = "estafeta@localhost";
@@ -180,6 +181,9 @@ settings! {
         disk_alert_mb: u64 = "100", zero "never";
         /// how often free disk space is checked
         disk_check: Duration = "1m";
+        /// /metrics: messages waiting per database for at most this many databases (the
+        /// first by id); every other figure is a total, whatever the number of mailboxes
+        metrics_per_database: usize = "0", zero "totals only";
     }
 }
 
@@ -700,6 +704,7 @@ impl Settings {
                 .unwrap_or(usize::MAX),
             request_timeout: self.request_timeout,
             retention_interval: RETENTION_INTERVAL,
+            metrics_per_database: self.metrics_per_database,
         }
     }
 }
@@ -717,6 +722,8 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     /// The period of the retention sweep.
     pub retention_interval: Duration,
+    /// `/metrics` gives the messages waiting of at most this many databases.
+    pub metrics_per_database: usize,
 }
 
 impl Default for HttpSettings {
@@ -975,7 +982,7 @@ mod tests {
         let (_dir, path) = file(
             r#"
                 alert_email = "ops@example.org"
-                smtp_url = "smtp://ops:secret@mail.example.org:587?starttls=on"
+                smtp_url = "smtp://ops:secret@mail.example.org:587?tls=required"
                 alert_retry = "2s"
             "#,
         );
@@ -989,17 +996,17 @@ mod tests {
         assert!(!format!("{s:?}").contains("secret"));
         let n = s.notify().unwrap();
         let email = n.email.unwrap();
-        assert_eq!(email.smtp.port, 587);
+        assert_eq!(
+            email.smtp.url,
+            "smtp://ops:secret@mail.example.org:587?tls=required"
+        );
         assert_eq!(email.to, vec!["ops@example.org"]);
         assert_eq!(n.sms.unwrap().to, vec!["0012345"]);
         assert_eq!(n.webhook.as_deref(), Some("http://127.0.0.1:2/hook"));
         assert_eq!(n.retry, Duration::from_secs(2));
         assert_eq!(n.disk_alert_bytes, 5 << 20);
 
-        let bad = [(
-            "ESTAFETA_SMTP_URL",
-            "smtp://mail.example.org?starttls=perhaps",
-        )];
+        let bad = [("ESTAFETA_SMTP_URL", "smtp://mail.example.org?tls=perhaps")];
         assert!(matches!(
             sources(Some(&path), &bad).resolve(),
             Err(ConfigError::Notify(_))

@@ -14,7 +14,9 @@
 //! - [`mod@serve`]: [`Server`], the parts built in order ([`Server::open`])
 //!   and served on a caller-bound listener until the caller cancels its
 //!   token ([`Server::run`]), with start-up recovery in the background.
-//! - [`operator`]: the `estafeta admin …` commands, through the client crate.
+//! - [`operator`]: the `estafeta admin …` commands, through the client crate;
+//!   [`backup`]: a consistent copy of the data folder made while serving
+//!   (`estafeta backup DIR`, `POST /v1/admin/backup`).
 //! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
 //!   session, CSRF-protected operator actions).
 //! - [`trace`]: a request id on every request and answer, and a span
@@ -70,6 +72,7 @@
 #![deny(missing_docs)]
 
 pub mod app;
+pub mod backup;
 pub mod body_limit;
 pub mod check;
 pub mod config;

@@ -11,7 +11,7 @@ use estafeta_server::config::{LogFilter, Value as _};
 
 use std::future::Future;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -53,6 +53,22 @@ enum Command {
     /// Provision and inspect through the admin API: enterprise, subsystem,
     /// database and device creation, processes, stats.
     Admin(AdminArgs),
+    /// Copy the data folder of a running server into DIR, consistently,
+    /// without stopping it (writes wait during the copy; reads go on). DIR
+    /// is a path on the server's host, new or empty, outside the data
+    /// folder; on the same file system message files are hard links. To
+    /// restore: stop the server and serve from the copy (`estafeta serve
+    /// --data-dir DIR`), or move it into place of the data folder.
+    Backup {
+        /// Where the server is.
+        #[arg(long, env = "ESTAFETA_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The admin token.
+        #[arg(long, env = "ESTAFETA_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The folder to make the copy in (relative to the current folder).
+        dir: PathBuf,
+    },
     /// Print the completion script of a shell, e.g. `estafeta completions
     /// bash > /usr/share/bash-completion/completions/estafeta` (for zsh:
     /// a `_estafeta` file in a folder of `$fpath`; for fish:
@@ -128,6 +144,11 @@ fn main() -> anyhow::Result<()> {
             println!("{}", out.json);
             Ok(())
         }
+        Command::Backup { url, token, dir } => {
+            let report = runtime()?.block_on(request_backup(&url, &token, &dir))?;
+            println!("{report}");
+            Ok(())
+        }
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "estafeta", &mut script);
@@ -165,6 +186,37 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(async { demo::demo(&listen, duration, shutdown_signal()?).await })
         }
     }
+}
+
+/// `estafeta backup DIR`: asks the server at `url` to copy its data folder
+/// into `dir` (made absolute against the current folder); the server's
+/// answer as JSON, or its error.
+async fn request_backup(url: &str, token: &str, dir: &Path) -> anyhow::Result<String> {
+    let dir = std::path::absolute(dir)?;
+    let body = estafeta_server::backup::BackupRequest {
+        version: estafeta_exchange::wire::Version,
+        dir,
+    };
+    let endpoint = format!("{}/v1/admin/backup", url.trim_end_matches('/'));
+    let answer = reqwest::Client::new()
+        .post(&endpoint)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("asking {endpoint}: {e}"))?;
+    let status = answer.status();
+    let text = answer
+        .text()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the answer of {endpoint}: {e}"))?;
+    if !status.is_success() {
+        let message = serde_json::from_str::<estafeta_exchange::wire::ErrorBody>(&text)
+            .map(|e| format!("{}: {}", e.error.code, e.error.message))
+            .unwrap_or(text);
+        anyhow::bail!("the backup failed ({status}): {message}");
+    }
+    Ok(text)
 }
 
 /// Writes `bytes` to stdout: an error (a closed pipe) is reported, not a

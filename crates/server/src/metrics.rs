@@ -6,13 +6,14 @@
 //! Prometheus text format (written by `prometheus-client`), names after the
 //! Prometheus conventions (base units, `_total` counters).
 //!
-//! No series is per mailbox: a scrape has the same size with ten mailboxes
-//! or ten thousand. Per-mailbox figures are the admin API's and the
+//! No series is per mailbox unless the `metrics_per_database` setting asks
+//! for the messages waiting of a capped number of databases: a scrape has
+//! the same size with ten mailboxes or ten thousand. Per-mailbox figures are the admin API's and the
 //! dashboard's.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -22,6 +23,7 @@ use axum::response::Response;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
+use estafeta_exchange::{CommitObserver, Durable};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -67,8 +69,95 @@ struct RequestLabels {
 /// Label pairs of a series drawn at scrape time.
 type Labels = Vec<(&'static str, String)>;
 
+/// Upper bounds (seconds) of the storage-commit latency buckets: from a
+/// page-cache write (0.5 ms) to a stalled disk (5 s).
+pub const COMMIT_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+/// The states a process is counted in when it ends (or goes in doubt).
+pub const OUTCOMES: [ProcessState; 6] = [
+    ProcessState::Done,
+    ProcessState::RolledBack,
+    ProcessState::Aborted,
+    ProcessState::TimedOut,
+    ProcessState::InDoubt,
+    ProcessState::Failed,
+];
+
+/// The label of a storage-commit series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabel {
+    store: &'static str,
+}
+
+/// The label of a process-outcome series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+fn commit_histogram() -> Histogram {
+    Histogram::new(COMMIT_BUCKETS)
+}
+
+/// What the exchange tells of its commits (it is given this as its
+/// [`CommitObserver`] when it opens): their latency by store, messages
+/// delivered, processes ended by final state. Every series exists from the
+/// start, zero or not.
+pub struct Commits {
+    latency: Family<StoreLabel, Histogram, fn() -> Histogram>,
+    delivered: Counter,
+    outcomes: Family<StateLabel, Counter>,
+}
+
+impl Default for Commits {
+    fn default() -> Self {
+        let commits = Commits {
+            latency: Family::new_with_constructor(commit_histogram),
+            delivered: Counter::default(),
+            outcomes: Family::default(),
+        };
+        for store in [Durable::Sessions, Durable::Messages] {
+            drop(commits.latency.get_or_create(&StoreLabel {
+                store: store.as_str(),
+            }));
+        }
+        for state in OUTCOMES {
+            drop(commits.outcomes.get_or_create(&StateLabel {
+                state: state_name(state),
+            }));
+        }
+        commits
+    }
+}
+
+impl CommitObserver for Commits {
+    fn committed(&self, what: Durable, took: Duration) {
+        self.latency
+            .get_or_create(&StoreLabel {
+                store: what.as_str(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    fn delivered(&self, n: u64) {
+        self.delivered.inc_by(n);
+    }
+
+    fn ended(&self, state: ProcessState) {
+        self.outcomes
+            .get_or_create(&StateLabel {
+                state: state_name(state),
+            })
+            .inc();
+    }
+}
+
 /// Counters of the HTTP layer.
 pub struct Metrics {
+    /// What the exchange tells of its commits.
+    commits: Arc<Commits>,
     requests: Family<RequestLabels, Counter>,
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     /// Requests answered, all routes together (the dashboard's figure).
@@ -83,16 +172,22 @@ fn latency_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(Arc::default())
+    }
+}
+
+impl Metrics {
+    /// Counters of the HTTP layer beside `commits`, the exchange's observer.
+    pub fn new(commits: Arc<Commits>) -> Self {
         Metrics {
+            commits,
             requests: Family::default(),
             durations: Family::new_with_constructor(latency_histogram),
             answered: AtomicU64::new(0),
             uploads: Mutex::new(VecDeque::new()),
         }
     }
-}
 
-impl Metrics {
     /// Counts one answered request that took `elapsed`, at `now` (the
     /// caller's clock; it places uploads in their minute).
     pub fn record(
@@ -167,6 +262,21 @@ impl Metrics {
             "estafeta_http_request_duration_seconds",
             "Time from a request's arrival to its answer, by method, route template and status",
             self.durations.clone(),
+        );
+        out.registry.register(
+            "estafeta_storage_commit_duration_seconds",
+            "Time of the exchange's durable commits: session save batches and message store writes (an upload, a protocol step's moves)",
+            self.commits.latency.clone(),
+        );
+        out.registry.register(
+            "estafeta_messages_delivered",
+            "Messages that arrived in their recipients' Messages folders (uploads, replies on commit, scheduled deliveries) since the start",
+            self.commits.delivered.clone(),
+        );
+        out.registry.register(
+            "estafeta_process_outcomes",
+            "Processes ended since the start, by final state (IN_DOUBT: went in doubt)",
+            self.commits.outcomes.clone(),
         );
         snapshot.render(&mut out);
         let mut text = String::new();
@@ -244,6 +354,9 @@ pub struct Snapshot {
     /// Message files per (kind of mailbox, folder), summed over the
     /// mailboxes of that kind; every pair present, zero or not.
     pub messages: BTreeMap<(&'static str, &'static str), u64>,
+    /// Messages waiting per database, for the first `metrics_per_database`
+    /// databases by id (none by default).
+    pub per_database: BTreeMap<String, u64>,
     /// Seconds the oldest message waiting in a database's `Messages` has
     /// waited since its creation (0 when none waits).
     pub oldest_waiting_secs: f64,
@@ -298,6 +411,13 @@ impl Snapshot {
         if let Ok((dbs, devices)) = exchange.mailbox_ids(&admin) {
             s.mailboxes.insert(KINDS[0], dbs.len() as u64);
             s.mailboxes.insert(KINDS[1], devices.len() as u64);
+            // The first databases by id, as many as the setting allows.
+            let mut detailed: Vec<_> = dbs.clone();
+            detailed.sort();
+            detailed.truncate(state.http().metrics_per_database);
+            for db in detailed {
+                s.per_database.insert(db.to_string(), 0);
+            }
             let dbs: std::collections::HashSet<_> = dbs.into_iter().collect();
             let mut waiting = Vec::new();
             for (id, folder, n) in exchange.folder_counts(&admin).await.unwrap_or_default() {
@@ -307,8 +427,13 @@ impl Snapshot {
                     KINDS[1]
                 };
                 *s.messages.entry((kind, folder.as_str())).or_default() += n;
-                if kind == KINDS[0] && folder == Folder::Messages && n > 0 {
-                    waiting.push(id);
+                if kind == KINDS[0] && folder == Folder::Messages {
+                    if let Some(count) = s.per_database.get_mut(id.as_str()) {
+                        *count = n;
+                    }
+                    if n > 0 {
+                        waiting.push(id);
+                    }
                 }
             }
             for db in waiting {
@@ -367,6 +492,15 @@ impl Snapshot {
                 )
             }),
         );
+        if !self.per_database.is_empty() {
+            out.gauges(
+                "estafeta_database_waiting_messages",
+                "Messages waiting in a database's Messages folder, for the first databases by id (setting metrics_per_database)",
+                self.per_database
+                    .iter()
+                    .map(|(db, n)| (vec![("db", db.clone())], *n)),
+            );
+        }
         out.gauge_f64(
             "estafeta_oldest_waiting_message_age_seconds",
             "Age (since its creation) of the oldest message waiting in any database's Messages folder (0 when none waits)",

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{ExchangeConfig, Stores};
+use estafeta_exchange::{ExchangeConfig, Gated, Quiesce, Stores};
 use estafeta_session::Clock;
 
 use crate::config::HttpSettings;
@@ -38,9 +38,10 @@ pub async fn stores(
     data_dir: &Path,
     store: Option<&str>,
     clock: Arc<dyn Clock>,
+    quiesce: &Quiesce,
 ) -> Result<Stores, ServeError> {
     let Some(url) = store else {
-        return Stores::embedded(data_dir, clock)
+        return Stores::embedded(data_dir, clock, quiesce)
             .await
             .map_err(ServeError::Open);
     };
@@ -52,13 +53,15 @@ pub async fn stores(
     let sessions = estafeta_cluster::SessionStorage::open(db.clone())
         .await
         .map_err(ServeError::Store)?;
-    let scheduled = Arc::new(estafeta_cluster::PgSchedule::new(db.clone()));
+    // Gated for the commit observer (the metrics' commit latency); an online
+    // backup is the database's own (pg_dump, base backups), not a pause.
+    let scheduled = Arc::new(Gated::new(estafeta_cluster::PgSchedule::new(db.clone()), quiesce.clone()));
     Ok(Stores {
-        messages: Arc::new(estafeta_cluster::PgMessages::new(db.clone())),
-        registry: Arc::new(estafeta_cluster::PgRegistry::new(db.clone())),
-        sessions: Arc::new(sessions),
+        messages: Arc::new(Gated::new(estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()), quiesce.clone())),
+        registry: Arc::new(Gated::new(estafeta_cluster::PgRegistry::new(db.clone()), quiesce.clone())),
+        sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
         scheduled: estafeta_exchange::store::Scheduled::new(scheduled, clock),
-        keys: Arc::new(estafeta_cluster::PgKeys::new(db)),
+        keys: Arc::new(Gated::new(estafeta_cluster::PgKeys::new(db), quiesce.clone())),
     })
 }
 
@@ -81,19 +84,14 @@ pub async fn open_server(
     };
     let mut wait = FIRST_WAIT;
     loop {
-        let opened = match stores(&config.data_dir, store, clock.clone()).await {
-            Ok(stores) => {
-                Server::open_with(
-                    config.clone(),
-                    clock.clone(),
-                    http.clone(),
-                    notify.clone(),
-                    stores,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let opened = Server::open_with(
+            config.clone(),
+            clock.clone(),
+            http.clone(),
+            notify.clone(),
+            store,
+        )
+        .await;
         let error = match opened {
             Ok(opened) => return Ok(opened),
             Err(e) => e,

@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Sinks, Stores};
+use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Quiesce, Sinks};
 use estafeta_session::Clock;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -31,6 +31,7 @@ use tower_http::add_extension::AddExtension;
 
 use crate::app::app;
 use crate::config::HttpSettings;
+use crate::metrics::{Commits, Metrics};
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::state::AppState;
 
@@ -78,22 +79,26 @@ impl Server {
         http: HttpSettings,
         notify: NotifySettings,
     ) -> Result<(Server, AdminToken), ServeError> {
-        let stores = Stores::embedded(&config.data_dir, clock.clone())
-            .await
-            .map_err(ServeError::Open)?;
-        Server::open_with(config, clock, http, notify, stores).await
+        Server::open_with(config, clock, http, notify, None).await
     }
 
-    /// [`Server::open`] over the given `stores` (embedded or shared).
+    /// [`Server::open`] over the stores the `store` setting names: the
+    /// embedded ones under the data folder, or a cluster's PostgreSQL
+    /// database ([`crate::open::stores`]).
     pub async fn open_with(
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
         http: HttpSettings,
         notify: NotifySettings,
-        stores: Stores,
+        store: Option<&str>,
     ) -> Result<(Server, AdminToken), ServeError> {
-        let notifier = Notifier::open(notify).await?;
-        let pusher = Pusher::open(&notifier, clock.clone()).await?;
+        // The exchange tells the metrics of its commits.
+        let commits = Arc::new(Commits::default());
+        let mut config = config;
+        config.quiesce = Quiesce::observed(commits.clone());
+        let stores = crate::open::stores(&config.data_dir, store, clock.clone(), &config.quiesce).await?;
+        let notifier = Notifier::open(notify, config.quiesce.clone()).await?;
+        let pusher = Pusher::open(&notifier, clock.clone(), config.quiesce.clone()).await?;
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
@@ -101,7 +106,7 @@ impl Server {
         let (exchange, admin) = Exchange::open(config, clock, sinks, stores)
             .await
             .map_err(ServeError::Open)?;
-        let state = AppState::new(exchange, http, notifier, pusher);
+        let state = AppState::new(exchange, http, notifier, pusher, Metrics::new(commits));
         Ok((Server { state }, admin))
     }
 

@@ -37,12 +37,19 @@ struct Inner {
 
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
-    /// sinks ([`crate::Server::open`] builds them in that order).
-    pub fn new(exchange: Exchange, http: HttpSettings, notifier: Notifier, pusher: Pusher) -> Self {
+    /// sinks and `metrics`' commits as its observer ([`crate::Server::open`]
+    /// builds them in that order).
+    pub fn new(
+        exchange: Exchange,
+        http: HttpSettings,
+        notifier: Notifier,
+        pusher: Pusher,
+        metrics: Metrics,
+    ) -> Self {
         AppState {
             inner: Arc::new(Inner {
                 http,
-                metrics: Metrics::default(),
+                metrics,
                 sessions: Sessions::default(),
                 login_throttle: LoginThrottle::default(),
                 last_seen: LastSeen::default(),

@@ -634,3 +634,95 @@ async fn devices_verdicts_are_totals_in_metrics_and_per_device_in_admin_stats() 
         (1, 0, 1)
     );
 }
+
+/// The exchange tells the metrics of its commits: a committed process
+/// counts as DONE, an aborted one as ABORTED, the upload and the reply as
+/// delivered, and both stores' commits land in the latency histogram.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_outcomes_deliveries_and_commit_latency_are_counted() {
+    let server = TestServer::start().await;
+    let t = Tenancy::provision(&server.admin).await;
+    let before = parse(&server.admin.metrics().await.unwrap());
+    for state in [
+        "DONE",
+        "ROLLED_BACK",
+        "ABORTED",
+        "TIMED_OUT",
+        "IN_DOUBT",
+        "FAILED",
+    ] {
+        let n = value(
+            &before,
+            "estafeta_process_outcomes_total",
+            &[("state", state)],
+        );
+        assert_eq!(n, 0.0, "{state}");
+    }
+    assert_eq!(
+        value(&before, "estafeta_messages_delivered_total", &[]),
+        0.0
+    );
+
+    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
+    t.db_a.commit(&pid).await.unwrap();
+    t.phone1
+        .send(&message("db-a", r#"{"n":2}"#, None))
+        .await
+        .unwrap();
+    let started = t.db_a.start(&common::start_request("db-a")).await.unwrap();
+    t.db_a
+        .abort(&started.process_id.unwrap(), "gave up")
+        .await
+        .unwrap();
+
+    let after = parse(&server.admin.metrics().await.unwrap());
+    let outcome = |state| {
+        value(
+            &after,
+            "estafeta_process_outcomes_total",
+            &[("state", state)],
+        )
+    };
+    assert_eq!(outcome("DONE"), 1.0);
+    assert_eq!(outcome("ABORTED"), 1.0);
+    assert_eq!(outcome("ROLLED_BACK"), 0.0);
+    // Two uploads and the reply.
+    assert_eq!(value(&after, "estafeta_messages_delivered_total", &[]), 3.0);
+    for store in ["sessions", "messages"] {
+        let commits = value(
+            &after,
+            "estafeta_storage_commit_duration_seconds_count",
+            &[("store", store)],
+        );
+        assert!(commits > 0.0, "{store}: {commits}");
+    }
+}
+
+/// Per-database series only behind `metrics_per_database`, capped by it:
+/// none by default, at most N (the first databases by id) when set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_database_series_only_when_asked_and_capped() {
+    let per_db = |text: &str| {
+        parse(text)
+            .into_iter()
+            .filter(|(name, _, _)| name == "estafeta_database_waiting_messages")
+            .map(|(_, labels, v)| (labels["db"].clone(), v))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let plain = TestServer::start().await;
+    Tenancy::provision(&plain.admin).await;
+    assert!(per_db(&plain.admin.metrics().await.unwrap()).is_empty());
+
+    let capped = TestServer::start_with(estafeta_server::HttpSettings {
+        metrics_per_database: 2,
+        ..Default::default()
+    })
+    .await;
+    let t = Tenancy::provision(&capped.admin).await;
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    // Three databases (db-a, db-b, db-x): the first two by id.
+    let series = per_db(&capped.admin.metrics().await.unwrap());
+    let expected = BTreeMap::from([("db-a".to_owned(), 2.0), ("db-b".to_owned(), 0.0)]);
+    assert_eq!(series, expected);
+}

@@ -14,7 +14,7 @@ use estafeta_exchange::wire::{
     CallStatus, MessageResult, PrepareRequest, ProcessState, ResultStatus, Version,
 };
 use estafeta_exchange::{Alert, AlertKind, ProcessId};
-use estafeta_sendq::{SmsConfig, SmtpConfig, SmtpSecurity};
+use estafeta_sendq::{SmsConfig, SmtpConfig};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::{EmailChannel, NotifySettings, SmsChannel};
 
@@ -73,10 +73,8 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
         |data| NotifySettings {
             email: Some(EmailChannel {
                 smtp: SmtpConfig {
-                    host: smtp_addr.ip().to_string(),
-                    port: smtp_addr.port(),
-                    security: SmtpSecurity::None,
-                    credentials: None,
+                    url: format!("smtp://{smtp_addr}"),
+                    root_certificate_pem: None,
                     from: "estafeta@localhost".into(),
                     timeout: Duration::from_secs(10),
                 },

@@ -1,6 +1,7 @@
 //! Settings of the exchange domain (the server fills them from its
 //! configuration file and environment).
 
+use super::snapshot::Quiesce;
 use crate::store::Limits;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,9 @@ pub struct ExchangeConfig {
     pub retention: Duration,
     /// How long a device's idempotency keys are remembered.
     pub idempotency_ttl: Duration,
+    /// The pause that online backups take; the server's own stores of the
+    /// same data folder are given it too.
+    pub quiesce: Quiesce,
 }
 
 impl ExchangeConfig {
@@ -37,6 +41,7 @@ impl ExchangeConfig {
             ready_timeout: Duration::from_secs(300),
             retention: Duration::from_secs(90 * 24 * 3600),
             idempotency_ttl: Duration::from_secs(7 * 24 * 3600),
+            quiesce: Quiesce::default(),
         }
     }
 }

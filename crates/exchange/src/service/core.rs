@@ -196,13 +196,23 @@ impl Core {
     /// database record (the callers save it and set its deadline).
     async fn carry_out(&self, step: Step, out: &mut Carried) -> Result<(), ExchangeError> {
         match step {
-            Step::Owner { pid, db, ended } => self.write_owner(&pid, &db, ended).await?,
+            Step::Owner { pid, db, ended } => {
+                self.write_owner(&pid, &db, ended).await?;
+                if let (Some(state), Some(o)) = (ended, self.config.quiesce.observer()) {
+                    o.ended(state);
+                }
+            }
             Step::Discard { db, names } => self.discard_prepared(&db, &names).await,
             Step::Run { pid, ops } => {
                 let result = self.run_ops(&ops).await.map_err(|e| e.to_string());
                 out.next.push_back(Event::Ran { pid, result });
             }
-            Step::Raise { kind, pid, text } => self.raise_alert(kind, pid, text).await,
+            Step::Raise { kind, pid, text } => {
+                if let (AlertKind::InDoubt, Some(o)) = (kind, self.config.quiesce.observer()) {
+                    o.ended(ProcessState::InDoubt);
+                }
+                self.raise_alert(kind, pid, text).await
+            }
             Step::Clear { kind, pid } => self.clear_alert(kind, pid).await,
             Step::Count(found) => count(match found {
                 Found::TimedOut => &self.recovery.timed_out,

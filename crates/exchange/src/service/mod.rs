@@ -44,6 +44,7 @@ mod push;
 mod recovery;
 mod schedule;
 mod sessions;
+mod snapshot;
 mod state;
 mod stats;
 
@@ -53,6 +54,7 @@ pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
+pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
 
 use crate::keys::UploadKeys;
 use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
@@ -137,21 +139,27 @@ impl Stores {
     /// `registry.redb`, `sessions.redb`, `scheduled.redb` and `keys.redb`
     /// in its state folder, each opened (and repaired after a crash) here.
     /// `clock` is the one the exchange is opened with (the scheduler of
-    /// messages kept aside runs on it).
-    pub async fn embedded(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Stores, ExchangeError> {
+    /// messages kept aside runs on it); every store's writes wait out
+    /// `quiesce`'s pauses (an online backup) and report their commits to
+    /// its observer.
+    pub async fn embedded(
+        data_dir: &Path,
+        clock: Arc<dyn Clock>,
+        quiesce: &Quiesce,
+    ) -> Result<Stores, ExchangeError> {
         let layout = crate::DataLayout::new(data_dir);
         let registry = RedbRegistry::open(&layout).await?;
         let sessions = blocking(RedbStorage::open, layout.sessions()).await?;
         let scheduled = blocking(estafeta_repeat::RedbStore::open, layout.scheduled()).await?;
         let keys = blocking(crate::keys::RedbKeys::open, layout.keys()).await?;
-        let scheduled = Scheduled::new(Arc::new(scheduled), clock);
+        let scheduled = Scheduled::new(Arc::new(Gated::new(scheduled, quiesce.clone())), clock);
         let messages = FileStore::open(data_dir, scheduled.scheduler.clone()).await?;
         Ok(Stores {
-            messages: Arc::new(messages),
-            registry: Arc::new(registry),
-            sessions: Arc::new(sessions),
+            messages: Arc::new(Gated::new(messages, quiesce.clone())),
+            registry: Arc::new(Gated::new(registry, quiesce.clone())),
+            sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
             scheduled,
-            keys: Arc::new(keys),
+            keys: Arc::new(Gated::new(keys, quiesce.clone())),
         })
     }
 }
@@ -560,6 +568,14 @@ impl Exchange {
         self.core.deferred.close().await;
         self.core.sessions.stop().await?;
         Ok(())
+    }
+
+    /// Admin: waits for the durable writes under way to end and holds back
+    /// new ones (reads go on) until the guard is dropped: the data folder on
+    /// disk is then a state a crash could have left, safe to copy.
+    pub async fn pause_writes(&self, who: &Principal) -> Result<Paused, ExchangeError> {
+        admin(who)?;
+        Ok(self.core.config.quiesce.pause().await)
     }
 
     /// The session engines' figures, added up (for metrics).

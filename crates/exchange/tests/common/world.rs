@@ -45,7 +45,7 @@ pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: 
     config.started_timeout = STARTED_TIMEOUT;
     config.ready_timeout = READY_TIMEOUT;
     let clock: Arc<dyn estafeta_session::Clock> = Arc::new(TokioClock::starting_at(start));
-    let stores = Stores::embedded(&config.data_dir, clock.clone())
+    let stores = Stores::embedded(&config.data_dir, clock.clone(), &config.quiesce)
         .await
         .unwrap();
     let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();

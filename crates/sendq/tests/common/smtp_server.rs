@@ -33,6 +33,8 @@ pub struct Options {
     pub login: Option<(String, String)>,
     /// Offer STARTTLS with this acceptor, and require it before AUTH and MAIL.
     pub tls: Option<TlsAcceptor>,
+    /// With `tls`: TLS from the first byte (smtps) instead of STARTTLS.
+    pub implicit: bool,
 }
 
 /// A running server: its address and the messages it accepted.
@@ -75,6 +77,15 @@ pub async fn start(options: Options) -> SmtpServer {
 }
 
 async fn serve(mut stream: TcpStream, options: Arc<Options>, tx: mpsc::UnboundedSender<Received>) {
+    if let (true, Some(acceptor)) = (options.implicit, options.tls.clone()) {
+        let Ok(mut tls) = acceptor.accept(stream).await else {
+            return;
+        };
+        if tls.write_all(b"220 localhost ESMTP test\r\n").await.is_ok() {
+            session(tls, &options, true, &tx).await;
+        }
+        return;
+    }
     if stream
         .write_all(b"220 localhost ESMTP test\r\n")
         .await

@@ -39,8 +39,10 @@ pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::service::Listed;
-use estafeta_exchange::{Alert, AlertKind, AlertSink, DataLayout, Exchange, Timestamp, alert_key};
+use estafeta_exchange::service::{Gated, Listed};
+use estafeta_exchange::{
+    Alert, AlertKind, AlertSink, DataLayout, Exchange, Quiesce, Timestamp, alert_key,
+};
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -100,7 +102,7 @@ pub struct Notifier {
 struct Inner {
     settings: NotifySettings,
     raised: Raised,
-    scheduler: Scheduler<Listed<RedbStore>, SystemClock>,
+    scheduler: Scheduler<Gated<Listed<RedbStore>>, SystemClock>,
     /// The scheduler's store, read to list pending deliveries.
     store: Arc<RedbStore>,
     /// Why each retrying delivery failed last.
@@ -109,14 +111,15 @@ struct Inner {
 }
 
 impl Notifier {
-    /// Opens the notifier's stores under `<data>/.estafeta/` and builds its
-    /// send queues. Must run inside the Tokio runtime.
-    pub async fn open(settings: NotifySettings) -> Result<Self, NotifyError> {
+    /// Opens the notifier's stores under `<data>/.estafeta/` (their writes
+    /// paused by `quiesce`) and builds its send queues. Must run inside the
+    /// Tokio runtime.
+    pub async fn open(settings: NotifySettings, quiesce: Quiesce) -> Result<Self, NotifyError> {
         let layout = DataLayout::new(&settings.data_dir);
         tokio::fs::create_dir_all(layout.state_dir()).await?;
         let raised = {
-            let path = layout.alerts();
-            tokio::task::spawn_blocking(move || Raised::open(&path))
+            let (path, quiesce) = (layout.alerts(), quiesce.clone());
+            tokio::task::spawn_blocking(move || Raised::open(&path, quiesce))
                 .await
                 .map_err(std::io::Error::other)??
         };
@@ -134,7 +137,11 @@ impl Notifier {
             ..Options::default()
         };
         let store = Arc::new(store);
-        let scheduler = Scheduler::new(Listed(store.clone()), SystemClock, options);
+        let scheduler = Scheduler::new(
+            Gated::new(Listed(store.clone()), quiesce),
+            SystemClock,
+            options,
+        );
         let outbound = Outbound::new(
             settings.email.as_ref().map(|e| &e.smtp),
             settings.sms.as_ref().map(|s| &s.gateway),

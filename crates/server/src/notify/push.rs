@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use estafeta_exchange::service::Listed;
+use estafeta_exchange::Quiesce;
+use estafeta_exchange::service::{Gated, Listed};
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
@@ -72,7 +73,7 @@ pub struct Pusher {
 
 struct Inner {
     outbound: Outbound,
-    scheduler: Scheduler<Listed<RedbStore>, ExchangeClock>,
+    scheduler: Scheduler<Gated<Listed<RedbStore>>, ExchangeClock>,
     store: Arc<RedbStore>,
     errors: LastErrors,
     /// Recipients with a notification pending → whether more arrived since.
@@ -84,11 +85,12 @@ struct Inner {
 impl Pusher {
     /// Opens the push store under `<data>/.estafeta/` and sends through the
     /// notifier's queues, retrying after the notifier's first wait, on the
-    /// exchange's `clock`. Notifications pending from an earlier run are
-    /// picked up.
+    /// exchange's `clock`, its writes paused by `quiesce`. Notifications
+    /// pending from an earlier run are picked up.
     pub async fn open(
         notifier: &Notifier,
         clock: Arc<dyn estafeta_session::Clock>,
+        quiesce: Quiesce,
     ) -> Result<Self, NotifyError> {
         let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
         let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
@@ -102,7 +104,11 @@ impl Pusher {
             },
             ..Options::default()
         };
-        let scheduler = Scheduler::new(Listed(store.clone()), ExchangeClock(clock), options);
+        let scheduler = Scheduler::new(
+            Gated::new(Listed(store.clone()), quiesce),
+            ExchangeClock(clock),
+            options,
+        );
         // What an earlier run left pending is pending now: arrivals for
         // those recipients coalesce into it.
         let earlier = {

@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use estafeta_exchange::{Alert, Timestamp};
+use estafeta_exchange::{Alert, Quiesce, Timestamp};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -56,11 +56,13 @@ pub struct AlertRecord {
 #[derive(Clone, Debug)]
 pub struct Raised {
     db: Arc<Database>,
+    /// Backups pause the writes.
+    quiesce: Quiesce,
 }
 
 impl Raised {
-    /// Opens (or creates) the store at `path`.
-    pub fn open(path: &Path) -> Result<Self, RaisedError> {
+    /// Opens (or creates) the store at `path`, its writes paused by `quiesce`.
+    pub fn open(path: &Path, quiesce: Quiesce) -> Result<Self, RaisedError> {
         let db = estafeta_durable::open_redb(path, |db| {
             let txn = db.begin_write()?;
             txn.open_table(ALERTS)?;
@@ -69,7 +71,10 @@ impl Raised {
             Ok(())
         })
         .map_err(err)?;
-        Ok(Raised { db: Arc::new(db) })
+        Ok(Raised {
+            db: Arc::new(db),
+            quiesce,
+        })
     }
 
     /// Records `alert` and its condition as ongoing, durably; `false` when
@@ -77,7 +82,7 @@ impl Raised {
     pub async fn open_alert(&self, alert: &Alert) -> Result<bool, RaisedError> {
         let db = Arc::clone(&self.db);
         let alert = alert.clone();
-        blocking(move || {
+        self.writing(move || {
             let txn = db.begin_write().map_err(err)?;
             let fresh = {
                 let mut ongoing = txn.open_table(ONGOING).map_err(err)?;
@@ -122,7 +127,7 @@ impl Raised {
     pub async fn close(&self, key: &str, at: Timestamp) -> Result<bool, RaisedError> {
         let db = Arc::clone(&self.db);
         let key = key.to_owned();
-        blocking(move || {
+        self.writing(move || {
             let txn = db.begin_write().map_err(err)?;
             let was = {
                 let mut ongoing = txn.open_table(ONGOING).map_err(err)?;
@@ -145,7 +150,7 @@ impl Raised {
     /// acknowledgement keeps the first time).
     pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
         let db = Arc::clone(&self.db);
-        blocking(move || {
+        self.writing(move || {
             let txn = db.begin_write().map_err(err)?;
             update(&txn, id, |r| {
                 r.acked_at.get_or_insert(at);
@@ -154,6 +159,16 @@ impl Raised {
             Ok(())
         })
         .await
+    }
+
+    /// Runs the write transaction `f` on a blocking thread, outside any
+    /// backup's pause.
+    async fn writing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, RaisedError> + Send + 'static,
+    ) -> Result<T, RaisedError> {
+        let quiesce = self.quiesce.clone();
+        blocking(move || quiesce.store_write(f)).await
     }
 
     /// The newest `limit` alerts, newest first.
@@ -224,12 +239,12 @@ mod tests {
         let path = dir.path().join("alerts.redb");
         let t = Timestamp::from_millis;
         let a = Alert::new(AlertKind::InDoubt, "p1", "t", t(1));
-        let raised = Raised::open(&path).unwrap();
+        let raised = Raised::open(&path, Quiesce::default()).unwrap();
         assert!(raised.open_alert(&a).await.unwrap());
         assert!(!raised.open_alert(&a).await.unwrap());
         drop(raised);
 
-        let raised = Raised::open(&path).unwrap();
+        let raised = Raised::open(&path, Quiesce::default()).unwrap();
         assert!(raised.is_open(&a.key).await.unwrap());
         assert_eq!(raised.unacknowledged().await.unwrap(), 1);
         // Acknowledged while it lasts: still not news again.

@@ -5,14 +5,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use estafeta_sendq::{SmsConfig, SmtpConfig, SmtpCredentials, SmtpSecurity};
+use estafeta_sendq::{SmsConfig, SmtpConfig};
 
 use crate::config::Settings;
 
 /// An alert setting is invalid.
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyConfigError {
-    /// `smtp_url` does not parse or has the wrong scheme or options.
+    /// `smtp_url` does not parse, or has the wrong scheme or options (the
+    /// reason never repeats the URL, which may hold a password).
     #[error("smtp_url: {0}")]
     SmtpUrl(String),
     /// E-mail recipients were given but no relay (or the other way round).
@@ -68,6 +69,9 @@ pub struct NotifySettings {
     pub webhook_private: super::targets::PrivateTargets,
 }
 
+/// Limit on each step of the SMTP dialogue.
+const SMTP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Splits a comma-separated list, dropping blanks.
 fn list(s: &str) -> Vec<String> {
     s.split(',')
@@ -100,14 +104,26 @@ impl NotifySettings {
         let email = match (&s.alert_email, &s.smtp_url) {
             (None, None) => None,
             (Some(to), Some(url)) => Some(EmailChannel {
-                smtp: smtp_config(url.expose(), &s.smtp_from)?,
+                smtp: SmtpConfig {
+                    url: url.expose().to_owned(),
+                    root_certificate_pem: None,
+                    from: s.smtp_from.clone(),
+                    timeout: SMTP_TIMEOUT,
+                },
                 to: list(to),
             }),
             _ => return Err(NotifyConfigError::EmailIncomplete),
         };
         if let Some(e) = &email {
-            // Build once to check the sender address and TLS settings.
-            estafeta_sendq::SmtpTransport::new(&e.smtp)?;
+            // Build once to check the URL (as lettre reads it), the sender
+            // address and the TLS settings.
+            estafeta_sendq::SmtpTransport::new(&e.smtp).map_err(|e| match e {
+                estafeta_sendq::ConfigError::Invalid {
+                    what: "SMTP URL",
+                    reason,
+                } => NotifyConfigError::SmtpUrl(reason),
+                other => NotifyConfigError::Transport(other),
+            })?;
         }
         let sms = match (&s.alert_sms_url, &s.alert_sms_to) {
             (None, None) => None,
@@ -148,105 +164,46 @@ impl NotifySettings {
     }
 }
 
-/// `smtp://[user[:password]@]host[:port][?starttls=on|off]`.
-fn smtp_config(url: &str, from: &str) -> Result<SmtpConfig, NotifyConfigError> {
-    let bad = |m: &str| NotifyConfigError::SmtpUrl(m.to_owned());
-    let parsed = reqwest::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    if parsed.scheme() != "smtp" {
-        return Err(bad("the scheme must be smtp://"));
-    }
-    let host = parsed
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| bad("a host is required"))?
-        .to_owned();
-    let mut starttls = false;
-    for (k, v) in parsed.query_pairs() {
-        match (k.as_ref(), v.as_ref()) {
-            ("starttls", "on" | "true" | "1") => starttls = true,
-            ("starttls", "off" | "false" | "0") => starttls = false,
-            _ => return Err(bad(&format!("unknown option {k}={v}"))),
-        }
-    }
-    let decode = |s: &str| -> Result<String, NotifyConfigError> {
-        percent_decode(s).ok_or_else(|| bad("user or password is not valid percent-encoded UTF-8"))
-    };
-    let credentials = if parsed.username().is_empty() {
-        None
-    } else {
-        Some(SmtpCredentials {
-            username: decode(parsed.username())?,
-            password: decode(parsed.password().unwrap_or(""))?,
-        })
-    };
-    Ok(SmtpConfig {
-        host,
-        port: parsed.port().unwrap_or(25),
-        security: if starttls {
-            SmtpSecurity::StartTls {
-                root_certificate_pem: None,
-            }
-        } else {
-            SmtpSecurity::None
-        },
-        credentials,
-        from: from.to_owned(),
-        timeout: Duration::from_secs(30),
-    })
-}
-
-/// Decodes `%XX` escapes; `None` for a bad escape or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn smtp_urls_carry_host_port_tls_and_login() {
-        let c = smtp_config(
-            "smtp://ops%40example.org:p%3Ass@mail.example.org:587?starttls=on",
-            "a@b.c",
-        )
-        .unwrap();
-        assert_eq!(c.host, "mail.example.org");
-        assert_eq!(c.port, 587);
-        assert!(matches!(c.security, SmtpSecurity::StartTls { .. }));
-        let login = c.credentials.unwrap();
-        assert_eq!(login.username, "ops@example.org");
-        assert_eq!(login.password, "p:ss");
-
-        let plain = smtp_config("smtp://127.0.0.1", "a@b.c").unwrap();
-        assert_eq!(plain.port, 25);
-        assert_eq!(plain.security, SmtpSecurity::None);
-        assert_eq!(plain.credentials, None);
+    /// Settings with the e-mail channel on `url`.
+    fn email(url: &str) -> Settings {
+        Settings {
+            alert_email: Some("ops@example.org".into()),
+            smtp_url: Some(url.into()),
+            ..Settings::default()
+        }
     }
 
     #[test]
-    fn bad_smtp_urls_are_refused() {
+    fn smtp_urls_are_read_by_lettre_with_tls_modes_and_login() {
         for url in [
-            "http://mail.example.org",
-            "smtp://mail.example.org?starttls=maybe",
-            "smtp://u:%ZZ@mail.example.org",
+            "smtp://127.0.0.1",
+            "smtp://ops%40example.org:p%3Ass@mail.example.org:587?tls=required",
+            "smtp://mail.example.org?tls=opportunistic",
+            "smtps://ops:secret@mail.example.org",
+            "smtps://mail.example.org:2465/ehlo.example.org",
+        ] {
+            let n = NotifySettings::from_settings(&email(url)).unwrap();
+            assert_eq!(n.email.unwrap().smtp.url, url);
+        }
+    }
+
+    #[test]
+    fn bad_smtp_urls_are_refused_with_the_reason_and_without_the_password() {
+        for url in [
+            "http://ops:secret@mail.example.org",
+            "smtp://ops:secret@mail.example.org?starttls=on",
+            "smtp://ops:secret@mail.example.org?tls=maybe",
             "not a url",
         ] {
-            assert!(smtp_config(url, "a@b.c").is_err(), "{url}");
+            let e = NotifySettings::from_settings(&email(url)).unwrap_err();
+            assert!(matches!(e, NotifyConfigError::SmtpUrl(_)), "{url}: {e}");
+            let text = e.to_string();
+            assert!(text.starts_with("smtp_url: "), "{text}");
+            assert!(!text.contains("secret"), "{text}");
         }
     }
 

@@ -18,6 +18,7 @@ use estafeta_exchange::wire::{
 use estafeta_exchange::{Id, MessageId, RecipientKind};
 use serde::Deserialize;
 
+use crate::backup::{BackupReport, BackupRequest};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, path_folder, path_id};
 use crate::state::AppState;
@@ -797,4 +798,23 @@ pub async fn alerts(
         version: Version,
         alerts,
     }))
+}
+
+/// `POST /v1/admin/backup`: a consistent copy of the data folder, made
+/// while serving (`estafeta backup DIR`).
+#[utoipa::path(post, path = "/v1/admin/backup", tag = "admin",
+    request_body = BackupRequest,
+    responses(
+        (status = 200, description = "The copy is made and durable", body = BackupReport),
+        (status = 400, description = "The folder is relative, inside the data folder, or cannot be written", body = ErrorBody),
+        (status = 409, description = "The folder exists and is not empty", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn backup(
+    State(state): State<AppState>,
+    Caller(who): Caller,
+    ApiJson(req): ApiJson<BackupRequest>,
+) -> Result<Json<BackupReport>, ApiError> {
+    Ok(Json(
+        crate::backup::backup(state.exchange(), &who, &req.dir).await?,
+    ))
 }

@@ -56,6 +56,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::settle))
         .routes(routes!(admin::stats))
         .routes(routes!(admin::alerts))
+        .routes(routes!(admin::backup))
         .routes(routes!(device::send_message))
         .routes(routes!(device::inbox))
         .routes(routes!(device::ack))
