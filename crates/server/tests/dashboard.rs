@@ -375,11 +375,32 @@ async fn a_message_in_error_is_shown_and_discarded() {
         html.contains("&quot;order&quot;: 1") || html.contains("&#34;order&#34;: 1"),
         "{html}"
     );
+    // Unconfirmed: a confirmation page, nothing deleted.
     let r = post(
         &server,
         &format!("{view}/discard"),
         Some(&s.cookie),
         &format!("csrf={}", s.csrf),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let confirm = r.text().await.unwrap();
+    assert!(confirm.contains("id=\"confirm-discard\""), "{confirm}");
+    assert!(
+        confirm.contains("name=\"confirm\" value=\"yes\""),
+        "{confirm}"
+    );
+    let error = server
+        .admin
+        .folder(&id("db-a"), Folder::Error)
+        .await
+        .unwrap();
+    assert_eq!(error.files.len(), 1, "still in Error until confirmed");
+    let r = post(
+        &server,
+        &format!("{view}/discard"),
+        Some(&s.cookie),
+        &format!("csrf={}&confirm=yes", s.csrf),
     )
     .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
@@ -443,7 +464,7 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
             &server,
             &format!("{view}/{action}"),
             Some(&s.cookie),
-            &format!("csrf={}", s.csrf),
+            &format!("csrf={}&confirm=yes", s.csrf),
         )
         .await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");

@@ -45,6 +45,7 @@ mod schedule;
 mod sessions;
 mod state;
 mod stats;
+mod totals;
 
 pub use crate::store::Listed;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
@@ -52,6 +53,7 @@ pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
+pub use totals::Totals;
 
 use crate::store::{FileStore, Folder};
 use crate::tenancy::Registry;

@@ -144,14 +144,111 @@ fn human_bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
-/// Files per folder of one mailbox, in [`Folder::ALL`] order.
-fn counts_of(all: &[(Id, Folder, u64)], id: &Id) -> Vec<u64> {
+/// The most rows one page of a list shows (devices, databases, messages
+/// of a folder, processes): a page's size and time do not grow with the
+/// number of mailboxes or messages.
+pub const PAGE_ROWS: usize = 50;
+
+/// A list's page and search, as typed into the form or followed from a
+/// link: `q` narrows to ids starting with it, `after` is the last id of the
+/// page before (the next page starts after it), `page` counts pages of
+/// lists that are not in id order (from 0).
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    /// The id, or the start of the ids, searched for.
+    #[serde(default)]
+    pub q: String,
+    /// The last id of the page before.
+    #[serde(default)]
+    pub after: String,
+    /// The page number, from 0.
+    #[serde(default)]
+    pub page: usize,
+    /// A one-line result of the last action.
+    pub notice: Option<String>,
+}
+
+impl ListQuery {
+    /// The search text, trimmed.
+    fn search(&self) -> &str {
+        self.q.trim()
+    }
+}
+
+/// One page of the databases or devices whose id starts with the search
+/// text, after the cursor, with their folder counts; and the cursor of the
+/// next page if there is one.
+async fn endpoint_page(
+    ex: &estafeta_exchange::Exchange,
+    kind: estafeta_exchange::tenancy::Kind,
+    q: &ListQuery,
+) -> Result<(Vec<estafeta_exchange::wire::EndpointDetail>, Option<String>), PageError> {
+    let admin = estafeta_exchange::tenancy::Principal::Admin;
+    let bad = |what: &str, text: &str, e: String| {
+        PageError(StatusCode::BAD_REQUEST, format!("bad {what} {text:?}: {e}"))
+    };
+    let search = q.search();
+    let prefix = if search.is_empty() {
+        None
+    } else {
+        Some(Id::new(search).map_err(|e| bad("search", search, e.to_string()))?)
+    };
+    let after = if q.after.is_empty() {
+        None
+    } else {
+        Some(Id::new(q.after.as_str()).map_err(|e| bad("page cursor", &q.after, e.to_string()))?)
+    };
+    let mut ids = Vec::new();
+    if let (Some(p), None) = (&prefix, &after) {
+        // The id itself first: the listing below starts after it.
+        if ex.endpoint_detail(&admin, kind, p).await.is_ok() {
+            ids.push(p.clone());
+        }
+    }
+    let start = after.as_ref().or(prefix.as_ref());
+    ids.extend(
+        ex.endpoints_page(&admin, kind, None, start, PAGE_ROWS + 1)?
+            .into_iter()
+            .map(|e| e.id)
+            .take_while(|id| {
+                prefix
+                    .as_ref()
+                    .is_none_or(|p| id.as_str().starts_with(p.as_str()))
+            }),
+    );
+    let next = (ids.len() > PAGE_ROWS).then(|| ids[PAGE_ROWS - 1].to_string());
+    ids.truncate(PAGE_ROWS);
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        rows.push(ex.endpoint_detail(&admin, kind, &id).await?);
+    }
+    Ok((rows, next))
+}
+
+/// A query string value: everything but letters, digits, `-` and `.`
+/// percent-encoded.
+fn query_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The folder counts in [`Folder::ALL`] order.
+fn counts_of(c: &estafeta_exchange::wire::FolderCounts) -> Vec<u64> {
     Folder::ALL
         .iter()
-        .map(|f| {
-            all.iter()
-                .find(|(i, g, _)| i == id && g == f)
-                .map_or(0, |(_, _, n)| *n)
+        .map(|f| match f {
+            Folder::Messages => c.messages,
+            Folder::Prepared => c.prepared,
+            Folder::Log => c.log,
+            Folder::Unknown => c.unknown,
+            Folder::Error => c.error,
         })
         .collect()
 }
