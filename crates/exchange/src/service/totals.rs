@@ -13,49 +13,47 @@ use crate::{Id, Timestamp};
 /// Message files summed over every mailbox, and the oldest waiting message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// Files per folder over all mailboxes, in [`Folder::ALL`] order.
-    pub folders: [u64; 5],
     /// Messages waiting in the databases' `Messages` (to be handed out).
     pub waiting: u64,
     /// When the oldest message waiting in a database's `Messages` was created.
     pub oldest_waiting: Option<Timestamp>,
-}
-
-impl Totals {
-    /// The total of one folder.
-    pub fn of(&self, folder: Folder) -> u64 {
-        Folder::ALL
-            .iter()
-            .position(|f| *f == folder)
-            .map_or(0, |i| self.folders[i])
-    }
+    /// Files in `Unknown` over all mailboxes.
+    pub unknown: u64,
+    /// Files in `Error` over all mailboxes.
+    pub error: u64,
 }
 
 impl Exchange {
-    /// Admin: files per folder over every mailbox and the oldest waiting
-    /// message, from the folder indexes. A folder that cannot be read
-    /// counts as empty here.
+    /// Admin: the messages waiting, the oldest of them, and the files in
+    /// `Unknown` and `Error`, from the folder indexes (three counts per
+    /// database, two per device, one oldest name per database with
+    /// messages waiting). A folder that cannot be read counts as empty.
     pub async fn totals(&self, who: &Principal) -> Result<Totals, ExchangeError> {
         let (dbs, devs) = self.mailbox_ids(who)?;
         let store = &self.core.store;
+        let count = |id: &Id, folder| {
+            let loc = self.core.location(id, folder);
+            async move { store.count(&loc).await.map_or(0, |c| c as u64) }
+        };
         let mut t = Totals::default();
-        for (n, id) in dbs.iter().chain(devs.iter()).enumerate() {
-            for (i, folder) in Folder::ALL.into_iter().enumerate() {
-                let loc = self.core.location(id, folder);
-                let count = store.count(&loc).await.map_or(0, |c| c as u64);
-                t.folders[i] += count;
-                if n < dbs.len() && folder == Folder::Messages && count > 0 {
-                    t.waiting += count;
-                    if let Ok(Some(oldest)) =
-                        store.oldest(&loc, 1).await.map(|v| v.into_iter().next())
-                    {
-                        t.oldest_waiting = Some(match t.oldest_waiting {
-                            Some(o) if o <= oldest.created_at => o,
-                            _ => oldest.created_at,
-                        });
-                    }
+        for db in &dbs {
+            let waiting = count(db, Folder::Messages).await;
+            if waiting > 0 {
+                t.waiting += waiting;
+                let queue = self.core.location(db, Folder::Messages);
+                if let Ok(Some(oldest)) =
+                    store.oldest(&queue, 1).await.map(|v| v.into_iter().next())
+                {
+                    t.oldest_waiting = Some(match t.oldest_waiting {
+                        Some(o) if o <= oldest.created_at => o,
+                        _ => oldest.created_at,
+                    });
                 }
             }
+        }
+        for id in dbs.iter().chain(devs.iter()) {
+            t.unknown += count(id, Folder::Unknown).await;
+            t.error += count(id, Folder::Error).await;
         }
         Ok(t)
     }

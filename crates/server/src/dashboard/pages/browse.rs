@@ -103,6 +103,12 @@ pub async fn browse(
         .iter()
         .filter(|d| search.is_empty() || boxes.contains(d))
     {
+        // A process in doubt holds its database's messages in `Unknown`:
+        // a database with none there has no process in doubt.
+        let (held_here, _) = ex.folder_page(&admin, db, Folder::Unknown, 0, 0).await?;
+        if held_here == 0 {
+            continue;
+        }
         for (pid, held) in ex.in_doubt(&admin, db).await? {
             for m in &held {
                 holder.insert(*m, pid.to_string());

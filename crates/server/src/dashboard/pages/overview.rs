@@ -8,7 +8,6 @@ use std::time::SystemTime;
 
 use askama::Template;
 use axum::extract::{Query, State};
-use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
 
@@ -89,8 +88,8 @@ pub async fn overview(
             .map_or_else(|| "none".to_owned(), |t| seconds_since(t, now)),
         in_doubt: count(ProcessState::InDoubt),
         failed: count(ProcessState::Failed),
-        unknown: totals.of(Folder::Unknown),
-        error: totals.of(Folder::Error),
+        unknown: totals.unknown,
+        error: totals.error,
         oldest_ready: oldest_ready.map_or_else(|| "none".to_owned(), |t| seconds_since(t, now)),
         processes: processes.into_iter().collect(),
         alerts_open: state.notifier().unacknowledged().await.unwrap_or(0),
