@@ -385,7 +385,7 @@ async fn a_message_in_error_is_shown_and_discarded() {
     .await;
     assert_eq!(r.status(), StatusCode::OK);
     let confirm = r.text().await.unwrap();
-    assert!(confirm.contains("id=\"confirm-discard\""), "{confirm}");
+    assert!(confirm.contains("id=\"confirm-yes\""), "{confirm}");
     assert!(
         confirm.contains("name=\"confirm\" value=\"yes\""),
         "{confirm}"
@@ -404,6 +404,11 @@ async fn a_message_in_error_is_shown_and_discarded() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let notice = r.headers()[LOCATION].to_str().unwrap().to_owned();
+    assert!(
+        notice.ends_with(&format!("{incorrect}+discarded")),
+        "{notice}"
+    );
     for folder in [Folder::Error, Folder::Messages] {
         assert!(
             server

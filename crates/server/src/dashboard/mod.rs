@@ -47,7 +47,15 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             post(pages::processes::settle),
         )
         .route("/admin/databases", get(pages::databases::databases))
+        .route(
+            "/admin/databases/{id}/{action}",
+            post(pages::databases::database_action),
+        )
         .route("/admin/devices", get(pages::devices::devices))
+        .route(
+            "/admin/devices/{id}/{action}",
+            post(pages::devices::device_action),
+        )
         .route("/admin/browse/{folder}", get(pages::browse::browse))
         .route(
             "/admin/browse/{folder}/bulk",

@@ -235,16 +235,18 @@ pub(super) fn back_to(folder: &str, notice: &str) -> Response {
     Redirect::to(&format!("/admin/browse/{folder}?notice={notice}")).into_response()
 }
 
-/// The confirmation page of a discard: what would be deleted, and the
-/// form that deletes it.
+/// The confirmation page of an action that cannot be undone: the
+/// question, and the form that does it (the same fields and `confirm=yes`).
 #[derive(Template)]
 #[template(path = "confirm.html")]
-struct ConfirmPage {
-    layout: Layout,
-    folder: &'static str,
-    action: String,
-    what: String,
-    fields: Vec<(String, String)>,
+pub(super) struct ConfirmPage {
+    pub(super) layout: Layout,
+    pub(super) question: String,
+    pub(super) button: &'static str,
+    pub(super) action: String,
+    pub(super) back: String,
+    pub(super) fields: Vec<(String, String)>,
+    pub(super) offer_force: bool,
 }
 
 /// The form of one message's action.
@@ -279,10 +281,15 @@ pub async fn message_action(
         "discard" if form.confirm != "yes" => {
             return Ok(render(&ConfirmPage {
                 layout: Layout::new("Confirm the discard", &session, None),
-                folder: folder.as_str(),
+                question: format!(
+                    "Discard message {id} of {mailbox}/{}? The file is deleted for good.",
+                    folder.as_str()
+                ),
+                button: "Yes, discard",
                 action: format!("/admin/browse/{}/{mailbox}/{id}/discard", folder.as_str()),
-                what: format!("message {id} of {mailbox}/{}", folder.as_str()),
+                back: format!("/admin/browse/{}", folder.as_str()),
                 fields: Vec::new(),
+                offer_force: false,
             }));
         }
         "discard" => ex.discard(&Principal::Admin, &mailbox, folder, mid).await?,
@@ -293,7 +300,19 @@ pub async fn message_action(
             ));
         }
     }
-    Ok(back_to(folder.as_str(), &format!("message {id} {action}d")))
+    Ok(back_to(
+        folder.as_str(),
+        &format!("message {id} {}", past(&action)),
+    ))
+}
+
+/// What the notice after `action` says was done.
+fn past(action: &str) -> &'static str {
+    if action == "requeue" {
+        "requeued"
+    } else {
+        "discarded"
+    }
 }
 
 /// What a bulk form names: `m` fields (`<mailbox>/<message id>`, one per
@@ -359,10 +378,12 @@ pub async fn bulk_action(
             .collect();
         return Ok(render(&ConfirmPage {
             layout: Layout::new("Confirm the discard", &session, None),
-            folder: folder.as_str(),
+            question: format!("Discard {what}? The files are deleted for good."),
+            button: "Yes, discard",
             action: format!("/admin/browse/{}/bulk", folder.as_str()),
-            what,
+            back: format!("/admin/browse/{}", folder.as_str()),
             fields,
+            offer_force: false,
         }));
     }
     let ex = state.exchange();
@@ -400,6 +421,6 @@ pub async fn bulk_action(
     tracing::warn!(target: "estafeta::event", folder = folder.as_str(), done, refused, "the operator's bulk {action} on {what}");
     Ok(back_to(
         folder.as_str(),
-        &format!("{action}d {done} of {what}, {refused} refused"),
+        &format!("{} {done} of {what}, {refused} refused", past(action)),
     ))
 }

@@ -5,14 +5,17 @@
 use std::time::SystemTime;
 
 use askama::Template;
+use axum::Form;
 use axum::extract::{Query, State};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::{Kind, Principal};
 
 use super::{
-    Layout, ListQuery, PageResult, counts_of, endpoint_page, query_value, render, seconds_since,
+    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
+    query_value, render, seconds_since,
 };
 use crate::dashboard::auth::AdminSession;
+use crate::extract::ApiPath;
 use crate::state::AppState;
 
 struct DbRow {
@@ -75,4 +78,15 @@ pub async fn databases(
         rows,
     };
     Ok(render(&page))
+}
+
+/// `POST /admin/databases/{id}/{action}`: `rotate` the database's token or
+/// `delete` it, each after a confirmation page.
+pub async fn database_action(
+    State(state): State<AppState>,
+    session: AdminSession,
+    ApiPath(path): ApiPath<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    endpoint_action(&state, &session, Kind::Database, "databases", path, form).await
 }

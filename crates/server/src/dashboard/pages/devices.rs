@@ -4,15 +4,17 @@
 use std::time::SystemTime;
 
 use askama::Template;
+use axum::Form;
 use axum::extract::{Query, State};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Kind;
 
 use super::{
-    Layout, ListQuery, PageResult, counts_of, endpoint_page, query_value, render,
-    seconds_since_system,
+    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
+    query_value, render, seconds_since_system,
 };
 use crate::dashboard::auth::AdminSession;
+use crate::extract::ApiPath;
 use crate::state::AppState;
 
 struct DevRow {
@@ -64,4 +66,15 @@ pub async fn devices(
         rows,
     };
     Ok(render(&page))
+}
+
+/// `POST /admin/devices/{id}/{action}`: `rotate` the device's token or
+/// `delete` it, each after a confirmation page.
+pub async fn device_action(
+    State(state): State<AppState>,
+    session: AdminSession,
+    ApiPath(path): ApiPath<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    endpoint_action(&state, &session, Kind::Device, "devices", path, form).await
 }

@@ -252,3 +252,108 @@ fn counts_of(c: &estafeta_exchange::wire::FolderCounts) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The form of a database's or device's action.
+#[derive(Debug, Deserialize)]
+pub struct EndpointForm {
+    /// The session's CSRF token.
+    #[serde(default)]
+    pub csrf: String,
+    /// `yes` once the operator confirmed.
+    #[serde(default)]
+    pub confirm: String,
+    /// `yes` to delete even though messages wait or a process is open.
+    #[serde(default)]
+    pub force: String,
+}
+
+/// The new token of a database or device, shown once.
+#[derive(Template)]
+#[template(path = "token.html")]
+struct TokenPage {
+    layout: Layout,
+    kind: &'static str,
+    id: String,
+    token: String,
+    back: String,
+}
+
+/// `rotate` or `delete` a database or device (`kind`, listed under
+/// `/admin/{page}`), each after a confirmation page: a rotation shows the
+/// new token once; a delete is refused while messages wait or a process is
+/// open, unless forced.
+async fn endpoint_action(
+    state: &crate::state::AppState,
+    session: &AdminSession,
+    kind: estafeta_exchange::tenancy::Kind,
+    page: &'static str,
+    (id, action): (String, String),
+    form: EndpointForm,
+) -> PageResult {
+    use axum::response::Redirect;
+    if let Err(r) = session.check_csrf(&form.csrf) {
+        return Ok(r.into_response());
+    }
+    let id = crate::extract::path_id(kind.as_str(), &id)?;
+    let admin = estafeta_exchange::tenancy::Principal::Admin;
+    let ex = state.exchange();
+    // 404 before asking about what does not exist.
+    ex.endpoint_detail(&admin, kind, &id).await?;
+    let back = format!("/admin/{page}?q={}", query_value(id.as_str()));
+    let (question, button) = match action.as_str() {
+        "rotate" => (
+            format!(
+                "Rotate the token of {} {id}? The old token stops working at once.",
+                kind.as_str()
+            ),
+            "Yes, rotate",
+        ),
+        "delete" => (
+            format!(
+                "Delete {} {id} and its token? Refused while messages wait or a process is open, unless forced.",
+                kind.as_str()
+            ),
+            "Yes, delete",
+        ),
+        _ => {
+            return Err(PageError(
+                StatusCode::NOT_FOUND,
+                "no such action".to_owned(),
+            ));
+        }
+    };
+    if form.confirm != "yes" {
+        return Ok(render(&browse::ConfirmPage {
+            layout: Layout::new("Confirm", session, None),
+            question,
+            button,
+            action: format!("/admin/{page}/{id}/{action}"),
+            back,
+            fields: Vec::new(),
+            offer_force: action == "delete",
+        }));
+    }
+    if action == "rotate" {
+        let token = ex.rotate_token(&admin, kind, id.clone()).await?;
+        return Ok(render(&TokenPage {
+            layout: Layout::new("New token", session, None),
+            kind: kind.as_str(),
+            id: id.to_string(),
+            token: token.expose().to_owned(),
+            back,
+        }));
+    }
+    let deleted = ex
+        .delete_endpoint(&admin, kind, id.clone(), form.force == "yes")
+        .await?;
+    let notice = format!(
+        "{} {id} deleted{}",
+        kind.as_str(),
+        if deleted.forced {
+            format!(" (forced: {} message files discarded)", deleted.discarded)
+        } else {
+            String::new()
+        }
+    );
+    Ok(Redirect::to(&format!("/admin/{page}?notice={}", query_value(&notice))).into_response())
+}
