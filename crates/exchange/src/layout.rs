@@ -10,7 +10,7 @@
 //!     alerts.redb          raised alerts and their acknowledgements
 //!     alerts-repeat.redb   pending alert deliveries
 //!     push-repeat.redb     pending push notifications
-//!     events/              the event log
+//!     events.redb          the event log
 //! ```
 //!
 //! Mailbox ids never start with a dot ([`crate::Id`]), so `.estafeta` cannot
@@ -89,9 +89,9 @@ impl DataLayout {
         self.state_dir().join("push-repeat.redb")
     }
 
-    /// The event log's folder.
-    pub fn events_dir(&self) -> PathBuf {
-        self.state_dir().join("events")
+    /// The event log.
+    pub fn events(&self) -> PathBuf {
+        self.state_dir().join("events.redb")
     }
 }
 
@@ -110,7 +110,7 @@ mod tests {
             layout.alerts(),
             layout.alert_deliveries(),
             layout.push_deliveries(),
-            layout.events_dir(),
+            layout.events(),
         ];
         let names: std::collections::BTreeSet<_> = files.iter().map(|f| f.file_name()).collect();
         assert_eq!(names.len(), files.len());

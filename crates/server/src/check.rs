@@ -23,7 +23,7 @@ struct StateFile {
 }
 
 /// Every redb file of the data folder `data_dir`.
-fn state_files(data_dir: &Path) -> [StateFile; 7] {
+fn state_files(data_dir: &Path) -> [StateFile; 8] {
     let layout = DataLayout::new(data_dir);
     let file = |path, holds| StateFile { path, holds };
     [
@@ -49,6 +49,7 @@ fn state_files(data_dir: &Path) -> [StateFile; 7] {
             layout.push_deliveries(),
             "the push notifications not yet sent",
         ),
+        file(layout.events(), "the event log"),
     ]
 }
 
@@ -187,6 +188,11 @@ pub struct DamagedState {
 /// cannot open stops the start.
 pub fn before_serving(data_dir: &Path) -> Result<(), DamagedState> {
     for file in state_files(data_dir) {
+        // The event log opened by this process's log subscriber was
+        // opened (and repaired) by redb there already.
+        if crate::events::EventStore::is_open(&file.path) {
+            continue;
+        }
         let report = examine(&file, false);
         if !report.is_fit() {
             return Err(DamagedState {
@@ -218,6 +224,9 @@ mod tests {
         .await
         .unwrap();
         drop(server);
+        // The event log, which `serve` opens before the server.
+        let events = DataLayout::new(dir.path()).events();
+        drop(crate::events::EventLog::open(&events, Default::default()).unwrap());
         let made: std::collections::BTreeSet<PathBuf> =
             std::fs::read_dir(DataLayout::new(dir.path()).state_dir())
                 .unwrap()

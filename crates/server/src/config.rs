@@ -144,6 +144,10 @@ settings! {
         log: LogFilter = "info";
         /// form of the log lines on stderr: text, or json (one object per line)
         log_format: LogFormat = "text";
+        /// event log (<data>/.estafeta/events.redb): events older than this are removed
+        events_max_age: Duration = "30d";
+        /// event log: the oldest events are removed while their records pass this many megabytes
+        events_max_mb: u64 = "256";
     }
     section "Alerts to administrators (each channel is used when its settings are given; without any, alerts are only logged):" {
         /// e-mail recipients of alerts, comma-separated

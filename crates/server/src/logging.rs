@@ -19,14 +19,14 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, Settings};
 use crate::events::layer::redact_credentials;
-use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Rotation, events_dir};
+use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Retention, events_file};
 
 /// Installing the subscriber failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
-    /// The event log's folder or file could not be opened.
-    #[error("opening the event log in {0}: {1}")]
-    EventLog(String, std::io::Error),
+    /// The event log could not be opened.
+    #[error("opening the event log: {0}")]
+    EventLog(#[from] crate::events::EventStoreError),
     /// A global subscriber was installed already.
     #[error("installing the log subscriber: {0}")]
     Init(#[from] tracing_subscriber::util::TryInitError),
@@ -34,15 +34,18 @@ pub enum LoggingError {
 
 /// Installs the global subscriber: the stderr lines of `settings` (`log`,
 /// `log_format`); with `data_dir`, also the event log in
-/// `<data_dir>/.estafeta/events/`.
+/// `<data_dir>/.estafeta/events.redb`, kept as long as the
+/// `events_max_age` and `events_max_mb` settings say.
 pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingError> {
     let ansi = std::io::stderr().is_terminal();
     let stderr = stderr_lines(settings, || Redacting(std::io::stderr()), ansi);
     let events = match data_dir {
         Some(dir) => {
-            let dir = events_dir(dir);
-            let log = EventLog::open(&dir, Rotation::default())
-                .map_err(|e| LoggingError::EventLog(dir.display().to_string(), e))?;
+            let retention = Retention {
+                max_age: settings.events_max_age,
+                max_bytes: settings.events_max_mb.saturating_mul(1 << 20),
+            };
+            let log = EventLog::open(&events_file(dir), retention)?;
             // Decided once per call site (not per event): protocol steps and
             // alerts at any level, everything else from WARN up.
             let keep = Targets::new()

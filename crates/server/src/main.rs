@@ -284,7 +284,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
-    server.run(listener, shutdown).await?;
+    let ran = server.run(listener, shutdown).await;
+    // What the event log still has queued is written before the process ends.
+    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
+    ran?;
     Ok(())
 }
 

@@ -375,6 +375,7 @@ async fn a_message_in_error_is_shown_and_discarded() {
         html.contains("&quot;order&quot;: 1") || html.contains("&#34;order&#34;: 1"),
         "{html}"
     );
+    // Unconfirmed: a confirmation page, nothing deleted.
     let r = post(
         &server,
         &format!("{view}/discard"),
@@ -382,7 +383,32 @@ async fn a_message_in_error_is_shown_and_discarded() {
         &format!("csrf={}", s.csrf),
     )
     .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let confirm = r.text().await.unwrap();
+    assert!(confirm.contains("id=\"confirm-yes\""), "{confirm}");
+    assert!(
+        confirm.contains("name=\"confirm\" value=\"yes\""),
+        "{confirm}"
+    );
+    let error = server
+        .admin
+        .folder(&id("db-a"), Folder::Error)
+        .await
+        .unwrap();
+    assert_eq!(error.files.len(), 1, "still in Error until confirmed");
+    let r = post(
+        &server,
+        &format!("{view}/discard"),
+        Some(&s.cookie),
+        &format!("csrf={}&confirm=yes", s.csrf),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let notice = r.headers()[LOCATION].to_str().unwrap().to_owned();
+    assert!(
+        notice.ends_with(&format!("{incorrect}+discarded")),
+        "{notice}"
+    );
     for folder in [Folder::Error, Folder::Messages] {
         assert!(
             server
@@ -443,7 +469,7 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
             &server,
             &format!("{view}/{action}"),
             Some(&s.cookie),
-            &format!("csrf={}", s.csrf),
+            &format!("csrf={}&confirm=yes", s.csrf),
         )
         .await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");
@@ -721,5 +747,77 @@ async fn acknowledging_and_the_open_count_read_one_alert_store() {
     assert_eq!(listed[1].text, "the gateway is down");
     let refused = server.client("not-a-token").alerts().await.unwrap_err();
     assert!(refused.to_string().contains("401"), "{refused}");
+    server.stop().await.unwrap();
+}
+
+/// The event log page reads the event store: filtered by database,
+/// message and request id, a page at a time with a link to older events,
+/// and each event shows the request it happened in.
+#[tokio::test]
+async fn the_event_log_page_filters_and_pages_the_event_store() {
+    use estafeta_server::events::{EventRecord, EventStore, Retention, events_file};
+    let server = TestServer::start().await;
+    let s = login(&server).await;
+    let store = EventStore::open(&events_file(server.data.path())).unwrap();
+    let now = chrono::Utc::now();
+    let t0 = now.timestamp_nanos_opt().unwrap() as u64 - 3_600_000_000_000;
+    let records: Vec<EventRecord> = (0..150u64)
+        .map(|i| EventRecord {
+            id: format!("{}-{i}", t0 + i * 1_000_000_000),
+            ts: chrono::DateTime::from_timestamp_nanos((t0 + i * 1_000_000_000) as i64)
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            level: "INFO".to_owned(),
+            target: "estafeta::event".to_owned(),
+            text: format!("step-{i}"),
+            db: Some(if i.is_multiple_of(2) { "db-a" } else { "db-b" }.to_owned()),
+            device: None,
+            process: None,
+            message: Some(format!("msg-{i}")),
+            request: Some(format!("req-{}", i / 10)),
+            fields: Default::default(),
+        })
+        .collect();
+    store
+        .append(
+            &records,
+            &Retention::default(),
+            now.timestamp_nanos_opt().unwrap() as u64,
+        )
+        .unwrap();
+    let get = |path: String| {
+        let req = http().get(server.url(&path)).header(COOKIE, &s.cookie);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+            r.text().await.unwrap()
+        }
+    };
+    let steps = |html: &str| -> Vec<u64> {
+        html.split("<td>step-")
+            .skip(1)
+            .map(|rest| rest.split('<').next().unwrap().parse().unwrap())
+            .collect()
+    };
+
+    // Newest first, 100 a page, then the older ones behind the link.
+    let first = get("/admin/events".to_owned()).await;
+    let shown = steps(&first);
+    assert_eq!(shown.len(), 100);
+    assert_eq!((shown[0], shown[99]), (149, 50));
+    let marker = "id=\"older\" href=\"";
+    let at = first.find(marker).expect("a link to older events") + marker.len();
+    let older = first[at..].split('"').next().unwrap().replace("&amp;", "&");
+    let second = get(older).await;
+    assert_eq!(steps(&second), (0..50).rev().collect::<Vec<u64>>());
+
+    // By database, message and request; the request id is shown.
+    let db_b = steps(&get("/admin/events?db=db-b".to_owned()).await);
+    assert_eq!(db_b.len(), 75);
+    assert!(db_b.iter().all(|i| i % 2 == 1));
+    let one = get("/admin/events?message=msg-42".to_owned()).await;
+    assert_eq!(steps(&one), [42]);
+    assert!(one.contains("<td class=\"request\">req-4</td>"), "{one}");
+    let request = steps(&get("/admin/events?request=req-3&db=db-a".to_owned()).await);
+    assert_eq!(request, [38, 36, 34, 32, 30]);
     server.stop().await.unwrap();
 }

@@ -4,6 +4,9 @@
 //! READY_TO_COMMIT, watch it go IN_DOUBT on the server's real clock (a
 //! short ready timeout), settle it from the `Unknown` page, acknowledge the
 //! alert; requests without a login or without the CSRF token are refused.
+//! And on the `Error` browser: a discard asks for confirmation (cancelled,
+//! then confirmed), ticked messages are requeued together, and the whole
+//! folder is discarded after its confirmation.
 //! Every page is screenshotted (under the target's test temp folder) and
 //! checked for JavaScript errors. If Chromium cannot run, the test fails.
 
@@ -398,10 +401,19 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         c.goto(&format!("{base}{path}")).await.unwrap();
         check_page(&c, &shots, name).await;
     }
-    c.goto(&format!("{base}/admin/events?db=db-a"))
-        .await
-        .unwrap();
-    let log = text(&c, "#events").await;
+    // The event log is written off the request path: looked at until the
+    // settle's event is there.
+    let mut log = String::new();
+    for _ in 0..POLLS {
+        c.goto(&format!("{base}/admin/events?db=db-a"))
+            .await
+            .unwrap();
+        log = text(&c, "#events").await;
+        if log.contains("the operator settles a process in doubt") {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
     assert!(log.contains("process READY_TO_COMMIT (prepare)"), "{log}");
     assert!(log.contains("process in doubt"), "{log}");
     assert!(
@@ -438,6 +450,182 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .await
         .unwrap();
     wait_path(&c, "/admin/login").await;
+    c.close().await.unwrap();
+    drop(driver);
+    assert_eq!(server.terminate().await, Some(0));
+}
+
+/// Logs the browser in with the admin token.
+async fn log_in(c: &Client, base: &str) {
+    c.goto(&format!("{base}/admin/login")).await.unwrap();
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_path(c, "/admin").await;
+}
+
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("no #{id}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser() {
+    use estafeta_exchange::mailbox::Folder;
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let server = Binary::serve(work.path(), &data, &[], &[("ESTAFETA_ADMIN_TOKEN", TOKEN)]).await;
+    let base = server.base.clone();
+    let admin = ApiClient::new(&base, TOKEN).unwrap();
+    common::wait_ready(&admin).await;
+    let tenancy = Tenancy::provision(&admin).await;
+    // Three messages processed incorrectly: three in db-a's Error.
+    for _ in 0..3 {
+        let (pid, _) = ready_process(&tenancy, ResultStatus::ProcessedIncorrect).await;
+        tenancy.db_a.commit(&pid).await.unwrap();
+    }
+    let db_a = common::id("db-a");
+    let in_folder = |folder| {
+        let admin = &admin;
+        let db_a = &db_a;
+        async move {
+            let files = admin.folder(db_a, folder).await.unwrap().files;
+            files.iter().map(|f| f.id.to_string()).collect::<Vec<_>>()
+        }
+    };
+    let errors = in_folder(Folder::Error).await;
+    assert_eq!(errors.len(), 3);
+    let shots = screenshots();
+    let driver = start_driver().await;
+    let c = browser(&driver, &work.path().join("chromium-profile")).await;
+    log_in(&c, &base).await;
+
+    // One discard: a confirmation page first; cancelling keeps the message.
+    c.goto(&format!("{base}/admin/browse/Error")).await.unwrap();
+    assert_eq!(text(&c, "#folder-total").await, "3");
+    check_page(&c, &shots, "error-three").await;
+    let first = &errors[0];
+    c.goto(&format!("{base}/admin/browse/Error/db-a/{first}"))
+        .await
+        .unwrap();
+    click(&c, "discard").await;
+    assert!(wait_text(&c, "confirm-what").await.contains(first.as_str()));
+    check_page(&c, &shots, "discard-confirm").await;
+    assert_eq!(
+        in_folder(Folder::Error).await.len(),
+        3,
+        "not before the confirmation"
+    );
+    click(&c, "cancel").await;
+    wait_path(&c, "/admin/browse/Error").await;
+    assert_eq!(text(&c, "#folder-total").await, "3");
+    c.goto(&format!("{base}/admin/browse/Error/db-a/{first}"))
+        .await
+        .unwrap();
+    click(&c, "discard").await;
+    wait_text(&c, "confirm-what").await;
+    click(&c, "confirm-yes").await;
+    assert!(wait_text(&c, "notice").await.contains("discarded"));
+    assert_eq!(text(&c, "#folder-total").await, "2");
+    assert_eq!(in_folder(Folder::Error).await, errors[1..]);
+
+    // Bulk: the ticked message is requeued, the other stays.
+    let second = &errors[1];
+    click(&c, &format!("pick-{second}")).await;
+    check_page(&c, &shots, "error-ticked").await;
+    click(&c, "bulk-requeue").await;
+    assert!(
+        wait_text(&c, "notice")
+            .await
+            .contains("requeued 1 of 1 ticked"),
+        "the bulk requeue's notice"
+    );
+    assert_eq!(text(&c, "#folder-total").await, "1");
+    assert_eq!(in_folder(Folder::Error).await, errors[2..]);
+    assert_eq!(
+        in_folder(Folder::Messages).await,
+        std::slice::from_ref(second)
+    );
+
+    // Bulk on the whole folder: a discard, confirmed.
+    click(&c, "pick-all").await;
+    click(&c, "bulk-discard").await;
+    assert!(
+        wait_text(&c, "confirm-what")
+            .await
+            .contains("every message of Error")
+    );
+    assert_eq!(
+        in_folder(Folder::Error).await.len(),
+        1,
+        "not before the confirmation"
+    );
+    click(&c, "confirm-yes").await;
+    assert!(
+        wait_text(&c, "notice")
+            .await
+            .contains("discarded 1 of every message")
+    );
+    assert!(c.find(Locator::Id("no-files")).await.is_ok());
+    assert!(in_folder(Folder::Error).await.is_empty());
+    check_page(&c, &shots, "error-emptied").await;
+
+    // A device's token rotated after its confirmation: shown once, the
+    // old one refused at once, the new one taken.
+    c.goto(&format!("{base}/admin/devices?q=phone-2"))
+        .await
+        .unwrap();
+    click(&c, "rotate-phone-2").await;
+    assert!(
+        wait_text(&c, "confirm-what")
+            .await
+            .contains("Rotate the token of device phone-2")
+    );
+    tenancy
+        .phone2
+        .inbox(None)
+        .await
+        .expect("not before the confirmation");
+    click(&c, "confirm-yes").await;
+    let token = wait_text(&c, "new-token").await;
+    check_page(&c, &shots, "token-rotated").await;
+    assert!(
+        tenancy.phone2.inbox(None).await.is_err(),
+        "the old token still works"
+    );
+    ApiClient::new(&base, token.trim())
+        .unwrap()
+        .inbox(None)
+        .await
+        .expect("the new token works");
+    // And the device deleted after its confirmation.
+    c.goto(&format!("{base}/admin/devices?q=phone-2"))
+        .await
+        .unwrap();
+    click(&c, "delete-phone-2").await;
+    wait_text(&c, "confirm-what").await;
+    click(&c, "confirm-yes").await;
+    assert!(
+        wait_text(&c, "notice")
+            .await
+            .contains("device phone-2 deleted")
+    );
+    assert!(c.find(Locator::Id("device-phone-2")).await.is_err());
+    check_page(&c, &shots, "device-deleted").await;
+
     c.close().await.unwrap();
     drop(driver);
     assert_eq!(server.terminate().await, Some(0));

@@ -199,24 +199,30 @@ async fn a_form_body_that_does_not_arrive_in_time_is_408() {
     server.stop().await.unwrap();
 }
 
-/// Every line of the event log under `data`, all files together.
+/// Every record of the event log under `data`, as JSON, oldest first
+/// (the server that writes it must have stopped: one process opens it).
 fn event_lines(data: &std::path::Path) -> Vec<String> {
-    let dir = estafeta_server::events::events_dir(data);
-    let mut lines = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        lines.extend(text.lines().map(str::to_owned));
-    }
-    lines
+    let path = estafeta_server::events::events_file(data);
+    let store = estafeta_server::events::EventStore::open(&path).unwrap();
+    let page = store.query(&Default::default(), None, usize::MAX).unwrap();
+    page.records
+        .iter()
+        .rev()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect()
 }
 
 #[tokio::test]
 async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    // What one start and stop log: the baseline.
     let server = Binary::serve(dir.path(), &data, &[], &[]).await;
     wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    server.terminate().await;
     let lines_before = event_lines(&data).len();
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
     const BURST: usize = 40;
     for i in 0..BURST {
         let method = format!("M{i}{}", "X".repeat(20_000));
@@ -246,19 +252,21 @@ async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
         metrics.len()
     );
 
+    server.terminate().await;
     let lines = event_lines(&data);
     assert!(
         lines
             .iter()
             .all(|l| !l.contains("XXXX") && !l.contains("pppp"))
     );
+    // The second start logs what the first did, and the refused requests
+    // add fewer records than there were requests.
     assert!(
-        lines.len() < lines_before + BURST,
-        "{} event lines for {} refused requests",
+        lines.len() < 2 * lines_before + BURST,
+        "{} event records for one start and {} refused requests",
         lines.len() - lines_before,
         2 * BURST
     );
-    server.terminate().await;
 }
 
 #[tokio::test]
@@ -513,9 +521,8 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
 
     let state = data.join(".estafeta");
     assert_eq!(mode(&state), 0o700, ".estafeta");
-    let events = estafeta_server::events::events_dir(&data);
-    assert_eq!(mode(&events), 0o700, "events folder");
-    assert_eq!(mode(&events.join("events.jsonl")), 0o600, "event log");
+    let events = estafeta_server::events::events_file(&data);
+    assert_eq!(events.parent(), Some(state.as_path()), "event log");
     let queue = data.join("db-a").join("Messages");
     let files: Vec<_> = std::fs::read_dir(&queue)
         .unwrap()
@@ -524,13 +531,20 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(mode(&files[0]), 0o600, "message file");
 
+    // A clean stop writes the event log's last records; then it is read.
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    child.wait().await.unwrap();
     let lines = event_lines(&data);
     assert!(lines.iter().any(|l| l.contains("webhook set")), "{lines:?}");
     assert!(
         lines.iter().all(|l| !l.contains("hook-secret")),
         "{lines:?}"
     );
-    child.kill().await.unwrap();
 }
 
 #[tokio::test]

@@ -47,6 +47,7 @@ mod sessions;
 mod snapshot;
 mod state;
 mod stats;
+mod totals;
 
 pub use crate::store::Listed;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
@@ -55,6 +56,7 @@ pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
+pub use totals::Totals;
 
 use crate::keys::UploadKeys;
 use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};

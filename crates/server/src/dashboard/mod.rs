@@ -31,8 +31,9 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The largest body of a dashboard form, in bytes (the forms carry a token,
-/// a nonce or a CSRF token, and a word or two).
-pub const FORM_LIMIT: usize = 4096;
+/// a nonce or a CSRF token and a word or two; a bulk action on a folder
+/// also names each ticked message of its page).
+pub const FORM_LIMIT: usize = 16 * 1024;
 
 /// The dashboard's routes (merged into the server's router).
 pub fn routes(state: &AppState) -> Router<AppState> {
@@ -46,8 +47,20 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             post(pages::processes::settle),
         )
         .route("/admin/databases", get(pages::databases::databases))
+        .route(
+            "/admin/databases/{id}/{action}",
+            post(pages::databases::database_action),
+        )
         .route("/admin/devices", get(pages::devices::devices))
+        .route(
+            "/admin/devices/{id}/{action}",
+            post(pages::devices::device_action),
+        )
         .route("/admin/browse/{folder}", get(pages::browse::browse))
+        .route(
+            "/admin/browse/{folder}/bulk",
+            post(pages::browse::bulk_action),
+        )
         .route(
             "/admin/browse/{folder}/{mailbox}/{id}",
             get(pages::browse::message),

@@ -1,30 +1,35 @@
-//! [`EventLog`]: a `tracing` layer that appends the events worth keeping
-//! to `events.jsonl`, one JSON object a line, and rotates `events.jsonl` when it passes a size: the current file
-//! becomes `events.1.jsonl`, `.1` becomes `.2`, and the oldest beyond the
-//! kept count is removed.
+//! [`EventLog`]: a `tracing` layer that keeps the events worth keeping in
+//! the [`EventStore`]. The layer only builds the record and hands it to a
+//! bounded queue; a writer thread of its own writes what has queued up in
+//! one transaction, so a protocol call never waits for the log's disk.
 //!
 //! Credentials in URLs (`scheme://user:password@host`) are replaced by
 //! `***` in every value before it is written ([`redact_credentials`]).
 //!
 //! Every record is size-capped (values cut at [`MAX_VALUE_BYTES`], at most
-//! [`MAX_FIELDS`] other fields, a line at most [`MAX_RECORD_BYTES`]): what
-//! a request carries into an event cannot grow the log without bound.
+//! [`MAX_FIELDS`] other fields, a record at most [`MAX_RECORD_BYTES`] of
+//! JSON): what a request carries into an event cannot grow the log without
+//! bound.
 //!
-//! Log lines are not fsynced one by one: they are a record of what
-//! happened, not data the server promised to keep; a crash may lose the
-//! last few.
+//! What may be lost: the log is a record of what happened, not data the
+//! server promised to keep. A clean stop writes everything queued
+//! ([`flush_all`]); the records still queued when the process crashes or
+//! is killed, and those of a batch whose write fails, are lost; when
+//! the queue is full ([`QUEUE`] records waiting), new records are dropped
+//! and counted, and the next batch carries a warning saying how many.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
 
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::registry::LookupSpan;
 
+use super::store::{EventStore, EventStoreError, Retention};
 use super::{ALERT_TARGET, EVENT_TARGET, EventRecord};
 
 /// The longest value (the text or a field) a record keeps, in bytes; a
@@ -33,59 +38,76 @@ pub const MAX_VALUE_BYTES: usize = 1024;
 /// The most fields besides the text, database, device, process and message
 /// a record keeps; later ones are dropped.
 pub const MAX_FIELDS: usize = 32;
-/// The longest line written, in bytes. A record whose line would be longer
+/// The longest record's JSON, in bytes. A record that would be longer
 /// keeps its text (cut short) and names, and loses its other fields.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// The most records waiting for the writer thread.
+pub const QUEUE: usize = 16 * 1024;
+/// The most records the writer puts in one transaction.
+pub const BATCH: usize = 1024;
 
-/// How large `events.jsonl` may grow and how many older files are kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rotation {
-    /// Rotate when the current file passes this many bytes.
-    pub max_bytes: u64,
-    /// Older files kept (`events.1.jsonl` … `events.N.jsonl`).
-    pub keep: usize,
+/// What the layer hands the writer thread.
+enum Job {
+    /// A record to keep.
+    Record(Box<EventRecord>),
+    /// Answer once everything queued before is written.
+    Flush(SyncSender<()>),
 }
 
-impl Default for Rotation {
-    /// 8 MB a file, 5 older files.
-    fn default() -> Self {
-        Rotation {
-            max_bytes: 8 << 20,
-            keep: 5,
-        }
+/// The queues of every event log of this process, for [`flush_all`].
+static QUEUES: Mutex<Vec<SyncSender<Job>>> = Mutex::new(Vec::new());
+
+/// Waits until every record queued so far by every event log of this
+/// process is written: the server calls it as it stops, so that a clean
+/// stop loses nothing.
+pub fn flush_all() {
+    let queues = QUEUES.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for queue in queues {
+        flush_queue(&queue);
+    }
+}
+
+/// Waits until the writer of `queue` has written what was queued before.
+fn flush_queue(queue: &SyncSender<Job>) {
+    let (done, wait) = sync_channel(1);
+    if queue.send(Job::Flush(done)).is_ok() {
+        let _ = wait.recv();
     }
 }
 
 /// The event-log layer; see the module documentation.
 pub struct EventLog {
-    dir: PathBuf,
-    rotation: Rotation,
-    files: Mutex<Files>,
+    queue: SyncSender<Job>,
+    dropped: Arc<AtomicU64>,
     seq: AtomicU64,
 }
 
-struct Files {
-    events: Option<File>,
-    size: u64,
-}
-
 impl EventLog {
-    /// A layer writing into `dir` (created if missing, with every missing
-    /// parent, readable by the server's user only and durable in their
-    /// parents: the log is the first thing `estafeta serve` creates in a
-    /// new data folder, so later opens find these folders present).
-    pub fn open(dir: impl Into<PathBuf>, rotation: Rotation) -> io::Result<EventLog> {
-        let dir = dir.into();
-        estafeta_durable::create_dir_all(&dir, 0o700)?;
-        let events = append(&dir.join("events.jsonl"))?;
-        let size = events.metadata()?.len();
+    /// A layer keeping its records in the store at `path` (its folder
+    /// created if missing, with every missing parent, readable by the
+    /// server's user only and durable in their parents: the log is the
+    /// first thing `estafeta serve` creates in a new data folder, so later
+    /// opens find these folders present), and its writer thread.
+    pub fn open(path: &Path, retention: Retention) -> Result<EventLog, EventStoreError> {
+        if let Some(dir) = path.parent() {
+            estafeta_durable::create_dir_all(dir, 0o700)
+                .map_err(|e| EventStoreError::from_io(path, e))?;
+        }
+        let store = EventStore::open(path)?;
+        let (queue, jobs) = sync_channel(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let lost = Arc::clone(&dropped);
+        std::thread::Builder::new()
+            .name("estafeta-events".to_owned())
+            .spawn(move || write_batches(&store, &jobs, &lost, &retention))
+            .map_err(|e| EventStoreError::from_io(path, e))?;
+        QUEUES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(queue.clone());
         Ok(EventLog {
-            dir,
-            rotation,
-            files: Mutex::new(Files {
-                events: Some(events),
-                size,
-            }),
+            queue,
+            dropped,
             seq: AtomicU64::new(0),
         })
     }
@@ -95,47 +117,85 @@ impl EventLog {
         target == EVENT_TARGET || target == ALERT_TARGET || *level <= Level::WARN
     }
 
-    /// Writes one record (rotating first if the file is full), cut down to
-    /// [`MAX_RECORD_BYTES`] if it is longer.
-    pub fn write(&self, record: &EventRecord) -> io::Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
-        if line.len() > MAX_RECORD_BYTES {
-            line = serde_json::to_vec(&shrunk(record)).map_err(io::Error::other)?;
-        }
-        line.push(b'\n');
-        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-        if files.size > 0 && files.size + line.len() as u64 > self.rotation.max_bytes {
-            files.events = None;
-            self.rotate()?;
-            files.events = Some(append(&self.dir.join("events.jsonl"))?);
-            files.size = 0;
-        }
-        let file = match files.events.as_mut() {
-            Some(f) => f,
-            None => files.events.insert(append(&self.dir.join("events.jsonl"))?),
+    /// Queues one record, cut down to [`MAX_RECORD_BYTES`] if it is longer;
+    /// dropped (and counted) when the queue is full.
+    pub fn write(&self, record: EventRecord) {
+        let record = match serde_json::to_vec(&record) {
+            Ok(json) if json.len() <= MAX_RECORD_BYTES => record,
+            _ => shrunk(&record),
         };
-        file.write_all(&line)?;
-        files.size += line.len() as u64;
-        Ok(())
+        match self.queue.try_send(Job::Record(Box::new(record))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            // The writer is gone (its store failed to open a table); the
+            // failure was reported on stderr.
+            Err(TrySendError::Disconnected(_)) => {}
+        }
     }
 
-    /// `events.{k}` → `events.{k+1}` from the oldest down, then the current
-    /// file → `events.1`; the one past `keep` is removed.
-    fn rotate(&self) -> io::Result<()> {
-        let numbered = |k: usize| self.dir.join(format!("events.{k}.jsonl"));
-        if self.rotation.keep == 0 {
-            return remove_if_present(&self.dir.join("events.jsonl"));
-        }
-        remove_if_present(&numbered(self.rotation.keep))?;
-        for k in (1..self.rotation.keep).rev() {
-            rename_if_present(&numbered(k), &numbered(k + 1))?;
-        }
-        rename_if_present(&self.dir.join("events.jsonl"), &numbered(1))
+    /// Waits until every record queued before this call is written.
+    pub fn flush(&self) {
+        flush_queue(&self.queue);
     }
 
     fn next_id(&self, nanos: i64) -> String {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         format!("{nanos}-{seq}")
+    }
+}
+
+/// The writer thread: waits for a record, takes what else has queued up
+/// (up to [`BATCH`]), writes it in one transaction; until the layer is gone.
+fn write_batches(
+    store: &EventStore,
+    jobs: &Receiver<Job>,
+    dropped: &AtomicU64,
+    retention: &Retention,
+) {
+    while let Ok(first) = jobs.recv() {
+        let mut records = Vec::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next {
+            match job {
+                Job::Record(r) => records.push(*r),
+                Job::Flush(done) => flushes.push(done),
+            }
+            next = if records.len() < BATCH {
+                jobs.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        let lost = dropped.swap(0, Ordering::Relaxed);
+        let now = chrono::Utc::now();
+        let nanos = now.timestamp_nanos_opt().unwrap_or_default();
+        if lost > 0 {
+            records.push(EventRecord {
+                id: format!("{nanos}-{}", u64::MAX),
+                ts: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                level: Level::WARN.to_string(),
+                target: EVENT_TARGET.to_owned(),
+                text: format!("{lost} events were dropped: the event log could not keep up"),
+                db: None,
+                device: None,
+                process: None,
+                message: None,
+                request: None,
+                fields: serde_json::Map::new(),
+            });
+        }
+        if !records.is_empty()
+            && let Err(e) = store.append(&records, retention, u64::try_from(nanos).unwrap_or(0))
+        {
+            // Not through tracing: that would come back here.
+            eprintln!("estafeta: writing the event log failed: {e}");
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
     }
 }
 
@@ -161,6 +221,7 @@ fn shrunk(record: &EventRecord) -> EventRecord {
         device: name(&record.device),
         process: name(&record.process),
         message: name(&record.message),
+        request: name(&record.request),
         fields,
     }
 }
@@ -208,36 +269,47 @@ fn cut(s: &mut String, max: usize) {
     s.push('…');
 }
 
-/// Opens a log file for appending; a new one is the server's user's only.
-fn append(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-}
+/// The request id of a span that has one, kept in the span's extensions.
+struct RequestId(String);
 
-fn remove_if_present(path: &Path) -> io::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+/// Finds the `request_id` field of a span.
+struct FindRequestId(Option<String>);
+
+impl Visit for FindRequestId {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "request_id" {
+            self.0 = Some(format!("{value:?}"));
+        }
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "request_id" {
+            self.0 = Some(value.to_owned());
+        }
     }
 }
 
-fn rename_if_present(from: &Path, to: &Path) -> io::Result<()> {
-    match std::fs::rename(from, to) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for EventLog {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut find = FindRequestId(None);
+        attrs.record(&mut find);
+        if let (Some(request), Some(span)) = (find.0, ctx.span(id)) {
+            let mut request = request;
+            cut(&mut request, 128);
+            span.extensions_mut().insert(RequestId(request));
+        }
     }
-}
 
-impl<S: Subscriber> Layer<S> for EventLog {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let meta = event.metadata();
         if !Self::wants(meta.target(), meta.level()) {
             return;
         }
         let now = chrono::Utc::now();
+        let request = ctx.event_scope(event).and_then(|scope| {
+            scope
+                .into_iter()
+                .find_map(|span| span.extensions().get::<RequestId>().map(|r| r.0.clone()))
+        });
         let mut record = EventRecord {
             id: self.next_id(now.timestamp_nanos_opt().unwrap_or_default()),
             ts: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -248,16 +320,14 @@ impl<S: Subscriber> Layer<S> for EventLog {
             device: None,
             process: None,
             message: None,
+            request,
             fields: serde_json::Map::new(),
         };
         event.record(&mut Fields {
             record: &mut record,
             text_seen: false,
         });
-        if let Err(e) = self.write(&record) {
-            // Not through tracing: that would come back here.
-            eprintln!("estafeta: writing the event log failed: {e}");
-        }
+        self.write(record);
     }
 }
 
@@ -322,39 +392,76 @@ impl Visit for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::EventFilter;
     use tracing_subscriber::layer::SubscriberExt;
 
-    fn lines(path: &Path) -> Vec<EventRecord> {
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+    /// Every record of the store at `path`, oldest first.
+    fn records(path: &Path) -> Vec<EventRecord> {
+        let store = EventStore::open(path).unwrap();
+        let mut all = store
+            .query(&EventFilter::default(), None, 10_000)
+            .unwrap()
+            .records;
+        all.reverse();
+        all
+    }
+
+    /// A layer on a new store in `dir`, and the store's path.
+    fn log_in(dir: &Path) -> (Arc<EventLog>, std::path::PathBuf) {
+        let path = dir.join("state").join("events.redb");
+        (
+            Arc::new(EventLog::open(&path, Retention::default()).unwrap()),
+            path,
+        )
+    }
+
+    /// Runs `f` with `log` as the only layer, then waits for the writes.
+    fn with_log(log: &Arc<EventLog>, f: impl FnOnce()) {
+        let subscriber = tracing_subscriber::registry().with(ArcLayer(Arc::clone(log)));
+        tracing::subscriber::with_default(subscriber, f);
+        log.flush();
+    }
+
+    /// The layer behind an `Arc`, so that the test keeps it for `flush`.
+    struct ArcLayer(Arc<EventLog>);
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ArcLayer {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            self.0.on_new_span(attrs, id, ctx);
+        }
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            self.0.on_event(event, ctx);
+        }
     }
 
     #[test]
-    fn keeps_events_alerts_and_warnings_with_their_fields() {
+    fn keeps_events_alerts_and_warnings_with_their_fields_and_request_id() {
         let dir = tempfile::tempdir().unwrap();
-        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
-        let subscriber = tracing_subscriber::registry().with(log);
-        tracing::subscriber::with_default(subscriber, || {
+        let (log, path) = log_in(dir.path());
+        with_log(&log, || {
+            let span = tracing::error_span!("request", request_id = "req-7", method = "POST");
+            let _in = span.enter();
             tracing::info!(target: "estafeta::event", db = "db-a", device = "phone-1", message = "01MSG", n = 3, "message received");
             tracing::info!("an ordinary info line is not kept");
             tracing::warn!(process = "01PID", "a warning is kept");
+            drop(_in);
             tracing::error!(target: "estafeta::alert", db = "db-a", "in doubt");
         });
-        let events = lines(&dir.path().join("events.jsonl"));
+        let events = records(&path);
         assert_eq!(events.len(), 3, "{events:?}");
         let e = &events[0];
         assert_eq!(e.text, "message received");
         assert_eq!(e.db.as_deref(), Some("db-a"));
         assert_eq!(e.device.as_deref(), Some("phone-1"));
         assert_eq!(e.message.as_deref(), Some("01MSG"));
+        assert_eq!(e.request.as_deref(), Some("req-7"));
         assert_eq!(e.fields["n"], 3);
         assert_eq!(e.level, "INFO");
         assert_eq!(events[1].process.as_deref(), Some("01PID"));
+        assert_eq!(events[1].request.as_deref(), Some("req-7"));
         assert_eq!(events[1].level, "WARN");
         assert!(events[2].is_alert());
+        assert_eq!(events[2].request, None, "outside the request's span");
         assert_ne!(events[0].id, events[1].id);
     }
 
@@ -378,12 +485,11 @@ mod tests {
             assert_eq!(redact_credentials(given), want, "{given}");
         }
         let dir = tempfile::tempdir().unwrap();
-        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
-        let subscriber = tracing_subscriber::registry().with(log);
-        tracing::subscriber::with_default(subscriber, || {
+        let (log, path) = log_in(dir.path());
+        with_log(&log, || {
             tracing::info!(target: "estafeta::event", webhook = "http://u:secret@h/x", "set http://v:hidden@h/y");
         });
-        let text = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        let text = serde_json::to_string(&records(&path)).unwrap();
         assert!(
             !text.contains("secret") && !text.contains("hidden"),
             "{text}"
@@ -394,29 +500,27 @@ mod tests {
     #[test]
     fn every_record_is_size_capped() {
         let dir = tempfile::tempdir().unwrap();
-        let log = EventLog::open(dir.path(), Rotation::default()).unwrap();
-        let subscriber = tracing_subscriber::registry().with(log);
+        let (log, path) = log_in(dir.path());
         let huge = "é".repeat(1 << 20);
-        tracing::subscriber::with_default(subscriber, || {
+        with_log(&log, || {
             tracing::info!(target: "estafeta::event", method = %huge, db = %huge, "{huge}");
         });
-        let text = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
-        assert!(text.len() <= MAX_RECORD_BYTES + 1, "{} bytes", text.len());
-        let e = &lines(&dir.path().join("events.jsonl"))[0];
+        let e = &records(&path)[0];
+        assert!(serde_json::to_vec(e).unwrap().len() <= MAX_RECORD_BYTES);
         assert!(e.text.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
         assert!(e.text.ends_with('…') && e.text.starts_with("éé"));
         let field = e.fields["method"].as_str().unwrap();
         assert!(field.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
 
         // Every value escaped six-fold in JSON still fits, with the names kept.
-        let log = EventLog::open(dir.path().join("b"), Rotation::default()).unwrap();
+        let (log, path) = log_in(&dir.path().join("b"));
         let control = "\u{1}".repeat(MAX_VALUE_BYTES);
         let mut fields = serde_json::Map::new();
         for i in 0..MAX_FIELDS {
             fields.insert(format!("f{i}"), control.clone().into());
         }
-        log.write(&EventRecord {
-            id: "1".to_owned(),
+        log.write(EventRecord {
+            id: format!("{}-1", chrono::Utc::now().timestamp_nanos_opt().unwrap()),
             ts: "2026-11-25T10:00:00.000Z".to_owned(),
             level: "INFO".to_owned(),
             target: EVENT_TARGET.to_owned(),
@@ -425,58 +529,24 @@ mod tests {
             device: None,
             process: None,
             message: None,
+            request: None,
             fields,
-        })
-        .unwrap();
-        let path = dir.path().join("b").join("events.jsonl");
-        let size = std::fs::metadata(&path).unwrap().len();
-        assert!(size <= MAX_RECORD_BYTES as u64 + 1, "{size} bytes");
-        let e = &lines(&path)[0];
+        });
+        log.flush();
+        let e = &records(&path)[0];
+        assert!(serde_json::to_vec(e).unwrap().len() <= MAX_RECORD_BYTES);
         assert_eq!(e.db.as_deref(), Some("db-a"));
         assert_eq!(e.fields["truncated"], true);
 
-        let subscriber = tracing_subscriber::registry()
-            .with(EventLog::open(dir.path().join("c"), Rotation::default()).unwrap());
-        tracing::subscriber::with_default(subscriber, || {
+        let (log, path) = log_in(&dir.path().join("c"));
+        with_log(&log, || {
             tracing::info!(target: "estafeta::event", a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6,
                 a7 = 7, a8 = 8, a9 = 9, b0 = 0, b1 = 1, b2 = 2, b3 = 3, b4 = 4, b5 = 5, b6 = 6, b7 = 7,
                 b8 = 8, b9 = 9, c0 = 0, c1 = 1, c2 = 2, c3 = 3, c4 = 4, c5 = 5, c6 = 6, c7 = 7, c8 = 8,
                 c9 = 9, d0 = 0, d1 = 1, d2 = 2, d3 = 3, "many fields");
         });
-        let e = &lines(&dir.path().join("c").join("events.jsonl"))[0];
+        let e = &records(&path)[0];
         assert_eq!(e.fields.len(), MAX_FIELDS);
         assert_eq!(e.text, "many fields");
-    }
-
-    #[test]
-    fn rotates_by_size_and_keeps_n_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let rotation = Rotation {
-            max_bytes: 400,
-            keep: 2,
-        };
-        let log = EventLog::open(dir.path(), rotation).unwrap();
-        let subscriber = tracing_subscriber::registry().with(log);
-        tracing::subscriber::with_default(subscriber, || {
-            for i in 0..40 {
-                tracing::info!(target: "estafeta::event", i, "step");
-            }
-        });
-        let mut names: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["events.1.jsonl", "events.2.jsonl", "events.jsonl"]);
-        for name in &names {
-            let size = std::fs::metadata(dir.path().join(name)).unwrap().len();
-            assert!(size <= 400, "{name} is {size} bytes");
-        }
-        let newest = lines(&dir.path().join("events.jsonl"));
-        assert_eq!(newest.last().unwrap().fields["i"], 39);
-        let older = lines(&dir.path().join("events.1.jsonl"));
-        let last_older = older.last().unwrap().fields["i"].as_u64().unwrap();
-        let first_newest = newest[0].fields["i"].as_u64().unwrap();
-        assert_eq!(last_older + 1, first_newest);
     }
 }

@@ -1,32 +1,36 @@
 //! The structured event log: every protocol step (`estafeta::event`),
-//! every alert (`estafeta::alert`) and every warning and error, as JSON
-//! lines under `<data>/.estafeta/events/`, which the dashboard reads.
+//! every alert (`estafeta::alert`) and every warning and error, with the
+//! id of the request it happened in, kept in `<data>/.estafeta/events.redb`
+//! with indexes, which the dashboard reads a page at a time.
 //!
-//! - [`layer`]: [`EventLog`], the `tracing` layer that writes the lines and
-//!   rotates the file by size.
-//! - [`reader`]: reading the lines back, newest first, with a filter.
+//! - [`layer`]: [`EventLog`], the `tracing` layer that hands the records to
+//!   a writer thread, which writes them in batches, off the request path.
+//! - [`store`]: [`EventStore`], the redb file, its indexes and retention.
+//! - [`reader`]: [`EventFilter`], which records a page shows.
 //!
 //! The alerts page does not read the log: alerts and their
 //! acknowledgements are kept by the notifier ([`crate::notify::raised`]).
 
 pub mod layer;
 pub mod reader;
+pub mod store;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use layer::{EventLog, Rotation};
-pub use reader::{EventFilter, read_events};
+pub use layer::{EventLog, flush_all};
+pub use reader::EventFilter;
+pub use store::{EventPage, EventStore, EventStoreError, Retention};
 
 /// The target of protocol-step events.
 pub const EVENT_TARGET: &str = "estafeta::event";
 /// The target of alerts.
 pub const ALERT_TARGET: &str = "estafeta::alert";
 
-/// The folder of the event log in a data folder.
-pub fn events_dir(data_dir: &Path) -> PathBuf {
-    estafeta_exchange::DataLayout::new(data_dir).events_dir()
+/// The event log's file in a data folder.
+pub fn events_file(data_dir: &Path) -> PathBuf {
+    estafeta_exchange::DataLayout::new(data_dir).events()
 }
 
 /// One line of the event log.
@@ -54,6 +58,9 @@ pub struct EventRecord {
     /// The message id, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The id of the HTTP request it happened in, when in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// Every other field of the event.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub fields: serde_json::Map<String, serde_json::Value>,

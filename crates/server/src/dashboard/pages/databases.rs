@@ -1,20 +1,28 @@
-//! `/admin/databases`: files per folder and the oldest waiting message of
-//! each database.
+//! `/admin/databases`: a page of databases (search by id, next page after
+//! the last shown): files per folder, open processes and the oldest
+//! waiting message of each.
 
 use std::time::SystemTime;
 
 use askama::Template;
-use axum::extract::State;
+use axum::Form;
+use axum::extract::{Query, State};
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::tenancy::{Kind, Principal};
 
-use super::{Layout, PageResult, counts_of, render, seconds_since};
+use super::{
+    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
+    query_value, render, seconds_since,
+};
 use crate::dashboard::auth::AdminSession;
+use crate::extract::ApiPath;
 use crate::state::AppState;
 
 struct DbRow {
     id: String,
+    enterprise: String,
     counts: Vec<u64>,
+    open: usize,
     oldest: String,
     oldest_age: String,
 }
@@ -24,21 +32,31 @@ struct DbRow {
 struct DatabasesPage {
     layout: Layout,
     folders: Vec<&'static str>,
+    q: String,
     rows: Vec<DbRow>,
+    next: Option<String>,
 }
 
-/// `GET /admin/databases`: files per folder and the oldest waiting message.
-pub async fn databases(State(state): State<AppState>, session: AdminSession) -> PageResult {
+/// `GET /admin/databases?q=&after=`: a page of databases, their folders
+/// and oldest waiting message.
+pub async fn databases(
+    State(state): State<AppState>,
+    session: AdminSession,
+    Query(q): Query<ListQuery>,
+) -> PageResult {
     let ex = state.exchange();
-    let admin = Principal::Admin;
     let now = SystemTime::now();
-    let counts = ex.folder_counts(&admin).await?;
-    let (dbs, _) = ex.mailbox_ids(&admin)?;
-    let mut rows = Vec::new();
-    for db in dbs {
-        let oldest = ex.oldest_waiting(&admin, &db).await?;
+    let (found, next) = endpoint_page(ex, Kind::Database, &q).await?;
+    let mut rows = Vec::with_capacity(found.len());
+    for db in found {
+        let oldest = if db.folders.messages > 0 {
+            ex.oldest_waiting(&Principal::Admin, &db.id).await?
+        } else {
+            None
+        };
         rows.push(DbRow {
-            counts: counts_of(&counts, &db),
+            counts: counts_of(&db.folders),
+            open: db.open_processes.len(),
             oldest: oldest
                 .as_ref()
                 .map(|n| n.created_at.to_string())
@@ -46,13 +64,29 @@ pub async fn databases(State(state): State<AppState>, session: AdminSession) -> 
             oldest_age: oldest
                 .map(|n| seconds_since(n.created_at, now))
                 .unwrap_or_default(),
-            id: db.to_string(),
+            id: db.id.to_string(),
+            enterprise: db.enterprise.to_string(),
         });
     }
+    let search = q.search().to_owned();
     let page = DatabasesPage {
-        layout: Layout::new("Databases", &session, None),
+        layout: Layout::new("Databases", &session, q.notice),
         folders: Folder::ALL.iter().map(|f| f.as_str()).collect(),
+        next: next
+            .map(|after| format!("?q={}&after={}", query_value(&search), query_value(&after))),
+        q: search,
         rows,
     };
     Ok(render(&page))
+}
+
+/// `POST /admin/databases/{id}/{action}`: `rotate` the database's token or
+/// `delete` it, each after a confirmation page.
+pub async fn database_action(
+    State(state): State<AppState>,
+    session: AdminSession,
+    ApiPath(path): ApiPath<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    endpoint_action(&state, &session, Kind::Database, "databases", path, form).await
 }

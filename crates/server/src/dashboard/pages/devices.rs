@@ -1,14 +1,20 @@
-//! `/admin/devices`: each device's inbox, folders and when it last called.
+//! `/admin/devices`: a page of devices (search by id, next page after the
+//! last shown): each one's folders and when it last called.
 
 use std::time::SystemTime;
 
 use askama::Template;
-use axum::extract::State;
+use axum::Form;
+use axum::extract::{Query, State};
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::tenancy::Kind;
 
-use super::{Layout, PageResult, counts_of, render, seconds_since_system};
+use super::{
+    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
+    query_value, render, seconds_since_system,
+};
 use crate::dashboard::auth::AdminSession;
+use crate::extract::ApiPath;
 use crate::state::AppState;
 
 struct DevRow {
@@ -16,11 +22,6 @@ struct DevRow {
     last_seen: String,
     enterprise: String,
     subsystem: String,
-    inbox: u64,
-    acked: u64,
-    processed: u64,
-    deadlocks: u64,
-    incorrect: u64,
     counts: Vec<u64>,
 }
 
@@ -29,39 +30,51 @@ struct DevRow {
 struct DevicesPage {
     layout: Layout,
     folders: Vec<&'static str>,
+    q: String,
     rows: Vec<DevRow>,
+    next: Option<String>,
 }
 
-/// `GET /admin/devices`: each device's inbox and folders.
-pub async fn devices(State(state): State<AppState>, session: AdminSession) -> PageResult {
-    let ex = state.exchange();
-    let admin = Principal::Admin;
+/// `GET /admin/devices?q=&after=`: a page of devices and their folders.
+pub async fn devices(
+    State(state): State<AppState>,
+    session: AdminSession,
+    Query(q): Query<ListQuery>,
+) -> PageResult {
     let now = SystemTime::now();
-    let counts = ex.folder_counts(&admin).await?;
-    let stats = ex.stats(&admin).await?;
-    let rows = stats
-        .devices
+    let (found, next) = endpoint_page(state.exchange(), Kind::Device, &q).await?;
+    let rows = found
         .into_iter()
         .map(|d| DevRow {
             last_seen: state.last_seen().get(&d.id).map_or_else(
                 || "not since the server started".to_owned(),
                 |t| format!("{} ago", seconds_since_system(t, now)),
             ),
-            counts: counts_of(&counts, &d.id),
+            counts: counts_of(&d.folders),
             id: d.id.to_string(),
             enterprise: d.enterprise.to_string(),
-            subsystem: d.subsystem.to_string(),
-            inbox: d.received.saturating_sub(d.acked),
-            acked: d.acked,
-            processed: d.processed,
-            deadlocks: d.deadlocks,
-            incorrect: d.incorrect,
+            subsystem: d.subsystem.map(|s| s.to_string()).unwrap_or_default(),
         })
         .collect();
+    let search = q.search().to_owned();
     let page = DevicesPage {
-        layout: Layout::new("Devices", &session, None),
+        layout: Layout::new("Devices", &session, q.notice),
         folders: Folder::ALL.iter().map(|f| f.as_str()).collect(),
+        next: next
+            .map(|after| format!("?q={}&after={}", query_value(&search), query_value(&after))),
+        q: search,
         rows,
     };
     Ok(render(&page))
+}
+
+/// `POST /admin/devices/{id}/{action}`: `rotate` the device's token or
+/// `delete` it, each after a confirmation page.
+pub async fn device_action(
+    State(state): State<AppState>,
+    session: AdminSession,
+    ApiPath(path): ApiPath<(String, String)>,
+    Form(form): Form<EndpointForm>,
+) -> PageResult {
+    endpoint_action(&state, &session, Kind::Device, "devices", path, form).await
 }

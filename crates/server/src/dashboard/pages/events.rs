@@ -1,19 +1,23 @@
-//! `/admin/events`: the event log, newest first, filtered.
+//! `/admin/events`: the event log, newest first, filtered, a page at a
+//! time (from the event store's indexes: a page reads only what it shows,
+//! or at most [`SCAN_MOST`](crate::events::store::SCAN_MOST) records when
+//! it filters by level alone).
 
 use askama::Template;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 
-use super::{Layout, PageError, PageResult, render};
+use super::{Layout, PageError, PageResult, query_value, render};
 use crate::dashboard::auth::AdminSession;
-use crate::events::{EventFilter, events_dir, read_events};
+use crate::events::store::parse_key;
+use crate::events::{EventFilter, EventStore, events_file};
 use crate::state::AppState;
 
-/// The most event-log lines one page shows.
-pub const EVENTS_SHOWN: usize = 500;
+/// The most events one page shows.
+pub const EVENTS_SHOWN: usize = 100;
 
-/// The event log filter, as typed into the form.
+/// The event log filter, as typed into the form, and the page.
 #[derive(Debug, Default, Deserialize)]
 pub struct EventQuery {
     /// Database id.
@@ -22,6 +26,12 @@ pub struct EventQuery {
     /// Device id.
     #[serde(default)]
     pub device: String,
+    /// Message id.
+    #[serde(default)]
+    pub message: String,
+    /// Request id.
+    #[serde(default)]
+    pub request: String,
     /// Least severity: `ERROR`, `WARN`, `INFO`, `DEBUG`.
     #[serde(default)]
     pub level: String,
@@ -31,6 +41,9 @@ pub struct EventQuery {
     /// Until (RFC 3339).
     #[serde(default)]
     pub until: String,
+    /// The id of the last event of the page before (this page is older).
+    #[serde(default)]
+    pub before: String,
 }
 
 impl EventQuery {
@@ -48,12 +61,35 @@ impl EventQuery {
         Ok(EventFilter {
             db: text(&self.db),
             device: text(&self.device),
+            message: text(&self.message),
+            request: text(&self.request),
             level: text(&self.level)
                 .map(|l| l.parse().map_err(|_| format!("unknown level {l:?}")))
                 .transpose()?,
             since: time(&self.since, "since")?,
             until: time(&self.until, "until")?,
         })
+    }
+
+    /// The query string of the next page, starting before `id`.
+    fn older(&self, id: &str) -> String {
+        let pairs = [
+            ("db", &self.db),
+            ("device", &self.device),
+            ("message", &self.message),
+            ("request", &self.request),
+            ("level", &self.level),
+            ("since", &self.since),
+            ("until", &self.until),
+        ];
+        let mut out = String::from("?");
+        for (k, v) in pairs {
+            if !v.is_empty() {
+                out.push_str(&format!("{k}={}&", query_value(v)));
+            }
+        }
+        out.push_str(&format!("before={}", query_value(id)));
+        out
     }
 }
 
@@ -66,6 +102,7 @@ struct EventRow {
     device: String,
     process: String,
     message: String,
+    request: String,
     fields: String,
 }
 
@@ -77,23 +114,34 @@ struct EventsPage {
     levels: [&'static str; 4],
     error: Option<String>,
     rows: Vec<EventRow>,
+    next: Option<String>,
 }
 
-/// `GET /admin/events`: the event log, newest first, filtered.
+/// `GET /admin/events`: a page of the event log, newest first, filtered.
 pub async fn events(
     State(state): State<AppState>,
     session: AdminSession,
     Query(q): Query<EventQuery>,
 ) -> PageResult {
-    let (rows, error) = match q.filter() {
-        Err(e) => (Vec::new(), Some(e)),
-        Ok(filter) => {
-            let dir = events_dir(state.exchange().data_dir());
-            let found =
-                tokio::task::spawn_blocking(move || read_events(&dir, &filter, EVENTS_SHOWN))
-                    .await
-                    .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let before = if q.before.is_empty() {
+        Ok(None)
+    } else {
+        parse_key(&q.before)
+            .map(Some)
+            .ok_or_else(|| format!("bad page cursor {:?}", q.before))
+    };
+    let (rows, next, error) = match q.filter().and_then(|f| before.map(|b| (f, b))) {
+        Err(e) => (Vec::new(), None, Some(e)),
+        Ok((filter, before)) => {
+            let path = events_file(state.exchange().data_dir());
+            let found = tokio::task::spawn_blocking(move || {
+                EventStore::open(&path)?.query(&filter, before, EVENTS_SHOWN)
+            })
+            .await
+            .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
             let rows = found
+                .records
                 .into_iter()
                 .map(|e| EventRow {
                     ts: e.ts,
@@ -104,6 +152,7 @@ pub async fn events(
                     device: e.device.unwrap_or_default(),
                     process: e.process.unwrap_or_default(),
                     message: e.message.unwrap_or_default(),
+                    request: e.request.unwrap_or_default(),
                     fields: if e.fields.is_empty() {
                         String::new()
                     } else {
@@ -111,7 +160,7 @@ pub async fn events(
                     },
                 })
                 .collect();
-            (rows, None)
+            (rows, found.next.map(|id| q.older(&id)), None)
         }
     };
     let page = EventsPage {
@@ -120,6 +169,7 @@ pub async fn events(
         levels: ["ERROR", "WARN", "INFO", "DEBUG"],
         error,
         rows,
+        next,
     };
     Ok(render(&page))
 }

@@ -1,4 +1,5 @@
-//! `/admin/processes`: open processes first, then the recently ended; and
+//! `/admin/processes`: open processes first, then the recently ended, a
+//! page at a time; and
 //! `/admin/processes/{pid}/settle`, settling a process in doubt (its form is
 //! on the `Unknown` and `Error` browsers, where the answer returns).
 
@@ -14,7 +15,7 @@ use estafeta_exchange::wire::ProcessState;
 use serde::Deserialize;
 
 use super::browse::back_to;
-use super::{Layout, Notice, PageError, PageResult, render, seconds_since};
+use super::{Layout, ListQuery, PAGE_ROWS, PageError, PageResult, render, seconds_since};
 use crate::dashboard::auth::AdminSession;
 use crate::extract::ApiPath;
 use crate::metrics::{OPEN_STATES, state_name};
@@ -37,13 +38,18 @@ struct ProcRow {
 struct ProcessesPage {
     layout: Layout,
     rows: Vec<ProcRow>,
+    total: usize,
+    first: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
 }
 
-/// `GET /admin/processes`: open processes first, then the recently ended.
+/// `GET /admin/processes?page=`: open processes first, then the recently
+/// ended, [`PAGE_ROWS`] a page.
 pub async fn processes(
     State(state): State<AppState>,
     session: AdminSession,
-    Query(q): Query<Notice>,
+    Query(q): Query<ListQuery>,
 ) -> PageResult {
     let now = SystemTime::now();
     let mut list = state
@@ -57,8 +63,12 @@ pub async fn processes(
             std::cmp::Reverse(p.started_at),
         )
     });
+    let total = list.len();
+    let first = q.page.saturating_mul(PAGE_ROWS);
     let rows = list
         .into_iter()
+        .skip(first)
+        .take(PAGE_ROWS)
         .map(|p| ProcRow {
             id: p.process_id.to_string(),
             db: p.db_id.to_string(),
@@ -79,6 +89,10 @@ pub async fn processes(
     let page = ProcessesPage {
         layout: Layout::new("Processes", &session, q.notice),
         rows,
+        total,
+        first,
+        prev: q.page.checked_sub(1),
+        next: (first + PAGE_ROWS < total).then_some(q.page + 1),
     };
     Ok(render(&page))
 }

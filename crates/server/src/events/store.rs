@@ -1,0 +1,512 @@
+//! [`EventStore`]: the event log in redb (`<data>/.estafeta/events.redb`),
+//! with indexes, so that a page of it costs the same with a million events
+//! kept as with ten.
+//!
+//! - `events`: `(nanoseconds, sequence)` → the record as JSON; the key is
+//!   the record's id, so the table is in time order.
+//! - `events.index`: `("<kind>:<value>", nanoseconds, sequence)` → `()`, one
+//!   entry per database, device, process, message and request id a record
+//!   names: a filter on one of them reads only its entries.
+//! - `events.meta`: the bytes of JSON kept, for the retention by size.
+//!
+//! Retention: after each batch written, the oldest records go while they
+//! are older than [`Retention::max_age`] or the JSON kept passes
+//! [`Retention::max_bytes`] (at most [`PRUNE_MOST`] a batch, so that one
+//! batch stays short; the next ones go on). The file does not shrink: redb
+//! reuses the pages freed.
+//!
+//! One process opens a file once ([`EventStore::open`] hands out the same
+//! store to every caller while one is alive): the event log's writer and
+//! the dashboard's pages share it.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use super::{EventFilter, EventRecord};
+
+const EVENTS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("events");
+const INDEX: TableDefinition<'_, (&str, u64, u64), ()> = TableDefinition::new("events.index");
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("events.meta");
+
+/// The key of the JSON bytes kept, in `events.meta`.
+const BYTES: &str = "bytes";
+
+/// The most records one batch removes for the retention.
+pub const PRUNE_MOST: usize = 10_000;
+
+/// The most records one query looks at (the filters that no index serves,
+/// such as the level, are checked one record at a time): a page that
+/// reaches it ends there, with a link further back.
+pub const SCAN_MOST: usize = 20_000;
+
+/// How long and how much of the event log is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Records older than this are removed.
+    pub max_age: std::time::Duration,
+    /// The oldest records are removed while the records' JSON passes this
+    /// many bytes.
+    pub max_bytes: u64,
+}
+
+impl Default for Retention {
+    /// 30 days, 256 MiB.
+    fn default() -> Self {
+        Retention {
+            max_age: std::time::Duration::from_secs(30 * 24 * 3600),
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The event store failed.
+#[derive(Debug, thiserror::Error)]
+#[error("the event log {path}: {message}")]
+pub struct EventStoreError {
+    path: String,
+    message: String,
+}
+
+impl EventStoreError {
+    /// A file system error about the store at `path`.
+    pub fn from_io(path: &Path, e: std::io::Error) -> Self {
+        error(path, e)
+    }
+}
+
+/// A record's key: its id, `<nanoseconds>-<sequence>`.
+pub type EventKey = (u64, u64);
+
+/// The key in a record's id; `None` if it is not one.
+pub fn parse_key(id: &str) -> Option<EventKey> {
+    let (n, s) = id.split_once('-')?;
+    Some((n.parse().ok()?, s.parse().ok()?))
+}
+
+/// The index entries of a record.
+fn index_keys(e: &EventRecord) -> Vec<String> {
+    let mut keys = Vec::new();
+    for (kind, value) in [
+        ("db", &e.db),
+        ("device", &e.device),
+        ("process", &e.process),
+        ("message", &e.message),
+        ("request", &e.request),
+    ] {
+        if let Some(v) = value {
+            keys.push(format!("{kind}:{v}"));
+        }
+    }
+    keys
+}
+
+/// One page of the log: the records, newest first, and the id to pass as
+/// `before` for the next (older) page, if there may be more.
+#[derive(Debug, Default)]
+pub struct EventPage {
+    /// The records.
+    pub records: Vec<EventRecord>,
+    /// The id of the last record looked at, when the page is full or the
+    /// scan stopped at [`SCAN_MOST`].
+    pub next: Option<String>,
+}
+
+/// The event log's store. See the module documentation.
+pub struct EventStore {
+    path: PathBuf,
+    db: Database,
+}
+
+/// The stores open in this process, by path.
+static OPEN: LazyLock<Mutex<HashMap<PathBuf, Weak<EventStore>>>> = LazyLock::new(Default::default);
+
+impl EventStore {
+    /// The store at `path`: the one already open in this process, or the
+    /// file opened (made if missing, with its tables).
+    pub fn open(path: &Path) -> Result<Arc<EventStore>, EventStoreError> {
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(store) = open.get(path).and_then(Weak::upgrade) {
+            return Ok(store);
+        }
+        let db = estafeta_durable::open_redb(path, |db| {
+            let txn = db.begin_write()?;
+            txn.open_table(EVENTS)?;
+            txn.open_table(INDEX)?;
+            txn.open_table(META)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(|e| error(path, e))?;
+        let store = Arc::new(EventStore {
+            path: path.to_owned(),
+            db,
+        });
+        open.retain(|_, s| s.strong_count() > 0);
+        open.insert(path.to_owned(), Arc::downgrade(&store));
+        Ok(store)
+    }
+
+    /// Whether the store at `path` is open in this process.
+    pub fn is_open(path: &Path) -> bool {
+        OPEN.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .is_some_and(|s| s.strong_count() > 0)
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> EventStoreError {
+        error(&self.path, e)
+    }
+
+    /// Writes `records` in one transaction, then removes what the
+    /// retention says must go, counting age from `now_nanos`.
+    pub fn append(
+        &self,
+        records: &[EventRecord],
+        retention: &Retention,
+        now_nanos: u64,
+    ) -> Result<(), EventStoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+            let mut index = txn.open_table(INDEX).map_err(|e| self.err(e))?;
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            let mut bytes = meta
+                .get(BYTES)
+                .map_err(|e| self.err(e))?
+                .map_or(0, |v| v.value());
+            for e in records {
+                let Some(key) = parse_key(&e.id) else {
+                    continue;
+                };
+                let json = serde_json::to_vec(e).map_err(|e| self.err(e))?;
+                bytes += json.len() as u64;
+                events
+                    .insert(key, json.as_slice())
+                    .map_err(|e| self.err(e))?;
+                for k in index_keys(e) {
+                    index
+                        .insert((k.as_str(), key.0, key.1), ())
+                        .map_err(|e| self.err(e))?;
+                }
+            }
+            let cutoff = now_nanos
+                .saturating_sub(u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX));
+            let mut pruned = 0;
+            while pruned < PRUNE_MOST {
+                let Some((key, json)) = events
+                    .first()
+                    .map_err(|e| self.err(e))?
+                    .map(|(k, v)| (k.value(), v.value().to_vec()))
+                else {
+                    break;
+                };
+                if key.0 >= cutoff && bytes <= retention.max_bytes {
+                    break;
+                }
+                events.remove(key).map_err(|e| self.err(e))?;
+                if let Ok(old) = serde_json::from_slice::<EventRecord>(&json) {
+                    for k in index_keys(&old) {
+                        index
+                            .remove((k.as_str(), key.0, key.1))
+                            .map_err(|e| self.err(e))?;
+                    }
+                }
+                bytes = bytes.saturating_sub(json.len() as u64);
+                pruned += 1;
+            }
+            meta.insert(BYTES, bytes).map_err(|e| self.err(e))?;
+        }
+        txn.commit().map_err(|e| self.err(e))
+    }
+
+    /// How many records are kept, and their JSON's bytes.
+    pub fn size(&self) -> Result<(u64, u64), EventStoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.err(e))?;
+        let bytes = meta
+            .get(BYTES)
+            .map_err(|e| self.err(e))?
+            .map_or(0, |v| v.value());
+        Ok((events.len().map_err(|e| self.err(e))?, bytes))
+    }
+
+    /// Up to `limit` records passing `filter`, newest first, older than the
+    /// record `before` (an id from the previous page) when given. A filter
+    /// on a database, device, message or request id reads that id's index
+    /// entries only; the time range bounds the keys read.
+    pub fn query(
+        &self,
+        filter: &EventFilter,
+        before: Option<EventKey>,
+        limit: usize,
+    ) -> Result<EventPage, EventStoreError> {
+        let nanos = |t: Option<chrono::DateTime<chrono::Utc>>, default: u64| {
+            t.map_or(default, |t| {
+                u64::try_from(t.timestamp_nanos_opt().unwrap_or(0)).unwrap_or(0)
+            })
+        };
+        let low: EventKey = (nanos(filter.since, 0), 0);
+        let mut high: Bound<EventKey> = match filter.until {
+            Some(_) => Bound::Included((nanos(filter.until, u64::MAX), u64::MAX)),
+            None => Bound::Unbounded,
+        };
+        if let Some(b) = before {
+            high = match high {
+                Bound::Included(h) if h < b => Bound::Included(h),
+                _ => Bound::Excluded(b),
+            };
+        }
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
+        let mut page = EventPage::default();
+        let mut looked = 0;
+        let mut take = |key: EventKey, page: &mut EventPage| -> Result<bool, EventStoreError> {
+            looked += 1;
+            if let Some(json) = events.get(key).map_err(|e| self.err(e))?
+                && let Ok(e) = serde_json::from_slice::<EventRecord>(json.value())
+                && filter.matches(&e)
+            {
+                page.records.push(e);
+            }
+            let last = format!("{}-{}", key.0, key.1);
+            if page.records.len() >= limit || looked >= SCAN_MOST {
+                page.next = Some(last);
+                return Ok(false);
+            }
+            Ok(true)
+        };
+        let indexed = [
+            ("message", &filter.message),
+            ("request", &filter.request),
+            ("device", &filter.device),
+            ("db", &filter.db),
+        ]
+        .into_iter()
+        .find_map(|(kind, v)| v.as_ref().map(|v| format!("{kind}:{v}")));
+        match indexed {
+            Some(k) => {
+                let index = txn.open_table(INDEX).map_err(|e| self.err(e))?;
+                let from = (k.as_str(), low.0, low.1);
+                let to = match high {
+                    Bound::Included(h) => Bound::Included((k.as_str(), h.0, h.1)),
+                    Bound::Excluded(h) => Bound::Excluded((k.as_str(), h.0, h.1)),
+                    Bound::Unbounded => Bound::Included((k.as_str(), u64::MAX, u64::MAX)),
+                };
+                let range = index
+                    .range::<(&str, u64, u64)>((Bound::Included(from), to))
+                    .map_err(|e| self.err(e))?;
+                for entry in range.rev() {
+                    let (key, _) = entry.map_err(|e| self.err(e))?;
+                    let (_, n, s) = key.value();
+                    if !take((n, s), &mut page)? {
+                        break;
+                    }
+                }
+            }
+            None => {
+                let range = events
+                    .range::<EventKey>((Bound::Included(low), high))
+                    .map_err(|e| self.err(e))?;
+                for entry in range.rev() {
+                    let (key, _) = entry.map_err(|e| self.err(e))?;
+                    if !take(key.value(), &mut page)? {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(page)
+    }
+}
+
+fn error(path: &Path, e: impl std::fmt::Display) -> EventStoreError {
+    EventStoreError {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tracing::Level;
+
+    const SECOND: u64 = 1_000_000_000;
+    /// 2026-11-25T10:00:00Z in nanoseconds.
+    const T0: u64 = 1_795_600_800 * SECOND;
+
+    /// Record `i`, `i` seconds after `T0`: about `db`, from device
+    /// `phone-{i % 3}`, WARN every third.
+    fn record(i: u64, db: &str) -> EventRecord {
+        let ts = chrono::DateTime::from_timestamp_nanos((T0 + i * SECOND) as i64);
+        EventRecord {
+            id: format!("{}-{i}", T0 + i * SECOND),
+            ts: ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            level: if i.is_multiple_of(3) { "WARN" } else { "INFO" }.to_owned(),
+            target: "estafeta::event".to_owned(),
+            text: format!("step {i}"),
+            db: Some(db.to_owned()),
+            device: Some(format!("phone-{}", i % 3)),
+            process: None,
+            message: Some(format!("m{i}")),
+            request: Some(format!("req-{}", i / 10)),
+            fields: Default::default(),
+        }
+    }
+
+    fn ids(page: &EventPage) -> Vec<String> {
+        page.records.iter().map(|e| e.text.clone()).collect()
+    }
+
+    fn keep_all() -> Retention {
+        Retention {
+            max_age: Duration::from_secs(1 << 40),
+            max_bytes: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn filters_and_pages_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        let records: Vec<_> = (0..60)
+            .map(|i| record(i, if i.is_multiple_of(2) { "db-a" } else { "db-b" }))
+            .collect();
+        store.append(&records, &keep_all(), T0).unwrap();
+
+        // Every record, two pages of 25 and the rest.
+        let all = EventFilter::default();
+        let first = store.query(&all, None, 25).unwrap();
+        assert_eq!(first.records.len(), 25);
+        assert_eq!(first.records[0].text, "step 59");
+        let before = first.next.as_deref().and_then(parse_key);
+        let second = store.query(&all, before, 25).unwrap();
+        assert_eq!(second.records[0].text, "step 34");
+        let before = second.next.as_deref().and_then(parse_key);
+        let third = store.query(&all, before, 25).unwrap();
+        assert_eq!(third.records.len(), 10);
+        assert_eq!(third.records.last().unwrap().text, "step 0");
+        assert_eq!(third.next, None);
+
+        // By database, device, message, request; with the level and a time range.
+        let db_a = EventFilter {
+            db: Some("db-a".into()),
+            ..Default::default()
+        };
+        let page = store.query(&db_a, None, 100).unwrap();
+        assert_eq!(page.records.len(), 30);
+        assert!(page.records.iter().all(|e| e.db.as_deref() == Some("db-a")));
+        let device = EventFilter {
+            device: Some("phone-1".into()),
+            db: Some("db-b".into()),
+            ..Default::default()
+        };
+        let page = store.query(&device, None, 3).unwrap();
+        assert_eq!(ids(&page), ["step 55", "step 49", "step 43"]);
+        let paged = store
+            .query(&device, page.next.as_deref().and_then(parse_key), 3)
+            .unwrap();
+        assert_eq!(ids(&paged), ["step 37", "step 31", "step 25"]);
+        let message = EventFilter {
+            message: Some("m17".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&store.query(&message, None, 10).unwrap()), ["step 17"]);
+        let request = EventFilter {
+            request: Some("req-2".into()),
+            level: Some(Level::WARN),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(&store.query(&request, None, 10).unwrap()),
+            ["step 27", "step 24", "step 21"]
+        );
+        let window = EventFilter {
+            since: Some(chrono::DateTime::from_timestamp_nanos(
+                (T0 + 10 * SECOND) as i64,
+            )),
+            until: Some(chrono::DateTime::from_timestamp_nanos(
+                (T0 + 12 * SECOND) as i64,
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(&store.query(&window, None, 10).unwrap()),
+            ["step 12", "step 11", "step 10"]
+        );
+        let window_db = EventFilter {
+            db: Some("db-a".into()),
+            ..window
+        };
+        assert_eq!(
+            ids(&store.query(&window_db, None, 10).unwrap()),
+            ["step 12", "step 10"]
+        );
+    }
+
+    #[test]
+    fn retention_removes_the_oldest_by_age_and_by_size_with_their_index_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        let records: Vec<_> = (0..20).map(|i| record(i, "db-a")).collect();
+        store.append(&records, &keep_all(), T0).unwrap();
+        let (n, bytes) = store.size().unwrap();
+        assert_eq!(n, 20);
+
+        // By age: at T0 + 30 s with 20 s kept, records 0..10 (older than
+        // T0 + 10 s) go.
+        let by_age = Retention {
+            max_age: Duration::from_secs(20),
+            max_bytes: u64::MAX,
+        };
+        store.append(&[], &by_age, T0 + 30 * SECOND).unwrap();
+        let left = store.query(&EventFilter::default(), None, 100).unwrap();
+        assert_eq!(left.records.len(), 10);
+        assert_eq!(left.records.last().unwrap().text, "step 10");
+        let gone = EventFilter {
+            message: Some("m3".into()),
+            ..Default::default()
+        };
+        assert!(store.query(&gone, None, 10).unwrap().records.is_empty());
+
+        // By size: a budget of about five records keeps the newest five.
+        let (_, left_bytes) = store.size().unwrap();
+        assert!(left_bytes < bytes);
+        let one = left_bytes / 10;
+        let by_size = Retention {
+            max_age: Duration::from_secs(1 << 40),
+            max_bytes: one * 5 + one / 2,
+        };
+        store.append(&[record(20, "db-a")], &by_size, T0).unwrap();
+        let left = store.query(&EventFilter::default(), None, 100).unwrap();
+        assert_eq!(
+            ids(&left),
+            ["step 20", "step 19", "step 18", "step 17", "step 16"]
+        );
+        let db_a = EventFilter {
+            db: Some("db-a".into()),
+            ..Default::default()
+        };
+        assert_eq!(store.query(&db_a, None, 100).unwrap().records.len(), 5);
+        assert!(store.size().unwrap().1 <= by_size.max_bytes);
+    }
+
+    #[test]
+    fn one_process_shares_one_open_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.redb");
+        let a = EventStore::open(&path).unwrap();
+        let b = EventStore::open(&path).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        drop((a, b));
+        // Closed with its last user: opened again.
+        EventStore::open(&path).unwrap();
+    }
+}
