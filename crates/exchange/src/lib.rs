@@ -92,7 +92,7 @@ pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, ErrorKind, Exchange, ExchangeConfig, ExchangeError, LogOnly,
-    NoPush, Phase, PushSink, RecipientKind, RecoveryReport, Sinks, Upload, alert_key,
+    NoPush, Phase, PushSink, RecipientKind, RecoveryReport, Sinks, Tidied, Upload, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

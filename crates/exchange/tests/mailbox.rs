@@ -475,11 +475,19 @@ async fn temporary_and_foreign_files_are_not_listed_and_temp_files_are_swept() {
     let queue = data.folder("db-a", Folder::Messages).await;
     let entry = data.mailboxes.write(&queue, &sized(0, 10)).await.unwrap();
     let dir = data.mailboxes.path(&queue);
-    std::fs::write(
+    // Left by a write of an earlier run, and one of a write under way now.
+    let (stale, current) = (
         dir.join(format!(".{}.tmp", FileName::of(&sized(1, 10)))),
-        b"{",
-    )
-    .unwrap();
+        dir.join(format!(".{}.tmp", FileName::of(&sized(2, 10)))),
+    );
+    std::fs::write(&stale, b"{").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+        .unwrap();
+    std::fs::write(&current, b"{").unwrap();
     std::fs::write(dir.join("README.txt"), b"hello").unwrap();
     assert_eq!(
         data.mailboxes.list_names(&queue).await.unwrap(),
@@ -493,7 +501,9 @@ async fn temporary_and_foreign_files_are_not_listed_and_temp_files_are_swept() {
         data.mailboxes.sweep_temp_files(&id("db-a")).await.unwrap(),
         0
     );
-    let mut expected = vec![entry.name.to_string(), "README.txt".to_owned()];
+    assert!(current.exists(), "a write under way keeps its file");
+    let current = current.file_name().unwrap().to_str().unwrap().to_owned();
+    let mut expected = vec![entry.name.to_string(), "README.txt".to_owned(), current];
     expected.sort();
     assert_eq!(data.raw_entries(&queue), expected);
 }

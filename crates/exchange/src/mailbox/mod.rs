@@ -37,7 +37,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 pub use folder::{Folder, Location};
 pub use name::FileName;
@@ -117,7 +117,16 @@ struct Inner {
     root: PathBuf,
     syncer: Syncer,
     indexes: Indexes,
+    /// When these mailboxes were opened: temporary files older than that
+    /// belong to writes of an earlier run.
+    opened_at: SystemTime,
 }
+
+/// How much older than the opening of the mailboxes a temporary file must
+/// look to be swept: file times come from the kernel's coarse clock, which
+/// may lag the system clock by a few milliseconds, so a file written just
+/// after the opening could look older than it.
+const TEMP_FILE_MARGIN: Duration = Duration::from_secs(2);
 
 impl Mailboxes {
     /// Opens (creating if needed) the data folder `root` and starts the
@@ -154,6 +163,7 @@ impl Mailboxes {
             root,
             syncer: Syncer::start(config, dir_sync),
             indexes: Indexes::default(),
+            opened_at: SystemTime::now(),
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
         Ok(Self { inner })
@@ -528,12 +538,20 @@ impl Mailboxes {
     /// The files in `loc` that arrived before `cutoff`. Age is read from the
     /// message id (a ULID holds the server's time of arrival), not from the
     /// sender-given `created_at`, so a device with a wrong clock cannot make
-    /// its messages expire early.
+    /// its messages expire early. A folder not made yet and not used has
+    /// none, and is given no index (a sweep over idle mailboxes costs them
+    /// no memory).
     pub async fn older_than(
         &self,
         loc: &Location,
         cutoff: Timestamp,
     ) -> Result<Vec<FileName>, MailboxError> {
+        if !self.inner.indexes.has(loc) {
+            let dir = self.path(loc);
+            if !blocking(move || Ok(dir.is_dir())).await? {
+                return Ok(Vec::new());
+            }
+        }
         let index = self.ready(loc).await?;
         blocking(move || Ok(index.names_where(|n| n.id.timestamp() < cutoff))).await
     }
@@ -559,10 +577,13 @@ impl Mailboxes {
     }
 
     /// Removes temporary files left in a mailbox's folders by writes that
-    /// were interrupted by a crash (none of them was ever acknowledged).
-    /// Meant for start-up, before any write. Returns how many were removed.
+    /// were interrupted by a crash (none of them was ever acknowledged):
+    /// those last written before these mailboxes were opened (less a
+    /// margin for the file system's clock), so that it can run while new
+    /// writes go on. Returns how many were removed.
     pub async fn sweep_temp_files(&self, mailbox: &Id) -> Result<usize, MailboxError> {
         let base = self.inner.root.join(mailbox.as_str());
+        let before = self.inner.opened_at - TEMP_FILE_MARGIN;
         blocking(move || {
             let mut removed = 0;
             for folder in Folder::ALL {
@@ -575,7 +596,9 @@ impl Mailboxes {
                 let mut touched = false;
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
-                    if entry.file_name().as_encoded_bytes().starts_with(b".") {
+                    if entry.file_name().as_encoded_bytes().starts_with(b".")
+                        && written_before(&entry, before)
+                    {
                         let path = entry.path();
                         std::fs::remove_file(&path).map_err(|e| MailboxError::io(&path, e))?;
                         removed += 1;
@@ -590,6 +613,15 @@ impl Mailboxes {
         })
         .await
     }
+}
+
+/// Whether a directory entry was last written before `time`; an entry
+/// whose time cannot be read (gone meanwhile) is not.
+fn written_before(entry: &std::fs::DirEntry, time: SystemTime) -> bool {
+    entry
+        .metadata()
+        .and_then(|m| m.modified())
+        .is_ok_and(|modified| modified < time)
 }
 
 /// Runs blocking filesystem work off the async threads.
