@@ -117,16 +117,22 @@ struct Inner {
     root: PathBuf,
     syncer: Syncer,
     indexes: Indexes,
-    /// When these mailboxes were opened: temporary files older than that
-    /// belong to writes of an earlier run.
-    opened_at: SystemTime,
+    /// The end of the temporary names of this run's writes
+    /// (`.<run>.tmp`, see [`temp_suffix`]): a temporary file with another
+    /// end was left by an earlier run.
+    temp_suffix: String,
 }
 
-/// How much older than the opening of the mailboxes a temporary file must
-/// look to be swept: file times come from the kernel's coarse clock, which
-/// may lag the system clock by a few milliseconds, so a file written just
-/// after the opening could look older than it.
-const TEMP_FILE_MARGIN: Duration = Duration::from_secs(2);
+/// The end of the temporary file names of one run of the mailboxes:
+/// `.<run>.tmp`, `<run>` three random hexadecimal digits, so that the
+/// sweep of what earlier runs left never touches a write under way
+/// (whatever the clocks say). A name of an earlier run that happens to
+/// end the same is left until a later run.
+fn temp_suffix() -> String {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
+    format!(".{:03x}.tmp", random & 0xfff)
+}
 
 impl Mailboxes {
     /// Opens (creating if needed) the data folder `root` and starts the
@@ -163,7 +169,7 @@ impl Mailboxes {
             root,
             syncer: Syncer::start(config, dir_sync),
             indexes: Indexes::default(),
-            opened_at: SystemTime::now(),
+            temp_suffix: temp_suffix(),
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
         Ok(Self { inner })
@@ -258,7 +264,7 @@ impl Mailboxes {
         let dir = self.path(loc);
         let final_name = name.to_string();
         let target = dir.join(&final_name);
-        let temp = dir.join(format!(".{final_name}.tmp"));
+        let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
 
         // The ticket makes the batch now forming wait for this file's fsync.
         let ticket = self.inner.syncer.ticket();
@@ -578,12 +584,12 @@ impl Mailboxes {
 
     /// Removes temporary files left in a mailbox's folders by writes that
     /// were interrupted by a crash (none of them was ever acknowledged):
-    /// those last written before these mailboxes were opened (less a
-    /// margin for the file system's clock), so that it can run while new
-    /// writes go on. Returns how many were removed.
+    /// every hidden file but the temporary files of this run's writes, so
+    /// that it can run while new writes go on. Returns how many were
+    /// removed.
     pub async fn sweep_temp_files(&self, mailbox: &Id) -> Result<usize, MailboxError> {
         let base = self.inner.root.join(mailbox.as_str());
-        let before = self.inner.opened_at - TEMP_FILE_MARGIN;
+        let ours = self.inner.temp_suffix.clone();
         blocking(move || {
             let mut removed = 0;
             for folder in Folder::ALL {
@@ -596,9 +602,9 @@ impl Mailboxes {
                 let mut touched = false;
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
-                    if entry.file_name().as_encoded_bytes().starts_with(b".")
-                        && written_before(&entry, before)
-                    {
+                    let name = entry.file_name();
+                    let name = name.as_encoded_bytes();
+                    if name.starts_with(b".") && !name.ends_with(ours.as_bytes()) {
                         let path = entry.path();
                         std::fs::remove_file(&path).map_err(|e| MailboxError::io(&path, e))?;
                         removed += 1;
@@ -613,15 +619,6 @@ impl Mailboxes {
         })
         .await
     }
-}
-
-/// Whether a directory entry was last written before `time`; an entry
-/// whose time cannot be read (gone meanwhile) is not.
-fn written_before(entry: &std::fs::DirEntry, time: SystemTime) -> bool {
-    entry
-        .metadata()
-        .and_then(|m| m.modified())
-        .is_ok_and(|modified| modified < time)
 }
 
 /// Runs blocking filesystem work off the async threads.
@@ -762,6 +759,27 @@ mod tests {
             .await
             .unwrap()
             .len()
+    }
+
+    /// The sweep of what crashed writes left can run beside this run's
+    /// writes: their temporary files are left alone.
+    #[tokio::test]
+    async fn a_sweep_leaves_the_temporary_files_of_this_run_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let dir = mailboxes.path(&queue);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = FileName::of(&message(1)).to_string();
+        let ours = dir.join(format!(".{name}{}", mailboxes.inner.temp_suffix));
+        let earlier = dir.join(format!(".{name}.xyz.tmp"));
+        std::fs::write(&ours, b"{").unwrap();
+        std::fs::write(&earlier, b"{").unwrap();
+        assert_eq!(mailboxes.sweep_temp_files(&queue.mailbox).await.unwrap(), 1);
+        assert!(ours.exists());
+        assert!(!earlier.exists());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
