@@ -124,14 +124,20 @@ struct Inner {
 }
 
 /// The end of the temporary file names of one run of the mailboxes:
-/// `.<run>.tmp`, `<run>` three random hexadecimal digits, so that the
+/// `.<run>.tmp`, `<run>` four random characters (`0-9a-z`), so that the
 /// sweep of what earlier runs left never touches a write under way
-/// (whatever the clocks say). A name of an earlier run that happens to
-/// end the same is left until a later run.
+/// (whatever the clocks say). A name of an earlier run that happens to end
+/// the same (one chance in 1.7 million) is left until a later run.
 fn temp_suffix() -> String {
     use std::hash::BuildHasher;
-    let random = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
-    format!(".{:03x}.tmp", random & 0xfff)
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut random = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
+    let mut run = String::with_capacity(4);
+    for _ in 0..4 {
+        run.push(char::from(DIGITS[(random % 36) as usize]));
+        random /= 36;
+    }
+    format!(".{run}.tmp")
 }
 
 impl Mailboxes {
@@ -774,7 +780,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let name = FileName::of(&message(1)).to_string();
         let ours = dir.join(format!(".{name}{}", mailboxes.inner.temp_suffix));
-        let earlier = dir.join(format!(".{name}.xyz.tmp"));
+        let earlier = dir.join(format!(".{name}.x-yz.tmp"));
         std::fs::write(&ours, b"{").unwrap();
         std::fs::write(&earlier, b"{").unwrap();
         assert_eq!(mailboxes.sweep_temp_files(&queue.mailbox).await.unwrap(), 1);

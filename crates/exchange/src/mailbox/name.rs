@@ -7,7 +7,7 @@
 //! names sort by creation time and then by arrival. Ids never contain `_`,
 //! so the fields split unambiguously. The longest name (three 64-character
 //! ids) is 245 bytes, under the usual 255-byte limit; the temporary name of
-//! a write adds 9.
+//! a write adds 10 (255 in all).
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,8 +37,8 @@ pub struct FileName {
 }
 
 // Names, and the temporary names of writes (a dot before, `.<run>.tmp`
-// after), stay under the 255-byte limit of common file systems.
-const _: () = assert!(FileName::MAX_LEN + 9 < 255);
+// after), stay within the 255-byte limit of common file systems.
+const _: () = assert!(FileName::MAX_LEN + 10 <= 255);
 
 impl FileName {
     /// The suffix of every message file.
