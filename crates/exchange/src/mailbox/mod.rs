@@ -229,6 +229,27 @@ impl Mailboxes {
         Ok(index)
     }
 
+    /// The index of a folder like [`ready`](Self::ready), or `None` for a
+    /// folder that has no index and does not exist: it holds nothing, and a
+    /// look at an idle mailbox (a listing, a count, a retention sweep)
+    /// leaves it no index in memory.
+    async fn ready_unless_absent(
+        &self,
+        loc: &Location,
+    ) -> Result<Option<Arc<FolderIndex>>, MailboxError> {
+        if !self.inner.indexes.has(loc) {
+            let dir = self.path(loc);
+            let absent = move || {
+                let found = std::fs::metadata(&dir);
+                Ok(found.is_err_and(|e| e.kind() == io::ErrorKind::NotFound))
+            };
+            if blocking(absent).await? {
+                return Ok(None);
+            }
+        }
+        self.ready(loc).await.map(Some)
+    }
+
     /// Checks the index of every folder read since its last check against
     /// its directory, so that files added or removed by hand are seen by
     /// the next listing; run every [`SyncConfig::verify_every`] in the
@@ -337,7 +358,9 @@ impl Mailboxes {
     /// This copies the whole listing: for a count or the oldest few, see
     /// [`count`](Self::count) and [`oldest`](Self::oldest).
     pub async fn list_names(&self, loc: &Location) -> Result<Vec<FileName>, MailboxError> {
-        let index = self.ready(loc).await?;
+        let Some(index) = self.ready_unless_absent(loc).await? else {
+            return Ok(Vec::new());
+        };
         blocking(move || Ok(index.names_where(|_| true))).await
     }
 
@@ -349,12 +372,18 @@ impl Mailboxes {
 
     /// How many message files `loc` holds.
     pub async fn count(&self, loc: &Location) -> Result<usize, MailboxError> {
-        Ok(self.ready(loc).await?.count())
+        Ok(self
+            .ready_unless_absent(loc)
+            .await?
+            .map_or(0, |index| index.count()))
     }
 
     /// The names of the `n` oldest message files in `loc`, oldest first.
     pub async fn oldest(&self, loc: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
-        Ok(self.ready(loc).await?.oldest(n))
+        Ok(self
+            .ready_unless_absent(loc)
+            .await?
+            .map_or_else(Vec::new, |index| index.oldest(n)))
     }
 
     /// The oldest messages in `loc` that pass `filter`, within `limits` (see
@@ -558,13 +587,9 @@ impl Mailboxes {
         loc: &Location,
         cutoff: Timestamp,
     ) -> Result<Vec<FileName>, MailboxError> {
-        if !self.inner.indexes.has(loc) {
-            let dir = self.path(loc);
-            if !blocking(move || Ok(dir.is_dir())).await? {
-                return Ok(Vec::new());
-            }
-        }
-        let index = self.ready(loc).await?;
+        let Some(index) = self.ready_unless_absent(loc).await? else {
+            return Ok(Vec::new());
+        };
         blocking(move || Ok(index.names_where(|n| n.id.timestamp() < cutoff))).await
     }
 
@@ -765,6 +790,31 @@ mod tests {
             .await
             .unwrap()
             .len()
+    }
+
+    /// Counting, listing and sweeping the folders of an idle mailbox (none
+    /// made) gives them no index: idle mailboxes cost no memory.
+    #[tokio::test]
+    async fn looking_at_an_idle_mailbox_leaves_no_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let id = Id::new("phone-1").unwrap();
+        for folder in Folder::ALL {
+            let loc = Location::new(id.clone(), folder);
+            assert_eq!(mailboxes.count(&loc).await.unwrap(), 0);
+            assert_eq!(mailboxes.list_names(&loc).await.unwrap(), vec![]);
+            assert_eq!(mailboxes.oldest(&loc, 5).await.unwrap(), vec![]);
+            let keep = HashSet::new();
+            let now = Timestamp::from_millis(i64::MAX);
+            assert_eq!(
+                mailboxes.remove_older_than(&loc, now, &keep).await.unwrap(),
+                0
+            );
+            assert!(!mailboxes.inner.indexes.has(&loc), "{loc}");
+        }
+        assert_eq!(mailboxes.sweep_temp_files(&id).await.unwrap(), 0);
     }
 
     /// The sweep of what crashed writes left can run beside this run's

@@ -42,7 +42,8 @@ impl Core {
     /// files in its `Prepared` that none of its processes refers to into
     /// `Unknown`; how many there were.
     async fn recover_database(&self, db: &Id) -> Result<usize, ExchangeError> {
-        let g = self.sessions.db.get(db.clone(), true).await?;
+        // A database never used has no session, and gets none in memory.
+        let g = self.sessions.db.get(db.clone(), false).await?;
         let referenced: HashSet<MessageId> = match &g {
             Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
             None => HashSet::new(),
