@@ -99,8 +99,9 @@ impl Server {
     /// `/healthz` answers at once; `/readyz` answers 503 until
     /// [`Exchange::recover`] (run here in the background, retried with
     /// backoff if it fails) has returned Ok, and again once stopping has
-    /// begun. Push notifications start once recovery has loaded the
-    /// webhooks.
+    /// begun. Push notifications start once recovery is done; the
+    /// webhooks are loaded right after, with the start-up work that can
+    /// wait ([`Exchange::tidy`]).
     pub async fn run(
         self,
         listener: TcpListener,

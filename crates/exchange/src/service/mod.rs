@@ -236,7 +236,7 @@ impl Exchange {
     /// Start-up processing (`docs/protocol.md`, "Crash and start-up
     /// recovery"): timed-out STARTED removed,
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
-    /// moved to `Unknown`, webhooks loaded. Protocol calls answer 503
+    /// moved to `Unknown`. Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
     /// and what they have pending, not with the devices or the messages
     /// waiting; what can wait is left to [`Exchange::tidy`].
@@ -245,7 +245,8 @@ impl Exchange {
     }
 
     /// The start-up work that can wait until after [`Exchange::recover`]
-    /// (run it once, beside serving): temporary files of writes a crash
+    /// (run it once, beside serving): webhooks loaded and the recipients
+    /// with messages waiting pushed, temporary files of writes a crash
     /// interrupted removed, every mailbox checked, expired keys and files
     /// removed (a first retention sweep).
     pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {

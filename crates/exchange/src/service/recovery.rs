@@ -17,9 +17,8 @@ impl Core {
     /// files waiting: every database session is loaded, which runs the
     /// first-load hook on each (timeouts, CLEANUP, in doubt); then messages
     /// in `Prepared` that no process refers to (the store's orphans) are
-    /// moved to `Unknown` and reported; then the webhooks are loaded and
-    /// the recipients with messages waiting pushed. What can wait runs
-    /// after, in [`tidy`](Self::tidy).
+    /// moved to `Unknown` and reported. What can wait runs after, in
+    /// [`tidy`](Self::tidy).
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         self.phase.send_modify(|phase| *phase = phase.recovering());
         let mut report = RecoveryReport::default();
@@ -30,8 +29,6 @@ impl Core {
         report.timed_out = self.recovery.timed_out.load(Ordering::Relaxed);
         report.cleanups_finished = self.recovery.cleanups.load(Ordering::Relaxed);
         report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
-        self.load_webhooks().await?;
-        self.push_waiting().await;
         self.phase.send_modify(|phase| *phase = phase.recovered());
         tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
         Ok(report)
@@ -85,11 +82,14 @@ impl Core {
     }
 
     /// Start-up work that can wait until the server is ready, run once
-    /// after [`recover`](Self::recover): every mailbox checked for use and
-    /// cleared of the temporary files of writes a crash interrupted (only
-    /// those older than this run's store, so writes under way are left
-    /// alone; a mailbox that fails is logged and counted, and the others
-    /// go on), then a retention sweep (expired keys and files).
+    /// after [`recover`](Self::recover), in time proportional to the
+    /// mailboxes: the webhooks loaded from the sessions, then every
+    /// recipient with a webhook and messages waiting pushed (arrivals
+    /// before that are announced then); every mailbox checked for use and
+    /// cleared of the temporary files that writes interrupted by a crash
+    /// left (this run's writes are left alone; a mailbox that fails is
+    /// logged and counted, and the others go on); then a retention sweep
+    /// (expired keys and files).
     pub(crate) async fn tidy(&self) -> Result<Tidied, ExchangeError> {
         let mut tidied = Tidied::default();
         for e in self
@@ -107,6 +107,8 @@ impl Core {
                 tracing::error!(mailbox = %e.id, %error, "a mailbox cannot be used or cleared");
             }
         }
+        self.load_webhooks().await?;
+        self.push_waiting().await;
         tidied.expired_keys = self.expire_keys().await?;
         tidied.expired_files = self.remove_expired_files().await?;
         tracing::info!(target: "estafeta::event", ?tidied, "start-up tidying done");
