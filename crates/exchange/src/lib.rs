@@ -93,7 +93,7 @@ pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
     ExchangeError, LogOnly, NoPush, Paused, Phase, PushSink, Quiesce, RecipientKind,
-    RecoveryReport, Sinks, Stores, Totals, Upload, alert_key,
+    RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -127,6 +127,7 @@ async fn arrivals_for_recipients_with_a_webhook_reach_the_sink_after_the_file() 
         .restart_with(SessionTime(1_800_000_100_000), Recorder::sinks(&mut rec))
         .await;
     let rec = rec.unwrap();
+    w.ex.tidy().await.unwrap();
     assert_eq!(
         w.ex.webhook(&id("db-a")).map(|(k, _)| k),
         Some(RecipientKind::Database)
@@ -134,7 +135,7 @@ async fn arrivals_for_recipients_with_a_webhook_reach_the_sink_after_the_file() 
     assert_eq!(
         rec.take(),
         vec![("phone-1".into(), RecipientKind::Device, 2)],
-        "start-up processing announces the replies still waiting"
+        "the start-up work after ready announces the replies still waiting"
     );
     w.upload(1).await;
     assert_eq!(
@@ -212,12 +213,14 @@ async fn after_a_restart_recipients_with_waiting_messages_are_pushed_again() {
     w.upload(2).await;
 
     // The pushes of those arrivals may not have been scheduled durably
-    // before the stop: start-up processing announces what waits.
+    // before the stop: the start-up work after ready announces what waits.
     let mut rec = None;
-    let _w = w
+    let w = w
         .restart_with(SessionTime(1_800_000_100_000), Recorder::sinks(&mut rec))
         .await;
     let rec = rec.unwrap();
+    assert!(rec.take().is_empty(), "announced by the work after ready");
+    w.ex.tidy().await.unwrap();
     assert_eq!(
         rec.take(),
         vec![("db-a".into(), RecipientKind::Database, 2)],

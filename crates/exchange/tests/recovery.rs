@@ -78,6 +78,11 @@ async fn retention_removes_old_files_but_not_live_ones() {
     w.prepare(&live, World::results(&s, ResultStatus::Processed), 1)
         .await;
     let (ex, w) = restart(w, T0 + 91 * DAY).await;
+    // Ready before the sweep: the old files are still there.
+    assert_eq!(w.files("db-a", Folder::Log), 1);
+    let tidied = ex.tidy().await.unwrap();
+    assert_eq!(tidied.expired_files, 2, "the start-up tidying sweeps");
+    assert_eq!(tidied.unusable, 0);
     let removed = ex.retention_sweep().await.unwrap();
     assert_eq!(removed, 0, "start-up already swept");
     assert_eq!(w.files("db-a", Folder::Log), 0);

@@ -127,8 +127,9 @@ impl Server {
     /// `/healthz` answers at once; `/readyz` answers 503 until
     /// [`Exchange::recover`] (run here in the background, retried with
     /// backoff if it fails) has returned Ok, and again once stopping has
-    /// begun. Push notifications start once recovery has loaded the
-    /// webhooks.
+    /// begun. Push notifications start once recovery is done; the
+    /// webhooks are loaded right after, with the start-up work that can
+    /// wait ([`Exchange::tidy`]).
     pub async fn run(
         self,
         listener: TcpListener,
@@ -249,7 +250,8 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 }
 
 /// Runs start-up recovery until it succeeds (the exchange's phase becomes
-/// ready then, unless stopping began) or the server stops.
+/// ready then, unless stopping began) or the server stops, then the
+/// start-up work that can wait ([`Exchange::tidy`]).
 async fn recover(exchange: Exchange, stop: CancellationToken) {
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -258,6 +260,9 @@ async fn recover(exchange: Exchange, stop: CancellationToken) {
                 tracing::info!(?report, "start-up recovery done; ready");
                 if exchange.is_ready() {
                     tell_service_manager(sd_notify::NotifyState::Ready);
+                }
+                if let Err(e) = exchange.tidy().await {
+                    tracing::error!(error = %e, "start-up tidying failed");
                 }
                 return;
             }
@@ -281,8 +286,8 @@ fn tell_service_manager(state: sd_notify::NotifyState<'_>) {
     }
 }
 
-/// Removes expired files every `interval` (start-up recovery did the first
-/// sweep). A sweep in progress is let finish when the server stops.
+/// Removes expired files every `interval` (the start-up tidying did the
+/// first sweep). A sweep in progress is let finish when the server stops.
 async fn retention(exchange: Exchange, interval: Duration, stop: CancellationToken) {
     loop {
         tokio::select! {

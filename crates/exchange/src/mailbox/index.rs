@@ -55,6 +55,11 @@ impl Indexes {
         index
     }
 
+    /// Whether the folder `loc` has an index (built or not).
+    pub(crate) fn has(&self, loc: &Location) -> bool {
+        lock(&self.folders).contains_key(loc)
+    }
+
     /// The indexes of the folders used since their last scan.
     pub(crate) fn used(&self) -> Vec<Arc<FolderIndex>> {
         lock(&self.folders)

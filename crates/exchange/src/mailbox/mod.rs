@@ -37,7 +37,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 pub use folder::{Folder, Location};
 pub use name::FileName;
@@ -117,6 +117,27 @@ struct Inner {
     root: PathBuf,
     syncer: Syncer,
     indexes: Indexes,
+    /// The end of the temporary names of this run's writes
+    /// (`.<run>.tmp`, see [`temp_suffix`]): a temporary file with another
+    /// end was left by an earlier run.
+    temp_suffix: String,
+}
+
+/// The end of the temporary file names of one run of the mailboxes:
+/// `.<run>.tmp`, `<run>` four random characters (`0-9a-z`), so that the
+/// sweep of what earlier runs left never touches a write under way
+/// (whatever the clocks say). A name of an earlier run that happens to end
+/// the same (one chance in 1.7 million) is left until a later run.
+fn temp_suffix() -> String {
+    use std::hash::BuildHasher;
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut random = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
+    let mut run = String::with_capacity(4);
+    for _ in 0..4 {
+        run.push(char::from(DIGITS[(random % 36) as usize]));
+        random /= 36;
+    }
+    format!(".{run}.tmp")
 }
 
 impl Mailboxes {
@@ -154,6 +175,7 @@ impl Mailboxes {
             root,
             syncer: Syncer::start(config, dir_sync),
             indexes: Indexes::default(),
+            temp_suffix: temp_suffix(),
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
         Ok(Self { inner })
@@ -207,6 +229,27 @@ impl Mailboxes {
         Ok(index)
     }
 
+    /// The index of a folder like [`ready`](Self::ready), or `None` for a
+    /// folder that has no index and does not exist: it holds nothing, and a
+    /// look at an idle mailbox (a listing, a count, a retention sweep)
+    /// leaves it no index in memory.
+    async fn ready_unless_absent(
+        &self,
+        loc: &Location,
+    ) -> Result<Option<Arc<FolderIndex>>, MailboxError> {
+        if !self.inner.indexes.has(loc) {
+            let dir = self.path(loc);
+            let absent = move || {
+                let found = std::fs::metadata(&dir);
+                Ok(found.is_err_and(|e| e.kind() == io::ErrorKind::NotFound))
+            };
+            if blocking(absent).await? {
+                return Ok(None);
+            }
+        }
+        self.ready(loc).await.map(Some)
+    }
+
     /// Checks the index of every folder read since its last check against
     /// its directory, so that files added or removed by hand are seen by
     /// the next listing; run every [`SyncConfig::verify_every`] in the
@@ -248,7 +291,7 @@ impl Mailboxes {
         let dir = self.path(loc);
         let final_name = name.to_string();
         let target = dir.join(&final_name);
-        let temp = dir.join(format!(".{final_name}.tmp"));
+        let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
 
         // The ticket makes the batch now forming wait for this file's fsync.
         let ticket = self.inner.syncer.ticket();
@@ -315,7 +358,9 @@ impl Mailboxes {
     /// This copies the whole listing: for a count or the oldest few, see
     /// [`count`](Self::count) and [`oldest`](Self::oldest).
     pub async fn list_names(&self, loc: &Location) -> Result<Vec<FileName>, MailboxError> {
-        let index = self.ready(loc).await?;
+        let Some(index) = self.ready_unless_absent(loc).await? else {
+            return Ok(Vec::new());
+        };
         blocking(move || Ok(index.names_where(|_| true))).await
     }
 
@@ -327,12 +372,18 @@ impl Mailboxes {
 
     /// How many message files `loc` holds.
     pub async fn count(&self, loc: &Location) -> Result<usize, MailboxError> {
-        Ok(self.ready(loc).await?.count())
+        Ok(self
+            .ready_unless_absent(loc)
+            .await?
+            .map_or(0, |index| index.count()))
     }
 
     /// The names of the `n` oldest message files in `loc`, oldest first.
     pub async fn oldest(&self, loc: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
-        Ok(self.ready(loc).await?.oldest(n))
+        Ok(self
+            .ready_unless_absent(loc)
+            .await?
+            .map_or_else(Vec::new, |index| index.oldest(n)))
     }
 
     /// The oldest messages in `loc` that pass `filter`, within `limits` (see
@@ -528,13 +579,17 @@ impl Mailboxes {
     /// The files in `loc` that arrived before `cutoff`. Age is read from the
     /// message id (a ULID holds the server's time of arrival), not from the
     /// sender-given `created_at`, so a device with a wrong clock cannot make
-    /// its messages expire early.
+    /// its messages expire early. A folder not made yet and not used has
+    /// none, and is given no index (a sweep over idle mailboxes costs them
+    /// no memory).
     pub async fn older_than(
         &self,
         loc: &Location,
         cutoff: Timestamp,
     ) -> Result<Vec<FileName>, MailboxError> {
-        let index = self.ready(loc).await?;
+        let Some(index) = self.ready_unless_absent(loc).await? else {
+            return Ok(Vec::new());
+        };
         blocking(move || Ok(index.names_where(|n| n.id.timestamp() < cutoff))).await
     }
 
@@ -559,10 +614,13 @@ impl Mailboxes {
     }
 
     /// Removes temporary files left in a mailbox's folders by writes that
-    /// were interrupted by a crash (none of them was ever acknowledged).
-    /// Meant for start-up, before any write. Returns how many were removed.
+    /// were interrupted by a crash (none of them was ever acknowledged):
+    /// every hidden file but the temporary files of this run's writes, so
+    /// that it can run while new writes go on. Returns how many were
+    /// removed.
     pub async fn sweep_temp_files(&self, mailbox: &Id) -> Result<usize, MailboxError> {
         let base = self.inner.root.join(mailbox.as_str());
+        let ours = self.inner.temp_suffix.clone();
         blocking(move || {
             let mut removed = 0;
             for folder in Folder::ALL {
@@ -575,7 +633,9 @@ impl Mailboxes {
                 let mut touched = false;
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
-                    if entry.file_name().as_encoded_bytes().starts_with(b".") {
+                    let name = entry.file_name();
+                    let name = name.as_encoded_bytes();
+                    if name.starts_with(b".") && !name.ends_with(ours.as_bytes()) {
                         let path = entry.path();
                         std::fs::remove_file(&path).map_err(|e| MailboxError::io(&path, e))?;
                         removed += 1;
@@ -730,6 +790,52 @@ mod tests {
             .await
             .unwrap()
             .len()
+    }
+
+    /// Counting, listing and sweeping the folders of an idle mailbox (none
+    /// made) gives them no index: idle mailboxes cost no memory.
+    #[tokio::test]
+    async fn looking_at_an_idle_mailbox_leaves_no_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let id = Id::new("phone-1").unwrap();
+        for folder in Folder::ALL {
+            let loc = Location::new(id.clone(), folder);
+            assert_eq!(mailboxes.count(&loc).await.unwrap(), 0);
+            assert_eq!(mailboxes.list_names(&loc).await.unwrap(), vec![]);
+            assert_eq!(mailboxes.oldest(&loc, 5).await.unwrap(), vec![]);
+            let keep = HashSet::new();
+            let now = Timestamp::from_millis(i64::MAX);
+            assert_eq!(
+                mailboxes.remove_older_than(&loc, now, &keep).await.unwrap(),
+                0
+            );
+            assert!(!mailboxes.inner.indexes.has(&loc), "{loc}");
+        }
+        assert_eq!(mailboxes.sweep_temp_files(&id).await.unwrap(), 0);
+    }
+
+    /// The sweep of what crashed writes left can run beside this run's
+    /// writes: their temporary files are left alone.
+    #[tokio::test]
+    async fn a_sweep_leaves_the_temporary_files_of_this_run_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let dir = mailboxes.path(&queue);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = FileName::of(&message(1)).to_string();
+        let ours = dir.join(format!(".{name}{}", mailboxes.inner.temp_suffix));
+        let earlier = dir.join(format!(".{name}.x-yz.tmp"));
+        std::fs::write(&ours, b"{").unwrap();
+        std::fs::write(&earlier, b"{").unwrap();
+        assert_eq!(mailboxes.sweep_temp_files(&queue.mailbox).await.unwrap(), 1);
+        assert!(ours.exists());
+        assert!(!earlier.exists());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 //! names sort by creation time and then by arrival. Ids never contain `_`,
 //! so the fields split unambiguously. The longest name (three 64-character
 //! ids) is 245 bytes, under the usual 255-byte limit; the temporary name of
-//! a write adds 5.
+//! a write adds 10 (255 in all).
 
 use std::fmt;
 use std::str::FromStr;
@@ -36,9 +36,9 @@ pub struct FileName {
     pub subsystem: Id,
 }
 
-// Names, and the temporary names of writes (a dot and ".tmp" more), stay
-// under the 255-byte limit of common file systems.
-const _: () = assert!(FileName::MAX_LEN + 5 < 255);
+// Names, and the temporary names of writes (a dot before, `.<run>.tmp`
+// after), stay within the 255-byte limit of common file systems.
+const _: () = assert!(FileName::MAX_LEN + 10 <= 255);
 
 impl FileName {
     /// The suffix of every message file.

@@ -93,7 +93,17 @@ pub struct RecoveryReport {
     pub in_doubt: usize,
     /// Files in `Prepared` that no process referred to, moved to `Unknown`.
     pub orphans: usize,
-    /// Files removed by retention.
+}
+
+/// What the start-up work done after ready ([`Exchange::tidy`]) removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tidied {
+    /// Mailboxes that could not be checked or cleared (something not a
+    /// folder in the way, a read error): logged, the others went on.
+    pub unusable: usize,
+    /// Idempotency keys past their expiry.
+    pub expired_keys: usize,
+    /// Files older than the retention period.
     pub expired_files: usize,
 }
 
@@ -275,10 +285,21 @@ impl Exchange {
     /// Start-up processing (`docs/protocol.md`, "Crash and start-up
     /// recovery"): timed-out STARTED removed,
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
-    /// moved to `Unknown`, retention applied. Protocol calls answer 503
-    /// (`not_ready`) until it has run.
+    /// moved to `Unknown`. Protocol calls answer 503
+    /// (`not_ready`) until it has run. Its cost grows with the databases
+    /// and what they have pending, not with the devices or the messages
+    /// waiting; what can wait is left to [`Exchange::tidy`].
     pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         self.core.recover().await
+    }
+
+    /// The start-up work that can wait until after [`Exchange::recover`]
+    /// (run it once, beside serving): webhooks loaded and the recipients
+    /// with messages waiting pushed, temporary files of writes a crash
+    /// interrupted removed, every mailbox checked, expired keys and files
+    /// removed (a first retention sweep).
+    pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {
+        self.core.tidy().await
     }
 
     /// The server's phase, to read or to wait on.

@@ -233,35 +233,37 @@ impl Core {
         }
     }
 
-    /// Reads every recipient's webhook from its session (start-up; run
-    /// again after a failed start-up, it reads the same).
+    /// Reads every recipient's webhook from its session (once, after
+    /// start-up processing; run again, it reads the same). Each is put in
+    /// memory while its session is held, so that a webhook set or cleared
+    /// meanwhile through the admin API (which saves it holding the session,
+    /// then puts it in memory) is never undone by what was read before.
     pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
-        let mut map = HashMap::new();
         let sessions = &self.sessions;
         for e in self.registry.databases() {
             if let Some(g) = sessions.db.get(e.id.clone(), false).await?
                 && let Some(url) = g.state().webhook.clone()
             {
-                map.insert(e.id, (RecipientKind::Database, url));
+                self.known_webhook(e.id, RecipientKind::Database, url);
             }
         }
         for e in self.registry.devices() {
             if let Some(g) = sessions.device.get(e.id.clone(), false).await?
                 && let Some(url) = g.state().webhook.clone()
             {
-                map.insert(e.id, (RecipientKind::Device, url));
+                self.known_webhook(e.id, RecipientKind::Device, url);
             }
         }
-        // A webhook set while this ran (the admin API answers during
-        // start-up) is newer than what was read: it stays.
-        let mut known = self
-            .webhooks
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        for (id, hook) in map {
-            known.entry(id).or_insert(hook);
-        }
         Ok(())
+    }
+
+    /// A webhook read from its session, unless one is known already.
+    fn known_webhook(&self, id: Id, kind: RecipientKind, url: String) {
+        self.webhooks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_insert((kind, url));
     }
 }
 
@@ -281,8 +283,9 @@ impl super::Exchange {
             .await
     }
 
-    /// The webhook of a database or device, with its kind (start-up
-    /// processing loads them; before it, none is known).
+    /// The webhook of a database or device, with its kind (the start-up
+    /// work after ready, [`Exchange::tidy`](super::Exchange::tidy), loads
+    /// them; before it, only those set since are known).
     pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
         self.core.webhook(recipient)
     }

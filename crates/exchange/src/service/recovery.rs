@@ -1,81 +1,118 @@
 //! Start-up processing and retention.
 
-use super::RecoveryReport;
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
+use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
-use crate::{MessageId, Timestamp};
+use crate::{Id, MessageId, Timestamp};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 /// Expired idempotency keys removed per write of the key store.
 const KEY_SWEEP_BATCH: usize = 10_000;
 impl Core {
-    /// Every mailbox is readied (what writes interrupted by a crash left is
-    /// cleared); every database session is loaded, which runs the
+    /// What must be done before serving, in time proportional to the
+    /// databases and what they have pending, not to the devices or the
+    /// files waiting: every database session is loaded, which runs the
     /// first-load hook on each (timeouts, CLEANUP, in doubt); then messages
     /// in `Prepared` that no process refers to (the store's orphans) are
-    /// moved to `Unknown` and reported; then retention runs.
+    /// moved to `Unknown` and reported. What can wait runs after, in
+    /// [`tidy`](Self::tidy).
     pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         self.phase.send_modify(|phase| *phase = phase.recovering());
         let mut report = RecoveryReport::default();
+        for db in self.registry.databases() {
+            report.databases += 1;
+            report.orphans += self.recover_database(&db.id).await?;
+        }
+        report.timed_out = self.recovery.timed_out.load(Ordering::Relaxed);
+        report.cleanups_finished = self.recovery.cleanups.load(Ordering::Relaxed);
+        report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
+        self.phase.send_modify(|phase| *phase = phase.recovered());
+        tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
+        Ok(report)
+    }
+
+    /// Loads the session of database `db` (its first-load hook runs) and,
+    /// holding it so that no prepare writes replies meanwhile, moves the
+    /// files in its `Prepared` that none of its processes refers to into
+    /// `Unknown`; how many there were.
+    async fn recover_database(&self, db: &Id) -> Result<usize, ExchangeError> {
+        // A database never used has no session, and gets none in memory.
+        let g = self.sessions.db.get(db.clone(), false).await?;
+        let referenced: HashSet<MessageId> = match &g {
+            Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+            None => HashSet::new(),
+        };
+        let orphans = self.store.orphans(db, &referenced).await?;
+        if orphans.is_empty() {
+            return Ok(0);
+        }
+        tracing::error!(
+            target: "estafeta::alert", db = %db, files = orphans.len(),
+            "orphaned files in Prepared with no process; moved to Unknown"
+        );
+        self.raise_alert(
+            AlertKind::Orphans,
+            db,
+            format!(
+                "{} orphaned files in Prepared of database {db} with no process; moved to Unknown",
+                orphans.len()
+            ),
+        )
+        .await;
+        let (prepared, unknown) = (
+            self.location(db, Folder::Prepared),
+            self.location(db, Folder::Unknown),
+        );
+        let moves: Vec<_> = orphans
+            .iter()
+            .map(|n| Op::Move {
+                name: n.clone(),
+                from: prepared.clone(),
+                to: unknown.clone(),
+            })
+            .collect();
+        for r in self.store.apply(&moves).await.results {
+            r?;
+        }
+        drop(g);
+        Ok(orphans.len())
+    }
+
+    /// Start-up work that can wait until the server is ready, run once
+    /// after [`recover`](Self::recover), in time proportional to the
+    /// mailboxes: the webhooks loaded from the sessions, then every
+    /// recipient with a webhook and messages waiting pushed (arrivals
+    /// before that are announced then); every mailbox checked for use and
+    /// cleared of the temporary files that writes interrupted by a crash
+    /// left (this run's writes are left alone; a mailbox that fails is
+    /// logged and counted, and the others go on); then a retention sweep
+    /// (expired keys and files).
+    pub(crate) async fn tidy(&self) -> Result<Tidied, ExchangeError> {
+        let mut tidied = Tidied::default();
         for e in self
             .registry
             .databases()
             .into_iter()
             .chain(self.registry.devices())
         {
-            self.store.create_mailbox(&e.id).await?;
-            self.store.recover_writes(&e.id).await?;
-        }
-        for db in self.registry.databases() {
-            report.databases += 1;
-            let g = self.sessions.db.get(db.id.clone(), true).await?;
-            let referenced: HashSet<MessageId> = match &g {
-                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
-                None => HashSet::new(),
+            let checked = match self.store.create_mailbox(&e.id).await {
+                Ok(()) => self.store.recover_writes(&e.id).await,
+                Err(e) => Err(e),
             };
-            let orphans = self.store.orphans(&db.id, &referenced).await?;
-            if !orphans.is_empty() {
-                tracing::error!(
-                    target: "estafeta::alert", db = %db.id, files = orphans.len(),
-                    "orphaned files in Prepared with no process; moved to Unknown"
-                );
-                self.raise_alert(
-                    AlertKind::Orphans,
-                    &db.id,
-                    format!("{} orphaned files in Prepared of database {} with no process; moved to Unknown", orphans.len(), db.id),
-                )
-                .await;
-                let (prepared, unknown) = (
-                    self.location(&db.id, Folder::Prepared),
-                    self.location(&db.id, Folder::Unknown),
-                );
-                let moves: Vec<_> = orphans
-                    .iter()
-                    .map(|n| Op::Move {
-                        name: n.clone(),
-                        from: prepared.clone(),
-                        to: unknown.clone(),
-                    })
-                    .collect();
-                for r in self.store.apply(&moves).await.results {
-                    r?;
-                }
-                report.orphans += orphans.len();
+            if let Err(error) = checked {
+                tidied.unusable += 1;
+                tracing::error!(mailbox = %e.id, %error, "a mailbox cannot be used or cleared");
             }
-            drop(g);
         }
-        report.timed_out = self.recovery.timed_out.load(Ordering::Relaxed);
-        report.cleanups_finished = self.recovery.cleanups.load(Ordering::Relaxed);
-        report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
-        report.expired_files = self.retention_sweep().await?;
         self.load_webhooks().await?;
         self.push_waiting().await;
-        self.phase.send_modify(|phase| *phase = phase.recovered());
-        tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
-        Ok(report)
+        tidied.expired_keys = self.expire_keys().await?;
+        tidied.expired_files = self.remove_expired_files().await?;
+        tracing::info!(target: "estafeta::event", ?tidied, "start-up tidying done");
+        Ok(tidied)
     }
 
     /// Forget the idempotency keys past their expiry, in batches of
@@ -95,15 +132,22 @@ impl Core {
         }
     }
 
-    /// Remove `Log`, `Prepared`, `Unknown` and `Error` messages older than the
-    /// retention period, except those a live or in-doubt process refers to.
+    /// Forget expired idempotency keys, then remove `Log`, `Prepared`,
+    /// `Unknown` and `Error` messages older than the retention period,
+    /// except those a live or in-doubt process refers to; how many files
+    /// went.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
+        self.expire_keys().await?;
+        self.remove_expired_files().await
+    }
+
+    /// The files part of [`retention_sweep`](Self::retention_sweep).
+    async fn remove_expired_files(&self) -> Result<usize, ExchangeError> {
         let cutoff_ms = self
             .now()
             .as_millis()
             .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
         let cutoff = Timestamp::from_millis(cutoff_ms);
-        self.expire_keys().await?;
         let mut removed = 0;
         for e in self
             .registry

@@ -170,9 +170,10 @@ pub trait MessageStore: Send + Sync {
         keep: &HashSet<MessageId>,
     ) -> Result<usize, MailboxError>;
 
-    /// Start-up, before anything else touches the mailbox of `owner`:
-    /// clears what writes interrupted by a crash left behind (none was
-    /// acknowledged). Nothing to do for a transactional backend.
+    /// Once after start-up, while the server serves: clears what writes
+    /// interrupted by a crash left in the mailbox of `owner` (none was
+    /// acknowledged), leaving this run's writes alone. Nothing to do for a
+    /// transactional backend.
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
 
     /// Start-up, after the database's processes are loaded: the messages in

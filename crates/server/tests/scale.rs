@@ -1,0 +1,412 @@
+//! Costs as the data grows, measured on the real server (the `estafeta`
+//! binary) over HTTP, with the data made directly through the stores:
+//! 10 databases and `SCALE_DEVICES` devices (10,000) in the registry,
+//! `SCALE_WAITING` messages (1,000,000) waiting in `db-big` and 1,000 in
+//! `db-small`, `SCALE_KEYS` idempotency keys (100,000) for `phone-1` and
+//! 100 for `phone-0`. Printed: the time to ready after a clean stop and
+//! after `kill -9`, `start` latency (p50, p99) at both backlogs, keyed
+//! upload latency at both key counts, and the server's RSS and the data
+//! folder's size (figures for `BENCHMARKS.md`).
+//!
+//! ```sh
+//! cargo test -p estafeta-server --test scale -- --ignored --nocapture
+//! # SCALE_DIR picks the disk (default: the system temp folder); the data
+//! # is removed at the end unless SCALE_KEEP is set
+//! ```
+
+mod common;
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Binary, id, message, start_request};
+use estafeta_client::Client;
+use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
+use estafeta_exchange::mailbox::FileName;
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::{Body, Message, Version};
+use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, MessageId, Sinks, Timestamp};
+use redb::TableDefinition;
+
+const ADMIN: &str = "scale-admin-0123456789abcdef0123456789";
+/// Messages waiting in `db-small`, and the real (non-empty) oldest files of
+/// `db-big`: both backlogs hand out the same kind of messages.
+const SMALL: usize = 1_000;
+/// Keys of `phone-0`, the baseline of the upload figure.
+const FEW_KEYS: usize = 100;
+/// Calls timed per figure.
+const CALLS: usize = 200;
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.replace(['_', ','], "").parse().unwrap())
+        .unwrap_or(default)
+}
+
+/// Enterprise `acme` with subsystem `sales`, devices `phone-2`…
+/// (`devices` in all with `phone-0` and `phone-1`) and `idle_dbs`
+/// databases `idle-0`…, written straight into the registry's file in one
+/// transaction (made through the exchange, each would be a durable commit
+/// of its own). Their tokens are never used: the stored hashes are made up.
+fn fill_registry(data: &Path, devices: usize, idle_dbs: usize) {
+    let enterprises: TableDefinition<'_, &str, ()> = TableDefinition::new("enterprises");
+    let subsystems: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("subsystems");
+    let endpoints: TableDefinition<'_, &str, &str> = TableDefinition::new("endpoints");
+    let db = redb::Database::create(DataLayout::new(data).registry()).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(enterprises)
+        .unwrap()
+        .insert("acme", ())
+        .unwrap();
+    txn.open_table(subsystems)
+        .unwrap()
+        .insert(("acme", "sales"), ())
+        .unwrap();
+    {
+        let mut table = txn.open_table(endpoints).unwrap();
+        for i in 2..devices {
+            let record = format!(
+                r#"{{"enterprise":"acme","device_subsystem":"sales","token_sha256":"{i:064x}"}}"#
+            );
+            table
+                .insert(format!("phone-{i}").as_str(), record.as_str())
+                .unwrap();
+        }
+        for i in 0..idle_dbs {
+            let record = format!(
+                r#"{{"enterprise":"acme","token_sha256":"{:064x}"}}"#,
+                i + devices
+            );
+            table
+                .insert(format!("idle-{i}").as_str(), record.as_str())
+                .unwrap();
+        }
+    }
+    txn.commit().unwrap();
+}
+
+/// The rest of the registry, made through the exchange: `db-big`,
+/// `db-small`, `db-0`…`db-7`, `phone-0` and `phone-1`; the tokens of the
+/// two databases with messages and of the two devices.
+async fn provision(data: &Path) -> [String; 4] {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some(ADMIN.to_owned());
+    let clock = Arc::new(estafeta_session::SystemClock);
+    let (ex, _) = Exchange::open(config, clock, Sinks::default())
+        .await
+        .unwrap();
+    ex.recover().await.unwrap();
+    let admin = Principal::Admin;
+    let big = ex
+        .create_database(&admin, id("acme"), id("db-big"))
+        .await
+        .unwrap();
+    let small = ex
+        .create_database(&admin, id("acme"), id("db-small"))
+        .await
+        .unwrap();
+    for i in 0..8 {
+        ex.create_database(&admin, id("acme"), id(&format!("db-{i}")))
+            .await
+            .unwrap();
+    }
+    let mut phones = Vec::new();
+    for i in 0..2 {
+        let token = ex
+            .create_device(&admin, id("acme"), id(&format!("phone-{i}")), id("sales"))
+            .await
+            .unwrap();
+        phones.push(token.expose().to_owned());
+    }
+    ex.shutdown().await.unwrap();
+    [
+        big.expose().to_owned(),
+        small.expose().to_owned(),
+        phones[0].clone(),
+        phones[1].clone(),
+    ]
+}
+
+/// `n` messages from `phone-0` waiting in `db`'s `Messages`, written
+/// directly (no fsync; one `sync` at the end): the `real` oldest hold a
+/// message, the others are empty files (names are what the index reads).
+fn fill_messages(data: &Path, db: &str, n: usize, real: usize) {
+    let dir = data.join(db).join("Messages");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t0: u64 = 1_764_064_800_000;
+    let body = Body::from_json(r#"{"order":{"lines":[{"sku":"A-1","qty":2}]}}"#).unwrap();
+    for i in 0..n {
+        let m = Message {
+            version: Version,
+            id: MessageId::from_parts(t0 + i as u64, i as u128),
+            from: id("phone-0"),
+            to: id(db),
+            subsystem: id("sales"),
+            created_at: Timestamp::from_millis((t0 + i as u64) as i64),
+            body: body.clone(),
+        };
+        let path = dir.join(FileName::of(&m).to_string());
+        if i < real {
+            std::fs::write(path, m.to_file_bytes().unwrap()).unwrap();
+        } else {
+            std::fs::File::create(path).unwrap();
+        }
+    }
+}
+
+/// The server's state folder, private as the server makes it.
+fn state_folder(data: &Path) {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(DataLayout::new(data).state_dir())
+        .unwrap();
+}
+
+/// `n` keys of `device` in the key store, valid for a week.
+fn fill_keys(data: &Path, device: &str, n: usize) {
+    let keys = RedbKeys::open(DataLayout::new(data).keys()).unwrap();
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let week = 7 * 24 * 3_600_000;
+    let device = id(device);
+    let mut batch = Vec::new();
+    for i in 0..n {
+        batch.push((
+            device.clone(),
+            format!("filled-{i}"),
+            KeyedUpload {
+                name: format!("filled-{i}"),
+                at: now,
+                expires_at: Timestamp::from_millis(now.as_millis() + week),
+            },
+        ));
+        if batch.len() == 50_000 || i + 1 == n {
+            keys.put_all(&batch).unwrap();
+            batch.clear();
+        }
+    }
+}
+
+/// Starts the binary on `data` and waits for `/readyz`; the server, its
+/// admin client and the time from the spawn to ready.
+async fn boot(dir: &Path, data: &Path) -> (Binary, Client, Duration) {
+    let began = Instant::now();
+    let server = Binary::serve(dir, data, &[], &[("ESTAFETA_ADMIN_TOKEN", ADMIN)]).await;
+    let admin = Client::new(&server.base, ADMIN).unwrap();
+    while !admin.readyz().await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (server, admin, began.elapsed())
+}
+
+/// p50 and p99 of `samples`.
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.50), at(0.99))
+}
+
+/// `CALLS` starts on `db` (each rolled back, so the next start finds the
+/// same backlog); the first start's latency (the folder's first use) and
+/// the p50 and p99 of the others.
+async fn starts(processor: &Client, db: &str) -> (Duration, (Duration, Duration)) {
+    let mut first = None;
+    let mut samples = Vec::new();
+    for _ in 0..=CALLS {
+        let began = Instant::now();
+        let started = processor.start(&start_request(db)).await.unwrap();
+        let took = began.elapsed();
+        assert_eq!(started.messages.as_ref().map(Vec::len), Some(10));
+        match first {
+            None => first = Some(took),
+            Some(_) => samples.push(took),
+        }
+        processor
+            .rollback(&started.process_id.unwrap(), "measured")
+            .await
+            .unwrap();
+    }
+    (first.unwrap(), percentiles(samples))
+}
+
+/// `CALLS` keyed uploads (new keys) of `device` to `db-0`: p50 and p99.
+async fn uploads(device: &Client, tag: &str) -> (Duration, Duration) {
+    let mut samples = Vec::new();
+    for i in 0..CALLS {
+        let key = format!("{tag}-{i}");
+        let began = Instant::now();
+        device
+            .send(&message("db-0", r#"{"n":1}"#, Some(&key)))
+            .await
+            .unwrap();
+        samples.push(began.elapsed());
+    }
+    percentiles(samples)
+}
+
+fn rss_kib(server: &Binary) -> u64 {
+    let pid = server.child.id().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn du_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("du")
+        .args(["-s", "--block-size=1"])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement (minutes, GBs of disk): run with --ignored --nocapture"]
+async fn costs_stay_flat_as_the_data_grows() {
+    let (devices, waiting, keys) = (
+        setting("SCALE_DEVICES", 10_000),
+        setting("SCALE_WAITING", 1_000_000),
+        setting("SCALE_KEYS", 100_000),
+    );
+    let base = std::env::var_os("SCALE_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let data = dir.path().join("data");
+
+    let began = Instant::now();
+    state_folder(&data);
+    fill_keys(&data, "phone-0", FEW_KEYS);
+    fill_keys(&data, "phone-1", keys);
+    fill_registry(&data, devices, 0);
+    let [big, small, phone0, phone1] = provision(&data).await;
+    let registry_done = began.elapsed();
+    {
+        let data = data.clone();
+        let fill = [
+            std::thread::spawn({
+                let data = data.clone();
+                move || fill_messages(&data, "db-big", waiting, SMALL)
+            }),
+            std::thread::spawn(move || fill_messages(&data, "db-small", SMALL, SMALL)),
+        ];
+        for f in fill {
+            f.join().unwrap();
+        }
+    }
+    assert!(
+        std::process::Command::new("sync")
+            .status()
+            .unwrap()
+            .success()
+    );
+    println!(
+        "made: {devices} devices, 10 databases, {keys} keys ({registry_done:.1?}); \
+         {waiting} + {SMALL} messages waiting (total {:.1?})",
+        began.elapsed()
+    );
+
+    // The first start after the in-process server's clean stop.
+    let (server, admin, clean) = boot(dir.path(), &data).await;
+    println!("time to ready after a clean stop: {clean:.3?}");
+    let rss_idle = rss_kib(&server);
+    println!("RSS when ready: {rss_idle} KiB");
+
+    let (first_small, (p50_small, p99_small)) = starts(&admin.with_token(&small), "db-small").await;
+    let (first_big, (p50_big, p99_big)) = starts(&admin.with_token(&big), "db-big").await;
+    println!(
+        "start, {SMALL} waiting: first {first_small:.2?}, p50 {p50_small:.2?}, p99 {p99_small:.2?}"
+    );
+    println!(
+        "start, {waiting} waiting: first {first_big:.2?}, p50 {p50_big:.2?}, p99 {p99_big:.2?}"
+    );
+    println!(
+        "start ratio: p50 {:.2}, p99 {:.2}",
+        p50_big.as_secs_f64() / p50_small.as_secs_f64(),
+        p99_big.as_secs_f64() / p99_small.as_secs_f64()
+    );
+
+    let (p50_few, p99_few) = uploads(&admin.with_token(&phone0), "few").await;
+    let (p50_many, p99_many) = uploads(&admin.with_token(&phone1), "many").await;
+    println!("upload, {FEW_KEYS} keys: p50 {p50_few:.2?}, p99 {p99_few:.2?}");
+    println!("upload, {keys} keys: p50 {p50_many:.2?}, p99 {p99_many:.2?}");
+    println!(
+        "upload ratio: p50 {:.2}, p99 {:.2}",
+        p50_many.as_secs_f64() / p50_few.as_secs_f64(),
+        p99_many.as_secs_f64() / p99_few.as_secs_f64()
+    );
+    println!("RSS after the calls: {} KiB", rss_kib(&server));
+
+    assert_eq!(server.terminate().await, Some(0));
+    let (server, _admin, clean) = boot(dir.path(), &data).await;
+    println!("time to ready after SIGTERM (clean stop): {clean:.3?}");
+    server.kill9().await;
+    let (server, _admin, killed) = boot(dir.path(), &data).await;
+    println!("time to ready after kill -9: {killed:.3?}");
+    assert_eq!(server.terminate().await, Some(0));
+    for f in [
+        "sessions.redb",
+        "keys.redb",
+        "registry.redb",
+        "scheduled.redb",
+    ] {
+        let path = data.join(".estafeta").join(f);
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        println!("{f}: {size} bytes");
+    }
+    println!("data folder: {} bytes", du_bytes(&data));
+    if std::env::var_os("SCALE_KEEP").is_some() {
+        println!("kept: {}", dir.keep().display());
+    }
+}
+
+/// The server's RSS and the data folder's size with only the test
+/// tenancy, then with `SCALE_IDLE` (100,000) idle devices more, then with
+/// `SCALE_IDLE_DBS` (10,000) idle databases more: the cost of each idle
+/// device and database (goal: under 1 KB each in RSS and on disk). The RSS
+/// is read once start-up's work after ready has had 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn idle_devices_and_databases_cost_little() {
+    let (idle, idle_dbs) = (
+        setting("SCALE_IDLE", 100_000),
+        setting("SCALE_IDLE_DBS", 10_000),
+    );
+    let base = std::env::var_os("SCALE_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let mut figures = Vec::new();
+    for (devices, dbs) in [(2, 0), (2 + idle, 0), (2, idle_dbs)] {
+        let dir = tempfile::tempdir_in(&base).unwrap();
+        let data = dir.path().join("data");
+        state_folder(&data);
+        fill_registry(&data, devices, dbs);
+        provision(&data).await;
+        let (server, admin, ready) = boot(dir.path(), &data).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(admin.readyz().await.unwrap());
+        let (rss, disk) = (rss_kib(&server) * 1024, du_bytes(&data));
+        println!(
+            "{devices} devices, {} databases: ready in {ready:.3?}, RSS {rss} bytes, data folder {disk} bytes",
+            dbs + 10
+        );
+        assert_eq!(server.terminate().await, Some(0));
+        figures.push((rss as f64, disk as f64));
+    }
+    let per = |(rss, disk): (f64, f64), n: usize| {
+        let (rss0, disk0) = figures[0];
+        ((rss - rss0) / n as f64, (disk - disk0) / n as f64)
+    };
+    let (rss, disk) = per(figures[1], idle);
+    println!("per idle device: RSS {rss:.0} bytes, disk {disk:.0} bytes");
+    let (rss, disk) = per(figures[2], idle_dbs);
+    println!("per idle database: RSS {rss:.0} bytes, disk {disk:.0} bytes");
+}
