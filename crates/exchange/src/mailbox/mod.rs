@@ -106,6 +106,14 @@ impl From<Applied> for Outcome {
     }
 }
 
+/// A message written to a temporary file and fsynced, not yet published.
+struct Staged {
+    name: FileName,
+    size: u64,
+    temp: PathBuf,
+    target: PathBuf,
+}
+
 /// The mailboxes under one data folder. Cheap to clone; all clones share
 /// one group-commit task, which must run on a tokio runtime.
 #[derive(Clone)]
@@ -285,6 +293,17 @@ impl Mailboxes {
         loc: &Location,
         message: &Message,
     ) -> Result<FileEntry, MailboxError> {
+        // The ticket makes the batch now forming wait for this file's fsync.
+        let ticket = self.inner.syncer.ticket();
+        let staged = self.stage(loc, message).await?;
+        let (change, settle, entry) = self.publish_change(loc, staged);
+        ticket.submit(change, settle).await?;
+        Ok(entry)
+    }
+
+    /// Writes `message` into a temporary file of `loc` and fsyncs it; not
+    /// visible until published. On an error the temporary file is removed.
+    async fn stage(&self, loc: &Location, message: &Message) -> Result<Staged, MailboxError> {
         let name = FileName::of(message);
         let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
         let size = bytes.len() as u64;
@@ -292,25 +311,39 @@ impl Mailboxes {
         let final_name = name.to_string();
         let target = dir.join(&final_name);
         let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
-
-        // The ticket makes the batch now forming wait for this file's fsync.
-        let ticket = self.inner.syncer.ticket();
-        let written = {
+        {
             let (syncer, temp) = (self.inner.syncer.clone(), temp.clone());
-            blocking(move || write_synced(&syncer, &dir, &temp, &bytes)).await
-        };
-        written?;
+            blocking(move || write_synced(&syncer, &dir, &temp, &bytes)).await?;
+        }
         self.inner.syncer.count_file_fsync();
+        Ok(Staged {
+            name,
+            size,
+            temp,
+            target,
+        })
+    }
+
+    /// The change that publishes a staged file, and what the index learns
+    /// when it is settled (it expects the file from now on).
+    fn publish_change(&self, loc: &Location, staged: Staged) -> (Change, Settle, FileEntry) {
+        let Staged {
+            name,
+            size,
+            temp,
+            target,
+        } = staged;
         let index = self.index(loc);
         index.expect(&name);
         let settled = name.clone();
         let settle = Settle::new(move |fate| {
             index.settle_in(&settled, (fate == Fate::Durable).then_some(Some(size)));
         });
-        ticket
-            .submit(Change::Publish { temp, target }, settle)
-            .await?;
-        Ok(FileEntry { name, size })
+        (
+            Change::Publish { temp, target },
+            settle,
+            FileEntry { name, size },
+        )
     }
 
     /// Writes several messages into `loc`, concurrently (so they share
@@ -321,16 +354,33 @@ impl Mailboxes {
         loc: &Location,
         messages: &[Message],
     ) -> Result<Vec<FileEntry>, MailboxError> {
+        let (go, when) = tokio::sync::oneshot::channel();
+        let _ = go.send(true);
+        self.write_all_when(loc, messages, when).await
+    }
+
+    /// Like [`write_all`](Self::write_all), but the files appear in `loc`
+    /// only once `when` answers `true`: they are written and fsynced
+    /// meanwhile, so that whatever the caller makes durable before they may
+    /// appear overlaps their fsyncs. If `when` answers `false` (or its
+    /// sender is dropped), no file appears, the temporary files are
+    /// removed and the answer is empty.
+    pub async fn write_all_when(
+        &self,
+        loc: &Location,
+        messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
         let mut tasks = tokio::task::JoinSet::new();
         for (i, m) in messages.iter().enumerate() {
             let (this, loc, m) = (self.clone(), loc.clone(), m.clone());
-            tasks.spawn(async move { (i, this.write(&loc, &m).await) });
+            tasks.spawn(async move { (i, this.stage(&loc, &m).await) });
         }
-        let mut written = vec![None; messages.len()];
+        let mut staged: Vec<Option<Staged>> = messages.iter().map(|_| None).collect();
         let mut first_error = None;
         while let Some(joined) = tasks.join_next().await {
             match joined {
-                Ok((i, Ok(entry))) => written[i] = Some(entry),
+                Ok((i, Ok(s))) => staged[i] = Some(s),
                 Ok((_, Err(e))) => {
                     first_error.get_or_insert(e);
                 }
@@ -339,18 +389,49 @@ impl Mailboxes {
                 }
             }
         }
-        match first_error {
-            None => Ok(written.into_iter().flatten().collect()),
-            Some(e) => {
-                for entry in written.into_iter().flatten() {
-                    if let Err(undo) = self.delete(loc, &entry.name).await {
-                        tracing::error!(%loc, name = %entry.name, error = %undo,
-                            "could not remove a message of a failed batch write");
-                    }
+        let go = when.await.unwrap_or(false);
+        if first_error.is_some() || !go {
+            let temps: Vec<PathBuf> = staged.into_iter().flatten().map(|s| s.temp).collect();
+            // Not fsynced: a temporary file a crash brings back is swept at
+            // start-up.
+            blocking(move || {
+                for temp in temps {
+                    let _ = std::fs::remove_file(temp);
                 }
-                Err(e)
+                Ok(())
+            })
+            .await?;
+            return first_error.map_or(Ok(Vec::new()), Err);
+        }
+        let (changes, entries): (Vec<_>, Vec<_>) = staged
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                let (change, settle, entry) = self.publish_change(loc, s);
+                ((change, settle), entry)
+            })
+            .unzip();
+        let outcomes = self.commit_all(changes).await;
+        let mut first_error = None;
+        let mut written = Vec::with_capacity(entries.len());
+        for (entry, outcome) in entries.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(_) => written.push(entry),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
+        let Some(e) = first_error else {
+            return Ok(written);
+        };
+        for entry in written {
+            if let Err(undo) = self.delete(loc, &entry.name).await {
+                tracing::error!(%loc, name = %entry.name, error = %undo,
+                    "could not remove a message of a failed batch write");
+            }
+        }
+        Err(e)
     }
 
     /// The message file names in `loc`, oldest first, without their sizes.
@@ -910,5 +991,50 @@ mod tests {
         assert_eq!(moving.await.unwrap().unwrap(), Outcome::Done);
         assert_eq!(mailboxes.count(&log).await.unwrap(), 1);
         assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+    }
+
+    /// Files written to wait for a go-ahead are fsynced before it and
+    /// appear only with it; without it, none appears and no temporary file
+    /// is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_waiting_for_its_go_ahead_appears_only_with_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let prepared = Location::new(Id::new("db-a").unwrap(), Folder::Prepared);
+        let dir = mailboxes.path(&prepared);
+        let files = || -> Vec<String> {
+            match std::fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect(),
+                Err(_) => Vec::new(),
+            }
+        };
+        for (go_ahead, seqs) in [(false, [1, 2]), (true, [3, 4])] {
+            let batch: Vec<Message> = seqs.into_iter().map(message).collect();
+            let fsynced = mailboxes.stats().file_fsyncs + 2;
+            let (go, when) = tokio::sync::oneshot::channel();
+            let writing = {
+                let (mailboxes, prepared) = (mailboxes.clone(), prepared.clone());
+                tokio::spawn(async move { mailboxes.write_all_when(&prepared, &batch, when).await })
+            };
+            while mailboxes.stats().file_fsyncs < fsynced {
+                tokio::task::yield_now().await;
+            }
+            assert!(files().iter().all(|f| f.starts_with('.')), "{:?}", files());
+            assert_eq!(mailboxes.count(&prepared).await.unwrap(), 0);
+            go.send(go_ahead).unwrap();
+            let written = writing.await.unwrap().unwrap();
+            if go_ahead {
+                assert_eq!(written.len(), 2);
+                assert_eq!(mailboxes.count(&prepared).await.unwrap(), 2);
+                assert_eq!(files().len(), 2);
+            } else {
+                assert!(written.is_empty());
+                assert!(files().is_empty(), "{:?}", files());
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::Process;
+use super::state::{Ended, Process};
 use super::stats::SenderCounts;
 use crate::Id;
 use crate::store::{FileEntry, Folder};
@@ -30,6 +30,19 @@ pub(crate) fn summary(p: &Process) -> ProcessSummary {
         ended_at: p.ended_at,
         messages: p.messages.len() as u64,
         replies: p.replies.len() as u64,
+    }
+}
+
+fn ended_summary(e: &Ended) -> ProcessSummary {
+    ProcessSummary {
+        process_id: e.id,
+        db_id: e.db.clone(),
+        state: e.state,
+        started_at: e.started_at,
+        ready_at: e.ready_at,
+        ended_at: e.ended_at,
+        messages: e.messages,
+        replies: e.replies,
     }
 }
 
@@ -75,8 +88,8 @@ impl Core {
                 rec.process
                     .iter()
                     .chain(rec.in_doubt.iter())
-                    .chain(rec.recent.iter())
-                    .map(summary),
+                    .map(summary)
+                    .chain(rec.recent.iter().map(ended_summary)),
             );
         }
         processes.sort_by_key(|p| p.started_at);

@@ -135,7 +135,10 @@ impl Core {
         }
     }
 
-    /// Record in the process's own session who owns it and how it ended.
+    /// Record in the process's own session who owns it and how it ended,
+    /// durably (unless it says so durably already); or that it lives
+    /// (`ended: None`), if it has no owner record yet, saved in the
+    /// background (see [`Step::Owner`]).
     pub(crate) async fn write_owner(
         &self,
         pid: &ProcessId,
@@ -146,13 +149,23 @@ impl Core {
         let mut g = sessions.process.get(*pid, true).await?.ok_or_else(|| {
             ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
         })?;
-        g.persistent_mut().owner = Some(Owner {
+        let wanted = Owner {
             db: db.clone(),
             ended,
-        });
+        };
+        match &g.state().owner {
+            Some(_) if ended.is_none() => return Ok(()),
+            Some(o) if *o == wanted && !g.is_dirty() => return Ok(()),
+            _ => {}
+        }
+        g.persistent_mut().owner = Some(wanted);
         let expiry = ended.map(|_| self.session_now().after(self.config.retention));
         g.set_expires_at(expiry);
-        g.release().await?;
+        if ended.is_some() {
+            g.release().await?;
+        }
+        // Dropped with its change: saved in the background, the process's
+        // key held until then.
         Ok(())
     }
 
@@ -242,8 +255,22 @@ impl Core {
             let mut staged = g.begin();
             let steps = lifecycle::step(staged.state_mut(), event, &ctx);
             let mut staged = Some(staged);
-            for step in steps {
+            let mut steps = steps.into_iter().peekable();
+            while let Some(step) = steps.next() {
                 match step {
+                    Step::Owner { pid, db, ended } => {
+                        match steps.next_if(|s| matches!(s, Step::Run { .. })) {
+                            Some(run) => {
+                                let (owner, ran) = tokio::join!(
+                                    self.write_owner(&pid, &db, ended),
+                                    self.carry_out(run, &mut out)
+                                );
+                                owner?;
+                                ran?;
+                            }
+                            None => self.write_owner(&pid, &db, ended).await?,
+                        }
+                    }
                     Step::Deadline(at) => {
                         if let Some(tx) = staged.as_mut() {
                             tx.set_expires_at(at);

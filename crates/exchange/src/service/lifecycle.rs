@@ -34,7 +34,8 @@
 //! a settlement in doubt whose moves failed.
 //!
 //! Every ended process's owner record is written ([`Step::Owner`]) before
-//! the database record that ends it is saved ([`Step::Save`]); a change
+//! the database record that ends it is saved ([`Step::Save`]); a live
+//! one's after the save that starts it, without waiting; a change
 //! that file moves depend on (the intent record: CLEANUP with every move,
 //! the moves into doubt, an in-doubt process's late verdict) is saved
 //! before the moves run
@@ -42,7 +43,7 @@
 //! is idempotent, so after a crash the moves are simply run again.
 
 use super::alert_kind::AlertKind;
-use super::state::{DbRecord, FileOp, Process, Verdict};
+use super::state::{DbRecord, Ended, FileOp, Process, Verdict};
 use crate::mailbox::{FileName, Folder};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
@@ -171,8 +172,15 @@ pub(crate) enum Found {
 /// One thing to carry out, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Step {
-    /// Record in the process's own session that it lives (`ended: None`)
-    /// or how it ended. Before the [`Step::Save`] that follows.
+    /// Record in the process's own session how it ended (or, once its
+    /// commit is saved, how it will end: the database record is asked
+    /// first while it holds the process), before the [`Step::Save`] that
+    /// lets the database forget it; a record already durable is not
+    /// written again. Or record that it lives (`ended: None`), after the
+    /// save that made it live, only if it has no owner record yet and
+    /// without waiting for that record to be durable (start-up recovery
+    /// writes it again for every process the database holds). An owner
+    /// record followed by a [`Step::Run`] is written while the files move.
     Owner {
         pid: ProcessId,
         db: Id,
@@ -315,13 +323,13 @@ fn start(
     }
     rec.process = Some(Process::started(pid, db.clone(), messages, ctx.now));
     vec![
+        Step::Deadline(next_deadline(rec, ctx)),
+        Step::Save,
         Step::Owner {
             pid,
             db,
             ended: None,
         },
-        Step::Deadline(next_deadline(rec, ctx)),
-        Step::Save,
         Step::Answer(Answer::Ok),
     ]
 }
@@ -338,17 +346,17 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: 
                 p.pending = commit_ops(p);
                 p.target = Some(ProcessState::Done);
                 p.state = ProcessState::Cleanup;
+                let (db, ops) = (p.db.clone(), p.pending.clone());
                 vec![
                     Step::Deadline(next_deadline(rec, ctx)),
                     Step::Save,
-                    Step::Run {
+                    // How it will end, recorded while its files move.
+                    Step::Owner {
                         pid,
-                        ops: rec
-                            .process
-                            .as_ref()
-                            .map(|p| p.pending.clone())
-                            .unwrap_or_default(),
+                        db,
+                        ended: Some(ProcessState::Done),
                     },
+                    Step::Run { pid, ops },
                 ]
             }
             ProcessState::Cleanup | ProcessState::Failed => vec![Step::Run {
@@ -593,6 +601,14 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
         steps.push(Step::Run {
             pid: p.id,
             ops: p.pending.clone(),
+        });
+    }
+    // A start's owner record is not waited for: it may be missing.
+    for p in rec.process.iter().chain(&rec.in_doubt) {
+        steps.push(Step::Owner {
+            pid: p.id,
+            db: p.db.clone(),
+            ended: None,
         });
     }
     steps.push(Step::Deadline(next_deadline(rec, ctx)));
@@ -859,11 +875,8 @@ fn end(rec: &mut DbRecord, mut p: Process, state: ProcessState, now: Timestamp) 
     p.state = state;
     p.ended_at = Some(now);
     rec.counters.ended(&p, state, now);
-    p.pending.clear();
-    p.target = None;
-    p.retry_at = None;
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
-    rec.recent.push_back(p);
+    rec.recent.push_back(Ended::of(&p));
     while rec.recent.len() > RECENT {
         rec.recent.pop_front();
     }

@@ -212,6 +212,11 @@ impl World {
                 }
                 done += 1;
                 match s {
+                    Step::Owner {
+                        pid, ended: None, ..
+                    } => {
+                        self.owners.entry(pid).or_insert(None);
+                    }
                     Step::Owner { pid, ended, .. } => {
                         self.owners.insert(pid, ended);
                     }
@@ -550,4 +555,88 @@ proptest! {
         }
         w.drain();
     }
+}
+
+/// The database record is saved whole at every step of every call: what it
+/// remembers of ended processes must not grow with their batches, yet still
+/// answer the admin list and the error reasons.
+#[test]
+fn the_record_does_not_grow_with_the_batches_it_remembers() {
+    let mut w = World::new();
+    let ctx = w.ctx();
+    let (db, dev) = (w.db.clone(), w.dev.clone());
+    let mut rec = DbRecord::default();
+    for _ in 0..RECENT + 8 {
+        let messages: Vec<FileName> = (0..100).map(|_| w.name(&dev, &db)).collect();
+        let replies: Vec<FileName> = (0..100).map(|_| w.name(&db, &dev)).collect();
+        let pid = w.pid();
+        let results = messages
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Verdict {
+                name: n.clone(),
+                status: if i == 0 {
+                    ResultStatus::ProcessedIncorrect
+                } else {
+                    ResultStatus::Processed
+                },
+                error_code: Some(7),
+                error_text: Some("no such customer".into()),
+            })
+            .collect();
+        let events = [
+            Event::Start {
+                pid,
+                db: db.clone(),
+                messages,
+            },
+            Event::Prepared {
+                pid,
+                results,
+                replies,
+                deferred: Vec::new(),
+            },
+            Event::Commit { pid, ended: None },
+            Event::Ran {
+                pid,
+                result: Ok(()),
+            },
+        ];
+        for event in events {
+            step(&mut rec, event, &ctx);
+        }
+        assert!(rec.process.is_none());
+    }
+    assert_eq!(rec.recent.len(), RECENT);
+    let last = rec.recent.back().unwrap();
+    assert_eq!(
+        (last.state, last.messages, last.replies),
+        (ProcessState::Done, 100, 100)
+    );
+    assert_eq!(last.incorrect.len(), 1);
+    let size = serde_json::to_vec(&rec).unwrap().len();
+    assert!(size < 32 * 1024, "the record is {size} bytes");
+}
+
+/// A record saved when ended processes were remembered whole is read.
+#[test]
+fn a_record_remembering_whole_processes_is_read() {
+    let mut w = World::new();
+    let (db, dev) = (w.db.clone(), w.dev.clone());
+    let pid = w.pid();
+    let mut p = Process::started(
+        pid,
+        db.clone(),
+        vec![w.name(&dev, &db)],
+        T::from_millis(w.now),
+    );
+    p.replies = vec![w.name(&db, &dev), w.name(&db, &dev)];
+    p.state = ProcessState::Done;
+    let stored = serde_json::json!({ "recent": [serde_json::to_value(&p).unwrap()] });
+    let rec: DbRecord = serde_json::from_value(stored).unwrap();
+    let e = &rec.recent[0];
+    assert_eq!(
+        (e.id, e.state, e.messages, e.replies),
+        (pid, ProcessState::Done, 1, 2)
+    );
 }

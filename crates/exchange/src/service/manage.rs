@@ -210,8 +210,8 @@ impl Exchange {
         Ok(rec
             .recent
             .iter()
-            .chain(rec.in_doubt.iter())
-            .flat_map(|p| p.results.iter())
+            .flat_map(|e| e.incorrect.iter())
+            .chain(rec.in_doubt.iter().flat_map(|p| p.results.iter()))
             .filter(|v| v.status == ResultStatus::ProcessedIncorrect)
             .map(|v| (v.name.id, (v.error_code, v.error_text.clone())))
             .collect())

@@ -235,15 +235,23 @@ impl Core {
             });
         }
         let prepared = self.location(&db, Folder::Prepared);
-        // The reply names are durable before the files are written, so that
-        // a crash in between leaves no orphans: start-up processing deletes
-        // the files of a prepare that was never answered.
+        // The reply names are durable before the files appear, so that a
+        // crash in between leaves no orphans: start-up processing deletes
+        // the files of a prepare that was never answered. The files are
+        // written and fsynced while the names are saved.
         let names = replies.iter().map(FileName::of).collect();
-        let a = self.drive(&mut g, Event::Preparing { pid, names }).await?;
+        let (go, when) = tokio::sync::oneshot::channel();
+        let saving = async {
+            let a = self.drive(&mut g, Event::Preparing { pid, names }).await;
+            let _ = go.send(matches!(a, Ok(Answer::Ok)));
+            a
+        };
+        let (a, written) = tokio::join!(saving, self.store.put_all(&prepared, &replies, when));
+        let a = a?;
         if a != Answer::Ok {
             return Ok(answer(a));
         }
-        let written = self.store.put_all(&prepared, &replies).await?;
+        let written = written?;
         let written: Vec<FileName> = written.into_iter().map(|e| e.name).collect();
         let event = Event::Prepared {
             pid,
@@ -328,20 +336,23 @@ impl Core {
                 ));
             }
         }
-        let state = match owner.ended {
-            Some(s) => s,
-            None => {
-                let g = self.db_session(&owner.db).await?;
+        // The database record first: a process's owner record may say how
+        // it will end while the database still holds it.
+        let (live, remembered) = match self.sessions.db.get(owner.db.clone(), false).await? {
+            Some(g) => {
                 let rec = g.state();
-                let p = rec
+                let live = rec
                     .process
                     .iter()
                     .chain(rec.in_doubt.iter())
-                    .chain(rec.recent.iter())
-                    .find(|p| p.id == pid);
-                p.map(|p| p.state).ok_or_else(not_found)?
+                    .find(|p| p.id == pid)
+                    .map(|p| p.state);
+                let remembered = rec.recent.iter().find(|e| e.id == pid).map(|e| e.state);
+                (live, remembered)
             }
+            None => (None, None),
         };
+        let state = live.or(owner.ended).or(remembered).ok_or_else(not_found)?;
         Ok(ProcessStatus {
             version: Version,
             process_id: pid,

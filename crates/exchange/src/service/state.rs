@@ -21,9 +21,12 @@ pub(crate) struct DbRecord {
     /// Processes in doubt, waiting for a late commit or rollback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) in_doubt: Vec<Process>,
-    /// The last ended processes, newest last.
+    /// The last ended processes, newest last, as much of each as the
+    /// admin list, the status and the error reasons need (the record is
+    /// saved whole at every step: their file names would make it grow
+    /// with the batch size times the number remembered).
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
-    pub(crate) recent: VecDeque<Process>,
+    pub(crate) recent: VecDeque<Ended>,
     /// Counters of the database's processes.
     #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
     pub(crate) counters: DbCounters,
@@ -65,7 +68,7 @@ pub(crate) struct Upload {
 }
 
 /// Where a process lives and how it ended.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Owner {
     pub(crate) db: Id,
     /// `None` while the process lives (its state is in the database session).
@@ -171,6 +174,94 @@ impl Process {
             .filter(|v| v.status == status)
             .map(|v| v.name.clone())
             .collect()
+    }
+}
+
+/// An ended process as its database remembers it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(from = "Remembered")]
+pub(crate) struct Ended {
+    pub(crate) id: ProcessId,
+    pub(crate) db: Id,
+    pub(crate) state: ProcessState,
+    pub(crate) started_at: Timestamp,
+    pub(crate) ready_at: Option<Timestamp>,
+    pub(crate) ended_at: Option<Timestamp>,
+    /// How many messages the start handed out.
+    pub(crate) messages: u64,
+    /// How many replies the prepare wrote.
+    pub(crate) replies: u64,
+    /// The verdicts PROCESSED_INCORRECT, with their error code and text.
+    pub(crate) incorrect: Vec<Verdict>,
+}
+
+impl Ended {
+    /// What is remembered of `p`, which ended.
+    pub(crate) fn of(p: &Process) -> Ended {
+        Ended {
+            id: p.id,
+            db: p.db.clone(),
+            state: p.state,
+            started_at: p.started_at,
+            ready_at: p.ready_at,
+            ended_at: p.ended_at,
+            messages: p.messages.len() as u64,
+            replies: p.replies.len() as u64,
+            incorrect: p
+                .results
+                .iter()
+                .filter(|v| v.status == ResultStatus::ProcessedIncorrect)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// An ended process as stored: records saved before [`Ended`] existed
+/// hold the whole [`Process`].
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Remembered {
+    Ended {
+        id: ProcessId,
+        db: Id,
+        state: ProcessState,
+        started_at: Timestamp,
+        ready_at: Option<Timestamp>,
+        ended_at: Option<Timestamp>,
+        messages: u64,
+        replies: u64,
+        incorrect: Vec<Verdict>,
+    },
+    Whole(Box<Process>),
+}
+
+impl From<Remembered> for Ended {
+    fn from(r: Remembered) -> Ended {
+        match r {
+            Remembered::Ended {
+                id,
+                db,
+                state,
+                started_at,
+                ready_at,
+                ended_at,
+                messages,
+                replies,
+                incorrect,
+            } => Ended {
+                id,
+                db,
+                state,
+                started_at,
+                ready_at,
+                ended_at,
+                messages,
+                replies,
+                incorrect,
+            },
+            Remembered::Whole(p) => Ended::of(&p),
+        }
     }
 }
 

@@ -139,8 +139,9 @@ impl MessageStore for FileStore {
         &self,
         at: &Location,
         messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError> {
-        self.mailboxes.write_all(at, messages).await
+        self.mailboxes.write_all_when(at, messages, when).await
     }
 
     /// Moves first, all in one group commit (they share fsyncs), then the
@@ -325,10 +326,13 @@ mod tests {
         let prepared = Location::new(id("db-a"), Folder::Prepared);
         let inbox = Location::new(id("phone-1"), Folder::Messages);
         let [now, gone, later, past] = [1, 2, 3, 4].map(|seq| message(seq, "phone-1"));
+        let (go, when) = tokio::sync::oneshot::channel();
+        go.send(true).unwrap();
         let written = store
             .put_all(
                 &prepared,
                 &[gone.clone(), now.clone(), later.clone(), past.clone()],
+                when,
             )
             .await
             .unwrap();

@@ -105,11 +105,15 @@ pub trait MessageStore: Send + Sync {
     /// Puts a new message into `at`.
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
 
-    /// Puts several new messages into `at`, all or none.
+    /// Puts several new messages into `at`, all or none, once `when`
+    /// answers `true`: they are made durable meanwhile (so that the caller's
+    /// own durable step overlaps them) and appear only then. If `when`
+    /// answers `false` or is dropped, none appears and the answer is empty.
     async fn put_all(
         &self,
         at: &Location,
         messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError>;
 
     /// Applies a protocol step's batch (see the trait's doc for atomicity).

@@ -1,0 +1,444 @@
+//! Messages per second through the processing phase alone, over real HTTP
+//! with full durability: the messages are uploaded beforehand (not timed),
+//! then the processor starts a process of 100, prepares it with one
+//! PROCESSED verdict and one reply per message, and commits. The floor is
+//! measured in the same run on the same disk, before and after: files
+//! created, written, fsynced and their folder fsynced, one at a time.
+//!
+//! `cargo bench -p estafeta-server --bench processing`; `BENCH_DIR` picks
+//! the disk. Two more modes, chosen from the environment, print instead of
+//! running criterion:
+//!
+//! - `PROCESSING_TRACE=N`: N rounds, each call timed, with the durable
+//!   state commits per message read from `/metrics`; the timed part of each
+//!   round lies between two `getpid` calls, so that
+//!   `strace -f -y -e trace=fsync,fdatasync,getpid` counts the fsyncs of
+//!   the processing phase alone.
+//! - `PROCESSING_BACKLOG=N`: N messages written straight into the
+//!   database's `Messages` folder (not over HTTP, no fsync) before the
+//!   server opens, then drained at batch 100, with the rate printed for
+//!   each `PROCESSING_WINDOW` (default 10,000) messages drained, up to
+//!   `PROCESSING_DRAIN` (default all).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use estafeta_client::Client;
+use estafeta_exchange::mailbox::{FileName, Limits};
+use estafeta_exchange::wire::{
+    Body, CallStatus, Message, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
+    StartRequest, StartStatus, Version,
+};
+use estafeta_exchange::{ExchangeConfig, Id, MessageId, Timestamp};
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, Server};
+use tokio_util::sync::CancellationToken;
+
+/// About the size of a small order message.
+const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"note":"deliver before noon"}}"#;
+/// Devices sending in parallel.
+const DEVICES: usize = 10;
+/// Messages per process.
+const BATCH: usize = 100;
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The floor: one durable file at a time.
+fn floor_write(dir: &Path, bytes: &[u8]) {
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut f = std::fs::File::create(dir.join(format!("floor-{seq}.msg"))).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+fn device(n: usize) -> Id {
+    id(&format!("phone-{n}"))
+}
+
+struct World {
+    admin: Client,
+    /// The database's token and the devices', to open the server again.
+    tokens: (String, Vec<String>),
+    processor: Client,
+    devices: Vec<Client>,
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<()>,
+}
+
+/// The server on `data`, running on a loopback port, and an admin client.
+async fn serve(data: &Path) -> (Client, CancellationToken, tokio::task::JoinHandle<()>) {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("bench-admin".to_owned());
+    config.limits = Limits::new(BATCH, 20.0).unwrap();
+    let (server, _) = Server::open(
+        config,
+        Arc::new(estafeta_session::SystemClock),
+        HttpSettings::default(),
+        NotifySettings::log_only(data),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            server.run(listener, stop).await.unwrap();
+        }
+    });
+    let admin = Client::new(&base, "bench-admin").unwrap();
+    while !admin.readyz().await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (admin, stop, running)
+}
+
+/// A new server with one database and the devices, or the same tenancy
+/// again when `tokens` are given (a server reopened on its data).
+async fn world(data: &Path, tokens: Option<(String, Vec<String>)>) -> World {
+    let (admin, stop, running) = serve(data).await;
+    let (db, devices) = match tokens {
+        Some(t) => t,
+        None => {
+            admin.create_enterprise(&id("acme")).await.unwrap();
+            admin
+                .create_subsystem(&id("acme"), &id("sales"))
+                .await
+                .unwrap();
+            let db = admin
+                .create_database(&id("acme"), &id("db-a"))
+                .await
+                .unwrap()
+                .token;
+            let mut devices = Vec::new();
+            for n in 0..DEVICES {
+                let c = admin
+                    .create_device(&id("acme"), &device(n), &id("sales"))
+                    .await
+                    .unwrap();
+                devices.push(c.token);
+            }
+            (db, devices)
+        }
+    };
+    World {
+        processor: admin.with_token(&db),
+        devices: devices.iter().map(|t| admin.with_token(t)).collect(),
+        tokens: (db, devices),
+        admin,
+        stop,
+        running,
+    }
+}
+
+impl World {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap();
+    }
+
+    /// Durable write transactions of the session engines so far.
+    async fn state_commits(&self) -> u64 {
+        let text = self.admin.metrics().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("estafeta_session_save_batches_total "))
+            .or_else(|| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("estafeta_session_save_batches "))
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    }
+}
+
+/// Upload `BATCH` messages, spread over the devices (not timed).
+async fn upload(w: &World) {
+    let mut uploads = tokio::task::JoinSet::new();
+    // DEVICES divides BATCH.
+    let count = BATCH / DEVICES;
+    for client in &w.devices {
+        let client = client.clone();
+        uploads.spawn(async move {
+            for _ in 0..count {
+                let msg = SendMessage {
+                    version: Version,
+                    to: id("db-a"),
+                    body: Body::from_json(BODY).unwrap(),
+                    created_at: None,
+                    deliver_at: None,
+                    idempotency_key: None,
+                };
+                client.send(&msg).await.unwrap();
+            }
+        });
+    }
+    uploads.join_all().await;
+}
+
+/// The devices fetch and acknowledge their replies (not timed), so that
+/// their folders stay small.
+async fn fetch_replies(w: &World) {
+    let mut fetches = tokio::task::JoinSet::new();
+    for client in &w.devices {
+        let client = client.clone();
+        fetches.spawn(async move {
+            loop {
+                let inbox = client.inbox(Some(1000)).await.unwrap();
+                if inbox.messages.is_empty() {
+                    break;
+                }
+                let ids: Vec<_> = inbox.messages.iter().map(|m| m.id).collect();
+                client.ack(&ids).await.unwrap();
+            }
+        });
+    }
+    fetches.join_all().await;
+}
+
+/// How long each call of one process took.
+#[derive(Default, Clone, Copy)]
+struct Timed {
+    start: Duration,
+    prepare: Duration,
+    commit: Duration,
+}
+
+impl Timed {
+    fn total(&self) -> Duration {
+        self.start + self.prepare + self.commit
+    }
+}
+
+/// One processing phase: start (up to `BATCH`), prepare with one PROCESSED
+/// verdict and one reply per message, commit. Answers how many messages
+/// it processed (0 when none waited) and how long each call took.
+async fn process(w: &World) -> (usize, Timed) {
+    let mut timed = Timed::default();
+    let start = StartRequest {
+        version: Version,
+        db_id: id("db-a"),
+        subsystems: None,
+        senders: None,
+        max_files: Some(BATCH as u64),
+        max_mb: None,
+    };
+    let t = Instant::now();
+    let started = w.processor.start(&start).await.unwrap();
+    timed.start = t.elapsed();
+    if started.status == StartStatus::Idle {
+        return (0, timed);
+    }
+    assert_eq!(started.status, StartStatus::Ok);
+    let pid = started.process_id.unwrap();
+    let messages = started.messages.unwrap();
+    let prepare = PrepareRequest {
+        version: Version,
+        results: messages
+            .iter()
+            .map(|m| MessageResult {
+                message_id: m.id,
+                status: ResultStatus::Processed,
+                error_code: None,
+                error_text: None,
+            })
+            .collect(),
+        replies: messages
+            .iter()
+            .map(|m| Reply {
+                to: m.from.clone(),
+                body: Body::from_json(r#"{"accepted":true}"#).unwrap(),
+                created_at: None,
+                deliver_at: None,
+            })
+            .collect(),
+    };
+    let t = Instant::now();
+    let prepared = w.processor.prepare(&pid, &prepare).await.unwrap();
+    timed.prepare = t.elapsed();
+    assert_eq!(prepared.status, CallStatus::Ok);
+    let t = Instant::now();
+    let committed = w.processor.commit(&pid).await.unwrap();
+    timed.commit = t.elapsed();
+    assert_eq!(committed.status, CallStatus::Ok);
+    (messages.len(), timed)
+}
+
+fn temp_root() -> tempfile::TempDir {
+    tempfile::tempdir_in(
+        std::env::var_os("BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
+    )
+    .unwrap()
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Floor files per second over `n` files.
+fn floor_rate(dir: &Path, n: usize) -> f64 {
+    let bytes = vec![b'x'; 300];
+    let t = Instant::now();
+    for _ in 0..n {
+        floor_write(dir, &bytes);
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// `PROCESSING_TRACE=N`: timed calls, commits per message, `getpid` marks.
+fn trace(rounds: usize) {
+    let tmp = temp_root();
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let before = floor_rate(&floor_dir, 300);
+    let w = rt.block_on(world(&tmp.path().join("data"), None));
+    let mut all = Vec::new();
+    let (mut commits, mut processed) = (0, 0);
+    for _ in 0..rounds {
+        rt.block_on(upload(&w));
+        let c0 = rt.block_on(w.state_commits());
+        // Marks for strace: the processing phase lies between them.
+        let _ = std::process::id();
+        let (n, timed) = rt.block_on(process(&w));
+        let _ = std::process::id();
+        commits += rt.block_on(w.state_commits()) - c0;
+        processed += n;
+        all.push(timed);
+        rt.block_on(fetch_replies(&w));
+    }
+    let after = floor_rate(&floor_dir, 300);
+    let pick = |f: fn(&Timed) -> Duration| median(all.iter().map(f).collect());
+    let total = pick(Timed::total);
+    println!(
+        "rounds {rounds}: median start {:.1?}, prepare {:.1?}, commit {:.1?}, total {:.1?} \
+         = {:.0} msgs/s; floor {before:.0} / {after:.0} files/s (before / after); \
+         durable state commits per message {:.3} ({commits} for {processed})",
+        pick(|t| t.start),
+        pick(|t| t.prepare),
+        pick(|t| t.commit),
+        total,
+        BATCH as f64 / total.as_secs_f64(),
+        commits as f64 / processed.max(1) as f64,
+    );
+    rt.block_on(w.stop());
+}
+
+/// `PROCESSING_BACKLOG=N`: drain N messages made straight into `Messages`.
+fn backlog(n: usize) {
+    let window = env_usize("PROCESSING_WINDOW").unwrap_or(10_000);
+    let drain = env_usize("PROCESSING_DRAIN").unwrap_or(n);
+    let tmp = temp_root();
+    let data = tmp.path().join("data");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let w = rt.block_on(world(&data, None));
+    let tokens = w.tokens.clone();
+    rt.block_on(w.stop());
+    let began = Instant::now();
+    let queue = data.join("db-a").join("Messages");
+    std::fs::create_dir_all(&queue).unwrap();
+    let body = Body::from_json(BODY).unwrap();
+    let first = Timestamp::from_millis(1_764_064_800_000);
+    for seq in 0..n {
+        let m = Message {
+            version: Version,
+            id: MessageId::from_parts(1_764_064_800_000 + seq as u64 / 1000, seq as u128),
+            from: device(seq % DEVICES),
+            to: id("db-a"),
+            subsystem: id("sales"),
+            created_at: first,
+            body: body.clone(),
+        };
+        let name = FileName::of(&m).to_string();
+        std::fs::write(queue.join(name), m.to_file_bytes().unwrap()).unwrap();
+    }
+    println!("{n} waiting: files made in {:.1?}", began.elapsed());
+    let began = Instant::now();
+    let w = rt.block_on(world(&data, Some(tokens)));
+    println!("{n} waiting: server ready in {:.1?}", began.elapsed());
+    let (mut done, mut in_window) = (0, 0);
+    let mut t = Instant::now();
+    while done < drain {
+        let (k, _) = rt.block_on(process(&w));
+        if k == 0 {
+            break;
+        }
+        done += k;
+        in_window += k;
+        if in_window >= window {
+            println!(
+                "{n} waiting: drained {done}: {:.0} msgs/s over the last {in_window}",
+                in_window as f64 / t.elapsed().as_secs_f64()
+            );
+            rt.block_on(fetch_replies(&w));
+            (in_window, t) = (0, Instant::now());
+        }
+    }
+    rt.block_on(w.stop());
+}
+
+fn bench(c: &mut Criterion) {
+    let tmp = temp_root();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let w = rt.block_on(world(&tmp.path().join("data"), None));
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir).unwrap();
+    let bytes = vec![b'x'; 300];
+
+    let mut group = c.benchmark_group("processing");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    // The floor before and after: on a shared machine the disk's speed
+    // drifts, and the two bracket it.
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("floor_one_file_at_a_time", |b| {
+        b.iter(|| floor_write(&floor_dir, &bytes))
+    });
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function(format!("processing_batch_{BATCH}"), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                rt.block_on(upload(&w));
+                let (n, timed) = rt.block_on(process(&w));
+                assert_eq!(n, BATCH);
+                total += timed.total();
+                rt.block_on(fetch_replies(&w));
+            }
+            total
+        })
+    });
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("floor_one_file_at_a_time_after", |b| {
+        b.iter(|| floor_write(&floor_dir, &bytes))
+    });
+    group.finish();
+}
+
+fn main() {
+    if let Some(rounds) = env_usize("PROCESSING_TRACE") {
+        return trace(rounds);
+    }
+    if let Some(n) = env_usize("PROCESSING_BACKLOG") {
+        return backlog(n);
+    }
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}
