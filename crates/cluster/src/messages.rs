@@ -383,13 +383,19 @@ impl MessageStore for PgMessages {
         Ok(entries.swap_remove(0))
     }
 
-    /// One statement: all or none.
+    /// One statement, all or none, sent once the go-ahead came: a row
+    /// appears only when it is committed, so there is no write to overlap
+    /// with the caller's step.
     async fn put_all(
         &self,
         at: &Location,
         messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError> {
-        self.insert(at, messages).await
+        match when.await {
+            Ok(true) => self.insert(at, messages).await,
+            _ => Ok(Vec::new()),
+        }
     }
 
     async fn apply(&self, ops: &[Op]) -> Applied {

@@ -62,7 +62,7 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
     let log = Location::new(id("db-a"), Folder::Log);
     let (a, b) = (message(1, "db-a", "sales"), message(2, "db-a", "sales"));
     messages
-        .put_all(&queue, &[a.clone(), b.clone()])
+        .put_all(&queue, &[a.clone(), b.clone()], go())
         .await
         .unwrap();
 
@@ -96,7 +96,7 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
         message(5, "db-a", "sales"),
     ];
     let inbox = Location::new(id("db-b"), Folder::Messages);
-    assert!(messages.put_all(&inbox, &fresh).await.is_err());
+    assert!(messages.put_all(&inbox, &fresh, go()).await.is_err());
     assert_eq!(messages.count(&inbox).await.unwrap(), 0);
 }
 
@@ -108,7 +108,7 @@ async fn there_is_nothing_to_recover_and_no_orphan() {
     let messages = PgMessages::new(store(&pg).await);
     let prepared = Location::new(id("db-a"), Folder::Prepared);
     messages
-        .put_all(&prepared, &[message(1, "phone-1", "sales")])
+        .put_all(&prepared, &[message(1, "phone-1", "sales")], go())
         .await
         .unwrap();
     messages.recover_writes(&id("db-a")).await.unwrap();
@@ -188,4 +188,11 @@ fn collect_nodes<'a>(node: &'a serde_json::Value, into: &mut Vec<&'a serde_json:
     for child in node["Plans"].as_array().into_iter().flatten() {
         collect_nodes(child, into);
     }
+}
+
+/// A go-ahead already given.
+fn go() -> tokio::sync::oneshot::Receiver<bool> {
+    let (go, when) = tokio::sync::oneshot::channel();
+    let _ = go.send(true);
+    when
 }

@@ -61,7 +61,9 @@ async fn exchange(data: &std::path::Path) -> (Exchange, Principal) {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some("a".repeat(64));
     let clock: Arc<dyn estafeta_session::Clock> = Arc::new(SystemClock);
-    let stores = Stores::embedded(data, clock.clone(), &Default::default()).await.unwrap();
+    let stores = Stores::embedded(data, clock.clone(), &Default::default())
+        .await
+        .unwrap();
     let (ex, _) = Exchange::open(config, clock, Sinks::default(), stores)
         .await
         .unwrap();

@@ -92,7 +92,7 @@ pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
-    ExchangeError, LogOnly, NoPush, Paused, Phase, PushSink, Quiesce, RecipientKind,
+    ExchangeError, Gated, LogOnly, NoPush, Paused, Phase, PushSink, Quiesce, RecipientKind,
     RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, alert_key,
 };
 pub use timestamp::Timestamp;

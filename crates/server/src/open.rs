@@ -55,13 +55,25 @@ pub async fn stores(
         .map_err(ServeError::Store)?;
     // Gated for the commit observer (the metrics' commit latency); an online
     // backup is the database's own (pg_dump, base backups), not a pause.
-    let scheduled = Arc::new(Gated::new(estafeta_cluster::PgSchedule::new(db.clone()), quiesce.clone()));
+    let scheduled = Arc::new(Gated::new(
+        estafeta_cluster::PgSchedule::new(db.clone()),
+        quiesce.clone(),
+    ));
     Ok(Stores {
-        messages: Arc::new(Gated::new(estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()), quiesce.clone())),
-        registry: Arc::new(Gated::new(estafeta_cluster::PgRegistry::new(db.clone()), quiesce.clone())),
+        messages: Arc::new(Gated::new(
+            estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
+            quiesce.clone(),
+        )),
+        registry: Arc::new(Gated::new(
+            estafeta_cluster::PgRegistry::new(db.clone()),
+            quiesce.clone(),
+        )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
         scheduled: estafeta_exchange::store::Scheduled::new(scheduled, clock),
-        keys: Arc::new(Gated::new(estafeta_cluster::PgKeys::new(db), quiesce.clone())),
+        keys: Arc::new(Gated::new(
+            estafeta_cluster::PgKeys::new(db),
+            quiesce.clone(),
+        )),
     })
 }
 

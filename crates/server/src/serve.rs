@@ -96,7 +96,8 @@ impl Server {
         let commits = Arc::new(Commits::default());
         let mut config = config;
         config.quiesce = Quiesce::observed(commits.clone());
-        let stores = crate::open::stores(&config.data_dir, store, clock.clone(), &config.quiesce).await?;
+        let stores =
+            crate::open::stores(&config.data_dir, store, clock.clone(), &config.quiesce).await?;
         let notifier = Notifier::open(notify, config.quiesce.clone()).await?;
         let pusher = Pusher::open(&notifier, clock.clone(), config.quiesce.clone()).await?;
         let sinks = Sinks {

@@ -312,8 +312,8 @@ async fn the_pause_with_100_000_waiting_messages() {
     let open = || async {
         let mut config = ExchangeConfig::new(&data);
         config.admin_token = Some(ADMIN.to_owned());
-        let clock = Arc::new(estafeta_session::SystemClock);
-        let (exchange, _) = Exchange::open(config, clock, Sinks::default())
+        let clock: Arc<dyn estafeta_session::Clock> = Arc::new(estafeta_session::SystemClock);
+        let (exchange, _) = Exchange::open_embedded(config, clock, Sinks::default())
             .await
             .unwrap();
         exchange.recover().await.unwrap();

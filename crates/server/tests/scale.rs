@@ -95,7 +95,7 @@ async fn provision(data: &Path) -> [String; 4] {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN.to_owned());
     let clock = Arc::new(estafeta_session::SystemClock);
-    let (ex, _) = Exchange::open(config, clock, Sinks::default())
+    let (ex, _) = Exchange::open_embedded(config, clock, Sinks::default())
         .await
         .unwrap();
     ex.recover().await.unwrap();

@@ -235,6 +235,17 @@ impl Exchange {
         Ok((Exchange { core }, admin_token))
     }
 
+    /// [`Exchange::open`] over the embedded stores under
+    /// `config.data_dir` ([`Stores::embedded`]).
+    pub async fn open_embedded(
+        config: ExchangeConfig,
+        clock: Arc<dyn Clock>,
+        sinks: Sinks,
+    ) -> Result<(Exchange, AdminToken), ExchangeError> {
+        let stores = Stores::embedded(&config.data_dir, clock.clone(), &config.quiesce).await?;
+        Exchange::open(config, clock, sinks, stores).await
+    }
+
     /// Raise an alert found outside the exchange (free disk, an outbound
     /// host down) through the same sink, with the same tracing event.
     pub async fn raise_alert(&self, alert: Alert) {

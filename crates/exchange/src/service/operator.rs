@@ -288,7 +288,9 @@ mod tests {
 
     async fn exchange(data: &Path) -> Exchange {
         let clock: Arc<dyn estafeta_session::Clock> = Arc::new(estafeta_session::SystemClock);
-        let stores = crate::Stores::embedded(data, clock.clone(), &Default::default()).await.unwrap();
+        let stores = crate::Stores::embedded(data, clock.clone(), &Default::default())
+            .await
+            .unwrap();
         let (ex, _) = Exchange::open(
             ExchangeConfig::new(data),
             clock,

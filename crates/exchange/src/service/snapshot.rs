@@ -283,10 +283,11 @@ impl<M: MessageStore> MessageStore for Gated<M> {
         &self,
         at: &Location,
         messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError> {
         let _writing = self.quiesce.inner.files.read().await;
         let started = Instant::now();
-        let put = self.inner.put_all(at, messages).await;
+        let put = self.inner.put_all(at, messages, when).await;
         self.quiesce.committed(Durable::Messages, started);
         if let (Ok(entries), Folder::Messages) = (&put, at.folder) {
             self.quiesce.delivered(entries.len());

@@ -93,6 +93,42 @@ pub async fn message_store_contract(
     a_batch_is_idempotent(store, kept).await;
     delivered_and_put_again(store).await;
     retention_and_removal(store).await;
+    a_put_all_refused_its_go_ahead_leaves_nothing(store).await;
+}
+
+/// A go-ahead already given (the caller has nothing to overlap).
+fn go() -> tokio::sync::oneshot::Receiver<bool> {
+    let (go, when) = tokio::sync::oneshot::channel();
+    let _ = go.send(true);
+    when
+}
+
+/// `put_all` whose go-ahead answers `false`, or is dropped, makes nothing
+/// appear and answers empty.
+async fn a_put_all_refused_its_go_ahead_leaves_nothing(store: &dyn MessageStore) {
+    let prepared = at("refused-db", Folder::Prepared);
+    store.create_mailbox(&prepared.mailbox).await.unwrap();
+    let ms = [message(41, 0, "refused-db", "phone-1", "sales", 0)];
+    let (no, when) = tokio::sync::oneshot::channel();
+    no.send(false).unwrap();
+    assert!(
+        store
+            .put_all(&prepared, &ms, when)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (dropped, when) = tokio::sync::oneshot::channel::<bool>();
+    drop(dropped);
+    assert!(
+        store
+            .put_all(&prepared, &ms, when)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.count(&prepared).await.unwrap(), 0);
+    assert!(store.list(&prepared).await.unwrap().is_empty());
 }
 
 /// `put` and `select`: oldest `created_at` first, then arrival; the file
@@ -179,7 +215,7 @@ async fn reads_and_lookups(store: &dyn MessageStore) {
         message(12, 10, "read-db", "phone-2", "sales", 5),
         message(13, 20, "read-db", "phone-1", "stock", 500),
     ];
-    let written = store.put_all(&prepared, &ms).await.unwrap();
+    let written = store.put_all(&prepared, &ms, go()).await.unwrap();
     assert_eq!(names(&written), ms.iter().map(name).collect::<Vec<_>>());
     let missing = name(&message(19, 0, "read-db", "phone-1", "sales", 0));
 
@@ -254,6 +290,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
         .put_all(
             &prepared,
             &[now.clone(), gone.clone(), later.clone(), past.clone()],
+            go(),
         )
         .await
         .unwrap();
@@ -387,7 +424,7 @@ async fn retention_and_removal(store: &dyn MessageStore) {
             )
         })
         .collect();
-    store.put_all(&log, &ms).await.unwrap();
+    store.put_all(&log, &ms, go()).await.unwrap();
     store
         .put(&queue, &message(50, 0, "p", "old-db", "s", 0))
         .await

@@ -5,7 +5,7 @@
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks};
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,10 +45,7 @@ pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: 
     config.started_timeout = STARTED_TIMEOUT;
     config.ready_timeout = READY_TIMEOUT;
     let clock: Arc<dyn estafeta_session::Clock> = Arc::new(TokioClock::starting_at(start));
-    let stores = Stores::embedded(&config.data_dir, clock.clone(), &config.quiesce)
-        .await
-        .unwrap();
-    let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();
+    let (ex, _) = Exchange::open_embedded(config, clock, sinks).await.unwrap();
     ex
 }
 
