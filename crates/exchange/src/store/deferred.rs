@@ -108,7 +108,7 @@ fn due_second(t: Timestamp) -> u64 {
 }
 
 /// The repeat entry that keeps the message `id`, stored as `bytes` (its
-/// file bytes), aside until `at`: what [`keep_aside`] schedules, and what a
+/// file bytes), aside until `at`: what the exchange schedules, and what a
 /// transactional message store writes itself when a batch keeps a message
 /// aside in the same transaction.
 pub fn kept_aside(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
