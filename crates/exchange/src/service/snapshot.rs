@@ -31,7 +31,7 @@ use crate::store::{
     Outcome, RawArray, RegistryStore, Snapshot,
 };
 use crate::timestamp::Timestamp;
-use crate::token::TokenHash;
+use crate::token::{Token, TokenHash};
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
 
@@ -220,6 +220,11 @@ impl<S: estafeta_session::storage::Storage> estafeta_session::storage::Storage f
     fn generation(&self) -> u64 {
         self.inner.generation()
     }
+    // A shared store's steps commit through their own transactions, which
+    // a backup of the embedded store never has to wait for.
+    fn shared(&self) -> Option<&dyn estafeta_session::storage::Shared> {
+        self.inner.shared()
+    }
 }
 
 impl<K: UploadKeys> UploadKeys for Gated<K> {
@@ -256,6 +261,16 @@ impl<R: RegistryStore> RegistryStore for Gated<R> {
     async fn apply(&self, change: &Change) -> Result<(), TenancyError> {
         let _writing = self.quiesce.inner.stores.read().await;
         self.inner.apply(change).await
+    }
+    async fn set_first_admin(&self, token: &Token) -> Result<bool, TenancyError> {
+        let _writing = self.quiesce.inner.stores.read().await;
+        self.inner.set_first_admin(token).await
+    }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    async fn version(&self) -> Result<u64, TenancyError> {
+        self.inner.version().await
     }
 }
 
