@@ -119,16 +119,36 @@ async fn wait_path(c: &Client, path: &str) {
 }
 
 /// Waits (polling) for an element of the next page and returns its text.
+/// An element found on the page being left goes stale under the lookup:
+/// that is polled over too.
 async fn wait_text(c: &Client, id: &str) -> String {
-    c.wait()
-        .at_most(POLL * POLLS as u32)
-        .every(POLL)
-        .for_element(Locator::Id(id))
-        .await
-        .unwrap_or_else(|e| panic!("#{id} never appeared: {e}"))
-        .text()
-        .await
-        .unwrap()
+    for _ in 0..POLLS {
+        if let Ok(element) = c.find(Locator::Id(id)).await
+            && let Ok(text) = element.text().await
+        {
+            return text;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("#{id} never appeared");
+}
+
+/// Waits (polling) until the element `id` says `want`: the page left
+/// behind may show the same element with its own text for a moment.
+async fn wait_contains(c: &Client, id: &str, want: &str) {
+    let mut last = String::new();
+    for _ in 0..POLLS {
+        if let Ok(element) = c.find(Locator::Id(id)).await
+            && let Ok(text) = element.text().await
+        {
+            if text.contains(want) {
+                return;
+            }
+            last = text;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("#{id} never said {want:?}; it says {last:?}");
 }
 
 async fn text(c: &Client, css: &str) -> String {
@@ -208,11 +228,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert!(
-        wait_text(&c, "login-error")
-            .await
-            .contains("not the admin token")
-    );
+    wait_contains(&c, "login-error", "not the admin token").await;
     c.find(Locator::Id("token"))
         .await
         .unwrap()
@@ -294,11 +310,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert!(
-        wait_text(&c, "notice")
-            .await
-            .contains("settled as committed")
-    );
+    wait_contains(&c, "notice", "settled as committed").await;
     assert!(c.find(Locator::Id("no-doubt")).await.is_ok());
     assert!(c.find(Locator::Id("no-files")).await.is_ok());
     check_page(&c, &shots, "unknown-settled").await;
@@ -522,7 +534,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
         .await
         .unwrap();
     click(&c, "discard").await;
-    assert!(wait_text(&c, "confirm-what").await.contains(first.as_str()));
+    wait_contains(&c, "confirm-what", first.as_str()).await;
     check_page(&c, &shots, "discard-confirm").await;
     assert_eq!(
         in_folder(Folder::Error).await.len(),
@@ -538,7 +550,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     click(&c, "discard").await;
     wait_text(&c, "confirm-what").await;
     click(&c, "confirm-yes").await;
-    assert!(wait_text(&c, "notice").await.contains("discarded"));
+    wait_contains(&c, "notice", "discarded").await;
     assert_eq!(text(&c, "#folder-total").await, "2");
     assert_eq!(in_folder(Folder::Error).await, errors[1..]);
 
@@ -547,12 +559,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     click(&c, &format!("pick-{second}")).await;
     check_page(&c, &shots, "error-ticked").await;
     click(&c, "bulk-requeue").await;
-    assert!(
-        wait_text(&c, "notice")
-            .await
-            .contains("requeued 1 of 1 ticked"),
-        "the bulk requeue's notice"
-    );
+    wait_contains(&c, "notice", "requeued 1 of 1 ticked").await;
     assert_eq!(text(&c, "#folder-total").await, "1");
     assert_eq!(in_folder(Folder::Error).await, errors[2..]);
     assert_eq!(
@@ -563,22 +570,14 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     // Bulk on the whole folder: a discard, confirmed.
     click(&c, "pick-all").await;
     click(&c, "bulk-discard").await;
-    assert!(
-        wait_text(&c, "confirm-what")
-            .await
-            .contains("every message of Error")
-    );
+    wait_contains(&c, "confirm-what", "every message of Error").await;
     assert_eq!(
         in_folder(Folder::Error).await.len(),
         1,
         "not before the confirmation"
     );
     click(&c, "confirm-yes").await;
-    assert!(
-        wait_text(&c, "notice")
-            .await
-            .contains("discarded 1 of every message")
-    );
+    wait_contains(&c, "notice", "discarded 1 of every message").await;
     assert!(c.find(Locator::Id("no-files")).await.is_ok());
     assert!(in_folder(Folder::Error).await.is_empty());
     check_page(&c, &shots, "error-emptied").await;
@@ -589,11 +588,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
         .await
         .unwrap();
     click(&c, "rotate-phone-2").await;
-    assert!(
-        wait_text(&c, "confirm-what")
-            .await
-            .contains("Rotate the token of device phone-2")
-    );
+    wait_contains(&c, "confirm-what", "Rotate the token of device phone-2").await;
     tenancy
         .phone2
         .inbox(None)
@@ -618,11 +613,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     click(&c, "delete-phone-2").await;
     wait_text(&c, "confirm-what").await;
     click(&c, "confirm-yes").await;
-    assert!(
-        wait_text(&c, "notice")
-            .await
-            .contains("device phone-2 deleted")
-    );
+    wait_contains(&c, "notice", "device phone-2 deleted").await;
     assert!(c.find(Locator::Id("device-phone-2")).await.is_err());
     check_page(&c, &shots, "device-deleted").await;
 
