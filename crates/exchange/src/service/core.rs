@@ -161,8 +161,12 @@ impl Core {
         g.persistent_mut().owner = Some(wanted);
         let expiry = ended.map(|_| self.session_now().after(self.config.retention));
         g.set_expires_at(expiry);
-        if ended.is_some() {
+        if let Some(state) = ended {
             g.release().await?;
+            // Counted once, by the write that records the end.
+            if let Some(o) = self.config.quiesce.observer() {
+                o.ended(state);
+            }
         }
         // Dropped with its change: saved in the background, the process's
         // key held until then.
@@ -211,9 +215,6 @@ impl Core {
         match step {
             Step::Owner { pid, db, ended } => {
                 self.write_owner(&pid, &db, ended).await?;
-                if let (Some(state), Some(o)) = (ended, self.config.quiesce.observer()) {
-                    o.ended(state);
-                }
             }
             Step::Discard { db, names } => self.discard_prepared(&db, &names).await,
             Step::Run { pid, ops } => {
