@@ -15,7 +15,9 @@ use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::{Exchange, Id, MessageId};
 use serde::Deserialize;
 
-use super::{Layout, ListQuery, PAGE_ROWS, PageError, PageResult, query_value, render};
+use super::{
+    ConfirmPage, Layout, ListQuery, PAGE_ROWS, PageError, PageResult, query_value, render,
+};
 use crate::dashboard::auth::AdminSession;
 use crate::extract::{ApiPath, path_folder, path_id};
 use crate::state::AppState;
@@ -233,20 +235,6 @@ pub(super) fn back_to(folder: &str, notice: &str) -> Response {
         })
         .collect();
     Redirect::to(&format!("/admin/browse/{folder}?notice={notice}")).into_response()
-}
-
-/// The confirmation page of an action that cannot be undone: the
-/// question, and the form that does it (the same fields and `confirm=yes`).
-#[derive(Template)]
-#[template(path = "confirm.html")]
-pub(super) struct ConfirmPage {
-    pub(super) layout: Layout,
-    pub(super) question: String,
-    pub(super) button: &'static str,
-    pub(super) action: String,
-    pub(super) back: String,
-    pub(super) fields: Vec<(String, String)>,
-    pub(super) offer_force: bool,
 }
 
 /// The form of one message's action.

@@ -323,7 +323,7 @@ async fn endpoint_action(
         }
     };
     if form.confirm != "yes" {
-        return Ok(render(&browse::ConfirmPage {
+        return Ok(render(&ConfirmPage {
             layout: Layout::new("Confirm", session, None),
             question,
             button,
@@ -356,4 +356,18 @@ async fn endpoint_action(
         }
     );
     Ok(Redirect::to(&format!("/admin/{page}?notice={}", query_value(&notice))).into_response())
+}
+
+/// The confirmation page of an action that cannot be undone: the
+/// question, and the form that does it (the same fields and `confirm=yes`).
+#[derive(Template)]
+#[template(path = "confirm.html")]
+pub(crate) struct ConfirmPage {
+    pub(crate) layout: Layout,
+    pub(crate) question: String,
+    pub(crate) button: &'static str,
+    pub(crate) action: String,
+    pub(crate) back: String,
+    pub(crate) fields: Vec<(String, String)>,
+    pub(crate) offer_force: bool,
 }
