@@ -1,18 +1,22 @@
 //! Recording a workload's file-system operations: the `estafeta` server
 //! runs under `strace -f`, which stops the whole process (an injected
-//! SIGSTOP) right after every `fsync`/`fdatasync`; while it is stopped the
-//! recorder copies the file just synced (its durable contents) and then
+//! SIGSTOP) right after every `fsync`/`fdatasync`; the recorder copies the
+//! file just synced (its durable contents) and, once the trace is quiet,
 //! lets it go on (SIGCONT). The namespace operations (creates, renames,
 //! unlinks, mkdirs) come from the same trace, in order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, kill_process};
 
 /// The system calls traced.
 const TRACE: &str = "trace=open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,\
@@ -71,6 +75,13 @@ pub(crate) fn make_fifo(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the trace must stay quiet before stopped threads are let go
+/// on. strace writes a sync's line before it injects that thread's SIGSTOP,
+/// and a SIGCONT discards every stop still pending in the process: waiting
+/// for a quiet moment lets a sync another thread just finished be read
+/// (and its file copied) before the SIGCONT could let that thread run on.
+const QUIET: Duration = Duration::from_millis(2);
+
 /// Reads the trace from `fifo` until strace closes it, keeping the events
 /// under `root` and copying synced files into `snapshots`.
 pub(crate) fn read_trace(
@@ -79,99 +90,175 @@ pub(crate) fn read_trace(
     snapshots: &Path,
     out: Arc<Mutex<Trace>>,
 ) -> anyhow::Result<()> {
-    let reader = BufReader::new(File::open(fifo).context("opening the trace pipe")?);
-    // A call another thread interrupted: its first half, by thread.
-    let mut unfinished: HashMap<u32, String> = HashMap::new();
-    // The sync a thread just made, to copy once the process is stopped.
-    let mut to_copy: HashMap<u32, Option<(usize, PathBuf)>> = HashMap::new();
-    for line in reader.lines() {
-        let line = line?;
-        let Some((tid, at, rest)) = split_line(&line) else {
-            continue;
+    let file = File::open(fifo).context("opening the trace pipe")?;
+    // Lines reach this loop as soon as strace writes them, so a quiet
+    // moment can be waited for.
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(file).lines() {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut reader = Reader {
+        root,
+        snapshots,
+        out,
+        unfinished: HashMap::new(),
+        synced: HashSet::new(),
+        stopped: HashSet::new(),
+        uncopied: HashMap::new(),
+    };
+    loop {
+        let line = if reader.stopped.is_empty() {
+            match lines.recv() {
+                Ok(line) => line?,
+                Err(_) => break,
+            }
+        } else {
+            match lines.recv_timeout(QUIET) {
+                Ok(line) => line?,
+                Err(RecvTimeoutError::Timeout) => {
+                    for tid in std::mem::take(&mut reader.stopped) {
+                        resume(tid)?;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        reader.line(&line);
+    }
+    Ok(())
+}
+
+/// The trace reader's state between lines.
+struct Reader<'a> {
+    root: &'a Path,
+    snapshots: &'a Path,
+    out: Arc<Mutex<Trace>>,
+    /// A call another thread interrupted: its first half, by thread.
+    unfinished: HashMap<u32, String>,
+    /// Threads that synced and are about to stop.
+    synced: HashSet<u32>,
+    /// Threads stopped after their sync, to let go on once the trace is
+    /// quiet.
+    stopped: HashSet<u32>,
+    /// Synced files that were gone when copied (their thread ran on before
+    /// the copy), by path: a rename of one copies its new name, as a
+    /// written file's bytes do not change when it is renamed.
+    uncopied: HashMap<PathBuf, usize>,
+}
+
+impl Reader<'_> {
+    fn line(&mut self, line: &str) {
+        let Some((tid, at, rest)) = split_line(line) else {
+            return;
         };
         if rest.starts_with("--- stopped by SIGSTOP") {
-            if let Some(copy) = to_copy.remove(&tid) {
-                if let Some((index, path)) = copy {
-                    let target = snapshots.join(index.to_string());
-                    // A file removed meanwhile has nothing to keep.
-                    if std::fs::copy(&path, &target).is_ok() {
-                        let mut trace = out.lock().expect("trace lock");
-                        if let Some(Event::Sync { snapshot, .. }) = trace.events.get_mut(index) {
-                            *snapshot = Some(target);
-                        }
-                    }
-                }
-                resume(tid)?;
+            if self.synced.remove(&tid) {
+                self.stopped.insert(tid);
             }
-            continue;
+            return;
         }
         if rest.starts_with("---") || rest.starts_with("+++") {
-            continue;
+            return;
         }
         let call = if let Some(head) = rest.strip_suffix(" <unfinished ...>") {
-            unfinished.insert(tid, head.to_owned());
-            continue;
+            self.unfinished.insert(tid, head.to_owned());
+            return;
         } else if let Some(tail) = rest.strip_prefix("<... ") {
             let Some((_, tail)) = tail.split_once(" resumed>") else {
-                continue;
+                return;
             };
-            match unfinished.remove(&tid) {
+            match self.unfinished.remove(&tid) {
                 Some(head) => format!("{head}{tail}"),
-                None => continue,
+                None => return,
             }
         } else {
             rest.to_owned()
         };
         let Some(parsed) = parse_call(&call) else {
-            out.lock().expect("trace lock").unparsed += 1;
-            continue;
+            self.out.lock().expect("trace lock").unparsed += 1;
+            return;
         };
         match parsed {
             Parsed::Sync(path) => {
-                let copy = if path.starts_with(root) {
-                    let is_file = path.is_file();
-                    let mut trace = out.lock().expect("trace lock");
-                    let index = trace.events.len();
-                    trace.events.push(Event::Sync {
-                        path: path.clone(),
-                        at,
-                        snapshot: None,
-                    });
-                    is_file.then_some((index, path))
-                } else {
-                    None
-                };
-                to_copy.insert(tid, copy);
+                self.synced.insert(tid);
+                if path.starts_with(self.root) {
+                    self.sync(path, at);
+                }
             }
             Parsed::FailedSync => {
-                to_copy.insert(tid, None);
+                self.synced.insert(tid);
             }
             Parsed::Op(event) => {
                 let inside = match &event {
-                    Event::Create(p) | Event::Mkdir(p) | Event::Remove(p) => p.starts_with(root),
-                    Event::Rename(a, b) => a.starts_with(root) || b.starts_with(root),
+                    Event::Create(p) | Event::Mkdir(p) | Event::Remove(p) => {
+                        p.starts_with(self.root)
+                    }
+                    Event::Rename(a, b) => a.starts_with(self.root) || b.starts_with(self.root),
                     Event::Sync { .. } => false,
                 };
+                if let Event::Rename(from, to) = &event
+                    && let Some(index) = self.uncopied.remove(from)
+                {
+                    self.copy(index, to);
+                }
                 if inside {
-                    out.lock().expect("trace lock").events.push(event);
+                    self.out.lock().expect("trace lock").events.push(event);
                 }
             }
             Parsed::Ignored => {}
         }
     }
-    Ok(())
+
+    /// Records a sync of `path` and copies the file's bytes now, while the
+    /// thread that synced it is stopping (a folder has none to copy).
+    fn sync(&mut self, path: PathBuf, at: f64) {
+        let index = {
+            let mut trace = self.out.lock().expect("trace lock");
+            trace.events.push(Event::Sync {
+                path: path.clone(),
+                at,
+                snapshot: None,
+            });
+            trace.events.len() - 1
+        };
+        if path.is_dir() {
+            return;
+        }
+        if !self.copy(index, &path) {
+            self.uncopied.insert(path, index);
+        }
+    }
+
+    /// Copies `path` as the snapshot of event `index`; false if it is gone.
+    fn copy(&self, index: usize, path: &Path) -> bool {
+        let target = self.snapshots.join(index.to_string());
+        if std::fs::copy(path, &target).is_err() {
+            return false;
+        }
+        let mut trace = self.out.lock().expect("trace lock");
+        if let Some(Event::Sync { snapshot, .. }) = trace.events.get_mut(index) {
+            *snapshot = Some(target);
+        }
+        true
+    }
 }
 
-/// Lets a process stopped after its sync go on.
+/// Lets a process stopped after its sync go on. A thread that is gone
+/// needs nothing: the workload's end kills the server, and a sync stopped
+/// at that moment (the event log's, say) is read from the trace after.
 fn resume(tid: u32) -> anyhow::Result<()> {
-    let status = Command::new("kill")
-        .args(["-CONT", &tid.to_string()])
-        .status()
-        .context("running kill")?;
-    if !status.success() {
-        bail!("kill -CONT {tid} failed: {status}");
+    let Some(pid) = i32::try_from(tid).ok().and_then(Pid::from_raw) else {
+        bail!("no such thread id {tid}");
+    };
+    match kill_process(pid, Signal::CONT) {
+        Ok(()) | Err(Errno::SRCH) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("kill -CONT {tid}")),
     }
-    Ok(())
 }
 
 /// `TID SECONDS.MICROS rest`.
@@ -340,5 +427,75 @@ mod tests {
             split_line("123  1.5 fsync(3</x>) = 0"),
             Some((123, 1.5, "fsync(3</x>) = 0"))
         );
+    }
+
+    fn reader<'a>(root: &'a Path, snapshots: &'a Path) -> Reader<'a> {
+        Reader {
+            root,
+            snapshots,
+            out: Arc::default(),
+            unfinished: HashMap::new(),
+            synced: HashSet::new(),
+            stopped: HashSet::new(),
+            uncopied: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_synced_file_is_copied_when_its_line_is_read_and_its_thread_let_go_once_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, snapshots) = (dir.path().join("fs"), dir.path().join("snapshots"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&snapshots).unwrap();
+        let file = root.join("a.msg");
+        std::fs::write(&file, "synced").unwrap();
+        let mut r = reader(&root, &snapshots);
+        r.line(&format!("7 1.0 fsync(3<{}>) = 0", file.display()));
+        // Written again before the thread stopped: the copy holds what
+        // was synced.
+        std::fs::write(&file, "later").unwrap();
+        assert!(r.stopped.is_empty());
+        r.line("7 1.1 --- stopped by SIGSTOP ---");
+        // Another thread's group stop is not this recorder's to end.
+        r.line("8 1.1 --- stopped by SIGSTOP ---");
+        assert_eq!(r.stopped, HashSet::from([7]));
+        let trace = r.out.lock().unwrap();
+        let Some(Event::Sync {
+            snapshot: Some(copy),
+            ..
+        }) = trace.events.first()
+        else {
+            panic!("no snapshot: {:?}", trace.events);
+        };
+        assert_eq!(std::fs::read_to_string(copy).unwrap(), "synced");
+    }
+
+    #[test]
+    fn a_synced_file_renamed_before_it_was_copied_is_copied_under_its_new_name() {
+        // A SIGCONT for one thread's stop discards another thread's stop
+        // still pending: that thread runs on and renames its file before
+        // the recorder reads its sync.
+        let dir = tempfile::tempdir().unwrap();
+        let (root, snapshots) = (dir.path().join("fs"), dir.path().join("snapshots"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&snapshots).unwrap();
+        let (tmp, file) = (root.join(".a.msg.tmp"), root.join("a.msg"));
+        std::fs::write(&file, "message").unwrap();
+        let mut r = reader(&root, &snapshots);
+        r.line(&format!("7 1.0 fsync(3<{}>) = 0", tmp.display()));
+        r.line(&format!(
+            r#"7 1.1 rename("{}", "{}") = 0"#,
+            tmp.display(),
+            file.display()
+        ));
+        let trace = r.out.lock().unwrap();
+        let Some(Event::Sync {
+            snapshot: Some(copy),
+            ..
+        }) = trace.events.first()
+        else {
+            panic!("no snapshot: {:?}", trace.events);
+        };
+        assert_eq!(std::fs::read_to_string(copy).unwrap(), "message");
     }
 }

@@ -42,8 +42,10 @@ pub(crate) struct Acks {
     device_token: String,
     /// Uploads: idempotency key, message id, acknowledged at.
     uploads: Vec<(String, MessageId, f64)>,
-    /// The processor's cycle: its process and the messages it processed.
+    /// The processor's cycle: its process (known from the start's
+    /// answer, acknowledged then) and the messages it processed.
     pid: Option<ProcessId>,
+    started: Option<f64>,
     processed: Vec<MessageId>,
     /// The processor committed its own transaction then.
     local_commit: Option<f64>,
@@ -58,11 +60,28 @@ impl Acks {
     pub(crate) fn signature(&self, until: f64) -> Vec<bool> {
         let mut sig = vec![
             self.provisioned.is_some_and(|t| t < until),
+            self.started.is_some_and(|t| t < until),
             self.local_commit.is_some_and(|t| t < until),
             self.commit.is_some_and(|t| t < until),
         ];
         sig.extend(self.uploads.iter().map(|u| u.2 < until));
         sig
+    }
+
+    /// How the processor settles its process after a crash at `until`,
+    /// as a real one does (`Processor::settle`): it knows the process once
+    /// the start answered; a late commit if its own transaction committed,
+    /// a rollback otherwise (a prepare the server saved may not have been
+    /// answered before the cut, and the process is in doubt on restart).
+    pub(crate) fn settlement(&self, until: f64) -> Option<(ProcessId, Settle)> {
+        let pid = self
+            .pid
+            .filter(|_| self.started.is_some_and(|t| t < until))?;
+        if self.local_commit.is_some_and(|t| t < until) {
+            Some((pid, Settle::Commit))
+        } else {
+            Some((pid, Settle::Rollback))
+        }
     }
 
     /// How many calls were acknowledged.
@@ -71,6 +90,15 @@ impl Acks {
             + usize::from(self.provisioned.is_some())
             + usize::from(self.commit.is_some())
     }
+}
+
+/// The processor's verdict on its process after a crash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Its transaction committed: a late `commit`.
+    Commit,
+    /// It did not: a `rollback`.
+    Rollback,
 }
 
 /// A server process on a data folder.
@@ -205,6 +233,8 @@ pub(crate) async fn workload(admin: &Client, uploads: usize) -> anyhow::Result<A
                 bail!("the processor's start answered {:?}", started.status);
             }
             let pid = started.process_id.context("no process id")?;
+            acks.started = Some(now());
+            acks.pid = Some(pid);
             let ids: Vec<MessageId> = started
                 .messages
                 .unwrap_or_default()
@@ -221,7 +251,6 @@ pub(crate) async fn workload(admin: &Client, uploads: usize) -> anyhow::Result<A
             acks.local_commit = Some(now());
             processor.commit(&pid).await?;
             acks.commit = Some(now());
-            acks.pid = Some(pid);
             acks.processed = ids;
         }
         let key = format!("key-{i}");
@@ -285,18 +314,29 @@ async fn checks(admin: &Client, acks: &Acks, until: f64) -> anyhow::Result<Vec<S
         found.push(format!("lost: the device dev-0 ({e})"));
         return Ok(found);
     }
-    // The processor recovers: it committed its own transaction, so it
-    // settles the process with a commit (again).
+    // The processor recovers: it settles the process it knows, a late
+    // commit when its own transaction committed, a rollback otherwise.
     let mut applied: BTreeSet<MessageId> = BTreeSet::new();
-    if acked(acks.local_commit) {
-        applied.extend(acks.processed.iter().copied());
-        if let Some(pid) = &acks.pid
-            && let Err(e) = processor.commit(pid).await
-        {
-            found.push(format!(
-                "lost: the prepared process {pid}, its commit answered {e}"
-            ));
+    match acks.settlement(until) {
+        Some((pid, Settle::Commit)) => {
+            applied.extend(acks.processed.iter().copied());
+            if let Err(e) = processor.commit(&pid).await {
+                found.push(format!(
+                    "lost: the prepared process {pid}, its commit answered {e}"
+                ));
+            }
         }
+        Some((pid, Settle::Rollback)) => {
+            if let Err(e) = processor
+                .rollback(&pid, "the processor's transaction did not commit")
+                .await
+            {
+                found.push(format!(
+                    "stuck: the process {pid}, its rollback answered {e}"
+                ));
+            }
+        }
+        None => {}
     }
     // Then it processes whatever the queue offers until it is idle.
     let began = Instant::now();
@@ -372,4 +412,43 @@ async fn checks(admin: &Client, acks: &Acks, until: f64) -> anyhow::Result<Vec<S
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acks() -> Acks {
+        Acks {
+            pid: Some(estafeta_wire::UlidGenerator::new().process_id(SystemTime::now())),
+            started: Some(10.0),
+            local_commit: Some(20.0),
+            commit: Some(30.0),
+            ..Acks::default()
+        }
+    }
+
+    #[test]
+    fn the_processor_settles_only_a_process_whose_start_it_heard() {
+        assert_eq!(acks().settlement(10.0), None);
+        assert!(acks().settlement(10.5).is_some());
+    }
+
+    #[test]
+    fn a_process_prepared_but_not_committed_locally_is_rolled_back() {
+        // A cut after the server saved the prepare (READY_TO_COMMIT, so in
+        // doubt at restart) and before the processor committed: it rolls
+        // back, and the messages are offered again.
+        let a = acks();
+        assert_eq!(a.settlement(15.0).map(|s| s.1), Some(Settle::Rollback));
+        assert_eq!(a.settlement(25.0).map(|s| s.1), Some(Settle::Commit));
+        assert_eq!(a.settlement(35.0).map(|s| s.1), Some(Settle::Commit));
+    }
+
+    #[test]
+    fn what_the_processor_heard_tells_crash_states_apart() {
+        let a = acks();
+        assert_ne!(a.signature(5.0), a.signature(15.0));
+        assert_ne!(a.signature(15.0), a.signature(25.0));
+    }
 }
