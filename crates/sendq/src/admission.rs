@@ -13,9 +13,9 @@ use std::hash::Hash;
 
 use tokio::time::Instant;
 
+use crate::body::Body;
 use crate::error::SendError;
 use crate::slab::Slab;
-use crate::state::Body;
 
 /// An entry `add` accepted but did not file yet: a plain type (no deadline,
 /// not a one-shot), so nothing but its queue position depends on filing it.

@@ -86,6 +86,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod body;
 mod completion;
 mod config;
 mod error;

@@ -15,10 +15,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
+use crate::body::Body;
 use crate::completion::{Completion, OnDone};
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
-use crate::state::{Body, Done, Finished, State, TypeStats};
+use crate::state::{Done, Finished, State, TypeStats};
 use crate::transport::{ReplySink, Transport};
 use crate::worker::{Closing, work};
 

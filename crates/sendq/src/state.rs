@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
+use crate::body::Body;
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
 use crate::slab::{Mirror, Slab};
@@ -50,13 +51,6 @@ pub struct Done<H, P, A> {
     pub payload: P,
     /// The transport's answer, or why the entry failed.
     pub result: Result<A, SendError>,
-}
-
-/// What an entry carries for its transport: its host and payload. A send
-/// worker holds it (moved, not copied or shared) while it writes the entry.
-pub(crate) struct Body<H, P> {
-    pub(crate) host: H,
-    pub(crate) payload: P,
 }
 
 /// A finished entry on its way to the finalizer.
