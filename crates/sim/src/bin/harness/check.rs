@@ -64,9 +64,10 @@ impl Summary {
             .map(|(point, n)| format!("{point}:{n}"))
             .collect();
         format!(
-            "pauses={} server_deaths={} max_ready_ms={} in_doubt={} in_doubt_alerts={} \
+            "pauses={} failovers={} server_deaths={} max_ready_ms={} in_doubt={} in_doubt_alerts={} \
              failpoint_crashes={} [{}]",
             self.faults.pauses,
+            self.faults.failovers,
             self.faults.server_deaths,
             self.max_ready.as_millis(),
             self.in_doubt,

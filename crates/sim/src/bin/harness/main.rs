@@ -5,7 +5,9 @@
 //! databases and devices, runs simulated devices (in this process) and
 //! processors (each a child process: this binary's `processor` subcommand,
 //! so that a processor can be killed with a real `kill -9`), and injects
-//! faults round after round: `kill -9` of the server at random moments and
+//! faults round after round (with `--store postgres --nodes N`, on N nodes
+//! over one PostgreSQL, each fault on a node picked at random):
+//! `kill -9` of the server at random moments and
 //! a restart, the server killing itself at named failpoints around every
 //! write, rename and fsync (each restart may arm one; the binary must be
 //! built with `--features failpoints`), `kill -9` of a processor stopped
@@ -92,10 +94,36 @@ pub(crate) struct RunArgs {
     /// Devices.
     #[arg(long, default_value_t = 4)]
     devices: usize,
+    /// Where the server keeps its state: its embedded store, or a
+    /// PostgreSQL the harness makes and starts for the run (initdb in the
+    /// work folder's temporary sibling; Debian's `postgresql` package), the
+    /// cluster store of every node.
+    #[arg(long, value_enum, default_value_t = Store::Embedded)]
+    store: Store,
+    /// Server nodes on the one store, behind the proxy (which spreads the
+    /// calls over them); faults hit a node picked at random. More than one
+    /// needs `--store postgres`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    nodes: u16,
+    /// With `--store postgres`: a synchronous standby, the nodes given
+    /// both hosts (`target_session_attrs=read-write`), and once, half-way
+    /// through the rounds, the primary killed with `kill -9` and the
+    /// standby promoted while the traffic and the other faults go on.
+    #[arg(long)]
+    failover: bool,
     /// The working folder (data, processor databases, server log); a
     /// temporary one when not given.
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
+}
+
+/// Where the server nodes keep their state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Store {
+    /// Files and redb under the node's data folder (one node).
+    Embedded,
+    /// One PostgreSQL for every node (cluster mode).
+    Postgres,
 }
 
 fn main() -> ExitCode {

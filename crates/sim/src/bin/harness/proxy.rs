@@ -2,7 +2,10 @@
 //! that injects network faults on a share of the connections it accepts:
 //! drop a request, drop a response after the server acted on it, delay,
 //! reset. The clients keep no idle connections, so each call has a
-//! connection of its own and a fault touches one call.
+//! connection of its own and a fault touches one call. With several
+//! upstreams (cluster nodes) it is also the load balancer: each connection
+//! goes to one picked at random, or to the next when that one refuses
+//! (a killed node).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The proxy's shared state.
 struct State {
-    upstream: SocketAddr,
+    upstreams: Vec<SocketAddr>,
     /// Faulty connections per thousand.
     rate: AtomicU32,
     faults: AtomicU64,
@@ -40,12 +43,13 @@ pub(crate) struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on 127.0.0.1:0 and forwards to `upstream`.
-    pub(crate) async fn start(upstream: SocketAddr, seed: u64) -> std::io::Result<Proxy> {
+    /// Listens on 127.0.0.1:0 and forwards each connection to one of
+    /// `upstreams`.
+    pub(crate) async fn start(upstreams: Vec<SocketAddr>, seed: u64) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
-            upstream,
+            upstreams,
             rate: AtomicU32::new(0),
             faults: AtomicU64::new(0),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
@@ -111,7 +115,7 @@ impl State {
                 let _ = client.set_zero_linger();
             }
             Some(Fault::DropResponse) => {
-                let Ok(mut server) = TcpStream::connect(self.upstream).await else {
+                let Some(mut server) = self.connect().await else {
                     return;
                 };
                 let (mut from_client, _to_client) = client.split();
@@ -133,8 +137,23 @@ impl State {
         }
     }
 
+    /// A connection to a random upstream, or to the next that accepts.
+    async fn connect(&self) -> Option<TcpStream> {
+        let first = {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            rng.random_range(0..self.upstreams.len())
+        };
+        for i in 0..self.upstreams.len() {
+            let upstream = self.upstreams[(first + i) % self.upstreams.len()];
+            if let Ok(server) = TcpStream::connect(upstream).await {
+                return Some(server);
+            }
+        }
+        None
+    }
+
     async fn pass(&self, mut client: TcpStream) {
-        let Ok(mut server) = TcpStream::connect(self.upstream).await else {
+        let Some(mut server) = self.connect().await else {
             return;
         };
         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;

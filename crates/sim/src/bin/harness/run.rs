@@ -14,12 +14,13 @@ use estafeta_wire::{Folder, Id};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::RunArgs;
 use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
 use crate::disk::Tmpfs;
 use crate::proxy::Proxy;
 use crate::server::{Arming, POINTS, Server, Started};
+use crate::{RunArgs, Store};
+use estafeta_cluster::testing::Postgres;
 
 /// The longest the drain may take before what is left counts as stuck.
 const DRAIN_BOUND: Duration = Duration::from_secs(60);
@@ -40,6 +41,8 @@ pub(crate) struct Faults {
     pub(crate) processor_crashes: u64,
     pub(crate) pauses: u64,
     pub(crate) disk_full: u64,
+    /// PostgreSQL primaries killed and their standby promoted.
+    pub(crate) failovers: u64,
     /// Times the server exited by itself (not killed by the harness, and
     /// not at a point it was armed to die at).
     pub(crate) server_deaths: u64,
@@ -163,6 +166,46 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         (None, Some(dir)) => dir.clone(),
         (None, None) => bail!("no work folder"),
     };
+    let cluster = args.store == Store::Postgres;
+    if args.nodes > 1 && !cluster {
+        bail!(
+            "--nodes {} needs --store postgres: the embedded store serves one node",
+            args.nodes
+        );
+    }
+    if args.failover && !cluster {
+        bail!("--failover needs --store postgres");
+    }
+    if cluster && args.disk_full {
+        bail!("--disk-full fills the embedded store's disk; it does not apply to --store postgres");
+    }
+    // Every node's store: one PostgreSQL made for the run (and its
+    // synchronous standby), dropped (stopped and removed) at its end.
+    let postgres = if cluster {
+        let failover = args.failover;
+        let pg = tokio::task::spawn_blocking(move || {
+            let primary = Postgres::start()?;
+            let standby = if failover {
+                Some(primary.standby()?)
+            } else {
+                None
+            };
+            Ok::<_, estafeta_cluster::testing::HarnessError>((primary, standby))
+        })
+        .await
+        .context("starting PostgreSQL")??;
+        Some(pg)
+    } else {
+        None
+    };
+    let store = postgres.as_ref().map(|(primary, standby)| match standby {
+        Some(standby) => format!(
+            "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+            primary.host_port(),
+            standby.host_port()
+        ),
+        None => primary.url(),
+    });
     let data = work.join("data");
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
@@ -179,18 +222,35 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     } else {
         None
     };
+    // The named failpoints are in the embedded store's writes (mailbox
+    // files, session commits): a cluster node is killed at random moments.
     let injection = Injection {
-        failpoints: !args.no_failpoints,
+        failpoints: !args.no_failpoints && !cluster,
         disk_errors: args.disk_full && tmpfs.is_none(),
     };
-    let port = free_port()?;
     child::remember_exe()?;
     let mut faults = Faults::default();
-    let (mut server, ready) = Server::start(&binary, &data, &work.join("server.log"), port).await?;
-    faults.ready_times.push(ready);
-    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], port)), args.seed).await?;
+    let mut nodes = Vec::new();
+    let mut upstreams = Vec::new();
+    for i in 0..args.nodes {
+        let (dir, log) = if cluster {
+            (
+                work.join(format!("node-{i}")),
+                work.join(format!("node-{i}.log")),
+            )
+        } else {
+            (data.clone(), work.join("server.log"))
+        };
+        std::fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let (node, ready) = Server::start(&binary, store.as_deref(), &dir, &log, port).await?;
+        faults.ready_times.push(ready);
+        nodes.push(node);
+        upstreams.push(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let proxy = Proxy::start(upstreams, args.seed).await?;
 
-    let (mut slots, devices) = provision(&server.admin, &proxy, &args, &sqlite_dir).await?;
+    let (mut slots, devices) = provision(&nodes[0].admin, &proxy, &args, &sqlite_dir).await?;
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.child = Some(spawn(&proxy, slot, args.seed + i as u64, None)?);
     }
@@ -206,7 +266,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let mut rng = StdRng::seed_from_u64(args.seed);
     let began = Instant::now();
     loop {
-        revive(&mut server, &injection, &mut rng, &mut faults).await?;
+        for node in &mut nodes {
+            revive(node, &injection, &mut rng, &mut faults).await?;
+        }
         let out_of_time = args.duration.is_some_and(|d| began.elapsed() >= d);
         let targets_met =
             faults.rounds >= args.rounds && faults.server_crashes >= args.server_crashes;
@@ -214,6 +276,23 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             break;
         }
         faults.rounds += 1;
+        if faults.rounds == args.rounds.div_ceil(2)
+            && let Some((primary, Some(standby))) = &postgres
+        {
+            tracing::info!(
+                round = faults.rounds,
+                "kill -9 of the PostgreSQL primary, standby promoted"
+            );
+            // Blocking (pg_ctl waits for the promotion): the traffic goes
+            // on on the runtime's other threads meanwhile.
+            tokio::task::block_in_place(|| {
+                primary.kill()?;
+                standby.promote()
+            })?;
+            faults.failovers += 1;
+        }
+        let node = rng.random_range(0..nodes.len());
+        let server = &mut nodes[node];
         let want_crashes = faults.server_crashes < args.server_crashes;
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
@@ -233,7 +312,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 tracing::info!(round = faults.rounds, "kill -9 of the server");
                 server.kill9().await?;
                 faults.server_crashes += 1;
-                restart(&mut server, &injection, &mut rng, &mut faults).await?;
+                restart(server, &injection, &mut rng, &mut faults).await?;
             }
             1 => {
                 let i = rng.random_range(0..slots.len());
@@ -279,23 +358,26 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
     }
 
-    // Drain: no more faults; processors and devices finish, against a
-    // server armed with nothing.
-    revive(&mut server, &injection, &mut rng, &mut faults).await?;
-    if server.armed() != Arming::default() {
-        server.kill9().await?;
-        faults.server_crashes += 1;
-        restart(
-            &mut server,
-            &Injection {
-                failpoints: false,
-                disk_errors: false,
-            },
-            &mut rng,
-            &mut faults,
-        )
-        .await?;
+    // Drain: no more faults; processors and devices finish, against
+    // servers armed with nothing.
+    for server in &mut nodes {
+        revive(server, &injection, &mut rng, &mut faults).await?;
+        if server.armed() != Arming::default() {
+            server.kill9().await?;
+            faults.server_crashes += 1;
+            restart(
+                server,
+                &Injection {
+                    failpoints: false,
+                    disk_errors: false,
+                },
+                &mut rng,
+                &mut faults,
+            )
+            .await?;
+        }
     }
+    let server = &nodes[0];
     proxy.set_fault_rate(0.0);
     stop_devices.store(true, Ordering::Relaxed);
     let mut devices = device_task.await.context("the device task")?;
@@ -323,8 +405,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         proxy.faults(),
     )
     .await?;
-    server.kill9().await?;
+    for server in &mut nodes {
+        server.kill9().await?;
+    }
     drop(tmpfs);
+    drop(postgres);
     if !summary.passed() {
         // Keep the evidence of a failed run.
         let kept = temp.map_or(work, tempfile::TempDir::keep);

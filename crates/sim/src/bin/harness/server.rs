@@ -69,6 +69,8 @@ pub(crate) enum Started {
 /// A running (or killed) server child.
 pub(crate) struct Server {
     binary: PathBuf,
+    /// The cluster store's URL (`ESTAFETA_STORE`); none: the embedded store.
+    store: Option<String>,
     data: PathBuf,
     log: PathBuf,
     port: u16,
@@ -83,6 +85,7 @@ impl Server {
     /// Starts the server and waits until it is ready; the time it took.
     pub(crate) async fn start(
         binary: &Path,
+        store: Option<&str>,
         data: &Path,
         log: &Path,
         port: u16,
@@ -94,6 +97,7 @@ impl Server {
         )?;
         let mut server = Server {
             binary: binary.to_owned(),
+            store: store.map(str::to_owned),
             data: data.to_owned(),
             log: log.to_owned(),
             port,
@@ -139,6 +143,9 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(log)
             .kill_on_drop(true);
+        if let Some(store) = &self.store {
+            cmd.env("ESTAFETA_STORE", store);
+        }
         if let Some((point, nth)) = arming.crash_at {
             cmd.env("ESTAFETA_CRASH_AT", format!("{point}@{nth}"));
         }
