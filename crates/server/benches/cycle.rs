@@ -4,6 +4,12 @@
 //! measured in the same run on the same disk: files created, written,
 //! fsynced and their folder fsynced, one at a time.
 //!
+//! The same cycle runs on the embedded store and in cluster mode: one node
+//! over a throwaway PostgreSQL, and three nodes over one, each call sent to
+//! the nodes in turn; for these, the statements and transactions per
+//! message are counted (`pg_stat_statements`, `pg_stat_database`) over a
+//! few cycles run before the timed ones.
+//!
 //! `cargo bench -p estafeta-server --bench cycle`; the ratio (messages/s ÷
 //! floor files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk.
 
@@ -15,6 +21,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use estafeta_client::Client;
+use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::mailbox::Limits;
 use estafeta_exchange::wire::{
     Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
@@ -46,30 +53,53 @@ fn id(s: &str) -> Id {
 }
 
 struct World {
-    processor: Client,
+    /// The processor's client on each node; its calls go to them in turn.
+    processor: Vec<Client>,
+    /// Each device's client, on the nodes in turn.
     devices: Vec<(Id, Client)>,
+    /// Which node the processor's next call goes to.
+    turn: AtomicU64,
 }
 
-async fn world(data: &Path) -> World {
+impl World {
+    fn processor(&self) -> &Client {
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        &self.processor[turn as usize % self.processor.len()]
+    }
+}
+
+/// A node on `data`, on the embedded store or the cluster store `store`;
+/// its base URL once ready. The node runs until the bench process exits.
+async fn node(data: &Path, store: Option<&str>) -> String {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some("bench-admin".to_owned());
     config.limits = Limits::new(100, 20.0).unwrap();
-    let (server, _) = Server::open(
+    let (server, _) = Server::open_with(
         config,
         Arc::new(estafeta_session::SystemClock),
         HttpSettings::default(),
         NotifySettings::log_only(data),
+        store,
     )
     .await
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    // The server runs until the bench process exits.
     tokio::spawn(server.run(listener, CancellationToken::new()));
     let admin = Client::new(&base, "bench-admin").unwrap();
     while !admin.readyz().await.unwrap() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    base
+}
+
+/// `nodes` nodes (folders under `data`) on one store, provisioned.
+async fn world(data: &Path, store: Option<&str>, nodes: usize) -> World {
+    let mut bases = Vec::new();
+    for n in 0..nodes {
+        bases.push(node(&data.join(format!("node-{n}")), store).await);
+    }
+    let admin = Client::new(&bases[0], "bench-admin").unwrap();
     admin.create_enterprise(&id("acme")).await.unwrap();
     admin
         .create_subsystem(&id("acme"), &id("sales"))
@@ -86,12 +116,55 @@ async fn world(data: &Path) -> World {
             .create_device(&id("acme"), &dev, &id("sales"))
             .await
             .unwrap();
-        devices.push((dev, admin.with_token(&c.token)));
+        let on = Client::new(&bases[n % nodes], &c.token).unwrap();
+        devices.push((dev, on));
     }
     World {
-        processor: admin.with_token(&db.token),
+        processor: bases
+            .iter()
+            .map(|b| Client::new(b, &db.token).unwrap())
+            .collect(),
         devices,
+        turn: AtomicU64::new(0),
     }
+}
+
+/// A PostgreSQL for the cluster benches, counting statements.
+fn postgres() -> Postgres {
+    let pg = Postgres::start().unwrap();
+    pg.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        .unwrap();
+    pg.stop().unwrap();
+    pg.restart().unwrap();
+    pg.psql("CREATE EXTENSION pg_stat_statements").unwrap();
+    pg
+}
+
+/// Statements and committed transactions so far (every database).
+fn pg_counts(pg: &Postgres) -> (u64, u64) {
+    let n = |sql: &str| pg.psql(sql).unwrap().trim().parse::<u64>().unwrap_or(0);
+    (
+        n("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"),
+        n("SELECT coalesce(sum(xact_commit), 0)::bigint FROM pg_stat_database"),
+    )
+}
+
+/// Statements and transactions per message over `cycles` cycles of
+/// `batch`, printed for BENCHMARKS.md (the counting queries included: a
+/// few against thousands).
+fn count_per_message(rt: &tokio::runtime::Runtime, pg: &Postgres, w: &World, what: &str) {
+    let (cycles, batch) = (5u64, 100usize);
+    let before = pg_counts(pg);
+    for _ in 0..cycles {
+        rt.block_on(cycle(w, batch));
+    }
+    let after = pg_counts(pg);
+    let messages = (cycles * batch as u64) as f64;
+    println!(
+        "{what}: {:.1} statements and {:.1} transactions per message (batch {batch}, {cycles} cycles)",
+        (after.0 - before.0) as f64 / messages,
+        (after.1 - before.1) as f64 / messages,
+    );
 }
 
 /// One whole cycle of `batch` messages.
@@ -124,7 +197,7 @@ async fn cycle(w: &World, batch: usize) {
         max_files: Some(batch as u64),
         max_mb: None,
     };
-    let started = w.processor.start(&start).await.unwrap();
+    let started = w.processor().start(&start).await.unwrap();
     assert_eq!(started.status, StartStatus::Ok);
     let pid = started.process_id.unwrap();
     let messages = started.messages.unwrap();
@@ -151,11 +224,11 @@ async fn cycle(w: &World, batch: usize) {
             .collect(),
     };
     assert_eq!(
-        w.processor.prepare(&pid, &prepare).await.unwrap().status,
+        w.processor().prepare(&pid, &prepare).await.unwrap().status,
         CallStatus::Ok
     );
     assert_eq!(
-        w.processor.commit(&pid).await.unwrap().status,
+        w.processor().commit(&pid).await.unwrap().status,
         CallStatus::Ok
     );
 
@@ -178,7 +251,13 @@ fn bench(c: &mut Criterion) {
     )
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let w = rt.block_on(world(&tmp.path().join("data")));
+    let w = rt.block_on(world(&tmp.path().join("data"), None, 1));
+    let pg_one = postgres();
+    let one = rt.block_on(world(&tmp.path().join("one"), Some(&pg_one.url()), 1));
+    count_per_message(&rt, &pg_one, &one, "one node over PostgreSQL");
+    let pg_three = postgres();
+    let three = rt.block_on(world(&tmp.path().join("three"), Some(&pg_three.url()), 3));
+    count_per_message(&rt, &pg_three, &three, "three nodes over PostgreSQL");
     let floor_dir = tmp.path().join("floor");
     std::fs::create_dir(&floor_dir).unwrap();
     let bytes = vec![b'x'; 300];
@@ -200,6 +279,13 @@ fn bench(c: &mut Criterion) {
             b.to_async(&rt).iter(|| cycle(&w, batch))
         });
     }
+    group.throughput(Throughput::Elements(100));
+    group.bench_function("whole_cycle_batch_100_postgres_one_node", |b| {
+        b.to_async(&rt).iter(|| cycle(&one, 100))
+    });
+    group.bench_function("whole_cycle_batch_100_postgres_three_nodes", |b| {
+        b.to_async(&rt).iter(|| cycle(&three, 100))
+    });
     group.throughput(Throughput::Elements(1));
     group.bench_function("floor_one_file_at_a_time_after", |b| {
         b.iter(|| floor_write(&floor_dir, &bytes))
