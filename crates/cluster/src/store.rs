@@ -19,7 +19,8 @@ pub struct Options {
     /// The longest a session may sit idle inside an open transaction before
     /// the server ends it (`idle_in_transaction_session_timeout`): the bound
     /// on how long a paused or stuck node can hold a key's lock. Zero turns
-    /// the bound off (PostgreSQL's meaning of 0).
+    /// the bound off (PostgreSQL's meaning of 0). A URL whose `options` set
+    /// `idle_in_transaction_session_timeout` itself overrides this value.
     pub hold_limit: Duration,
 }
 
@@ -64,8 +65,10 @@ impl Store {
             "-c idle_in_transaction_session_timeout={}",
             options.hold_limit.as_millis()
         );
+        // The server applies `-c` settings in order, the last one winning:
+        // the URL's own options come last, so an operator's value stands.
         let server_options = match config.get_options() {
-            Some(given) => format!("{given} {hold}"),
+            Some(given) => format!("{hold} {given}"),
             None => hold,
         };
         config.options(server_options);
