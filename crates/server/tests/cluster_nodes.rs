@@ -306,6 +306,41 @@ async fn a_node_killed_under_load_loses_nothing_it_acknowledged() {
     let t = provision(&nodes[0].client(&admin), &admin).await;
     let victim = nodes.remove(0);
 
+    // A process made READY_TO_COMMIT on db-b through the victim, to be
+    // committed through a survivor once the victim is dead.
+    let to_b = victim
+        .client(&t.phone)
+        .send(&message("db-b", "{}", None))
+        .await
+        .unwrap()
+        .accepted
+        .id;
+    let on_b = victim
+        .client(&t.db_b)
+        .start(&start_request("db-b"))
+        .await
+        .unwrap();
+    let ready_pid = on_b.process_id.unwrap();
+    let prepare = prepare_all(&on_b.messages.unwrap(), "{}");
+    let p = victim.client(&t.db_b).prepare(&ready_pid, &prepare).await;
+    assert_eq!(p.unwrap().status, CallStatus::Ok);
+    // And one left STARTED on db-c, to be rolled back through a survivor.
+    let db_c = nodes[0]
+        .client(&admin)
+        .create_database(&id("acme"), &id("db-c"))
+        .await
+        .unwrap()
+        .token;
+    let to_c = victim
+        .client(&t.phone)
+        .send(&message("db-c", "{}", None))
+        .await
+        .unwrap()
+        .accepted
+        .id;
+    let on_c = victim.client(&db_c).start(&start_request("db-c")).await;
+    let started_pid = on_c.unwrap().process_id.unwrap();
+
     let uploads: Vec<_> = (0..UPLOADERS)
         .map(|task| tokio::spawn(upload_until_failure(victim.client(&t.phone), task)))
         .collect();
@@ -401,6 +436,34 @@ async fn a_node_killed_under_load_loses_nothing_it_acknowledged() {
         assert_eq!(db.commit(&pid).await.unwrap().status, CallStatus::Ok);
         done += 1;
     }
+    let db_b = survivor.client(&t.db_b);
+    let c = retrying("commit on db-b", || db_b.commit(&ready_pid)).await;
+    assert_eq!(c.unwrap().status, CallStatus::Ok);
+    let state = other.client(&t.db_b).process(&ready_pid).await.unwrap();
+    assert_eq!(state.state, ProcessState::Done);
+    assert_eq!(
+        folder_ids(&admin, "db-b", Folder::Log).await,
+        BTreeSet::from([to_b])
+    );
+    done += 1;
+    // The rollback answers OK whether it came first or the STARTED
+    // timeout did; the message waits again either way.
+    let c = survivor.client(&db_c);
+    let rolled = retrying("rollback on db-c", || c.rollback(&started_pid, "node died")).await;
+    assert_eq!(rolled.unwrap().status, CallStatus::Ok);
+    let state = other.client(&db_c).process(&started_pid).await.unwrap();
+    assert!(
+        matches!(
+            state.state,
+            ProcessState::RolledBack | ProcessState::TimedOut
+        ),
+        "{:?}",
+        state.state
+    );
+    assert_eq!(
+        folder_ids(&admin, "db-c", Folder::Messages).await,
+        BTreeSet::from([to_c])
+    );
     // Every acknowledged upload was processed exactly once, and every
     // process that ended DONE left its one reply.
     assert_eq!(folder_ids(&admin, "db-a", Folder::Log).await, uploaded);
