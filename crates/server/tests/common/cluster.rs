@@ -26,6 +26,7 @@ pub struct Node {
     pub base: String,
     /// The admin token, when this node made it (the cluster's first start).
     pub printed_token: Option<String>,
+    name: String,
     child: Child,
     pid: i32,
     log: PathBuf,
@@ -73,6 +74,7 @@ impl Node {
         Node {
             base: format!("http://{addr}"),
             printed_token,
+            name: name.to_owned(),
             child,
             pid,
             log,
@@ -141,6 +143,10 @@ impl Drop for Node {
         // A paused node must be able to die with its test.
         if matches!(self.child.try_wait(), Ok(None)) {
             self.signal(rustix::process::Signal::KILL);
+        }
+        // A failing test shows what each of its nodes logged.
+        if std::thread::panicking() {
+            eprintln!("--- log of {} ---\n{}", self.name, self.log());
         }
     }
 }
