@@ -16,10 +16,16 @@ pub struct Options {
     /// How long a caller waits for a free pooled connection, or for a new one
     /// to be made, before the store counts as unavailable.
     pub wait_timeout: Duration,
-    /// The longest a session may sit idle inside an open transaction before
-    /// the server ends it (`idle_in_transaction_session_timeout`): the bound
-    /// on how long a paused or stuck node can hold a key's lock. Zero turns
-    /// the bound off (PostgreSQL's meaning of 0).
+    /// The bound on how long a paused or stuck node can hold a key's lock.
+    /// It is set on every connection as two server settings:
+    /// `idle_in_transaction_session_timeout`, which ends a session left idle
+    /// inside an open transaction (a node paused between two statements),
+    /// and `tcp_user_timeout`, which drops a TCP connection whose data stays
+    /// unacknowledged, or whose peer's receive window stays closed, that long
+    /// (a node paused while the server sends it more than the socket buffers
+    /// hold: the server then sits in `ClientWrite`, not idle, and only the
+    /// TCP timeout frees its locks). Zero leaves both off (PostgreSQL's
+    /// meaning of 0). A URL whose `options` set either setting overrides it.
     pub hold_limit: Duration,
 }
 
@@ -60,12 +66,14 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }
+        let hold_ms = options.hold_limit.as_millis();
         let hold = format!(
-            "-c idle_in_transaction_session_timeout={}",
-            options.hold_limit.as_millis()
+            "-c idle_in_transaction_session_timeout={hold_ms} -c tcp_user_timeout={hold_ms}"
         );
+        // The server applies `-c` settings in order, the last one winning:
+        // the URL's own options come last, so an operator's value stands.
         let server_options = match config.get_options() {
-            Some(given) => format!("{given} {hold}"),
+            Some(given) => format!("{hold} {given}"),
             None => hold,
         };
         config.options(server_options);

@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod clock;
+pub mod cluster;
 pub mod recorder;
 pub mod restartable;
 /// The send queue's loopback SMTP server, shared rather than copied.
