@@ -183,10 +183,14 @@ impl Shared for SessionStorage {
 
 /// A command's hold on one key: the key's row locked in an open
 /// transaction ([`Locked`]). A save commits and locks the row again at
-/// once; a record that differs from the one just saved means another node
-/// took the key in between ([`StorageError::Conflict`]).
+/// once. The save is done once its commit is: when the lock cannot be taken
+/// again (the connection lost, or another node took the key in between and
+/// changed its record), the save still answers Ok — what it wrote is
+/// durable, and a caller told otherwise would undo a change that was made —
+/// and the step holds the key no more: a later save or a final write
+/// writes nothing and fails ([`StorageError::Conflict`]).
 struct PgStep {
-    /// `None` once a save failed half-way (nothing more is written).
+    /// `None` once the key is not held (nothing more is written).
     locked: Option<Locked>,
     store: Store,
     runtime: tokio::runtime::Handle,
@@ -214,26 +218,28 @@ impl Step for PgStep {
 
     fn save(&mut self, write: &Write) -> Result<(), StorageError> {
         let locked = self.locked.take().ok_or(StorageError::Conflict)?;
-        let again = self
-            .runtime
-            .block_on(async {
-                PgStep::commit(locked, Some(write)).await?;
-                self.store.lock(&self.key).await
-            })
-            .map_err(storage_error)?;
+        let (committed, again) = self.runtime.block_on(async {
+            match PgStep::commit(locked, Some(write)).await {
+                Ok(()) => (Ok(()), self.store.lock(&self.key).await.ok()),
+                Err(e) => (Err(e), None),
+            }
+        });
+        committed.map_err(storage_error)?;
         let saved = match write {
             Write::Put { record, .. } => Some(record.as_slice()),
             Write::Delete { .. } => None,
         };
-        if again.record() != saved {
-            return Err(StorageError::Conflict);
-        }
-        self.locked = Some(again);
+        self.locked = again.filter(|again| again.record() == saved);
         Ok(())
     }
 
     fn finish(mut self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
-        let locked = self.locked.take().ok_or(StorageError::Conflict)?;
+        let Some(locked) = self.locked.take() else {
+            return match write {
+                Some(_) => Err(StorageError::Conflict),
+                None => Ok(()),
+            };
+        };
         self.runtime
             .block_on(PgStep::commit(locked, write))
             .map_err(storage_error)

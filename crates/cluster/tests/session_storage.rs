@@ -98,3 +98,60 @@ async fn a_session_saved_by_one_node_loads_on_another() {
     counter.release().await.unwrap();
     engine.stop().await.unwrap();
 }
+
+/// A save whose commit went through is done, even when another node takes
+/// the key before the step can lock it again: answering it as failed would
+/// make the caller undo (and its client retry) a change that was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_save_is_ok_when_another_node_takes_the_key_right_after() {
+    let pg = Postgres::start().unwrap();
+    let a = Arc::new(SessionStorage::open(store(&pg).await).await.unwrap());
+    let b = store(&pg).await;
+    let a2 = a.clone();
+    let mut step = blocking(move || a2.shared().unwrap().begin(b"k").unwrap()).await;
+    // Node B waits for the key; it gets it the moment A's save commits,
+    // before A locks it again, and changes it.
+    let waiter = tokio::spawn(async move {
+        let mut locked = b.lock(b"k").await.unwrap();
+        let seen = locked.record().map(<[u8]>::to_vec);
+        locked.save(b"from-b", None).await.unwrap();
+        locked.commit().await.unwrap();
+        seen
+    });
+    let began = std::time::Instant::now();
+    while pg
+        .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        .unwrap()
+        .trim()
+        != "1"
+    {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(20),
+            "B never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (step, first, second) = blocking(move || {
+        let first = step.save(&Write::Put {
+            key: b"k".to_vec(),
+            record: b"from-a".to_vec(),
+            expires_at: None,
+        });
+        let second = step.save(&Write::Put {
+            key: b"k".to_vec(),
+            record: b"from-a-again".to_vec(),
+            expires_at: None,
+        });
+        (step, first, second)
+    })
+    .await;
+    first.unwrap();
+    assert_eq!(waiter.await.unwrap().as_deref(), Some(&b"from-a"[..]));
+    // The key is not held any more: nothing more is written through the
+    // step, and letting it go without a write is fine.
+    assert!(second.is_err());
+    blocking(move || step.finish(None)).await.unwrap();
+    let a3 = a.clone();
+    let stored = blocking(move || a3.load(b"k").unwrap()).await;
+    assert_eq!(stored.as_deref(), Some(&b"from-b"[..]));
+}

@@ -91,10 +91,11 @@ pub enum StorageError {
     /// statement).
     #[error("storage: {0}")]
     Shared(#[source] Arc<dyn std::error::Error + Send + Sync>),
-    /// Another process changed the key while this one held it between two
-    /// durable saves of one step ([`Step::save`]): the session in memory is
-    /// not the stored one any more, and the command must not go on with it.
-    #[error("storage: the session was changed elsewhere during the command")]
+    /// A write to a shared store by a command that does not hold the key
+    /// (it never took it, or lost it to another process after a save,
+    /// [`Step::save`]): nothing was written, and the session in memory may
+    /// not be the stored one any more.
+    #[error("storage: the session is not held by this command; nothing written")]
     Conflict,
 }
 
@@ -161,10 +162,11 @@ pub trait Step: Send + Sync {
     /// The key's record as stored when the step began (or at its last
     /// [`Step::save`]).
     fn record(&self) -> Option<&[u8]>;
-    /// Make `write` durable now and go on holding the key.
-    /// [`StorageError::Conflict`]: another engine took the key in between
-    /// (the write is durable, but the caller's state is not the stored one
-    /// any more).
+    /// Make `write` durable now and go on holding the key. Ok once the
+    /// write is durable, even if the key could not be held again after it
+    /// (another engine took it): then later writes through the step fail
+    /// with [`StorageError::Conflict`] and write nothing. An error means
+    /// the write was not made.
     fn save(&mut self, write: &Write) -> Result<(), StorageError>;
     /// Make `write` (if any) durable and let the key go.
     fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError>;
