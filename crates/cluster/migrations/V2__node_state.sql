@@ -1,0 +1,37 @@
+-- The state a node of the embedded store keeps under its data folder
+-- (alerts and their deliveries, the push backlog, dashboard logins), shared
+-- by every node of the cluster. Alert deliveries and pending push
+-- notifications are entries of the repeat scheduler (`repeat_entries`,
+-- sources `alerts` and `push`), claimed when due by one node for a lease;
+-- the dedicated tables of V1 are replaced.
+
+DROP TABLE alert_deliveries;
+DROP TABLE alerts;
+DROP TABLE push_backlog;
+DROP TABLE dashboard_sessions;
+
+-- Alerts to the administrators, one row per raised alert: `key` names its
+-- condition (`in_doubt:<process>`), unique among ongoing alerts, so that two
+-- nodes seeing one event record one alert, and the same transaction writes
+-- its deliveries. `ended_at` is set when the condition ended, `acked_at`
+-- when an operator acknowledged the alert on the dashboard.
+CREATE TABLE alerts (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key      text NOT NULL,
+    -- The alert as raised (JSON).
+    alert    bytea NOT NULL,
+    ended_at bigint,
+    acked_at bigint
+);
+CREATE UNIQUE INDEX alerts_ongoing ON alerts (key) WHERE ended_at IS NULL;
+CREATE INDEX alerts_unacknowledged ON alerts (id) WHERE acked_at IS NULL;
+
+-- Dashboard login sessions, by the hash of the cookie's secret, so that a
+-- login through one node holds on every node. `expires_at` moves with each
+-- use (the session's idle timeout), in the database server's clock.
+CREATE TABLE dashboard_sessions (
+    secret_hash bytea PRIMARY KEY,
+    csrf        text NOT NULL,
+    expires_at  bigint NOT NULL
+);
+CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at);
