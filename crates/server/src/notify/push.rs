@@ -23,6 +23,17 @@
 //! A crash between an arrival and that write would lose the notification;
 //! start-up processing therefore pushes every recipient whose `Messages`
 //! still holds something (at least once: one notification more at most).
+//!
+//! In cluster mode ([`Pusher::open_in`] with the cluster's store) the
+//! pending notifications are entries of the shared repeat table, and the
+//! coalescing is done there rather than in one node's memory, since the
+//! node that delivers a notification need not be the one that scheduled
+//! it: a recipient has at most one pending notification (`<kind>/<id>`),
+//! and an arrival while it is pending adds at most one more
+//! (`<kind>/<id>/again`), so a burst through any nodes still costs at most
+//! two POSTs. Each due notification is claimed by one node
+//! ([`estafeta_cluster::PgQueue`]): one POST per notification, not one per
+//! node.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +43,7 @@ use std::time::Duration;
 use estafeta_exchange::Quiesce;
 use estafeta_exchange::service::{Gated, Listed};
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
+use estafeta_repeat::store::{Applied, Op, Store as RepeatStore};
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
 use serde::{Deserialize, Serialize};
@@ -39,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::{self, Backlog, LastErrors, Row};
 use super::outbound::{HttpOut, Outbound, PUSH, host_of};
-use super::{Notifier, NotifyError};
+use super::{LEASE, Notifier, NotifyError};
 
 /// The repeat source of push notifications.
 pub const SOURCE: &str = "push";
@@ -73,8 +85,12 @@ pub struct Pusher {
 
 struct Inner {
     outbound: Outbound,
-    scheduler: Scheduler<Gated<Listed<RedbStore>>, ExchangeClock>,
-    store: Arc<RedbStore>,
+    scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, ExchangeClock>,
+    /// The notifications, read to list them (without claiming any) and,
+    /// in cluster mode, written by arrivals.
+    store: Arc<dyn RepeatStore>,
+    /// Cluster mode: pending notifications are coalesced in the store.
+    shared: bool,
     errors: LastErrors,
     /// Recipients with a notification pending → whether more arrived since.
     pending: Mutex<HashMap<Id, bool>>,
@@ -92,11 +108,17 @@ impl Pusher {
         clock: Arc<dyn estafeta_session::Clock>,
         quiesce: Quiesce,
     ) -> Result<Self, NotifyError> {
-        let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
-            .await
-            .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
-        let store = Arc::new(store);
+        Pusher::open_in(notifier, clock, quiesce, None).await
+    }
+
+    /// [`Pusher::open`], keeping the pending notifications in `cluster`'s
+    /// store (migrated) when given, instead of a file under the data folder.
+    pub async fn open_in(
+        notifier: &Notifier,
+        clock: Arc<dyn estafeta_session::Clock>,
+        quiesce: Quiesce,
+        cluster: Option<&estafeta_cluster::Store>,
+    ) -> Result<Self, NotifyError> {
         let options = Options {
             retry: RetryPolicy {
                 first: notifier.settings().retry,
@@ -104,29 +126,54 @@ impl Pusher {
             },
             ..Options::default()
         };
+        let (scheduled, store): (Arc<dyn RepeatStore>, Arc<dyn RepeatStore>) = match cluster {
+            Some(db) => (
+                Arc::new(estafeta_cluster::PgQueue::claiming(
+                    db.clone(),
+                    &[SOURCE],
+                    LEASE,
+                )),
+                Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE])),
+            ),
+            None => {
+                let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
+                let store: Arc<dyn RepeatStore> = Arc::new(
+                    tokio::task::spawn_blocking(move || RedbStore::open(path))
+                        .await
+                        .map_err(|e| {
+                            estafeta_repeat::StoreError::Backend(e.to_string().into())
+                        })??,
+                );
+                (store.clone(), store)
+            }
+        };
         let scheduler = Scheduler::new(
-            Gated::new(Listed(store.clone()), quiesce),
+            Gated::new(Listed(scheduled), quiesce),
             ExchangeClock(clock),
             options,
         );
         // What an earlier run left pending is pending now: arrivals for
-        // those recipients coalesce into it.
-        let earlier = {
+        // those recipients coalesce into it. (Cluster mode coalesces in
+        // the store.)
+        let pending = if cluster.is_some() {
+            HashMap::new()
+        } else {
             let listed = Listed(store.clone());
-            tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX))
+            let earlier = tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX))
                 .await
-                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??
+                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
+            earlier
+                .iter()
+                .filter_map(|e| serde_json::from_slice::<Push>(&e.payload).ok())
+                .map(|p| (p.recipient, false))
+                .collect()
         };
-        let pending = earlier
-            .iter()
-            .filter_map(|e| serde_json::from_slice::<Push>(&e.payload).ok())
-            .map(|p| (p.recipient, false))
-            .collect();
         let pusher = Pusher {
             inner: Arc::new(Inner {
                 outbound: notifier.outbound().clone(),
                 scheduler,
                 store,
+                shared: cluster.is_some(),
                 errors: LastErrors::default(),
                 pending: Mutex::new(pending),
                 seq: AtomicU64::new(0),
@@ -270,6 +317,50 @@ impl Pusher {
         }
     }
 
+    /// Cluster mode: a notification for `recipient`, due now, unless one
+    /// is pending; then one more after it, unless that one is pending too.
+    async fn schedule_shared(self, recipient: Id, kind: RecipientKind) {
+        use estafeta_repeat::Clock;
+        let due = self.inner.scheduler.clock().now_secs();
+        let payload = match serde_json::to_vec(&Push {
+            recipient: recipient.clone(),
+            kind,
+        }) {
+            Ok(payload) => payload,
+            Err(e) => {
+                return tracing::error!(%recipient, error = %e, "encoding a push notification failed");
+            }
+        };
+        let first = format!("{}/{recipient}", kind.as_str());
+        let store = self.inner.store.clone();
+        let restore = move |id: String| {
+            Op::Restore(Entry {
+                source: SOURCE.to_owned(),
+                due,
+                id,
+                payload: payload.clone(),
+                attempt: 0,
+            })
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let applied = store.apply(&[restore(first.clone())])?;
+            if applied.first() == Some(&Applied::Unchanged) {
+                store.apply(&[restore(format!("{first}/again"))])?;
+            }
+            Ok::<_, estafeta_repeat::StoreError>(())
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
+            }
+            Err(e) => {
+                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
+            }
+        }
+    }
+
     /// One due notification: sent, or failed for a retry with backoff.
     async fn deliver(&self, exchange: &Exchange, entry: Entry) -> Outcome {
         let push: Push = match serde_json::from_slice(&entry.payload) {
@@ -334,6 +425,9 @@ impl Pusher {
     fn settled(&self, entry: &Entry, recipient: &Id) -> Outcome {
         use estafeta_repeat::Clock;
         self.inner.errors.clear(&entry.id);
+        if self.inner.shared {
+            return Outcome::Done;
+        }
         let mut pending = self.lock();
         match pending.get_mut(recipient) {
             Some(again) if *again => {
@@ -350,6 +444,10 @@ impl Pusher {
 
 impl PushSink for Pusher {
     fn arrived(&self, recipient: &Id, kind: RecipientKind) {
+        if self.inner.shared {
+            tokio::spawn(self.clone().schedule_shared(recipient.clone(), kind));
+            return;
+        }
         {
             let mut pending = self.lock();
             if let Some(again) = pending.get_mut(recipient) {
