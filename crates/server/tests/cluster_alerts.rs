@@ -1,15 +1,16 @@
 //! Two `estafeta serve` nodes over one throwaway PostgreSQL: the state a
 //! node of the embedded store keeps in its data folder is shared. A
 //! process that goes in doubt is one alert and one e-mail (a real SMTP
-//! server on loopback) though both nodes run their notifiers, and a
+//! server on loopback) though both nodes run their notifiers, an arrival
+//! is one push notification though both nodes run their pushers, and a
 //! dashboard login made through one node is valid on the other.
 
 mod common;
 
 use std::time::Duration;
 
-use common::smtp_server;
-use common::{Binary, Tenancy, next, ready_process};
+use common::{Binary, Tenancy, message, next, ready_process};
+use common::{recorder, smtp_server};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
@@ -161,6 +162,55 @@ async fn an_alert_is_sent_once_by_two_nodes_and_a_login_holds_on_both() {
         "no session: to the login form"
     );
 
+    a.terminate().await;
+    b.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arrival_is_pushed_once_by_two_nodes() {
+    let pg = Postgres::start().unwrap();
+    let (hook, mut hits) = recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = [
+        ("ESTAFETA_STORE", url.as_str()),
+        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
+        ("ESTAFETA_ALERT_PROBE", "0"),
+        ("ESTAFETA_DISK_ALERT_MB", "0"),
+    ];
+    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
+    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
+    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
+    let admin_b = Client::new(&b.base, common::ADMIN_TOKEN).unwrap();
+    common::wait_ready(&admin_a).await;
+    common::wait_ready(&admin_b).await;
+    let t = Tenancy::provision(&admin_a).await;
+    // Set through A, which also takes the uploads: B learns of the webhook
+    // from the notifications A schedules.
+    let set = http()
+        .put(format!("{}/v1/admin/databases/db-a/webhook", a.base))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&serde_json::json!({"version": 1, "url": format!("http://{hook}/hook")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+
+    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let pending = "SELECT count(*) FROM repeat_entries WHERE source = 'push'";
+    for n in 1..=2 {
+        t.phone1
+            .send(&message("db-a", &format!(r#"{{"n":{n}}}"#), None))
+            .await
+            .unwrap();
+        let hit = next(&mut hits).await;
+        assert_eq!(hit.uri, "/hook");
+        assert!(hit.body.contains("messages_waiting"), "{}", hit.body);
+        // Once the notification is gone from the store, no node can send
+        // it again: one POST per arrival.
+        wait_count(&db, pending, 0).await;
+        assert!(hits.try_recv().is_err(), "a second POST for arrival {n}");
+    }
     a.terminate().await;
     b.terminate().await;
 }

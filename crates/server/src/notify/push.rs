@@ -65,6 +65,11 @@ const WORKERS: usize = 8;
 struct Push {
     recipient: Id,
     kind: RecipientKind,
+    /// Cluster mode: the webhook as the scheduling node knew it, for a
+    /// node that does not know it (each node keeps the webhooks it loaded
+    /// at start and those set through it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
 }
 
 /// The exchange's clock as the repeat scheduler's, so a test that moves
@@ -91,6 +96,10 @@ struct Inner {
     store: Arc<dyn RepeatStore>,
     /// Cluster mode: pending notifications are coalesced in the store.
     shared: bool,
+    /// Cluster mode, while [`Pusher::run`] runs: the exchange, whose
+    /// webhooks go with the notifications scheduled (taken back when the
+    /// run ends, since the exchange holds the pusher).
+    exchange: Mutex<Option<Exchange>>,
     errors: LastErrors,
     /// Recipients with a notification pending → whether more arrived since.
     pending: Mutex<HashMap<Id, bool>>,
@@ -174,6 +183,7 @@ impl Pusher {
                 scheduler,
                 store,
                 shared: cluster.is_some(),
+                exchange: Mutex::new(None),
                 errors: LastErrors::default(),
                 pending: Mutex::new(pending),
                 seq: AtomicU64::new(0),
@@ -187,6 +197,9 @@ impl Pusher {
     /// hosts that came back up. Start it once start-up processing is done
     /// (the webhooks are known then).
     pub async fn run(&self, exchange: Exchange, probe: Duration, stop: CancellationToken) {
+        if self.inner.shared {
+            *self.held() = Some(exchange.clone());
+        }
         let me = self.clone();
         let ex = exchange.clone();
         let handler = move |entry: Entry| {
@@ -207,6 +220,7 @@ impl Pusher {
         if let Err(e) = watcher.await {
             tracing::error!(error = %e, "the push host watcher panicked");
         }
+        self.held().take();
         self.close().await;
     }
 
@@ -281,6 +295,13 @@ impl Pusher {
         backlog::backlog(&self.inner.store, SOURCE, now).await
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Exchange>> {
+        self.inner
+            .exchange
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Id, bool>> {
         self.inner
             .pending
@@ -302,6 +323,7 @@ impl Pusher {
         let scheduled = match serde_json::to_vec(&Push {
             recipient: recipient.clone(),
             kind,
+            url: None,
         }) {
             Ok(payload) => self
                 .inner
@@ -322,9 +344,15 @@ impl Pusher {
     async fn schedule_shared(self, recipient: Id, kind: RecipientKind) {
         use estafeta_repeat::Clock;
         let due = self.inner.scheduler.clock().now_secs();
+        let url = self
+            .held()
+            .as_ref()
+            .and_then(|ex| ex.webhook(&recipient))
+            .map(|(_, url)| url);
         let payload = match serde_json::to_vec(&Push {
             recipient: recipient.clone(),
             kind,
+            url,
         }) {
             Ok(payload) => payload,
             Err(e) => {
@@ -370,7 +398,11 @@ impl Pusher {
                 return Outcome::Done;
             }
         };
-        let Some((kind, url)) = exchange.webhook(&push.recipient) else {
+        let known = exchange.webhook(&push.recipient).or_else(|| {
+            let url = push.url.clone().filter(|_| self.inner.shared)?;
+            Some((push.kind, url))
+        });
+        let Some((kind, url)) = known else {
             tracing::info!(recipient = %push.recipient, "webhook cleared; push notification dropped");
             return self.settled(&entry, &push.recipient);
         };
