@@ -3,8 +3,11 @@
 -- by every node of the cluster. Alert deliveries and pending push
 -- notifications are entries of the repeat scheduler (`repeat_entries`,
 -- sources `alerts` and `push`), claimed when due by one node for a lease;
--- the dedicated tables of V1 are replaced.
+-- the dedicated tables of V1 are replaced. Statistics are kept with each
+-- database's and device's session record (`sessions`), written by the
+-- step that counts, so V1's `statistics` table goes too.
 
+DROP TABLE statistics;
 DROP TABLE alert_deliveries;
 DROP TABLE alerts;
 DROP TABLE push_backlog;
