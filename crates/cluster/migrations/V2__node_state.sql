@@ -38,3 +38,29 @@ CREATE TABLE dashboard_sessions (
     expires_at  bigint NOT NULL
 );
 CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at);
+
+-- The event log (protocol steps, alerts, warnings and errors of every
+-- node), newest first, whole or for one database, device, process,
+-- message or request. The key is the record's id (nanoseconds, sequence),
+-- each stored as a bigint with its top bit flipped so that the order of
+-- the unsigned values is kept; `size` is the record's JSON length, summed
+-- in `cluster_counters` (`event_bytes`) for the retention by size.
+DROP TABLE events;
+CREATE TABLE events (
+    nanos    bigint NOT NULL,
+    seq      bigint NOT NULL,
+    db       text,
+    device   text,
+    process  text,
+    message  text,
+    request  text,
+    size     bigint NOT NULL,
+    record   bytea NOT NULL,
+    PRIMARY KEY (nanos, seq)
+);
+CREATE INDEX events_db ON events (db, nanos, seq) WHERE db IS NOT NULL;
+CREATE INDEX events_device ON events (device, nanos, seq) WHERE device IS NOT NULL;
+CREATE INDEX events_process ON events (process, nanos, seq) WHERE process IS NOT NULL;
+CREATE INDEX events_message ON events (message, nanos, seq) WHERE message IS NOT NULL;
+CREATE INDEX events_request ON events (request, nanos, seq) WHERE request IS NOT NULL;
+INSERT INTO cluster_counters (name, value) VALUES ('event_bytes', 0);

@@ -24,7 +24,8 @@
 //!   here by every node: [`PgAlerts`] (alerts raised to the administrators,
 //!   once per event), [`PgQueue`] (the repeat scheduler's store limited to
 //!   some sources, each due entry claimed by one node: alert deliveries and
-//!   push notifications) and [`PgLogins`] (dashboard login sessions).
+//!   push notifications), [`PgLogins`] (dashboard login sessions) and
+//!   [`PgEvents`] (the event log).
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -46,6 +47,7 @@
 
 mod alerts;
 mod error;
+mod events;
 mod keys;
 mod lock;
 mod logins;
@@ -61,6 +63,7 @@ pub mod testing;
 
 pub use alerts::{PgAlerts, StoredAlert};
 pub use error::Error;
+pub use events::{EventRow, INDEXED as EVENT_INDEXES, PgEvents, StoredEvent};
 pub use keys::PgKeys;
 pub use lock::Locked;
 pub use logins::PgLogins;

@@ -2,8 +2,9 @@
 //! a node runs on: embedded under the data folder, or a cluster's
 //! PostgreSQL database (the `store` setting). The choice is made here once,
 //! for the exchange's stores and for the node's own state (alerts and their
-//! deliveries, push notifications, dashboard logins): in cluster mode no
-//! file under the data folder holds anything needed to recover.
+//! deliveries, push notifications, dashboard logins, the event log from
+//! the assembly on): in cluster mode no file under the data folder holds
+//! anything needed to recover.
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -128,6 +129,7 @@ pub async fn stores(
             quiesce.clone(),
         )),
     };
+    crate::events::share(Some(Arc::new(estafeta_cluster::PgEvents::new(db.clone()))));
     Ok(NodeStores {
         exchange,
         cluster: Some(db),

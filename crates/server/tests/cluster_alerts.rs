@@ -2,8 +2,9 @@
 //! node of the embedded store keeps in its data folder is shared. A
 //! process that goes in doubt is one alert and one e-mail (a real SMTP
 //! server on loopback) though both nodes run their notifiers, an arrival
-//! is one push notification though both nodes run their pushers, and a
-//! dashboard login made through one node is valid on the other.
+//! is one push notification though both nodes run their pushers, a
+//! dashboard login made through one node is valid on the other, and each
+//! node's event log shows the other's events.
 
 mod common;
 
@@ -86,7 +87,7 @@ async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_alert_is_sent_once_by_two_nodes_and_a_login_holds_on_both() {
+async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     let pg = Postgres::start().unwrap();
     let mut smtp = smtp_server::start(smtp_server::Options::default()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -161,6 +162,18 @@ async fn an_alert_is_sent_once_by_two_nodes_and_a_login_holds_on_both() {
         StatusCode::SEE_OTHER,
         "no session: to the login form"
     );
+    // The event log is the cluster's: B's events page shows A's login.
+    let mut shown = false;
+    for _ in 0..6000 {
+        let (status, events) = page(&b, "/admin/events", &cookie).await;
+        assert_eq!(status, StatusCode::OK);
+        if events.contains("dashboard login") {
+            shown = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(shown, "A's login is not in B's event log");
 
     a.terminate().await;
     b.terminate().await;
