@@ -255,7 +255,8 @@ impl Pusher {
         }
     }
 
-    /// Makes the notifications for `host` that wait for a retry due now.
+    /// Makes the notifications for `host` that wait for a retry due now
+    /// (in cluster mode, those waiting longer than a lease).
     async fn hurry(&self, exchange: &Exchange, host: &str) {
         use estafeta_repeat::Clock;
         let now = self.inner.scheduler.clock().now_secs();
@@ -266,7 +267,15 @@ impl Pusher {
                 Ok(Err(e)) => return tracing::error!(error = %e, "reading pending pushes failed"),
                 Err(e) => return tracing::error!(error = %e, "reading pending pushes failed"),
             };
-        for entry in entries.iter().filter(|e| e.due > now) {
+        // Cluster mode: an entry a node has claimed is due at the end of
+        // its lease; it is being sent, and made due now another node would
+        // send it too. Retries due within a lease go at their time.
+        let after = if self.inner.shared {
+            now.saturating_add(LEASE.as_secs())
+        } else {
+            now
+        };
+        for entry in entries.iter().filter(|e| e.due > after) {
             let for_host = serde_json::from_slice::<Push>(&entry.payload)
                 .ok()
                 .and_then(|p| exchange.webhook(&p.recipient))
