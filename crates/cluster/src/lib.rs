@@ -20,6 +20,12 @@
 //!   and its place, a step's batch in one transaction), [`PgKeys`] (upload
 //!   idempotency keys) and [`PgSchedule`] (the repeat scheduler's entries:
 //!   messages kept aside until their `deliver_at`).
+//! - What a node of the embedded store keeps in its data folder, shared
+//!   here by every node: [`PgAlerts`] (alerts raised to the administrators,
+//!   once per event), [`PgQueue`] (the repeat scheduler's store limited to
+//!   some sources, each due entry claimed by one node: alert deliveries and
+//!   push notifications), [`PgLogins`] (dashboard login sessions) and
+//!   [`PgEvents`] (the event log).
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -39,11 +45,15 @@
 //! ```
 #![deny(missing_docs)]
 
+mod alerts;
 mod error;
+mod events;
 mod keys;
 mod lock;
+mod logins;
 mod messages;
 mod migrate;
+mod queue;
 mod registry;
 mod schedule;
 mod session_storage;
@@ -51,10 +61,14 @@ mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use alerts::{PgAlerts, StoredAlert};
 pub use error::Error;
+pub use events::{EventRow, INDEXED as EVENT_INDEXES, PgEvents, StoredEvent};
 pub use keys::PgKeys;
 pub use lock::Locked;
+pub use logins::PgLogins;
 pub use messages::PgMessages;
+pub use queue::PgQueue;
 pub use registry::PgRegistry;
 pub use schedule::PgSchedule;
 pub use session_storage::SessionStorage;

@@ -240,8 +240,6 @@ impl RegistryStore for PgRegistry {
                 // remove, which the exchange does next).
                 for sql in [
                     "DELETE FROM processes WHERE db_id = $1",
-                    "DELETE FROM push_backlog WHERE recipient = $1",
-                    "DELETE FROM statistics WHERE mailbox_id = $1",
                     "DELETE FROM mailboxes WHERE id = $1",
                 ] {
                     tx.execute(sql, &[&id.as_str()]).await.map_err(no)?;

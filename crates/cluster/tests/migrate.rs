@@ -24,7 +24,11 @@ async fn nodes_starting_at_once_apply_the_schema_exactly_once() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(applied, 1);
+    // Each migration once.
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .count();
+    assert_eq!(applied, i64::try_from(files).unwrap());
     // And again later (a node restarting): nothing to do.
     nodes[1].migrate().await.unwrap();
     let generation: i64 = client

@@ -1,6 +1,10 @@
 //! Opening the data folder at start, waiting out a full disk; the stores
-//! the exchange runs on: embedded under the data folder, or a cluster's
-//! PostgreSQL database (the `store` setting).
+//! a node runs on: embedded under the data folder, or a cluster's
+//! PostgreSQL database (the `store` setting). The choice is made here once,
+//! for the exchange's stores and for the node's own state (alerts and their
+//! deliveries, push notifications, dashboard logins, the event log from
+//! the assembly on): in cluster mode no file under the data folder holds
+//! anything needed to recover.
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -19,31 +23,79 @@ use estafeta_exchange::{ExchangeConfig, Gated, Quiesce, Stores};
 use estafeta_session::Clock;
 
 use crate::config::HttpSettings;
-use crate::notify::NotifySettings;
+use crate::dashboard::auth::Sessions;
 use crate::notify::disk::free_bytes;
+use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::serve::{ServeError, Server};
 
 /// The first pause after a failed open on a full disk; it doubles.
 const FIRST_WAIT: Duration = Duration::from_secs(1);
 /// The longest pause between two tries.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The exchange's repeat source: messages kept aside until their `deliver_at`.
+const DEFERRED: &str = "deliver_at";
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
 
-/// The stores the exchange runs on: with no `store` URL, the embedded ones
-/// under `data_dir`; with a `postgres://` URL, the cluster's database, its
-/// schema created or brought up to date first (safe when several nodes
-/// start at once).
+/// The stores a node runs on.
+pub struct NodeStores {
+    /// The exchange's.
+    pub exchange: Stores,
+    /// In cluster mode, the cluster's database (migrated), which also keeps
+    /// the node's own state.
+    pub cluster: Option<estafeta_cluster::Store>,
+}
+
+impl NodeStores {
+    /// The alert notifier, its alerts and deliveries in the cluster's
+    /// database or under the data folder.
+    pub async fn notifier(
+        &self,
+        settings: NotifySettings,
+        quiesce: Quiesce,
+    ) -> Result<Notifier, NotifyError> {
+        Notifier::open_in(settings, quiesce, self.cluster.as_ref()).await
+    }
+
+    /// The pusher, its pending notifications in the cluster's database or
+    /// under the data folder.
+    pub async fn pusher(
+        &self,
+        notifier: &Notifier,
+        clock: Arc<dyn Clock>,
+        quiesce: Quiesce,
+    ) -> Result<Pusher, NotifyError> {
+        Pusher::open_in(notifier, clock, quiesce, self.cluster.as_ref()).await
+    }
+
+    /// The dashboard's login sessions: in the cluster's database (a login
+    /// holds on every node) or in this node's memory.
+    pub fn logins(&self) -> Sessions {
+        match &self.cluster {
+            Some(db) => Sessions::new(estafeta_cluster::PgLogins::new(db.clone())),
+            None => Sessions::default(),
+        }
+    }
+}
+
+/// The stores a node runs on: with no `store` URL, the embedded ones under
+/// `data_dir`; with a `postgres://` URL, the cluster's database, its schema
+/// created or brought up to date first (safe when several nodes start at
+/// once).
 pub async fn stores(
     data_dir: &Path,
     store: Option<&str>,
     clock: Arc<dyn Clock>,
     quiesce: &Quiesce,
-) -> Result<Stores, ServeError> {
+) -> Result<NodeStores, ServeError> {
     let Some(url) = store else {
-        return Stores::embedded(data_dir, clock, quiesce)
+        let exchange = Stores::embedded(data_dir, clock, quiesce)
             .await
-            .map_err(ServeError::Open);
+            .map_err(ServeError::Open)?;
+        return Ok(NodeStores {
+            exchange,
+            cluster: None,
+        });
     };
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(ServeError::StoreUrl);
@@ -55,11 +107,13 @@ pub async fn stores(
         .map_err(ServeError::Store)?;
     // Gated for the commit observer (the metrics' commit latency); an online
     // backup is the database's own (pg_dump, base backups), not a pause.
+    // The exchange's scheduler reads its own source only: the table also
+    // holds the notifier's and the pusher's.
     let scheduled = Arc::new(Gated::new(
-        estafeta_cluster::PgSchedule::new(db.clone()),
+        estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
         quiesce.clone(),
     ));
-    Ok(Stores {
+    let exchange = Stores {
         messages: Arc::new(Gated::new(
             estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
             quiesce.clone(),
@@ -71,9 +125,14 @@ pub async fn stores(
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
         scheduled: estafeta_exchange::store::Scheduled::new(scheduled, clock),
         keys: Arc::new(Gated::new(
-            estafeta_cluster::PgKeys::new(db),
+            estafeta_cluster::PgKeys::new(db.clone()),
             quiesce.clone(),
         )),
+    };
+    crate::events::share(Some(Arc::new(estafeta_cluster::PgEvents::new(db.clone()))));
+    Ok(NodeStores {
+        exchange,
+        cluster: Some(db),
     })
 }
 

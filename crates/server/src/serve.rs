@@ -32,7 +32,7 @@ use tower_http::add_extension::AddExtension;
 use crate::app::app;
 use crate::config::HttpSettings;
 use crate::metrics::{Commits, Metrics};
-use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
+use crate::notify::{NotifyError, NotifySettings};
 use crate::state::AppState;
 
 /// The longest wait between two attempts at start-up recovery.
@@ -98,16 +98,26 @@ impl Server {
         config.quiesce = Quiesce::observed(commits.clone());
         let stores =
             crate::open::stores(&config.data_dir, store, clock.clone(), &config.quiesce).await?;
-        let notifier = Notifier::open(notify, config.quiesce.clone()).await?;
-        let pusher = Pusher::open(&notifier, clock.clone(), config.quiesce.clone()).await?;
+        let notifier = stores.notifier(notify, config.quiesce.clone()).await?;
+        let pusher = stores
+            .pusher(&notifier, clock.clone(), config.quiesce.clone())
+            .await?;
+        let sessions = stores.logins();
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
         };
-        let (exchange, admin) = Exchange::open(config, clock, sinks, stores)
+        let (exchange, admin) = Exchange::open(config, clock, sinks, stores.exchange)
             .await
             .map_err(ServeError::Open)?;
-        let state = AppState::new(exchange, http, notifier, pusher, Metrics::new(commits));
+        let state = AppState::new(
+            exchange,
+            http,
+            notifier,
+            pusher,
+            sessions,
+            Metrics::new(commits),
+        );
         Ok((Server { state }, admin))
     }
 

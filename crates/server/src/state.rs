@@ -37,20 +37,22 @@ struct Inner {
 
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
-    /// sinks and `metrics`' commits as its observer ([`crate::Server::open`]
-    /// builds them in that order).
+    /// sinks and `metrics`' commits as its observer, the dashboard's logins
+    /// kept in `sessions` ([`crate::Server::open`] builds them in that
+    /// order).
     pub fn new(
         exchange: Exchange,
         http: HttpSettings,
         notifier: Notifier,
         pusher: Pusher,
+        sessions: Sessions,
         metrics: Metrics,
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
                 http,
                 metrics,
-                sessions: Sessions::default(),
+                sessions,
                 login_throttle: LoginThrottle::default(),
                 last_seen: LastSeen::default(),
                 exchange,

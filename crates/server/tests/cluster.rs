@@ -1,7 +1,7 @@
 //! Two `estafeta serve` nodes over one throwaway PostgreSQL (`store` set to
 //! its URL): what is provisioned through one works through the other, a
-//! whole process cycle runs with calls alternating between the nodes, and
-//! BUSY is cluster-wide.
+//! whole process cycle runs with calls alternating between the nodes,
+//! BUSY is cluster-wide, and the statistics read the same through both.
 
 mod common;
 
@@ -74,6 +74,19 @@ async fn two_nodes_serve_one_cluster() {
         let inbox = on(node, &phone_token).inbox(None).await.unwrap();
         assert_eq!(inbox.messages.len(), 1);
         assert_eq!(inbox.messages[0].from, id("db-a"));
+    }
+    // The statistics are the cluster's: kept with the database's session
+    // record in the store, and read the same through either node.
+    for node in [&a, &b] {
+        let stats = on(node, &admin).stats().await.unwrap();
+        let db = stats.databases.iter().find(|d| d.id == id("db-a")).unwrap();
+        assert_eq!((db.received, db.processes, db.processed), (1, 1, 1));
+        let phone = stats
+            .devices
+            .iter()
+            .find(|d| d.id == id("phone-1"))
+            .unwrap();
+        assert_eq!(phone.processed, 1);
     }
     let idle = on(&b, &db_token)
         .start(&start_request("db-a"))

@@ -1,6 +1,7 @@
 //! Dashboard login: the admin token, typed once into a form, opens a
-//! server-side session kept in memory under a random id, which travels in
-//! a cookie (`HttpOnly`, `SameSite=Strict`, `Secure` when the request came
+//! server-side session under a random id ([`Sessions`]: in the node's
+//! memory, or in the cluster's store so that a login holds on every node),
+//! which travels in a cookie (`HttpOnly`, `SameSite=Strict`, `Secure` when the request came
 //! over TLS through a proxy that says so in `X-Forwarded-Proto`). Each
 //! session has its own CSRF token, which every state-changing form sends
 //! back. The login form itself is protected by a double-submit nonce, and
@@ -18,7 +19,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use estafeta_exchange::tenancy::Principal;
-use estafeta_exchange::token::Token;
+use estafeta_exchange::token::{Token, TokenHash};
+use estafeta_session::BoxFuture;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
@@ -33,9 +35,29 @@ pub const LOGIN_COOKIE: &str = "estafeta_login";
 /// A session unused this long is gone.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(8 * 3600);
 
-/// The logged-in sessions, by id.
+/// A login session store failed (the cluster's store is unreachable).
+#[derive(Debug, thiserror::Error)]
+#[error("login sessions: {0}")]
+pub struct LoginError(String);
+
+/// Where login sessions are kept, by session id: each ends when unused for
+/// [`IDLE_TIMEOUT`].
+pub trait LoginStore: Send + Sync {
+    /// Keeps a new session `id` with its `csrf` token, durably.
+    fn create<'a>(&'a self, id: &'a str, csrf: &'a str) -> BoxFuture<'a, Result<(), LoginError>>;
+
+    /// The CSRF token of the live session `id`, marking it used; `None` if
+    /// there is none or it ended.
+    fn touch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<String>, LoginError>>;
+
+    /// Ends session `id`.
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LoginError>>;
+}
+
+/// Sessions in this node's memory (the embedded store: one node), on the
+/// runtime's clock.
 #[derive(Default)]
-pub struct Sessions {
+pub struct MemoryLogins {
     map: Mutex<HashMap<String, Entry>>,
 }
 
@@ -44,43 +66,115 @@ struct Entry {
     last_seen: Instant,
 }
 
-impl Sessions {
-    /// A new session: its id and CSRF token (both random).
-    pub fn create(&self) -> Option<(String, String)> {
-        let id = Token::generate().ok()?.expose().to_owned();
-        let csrf = Token::generate().ok()?.expose().to_owned();
+impl LoginStore for MemoryLogins {
+    fn create<'a>(&'a self, id: &'a str, csrf: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
         let now = Instant::now();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, e| now.duration_since(e.last_seen) < IDLE_TIMEOUT);
         map.insert(
-            id.clone(),
+            id.to_owned(),
             Entry {
-                csrf: csrf.clone(),
+                csrf: csrf.to_owned(),
                 last_seen: now,
             },
         );
-        Some((id, csrf))
+        Box::pin(std::future::ready(Ok(())))
     }
 
-    /// The CSRF token of a live session (and marks it used).
-    pub fn touch(&self, id: &str) -> Option<String> {
+    fn touch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<String>, LoginError>> {
         let now = Instant::now();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let e = map.get_mut(id)?;
-        if now.duration_since(e.last_seen) >= IDLE_TIMEOUT {
-            map.remove(id);
-            return None;
-        }
-        e.last_seen = now;
-        Some(e.csrf.clone())
+        let found = match map.get_mut(id) {
+            Some(e) if now.duration_since(e.last_seen) < IDLE_TIMEOUT => {
+                e.last_seen = now;
+                Some(e.csrf.clone())
+            }
+            Some(_) => {
+                map.remove(id);
+                None
+            }
+            None => None,
+        };
+        Box::pin(std::future::ready(Ok(found)))
     }
 
-    /// Ends a session.
-    pub fn remove(&self, id: &str) {
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
         self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Sessions in the cluster's store, by the hash of the session id; the
+/// idle deadline runs on the database server's clock.
+impl LoginStore for estafeta_cluster::PgLogins {
+    fn create<'a>(&'a self, id: &'a str, csrf: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
+        Box::pin(async move {
+            estafeta_cluster::PgLogins::create(self, &TokenHash::of(id).0, csrf, IDLE_TIMEOUT)
+                .await
+                .map_err(|e| LoginError(e.to_string()))
+        })
+    }
+
+    fn touch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<String>, LoginError>> {
+        Box::pin(async move {
+            estafeta_cluster::PgLogins::touch(self, &TokenHash::of(id).0, IDLE_TIMEOUT)
+                .await
+                .map_err(|e| LoginError(e.to_string()))
+        })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
+        Box::pin(async move {
+            estafeta_cluster::PgLogins::remove(self, &TokenHash::of(id).0)
+                .await
+                .map_err(|e| LoginError(e.to_string()))
+        })
+    }
+}
+
+/// The logged-in sessions.
+pub struct Sessions {
+    store: Box<dyn LoginStore>,
+}
+
+impl Default for Sessions {
+    /// In this node's memory.
+    fn default() -> Self {
+        Sessions::new(MemoryLogins::default())
+    }
+}
+
+impl Sessions {
+    /// Sessions kept in `store`.
+    pub fn new(store: impl LoginStore + 'static) -> Sessions {
+        Sessions {
+            store: Box::new(store),
+        }
+    }
+
+    /// A new session: its id and CSRF token (both random).
+    pub async fn create(&self) -> Result<(String, String), LoginError> {
+        let random = || {
+            Token::generate()
+                .map(|t| t.expose().to_owned())
+                .map_err(|e| LoginError(e.to_string()))
+        };
+        let (id, csrf) = (random()?, random()?);
+        self.store.create(&id, &csrf).await?;
+        Ok((id, csrf))
+    }
+
+    /// The CSRF token of a live session (and marks it used).
+    pub async fn touch(&self, id: &str) -> Result<Option<String>, LoginError> {
+        self.store.touch(id).await
+    }
+
+    /// Ends a session.
+    pub async fn remove(&self, id: &str) -> Result<(), LoginError> {
+        self.store.remove(id).await
     }
 }
 
@@ -182,12 +276,16 @@ impl FromRequestParts<AppState> for AdminSession {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        let session = cookie(&parts.headers, SESSION_COOKIE).and_then(|id| {
-            state
-                .sessions()
-                .touch(&id)
-                .map(|csrf| AdminSession { id, csrf })
-        });
+        let session = match cookie(&parts.headers, SESSION_COOKIE) {
+            Some(id) => match state.sessions().touch(&id).await {
+                Ok(csrf) => csrf.map(|csrf| AdminSession { id, csrf }),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading a dashboard login failed");
+                    return Err((StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response());
+                }
+            },
+            None => None,
+        };
         match session {
             Some(s) => Ok(s),
             None if parts.method == Method::GET || parts.method == Method::HEAD => {
@@ -275,8 +373,13 @@ pub async fn login(
         );
     }
     state.login_throttle().succeeded(client);
-    let Some((id, _csrf)) = state.sessions().create() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "no randomness available").into_response();
+    let id = match state.sessions().create().await {
+        Ok((id, _csrf)) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "keeping a dashboard login failed");
+            let message = format!("The server cannot keep your login now ({e}); try again.");
+            return login_page(&headers, Some(&message), StatusCode::SERVICE_UNAVAILABLE);
+        }
     };
     tracing::info!(target: "estafeta::event", "dashboard login");
     let secure = over_tls(&headers);
@@ -311,7 +414,10 @@ pub async fn logout(
     if let Err(r) = session.check_csrf(&form.csrf) {
         return r.into_response();
     }
-    state.sessions().remove(&session.id);
+    if let Err(e) = state.sessions().remove(&session.id).await {
+        tracing::error!(error = %e, "ending a dashboard login failed");
+        return (StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response();
+    }
     let mut response = Redirect::to("/admin/login").into_response();
     response.headers_mut().append(
         SET_COOKIE,
@@ -345,15 +451,52 @@ mod tests {
         );
     }
 
+    /// What every login store does: a session is found by its id until
+    /// removed, with its own CSRF token.
+    async fn a_login_store_keeps_sessions(one: &Sessions, other: &Sessions) {
+        let (id, csrf) = one.create().await.unwrap();
+        assert_eq!(
+            other.touch(&id).await.unwrap().as_deref(),
+            Some(csrf.as_str())
+        );
+        let (second, csrf2) = other.create().await.unwrap();
+        assert_ne!((&id, &csrf), (&second, &csrf2));
+        assert_eq!(one.touch("unknown").await.unwrap(), None);
+        other.remove(&id).await.unwrap();
+        assert_eq!(one.touch(&id).await.unwrap(), None);
+        assert_eq!(
+            one.touch(&second).await.unwrap().as_deref(),
+            Some(csrf2.as_str())
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_logins_keep_sessions() {
+        let s = Sessions::default();
+        a_login_store_keeps_sessions(&s, &s).await;
+    }
+
+    /// Two nodes' stores over one PostgreSQL: a login through one holds
+    /// through the other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_logins_keep_sessions_across_nodes() {
+        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
+        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        db.migrate().await.unwrap();
+        let a = Sessions::new(estafeta_cluster::PgLogins::new(db.clone()));
+        let b = Sessions::new(estafeta_cluster::PgLogins::new(db));
+        a_login_store_keeps_sessions(&a, &b).await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn sessions_expire_when_idle_and_csrf_must_match() {
         let s = Sessions::default();
-        let (id, csrf) = s.create().unwrap();
-        assert_eq!(s.touch(&id).as_deref(), Some(csrf.as_str()));
+        let (id, csrf) = s.create().await.unwrap();
+        assert_eq!(s.touch(&id).await.unwrap().as_deref(), Some(csrf.as_str()));
         tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(1)).await;
-        assert!(s.touch(&id).is_some(), "use keeps it alive");
+        assert!(s.touch(&id).await.unwrap().is_some(), "use keeps it alive");
         tokio::time::advance(IDLE_TIMEOUT).await;
-        assert_eq!(s.touch(&id), None);
+        assert_eq!(s.touch(&id).await.unwrap(), None);
         assert!(!same("", ""));
         assert!(same(&csrf, &csrf.clone()));
         let session = AdminSession { id, csrf };

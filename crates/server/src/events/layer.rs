@@ -29,7 +29,7 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use super::store::{EventStore, EventStoreError, Retention};
+use super::store::{EventLogStore, EventStore, EventStoreError, Retention};
 use super::{ALERT_TARGET, EVENT_TARGET, EventRecord};
 
 /// The longest value (the text or a field) a record keeps, in bytes; a
@@ -147,7 +147,8 @@ impl EventLog {
 }
 
 /// The writer thread: waits for a record, takes what else has queued up
-/// (up to [`BATCH`]), writes it in one transaction; until the layer is gone.
+/// (up to [`BATCH`]), writes it in one transaction (to the shared log once
+/// there is one, else to the file); until the layer is gone.
 fn write_batches(
     store: &EventStore,
     jobs: &Receiver<Job>,
@@ -187,8 +188,13 @@ fn write_batches(
                 fields: serde_json::Map::new(),
             });
         }
+        let shared = super::shared();
+        let target: &dyn EventLogStore = match &shared {
+            Some(shared) => shared.as_ref(),
+            None => store,
+        };
         if !records.is_empty()
-            && let Err(e) = store.append(&records, retention, u64::try_from(nanos).unwrap_or(0))
+            && let Err(e) = target.append(&records, retention, u64::try_from(nanos).unwrap_or(0))
         {
             // Not through tracing: that would come back here.
             eprintln!("estafeta: writing the event log failed: {e}");

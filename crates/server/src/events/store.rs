@@ -18,6 +18,10 @@
 //! One process opens a file once ([`EventStore::open`] hands out the same
 //! store to every caller while one is alive): the event log's writer and
 //! the dashboard's pages share it.
+//!
+//! [`EventLogStore`] is what the writer and the readers use: this file, or
+//! the cluster's `events` table ([`estafeta_cluster::PgEvents`]), the same
+//! filters and pages over both.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -60,6 +64,167 @@ impl Default for Retention {
             max_age: std::time::Duration::from_secs(30 * 24 * 3600),
             max_bytes: 256 << 20,
         }
+    }
+}
+
+/// Where the event log is kept.
+pub trait EventLogStore: Send + Sync {
+    /// Writes `records` in one transaction, then removes what the
+    /// retention says must go, counting age from `now_nanos`.
+    fn append(
+        &self,
+        records: &[EventRecord],
+        retention: &Retention,
+        now_nanos: u64,
+    ) -> Result<(), EventStoreError>;
+
+    /// How many records are kept, and their JSON's bytes.
+    fn size(&self) -> Result<(u64, u64), EventStoreError>;
+
+    /// Up to `limit` records passing `filter`, newest first, older than the
+    /// record `before` (an id from the previous page) when given, looking
+    /// at no more than [`SCAN_MOST`] records.
+    fn query(
+        &self,
+        filter: &EventFilter,
+        before: Option<EventKey>,
+        limit: usize,
+    ) -> Result<EventPage, EventStoreError>;
+}
+
+impl EventLogStore for EventStore {
+    fn append(
+        &self,
+        records: &[EventRecord],
+        retention: &Retention,
+        now_nanos: u64,
+    ) -> Result<(), EventStoreError> {
+        EventStore::append(self, records, retention, now_nanos)
+    }
+
+    fn size(&self) -> Result<(u64, u64), EventStoreError> {
+        EventStore::size(self)
+    }
+
+    fn query(
+        &self,
+        filter: &EventFilter,
+        before: Option<EventKey>,
+        limit: usize,
+    ) -> Result<EventPage, EventStoreError> {
+        EventStore::query(self, filter, before, limit)
+    }
+}
+
+/// The key range a filter and a page cursor read: from the lowest key at
+/// or after `since` up to `until` and before `before`.
+fn key_range(filter: &EventFilter, before: Option<EventKey>) -> (EventKey, Bound<EventKey>) {
+    let nanos = |t: Option<chrono::DateTime<chrono::Utc>>, default: u64| {
+        t.map_or(default, |t| {
+            u64::try_from(t.timestamp_nanos_opt().unwrap_or(0)).unwrap_or(0)
+        })
+    };
+    let low: EventKey = (nanos(filter.since, 0), 0);
+    let mut high: Bound<EventKey> = match filter.until {
+        Some(_) => Bound::Included((nanos(filter.until, u64::MAX), u64::MAX)),
+        None => Bound::Unbounded,
+    };
+    if let Some(b) = before {
+        high = match high {
+            Bound::Included(h) if h < b => Bound::Included(h),
+            _ => Bound::Excluded(b),
+        };
+    }
+    (low, high)
+}
+
+/// The index a filter reads, if one serves it: its kind and value.
+fn indexed(filter: &EventFilter) -> Option<(&'static str, &str)> {
+    [
+        ("message", &filter.message),
+        ("request", &filter.request),
+        ("device", &filter.device),
+        ("db", &filter.db),
+    ]
+    .into_iter()
+    .find_map(|(kind, v)| v.as_deref().map(|v| (kind, v)))
+}
+
+/// The event log in the cluster's store.
+impl EventLogStore for estafeta_cluster::PgEvents {
+    fn append(
+        &self,
+        records: &[EventRecord],
+        retention: &Retention,
+        now_nanos: u64,
+    ) -> Result<(), EventStoreError> {
+        let mut rows = Vec::with_capacity(records.len());
+        for e in records {
+            let Some(key) = parse_key(&e.id) else {
+                continue;
+            };
+            let record = serde_json::to_vec(e).map_err(cluster_error)?;
+            rows.push(estafeta_cluster::EventRow {
+                key,
+                names: [
+                    e.db.clone(),
+                    e.device.clone(),
+                    e.process.clone(),
+                    e.message.clone(),
+                    e.request.clone(),
+                ],
+                record,
+            });
+        }
+        let cutoff = now_nanos
+            .saturating_sub(u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX));
+        estafeta_cluster::PgEvents::append(self, &rows, cutoff, retention.max_bytes, PRUNE_MOST)
+            .map_err(cluster_error)
+    }
+
+    fn size(&self) -> Result<(u64, u64), EventStoreError> {
+        estafeta_cluster::PgEvents::size(self).map_err(cluster_error)
+    }
+
+    fn query(
+        &self,
+        filter: &EventFilter,
+        before: Option<EventKey>,
+        limit: usize,
+    ) -> Result<EventPage, EventStoreError> {
+        /// Records read per round trip.
+        const CHUNK: usize = 500;
+        let (low, mut high) = key_range(filter, before);
+        let index = indexed(filter);
+        let mut page = EventPage::default();
+        let mut looked = 0;
+        loop {
+            let rows = self.page(index, low, high, CHUNK).map_err(cluster_error)?;
+            let full = rows.len() == CHUNK;
+            for (key, json) in rows {
+                looked += 1;
+                if let Ok(e) = serde_json::from_slice::<EventRecord>(&json)
+                    && filter.matches(&e)
+                {
+                    page.records.push(e);
+                }
+                if page.records.len() >= limit || looked >= SCAN_MOST {
+                    page.next = Some(format!("{}-{}", key.0, key.1));
+                    return Ok(page);
+                }
+                high = Bound::Excluded(key);
+            }
+            if !full {
+                return Ok(page);
+            }
+        }
+    }
+}
+
+fn cluster_error(e: impl std::fmt::Display) -> EventStoreError {
+    EventStoreError {
+        path: "the cluster store".to_owned(),
+        message: e.to_string(),
     }
 }
 
@@ -246,22 +411,7 @@ impl EventStore {
         before: Option<EventKey>,
         limit: usize,
     ) -> Result<EventPage, EventStoreError> {
-        let nanos = |t: Option<chrono::DateTime<chrono::Utc>>, default: u64| {
-            t.map_or(default, |t| {
-                u64::try_from(t.timestamp_nanos_opt().unwrap_or(0)).unwrap_or(0)
-            })
-        };
-        let low: EventKey = (nanos(filter.since, 0), 0);
-        let mut high: Bound<EventKey> = match filter.until {
-            Some(_) => Bound::Included((nanos(filter.until, u64::MAX), u64::MAX)),
-            None => Bound::Unbounded,
-        };
-        if let Some(b) = before {
-            high = match high {
-                Bound::Included(h) if h < b => Bound::Included(h),
-                _ => Bound::Excluded(b),
-            };
-        }
+        let (low, high) = key_range(filter, before);
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
         let mut page = EventPage::default();
@@ -281,15 +431,7 @@ impl EventStore {
             }
             Ok(true)
         };
-        let indexed = [
-            ("message", &filter.message),
-            ("request", &filter.request),
-            ("device", &filter.device),
-            ("db", &filter.db),
-        ]
-        .into_iter()
-        .find_map(|(kind, v)| v.as_ref().map(|v| format!("{kind}:{v}")));
-        match indexed {
+        match indexed(filter).map(|(kind, v)| format!("{kind}:{v}")) {
             Some(k) => {
                 let index = txn.open_table(INDEX).map_err(|e| self.err(e))?;
                 let from = (k.as_str(), low.0, low.1);
@@ -372,10 +514,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn filters_and_pages_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+    /// Every event log store: filters and pages newest first.
+    fn filters_and_pages_newest_first(store: &dyn EventLogStore) {
         let records: Vec<_> = (0..60)
             .map(|i| record(i, if i.is_multiple_of(2) { "db-a" } else { "db-b" }))
             .collect();
@@ -451,10 +591,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn retention_removes_the_oldest_by_age_and_by_size_with_their_index_entries() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+    /// Every event log store: the retention removes the oldest records by
+    /// age and by size, and they are gone from the indexes too.
+    fn retention_removes_the_oldest_by_age_and_by_size(store: &dyn EventLogStore) {
         let records: Vec<_> = (0..20).map(|i| record(i, "db-a")).collect();
         store.append(&records, &keep_all(), T0).unwrap();
         let (n, bytes) = store.size().unwrap();
@@ -496,6 +635,42 @@ mod tests {
         };
         assert_eq!(store.query(&db_a, None, 100).unwrap().records.len(), 5);
         assert!(store.size().unwrap().1 <= by_size.max_bytes);
+    }
+
+    #[test]
+    fn the_file_filters_and_pages_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        filters_and_pages_newest_first(&*store);
+    }
+
+    #[test]
+    fn the_file_retention_removes_the_oldest_by_age_and_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        retention_removes_the_oldest_by_age_and_by_size(&*store);
+    }
+
+    /// The cluster's `events` table (its methods block: run off the
+    /// runtime's threads).
+    async fn on_postgres(check: fn(&dyn EventLogStore)) {
+        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
+        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        db.migrate().await.unwrap();
+        let store = estafeta_cluster::PgEvents::new(db);
+        tokio::task::spawn_blocking(move || check(&store))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cluster_table_filters_and_pages_newest_first() {
+        on_postgres(filters_and_pages_newest_first).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cluster_table_retention_removes_the_oldest_by_age_and_by_size() {
+        on_postgres(retention_removes_the_oldest_by_age_and_by_size).await;
     }
 
     #[test]

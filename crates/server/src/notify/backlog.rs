@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use estafeta_exchange::service::Listed;
 use estafeta_repeat::store::Store;
-use estafeta_repeat::{Entry, RedbStore, StoreError};
+use estafeta_repeat::{Entry, StoreError};
 
 /// One pending entry of a repeat scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl LastErrors {
 
 /// The first `limit` entries of `source` in `store`, soonest first.
 pub async fn rows(
-    store: &Arc<RedbStore>,
+    store: &Arc<dyn Store>,
     source: &'static str,
     limit: usize,
     errors: &LastErrors,
@@ -107,7 +107,7 @@ pub async fn rows(
 
 /// The backlog of `source` in `store` at wall-clock second `now`.
 pub async fn backlog(
-    store: &Arc<RedbStore>,
+    store: &Arc<dyn Store>,
     source: &'static str,
     now: u64,
 ) -> Result<Backlog, StoreError> {

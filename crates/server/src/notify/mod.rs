@@ -20,6 +20,14 @@
 //! Delivery is at least once: a crash between the send and the removal of
 //! the repeat entry sends that notice again after the restart.
 //!
+//! In cluster mode ([`Notifier::open_in`] with the cluster's store) the
+//! alerts are [`estafeta_cluster::PgAlerts`] and the deliveries entries of
+//! the shared repeat table, written with their alert in one transaction:
+//! a condition that several nodes see is one alert and one delivery per
+//! channel. Every node runs a scheduler on the table; a due delivery is
+//! claimed by one of them for [`LEASE`] ([`estafeta_cluster::PgQueue`]),
+//! and taken up by another node if the claimer dies.
+//!
 //! Push notifications to databases' and devices' webhooks ([`push`]) go
 //! through the same HTTP send queue and host probes.
 
@@ -33,7 +41,7 @@ pub mod targets;
 
 pub use backlog::{Backlog, LastErrors, Row};
 pub use push::Pusher;
-pub use raised::{AlertRecord, Raised, RaisedError};
+pub use raised::{AlertRecord, AlertStore, Raised, RaisedError};
 pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 
 use std::sync::Arc;
@@ -43,6 +51,7 @@ use estafeta_exchange::service::{Gated, Listed};
 use estafeta_exchange::{
     Alert, AlertKind, AlertSink, DataLayout, Exchange, Quiesce, Timestamp, alert_key,
 };
+use estafeta_repeat::store::Store as RepeatStore;
 use estafeta_repeat::{
     Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
 };
@@ -59,6 +68,11 @@ pub const SOURCE: &str = "alerts";
 const MAX_RETRY: Duration = Duration::from_secs(3600);
 /// Deliveries handled at once.
 const WORKERS: usize = 4;
+/// In cluster mode, how long a node that took a due delivery (an alert's,
+/// a push notification's) holds it before another node may take it: longer
+/// than a send takes while its host is up (the transports time out after
+/// 30 s), and the longest a dead node's delivery waits.
+pub const LEASE: Duration = Duration::from_secs(120);
 
 /// The notifier could not start.
 #[derive(Debug, thiserror::Error)]
@@ -99,12 +113,15 @@ pub struct Notifier {
     inner: Arc<Inner>,
 }
 
+/// The alert deliveries' scheduler.
+type AlertScheduler = Scheduler<Gated<Listed<dyn RepeatStore>>, SystemClock>;
+
 struct Inner {
     settings: NotifySettings,
-    raised: Raised,
-    scheduler: Scheduler<Gated<Listed<RedbStore>>, SystemClock>,
-    /// The scheduler's store, read to list pending deliveries.
-    store: Arc<RedbStore>,
+    alerts: Arc<dyn AlertStore>,
+    scheduler: Arc<AlertScheduler>,
+    /// The deliveries, read to list them (without claiming any).
+    store: Arc<dyn RepeatStore>,
     /// Why each retrying delivery failed last.
     errors: LastErrors,
     outbound: Outbound,
@@ -115,20 +132,17 @@ impl Notifier {
     /// paused by `quiesce`) and builds its send queues. Must run inside the
     /// Tokio runtime.
     pub async fn open(settings: NotifySettings, quiesce: Quiesce) -> Result<Self, NotifyError> {
-        let layout = DataLayout::new(&settings.data_dir);
-        tokio::fs::create_dir_all(layout.state_dir()).await?;
-        let raised = {
-            let (path, quiesce) = (layout.alerts(), quiesce.clone());
-            tokio::task::spawn_blocking(move || Raised::open(&path, quiesce))
-                .await
-                .map_err(std::io::Error::other)??
-        };
-        let store = {
-            let path = layout.alert_deliveries();
-            tokio::task::spawn_blocking(move || RedbStore::open(path))
-                .await
-                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??
-        };
+        Notifier::open_in(settings, quiesce, None).await
+    }
+
+    /// [`Notifier::open`], keeping the alerts and their deliveries in
+    /// `cluster`'s store (migrated) when given, instead of files under the
+    /// data folder.
+    pub async fn open_in(
+        settings: NotifySettings,
+        quiesce: Quiesce,
+        cluster: Option<&estafeta_cluster::Store>,
+    ) -> Result<Self, NotifyError> {
         let options = Options {
             retry: RetryPolicy {
                 first: settings.retry,
@@ -136,12 +150,54 @@ impl Notifier {
             },
             ..Options::default()
         };
-        let store = Arc::new(store);
-        let scheduler = Scheduler::new(
-            Gated::new(Listed(store.clone()), quiesce),
-            SystemClock,
-            options,
-        );
+        let (alerts, scheduler, store): (Arc<dyn AlertStore>, _, Arc<dyn RepeatStore>) =
+            match cluster {
+                Some(db) => {
+                    let claiming: Arc<dyn RepeatStore> = Arc::new(
+                        estafeta_cluster::PgQueue::claiming(db.clone(), &[SOURCE], LEASE),
+                    );
+                    let scheduler = Arc::new(Scheduler::new(
+                        Gated::new(Listed(claiming), quiesce),
+                        SystemClock,
+                        options,
+                    ));
+                    (
+                        Arc::new(estafeta_cluster::PgAlerts::new(db.clone())),
+                        scheduler,
+                        Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE])),
+                    )
+                }
+                None => {
+                    let layout = DataLayout::new(&settings.data_dir);
+                    tokio::fs::create_dir_all(layout.state_dir()).await?;
+                    let raised = {
+                        let (path, quiesce) = (layout.alerts(), quiesce.clone());
+                        tokio::task::spawn_blocking(move || Raised::open(&path, quiesce))
+                            .await
+                            .map_err(std::io::Error::other)??
+                    };
+                    let store: Arc<dyn RepeatStore> = {
+                        let path = layout.alert_deliveries();
+                        Arc::new(
+                            tokio::task::spawn_blocking(move || RedbStore::open(path))
+                                .await
+                                .map_err(|e| {
+                                    estafeta_repeat::StoreError::Backend(e.to_string().into())
+                                })??,
+                        )
+                    };
+                    let scheduler = Arc::new(Scheduler::new(
+                        Gated::new(Listed(store.clone()), quiesce),
+                        SystemClock,
+                        options,
+                    ));
+                    let alerts = LocalAlerts {
+                        raised,
+                        scheduler: scheduler.clone(),
+                    };
+                    (Arc::new(alerts), scheduler, store)
+                }
+            };
         let outbound = Outbound::new(
             settings.email.as_ref().map(|e| &e.smtp),
             settings.sms.as_ref().map(|s| &s.gateway),
@@ -153,7 +209,7 @@ impl Notifier {
         Ok(Notifier {
             inner: Arc::new(Inner {
                 settings,
-                raised,
+                alerts,
                 scheduler,
                 store,
                 errors: LastErrors::default(),
@@ -187,17 +243,17 @@ impl Notifier {
     /// The newest `limit` alerts raised, newest first, ended and
     /// acknowledged or not.
     pub async fn alerts(&self, limit: usize) -> Result<Vec<AlertRecord>, RaisedError> {
-        self.inner.raised.list(limit).await
+        self.inner.alerts.list(limit).await
     }
 
     /// An operator acknowledged alert `id` at `at`.
     pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
-        self.inner.raised.acknowledge(id, at).await
+        self.inner.alerts.acknowledge(id, at).await
     }
 
     /// How many alerts no operator acknowledged yet.
     pub async fn unacknowledged(&self) -> Result<u64, RaisedError> {
-        self.inner.raised.unacknowledged().await
+        self.inner.alerts.unacknowledged().await
     }
 
     /// The configured channels.
@@ -398,13 +454,6 @@ impl Notifier {
 impl AlertSink for Notifier {
     fn raise(&self, alert: Alert) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            match self.inner.raised.is_open(&alert.key).await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, key = alert.key, "reading open alerts failed; sending anyway")
-                }
-            }
             let due = self.inner.scheduler.clock().now_secs();
             let mut entries = Vec::new();
             for channel in self.channels() {
@@ -426,14 +475,8 @@ impl AlertSink for Notifier {
                     attempt: 0,
                 });
             }
-            // Scheduled before the key is marked open: a crash in between
-            // may send twice, never not at all.
-            if let Err(e) = self.inner.scheduler.schedule_all(entries).await {
-                tracing::error!(error = %e, key = alert.key, "scheduling alert delivery failed");
-                return;
-            }
-            if let Err(e) = self.inner.raised.open_alert(&alert).await {
-                tracing::error!(error = %e, key = alert.key, "recording an open alert failed");
+            if let Err(e) = self.inner.alerts.raise(&alert, entries).await {
+                tracing::error!(error = %e, key = alert.key, "recording an alert failed");
             }
         })
     }
@@ -442,11 +485,145 @@ impl AlertSink for Notifier {
         Box::pin(async move {
             let now = self.inner.scheduler.clock().now();
             let at = Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
-            match self.inner.raised.close(&key, at).await {
+            match self.inner.alerts.close(&key, at).await {
                 Ok(true) => tracing::info!(key, "alert condition ended"),
                 Ok(false) => {}
                 Err(e) => tracing::error!(error = %e, key, "clearing an open alert failed"),
             }
         })
+    }
+}
+
+/// The alerts of the embedded store: [`Raised`], and the deliveries in the
+/// notifier's own repeat store.
+struct LocalAlerts {
+    raised: Raised,
+    scheduler: Arc<AlertScheduler>,
+}
+
+impl AlertStore for LocalAlerts {
+    fn raise<'a>(
+        &'a self,
+        alert: &'a Alert,
+        deliveries: Vec<Entry>,
+    ) -> BoxFuture<'a, Result<bool, RaisedError>> {
+        Box::pin(async move {
+            if self.raised.is_open(&alert.key).await? {
+                return Ok(false);
+            }
+            // Scheduled before the key is marked open (two files, two
+            // transactions): a crash in between may send twice, never not
+            // at all.
+            self.scheduler
+                .schedule_all(deliveries)
+                .await
+                .map_err(|e| RaisedError::Store(format!("scheduling its delivery: {e}")))?;
+            self.raised.open_alert(alert).await
+        })
+    }
+
+    fn close<'a>(
+        &'a self,
+        key: &'a str,
+        at: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, RaisedError>> {
+        Box::pin(self.raised.close(key, at))
+    }
+
+    fn acknowledge(&self, id: u64, at: Timestamp) -> BoxFuture<'_, Result<(), RaisedError>> {
+        Box::pin(self.raised.acknowledge(id, at))
+    }
+
+    fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<AlertRecord>, RaisedError>> {
+        Box::pin(self.raised.list(limit))
+    }
+
+    fn unacknowledged(&self) -> BoxFuture<'_, Result<u64, RaisedError>> {
+        Box::pin(self.raised.unacknowledged())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What every alert store does, `deliveries` counting the scheduled
+    /// deliveries: a condition is one alert (and one set of deliveries)
+    /// while it lasts; ended, it is a new one; acknowledgements keep their
+    /// first time.
+    async fn an_alert_store_records_each_condition_once(
+        alerts: &dyn AlertStore,
+        deliveries: impl Fn() -> u64,
+    ) {
+        let t = Timestamp::from_millis;
+        let a = Alert::new(AlertKind::InDoubt, "p1", "t", t(1));
+        let entry = Entry {
+            source: SOURCE.to_owned(),
+            due: 1,
+            id: format!("Email/{}", a.key),
+            payload: b"{}".to_vec(),
+            attempt: 0,
+        };
+        assert!(alerts.raise(&a, vec![entry.clone()]).await.unwrap());
+        assert!(!alerts.raise(&a, vec![entry.clone()]).await.unwrap());
+        assert_eq!(deliveries(), 1);
+        assert_eq!(alerts.unacknowledged().await.unwrap(), 1);
+        let first = alerts.list(10).await.unwrap()[0].id;
+        alerts.acknowledge(first, t(5)).await.unwrap();
+        alerts.acknowledge(first, t(6)).await.unwrap();
+        assert!(matches!(
+            alerts.acknowledge(first + 100, t(6)).await,
+            Err(RaisedError::Unknown(_))
+        ));
+        // Acknowledged while it lasts: still not news again.
+        assert!(!alerts.raise(&a, vec![entry.clone()]).await.unwrap());
+        assert_eq!(alerts.unacknowledged().await.unwrap(), 0);
+        assert!(alerts.close(&a.key, t(7)).await.unwrap());
+        assert!(!alerts.close(&a.key, t(8)).await.unwrap());
+        // Ended, the same condition is a new alert.
+        assert!(alerts.raise(&a, vec![entry]).await.unwrap());
+        let list = alerts.list(10).await.unwrap();
+        assert_eq!(list.len(), 2);
+        assert!(list[0].id > list[1].id);
+        assert_eq!((list[0].ended_at, list[0].acked_at), (None, None));
+        assert_eq!(list[0].alert, a);
+        assert_eq!(
+            (list[1].ended_at, list[1].acked_at),
+            (Some(t(7)), Some(t(5)))
+        );
+        assert_eq!(alerts.unacknowledged().await.unwrap(), 1);
+    }
+
+    fn count(store: &Arc<dyn RepeatStore>) -> u64 {
+        let store = store.clone();
+        std::thread::spawn(move || store.count(SOURCE, u64::MAX).unwrap().entries)
+            .join()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn embedded_alerts_record_each_condition_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let raised = Raised::open(&dir.path().join("alerts.redb"), Quiesce::default()).unwrap();
+        let store: Arc<dyn RepeatStore> =
+            Arc::new(RedbStore::open(dir.path().join("alerts-repeat.redb")).unwrap());
+        let scheduler = Arc::new(Scheduler::new(
+            Gated::new(Listed(store.clone()), Quiesce::default()),
+            SystemClock,
+            Options::default(),
+        ));
+        let alerts = LocalAlerts { raised, scheduler };
+        an_alert_store_records_each_condition_once(&alerts, || count(&store)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_alerts_record_each_condition_once() {
+        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
+        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        db.migrate().await.unwrap();
+        let store: Arc<dyn RepeatStore> =
+            Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE]));
+        let alerts = estafeta_cluster::PgAlerts::new(db);
+        an_alert_store_records_each_condition_once(&alerts, || count(&store)).await;
     }
 }

@@ -23,6 +23,17 @@
 //! A crash between an arrival and that write would lose the notification;
 //! start-up processing therefore pushes every recipient whose `Messages`
 //! still holds something (at least once: one notification more at most).
+//!
+//! In cluster mode ([`Pusher::open_in`] with the cluster's store) the
+//! pending notifications are entries of the shared repeat table, and the
+//! coalescing is done there rather than in one node's memory, since the
+//! node that delivers a notification need not be the one that scheduled
+//! it: a recipient has at most one pending notification (`<kind>/<id>`),
+//! and an arrival while it is pending adds at most one more
+//! (`<kind>/<id>/again`), so a burst through any nodes still costs at most
+//! two POSTs. Each due notification is claimed by one node
+//! ([`estafeta_cluster::PgQueue`]): one POST per notification, not one per
+//! node.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +43,7 @@ use std::time::Duration;
 use estafeta_exchange::Quiesce;
 use estafeta_exchange::service::{Gated, Listed};
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
+use estafeta_repeat::store::{Applied, Op, Store as RepeatStore};
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
 use serde::{Deserialize, Serialize};
@@ -39,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::{self, Backlog, LastErrors, Row};
 use super::outbound::{HttpOut, Outbound, PUSH, host_of};
-use super::{Notifier, NotifyError};
+use super::{LEASE, Notifier, NotifyError};
 
 /// The repeat source of push notifications.
 pub const SOURCE: &str = "push";
@@ -53,6 +65,11 @@ const WORKERS: usize = 8;
 struct Push {
     recipient: Id,
     kind: RecipientKind,
+    /// Cluster mode: the webhook as the scheduling node knew it, for a
+    /// node that does not know it (each node keeps the webhooks it loaded
+    /// at start and those set through it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
 }
 
 /// The exchange's clock as the repeat scheduler's, so a test that moves
@@ -73,8 +90,16 @@ pub struct Pusher {
 
 struct Inner {
     outbound: Outbound,
-    scheduler: Scheduler<Gated<Listed<RedbStore>>, ExchangeClock>,
-    store: Arc<RedbStore>,
+    scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, ExchangeClock>,
+    /// The notifications, read to list them (without claiming any) and,
+    /// in cluster mode, written by arrivals.
+    store: Arc<dyn RepeatStore>,
+    /// Cluster mode: pending notifications are coalesced in the store.
+    shared: bool,
+    /// Cluster mode, while [`Pusher::run`] runs: the exchange, whose
+    /// webhooks go with the notifications scheduled (taken back when the
+    /// run ends, since the exchange holds the pusher).
+    exchange: Mutex<Option<Exchange>>,
     errors: LastErrors,
     /// Recipients with a notification pending → whether more arrived since.
     pending: Mutex<HashMap<Id, bool>>,
@@ -92,11 +117,17 @@ impl Pusher {
         clock: Arc<dyn estafeta_session::Clock>,
         quiesce: Quiesce,
     ) -> Result<Self, NotifyError> {
-        let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
-            .await
-            .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
-        let store = Arc::new(store);
+        Pusher::open_in(notifier, clock, quiesce, None).await
+    }
+
+    /// [`Pusher::open`], keeping the pending notifications in `cluster`'s
+    /// store (migrated) when given, instead of a file under the data folder.
+    pub async fn open_in(
+        notifier: &Notifier,
+        clock: Arc<dyn estafeta_session::Clock>,
+        quiesce: Quiesce,
+        cluster: Option<&estafeta_cluster::Store>,
+    ) -> Result<Self, NotifyError> {
         let options = Options {
             retry: RetryPolicy {
                 first: notifier.settings().retry,
@@ -104,29 +135,55 @@ impl Pusher {
             },
             ..Options::default()
         };
+        let (scheduled, store): (Arc<dyn RepeatStore>, Arc<dyn RepeatStore>) = match cluster {
+            Some(db) => (
+                Arc::new(estafeta_cluster::PgQueue::claiming(
+                    db.clone(),
+                    &[SOURCE],
+                    LEASE,
+                )),
+                Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE])),
+            ),
+            None => {
+                let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
+                let store: Arc<dyn RepeatStore> = Arc::new(
+                    tokio::task::spawn_blocking(move || RedbStore::open(path))
+                        .await
+                        .map_err(|e| {
+                            estafeta_repeat::StoreError::Backend(e.to_string().into())
+                        })??,
+                );
+                (store.clone(), store)
+            }
+        };
         let scheduler = Scheduler::new(
-            Gated::new(Listed(store.clone()), quiesce),
+            Gated::new(Listed(scheduled), quiesce),
             ExchangeClock(clock),
             options,
         );
         // What an earlier run left pending is pending now: arrivals for
-        // those recipients coalesce into it.
-        let earlier = {
+        // those recipients coalesce into it. (Cluster mode coalesces in
+        // the store.)
+        let pending = if cluster.is_some() {
+            HashMap::new()
+        } else {
             let listed = Listed(store.clone());
-            tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX))
+            let earlier = tokio::task::spawn_blocking(move || listed.entries(SOURCE, usize::MAX))
                 .await
-                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??
+                .map_err(|e| estafeta_repeat::StoreError::Backend(e.to_string().into()))??;
+            earlier
+                .iter()
+                .filter_map(|e| serde_json::from_slice::<Push>(&e.payload).ok())
+                .map(|p| (p.recipient, false))
+                .collect()
         };
-        let pending = earlier
-            .iter()
-            .filter_map(|e| serde_json::from_slice::<Push>(&e.payload).ok())
-            .map(|p| (p.recipient, false))
-            .collect();
         let pusher = Pusher {
             inner: Arc::new(Inner {
                 outbound: notifier.outbound().clone(),
                 scheduler,
                 store,
+                shared: cluster.is_some(),
+                exchange: Mutex::new(None),
                 errors: LastErrors::default(),
                 pending: Mutex::new(pending),
                 seq: AtomicU64::new(0),
@@ -140,6 +197,9 @@ impl Pusher {
     /// hosts that came back up. Start it once start-up processing is done
     /// (the webhooks are known then).
     pub async fn run(&self, exchange: Exchange, probe: Duration, stop: CancellationToken) {
+        if self.inner.shared {
+            *self.held() = Some(exchange.clone());
+        }
         let me = self.clone();
         let ex = exchange.clone();
         let handler = move |entry: Entry| {
@@ -160,6 +220,7 @@ impl Pusher {
         if let Err(e) = watcher.await {
             tracing::error!(error = %e, "the push host watcher panicked");
         }
+        self.held().take();
         self.close().await;
     }
 
@@ -194,7 +255,8 @@ impl Pusher {
         }
     }
 
-    /// Makes the notifications for `host` that wait for a retry due now.
+    /// Makes the notifications for `host` that wait for a retry due now
+    /// (in cluster mode, those waiting longer than a lease).
     async fn hurry(&self, exchange: &Exchange, host: &str) {
         use estafeta_repeat::Clock;
         let now = self.inner.scheduler.clock().now_secs();
@@ -205,7 +267,15 @@ impl Pusher {
                 Ok(Err(e)) => return tracing::error!(error = %e, "reading pending pushes failed"),
                 Err(e) => return tracing::error!(error = %e, "reading pending pushes failed"),
             };
-        for entry in entries.iter().filter(|e| e.due > now) {
+        // Cluster mode: an entry a node has claimed is due at the end of
+        // its lease; it is being sent, and made due now another node would
+        // send it too. Retries due within a lease go at their time.
+        let after = if self.inner.shared {
+            now.saturating_add(LEASE.as_secs())
+        } else {
+            now
+        };
+        for entry in entries.iter().filter(|e| e.due > after) {
             let for_host = serde_json::from_slice::<Push>(&entry.payload)
                 .ok()
                 .and_then(|p| exchange.webhook(&p.recipient))
@@ -234,6 +304,13 @@ impl Pusher {
         backlog::backlog(&self.inner.store, SOURCE, now).await
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Exchange>> {
+        self.inner
+            .exchange
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Id, bool>> {
         self.inner
             .pending
@@ -255,6 +332,7 @@ impl Pusher {
         let scheduled = match serde_json::to_vec(&Push {
             recipient: recipient.clone(),
             kind,
+            url: None,
         }) {
             Ok(payload) => self
                 .inner
@@ -270,6 +348,56 @@ impl Pusher {
         }
     }
 
+    /// Cluster mode: a notification for `recipient`, due now, unless one
+    /// is pending; then one more after it, unless that one is pending too.
+    async fn schedule_shared(self, recipient: Id, kind: RecipientKind) {
+        use estafeta_repeat::Clock;
+        let due = self.inner.scheduler.clock().now_secs();
+        let url = self
+            .held()
+            .as_ref()
+            .and_then(|ex| ex.webhook(&recipient))
+            .map(|(_, url)| url);
+        let payload = match serde_json::to_vec(&Push {
+            recipient: recipient.clone(),
+            kind,
+            url,
+        }) {
+            Ok(payload) => payload,
+            Err(e) => {
+                return tracing::error!(%recipient, error = %e, "encoding a push notification failed");
+            }
+        };
+        let first = format!("{}/{recipient}", kind.as_str());
+        let store = self.inner.store.clone();
+        let restore = move |id: String| {
+            Op::Restore(Entry {
+                source: SOURCE.to_owned(),
+                due,
+                id,
+                payload: payload.clone(),
+                attempt: 0,
+            })
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let applied = store.apply(&[restore(first.clone())])?;
+            if applied.first() == Some(&Applied::Unchanged) {
+                store.apply(&[restore(format!("{first}/again"))])?;
+            }
+            Ok::<_, estafeta_repeat::StoreError>(())
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
+            }
+            Err(e) => {
+                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
+            }
+        }
+    }
+
     /// One due notification: sent, or failed for a retry with backoff.
     async fn deliver(&self, exchange: &Exchange, entry: Entry) -> Outcome {
         let push: Push = match serde_json::from_slice(&entry.payload) {
@@ -279,7 +407,11 @@ impl Pusher {
                 return Outcome::Done;
             }
         };
-        let Some((kind, url)) = exchange.webhook(&push.recipient) else {
+        let known = exchange.webhook(&push.recipient).or_else(|| {
+            let url = push.url.clone().filter(|_| self.inner.shared)?;
+            Some((push.kind, url))
+        });
+        let Some((kind, url)) = known else {
             tracing::info!(recipient = %push.recipient, "webhook cleared; push notification dropped");
             return self.settled(&entry, &push.recipient);
         };
@@ -334,6 +466,9 @@ impl Pusher {
     fn settled(&self, entry: &Entry, recipient: &Id) -> Outcome {
         use estafeta_repeat::Clock;
         self.inner.errors.clear(&entry.id);
+        if self.inner.shared {
+            return Outcome::Done;
+        }
         let mut pending = self.lock();
         match pending.get_mut(recipient) {
             Some(again) if *again => {
@@ -350,6 +485,10 @@ impl Pusher {
 
 impl PushSink for Pusher {
     fn arrived(&self, recipient: &Id, kind: RecipientKind) {
+        if self.inner.shared {
+            tokio::spawn(self.clone().schedule_shared(recipient.clone(), kind));
+            return;
+        }
         {
             let mut pending = self.lock();
             if let Some(again) = pending.get_mut(recipient) {

@@ -11,11 +11,19 @@
 //! The two are independent: a condition that ended still waits for its
 //! acknowledgement, and acknowledging an ongoing condition does not make
 //! it alert again.
+//!
+//! The notifier reaches its alerts through [`AlertStore`]: this file
+//! (with the deliveries in the notifier's repeat store beside it) on the
+//! embedded store, [`estafeta_cluster::PgAlerts`] in cluster mode, where
+//! the alert and its deliveries are one transaction and one event is one
+//! alert whichever nodes raise it.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use estafeta_exchange::{Alert, Quiesce, Timestamp};
+use estafeta_repeat::Entry;
+use estafeta_session::BoxFuture;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +58,94 @@ pub struct AlertRecord {
     pub ended_at: Option<Timestamp>,
     /// When an operator acknowledged it, if one did.
     pub acked_at: Option<Timestamp>,
+}
+
+/// Where the raised alerts are kept, and their deliveries scheduled.
+pub trait AlertStore: Send + Sync {
+    /// Records `alert` as ongoing and schedules its `deliveries` (repeat
+    /// entries of the notifier's source), durably; `false` when its
+    /// condition was ongoing already (nothing is scheduled then).
+    fn raise<'a>(
+        &'a self,
+        alert: &'a Alert,
+        deliveries: Vec<Entry>,
+    ) -> BoxFuture<'a, Result<bool, RaisedError>>;
+
+    /// The condition `key` ended at `at`, durably; `false` if it was not ongoing.
+    fn close<'a>(&'a self, key: &'a str, at: Timestamp)
+    -> BoxFuture<'a, Result<bool, RaisedError>>;
+
+    /// An operator acknowledged alert `id` at `at`, durably (a second
+    /// acknowledgement keeps the first time).
+    fn acknowledge(&self, id: u64, at: Timestamp) -> BoxFuture<'_, Result<(), RaisedError>>;
+
+    /// The newest `limit` alerts, newest first.
+    fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<AlertRecord>, RaisedError>>;
+
+    /// How many alerts no operator acknowledged yet.
+    fn unacknowledged(&self) -> BoxFuture<'_, Result<u64, RaisedError>>;
+}
+
+impl AlertStore for estafeta_cluster::PgAlerts {
+    fn raise<'a>(
+        &'a self,
+        alert: &'a Alert,
+        deliveries: Vec<Entry>,
+    ) -> BoxFuture<'a, Result<bool, RaisedError>> {
+        Box::pin(async move {
+            let id = estafeta_cluster::PgAlerts::raise(self, alert, &deliveries)
+                .await
+                .map_err(err)?;
+            Ok(id.is_some())
+        })
+    }
+
+    fn close<'a>(
+        &'a self,
+        key: &'a str,
+        at: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, RaisedError>> {
+        Box::pin(async move {
+            estafeta_cluster::PgAlerts::close(self, key, at)
+                .await
+                .map_err(err)
+        })
+    }
+
+    fn acknowledge(&self, id: u64, at: Timestamp) -> BoxFuture<'_, Result<(), RaisedError>> {
+        Box::pin(async move {
+            match estafeta_cluster::PgAlerts::acknowledge(self, id, at).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(RaisedError::Unknown(id)),
+                Err(e) => Err(err(e)),
+            }
+        })
+    }
+
+    fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<AlertRecord>, RaisedError>> {
+        Box::pin(async move {
+            let stored = estafeta_cluster::PgAlerts::list(self, limit)
+                .await
+                .map_err(err)?;
+            Ok(stored
+                .into_iter()
+                .map(|s| AlertRecord {
+                    id: s.id,
+                    alert: s.alert,
+                    ended_at: s.ended_at,
+                    acked_at: s.acked_at,
+                })
+                .collect())
+        })
+    }
+
+    fn unacknowledged(&self) -> BoxFuture<'_, Result<u64, RaisedError>> {
+        Box::pin(async move {
+            estafeta_cluster::PgAlerts::unacknowledged(self)
+                .await
+                .map_err(err)
+        })
+    }
 }
 
 /// The raised alerts. Cheap to clone.

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::{Layout, PageError, PageResult, query_value, render};
 use crate::dashboard::auth::AdminSession;
 use crate::events::store::parse_key;
-use crate::events::{EventFilter, EventStore, events_file};
+use crate::events::{EventFilter, events_file};
 use crate::state::AppState;
 
 /// The most events one page shows.
@@ -135,7 +135,7 @@ pub async fn events(
         Ok((filter, before)) => {
             let path = events_file(state.exchange().data_dir());
             let found = tokio::task::spawn_blocking(move || {
-                EventStore::open(&path)?.query(&filter, before, EVENTS_SHOWN)
+                crate::events::reader(&path)?.query(&filter, before, EVENTS_SHOWN)
             })
             .await
             .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
