@@ -109,15 +109,31 @@ impl Exchange {
 
     /// Admin: how many processes of every database are in each state
     /// (open ones and the recently ended), and since when the oldest
-    /// READY_TO_COMMIT has been ready, kept as the records are saved.
+    /// READY_TO_COMMIT has been ready, kept as the records are saved (read
+    /// from every record when other servers share the session store).
     pub async fn process_totals(&self, who: &Principal) -> Result<ProcessTotals, ExchangeError> {
         admin(who)?;
+        if self.core.sessions.shared {
+            return Ok(self.read_all_processes().await?.totals());
+        }
         Ok(self.process_tally().await?.totals())
+    }
+
+    /// The process list read from every database's record.
+    async fn read_all_processes(&self) -> Result<super::tally::ProcessTally, ExchangeError> {
+        let read = super::tally::ProcessTally::default();
+        for db in self.core.registry.databases() {
+            if let Some(g) = self.core.sessions.db.get(db.id.clone(), false).await? {
+                read.replace(&db.id, DbRows::of(g.state()));
+            }
+        }
+        Ok(read)
     }
 
     /// Admin: how many processes the list holds, and up to `limit` of them
     /// after the `skip` first: open ones first, then the recently ended,
-    /// newest first within each.
+    /// newest first within each (as [`process_totals`](Self::process_totals)
+    /// keeps or reads them).
     pub async fn process_page(
         &self,
         who: &Principal,
@@ -125,6 +141,9 @@ impl Exchange {
         limit: usize,
     ) -> Result<(usize, Vec<ProcessSummary>), ExchangeError> {
         admin(who)?;
+        if self.core.sessions.shared {
+            return Ok(self.read_all_processes().await?.page(skip, limit));
+        }
         Ok(self.process_tally().await?.page(skip, limit))
     }
 
