@@ -4,7 +4,8 @@
 //! operator's settlements, requeues and discards, and restarts,
 //! [`Exchange::totals`] equals [`Exchange::recount`] (every folder counted)
 //! and [`Exchange::process_totals`] the counts of [`Exchange::processes`]
-//! (every database's record read).
+//! (every database's record read), whose processes
+//! [`Exchange::process_page`] lists, open ones first.
 
 #[path = "common/world.rs"]
 mod world;
@@ -85,11 +86,19 @@ fn counted(list: &ProcessList) -> ProcessTotals {
     }
 }
 
-/// Both recounts, read together.
-async fn recount(ex: &Exchange, w: &World) -> (Totals, ProcessTotals) {
+/// The processes by id.
+fn by_id(mut list: Vec<ProcessSummary>) -> Vec<ProcessSummary> {
+    list.sort_by_key(|p| p.process_id);
+    list
+}
+
+/// Both recounts, read together, and every process.
+async fn recount(ex: &Exchange, w: &World) -> (Totals, ProcessTotals, Vec<ProcessSummary>) {
+    let list = ex.processes(&w.admin).await.unwrap();
     (
         ex.recount(&w.admin).await.unwrap(),
-        counted(&ex.processes(&w.admin).await.unwrap()),
+        counted(&list),
+        by_id(list.processes),
     )
 }
 
@@ -100,9 +109,17 @@ async fn check(w: &World) {
     let ex = &w.ex;
     for _ in 0..100 {
         let before = recount(ex, w).await;
+        let (listed, page) = ex.process_page(&w.admin, 0, usize::MAX).await.unwrap();
+        let open = page.iter().filter(|p| !is_ended(p.state)).count();
+        assert!(
+            page[..open].iter().all(|p| !is_ended(p.state)),
+            "open processes first: {page:?}"
+        );
+        assert_eq!(listed, page.len());
         let kept = (
             ex.totals(&w.admin).await.unwrap(),
             ex.process_totals(&w.admin).await.unwrap(),
+            by_id(page),
         );
         let after = recount(ex, w).await;
         if before == after {
@@ -112,6 +129,17 @@ async fn check(w: &World) {
         tokio::task::yield_now().await;
     }
     panic!("the figures never held still");
+}
+
+/// Whether a process in `state` has ended.
+fn is_ended(state: ProcessState) -> bool {
+    matches!(
+        state,
+        ProcessState::Done
+            | ProcessState::RolledBack
+            | ProcessState::Aborted
+            | ProcessState::TimedOut
+    )
 }
 
 async fn run(ops: Vec<Op>) {
