@@ -2,8 +2,10 @@
 //! folder with an enterprise, databases and devices provisioned, the
 //! simulated devices and processors of [`estafeta_sim`] exchanging messages
 //! through it, and the dashboard's address and admin token printed, until
-//! SIGINT (Ctrl-C), SIGTERM or `--duration`. Nothing is left behind: the
-//! folder goes away when the demo ends, by a signal too.
+//! SIGINT (Ctrl-C), SIGTERM or `--duration`. Like `serve`, it keeps the
+//! structured event log in its data folder, so the dashboard's event log
+//! shows the demo's provisioning, protocol steps and alerts. Nothing is
+//! left behind: the folder goes away when the demo ends, by a signal too.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use estafeta_client::Client;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_exchange::{ExchangeConfig, Id};
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::{HttpSettings, Server};
+use estafeta_server::{HttpSettings, Server, Settings};
 use estafeta_sim::{Device, Processor, ProcessorConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -23,16 +25,20 @@ use tokio_util::sync::CancellationToken;
 const DATABASES: [&str; 2] = ["db-north", "db-south"];
 const DEVICES: [&str; 4] = ["phone-1", "phone-2", "phone-3", "phone-4"];
 
-/// Runs the demo on `listen` until `stop` resolves, or for `duration`.
+/// Runs the demo on `listen` until `stop` resolves, or for `duration`,
+/// logging as `logging` says (stderr lines, and the event log in its data
+/// folder).
 pub(crate) async fn demo(
     listen: &str,
     duration: Option<Duration>,
+    logging: &Settings,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let folder = tempfile::Builder::new()
         .prefix("estafeta-demo-")
         .tempdir()
         .context("making a temporary data folder")?;
+    estafeta_server::logging::init(logging, Some(folder.path()))?;
     let mut config = ExchangeConfig::new(folder.path());
     config.started_timeout = Duration::from_secs(30);
     config.ready_timeout = Duration::from_secs(60);
@@ -57,6 +63,9 @@ pub(crate) async fn demo(
     let admin = Client::new(&format!("http://{addr}"), &token)?;
     wait_ready(&admin).await?;
     let (devices, processors) = provision(&admin, folder.path()).await?;
+    // The provisioning's events are in the event log before the address
+    // is shown.
+    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
     println!("listening on {addr}");
     println!("dashboard: http://{addr}/admin");
     println!("admin token: {token}");
@@ -102,6 +111,8 @@ pub(crate) async fn demo(
     }
     stop_server.cancel();
     server.await.context("the server task")??;
+    // Written before the folder goes.
+    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
     println!("demo stopped: {uploaded} messages uploaded, {replies} replies received");
     Ok(())
 }

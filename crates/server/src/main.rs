@@ -182,8 +182,9 @@ fn main() -> anyhow::Result<()> {
             if std::env::var_os("ESTAFETA_LOG").is_none() {
                 logging.log = LogFilter::parse(DEMO_LOG).map_err(anyhow::Error::msg)?;
             }
-            estafeta_server::logging::init(&logging, None)?;
-            runtime()?.block_on(async { demo::demo(&listen, duration, shutdown_signal()?).await })
+            runtime()?.block_on(async {
+                demo::demo(&listen, duration, &logging, shutdown_signal()?).await
+            })
         }
     }
 }

@@ -7,8 +7,9 @@
 //! `ESTAFETA_SCALE_ROUNDS` rounds (default 5) is printed, p50 and p99.
 //!
 //! The full size of the issue, measured for the benchmarks:
-//! `ESTAFETA_SCALE_DEVICES=10000 ESTAFETA_SCALE_MESSAGES=1000000 cargo test
-//! --release -p estafeta-server --test dashboard_scale -- --nocapture`.
+//! `ESTAFETA_SCALE_DEVICES=10000 ESTAFETA_SCALE_MESSAGES=1000000
+//! ESTAFETA_SCALE_ROUNDS=20 cargo test --release -p estafeta-server --test
+//! dashboard_scale -- --nocapture`.
 
 mod common;
 
@@ -70,10 +71,19 @@ async fn login(server: &TestServer) -> String {
     format!("estafeta_admin={}", cookie(&r, "estafeta_admin"))
 }
 
+/// How a file gets its content.
+enum Body<'a> {
+    /// Written with these bytes.
+    Bytes(&'a [u8]),
+    /// A hard link to this (empty) file: one system call and no inode per
+    /// file, so a million waiting messages are made in seconds. The pages
+    /// read only the names of the waiting messages.
+    LinkTo(&'a std::path::Path),
+}
+
 /// Writes `n` message files named for `db` into `<data>/<db>/<folder>`,
-/// created one millisecond apart from `t0`, each holding `body` (the
-/// pages read only the names, so the waiting ones are left empty: a
-/// million of them then take no data blocks).
+/// created one millisecond apart from `t0`, with `body` (no fsync: the
+/// test reads them back from the page cache).
 fn write_files(
     data: &std::path::Path,
     db: &str,
@@ -81,7 +91,7 @@ fn write_files(
     n: usize,
     t0: i64,
     seq: u128,
-    body: &[u8],
+    body: Body<'_>,
 ) {
     let dir = data.join(db).join(folder);
     std::fs::create_dir_all(&dir).unwrap();
@@ -94,7 +104,11 @@ fn write_files(
             to: id(db),
             subsystem: id("app"),
         };
-        std::fs::write(dir.join(name.to_string()), body).unwrap();
+        let path = dir.join(name.to_string());
+        match body {
+            Body::Bytes(bytes) => std::fs::write(path, bytes).unwrap(),
+            Body::LinkTo(seed) => std::fs::hard_link(seed, path).unwrap(),
+        }
     }
 }
 
@@ -131,17 +145,26 @@ async fn every_page_stays_small_at_scale() {
     let data = server.data.path().to_path_buf();
     let t0 = Timestamp::from_system_time(std::time::SystemTime::now()).as_millis() - 3_600_000;
     let per_db = messages / databases;
+    // The empty file each database's waiting messages link to, on the data
+    // folder's file system (a file takes at most 65,000 links).
+    let seeds = tempfile::tempdir_in(data.parent().unwrap()).unwrap();
+    assert!(per_db < 65_000, "{per_db} links to one file");
     let written = Instant::now();
     let writers: Vec<_> = dbs
         .chunks(dbs.len().div_ceil(4))
         .map(|chunk| {
             let (chunk, data) = (chunk.to_vec(), data.clone());
+            let seeds = seeds.path().to_path_buf();
             std::thread::spawn(move || {
                 for db in chunk {
                     let seq: u128 = db[4..].parse().unwrap();
-                    write_files(&data, &db, "Messages", per_db, t0, seq, b"");
+                    let seed = seeds.join(&db);
+                    std::fs::write(&seed, b"").unwrap();
+                    let body = Body::LinkTo(&seed);
+                    write_files(&data, &db, "Messages", per_db, t0, seq, body);
                     if (seq as usize) < IN_ERROR / 2 {
-                        write_files(&data, &db, "Error", 2, t0, seq + 100_000, b"{}");
+                        let body = Body::Bytes(b"{}");
+                        write_files(&data, &db, "Error", 2, t0, seq + 100_000, body);
                     }
                 }
             })

@@ -1,7 +1,8 @@
 //! `estafeta demo` as a real process: it serves, prints the dashboard
 //! address and the admin token, runs its simulators (which upload
-//! messages), logs only warnings, and exits 0 at the end of `--duration`,
-//! or on SIGTERM or SIGINT, removing its data folder either way.
+//! messages), logs only warnings on stderr while its dashboard's event log
+//! shows its events, and exits 0 at the end of `--duration`, or on SIGTERM
+//! or SIGINT, removing its data folder either way.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -27,33 +28,56 @@ fn demo(cwd: &std::path::Path, args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
-/// Reads the demo's stdout until its `data folder:` line; the folder and
-/// the rest of stdout (kept open: the demo prints its last line there).
-async fn data_folder(child: &mut Child) -> (PathBuf, BufReader<ChildStdout>) {
+/// What the demo prints before it runs its simulators.
+struct Shown {
+    /// The dashboard's address (`http://…/admin`).
+    dashboard: String,
+    /// The admin token.
+    token: String,
+    /// The data folder.
+    folder: PathBuf,
+}
+
+/// Reads the demo's stdout until its `data folder:` line; what it showed
+/// and the rest of stdout (kept open: the demo prints its last line there).
+async fn shown(child: &mut Child) -> (Shown, BufReader<ChildStdout>) {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
+    let (mut dashboard, mut token) = (String::new(), String::new());
     loop {
         line.clear();
         assert!(
             stdout.read_line(&mut line).await.unwrap() > 0,
             "the demo ended before printing its data folder"
         );
+        let line = line.trim_end();
+        if let Some(rest) = line.strip_prefix("dashboard: ") {
+            dashboard = rest.to_owned();
+        }
+        if let Some(rest) = line.strip_prefix("admin token: ") {
+            token = rest.to_owned();
+        }
         if let Some(rest) = line.strip_prefix("data folder: ") {
-            let path = rest.split(" (").next().unwrap();
-            return (PathBuf::from(path), stdout);
+            let folder = PathBuf::from(rest.split(" (").next().unwrap());
+            let shown = Shown {
+                dashboard,
+                token,
+                folder,
+            };
+            return (shown, stdout);
         }
     }
 }
 
-/// Starts a demo without `--duration`, sends it `signal` once it serves,
-/// and checks that it stops cleanly and removes its data folder.
-async fn stopped_by(signal: &str) {
-    let cwd = tempfile::tempdir().unwrap();
-    let mut child = demo(cwd.path(), &["--listen", "127.0.0.1:0"])
-        .spawn()
-        .unwrap();
-    let (folder, mut stdout) = data_folder(&mut child).await;
-    assert!(folder.is_dir(), "{}", folder.display());
+/// Reads the demo's stdout until its `data folder:` line; the folder and
+/// the rest of stdout.
+async fn data_folder(child: &mut Child) -> (PathBuf, BufReader<ChildStdout>) {
+    let (shown, stdout) = shown(child).await;
+    (shown.folder, stdout)
+}
+
+/// Sends `signal` to the demo and checks that it stops cleanly.
+async fn stop(child: &mut Child, signal: &str, stdout: &mut BufReader<ChildStdout>) {
     let pid = child.id().unwrap().to_string();
     let kill = tokio::process::Command::new("kill")
         .args([signal, &pid])
@@ -66,6 +90,57 @@ async fn stopped_by(signal: &str) {
     assert!(rest.contains("demo stopped: "), "{signal}: {rest}");
     let status = child.wait().await.unwrap();
     assert!(status.success(), "{signal}: {status:?}");
+}
+
+/// The value of `name` in a response's `set-cookie` headers.
+fn cookie(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .find_map(|v| {
+            let text = v.to_str().ok()?;
+            Some(
+                text.strip_prefix(&format!("{name}="))?
+                    .split(';')
+                    .next()?
+                    .to_owned(),
+            )
+        })
+        .unwrap_or_else(|| panic!("no {name} cookie"))
+}
+
+/// Logs in to the dashboard at `dashboard` (`http://…/admin`) with
+/// `token`; the session's cookie header value.
+async fn log_in(http: &reqwest::Client, dashboard: &str, token: &str) -> String {
+    let url = format!("{dashboard}/login");
+    let form = http.get(&url).send().await.unwrap();
+    assert!(form.status().is_success(), "{}", form.status());
+    let nonce = cookie(&form, "estafeta_login");
+    let r = http
+        .post(&url)
+        .header(reqwest::header::COOKIE, format!("estafeta_login={nonce}"))
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .body(format!("token={token}&nonce={nonce}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::SEE_OTHER);
+    format!("estafeta_admin={}", cookie(&r, "estafeta_admin"))
+}
+
+/// Starts a demo without `--duration`, sends it `signal` once it serves,
+/// and checks that it stops cleanly and removes its data folder.
+async fn stopped_by(signal: &str) {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = demo(cwd.path(), &["--listen", "127.0.0.1:0"])
+        .spawn()
+        .unwrap();
+    let (folder, mut stdout) = data_folder(&mut child).await;
+    assert!(folder.is_dir(), "{}", folder.display());
+    stop(&mut child, signal, &mut stdout).await;
     assert!(
         !folder.exists(),
         "{signal}: {} left behind",
@@ -81,6 +156,44 @@ async fn sigterm_stops_the_demo_and_removes_its_folder() {
 #[tokio::test]
 async fn sigint_stops_the_demo_and_removes_its_folder() {
     stopped_by("-INT").await;
+}
+
+/// The provisioning's events are in the event log when the demo shows its
+/// address, so the dashboard's event log page lists them (its stderr stays
+/// quiet all the same).
+#[tokio::test]
+async fn the_demos_event_log_page_shows_its_events() {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = demo(cwd.path(), &["--listen", "127.0.0.1:0"])
+        .spawn()
+        .unwrap();
+    let (shown, mut stdout) = shown(&mut child).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let session = log_in(&http, &shown.dashboard, &shown.token).await;
+    let page = http
+        .get(format!("{}/events", shown.dashboard))
+        .header(reqwest::header::COOKIE, &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), reqwest::StatusCode::OK);
+    let html = page.text().await.unwrap();
+    for event in [
+        "database created",
+        "device created",
+        "db-north",
+        "db-south",
+        "phone-4",
+    ] {
+        assert!(
+            html.contains(event),
+            "no {event:?} in the event log:\n{html}"
+        );
+    }
+    stop(&mut child, "-TERM", &mut stdout).await;
 }
 
 #[tokio::test]

@@ -19,6 +19,11 @@
 //! using the old listing meanwhile); changes settled during it are noted in
 //! a journal and replayed on the new listing before it replaces the old.
 //!
+//! A folder counted in the running totals (see [`tally`](super::tally))
+//! tells them its file count and oldest file whenever its listing changes,
+//! under the index's own lock, so the totals always equal the sum of the
+//! listings.
+//!
 //! Memory: an entry holds the time, the message id and a shared route
 //! (sender, recipient, subsystem: one copy per distinct route), about 50
 //! bytes with the map's overhead. Sizes are read lazily (a rescan reads only
@@ -30,29 +35,100 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::select::{self, Filter, Limits};
+use super::tally::{COUNTED, Counted, MailboxKind, Share, Tally};
 use super::{FileEntry, FileName, Location};
 use crate::error::{FileNameError, MailboxError};
 use crate::id::Id;
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 
-/// The indexes of every folder used so far, by location.
+/// The indexes of every folder used so far, by location, and the running
+/// totals of the counted ones.
 #[derive(Default)]
 pub(crate) struct Indexes {
     folders: Mutex<HashMap<Location, Arc<FolderIndex>>>,
+    /// The kind of each mailbox told to count (taken after `folders`).
+    kinds: Mutex<HashMap<Id, MailboxKind>>,
+    /// The counted folders not known to be built or absent: checked (an
+    /// existing folder's index built) before the totals are read.
+    unchecked: Mutex<HashSet<Location>>,
+    /// The counted folders found absent (and given no index): checked
+    /// again with the indexes, for a folder made by hand.
+    absent: Mutex<HashSet<Location>>,
+    pub(crate) tally: Arc<Tally>,
 }
 
 impl Indexes {
     /// The index of the folder at `dir` (`loc`), made empty and unbuilt on
-    /// first call.
+    /// first call (and, if it is counted, to be checked).
     pub(crate) fn folder(&self, loc: &Location, dir: impl FnOnce() -> PathBuf) -> Arc<FolderIndex> {
         let mut folders = lock(&self.folders);
         if let Some(index) = folders.get(loc) {
             return Arc::clone(index);
         }
-        let index = Arc::new(FolderIndex::new(dir()));
+        let counted = self.counted(loc, lock(&self.kinds).get(&loc.mailbox).copied());
+        if counted.is_some() {
+            lock(&self.unchecked).insert(loc.clone());
+            lock(&self.absent).remove(loc);
+        }
+        let index = Arc::new(FolderIndex::new(dir(), counted));
         folders.insert(loc.clone(), Arc::clone(&index));
         index
+    }
+
+    /// The place in the totals of the folder `loc` of a mailbox of `kind`,
+    /// if it is counted.
+    fn counted(&self, loc: &Location, kind: Option<MailboxKind>) -> Option<Counted> {
+        let kind = kind.filter(|_| COUNTED.contains(&loc.folder))?;
+        Some(Counted {
+            kind,
+            folder: loc.folder,
+            mailbox: loc.mailbox.clone(),
+            tally: Arc::clone(&self.tally),
+        })
+    }
+
+    /// Counts the folders of `mailbox` in the totals as a mailbox of
+    /// `kind` from now on (moving what they count if its kind changes).
+    pub(crate) fn count_as(&self, mailbox: &Id, kind: MailboxKind) {
+        let folders = lock(&self.folders);
+        if lock(&self.kinds).insert(mailbox.clone(), kind) == Some(kind) {
+            return;
+        }
+        for folder in COUNTED {
+            let loc = Location::new(mailbox.clone(), folder);
+            if let Some(index) = folders.get(&loc) {
+                index.count_in(self.counted(&loc, Some(kind)));
+            }
+            lock(&self.unchecked).insert(loc);
+        }
+    }
+
+    /// The counted folders to check, taken out of the set (a folder whose
+    /// index is made meanwhile is put back).
+    pub(crate) fn take_unchecked(&self) -> Vec<Location> {
+        lock(&self.unchecked).drain().collect()
+    }
+
+    /// Notes that the counted folder `loc` needs checking.
+    pub(crate) fn uncheck(&self, loc: Location) {
+        lock(&self.unchecked).insert(loc);
+    }
+
+    /// Notes that the counted folder `loc` has a built index.
+    pub(crate) fn checked(&self, loc: &Location) {
+        lock(&self.unchecked).remove(loc);
+    }
+
+    /// Notes that the counted folder `loc` was absent when checked.
+    pub(crate) fn absent(&self, loc: Location) {
+        lock(&self.absent).insert(loc);
+    }
+
+    /// The counted folders found absent go back to be checked.
+    pub(crate) fn recheck_absent(&self) {
+        let absent: Vec<Location> = lock(&self.absent).drain().collect();
+        lock(&self.unchecked).extend(absent);
     }
 
     /// Whether the folder `loc` has an index (built or not).
@@ -60,13 +136,14 @@ impl Indexes {
         lock(&self.folders).contains_key(loc)
     }
 
-    /// The indexes of the folders used since their last scan.
-    pub(crate) fn used(&self) -> Vec<Arc<FolderIndex>> {
+    /// The indexes of the folders used since their last scan, and of the
+    /// counted folders too if `counted`.
+    pub(crate) fn used(&self, counted: bool) -> Vec<Arc<FolderIndex>> {
         lock(&self.folders)
             .values()
             .filter(|index| {
                 let state = index.state();
-                state.built && state.used
+                state.built && (state.used || (counted && state.counted.is_some()))
             })
             .cloned()
             .collect()
@@ -211,16 +288,45 @@ struct State {
     pending: HashMap<FileName, u32>,
     /// The edits settled while a scan runs, to replay on its listing.
     journal: Option<Vec<Edit>>,
+    /// Where the folder counts in the running totals, if it does.
+    counted: Option<Counted>,
+    /// What the listing has added to the totals.
+    share: Share,
 }
 
 impl State {
     fn edit(&mut self, edit: Edit) {
         if self.built {
             self.listing.apply(&edit);
+            self.report();
         }
         if let Some(journal) = &mut self.journal {
             journal.push(edit);
         }
+    }
+
+    /// Brings the totals in line with the listing: a built listing counts
+    /// its files and its oldest, an unbuilt one nothing.
+    fn report(&mut self) {
+        let Some(counted) = &self.counted else {
+            return;
+        };
+        let now = if self.built {
+            Share {
+                files: self.listing.entries.len(),
+                oldest: self.listing.entries.keys().next().map(|k| k.created_at),
+            }
+        } else {
+            Share::default()
+        };
+        counted.tally.replace(
+            counted.kind,
+            counted.folder,
+            &counted.mailbox,
+            self.share,
+            now,
+        );
+        self.share = now;
     }
 }
 
@@ -233,7 +339,7 @@ pub(crate) struct FolderIndex {
 }
 
 impl FolderIndex {
-    fn new(dir: PathBuf) -> Self {
+    fn new(dir: PathBuf, counted: Option<Counted>) -> Self {
         Self {
             dir,
             state: Mutex::new(State {
@@ -242,9 +348,29 @@ impl FolderIndex {
                 listing: Listing::default(),
                 pending: HashMap::new(),
                 journal: None,
+                counted,
+                share: Share::default(),
             }),
             scanning: Mutex::new(()),
         }
+    }
+
+    /// Counts the folder at `counted` in the totals (or nowhere), taking
+    /// its share out of where it counted before.
+    fn count_in(&self, counted: Option<Counted>) {
+        let mut state = self.state();
+        if let Some(old) = &state.counted {
+            old.tally.replace(
+                old.kind,
+                old.folder,
+                &old.mailbox,
+                state.share,
+                Share::default(),
+            );
+        }
+        state.share = Share::default();
+        state.counted = counted;
+        state.report();
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -305,7 +431,9 @@ impl FolderIndex {
             }
             state.built = true;
             state.used = false;
-            std::mem::replace(&mut state.listing, fresh)
+            let old = std::mem::replace(&mut state.listing, fresh);
+            state.report();
+            old
         };
         // The old listing is freed outside the lock.
         drop(old);
@@ -546,7 +674,7 @@ mod tests {
     fn changes_settled_during_a_scan_are_not_lost_and_pending_files_stay_out() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let index = FolderIndex::new(dir.to_owned());
+        let index = FolderIndex::new(dir.to_owned(), None);
         let (kept, deleted, published, arriving) = (name(1), name(2), name(3), name(4));
         for n in [&kept, &deleted, &arriving] {
             put(dir, n);
@@ -603,7 +731,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();
-        let index = FolderIndex::new(file);
+        let index = FolderIndex::new(file, None);
         assert!(index.build().is_err());
         assert!(!index.ready());
         assert!(index.state().journal.is_none());

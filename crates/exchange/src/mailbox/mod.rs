@@ -31,6 +31,7 @@ mod index;
 mod name;
 mod select;
 mod sync;
+mod tally;
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
@@ -43,6 +44,7 @@ pub use folder::{Folder, Location};
 pub use name::FileName;
 pub use select::{Filter, Limits, MB, take_within};
 pub use sync::{SyncConfig, SyncStats};
+pub use tally::{COUNTED, KindTotals, MailboxKind, Tallies};
 
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -125,6 +127,9 @@ struct Inner {
     root: PathBuf,
     syncer: Syncer,
     indexes: Indexes,
+    /// Held while the counted folders are checked before the totals are
+    /// read: a second reader waits for the first's check.
+    checking: tokio::sync::Mutex<()>,
     /// The end of the temporary names of this run's writes
     /// (`.<run>.tmp`, see [`temp_suffix`]): a temporary file with another
     /// end was left by an earlier run.
@@ -183,6 +188,7 @@ impl Mailboxes {
             root,
             syncer: Syncer::start(config, dir_sync),
             indexes: Indexes::default(),
+            checking: tokio::sync::Mutex::new(()),
             temp_suffix: temp_suffix(),
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
@@ -258,15 +264,99 @@ impl Mailboxes {
         self.ready(loc).await.map(Some)
     }
 
+    /// Counts the `Messages`, `Unknown` and `Error` of mailbox `id` in the
+    /// running totals ([`tallies`](Self::tallies)) as a mailbox of `kind`,
+    /// from now on. Telling it again is not an error; telling another kind
+    /// moves what it counts.
+    pub fn count_as(&self, id: &Id, kind: MailboxKind) {
+        self.inner.indexes.count_as(id, kind);
+    }
+
+    /// The running totals of the mailboxes told to [`count_as`](Self::count_as):
+    /// files in `Messages`, `Unknown` and `Error` by kind of mailbox, and
+    /// the oldest file waiting in a `Messages`. Kept by the folder indexes
+    /// as files come and go, so a read costs the same at any size; the
+    /// first read after a mailbox is told to count builds the indexes of
+    /// its existing counted folders (a folder that cannot be read is
+    /// logged, counts as empty, and is tried again at the next read).
+    /// Files added or removed by hand are counted from the next
+    /// [`verify`](Self::verify) after a read.
+    pub async fn tallies(&self) -> Tallies {
+        self.check_counted().await;
+        self.inner.indexes.tally.read()
+    }
+
+    /// Builds the indexes of the counted folders waiting to be checked
+    /// that exist (those absent are noted, and given no index).
+    async fn check_counted(&self) {
+        let indexes = &self.inner.indexes;
+        let _checking = self.inner.checking.lock().await;
+        let unchecked = indexes.take_unchecked();
+        if unchecked.is_empty() {
+            return;
+        }
+        let (known, unknown): (Vec<_>, Vec<_>) =
+            unchecked.into_iter().partition(|loc| indexes.has(loc));
+        // Whether each folder without an index exists, in one blocking call.
+        let (root, probed) = (self.inner.root.clone(), unknown.clone());
+        let found = blocking(move || {
+            Ok(probed
+                .into_iter()
+                .map(|loc| {
+                    let gone = std::fs::metadata(loc.path(&root))
+                        .is_err_and(|e| e.kind() == io::ErrorKind::NotFound);
+                    (loc, gone)
+                })
+                .collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "checking the counted folders failed; tried again at the next read");
+            for loc in unknown {
+                indexes.uncheck(loc);
+            }
+            Vec::new()
+        });
+        let mut to_build = known;
+        for (loc, gone) in found {
+            if gone {
+                // A file's arrival makes its index, which puts the folder
+                // back to be checked; a folder made by hand is found by
+                // the next check of the indexes.
+                indexes.absent(loc);
+            } else {
+                to_build.push(loc);
+            }
+        }
+        for loc in to_build {
+            match self.ready(&loc).await {
+                Ok(_) => indexes.checked(&loc),
+                Err(e) => {
+                    tracing::warn!(folder = %loc, error = %e, "a counted folder cannot be read; it counts as empty");
+                    indexes.uncheck(loc);
+                }
+            }
+        }
+    }
+
     /// Checks the index of every folder read since its last check against
     /// its directory, so that files added or removed by hand are seen by
-    /// the next listing; run every [`SyncConfig::verify_every`] in the
-    /// background. Returns how many folders were checked, or the first
-    /// error (the other folders are checked all the same).
+    /// the next listing; if the totals were read since the last check, also
+    /// every counted folder (and those found absent, in case one was made
+    /// by hand), so that the totals see them too. Run every
+    /// [`SyncConfig::verify_every`] in the background. Returns how many
+    /// folders were checked, or the first error (the other folders are
+    /// checked all the same).
     pub async fn verify(&self) -> Result<usize, MailboxError> {
         let mut checked = 0;
         let mut first_error = None;
-        for index in self.inner.indexes.used() {
+        let indexes = &self.inner.indexes;
+        let counted = indexes.tally.take_read();
+        if counted {
+            indexes.recheck_absent();
+            self.check_counted().await;
+        }
+        for index in indexes.used(counted) {
             match blocking(move || index.rescan()).await {
                 Ok(()) => checked += 1,
                 Err(e) => {

@@ -5,7 +5,7 @@ use super::error::ExchangeError;
 use super::state::{Ended, Process};
 use super::stats::SenderCounts;
 use crate::Id;
-use crate::store::{FileEntry, Folder};
+use crate::store::{FileEntry, Folder, MailboxKind};
 use crate::tenancy::{Principal, Role};
 use crate::token::Token;
 use crate::wire::{
@@ -33,7 +33,7 @@ pub(crate) fn summary(p: &Process) -> ProcessSummary {
     }
 }
 
-fn ended_summary(e: &Ended) -> ProcessSummary {
+pub(crate) fn ended_summary(e: &Ended) -> ProcessSummary {
     ProcessSummary {
         process_id: e.id,
         db_id: e.db.clone(),
@@ -57,6 +57,7 @@ impl Core {
             .create_database(enterprise, id.clone())
             .await?;
         self.store.create_mailbox(&id).await?;
+        self.store.count_as(&id, MailboxKind::Database);
         tracing::info!(target: "estafeta::event", db = %id, "database created");
         Ok(token)
     }
@@ -72,6 +73,7 @@ impl Core {
             .create_device(enterprise, id.clone(), subsystem)
             .await?;
         self.store.create_mailbox(&id).await?;
+        self.store.count_as(&id, MailboxKind::Device);
         tracing::info!(target: "estafeta::event", device = %id, "device created");
         Ok(token)
     }

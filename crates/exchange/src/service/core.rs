@@ -9,6 +9,7 @@ use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;
 use super::state::{DbRecord, FileOp, Owner, loc};
+use super::tally::DbRows;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder, Location, MessageStore, Op};
 use crate::tenancy::Registry;
@@ -63,6 +64,11 @@ pub(crate) struct Core {
     pub(crate) push: Arc<dyn super::push::PushSink>,
     /// The recipients' webhooks, loaded by start-up processing.
     pub(crate) webhooks: super::push::Webhooks,
+    /// Set once every registered mailbox has been told to the store's
+    /// running totals (those registered later are told as they are).
+    pub(crate) counting: tokio::sync::OnceCell<()>,
+    /// The processes of every database, kept as their records are saved.
+    pub(crate) process_tally: super::tally::ProcessTally,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -250,6 +256,7 @@ impl Core {
         event: Event,
     ) -> Result<Answer, ExchangeError> {
         let ctx = self.ctx();
+        let db = g.key().clone();
         let mut out = Carried::default();
         out.next.push_back(event);
         while let Some(event) = out.next.pop_front() {
@@ -280,7 +287,11 @@ impl Core {
                     Step::Save => {
                         if let Some(mut tx) = staged.take() {
                             tx.persistent_mut();
+                            let rows = DbRows::of(tx.state());
                             tx.commit().await?;
+                            // No await between: the record is the session's
+                            // exactly when its processes are the list's.
+                            self.process_tally.replace(&db, rows);
                         }
                     }
                     other => self.carry_out(other, &mut out).await?,
@@ -295,6 +306,7 @@ impl Core {
     /// On an error the session keeps its state as it was.
     pub(crate) async fn drive_hook(
         &self,
+        db: &Id,
         s: &mut SessionData<DbRecord>,
         event: Event,
     ) -> Result<(), ExchangeError> {
@@ -314,6 +326,7 @@ impl Core {
             }
         }
         if changed {
+            self.process_tally.replace(db, DbRows::of(&rec));
             *s.persistent_mut() = rec;
         }
         s.set_expires_at(deadline);

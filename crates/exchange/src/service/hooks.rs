@@ -26,7 +26,7 @@ impl ExchangeHooks {
             Event::Recover => "start-up processing",
             _ => "process deadline handling",
         };
-        if let Err(e) = core.drive_hook(s, event).await {
+        if let Err(e) = core.drive_hook(key, s, event).await {
             tracing::error!(db = %key, error = %e, "{what} failed; retrying");
             s.set_expires_at(Some(core.session_now().after(RETRY)));
         }
@@ -55,6 +55,13 @@ impl Hooks<Id, DbRecord> for ExchangeHooks {
         s: &'a mut SessionData<DbRecord>,
     ) -> BoxFuture<'a, Finalize> {
         Box::pin(self.handle(key, s, Event::Deadline))
+    }
+
+    /// A database's session ended: its processes leave the list.
+    fn end(&self, key: &Id, _state: &DbRecord) {
+        if let Some(core) = self.core.upgrade() {
+            core.process_tally.forget(key);
+        }
     }
 
     fn first_load<'a>(

@@ -156,6 +156,7 @@ impl Exchange {
         }
         let ended = self.end_processes(&endpoint, &open).await?;
         self.core.registry.delete_endpoint(kind, id.clone()).await?;
+        self.core.process_tally.forget(&id);
         let discarded = self.empty_mailbox(&id).await?;
         tracing::warn!(
             target: "estafeta::event", id = %id, kind = kind.as_str(), force, discarded,

@@ -47,6 +47,7 @@ mod sessions;
 mod snapshot;
 mod state;
 mod stats;
+mod tally;
 mod totals;
 
 pub use crate::store::Listed;
@@ -56,6 +57,7 @@ pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
+pub use tally::ProcessTotals;
 pub use totals::Totals;
 
 use crate::keys::UploadKeys;
@@ -231,6 +233,8 @@ impl Exchange {
             deferred_store: stores.scheduled.store,
             push: sinks.push,
             webhooks: Default::default(),
+            counting: Default::default(),
+            process_tally: Default::default(),
         });
         Ok((Exchange { core }, admin_token))
     }

@@ -116,6 +116,7 @@ pub(crate) struct Opening {
     db: Loaded<Id, DbRecord, DefaultIndex<Id>>,
     device: Engine<Id, DeviceRecord>,
     process: Engine<ProcessId, ProcessRecord>,
+    shared: bool,
 }
 
 impl Opening {
@@ -125,6 +126,7 @@ impl Opening {
             db: self.db.hooks(hooks).start(),
             device: self.device,
             process: self.process,
+            shared: self.shared,
         }
     }
 }
@@ -137,6 +139,9 @@ pub(crate) struct Sessions {
     pub(crate) device: Engine<Id, DeviceRecord>,
     /// Processes: which database owns each and how it ended.
     pub(crate) process: Engine<ProcessId, ProcessRecord>,
+    /// Whether other servers share the store (and change its records):
+    /// this one's memory is then not the truth between two commands.
+    pub(crate) shared: bool,
 }
 
 impl Sessions {
@@ -156,6 +161,7 @@ impl Sessions {
             })
         };
         Ok(Opening {
+            shared: storage.shared().is_some(),
             db: Engine::builder(part(b"db/"))
                 .clock(clock.clone())
                 .load()

@@ -393,6 +393,12 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     ) -> Result<Vec<FileName>, MailboxError> {
         self.inner.orphans(db, referenced).await
     }
+    fn count_as(&self, owner: &Id, kind: crate::store::MailboxKind) {
+        self.inner.count_as(owner, kind);
+    }
+    async fn tallies(&self) -> Option<crate::store::Tallies> {
+        self.inner.tallies().await
+    }
 }
 
 #[cfg(test)]

@@ -1,13 +1,16 @@
 //! Admin figures for the dashboard that stay cheap at any size: totals per
-//! folder over every mailbox and the oldest waiting message, read from the
-//! folder indexes (each count is kept by its index as files come and go,
-//! so nothing is listed), and one page of a folder.
+//! folder over every mailbox and the oldest waiting message (the store's
+//! running totals, kept by the folder indexes as files come and go), the
+//! processes by state and a page of the process list (kept as database
+//! records are saved), and one page of a folder.
 
 use super::Exchange;
 use super::admin::admin;
 use super::error::ExchangeError;
-use crate::store::{FileName, Folder};
+use super::tally::{DbRows, ProcessTotals};
+use crate::store::{FileName, Folder, MailboxKind};
 use crate::tenancy::Principal;
+use crate::wire::ProcessSummary;
 use crate::{Id, Timestamp};
 
 /// Message files summed over every mailbox, and the oldest waiting message.
@@ -25,10 +28,38 @@ pub struct Totals {
 
 impl Exchange {
     /// Admin: the messages waiting, the oldest of them, and the files in
-    /// `Unknown` and `Error`, from the folder indexes (three counts per
-    /// database, two per device, one oldest name per database with
-    /// messages waiting). A folder that cannot be read counts as empty.
+    /// `Unknown` and `Error`, from the store's running totals (the first
+    /// call tells the store every registered mailbox and builds their
+    /// folder indexes; a store that keeps no totals is counted place by
+    /// place, three counts per database and two per device).
     pub async fn totals(&self, who: &Principal) -> Result<Totals, ExchangeError> {
+        admin(who)?;
+        let core = &self.core;
+        core.counting
+            .get_or_init(|| async {
+                let (dbs, devs) = (core.registry.databases(), core.registry.devices());
+                for db in dbs {
+                    core.store.count_as(&db.id, MailboxKind::Database);
+                }
+                for dev in devs {
+                    core.store.count_as(&dev.id, MailboxKind::Device);
+                }
+            })
+            .await;
+        match core.store.tallies().await {
+            Some(t) => Ok(Totals {
+                waiting: t.databases.messages,
+                oldest_waiting: t.databases.oldest_message,
+                unknown: t.databases.unknown + t.devices.unknown,
+                error: t.databases.error + t.devices.error,
+            }),
+            None => self.recount(who).await,
+        }
+    }
+
+    /// Admin: [`totals`](Self::totals) counted place by place from the
+    /// folder indexes (what the running totals must always equal).
+    pub async fn recount(&self, who: &Principal) -> Result<Totals, ExchangeError> {
         let (dbs, devs) = self.mailbox_ids(who)?;
         let store = &self.core.store;
         let count = |id: &Id, folder| {
@@ -56,6 +87,64 @@ impl Exchange {
             t.error += count(id, Folder::Error).await;
         }
         Ok(t)
+    }
+
+    /// The process list kept in memory, its records of an earlier run read
+    /// at the first call (each under its session, so no save slips by).
+    async fn process_tally(&self) -> Result<&super::tally::ProcessTally, ExchangeError> {
+        let core = &self.core;
+        core.process_tally
+            .loaded
+            .get_or_try_init(|| async {
+                for db in core.registry.databases() {
+                    if let Some(g) = core.sessions.db.get(db.id.clone(), false).await? {
+                        core.process_tally.first(&db.id, DbRows::of(g.state()));
+                    }
+                }
+                Ok::<_, ExchangeError>(())
+            })
+            .await?;
+        Ok(&core.process_tally)
+    }
+
+    /// Admin: how many processes of every database are in each state
+    /// (open ones and the recently ended), and since when the oldest
+    /// READY_TO_COMMIT has been ready, kept as the records are saved (read
+    /// from every record when other servers share the session store).
+    pub async fn process_totals(&self, who: &Principal) -> Result<ProcessTotals, ExchangeError> {
+        admin(who)?;
+        if self.core.sessions.shared {
+            return Ok(self.read_all_processes().await?.totals());
+        }
+        Ok(self.process_tally().await?.totals())
+    }
+
+    /// The process list read from every database's record.
+    async fn read_all_processes(&self) -> Result<super::tally::ProcessTally, ExchangeError> {
+        let read = super::tally::ProcessTally::default();
+        for db in self.core.registry.databases() {
+            if let Some(g) = self.core.sessions.db.get(db.id.clone(), false).await? {
+                read.replace(&db.id, DbRows::of(g.state()));
+            }
+        }
+        Ok(read)
+    }
+
+    /// Admin: how many processes the list holds, and up to `limit` of them
+    /// after the `skip` first: open ones first, then the recently ended,
+    /// newest first within each (as [`process_totals`](Self::process_totals)
+    /// keeps or reads them).
+    pub async fn process_page(
+        &self,
+        who: &Principal,
+        skip: usize,
+        limit: usize,
+    ) -> Result<(usize, Vec<ProcessSummary>), ExchangeError> {
+        admin(who)?;
+        if self.core.sessions.shared {
+            return Ok(self.read_all_processes().await?.page(skip, limit));
+        }
+        Ok(self.process_tally().await?.page(skip, limit))
     }
 
     /// Admin: how many files a folder of a mailbox holds, and up to `limit`

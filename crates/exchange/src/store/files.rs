@@ -20,7 +20,8 @@ use super::{Applied, MessageStore, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
 use crate::mailbox::{
-    FileEntry, FileName, Filter, Folder, Limits, Location, Mailboxes, Outcome, RawArray, SyncConfig,
+    FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, Mailboxes, Outcome,
+    RawArray, SyncConfig, Tallies,
 };
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
@@ -275,6 +276,14 @@ impl MessageStore for FileStore {
         let mut names = self.mailboxes.list_names(&prepared).await?;
         names.retain(|n| !referenced.contains(&n.id));
         Ok(names)
+    }
+
+    fn count_as(&self, owner: &Id, kind: MailboxKind) {
+        self.mailboxes.count_as(owner, kind);
+    }
+
+    async fn tallies(&self) -> Option<Tallies> {
+        Some(self.mailboxes.tallies().await)
     }
 }
 

@@ -27,7 +27,8 @@ pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};
 
 pub use crate::mailbox::{
-    FileEntry, FileName, Filter, Folder, Limits, Location, Outcome, RawArray, take_within,
+    FileEntry, FileName, Filter, Folder, KindTotals, Limits, Location, MailboxKind, Outcome,
+    RawArray, Tallies, take_within,
 };
 
 use std::collections::{BTreeSet, HashSet};
@@ -190,4 +191,17 @@ pub trait MessageStore: Send + Sync {
         db: &Id,
         referenced: &HashSet<MessageId>,
     ) -> Result<Vec<FileName>, MailboxError>;
+
+    /// Counts the places of `owner` in the running totals
+    /// ([`tallies`](Self::tallies)) as a mailbox of `kind`, from now on.
+    /// Nothing to do for a store that keeps no running totals.
+    fn count_as(&self, _owner: &Id, _kind: MailboxKind) {}
+
+    /// Files in `Messages`, `Unknown` and `Error` over the mailboxes told
+    /// to [`count_as`](Self::count_as), by kind, and the oldest waiting,
+    /// kept as messages come and go; `None` for a store that keeps no
+    /// running totals (the caller counts place by place).
+    async fn tallies(&self) -> Option<Tallies> {
+        None
+    }
 }

@@ -1,5 +1,6 @@
 //! `/admin/processes`: open processes first, then the recently ended, a
-//! page at a time; and
+//! page at a time (from the exchange's process list, kept as records are
+//! saved: a page copies only the rows it shows); and
 //! `/admin/processes/{pid}/settle`, settling a process in doubt (its form is
 //! on the `Unknown` and `Error` browsers, where the answer returns).
 
@@ -18,7 +19,7 @@ use super::browse::back_to;
 use super::{Layout, ListQuery, PAGE_ROWS, PageError, PageResult, render, seconds_since};
 use crate::dashboard::auth::AdminSession;
 use crate::extract::ApiPath;
-use crate::metrics::{OPEN_STATES, state_name};
+use crate::metrics::state_name;
 use crate::state::AppState;
 
 struct ProcRow {
@@ -52,23 +53,13 @@ pub async fn processes(
     Query(q): Query<ListQuery>,
 ) -> PageResult {
     let now = SystemTime::now();
-    let mut list = state
-        .exchange()
-        .processes(&Principal::Admin)
-        .await?
-        .processes;
-    list.sort_by_key(|p| {
-        (
-            !OPEN_STATES.contains(&p.state),
-            std::cmp::Reverse(p.started_at),
-        )
-    });
-    let total = list.len();
     let first = q.page.saturating_mul(PAGE_ROWS);
+    let (total, list) = state
+        .exchange()
+        .process_page(&Principal::Admin, first, PAGE_ROWS)
+        .await?;
     let rows = list
         .into_iter()
-        .skip(first)
-        .take(PAGE_ROWS)
         .map(|p| ProcRow {
             id: p.process_id.to_string(),
             db: p.db_id.to_string(),

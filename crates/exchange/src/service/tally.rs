@@ -1,0 +1,170 @@
+//! The processes of every database as the admin pages show them, kept in
+//! memory from the database records as they are saved: the lifecycle's
+//! driver hands each saved record's processes over in the same step that
+//! makes the record the session's ([`Core::drive`](super::core::Core::drive)
+//! after its commit, [`Core::drive_hook`](super::core::Core::drive_hook)
+//! when it changes the session), so the counts by state, the oldest
+//! READY_TO_COMMIT and a page of the list cost the same with ten databases
+//! as with ten thousand. The records of an earlier run are read once, at
+//! the first use ([`ProcessTally::loaded`]).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::admin::{ended_summary, summary};
+use super::state::DbRecord;
+use crate::wire::{ProcessState, ProcessSummary};
+use crate::{Id, ProcessId, Timestamp};
+
+/// A row's place in the list: open processes first, then the recently
+/// ended, newest first within each.
+type RowKey = (bool, Reverse<Timestamp>, ProcessId);
+
+/// The processes of one database record: the live one and those in doubt
+/// (open), and the recently ended.
+pub(crate) struct DbRows(Vec<(RowKey, ProcessSummary)>);
+
+impl DbRows {
+    /// The rows of `rec`.
+    pub(crate) fn of(rec: &DbRecord) -> Self {
+        let row =
+            |ended: bool, s: ProcessSummary| ((ended, Reverse(s.started_at), s.process_id), s);
+        Self(
+            rec.process
+                .iter()
+                .chain(rec.in_doubt.iter())
+                .map(|p| row(false, summary(p)))
+                .chain(rec.recent.iter().map(|e| row(true, ended_summary(e))))
+                .collect(),
+        )
+    }
+}
+
+/// Counts of the processes by state, and the oldest READY_TO_COMMIT.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessTotals {
+    /// How many processes the list holds in each state (open ones and the
+    /// recently ended each database remembers); a state not there has none.
+    pub by_state: HashMap<ProcessState, u64>,
+    /// Since when the oldest READY_TO_COMMIT process has been ready.
+    pub oldest_ready: Option<Timestamp>,
+    /// How many processes the list holds.
+    pub listed: usize,
+}
+
+impl ProcessTotals {
+    /// How many processes are in `state`.
+    pub fn count(&self, state: ProcessState) -> u64 {
+        self.by_state.get(&state).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Default)]
+struct Rows {
+    /// The keys of each database's rows.
+    by_db: HashMap<Id, Vec<RowKey>>,
+    rows: BTreeMap<RowKey, ProcessSummary>,
+    by_state: HashMap<ProcessState, u64>,
+    /// READY_TO_COMMIT processes by the time they became ready.
+    ready: BTreeSet<(Timestamp, ProcessId)>,
+}
+
+impl Rows {
+    fn remove(&mut self, key: &RowKey) {
+        if let Some(old) = self.rows.remove(key) {
+            self.uncount(&old);
+        }
+    }
+
+    fn insert(&mut self, key: RowKey, row: ProcessSummary) {
+        if row.state == ProcessState::ReadyToCommit {
+            self.ready.insert((ready_since(&row), row.process_id));
+        }
+        *self.by_state.entry(row.state).or_default() += 1;
+        if let Some(old) = self.rows.insert(key, row) {
+            self.uncount(&old);
+        }
+    }
+
+    fn uncount(&mut self, row: &ProcessSummary) {
+        if let Some(n) = self.by_state.get_mut(&row.state) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_state.remove(&row.state);
+            }
+        }
+        if row.state == ProcessState::ReadyToCommit {
+            self.ready.remove(&(ready_since(row), row.process_id));
+        }
+    }
+
+    fn replace(&mut self, db: &Id, rows: DbRows) {
+        for key in self.by_db.remove(db).unwrap_or_default() {
+            self.remove(&key);
+        }
+        let keys = rows.0.iter().map(|(k, _)| *k).collect();
+        for (key, row) in rows.0 {
+            self.insert(key, row);
+        }
+        self.by_db.insert(db.clone(), keys);
+    }
+}
+
+fn ready_since(p: &ProcessSummary) -> Timestamp {
+    p.ready_at.unwrap_or(p.started_at)
+}
+
+/// The processes of every database, kept as their records are saved.
+#[derive(Default)]
+pub(crate) struct ProcessTally {
+    rows: Mutex<Rows>,
+    /// Set once the records of every database have been read.
+    pub(crate) loaded: tokio::sync::OnceCell<()>,
+}
+
+impl ProcessTally {
+    fn rows(&self) -> MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The rows of `db` are `rows` (its record was just saved).
+    pub(crate) fn replace(&self, db: &Id, rows: DbRows) {
+        self.rows().replace(db, rows);
+    }
+
+    /// The rows of `db` are `rows` unless a saved record gave some already
+    /// (the first read of a record of an earlier run, made while holding
+    /// its session, so no save of it can come between).
+    pub(crate) fn first(&self, db: &Id, rows: DbRows) {
+        let mut all = self.rows();
+        if !all.by_db.contains_key(db) {
+            all.replace(db, rows);
+        }
+    }
+
+    /// `db` is gone: its rows go too.
+    pub(crate) fn forget(&self, db: &Id) {
+        let mut rows = self.rows();
+        rows.replace(db, DbRows(Vec::new()));
+        rows.by_db.remove(db);
+    }
+
+    /// The counts by state and the oldest READY_TO_COMMIT.
+    pub(crate) fn totals(&self) -> ProcessTotals {
+        let rows = self.rows();
+        ProcessTotals {
+            by_state: rows.by_state.clone(),
+            oldest_ready: rows.ready.first().map(|(t, _)| *t),
+            listed: rows.rows.len(),
+        }
+    }
+
+    /// How many processes the list holds, and up to `limit` of them after
+    /// the `skip` first (open first, then the recently ended, newest first).
+    pub(crate) fn page(&self, skip: usize, limit: usize) -> (usize, Vec<ProcessSummary>) {
+        let rows = self.rows();
+        let page = rows.rows.values().skip(skip).take(limit).cloned().collect();
+        (rows.rows.len(), page)
+    }
+}
