@@ -286,6 +286,15 @@ impl Mailboxes {
         self.inner.indexes.tally.read()
     }
 
+    /// The mailboxes told to [`count_as`](Self::count_as) whose `folder`
+    /// (one of the counted) holds files: databases first, each kind in id
+    /// order; kept with the totals, so it costs what the number of such
+    /// mailboxes does, not all of them.
+    pub async fn holding(&self, folder: Folder) -> Vec<(MailboxKind, Id)> {
+        self.check_counted().await;
+        self.inner.indexes.tally.holding(folder)
+    }
+
     /// Builds the indexes of the counted folders waiting to be checked
     /// that exist (those absent are noted, and given no index).
     async fn check_counted(&self) {

@@ -126,6 +126,25 @@ impl Tally {
         }
     }
 
+    /// The counted mailboxes with files in `folder`, the databases' first,
+    /// each kind in id order; notes a read, as [`Tally::read`] does.
+    pub(crate) fn holding(&self, folder: Folder) -> Vec<(MailboxKind, Id)> {
+        self.read.store(true, Ordering::Relaxed);
+        let slots = self.slots();
+        [MailboxKind::Database, MailboxKind::Device]
+            .into_iter()
+            .flat_map(|kind| {
+                let ids: BTreeSet<&Id> = slots
+                    .get(&(kind, folder))
+                    .map(|s| s.oldest.iter().map(|(_, id)| id).collect())
+                    .unwrap_or_default();
+                ids.into_iter()
+                    .map(move |id| (kind, id.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Whether the totals were read since the last call: the counted
     /// indexes are then checked against their directories with those in
     /// use, so that files added or removed by hand reach the totals.
@@ -141,4 +160,49 @@ pub(crate) struct Counted {
     pub(crate) folder: Folder,
     pub(crate) mailbox: Id,
     pub(crate) tally: std::sync::Arc<Tally>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Id {
+        Id::new(s).unwrap()
+    }
+
+    fn share(files: usize, t: i64) -> Share {
+        Share {
+            files,
+            oldest: (files > 0).then(|| Timestamp::from_millis(t)),
+        }
+    }
+
+    #[test]
+    fn the_mailboxes_holding_files_are_kept_as_their_folders_fill_and_empty() {
+        let tally = Tally::default();
+        let none = Share::default();
+        tally.replace(MailboxKind::Device, Folder::Error, &id("phone"), none, share(1, 5));
+        tally.replace(MailboxKind::Database, Folder::Error, &id("db-b"), none, share(2, 9));
+        tally.replace(MailboxKind::Database, Folder::Error, &id("db-a"), none, share(1, 1));
+        tally.replace(MailboxKind::Database, Folder::Unknown, &id("db-c"), none, share(1, 1));
+        assert_eq!(
+            tally.holding(Folder::Error),
+            vec![
+                (MailboxKind::Database, id("db-a")),
+                (MailboxKind::Database, id("db-b")),
+                (MailboxKind::Device, id("phone")),
+            ]
+        );
+        // db-a's folder empties: it holds nothing any more.
+        tally.replace(MailboxKind::Database, Folder::Error, &id("db-a"), share(1, 1), none);
+        assert_eq!(
+            tally.holding(Folder::Error),
+            vec![
+                (MailboxKind::Database, id("db-b")),
+                (MailboxKind::Device, id("phone")),
+            ]
+        );
+        assert_eq!(tally.holding(Folder::Unknown), vec![(MailboxKind::Database, id("db-c"))]);
+        assert!(tally.holding(Folder::Messages).is_empty());
+    }
 }

@@ -34,6 +34,21 @@ impl Exchange {
     /// place, three counts per database and two per device).
     pub async fn totals(&self, who: &Principal) -> Result<Totals, ExchangeError> {
         admin(who)?;
+        self.counting().await;
+        match self.core.store.tallies().await {
+            Some(t) => Ok(Totals {
+                waiting: t.databases.messages,
+                oldest_waiting: t.databases.oldest_message,
+                unknown: t.databases.unknown + t.devices.unknown,
+                error: t.databases.error + t.devices.error,
+            }),
+            None => self.recount(who).await,
+        }
+    }
+
+    /// Tells the store, once, every registered mailbox to keep in its
+    /// running totals (those registered later are told as they are).
+    async fn counting(&self) {
         let core = &self.core;
         core.counting
             .get_or_init(|| async {
@@ -46,15 +61,20 @@ impl Exchange {
                 }
             })
             .await;
-        match core.store.tallies().await {
-            Some(t) => Ok(Totals {
-                waiting: t.databases.messages,
-                oldest_waiting: t.databases.oldest_message,
-                unknown: t.databases.unknown + t.devices.unknown,
-                error: t.databases.error + t.devices.error,
-            }),
-            None => self.recount(who).await,
-        }
+    }
+
+    /// Admin: the mailboxes whose `folder` (`Messages`, `Unknown` or
+    /// `Error`) holds files, databases first, each kind in id order, from
+    /// the store's running totals; `None` when the store keeps none (the
+    /// caller looks at every mailbox).
+    pub async fn holding(
+        &self,
+        who: &Principal,
+        folder: Folder,
+    ) -> Result<Option<Vec<(MailboxKind, Id)>>, ExchangeError> {
+        admin(who)?;
+        self.counting().await;
+        Ok(self.core.store.holding(folder).await)
     }
 
     /// Admin: [`totals`](Self::totals) counted place by place from the

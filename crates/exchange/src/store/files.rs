@@ -285,6 +285,10 @@ impl MessageStore for FileStore {
     async fn tallies(&self) -> Option<Tallies> {
         Some(self.mailboxes.tallies().await)
     }
+
+    async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
+        Some(self.mailboxes.holding(folder).await)
+    }
 }
 
 #[cfg(test)]

@@ -204,4 +204,12 @@ pub trait MessageStore: Send + Sync {
     async fn tallies(&self) -> Option<Tallies> {
         None
     }
+
+    /// The mailboxes told to [`count_as`](Self::count_as) whose `folder`
+    /// (`Messages`, `Unknown` or `Error`) holds files, databases first, each
+    /// kind in id order; `None` for a store that keeps no running totals
+    /// (the caller looks at every mailbox).
+    async fn holding(&self, _folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
+        None
+    }
 }

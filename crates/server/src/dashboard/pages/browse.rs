@@ -10,7 +10,7 @@ use axum::Form;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::mailbox::{Folder, MailboxKind};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::{Exchange, Id, MessageId};
 use serde::Deserialize;
@@ -67,21 +67,40 @@ fn browsable(text: &str) -> Result<Folder, PageError> {
     }
 }
 
-/// The mailboxes a browser page looks into: the searched one, or all
-/// (databases first).
-fn mailboxes(ex: &Exchange, search: &str) -> Result<Vec<Id>, PageError> {
-    let (dbs, devs) = ex.mailbox_ids(&Principal::Admin)?;
+/// The mailboxes a browser page looks into, with whether each is a
+/// database: the searched one, or those whose `folder` holds files (from
+/// the store's running totals; every mailbox when it keeps none),
+/// databases first.
+async fn mailboxes(
+    ex: &Exchange,
+    search: &str,
+    folder: Folder,
+) -> Result<Vec<(bool, Id)>, PageError> {
+    let admin = Principal::Admin;
+    if search.is_empty()
+        && let Some(holding) = ex.holding(&admin, folder).await?
+    {
+        return Ok(holding
+            .into_iter()
+            .map(|(kind, id)| (kind == MailboxKind::Database, id))
+            .collect());
+    }
+    let (dbs, devs) = ex.mailbox_ids(&admin)?;
     if search.is_empty() {
-        return Ok(dbs.into_iter().chain(devs).collect());
+        let dbs = dbs.into_iter().map(|id| (true, id));
+        return Ok(dbs.chain(devs.into_iter().map(|id| (false, id))).collect());
     }
     let id = path_id("mailbox", search)?;
-    if !dbs.contains(&id) && !devs.contains(&id) {
-        return Err(PageError(
-            StatusCode::NOT_FOUND,
-            format!("no database or device {id}"),
-        ));
+    if dbs.contains(&id) {
+        return Ok(vec![(true, id)]);
     }
-    Ok(vec![id])
+    if devs.contains(&id) {
+        return Ok(vec![(false, id)]);
+    }
+    Err(PageError(
+        StatusCode::NOT_FOUND,
+        format!("no database or device {id}"),
+    ))
 }
 
 /// `GET /admin/browse/{folder}?q=&page=`: a page of the folder's messages
@@ -97,16 +116,17 @@ pub async fn browse(
     let ex = state.exchange();
     let admin = Principal::Admin;
     let search = q.search().to_owned();
-    let boxes = mailboxes(ex, &search)?;
-    let (dbs, _) = ex.mailbox_ids(&admin)?;
+    let boxes = mailboxes(ex, &search, folder).await?;
+    // A process in doubt holds its database's messages in `Unknown`: only
+    // a database with files there can have one.
+    let doubtful = if folder == Folder::Unknown {
+        boxes.clone()
+    } else {
+        mailboxes(ex, &search, Folder::Unknown).await?
+    };
     let mut in_doubt = Vec::new();
     let mut holder = std::collections::HashMap::new();
-    for db in dbs
-        .iter()
-        .filter(|d| search.is_empty() || boxes.contains(d))
-    {
-        // A process in doubt holds its database's messages in `Unknown`:
-        // a database with none there has no process in doubt.
+    for (_, db) in doubtful.iter().filter(|(is_db, _)| *is_db) {
         let (held_here, _) = ex.folder_page(&admin, db, Folder::Unknown, 0, 0).await?;
         if held_here == 0 {
             continue;
@@ -126,7 +146,7 @@ pub async fn browse(
     let mut skip = first;
     let mut total = 0u64;
     let mut files = Vec::new();
-    for id in &boxes {
+    for (_, id) in &boxes {
         let (n, _) = ex.folder_page(&admin, id, folder, 0, 0).await?;
         total += n;
         if n == 0 || files.len() == PAGE_ROWS {
@@ -380,7 +400,7 @@ pub async fn bulk_action(
         Chosen::Some(p) => p,
         Chosen::All(q) => {
             let mut all = Vec::new();
-            for id in mailboxes(ex, &q)? {
+            for (_, id) in mailboxes(ex, &q, folder).await? {
                 let room = BULK_MOST - all.len();
                 if room == 0 {
                     break;
