@@ -104,31 +104,139 @@ pub enum AdminToken {
     Generated(Token),
 }
 
-/// The in-memory copy of the registry.
+/// The in-memory copy of the registry, kept small: with 100,000 devices
+/// it is most of what the server holds per idle device. Each endpoint's id
+/// is one allocation shared by both maps, and its enterprise and subsystem
+/// are the allocations of the `enterprises` map's names.
 #[derive(Default)]
 struct Cache {
     /// Enterprise → its subsystems.
-    enterprises: BTreeMap<Id, BTreeSet<Id>>,
-    endpoints: BTreeMap<Id, (Endpoint, TokenHash)>,
-    by_token: HashMap<TokenHash, Id>,
+    enterprises: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
+    endpoints: BTreeMap<Arc<str>, Held>,
+    by_token: HashMap<TokenHash, Arc<str>>,
+}
+
+/// A registered database or device as the copy holds it (its id is the key).
+struct Held {
+    enterprise: Arc<str>,
+    /// The subsystem of a device; `None` for a database.
+    subsystem: Option<Arc<str>>,
+    token: TokenHash,
+}
+
+/// A name of the copy as an [`Id`]: the copy holds only names that were
+/// `Id`s.
+fn as_id(name: &str) -> Id {
+    Id::new(name).expect("the registry's copy holds only valid ids")
+}
+
+impl Held {
+    fn endpoint(&self, endpoint_id: &str) -> Endpoint {
+        Endpoint {
+            id: as_id(endpoint_id),
+            enterprise: as_id(&self.enterprise),
+            role: self.role(),
+        }
+    }
+
+    fn role(&self) -> Role {
+        match &self.subsystem {
+            None => Role::Database,
+            Some(subsystem) => Role::Device {
+                subsystem: as_id(subsystem),
+            },
+        }
+    }
+
+    fn is_device(&self) -> bool {
+        self.subsystem.is_some()
+    }
+
+    fn holds(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Database => !self.is_device(),
+            Kind::Device => self.is_device(),
+        }
+    }
 }
 
 impl Cache {
     fn from_snapshot(snapshot: Snapshot) -> Cache {
-        let mut cache = Cache {
-            enterprises: snapshot.enterprises,
-            ..Cache::default()
-        };
-        for (endpoint, hash) in snapshot.endpoints {
-            cache.add_endpoint(endpoint, hash);
+        let enterprises: BTreeMap<Arc<str>, BTreeSet<Arc<str>>> = snapshot
+            .enterprises
+            .into_iter()
+            .map(|(e, subs)| {
+                (
+                    Arc::from(e.as_str()),
+                    subs.iter().map(|s| Arc::from(s.as_str())).collect(),
+                )
+            })
+            .collect();
+        let mut by_token = HashMap::with_capacity(snapshot.endpoints.len());
+        // Built whole from the records (sorted once, nodes filled), not
+        // by one insert each (nodes left half full).
+        let endpoints = snapshot
+            .endpoints
+            .into_iter()
+            .map(|(endpoint, hash)| {
+                let (key, held) = held(&enterprises, endpoint, hash);
+                by_token.insert(hash, Arc::clone(&key));
+                (key, held)
+            })
+            .collect();
+        Cache {
+            enterprises,
+            endpoints,
+            by_token,
         }
-        cache
     }
 
     fn add_endpoint(&mut self, endpoint: Endpoint, hash: TokenHash) {
-        self.by_token.insert(hash, endpoint.id.clone());
-        self.endpoints.insert(endpoint.id.clone(), (endpoint, hash));
+        let (key, held) = held(&self.enterprises, endpoint, hash);
+        self.by_token.insert(hash, Arc::clone(&key));
+        self.endpoints.insert(key, held);
     }
+
+    /// The endpoint `id`, as handed out.
+    fn endpoint(&self, id: &Id) -> Option<Endpoint> {
+        let (key, held) = self.endpoints.get_key_value(id.as_str())?;
+        Some(held.endpoint(key))
+    }
+
+    /// Whether enterprise `enterprise` has subsystem `subsystem`.
+    fn has_subsystem(&self, enterprise: &Id, subsystem: &Id) -> bool {
+        self.enterprises
+            .get(enterprise.as_str())
+            .is_some_and(|s| s.contains(subsystem.as_str()))
+    }
+}
+
+/// `endpoint` as the copy holds it, its names shared with `enterprises`
+/// (a name not found there gets an allocation of its own).
+fn held(
+    enterprises: &BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
+    endpoint: Endpoint,
+    token: TokenHash,
+) -> (Arc<str>, Held) {
+    let known = enterprises.get_key_value(endpoint.enterprise.as_str());
+    let enterprise = known.map_or_else(
+        || Arc::from(endpoint.enterprise.as_str()),
+        |(e, _)| Arc::clone(e),
+    );
+    let subsystem = match &endpoint.role {
+        Role::Database => None,
+        Role::Device { subsystem } => Some(
+            known
+                .and_then(|(_, subs)| subs.get(subsystem.as_str()))
+                .map_or_else(|| Arc::from(subsystem.as_str()), Arc::clone),
+        ),
+    };
+    let held = Held {
+        enterprise,
+        subsystem,
+        token,
+    };
+    (Arc::from(endpoint.id.as_str()), held)
 }
 
 /// The tenancy registry. Cheap to clone (shared).
@@ -170,13 +278,6 @@ impl Kind {
             Kind::Database => "database",
             Kind::Device => "device",
         }
-    }
-
-    fn holds(self, role: &Role) -> bool {
-        matches!(
-            (self, role),
-            (Kind::Database, Role::Database) | (Kind::Device, Role::Device { .. })
-        )
     }
 }
 
@@ -286,15 +387,21 @@ impl Registry {
         }
         let cache = self.read();
         let id = cache.by_token.get(&presented)?;
-        let (endpoint, stored) = cache.endpoints.get(id)?;
-        stored.ct_eq(&presented).then(|| endpoint.principal())
+        let (key, held) = cache.endpoints.get_key_value(&**id)?;
+        held.token
+            .ct_eq(&presented)
+            .then(|| held.endpoint(key).principal())
     }
 
     /// Creates an enterprise; [`TenancyError::AlreadyExists`] if it exists.
     pub async fn create_enterprise(&self, id: Id) -> Result<(), TenancyError> {
         self.change(move |this| async move {
             this.store(Change::CreateEnterprise(id.clone())).await?;
-            this.inner.write_cache().enterprises.entry(id).or_default();
+            this.inner
+                .write_cache()
+                .enterprises
+                .entry(Arc::from(id.as_str()))
+                .or_default();
             Ok(())
         })
         .await
@@ -312,9 +419,9 @@ impl Registry {
             this.inner
                 .write_cache()
                 .enterprises
-                .entry(enterprise)
+                .entry(Arc::from(enterprise.as_str()))
                 .or_default()
-                .insert(id);
+                .insert(Arc::from(id.as_str()));
             Ok(())
         })
         .await
@@ -344,11 +451,7 @@ impl Registry {
     ) -> Result<Token, TenancyError> {
         self.change(move |this| async move {
             this.inner.require_enterprise(&enterprise)?;
-            let known = this
-                .read()
-                .enterprises
-                .get(&enterprise)
-                .is_some_and(|s| s.contains(&subsystem));
+            let known = this.read().has_subsystem(&enterprise, &subsystem);
             if !known {
                 return Err(TenancyError::UnknownSubsystem {
                     enterprise: enterprise.into_string(),
@@ -367,66 +470,60 @@ impl Registry {
 
     /// Whether the enterprise exists.
     pub fn enterprise_exists(&self, id: &Id) -> bool {
-        self.read().enterprises.contains_key(id)
+        self.read().enterprises.contains_key(id.as_str())
     }
 
     /// All enterprises, sorted.
     pub fn enterprises(&self) -> Vec<Id> {
-        self.read().enterprises.keys().cloned().collect()
+        self.read().enterprises.keys().map(|e| as_id(e)).collect()
     }
 
     /// The subsystems of an enterprise, sorted (empty if it does not exist).
     pub fn subsystems(&self, enterprise: &Id) -> Vec<Id> {
         self.read()
             .enterprises
-            .get(enterprise)
-            .map(|s| s.iter().cloned().collect())
+            .get(enterprise.as_str())
+            .map(|s| s.iter().map(|s| as_id(s)).collect())
             .unwrap_or_default()
     }
 
     /// The database or device registered under `id`.
     pub fn endpoint(&self, id: &Id) -> Option<Endpoint> {
-        self.read().endpoints.get(id).map(|(e, _)| e.clone())
+        self.read().endpoint(id)
     }
 
     /// The enterprise that owns a database or device id.
     pub fn enterprise_of(&self, id: &Id) -> Option<Id> {
         self.read()
             .endpoints
-            .get(id)
-            .map(|(e, _)| e.enterprise.clone())
+            .get(id.as_str())
+            .map(|h| as_id(&h.enterprise))
     }
 
     /// Whether `id` is a database of `enterprise` (a device may send only to those).
     pub fn is_database_of(&self, id: &Id, enterprise: &Id) -> bool {
         self.read()
             .endpoints
-            .get(id)
-            .is_some_and(|(e, _)| e.role == Role::Database && &e.enterprise == enterprise)
+            .get(id.as_str())
+            .is_some_and(|h| !h.is_device() && *h.enterprise == *enterprise.as_str())
     }
 
     /// The subsystem of a device (`None` if `id` is not a device).
     pub fn device_subsystem(&self, id: &Id) -> Option<Id> {
-        match self.read().endpoints.get(id) {
-            Some((
-                Endpoint {
-                    role: Role::Device { subsystem },
-                    ..
-                },
-                _,
-            )) => Some(subsystem.clone()),
-            _ => None,
-        }
+        self.read()
+            .endpoints
+            .get(id.as_str())
+            .and_then(|h| h.subsystem.as_deref().map(as_id))
     }
 
     /// All databases, sorted by id.
     pub fn databases(&self) -> Vec<Endpoint> {
-        self.endpoints_where(|e| e.role == Role::Database)
+        self.endpoints_where(|h| !h.is_device())
     }
 
     /// All devices, sorted by id.
     pub fn devices(&self) -> Vec<Endpoint> {
-        self.endpoints_where(|e| matches!(e.role, Role::Device { .. }))
+        self.endpoints_where(Held::is_device)
     }
 
     /// Up to `limit` enterprises after `after` (exclusive), sorted, each
@@ -434,14 +531,14 @@ impl Registry {
     pub fn enterprises_page(&self, after: Option<&Id>, limit: usize) -> Vec<(Id, Vec<Id>)> {
         let cache = self.read();
         let from = match after {
-            Some(a) => std::ops::Bound::Excluded(a),
+            Some(a) => std::ops::Bound::Excluded(a.as_str()),
             None => std::ops::Bound::Unbounded,
         };
         cache
             .enterprises
-            .range::<Id, _>((from, std::ops::Bound::Unbounded))
+            .range::<str, _>((from, std::ops::Bound::Unbounded))
             .take(limit)
-            .map(|(id, subs)| (id.clone(), subs.iter().cloned().collect()))
+            .map(|(id, subs)| (as_id(id), subs.iter().map(|s| as_id(s)).collect()))
             .collect()
     }
 
@@ -456,16 +553,17 @@ impl Registry {
     ) -> Vec<Endpoint> {
         let cache = self.read();
         let from = match after {
-            Some(a) => std::ops::Bound::Excluded(a),
+            Some(a) => std::ops::Bound::Excluded(a.as_str()),
             None => std::ops::Bound::Unbounded,
         };
         cache
             .endpoints
-            .range::<Id, _>((from, std::ops::Bound::Unbounded))
-            .map(|(_, (e, _))| e)
-            .filter(|e| kind.holds(&e.role) && enterprise.is_none_or(|ent| &e.enterprise == ent))
+            .range::<str, _>((from, std::ops::Bound::Unbounded))
+            .filter(|(_, h)| {
+                h.holds(kind) && enterprise.is_none_or(|ent| *h.enterprise == *ent.as_str())
+            })
             .take(limit)
-            .cloned()
+            .map(|(key, h)| h.endpoint(key))
             .collect()
     }
 
@@ -479,9 +577,12 @@ impl Registry {
                 let members = cache
                     .endpoints
                     .values()
-                    .filter(|(e, _)| e.enterprise == id)
+                    .filter(|h| *h.enterprise == *id.as_str())
                     .count();
-                let subsystems = cache.enterprises.get(&id).map_or(0, BTreeSet::len);
+                let subsystems = cache
+                    .enterprises
+                    .get(id.as_str())
+                    .map_or(0, BTreeSet::len);
                 if members > 0 || subsystems > 0 {
                     return Err(TenancyError::InUse {
                         kind: "enterprise",
@@ -493,7 +594,7 @@ impl Registry {
                 }
             }
             this.store(Change::DeleteEnterprise(id.clone())).await?;
-            this.inner.write_cache().enterprises.remove(&id);
+            this.inner.write_cache().enterprises.remove(id.as_str());
             Ok(())
         })
         .await
@@ -506,11 +607,7 @@ impl Registry {
             this.inner.require_enterprise(&enterprise)?;
             {
                 let cache = this.read();
-                if !cache
-                    .enterprises
-                    .get(&enterprise)
-                    .is_some_and(|s| s.contains(&id))
-                {
+                if !cache.has_subsystem(&enterprise, &id) {
                     return Err(TenancyError::UnknownSubsystem {
                         enterprise: enterprise.into_string(),
                         subsystem: id.into_string(),
@@ -519,9 +616,9 @@ impl Registry {
                 let devices = cache
                     .endpoints
                     .values()
-                    .filter(|(e, _)| {
-                        e.enterprise == enterprise
-                            && matches!(&e.role, Role::Device { subsystem } if *subsystem == id)
+                    .filter(|h| {
+                        *h.enterprise == *enterprise.as_str()
+                            && h.subsystem.as_deref() == Some(id.as_str())
                     })
                     .count();
                 if devices > 0 {
@@ -537,8 +634,13 @@ impl Registry {
                 id: id.clone(),
             })
             .await?;
-            if let Some(subs) = this.inner.write_cache().enterprises.get_mut(&enterprise) {
-                subs.remove(&id);
+            if let Some(subs) = this
+                .inner
+                .write_cache()
+                .enterprises
+                .get_mut(enterprise.as_str())
+            {
+                subs.remove(id.as_str());
             }
             Ok(())
         })
@@ -552,8 +654,8 @@ impl Registry {
             let endpoint = this.inner.require_endpoint(kind, &id)?;
             this.store(Change::DeleteEndpoint(id.clone())).await?;
             let mut cache = this.inner.write_cache();
-            if let Some((_, hash)) = cache.endpoints.remove(&id) {
-                cache.by_token.remove(&hash);
+            if let Some(held) = cache.endpoints.remove(id.as_str()) {
+                cache.by_token.remove(&held.token);
             }
             Ok(endpoint)
         })
@@ -573,8 +675,8 @@ impl Registry {
             })
             .await?;
             let mut cache = this.inner.write_cache();
-            if let Some((_, old)) = cache.endpoints.remove(&id) {
-                cache.by_token.remove(&old);
+            if let Some(held) = cache.endpoints.remove(id.as_str()) {
+                cache.by_token.remove(&held.token);
             }
             cache.add_endpoint(endpoint, hash);
             Ok(token)
@@ -600,13 +702,12 @@ impl Registry {
         .await
     }
 
-    fn endpoints_where(&self, keep: impl Fn(&Endpoint) -> bool) -> Vec<Endpoint> {
+    fn endpoints_where(&self, keep: impl Fn(&Held) -> bool) -> Vec<Endpoint> {
         self.read()
             .endpoints
-            .values()
-            .map(|(e, _)| e)
-            .filter(|e| keep(e))
-            .cloned()
+            .iter()
+            .filter(|(_, h)| keep(h))
+            .map(|(key, h)| h.endpoint(key))
             .collect()
     }
 
@@ -669,7 +770,11 @@ impl Inner {
     }
 
     fn require_enterprise(&self, enterprise: &Id) -> Result<(), TenancyError> {
-        if self.read_cache().enterprises.contains_key(enterprise) {
+        if self
+            .read_cache()
+            .enterprises
+            .contains_key(enterprise.as_str())
+        {
             Ok(())
         } else {
             Err(TenancyError::UnknownEnterprise(enterprise.to_string()))
@@ -679,12 +784,68 @@ impl Inner {
     /// The database or device (of `kind`) `id`; [`TenancyError::Unknown`] if
     /// there is none.
     fn require_endpoint(&self, kind: Kind, id: &Id) -> Result<Endpoint, TenancyError> {
-        match self.read_cache().endpoints.get(id) {
-            Some((e, _)) if kind.holds(&e.role) => Ok(e.clone()),
+        match self.read_cache().endpoints.get_key_value(id.as_str()) {
+            Some((key, h)) if h.holds(kind) => Ok(h.endpoint(key)),
             _ => Err(TenancyError::Unknown {
                 kind: kind.as_str(),
                 id: id.to_string(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Id {
+        Id::new(s).unwrap()
+    }
+
+    /// Every endpoint's names are the `enterprises` map's allocations and
+    /// its id is one allocation shared by both maps, whether the copy was
+    /// loaded from the store or changed since.
+    fn assert_shared(cache: &Cache) {
+        let (acme, subs) = cache.enterprises.get_key_value("acme").unwrap();
+        let sales = subs.get("sales").unwrap();
+        for (key, held) in &cache.endpoints {
+            assert!(Arc::ptr_eq(&held.enterprise, acme), "{key}");
+            if let Some(subsystem) = &held.subsystem {
+                assert!(Arc::ptr_eq(subsystem, sales), "{key}");
+            }
+            assert!(Arc::ptr_eq(&cache.by_token[&held.token], key), "{key}");
+        }
+        assert_eq!(cache.by_token.len(), cache.endpoints.len());
+    }
+
+    #[tokio::test]
+    async fn endpoints_share_their_names_in_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = DataLayout::new(dir.path());
+        let (reg, _) = Registry::open(&layout, Some("admin-secret".into()))
+            .await
+            .unwrap();
+        reg.create_enterprise(id("acme")).await.unwrap();
+        reg.create_subsystem(id("acme"), id("sales")).await.unwrap();
+        reg.create_database(id("acme"), id("db-a")).await.unwrap();
+        for n in 0..3 {
+            reg.create_device(id("acme"), id(&format!("phone-{n}")), id("sales"))
+                .await
+                .unwrap();
+        }
+        reg.rotate_token(Kind::Device, id("phone-1")).await.unwrap();
+        assert_shared(&reg.read());
+        assert_eq!(reg.read().endpoints.len(), 4);
+        drop(reg);
+
+        let (reg, _) = Registry::open(&layout, Some("admin-secret".into()))
+            .await
+            .unwrap();
+        assert_shared(&reg.read());
+        reg.create_device(id("acme"), id("phone-9"), id("sales"))
+            .await
+            .unwrap();
+        assert_shared(&reg.read());
+        assert_eq!(reg.read().endpoints.len(), 5);
     }
 }

@@ -351,21 +351,33 @@ fn backlog(n: usize) {
     let began = Instant::now();
     let queue = data.join("db-a").join("Messages");
     std::fs::create_dir_all(&queue).unwrap();
-    let body = Body::from_json(BODY).unwrap();
-    let first = Timestamp::from_millis(1_764_064_800_000);
-    for seq in 0..n {
-        let m = Message {
-            version: Version,
-            id: MessageId::from_parts(1_764_064_800_000 + seq as u64 / 1000, seq as u128),
-            from: device(seq % DEVICES),
-            to: id("db-a"),
-            subsystem: id("sales"),
-            created_at: first,
-            body: body.clone(),
-        };
-        let name = FileName::of(&m).to_string();
-        std::fs::write(queue.join(name), m.to_file_bytes().unwrap()).unwrap();
-    }
+    // Test data: written by several threads at once, none fsynced.
+    let writers = std::thread::available_parallelism().map_or(2, |n| n.get() * 2);
+    std::thread::scope(|scope| {
+        for part in 0..writers {
+            let queue = &queue;
+            scope.spawn(move || {
+                let body = Body::from_json(BODY).unwrap();
+                let first = Timestamp::from_millis(1_764_064_800_000);
+                for seq in (part..n).step_by(writers) {
+                    let m = Message {
+                        version: Version,
+                        id: MessageId::from_parts(
+                            1_764_064_800_000 + seq as u64 / 1000,
+                            seq as u128,
+                        ),
+                        from: device(seq % DEVICES),
+                        to: id("db-a"),
+                        subsystem: id("sales"),
+                        created_at: first,
+                        body: body.clone(),
+                    };
+                    let name = FileName::of(&m).to_string();
+                    std::fs::write(queue.join(name), m.to_file_bytes().unwrap()).unwrap();
+                }
+            });
+        }
+    });
     println!("{n} waiting: files made in {:.1?}", began.elapsed());
     let began = Instant::now();
     let w = rt.block_on(world(&data, Some(tokens)));

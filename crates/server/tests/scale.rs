@@ -11,7 +11,8 @@
 //! ```sh
 //! cargo test -p estafeta-server --test scale -- --ignored --nocapture
 //! # SCALE_DIR picks the disk (default: the system temp folder); the data
-//! # is removed at the end unless SCALE_KEEP is set
+//! # is removed at the end unless SCALE_KEEP is set; ESTAFETA_TEST_BINARY
+//! # names the server binary to run (e.g. target/release/estafeta)
 //! ```
 
 mod common;

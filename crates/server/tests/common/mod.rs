@@ -279,8 +279,12 @@ pub struct Binary {
 
 /// A command for the binary with no `ESTAFETA_*` setting inherited from
 /// the test's environment, run in `cwd` (so no stray `estafeta.toml`).
+/// The binary is the one built with the tests, or the one named by
+/// `ESTAFETA_TEST_BINARY` (a measurement against an optimized build).
 pub fn estafeta(cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_estafeta"));
+    let binary = std::env::var_os("ESTAFETA_TEST_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_estafeta").into());
+    let mut cmd = Command::new(binary);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("ESTAFETA_") {
             cmd.env_remove(key);
