@@ -100,6 +100,10 @@ pub async fn stores(
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(ServeError::StoreUrl);
     }
+    // A node keeps nothing it needs to recover here, but its folder is
+    // where `/readyz` checks that the node's disk takes writes.
+    let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
+    estafeta_durable::create_dir_all(&own, 0o700).map_err(|e| ServeError::NodeFolder(own, e))?;
     let db = estafeta_cluster::Store::connect(url).map_err(ServeError::Store)?;
     db.migrate().await.map_err(ServeError::Store)?;
     let sessions = estafeta_cluster::SessionStorage::open(db.clone())

@@ -56,6 +56,10 @@ pub enum ServeError {
     /// date.
     #[error("opening the cluster store failed: {0}")]
     Store(#[source] estafeta_cluster::Error),
+    /// A cluster node could not make its own state folder under the data
+    /// folder (what `/readyz` writes to, and the event log's start-up lines).
+    #[error("making the node's folder {0} failed: {1}")]
+    NodeFolder(std::path::PathBuf, #[source] std::io::Error),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
     Shutdown(ExchangeError),

@@ -96,3 +96,42 @@ async fn two_nodes_serve_one_cluster() {
     a.terminate().await;
     b.terminate().await;
 }
+
+/// A node assembled in a process of its own choosing (an embedder, or a
+/// benchmark) with a data folder that does not exist yet: in cluster mode
+/// nothing else makes it, and `/readyz` checks the node's disk there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_a_new_data_folder_becomes_ready() {
+    use estafeta_exchange::ExchangeConfig;
+    use estafeta_server::notify::NotifySettings;
+    use estafeta_server::{HttpSettings, Server};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("node");
+    let mut config = ExchangeConfig::new(&data);
+    config.admin_token = Some("cluster-admin-token-0123456789".to_owned());
+    let (server, _) = Server::open_with(
+        config,
+        Arc::new(estafeta_session::SystemClock),
+        HttpSettings::default(),
+        NotifySettings::log_only(&data),
+        Some(&pg.url()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = tokio::spawn(server.run(listener, stop.clone()));
+    let client = Client::new(&base, "cluster-admin-token-0123456789").unwrap();
+    let began = Instant::now();
+    while !client.readyz().await.unwrap() {
+        assert!(began.elapsed() < Duration::from_secs(30), "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    serving.await.unwrap().unwrap();
+}

@@ -181,10 +181,34 @@ mod tests {
     fn the_mailboxes_holding_files_are_kept_as_their_folders_fill_and_empty() {
         let tally = Tally::default();
         let none = Share::default();
-        tally.replace(MailboxKind::Device, Folder::Error, &id("phone"), none, share(1, 5));
-        tally.replace(MailboxKind::Database, Folder::Error, &id("db-b"), none, share(2, 9));
-        tally.replace(MailboxKind::Database, Folder::Error, &id("db-a"), none, share(1, 1));
-        tally.replace(MailboxKind::Database, Folder::Unknown, &id("db-c"), none, share(1, 1));
+        tally.replace(
+            MailboxKind::Device,
+            Folder::Error,
+            &id("phone"),
+            none,
+            share(1, 5),
+        );
+        tally.replace(
+            MailboxKind::Database,
+            Folder::Error,
+            &id("db-b"),
+            none,
+            share(2, 9),
+        );
+        tally.replace(
+            MailboxKind::Database,
+            Folder::Error,
+            &id("db-a"),
+            none,
+            share(1, 1),
+        );
+        tally.replace(
+            MailboxKind::Database,
+            Folder::Unknown,
+            &id("db-c"),
+            none,
+            share(1, 1),
+        );
         assert_eq!(
             tally.holding(Folder::Error),
             vec![
@@ -194,7 +218,13 @@ mod tests {
             ]
         );
         // db-a's folder empties: it holds nothing any more.
-        tally.replace(MailboxKind::Database, Folder::Error, &id("db-a"), share(1, 1), none);
+        tally.replace(
+            MailboxKind::Database,
+            Folder::Error,
+            &id("db-a"),
+            share(1, 1),
+            none,
+        );
         assert_eq!(
             tally.holding(Folder::Error),
             vec![
@@ -202,7 +232,10 @@ mod tests {
                 (MailboxKind::Device, id("phone")),
             ]
         );
-        assert_eq!(tally.holding(Folder::Unknown), vec![(MailboxKind::Database, id("db-c"))]);
+        assert_eq!(
+            tally.holding(Folder::Unknown),
+            vec![(MailboxKind::Database, id("db-c"))]
+        );
         assert!(tally.holding(Folder::Messages).is_empty());
     }
 }
