@@ -6,7 +6,7 @@
 //! - [`layer`]: [`EventLog`], the `tracing` layer that hands the records to
 //!   a writer thread, which writes them in batches, off the request path.
 //! - [`store`]: [`EventStore`], the redb file, its indexes and retention.
-//! - [`reader`]: [`EventFilter`], which records a page shows.
+//! - [`mod@reader`]: [`EventFilter`], which records a page shows.
 //!
 //! The alerts page does not read the log: alerts and their
 //! acknowledgements are kept by the notifier ([`crate::notify::raised`]).
@@ -14,7 +14,7 @@
 //! In cluster mode the server hands the log the cluster's store once it is
 //! assembled ([`share`]): from then on the records of this process are
 //! written to the cluster's `events` table, and the pages read it
-//! ([`reader`]), so every node shows the events of every node.
+//! ([`reader()`]), so every node shows the events of every node.
 
 pub mod layer;
 pub mod reader;
