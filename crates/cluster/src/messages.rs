@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
-    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MessageStore, Op, Outcome,
-    RawArray, kept_aside, take_within,
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
+    Outcome, RawArray, Tallies, kept_aside, take_within,
 };
 use estafeta_exchange::wire::Message;
 use estafeta_exchange::{Id, MessageId, Timestamp};
@@ -593,5 +593,17 @@ impl MessageStore for PgMessages {
         _referenced: &HashSet<MessageId>,
     ) -> Result<Vec<FileName>, MailboxError> {
         Ok(Vec::new())
+    }
+
+    /// No running totals are kept (each node would need every other
+    /// node's changes): the exchange counts place by place.
+    fn count_as(&self, _owner: &Id, _kind: MailboxKind) {}
+
+    async fn tallies(&self) -> Option<Tallies> {
+        None
+    }
+
+    async fn holding(&self, _folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
+        None
     }
 }
