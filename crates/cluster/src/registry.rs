@@ -39,9 +39,14 @@ impl PgRegistry {
     }
 }
 
-/// A store failure, as the registry's error.
+/// A store failure, as the registry's error: unavailable (retry later) or
+/// failed, as [`crate::Error::is_unavailable`] tells.
 fn shared(e: impl Into<crate::Error>) -> TenancyError {
-    TenancyError::Shared(Box::new(e.into()))
+    let e = e.into();
+    match e.is_unavailable() {
+        true => TenancyError::Unavailable(Box::new(e)),
+        false => TenancyError::Shared(Box::new(e)),
+    }
 }
 
 /// A stored id that does not parse (a row written by hand).

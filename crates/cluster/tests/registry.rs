@@ -133,7 +133,13 @@ async fn the_configured_admin_token_wins_and_a_store_down_is_an_error() {
     pg.stop().unwrap();
     let refused = a.refresh().await;
     assert!(
-        matches!(refused, Err(TenancyError::Shared(_))),
+        matches!(refused, Err(TenancyError::Unavailable(_))),
         "{refused:?}"
+    );
+    let answered = estafeta_exchange::ExchangeError::from(refused.unwrap_err());
+    assert!(answered.is_store_unavailable(), "{answered}");
+    assert_eq!(
+        answered.code(),
+        estafeta_exchange::wire::ErrorCode::StorageError
     );
 }
