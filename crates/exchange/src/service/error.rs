@@ -124,6 +124,10 @@ impl From<estafeta_session::Error> for ExchangeError {
             estafeta_session::Error::Stopping => {
                 ExchangeError::unavailable(ErrorCode::Stopping, "the server is stopping")
             }
+            estafeta_session::Error::Storage(estafeta_session::StorageError::Unavailable(_)) => {
+                tracing::error!(error = %e, "session operation failed: the store is unavailable; retry later");
+                ExchangeError::store_unavailable(e.to_string())
+            }
             other => {
                 tracing::error!(error = %other, "session operation failed");
                 ExchangeError::unavailable(ErrorCode::StorageError, other.to_string())
@@ -189,7 +193,8 @@ mod tests {
         let full = MailboxError::io("/x", std::io::ErrorKind::StorageFull.into());
         assert!(!disk.is_unavailable() && !full.is_unavailable());
 
-        let cases: [(ExchangeError, bool, ErrorCode); 7] = [
+        let session = |e: estafeta_session::StorageError| estafeta_session::Error::Storage(e);
+        let cases: [(ExchangeError, bool, ErrorCode); 9] = [
             (down.into(), true, ErrorCode::StorageError),
             (refused.into(), false, ErrorCode::StorageError),
             (disk.into(), false, ErrorCode::StorageError),
@@ -207,6 +212,22 @@ mod tests {
             (
                 TenancyError::Unavailable("connection refused".into()).into(),
                 true,
+                ErrorCode::StorageError,
+            ),
+            (
+                session(estafeta_session::StorageError::Unavailable(
+                    std::sync::Arc::new(std::io::Error::other("connection refused")),
+                ))
+                .into(),
+                true,
+                ErrorCode::StorageError,
+            ),
+            (
+                session(estafeta_session::StorageError::Shared(std::sync::Arc::new(
+                    std::io::Error::other("syntax error"),
+                )))
+                .into(),
+                false,
                 ErrorCode::StorageError,
             ),
         ];
