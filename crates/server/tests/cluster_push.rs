@@ -2,11 +2,13 @@
 //! webhooks: one set through a node is used by the other at its next call,
 //! a webhook changed through one node is the one the other pushes to, and
 //! one removed through a node is pushed to by neither; each arrival is one
-//! POST though both nodes run their pushers.
+//! POST though both nodes run their pushers. A node that no call reached
+//! since a webhook was set elsewhere still pushes the arrivals it makes on
+//! its own (a scheduled message coming due).
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::recorder::{self, Hit};
 use common::{Binary, id, message, next};
@@ -122,5 +124,55 @@ async fn every_node_pushes_to_the_webhook_set_last_through_any_node() {
     assert_eq!(hit.uri, "/other");
 
     a.terminate().await;
+    b.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_message_delivered_by_a_node_no_call_reached_is_pushed() {
+    let pg = Postgres::start().unwrap();
+    let (hook, mut hits) = recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = [
+        ("ESTAFETA_STORE", url.as_str()),
+        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
+        ("ESTAFETA_ALERT_PROBE", "0"),
+        ("ESTAFETA_DISK_ALERT_MB", "0"),
+    ];
+    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
+    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
+    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
+    common::wait_ready(&admin_a).await;
+    common::wait_ready(&Client::new(&b.base, common::ADMIN_TOKEN).unwrap()).await;
+    // From here on every call goes to A: B's registry is the one it read
+    // before any of this.
+    admin_a.create_enterprise(&id("acme")).await.unwrap();
+    admin_a
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    admin_a
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let phone = admin_a
+        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
+        .await
+        .unwrap();
+    set_webhook(&a, "db-a", Some(format!("http://{hook}/hook"))).await;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let soon = i64::try_from(now.as_millis()).unwrap() + 2_000;
+    let mut later = message("db-a", "{}", None);
+    later.deliver_at = Some(estafeta_exchange::Timestamp::from_millis(soon));
+    Client::new(&a.base, &phone.token)
+        .unwrap()
+        .send(&later)
+        .await
+        .unwrap();
+    // A stops before the message is due: B delivers it, and pushes it.
+    a.terminate().await;
+    let hit = next(&mut hits).await;
+    assert_eq!(hit.uri, "/hook");
+    assert!(hit.body.contains("db-a"), "{}", hit.body);
     b.terminate().await;
 }
