@@ -313,9 +313,12 @@ fn loc(at: &Location) -> (&str, &'static str) {
 }
 
 /// A store failure as the exchange's storage error, naming where it
-/// happened.
+/// happened: unavailable (retry later) or failed, as
+/// [`Error::is_unavailable`] tells.
 fn failed(at: impl Display, e: impl Into<Error>) -> MailboxError {
-    MailboxError::io(format!("postgres:{at}"), std::io::Error::other(e.into()))
+    let e = e.into();
+    let unavailable = e.is_unavailable();
+    MailboxError::store(format!("postgres:{at}"), e, unavailable)
 }
 
 fn not_found(op: &Op, from: &Location, to: &Location) -> MailboxError {
@@ -404,13 +407,16 @@ impl MessageStore for PgMessages {
         let mut arrivals = BTreeSet::new();
         if let Err(e) = self.apply_all(ops, &mut results, &mut arrivals).await {
             // Rolled back: nothing of the batch happened.
-            let text = e.to_string();
+            let (text, unavailable) = (e.to_string(), e.is_unavailable());
             return Applied {
                 results: ops
                     .iter()
                     .map(|_| {
-                        let e = std::io::Error::other(text.clone());
-                        Err(MailboxError::io("postgres:batch", e))
+                        Err(MailboxError::store(
+                            "postgres:batch",
+                            text.clone(),
+                            unavailable,
+                        ))
                     })
                     .collect(),
                 arrivals: BTreeSet::new(),

@@ -164,6 +164,8 @@ pub struct Metrics {
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     /// Requests answered, all routes together (the dashboard's figure).
     answered: AtomicU64,
+    /// Requests answered 503 because a store could not be reached.
+    store_unavailable: Counter,
     /// (minute since the epoch, uploads in it), oldest first.
     uploads: Mutex<VecDeque<(u64, u64)>>,
 }
@@ -186,8 +188,15 @@ impl Metrics {
             requests: Family::default(),
             durations: Family::new_with_constructor(latency_histogram),
             answered: AtomicU64::new(0),
+            store_unavailable: Counter::default(),
             uploads: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// Counts one request answered 503 because a store could not be
+    /// reached ([`StoreUnavailable`](crate::error::StoreUnavailable)).
+    pub fn record_store_unavailable(&self) {
+        self.store_unavailable.inc();
     }
 
     /// Counts one answered request that took `elapsed`, at `now` (the
@@ -264,6 +273,11 @@ impl Metrics {
             "estafeta_http_request_duration_seconds",
             "Time from a request's arrival to its answer, by method, route template and status",
             self.durations.clone(),
+        );
+        out.registry.register(
+            "estafeta_store_unavailable",
+            "Requests answered 503 storage_error because a store could not be reached (a database server down or handing over), not because storage failed",
+            self.store_unavailable.clone(),
         );
         out.registry.register(
             "estafeta_storage_commit_duration_seconds",
@@ -724,6 +738,13 @@ pub async fn count(State(state): State<AppState>, request: Request, next: Next) 
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let response = next.run(request).await;
+    if response
+        .extensions()
+        .get::<crate::error::StoreUnavailable>()
+        .is_some()
+    {
+        state.metrics().record_store_unavailable();
+    }
     state.metrics().record(
         method,
         &route,
@@ -801,6 +822,10 @@ mod tests {
             "estafeta_http_requests_total{method=\"POST\",route=\"/v1/processes/{pid}/commit\",status=\"401\"} 1\n"
         ));
         assert_eq!(m.requests_total(), 3);
+        assert!(text.contains("estafeta_store_unavailable_total 0\n"));
+        m.record_store_unavailable();
+        let text = m.render(&Snapshot::default());
+        assert!(text.contains("estafeta_store_unavailable_total 1\n"));
     }
 
     #[test]
