@@ -9,7 +9,10 @@ mod common;
 
 use common::clock::ManualClock;
 use common::restartable::Server;
-use common::{Binary, Tenancy, TestServer, estafeta, id, message, ready_process, start_request};
+use common::{
+    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, ready_process,
+    start_request,
+};
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
@@ -30,9 +33,9 @@ fn ids<T>(items: &[T], id: impl Fn(&T) -> String) -> Vec<String> {
     items.iter().map(id).collect()
 }
 
-#[tokio::test]
-async fn lists_page_and_deletes_are_refused_until_empty_or_forced() {
-    let server = TestServer::start().await;
+both_stores!(lists_page_and_deletes_are_refused_until_empty_or_forced);
+async fn lists_page_and_deletes_are_refused_until_empty_or_forced(store: Store) {
+    let server = TestServer::start_on(store).await;
     let admin = &server.admin;
     let t = Tenancy::provision(admin).await;
 
@@ -209,9 +212,9 @@ async fn lists_page_and_deletes_are_refused_until_empty_or_forced() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn rotated_tokens_replace_the_old_at_once_and_a_pinned_admin_token_is_refused() {
-    let server = TestServer::start().await;
+both_stores!(rotated_tokens_replace_the_old_at_once_and_a_pinned_admin_token_is_refused);
+async fn rotated_tokens_replace_the_old_at_once_and_a_pinned_admin_token_is_refused(store: Store) {
+    let server = TestServer::start_on(store).await;
     let admin = &server.admin;
     let t = Tenancy::provision(admin).await;
     let db = admin.rotate_database_token(&id("db-a")).await.unwrap();
@@ -250,17 +253,34 @@ async fn rotated_tokens_replace_the_old_at_once_and_a_pinned_admin_token_is_refu
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn settle_requeue_discard_and_the_reason_of_an_error() {
+both_stores!(settle_requeue_discard_and_the_reason_of_an_error);
+async fn settle_requeue_discard_and_the_reason_of_an_error(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let store = store.setting();
     let clock = ManualClock::now();
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
     server.stop().await;
-    // Found READY_TO_COMMIT at start-up: in doubt.
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let admin = &server.admin;
+    if store.is_some() {
+        // A cluster node's restart leaves its processes as they are (another
+        // node may be serving them): READY_TO_COMMIT is in doubt only once
+        // its timeout has passed.
+        assert_eq!(
+            admin.process(&pid).await.unwrap().state,
+            ProcessState::ReadyToCommit
+        );
+        let timeout = estafeta_exchange::ExchangeConfig::new(data.path()).ready_timeout;
+        clock.advance(timeout + std::time::Duration::from_secs(1));
+        common::cluster::eventually("the process in doubt", || async {
+            let state = admin.process(&pid).await.unwrap().state;
+            (state == ProcessState::InDoubt).then_some(())
+        })
+        .await;
+    }
+    // Found READY_TO_COMMIT at start-up (embedded): in doubt.
     assert_eq!(
         admin.process(&pid).await.unwrap().state,
         ProcessState::InDoubt
@@ -401,11 +421,12 @@ async fn run(
     )
 }
 
-#[tokio::test]
-async fn the_cli_lists_shows_deletes_rotates_and_settles() {
+both_stores!(the_cli_lists_shows_deletes_rotates_and_settles);
+async fn the_cli_lists_shows_deletes_rotates_and_settles(store: Store) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let store = store.setting();
+    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &[]).await;
     let token = server.printed_token.clone().unwrap();
     common::wait_ready(&Client::new(&server.base, &token).unwrap()).await;
     let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
@@ -527,14 +548,18 @@ async fn the_cli_lists_shows_deletes_rotates_and_settles() {
     let (ok, _, err) = run(cwd, base, &token, &["stats"]).await;
     assert!(!ok && err.contains("401"), "{err}");
     assert!(run(cwd, base, &new, &["stats"]).await.0);
-    assert_eq!(
-        std::fs::read_to_string(data.join(".estafeta/admin-token"))
-            .unwrap()
-            .trim(),
-        new
-    );
+    // The embedded store keeps the admin token in a file; a cluster keeps
+    // only its hash in the database.
+    if store.is_none() {
+        assert_eq!(
+            std::fs::read_to_string(data.join(".estafeta/admin-token"))
+                .unwrap()
+                .trim(),
+            new
+        );
+    }
     assert_eq!(server.terminate().await, Some(0));
-    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &[]).await;
     assert_eq!(server.printed_token, None);
     common::wait_ready(&Client::new(&server.base, &new).unwrap()).await;
     assert!(

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ADMIN_TOKEN, Tenancy, TestServer, id, ready_process};
+use common::{ADMIN_TOKEN, Store, Tenancy, TestServer, id, ready_process};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use reqwest::StatusCode;
@@ -432,9 +432,13 @@ async fn a_message_in_error_is_shown_and_discarded() {
 
 #[tokio::test]
 async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
-    let server = TestServer::start_custom(estafeta_server::HttpSettings::default(), |c| {
-        c.ready_timeout = std::time::Duration::from_millis(200);
-    })
+    let server = TestServer::start_custom(
+        Store::Embedded,
+        estafeta_server::HttpSettings::default(),
+        |c| {
+            c.ready_timeout = std::time::Duration::from_millis(200);
+        },
+    )
     .await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
@@ -573,6 +577,7 @@ fn row_with<'a>(html: &'a str, marker: &str) -> &'a str {
 async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
     use estafeta_server::notify::NotifySettings;
     let server = TestServer::start_notified(
+        Store::Embedded,
         estafeta_server::HttpSettings::default(),
         |_| {},
         |data| NotifySettings {

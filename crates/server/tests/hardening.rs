@@ -9,7 +9,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Binary, PATIENCE, TestServer, id, provision_one, wait_ready};
+use common::{
+    ADMIN_TOKEN, Binary, PATIENCE, Store, TestServer, both_stores, id, provision_one, wait_ready,
+};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
@@ -110,9 +112,9 @@ fn head(method: &str, path: &str, extra: &[String]) -> String {
     h
 }
 
-#[tokio::test]
-async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent() {
-    let server = TestServer::start().await;
+both_stores!(a_form_declared_over_its_limit_is_413_before_its_body_is_sent);
+async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent(store: Store) {
+    let server = TestServer::start_on(store).await;
     // Well under the API's 32 MB, well over a form's limit. Only the head
     // goes out: an answer can only come from the declared length.
     let request = head(
@@ -130,12 +132,15 @@ async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent() {
-    let server = TestServer::start_with(HttpSettings {
-        max_body_bytes: 64 * 1024,
-        ..HttpSettings::default()
-    })
+both_stores!(an_api_body_declared_over_the_limit_is_413_before_it_is_sent);
+async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent(store: Store) {
+    let server = TestServer::start_with(
+        store,
+        HttpSettings {
+            max_body_bytes: 64 * 1024,
+            ..HttpSettings::default()
+        },
+    )
     .await;
     let request = head(
         "POST",
@@ -152,9 +157,9 @@ async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_chunked_form_over_its_limit_is_413() {
-    let server = TestServer::start().await;
+both_stores!(a_chunked_form_over_its_limit_is_413);
+async fn a_chunked_form_over_its_limit_is_413(store: Store) {
+    let server = TestServer::start_on(store).await;
     let mut request = head(
         "POST",
         "/admin/login",
@@ -176,12 +181,15 @@ async fn a_chunked_form_over_its_limit_is_413() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_form_body_that_does_not_arrive_in_time_is_408() {
-    let server = TestServer::start_with(HttpSettings {
-        request_timeout: Duration::from_millis(300),
-        ..HttpSettings::default()
-    })
+both_stores!(a_form_body_that_does_not_arrive_in_time_is_408);
+async fn a_form_body_that_does_not_arrive_in_time_is_408(store: Store) {
+    let server = TestServer::start_with(
+        store,
+        HttpSettings {
+            request_timeout: Duration::from_millis(300),
+            ..HttpSettings::default()
+        },
+    )
     .await;
     let mut request = head(
         "POST",
@@ -212,6 +220,8 @@ fn event_lines(data: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+// Embedded only: it reads the event log's file, which a cluster node does
+// not write (its events are in the cluster's database).
 #[tokio::test]
 async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,9 +279,9 @@ async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
     );
 }
 
-#[tokio::test]
-async fn two_authorization_headers_are_400() {
-    let server = TestServer::start().await;
+both_stores!(two_authorization_headers_are_400);
+async fn two_authorization_headers_are_400(store: Store) {
+    let server = TestServer::start_on(store).await;
     for (first, second) in [
         (ADMIN_TOKEN, "not-a-token"),
         ("not-a-token", ADMIN_TOKEN),
@@ -314,9 +324,9 @@ async fn try_login(server: &TestServer, token: &str) -> reqwest::Response {
         .unwrap()
 }
 
-#[tokio::test]
-async fn wrong_logins_from_one_address_must_wait_before_the_next_try() {
-    let server = TestServer::start().await;
+both_stores!(wrong_logins_from_one_address_must_wait_before_the_next_try);
+async fn wrong_logins_from_one_address_must_wait_before_the_next_try(store: Store) {
+    let server = TestServer::start_on(store).await;
     for _ in 0..FREE_FAILURES {
         assert_eq!(try_login(&server, "guess").await.status(), 401);
     }
@@ -338,16 +348,20 @@ async fn wrong_logins_from_one_address_must_wait_before_the_next_try() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_short_admin_token_is_refused_at_start() {
+both_stores!(a_short_admin_token_is_refused_at_start);
+async fn a_short_admin_token_is_refused_at_start(store: Store) {
     let dir = tempfile::tempdir().unwrap();
     let short = "x".repeat(MIN_ADMIN_TOKEN_LEN - 1);
-    let run = common::estafeta(dir.path())
+    let mut serve = common::estafeta(dir.path());
+    serve
         .arg("serve")
         .env("ESTAFETA_LISTEN", "127.0.0.1:0")
         .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
-        .env("ESTAFETA_ADMIN_TOKEN", &short)
-        .output();
+        .env("ESTAFETA_ADMIN_TOKEN", &short);
+    if let Some(url) = store.setting() {
+        serve.env("ESTAFETA_STORE", url);
+    }
+    let run = serve.output();
     let out = tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the server started with a short admin token")
@@ -367,9 +381,9 @@ fn nested(depth: usize) -> String {
     format!("{}{}", "[".repeat(depth), "]".repeat(depth))
 }
 
-#[tokio::test]
-async fn json_nested_deeper_than_the_limit_is_400_bad_json_and_stores_nothing() {
-    let server = TestServer::start().await;
+both_stores!(json_nested_deeper_than_the_limit_is_400_bad_json_and_stores_nothing);
+async fn json_nested_deeper_than_the_limit_is_400_bad_json_and_stores_nothing(store: Store) {
+    let server = TestServer::start_on(store).await;
     let (db, phone) = provision_one(&server.admin).await;
     let http = reqwest::Client::new();
     let upload = |body: String| {
@@ -417,6 +431,7 @@ async fn readyz(base: &str) -> u16 {
         .as_u16()
 }
 
+// Embedded only: a full disk under the data folder's store.
 #[tokio::test]
 async fn readyz_is_503_while_storage_is_full_or_read_only_and_200_again_after() {
     use common::tmpfs::{Tmpfs, fill, is_root};
@@ -464,6 +479,7 @@ fn mode(path: &std::path::Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
+// Embedded only: the modes of the message files and the event log's file.
 #[tokio::test]
 async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     use tokio::io::AsyncBufReadExt;
@@ -547,9 +563,9 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     );
 }
 
-#[tokio::test]
-async fn webhooks_to_malformed_hosts_or_link_local_addresses_are_400() {
-    let server = TestServer::start().await;
+both_stores!(webhooks_to_malformed_hosts_or_link_local_addresses_are_400);
+async fn webhooks_to_malformed_hosts_or_link_local_addresses_are_400(store: Store) {
+    let server = TestServer::start_on(store).await;
     provision_one(&server.admin).await;
     let http = reqwest::Client::new();
     for url in [

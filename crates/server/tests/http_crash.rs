@@ -3,22 +3,23 @@
 
 mod common;
 
-use common::{Binary, id, message, provision_one, start_request, wait_ready};
+use common::{Binary, Store, both_stores, id, message, provision_one, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
     Body, CallStatus, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus, Version,
 };
 
-#[tokio::test]
-async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it() {
+both_stores!(killed_while_ready_to_commit_and_committed_after_the_restart);
+async fn killed_while_ready_to_commit_and_committed_after_the_restart(store: Store) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    let store = store.setting();
     let env = [(
         "ESTAFETA_ADMIN_TOKEN",
         "crash-admin-0123456789abcdef0123456789",
     )];
-    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &env).await;
     let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     let (db, phone) = provision_one(&admin).await;
@@ -52,24 +53,24 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     );
     server.kill9().await;
 
-    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &env).await;
     let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
     wait_ready(&admin).await;
     let processor = admin.with_token(&db);
-    assert_eq!(
-        processor.process(&pid).await.unwrap().state,
-        ProcessState::InDoubt
-    );
-    let unknown = admin.folder(&id("db-a"), Folder::Unknown).await.unwrap();
-    assert_eq!(unknown.files.len(), 2, "{unknown:?}");
-    assert!(
-        admin
-            .folder(&id("db-a"), Folder::Prepared)
-            .await
-            .unwrap()
-            .files
-            .is_empty()
-    );
+    // The embedded store finds the process at start-up and cannot know
+    // whether its transaction committed: in doubt, the message and the
+    // reply in `Unknown`. A cluster node's start leaves processes as they
+    // are (another node may be serving them): READY_TO_COMMIT, the reply in
+    // `Prepared`.
+    let (state, unknown, prepared) = match store {
+        None => (ProcessState::InDoubt, 2, 0),
+        Some(_) => (ProcessState::ReadyToCommit, 0, 1),
+    };
+    assert_eq!(processor.process(&pid).await.unwrap().state, state);
+    for (folder, files) in [(Folder::Unknown, unknown), (Folder::Prepared, prepared)] {
+        let listed = admin.folder(&id("db-a"), folder).await.unwrap();
+        assert_eq!(listed.files.len(), files, "{listed:?}");
+    }
 
     // The processor learns that its transaction committed.
     assert_eq!(processor.commit(&pid).await.unwrap().status, CallStatus::Ok);
@@ -95,9 +96,11 @@ async fn killed_while_ready_to_commit_is_in_doubt_and_a_late_commit_settles_it()
     assert_eq!(server.terminate().await, Some(0));
 }
 
-/// A server on one data folder that can be killed and started again.
+/// A server on one data folder (and, on PostgreSQL, one database) that
+/// can be killed and started again.
 struct Crashable {
     dir: tempfile::TempDir,
+    store: Option<String>,
     server: Option<Binary>,
     admin: Client,
 }
@@ -105,18 +108,21 @@ struct Crashable {
 const ADMIN: &str = "crash-admin-0123456789abcdef0123456789";
 
 impl Crashable {
-    async fn start() -> Crashable {
+    async fn start(store: Store) -> Crashable {
         let dir = tempfile::tempdir().unwrap();
-        let (server, admin) = Self::boot(dir.path()).await;
+        let store = store.setting();
+        let (server, admin) = Self::boot(dir.path(), store.as_deref()).await;
         Crashable {
             dir,
+            store,
             server: Some(server),
             admin,
         }
     }
 
-    async fn boot(dir: &std::path::Path) -> (Binary, Client) {
-        let server = Binary::serve(
+    async fn boot(dir: &std::path::Path, store: Option<&str>) -> (Binary, Client) {
+        let server = Binary::serve_on(
+            store,
             dir,
             &dir.join("data"),
             &[],
@@ -133,7 +139,7 @@ impl Crashable {
         if let Some(server) = self.server.take() {
             server.kill9().await;
         }
-        let (server, admin) = Self::boot(self.dir.path()).await;
+        let (server, admin) = Self::boot(self.dir.path(), self.store.as_deref()).await;
         self.server = Some(server);
         self.admin = admin;
     }
@@ -152,9 +158,9 @@ impl Crashable {
     }
 }
 
-#[tokio::test]
-async fn killed_after_every_protocol_step_and_restarted() {
-    let mut s = Crashable::start().await;
+both_stores!(killed_after_every_protocol_step_and_restarted);
+async fn killed_after_every_protocol_step_and_restarted(store: Store) {
+    let mut s = Crashable::start(store).await;
     s.admin.create_enterprise(&id("acme")).await.unwrap();
     s.admin
         .create_subsystem(&id("acme"), &id("sales"))

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Tenancy, TestServer, id, message, start_request};
+use common::{Store, Tenancy, TestServer, both_stores, id, message, start_request};
 use estafeta_client::{ClientError, Upload};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
@@ -25,9 +25,9 @@ fn processed(id: MessageId) -> MessageResult {
     }
 }
 
-#[tokio::test]
-async fn admin_provisioning() {
-    let server = TestServer::start().await;
+both_stores!(admin_provisioning);
+async fn admin_provisioning(store: Store) {
+    let server = TestServer::start_on(store).await;
     let admin = &server.admin;
     let created = admin.create_enterprise(&id("acme")).await.unwrap();
     assert_eq!(created.id, id("acme"));
@@ -87,9 +87,9 @@ async fn admin_provisioning() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn device_upload_is_idempotent_per_key() {
-    let server = TestServer::start().await;
+both_stores!(device_upload_is_idempotent_per_key);
+async fn device_upload_is_idempotent_per_key(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let first = t
         .phone1
@@ -121,9 +121,9 @@ async fn device_upload_is_idempotent_per_key() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn full_process_cycle_with_busy_and_idle() {
-    let server = TestServer::start().await;
+both_stores!(full_process_cycle_with_busy_and_idle);
+async fn full_process_cycle_with_busy_and_idle(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let mut sent = Vec::new();
     for n in 0..3 {
@@ -273,9 +273,9 @@ async fn full_process_cycle_with_busy_and_idle() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn unknown_process_ids() {
-    let server = TestServer::start().await;
+both_stores!(unknown_process_ids);
+async fn unknown_process_ids(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let never = ProcessId::from_parts(1_700_000_000_000, 42);
     let e = t.db_a.process(&never).await.unwrap_err();
@@ -291,9 +291,9 @@ async fn unknown_process_ids() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn authorization_between_devices_databases_and_enterprises() {
-    let server = TestServer::start().await;
+both_stores!(authorization_between_devices_databases_and_enterprises);
+async fn authorization_between_devices_databases_and_enterprises(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     let started = t.db_a.start(&start_request("db-a")).await.unwrap();
@@ -358,15 +358,16 @@ async fn authorization_between_devices_databases_and_enterprises() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn the_retention_timer_sweeps_while_serving() {
+both_stores!(the_retention_timer_sweeps_while_serving);
+async fn the_retention_timer_sweeps_while_serving(store: Store) {
     // Retention zero: everything in Log is expired at the next sweep, which
     // comes every 50 ms here instead of daily.
     let http = estafeta_server::HttpSettings {
         retention_interval: std::time::Duration::from_millis(50),
         ..Default::default()
     };
-    let server = TestServer::start_custom(http, |c| c.retention = std::time::Duration::ZERO).await;
+    let server =
+        TestServer::start_custom(store, http, |c| c.retention = std::time::Duration::ZERO).await;
     let t = Tenancy::provision(&server.admin).await;
     for n in 0..2 {
         t.phone1

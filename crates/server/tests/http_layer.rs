@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
-use common::{ADMIN_TOKEN, TestServer, id, open_server};
+use common::{ADMIN_TOKEN, Store, TestServer, both_stores, id, open_server_on};
 use estafeta_exchange::mailbox::Folder;
+use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, app};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -102,9 +103,9 @@ fn authenticated_routes() -> Vec<(&'static str, &'static str, Value)> {
     ]
 }
 
-#[tokio::test]
-async fn every_call_needs_a_known_bearer_token() {
-    let server = TestServer::start().await;
+both_stores!(every_call_needs_a_known_bearer_token);
+async fn every_call_needs_a_known_bearer_token(store: Store) {
+    let server = TestServer::start_on(store).await;
     let http = reqwest::Client::new();
     for (method, path, body) in authenticated_routes() {
         for auth in [
@@ -132,9 +133,9 @@ async fn every_call_needs_a_known_bearer_token() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn malformed_bodies_are_400_with_the_error_json_and_change_nothing() {
-    let server = TestServer::start().await;
+both_stores!(malformed_bodies_are_400_with_the_error_json_and_change_nothing);
+async fn malformed_bodies_are_400_with_the_error_json_and_change_nothing(store: Store) {
+    let server = TestServer::start_on(store).await;
     let http = reqwest::Client::new();
     let post = |body: &'static str, content_type: Option<&'static str>| {
         let mut req = http
@@ -182,9 +183,9 @@ async fn malformed_bodies_are_400_with_the_error_json_and_change_nothing() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn bad_ids_and_folders_in_paths_are_400() {
-    let server = TestServer::start().await;
+both_stores!(bad_ids_and_folders_in_paths_are_400);
+async fn bad_ids_and_folders_in_paths_are_400(store: Store) {
+    let server = TestServer::start_on(store).await;
     let http = reqwest::Client::new();
     let sub = json!({"version":1,"id":"sales"});
     for ent in ["a_b", "-a", "a%2Fb", ".estafeta", "a%20b", &"a".repeat(65)] {
@@ -217,9 +218,9 @@ async fn bad_ids_and_folders_in_paths_are_400() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn unknown_routes_and_methods_answer_the_error_json() {
-    let server = TestServer::start().await;
+both_stores!(unknown_routes_and_methods_answer_the_error_json);
+async fn unknown_routes_and_methods_answer_the_error_json(store: Store) {
+    let server = TestServer::start_on(store).await;
     let http = reqwest::Client::new();
     let (status, json) = raw(http.get(server.url("/v1/nothing"))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -233,13 +234,13 @@ async fn unknown_routes_and_methods_answer_the_error_json() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_body_over_the_limit_is_413_and_nothing_is_stored() {
+both_stores!(a_body_over_the_limit_is_413_and_nothing_is_stored);
+async fn a_body_over_the_limit_is_413_and_nothing_is_stored(store: Store) {
     let http_settings = HttpSettings {
         max_body_bytes: 64 * 1024,
         ..HttpSettings::default()
     };
-    let server = TestServer::start_with(http_settings).await;
+    let server = TestServer::start_with(store, http_settings).await;
     let admin = &server.admin;
     admin.create_enterprise(&id("acme")).await.unwrap();
     admin
@@ -288,13 +289,13 @@ async fn a_body_over_the_limit_is_413_and_nothing_is_stored() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_body_that_does_not_arrive_in_time_is_408() {
+both_stores!(a_body_that_does_not_arrive_in_time_is_408);
+async fn a_body_that_does_not_arrive_in_time_is_408(store: Store) {
     let http_settings = HttpSettings {
         request_timeout: Duration::from_millis(200),
         ..HttpSettings::default()
     };
-    let server = TestServer::start_with(http_settings).await;
+    let server = TestServer::start_with(store, http_settings).await;
     let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let head = format!(
         "POST /v1/admin/enterprises HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
@@ -318,10 +319,13 @@ async fn a_body_that_does_not_arrive_in_time_is_408() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn readyz_is_503_until_recovery_is_done() {
+both_stores!(readyz_is_503_until_recovery_is_done);
+async fn readyz_is_503_until_recovery_is_done(store: Store) {
     let data = tempfile::tempdir().unwrap();
-    let server = open_server(data.path()).await;
+    let store = store.setting();
+    let notify = NotifySettings::log_only(data.path());
+    let http = HttpSettings::default();
+    let server = open_server_on(data.path(), store.as_deref(), http, |_| {}, notify).await;
     let exchange = server.exchange().clone();
     let router = app(server.state().clone());
     let get = |path: &'static str| Request::get(path).body(Body::empty()).unwrap();
@@ -411,9 +415,9 @@ const API_PATHS: [(&str, &str); 26] = [
     ("/v1/processes/{pid}/abort", "post"),
 ];
 
-#[tokio::test]
-async fn openapi_json_describes_every_path_with_bearer_security() {
-    let server = TestServer::start().await;
+both_stores!(openapi_json_describes_every_path_with_bearer_security);
+async fn openapi_json_describes_every_path_with_bearer_security(store: Store) {
+    let server = TestServer::start_on(store).await;
     let doc = server.client("").openapi().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     let paths = doc["paths"].as_object().unwrap();
@@ -452,9 +456,9 @@ async fn openapi_json_describes_every_path_with_bearer_security() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn metrics_count_requests_by_route_and_status() {
-    let server = TestServer::start().await;
+both_stores!(metrics_count_requests_by_route_and_status);
+async fn metrics_count_requests_by_route_and_status(store: Store) {
+    let server = TestServer::start_on(store).await;
     let anonymous = server.client("");
     anonymous.healthz().await.unwrap();
     assert!(anonymous.processes().await.is_err());
@@ -469,13 +473,13 @@ async fn metrics_count_requests_by_route_and_status() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown() {
+both_stores!(a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown);
+async fn a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown(store: Store) {
     let http_settings = HttpSettings {
         request_timeout: Duration::from_millis(200),
         ..HttpSettings::default()
     };
-    let server = TestServer::start_with(http_settings).await;
+    let server = TestServer::start_with(store, http_settings).await;
     let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     tcp.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
         .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::recorder::{self, Hit};
 use common::smtp_server::{self, Received};
-use common::{Binary, Tenancy, TestServer, message, next, quick_retry, start_request};
+use common::{Binary, Store, Tenancy, TestServer, message, next, quick_retry, start_request};
 use estafeta_client::Client;
 use estafeta_exchange::wire::{
     CallStatus, MessageResult, PrepareRequest, ProcessState, ResultStatus, Version,
@@ -68,6 +68,7 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
     let (hook_addr, mut hook) = recorder::start().await;
     let smtp_addr = smtp.addr;
     let server = TestServer::start_notified(
+        Store::Embedded,
         HttpSettings::default(),
         |c| c.ready_timeout = Duration::from_secs(1),
         |data| NotifySettings {
@@ -143,6 +144,7 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
 async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back() {
     let gateway = recorder::closed_port();
     let server = TestServer::start_notified(
+        Store::Embedded,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -216,6 +218,7 @@ async fn a_pending_alert_survives_a_restart_of_the_binary() {
 async fn free_disk_under_the_threshold_alerts() {
     let (hook_addr, mut hook) = recorder::start().await;
     let server = TestServer::start_notified(
+        Store::Embedded,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -236,6 +239,7 @@ async fn free_disk_under_the_threshold_alerts() {
 async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     let (hook_addr, mut hook) = recorder::start().await;
     let server = TestServer::start_notified(
+        Store::Embedded,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -296,6 +300,7 @@ async fn a_gateway_failing_its_probes_raises_a_host_down_alert() {
     let gateway = recorder::closed_port();
     let (hook_addr, mut hook) = recorder::start().await;
     let server = TestServer::start_notified(
+        Store::Embedded,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {

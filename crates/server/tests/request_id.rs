@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{ADMIN_TOKEN, TestServer, id, open_server};
+use common::{ADMIN_TOKEN, Store, TestServer, both_stores, id, open_server_on};
 use estafeta_server::app;
 use estafeta_server::config::{LogFilter, LogFormat, Settings, Value};
 use estafeta_server::logging::stderr_lines;
+use estafeta_server::notify::NotifySettings;
 use estafeta_server::trace::MAX_REQUEST_ID;
 use serde_json::{Value as Json, json};
 use tower::ServiceExt;
@@ -91,9 +92,9 @@ async fn create_database(
     response
 }
 
-#[tokio::test]
-async fn the_clients_request_id_comes_back_and_one_is_made_when_absent_or_unfit() {
-    let server = TestServer::start().await;
+both_stores!(the_clients_request_id_comes_back_and_one_is_made_when_absent_or_unfit);
+async fn the_clients_request_id_comes_back_and_one_is_made_when_absent_or_unfit(store: Store) {
+    let server = TestServer::start_on(store).await;
     server.admin.create_enterprise(&id("acme")).await.unwrap();
 
     let given = create_database(&server, "db-a", Some("req-0001.client:a")).await;
@@ -130,8 +131,9 @@ async fn the_clients_request_id_comes_back_and_one_is_made_when_absent_or_unfit(
 }
 
 /// Runs one provisioning request with `x-request-id: request` under a
-/// subscriber writing `format` lines into memory; the lines.
-async fn lines_of_one_request(format: &str, request: &str) -> Vec<String> {
+/// subscriber writing `format` lines into memory, on a server over
+/// `store`; the lines.
+async fn lines_of_one_request(store: Store, format: &str, request: &str) -> Vec<String> {
     let captured = Captured::default();
     // The test's runtime has one thread, which runs the server's tasks too:
     // a subscriber set for this thread sees every line of the request.
@@ -139,16 +141,16 @@ async fn lines_of_one_request(format: &str, request: &str) -> Vec<String> {
     let subscriber =
         tracing_subscriber::registry().with(stderr_lines(&settings, captured.clone(), false));
     let _guard = tracing::subscriber::set_default(subscriber);
-    let server = TestServer::start().await;
+    let server = TestServer::start_on(store).await;
     server.admin.create_enterprise(&id("acme")).await.unwrap();
     create_database(&server, "db-a", Some(request)).await;
     server.stop().await.unwrap();
     captured.lines()
 }
 
-#[tokio::test]
-async fn every_text_line_of_a_request_carries_its_id() {
-    let lines = lines_of_one_request("text", "req-text-1").await;
+both_stores!(every_text_line_of_a_request_carries_its_id);
+async fn every_text_line_of_a_request_carries_its_id(store: Store) {
+    let lines = lines_of_one_request(store, "text", "req-text-1").await;
     let of_request: Vec<_> = lines
         .iter()
         .filter(|l| l.contains("request_id=req-text-1"))
@@ -171,9 +173,9 @@ async fn every_text_line_of_a_request_carries_its_id() {
     );
 }
 
-#[tokio::test]
-async fn json_lines_parse_and_carry_the_request_id() {
-    let lines = lines_of_one_request("json", "req-json-1").await;
+both_stores!(json_lines_parse_and_carry_the_request_id);
+async fn json_lines_parse_and_carry_the_request_id(store: Store) {
+    let lines = lines_of_one_request(store, "json", "req-json-1").await;
     assert!(!lines.is_empty());
     let records: Vec<Json> = lines
         .iter()
@@ -204,16 +206,19 @@ async fn json_lines_parse_and_carry_the_request_id() {
     assert_eq!(finished["level"], "DEBUG");
 }
 
-#[tokio::test]
-async fn readiness_503s_during_start_up_are_logged_at_debug_only() {
+both_stores!(readiness_503s_during_start_up_are_logged_at_debug_only);
+async fn readiness_503s_during_start_up_are_logged_at_debug_only(store: Store) {
     let captured = Captured::default();
     let settings = logging("info,estafeta_server::trace=debug", "json");
     let subscriber =
         tracing_subscriber::registry().with(stderr_lines(&settings, captured.clone(), false));
     let _guard = tracing::subscriber::set_default(subscriber);
     let data = tempfile::tempdir().unwrap();
+    let store = store.setting();
+    let notify = NotifySettings::log_only(data.path());
+    let http = estafeta_server::HttpSettings::default();
     // Recovery not done yet: `/readyz` and every protocol call answer 503.
-    let server = open_server(data.path()).await;
+    let server = open_server_on(data.path(), store.as_deref(), http, |_| {}, notify).await;
     let router = app(server.state().clone());
     for request in ["probe-1", "probe-2", "probe-3"] {
         let response = router

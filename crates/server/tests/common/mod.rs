@@ -5,6 +5,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod postgres;
 pub mod recorder;
 pub mod restartable;
 /// The send queue's loopback SMTP server, shared rather than copied.
@@ -30,6 +31,54 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// Which store a test's server keeps everything in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// Files and redb under the data folder (no `store` setting).
+    Embedded,
+    /// A database of its own on the test binary's shared PostgreSQL
+    /// instance ([`postgres::database`]), as a cluster node keeps it.
+    Postgres,
+}
+
+impl Store {
+    /// The `store` setting of a new server: none for the embedded store; for
+    /// PostgreSQL, the URL of a new, empty database. A server restarted by
+    /// the test is given the same setting again.
+    pub fn setting(self) -> Option<String> {
+        match self {
+            Store::Embedded => None,
+            Store::Postgres => Some(postgres::database()),
+        }
+    }
+}
+
+/// The tests `name::embedded` and `name::postgres`, each running
+/// `async fn name(store: Store)` on its store under the test attribute
+/// given (`#[tokio::test]` when none is):
+/// `both_stores!(#[tokio::test(flavor = "multi_thread")] name);`.
+#[allow(unused_macros)]
+macro_rules! both_stores {
+    ($name:ident) => {
+        $crate::common::both_stores!(#[tokio::test] $name);
+    };
+    ($(#[$attr:meta])+ $name:ident) => {
+        mod $name {
+            $(#[$attr])+
+            async fn embedded() {
+                super::$name($crate::common::Store::Embedded).await;
+            }
+
+            $(#[$attr])+
+            async fn postgres() {
+                super::$name($crate::common::Store::Postgres).await;
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_stores;
 
 /// The admin token of in-process servers.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
@@ -78,11 +127,25 @@ pub async fn open_server_with(
     tweak: impl FnOnce(&mut ExchangeConfig),
     notify: NotifySettings,
 ) -> Server {
+    open_server_on(data, None, http, tweak, notify).await
+}
+
+/// [`open_server_with`] over the `store` setting `store` (none: the
+/// embedded store under `data`).
+pub async fn open_server_on(
+    data: &Path,
+    store: Option<&str>,
+    http: HttpSettings,
+    tweak: impl FnOnce(&mut ExchangeConfig),
+    notify: NotifySettings,
+) -> Server {
     let mut config = ExchangeConfig::new(data);
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
     tweak(&mut config);
     let clock = Arc::new(estafeta_session::SystemClock);
-    let (server, _) = Server::open(config, clock, http, notify).await.unwrap();
+    let (server, _) = Server::open_with(config, clock, http, notify, store)
+        .await
+        .unwrap();
     server
 }
 
@@ -98,9 +161,12 @@ pub async fn wait_ready(client: &Client) {
     panic!("the server did not become ready");
 }
 
-/// The library's `run` on 127.0.0.1:0 in a temporary data folder.
+/// The library's `run` on 127.0.0.1:0 in a temporary data folder, over
+/// either store.
 pub struct TestServer {
     pub data: tempfile::TempDir,
+    /// Its `store` setting (none: the embedded store under `data`).
+    pub store: Option<String>,
     pub addr: SocketAddr,
     pub base: String,
     /// A client with the admin token.
@@ -112,34 +178,43 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// A ready server with the default HTTP settings.
+    /// A ready server on the embedded store with the default HTTP settings.
     pub async fn start() -> TestServer {
-        Self::start_with(HttpSettings::default()).await
+        Self::start_on(Store::Embedded).await
     }
 
-    /// A ready server with the given HTTP settings.
-    pub async fn start_with(http: HttpSettings) -> TestServer {
-        Self::start_custom(http, |_| {}).await
+    /// A ready server on `store` with the default HTTP settings.
+    pub async fn start_on(store: Store) -> TestServer {
+        Self::start_with(store, HttpSettings::default()).await
     }
 
-    /// A ready server with the given HTTP settings and `tweak`ed exchange settings.
+    /// A ready server on `store` with the given HTTP settings.
+    pub async fn start_with(store: Store, http: HttpSettings) -> TestServer {
+        Self::start_custom(store, http, |_| {}).await
+    }
+
+    /// A ready server on `store` with the given HTTP settings and `tweak`ed
+    /// exchange settings.
     pub async fn start_custom(
+        store: Store,
         http: HttpSettings,
         tweak: impl FnOnce(&mut ExchangeConfig),
     ) -> TestServer {
-        Self::start_notified(http, tweak, |data| NotifySettings::log_only(data)).await
+        Self::start_notified(store, http, tweak, |data| NotifySettings::log_only(data)).await
     }
 
-    /// A ready server whose alerts go where `notify` (given the data
-    /// folder) says.
+    /// A ready server on `store` whose alerts go where `notify` (given the
+    /// data folder) says.
     pub async fn start_notified(
+        store: Store,
         http: HttpSettings,
         tweak: impl FnOnce(&mut ExchangeConfig),
         notify: impl FnOnce(&Path) -> NotifySettings,
     ) -> TestServer {
         let data = tempfile::tempdir().unwrap();
+        let store = store.setting();
         let notify = notify(data.path());
-        let server = open_server_with(data.path(), http, tweak, notify).await;
+        let server = open_server_on(data.path(), store.as_deref(), http, tweak, notify).await;
         let exchange = server.exchange().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -150,6 +225,7 @@ impl TestServer {
         wait_ready(&admin).await;
         TestServer {
             data,
+            store,
             addr,
             base,
             admin,
@@ -298,6 +374,18 @@ impl Binary {
     /// Starts `estafeta serve` (plus `args`) listening on 127.0.0.1:0 with
     /// data in `data`, `env` added, and waits for its `listening on` line.
     pub async fn serve(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, &str)]) -> Binary {
+        Self::serve_on(None, cwd, data, args, env).await
+    }
+
+    /// [`Binary::serve`] with the `store` setting `store` (none: the
+    /// embedded store under `data`) given as `ESTAFETA_STORE`.
+    pub async fn serve_on(
+        store: Option<&str>,
+        cwd: &Path,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
         let mut cmd = estafeta(cwd);
         cmd.arg("serve")
             .args(args)
@@ -305,6 +393,9 @@ impl Binary {
             .env("ESTAFETA_DATA_DIR", data)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        if let Some(url) = store {
+            cmd.env("ESTAFETA_STORE", url);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -27,7 +27,13 @@ pub struct Server {
 
 impl Server {
     pub async fn start(data: &Path, clock: &ManualClock) -> Server {
-        Self::start_notified(data, clock, NotifySettings::log_only(data)).await
+        Self::start_on(data, None, clock).await
+    }
+
+    /// [`Server::start`] over the `store` setting `store` (none: the
+    /// embedded store under `data`).
+    pub async fn start_on(data: &Path, store: Option<&str>, clock: &ManualClock) -> Server {
+        Self::start_notified_on(data, store, clock, NotifySettings::log_only(data)).await
     }
 
     /// A server whose alerts and push notifications go out as `notify` says.
@@ -36,7 +42,18 @@ impl Server {
         clock: &ManualClock,
         notify: NotifySettings,
     ) -> Server {
-        let server = reopen(data, clock, notify).await;
+        Self::start_notified_on(data, None, clock, notify).await
+    }
+
+    /// [`Server::start_notified`] over the `store` setting `store` (none:
+    /// the embedded store under `data`).
+    pub async fn start_notified_on(
+        data: &Path,
+        store: Option<&str>,
+        clock: &ManualClock,
+        notify: NotifySettings,
+    ) -> Server {
+        let server = reopen(data, store, clock, notify).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
@@ -82,14 +99,21 @@ impl Server {
     }
 }
 
-/// Opens the server on `data`; the last run's tasks release the files
-/// a moment after it stopped, so a restart tries a few times.
-pub async fn reopen(data: &Path, clock: &ManualClock, notify: NotifySettings) -> Assembled {
+/// Opens the server on `data` over the `store` setting `store`; the last
+/// run's tasks release the files a moment after it stopped, so a restart
+/// tries a few times.
+pub async fn reopen(
+    data: &Path,
+    store: Option<&str>,
+    clock: &ManualClock,
+    notify: NotifySettings,
+) -> Assembled {
     for _ in 0..500 {
         let mut config = ExchangeConfig::new(data);
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
         let (http, notify) = (HttpSettings::default(), notify.clone());
-        match Assembled::open(config, Arc::new(clock.clone()), http, notify).await {
+        let clock = Arc::new(clock.clone());
+        match Assembled::open_with(config, clock, http, notify, store).await {
             Ok((server, _)) => return server,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
