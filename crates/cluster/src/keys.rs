@@ -51,7 +51,10 @@ impl PgKeys {
     ) -> Result<T, KeysError> {
         self.runtime
             .block_on(f)
-            .map_err(|e| KeysError::Backend(Box::new(e)))
+            .map_err(|e| match e.is_unavailable() {
+                true => KeysError::Unavailable(Box::new(e)),
+                false => KeysError::Backend(Box::new(e)),
+            })
     }
 }
 

@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
-    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MessageStore, Op, Outcome,
-    RawArray, kept_aside, take_within,
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
+    Outcome, RawArray, Tallies, kept_aside, take_within,
 };
 use estafeta_exchange::wire::Message;
 use estafeta_exchange::{Id, MessageId, Timestamp};
@@ -313,9 +313,12 @@ fn loc(at: &Location) -> (&str, &'static str) {
 }
 
 /// A store failure as the exchange's storage error, naming where it
-/// happened.
+/// happened: unavailable (retry later) or failed, as
+/// [`Error::is_unavailable`] tells.
 fn failed(at: impl Display, e: impl Into<Error>) -> MailboxError {
-    MailboxError::io(format!("postgres:{at}"), std::io::Error::other(e.into()))
+    let e = e.into();
+    let unavailable = e.is_unavailable();
+    MailboxError::store(format!("postgres:{at}"), e, unavailable)
 }
 
 fn not_found(op: &Op, from: &Location, to: &Location) -> MailboxError {
@@ -404,13 +407,16 @@ impl MessageStore for PgMessages {
         let mut arrivals = BTreeSet::new();
         if let Err(e) = self.apply_all(ops, &mut results, &mut arrivals).await {
             // Rolled back: nothing of the batch happened.
-            let text = e.to_string();
+            let (text, unavailable) = (e.to_string(), e.is_unavailable());
             return Applied {
                 results: ops
                     .iter()
                     .map(|_| {
-                        let e = std::io::Error::other(text.clone());
-                        Err(MailboxError::io("postgres:batch", e))
+                        Err(MailboxError::store(
+                            "postgres:batch",
+                            text.clone(),
+                            unavailable,
+                        ))
                     })
                     .collect(),
                 arrivals: BTreeSet::new(),
@@ -593,5 +599,17 @@ impl MessageStore for PgMessages {
         _referenced: &HashSet<MessageId>,
     ) -> Result<Vec<FileName>, MailboxError> {
         Ok(Vec::new())
+    }
+
+    /// No running totals are kept (each node would need every other
+    /// node's changes): the exchange counts place by place.
+    fn count_as(&self, _owner: &Id, _kind: MailboxKind) {}
+
+    async fn tallies(&self) -> Option<Tallies> {
+        None
+    }
+
+    async fn holding(&self, _folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
+        None
     }
 }

@@ -1,12 +1,14 @@
 //! The exchange's registry (`estafeta_exchange::store::RegistryStore`) over
 //! the cluster store: the `enterprises`, `subsystems` and `mailboxes`
-//! tables, the admin token's hash in `cluster_settings`, and the change
-//! counter `registry` in `cluster_counters`.
+//! tables (with each database's and device's webhook in `push_url`), the
+//! admin token's hash in `cluster_settings`, and the change counter
+//! `registry` in `cluster_counters`.
 //!
 //! Every node keeps the registry in memory; each change bumps the counter in
 //! its own transaction, and a node whose copy was loaded at a lower counter
-//! reloads before it answers (`Registry::refresh`), so a device created or
-//! a token revoked through one node holds on every node at once.
+//! reloads before it answers (`Registry::refresh`), so a device created, a
+//! token revoked or a webhook set through one node holds on every node at
+//! once.
 
 use crate::Store;
 use estafeta_exchange::TenancyError;
@@ -39,9 +41,14 @@ impl PgRegistry {
     }
 }
 
-/// A store failure, as the registry's error.
+/// A store failure, as the registry's error: unavailable (retry later) or
+/// failed, as [`crate::Error::is_unavailable`] tells.
 fn shared(e: impl Into<crate::Error>) -> TenancyError {
-    TenancyError::Shared(Box::new(e.into()))
+    let e = e.into();
+    match e.is_unavailable() {
+        true => TenancyError::Unavailable(Box::new(e)),
+        false => TenancyError::Shared(Box::new(e)),
+    }
 }
 
 /// A stored id that does not parse (a row written by hand).
@@ -139,7 +146,7 @@ impl RegistryStore for PgRegistry {
         }
         for row in tx
             .query(
-                "SELECT id, enterprise_id, subsystem_id, token_hash FROM mailboxes",
+                "SELECT id, enterprise_id, subsystem_id, token_hash, push_url FROM mailboxes",
                 &[],
             )
             .await
@@ -158,6 +165,9 @@ impl RegistryStore for PgRegistry {
                 enterprise: stored_id(row.get(1))?,
                 role,
             };
+            if let Some(url) = row.get::<_, Option<String>>(4) {
+                snapshot.webhooks.push((endpoint.id.clone(), url));
+            }
             snapshot.endpoints.push((endpoint, hash));
         }
         tx.commit().await.map_err(shared)?;
@@ -254,6 +264,19 @@ impl RegistryStore for PgRegistry {
                 )
                 .await
                 .map_err(no)?;
+            }
+            Change::SetWebhook { id, url } => {
+                let params: [&(dyn ToSql + Sync); 2] = [&id.as_str(), url];
+                let set = tx
+                    .execute("UPDATE mailboxes SET push_url = $2 WHERE id = $1", &params)
+                    .await
+                    .map_err(no)?;
+                if set == 0 {
+                    return Err(TenancyError::Unknown {
+                        kind: "database or device",
+                        id: id.to_string(),
+                    });
+                }
             }
             Change::SetAdmin(token) => {
                 let hash = token.hash().0;

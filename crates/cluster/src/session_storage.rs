@@ -65,9 +65,14 @@ impl SessionStorage {
     }
 }
 
-/// A store failure as the engine's error, with the original as its source.
+/// A store failure as the engine's error, with the original as its
+/// source: unavailable (retry later) or failed, as
+/// [`Error::is_unavailable`] tells.
 fn storage_error(e: Error) -> StorageError {
-    StorageError::Shared(std::sync::Arc::new(e))
+    match e.is_unavailable() {
+        true => StorageError::Unavailable(std::sync::Arc::new(e)),
+        false => StorageError::Shared(std::sync::Arc::new(e)),
+    }
 }
 
 /// What a `session::commit` failpoint returns: the store out of reach, as

@@ -1,6 +1,7 @@
 //! The exchange's registry over the cluster store: two registries (two
-//! nodes) over one PostgreSQL see each other's changes at their next
-//! authentication, and the admin token of a first start is made once.
+//! nodes) over one PostgreSQL see each other's changes (webhooks too) at
+//! their next authentication, and the admin token of a first start is made
+//! once.
 
 use estafeta_cluster::testing::Postgres;
 use estafeta_cluster::{PgRegistry, Store};
@@ -133,7 +134,87 @@ async fn the_configured_admin_token_wins_and_a_store_down_is_an_error() {
     pg.stop().unwrap();
     let refused = a.refresh().await;
     assert!(
-        matches!(refused, Err(TenancyError::Shared(_))),
+        matches!(refused, Err(TenancyError::Unavailable(_))),
         "{refused:?}"
     );
+    let answered = estafeta_exchange::ExchangeError::from(refused.unwrap_err());
+    assert!(answered.is_store_unavailable(), "{answered}");
+    assert_eq!(
+        answered.code(),
+        estafeta_exchange::wire::ErrorCode::StorageError
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_set_through_one_node_is_the_others_at_their_next_call() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    let (a, made) = node(&store).await;
+    let (b, _) = node(&store).await;
+    let AdminToken::Generated(admin) = made else {
+        panic!("the first node makes the admin token: {made:?}");
+    };
+    assert!(a.keeps_webhooks() && b.keeps_webhooks());
+    a.create_enterprise(id("acme")).await.unwrap();
+    a.create_subsystem(id("acme"), id("sales")).await.unwrap();
+    a.create_database(id("acme"), id("db-a")).await.unwrap();
+    a.create_device(id("acme"), id("phone-1"), id("sales"))
+        .await
+        .unwrap();
+
+    a.set_webhook(Kind::Database, id("db-a"), Some("http://h/db".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.webhook(&id("db-a")),
+        Some((Kind::Database, "http://h/db".into()))
+    );
+    who(&b, admin.expose()).await;
+    assert_eq!(
+        b.webhook(&id("db-a")),
+        Some((Kind::Database, "http://h/db".into()))
+    );
+
+    // Changed through B, cleared through B, set on a device: A follows.
+    b.set_webhook(Kind::Database, id("db-a"), Some("http://h/new".into()))
+        .await
+        .unwrap();
+    b.set_webhook(Kind::Device, id("phone-1"), Some("http://h/dev".into()))
+        .await
+        .unwrap();
+    who(&a, admin.expose()).await;
+    assert_eq!(
+        a.webhook(&id("db-a")),
+        Some((Kind::Database, "http://h/new".into()))
+    );
+    assert_eq!(
+        a.webhook(&id("phone-1")),
+        Some((Kind::Device, "http://h/dev".into()))
+    );
+    b.set_webhook(Kind::Database, id("db-a"), None)
+        .await
+        .unwrap();
+    who(&a, admin.expose()).await;
+    assert_eq!(a.webhook(&id("db-a")), None);
+    assert_eq!(a.hooked(), vec![id("phone-1")]);
+
+    // The wrong kind and an unknown id are refused and change nothing; a
+    // deleted device's webhook goes with it.
+    for (kind, who_) in [(Kind::Device, "db-a"), (Kind::Database, "db-zz")] {
+        let refused = a
+            .set_webhook(kind, id(who_), Some("http://h/x".into()))
+            .await;
+        assert!(
+            matches!(refused, Err(TenancyError::Unknown { .. })),
+            "{refused:?}"
+        );
+    }
+    a.delete_endpoint(Kind::Device, id("phone-1"))
+        .await
+        .unwrap();
+    who(&b, admin.expose()).await;
+    assert_eq!(b.webhook(&id("phone-1")), None);
+    assert!(b.hooked().is_empty());
+    let (c, _) = node(&store).await;
+    assert!(c.hooked().is_empty());
 }

@@ -35,6 +35,20 @@ pub enum StorageKind {
     Full,
     /// Any other I/O failure (EIO, a path whose parent is not a folder, ...).
     Io,
+    /// The store cannot be reached now (a database server down, restarting
+    /// or handing over to another): nothing was changed, and the same call
+    /// may succeed when tried again.
+    Unavailable,
+}
+
+impl std::fmt::Display for StorageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StorageKind::Full => "storage full",
+            StorageKind::Io => "storage I/O failed",
+            StorageKind::Unavailable => "store unavailable",
+        })
+    }
 }
 
 /// Failures of mailbox operations.
@@ -43,14 +57,16 @@ pub enum StorageKind {
 /// its temporary file, a failed move left the file in one of its two places.
 #[derive(Debug, thiserror::Error)]
 pub enum MailboxError {
-    /// The storage failed; `kind` tells a full disk from other I/O errors.
-    #[error("storage error ({kind:?}) at {path}: {source}")]
+    /// The storage failed; `kind` tells a full disk and a store that
+    /// cannot be reached from other I/O errors.
+    #[error("{kind} at {path}: {source}")]
     Storage {
-        /// Full disk or another I/O failure.
+        /// Full disk, an unreachable store, or another I/O failure.
         kind: StorageKind,
-        /// The path the failing operation touched.
+        /// The path the failing operation touched (or, for a store that is
+        /// not files, what it was doing).
         path: PathBuf,
-        /// The operating system's error.
+        /// The operating system's error, or the store's wrapped in one.
         #[source]
         source: io::Error,
     },
@@ -93,6 +109,36 @@ impl MailboxError {
             path: path.into(),
             source,
         }
+    }
+
+    /// A failure of a store that is not files (a database server) while
+    /// doing `what`: [`StorageKind::Unavailable`] when `unavailable` (it
+    /// cannot be reached now; retry), else [`StorageKind::Io`].
+    pub fn store(
+        what: impl Into<PathBuf>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        unavailable: bool,
+    ) -> Self {
+        Self::Storage {
+            kind: match unavailable {
+                true => StorageKind::Unavailable,
+                false => StorageKind::Io,
+            },
+            path: what.into(),
+            source: io::Error::other(source),
+        }
+    }
+
+    /// True when the store cannot be reached now (HTTP 503 with
+    /// `Retry-After`, like any storage failure; told apart in logs).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::Storage {
+                kind: StorageKind::Unavailable,
+                ..
+            }
+        )
     }
 
     /// True when the failure is a full disk or quota (HTTP 503 with `Retry-After`).
@@ -191,10 +237,19 @@ pub enum TenancyError {
     /// A blocking task panicked or was cancelled.
     #[error("a blocking registry task failed: {0}")]
     Join(String),
-    /// A shared registry store (a cluster's database) failed: unreachable,
-    /// or it refused a statement.
+    /// A webhook was handed to a registry whose store does not keep
+    /// webhooks (the embedded one: the exchange keeps them in its session
+    /// records).
+    #[error("this registry store does not keep webhooks")]
+    WebhooksNotKept,
+    /// A shared registry store (a cluster's database) refused a statement
+    /// or failed otherwise.
     #[error("registry store: {0}")]
     Shared(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A shared registry store cannot be reached now (its server down,
+    /// restarting or handing over): the same call may succeed later.
+    #[error("registry store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl TenancyError {

@@ -74,6 +74,10 @@ pub enum KeysError {
     /// database, for example).
     #[error("idempotency key store: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A key store other than the embedded one cannot be reached now (its
+    /// server down, restarting or handing over): retry later.
+    #[error("idempotency key store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A stored entry cannot be read back (damaged outside the server).
     #[error("idempotency key store {path}: malformed entry for {device}/{key}")]
     Malformed {

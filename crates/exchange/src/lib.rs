@@ -93,7 +93,7 @@ pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
     ExchangeError, Gated, LogOnly, NoPush, Paused, Phase, ProcessTotals, PushSink, Quiesce,
-    RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, alert_key,
+    RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, Verdicts, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

@@ -9,7 +9,9 @@
 //! read-through cache: [`Registry::refresh`] reads the store's change
 //! counter and reloads the copy when another server changed the store, so
 //! what one server created or revoked holds on every server at once (one
-//! counter read per call; nothing for the embedded store). Database and device ids share one namespace across the server:
+//! counter read per call; nothing for the embedded store). A shared store
+//! also keeps each database's and device's webhook, so the copy holds
+//! those too ([`Registry::webhook`]). Database and device ids share one namespace across the server:
 //! they name mailboxes, and a message names its sender and recipient by id
 //! alone.
 //!
@@ -114,6 +116,8 @@ struct Cache {
     enterprises: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     endpoints: BTreeMap<Arc<str>, Held>,
     by_token: HashMap<TokenHash, Arc<str>>,
+    /// A shared store's webhooks, by endpoint id (empty otherwise).
+    webhooks: HashMap<Arc<str>, String>,
 }
 
 /// A registered database or device as the copy holds it (its id is the key).
@@ -175,7 +179,7 @@ impl Cache {
         let mut by_token = HashMap::with_capacity(snapshot.endpoints.len());
         // Built whole from the records (sorted once, nodes filled), not
         // by one insert each (nodes left half full).
-        let endpoints = snapshot
+        let endpoints: BTreeMap<Arc<str>, Held> = snapshot
             .endpoints
             .into_iter()
             .map(|(endpoint, hash)| {
@@ -184,10 +188,19 @@ impl Cache {
                 (key, held)
             })
             .collect();
+        let webhooks = snapshot
+            .webhooks
+            .into_iter()
+            .filter_map(|(id, url)| {
+                let (key, _) = endpoints.get_key_value(id.as_str())?;
+                Some((Arc::clone(key), url))
+            })
+            .collect();
         Cache {
             enterprises,
             endpoints,
             by_token,
+            webhooks,
         }
     }
 
@@ -516,6 +529,64 @@ impl Registry {
             .and_then(|h| h.subsystem.as_deref().map(as_id))
     }
 
+    /// Whether the store keeps the webhooks (a shared store: see
+    /// [`RegistryStore::shared`]); otherwise the caller keeps them.
+    pub fn keeps_webhooks(&self) -> bool {
+        self.inner.shared
+    }
+
+    /// The webhook of database or device `id` with its kind, if it has one
+    /// (a store that keeps webhooks; as of the last [`refresh`](Self::refresh)).
+    pub fn webhook(&self, id: &Id) -> Option<(Kind, String)> {
+        let cache = self.read();
+        let url = cache.webhooks.get(id.as_str())?;
+        let kind = match cache.endpoints.get(id.as_str())?.is_device() {
+            true => Kind::Device,
+            false => Kind::Database,
+        };
+        Some((kind, url.clone()))
+    }
+
+    /// The databases and devices with a webhook (a store that keeps them).
+    pub fn hooked(&self) -> Vec<Id> {
+        self.read().webhooks.keys().map(|id| as_id(id)).collect()
+    }
+
+    /// Sets (or with `None` clears) the webhook of a database or device (of
+    /// `kind`) in a store that keeps webhooks, durably, for every server
+    /// sharing it. [`TenancyError::Unknown`] if there is no such one;
+    /// [`TenancyError::WebhooksNotKept`] for a store that does not keep
+    /// them.
+    pub async fn set_webhook(
+        &self,
+        kind: Kind,
+        id: Id,
+        url: Option<String>,
+    ) -> Result<(), TenancyError> {
+        if !self.keeps_webhooks() {
+            return Err(TenancyError::WebhooksNotKept);
+        }
+        self.change(move |this| async move {
+            this.inner.require_endpoint(kind, &id)?;
+            this.store(Change::SetWebhook {
+                id: id.clone(),
+                url: url.clone(),
+            })
+            .await?;
+            let mut cache = this.inner.write_cache();
+            let Some((key, _)) = cache.endpoints.get_key_value(id.as_str()) else {
+                return Ok(());
+            };
+            let key = Arc::clone(key);
+            match url {
+                Some(url) => cache.webhooks.insert(key, url),
+                None => cache.webhooks.remove(&key),
+            };
+            Ok(())
+        })
+        .await
+    }
+
     /// All databases, sorted by id.
     pub fn databases(&self) -> Vec<Endpoint> {
         self.endpoints_where(|h| !h.is_device())
@@ -657,6 +728,7 @@ impl Registry {
             if let Some(held) = cache.endpoints.remove(id.as_str()) {
                 cache.by_token.remove(&held.token);
             }
+            cache.webhooks.remove(id.as_str());
             Ok(endpoint)
         })
         .await

@@ -4,8 +4,10 @@
 //! operator's settlements, requeues and discards, and restarts,
 //! [`Exchange::totals`] equals [`Exchange::recount`] (every folder counted)
 //! and [`Exchange::process_totals`] the counts of [`Exchange::processes`]
-//! (every database's record read), whose processes
-//! [`Exchange::process_page`] lists, open ones first.
+//! (every database's record read) and the verdicts of `stats`, whose processes
+//! [`Exchange::process_page`] lists, open ones first, and
+//! [`Exchange::holding`] the mailboxes whose `Unknown` or `Error` holds
+//! files.
 
 #[path = "common/world.rs"]
 mod world;
@@ -13,9 +15,9 @@ mod world;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::mailbox::{Folder, MailboxKind};
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, Id, ProcessTotals, Totals};
+use estafeta_exchange::{Exchange, Id, ProcessTotals, Totals, Verdicts};
 use estafeta_session::Timestamp as SessionTime;
 use proptest::prelude::*;
 use world::*;
@@ -67,8 +69,9 @@ fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
-/// The process figures counted from the full list.
-fn counted(list: &ProcessList) -> ProcessTotals {
+/// The process figures counted from the full list, and the verdicts
+/// summed from every database's counters.
+fn counted(list: &ProcessList, stats: &Stats) -> ProcessTotals {
     let mut by_state: HashMap<ProcessState, u64> = HashMap::new();
     let mut oldest_ready = None;
     for p in &list.processes {
@@ -79,10 +82,19 @@ fn counted(list: &ProcessList) -> ProcessTotals {
                 Some(oldest_ready.map_or(since, |o: estafeta_exchange::Timestamp| o.min(since)));
         }
     }
+    let mut verdicts = Verdicts::default();
+    for db in &stats.databases {
+        verdicts += Verdicts {
+            processed: db.processed,
+            deadlocked: db.deadlocks,
+            incorrect: db.incorrect,
+        };
+    }
     ProcessTotals {
         by_state,
         oldest_ready,
         listed: list.processes.len(),
+        verdicts,
     }
 }
 
@@ -93,12 +105,45 @@ fn by_id(mut list: Vec<ProcessSummary>) -> Vec<ProcessSummary> {
 }
 
 /// Both recounts, read together, and every process.
-async fn recount(ex: &Exchange, w: &World) -> (Totals, ProcessTotals, Vec<ProcessSummary>) {
+/// The mailboxes with files in `Unknown` and in `Error`, each folder's
+/// databases first, each kind in id order, found by counting every folder.
+async fn holding(ex: &Exchange, w: &World) -> Vec<Vec<(MailboxKind, Id)>> {
+    let (dbs, devs) = ex.mailbox_ids(&w.admin).unwrap();
+    let mut all: Vec<_> = dbs
+        .into_iter()
+        .map(|id| (MailboxKind::Database, id))
+        .collect();
+    all.extend(devs.into_iter().map(|id| (MailboxKind::Device, id)));
+    all.sort();
+    let mut out = Vec::new();
+    for folder in [Folder::Unknown, Folder::Error] {
+        let mut with_files = Vec::new();
+        for (kind, id) in &all {
+            let (n, _) = ex.folder_page(&w.admin, id, folder, 0, 0).await.unwrap();
+            if n > 0 {
+                with_files.push((*kind, id.clone()));
+            }
+        }
+        out.push(with_files);
+    }
+    out
+}
+
+type Recount = (
+    Totals,
+    ProcessTotals,
+    Vec<ProcessSummary>,
+    Vec<Vec<(MailboxKind, Id)>>,
+);
+
+async fn recount(ex: &Exchange, w: &World) -> Recount {
     let list = ex.processes(&w.admin).await.unwrap();
+    let stats = ex.stats(&w.admin).await.unwrap();
     (
         ex.recount(&w.admin).await.unwrap(),
-        counted(&list),
+        counted(&list, &stats),
         by_id(list.processes),
+        holding(ex, w).await,
     )
 }
 
@@ -116,10 +161,16 @@ async fn check(w: &World) {
             "open processes first: {page:?}"
         );
         assert_eq!(listed, page.len());
+        let mut held = Vec::new();
+        for folder in [Folder::Unknown, Folder::Error] {
+            let kept = ex.holding(&w.admin, folder).await.unwrap();
+            held.push(kept.expect("the exchange's file store keeps running totals"));
+        }
         let kept = (
             ex.totals(&w.admin).await.unwrap(),
             ex.process_totals(&w.admin).await.unwrap(),
             by_id(page),
+            held,
         );
         let after = recount(ex, w).await;
         if before == after {

@@ -3,7 +3,9 @@
 //! then the processor starts a process of 100, prepares it with one
 //! PROCESSED verdict and one reply per message, and commits. The floor is
 //! measured in the same run on the same disk, before and after: files
-//! created, written, fsynced and their folder fsynced, one at a time.
+//! created, written, fsynced and their folder fsynced, one at a time; and
+//! the disk's limit for a batch (the ceiling): 100 such files at once, then
+//! their folder fsynced.
 //!
 //! `cargo bench -p estafeta-server --bench processing`; `BENCH_DIR` picks
 //! the disk. Two more modes, chosen from the environment, print instead of
@@ -53,6 +55,25 @@ fn floor_write(dir: &Path, bytes: &[u8]) {
     let mut f = std::fs::File::create(dir.join(format!("floor-{seq}.msg"))).unwrap();
     f.write_all(bytes).unwrap();
     f.sync_all().unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+/// The disk's limit for a batch: `BATCH` durable files written at once
+/// (each on its own thread, as the server's blocking pool writes a
+/// prepare's replies), then one fsync of their folder. A processed message
+/// needs at least its reply's durable file, so the processing phase cannot
+/// pass this rate.
+fn ceiling_write(dir: &Path, bytes: &[u8]) {
+    std::thread::scope(|scope| {
+        for _ in 0..BATCH {
+            scope.spawn(|| {
+                let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+                let mut f = std::fs::File::create(dir.join(format!("ceiling-{seq}.msg"))).unwrap();
+                f.write_all(bytes).unwrap();
+                f.sync_all().unwrap();
+            });
+        }
+    });
     std::fs::File::open(dir).unwrap().sync_all().unwrap();
 }
 
@@ -435,6 +456,9 @@ fn bench(c: &mut Criterion) {
             }
             total
         })
+    });
+    group.bench_function(format!("ceiling_{BATCH}_files_at_once"), |b| {
+        b.iter(|| ceiling_write(&floor_dir, &bytes))
     });
     group.throughput(Throughput::Elements(1));
     group.bench_function("floor_one_file_at_a_time_after", |b| {

@@ -15,7 +15,15 @@ pub struct ApiError {
     status: StatusCode,
     code: ErrorCode,
     message: String,
+    /// The cause is a store that cannot be reached now.
+    store_unavailable: bool,
 }
+
+/// Marks an answer whose cause was a store that could not be reached (a
+/// database server down or handing over), as opposed to failing storage:
+/// the client sees the same 503 `storage_error`; the metrics count these.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreUnavailable;
 
 impl ApiError {
     /// An error answer with the given status, code and message.
@@ -24,6 +32,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            store_unavailable: false,
         }
     }
 
@@ -95,25 +104,32 @@ impl From<ExchangeError> for ApiError {
             ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         };
-        ApiError::new(status, e.code(), e.message())
+        ApiError {
+            store_unavailable: e.is_store_unavailable(),
+            ..ApiError::new(status, e.code(), e.message())
+        }
     }
 }
 
 /// What a client is told of a storage failure: never its detail, which
-/// names files and folders of the server (the log keeps it).
-fn storage_answer(code: ErrorCode, detail: &str) -> Option<&'static str> {
+/// names files and folders of the server (the log keeps it, and says
+/// whether the store could not be reached).
+fn storage_answer(code: ErrorCode, detail: &str, unavailable: bool) -> Option<&'static str> {
     let answer = match code {
         ErrorCode::StorageError => "the server's storage failed; retry later",
         ErrorCode::StorageFull => "the server's storage is full; retry later",
         _ => return None,
     };
-    tracing::error!(%code, detail, "storage failure answered without its detail");
+    match unavailable {
+        true => tracing::error!(%code, detail, "store unavailable, answered without its detail"),
+        false => tracing::error!(%code, detail, "storage failure answered without its detail"),
+    }
     Some(answer)
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let message = match storage_answer(self.code, &self.message) {
+        let message = match storage_answer(self.code, &self.message, self.store_unavailable) {
             Some(answer) => answer.to_owned(),
             None => self.message,
         };
@@ -126,6 +142,9 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if self.store_unavailable {
+            response.extensions_mut().insert(StoreUnavailable);
+        }
         response
     }
 }
@@ -136,7 +155,10 @@ mod tests {
     use axum::body::to_bytes;
 
     async fn render(e: ApiError) -> (StatusCode, Option<String>, serde_json::Value) {
-        let r = e.into_response();
+        render_response(e.into_response()).await
+    }
+
+    async fn render_response(r: Response) -> (StatusCode, Option<String>, serde_json::Value) {
         let status = r.status();
         let retry = r
             .headers()
@@ -164,6 +186,29 @@ mod tests {
             assert_eq!(
                 json,
                 serde_json::json!({"version":1,"error":{"code":"not_in_doubt","message":"some text"}})
+            );
+        }
+    }
+
+    /// A store that cannot be reached and failing storage give the client
+    /// the same answer; only the first is marked for the metrics.
+    #[tokio::test]
+    async fn an_unavailable_store_is_a_storage_error_marked_for_the_metrics() {
+        let down = ExchangeError::store_unavailable("store unavailable at postgres:put: refused");
+        let disk = ExchangeError::new(
+            ErrorKind::Unavailable,
+            ErrorCode::StorageError,
+            "storage I/O failed at /data/x: EIO",
+        );
+        for (e, marked) in [(down, true), (disk, false)] {
+            let r = ApiError::from(e).into_response();
+            assert_eq!(r.extensions().get::<StoreUnavailable>().is_some(), marked);
+            let (status, retry, json) = render_response(r).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(retry.as_deref(), Some("2"));
+            assert_eq!(
+                json,
+                serde_json::json!({"version":1,"error":{"code":"storage_error","message":"the server's storage failed; retry later"}})
             );
         }
     }

@@ -1,15 +1,17 @@
 //! [`Metrics`]: what the HTTP layer counts (requests and their latency by
 //! route and status, uploads per minute), and [`Snapshot`]: the figures
-//! gathered at scrape time (messages per folder summed over all mailboxes,
-//! processes by state, the session engine, the send queues, the repeat
-//! schedulers' backlogs, alerts, disk). Together they are `/metrics` in the
+//! gathered at scrape time (messages in `Messages`, `Unknown` and `Error`
+//! summed over all mailboxes and processes by state, both read from the
+//! exchange's running totals; the session engine, the send queues, the
+//! repeat schedulers' backlogs, alerts, disk). Together they are `/metrics` in the
 //! Prometheus text format (written by `prometheus-client`), names after the
 //! Prometheus conventions (base units, `_total` counters).
 //!
 //! No series is per mailbox unless the `metrics_per_database` setting asks
 //! for the messages waiting of a capped number of databases: a scrape has
-//! the same size with ten mailboxes or ten thousand. Per-mailbox figures are the admin API's and the
-//! dashboard's.
+//! the same size with ten mailboxes or ten thousand, and costs the same
+//! (nothing is counted per mailbox at scrape time). Per-mailbox figures are
+//! the admin API's and the dashboard's.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,10 +22,10 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::mailbox::{COUNTED, Folder};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
-use estafeta_exchange::{CommitObserver, Durable};
+use estafeta_exchange::{CommitObserver, Durable, Verdicts};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -162,6 +164,8 @@ pub struct Metrics {
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     /// Requests answered, all routes together (the dashboard's figure).
     answered: AtomicU64,
+    /// Requests answered 503 because a store could not be reached.
+    store_unavailable: Counter,
     /// (minute since the epoch, uploads in it), oldest first.
     uploads: Mutex<VecDeque<(u64, u64)>>,
 }
@@ -184,8 +188,15 @@ impl Metrics {
             requests: Family::default(),
             durations: Family::new_with_constructor(latency_histogram),
             answered: AtomicU64::new(0),
+            store_unavailable: Counter::default(),
             uploads: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// Counts one request answered 503 because a store could not be
+    /// reached ([`StoreUnavailable`](crate::error::StoreUnavailable)).
+    pub fn record_store_unavailable(&self) {
+        self.store_unavailable.inc();
     }
 
     /// Counts one answered request that took `elapsed`, at `now` (the
@@ -262,6 +273,11 @@ impl Metrics {
             "estafeta_http_request_duration_seconds",
             "Time from a request's arrival to its answer, by method, route template and status",
             self.durations.clone(),
+        );
+        out.registry.register(
+            "estafeta_store_unavailable",
+            "Requests answered 503 storage_error because a store could not be reached (a database server down or handing over), not because storage failed",
+            self.store_unavailable.clone(),
         );
         out.registry.register(
             "estafeta_storage_commit_duration_seconds",
@@ -351,8 +367,8 @@ pub struct Snapshot {
     pub ready: bool,
     /// Mailboxes of each kind of [`KINDS`].
     pub mailboxes: BTreeMap<&'static str, u64>,
-    /// Message files per (kind of mailbox, folder), summed over the
-    /// mailboxes of that kind; every pair present, zero or not.
+    /// Message files per (kind of mailbox, counted folder), summed over
+    /// the mailboxes of that kind; every pair present, zero or not.
     pub messages: BTreeMap<(&'static str, &'static str), u64>,
     /// Messages waiting per database, for the first `metrics_per_database`
     /// databases by id (none by default).
@@ -374,9 +390,9 @@ pub struct Snapshot {
     pub backlogs: Vec<(&'static str, Backlog)>,
     /// Bytes free for the server on the data folder's file system, and its size.
     pub disk: Option<(u64, u64)>,
-    /// The committed verdicts on devices' messages, summed over every
-    /// device: processed, deadlocked, incorrect.
-    pub device_messages: Option<[u64; 3]>,
+    /// The verdicts on the messages of committed processes, summed over
+    /// every database.
+    pub verdicts: Option<Verdicts>,
 }
 
 /// Milliseconds since the epoch of `t` (0 before it).
@@ -404,7 +420,7 @@ impl Snapshot {
         };
         for kind in KINDS {
             s.mailboxes.insert(kind, 0);
-            for folder in Folder::ALL {
+            for folder in COUNTED {
                 s.messages.insert((kind, folder.as_str()), 0);
             }
         }
@@ -412,57 +428,45 @@ impl Snapshot {
             s.mailboxes.insert(KINDS[0], dbs.len() as u64);
             s.mailboxes.insert(KINDS[1], devices.len() as u64);
             // The first databases by id, as many as the setting allows.
-            let mut detailed: Vec<_> = dbs.clone();
+            let mut detailed = dbs;
             detailed.sort();
             detailed.truncate(state.http().metrics_per_database);
             for db in detailed {
-                s.per_database.insert(db.to_string(), 0);
-            }
-            let dbs: std::collections::HashSet<_> = dbs.into_iter().collect();
-            let mut waiting = Vec::new();
-            for (id, folder, n) in exchange.folder_counts(&admin).await.unwrap_or_default() {
-                let kind = if dbs.contains(&id) {
-                    KINDS[0]
-                } else {
-                    KINDS[1]
-                };
-                *s.messages.entry((kind, folder.as_str())).or_default() += n;
-                if kind == KINDS[0] && folder == Folder::Messages {
-                    if let Some(count) = s.per_database.get_mut(id.as_str()) {
-                        *count = n;
-                    }
-                    if n > 0 {
-                        waiting.push(id);
-                    }
+                if let Ok((n, _)) = exchange
+                    .folder_page(&admin, &db, Folder::Messages, 0, 0)
+                    .await
+                {
+                    s.per_database.insert(db.to_string(), n);
                 }
             }
-            for db in waiting {
-                if let Ok(Some(oldest)) = exchange.oldest_waiting(&admin, &db).await {
-                    let age = age_secs(now_ms, oldest.created_at.as_millis());
-                    s.oldest_waiting_secs = s.oldest_waiting_secs.max(age);
+        }
+        if let Ok(t) = exchange.tallies(&admin).await {
+            for (kind, totals) in KINDS.into_iter().zip([t.databases, t.devices]) {
+                for (folder, n) in
+                    COUNTED
+                        .into_iter()
+                        .zip([totals.messages, totals.unknown, totals.error])
+                {
+                    s.messages.insert((kind, folder.as_str()), n);
                 }
+            }
+            if let Some(oldest) = t.databases.oldest_message {
+                s.oldest_waiting_secs = age_secs(now_ms, oldest.as_millis());
             }
         }
         for st in OPEN_STATES {
             s.processes.insert(state_name(st), 0);
         }
-        if let Ok(list) = exchange.processes(&admin).await {
-            for p in &list.processes {
-                if let Some(n) = s.processes.get_mut(&state_name(p.state)) {
-                    *n += 1;
-                }
-                if p.state == ProcessState::ReadyToCommit {
-                    let since = p.ready_at.unwrap_or(p.started_at).as_millis();
-                    s.oldest_ready_secs = s.oldest_ready_secs.max(age_secs(now_ms, since));
-                }
+        if let Ok(t) = exchange.process_totals(&admin).await {
+            for st in OPEN_STATES {
+                s.processes.insert(state_name(st), t.count(st));
             }
+            if let Some(since) = t.oldest_ready {
+                s.oldest_ready_secs = age_secs(now_ms, since.as_millis());
+            }
+            s.verdicts = Some(t.verdicts);
         }
         s.backlogs = backlogs(state).await;
-        if let Ok(stats) = exchange.stats(&admin).await {
-            s.device_messages = Some(stats.devices.iter().fold([0; 3], |[p, d, i], dev| {
-                [p + dev.processed, d + dev.deadlocks, i + dev.incorrect]
-            }));
-        }
         let n = state.notifier();
         s.queues = n.outbound().figures();
         s.alerts_open = n.unacknowledged().await.unwrap_or(0);
@@ -484,7 +488,7 @@ impl Snapshot {
         );
         out.gauges(
             "estafeta_mailbox_messages",
-            "Message files in each folder, summed over all mailboxes of a kind (database or device)",
+            "Message files in Messages, Unknown and Error, summed over all mailboxes of a kind (database or device)",
             self.messages.iter().map(|((kind, folder), n)| {
                 (
                     vec![("kind", (*kind).to_owned()), ("folder", (*folder).to_owned())],
@@ -506,14 +510,17 @@ impl Snapshot {
             "Age (since its creation) of the oldest message waiting in any database's Messages folder (0 when none waits)",
             self.oldest_waiting_secs,
         );
-        if let Some(totals) = self.device_messages {
+        if let Some(v) = self.verdicts {
             out.counters(
                 "estafeta_device_messages",
-                "Devices' messages in committed processes, by verdict (summed over every device)",
-                ["processed", "deadlocked", "incorrect"]
-                    .into_iter()
-                    .zip(totals)
-                    .map(|(outcome, n)| (vec![("outcome", outcome.to_owned())], n)),
+                "Devices' messages in committed processes, by verdict (summed over every database's counters)",
+                [
+                    ("processed", v.processed),
+                    ("deadlocked", v.deadlocked),
+                    ("incorrect", v.incorrect),
+                ]
+                .into_iter()
+                .map(|(outcome, n)| (vec![("outcome", outcome.to_owned())], n)),
             );
         }
         out.gauges(
@@ -731,6 +738,13 @@ pub async fn count(State(state): State<AppState>, request: Request, next: Next) 
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let response = next.run(request).await;
+    if response
+        .extensions()
+        .get::<crate::error::StoreUnavailable>()
+        .is_some()
+    {
+        state.metrics().record_store_unavailable();
+    }
     state.metrics().record(
         method,
         &route,
@@ -808,6 +822,10 @@ mod tests {
             "estafeta_http_requests_total{method=\"POST\",route=\"/v1/processes/{pid}/commit\",status=\"401\"} 1\n"
         ));
         assert_eq!(m.requests_total(), 3);
+        assert!(text.contains("estafeta_store_unavailable_total 0\n"));
+        m.record_store_unavailable();
+        let text = m.render(&Snapshot::default());
+        assert!(text.contains("estafeta_store_unavailable_total 1\n"));
     }
 
     #[test]

@@ -198,8 +198,7 @@ async fn an_arrival_is_pushed_once_by_two_nodes() {
     common::wait_ready(&admin_a).await;
     common::wait_ready(&admin_b).await;
     let t = Tenancy::provision(&admin_a).await;
-    // Set through A, which also takes the uploads: B learns of the webhook
-    // from the notifications A schedules.
+    // Set through A, which also takes the uploads; either node sends.
     let set = http()
         .put(format!("{}/v1/admin/databases/db-a/webhook", a.base))
         .bearer_auth(common::ADMIN_TOKEN)

@@ -198,6 +198,7 @@ async fn every_page_stays_small_at_scale() {
         "/admin/events".to_owned(),
         "/admin/queues".to_owned(),
         "/admin/deliveries".to_owned(),
+        "/metrics".to_owned(),
     ];
     let get = |path: String| {
         let req = http().get(server.url(&path)).header(COOKIE, &session);

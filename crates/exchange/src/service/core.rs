@@ -62,7 +62,8 @@ pub(crate) struct Core {
     pub(crate) deferred_store: Arc<dyn estafeta_repeat::store::Store>,
     /// Where arrivals are pushed.
     pub(crate) push: Arc<dyn super::push::PushSink>,
-    /// The recipients' webhooks, loaded by start-up processing.
+    /// The recipients' webhooks when the registry's store does not keep
+    /// them (the embedded one), loaded by start-up processing.
     pub(crate) webhooks: super::push::Webhooks,
     /// Set once every registered mailbox has been told to the store's
     /// running totals (those registered later are told as they are).
@@ -119,9 +120,7 @@ impl Core {
         fail::fail_point!("messages::apply");
         let applied = self.store.apply(&ops).await;
         fail::fail_point!("messages::applied");
-        for recipient in &applied.arrivals {
-            self.arrived(recipient);
-        }
+        self.announce(&applied.arrivals).await;
         let mut first_error = None;
         for r in applied.results {
             let Err(e) = r else { continue };

@@ -57,7 +57,7 @@ pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
-pub use tally::ProcessTotals;
+pub use tally::{ProcessTotals, Verdicts};
 pub use totals::Totals;
 
 use crate::keys::UploadKeys;

@@ -5,16 +5,28 @@
 //! The exchange does not send anything itself, so a protocol call never
 //! waits for, or fails because of, a push: the sink is called after the
 //! message file is durable and must return at once (the server's sink
-//! records the recipient and lets its own tasks do the rest). The webhook
-//! addresses are also kept in memory, loaded by start-up processing, so
-//! that an arrival for a recipient without one costs a map lookup.
+//! records the recipient and lets its own tasks do the rest).
+//!
+//! Where the webhooks live depends on the registry's store. The embedded
+//! one is not shared: a webhook is kept in its recipient's session record
+//! and in a map in memory, loaded by start-up processing, so that an
+//! arrival for a recipient without one costs a map lookup. A shared store
+//! (a cluster's database) keeps them with the databases and devices
+//! themselves ([`Registry::set_webhook`]); every server's registry holds
+//! them in its copy and reloads it when another server changed the store,
+//! which it checks before each authenticated call and, for arrivals no
+//! call brought (a scheduled message, a deadline), before announcing them.
+//! So an arrival through any server is pushed to the webhook set last
+//! through any server, still at the cost of a lookup in memory.
+//!
+//! [`Registry::set_webhook`]: crate::tenancy::Registry::set_webhook
 
 use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Id;
 use crate::store::{Folder, Location};
-use crate::tenancy::{Principal, Role};
+use crate::tenancy::{Kind, Principal, Role};
 use crate::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -59,7 +71,8 @@ impl PushSink for NoPush {
     fn arrived(&self, _recipient: &Id, _kind: RecipientKind) {}
 }
 
-/// The webhooks in memory: recipient → (kind, URL).
+/// The webhooks in memory when the registry's store does not keep them:
+/// recipient → (kind, URL).
 pub(crate) type Webhooks = std::sync::RwLock<HashMap<Id, (RecipientKind, String)>>;
 
 /// Checks a webhook URL: `http://` or `https://`, a host, an optional
@@ -140,23 +153,73 @@ pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
     }
 }
 
+impl From<Kind> for RecipientKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Database => RecipientKind::Database,
+            Kind::Device => RecipientKind::Device,
+        }
+    }
+}
+
+impl From<RecipientKind> for Kind {
+    fn from(kind: RecipientKind) -> Self {
+        match kind {
+            RecipientKind::Database => Kind::Database,
+            RecipientKind::Device => Kind::Device,
+        }
+    }
+}
+
 impl Core {
     /// Messages are durably in `recipient`'s `Messages`: tell the sink, if
     /// the recipient has a webhook.
     pub(crate) fn arrived(&self, recipient: &Id) {
-        let kind = self
-            .webhooks
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(recipient)
-            .map(|(kind, _)| *kind);
+        let kind = if self.registry.keeps_webhooks() {
+            self.registry
+                .webhook(recipient)
+                .map(|(kind, _)| kind.into())
+        } else {
+            self.webhooks
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(recipient)
+                .map(|(kind, _)| *kind)
+        };
         if let Some(kind) = kind {
             self.push.arrived(recipient, kind);
         }
     }
 
+    /// [`arrived`](Self::arrived) for each of `recipients`, from work that
+    /// may run without an authenticated call (which reads the registry's
+    /// changes first): a step run at a deadline, a scheduled message. With
+    /// a shared registry store, what other servers changed is read first,
+    /// once, so that a webhook set through another server is known (a store
+    /// that cannot be read leaves the copy as it is, and is logged).
+    pub(crate) async fn announce(&self, recipients: impl IntoIterator<Item = &Id>) {
+        let mut recipients = recipients.into_iter().peekable();
+        if recipients.peek().is_none() {
+            return;
+        }
+        if self.registry.keeps_webhooks()
+            && let Err(e) = self.registry.refresh().await
+        {
+            tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
+        }
+        for recipient in recipients {
+            self.arrived(recipient);
+        }
+    }
+
     /// The webhook of `recipient`, if it has one.
     pub(crate) fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
+        if self.registry.keeps_webhooks() {
+            return self
+                .registry
+                .webhook(recipient)
+                .map(|(kind, url)| (kind.into(), url));
+        }
         self.webhooks
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -165,7 +228,8 @@ impl Core {
     }
 
     /// Sets (or with `None` clears) the webhook of a database or device,
-    /// durably in its session, then in memory. 404 if `id` is not one of
+    /// durably: in the registry's store when it keeps webhooks, else in the
+    /// recipient's session, then in memory. 404 if `id` is not one of
     /// `kind`; 400 for a bad URL (nothing changes then).
     pub(crate) async fn set_webhook(
         &self,
@@ -186,16 +250,20 @@ impl Core {
         if let Some(u) = &url {
             check_url(u)?;
         }
-        let sessions = &self.sessions;
-        match kind {
-            RecipientKind::Database => {
-                save_webhook(&sessions.db, id, url.clone(), |r| &mut r.webhook).await?
+        if self.registry.keeps_webhooks() {
+            self.registry
+                .set_webhook(kind.into(), id.clone(), url.clone())
+                .await?;
+        } else {
+            let sessions = &self.sessions;
+            match kind {
+                RecipientKind::Database => {
+                    save_webhook(&sessions.db, id, url.clone(), |r| &mut r.webhook).await?
+                }
+                RecipientKind::Device => {
+                    save_webhook(&sessions.device, id, url.clone(), |r| &mut r.webhook).await?
+                }
             }
-            RecipientKind::Device => {
-                save_webhook(&sessions.device, id, url.clone(), |r| &mut r.webhook).await?
-            }
-        }
-        {
             let mut map = self
                 .webhooks
                 .write()
@@ -214,13 +282,16 @@ impl Core {
     /// scheduled durably when the server stopped is still announced (at
     /// least once; a recipient may get one notification more).
     pub(crate) async fn push_waiting(&self) {
-        let hooked: Vec<Id> = self
-            .webhooks
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect();
+        let hooked: Vec<Id> = if self.registry.keeps_webhooks() {
+            self.registry.hooked()
+        } else {
+            self.webhooks
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys()
+                .cloned()
+                .collect()
+        };
         for id in hooked {
             let messages = Location::new(id.clone(), Folder::Messages);
             match self.store.count(&messages).await {
@@ -238,7 +309,12 @@ impl Core {
     /// memory while its session is held, so that a webhook set or cleared
     /// meanwhile through the admin API (which saves it holding the session,
     /// then puts it in memory) is never undone by what was read before.
+    /// Nothing to read when the registry's store keeps the webhooks: the
+    /// registry loaded them with its records.
     pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
+        if self.registry.keeps_webhooks() {
+            return Ok(());
+        }
         let sessions = &self.sessions;
         for e in self.registry.databases() {
             if let Some(g) = sessions.db.get(e.id.clone(), false).await?
@@ -285,9 +361,24 @@ impl super::Exchange {
 
     /// The webhook of a database or device, with its kind (the start-up
     /// work after ready, [`Exchange::tidy`](super::Exchange::tidy), loads
-    /// them; before it, only those set since are known).
+    /// those of the embedded store; before it, only those set since are
+    /// known). With a shared registry store, as of the registry's last
+    /// refresh: [`current_webhook`](Self::current_webhook) reads what other
+    /// servers changed first.
     pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
         self.core.webhook(recipient)
+    }
+
+    /// [`webhook`](Self::webhook) once the registry holds what every
+    /// server changed (a shared registry store: one read of its change
+    /// counter, and a reload when it moved; nothing more for the embedded
+    /// store). A store that cannot be read is an error (503).
+    pub async fn current_webhook(
+        &self,
+        recipient: &Id,
+    ) -> Result<Option<(RecipientKind, String)>, ExchangeError> {
+        self.core.registry.refresh().await?;
+        Ok(self.core.webhook(recipient))
     }
 }
 

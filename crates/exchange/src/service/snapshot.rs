@@ -399,6 +399,12 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     async fn tallies(&self) -> Option<crate::store::Tallies> {
         self.inner.tallies().await
     }
+    async fn holding(
+        &self,
+        folder: crate::store::Folder,
+    ) -> Option<Vec<(crate::store::MailboxKind, Id)>> {
+        self.inner.holding(folder).await
+    }
 }
 
 #[cfg(test)]

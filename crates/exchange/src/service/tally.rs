@@ -22,8 +22,9 @@ use crate::{Id, ProcessId, Timestamp};
 type RowKey = (bool, Reverse<Timestamp>, ProcessId);
 
 /// The processes of one database record: the live one and those in doubt
-/// (open), and the recently ended.
-pub(crate) struct DbRows(Vec<(RowKey, ProcessSummary)>);
+/// (open), and the recently ended; and the verdicts of its committed
+/// processes.
+pub(crate) struct DbRows(Vec<(RowKey, ProcessSummary)>, Verdicts);
 
 impl DbRows {
     /// The rows of `rec`.
@@ -37,7 +38,39 @@ impl DbRows {
                 .map(|p| row(false, summary(p)))
                 .chain(rec.recent.iter().map(|e| row(true, ended_summary(e))))
                 .collect(),
+            Verdicts {
+                processed: rec.counters.processed,
+                deadlocked: rec.counters.deadlocks,
+                incorrect: rec.counters.incorrect,
+            },
         )
+    }
+}
+
+/// Messages of committed processes by verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Verdicts {
+    /// PROCESSED.
+    pub processed: u64,
+    /// PROCESSED_DEADLOCK.
+    pub deadlocked: u64,
+    /// PROCESSED_INCORRECT.
+    pub incorrect: u64,
+}
+
+impl std::ops::AddAssign for Verdicts {
+    fn add_assign(&mut self, o: Verdicts) {
+        self.processed += o.processed;
+        self.deadlocked += o.deadlocked;
+        self.incorrect += o.incorrect;
+    }
+}
+
+impl std::ops::SubAssign for Verdicts {
+    fn sub_assign(&mut self, o: Verdicts) {
+        self.processed = self.processed.saturating_sub(o.processed);
+        self.deadlocked = self.deadlocked.saturating_sub(o.deadlocked);
+        self.incorrect = self.incorrect.saturating_sub(o.incorrect);
     }
 }
 
@@ -51,6 +84,9 @@ pub struct ProcessTotals {
     pub oldest_ready: Option<Timestamp>,
     /// How many processes the list holds.
     pub listed: usize,
+    /// The verdicts of every committed process, summed over the databases
+    /// (each database's counters, kept in its record).
+    pub verdicts: Verdicts,
 }
 
 impl ProcessTotals {
@@ -62,8 +98,10 @@ impl ProcessTotals {
 
 #[derive(Default)]
 struct Rows {
-    /// The keys of each database's rows.
-    by_db: HashMap<Id, Vec<RowKey>>,
+    /// The keys of each database's rows, and its verdicts.
+    by_db: HashMap<Id, (Vec<RowKey>, Verdicts)>,
+    /// The verdicts of every database, summed.
+    verdicts: Verdicts,
     rows: BTreeMap<RowKey, ProcessSummary>,
     by_state: HashMap<ProcessState, u64>,
     /// READY_TO_COMMIT processes by the time they became ready.
@@ -100,14 +138,19 @@ impl Rows {
     }
 
     fn replace(&mut self, db: &Id, rows: DbRows) {
-        for key in self.by_db.remove(db).unwrap_or_default() {
-            self.remove(&key);
+        if let Some((keys, verdicts)) = self.by_db.remove(db) {
+            for key in keys {
+                self.remove(&key);
+            }
+            self.verdicts -= verdicts;
         }
-        let keys = rows.0.iter().map(|(k, _)| *k).collect();
-        for (key, row) in rows.0 {
+        let DbRows(rows, verdicts) = rows;
+        let keys = rows.iter().map(|(k, _)| *k).collect();
+        for (key, row) in rows {
             self.insert(key, row);
         }
-        self.by_db.insert(db.clone(), keys);
+        self.verdicts += verdicts;
+        self.by_db.insert(db.clone(), (keys, verdicts));
     }
 }
 
@@ -146,7 +189,7 @@ impl ProcessTally {
     /// `db` is gone: its rows go too.
     pub(crate) fn forget(&self, db: &Id) {
         let mut rows = self.rows();
-        rows.replace(db, DbRows(Vec::new()));
+        rows.replace(db, DbRows(Vec::new(), Verdicts::default()));
         rows.by_db.remove(db);
     }
 
@@ -157,6 +200,7 @@ impl ProcessTally {
             by_state: rows.by_state.clone(),
             oldest_ready: rows.ready.first().map(|(t, _)| *t),
             listed: rows.rows.len(),
+            verdicts: rows.verdicts,
         }
     }
 

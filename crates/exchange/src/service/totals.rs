@@ -8,7 +8,7 @@ use super::Exchange;
 use super::admin::admin;
 use super::error::ExchangeError;
 use super::tally::{DbRows, ProcessTotals};
-use crate::store::{FileName, Folder, MailboxKind};
+use crate::store::{FileName, Folder, MailboxKind, Tallies};
 use crate::tenancy::Principal;
 use crate::wire::ProcessSummary;
 use crate::{Id, Timestamp};
@@ -26,23 +26,35 @@ pub struct Totals {
     pub error: u64,
 }
 
+impl From<Tallies> for Totals {
+    fn from(t: Tallies) -> Self {
+        Totals {
+            waiting: t.databases.messages,
+            oldest_waiting: t.databases.oldest_message,
+            unknown: t.databases.unknown + t.devices.unknown,
+            error: t.databases.error + t.devices.error,
+        }
+    }
+}
+
 impl Exchange {
     /// Admin: the messages waiting, the oldest of them, and the files in
-    /// `Unknown` and `Error`, from the store's running totals (the first
-    /// call tells the store every registered mailbox and builds their
-    /// folder indexes; a store that keeps no totals is counted place by
-    /// place, three counts per database and two per device).
+    /// `Unknown` and `Error` ([`tallies`](Self::tallies) summed).
     pub async fn totals(&self, who: &Principal) -> Result<Totals, ExchangeError> {
+        Ok(self.tallies(who).await?.into())
+    }
+
+    /// Admin: the files in `Messages`, `Unknown` and `Error` by kind of
+    /// mailbox, and the oldest in a `Messages`, from the store's running
+    /// totals (the first call tells the store every registered mailbox and
+    /// builds their folder indexes; a store that keeps no totals is
+    /// counted place by place, four counts per mailbox).
+    pub async fn tallies(&self, who: &Principal) -> Result<Tallies, ExchangeError> {
         admin(who)?;
         self.counting().await;
         match self.core.store.tallies().await {
-            Some(t) => Ok(Totals {
-                waiting: t.databases.messages,
-                oldest_waiting: t.databases.oldest_message,
-                unknown: t.databases.unknown + t.devices.unknown,
-                error: t.databases.error + t.devices.error,
-            }),
-            None => self.recount(who).await,
+            Some(t) => Ok(t),
+            None => self.recount_tallies(who).await,
         }
     }
 
@@ -80,31 +92,37 @@ impl Exchange {
     /// Admin: [`totals`](Self::totals) counted place by place from the
     /// folder indexes (what the running totals must always equal).
     pub async fn recount(&self, who: &Principal) -> Result<Totals, ExchangeError> {
+        Ok(self.recount_tallies(who).await?.into())
+    }
+
+    /// [`tallies`](Self::tallies) counted place by place.
+    async fn recount_tallies(&self, who: &Principal) -> Result<Tallies, ExchangeError> {
         let (dbs, devs) = self.mailbox_ids(who)?;
         let store = &self.core.store;
-        let count = |id: &Id, folder| {
-            let loc = self.core.location(id, folder);
-            async move { store.count(&loc).await.map_or(0, |c| c as u64) }
-        };
-        let mut t = Totals::default();
-        for db in &dbs {
-            let waiting = count(db, Folder::Messages).await;
-            if waiting > 0 {
-                t.waiting += waiting;
-                let queue = self.core.location(db, Folder::Messages);
-                if let Ok(Some(oldest)) =
-                    store.oldest(&queue, 1).await.map(|v| v.into_iter().next())
-                {
-                    t.oldest_waiting = Some(match t.oldest_waiting {
-                        Some(o) if o <= oldest.created_at => o,
-                        _ => oldest.created_at,
-                    });
+        let mut t = Tallies::default();
+        let kinds = [(&dbs, &mut t.databases), (&devs, &mut t.devices)];
+        for (ids, kind) in kinds {
+            for id in ids {
+                let count = |folder| {
+                    let loc = self.core.location(id, folder);
+                    async move { store.count(&loc).await.map_or(0, |c| c as u64) }
+                };
+                let waiting = count(Folder::Messages).await;
+                if waiting > 0 {
+                    kind.messages += waiting;
+                    let queue = self.core.location(id, Folder::Messages);
+                    if let Ok(Some(oldest)) =
+                        store.oldest(&queue, 1).await.map(|v| v.into_iter().next())
+                    {
+                        kind.oldest_message = Some(match kind.oldest_message {
+                            Some(o) if o <= oldest.created_at => o,
+                            _ => oldest.created_at,
+                        });
+                    }
                 }
+                kind.unknown += count(Folder::Unknown).await;
+                kind.error += count(Folder::Error).await;
             }
-        }
-        for id in dbs.iter().chain(devs.iter()) {
-            t.unknown += count(id, Folder::Unknown).await;
-            t.error += count(id, Folder::Error).await;
         }
         Ok(t)
     }

@@ -195,21 +195,17 @@ pub trait MessageStore: Send + Sync {
     /// Counts the places of `owner` in the running totals
     /// ([`tallies`](Self::tallies)) as a mailbox of `kind`, from now on.
     /// Nothing to do for a store that keeps no running totals.
-    fn count_as(&self, _owner: &Id, _kind: MailboxKind) {}
+    fn count_as(&self, owner: &Id, kind: MailboxKind);
 
     /// Files in `Messages`, `Unknown` and `Error` over the mailboxes told
     /// to [`count_as`](Self::count_as), by kind, and the oldest waiting,
     /// kept as messages come and go; `None` for a store that keeps no
     /// running totals (the caller counts place by place).
-    async fn tallies(&self) -> Option<Tallies> {
-        None
-    }
+    async fn tallies(&self) -> Option<Tallies>;
 
     /// The mailboxes told to [`count_as`](Self::count_as) whose `folder`
     /// (`Messages`, `Unknown` or `Error`) holds files, databases first, each
     /// kind in id order; `None` for a store that keeps no running totals
     /// (the caller looks at every mailbox).
-    async fn holding(&self, _folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
-        None
-    }
+    async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>>;
 }

@@ -140,7 +140,10 @@ impl Inner {
                     .insert(endpoint.id.as_str(), json.as_str())
                     .map_err(redb::Error::from)?;
             }
-            Change::SetAdmin(_) => {}
+            // Saved before the transaction; webhooks are kept in the
+            // exchange's session records with this store, which is not
+            // shared, so it never receives theirs.
+            Change::SetAdmin(_) | Change::SetWebhook { .. } => {}
         }
         txn.commit().map_err(redb::Error::from)?;
         Ok(())

@@ -17,6 +17,9 @@ pub struct Snapshot {
     /// A shared store's change counter as these records were read (0 for a
     /// store that is not shared).
     pub version: u64,
+    /// A shared store's webhooks: database or device → its URL (empty for
+    /// a store that is not shared; see [`RegistryStore::shared`]).
+    pub webhooks: Vec<(Id, String)>,
 }
 
 /// One change of the registry. The [`Registry`](crate::tenancy::Registry)
@@ -64,6 +67,14 @@ pub enum Change {
     /// keep the token itself where only the operator can read it (the
     /// admin-token file) or only its hash.
     SetAdmin(Token),
+    /// A database's or device's webhook set, or with `None` cleared; sent
+    /// only to a shared store. [`TenancyError::Unknown`] if `id` is gone.
+    SetWebhook {
+        /// The database or device.
+        id: Id,
+        /// Its webhook URL.
+        url: Option<String>,
+    },
 }
 
 /// Where the registry's records are kept. The [`Registry`] keeps a copy in
@@ -99,7 +110,12 @@ pub trait RegistryStore: Send + Sync {
         Ok(true)
     }
 
-    /// Whether other servers change this store too.
+    /// Whether other servers change this store too. A shared store also
+    /// keeps each database's and device's webhook (in its
+    /// [`Snapshot`], changed by [`Change::SetWebhook`]), so that every
+    /// server pushes to the one set last through any of them; a store that
+    /// is not shared never receives that change (the exchange keeps
+    /// webhooks in its session records then).
     fn shared(&self) -> bool {
         false
     }

@@ -33,7 +33,10 @@
 //! (`<kind>/<id>/again`), so a burst through any nodes still costs at most
 //! two POSTs. Each due notification is claimed by one node
 //! ([`estafeta_cluster::PgQueue`]): one POST per notification, not one per
-//! node.
+//! node. The webhooks are the registry's, shared by the nodes: the node
+//! that sends reads the registry's changes first
+//! ([`Exchange::current_webhook`]), so a notification goes to the webhook
+//! set last through any node, and none goes once it was cleared.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,11 +68,6 @@ const WORKERS: usize = 8;
 struct Push {
     recipient: Id,
     kind: RecipientKind,
-    /// Cluster mode: the webhook as the scheduling node knew it, for a
-    /// node that does not know it (each node keeps the webhooks it loaded
-    /// at start and those set through it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    url: Option<String>,
 }
 
 /// The exchange's clock as the repeat scheduler's, so a test that moves
@@ -96,10 +94,6 @@ struct Inner {
     store: Arc<dyn RepeatStore>,
     /// Cluster mode: pending notifications are coalesced in the store.
     shared: bool,
-    /// Cluster mode, while [`Pusher::run`] runs: the exchange, whose
-    /// webhooks go with the notifications scheduled (taken back when the
-    /// run ends, since the exchange holds the pusher).
-    exchange: Mutex<Option<Exchange>>,
     errors: LastErrors,
     /// Recipients with a notification pending → whether more arrived since.
     pending: Mutex<HashMap<Id, bool>>,
@@ -183,7 +177,6 @@ impl Pusher {
                 scheduler,
                 store,
                 shared: cluster.is_some(),
-                exchange: Mutex::new(None),
                 errors: LastErrors::default(),
                 pending: Mutex::new(pending),
                 seq: AtomicU64::new(0),
@@ -197,9 +190,6 @@ impl Pusher {
     /// hosts that came back up. Start it once start-up processing is done
     /// (the webhooks are known then).
     pub async fn run(&self, exchange: Exchange, probe: Duration, stop: CancellationToken) {
-        if self.inner.shared {
-            *self.held() = Some(exchange.clone());
-        }
         let me = self.clone();
         let ex = exchange.clone();
         let handler = move |entry: Entry| {
@@ -220,7 +210,6 @@ impl Pusher {
         if let Err(e) = watcher.await {
             tracing::error!(error = %e, "the push host watcher panicked");
         }
-        self.held().take();
         self.close().await;
     }
 
@@ -304,13 +293,6 @@ impl Pusher {
         backlog::backlog(&self.inner.store, SOURCE, now).await
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Option<Exchange>> {
-        self.inner
-            .exchange
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Id, bool>> {
         self.inner
             .pending
@@ -332,7 +314,6 @@ impl Pusher {
         let scheduled = match serde_json::to_vec(&Push {
             recipient: recipient.clone(),
             kind,
-            url: None,
         }) {
             Ok(payload) => self
                 .inner
@@ -353,15 +334,9 @@ impl Pusher {
     async fn schedule_shared(self, recipient: Id, kind: RecipientKind) {
         use estafeta_repeat::Clock;
         let due = self.inner.scheduler.clock().now_secs();
-        let url = self
-            .held()
-            .as_ref()
-            .and_then(|ex| ex.webhook(&recipient))
-            .map(|(_, url)| url);
         let payload = match serde_json::to_vec(&Push {
             recipient: recipient.clone(),
             kind,
-            url,
         }) {
             Ok(payload) => payload,
             Err(e) => {
@@ -407,10 +382,14 @@ impl Pusher {
                 return Outcome::Done;
             }
         };
-        let known = exchange.webhook(&push.recipient).or_else(|| {
-            let url = push.url.clone().filter(|_| self.inner.shared)?;
-            Some((push.kind, url))
-        });
+        let known = match exchange.current_webhook(&push.recipient).await {
+            Ok(known) => known,
+            Err(e) => {
+                tracing::warn!(recipient = %push.recipient, attempt = entry.attempt + 1, error = %e, "reading the webhook failed; will retry");
+                self.inner.errors.set(&entry.id, e.to_string());
+                return Outcome::Failed(e.to_string());
+            }
+        };
         let Some((kind, url)) = known else {
             tracing::info!(recipient = %push.recipient, "webhook cleared; push notification dropped");
             return self.settled(&entry, &push.recipient);

@@ -87,10 +87,13 @@ pub enum StorageError {
     /// A failure injected by a test through [`MemoryStorage::fail_writes`].
     #[error("storage: injected write failure")]
     Injected,
-    /// A shared store failed (unreachable, failing over, or it refused a
-    /// statement).
+    /// A shared store failed (it refused a statement, or failed otherwise).
     #[error("storage: {0}")]
     Shared(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// A shared store cannot be reached now (its server down, restarting
+    /// or handing over to another): the same command may succeed later.
+    #[error("storage unavailable: {0}")]
+    Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync>),
     /// A write to a shared store by a command that does not hold the key
     /// (it never took it, or lost it to another process after a save,
     /// [`Step::save`]): nothing was written, and the session in memory may
