@@ -75,6 +75,13 @@ fn storage_error(e: Error) -> StorageError {
     }
 }
 
+/// What a `session::commit` failpoint returns: the store out of reach, as
+/// a lost connection would leave it.
+#[cfg(feature = "failpoints")]
+fn injected(point: &str) -> Error {
+    Error::Unavailable(format!("failure injected at {point}"))
+}
+
 /// Milliseconds as PostgreSQL's `bigint` (saturating: no real deadline is
 /// past the year 292 million).
 fn millis(t: Timestamp) -> i64 {
@@ -111,7 +118,9 @@ impl Storage for SessionStorage {
                     }
                 }
             }
+            fail::fail_point!("session::commit", |_| Err(injected("session::commit")));
             tx.commit().await?;
+            fail::fail_point!("session::committed");
             Ok(())
         })
     }
@@ -212,7 +221,14 @@ impl PgStep {
             Some(Write::Delete { .. }) => locked.delete().await?,
             None => {}
         }
-        locked.commit().await
+        // Named points for the fault-injection harness: a crash before the
+        // commit (the step's transaction rolled back, its lock released) or
+        // an injected failure, and a crash after it (durable, but nobody
+        // was told).
+        fail::fail_point!("session::commit", |_| Err(injected("session::commit")));
+        locked.commit().await?;
+        fail::fail_point!("session::committed");
+        Ok(())
     }
 }
 

@@ -11,7 +11,9 @@
 //! Beyond start and stop: [`Postgres::kill`] kills the server with SIGKILL
 //! (a crash), [`Postgres::restart`] starts it again on the same port, and
 //! [`Postgres::standby`] makes a synchronous streaming standby that
-//! [`Postgres::promote`] turns into the new primary (a failover).
+//! [`Postgres::promote`] turns into the new primary (a failover);
+//! [`Postgres::rebuild_standby`] makes the old primary the new one's
+//! standby, for the next failover.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
@@ -322,10 +324,40 @@ impl Postgres {
     /// folder and port), read-only until [`Postgres::promote`].
     pub fn standby(&self) -> Result<Postgres, HarnessError> {
         let standby = Postgres::empty()?;
+        self.follow_by(&standby)?;
+        Ok(standby)
+    }
+
+    /// Make `old`, a server that is down (killed, or stopped: a primary
+    /// failed over from), a synchronous standby of this server, on its own
+    /// folder and port: its data is replaced by a base backup of this
+    /// server. After a promotion this gives the new primary a standby at
+    /// the address the old primary had, so a multi-host URL naming both
+    /// keeps working through the next failover.
+    pub fn rebuild_standby(&self, old: &Postgres) -> Result<(), HarnessError> {
+        fs::remove_dir_all(old.data()).map_err(io_error("remove the old server's data"))?;
+        self.follow_by(old)
+    }
+
+    /// Fill `standby`'s empty data folder with a base backup of this
+    /// server, start it streaming from this one, and make it synchronous.
+    fn follow_by(&self, standby: &Postgres) -> Result<(), HarnessError> {
+        // `-c fast`: the backup's checkpoint at once, not spread over
+        // minutes as it would be on a primary under load.
         self.run(
             standby
                 .tool("pg_basebackup")
-                .args(["-R", "-X", "stream", "-h", "127.0.0.1", "-U", "postgres"])
+                .args([
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                ])
                 .arg("-p")
                 .arg(self.port.to_string())
                 .arg("-D")
@@ -340,7 +372,7 @@ impl Postgres {
         loop {
             let state = self.psql("SELECT sync_state FROM pg_stat_replication")?;
             if state.trim() == "sync" {
-                return Ok(standby);
+                return Ok(());
             }
             if started.elapsed() > WAIT {
                 return Err(HarnessError::Timeout(format!(

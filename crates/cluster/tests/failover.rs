@@ -61,3 +61,73 @@ async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
         .unwrap();
     step.commit().await.unwrap();
 }
+
+/// Locks `key` through the switch: refusals as unavailable (the pool's
+/// connections to the dead primary, dropped one by one) until a writable
+/// server answers.
+async fn lock_through_switch(
+    store: &Store,
+    key: &[u8],
+    pool_size: usize,
+) -> estafeta_cluster::Locked {
+    let mut unavailable = 0;
+    loop {
+        match store.lock(key).await {
+            Ok(step) => return step,
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e:?}");
+                unavailable += 1;
+                assert!(unavailable <= pool_size, "the pool does not reconnect");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_old_primary_rebuilt_as_standby_carries_the_next_failover() {
+    let first = Postgres::start().unwrap();
+    let second = first.standby().unwrap();
+    let url = format!(
+        "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+        first.host_port(),
+        second.host_port()
+    );
+    let options = Options {
+        pool_size: 2,
+        ..Options::default()
+    };
+    let store = Store::connect_with(&url, &options).unwrap();
+    store.migrate().await.unwrap();
+    let pool_size = options.pool_size;
+    let save = |key: &'static [u8]| {
+        let store = store.clone();
+        async move {
+            let mut step = lock_through_switch(&store, key, pool_size).await;
+            step.save(key, None).await.unwrap();
+            step.commit().await.unwrap();
+        }
+    };
+    save(b"on the first").await;
+
+    // Failover to the second; the first, rebuilt as its standby, at its
+    // old address.
+    first.kill().unwrap();
+    second.promote().unwrap();
+    save(b"on the second").await;
+    second.rebuild_standby(&first).unwrap();
+    save(b"on the second, mirrored").await;
+
+    // And back: the same URL finds the first again.
+    second.kill().unwrap();
+    first.promote().unwrap();
+    for key in [
+        &b"on the first"[..],
+        b"on the second",
+        b"on the second, mirrored",
+    ] {
+        let step = lock_through_switch(&store, key, pool_size).await;
+        assert_eq!(step.record(), Some(key));
+        step.commit().await.unwrap();
+    }
+    save(b"on the first again").await;
+}

@@ -3,8 +3,12 @@
 //!
 //! The points sit around every write, rename and fsync of the protocol:
 //! the mailbox's temporary-file write and fsync, its renames and unlinks,
-//! its folder fsyncs and the moment after them, and the session storage's
-//! commit and the moment after it ([`POINTS`]).
+//! its folder fsyncs and the moment after them, the session storage's
+//! commit and the moment after it (the redb file's, or the cluster store's
+//! transaction), a step's batch handed to the message store and the moment
+//! after it, and a prepare's two halves: its reply names recorded, its
+//! replies stored ([`POINTS`]). The mailbox points are the embedded
+//! store's only; the others are passed on both stores.
 //!
 //! - `ESTAFETA_CRASH_AT=<point>` or `<point>@<n>`: the server sends itself
 //!   SIGKILL (a real `kill -9`: no clean-up, no flush) the n-th time (the
@@ -15,7 +19,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Every named point, in the order a message passes them.
+/// Every named point: the mailbox's (the embedded store's), then those
+/// passed on both stores.
 pub const POINTS: &[&str] = &[
     "mailbox::temp_write",
     "mailbox::temp_fsync",
@@ -25,6 +30,10 @@ pub const POINTS: &[&str] = &[
     "mailbox::synced",
     "session::commit",
     "session::committed",
+    "messages::apply",
+    "messages::applied",
+    "prepare::recorded",
+    "prepare::written",
 ];
 
 /// The environment asked for something that cannot be armed.

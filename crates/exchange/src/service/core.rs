@@ -113,7 +113,13 @@ impl Core {
                 },
             })
             .collect();
+        // Named points for the fault-injection harness: a crash after the
+        // step that recorded the batch and before the store has any of it,
+        // and a crash once the store has all of it (run again after the
+        // crash, each op finds itself done).
+        fail::fail_point!("messages::apply");
         let applied = self.store.apply(&ops).await;
+        fail::fail_point!("messages::applied");
         self.announce(&applied.arrivals).await;
         let mut first_error = None;
         for r in applied.results {

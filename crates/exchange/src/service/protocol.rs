@@ -243,6 +243,9 @@ impl Core {
         let (go, when) = tokio::sync::oneshot::channel();
         let saving = async {
             let a = self.drive(&mut g, Event::Preparing { pid, names }).await;
+            // For the fault-injection harness: a crash with the names
+            // recorded and no reply published.
+            fail::fail_point!("prepare::recorded");
             let _ = go.send(matches!(a, Ok(Answer::Ok)));
             a
         };
@@ -253,6 +256,9 @@ impl Core {
         }
         let written = written?;
         let written: Vec<FileName> = written.into_iter().map(|e| e.name).collect();
+        // For the fault-injection harness: a crash with the replies stored
+        // and the process not yet READY_TO_COMMIT.
+        fail::fail_point!("prepare::written");
         let event = Event::Prepared {
             pid,
             results: verdicts,

@@ -138,7 +138,14 @@ pub(crate) async fn check(
             match listing(folder).await {
                 Ok(left) => {
                     if !left.is_empty() {
-                        eprintln!("{db}: {} files left in {folder:?}", left.len());
+                        // The names carry their ids, whose time finds them
+                        // in the server logs.
+                        let names: Vec<&str> = left.iter().map(|f| f.name.as_str()).collect();
+                        eprintln!(
+                            "{db}: {} files left in {folder:?}: {}",
+                            left.len(),
+                            names.join(" ")
+                        );
                     }
                     stuck += left.len();
                 }

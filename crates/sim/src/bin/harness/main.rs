@@ -9,8 +9,9 @@
 //! over one PostgreSQL, each fault on a node picked at random):
 //! `kill -9` of the server at random moments and
 //! a restart, the server killing itself at named failpoints around every
-//! write, rename and fsync (each restart may arm one; the binary must be
-//! built with `--features failpoints`), `kill -9` of a processor stopped
+//! write, rename and fsync and inside a protocol step (each restart may arm
+//! one; the binary must be built with `--features failpoints`), primary
+//! failovers of the PostgreSQL under the nodes, `kill -9` of a processor stopped
 //! exactly at a step of its cycle, network faults through its own loopback
 //! TCP proxy, and a paused server (SIGSTOP past the client timeouts, then
 //! SIGCONT), and with `--disk-full` a full disk (the data folder on a small
@@ -72,6 +73,10 @@ pub(crate) struct RunArgs {
     /// Keep going until the server was killed this many times (within `--duration`).
     #[arg(long, default_value_t = 0)]
     server_crashes: u64,
+    /// Keep going until the server killed itself at its armed failpoint
+    /// this many times (part of `--server-crashes`; within `--duration`).
+    #[arg(long, default_value_t = 0, conflicts_with = "no_failpoints")]
+    failpoint_crashes: u64,
     /// Do not kill processors at random moments (possibly in the middle of
     /// a call); they are still killed at every step of their cycle.
     #[arg(long)]
@@ -106,15 +111,27 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     nodes: u16,
     /// With `--store postgres`: a synchronous standby, the nodes given
-    /// both hosts (`target_session_attrs=read-write`), and once, half-way
-    /// through the rounds, the primary killed with `kill -9` and the
-    /// standby promoted while the traffic and the other faults go on.
+    /// both hosts (`target_session_attrs=read-write`), and this many times,
+    /// spread evenly over the rounds, the primary killed with `kill -9` and
+    /// the standby promoted while the traffic and the other faults go on;
+    /// the old primary is then made the new one's synchronous standby (a
+    /// fresh base backup, at its old address) for the next time.
+    #[arg(long, default_value_t = 0, conflicts_with = "failover")]
+    failovers: u64,
+    /// `--failovers 1`.
     #[arg(long)]
     failover: bool,
     /// The working folder (data, processor databases, server log); a
     /// temporary one when not given.
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The primary failovers the run asks for.
+    pub(crate) fn failovers(&self) -> u64 {
+        if self.failover { 1 } else { self.failovers }
+    }
 }
 
 /// Where the server nodes keep their state.

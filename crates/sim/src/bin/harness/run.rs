@@ -18,7 +18,7 @@ use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
 use crate::disk::Tmpfs;
 use crate::proxy::Proxy;
-use crate::server::{Arming, POINTS, Server, Started};
+use crate::server::{Arming, CLUSTER_POINTS, POINTS, Server, Started};
 use crate::{RunArgs, Store};
 use estafeta_cluster::testing::Postgres;
 
@@ -65,20 +65,25 @@ impl Faults {
 struct Injection {
     /// The binary has failpoints: arm crash points at restarts.
     failpoints: bool,
+    /// The points the server passes on its store, armed in turn.
+    points: &'static [&'static str],
+    /// An armed server dies on its 1st to this many-th pass of its point.
+    passes: u64,
     /// A full disk by injected `ENOSPC` at failpoints (no tmpfs: not root).
     disk_errors: bool,
 }
 
 impl Injection {
     /// What the next start of the server is armed with: half of the starts
-    /// die at a named point (each point in turn, on its 1st to 8th pass),
+    /// die at a named point (each point in turn, on one of its first
+    /// passes),
     /// and without a tmpfs a quarter of the others see a full disk.
     fn next(&self, rng: &mut StdRng, faults: &mut Faults) -> Arming {
         if self.failpoints && rng.random_bool(0.5) {
-            let point = POINTS[(faults.armed_crashes as usize) % POINTS.len()];
+            let point = self.points[(faults.armed_crashes as usize) % self.points.len()];
             faults.armed_crashes += 1;
             return Arming {
-                crash_at: Some((point, rng.random_range(1..=8))),
+                crash_at: Some((point, rng.random_range(1..=self.passes))),
                 disk_errors: false,
             };
         }
@@ -173,39 +178,24 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             args.nodes
         );
     }
-    if args.failover && !cluster {
-        bail!("--failover needs --store postgres");
+    let failovers = args.failovers();
+    if failovers > 0 && !cluster {
+        bail!("--failovers needs --store postgres");
     }
     if cluster && args.disk_full {
         bail!("--disk-full fills the embedded store's disk; it does not apply to --store postgres");
     }
     // Every node's store: one PostgreSQL made for the run (and its
     // synchronous standby), dropped (stopped and removed) at its end.
-    let postgres = if cluster {
-        let failover = args.failover;
-        let pg = tokio::task::spawn_blocking(move || {
-            let primary = Postgres::start()?;
-            let standby = if failover {
-                Some(primary.standby()?)
-            } else {
-                None
-            };
-            Ok::<_, estafeta_cluster::testing::HarnessError>((primary, standby))
-        })
-        .await
-        .context("starting PostgreSQL")??;
+    let mut postgres = if cluster {
+        let pg = tokio::task::spawn_blocking(move || Database::start(failovers > 0))
+            .await
+            .context("starting PostgreSQL")??;
         Some(pg)
     } else {
         None
     };
-    let store = postgres.as_ref().map(|(primary, standby)| match standby {
-        Some(standby) => format!(
-            "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
-            primary.host_port(),
-            standby.host_port()
-        ),
-        None => primary.url(),
-    });
+    let store = postgres.as_ref().map(Database::url);
     let data = work.join("data");
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
@@ -222,10 +212,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     } else {
         None
     };
-    // The named failpoints are in the embedded store's writes (mailbox
-    // files, session commits): a cluster node is killed at random moments.
     let injection = Injection {
-        failpoints: !args.no_failpoints && !cluster,
+        failpoints: !args.no_failpoints,
+        points: if cluster { CLUSTER_POINTS } else { POINTS },
+        // A node passes a point less often than a lone server (the calls
+        // are spread over the nodes) and is killed at random as often.
+        passes: if cluster { 4 } else { 8 },
         disk_errors: args.disk_full && tmpfs.is_none(),
     };
     child::remember_exe()?;
@@ -270,30 +262,32 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             revive(node, &injection, &mut rng, &mut faults).await?;
         }
         let out_of_time = args.duration.is_some_and(|d| began.elapsed() >= d);
-        let targets_met =
-            faults.rounds >= args.rounds && faults.server_crashes >= args.server_crashes;
+        let targets_met = faults.rounds >= args.rounds
+            && faults.server_crashes >= args.server_crashes
+            && faults.failpoint_crashes.values().sum::<u64>() >= args.failpoint_crashes
+            && faults.failovers >= failovers;
         if out_of_time || targets_met {
             break;
         }
         faults.rounds += 1;
-        if faults.rounds == args.rounds.div_ceil(2)
-            && let Some((primary, Some(standby))) = &postgres
+        while failover_due(faults.rounds, args.rounds, faults.failovers, failovers)
+            && let Some(pg) = &mut postgres
         {
             tracing::info!(
                 round = faults.rounds,
                 "kill -9 of the PostgreSQL primary, standby promoted"
             );
-            // Blocking (pg_ctl waits for the promotion): the traffic goes
-            // on on the runtime's other threads meanwhile.
-            tokio::task::block_in_place(|| {
-                primary.kill()?;
-                standby.promote()
-            })?;
+            // Blocking (pg_ctl waits for the promotion, the new standby's
+            // base backup): the traffic goes on on the runtime's other
+            // threads meanwhile.
+            tokio::task::block_in_place(|| pg.fail_over())?;
             faults.failovers += 1;
         }
         let node = rng.random_range(0..nodes.len());
         let server = &mut nodes[node];
-        let want_crashes = faults.server_crashes < args.server_crashes;
+        // Restarts are what arm failpoints.
+        let want_crashes = faults.server_crashes < args.server_crashes
+            || faults.failpoint_crashes.values().sum::<u64>() < args.failpoint_crashes;
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
         } else {
@@ -369,6 +363,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 server,
                 &Injection {
                     failpoints: false,
+                    points: &[],
+                    passes: 1,
                     disk_errors: false,
                 },
                 &mut rng,
@@ -416,6 +412,68 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         eprintln!("work folder kept: {}", kept.display());
     }
     Ok(summary)
+}
+
+/// The PostgreSQL under the nodes: a primary, and for failovers its
+/// synchronous standby.
+struct Database {
+    /// One server, or two (a primary and its standby).
+    servers: Vec<Postgres>,
+    /// Which of `servers` is the primary.
+    primary: usize,
+}
+
+impl Database {
+    /// A fresh primary, with a synchronous standby if `standby`.
+    fn start(standby: bool) -> anyhow::Result<Database> {
+        let primary = Postgres::start()?;
+        let mut servers = Vec::new();
+        if standby {
+            servers.push(primary.standby()?);
+        }
+        servers.insert(0, primary);
+        Ok(Database {
+            servers,
+            primary: 0,
+        })
+    }
+
+    /// The nodes' store URL: with a standby, both hosts, the writable one
+    /// picked at each connection (the same URL through every failover).
+    fn url(&self) -> String {
+        match self.servers.as_slice() {
+            [a, b] => format!(
+                "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+                a.host_port(),
+                b.host_port()
+            ),
+            _ => self.servers[self.primary].url(),
+        }
+    }
+
+    /// `kill -9` of the primary, its standby promoted, and the old primary
+    /// made the new one's synchronous standby (a base backup at its old
+    /// address), ready for the next failover.
+    fn fail_over(&mut self) -> anyhow::Result<()> {
+        let [a, b] = self.servers.as_slice() else {
+            bail!("a failover needs a standby");
+        };
+        let (old, new) = if self.primary == 0 { (a, b) } else { (b, a) };
+        old.kill()?;
+        new.promote()?;
+        new.rebuild_standby(old)
+            .context("making the old primary a standby of the new one")?;
+        self.primary = 1 - self.primary;
+        Ok(())
+    }
+}
+
+/// Whether a failover is due at `round` of `rounds` (at least), `done` of
+/// `wanted` made: the k-th of K at round k·rounds/(K+1), spread evenly
+/// with time to drain around each; more than one in a round when the
+/// rounds are fewer than the failovers.
+fn failover_due(round: u64, rounds: u64, done: u64, wanted: u64) -> bool {
+    done < wanted && round * (wanted + 1) >= (done + 1) * rounds.max(1)
 }
 
 /// A port that was free a moment ago (the server binds it at every start).
@@ -569,5 +627,35 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failover_due;
+
+    /// The rounds at which failovers happen, and how many at each.
+    fn schedule(rounds: u64, wanted: u64) -> Vec<(u64, u64)> {
+        let mut done = 0;
+        let mut at = Vec::new();
+        for round in 1..=rounds {
+            let before = done;
+            while failover_due(round, rounds, done, wanted) {
+                done += 1;
+            }
+            if done > before {
+                at.push((round, done - before));
+            }
+        }
+        at
+    }
+
+    #[test]
+    fn failovers_are_spread_over_the_rounds() {
+        assert_eq!(schedule(20, 0), vec![]);
+        assert_eq!(schedule(20, 1), vec![(10, 1)]);
+        assert_eq!(schedule(20, 2), vec![(7, 1), (14, 1)]);
+        assert_eq!(schedule(60, 3), vec![(15, 1), (30, 1), (45, 1)]);
+        assert_eq!(schedule(2, 3), vec![(1, 2), (2, 1)]);
     }
 }
