@@ -198,16 +198,20 @@ struct PgStep {
 }
 
 impl PgStep {
-    /// Write `write` into the held transaction and commit it.
-    async fn commit(mut locked: Locked, write: Option<&Write>) -> Result<(), Error> {
+    /// Write `write` into the held transaction and commit it, the write
+    /// and the commit in one round trip.
+    async fn commit(locked: Locked, write: Option<&Write>) -> Result<(), Error> {
         match write {
             Some(Write::Put {
                 record, expires_at, ..
-            }) => locked.save(record, expires_at.map(millis)).await?,
-            Some(Write::Delete { .. }) => locked.delete().await?,
-            None => {}
+            }) => {
+                locked
+                    .save_and_commit(Some(record), expires_at.map(millis))
+                    .await
+            }
+            Some(Write::Delete { .. }) => locked.save_and_commit(None, None).await,
+            None => locked.commit().await,
         }
-        locked.commit().await
     }
 }
 
