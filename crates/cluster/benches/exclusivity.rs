@@ -3,7 +3,8 @@
 //!
 //! - `row_lock`: the crate's primitive ([`Store::lock`]): the step's own
 //!   transaction locks the key's row (`SELECT … FOR UPDATE`, pipelined with
-//!   `BEGIN`), writes, commits. 3 round trips.
+//!   `BEGIN`), writes, commits. 3 round trips; `row_lock_pipelined` sends
+//!   the write with the commit, as a session step's last save does: 2.
 //! - `lease_fencing`: a lease row with an expiry and a fencing token, taken
 //!   in its own transaction before the step and given back after it; the
 //!   step's transaction checks the token (pipelined with `BEGIN`) so that a
@@ -45,6 +46,14 @@ async fn row_lock(store: &Store, key: &[u8]) {
     let next = step.record().map_or(0, |r| r[0].wrapping_add(1));
     step.save(&[next], None).await.unwrap();
     step.commit().await.unwrap();
+}
+
+/// `row_lock` with the save, the probe and the `COMMIT` sent together
+/// ([`estafeta_cluster::Locked::save_and_commit`]): 2 round trips.
+async fn row_lock_pipelined(store: &Store, key: &[u8]) {
+    let step = store.lock(key).await.unwrap();
+    let next = step.record().map_or(0, |r| r[0].wrapping_add(1));
+    step.save_and_commit(Some(&[next]), None).await.unwrap();
 }
 
 async fn lease_fencing(store: &Store, key: &[u8]) {
@@ -105,6 +114,10 @@ fn exclusivity(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("exclusive_step/{mode}"));
         group.bench_function("row_lock", |b| {
             b.to_async(&runtime).iter(|| row_lock(&store, b"row"))
+        });
+        group.bench_function("row_lock_pipelined", |b| {
+            b.to_async(&runtime)
+                .iter(|| row_lock_pipelined(&store, b"row"))
         });
         group.bench_function("lease_fencing", |b| {
             b.to_async(&runtime)

@@ -20,11 +20,12 @@
 //!   and its place, a step's batch in one transaction), [`PgKeys`] (upload
 //!   idempotency keys) and [`PgSchedule`] (the repeat scheduler's entries:
 //!   messages kept aside until their `deliver_at`).
+//! - [`PgQueue`]: the repeat scheduler's store limited to some sources,
+//!   each due entry claimed by one node (messages kept aside until their
+//!   `deliver_at`, alert deliveries, push notifications).
 //! - What a node of the embedded store keeps in its data folder, shared
 //!   here by every node: [`PgAlerts`] (alerts raised to the administrators,
-//!   once per event), [`PgQueue`] (the repeat scheduler's store limited to
-//!   some sources, each due entry claimed by one node: alert deliveries and
-//!   push notifications), [`PgLogins`] (dashboard login sessions) and
+//!   once per event), [`PgLogins`] (dashboard login sessions) and
 //!   [`PgEvents`] (the event log).
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.

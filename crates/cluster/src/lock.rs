@@ -105,6 +105,33 @@ impl Locked {
         Ok(())
     }
 
+    /// Replace the key's record (`None`: remove it) and its deadline, and
+    /// commit the step, in one round trip: the write, the probe and the
+    /// `COMMIT` travel together (see [`Locked::save`] and
+    /// [`Locked::commit`]). A write that fails aborts the transaction, so
+    /// the `COMMIT` rolls it back and the write's error is returned.
+    pub async fn save_and_commit(
+        mut self,
+        record: Option<&[u8]>,
+        expires_at: Option<i64>,
+    ) -> Result<(), Error> {
+        let client = self.client();
+        let save = client.prepare_cached(SAVE).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&self.key, &record, &expires_at];
+        let (saved, probe, committed) = tokio::join!(
+            client.execute(&save, &params),
+            client.simple_query("SELECT 1"),
+            client.batch_execute("COMMIT")
+        );
+        saved?;
+        probe?;
+        committed?;
+        // Committed: the connection is clean and goes back to the pool.
+        self.client.take();
+        Ok(())
+    }
+
     /// Commit the step: every statement it ran takes effect at once, and the
     /// lock is released. When this returns `Ok`, the step is durable.
     ///

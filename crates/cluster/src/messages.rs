@@ -51,6 +51,8 @@ pub(crate) const SELECT: &str =
       AND ($3::text[] IS NULL OR subsystem = ANY($3))
       AND ($4::text[] IS NULL OR sender = ANY($4))
     ORDER BY created_at, id LIMIT $5";
+const BODIES: &str =
+    "SELECT id, body FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3";
 const MOVE: &str = "UPDATE messages SET owner = $4, place = $5
     WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
 const PRESENT: &str = "SELECT id FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3";
@@ -468,11 +470,12 @@ impl MessageStore for PgMessages {
     ) -> Result<RawArray, MailboxError> {
         let ids: Vec<String> = names.iter().map(|n| n.id.to_string()).collect();
         let client = self.client(at).await?;
+        let bodies = client
+            .prepare_cached(BODIES)
+            .await
+            .map_err(|e| failed(at, e))?;
         let rows = client
-            .query(
-                "SELECT id, body FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3",
-                &[&ids, &loc(at).0, &loc(at).1],
-            )
+            .query(&bodies, &[&ids, &loc(at).0, &loc(at).1])
             .await
             .map_err(|e| failed(at, e))?;
         let mut bodies: HashMap<String, Vec<u8>> =

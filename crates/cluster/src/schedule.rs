@@ -16,7 +16,8 @@
 //! source's next due time: each node looks at the table once a second.
 //! Two nodes may hand out the same due entry; its handler must be
 //! idempotent (the exchange's delivery is: one message per id), and the
-//! entry is removed once, by whichever outcome comes first.
+//! entry is removed once, by whichever outcome comes first. A node hands
+//! each due entry to one node by reading through [`crate::PgQueue::claiming`].
 
 use std::ops::Bound;
 

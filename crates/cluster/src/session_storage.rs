@@ -212,21 +212,25 @@ struct PgStep {
 }
 
 impl PgStep {
-    /// Write `write` into the held transaction and commit it.
-    async fn commit(mut locked: Locked, write: Option<&Write>) -> Result<(), Error> {
-        match write {
-            Some(Write::Put {
-                record, expires_at, ..
-            }) => locked.save(record, expires_at.map(millis)).await?,
-            Some(Write::Delete { .. }) => locked.delete().await?,
-            None => {}
-        }
+    /// Write `write` into the held transaction and commit it, the write
+    /// and the commit in one round trip.
+    async fn commit(locked: Locked, write: Option<&Write>) -> Result<(), Error> {
         // Named points for the fault-injection harness: a crash before the
         // commit (the step's transaction rolled back, its lock released) or
         // an injected failure, and a crash after it (durable, but nobody
         // was told).
         fail::fail_point!("session::commit", |_| Err(injected("session::commit")));
-        locked.commit().await?;
+        match write {
+            Some(Write::Put {
+                record, expires_at, ..
+            }) => {
+                locked
+                    .save_and_commit(Some(record), expires_at.map(millis))
+                    .await?
+            }
+            Some(Write::Delete { .. }) => locked.save_and_commit(None, None).await?,
+            None => locked.commit().await?,
+        }
         fail::fail_point!("session::committed");
         Ok(())
     }

@@ -1,17 +1,21 @@
 //! The repeat scheduler's store over PostgreSQL: its ops as the embedded
-//! stores do them, reads that see what other nodes wrote, and the exchange's
-//! deferred delivery run by two nodes' schedulers at once giving one
-//! message.
+//! stores do them, reads that see what other nodes wrote, the exchange's
+//! deferred delivery run by two nodes' plain schedulers at once giving one
+//! message, and claiming reads of `deliver_at` handing each due message to
+//! one node, to another once the lease of a claimer that died ends.
 
 use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgMessages, PgSchedule, Store};
-use estafeta_exchange::store::{FileName, Folder, Location, MessageStore, Op as MessageOp};
+use estafeta_cluster::{PgMessages, PgQueue, PgSchedule, Store};
+use estafeta_exchange::store::{FileName, Folder, Listed, Location, MessageStore, Op as MessageOp};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 use estafeta_repeat::store::{Applied, Op, SourceCount};
-use estafeta_repeat::{Entry, Options, Outcome, Position, Scheduler, Store as _, WorkerPool};
+use estafeta_repeat::{
+    Entry, Options, Outcome, Position, Scheduler, Store as _, TestClock, WorkerPool,
+};
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::Duration;
 
 async fn store(pg: &Postgres) -> Store {
     let store = Store::connect(&pg.url()).unwrap();
@@ -288,5 +292,221 @@ async fn two_nodes_dispatching_one_due_message_deliver_it_once() {
         r.await.unwrap().unwrap();
     }
     assert_eq!(third.list(&inbox).await.unwrap().len(), 1);
+    assert!(handouts.try_recv().is_err(), "handed out twice in all");
+}
+
+/// The lease of the claiming tests below.
+const LEASE: Duration = Duration::from_secs(60);
+
+/// Reply `n` from `db-a` to `phone-1`.
+fn reply(n: u128) -> Message {
+    Message {
+        version: Version,
+        id: MessageId::from_parts(1_764_064_800_000, n),
+        from: Id::new("db-a").unwrap(),
+        to: Id::new("phone-1").unwrap(),
+        subsystem: Id::new("sales").unwrap(),
+        created_at: Timestamp::from_millis(1_764_064_800_000),
+        body: Body::from_json(r#"{"n":1}"#).unwrap(),
+    }
+}
+
+/// Keeps `replies` aside, as a step's batch does on a clock that reads 0,
+/// until a time long past by the schedulers' clocks: due at once.
+async fn keep_aside(db: &Store, replies: &[Message]) {
+    let messages = PgMessages::with_clock(db.clone(), Arc::new(Fixed(0)));
+    let mut ops = Vec::new();
+    for reply in replies {
+        let prepared = Location::new(reply.from.clone(), Folder::Prepared);
+        messages.put(&prepared, reply).await.unwrap();
+        ops.push(MessageOp::Schedule {
+            name: FileName::of(reply),
+            from: prepared,
+            until: Timestamp::from_millis(1_000),
+        });
+    }
+    let applied = messages.apply(&ops).await;
+    assert!(applied.results.iter().all(Result::is_ok), "{applied:?}");
+}
+
+/// The exchange's delivery of a due message: into its recipient's
+/// `Messages` unless it is there already.
+async fn deliver(messages: PgMessages, entry: Entry) -> Outcome {
+    let message: Message = serde_json::from_slice(&entry.payload).unwrap();
+    if messages.delivered(&FileName::of(&message)).await.unwrap() {
+        return Outcome::Done;
+    }
+    let inbox = Location::new(message.to.clone(), Folder::Messages);
+    match messages.put(&inbox, &message).await {
+        Ok(_) => Outcome::Done,
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+async fn entries_left(db: &Store) -> i64 {
+    let client = db.client().await.unwrap();
+    client
+        .query_one("SELECT count(*) FROM repeat_entries", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Two nodes' claiming reads of the `deliver_at` source at the same moment
+/// take disjoint entries, together every due message; what they took is
+/// not due for anyone until the lease ends. Listing the source (the
+/// dashboard's page) through a plain queue shows every entry and takes
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claiming_reads_of_deliver_at_at_once_take_disjoint_messages() {
+    let pg = Postgres::start().unwrap();
+    let db = store(&pg).await;
+    let replies: Vec<Message> = (0..40).map(reply).collect();
+    keep_aside(&db, &replies).await;
+
+    let listing = Arc::new(PgQueue::new(db.clone(), &["deliver_at"]));
+    let listed = {
+        let listing = listing.clone();
+        blocking(move || Listed(listing).entries("deliver_at", 100).unwrap()).await
+    };
+    assert_eq!(listed.len(), 40);
+
+    let now = 1_000_000;
+    let at_once = Arc::new(std::sync::Barrier::new(2));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let queue = PgQueue::claiming(db.clone(), &["deliver_at"], LEASE);
+            let at_once = at_once.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut got = Vec::new();
+                for _ in 0..10 {
+                    at_once.wait();
+                    let scan = queue
+                        .scan("deliver_at", Bound::Unbounded, now, 3, &|_| false)
+                        .unwrap();
+                    got.extend(scan.entries);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for reader in readers {
+        got.push(reader.await.unwrap());
+    }
+    assert!(!got[0].is_empty() && !got[1].is_empty(), "both read");
+    let mut taken: Vec<String> = got.iter().flatten().map(|e| e.id.clone()).collect();
+    taken.sort();
+    let mut all: Vec<String> = replies.iter().map(|r| r.id.to_string()).collect();
+    all.sort();
+    assert_eq!(taken, all, "every due message once, none twice");
+    let until = now + LEASE.as_secs();
+    assert!(got.iter().flatten().all(|e| e.due == until));
+
+    let queue = Arc::new(PgQueue::claiming(db.clone(), &["deliver_at"], LEASE));
+    let late = {
+        let queue = queue.clone();
+        blocking(move || {
+            queue
+                .scan("deliver_at", Bound::Unbounded, until - 1, 100, &|_| false)
+                .unwrap()
+        })
+        .await
+    };
+    assert!(late.entries.is_empty(), "nothing due before the lease ends");
+    let listed = blocking(move || Listed(listing).entries("deliver_at", 100).unwrap()).await;
+    assert_eq!(listed.len(), 40);
+    assert!(
+        listed.iter().all(|e| e.due == until),
+        "listing took nothing"
+    );
+}
+
+/// A node's scheduler takes a due message and dies with it in hand (its
+/// run dropped, the entry neither removed nor moved). Until the lease
+/// ends no node may take it; once the clock passes the lease another
+/// node's scheduler takes it and delivers it, once, and removes its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_claimer_died_is_delivered_by_another_node_after_the_lease() {
+    let pg = Postgres::start().unwrap();
+    let (a, b) = (store(&pg).await, store(&pg).await);
+    let message = reply(7);
+    keep_aside(&b, std::slice::from_ref(&message)).await;
+    let id = message.id.to_string();
+    let clock = TestClock::new(1_000_000);
+    let (handed, mut handouts) = tokio::sync::mpsc::unbounded_channel();
+
+    let dying = {
+        let scheduler = Scheduler::new(
+            PgQueue::claiming(a.clone(), &["deliver_at"], LEASE),
+            clock.clone(),
+            Options::default(),
+        );
+        let handed = handed.clone();
+        tokio::spawn(async move {
+            let hold = move |entry: Entry| {
+                let handed = handed.clone();
+                async move {
+                    let _ = handed.send(("a", entry.id));
+                    std::future::pending::<Outcome>().await
+                }
+            };
+            scheduler
+                .run(WorkerPool::new(2), hold, std::future::pending())
+                .await
+        })
+    };
+    assert_eq!(handouts.recv().await, Some(("a", id.clone())));
+    dying.abort();
+    assert!(dying.await.unwrap_err().is_cancelled());
+    let client = b.client().await.unwrap();
+    let claimed: i64 = client
+        .query_one("SELECT due FROM repeat_entries WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    let until = u64::try_from(claimed).unwrap();
+    assert!(
+        until >= 1_000_000 + LEASE.as_secs(),
+        "claimed for the lease"
+    );
+    let probe = Arc::new(PgQueue::claiming(b.clone(), &["deliver_at"], LEASE));
+    let early = blocking(move || {
+        probe
+            .scan("deliver_at", Bound::Unbounded, until - 1, 10, &|_| false)
+            .unwrap()
+    })
+    .await;
+    assert!(early.entries.is_empty(), "held until the lease ends");
+
+    let scheduler = Scheduler::new(
+        PgQueue::claiming(b.clone(), &["deliver_at"], LEASE),
+        clock.clone(),
+        Options::default(),
+    );
+    let messages = PgMessages::new(b.clone());
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let live = tokio::spawn(async move {
+        let take = move |entry: Entry| {
+            let (messages, handed) = (messages.clone(), handed.clone());
+            async move {
+                let _ = handed.send(("b", entry.id.clone()));
+                deliver(messages, entry).await
+            }
+        };
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        scheduler.run(WorkerPool::new(2), take, shutdown).await
+    });
+    clock.step_secs(i64::try_from(LEASE.as_secs()).unwrap() + 1);
+    assert_eq!(handouts.recv().await, Some(("b", id.clone())));
+    while entries_left(&b).await > 0 {
+        tokio::task::yield_now().await;
+    }
+    stop.send(true).unwrap();
+    live.await.unwrap().unwrap();
+    let inbox = Location::new(message.to.clone(), Folder::Messages);
+    assert_eq!(PgMessages::new(b).list(&inbox).await.unwrap().len(), 1);
     assert!(handouts.try_recv().is_err(), "handed out twice in all");
 }

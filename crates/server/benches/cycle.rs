@@ -154,6 +154,11 @@ fn pg_counts(pg: &Postgres) -> (u64, u64) {
 /// few against thousands).
 fn count_per_message(rt: &tokio::runtime::Runtime, pg: &Postgres, w: &World, what: &str) {
     let (cycles, batch) = (5u64, 100usize);
+    // BENCH_PG_STATEMENTS=1 also prints each statement's calls per message.
+    let each = std::env::var_os("BENCH_PG_STATEMENTS").is_some();
+    if each {
+        pg.psql("SELECT pg_stat_statements_reset()").unwrap();
+    }
     let before = pg_counts(pg);
     for _ in 0..cycles {
         rt.block_on(cycle(w, batch));
@@ -165,6 +170,16 @@ fn count_per_message(rt: &tokio::runtime::Runtime, pg: &Postgres, w: &World, wha
         (after.0 - before.0) as f64 / messages,
         (after.1 - before.1) as f64 / messages,
     );
+    if each {
+        let rows = pg
+            .psql(&format!(
+                "SELECT round(calls / {messages}::numeric, 2) || ' ' ||
+                        left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+                 FROM pg_stat_statements ORDER BY calls DESC LIMIT 30"
+            ))
+            .unwrap();
+        println!("{rows}");
+    }
 }
 
 /// One whole cycle of `batch` messages.

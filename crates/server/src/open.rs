@@ -34,6 +34,10 @@ const FIRST_WAIT: Duration = Duration::from_secs(1);
 const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The exchange's repeat source: messages kept aside until their `deliver_at`.
 const DEFERRED: &str = "deliver_at";
+/// How long a node holds a due `deliver_at` message it took in the cluster
+/// store: a node that dies holding one leaves it to another node this
+/// long after it took it.
+const DEFERRED_LEASE: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
 
@@ -111,9 +115,14 @@ pub async fn stores(
         .map_err(ServeError::Store)?;
     // Gated for the commit observer (the metrics' commit latency); an online
     // backup is the database's own (pg_dump, base backups), not a pause.
-    // The exchange's scheduler reads its own source only: the table also
-    // holds the notifier's and the pusher's.
-    let scheduled = Arc::new(Gated::new(
+    // The exchange's scheduler reads its own source only (the table also
+    // holds the notifier's and the pusher's), and each due message is
+    // claimed by one node; listings read without claiming.
+    let claiming = Arc::new(Gated::new(
+        estafeta_cluster::PgQueue::claiming(db.clone(), &[DEFERRED], DEFERRED_LEASE),
+        quiesce.clone(),
+    ));
+    let listing = Arc::new(Gated::new(
         estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
         quiesce.clone(),
     ));
@@ -127,7 +136,7 @@ pub async fn stores(
             quiesce.clone(),
         )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
-        scheduled: estafeta_exchange::store::Scheduled::new(scheduled, clock),
+        scheduled: estafeta_exchange::store::Scheduled::with_listing(claiming, listing, clock),
         keys: Arc::new(Gated::new(
             estafeta_cluster::PgKeys::new(db.clone()),
             quiesce.clone(),

@@ -49,6 +49,21 @@ impl Scheduled {
         ));
         Scheduled { store, scheduler }
     }
+
+    /// The scheduler over `dispatch`, on `clock`, with listings read from
+    /// `listing` (the same entries): for a store whose reads claim what
+    /// they return, as a cluster's does so that one node delivers each due
+    /// message, and which a listing must therefore not read.
+    pub fn with_listing(
+        dispatch: Arc<dyn Store>,
+        listing: Arc<dyn Store>,
+        clock: Arc<dyn estafeta_session::Clock>,
+    ) -> Scheduled {
+        Scheduled {
+            store: listing,
+            ..Scheduled::new(dispatch, clock)
+        }
+    }
 }
 
 /// A repeat store shared between its scheduler and readers that list its
