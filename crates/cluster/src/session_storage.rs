@@ -258,6 +258,10 @@ impl Step for PgStep {
         Ok(())
     }
 
+    fn held(&self) -> bool {
+        self.locked.is_some()
+    }
+
     fn finish(mut self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
         let Some(locked) = self.locked.take() else {
             return match write {

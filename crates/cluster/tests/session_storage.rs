@@ -137,6 +137,10 @@ async fn a_committed_save_is_ok_when_another_node_takes_the_key_right_after() {
             record: b"from-a".to_vec(),
             expires_at: None,
         });
+        assert!(
+            !step.held(),
+            "B took the key between A's commit and its lock"
+        );
         let second = step.save(&Write::Put {
             key: b"k".to_vec(),
             record: b"from-a-again".to_vec(),

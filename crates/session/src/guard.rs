@@ -71,6 +71,17 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
         }
     }
 
+    /// Whether the command still holds the key exclusively: always with a
+    /// storage of this engine alone; with a shared one, until a
+    /// [`save`](Self::save) could not take the key again (another engine
+    /// took it in between, and may act on it).
+    pub fn holds(&self) -> bool {
+        self.owned
+            .as_deref()
+            .and_then(|cell| cell.step.as_deref())
+            .is_none_or(|step| step.held())
+    }
+
     /// Release the session: it is saved first if a persistent change needs
     /// it, and this returns once that save is durable. If the save fails,
     /// the error is returned and the session stays in memory, dirty, to be

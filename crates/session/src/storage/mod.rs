@@ -171,6 +171,11 @@ pub trait Step: Send + Sync {
     /// with [`StorageError::Conflict`] and write nothing. An error means
     /// the write was not made.
     fn save(&mut self, write: &Write) -> Result<(), StorageError>;
+    /// Whether the step still holds the key: false once a
+    /// [`save`](Step::save) could not take it again, when another engine
+    /// may act on the key (a caller about to write beside the record, such
+    /// as files the record names, must not).
+    fn held(&self) -> bool;
     /// Make `write` (if any) durable and let the key go.
     fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError>;
 }
