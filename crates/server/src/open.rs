@@ -2,9 +2,9 @@
 //! a node runs on: embedded under the data folder, or a cluster's
 //! PostgreSQL database (the `store` setting). The choice is made here once,
 //! for the exchange's stores and for the node's own state (alerts and their
-//! deliveries, push notifications, dashboard logins, the event log from
-//! the assembly on): in cluster mode no file under the data folder holds
-//! anything needed to recover.
+//! deliveries, push notifications, dashboard logins, the event log): in
+//! cluster mode no file under the data folder holds anything needed to
+//! recover.
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -24,6 +24,7 @@ use estafeta_session::Clock;
 
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
+use crate::events::{EventLogStore, EventStore};
 use crate::notify::disk::free_bytes;
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::serve::{ServeError, Server};
@@ -70,6 +71,18 @@ impl NodeStores {
         quiesce: Quiesce,
     ) -> Result<Pusher, NotifyError> {
         Pusher::open_in(notifier, clock, quiesce, self.cluster.as_ref()).await
+    }
+
+    /// The event log the dashboard reads: the cluster's `events` table
+    /// (every node's records) or the file under `data_dir`.
+    pub fn events(
+        &self,
+        data_dir: &Path,
+    ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
+        Ok(match &self.cluster {
+            Some(db) => Arc::new(estafeta_cluster::PgEvents::new(db.clone())),
+            None => EventStore::open(&crate::events::events_file(data_dir))?,
+        })
     }
 
     /// The dashboard's login sessions: in the cluster's database (a login
@@ -142,7 +155,6 @@ pub async fn stores(
             quiesce.clone(),
         )),
     };
-    crate::events::share(Some(Arc::new(estafeta_cluster::PgEvents::new(db.clone()))));
     Ok(NodeStores {
         exchange,
         cluster: Some(db),
