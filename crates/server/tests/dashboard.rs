@@ -777,7 +777,9 @@ common::both_stores!(
 
 /// The event log page reads the event store: filtered by database,
 /// message and request id, a page at a time with a link to older events,
-/// and each event shows the request it happened in.
+/// and each event shows the request it happened in. Embedded only: it
+/// writes the records into the data folder's file itself (the cluster's
+/// log is read across nodes in `cluster_alerts`).
 #[tokio::test]
 async fn the_event_log_page_filters_and_pages_the_event_store() {
     use estafeta_server::events::{EventRecord, EventStore, Retention, events_file};
