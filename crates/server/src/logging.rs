@@ -27,6 +27,9 @@ pub enum LoggingError {
     /// The event log could not be opened.
     #[error("opening the event log: {0}")]
     EventLog(#[from] crate::events::EventStoreError),
+    /// The `store` setting is not a cluster store's URL.
+    #[error("{0}")]
+    Store(#[from] crate::serve::ServeError),
     /// A global subscriber was installed already.
     #[error("installing the log subscriber: {0}")]
     Init(#[from] tracing_subscriber::util::TryInitError),
@@ -47,7 +50,10 @@ pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingE
                 max_bytes: settings.events_max_mb.saturating_mul(1 << 20),
             };
             let log = match &settings.store {
-                Some(url) => EventLog::cluster(url.expose(), retention)?,
+                Some(url) => {
+                    crate::open::check_store_url(url.expose())?;
+                    EventLog::cluster(url.expose(), retention)?
+                }
                 None => EventLog::open(&events_file(dir), retention)?,
             };
             // Decided once per call site (not per event): protocol steps and

@@ -95,6 +95,16 @@ impl NodeStores {
     }
 }
 
+/// Whether `url` can be a `store` setting: a `postgres://` (or
+/// `postgresql://`) URL.
+pub fn check_store_url(url: &str) -> Result<(), ServeError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(())
+    } else {
+        Err(ServeError::StoreUrl)
+    }
+}
+
 /// The stores a node runs on: with no `store` URL, the embedded ones under
 /// `data_dir`; with a `postgres://` URL, the cluster's database, its schema
 /// created or brought up to date first (safe when several nodes start at
@@ -114,9 +124,7 @@ pub async fn stores(
             cluster: None,
         });
     };
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(ServeError::StoreUrl);
-    }
+    check_store_url(url)?;
     // A node keeps nothing it needs to recover here, but its folder is
     // where `/readyz` checks that the node's disk takes writes.
     let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
