@@ -124,10 +124,12 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     failover: bool,
     /// With `--store postgres`: the nodes reach PostgreSQL through a
-    /// fault-injecting proxy, and some rounds are episodes of 0.5–2 s in
-    /// which this share (0–1) of the connections between the nodes and
-    /// PostgreSQL, open or new, gets a fault a few chunks later: a reset,
-    /// a partition of 0.5–4 s then a reset, or a delay of 0.2–2 s.
+    /// fault-injecting proxy, and every 1–5 s, whatever the rounds do,
+    /// comes an episode of 0.5–2 s in which this share (0–1) of the
+    /// connections between the nodes and PostgreSQL, open or new, gets a
+    /// fault a few chunks later: a reset, a partition then a reset
+    /// (0.5–4 s, one in eight 11–13 s: past the hold limit of a node's
+    /// transaction), or a delay of 0.2–2 s.
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     db_faults: f64,
     /// The working folder (data, processor databases, server log); a

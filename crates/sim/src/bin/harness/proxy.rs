@@ -90,7 +90,8 @@ enum LinkFault {
     Delay(Duration),
 }
 
-/// A running proxy.
+/// A running proxy (a clone is a handle on the same one).
+#[derive(Clone)]
 pub(crate) struct Proxy {
     addrs: Vec<SocketAddr>,
     state: Arc<State>,
@@ -211,7 +212,9 @@ impl State {
     }
 
     /// A fault for one link, at the current rate: it fires within the next
-    /// 8 chunks; a partition lasts 0.5–4 s, a delay 0.2–2 s.
+    /// 8 chunks; a partition lasts 0.5–4 s, or one time in eight 11–13 s
+    /// (past the 10 s a node's session may sit idle in a transaction
+    /// before PostgreSQL ends it and frees its locks); a delay 0.2–2 s.
     fn pick_link(&self) -> Option<Armed> {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
         if !self.roll(&mut rng) {
@@ -219,6 +222,9 @@ impl State {
         }
         let fault = match rng.random_range(0..3) {
             0 => LinkFault::Reset,
+            1 if rng.random_bool(0.125) => {
+                LinkFault::Partition(Duration::from_millis(rng.random_range(11_000..13_000)))
+            }
             1 => LinkFault::Partition(Duration::from_millis(rng.random_range(500..4000))),
             _ => LinkFault::Delay(Duration::from_millis(rng.random_range(200..2000))),
         };

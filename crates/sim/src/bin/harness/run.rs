@@ -271,6 +271,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         stop_devices.clone(),
     ));
 
+    // Faults between the nodes and PostgreSQL come in episodes of their
+    // own, whatever the rounds do meanwhile (a node's restart, a failover).
+    let stop_db_faults = Arc::new(AtomicBool::new(false));
+    let db_fault_task = links.clone().map(|links| {
+        tokio::spawn(db_fault_episodes(
+            links,
+            args.db_faults,
+            args.seed ^ 0xdb,
+            stop_db_faults.clone(),
+        ))
+    });
+
     let mut rng = StdRng::seed_from_u64(args.seed);
     let began = Instant::now();
     loop {
@@ -307,12 +319,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
         } else {
-            // The faults between the nodes and PostgreSQL are a kind of
-            // their own only when asked for, so that other runs draw as
-            // before.
-            let kinds = if links.is_some() { 7 } else { 6 };
             loop {
-                let f = rng.random_range(0..kinds);
+                let f = rng.random_range(0..6);
                 let off = (f == 4 && args.no_random_processor_kills) || (f == 5 && tmpfs.is_none());
                 if !off {
                     break f;
@@ -359,7 +367,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 slots[i].child = Some(spawn(&proxy, &slots[i], rng.random(), None)?);
                 faults.processor_crashes += 1;
             }
-            5 => {
+            _ => {
                 if let Some(disk) = &tmpfs {
                     let filled = disk.fill()?;
                     tracing::info!(round = faults.rounds, filled, "disk full");
@@ -368,24 +376,16 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                     faults.disk_full += 1;
                 }
             }
-            _ => {
-                if let Some(links) = &links {
-                    tracing::info!(
-                        round = faults.rounds,
-                        "faults between the nodes and PostgreSQL"
-                    );
-                    links.set_fault_rate(args.db_faults);
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
-                    links.set_fault_rate(0.0);
-                    faults.db_episodes += 1;
-                }
-            }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
     }
 
     // Drain: no more faults; processors and devices finish, against
     // servers armed with nothing.
+    stop_db_faults.store(true, Ordering::Relaxed);
+    if let Some(task) = db_fault_task {
+        faults.db_episodes = task.await.context("the database fault task")?;
+    }
     for server in &mut nodes {
         revive(server, &injection, &mut rng, &mut faults).await?;
         if server.armed() != Arming::default() {
@@ -407,9 +407,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     }
     let server = &nodes[0];
     proxy.set_fault_rate(0.0);
-    if let Some(links) = &links {
-        links.set_fault_rate(0.0);
-    }
     stop_devices.store(true, Ordering::Relaxed);
     let mut devices = device_task.await.context("the device task")?;
     for slot in &mut slots {
@@ -516,6 +513,28 @@ impl Database {
             .context("making the old primary a standby of the new one")?;
         self.primary = 1 - self.primary;
         Ok(())
+    }
+}
+
+/// Episodes of faults between the nodes and PostgreSQL until `stop`: 1–5 s
+/// without, then 0.5–2 s in which `share` of the connections, open or new,
+/// get one ([`Proxy::links`]); how many episodes there were.
+async fn db_fault_episodes(links: Proxy, share: f64, seed: u64, stop: Arc<AtomicBool>) -> u64 {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut episodes = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1000..5000))).await;
+        if stop.load(Ordering::Relaxed) {
+            return episodes;
+        }
+        tracing::info!(
+            episode = episodes + 1,
+            "faults between the nodes and PostgreSQL"
+        );
+        links.set_fault_rate(share);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+        links.set_fault_rate(0.0);
+        episodes += 1;
     }
 }
 
