@@ -376,3 +376,80 @@ fn reset(node: &TcpStream, db: &TcpStream) {
     let _ = node.set_zero_linger();
     let _ = db.set_zero_linger();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl State {
+        /// Arms every open link with `armed`.
+        fn arm_all(&self, armed: Armed) {
+            let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+            for slot in links.armed.values_mut() {
+                *slot = Some(armed);
+            }
+        }
+    }
+
+    /// A loopback server that sends back whatever it gets.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tcp.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends one chunk and reads its echo.
+    async fn round_trip(tcp: &mut TcpStream) -> std::io::Result<()> {
+        tcp.write_all(b"ping").await?;
+        let mut got = [0u8; 4];
+        tcp.read_exact(&mut got).await?;
+        assert_eq!(&got, b"ping");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_established_link_is_reset_mid_stream_when_its_fault_is_due() {
+        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+
+        // Two chunks go on (the next request and its answer), the third
+        // (the request after) meets the reset.
+        proxy.state.arm_all(Armed {
+            after: 2,
+            fault: LinkFault::Reset,
+        });
+        round_trip(&mut tcp).await.unwrap();
+        assert_eq!(proxy.faults(), 0);
+        assert!(round_trip(&mut tcp).await.is_err());
+        assert_eq!(proxy.faults(), 1);
+
+        // New links pass again.
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn faults_turned_off_disarm_the_links_whose_fault_has_not_fired() {
+        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+        proxy.state.arm_all(Armed {
+            after: 3,
+            fault: LinkFault::Reset,
+        });
+        proxy.set_fault_rate(0.0);
+        for _ in 0..4 {
+            round_trip(&mut tcp).await.unwrap();
+        }
+        assert_eq!(proxy.faults(), 0);
+    }
+}
