@@ -151,7 +151,12 @@ impl Server {
         let mut lines = BufReader::new(stdout).lines();
         let mut has_failpoints = false;
         loop {
-            match lines.next_line().await? {
+            // A node waits for its store before it listens: the bound
+            // covers that wait too.
+            let line = tokio::time::timeout_at((began + READY_BOUND).into(), lines.next_line())
+                .await
+                .context("the server was not listening within the bound")?;
+            match line? {
                 Some(line) if line.starts_with("listening on ") => break,
                 Some(line) if line.starts_with("failpoints armed") => has_failpoints = true,
                 Some(_) => {}
