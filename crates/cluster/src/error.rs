@@ -23,7 +23,8 @@ pub enum Error {
     /// match this build).
     #[error("store query failed: {0}")]
     Query(#[source] tokio_postgres::Error),
-    /// The schema migrations could not be applied.
+    /// The schema migrations could not be applied (other than for a lost
+    /// connection, which is [`Error::Unavailable`]).
     #[error("store schema migration failed: {0}")]
     Migration(#[source] refinery::Error),
 }
@@ -50,15 +51,37 @@ fn is_transient(code: &str) -> bool {
         )
 }
 
+/// Whether `e` is the server out of reach or switching, not a refusal.
+fn is_unavailable(e: &tokio_postgres::Error) -> bool {
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    e.is_closed() || io || e.code().is_some_and(|c| is_transient(c.code()))
+}
+
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
-        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-        let transient = e.is_closed() || io || e.code().is_some_and(|c| is_transient(c.code()));
-        if transient {
+        if is_unavailable(&e) {
             Error::Unavailable(e.to_string())
         } else {
             Error::Query(e)
         }
+    }
+}
+
+impl From<refinery::Error> for Error {
+    /// A migration run whose connection failed under it (lost, or the
+    /// server going away) is the store unavailable, worth trying again;
+    /// any other failure is the migration's.
+    fn from(e: refinery::Error) -> Self {
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            if let Some(pg) = c.downcast_ref::<tokio_postgres::Error>()
+                && is_unavailable(pg)
+            {
+                return Error::Unavailable(format!("applying the schema migrations: {pg}"));
+            }
+            cause = c.source();
+        }
+        Error::Migration(e)
     }
 }
 

@@ -71,7 +71,7 @@ impl Store {
             .set_grouped(true)
             .run_async(client)
             .await
-            .map_err(Error::Migration)?;
+            .map_err(Error::from)?;
         Ok(())
     }
 }

@@ -41,3 +41,31 @@ async fn nodes_starting_at_once_apply_the_schema_exactly_once() {
         .get(0);
     assert_eq!(generation, 0, "the seed row was inserted once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_run_whose_connection_is_lost_is_an_unavailable_store() {
+    let pg = Postgres::start().unwrap();
+    let first = Store::connect(&pg.url()).unwrap();
+    first.migrate().await.unwrap();
+    // The migrations' history locked by another session: the next run
+    // waits inside the migration runner, where its connection is then
+    // ended (as a failover or a network fault would end it).
+    let mut holder = first.client().await.unwrap();
+    let locking = holder.transaction().await.unwrap();
+    locking
+        .batch_execute("LOCK TABLE refinery_schema_history IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let node = Store::connect(&pg.url()).unwrap();
+    let run = tokio::spawn(async move { node.migrate().await });
+    let admin = Store::connect(&pg.url()).unwrap();
+    let admin = admin.client().await.unwrap();
+    let waiting = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+        WHERE wait_event_type = 'Lock' AND query LIKE '%refinery_schema_history%'";
+    while admin.query(waiting, &[]).await.unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let lost = run.await.unwrap().unwrap_err();
+    assert!(lost.is_unavailable(), "{lost}");
+    locking.rollback().await.unwrap();
+}

@@ -76,6 +76,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod failpoints;
 pub mod keys;
 pub mod layout;
 pub mod mailbox;

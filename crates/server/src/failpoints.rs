@@ -1,14 +1,8 @@
 //! Named failpoints armed from the environment, for the fault-injection
 //! harness only (cargo feature `failpoints`; a production build has none).
-//!
-//! The points sit around every write, rename and fsync of the protocol:
-//! the mailbox's temporary-file write and fsync, its renames and unlinks,
-//! its folder fsyncs and the moment after them, the session storage's
-//! commit and the moment after it (the redb file's, or the cluster store's
-//! transaction), a step's batch handed to the message store and the moment
-//! after it, and a prepare's two halves: its reply names recorded, its
-//! replies stored ([`POINTS`]). The mailbox points are the embedded
-//! store's only; the others are passed on both stores.
+//! The points are those of [`POINTS`] (listed, and split into the embedded
+//! store's and those of both stores, by `estafeta_exchange::failpoints`,
+//! which the harness reads too).
 //!
 //! - `ESTAFETA_CRASH_AT=<point>` or `<point>@<n>`: the server sends itself
 //!   SIGKILL (a real `kill -9`: no clean-up, no flush) the n-th time (the
@@ -19,22 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Every named point: the mailbox's (the embedded store's), then those
-/// passed on both stores.
-pub const POINTS: &[&str] = &[
-    "mailbox::temp_write",
-    "mailbox::temp_fsync",
-    "mailbox::rename",
-    "mailbox::unlink",
-    "mailbox::dir_fsync",
-    "mailbox::synced",
-    "session::commit",
-    "session::committed",
-    "messages::apply",
-    "messages::applied",
-    "prepare::recorded",
-    "prepare::written",
-];
+pub use estafeta_exchange::failpoints::POINTS;
 
 /// The environment asked for something that cannot be armed.
 #[derive(Debug, thiserror::Error)]

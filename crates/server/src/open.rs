@@ -11,8 +11,10 @@
 //! that needs an operator (or a supervisor loop) to come back. Instead the
 //! start waits, trying again with a growing pause, for as long as the data
 //! folder's file system stays under the low-space threshold, and goes on by
-//! itself once space is freed. Any other failure ends the start at once: a
-//! corrupt or unreadable store does not heal by waiting.
+//! itself once space is freed. A cluster store out of reach (a failover
+//! under way, a connection lost while opening) is waited out the same way,
+//! as a running node waits it out. Any other failure ends the start at
+//! once: a corrupt or unreadable store does not heal by waiting.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,10 +31,14 @@ use crate::notify::disk::free_bytes;
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::serve::{ServeError, Server};
 
-/// The first pause after a failed open on a full disk; it doubles.
+/// The first pause after a failed open on a full disk or with the cluster
+/// store out of reach; it doubles.
 const FIRST_WAIT: Duration = Duration::from_secs(1);
-/// The longest pause between two tries.
+/// The longest pause between two tries on a full disk.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between two tries with the cluster store out of
+/// reach (a failover takes seconds).
+const MAX_STORE_WAIT: Duration = Duration::from_secs(5);
 /// The exchange's repeat source: messages kept aside until their `deliver_at`.
 const DEFERRED: &str = "deliver_at";
 /// How long a node holds a due `deliver_at` message it took in the cluster
@@ -171,8 +177,8 @@ pub async fn stores(
 
 /// Opens the server on `config.data_dir` over the stores `store` names
 /// ([`stores`], [`Server::open_with`]). While opening fails and the file
-/// system has less than `low_bytes` free (0: 16 MiB), waits and tries
-/// again.
+/// system has less than `low_bytes` free (0: 16 MiB), or the cluster store
+/// cannot be reached, waits and tries again.
 pub async fn open_server(
     config: ExchangeConfig,
     clock: Arc<dyn Clock>,
@@ -200,6 +206,15 @@ pub async fn open_server(
             Ok(opened) => return Ok(opened),
             Err(e) => e,
         };
+        if error.is_store_unavailable() {
+            tracing::error!(
+                %error, retry_in = ?wait,
+                "the cluster store is out of reach: opening failed; trying again"
+            );
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_STORE_WAIT);
+            continue;
+        }
         let dir = config.data_dir.clone();
         let free = tokio::task::spawn_blocking(move || free_where(&dir))
             .await

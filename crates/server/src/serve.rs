@@ -68,6 +68,22 @@ pub enum ServeError {
     Shutdown(ExchangeError),
 }
 
+impl ServeError {
+    /// Whether opening failed only because the cluster store could not be
+    /// reached (no writable PostgreSQL, a connection lost mid-way): worth
+    /// trying again, as opposed to a refusal that will repeat.
+    pub fn is_store_unavailable(&self) -> bool {
+        match self {
+            ServeError::Store(e) => e.is_unavailable(),
+            ServeError::Open(e) => e.is_store_unavailable(),
+            ServeError::Notify(NotifyError::Repeat(estafeta_repeat::StoreError::Backend(e))) => e
+                .downcast_ref::<estafeta_cluster::Error>()
+                .is_some_and(estafeta_cluster::Error::is_unavailable),
+            _ => false,
+        }
+    }
+}
+
 /// The server, assembled: every part was given what it needs when it was
 /// built, and nothing refers back to what owns it.
 pub struct Server {

@@ -1,15 +1,23 @@
 //! A node whose database server is down answers 503 `storage_error` with
 //! `Retry-After`, as it would for failing storage, and counts these answers
 //! apart (`estafeta_store_unavailable_total`); with the server back it
-//! serves again, no restart needed.
+//! serves again, no restart needed. A node started while its database is
+//! out of reach waits for it rather than exit.
 
 mod common;
+
+use std::sync::Arc;
 
 use common::cluster::node_env;
 use common::{Binary, provision_one};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
+use estafeta_exchange::ExchangeConfig;
+use estafeta_server::HttpSettings;
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::open::open_server;
 use reqwest::StatusCode;
+use tokio::net::{TcpListener, TcpStream};
 
 /// The value of the unlabelled metric `name` in `text`.
 fn metric(text: &str, name: &str) -> f64 {
@@ -69,4 +77,41 @@ async fn a_database_down_is_a_storage_error_counted_as_a_store_unavailable() {
     );
     assert!(after >= 1.0, "{after}");
     node.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_database_connection_is_lost_while_it_opens_tries_again() {
+    let pg = Postgres::start().unwrap();
+    // In front of the database: the first connection is closed at once
+    // (lost mid-way, as in a network fault or a failover), the others are
+    // forwarded.
+    let door = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = door.local_addr().unwrap();
+    let port = pg.port();
+    tokio::spawn(async move {
+        let (first, _) = door.accept().await.unwrap();
+        drop(first);
+        while let Ok((mut node, _)) = door.accept().await {
+            tokio::spawn(async move {
+                let mut db = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut node, &mut db).await;
+            });
+        }
+    });
+    let url = format!("postgres://postgres@{addr}/postgres");
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ExchangeConfig::new(dir.path());
+    config.admin_token = Some(common::ADMIN_TOKEN.to_owned());
+    let opened = open_server(
+        config,
+        Arc::new(estafeta_session::SystemClock),
+        HttpSettings::default(),
+        NotifySettings::log_only(dir.path()),
+        0,
+        Some(&url),
+    )
+    .await;
+    if let Err(e) = opened {
+        panic!("the node did not wait for its database: {e}");
+    }
 }

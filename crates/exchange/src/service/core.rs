@@ -195,19 +195,34 @@ impl Core {
     }
 
     /// Delete reply files from a database's `Prepared` (a missing one
-    /// counts as deleted; other failures are logged).
-    pub(crate) async fn discard_prepared(&self, db: &Id, names: &[FileName]) {
+    /// counts as deleted). A store out of reach fails the step: it comes
+    /// before the step's save, so the record keeps naming the files and
+    /// the step is tried again (a call answered 503, a deadline retried),
+    /// where a shared store has no start-up look for files no record
+    /// names. Other failures are logged: the file store's start-up moves
+    /// leftovers to `Unknown`.
+    pub(crate) async fn discard_prepared(
+        &self,
+        db: &Id,
+        names: &[FileName],
+    ) -> Result<(), ExchangeError> {
         if names.is_empty() {
-            return;
+            return Ok(());
         }
         let prepared = self.location(db, Folder::Prepared);
+        let mut unreachable = None;
         for r in self.store.delete_all(&prepared, names).await {
             match r {
                 Ok(_) | Err(MailboxError::NotFound { .. }) => {}
+                Err(e) if e.is_unavailable() => unreachable = Some(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "deleting the replies of an unanswered prepare")
                 }
             }
+        }
+        match unreachable {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
     }
 
@@ -227,7 +242,7 @@ impl Core {
             Step::Owner { pid, db, ended } => {
                 self.write_owner(&pid, &db, ended).await?;
             }
-            Step::Discard { db, names } => self.discard_prepared(&db, &names).await,
+            Step::Discard { db, names } => self.discard_prepared(&db, &names).await?,
             Step::Run { pid, ops } => {
                 let result = self.run_ops(&ops).await.map_err(|e| e.to_string());
                 out.next.push_back(Event::Ran { pid, result });

@@ -186,8 +186,9 @@ pub(crate) enum Step {
         db: Id,
         ended: Option<ProcessState>,
     },
-    /// Delete these reply files from the database's `Prepared`; a failure
-    /// is only logged (start-up moves leftovers to `Unknown`).
+    /// Delete these reply files from the database's `Prepared`; a store out
+    /// of reach fails the step before its save, other failures are only
+    /// logged (the file store's start-up moves leftovers to `Unknown`).
     Discard { db: Id, names: Vec<FileName> },
     /// Set the session's deadline (`None`: no deadline).
     Deadline(Option<estafeta_session::Timestamp>),

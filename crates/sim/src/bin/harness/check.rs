@@ -11,6 +11,7 @@
 //! alert (a distinct `in_doubt:<process>` in `/v1/admin/alerts`).
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::time::Duration;
 
 use estafeta_client::Client;
@@ -25,11 +26,16 @@ use crate::server::READY_BOUND;
 pub(crate) struct Summary {
     faults: Faults,
     network_faults: u64,
+    /// Faults fired between the nodes and PostgreSQL.
+    db_faults: u64,
     messages: usize,
     lost: usize,
     duplicated: usize,
     stuck: usize,
     max_ready: Duration,
+    /// Answers with a server error other than 503 (storage out of reach,
+    /// not ready, stopping: retry later), which are never right.
+    server_errors: u64,
     /// In-doubt episodes (the databases' durable counters).
     in_doubt: u64,
     /// Distinct processes an in-doubt alert was raised for.
@@ -41,12 +47,13 @@ impl Summary {
     pub(crate) fn line(&self) -> String {
         let f = &self.faults;
         format!(
-            "rounds={} server_crashes={} processor_crashes={} network_faults={} disk_full={} \
-             messages={} lost={} duplicated={} stuck={}",
+            "rounds={} server_crashes={} processor_crashes={} network_faults={} db_faults={} \
+             disk_full={} messages={} lost={} duplicated={} stuck={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
             self.network_faults,
+            self.db_faults,
             f.disk_full,
             self.messages,
             self.lost,
@@ -64,11 +71,13 @@ impl Summary {
             .map(|(point, n)| format!("{point}:{n}"))
             .collect();
         format!(
-            "pauses={} failovers={} server_deaths={} max_ready_ms={} in_doubt={} in_doubt_alerts={} \
-             failpoint_crashes={} [{}]",
+            "pauses={} failovers={} db_episodes={} server_deaths={} server_errors={} max_ready_ms={} \
+             in_doubt={} in_doubt_alerts={} failpoint_crashes={} [{}]",
             self.faults.pauses,
             self.faults.failovers,
+            self.faults.db_episodes,
             self.faults.server_deaths,
+            self.server_errors,
             self.max_ready.as_millis(),
             self.in_doubt,
             self.in_doubt_alerts,
@@ -77,11 +86,13 @@ impl Summary {
         )
     }
 
-    /// Nothing lost, duplicated or stuck, and every in-doubt episode alerted.
+    /// Nothing lost, duplicated or stuck, no server error but 503, and
+    /// every in-doubt episode alerted.
     pub(crate) fn passed(&self) -> bool {
         self.lost == 0
             && self.duplicated == 0
             && self.stuck == 0
+            && self.server_errors == 0
             && self.in_doubt_alerts >= self.in_doubt
     }
 }
@@ -94,6 +105,8 @@ pub(crate) async fn check(
     devices: &[Device],
     faults: &Faults,
     network_faults: u64,
+    db_faults: u64,
+    logs: &[&Path],
 ) -> anyhow::Result<Summary> {
     let mut lost = 0;
     let mut duplicated = 0;
@@ -246,9 +259,20 @@ pub(crate) async fn check(
         }
     };
 
+    let mut server_errors = 0;
+    for log in logs {
+        let text = std::fs::read_to_string(log)?;
+        for line in text.lines().filter(|l| is_server_error(l)) {
+            eprintln!("{}: {line}", log.display());
+            server_errors += 1;
+        }
+    }
+
     Ok(Summary {
         faults: faults.clone(),
+        server_errors,
         network_faults,
+        db_faults,
         messages: unique.len(),
         lost,
         duplicated,
@@ -257,4 +281,29 @@ pub(crate) async fn check(
         in_doubt,
         in_doubt_alerts,
     })
+}
+
+/// Whether a server log line is the end of a request answered with a
+/// server error other than 503 (the server's request trace logs every
+/// 5xx answer as `finished status=…`).
+fn is_server_error(line: &str) -> bool {
+    line.split_once("finished status=5")
+        .is_some_and(|(_, rest)| !rest.starts_with("03"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_server_error;
+
+    #[test]
+    fn server_errors_are_the_5xx_answers_but_503() {
+        let at = "2026-11-27T08:07:00Z  WARN request{method=POST path=/v1/upload}: \
+                  estafeta_server::trace: finished status=";
+        assert!(is_server_error(&format!("{at}500 latency_s=0.1")));
+        assert!(is_server_error(&format!("{at}507 latency_s=0.1")));
+        assert!(!is_server_error(&format!("{at}503 latency_s=0.1")));
+        assert!(!is_server_error(
+            "INFO estafeta::event: database created db=db-0"
+        ));
+    }
 }

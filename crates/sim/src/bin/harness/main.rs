@@ -13,14 +13,16 @@
 //! one; the binary must be built with `--features failpoints`), primary
 //! failovers of the PostgreSQL under the nodes, `kill -9` of a processor stopped
 //! exactly at a step of its cycle, network faults through its own loopback
-//! TCP proxy, and a paused server (SIGSTOP past the client timeouts, then
+//! TCP proxy (between the clients and the nodes, and with `--db-faults`
+//! between the nodes and PostgreSQL), and a paused server (SIGSTOP past the client timeouts, then
 //! SIGCONT), and with `--disk-full` a full disk (the data folder on a small
 //! tmpfs, filled up for a moment; without root, `ENOSPC` injected at the
 //! failpoints). Then it drains and checks the invariants ([`check`]), and
 //! prints one summary line.
 //!
 //! - [`server`]: the `estafeta` child process: start, `/readyz`, kill, pause.
-//! - [`proxy`]: the fault-injecting TCP proxy.
+//! - [`proxy`]: the fault-injecting TCP proxy, in front of the nodes and of
+//!   PostgreSQL.
 //! - [`disk`]: the tmpfs and its ballast.
 //! - [`child`]: the processor child process, both sides.
 //! - [`run`]: provisioning, the rounds of faults, the drain.
@@ -121,6 +123,15 @@ pub(crate) struct RunArgs {
     /// `--failovers 1`.
     #[arg(long)]
     failover: bool,
+    /// With `--store postgres`: the nodes reach PostgreSQL through a
+    /// fault-injecting proxy, and every 1–5 s, whatever the rounds do,
+    /// comes an episode of 0.5–2 s in which this share (0–1) of the
+    /// connections between the nodes and PostgreSQL, open or new, gets a
+    /// fault a few chunks later: a reset, a partition then a reset
+    /// (0.5–4 s, one in eight 11–13 s: past the hold limit of a node's
+    /// transaction), or a delay of 0.2–2 s.
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    db_faults: f64,
     /// The working folder (data, processor databases, server log); a
     /// temporary one when not given.
     #[arg(long, value_name = "DIR")]
@@ -131,6 +142,14 @@ impl RunArgs {
     /// The primary failovers the run asks for.
     pub(crate) fn failovers(&self) -> u64 {
         if self.failover { 1 } else { self.failovers }
+    }
+}
+
+/// A share between 0 and 1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
     }
 }
 

@@ -1,12 +1,27 @@
-//! A TCP proxy on loopback between the simulated clients and the server
-//! that injects network faults on a share of the connections it accepts:
-//! drop a request, drop a response after the server acted on it, delay,
-//! reset. The clients keep no idle connections, so each call has a
-//! connection of its own and a fault touches one call. With several
-//! upstreams (cluster nodes) it is also the load balancer: each connection
-//! goes to one picked at random, or to the next when that one refuses
-//! (a killed node).
+//! A TCP proxy on loopback that injects network faults, in one of two
+//! modes ([`Mode`]):
+//!
+//! - Between the simulated clients and the server ([`Proxy::balancer`]):
+//!   a share of the connections it accepts get a fault: drop a request,
+//!   drop a response after the server acted on it, delay, reset. The
+//!   clients keep no idle connections, so each call has a connection of
+//!   its own and a fault touches one call. With several upstreams (cluster
+//!   nodes) it is also the load balancer: each connection goes to one
+//!   picked at random, or to the next when that one refuses (a killed
+//!   node).
+//! - Between the nodes and PostgreSQL ([`Proxy::links`]): one listener per
+//!   PostgreSQL server, each forwarding to its own server, so a multi-host
+//!   URL naming the listeners follows a failover as it would without the
+//!   proxy. The nodes' connections are long-lived pooled ones, so a fault
+//!   episode arms a share of the established connections as well as of the
+//!   new ones, and an armed connection's fault fires a few chunks later,
+//!   in whichever direction data flows then: mid-session, between two
+//!   statements of a step or between a `COMMIT` and its answer. The
+//!   faults: a reset (RST both ways), a partition (nothing forwarded
+//!   either way for a while, then a reset), a delay (the chunk held for a
+//!   while, then the connection goes on).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -18,16 +33,35 @@ use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// Where the proxy sits, which decides its faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Clients to server nodes: a fault per accepted connection.
+    Balancer,
+    /// Nodes to PostgreSQL: faults fired on established connections.
+    Links,
+}
+
 /// The proxy's shared state.
 struct State {
-    upstreams: Vec<SocketAddr>,
+    mode: Mode,
     /// Faulty connections per thousand.
     rate: AtomicU32,
     faults: AtomicU64,
     rng: Mutex<StdRng>,
+    /// With [`Mode::Links`]: the open connections, by number, with the
+    /// fault each is armed with, if any.
+    links: Mutex<Links>,
 }
 
-/// A fault for one connection.
+/// The open links and their armed faults.
+#[derive(Default)]
+struct Links {
+    next: u64,
+    armed: HashMap<u64, Option<Armed>>,
+}
+
+/// A fault for one client connection.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     DropRequest,
@@ -36,60 +70,137 @@ enum Fault {
     Reset,
 }
 
-/// A running proxy.
+/// A fault waiting on one link: it fires before the link forwards its
+/// `after`-th next chunk (0: the very next), in either direction.
+#[derive(Clone, Copy, Debug)]
+struct Armed {
+    after: u32,
+    fault: LinkFault,
+}
+
+/// A fault of a link between a node and PostgreSQL.
+#[derive(Clone, Copy, Debug)]
+enum LinkFault {
+    /// Both sides reset at once.
+    Reset,
+    /// Nothing forwarded either way for this long (the chunk at hand
+    /// dropped), then both sides reset.
+    Partition(Duration),
+    /// The chunk at hand held this long, then forwarded; the link goes on.
+    Delay(Duration),
+}
+
+/// A running proxy (a clone is a handle on the same one).
+#[derive(Clone)]
 pub(crate) struct Proxy {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     state: Arc<State>,
 }
 
 impl Proxy {
-    /// Listens on 127.0.0.1:0 and forwards each connection to one of
-    /// `upstreams`.
-    pub(crate) async fn start(upstreams: Vec<SocketAddr>, seed: u64) -> std::io::Result<Proxy> {
+    /// Between clients and server nodes: listens on one loopback port and
+    /// forwards each connection to one of `upstreams`.
+    pub(crate) async fn balancer(upstreams: Vec<SocketAddr>, seed: u64) -> std::io::Result<Proxy> {
+        let state = State::new(Mode::Balancer, seed);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let state = Arc::new(State {
-            upstreams,
-            rate: AtomicU32::new(0),
-            faults: AtomicU64::new(0),
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
-        });
-        let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let fault = shared.pick();
-                let state = shared.clone();
-                tokio::spawn(async move { state.serve(tcp, fault).await });
-            }
-        });
-        Ok(Proxy { addr, state })
+        let addrs = vec![listener.local_addr()?];
+        tokio::spawn(state.clone().accept(listener, upstreams));
+        Ok(Proxy { addrs, state })
     }
 
-    /// The proxy's URL.
+    /// Between nodes and PostgreSQL: one loopback port per upstream,
+    /// forwarding to it alone ([`Proxy::addrs`], in the order of
+    /// `upstreams`).
+    pub(crate) async fn links(upstreams: &[SocketAddr], seed: u64) -> std::io::Result<Proxy> {
+        let state = State::new(Mode::Links, seed);
+        let mut addrs = Vec::new();
+        for upstream in upstreams {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            addrs.push(listener.local_addr()?);
+            tokio::spawn(state.clone().accept(listener, vec![*upstream]));
+        }
+        Ok(Proxy { addrs, state })
+    }
+
+    /// The balancer's URL.
     pub(crate) fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.addrs[0])
     }
 
-    /// Sets the share of faulty connections (0.0 turns faults off).
+    /// The listening addresses, one per upstream for [`Proxy::links`].
+    pub(crate) fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Sets the share of faulty connections (0.0 turns faults off). For
+    /// links, a share of the open connections is armed at once as well,
+    /// and turning faults off disarms those whose fault has not fired.
     pub(crate) fn set_fault_rate(&self, rate: f64) {
         let per_mille = (rate.clamp(0.0, 1.0) * 1000.0).round() as u32;
         self.state.rate.store(per_mille, Ordering::Relaxed);
+        if self.state.mode == Mode::Links {
+            let mut links = self.state.links.lock().unwrap_or_else(|e| e.into_inner());
+            for armed in links.armed.values_mut() {
+                *armed = if per_mille == 0 {
+                    None
+                } else {
+                    self.state.pick_link().or(*armed)
+                };
+            }
+        }
     }
 
-    /// Faults injected so far.
+    /// Faults injected so far (for links: fired, not only armed).
     pub(crate) fn faults(&self) -> u64 {
         self.state.faults.load(Ordering::Relaxed)
     }
 }
 
 impl State {
-    fn pick(&self) -> Option<Fault> {
+    fn new(mode: Mode, seed: u64) -> Arc<State> {
+        Arc::new(State {
+            mode,
+            rate: AtomicU32::new(0),
+            faults: AtomicU64::new(0),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            links: Mutex::new(Links::default()),
+        })
+    }
+
+    /// Whether the next connection is faulty, at the current rate.
+    fn roll(&self, rng: &mut StdRng) -> bool {
         let rate = self.rate.load(Ordering::Relaxed);
+        rate != 0 && rng.random_range(0..1000) < rate
+    }
+
+    async fn accept(self: Arc<State>, listener: TcpListener, upstreams: Vec<SocketAddr>) {
+        let upstreams = Arc::new(upstreams);
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let state = self.clone();
+            let upstreams = upstreams.clone();
+            match self.mode {
+                Mode::Balancer => {
+                    let fault = self.pick();
+                    tokio::spawn(async move { state.serve(tcp, fault, &upstreams).await });
+                }
+                Mode::Links => {
+                    let id = self.open_link();
+                    tokio::spawn(async move {
+                        state.link(id, tcp, upstreams[0]).await;
+                        let mut links = state.links.lock().unwrap_or_else(|e| e.into_inner());
+                        links.armed.remove(&id);
+                    });
+                }
+            }
+        }
+    }
+
+    fn pick(&self) -> Option<Fault> {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        if rate == 0 || rng.random_range(0..1000) >= rate {
+        if !self.roll(&mut rng) {
             return None;
         }
         Some(match rng.random_range(0..4) {
@@ -100,7 +211,106 @@ impl State {
         })
     }
 
-    async fn serve(&self, mut client: TcpStream, fault: Option<Fault>) {
+    /// A fault for one link, at the current rate: it fires within the next
+    /// 8 chunks; a partition lasts 0.5–4 s, or one time in eight 11–13 s
+    /// (past the 10 s a node's session may sit idle in a transaction
+    /// before PostgreSQL ends it and frees its locks); a delay 0.2–2 s.
+    fn pick_link(&self) -> Option<Armed> {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.roll(&mut rng) {
+            return None;
+        }
+        let fault = match rng.random_range(0..3) {
+            0 => LinkFault::Reset,
+            1 if rng.random_bool(0.125) => {
+                LinkFault::Partition(Duration::from_millis(rng.random_range(11_000..13_000)))
+            }
+            1 => LinkFault::Partition(Duration::from_millis(rng.random_range(500..4000))),
+            _ => LinkFault::Delay(Duration::from_millis(rng.random_range(200..2000))),
+        };
+        Some(Armed {
+            after: rng.random_range(0..8),
+            fault,
+        })
+    }
+
+    /// Registers a new link, armed at the current rate.
+    fn open_link(&self) -> u64 {
+        let armed = self.pick_link();
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        links.next += 1;
+        let id = links.next;
+        links.armed.insert(id, armed);
+        id
+    }
+
+    /// The link's fault, if it fires at this chunk (counted then).
+    fn fires(&self, id: u64) -> Option<LinkFault> {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = links.armed.get_mut(&id)?;
+        let armed = slot.as_mut()?;
+        if armed.after > 0 {
+            armed.after -= 1;
+            return None;
+        }
+        let fault = armed.fault;
+        *slot = None;
+        self.faults.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            link = id,
+            ?fault,
+            "injecting a fault between a node and PostgreSQL"
+        );
+        Some(fault)
+    }
+
+    /// Forwards one link chunk by chunk both ways, firing its fault when
+    /// it is due; ends when either side closes or fails.
+    async fn link(&self, id: u64, mut node: TcpStream, upstream: SocketAddr) {
+        let Ok(mut db) = TcpStream::connect(upstream).await else {
+            // The server is down (killed, or being rebuilt): refused, as
+            // it would be without the proxy.
+            let _ = node.set_zero_linger();
+            return;
+        };
+        let mut up = vec![0u8; 64 * 1024];
+        let mut down = vec![0u8; 64 * 1024];
+        loop {
+            let (read, to_db) = {
+                let (mut node_r, _) = node.split();
+                let (mut db_r, _) = db.split();
+                tokio::select! {
+                    r = node_r.read(&mut up) => (r, true),
+                    r = db_r.read(&mut down) => (r, false),
+                }
+            };
+            let n = match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            match self.fires(id) {
+                Some(LinkFault::Reset) => return reset(&node, &db),
+                Some(LinkFault::Partition(d)) => {
+                    tokio::time::sleep(d).await;
+                    return reset(&node, &db);
+                }
+                Some(LinkFault::Delay(d)) => tokio::time::sleep(d).await,
+                None => {}
+            }
+            let written = if to_db {
+                db.write_all(&up[..n]).await
+            } else {
+                node.write_all(&down[..n]).await
+            };
+            if written.is_err() {
+                break;
+            }
+        }
+        let _ = node.shutdown().await;
+        let _ = db.shutdown().await;
+    }
+
+    async fn serve(&self, mut client: TcpStream, fault: Option<Fault>, upstreams: &[SocketAddr]) {
         if let Some(fault) = fault {
             self.faults.fetch_add(1, Ordering::Relaxed);
             tracing::info!(?fault, "injecting a network fault");
@@ -115,7 +325,7 @@ impl State {
                 let _ = client.set_zero_linger();
             }
             Some(Fault::DropResponse) => {
-                let Some(mut server) = self.connect().await else {
+                let Some(mut server) = self.connect(upstreams).await else {
                     return;
                 };
                 let (mut from_client, _to_client) = client.split();
@@ -131,20 +341,20 @@ impl State {
             }
             Some(Fault::Delay(delay)) => {
                 tokio::time::sleep(delay).await;
-                self.pass(client).await;
+                self.pass(client, upstreams).await;
             }
-            None => self.pass(client).await,
+            None => self.pass(client, upstreams).await,
         }
     }
 
     /// A connection to a random upstream, or to the next that accepts.
-    async fn connect(&self) -> Option<TcpStream> {
+    async fn connect(&self, upstreams: &[SocketAddr]) -> Option<TcpStream> {
         let first = {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-            rng.random_range(0..self.upstreams.len())
+            rng.random_range(0..upstreams.len())
         };
-        for i in 0..self.upstreams.len() {
-            let upstream = self.upstreams[(first + i) % self.upstreams.len()];
+        for i in 0..upstreams.len() {
+            let upstream = upstreams[(first + i) % upstreams.len()];
             if let Ok(server) = TcpStream::connect(upstream).await {
                 return Some(server);
             }
@@ -152,11 +362,94 @@ impl State {
         None
     }
 
-    async fn pass(&self, mut client: TcpStream) {
-        let Some(mut server) = self.connect().await else {
+    async fn pass(&self, mut client: TcpStream, upstreams: &[SocketAddr]) {
+        let Some(mut server) = self.connect(upstreams).await else {
             return;
         };
         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         let _ = client.shutdown().await;
+    }
+}
+
+/// Both sides of a link reset (RST): their next read or write fails.
+fn reset(node: &TcpStream, db: &TcpStream) {
+    let _ = node.set_zero_linger();
+    let _ = db.set_zero_linger();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl State {
+        /// Arms every open link with `armed`.
+        fn arm_all(&self, armed: Armed) {
+            let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+            for slot in links.armed.values_mut() {
+                *slot = Some(armed);
+            }
+        }
+    }
+
+    /// A loopback server that sends back whatever it gets.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tcp.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends one chunk and reads its echo.
+    async fn round_trip(tcp: &mut TcpStream) -> std::io::Result<()> {
+        tcp.write_all(b"ping").await?;
+        let mut got = [0u8; 4];
+        tcp.read_exact(&mut got).await?;
+        assert_eq!(&got, b"ping");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_established_link_is_reset_mid_stream_when_its_fault_is_due() {
+        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+
+        // Two chunks go on (the next request and its answer), the third
+        // (the request after) meets the reset.
+        proxy.state.arm_all(Armed {
+            after: 2,
+            fault: LinkFault::Reset,
+        });
+        round_trip(&mut tcp).await.unwrap();
+        assert_eq!(proxy.faults(), 0);
+        assert!(round_trip(&mut tcp).await.is_err());
+        assert_eq!(proxy.faults(), 1);
+
+        // New links pass again.
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn faults_turned_off_disarm_the_links_whose_fault_has_not_fired() {
+        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
+        round_trip(&mut tcp).await.unwrap();
+        proxy.state.arm_all(Armed {
+            after: 3,
+            fault: LinkFault::Reset,
+        });
+        proxy.set_fault_rate(0.0);
+        for _ in 0..4 {
+            round_trip(&mut tcp).await.unwrap();
+        }
+        assert_eq!(proxy.faults(), 0);
     }
 }

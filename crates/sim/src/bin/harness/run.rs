@@ -18,9 +18,10 @@ use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
 use crate::disk::Tmpfs;
 use crate::proxy::Proxy;
-use crate::server::{Arming, CLUSTER_POINTS, POINTS, Server, Started};
+use crate::server::{Arming, Server, Started};
 use crate::{RunArgs, Store};
 use estafeta_cluster::testing::Postgres;
+use estafeta_exchange::failpoints::{POINTS, STORE_POINTS};
 
 /// The longest the drain may take before what is left counts as stuck.
 const DRAIN_BOUND: Duration = Duration::from_secs(60);
@@ -41,6 +42,8 @@ pub(crate) struct Faults {
     pub(crate) processor_crashes: u64,
     pub(crate) pauses: u64,
     pub(crate) disk_full: u64,
+    /// Episodes of faults between the nodes and PostgreSQL.
+    pub(crate) db_episodes: u64,
     /// PostgreSQL primaries killed and their standby promoted.
     pub(crate) failovers: u64,
     /// Times the server exited by itself (not killed by the harness, and
@@ -182,6 +185,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     if failovers > 0 && !cluster {
         bail!("--failovers needs --store postgres");
     }
+    if args.db_faults > 0.0 && !cluster {
+        bail!("--db-faults needs --store postgres");
+    }
     if cluster && args.disk_full {
         bail!("--disk-full fills the embedded store's disk; it does not apply to --store postgres");
     }
@@ -195,7 +201,17 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     } else {
         None
     };
-    let store = postgres.as_ref().map(Database::url);
+    // The nodes reach PostgreSQL through the fault-injecting links when
+    // the run asks for faults there.
+    let links = match &postgres {
+        Some(pg) if args.db_faults > 0.0 => {
+            Some(Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17).await?)
+        }
+        _ => None,
+    };
+    let store = postgres
+        .as_ref()
+        .map(|pg| pg.url(links.as_ref().map(Proxy::addrs)));
     let data = work.join("data");
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
@@ -214,7 +230,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     };
     let injection = Injection {
         failpoints: !args.no_failpoints,
-        points: if cluster { CLUSTER_POINTS } else { POINTS },
+        points: if cluster { STORE_POINTS } else { POINTS },
         // A node passes a point less often than a lone server (the calls
         // are spread over the nodes) and is killed at random as often.
         passes: if cluster { 4 } else { 8 },
@@ -240,7 +256,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         nodes.push(node);
         upstreams.push(SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    let proxy = Proxy::start(upstreams, args.seed).await?;
+    let proxy = Proxy::balancer(upstreams, args.seed).await?;
 
     let (mut slots, devices) = provision(&nodes[0].admin, &proxy, &args, &sqlite_dir).await?;
     for (i, slot) in slots.iter_mut().enumerate() {
@@ -254,6 +270,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         args.seed,
         stop_devices.clone(),
     ));
+
+    // Faults between the nodes and PostgreSQL come in episodes of their
+    // own, whatever the rounds do meanwhile (a node's restart, a failover).
+    let stop_db_faults = Arc::new(AtomicBool::new(false));
+    let db_fault_task = links.clone().map(|links| {
+        tokio::spawn(db_fault_episodes(
+            links,
+            args.db_faults,
+            args.seed ^ 0xdb,
+            stop_db_faults.clone(),
+        ))
+    });
 
     let mut rng = StdRng::seed_from_u64(args.seed);
     let began = Instant::now();
@@ -354,6 +382,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
 
     // Drain: no more faults; processors and devices finish, against
     // servers armed with nothing.
+    stop_db_faults.store(true, Ordering::Relaxed);
+    if let Some(task) = db_fault_task {
+        faults.db_episodes = task.await.context("the database fault task")?;
+    }
     for server in &mut nodes {
         revive(server, &injection, &mut rng, &mut faults).await?;
         if server.armed() != Arming::default() {
@@ -393,12 +425,16 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         ));
     }
     drain(&server.admin, &mut processors, &mut devices).await;
+    let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
+    logs.dedup();
     let summary = check::check(
         &server.admin,
         &processors,
         &devices,
         &faults,
         proxy.faults(),
+        links.as_ref().map_or(0, Proxy::faults),
+        &logs,
     )
     .await?;
     for server in &mut nodes {
@@ -438,16 +474,28 @@ impl Database {
         })
     }
 
+    /// The servers' addresses, in their order (the primary's first).
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers
+            .iter()
+            .map(|s| SocketAddr::from(([127, 0, 0, 1], s.port())))
+            .collect()
+    }
+
     /// The nodes' store URL: with a standby, both hosts, the writable one
     /// picked at each connection (the same URL through every failover).
-    fn url(&self) -> String {
-        match self.servers.as_slice() {
-            [a, b] => format!(
-                "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
-                a.host_port(),
-                b.host_port()
-            ),
-            _ => self.servers[self.primary].url(),
+    /// `via`: the addresses to reach the servers at instead of their own
+    /// (a proxy's, one per server, in [`Database::addrs`]'s order).
+    fn url(&self, via: Option<&[SocketAddr]>) -> String {
+        let hosts: Vec<String> = match via {
+            Some(addrs) => addrs.iter().map(SocketAddr::to_string).collect(),
+            None => self.servers.iter().map(Postgres::host_port).collect(),
+        };
+        match hosts.as_slice() {
+            [a, b] => {
+                format!("postgres://postgres@{a},{b}/postgres?target_session_attrs=read-write")
+            }
+            _ => format!("postgres://postgres@{}/postgres", hosts[self.primary]),
         }
     }
 
@@ -465,6 +513,28 @@ impl Database {
             .context("making the old primary a standby of the new one")?;
         self.primary = 1 - self.primary;
         Ok(())
+    }
+}
+
+/// Episodes of faults between the nodes and PostgreSQL until `stop`: 1–5 s
+/// without, then 0.5–2 s in which `share` of the connections, open or new,
+/// get one ([`Proxy::links`]); how many episodes there were.
+async fn db_fault_episodes(links: Proxy, share: f64, seed: u64, stop: Arc<AtomicBool>) -> u64 {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut episodes = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1000..5000))).await;
+        if stop.load(Ordering::Relaxed) {
+            return episodes;
+        }
+        tracing::info!(
+            episode = episodes + 1,
+            "faults between the nodes and PostgreSQL"
+        );
+        links.set_fault_rate(share);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+        links.set_fault_rate(0.0);
+        episodes += 1;
     }
 }
 

@@ -22,37 +22,6 @@ pub(crate) const ADMIN_TOKEN: &str = "harness-admin-token-0123456789abcdef";
 /// before the run fails.
 pub(crate) const READY_BOUND: Duration = Duration::from_secs(30);
 
-/// The server's named failpoints an embedded store passes
-/// (crates/server/src/failpoints.rs; the server refuses a name it does not
-/// have, so the lists cannot drift apart unnoticed).
-pub(crate) const POINTS: &[&str] = &[
-    "mailbox::temp_write",
-    "mailbox::temp_fsync",
-    "mailbox::rename",
-    "mailbox::unlink",
-    "mailbox::dir_fsync",
-    "mailbox::synced",
-    "session::commit",
-    "session::committed",
-    "messages::apply",
-    "messages::applied",
-    "prepare::recorded",
-    "prepare::written",
-];
-
-/// The points a cluster node passes: its session storage's transaction
-/// (before and after its commit), a step's batch handed to the message
-/// store (before and after), and a prepare's two halves (its reply names
-/// recorded; its replies stored, the process not yet READY_TO_COMMIT).
-pub(crate) const CLUSTER_POINTS: &[&str] = &[
-    "session::commit",
-    "session::committed",
-    "messages::apply",
-    "messages::applied",
-    "prepare::recorded",
-    "prepare::written",
-];
-
 /// The points where an injected full disk (`ENOSPC`) can hit a write, one
 /// time in twenty.
 const DISK_ERRORS: &str = "mailbox::temp_write=5%return;mailbox::temp_fsync=5%return;\
@@ -128,6 +97,11 @@ impl Server {
         }
     }
 
+    /// The file the server's log is appended to.
+    pub(crate) fn log(&self) -> &Path {
+        &self.log
+    }
+
     /// What the running process is armed with.
     pub(crate) fn armed(&self) -> Arming {
         self.armed
@@ -177,7 +151,12 @@ impl Server {
         let mut lines = BufReader::new(stdout).lines();
         let mut has_failpoints = false;
         loop {
-            match lines.next_line().await? {
+            // A node waits for its store before it listens: the bound
+            // covers that wait too.
+            let line = tokio::time::timeout_at((began + READY_BOUND).into(), lines.next_line())
+                .await
+                .context("the server was not listening within the bound")?;
+            match line? {
                 Some(line) if line.starts_with("listening on ") => break,
                 Some(line) if line.starts_with("failpoints armed") => has_failpoints = true,
                 Some(_) => {}
