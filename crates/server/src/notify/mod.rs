@@ -8,7 +8,9 @@
 //!    already ongoing is not sent again until the exchange clears it (the
 //!    process in doubt was settled, the FAILED one finished). The same
 //!    store keeps which alerts an operator acknowledged: the dashboard's
-//!    alert list and open count read it;
+//!    alert list and open count read it. A write the store cannot take
+//!    (the cluster's database out of reach, a full disk) is tried again
+//!    until it succeeds, in order with the later ones ([`record`]);
 //! 2. schedules one delivery per configured channel (e-mail, SMS, webhook)
 //!    in the repeat scheduler (`<data>/.estafeta/alerts-repeat.redb`), due at
 //!    once; the schedule is durable before `raise` returns;
@@ -36,6 +38,7 @@ pub mod disk;
 pub mod outbound;
 pub mod push;
 pub mod raised;
+pub mod record;
 pub mod settings;
 pub mod targets;
 
@@ -118,7 +121,8 @@ type AlertScheduler = Scheduler<Gated<Listed<dyn RepeatStore>>, SystemClock>;
 
 struct Inner {
     settings: NotifySettings,
-    alerts: Arc<dyn AlertStore>,
+    /// The alerts, written in order and until each write is done.
+    alerts: record::Recorder,
     scheduler: Arc<AlertScheduler>,
     /// The deliveries, read to list them (without claiming any).
     store: Arc<dyn RepeatStore>,
@@ -209,7 +213,7 @@ impl Notifier {
         Ok(Notifier {
             inner: Arc::new(Inner {
                 settings,
-                alerts,
+                alerts: record::Recorder::new(alerts),
                 scheduler,
                 store,
                 errors: LastErrors::default(),
@@ -243,17 +247,17 @@ impl Notifier {
     /// The newest `limit` alerts raised, newest first, ended and
     /// acknowledged or not.
     pub async fn alerts(&self, limit: usize) -> Result<Vec<AlertRecord>, RaisedError> {
-        self.inner.alerts.list(limit).await
+        self.inner.alerts.store().list(limit).await
     }
 
     /// An operator acknowledged alert `id` at `at`.
     pub async fn acknowledge(&self, id: u64, at: Timestamp) -> Result<(), RaisedError> {
-        self.inner.alerts.acknowledge(id, at).await
+        self.inner.alerts.store().acknowledge(id, at).await
     }
 
     /// How many alerts no operator acknowledged yet.
     pub async fn unacknowledged(&self) -> Result<u64, RaisedError> {
-        self.inner.alerts.unacknowledged().await
+        self.inner.alerts.store().unacknowledged().await
     }
 
     /// The configured channels.
@@ -475,9 +479,7 @@ impl AlertSink for Notifier {
                     attempt: 0,
                 });
             }
-            if let Err(e) = self.inner.alerts.raise(&alert, entries).await {
-                tracing::error!(error = %e, key = alert.key, "recording an alert failed");
-            }
+            self.inner.alerts.raise(alert, entries).await;
         })
     }
 
@@ -485,11 +487,7 @@ impl AlertSink for Notifier {
         Box::pin(async move {
             let now = self.inner.scheduler.clock().now();
             let at = Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
-            match self.inner.alerts.close(&key, at).await {
-                Ok(true) => tracing::info!(key, "alert condition ended"),
-                Ok(false) => {}
-                Err(e) => tracing::error!(error = %e, key, "clearing an open alert failed"),
-            }
+            self.inner.alerts.close(key, at).await;
         })
     }
 }
