@@ -18,7 +18,7 @@ use crate::{Error, Store};
 
 const GET: &str = "SELECT name, at, expires_at FROM idempotency_keys
     WHERE device_id = $1 AND key = $2 AND expires_at > $3";
-const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
+pub(crate) const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
     ON CONFLICT (device_id, key) DO UPDATE
     SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
@@ -99,6 +99,24 @@ impl UploadKeys for PgKeys {
                 .await?;
             Ok(())
         })
+    }
+
+    /// A row of the step's [`Joint`](crate::joint::Joint), written with
+    /// the step's commit.
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        device: &Id,
+        key: &str,
+        upload: &KeyedUpload,
+    ) -> bool {
+        match crate::joint::of(step) {
+            Some(joint) => {
+                joint.put_key(device.as_str(), key, upload);
+                true
+            }
+            None => false,
+        }
     }
 
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {

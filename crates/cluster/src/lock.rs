@@ -11,6 +11,7 @@
 //! lock cannot write afterwards: its writes belonged to the transaction the
 //! server already rolled back, so there is no stale write to fence off.
 
+use crate::joint::Joint;
 use crate::{Error, Store};
 use deadpool_postgres::Object;
 
@@ -106,30 +107,18 @@ impl Locked {
     }
 
     /// Replace the key's record (`None`: remove it) and its deadline, and
-    /// commit the step, in one round trip: the write, the probe and the
-    /// `COMMIT` travel together (see [`Locked::save`] and
-    /// [`Locked::commit`]). A write that fails aborts the transaction, so
-    /// the `COMMIT` rolls it back and the write's error is returned.
+    /// commit the step, in one round trip: the write and the `COMMIT`
+    /// travel together (see [`Locked::save`] and [`Locked::commit`]). A
+    /// write that fails, or that follows a statement of the step that
+    /// failed, aborts the transaction, so the `COMMIT` rolls it back and the
+    /// write's error is returned.
     pub async fn save_and_commit(
-        mut self,
+        self,
         record: Option<&[u8]>,
         expires_at: Option<i64>,
     ) -> Result<(), Error> {
-        let client = self.client();
-        let save = client.prepare_cached(SAVE).await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&self.key, &record, &expires_at];
-        let (saved, probe, committed) = tokio::join!(
-            client.execute(&save, &params),
-            client.simple_query("SELECT 1"),
-            client.batch_execute("COMMIT")
-        );
-        saved?;
-        probe?;
-        committed?;
-        // Committed: the connection is clean and goes back to the pool.
-        self.client.take();
-        Ok(())
+        self.finish(&Joint::default(), Some((record, expires_at)))
+            .await
     }
 
     /// Commit the step: every statement it ran takes effect at once, and the
@@ -139,12 +128,51 @@ impl Locked {
     /// PostgreSQL answers a `COMMIT` of a transaction that an earlier failed
     /// statement aborted with a silent rollback, and the probe's error is
     /// what reveals it.
-    pub async fn commit(mut self) -> Result<(), Error> {
+    pub async fn commit(self) -> Result<(), Error> {
+        self.finish(&Joint::default(), None).await
+    }
+
+    /// Write `joint`'s rows, then the record's `save` if any (the record,
+    /// `None` to remove it, and its deadline), then commit, all in one
+    /// round trip: the statements and the `COMMIT` travel together. Any
+    /// statement that fails aborts the transaction: the `COMMIT` rolls it
+    /// back, nothing of the step remains, and the statement's error is
+    /// returned. A write sent ahead of the `COMMIT` is also what reveals a
+    /// transaction an earlier statement aborted (it fails then); with no
+    /// write to send, the probe of [`Locked::commit`] goes instead.
+    pub(crate) async fn finish(
+        mut self,
+        joint: &Joint,
+        save: Option<(Option<&[u8]>, Option<i64>)>,
+    ) -> Result<(), Error> {
         let client = self.client();
-        let (probe, committed) = tokio::join!(
-            client.simple_query("SELECT 1"),
+        let prepared = joint.prepare(client).await?;
+        let statement = match save {
+            Some(_) => Some(client.prepare_cached(SAVE).await?),
+            None => None,
+        };
+        let (joined, saved, probe, committed) = tokio::join!(
+            joint.write(client, &prepared),
+            async {
+                match (&statement, save) {
+                    (Some(statement), Some((record, expires_at))) => {
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                            [&self.key, &record, &expires_at];
+                        client.execute(statement, &params).await.map(drop)
+                    }
+                    _ => Ok(()),
+                }
+            },
+            async {
+                match save.is_none() && prepared.is_empty() {
+                    true => client.simple_query("SELECT 1").await.map(drop),
+                    false => Ok(()),
+                }
+            },
             client.batch_execute("COMMIT")
         );
+        joined?;
+        saved?;
         probe?;
         committed?;
         // Committed: the connection is clean and goes back to the pool.

@@ -71,12 +71,20 @@ impl Core {
             // Without a key there is nothing to record before the file; the
             // device's counters are saved once it is durable.
             let mut g = self.device_session(dev.id).await?;
-            self.place(&message, deliver_at).await?;
+            let joined = self
+                .place_in_step(&mut g, &message, deliver_at, None)
+                .await?;
+            if !joined {
+                self.place(&message, deliver_at).await?;
+            }
             let counters = &mut g.persistent_mut().device;
             counters.sent += 1;
             counters.bytes += body_bytes;
             counters.last_seen = Some(now);
             g.release().await?;
+            if joined {
+                self.placed_in_step(&message.to);
+            }
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
             return Ok((
                 MessageAccepted {
@@ -120,6 +128,25 @@ impl Core {
             at: now,
             expires_at: Timestamp::from_millis(now.as_millis().saturating_add(ttl)),
         };
+        let joined = self
+            .place_in_step(&mut g, &message, deliver_at, Some((&key, &upload)))
+            .await?;
+        if joined {
+            let counters = &mut g.persistent_mut().device;
+            counters.sent += 1;
+            counters.bytes += body_bytes;
+            counters.last_seen = Some(now);
+            g.release().await?;
+            self.placed_in_step(&message.to);
+            tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
+            return Ok((
+                MessageAccepted {
+                    version: Version,
+                    id: message.id,
+                },
+                UploadOutcome::Created,
+            ));
+        }
         self.with_keys({
             let (device, key) = (dev.id.clone(), key.clone());
             move |keys| keys.put(&device, &key, &upload)
@@ -153,6 +180,56 @@ impl Core {
             },
             UploadOutcome::Created,
         ))
+    }
+
+    /// With a shared session store whose transactions the message store
+    /// writes in: `message` (due now) and its idempotency `key`, if any, as
+    /// part of the device's step, so that the release's commit makes the
+    /// upload durable with the device's counters, all or nothing (`true`;
+    /// the caller tells [`placed_in_step`](Self::placed_in_step) once the
+    /// release succeeded). `false`: nothing was done, and the message goes
+    /// through [`place`](Self::place) (the key, for the caller to write
+    /// before it).
+    async fn place_in_step(
+        &self,
+        g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
+        message: &Message,
+        deliver_at: Option<Timestamp>,
+        key: Option<(&String, &KeyedUpload)>,
+    ) -> Result<bool, ExchangeError> {
+        if deliver_at.is_some_and(|at| at > self.now()) {
+            return Ok(false);
+        }
+        let Some(step) = g.step() else {
+            return Ok(false);
+        };
+        let queue = self.location(&message.to, Folder::Messages);
+        if self.store.put_in_step(step, &queue, message)?.is_none() {
+            return Ok(false);
+        }
+        if let Some((key, upload)) = key
+            && !self.keys.put_in_step(step, &message.from, key, upload)
+        {
+            // A key store that cannot join the step: the key is durable
+            // before the step commits the message, as on the other path (a
+            // retry after a failed release writes the very same message).
+            self.with_keys({
+                let (device, key, upload) = (message.from.clone(), key.clone(), upload.clone());
+                move |keys| keys.put(&device, &key, &upload)
+            })
+            .await?;
+        }
+        Ok(true)
+    }
+
+    /// A message placed by [`place_in_step`](Self::place_in_step) is
+    /// durable (the release succeeded): its recipient and the commit
+    /// observer are told.
+    fn placed_in_step(&self, to: &Id) {
+        self.arrived(to);
+        if let Some(o) = self.config.quiesce.observer() {
+            o.delivered(1);
+        }
     }
 
     /// The message an earlier upload of `device` with `key` made, if the key
