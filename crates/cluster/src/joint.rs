@@ -22,9 +22,14 @@ pub(crate) fn of(step: &mut dyn estafeta_session::storage::Step) -> Option<&mut 
     step.joint()?.downcast_mut::<Joint>()
 }
 
-/// The rows a step carries until its next commit. Empty for most steps.
+/// What a step offers the exchange's other stores: the registry's change
+/// counter read with its lock, and the rows it carries until its next
+/// commit (none for most steps).
 #[derive(Default)]
 pub(crate) struct Joint {
+    /// The registry's change counter as of the step's lock
+    /// (`Locked::registry`).
+    pub(crate) registry: u64,
     messages: Messages,
     keys: Keys,
 }
@@ -69,6 +74,14 @@ impl Prepared {
 }
 
 impl Joint {
+    /// No rows yet, the registry's change counter at `registry`.
+    pub(crate) fn new(registry: u64) -> Joint {
+        Joint {
+            registry,
+            ..Joint::default()
+        }
+    }
+
     /// Adds a new message into `at`, its stored bytes `bytes`.
     pub(crate) fn put_message(&mut self, at: &Location, message: &Message, bytes: Vec<u8>) {
         let m = &mut self.messages;

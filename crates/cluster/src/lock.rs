@@ -15,8 +15,13 @@ use crate::joint::Joint;
 use crate::{Error, Store};
 use deadpool_postgres::Object;
 
-/// Loads the key's record and locks its row until the transaction ends.
-const SELECT_FOR_UPDATE: &str = "SELECT record FROM sessions WHERE key = $1 FOR UPDATE";
+/// Loads the key's record and locks its row until the transaction ends;
+/// reads the registry's change counter on the way (the same statement: a
+/// command that holds a step needs no round trip of its own to see whether
+/// the registry changed).
+const SELECT_FOR_UPDATE: &str = "SELECT record,
+    coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0)
+    FROM sessions WHERE key = $1 FOR UPDATE";
 /// Makes the key's row when the key has never been seen (its first step).
 const INSERT_KEY: &str = "INSERT INTO sessions (key) VALUES ($1) ON CONFLICT (key) DO NOTHING";
 const SAVE: &str = "UPDATE sessions SET record = $2, expires_at = $3 WHERE key = $1";
@@ -33,6 +38,7 @@ impl Store {
             client: Some(self.client().await?),
             key: key.to_vec(),
             record: None,
+            registry: 0,
         };
         let client = locked.client();
         let select = client.prepare_cached(SELECT_FOR_UPDATE).await?;
@@ -50,6 +56,7 @@ impl Store {
             }
         };
         locked.record = row.get(0);
+        locked.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
         Ok(locked)
     }
 }
@@ -65,9 +72,18 @@ pub struct Locked {
     client: Option<Object>,
     key: Vec<u8>,
     record: Option<Vec<u8>>,
+    registry: u64,
 }
 
 impl Locked {
+    /// The registry's change counter as the step began (read by the locking
+    /// statement, once the lock was granted or before it was waited for:
+    /// every registry change committed before the step asked for its lock
+    /// is counted).
+    pub fn registry(&self) -> u64 {
+        self.registry
+    }
+
     /// The key's stored record as the step began, if any.
     pub fn record(&self) -> Option<&[u8]> {
         self.record.as_deref()

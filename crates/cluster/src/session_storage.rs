@@ -172,8 +172,8 @@ impl Shared for SessionStorage {
     fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
         let locked = self.run(self.store.lock(key))?;
         Ok(Box::new(PgStep {
+            joint: Joint::new(locked.registry()),
             locked: Some(locked),
-            joint: Joint::default(),
             store: self.store.clone(),
             runtime: self.runtime.clone(),
             key: key.to_vec(),
@@ -247,6 +247,7 @@ impl Step for PgStep {
     fn save(&mut self, write: &Write) -> Result<(), StorageError> {
         let locked = self.locked.take().ok_or(StorageError::Conflict)?;
         let joint = std::mem::take(&mut self.joint);
+        self.joint.registry = joint.registry;
         let (committed, again) = self.runtime.block_on(async {
             match PgStep::commit(locked, Some(write), &joint).await {
                 Ok(()) => (Ok(()), self.store.lock(&self.key).await.ok()),
@@ -259,6 +260,9 @@ impl Step for PgStep {
             Write::Delete { .. } => None,
         };
         self.locked = again.filter(|again| again.record() == saved);
+        if let Some(again) = &self.locked {
+            self.joint.registry = again.registry();
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use super::state::DeviceRecord;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
+use crate::token::TokenHash;
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
 use crate::{Id, Timestamp};
@@ -37,10 +38,60 @@ impl Core {
         who: &Principal,
         req: SendMessage,
     ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
-        let dev = device(who)?;
-        let Principal::Device { subsystem, .. } = who else {
-            return Err(ExchangeError::forbidden("device token needed"));
+        let dev = self.check_upload(who, &req)?;
+        let g = self.device_session(dev.id).await?;
+        self.upload(g, who, req).await
+    }
+
+    /// POST /v1/messages by a token the registry's copy in memory knows
+    /// (its hash `presented`), the copy checked inside the device's step:
+    /// with a shared registry, against the change counter the step's lock
+    /// read (reloaded if it moved, without a round trip of its own when it
+    /// did not). `None`: the token is no longer `who`'s, and nothing was
+    /// written.
+    pub(crate) async fn send_presented(
+        &self,
+        who: &Principal,
+        presented: &TokenHash,
+        req: SendMessage,
+    ) -> Result<Option<(MessageAccepted, UploadOutcome)>, ExchangeError> {
+        let dev = self.check_upload(who, &req)?;
+        let mut g = self.device_session(dev.id).await?;
+        let version = g
+            .step()
+            .and_then(|step| self.registry.version_in_step(step));
+        let current = match version {
+            Some(version) => self.registry.refresh_to(version).await,
+            None => self.registry.refresh().await,
         };
+        // A copy brought up to date may say otherwise about the target too.
+        let checked = current.map_err(ExchangeError::from).and_then(|()| {
+            match self.registry.authenticate_hash(presented).as_ref() == Some(who) {
+                true => self.check_upload(who, &req).map(|_| true),
+                false => Ok(false),
+            }
+        });
+        match checked {
+            Ok(true) => self.upload(g, who, req).await.map(Some),
+            Ok(false) => {
+                g.release().await?;
+                Ok(None)
+            }
+            Err(e) => {
+                g.release().await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The checks of an upload that need no session: a device of the
+    /// enterprise of the target database, a well-formed idempotency key.
+    fn check_upload<'a>(
+        &self,
+        who: &'a Principal,
+        req: &SendMessage,
+    ) -> Result<Device<'a>, ExchangeError> {
+        let dev = device(who)?;
         if !self.registry.is_database_of(&req.to, dev.enterprise) {
             return Err(ExchangeError::forbidden(format!(
                 "{} is not a database of this device's enterprise",
@@ -55,6 +106,21 @@ impl Core {
                 format!("idempotency_key must be 1–{MAX_KEY_LEN} bytes"),
             ));
         }
+        Ok(dev)
+    }
+
+    /// An upload checked by [`check_upload`](Self::check_upload), on the
+    /// device's session `g`.
+    async fn upload(
+        &self,
+        mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
+        who: &Principal,
+        req: SendMessage,
+    ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
+        let dev = device(who)?;
+        let Principal::Device { subsystem, .. } = who else {
+            return Err(ExchangeError::forbidden("device token needed"));
+        };
         let now = self.now();
         let deliver_at = req.deliver_at;
         let mut message = Message {
@@ -70,7 +136,6 @@ impl Core {
         let Some(key) = req.idempotency_key else {
             // Without a key there is nothing to record before the file; the
             // device's counters are saved once it is durable.
-            let mut g = self.device_session(dev.id).await?;
             let joined = self
                 .place_in_step(&mut g, &message, deliver_at, None)
                 .await?;
@@ -97,7 +162,6 @@ impl Core {
 
         // The device's session serializes its uploads, so two uploads with
         // one key never race between the lookup and the record.
-        let mut g = self.device_session(dev.id).await?;
         if let Some(earlier) = self.earlier_upload(&mut g, dev.id, &key, now).await? {
             let counters = &mut g.persistent_mut().device;
             counters.duplicates += 1;

@@ -283,6 +283,9 @@ impl<R: RegistryStore> RegistryStore for Gated<R> {
     async fn version(&self) -> Result<u64, TenancyError> {
         self.inner.version().await
     }
+    fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
+        self.inner.version_in_step(step)
+    }
 }
 
 #[async_trait::async_trait]
