@@ -4,7 +4,8 @@
 //! step's save, through a trigger), the client gets an error and neither
 //! the message nor the key exists; the retry makes exactly one message.
 //! An upload checks its token against the registry's change counter read
-//! by the device step's lock: a token changed or a device deleted through
+//! by the device step's lock: a database created through another node takes
+//! its uploads at once, and a token changed or a device deleted through
 //! another node is refused at once, with nothing written.
 
 mod common;
@@ -111,7 +112,7 @@ fn unauthorized(e: &ClientError) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_changed_through_one_node_is_refused_by_the_next_upload_through_another() {
+async fn a_registry_change_through_one_node_holds_for_the_next_upload_through_another() {
     let a = TestServer::start_on(Store::Postgres).await;
     let url = a.store.clone().unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -128,6 +129,17 @@ async fn a_token_changed_through_one_node_is_refused_by_the_next_upload_through_
             .unwrap();
         assert_eq!(rows(&db, "messages").await, n + 1);
     }
+    // A database created through A takes B's uploads at once.
+    a.admin
+        .create_database(&id("acme"), &id("db-b"))
+        .await
+        .unwrap();
+    through_b(&old_token)
+        .send(&message("db-b", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    assert_eq!(rows(&db, "messages").await, 3);
+
     // The token changed through A: B's copy still has the old one, and its
     // next upload with it is refused, nothing written.
     let new_token = a
@@ -141,13 +153,13 @@ async fn a_token_changed_through_one_node_is_refused_by_the_next_upload_through_
         .await
         .unwrap_err();
     assert!(unauthorized(&refused), "{refused}");
-    assert_eq!(rows(&db, "messages").await, 2);
+    assert_eq!(rows(&db, "messages").await, 3);
     assert_eq!(rows(&db, "idempotency_keys").await, 0);
     through_b(&new_token)
         .send(&message("db-a", r#"{"order":2}"#, Some("k-2")))
         .await
         .unwrap();
-    assert_eq!(rows(&db, "messages").await, 3);
+    assert_eq!(rows(&db, "messages").await, 4);
 
     // The device deleted through A: its token is refused through B too.
     a.admin.delete_device(&id("phone-1"), true).await.unwrap();
