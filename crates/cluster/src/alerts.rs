@@ -13,7 +13,11 @@ use estafeta_repeat::Entry;
 use crate::schedule::{PUT_ENTRY, attempt_to_sql, to_sql};
 use crate::{Error, Store};
 
-const RAISE: &str = "INSERT INTO alerts (key, alert) VALUES ($1, $2)
+/// Takes an id only when the condition is not ongoing already (the
+/// `NOT EXISTS` keeps the id sequence dense, as the embedded store's ids
+/// are); the conflict clause settles two nodes raising it at once.
+const RAISE: &str = "INSERT INTO alerts (key, alert) SELECT $1::text, $2::bytea
+    WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE key = $1 AND ended_at IS NULL)
     ON CONFLICT (key) WHERE ended_at IS NULL DO NOTHING RETURNING id";
 const CLOSE: &str = "UPDATE alerts SET ended_at = $2 WHERE key = $1 AND ended_at IS NULL";
 const ACK: &str = "UPDATE alerts SET acked_at = coalesce(acked_at, $2) WHERE id = $1";

@@ -57,6 +57,7 @@ mod lock;
 mod logins;
 mod messages;
 mod migrate;
+pub use migrate::SchemaVersion;
 mod queue;
 mod registry;
 mod schedule;

@@ -17,7 +17,11 @@
 //! the batch's transaction; the scheduler delivers both the same way.
 //!
 //! Nothing is left half-done by a crash, so [`MessageStore::recover_writes`]
-//! has nothing to do and [`MessageStore::orphans`] finds nothing.
+//! has nothing to do. A prepare's replies are stored apart from the step
+//! that names them, though: a node that lost the database's key while
+//! storing them, after another node rolled the process back, leaves rows
+//! in `Prepared` that no process names, which [`MessageStore::orphans`]
+//! finds.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Display;
@@ -615,13 +619,21 @@ impl MessageStore for PgMessages {
         Ok(())
     }
 
-    /// A prepare's replies are written in one statement: there are none.
+    /// The rows of the database's `Prepared` whose id is not referenced,
+    /// from the folder's index range.
     async fn orphans(
         &self,
-        _db: &Id,
-        _referenced: &HashSet<MessageId>,
+        db: &Id,
+        referenced: &HashSet<MessageId>,
     ) -> Result<Vec<FileName>, MailboxError> {
-        Ok(Vec::new())
+        let referenced: Vec<String> = referenced.iter().map(MessageId::to_string).collect();
+        let sql = format!(
+            "SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2
+               AND NOT (id = ANY($3)) ORDER BY created_at, id"
+        );
+        let prepared = Location::new(db.clone(), Folder::Prepared);
+        let entries = self.entries(&prepared, &sql, &[&referenced]).await?;
+        Ok(entries.into_iter().map(|e| e.name).collect())
     }
 
     /// No running totals are kept (each node would need every other

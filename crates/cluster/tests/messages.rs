@@ -100,22 +100,43 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
     assert_eq!(messages.count(&inbox).await.unwrap(), 0);
 }
 
-/// Nothing is left half-done by a crash: no writes to recover, and a
-/// prepare's replies (one statement) are never orphans, referenced or not.
+/// Nothing is left half-done by a crash: no writes to recover. The
+/// orphans of a database are the rows of its `Prepared` that are not
+/// referenced, and no other place's or mailbox's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn there_is_nothing_to_recover_and_no_orphan() {
+async fn orphans_are_the_unreferenced_rows_of_the_databases_prepared() {
     let pg = Postgres::start().unwrap();
     let messages = PgMessages::new(store(&pg).await);
     let prepared = Location::new(id("db-a"), Folder::Prepared);
+    let (named, unnamed) = (
+        message(1, "phone-1", "sales"),
+        message(2, "phone-1", "sales"),
+    );
     messages
-        .put_all(&prepared, &[message(1, "phone-1", "sales")], go())
+        .put_all(&prepared, &[named.clone(), unnamed.clone()], go())
         .await
         .unwrap();
+    let elsewhere = [
+        (
+            Location::new(id("db-a"), Folder::Messages),
+            message(3, "db-a", "sales"),
+        ),
+        (
+            Location::new(id("db-b"), Folder::Prepared),
+            message(4, "phone-1", "sales"),
+        ),
+    ];
+    for (at, m) in &elsewhere {
+        messages.put(at, m).await.unwrap();
+    }
     messages.recover_writes(&id("db-a")).await.unwrap();
-    let referenced = std::collections::HashSet::new();
+    let referenced = std::collections::HashSet::from([named.id]);
     let orphans = messages.orphans(&id("db-a"), &referenced).await.unwrap();
-    assert!(orphans.is_empty());
-    assert_eq!(messages.count(&prepared).await.unwrap(), 1);
+    assert_eq!(orphans, vec![FileName::of(&unnamed)]);
+    let none = std::collections::HashSet::new();
+    let all = messages.orphans(&id("db-a"), &none).await.unwrap();
+    assert_eq!(all, vec![FileName::of(&named), FileName::of(&unnamed)]);
+    assert_eq!(messages.count(&prepared).await.unwrap(), 2);
 }
 
 /// `start`'s query (the one `PgMessages::select` runs), with 20,000

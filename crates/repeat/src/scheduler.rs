@@ -105,6 +105,31 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
         self.write(vec![Op::Put(entry)]).await.map(drop)
     }
 
+    /// Schedules `payload` under `id` in `source`, due at wall-clock second
+    /// `due`, unless an entry with that id exists (in any source), which
+    /// stays as it is; whether it was scheduled. An entry scheduled wakes
+    /// the dispatcher as one [`schedule`](Self::schedule)d does.
+    pub async fn schedule_if_absent(
+        &self,
+        source: &str,
+        due: u64,
+        id: &str,
+        payload: &[u8],
+    ) -> Result<bool, Error> {
+        check_source(source)?;
+        check_id(id)?;
+        check_payload(payload)?;
+        let entry = Entry {
+            source: source.to_owned(),
+            due,
+            id: id.to_owned(),
+            payload: payload.to_vec(),
+            attempt: 0,
+        };
+        let applied = self.write(vec![Op::Restore(entry)]).await?;
+        Ok(matches!(applied.first(), Some(Applied::Placed { .. })))
+    }
+
     /// Schedules many entries in one durable commit (ids replace existing
     /// entries as with [`schedule`](Self::schedule)); all or nothing.
     pub async fn schedule_all(&self, entries: Vec<Entry>) -> Result<(), Error> {

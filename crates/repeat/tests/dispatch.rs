@@ -91,6 +91,38 @@ async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
     assert_eq!(log.len(), 2, "the hour-later entry is not due");
 }
 
+/// An entry scheduled only if its id is absent wakes the sleeping loop as a
+/// scheduled one does; scheduled again under the same id, it stays as it
+/// is (not moved, not handed out twice).
+#[tokio::test(start_paused = true)]
+async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+
+    tokio::time::sleep(Duration::from_millis(10_400)).await;
+    assert!(
+        s.schedule_if_absent("now", T0 + 10, "now", b"a")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.schedule_if_absent("now", T0 + 5, "now", b"b")
+            .await
+            .unwrap()
+    );
+    probe.wait_for(1).await;
+    running.stop().await;
+
+    let log = probe.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!((log[0].id.as_str(), log[0].due), ("now", T0 + 10));
+    let lag = log[0].at - Duration::from_secs(log[0].due);
+    assert!(lag < Duration::from_secs(1), "{lag:?}");
+}
+
 /// A busy source `a` with many due entries, and a quiet source `b` with a few.
 async fn busy_and_quiet(order: SourceOrder) -> Vec<String> {
     let clock = TestClock::new(T0);

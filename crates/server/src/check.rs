@@ -1,7 +1,10 @@
 //! The health of the state folder's redb files: `estafeta check`, which
 //! reports on each file and repairs what redb can, and the look before
 //! serving, which refuses to start on a damaged file with a message that
-//! names it and says what to do.
+//! names it and says what to do. In cluster mode the state is in the
+//! cluster's database and no file under the data folder holds any of it:
+//! `estafeta check` then reports whether the database answers and how its
+//! schema stands against this build ([`check_cluster`]).
 //!
 //! After a crash (`kill -9`, a power loss) redb repairs a file when it is
 //! next opened: the time that takes grows with the file's size, not with
@@ -167,6 +170,61 @@ pub fn check(data_dir: &Path) -> Vec<FileReport> {
         .iter()
         .map(|f| examine(f, true))
         .collect()
+}
+
+/// What `estafeta check` found of a cluster's database.
+#[derive(Debug)]
+pub struct ClusterReport {
+    /// The store's URL, its password masked.
+    pub url: String,
+    /// The schema's version, or why it could not be read.
+    pub schema: Result<estafeta_cluster::SchemaVersion, estafeta_cluster::Error>,
+}
+
+impl ClusterReport {
+    /// Whether a node of this build can serve from the database: it
+    /// answers, and its schema is not newer than this build's (an older
+    /// one is brought up to date at the next start).
+    pub fn is_fit(&self) -> bool {
+        matches!(&self.schema, Ok(v) if v.applied <= v.built)
+    }
+}
+
+impl fmt::Display for ClusterReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = &self.url;
+        match &self.schema {
+            Err(e) => write!(f, "{url}: UNREACHABLE or refused ({e})"),
+            Ok(v) if v.applied == 0 => {
+                write!(f, "{url}: empty (the schema is made at the next start)")
+            }
+            Ok(v) if v.applied < v.built => write!(
+                f,
+                "{url}: ok, schema version {} (brought up to {} at the next start)",
+                v.applied, v.built
+            ),
+            Ok(v) if v.applied == v.built => write!(f, "{url}: ok, schema version {}", v.applied),
+            Ok(v) => write!(
+                f,
+                "{url}: schema version {} is NEWER than this build's {}: run a build at least as \
+                 new as the cluster's other nodes",
+                v.applied, v.built
+            ),
+        }
+    }
+}
+
+/// `estafeta check` in cluster mode: whether the database at `url` answers
+/// and how its schema stands; `masked` is the URL as the report shows it.
+pub async fn check_cluster(url: &str, masked: String) -> ClusterReport {
+    let schema = match estafeta_cluster::Store::connect(url) {
+        Ok(store) => store.schema_version().await,
+        Err(e) => Err(e),
+    };
+    ClusterReport {
+        url: masked,
+        schema,
+    }
 }
 
 /// A state file the server cannot start on.

@@ -27,15 +27,19 @@ pub enum LoggingError {
     /// The event log could not be opened.
     #[error("opening the event log: {0}")]
     EventLog(#[from] crate::events::EventStoreError),
+    /// The `store` setting is not a cluster store's URL.
+    #[error("{0}")]
+    Store(#[from] crate::serve::ServeError),
     /// A global subscriber was installed already.
     #[error("installing the log subscriber: {0}")]
     Init(#[from] tracing_subscriber::util::TryInitError),
 }
 
 /// Installs the global subscriber: the stderr lines of `settings` (`log`,
-/// `log_format`); with `data_dir`, also the event log in
-/// `<data_dir>/.estafeta/events.redb`, kept as long as the
-/// `events_max_age` and `events_max_mb` settings say.
+/// `log_format`); with `data_dir`, also the event log, kept as long as the
+/// `events_max_age` and `events_max_mb` settings say: in the cluster store
+/// when the `store` setting names one, else in
+/// `<data_dir>/.estafeta/events.redb`.
 pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingError> {
     let ansi = std::io::stderr().is_terminal();
     let stderr = stderr_lines(settings, || Redacting(std::io::stderr()), ansi);
@@ -45,7 +49,13 @@ pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingE
                 max_age: settings.events_max_age,
                 max_bytes: settings.events_max_mb.saturating_mul(1 << 20),
             };
-            let log = EventLog::open(&events_file(dir), retention)?;
+            let log = match &settings.store {
+                Some(url) => {
+                    crate::open::check_store_url(url.expose())?;
+                    EventLog::cluster(url.expose(), retention)?
+                }
+                None => EventLog::open(&events_file(dir), retention)?,
+            };
             // Decided once per call site (not per event): protocol steps and
             // alerts at any level, everything else from WARN up.
             let keep = Targets::new()

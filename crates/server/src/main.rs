@@ -87,8 +87,9 @@ enum Command {
     },
     /// Check the state files of the data folder (with the server stopped):
     /// one line per file (ok, repaired, absent, in use or DAMAGED with what
-    /// to do), repairing what redb can. Exit status 0 when every file is fit
-    /// to serve from, 1 otherwise.
+    /// to do), repairing what redb can. In cluster mode (`store` set), check
+    /// that the database answers and that its schema is not newer than this
+    /// build. Exit status 0 when fit to serve from, 1 otherwise.
     Check(SettingsArgs),
     /// A server on a temporary data folder with simulated devices and
     /// processors; prints the dashboard address and the admin token. Logs
@@ -164,7 +165,19 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Check(args) => {
-            let data_dir = args.sources().resolve()?.settings.data_dir;
+            let settings = args.sources().resolve()?.settings;
+            if let Some(url) = &settings.store {
+                let report = runtime()?.block_on(estafeta_server::check::check_cluster(
+                    url.expose(),
+                    url.masked(),
+                ));
+                println!("{report}");
+                if !report.is_fit() {
+                    std::process::exit(1);
+                }
+                return Ok(());
+            }
+            let data_dir = settings.data_dir;
             let reports = estafeta_server::check::check(&data_dir);
             for report in &reports {
                 println!("{report}");

@@ -281,7 +281,7 @@ impl Metrics {
         );
         out.registry.register(
             "estafeta_storage_commit_duration_seconds",
-            "Time of the exchange's durable commits: session save batches and message store writes (an upload, a protocol step's moves)",
+            "Time of the exchange's durable commits: session saves (a save batch, or a cluster step's commit) and message store writes (an upload, a protocol step's moves)",
             self.commits.latency.clone(),
         );
         out.registry.register(

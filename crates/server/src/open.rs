@@ -2,9 +2,9 @@
 //! a node runs on: embedded under the data folder, or a cluster's
 //! PostgreSQL database (the `store` setting). The choice is made here once,
 //! for the exchange's stores and for the node's own state (alerts and their
-//! deliveries, push notifications, dashboard logins, the event log from
-//! the assembly on): in cluster mode no file under the data folder holds
-//! anything needed to recover.
+//! deliveries, push notifications, dashboard logins, the event log): in
+//! cluster mode no file under the data folder holds anything needed to
+//! recover.
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -24,6 +24,7 @@ use estafeta_session::Clock;
 
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
+use crate::events::{EventLogStore, EventStore};
 use crate::notify::disk::free_bytes;
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use crate::serve::{ServeError, Server};
@@ -72,6 +73,18 @@ impl NodeStores {
         Pusher::open_in(notifier, clock, quiesce, self.cluster.as_ref()).await
     }
 
+    /// The event log the dashboard reads: the cluster's `events` table
+    /// (every node's records) or the file under `data_dir`.
+    pub fn events(
+        &self,
+        data_dir: &Path,
+    ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
+        Ok(match &self.cluster {
+            Some(db) => Arc::new(estafeta_cluster::PgEvents::new(db.clone())),
+            None => EventStore::open(&crate::events::events_file(data_dir))?,
+        })
+    }
+
     /// The dashboard's login sessions: in the cluster's database (a login
     /// holds on every node) or in this node's memory.
     pub fn logins(&self) -> Sessions {
@@ -79,6 +92,16 @@ impl NodeStores {
             Some(db) => Sessions::new(estafeta_cluster::PgLogins::new(db.clone())),
             None => Sessions::default(),
         }
+    }
+}
+
+/// Whether `url` can be a `store` setting: a `postgres://` (or
+/// `postgresql://`) URL.
+pub fn check_store_url(url: &str) -> Result<(), ServeError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(())
+    } else {
+        Err(ServeError::StoreUrl)
     }
 }
 
@@ -101,9 +124,7 @@ pub async fn stores(
             cluster: None,
         });
     };
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(ServeError::StoreUrl);
-    }
+    check_store_url(url)?;
     // A node keeps nothing it needs to recover here, but its folder is
     // where `/readyz` checks that the node's disk takes writes.
     let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
@@ -142,7 +163,6 @@ pub async fn stores(
             quiesce.clone(),
         )),
     };
-    crate::events::share(Some(Arc::new(estafeta_cluster::PgEvents::new(db.clone()))));
     Ok(NodeStores {
         exchange,
         cluster: Some(db),

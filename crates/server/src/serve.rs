@@ -57,9 +57,12 @@ pub enum ServeError {
     #[error("opening the cluster store failed: {0}")]
     Store(#[source] estafeta_cluster::Error),
     /// A cluster node could not make its own state folder under the data
-    /// folder (what `/readyz` writes to, and the event log's start-up lines).
+    /// folder (what `/readyz` writes to).
     #[error("making the node's folder {0} failed: {1}")]
     NodeFolder(std::path::PathBuf, #[source] std::io::Error),
+    /// The event log the dashboard reads could not open.
+    #[error("opening the event log failed: {0}")]
+    Events(#[from] crate::events::EventStoreError),
     /// The exchange could not save its state when stopping.
     #[error("stopping the exchange failed: {0}")]
     Shutdown(ExchangeError),
@@ -107,6 +110,7 @@ impl Server {
             .pusher(&notifier, clock.clone(), config.quiesce.clone())
             .await?;
         let sessions = stores.logins();
+        let events = stores.events(&config.data_dir)?;
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
@@ -120,6 +124,7 @@ impl Server {
             notifier,
             pusher,
             sessions,
+            events,
             Metrics::new(commits),
         );
         Ok((Server { state }, admin))

@@ -1,8 +1,8 @@
 //! [`AppState`]: what every handler shares: the exchange (whose phase is
 //! the server's readiness), the HTTP settings, the request counters, the
 //! notifier (which delivers and keeps the alerts), push notifications, the
-//! dashboard's login sessions and failed logins, and when each client last
-//! called.
+//! dashboard's login sessions and failed logins, the event log it reads,
+//! and when each client last called.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use estafeta_exchange::Exchange;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::dashboard::throttle::LoginThrottle;
+use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};
@@ -33,19 +34,23 @@ struct Inner {
     notifier: Notifier,
     /// Push notifications: the exchange's push sink.
     pusher: Pusher,
+    /// The event log the dashboard's events page reads (this node's file,
+    /// or the cluster's table).
+    events: Arc<dyn EventLogStore>,
 }
 
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
     /// sinks and `metrics`' commits as its observer, the dashboard's logins
-    /// kept in `sessions` ([`crate::Server::open`] builds them in that
-    /// order).
+    /// kept in `sessions`, the event log read from `events`
+    /// ([`crate::Server::open`] builds them in that order).
     pub fn new(
         exchange: Exchange,
         http: HttpSettings,
         notifier: Notifier,
         pusher: Pusher,
         sessions: Sessions,
+        events: Arc<dyn EventLogStore>,
         metrics: Metrics,
     ) -> Self {
         AppState {
@@ -58,6 +63,7 @@ impl AppState {
                 exchange,
                 notifier,
                 pusher,
+                events,
             }),
         }
     }
@@ -75,6 +81,11 @@ impl AppState {
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The event log the dashboard reads.
+    pub fn events(&self) -> &Arc<dyn EventLogStore> {
+        &self.inner.events
     }
 
     /// The dashboard's login sessions.

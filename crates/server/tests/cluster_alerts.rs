@@ -10,9 +10,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::cluster::{node_env, two_nodes, wait_count};
 use common::{Binary, Tenancy, message, next, ready_process};
 use common::{recorder, smtp_server};
-use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use reqwest::StatusCode;
@@ -73,19 +73,6 @@ async fn page(node: &Binary, path: &str, cookie: &str) -> (StatusCode, String) {
     (r.status(), r.text().await.unwrap())
 }
 
-/// Polls `sql` (one count) until it gives `want`.
-async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
-    for _ in 0..6000 {
-        let client = db.client().await.unwrap();
-        let n: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
-        if n == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{sql} never gave {want}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     let pg = Postgres::start().unwrap();
@@ -93,22 +80,16 @@ async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();
     let smtp_url = format!("smtp://{}", smtp.addr);
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
-        ("ESTAFETA_READY_TIMEOUT", "1s"),
-        ("ESTAFETA_ALERT_RETRY", "1s"),
-        ("ESTAFETA_ALERT_PROBE", "0"),
-        ("ESTAFETA_DISK_ALERT_MB", "0"),
-        ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
-        ("ESTAFETA_SMTP_URL", smtp_url.as_str()),
-    ];
-    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
-    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
-    let admin_b = Client::new(&b.base, common::ADMIN_TOKEN).unwrap();
-    common::wait_ready(&admin_a).await;
-    common::wait_ready(&admin_b).await;
+    let env = node_env(
+        &url,
+        &[
+            ("ESTAFETA_READY_TIMEOUT", "1s"),
+            ("ESTAFETA_ALERT_RETRY", "1s"),
+            ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
+            ("ESTAFETA_SMTP_URL", smtp_url.as_str()),
+        ],
+    );
+    let [(a, admin_a), (b, admin_b)] = two_nodes(dir.path(), &env).await;
 
     // A process left READY_TO_COMMIT goes in doubt at its deadline,
     // whichever node acts on it.
@@ -185,18 +166,8 @@ async fn an_arrival_is_pushed_once_by_two_nodes() {
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
-        ("ESTAFETA_ALERT_PROBE", "0"),
-        ("ESTAFETA_DISK_ALERT_MB", "0"),
-    ];
-    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
-    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
-    let admin_b = Client::new(&b.base, common::ADMIN_TOKEN).unwrap();
-    common::wait_ready(&admin_a).await;
-    common::wait_ready(&admin_b).await;
+    let env = node_env(&url, &[]);
+    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
     let t = Tenancy::provision(&admin_a).await;
     // Set through A, which also takes the uploads; either node sends.
     let set = http()

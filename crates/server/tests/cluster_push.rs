@@ -8,27 +8,15 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use common::cluster::{node_env, two_nodes, wait_count};
 use common::recorder::{self, Hit};
 use common::{Binary, id, message, next};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use reqwest::StatusCode;
 use tokio::sync::mpsc::UnboundedReceiver;
-
-/// Polls `sql` (one count) until it gives `want`.
-async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
-    for _ in 0..6000 {
-        let client = db.client().await.unwrap();
-        let n: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
-        if n == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{sql} never gave {want}");
-}
 
 /// Sets (`Some`) or removes (`None`) database `db`'s webhook through `node`.
 async fn set_webhook(node: &Binary, db: &str, url: Option<String>) {
@@ -73,18 +61,8 @@ async fn every_node_pushes_to_the_webhook_set_last_through_any_node() {
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
-        ("ESTAFETA_ALERT_PROBE", "0"),
-        ("ESTAFETA_DISK_ALERT_MB", "0"),
-    ];
-    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
-    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
-    let admin_b = Client::new(&b.base, common::ADMIN_TOKEN).unwrap();
-    common::wait_ready(&admin_a).await;
-    common::wait_ready(&admin_b).await;
+    let env = node_env(&url, &[]);
+    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
     // Both nodes loaded the registry before any webhook existed.
     admin_a.create_enterprise(&id("acme")).await.unwrap();
     admin_a
@@ -133,17 +111,8 @@ async fn a_scheduled_message_delivered_by_a_node_no_call_reached_is_pushed() {
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
-        ("ESTAFETA_ALERT_PROBE", "0"),
-        ("ESTAFETA_DISK_ALERT_MB", "0"),
-    ];
-    let a = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let b = Binary::serve(dir.path(), &dir.path().join("b"), &[], &env).await;
-    let admin_a = Client::new(&a.base, common::ADMIN_TOKEN).unwrap();
-    common::wait_ready(&admin_a).await;
-    common::wait_ready(&Client::new(&b.base, common::ADMIN_TOKEN).unwrap()).await;
+    let env = node_env(&url, &[]);
+    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
     // From here on every call goes to A: B's registry is the one it read
     // before any of this.
     admin_a.create_enterprise(&id("acme")).await.unwrap();

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::cluster::node_env;
 use common::{Binary, provision_one};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
@@ -33,12 +34,7 @@ async fn a_database_down_is_a_storage_error_counted_as_a_store_unavailable() {
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_ADMIN_TOKEN", common::ADMIN_TOKEN),
-        ("ESTAFETA_ALERT_PROBE", "0"),
-        ("ESTAFETA_DISK_ALERT_MB", "0"),
-    ];
+    let env = node_env(&url, &[]);
     let node = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
     let admin = Client::new(&node.base, common::ADMIN_TOKEN).unwrap();
     common::wait_ready(&admin).await;

@@ -332,3 +332,18 @@ async fn config_check_reads_a_file_as_serve_would() {
     .await;
     assert!(ok, "{err}");
 }
+
+#[tokio::test]
+async fn a_store_that_is_not_postgres_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = serve_refused(
+        dir.path(),
+        &[("ESTAFETA_STORE", "mysql://db.example/estafeta")],
+    )
+    .await;
+    assert!(
+        err.contains("the store setting must be a postgres:// (or postgresql://) URL"),
+        "{err}"
+    );
+    assert!(!dir.path().join("data").exists(), "nothing was made: {err}");
+}

@@ -113,9 +113,8 @@ async fn post(
     req.send().await.unwrap()
 }
 
-#[tokio::test]
-async fn nothing_admin_only_is_reachable_without_a_login() {
-    let server = TestServer::start().await;
+async fn nothing_admin_only_is_reachable_without_a_login(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
     for page in PAGES
@@ -159,10 +158,13 @@ async fn nothing_admin_only_is_reachable_without_a_login() {
     );
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    nothing_admin_only_is_reachable_without_a_login
+);
 
-#[tokio::test]
-async fn login_opens_a_strict_http_only_session() {
-    let server = TestServer::start().await;
+async fn login_opens_a_strict_http_only_session(store: Store) {
+    let server = TestServer::start_on(store).await;
     let wrong = login_with(&server, "not-the-token", &[]).await;
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     assert!(set_cookie(&wrong, "estafeta_admin").is_none());
@@ -196,10 +198,13 @@ async fn login_opens_a_strict_http_only_session() {
     assert_ne!(other, id, "each login its own session");
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    login_opens_a_strict_http_only_session
+);
 
-#[tokio::test]
-async fn every_page_renders_with_protective_headers() {
-    let server = TestServer::start().await;
+async fn every_page_renders_with_protective_headers(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     let s = login(&server).await;
@@ -272,10 +277,13 @@ async fn every_page_renders_with_protective_headers() {
     assert!(bad.text().await.unwrap().contains("filter-error"));
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    every_page_renders_with_protective_headers
+);
 
-#[tokio::test]
-async fn actions_without_the_csrf_token_are_refused_and_change_nothing() {
-    let server = TestServer::start().await;
+async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     t.db_a.commit(&pid).await.unwrap();
@@ -354,10 +362,13 @@ async fn actions_without_the_csrf_token_are_refused_and_change_nothing() {
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    actions_without_the_csrf_token_are_refused_and_change_nothing
+);
 
-#[tokio::test]
-async fn a_message_in_error_is_shown_and_discarded() {
-    let server = TestServer::start().await;
+async fn a_message_in_error_is_shown_and_discarded(store: Store) {
+    let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     t.db_a.commit(&pid).await.unwrap();
@@ -429,16 +440,15 @@ async fn a_message_in_error_is_shown_and_discarded() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    a_message_in_error_is_shown_and_discarded
+);
 
-#[tokio::test]
-async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
-    let server = TestServer::start_custom(
-        Store::Embedded,
-        estafeta_server::HttpSettings::default(),
-        |c| {
-            c.ready_timeout = std::time::Duration::from_millis(200);
-        },
-    )
+async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand(store: Store) {
+    let server = TestServer::start_custom(store, estafeta_server::HttpSettings::default(), |c| {
+        c.ready_timeout = std::time::Duration::from_millis(200);
+    })
     .await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
@@ -535,6 +545,10 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand() {
     );
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test]
+    an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand
+);
 
 /// Fetches `path` until `done` holds for its HTML (the figures are live).
 async fn wait_page(
@@ -573,11 +587,10 @@ fn row_with<'a>(html: &'a str, marker: &str) -> &'a str {
     &html[start..end]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
+async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host(store: Store) {
     use estafeta_server::notify::NotifySettings;
     let server = TestServer::start_notified(
-        Store::Embedded,
+        store,
         estafeta_server::HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -624,7 +637,7 @@ async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
     let push = row_with(&page, "data-source=\"push\"");
     assert!(push.contains("<td class=\"attempts\">1</td>"), "{push}");
     assert!(push.contains("retrying"), "{push}");
-    assert!(push.contains("database/db-a/"), "{push}");
+    assert!(push.contains("database/db-a"), "{push}");
     let scheduled = row_with(&page, "data-source=\"deliver_at\"");
     assert!(scheduled.contains("scheduled"), "{scheduled}");
     assert!(row_with(&page, "id=\"source-push\"").contains("<td class=\"entries\">1</td>"));
@@ -646,15 +659,18 @@ async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host() {
     assert!(queues.contains("data-live"), "the figures refresh live");
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    queue_and_delivery_pages_show_a_push_waiting_for_its_host
+);
 
 /// The overview's open count, the `estafeta_alerts_open` metric and the
 /// alerts page read the notifier's one store: acknowledging moves all of
 /// them, a condition that goes on is not a new alert (acknowledged or
 /// not), and once it ended the same condition is news again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledging_and_the_open_count_read_one_alert_store() {
+async fn acknowledging_and_the_open_count_read_one_alert_store(store: Store) {
     use estafeta_exchange::{Alert, AlertKind};
-    let server = TestServer::start().await;
+    let server = TestServer::start_on(store).await;
     let s = login(&server).await;
     let page = |path: &'static str| {
         let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
@@ -754,10 +770,16 @@ async fn acknowledging_and_the_open_count_read_one_alert_store() {
     assert!(refused.to_string().contains("401"), "{refused}");
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    acknowledging_and_the_open_count_read_one_alert_store
+);
 
 /// The event log page reads the event store: filtered by database,
 /// message and request id, a page at a time with a link to older events,
-/// and each event shows the request it happened in.
+/// and each event shows the request it happened in. Embedded only: it
+/// writes the records into the data folder's file itself (the cluster's
+/// log is read across nodes in `cluster_alerts`).
 #[tokio::test]
 async fn the_event_log_page_filters_and_pages_the_event_store() {
     use estafeta_server::events::{EventRecord, EventStore, Retention, events_file};

@@ -61,14 +61,13 @@ async fn wait_in_doubt(client: &Client, pid: &ProcessId) {
     panic!("the process did not go in doubt");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
+async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook(store: Store) {
     let mut smtp = smtp_server::start(smtp_server::Options::default()).await;
     let (sms_addr, mut sms) = recorder::start().await;
     let (hook_addr, mut hook) = recorder::start().await;
     let smtp_addr = smtp.addr;
     let server = TestServer::start_notified(
-        Store::Embedded,
+        store,
         HttpSettings::default(),
         |c| c.ready_timeout = Duration::from_secs(1),
         |data| NotifySettings {
@@ -139,12 +138,15 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook() {
     assert!(third.data.contains("back in doubt"), "{}", third.data);
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back() {
+async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back(store: Store) {
     let gateway = recorder::closed_port();
     let server = TestServer::start_notified(
-        Store::Embedded,
+        store,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -175,9 +177,13 @@ async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back() {
     assert!(hit.uri.contains("15550100"), "{}", hit.uri);
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_gateway_that_is_down_gets_the_alert_once_it_is_back
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_alert_survives_a_restart_of_the_binary() {
+async fn a_pending_alert_survives_a_restart_of_the_binary(store: Store) {
+    let store = store.setting();
     let cwd = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let hook = recorder::closed_port();
@@ -189,7 +195,7 @@ async fn a_pending_alert_survives_a_restart_of_the_binary() {
         ("ESTAFETA_DISK_ALERT_MB", "0"),
         ("ESTAFETA_ALERT_WEBHOOK", url.as_str()),
     ];
-    let first = Binary::serve(cwd.path(), data.path(), &[], &env).await;
+    let first = Binary::serve_on(store.as_deref(), cwd.path(), data.path(), &[], &env).await;
     let admin = Client::new(&first.base, common::ADMIN_TOKEN).unwrap();
     common::wait_ready(&admin).await;
     let t = Tenancy::provision(&admin).await;
@@ -200,7 +206,7 @@ async fn a_pending_alert_survives_a_restart_of_the_binary() {
     // The webhook comes up while the server is down; the restarted server
     // delivers what was pending.
     let mut hits = recorder::serve(tokio::net::TcpListener::bind(hook).await.unwrap());
-    let second = Binary::serve(cwd.path(), data.path(), &[], &env).await;
+    let second = Binary::serve_on(store.as_deref(), cwd.path(), data.path(), &[], &env).await;
     // The server's health probes (on by default) GET the origin, `/`.
     let hit = loop {
         let hit = next(&mut hits).await;
@@ -213,12 +219,15 @@ async fn a_pending_alert_survives_a_restart_of_the_binary() {
     assert_eq!(body["alert"]["key"], format!("in_doubt:{pid}"));
     assert_eq!(second.terminate().await, Some(0));
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_pending_alert_survives_a_restart_of_the_binary
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn free_disk_under_the_threshold_alerts() {
+async fn free_disk_under_the_threshold_alerts(store: Store) {
     let (hook_addr, mut hook) = recorder::start().await;
     let server = TestServer::start_notified(
-        Store::Embedded,
+        store,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -234,7 +243,12 @@ async fn free_disk_under_the_threshold_alerts() {
     assert_eq!(body["alert"]["key"], "disk_low:data");
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    free_disk_under_the_threshold_alerts
+);
 
+/// Embedded only: it breaks a mailbox folder of the data folder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     let (hook_addr, mut hook) = recorder::start().await;
@@ -295,12 +309,11 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     server.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_failing_its_probes_raises_a_host_down_alert() {
+async fn a_gateway_failing_its_probes_raises_a_host_down_alert(store: Store) {
     let gateway = recorder::closed_port();
     let (hook_addr, mut hook) = recorder::start().await;
     let server = TestServer::start_notified(
-        Store::Embedded,
+        store,
         HttpSettings::default(),
         |_| {},
         |data| NotifySettings {
@@ -329,3 +342,7 @@ async fn a_gateway_failing_its_probes_raises_a_host_down_alert() {
     }
     server.stop().await.unwrap();
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_gateway_failing_its_probes_raises_a_host_down_alert
+);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::clock::ManualClock;
 use common::restartable::Server;
-use common::{Tenancy, id, message, start_request};
+use common::{Store, Tenancy, id, message, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
 use estafeta_exchange::{MessageId, Timestamp};
@@ -22,11 +22,11 @@ async fn upload_due(t: &Tenancy, clock: &ManualClock, after: Duration) -> Messag
     t.phone1.send(&m).await.unwrap().accepted.id
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before() {
+async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before(store: Store) {
+    let store = store.setting();
     let data = tempfile::tempdir().unwrap();
     let clock = ManualClock::now();
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let t = Tenancy::provision(&server.admin).await;
 
     let in_an_hour = upload_due(&t, &clock, Duration::from_secs(3600)).await;
@@ -44,7 +44,7 @@ async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before() {
 
     // The server restarts before the later one is due; it is kept.
     server.stop().await;
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     assert_eq!(server.queued().await, vec![in_half_an_hour]);
     clock.advance(Duration::from_secs(1800));
     server.wait_queued(in_an_hour).await;
@@ -52,12 +52,16 @@ async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before() {
     assert_eq!(server.queued().await, vec![in_an_hour, in_half_an_hour]);
     server.stop().await;
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_scheduled_message_enters_the_queue_at_its_time_and_not_before
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deliver_at_in_the_past_delivers_at_once() {
+async fn a_deliver_at_in_the_past_delivers_at_once(store: Store) {
+    let store = store.setting();
     let data = tempfile::tempdir().unwrap();
     let clock = ManualClock::now();
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let t = Tenancy::provision(&server.admin).await;
     let mut m = message("db-a", "{}", None);
     m.deliver_at = Some(Timestamp::from_millis(0));
@@ -65,16 +69,20 @@ async fn a_deliver_at_in_the_past_delivers_at_once() {
     assert_eq!(server.queued().await, vec![sent]);
     server.stop().await;
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_deliver_at_in_the_past_delivers_at_once
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart() {
+async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store: Store) {
     use estafeta_exchange::wire::{
         Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
     };
     use estafeta_session::Clock;
+    let store = store.setting();
     let data = tempfile::tempdir().unwrap();
     let clock = ManualClock::now();
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let t = Tenancy::provision(&server.admin).await;
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     let started = t.db_a.start(&start_request("db-a")).await.unwrap();
@@ -121,7 +129,7 @@ async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart() {
     assert!(prepared.files.is_empty());
 
     server.stop().await;
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     assert_eq!(server.queued_at("phone-1").await, vec![now_id]);
     clock.advance(Duration::from_secs(3601));
     for _ in 0..3000 {
@@ -133,6 +141,10 @@ async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart() {
     }
     panic!("the scheduled reply did not reach the inbox");
 }
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliver_at_is_in_the_openapi_document() {

@@ -5,7 +5,7 @@ mod common;
 
 use common::clock::ManualClock;
 use common::restartable::Server;
-use common::{Tenancy, id, message, start_request};
+use common::{Store, Tenancy, id, message, start_request};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::{
     Body, CallStatus, DatabaseStats, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
@@ -20,11 +20,11 @@ async fn db_a(server: &Server) -> DatabaseStats {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn database_counters_survive_a_restart() {
+async fn database_counters_survive_a_restart(store: Store) {
+    let store = store.setting();
     let data = tempfile::tempdir().unwrap();
     let clock = ManualClock::now();
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     let t = Tenancy::provision(&server.admin).await;
     for n in 0..2 {
         t.phone1
@@ -72,7 +72,12 @@ async fn database_counters_survive_a_restart() {
     assert!(before.last_seen.is_some());
 
     server.stop().await;
-    let server = Server::start(data.path(), &clock).await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
     assert_eq!(db_a(&server).await, before);
     server.stop().await;
 }
+
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    database_counters_survive_a_restart
+);

@@ -5,11 +5,9 @@
 //! (a clock it moves); waits are for something the server shows (a POST
 //! arriving, a figure of `/metrics`), never for a fixed time.
 //!
-//! The deliveries are tested on the embedded store only: a cluster node
-//! writes an arrival's notification into the shared queue without waking
-//! its scheduler, which finds it at its next look, a second later by the
-//! server's clock, and the clock of these tests does not move by itself.
-//! The admin API's checks run on both stores.
+//! Every test runs on both stores (`name::embedded`, `name::postgres`): a
+//! cluster node writes an arrival's notification through its own
+//! scheduler, which it wakes, so nothing waits for the clock to move.
 
 mod common;
 
@@ -82,10 +80,55 @@ async fn wait_metric(base: &str, series: &str, want: f64) {
         .unwrap_or_else(|_| panic!("{series} did not reach {want}"));
 }
 
-/// Waits until a failed push waits for its retry: one entry, none due.
-async fn wait_retrying(base: &str) {
-    wait_metric(base, r#"estafeta_repeat_entries{source="push"}"#, 1.0).await;
-    wait_metric(base, r#"estafeta_repeat_backlog{source="push"}"#, 0.0).await;
+/// Waits until the one push notification waits for its retry after
+/// `attempts` failed attempts: one entry, none due. Over PostgreSQL (`url`)
+/// also until its stored attempts say so: a claimed entry, its attempt
+/// under way, is not due either.
+async fn wait_retrying(server: &Server, url: Option<&str>, attempts: i32) {
+    wait_metric(
+        &server.base,
+        r#"estafeta_repeat_entries{source="push"}"#,
+        1.0,
+    )
+    .await;
+    wait_metric(
+        &server.base,
+        r#"estafeta_repeat_backlog{source="push"}"#,
+        0.0,
+    )
+    .await;
+    let Some(url) = url else { return };
+    let db = estafeta_cluster::Store::connect(url).unwrap();
+    let polled = async {
+        loop {
+            let client = db.client().await.unwrap();
+            let rows = client
+                .query(
+                    "SELECT attempt FROM repeat_entries WHERE source = 'push'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if rows.iter().map(|r| r.get::<_, i32>(0)).eq([attempts]) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, polled)
+        .await
+        .unwrap_or_else(|_| panic!("the push never waited after {attempts} attempts"));
+}
+
+/// A server on `store` (its setting `url`) over a new data folder, its
+/// notifications sent as `notify` (given the folder) says.
+async fn start(
+    data: &std::path::Path,
+    url: Option<&str>,
+    clock: &ManualClock,
+    notify: NotifySettings,
+) -> Server {
+    Server::start_notified_on(data, url, clock, notify).await
 }
 
 /// Asserts the notification for `recipient` of `kind`: exactly the small
@@ -105,12 +148,16 @@ fn assert_notification(post: &Post, recipient: &str, kind: &str, clock: &ManualC
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    arrivals_are_pushed_to_database_and_device_webhooks_without_bodies
+);
+async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
-    let server =
-        Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
+    let notify = settings(data.path(), Duration::ZERO);
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     let (addr, mut hook) = webhook::start(Script::default()).await;
     set_webhook(&server, "databases/db-b", &format!("http://{addr}/db")).await;
@@ -155,12 +202,16 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fifty_arrivals_while_the_webhook_is_slow_make_two_posts
+);
+async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
-    let server =
-        Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
+    let notify = settings(data.path(), Duration::ZERO);
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     let (addr, mut hook) = webhook::start(Script {
         held: true,
@@ -176,6 +227,18 @@ async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts() {
         let body = format!(r#"{{"n":{n}}}"#);
         t.phone1.send(&message("db-a", &body, None)).await.unwrap();
     }
+    // One more is pending: a mark in memory, or in the cluster's store a
+    // second entry (the first one's `again`).
+    let pending = match store {
+        Store::Embedded => 1.0,
+        Store::Postgres => 2.0,
+    };
+    wait_metric(
+        &server.base,
+        r#"estafeta_repeat_entries{source="push"}"#,
+        pending,
+    )
+    .await;
     hook.open();
     let second = next(&mut hook.posts).await;
     assert_notification(&second, "db-a", "database", &clock);
@@ -190,12 +253,16 @@ async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_failing_twice_gets_the_push_on_the_third_try() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_webhook_failing_twice_gets_the_push_on_the_third_try
+);
+async fn a_webhook_failing_twice_gets_the_push_on_the_third_try(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
-    let server =
-        Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
+    let notify = settings(data.path(), Duration::ZERO);
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     let (addr, mut hook) = webhook::start(Script {
         statuses: vec![500, 500],
@@ -205,11 +272,11 @@ async fn a_webhook_failing_twice_gets_the_push_on_the_third_try() {
     set_webhook(&server, "databases/db-a", &format!("http://{addr}/db")).await;
 
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
-    for _ in 0..2 {
+    for attempts in 1..=2 {
         next(&mut hook.posts).await;
         // Answered 500: the push waits for its retry (backoff), not sent
         // again before the clock moves.
-        wait_retrying(&server.base).await;
+        wait_retrying(&server, url.as_deref(), attempts).await;
         assert!(hook.posts.try_recv().is_err());
         clock.advance(AN_HOUR);
     }
@@ -225,12 +292,17 @@ async fn a_webhook_failing_twice_gets_the_push_on_the_third_try() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up
+);
+async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
     let probe = Duration::from_millis(50);
-    let server = Server::start_notified(data.path(), &clock, settings(data.path(), probe)).await;
+    let notify = settings(data.path(), probe);
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     let addr = common::recorder::closed_port();
     let host = format!("http://{addr}");
@@ -238,7 +310,7 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up() {
 
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first try meets a closed port; the host's probes fail and mark it down.
-    wait_retrying(&server.base).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
     let up = format!(r#"estafeta_sendq_host_up{{queue="http",host="{host}"}}"#);
     wait_metric(&server.base, &up, 0.0).await;
     // The retry finds the host down: queued, not failed.
@@ -261,12 +333,23 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up
+);
+/// The first retry waits an hour: longer than a cluster node's claim on a
+/// notification, so that a node (which leaves alone what waits less, as
+/// another node may be sending it) hurries it too.
+async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
     let probe = Duration::from_millis(50);
-    let server = Server::start_notified(data.path(), &clock, settings(data.path(), probe)).await;
+    let notify = NotifySettings {
+        retry: AN_HOUR,
+        ..settings(data.path(), probe)
+    };
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     let addr = common::recorder::closed_port();
     let host = format!("http://{addr}");
@@ -274,7 +357,7 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up() {
 
     let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
     assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    wait_retrying(&server.base).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
     let up = format!(r#"estafeta_sendq_host_up{{queue="http",host="{host}"}}"#);
     wait_metric(&server.base, &up, 0.0).await;
 
@@ -292,12 +375,16 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_push_survives_a_restart() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_pending_push_survives_a_restart
+);
+async fn a_pending_push_survives_a_restart(store: Store) {
     let data = tempfile::tempdir().unwrap();
+    let url = store.setting();
     let clock = ManualClock::now();
-    let server =
-        Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
+    let notify = settings(data.path(), Duration::ZERO);
+    let server = start(data.path(), url.as_deref(), &clock, notify.clone()).await;
     let t = Tenancy::provision(&server.admin).await;
     let addr = common::recorder::closed_port();
     set_webhook(&server, "devices/phone-1", &format!("http://{addr}/phone")).await;
@@ -305,18 +392,18 @@ async fn a_pending_push_survives_a_restart() {
     // A reply for phone-1 while its webhook is unreachable.
     let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
     assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    wait_retrying(&server.base).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
     server.stop().await;
 
-    // The webhook comes up while the server is down; the restarted server
-    // (the webhook read back from phone-1's session) sends what was pending.
+    // The webhook comes up and the retry falls due while the server is
+    // down; the restarted server (the webhook read back from phone-1's
+    // session, or the cluster's registry) sends what was pending.
     let mut hook = webhook::serve(
         tokio::net::TcpListener::bind(addr).await.unwrap(),
         Script::default(),
     );
-    let server =
-        Server::start_notified(data.path(), &clock, settings(data.path(), Duration::ZERO)).await;
     clock.advance(AN_HOUR);
+    let server = start(data.path(), url.as_deref(), &clock, notify).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
     assert_notification(&post, "phone-1", "device", &clock);
@@ -433,27 +520,31 @@ async fn the_webhook_admin_api_checks_its_input(store: Store) {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting() {
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting
+);
+async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting(store: Store) {
     use estafeta_server::notify::targets::PrivateTargets;
     let (addr, mut hook) = webhook::start(Script::default()).await;
-    let url = format!("http://localhost:{}/db", addr.port());
+    let webhook = format!("http://localhost:{}/db", addr.port());
     for private in [PrivateTargets::Deny, PrivateTargets::Allow] {
         let data = tempfile::tempdir().unwrap();
+        let url = store.setting();
         let clock = ManualClock::now();
         let notify = NotifySettings {
             webhook_private: private,
             ..settings(data.path(), Duration::ZERO)
         };
-        let server = Server::start_notified(data.path(), &clock, notify).await;
+        let server = start(data.path(), url.as_deref(), &clock, notify).await;
         let t = Tenancy::provision(&server.admin).await;
-        set_webhook(&server, "databases/db-b", &url).await;
+        set_webhook(&server, "databases/db-b", &webhook).await;
         t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
         match private {
             // localhost resolves to loopback, a private range: refused
             // before any connection, so the push waits for a retry.
             PrivateTargets::Deny => {
-                wait_retrying(&server.base).await;
+                wait_retrying(&server, url.as_deref(), 1).await;
                 assert!(hook.posts.try_recv().is_err(), "a refused host got a POST");
             }
             PrivateTargets::Allow => {

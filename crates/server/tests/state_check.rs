@@ -1,7 +1,8 @@
 //! Damaged state files through the real binary: `estafeta serve` refuses
 //! to start on a truncated or overwritten redb file with a message that
 //! names it and says what to do, and `estafeta check` reports on every
-//! state file (after a `kill -9` too), exiting non-zero on damage.
+//! state file (after a `kill -9` too), exiting non-zero on damage; in
+//! cluster mode it reports on the database instead.
 
 mod common;
 
@@ -17,8 +18,19 @@ const TOKEN: &str = "check-admin-0123456789abcdef0123456789";
 /// Runs the binary with `args` in `cwd` on the data folder `data`:
 /// (success, stdout, stderr). A start that does not end fails the test.
 async fn run(cwd: &Path, data: &Path, args: &[&str]) -> (bool, String, String) {
+    run_with(cwd, data, args, &[]).await
+}
+
+/// [`run`] with `env` added.
+async fn run_with(
+    cwd: &Path,
+    data: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, String, String) {
     let out = estafeta(cwd)
         .args(args)
+        .envs(env.iter().copied())
         .env("ESTAFETA_DATA_DIR", data)
         .env("ESTAFETA_LISTEN", "127.0.0.1:0")
         .env("ESTAFETA_ADMIN_TOKEN", TOKEN)
@@ -213,4 +225,66 @@ async fn start_up_time_after_a_crash_with_100k_process_records() {
          ready in {ready:?}; after a clean stop, ready in {clean:?}; `estafeta check` {check:?}",
         size >> 20
     );
+}
+
+/// In cluster mode `estafeta check` looks at the database, not the data
+/// folder: empty before the first start, its schema version after it, not
+/// fit when it cannot be reached or its schema is newer than this build.
+#[tokio::test]
+async fn check_in_cluster_mode_reports_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let url = common::postgres::database();
+    let store = [("ESTAFETA_STORE", url.as_str())];
+    let (ok, out, err) = run_with(dir.path(), &data, &["check"], &store).await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("empty (the schema is made at the next start)"),
+        "{out}"
+    );
+    assert!(!data.join(".estafeta").exists(), "check made files: {out}");
+
+    let node = Binary::serve_on(
+        Some(&url),
+        dir.path(),
+        &data,
+        &[],
+        &[("ESTAFETA_ADMIN_TOKEN", TOKEN)],
+    )
+    .await;
+    wait_ready(&Client::new(&node.base, TOKEN).unwrap()).await;
+    node.kill9().await;
+    let (ok, out, _) = run_with(dir.path(), &data, &["check"], &store).await;
+    assert!(ok, "{out}");
+    assert!(out.contains(": ok, schema version "), "{out}");
+    assert!(!out.contains("events.redb"), "{out}");
+
+    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    db.client()
+        .await
+        .unwrap()
+        .execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) \
+             VALUES (9999, 'from_a_newer_build', '', '0')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (ok, out, _) = run_with(dir.path(), &data, &["check"], &store).await;
+    assert!(!ok, "a newer schema is not fit: {out}");
+    assert!(out.contains("schema version 9999 is NEWER"), "{out}");
+
+    let away = format!(
+        "postgres://postgres@{}/estafeta?connect_timeout=2",
+        common::recorder::closed_port()
+    );
+    let (ok, out, _) = run_with(
+        dir.path(),
+        &data,
+        &["check"],
+        &[("ESTAFETA_STORE", away.as_str())],
+    )
+    .await;
+    assert!(!ok, "an unreachable database is not fit: {out}");
+    assert!(out.contains("UNREACHABLE"), "{out}");
 }

@@ -93,7 +93,8 @@ pub struct RecoveryReport {
     pub cleanups_finished: usize,
     /// READY_TO_COMMIT processes put in doubt.
     pub in_doubt: usize,
-    /// Files in `Prepared` that no process referred to, moved to `Unknown`.
+    /// Files in `Prepared` that no process referred to, moved to `Unknown`
+    /// (removed with a store shared by several servers).
     pub orphans: usize,
 }
 
@@ -316,7 +317,7 @@ impl Exchange {
     /// Start-up processing (`docs/protocol.md`, "Crash and start-up
     /// recovery"): timed-out STARTED removed,
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
-    /// moved to `Unknown`. Protocol calls answer 503
+    /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
     /// and what they have pending, not with the devices or the messages
     /// waiting; what can wait is left to [`Exchange::tidy`].

@@ -3,6 +3,7 @@
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
+use super::state::DbRecord;
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
 use crate::{Id, MessageId, Timestamp};
@@ -35,19 +36,53 @@ impl Core {
     }
 
     /// Loads the session of database `db` (its first-load hook runs) and,
-    /// holding it so that no prepare writes replies meanwhile, moves the
-    /// files in its `Prepared` that none of its processes refers to into
-    /// `Unknown`; how many there were.
+    /// holding it, clears the orphans of its `Prepared`
+    /// ([`clear_orphans`](Self::clear_orphans)); how many there were.
     async fn recover_database(&self, db: &Id) -> Result<usize, ExchangeError> {
         // A database never used has no session, and gets none in memory.
         let g = self.sessions.db.get(db.clone(), false).await?;
-        let referenced: HashSet<MessageId> = match &g {
-            Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+        let cleared = self.clear_orphans(db, g.as_ref().map(|g| g.state())).await;
+        drop(g);
+        cleared
+    }
+
+    /// Clears the messages in the `Prepared` of database `db` that no
+    /// process of its record `rec` names (as a message, a reply or a reply
+    /// of a prepare under way); the caller holds the database's session,
+    /// so that no prepare of this server or, with a shared store, of
+    /// another stores replies meanwhile. How many there were.
+    ///
+    /// With a store of this server alone, a prepare's reply names are saved
+    /// before its replies appear, so an orphan comes from outside the
+    /// protocol (a failed removal, a hand-made file): it is moved to
+    /// `Unknown` for the operator, with an alert. With a shared store, a
+    /// server that lost the database's key while storing a prepare's
+    /// replies (its connection cut, or paused past the hold limit), after
+    /// another server had rolled the process back, and that died before
+    /// removing them, leaves replies of a process that ended without them
+    /// (its messages are back in `Messages`): they are removed.
+    async fn clear_orphans(&self, db: &Id, rec: Option<&DbRecord>) -> Result<usize, ExchangeError> {
+        let referenced: HashSet<MessageId> = match rec {
+            Some(rec) => Core::referenced(rec)
+                .chain(rec.process.iter().flat_map(|p| p.preparing.iter()))
+                .map(|n| n.id)
+                .collect(),
             None => HashSet::new(),
         };
         let orphans = self.store.orphans(db, &referenced).await?;
         if orphans.is_empty() {
             return Ok(0);
+        }
+        let prepared = self.location(db, Folder::Prepared);
+        if self.sessions.shared {
+            tracing::warn!(
+                target: "estafeta::event", db = %db, files = orphans.len(),
+                "replies in Prepared of a process that ended without them; removed"
+            );
+            for r in self.store.delete_all(&prepared, &orphans).await {
+                r?;
+            }
+            return Ok(orphans.len());
         }
         tracing::error!(
             target: "estafeta::alert", db = %db, files = orphans.len(),
@@ -62,10 +97,7 @@ impl Core {
             ),
         )
         .await;
-        let (prepared, unknown) = (
-            self.location(db, Folder::Prepared),
-            self.location(db, Folder::Unknown),
-        );
+        let unknown = self.location(db, Folder::Unknown);
         let moves: Vec<_> = orphans
             .iter()
             .map(|n| Op::Move {
@@ -77,7 +109,6 @@ impl Core {
         for r in self.store.apply(&moves).await.results {
             r?;
         }
-        drop(g);
         Ok(orphans.len())
     }
 
@@ -135,7 +166,10 @@ impl Core {
     /// Forget expired idempotency keys, then remove `Log`, `Prepared`,
     /// `Unknown` and `Error` messages older than the retention period,
     /// except those a live or in-doubt process refers to; how many files
-    /// went.
+    /// went. With a shared store, each database's orphans are cleared too
+    /// ([`clear_orphans`](Self::clear_orphans)), holding its session: a
+    /// server that dies after storing a prepare's replies too late leaves
+    /// them at any time, not only before a start-up.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
         self.expire_keys().await?;
         self.remove_expired_files().await
@@ -149,13 +183,20 @@ impl Core {
             .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
         let cutoff = Timestamp::from_millis(cutoff_ms);
         let mut removed = 0;
-        for e in self
-            .registry
-            .databases()
+        let databases = self.registry.databases();
+        let n_databases = databases.len();
+        for (i, e) in databases
             .into_iter()
             .chain(self.registry.devices())
+            .enumerate()
         {
-            let keep: HashSet<MessageId> = match self.sessions.db.get(e.id.clone(), false).await? {
+            let g = self.sessions.db.get(e.id.clone(), false).await?;
+            if self.sessions.shared && i < n_databases {
+                removed += self
+                    .clear_orphans(&e.id, g.as_ref().map(|g| g.state()))
+                    .await?;
+            }
+            let keep: HashSet<MessageId> = match &g {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),
             };

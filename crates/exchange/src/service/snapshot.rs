@@ -21,6 +21,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use estafeta_session::storage::{Shared, Step, StorageError, Write};
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 
 use crate::error::{MailboxError, TenancyError};
@@ -38,7 +39,8 @@ use crate::wire::Message;
 /// The durable commits that a [`CommitObserver`] is told of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Durable {
-    /// A batch of session saves (one redb transaction, group-committed).
+    /// A batch of session saves (one redb transaction, group-committed),
+    /// or a save of a shared store's step (its transaction's commit).
     Sessions,
     /// A message store write: an upload, or a protocol step's batch of moves.
     Messages,
@@ -221,9 +223,74 @@ impl<S: estafeta_session::storage::Storage> estafeta_session::storage::Storage f
         self.inner.generation()
     }
     // A shared store's steps commit through their own transactions, which
-    // a backup of the embedded store never has to wait for.
-    fn shared(&self) -> Option<&dyn estafeta_session::storage::Shared> {
-        self.inner.shared()
+    // a backup of the embedded store never has to wait for; their commits
+    // are told to the observer ([`TimedStep`]).
+    fn shared(&self) -> Option<&dyn Shared> {
+        self.inner.shared().map(|_| self as &dyn Shared)
+    }
+}
+
+/// The inner store's steps, each told to the observer as it commits.
+impl<S: estafeta_session::storage::Storage> Shared for Gated<S> {
+    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
+        let shared = self.inner.shared().ok_or(StorageError::Conflict)?;
+        Ok(Box::new(TimedStep {
+            inner: shared.begin(key)?,
+            quiesce: self.quiesce.clone(),
+        }))
+    }
+
+    fn due(
+        &self,
+        prefix: &[u8],
+        now: estafeta_session::Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        match self.inner.shared() {
+            Some(shared) => shared.due(prefix, now, limit),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// A step of a shared store whose commits with a write (a save, a final
+/// write) are told to the observer as session commits, as the embedded
+/// store's write batches are. A save's time includes taking the key again
+/// after its commit, which the command waits for too.
+struct TimedStep {
+    inner: Box<dyn Step>,
+    quiesce: Quiesce,
+}
+
+impl Step for TimedStep {
+    fn record(&self) -> Option<&[u8]> {
+        self.inner.record()
+    }
+
+    fn save(&mut self, write: &Write) -> Result<(), StorageError> {
+        let started = Instant::now();
+        let saved = self.inner.save(write);
+        if saved.is_ok() {
+            self.quiesce.committed(Durable::Sessions, started);
+        }
+        saved
+    }
+
+    fn held(&self) -> bool {
+        self.inner.held()
+    }
+
+    fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
+        let TimedStep { inner, quiesce } = *self;
+        let started = Instant::now();
+        let finished = inner.finish(write);
+        if finished.is_ok() && write.is_some() {
+            quiesce.committed(Durable::Sessions, started);
+        }
+        finished
+    }
+    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
+        self.inner.joint()
     }
 }
 

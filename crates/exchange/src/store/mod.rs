@@ -195,11 +195,12 @@ pub trait MessageStore: Send + Sync {
     /// transactional backend.
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
 
-    /// Start-up, after the database's processes are loaded: the messages in
-    /// its `Prepared` that none of them refers to (`referenced`), left by a
-    /// crash between writing a prepare's replies and recording them. The
-    /// caller moves them to `Unknown`. Always empty for a backend whose
-    /// prepare is one transaction.
+    /// The messages in the `Prepared` of database `db` that none of its
+    /// processes refers to (`referenced`), asked for while the caller
+    /// holds the database's session: left by a crash between writing a
+    /// prepare's replies and recording them, or, with a store shared by
+    /// several servers, stored by one that had lost the database's key.
+    /// The caller moves or removes them.
     async fn orphans(
         &self,
         db: &Id,

@@ -14,14 +14,16 @@
 //! What may be lost: the log is a record of what happened, not data the
 //! server promised to keep. A clean stop writes everything queued
 //! ([`flush_all`]); the records still queued when the process crashes or
-//! is killed, and those of a batch whose write fails, are lost; when
-//! the queue is full ([`QUEUE`] records waiting), new records are dropped
-//! and counted, and the next batch carries a warning saying how many.
+//! is killed are lost. A batch whose write fails is kept and tried again
+//! with the next; when more than [`QUEUE`] records wait (in the queue, or
+//! kept after failed writes), the newest are dropped and counted, and the
+//! next batch carries a warning saying how many.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -94,13 +96,52 @@ impl EventLog {
                 .map_err(|e| EventStoreError::from_io(path, e))?;
         }
         let store = EventStore::open(path)?;
+        EventLog::spawn(store, None, retention).map_err(|e| EventStoreError::from_io(path, e))
+    }
+
+    /// A layer keeping its records in the `events` table of the cluster
+    /// store at `url` (cluster mode: every node's records in one log), and
+    /// its writer thread. The writer has a pool and a runtime of its own:
+    /// the log exists before the server's store is opened, and a burst of
+    /// records never takes a connection from the protocol. No connection
+    /// is made here; records that cannot be written yet (the schema not
+    /// made, the database away) wait in the queue and are tried again.
+    pub fn cluster(url: &str, retention: Retention) -> Result<EventLog, EventStoreError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("estafeta-events-io")
+            .enable_all()
+            .build()
+            .map_err(super::store::cluster_error)?;
+        let options = estafeta_cluster::Options {
+            pool_size: 1,
+            ..estafeta_cluster::Options::default()
+        };
+        let store = estafeta_cluster::Store::connect_with(url, &options)
+            .map_err(super::store::cluster_error)?;
+        let events = {
+            let _inside = runtime.enter();
+            Arc::new(estafeta_cluster::PgEvents::new(store))
+        };
+        EventLog::spawn(events, Some(runtime), retention).map_err(super::store::cluster_error)
+    }
+
+    /// The layer over `store`, its writer thread started; `runtime` (the
+    /// one `store` runs on, if any) lives as long as the thread.
+    fn spawn(
+        store: Arc<dyn EventLogStore>,
+        runtime: Option<tokio::runtime::Runtime>,
+        retention: Retention,
+    ) -> std::io::Result<EventLog> {
         let (queue, jobs) = sync_channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let lost = Arc::clone(&dropped);
         std::thread::Builder::new()
             .name("estafeta-events".to_owned())
-            .spawn(move || write_batches(&store, &jobs, &lost, &retention))
-            .map_err(|e| EventStoreError::from_io(path, e))?;
+            .spawn(move || {
+                write_batches(store.as_ref(), &jobs, &lost, &retention);
+                drop(runtime);
+            })?;
         QUEUES
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -146,29 +187,56 @@ impl EventLog {
     }
 }
 
+/// How long the writer waits before trying again a batch it could not
+/// write.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// The writer thread: waits for a record, takes what else has queued up
-/// (up to [`BATCH`]), writes it in one transaction (to the shared log once
-/// there is one, else to the file); until the layer is gone.
+/// (up to [`BATCH`]), writes it in one transaction; until the layer is
+/// gone. A batch that fails is kept and tried again with the next one (at
+/// the latest after [`RETRY`]), up to [`QUEUE`] records; past that the
+/// oldest are dropped and counted.
 fn write_batches(
-    store: &EventStore,
+    store: &dyn EventLogStore,
     jobs: &Receiver<Job>,
     dropped: &AtomicU64,
     retention: &Retention,
 ) {
-    while let Ok(first) = jobs.recv() {
-        let mut records = Vec::new();
+    let mut records: Vec<EventRecord> = Vec::new();
+    loop {
+        let first = if records.is_empty() {
+            match jobs.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            }
+        } else {
+            match jobs.recv_timeout(RETRY) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
         let mut flushes = Vec::new();
-        let mut next = Some(first);
+        let mut next = first;
+        let mut taken = 0;
         while let Some(job) = next {
             match job {
-                Job::Record(r) => records.push(*r),
+                Job::Record(r) => {
+                    records.push(*r);
+                    taken += 1;
+                }
                 Job::Flush(done) => flushes.push(done),
             }
-            next = if records.len() < BATCH {
+            next = if taken < BATCH {
                 jobs.try_recv().ok()
             } else {
                 None
             };
+        }
+        if records.len() > QUEUE {
+            let over = records.len() - QUEUE;
+            records.drain(..over);
+            dropped.fetch_add(over as u64, Ordering::Relaxed);
         }
         let lost = dropped.swap(0, Ordering::Relaxed);
         let now = chrono::Utc::now();
@@ -188,16 +256,12 @@ fn write_batches(
                 fields: serde_json::Map::new(),
             });
         }
-        let shared = super::shared();
-        let target: &dyn EventLogStore = match &shared {
-            Some(shared) => shared.as_ref(),
-            None => store,
-        };
-        if !records.is_empty()
-            && let Err(e) = target.append(&records, retention, u64::try_from(nanos).unwrap_or(0))
-        {
-            // Not through tracing: that would come back here.
-            eprintln!("estafeta: writing the event log failed: {e}");
+        if !records.is_empty() {
+            match store.append(&records, retention, u64::try_from(nanos).unwrap_or(0)) {
+                Ok(()) => records.clear(),
+                // Not through tracing: that would come back here.
+                Err(e) => eprintln!("estafeta: writing the event log failed (tried again): {e}"),
+            }
         }
         for done in flushes {
             let _ = done.send(());
@@ -419,6 +483,60 @@ mod tests {
             Arc::new(EventLog::open(&path, Retention::default()).unwrap()),
             path,
         )
+    }
+
+    /// A store whose first `failures` appends fail.
+    struct Flaky {
+        failures: AtomicU64,
+        written: Mutex<Vec<EventRecord>>,
+    }
+
+    impl EventLogStore for Flaky {
+        fn append(
+            &self,
+            records: &[EventRecord],
+            _: &Retention,
+            _: u64,
+        ) -> Result<(), EventStoreError> {
+            if self.failures.load(Ordering::SeqCst) > 0 {
+                self.failures.fetch_sub(1, Ordering::SeqCst);
+                return Err(crate::events::store::cluster_error("the database is away"));
+            }
+            self.written.lock().unwrap().extend_from_slice(records);
+            Ok(())
+        }
+
+        fn size(&self) -> Result<(u64, u64), EventStoreError> {
+            Ok((0, 0))
+        }
+
+        fn query(
+            &self,
+            _: &EventFilter,
+            _: Option<crate::events::store::EventKey>,
+            _: usize,
+        ) -> Result<crate::events::EventPage, EventStoreError> {
+            Ok(Default::default())
+        }
+    }
+
+    #[test]
+    fn records_of_a_failed_write_are_written_with_the_next_batch() {
+        let flaky = Arc::new(Flaky {
+            failures: AtomicU64::new(1),
+            written: Mutex::new(Vec::new()),
+        });
+        let log = Arc::new(EventLog::spawn(flaky.clone(), None, Retention::default()).unwrap());
+        with_log(&log, || tracing::warn!("while the database is away"));
+        with_log(&log, || tracing::warn!("once it is back"));
+        let texts: Vec<String> = flaky
+            .written
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.text.clone())
+            .collect();
+        assert_eq!(texts, ["while the database is away", "once it is back"]);
     }
 
     /// Runs `f` with `log` as the only layer, then waits for the writes.

@@ -11,17 +11,16 @@
 //! The alerts page does not read the log: alerts and their
 //! acknowledgements are kept by the notifier ([`crate::notify::raised`]).
 //!
-//! In cluster mode the server hands the log the cluster's store once it is
-//! assembled ([`share`]): from then on the records of this process are
-//! written to the cluster's `events` table, and the pages read it
-//! ([`reader()`]), so every node shows the events of every node.
+//! In cluster mode the log is the cluster's `events` table
+//! ([`EventLog::cluster`]), so every node's pages show the events of every
+//! node; the server reads whichever store its node keeps the log in
+//! (`crate::open::NodeStores`).
 
 pub mod layer;
 pub mod reader;
 pub mod store;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -37,31 +36,6 @@ pub const ALERT_TARGET: &str = "estafeta::alert";
 /// The event log's file in a data folder.
 pub fn events_file(data_dir: &Path) -> PathBuf {
     estafeta_exchange::DataLayout::new(data_dir).events()
-}
-
-/// The log shared by the nodes of a cluster, once [`share`]d.
-static SHARED: RwLock<Option<Arc<dyn EventLogStore>>> = RwLock::new(None);
-
-/// Keeps this process's event log in `store` from now on (cluster mode:
-/// the cluster's store), or again in its file with `None`.
-pub fn share(store: Option<Arc<dyn EventLogStore>>) {
-    *SHARED.write().unwrap_or_else(PoisonError::into_inner) = store;
-}
-
-/// The shared log, if there is one.
-pub(crate) fn shared() -> Option<Arc<dyn EventLogStore>> {
-    SHARED
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-}
-
-/// The log to read: the shared one, or the file at `path`.
-pub fn reader(path: &Path) -> Result<Arc<dyn EventLogStore>, EventStoreError> {
-    match shared() {
-        Some(store) => Ok(store),
-        None => Ok(EventStore::open(path)?),
-    }
 }
 
 /// One line of the event log.

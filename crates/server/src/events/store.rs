@@ -221,7 +221,7 @@ impl EventLogStore for estafeta_cluster::PgEvents {
     }
 }
 
-fn cluster_error(e: impl std::fmt::Display) -> EventStoreError {
+pub(crate) fn cluster_error(e: impl std::fmt::Display) -> EventStoreError {
     EventStoreError {
         path: "the cluster store".to_owned(),
         message: e.to_string(),

@@ -31,7 +31,9 @@
 //! it: a recipient has at most one pending notification (`<kind>/<id>`),
 //! and an arrival while it is pending adds at most one more
 //! (`<kind>/<id>/again`), so a burst through any nodes still costs at most
-//! two POSTs. Each due notification is claimed by one node
+//! two POSTs. Each is written through the node's own scheduler, which is
+//! woken by it as by an embedded store's; the other nodes find it at their
+//! next look, within a second. Each due notification is claimed by one node
 //! ([`estafeta_cluster::PgQueue`]): one POST per notification, not one per
 //! node. The webhooks are the registry's, shared by the nodes: the node
 //! that sends reads the registry's changes first
@@ -46,7 +48,7 @@ use std::time::Duration;
 use estafeta_exchange::Quiesce;
 use estafeta_exchange::service::{Gated, Listed};
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
-use estafeta_repeat::store::{Applied, Op, Store as RepeatStore};
+use estafeta_repeat::store::Store as RepeatStore;
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
 use estafeta_sendq::WebhookRequest;
 use serde::{Deserialize, Serialize};
@@ -89,8 +91,7 @@ pub struct Pusher {
 struct Inner {
     outbound: Outbound,
     scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, ExchangeClock>,
-    /// The notifications, read to list them (without claiming any) and,
-    /// in cluster mode, written by arrivals.
+    /// The notifications, read to list them (without claiming any).
     store: Arc<dyn RepeatStore>,
     /// Cluster mode: pending notifications are coalesced in the store.
     shared: bool,
@@ -344,32 +345,21 @@ impl Pusher {
             }
         };
         let first = format!("{}/{recipient}", kind.as_str());
-        let store = self.inner.store.clone();
-        let restore = move |id: String| {
-            Op::Restore(Entry {
-                source: SOURCE.to_owned(),
-                due,
-                id,
-                payload: payload.clone(),
-                attempt: 0,
-            })
+        // Through this node's scheduler, which is woken when one is
+        // written; the other nodes' find it at their next look.
+        let scheduler = &self.inner.scheduler;
+        let written = match scheduler
+            .schedule_if_absent(SOURCE, due, &first, &payload)
+            .await
+        {
+            Ok(false) => scheduler
+                .schedule_if_absent(SOURCE, due, &format!("{first}/again"), &payload)
+                .await
+                .map(drop),
+            other => other.map(drop),
         };
-        let written = tokio::task::spawn_blocking(move || {
-            let applied = store.apply(&[restore(first.clone())])?;
-            if applied.first() == Some(&Applied::Unchanged) {
-                store.apply(&[restore(format!("{first}/again"))])?;
-            }
-            Ok::<_, estafeta_repeat::StoreError>(())
-        })
-        .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
-            }
-            Err(e) => {
-                tracing::error!(%recipient, error = %e, "scheduling a push notification failed")
-            }
+        if let Err(e) = written {
+            tracing::error!(%recipient, error = %e, "scheduling a push notification failed");
         }
     }
 

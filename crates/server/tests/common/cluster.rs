@@ -15,7 +15,7 @@ use estafeta_exchange::wire::Folder;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout};
 
-use super::{PATIENCE, estafeta, id};
+use super::{ADMIN_TOKEN, Binary, PATIENCE, estafeta, id, wait_ready};
 
 /// How often a poll asks again.
 const POLL: Duration = Duration::from_millis(20);
@@ -256,4 +256,42 @@ pub async fn folder_ids(admin: &Client, db: &str, folder: Folder) -> BTreeSet<Me
 pub fn with_params(url: &str, params: &[&str]) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{}", params.join("&"))
+}
+
+/// The settings of a test node over `url`: the test's admin token, no
+/// health probes and no disk alert (which would add deliveries a test does
+/// not count), then `extra`.
+pub fn node_env<'a>(url: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("ESTAFETA_STORE", url),
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_ALERT_PROBE", "0"),
+        ("ESTAFETA_DISK_ALERT_MB", "0"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+/// Two ready `estafeta serve` binaries with `env`, their data folders `a`
+/// and `b` under `dir`, and their admin clients.
+pub async fn two_nodes(dir: &Path, env: &[(&str, &str)]) -> [(Binary, Client); 2] {
+    let mut nodes = Vec::new();
+    for name in ["a", "b"] {
+        let node = Binary::serve(dir, &dir.join(name), &[], env).await;
+        let admin = Client::new(&node.base, ADMIN_TOKEN).unwrap();
+        wait_ready(&admin).await;
+        nodes.push((node, admin));
+    }
+    let [a, b] = <[_; 2]>::try_from(nodes).unwrap_or_else(|_| unreachable!());
+    [a, b]
+}
+
+/// Polls `sql` (one count) on `db` until it gives `want`.
+pub async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
+    eventually(&format!("{sql} to give {want}"), || async {
+        let client = db.client().await.ok()?;
+        let n: i64 = client.query_one(sql, &[]).await.ok()?.get(0);
+        (n == want).then_some(())
+    })
+    .await;
 }

@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use super::{Layout, PageError, PageResult, query_value, render};
 use crate::dashboard::auth::AdminSession;
+use crate::events::EventFilter;
 use crate::events::store::parse_key;
-use crate::events::{EventFilter, events_file};
 use crate::state::AppState;
 
 /// The most events one page shows.
@@ -133,13 +133,12 @@ pub async fn events(
     let (rows, next, error) = match q.filter().and_then(|f| before.map(|b| (f, b))) {
         Err(e) => (Vec::new(), None, Some(e)),
         Ok((filter, before)) => {
-            let path = events_file(state.exchange().data_dir());
-            let found = tokio::task::spawn_blocking(move || {
-                crate::events::reader(&path)?.query(&filter, before, EVENTS_SHOWN)
-            })
-            .await
-            .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-            .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+            let log = state.events().clone();
+            let found =
+                tokio::task::spawn_blocking(move || log.query(&filter, before, EVENTS_SHOWN))
+                    .await
+                    .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+                    .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
             let rows = found
                 .records
                 .into_iter()
