@@ -9,7 +9,8 @@
 //!
 //! The trait is synchronous (the exchange calls it from blocking threads);
 //! each call runs on the pool through the runtime handle taken at
-//! [`PgKeys::new`].
+//! [`PgKeys::new`]. The statements of an upload's look-up and record are
+//! prepared once per connection (one round trip each after that).
 
 use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
 use estafeta_exchange::{Id, Timestamp};
@@ -18,7 +19,7 @@ use crate::{Error, Store};
 
 const GET: &str = "SELECT name, at, expires_at FROM idempotency_keys
     WHERE device_id = $1 AND key = $2 AND expires_at > $3";
-const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
+pub(crate) const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
     ON CONFLICT (device_id, key) DO UPDATE
     SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
@@ -67,8 +68,9 @@ impl UploadKeys for PgKeys {
     ) -> Result<Option<KeyedUpload>, KeysError> {
         self.run(async {
             let client = self.store.client().await?;
+            let get = client.prepare_cached(GET).await?;
             let row = client
-                .query_opt(GET, &[&device.as_str(), &key, &now.as_millis()])
+                .query_opt(&get, &[&device.as_str(), &key, &now.as_millis()])
                 .await?;
             Ok(row.map(|r| KeyedUpload {
                 name: r.get(0),
@@ -94,17 +96,37 @@ impl UploadKeys for PgKeys {
         let expires: Vec<i64> = last.iter().map(|e| e.2.expires_at.as_millis()).collect();
         self.run(async {
             let client = self.store.client().await?;
+            let put = client.prepare_cached(PUT).await?;
             client
-                .execute(PUT, &[&devices, &keys, &names, &at, &expires])
+                .execute(&put, &[&devices, &keys, &names, &at, &expires])
                 .await?;
             Ok(())
         })
     }
 
+    /// A row of the step's [`Joint`](crate::joint::Joint), written with
+    /// the step's commit.
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        device: &Id,
+        key: &str,
+        upload: &KeyedUpload,
+    ) -> bool {
+        match crate::joint::of(step) {
+            Some(joint) => {
+                joint.put_key(device.as_str(), key, upload);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
         self.run(async {
             let client = self.store.client().await?;
-            client.execute(REMOVE, &[&device.as_str(), &key]).await?;
+            let remove = client.prepare_cached(REMOVE).await?;
+            client.execute(&remove, &[&device.as_str(), &key]).await?;
             Ok(())
         })
     }

@@ -19,7 +19,9 @@
 //! - The exchange's data: [`PgMessages`] (its message store: every message
 //!   and its place, a step's batch in one transaction), [`PgKeys`] (upload
 //!   idempotency keys) and [`PgSchedule`] (the repeat scheduler's entries:
-//!   messages kept aside until their `deliver_at`).
+//!   messages kept aside until their `deliver_at`). An upload's message and
+//!   key are rows of the device's session step (`Step::joint`), written by
+//!   the step's commit with the device's record: one commit per upload.
 //! - [`PgQueue`]: the repeat scheduler's store limited to some sources,
 //!   each due entry claimed by one node (messages kept aside until their
 //!   `deliver_at`, alert deliveries, push notifications).
@@ -49,6 +51,7 @@
 mod alerts;
 mod error;
 mod events;
+mod joint;
 mod keys;
 mod lock;
 mod logins;

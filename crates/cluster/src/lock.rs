@@ -11,11 +11,17 @@
 //! lock cannot write afterwards: its writes belonged to the transaction the
 //! server already rolled back, so there is no stale write to fence off.
 
+use crate::joint::Joint;
 use crate::{Error, Store};
 use deadpool_postgres::Object;
 
-/// Loads the key's record and locks its row until the transaction ends.
-const SELECT_FOR_UPDATE: &str = "SELECT record FROM sessions WHERE key = $1 FOR UPDATE";
+/// Loads the key's record and locks its row until the transaction ends;
+/// reads the registry's change counter on the way (the same statement: a
+/// command that holds a step needs no round trip of its own to see whether
+/// the registry changed).
+const SELECT_FOR_UPDATE: &str = "SELECT record,
+    coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0)
+    FROM sessions WHERE key = $1 FOR UPDATE";
 /// Makes the key's row when the key has never been seen (its first step).
 const INSERT_KEY: &str = "INSERT INTO sessions (key) VALUES ($1) ON CONFLICT (key) DO NOTHING";
 const SAVE: &str = "UPDATE sessions SET record = $2, expires_at = $3 WHERE key = $1";
@@ -32,6 +38,7 @@ impl Store {
             client: Some(self.client().await?),
             key: key.to_vec(),
             record: None,
+            registry: 0,
         };
         let client = locked.client();
         let select = client.prepare_cached(SELECT_FOR_UPDATE).await?;
@@ -49,6 +56,7 @@ impl Store {
             }
         };
         locked.record = row.get(0);
+        locked.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
         Ok(locked)
     }
 }
@@ -64,9 +72,18 @@ pub struct Locked {
     client: Option<Object>,
     key: Vec<u8>,
     record: Option<Vec<u8>>,
+    registry: u64,
 }
 
 impl Locked {
+    /// The registry's change counter as the step began (read by the locking
+    /// statement, once the lock was granted or before it was waited for:
+    /// every registry change committed before the step asked for its lock
+    /// is counted).
+    pub fn registry(&self) -> u64 {
+        self.registry
+    }
+
     /// The key's stored record as the step began, if any.
     pub fn record(&self) -> Option<&[u8]> {
         self.record.as_deref()
@@ -106,30 +123,18 @@ impl Locked {
     }
 
     /// Replace the key's record (`None`: remove it) and its deadline, and
-    /// commit the step, in one round trip: the write, the probe and the
-    /// `COMMIT` travel together (see [`Locked::save`] and
-    /// [`Locked::commit`]). A write that fails aborts the transaction, so
-    /// the `COMMIT` rolls it back and the write's error is returned.
+    /// commit the step, in one round trip: the write and the `COMMIT`
+    /// travel together (see [`Locked::save`] and [`Locked::commit`]). A
+    /// write that fails, or that follows a statement of the step that
+    /// failed, aborts the transaction, so the `COMMIT` rolls it back and the
+    /// write's error is returned.
     pub async fn save_and_commit(
-        mut self,
+        self,
         record: Option<&[u8]>,
         expires_at: Option<i64>,
     ) -> Result<(), Error> {
-        let client = self.client();
-        let save = client.prepare_cached(SAVE).await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&self.key, &record, &expires_at];
-        let (saved, probe, committed) = tokio::join!(
-            client.execute(&save, &params),
-            client.simple_query("SELECT 1"),
-            client.batch_execute("COMMIT")
-        );
-        saved?;
-        probe?;
-        committed?;
-        // Committed: the connection is clean and goes back to the pool.
-        self.client.take();
-        Ok(())
+        self.finish(&Joint::default(), Some((record, expires_at)))
+            .await
     }
 
     /// Commit the step: every statement it ran takes effect at once, and the
@@ -139,12 +144,51 @@ impl Locked {
     /// PostgreSQL answers a `COMMIT` of a transaction that an earlier failed
     /// statement aborted with a silent rollback, and the probe's error is
     /// what reveals it.
-    pub async fn commit(mut self) -> Result<(), Error> {
+    pub async fn commit(self) -> Result<(), Error> {
+        self.finish(&Joint::default(), None).await
+    }
+
+    /// Write `joint`'s rows, then the record's `save` if any (the record,
+    /// `None` to remove it, and its deadline), then commit, all in one
+    /// round trip: the statements and the `COMMIT` travel together. Any
+    /// statement that fails aborts the transaction: the `COMMIT` rolls it
+    /// back, nothing of the step remains, and the statement's error is
+    /// returned. A write sent ahead of the `COMMIT` is also what reveals a
+    /// transaction an earlier statement aborted (it fails then); with no
+    /// write to send, the probe of [`Locked::commit`] goes instead.
+    pub(crate) async fn finish(
+        mut self,
+        joint: &Joint,
+        save: Option<(Option<&[u8]>, Option<i64>)>,
+    ) -> Result<(), Error> {
         let client = self.client();
-        let (probe, committed) = tokio::join!(
-            client.simple_query("SELECT 1"),
+        let prepared = joint.prepare(client).await?;
+        let statement = match save {
+            Some(_) => Some(client.prepare_cached(SAVE).await?),
+            None => None,
+        };
+        let (joined, saved, probe, committed) = tokio::join!(
+            joint.write(client, &prepared),
+            async {
+                match (&statement, save) {
+                    (Some(statement), Some((record, expires_at))) => {
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                            [&self.key, &record, &expires_at];
+                        client.execute(statement, &params).await.map(drop)
+                    }
+                    _ => Ok(()),
+                }
+            },
+            async {
+                match save.is_none() && prepared.is_empty() {
+                    true => client.simple_query("SELECT 1").await.map(drop),
+                    false => Ok(()),
+                }
+            },
             client.batch_execute("COMMIT")
         );
+        joined?;
+        saved?;
         probe?;
         committed?;
         // Committed: the connection is clean and goes back to the pool.

@@ -44,7 +44,7 @@ use crate::{Error, Store};
 /// The columns a [`FileEntry`] is made of, in [`entry`]'s order.
 const ENTRY: &str = "id, created_at, sender, recipient, subsystem, size";
 
-const INSERT: &str = "INSERT INTO messages
+pub(crate) const INSERT: &str = "INSERT INTO messages
     (id, owner, place, sender, recipient, subsystem, created_at, size, body)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::bigint[], $8::bigint[], $9::bytea[])
@@ -390,6 +390,26 @@ impl MessageStore for PgMessages {
         let mut entries = self.insert(at, std::slice::from_ref(message)).await?;
         // One entry per message given.
         Ok(entries.swap_remove(0))
+    }
+
+    /// A row of the step's [`Joint`](crate::joint::Joint), inserted with
+    /// the step's commit (one message per id, as [`put`](Self::put)).
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        let Some(joint) = crate::joint::of(step) else {
+            return Ok(None);
+        };
+        let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
+        let entry = FileEntry {
+            name: FileName::of(message),
+            size: bytes.len() as u64,
+        };
+        joint.put_message(at, message, bytes);
+        Ok(Some(entry))
     }
 
     /// One statement, all or none, sent once the go-ahead came: a row

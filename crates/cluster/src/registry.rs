@@ -312,6 +312,12 @@ impl RegistryStore for PgRegistry {
         true
     }
 
+    /// Read with the step's lock, in the same statement
+    /// (`Locked::registry`).
+    fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
+        crate::joint::of(step).map(|joint| joint.registry)
+    }
+
     async fn version(&self) -> Result<u64, TenancyError> {
         let client = self.store.client().await.map_err(shared)?;
         let stmt = client.prepare_cached(VERSION).await.map_err(shared)?;

@@ -12,6 +12,7 @@
 //! skipping the keys a step holds.
 
 use crate::Locked;
+use crate::joint::Joint;
 use crate::{Error, Store};
 use estafeta_session::clock::Timestamp;
 use estafeta_session::storage::{Shared, Step, Storage, StorageError, Write};
@@ -171,6 +172,7 @@ impl Shared for SessionStorage {
     fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
         let locked = self.run(self.store.lock(key))?;
         Ok(Box::new(PgStep {
+            joint: Joint::new(locked.registry()),
             locked: Some(locked),
             store: self.store.clone(),
             runtime: self.runtime.clone(),
@@ -196,41 +198,42 @@ impl Shared for SessionStorage {
 }
 
 /// A command's hold on one key: the key's row locked in an open
-/// transaction ([`Locked`]). A save commits and locks the row again at
-/// once. The save is done once its commit is: when the lock cannot be taken
-/// again (the connection lost, or another node took the key in between and
-/// changed its record), the save still answers Ok — what it wrote is
-/// durable, and a caller told otherwise would undo a change that was made —
-/// and the step holds the key no more: a later save or a final write
-/// writes nothing and fails ([`StorageError::Conflict`]).
+/// transaction ([`Locked`]), and the rows of other tables written in it
+/// ([`Joint`]: an upload's message and key). A save commits them and the
+/// record together and locks the row again at once. The save is done once
+/// its commit is: when the lock cannot be taken again (the connection lost,
+/// or another node took the key in between and changed its record), the
+/// save still answers Ok — what it wrote is durable, and a caller told
+/// otherwise would undo a change that was made — and the step holds the key
+/// no more: a later save or a final write writes nothing and fails
+/// ([`StorageError::Conflict`]).
 struct PgStep {
     /// `None` once the key is not held (nothing more is written).
     locked: Option<Locked>,
+    /// Rows to write with the next commit.
+    joint: Joint,
     store: Store,
     runtime: tokio::runtime::Handle,
     key: Vec<u8>,
 }
 
 impl PgStep {
-    /// Write `write` into the held transaction and commit it, the write
-    /// and the commit in one round trip.
-    async fn commit(locked: Locked, write: Option<&Write>) -> Result<(), Error> {
+    /// Write `joint`'s rows and `write` into the held transaction and
+    /// commit it, all in one round trip.
+    async fn commit(locked: Locked, write: Option<&Write>, joint: &Joint) -> Result<(), Error> {
         // Named points for the fault-injection harness: a crash before the
         // commit (the step's transaction rolled back, its lock released) or
         // an injected failure, and a crash after it (durable, but nobody
         // was told).
         fail::fail_point!("session::commit", |_| Err(injected("session::commit")));
-        match write {
+        let save = match write {
             Some(Write::Put {
                 record, expires_at, ..
-            }) => {
-                locked
-                    .save_and_commit(Some(record), expires_at.map(millis))
-                    .await?
-            }
-            Some(Write::Delete { .. }) => locked.save_and_commit(None, None).await?,
-            None => locked.commit().await?,
-        }
+            }) => Some((Some(record.as_slice()), expires_at.map(millis))),
+            Some(Write::Delete { .. }) => Some((None, None)),
+            None => None,
+        };
+        locked.finish(joint, save).await?;
         fail::fail_point!("session::committed");
         Ok(())
     }
@@ -243,8 +246,10 @@ impl Step for PgStep {
 
     fn save(&mut self, write: &Write) -> Result<(), StorageError> {
         let locked = self.locked.take().ok_or(StorageError::Conflict)?;
+        let joint = std::mem::take(&mut self.joint);
+        self.joint.registry = joint.registry;
         let (committed, again) = self.runtime.block_on(async {
-            match PgStep::commit(locked, Some(write)).await {
+            match PgStep::commit(locked, Some(write), &joint).await {
                 Ok(()) => (Ok(()), self.store.lock(&self.key).await.ok()),
                 Err(e) => (Err(e), None),
             }
@@ -255,6 +260,9 @@ impl Step for PgStep {
             Write::Delete { .. } => None,
         };
         self.locked = again.filter(|again| again.record() == saved);
+        if let Some(again) = &self.locked {
+            self.joint.registry = again.registry();
+        }
         Ok(())
     }
 
@@ -270,7 +278,14 @@ impl Step for PgStep {
             };
         };
         self.runtime
-            .block_on(PgStep::commit(locked, write))
+            .block_on(PgStep::commit(locked, write, &self.joint))
             .map_err(storage_error)
+    }
+
+    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
+        match self.locked {
+            Some(_) => Some(&mut self.joint),
+            None => None,
+        }
     }
 }

@@ -171,3 +171,26 @@ async fn a_step_whose_statement_failed_does_not_commit() {
     );
     assert_eq!(record(&a, b"k").await, None);
 }
+
+#[tokio::test]
+async fn a_save_after_a_failed_statement_does_not_commit() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, &Options::default()).await;
+    let mut step = a.lock(b"k").await.unwrap();
+    step.save(b"first", None).await.unwrap();
+    step.commit().await.unwrap();
+
+    let step = a.lock(b"k").await.unwrap();
+    // A statement of the step fails and its error is overlooked; the save
+    // sent with the COMMIT (no probe beside it) is what reveals it.
+    let failed = step
+        .client()
+        .execute("SELECT no_such_column FROM sessions", &[])
+        .await;
+    assert!(failed.is_err());
+    assert!(
+        step.save_and_commit(Some(b"second"), None).await.is_err(),
+        "a silent rollback must not pass as a commit"
+    );
+    assert_eq!(record(&a, b"k").await.as_deref(), Some(&b"first"[..]));
+}

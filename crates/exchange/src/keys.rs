@@ -118,6 +118,20 @@ pub trait UploadKeys: Send + Sync + 'static {
     fn put(&self, device: &Id, key: &str, upload: &KeyedUpload) -> Result<(), KeysError> {
         self.put_all(&[(device.clone(), key.to_owned(), upload.clone())])
     }
+    /// Record (or replace) what `key` made as part of `step`, the step a
+    /// command holds in a shared session store (see
+    /// [`Step::joint`](estafeta_session::storage::Step::joint)), when this
+    /// store writes into that store's transactions: the entry is then
+    /// written with the step's next save or its end, and exists only once
+    /// that succeeded (`true`). `false`: this store cannot; nothing was
+    /// done, and [`put`](Self::put) is the way.
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        device: &Id,
+        key: &str,
+        upload: &KeyedUpload,
+    ) -> bool;
     /// Forget `key` (its upload did not happen after all).
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError>;
     /// Remove up to `max` entries expired at `now`, soonest expired first;
@@ -230,6 +244,17 @@ impl UploadKeys for RedbKeys {
             }
         }
         txn.commit().map_err(|e| self.fail(e))
+    }
+
+    /// The redb file is not written in a session store's transactions.
+    fn put_in_step(
+        &self,
+        _step: &mut dyn estafeta_session::storage::Step,
+        _device: &Id,
+        _key: &str,
+        _upload: &KeyedUpload,
+    ) -> bool {
+        false
     }
 
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {

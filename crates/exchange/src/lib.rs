@@ -93,8 +93,9 @@ pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
-    ExchangeError, Gated, LogOnly, NoPush, Paused, Phase, ProcessTotals, PushSink, Quiesce,
-    RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, Verdicts, alert_key,
+    ExchangeError, Gated, LogOnly, NoPush, Paused, Phase, Presented, ProcessTotals, PushSink,
+    Quiesce, RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, Verdicts,
+    alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

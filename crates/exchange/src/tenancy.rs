@@ -370,6 +370,28 @@ impl Registry {
         self.catch_up(now).await
     }
 
+    /// The shared store's change counter as read with the lock of `step`
+    /// (see [`RegistryStore::version_in_step`]); `None` for a store that is
+    /// not shared or gives no such reading.
+    pub fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
+        match self.inner.shared {
+            true => self.inner.store.version_in_step(step),
+            false => None,
+        }
+    }
+
+    /// Brings the copy in memory up to `version`, a change counter read from
+    /// the shared store ([`version_in_step`](Self::version_in_step)):
+    /// [`refresh`](Self::refresh) without reading the counter. Nothing to do
+    /// (no await) when the copy is that recent.
+    pub async fn refresh_to(&self, version: u64) -> Result<(), TenancyError> {
+        if version <= self.inner.seen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _changing = self.inner.changing.lock().await;
+        self.catch_up(version).await
+    }
+
     /// Reloads the copy unless it was loaded at `version` or later (inside
     /// [`change`](Self::change) or with `changing` held). The copy is
     /// replaced whole, so a reload cut short leaves the old one.
@@ -393,7 +415,12 @@ impl Registry {
 
     /// Who `token` belongs to, or `None` for an unknown token (401).
     pub fn authenticate(&self, token: &str) -> Option<Principal> {
-        let presented = TokenHash::of(token);
+        self.authenticate_hash(&TokenHash::of(token))
+    }
+
+    /// Who the token whose hash is `presented` belongs to, or `None`.
+    pub fn authenticate_hash(&self, presented: &TokenHash) -> Option<Principal> {
+        let presented = *presented;
         let admin = *self.inner.admin.read().unwrap_or_else(|p| p.into_inner());
         if admin.ct_eq(&presented) {
             return Some(Principal::Admin);

@@ -9,10 +9,10 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
-use estafeta_exchange::Id;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ErrorCode;
+use estafeta_exchange::{Id, Presented};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -29,27 +29,70 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let mut headers = parts.headers.get_all(AUTHORIZATION).iter();
-        let header = headers
-            .next()
-            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
-        if headers.next().is_some() {
-            return Err(ApiError::bad_request(
-                ErrorCode::BadRequest,
-                "more than one Authorization header",
-            ));
-        }
-        let token = header.to_str().ok().and_then(bearer_token).ok_or_else(|| {
-            ApiError::unauthorized("the Authorization header is not Bearer <token>")
-        })?;
-        let who = state
-            .exchange()
-            .authenticate(token)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
-        state.last_seen().saw(&who, std::time::SystemTime::now());
-        Ok(Caller(who))
+        let token = bearer(parts)?;
+        authenticated(state, token).await.map(Caller)
     }
+}
+
+/// The caller of a call that checks the registry's copy in memory itself,
+/// inside its step ([`Exchange::send_presented`](estafeta_exchange::Exchange::send_presented)):
+/// a token the copy knows, or else the principal as [`Caller`] finds it
+/// (reading what other servers of a shared registry changed first). The
+/// same answers as [`Caller`] for a missing, malformed or unknown token.
+#[derive(Debug, Clone)]
+pub enum Presenting {
+    /// Known to the copy in memory; the call checks it against the store.
+    Known(Presented),
+    /// Authenticated as [`Caller`] is.
+    Checked(Principal),
+}
+
+impl FromRequestParts<AppState> for Presenting {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = bearer(parts)?;
+        match state.exchange().presented(token) {
+            Some(presented) => {
+                state
+                    .last_seen()
+                    .saw(presented.principal(), std::time::SystemTime::now());
+                Ok(Presenting::Known(presented))
+            }
+            None => authenticated(state, token).await.map(Presenting::Checked),
+        }
+    }
+}
+
+/// The token of the request's one `Authorization: Bearer <token>` header.
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let mut headers = parts.headers.get_all(AUTHORIZATION).iter();
+    let header = headers
+        .next()
+        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+    if headers.next().is_some() {
+        return Err(ApiError::bad_request(
+            ErrorCode::BadRequest,
+            "more than one Authorization header",
+        ));
+    }
+    header
+        .to_str()
+        .ok()
+        .and_then(bearer_token)
+        .ok_or_else(|| ApiError::unauthorized("the Authorization header is not Bearer <token>"))
+}
+
+/// Who `token` belongs to, what other servers changed read first; 401 for
+/// an unknown token.
+async fn authenticated(state: &AppState, token: &str) -> Result<Principal, ApiError> {
+    let who = state
+        .exchange()
+        .authenticate(token)
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+    state.last_seen().saw(&who, std::time::SystemTime::now());
+    Ok(who)
 }
 
 /// The token of a `Bearer <token>` header value (the scheme is

@@ -82,6 +82,17 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
             .is_none_or(|step| step.held())
     }
 
+    /// With a shared storage, the step this command runs in (see
+    /// [`Step::joint`](crate::storage::Step::joint)); `None` with a storage
+    /// of this engine alone, or once the step lost the key.
+    pub fn step(&mut self) -> Option<&mut dyn crate::storage::Step> {
+        let step = self.owned.as_deref_mut()?.step.as_deref_mut()?;
+        match step.held() {
+            true => Some(step),
+            false => None,
+        }
+    }
+
     /// Release the session: it is saved first if a persistent change needs
     /// it, and this returns once that save is durable. If the save fails,
     /// the error is returned and the session stays in memory, dirty, to be

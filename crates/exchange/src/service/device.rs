@@ -8,6 +8,7 @@ use super::state::DeviceRecord;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
+use crate::token::TokenHash;
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
 use crate::{Id, Timestamp};
@@ -37,10 +38,61 @@ impl Core {
         who: &Principal,
         req: SendMessage,
     ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
+        let dev = self.check_upload(who, &req)?;
+        let g = self.device_session(dev.id).await?;
+        self.upload(g, who, req).await
+    }
+
+    /// POST /v1/messages by a token the registry's copy in memory knows
+    /// (its hash `presented`), the copy checked inside the device's step:
+    /// with a shared registry, against the change counter the step's lock
+    /// read (reloaded if it moved, without a round trip of its own when it
+    /// did not). `None`: the token is no longer `who`'s, and nothing was
+    /// written.
+    pub(crate) async fn send_presented(
+        &self,
+        who: &Principal,
+        presented: &TokenHash,
+        req: SendMessage,
+    ) -> Result<Option<(MessageAccepted, UploadOutcome)>, ExchangeError> {
         let dev = device(who)?;
-        let Principal::Device { subsystem, .. } = who else {
-            return Err(ExchangeError::forbidden("device token needed"));
+        let mut g = self.device_session(dev.id).await?;
+        let version = g
+            .step()
+            .and_then(|step| self.registry.version_in_step(step));
+        let current = match version {
+            Some(version) => self.registry.refresh_to(version).await,
+            None => self.registry.refresh().await,
         };
+        // Checked against the copy brought up to date: a database created
+        // through another node is known to it.
+        let checked = current.map_err(ExchangeError::from).and_then(|()| {
+            match self.registry.authenticate_hash(presented).as_ref() == Some(who) {
+                true => self.check_upload(who, &req).map(|_| true),
+                false => Ok(false),
+            }
+        });
+        match checked {
+            Ok(true) => self.upload(g, who, req).await.map(Some),
+            Ok(false) => {
+                g.release().await?;
+                Ok(None)
+            }
+            Err(e) => {
+                g.release().await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The checks of an upload that need no session: a device of the
+    /// enterprise of the target database, a well-formed idempotency key.
+    fn check_upload<'a>(
+        &self,
+        who: &'a Principal,
+        req: &SendMessage,
+    ) -> Result<Device<'a>, ExchangeError> {
+        let dev = device(who)?;
         if !self.registry.is_database_of(&req.to, dev.enterprise) {
             return Err(ExchangeError::forbidden(format!(
                 "{} is not a database of this device's enterprise",
@@ -55,6 +107,21 @@ impl Core {
                 format!("idempotency_key must be 1–{MAX_KEY_LEN} bytes"),
             ));
         }
+        Ok(dev)
+    }
+
+    /// An upload checked by [`check_upload`](Self::check_upload), on the
+    /// device's session `g`.
+    async fn upload(
+        &self,
+        mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
+        who: &Principal,
+        req: SendMessage,
+    ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
+        let dev = device(who)?;
+        let Principal::Device { subsystem, .. } = who else {
+            return Err(ExchangeError::forbidden("device token needed"));
+        };
         let now = self.now();
         let deliver_at = req.deliver_at;
         let mut message = Message {
@@ -70,13 +137,20 @@ impl Core {
         let Some(key) = req.idempotency_key else {
             // Without a key there is nothing to record before the file; the
             // device's counters are saved once it is durable.
-            let mut g = self.device_session(dev.id).await?;
-            self.place(&message, deliver_at).await?;
+            let joined = self
+                .place_in_step(&mut g, &message, deliver_at, None)
+                .await?;
+            if !joined {
+                self.place(&message, deliver_at).await?;
+            }
             let counters = &mut g.persistent_mut().device;
             counters.sent += 1;
             counters.bytes += body_bytes;
             counters.last_seen = Some(now);
             g.release().await?;
+            if joined {
+                self.placed_in_step(&message.to);
+            }
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
             return Ok((
                 MessageAccepted {
@@ -89,7 +163,6 @@ impl Core {
 
         // The device's session serializes its uploads, so two uploads with
         // one key never race between the lookup and the record.
-        let mut g = self.device_session(dev.id).await?;
         if let Some(earlier) = self.earlier_upload(&mut g, dev.id, &key, now).await? {
             let counters = &mut g.persistent_mut().device;
             counters.duplicates += 1;
@@ -120,6 +193,25 @@ impl Core {
             at: now,
             expires_at: Timestamp::from_millis(now.as_millis().saturating_add(ttl)),
         };
+        let joined = self
+            .place_in_step(&mut g, &message, deliver_at, Some((&key, &upload)))
+            .await?;
+        if joined {
+            let counters = &mut g.persistent_mut().device;
+            counters.sent += 1;
+            counters.bytes += body_bytes;
+            counters.last_seen = Some(now);
+            g.release().await?;
+            self.placed_in_step(&message.to);
+            tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
+            return Ok((
+                MessageAccepted {
+                    version: Version,
+                    id: message.id,
+                },
+                UploadOutcome::Created,
+            ));
+        }
         self.with_keys({
             let (device, key) = (dev.id.clone(), key.clone());
             move |keys| keys.put(&device, &key, &upload)
@@ -153,6 +245,56 @@ impl Core {
             },
             UploadOutcome::Created,
         ))
+    }
+
+    /// With a shared session store whose transactions the message store
+    /// writes in: `message` (due now) and its idempotency `key`, if any, as
+    /// part of the device's step, so that the release's commit makes the
+    /// upload durable with the device's counters, all or nothing (`true`;
+    /// the caller tells [`placed_in_step`](Self::placed_in_step) once the
+    /// release succeeded). `false`: nothing was done, and the message goes
+    /// through [`place`](Self::place) (the key, for the caller to write
+    /// before it).
+    async fn place_in_step(
+        &self,
+        g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
+        message: &Message,
+        deliver_at: Option<Timestamp>,
+        key: Option<(&String, &KeyedUpload)>,
+    ) -> Result<bool, ExchangeError> {
+        if deliver_at.is_some_and(|at| at > self.now()) {
+            return Ok(false);
+        }
+        let Some(step) = g.step() else {
+            return Ok(false);
+        };
+        let queue = self.location(&message.to, Folder::Messages);
+        if self.store.put_in_step(step, &queue, message)?.is_none() {
+            return Ok(false);
+        }
+        if let Some((key, upload)) = key
+            && !self.keys.put_in_step(step, &message.from, key, upload)
+        {
+            // A key store that cannot join the step: the key is durable
+            // before the step commits the message, as on the other path (a
+            // retry after a failed release writes the very same message).
+            self.with_keys({
+                let (device, key, upload) = (message.from.clone(), key.clone(), upload.clone());
+                move |keys| keys.put(&device, &key, &upload)
+            })
+            .await?;
+        }
+        Ok(true)
+    }
+
+    /// A message placed by [`place_in_step`](Self::place_in_step) is
+    /// durable (the release succeeded): its recipient and the commit
+    /// observer are told.
+    fn placed_in_step(&self, to: &Id) {
+        self.arrived(to);
+        if let Some(o) = self.config.quiesce.observer() {
+            o.delivered(1);
+        }
     }
 
     /// The message an earlier upload of `device` with `key` made, if the key

@@ -64,7 +64,7 @@ use crate::keys::UploadKeys;
 use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
-use crate::token::Token;
+use crate::token::{Token, TokenHash};
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::wire::{
@@ -111,6 +111,22 @@ pub struct Tidied {
 }
 
 pub use crate::wire::Upload;
+
+/// A bearer token the registry's copy in memory knows, and who it belongs
+/// to by that copy ([`Exchange::presented`]); not yet checked against what
+/// other servers of a shared registry changed.
+#[derive(Clone, Debug)]
+pub struct Presented {
+    who: Principal,
+    hash: crate::token::TokenHash,
+}
+
+impl Presented {
+    /// Who the token belongs to by the copy in memory.
+    pub fn principal(&self) -> &Principal {
+        &self.who
+    }
+}
 
 /// Where the exchange hands what it does not handle itself: alerts for
 /// administrators and arrivals for push notifications. Given at
@@ -426,6 +442,40 @@ impl Exchange {
         let who = who.clone();
         self.detached(move |core| async move {
             let r = core.send(&who, req).await;
+            core.watch_storage("message upload", r).await
+        })
+        .await
+    }
+
+    /// Who `token` belongs to by the registry's copy in memory, without
+    /// reading what other servers of a shared registry changed: `None` when
+    /// the copy does not know the token ([`authenticate`](Self::authenticate)
+    /// tells then). For [`send_presented`](Self::send_presented), which
+    /// checks the copy inside the device's step.
+    pub fn presented(&self, token: &str) -> Option<Presented> {
+        let hash = TokenHash::of(token);
+        let who = self.core.registry.authenticate_hash(&hash)?;
+        Some(Presented { who, hash })
+    }
+
+    /// Device: [`send`](Self::send) for a token known to the registry's
+    /// copy in memory ([`presented`](Self::presented)). The copy is checked
+    /// inside the device's step: with a shared registry, against the change
+    /// counter read by the statement that takes the device's lock (so the
+    /// check costs no round trip of its own), and reloaded first if the
+    /// counter moved. A token revoked or changed through any server before
+    /// the step began is refused: `Ok(None)`, nothing written (401).
+    pub async fn send_presented(
+        &self,
+        presented: &Presented,
+        req: SendMessage,
+    ) -> Result<Option<(MessageAccepted, Upload)>, ExchangeError> {
+        self.ready()?;
+        let presented = presented.clone();
+        self.detached(move |core| async move {
+            let r = core
+                .send_presented(&presented.who, &presented.hash, req)
+                .await;
             core.watch_storage("message upload", r).await
         })
         .await

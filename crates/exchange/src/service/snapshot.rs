@@ -289,6 +289,9 @@ impl Step for TimedStep {
         }
         finished
     }
+    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
+        self.inner.joint()
+    }
 }
 
 impl<K: UploadKeys> UploadKeys for Gated<K> {
@@ -302,6 +305,17 @@ impl<K: UploadKeys> UploadKeys for Gated<K> {
     }
     fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
         self.quiesce.store_write(|| self.inner.put_all(entries))
+    }
+    // Written by the step's commit, which a backup of the embedded store
+    // never has to wait for (see `shared` above).
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        device: &Id,
+        key: &str,
+        upload: &KeyedUpload,
+    ) -> bool {
+        self.inner.put_in_step(step, device, key, upload)
     }
     fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
         self.quiesce.store_write(|| self.inner.remove(device, key))
@@ -336,6 +350,9 @@ impl<R: RegistryStore> RegistryStore for Gated<R> {
     async fn version(&self) -> Result<u64, TenancyError> {
         self.inner.version().await
     }
+    fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
+        self.inner.version_in_step(step)
+    }
 }
 
 #[async_trait::async_trait]
@@ -357,6 +374,17 @@ impl<M: MessageStore> MessageStore for Gated<M> {
             self.quiesce.delivered(1);
         }
         put
+    }
+    // Written by the step's commit, which a backup of the embedded store
+    // never has to wait for; the caller tells the observer of the delivery
+    // once that commit is made.
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        self.inner.put_in_step(step, at, message)
     }
     async fn put_all(
         &self,

@@ -132,6 +132,16 @@ impl MessageStore for FileStore {
         Ok(discarded)
     }
 
+    /// The files are not written in a session store's transactions.
+    fn put_in_step(
+        &self,
+        _step: &mut dyn estafeta_session::storage::Step,
+        _at: &Location,
+        _message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        Ok(None)
+    }
+
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         self.mailboxes.write(at, message).await
     }

@@ -106,6 +106,20 @@ pub trait MessageStore: Send + Sync {
     /// Puts a new message into `at`.
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
 
+    /// Puts a new message into `at` as part of `step`, the step a command
+    /// holds in a shared session store (see
+    /// [`Step::joint`](estafeta_session::storage::Step::joint)), when this
+    /// store writes into that store's transactions: the message is then
+    /// written with the step's next save or its end, and exists only once
+    /// that succeeded (`Some`, its entry). `None`: this store cannot;
+    /// nothing was done, and [`put`](Self::put) is the way.
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError>;
+
     /// Puts several new messages into `at`, all or none, once `when`
     /// answers `true`: they are made durable meanwhile (so that the caller's
     /// own durable step overlaps them) and appear only then. If `when`

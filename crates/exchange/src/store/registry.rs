@@ -125,4 +125,14 @@ pub trait RegistryStore: Send + Sync {
     async fn version(&self) -> Result<u64, TenancyError> {
         Ok(0)
     }
+
+    /// The change counter as read with the lock of `step`, the step a
+    /// command holds in a shared session store (see
+    /// [`Step::joint`](estafeta_session::storage::Step::joint)), when this
+    /// store is in that store's database: the step's own round trip read
+    /// it, so a command that holds a step checks its registry copy without
+    /// one of its own. `None` (the default): no such reading.
+    fn version_in_step(&self, _step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
+        None
+    }
 }

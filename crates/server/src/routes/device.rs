@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::raw_json;
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiQuery, Caller};
+use crate::extract::{ApiJson, ApiQuery, Caller, Presenting};
 use crate::state::AppState;
 
 /// `POST /v1/messages`: 201 for a new message, 200 for a repeated
@@ -26,10 +26,17 @@ use crate::state::AppState;
     security(("bearer" = [])))]
 pub async fn send_message(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    caller: Presenting,
     ApiJson(req): ApiJson<SendMessage>,
 ) -> Result<(StatusCode, Json<MessageAccepted>), ApiError> {
-    let (accepted, upload) = state.exchange().send(&who, req).await?;
+    let (accepted, upload) = match caller {
+        Presenting::Checked(who) => state.exchange().send(&who, req).await?,
+        Presenting::Known(presented) => state
+            .exchange()
+            .send_presented(&presented, req)
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))?,
+    };
     let status = match upload {
         Upload::Created => StatusCode::CREATED,
         Upload::Repeated => StatusCode::OK,

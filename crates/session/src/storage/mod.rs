@@ -178,4 +178,13 @@ pub trait Step: Send + Sync {
     fn held(&self) -> bool;
     /// Make `write` (if any) durable and let the key go.
     fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError>;
+    /// The store's own part of the step, for the store's other tables:
+    /// writes it takes become durable with the step's next
+    /// [`save`](Step::save) or [`finish`](Step::finish), in the same
+    /// transaction, and vanish with the step if that fails or the step is
+    /// dropped. The store that made the step knows its type (it downcasts
+    /// it); `None` (the default) when the store offers none.
+    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
+        None
+    }
 }

@@ -1,0 +1,171 @@
+//! Cluster mode: an upload's message, its idempotency key and the device's
+//! session are written by one commit, the device step's. When that commit
+//! fails after the message's insert was sent (the database refuses the
+//! step's save, through a trigger), the client gets an error and neither
+//! the message nor the key exists; the retry makes exactly one message.
+//! An upload checks its token against the registry's change counter read
+//! by the device step's lock: a database created through another node takes
+//! its uploads at once, and a token changed or a device deleted through
+//! another node is refused at once, with nothing written.
+
+mod common;
+
+use common::{
+    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, provision_one, start_request,
+    wait_ready,
+};
+use estafeta_client::{Client, ClientError};
+use estafeta_server::HttpSettings;
+use estafeta_server::notify::NotifySettings;
+use tokio_util::sync::CancellationToken;
+
+/// Makes every save of `phone-1`'s device session fail (`true`), or lets
+/// them through again (`false`).
+async fn refuse_device_saves(db: &estafeta_cluster::Store, refuse: bool) {
+    let client = db.client().await.unwrap();
+    let sql = match refuse {
+        true => {
+            "CREATE FUNCTION refuse_save() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'save refused by the test'; END $$;
+             CREATE TRIGGER refuse_device_saves BEFORE UPDATE ON sessions FOR EACH ROW
+               WHEN (position('phone-1'::bytea in NEW.key) > 0 AND NEW.record IS NOT NULL)
+               EXECUTE FUNCTION refuse_save()"
+        }
+        false => "DROP TRIGGER refuse_device_saves ON sessions; DROP FUNCTION refuse_save()",
+    };
+    client.batch_execute(sql).await.unwrap();
+}
+
+/// Rows of `table` (the whole cluster's).
+async fn rows(db: &estafeta_cluster::Store, table: &str) -> i64 {
+    let client = db.client().await.unwrap();
+    client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_step_fails_to_commit_leaves_nothing_and_its_retry_one_message() {
+    let server = TestServer::start_on(Store::Postgres).await;
+    let db = estafeta_cluster::Store::connect(server.store.as_deref().unwrap()).unwrap();
+    let (db_token, phone_token) = provision_one(&server.admin).await;
+    let phone = server.client(&phone_token);
+
+    refuse_device_saves(&db, true).await;
+    for key in [Some("k-1"), None] {
+        let failed = phone
+            .send(&message("db-a", r#"{"order":1}"#, key))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&failed, ClientError::Api { status, .. } if status.is_server_error()),
+            "{failed}"
+        );
+        assert_eq!(rows(&db, "messages").await, 0, "key {key:?}");
+        assert_eq!(rows(&db, "idempotency_keys").await, 0, "key {key:?}");
+    }
+    refuse_device_saves(&db, false).await;
+
+    let first = phone
+        .send(&message("db-a", r#"{"order":1}"#, Some("k-1")))
+        .await
+        .unwrap();
+    let again = phone
+        .send(&message("db-a", r#"{"order":1}"#, Some("k-1")))
+        .await
+        .unwrap();
+    assert_eq!(again.accepted.id, first.accepted.id);
+    assert_eq!(rows(&db, "messages").await, 1);
+    assert_eq!(rows(&db, "idempotency_keys").await, 1);
+    let started = server
+        .client(&db_token)
+        .start(&start_request("db-a"))
+        .await
+        .unwrap();
+    let messages = started.messages.unwrap();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].id, first.accepted.id);
+}
+
+/// A second node on `url`, its data folder in `data`; its base URL. It runs
+/// until the test ends.
+async fn second_node(data: &std::path::Path, url: &str) -> String {
+    let server = open_server_on(
+        data,
+        Some(url),
+        HttpSettings::default(),
+        |_| {},
+        NotifySettings::log_only(data),
+    )
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.run(listener, CancellationToken::new()));
+    wait_ready(&Client::new(&base, ADMIN_TOKEN).unwrap()).await;
+    base
+}
+
+fn unauthorized(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { status, .. } if status.as_u16() == 401)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_change_through_one_node_holds_for_the_next_upload_through_another() {
+    let a = TestServer::start_on(Store::Postgres).await;
+    let url = a.store.clone().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let b = second_node(data.path(), &url).await;
+    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let (_, old_token) = provision_one(&a.admin).await;
+    let through_b = |token: &str| Client::new(&b, token).unwrap();
+
+    // B learns the device at its first upload, and knows it at the next.
+    for n in 0..2 {
+        through_b(&old_token)
+            .send(&message("db-a", r#"{"order":1}"#, None))
+            .await
+            .unwrap();
+        assert_eq!(rows(&db, "messages").await, n + 1);
+    }
+    // A database created through A takes B's uploads at once.
+    a.admin
+        .create_database(&id("acme"), &id("db-b"))
+        .await
+        .unwrap();
+    through_b(&old_token)
+        .send(&message("db-b", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    assert_eq!(rows(&db, "messages").await, 3);
+
+    // The token changed through A: B's copy still has the old one, and its
+    // next upload with it is refused, nothing written.
+    let new_token = a
+        .admin
+        .rotate_device_token(&id("phone-1"))
+        .await
+        .unwrap()
+        .token;
+    let refused = through_b(&old_token)
+        .send(&message("db-a", r#"{"order":2}"#, Some("k-2")))
+        .await
+        .unwrap_err();
+    assert!(unauthorized(&refused), "{refused}");
+    assert_eq!(rows(&db, "messages").await, 3);
+    assert_eq!(rows(&db, "idempotency_keys").await, 0);
+    through_b(&new_token)
+        .send(&message("db-a", r#"{"order":2}"#, Some("k-2")))
+        .await
+        .unwrap();
+    assert_eq!(rows(&db, "messages").await, 4);
+
+    // The device deleted through A: its token is refused through B too.
+    a.admin.delete_device(&id("phone-1"), true).await.unwrap();
+    let refused = through_b(&new_token)
+        .send(&message("db-a", r#"{"order":3}"#, None))
+        .await
+        .unwrap_err();
+    assert!(unauthorized(&refused), "{refused}");
+}
