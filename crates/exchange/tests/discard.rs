@@ -36,6 +36,14 @@ impl MessageStore for Flaky {
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         self.inner.put(at, message).await
     }
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        self.inner.put_in_step(step, at, message)
+    }
     async fn put_all(
         &self,
         at: &Location,

@@ -183,8 +183,8 @@ pub trait Step: Send + Sync {
     /// [`save`](Step::save) or [`finish`](Step::finish), in the same
     /// transaction, and vanish with the step if that fails or the step is
     /// dropped. The store that made the step knows its type (it downcasts
-    /// it); `None` (the default) when the store offers none.
-    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
-        None
-    }
+    /// it); `None` when the store offers none. No default: a wrapper
+    /// around a step must pass it on, or the writes it carries would fall
+    /// back to transactions of their own.
+    fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)>;
 }
