@@ -15,7 +15,13 @@
 //!   state commits per message read from `/metrics`; the timed part of each
 //!   round lies between two `getpid` calls, so that
 //!   `strace -f -y -e trace=fsync,fdatasync,getpid` counts the fsyncs of
-//!   the processing phase alone.
+//!   the processing phase alone. It prints the process's CPU time (all
+//!   threads, client and server: user and system, from `/proc/self/stat`)
+//!   per message over the timed parts. With `PROCESSING_PERF_CTL=FIFO`
+//!   (and `PROCESSING_PERF_ACK=FIFO`) it writes `enable` before each timed
+//!   part and `disable` after it to `perf`'s control FIFO (`perf record
+//!   --control=fifo:CTL,ACK -D -1`, or `perf stat`), so that a profile
+//!   covers the processing phase alone.
 //! - `PROCESSING_BACKLOG=N`: N messages written straight into the
 //!   database's `Messages` folder (not over HTTP, no fsync) before the
 //!   server opens, then drained at batch 100, with the rate printed for
@@ -320,7 +326,51 @@ fn floor_rate(dir: &Path, n: usize) -> f64 {
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-/// `PROCESSING_TRACE=N`: timed calls, commits per message, `getpid` marks.
+/// The process's CPU time so far, all threads, user and system (in the
+/// kernel's clock ticks, converted at 100 a second, the usual `USER_HZ`).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which is in parentheses); utime
+    // and stime are the 14th and 15th of the line.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut tick = || {
+        fields
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let ticks = tick() + tick();
+    Duration::from_millis(ticks * 10)
+}
+
+/// `perf`'s control FIFOs, to profile the timed parts alone.
+struct PerfControl {
+    ctl: std::fs::File,
+    ack: Option<std::io::BufReader<std::fs::File>>,
+}
+
+impl PerfControl {
+    fn from_env() -> Option<Self> {
+        let ctl = std::env::var_os("PROCESSING_PERF_CTL")?;
+        let ctl = std::fs::OpenOptions::new().write(true).open(ctl).unwrap();
+        let ack = std::env::var_os("PROCESSING_PERF_ACK")
+            .map(|a| std::io::BufReader::new(std::fs::File::open(a).unwrap()));
+        Some(Self { ctl, ack })
+    }
+
+    fn send(&mut self, command: &str) {
+        use std::io::BufRead;
+        self.ctl.write_all(command.as_bytes()).unwrap();
+        if let Some(ack) = self.ack.as_mut() {
+            let mut line = String::new();
+            ack.read_line(&mut line).unwrap();
+        }
+    }
+}
+
+/// `PROCESSING_TRACE=N`: timed calls, commits per message, CPU time per
+/// message, `getpid` marks.
 fn trace(rounds: usize) {
     let tmp = temp_root();
     let floor_dir = tmp.path().join("floor");
@@ -328,15 +378,24 @@ fn trace(rounds: usize) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let before = floor_rate(&floor_dir, 300);
     let w = rt.block_on(world(&tmp.path().join("data"), None));
+    let mut perf = PerfControl::from_env();
     let mut all = Vec::new();
-    let (mut commits, mut processed) = (0, 0);
+    let (mut commits, mut processed, mut cpu) = (0, 0, Duration::ZERO);
     for _ in 0..rounds {
         rt.block_on(upload(&w));
         let c0 = rt.block_on(w.state_commits());
+        if let Some(p) = perf.as_mut() {
+            p.send("enable\n");
+        }
+        let cpu0 = cpu_time();
         // Marks for strace: the processing phase lies between them.
         let _ = std::process::id();
         let (n, timed) = rt.block_on(process(&w));
         let _ = std::process::id();
+        cpu += cpu_time().saturating_sub(cpu0);
+        if let Some(p) = perf.as_mut() {
+            p.send("disable\n");
+        }
         commits += rt.block_on(w.state_commits()) - c0;
         processed += n;
         all.push(timed);
@@ -348,13 +407,15 @@ fn trace(rounds: usize) {
     println!(
         "rounds {rounds}: median start {:.1?}, prepare {:.1?}, commit {:.1?}, total {:.1?} \
          = {:.0} msgs/s; floor {before:.0} / {after:.0} files/s (before / after); \
-         durable state commits per message {:.3} ({commits} for {processed})",
+         durable state commits per message {:.3} ({commits} for {processed}); \
+         CPU time (all threads) per message {:.1?}",
         pick(|t| t.start),
         pick(|t| t.prepare),
         pick(|t| t.commit),
         total,
         BATCH as f64 / total.as_secs_f64(),
         commits as f64 / processed.max(1) as f64,
+        cpu / processed.max(1) as u32,
     );
     rt.block_on(w.stop());
 }

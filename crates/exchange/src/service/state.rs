@@ -357,10 +357,21 @@ mod display_vec {
     use std::fmt::Display;
     use std::str::FromStr;
 
+    /// One element, written through `Display` straight into the output
+    /// (no `String` per name: records hold hundreds and are saved at every
+    /// step of a process).
+    struct Shown<'a, T>(&'a T);
+
+    impl<T: Display> serde::Serialize for Shown<'_, T> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_str(self.0)
+        }
+    }
+
     pub(crate) fn serialize<T: Display, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(v.len()))?;
         for x in v {
-            seq.serialize_element(&x.to_string())?;
+            seq.serialize_element(&Shown(x))?;
         }
         seq.end()
     }
