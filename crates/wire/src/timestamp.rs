@@ -73,8 +73,19 @@ impl Timestamp {
     /// The fixed-width form `YYYYMMDDTHHMMSSmmmZ` (19 ASCII characters) used in
     /// file names; it sorts chronologically as a string.
     pub fn to_compact(self) -> String {
+        let mut out = String::with_capacity(19);
+        // Writing into a String cannot fail.
+        let _ = self.write_compact(&mut out);
+        out
+    }
+
+    /// Writes [`to_compact`](Self::to_compact)'s form into `out` without
+    /// a `String` of its own: file names are printed for every path,
+    /// listing and saved record that holds them.
+    pub fn write_compact(self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let t = self.datetime();
-        format!(
+        write!(
+            out,
             "{:04}{:02}{:02}T{:02}{:02}{:02}{:03}Z",
             t.year(),
             t.month(),

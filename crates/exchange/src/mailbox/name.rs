@@ -59,50 +59,9 @@ impl FileName {
     }
 }
 
-/// [`Timestamp::to_compact`] written into a buffer on the stack: a name is
-/// printed for every path, listing and saved record that holds it, and the
-/// general formatting (a `String` per call) showed in profiles of the
-/// processing calls.
-fn compact(t: Timestamp) -> [u8; 19] {
-    const DAY: i64 = 86_400_000;
-    let ms = t.as_millis();
-    let (days, of_day) = (ms.div_euclid(DAY), ms.rem_euclid(DAY));
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian), after
-    // Howard Hinnant's `civil_from_days`.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let mut out = [0u8; 19];
-    let mut put = |at: usize, width: usize, mut v: i64| {
-        for i in (at..at + width).rev() {
-            // Every field is within 0..10^width (a timestamp's year is 0..=9999).
-            out[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-        }
-    };
-    put(0, 4, year);
-    put(4, 2, month);
-    put(6, 2, day);
-    put(9, 2, of_day / 3_600_000);
-    put(11, 2, of_day / 60_000 % 60);
-    put(13, 2, of_day / 1000 % 60);
-    put(15, 3, of_day % 1000);
-    out[8] = b'T';
-    out[18] = b'Z';
-    out
-}
-
 impl fmt::Display for FileName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let time = compact(self.created_at);
-        // ASCII digits, `T` and `Z` only.
-        f.write_str(std::str::from_utf8(&time).map_err(|_| fmt::Error)?)?;
+        self.created_at.write_compact(f)?;
         f.write_str("_")?;
         fmt::Display::fmt(&self.id, f)?;
         for id in [&self.from, &self.to, &self.subsystem] {
