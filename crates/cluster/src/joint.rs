@@ -16,6 +16,21 @@ use tokio_postgres::types::ToSql;
 
 use crate::Error;
 
+/// Writes message rows (each column an array): a joint's, and those
+/// [`PgMessages`](crate::PgMessages) puts on its own.
+pub(crate) const INSERT_MESSAGES: &str = "INSERT INTO messages
+    (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::bigint[], $8::bigint[], $9::bytea[])
+    ON CONFLICT (id) DO NOTHING";
+/// Writes (or replaces) idempotency key rows (each column an array): a
+/// joint's, and those [`PgKeys`](crate::PgKeys) puts on its own.
+pub(crate) const PUT_KEYS: &str =
+    "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+    ON CONFLICT (device_id, key) DO UPDATE
+    SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
+
 /// The joint of `step` if it is one of this crate's steps (a session
 /// store's step of another kind carries no rows of these tables).
 pub(crate) fn of(step: &mut dyn estafeta_session::storage::Step) -> Option<&mut Joint> {
@@ -125,11 +140,11 @@ impl Joint {
     ) -> Result<Prepared, Error> {
         let messages = match self.messages.ids.is_empty() {
             true => None,
-            false => Some(client.prepare_cached(crate::messages::INSERT).await?),
+            false => Some(client.prepare_cached(INSERT_MESSAGES).await?),
         };
         let keys = match self.keys.keys.is_empty() {
             true => None,
-            false => Some(client.prepare_cached(crate::keys::PUT).await?),
+            false => Some(client.prepare_cached(PUT_KEYS).await?),
         };
         Ok(Prepared { messages, keys })
     }

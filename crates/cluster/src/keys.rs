@@ -19,10 +19,6 @@ use crate::{Error, Store};
 
 const GET: &str = "SELECT name, at, expires_at FROM idempotency_keys
     WHERE device_id = $1 AND key = $2 AND expires_at > $3";
-pub(crate) const PUT: &str = "INSERT INTO idempotency_keys (device_id, key, name, at, expires_at)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
-    ON CONFLICT (device_id, key) DO UPDATE
-    SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
 const REMOVE: &str = "DELETE FROM idempotency_keys WHERE device_id = $1 AND key = $2";
 const EXPIRE: &str = "DELETE FROM idempotency_keys WHERE (device_id, key) IN (
     SELECT device_id, key FROM idempotency_keys WHERE expires_at <= $1
@@ -96,7 +92,7 @@ impl UploadKeys for PgKeys {
         let expires: Vec<i64> = last.iter().map(|e| e.2.expires_at.as_millis()).collect();
         self.run(async {
             let client = self.store.client().await?;
-            let put = client.prepare_cached(PUT).await?;
+            let put = client.prepare_cached(crate::joint::PUT_KEYS).await?;
             client
                 .execute(&put, &[&devices, &keys, &names, &at, &expires])
                 .await?;

@@ -44,11 +44,6 @@ use crate::{Error, Store};
 /// The columns a [`FileEntry`] is made of, in [`entry`]'s order.
 const ENTRY: &str = "id, created_at, sender, recipient, subsystem, size";
 
-pub(crate) const INSERT: &str = "INSERT INTO messages
-    (id, owner, place, sender, recipient, subsystem, created_at, size, body)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::bigint[], $8::bigint[], $9::bytea[])
-    ON CONFLICT (id) DO NOTHING";
 pub(crate) const SELECT: &str =
     "SELECT id, created_at, sender, recipient, subsystem, size FROM messages
     WHERE owner = $1 AND place = $2
@@ -140,7 +135,7 @@ impl PgMessages {
         let sizes: Vec<i64> = bytes.iter().map(|b| b.len() as i64).collect();
         let client = self.client(at).await?;
         let insert = client
-            .prepare_cached(INSERT)
+            .prepare_cached(crate::joint::INSERT_MESSAGES)
             .await
             .map_err(|e| failed(at, e))?;
         client
