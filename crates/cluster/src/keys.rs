@@ -100,7 +100,7 @@ impl UploadKeys for PgKeys {
         })
     }
 
-    /// A row of the step's [`Joint`](crate::joint::Joint), written with
+    /// A row of the step's joint (its rows of this crate's tables), written with
     /// the step's commit.
     fn put_in_step(
         &self,

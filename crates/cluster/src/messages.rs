@@ -387,7 +387,7 @@ impl MessageStore for PgMessages {
         Ok(entries.swap_remove(0))
     }
 
-    /// A row of the step's [`Joint`](crate::joint::Joint), inserted with
+    /// A row of the step's joint (its rows of this crate's tables), inserted with
     /// the step's commit (one message per id, as [`put`](Self::put)).
     fn put_in_step(
         &self,
