@@ -92,16 +92,7 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
         id: &str,
         payload: &[u8],
     ) -> Result<(), Error> {
-        check_source(source)?;
-        check_id(id)?;
-        check_payload(payload)?;
-        let entry = Entry {
-            source: source.to_owned(),
-            due,
-            id: id.to_owned(),
-            payload: payload.to_vec(),
-            attempt: 0,
-        };
+        let entry = new_entry(source, due, id, payload)?;
         self.write(vec![Op::Put(entry)]).await.map(drop)
     }
 
@@ -116,16 +107,7 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
         id: &str,
         payload: &[u8],
     ) -> Result<bool, Error> {
-        check_source(source)?;
-        check_id(id)?;
-        check_payload(payload)?;
-        let entry = Entry {
-            source: source.to_owned(),
-            due,
-            id: id.to_owned(),
-            payload: payload.to_vec(),
-            attempt: 0,
-        };
+        let entry = new_entry(source, due, id, payload)?;
         let applied = self.write(vec![Op::Restore(entry)]).await?;
         Ok(matches!(applied.first(), Some(Applied::Placed { .. })))
     }
@@ -266,4 +248,18 @@ impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
     }
+}
+
+/// A new entry (no attempt yet), its source, id and payload checked.
+fn new_entry(source: &str, due: u64, id: &str, payload: &[u8]) -> Result<Entry, Error> {
+    check_source(source)?;
+    check_id(id)?;
+    check_payload(payload)?;
+    Ok(Entry {
+        source: source.to_owned(),
+        due,
+        id: id.to_owned(),
+        payload: payload.to_vec(),
+        attempt: 0,
+    })
 }
