@@ -143,22 +143,7 @@ impl Core {
             if !joined {
                 self.place(&message, deliver_at).await?;
             }
-            let counters = &mut g.persistent_mut().device;
-            counters.sent += 1;
-            counters.bytes += body_bytes;
-            counters.last_seen = Some(now);
-            g.release().await?;
-            if joined {
-                self.placed_in_step(&message.to);
-            }
-            tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
-            return Ok((
-                MessageAccepted {
-                    version: Version,
-                    id: message.id,
-                },
-                UploadOutcome::Created,
-            ));
+            return self.received(g, &message, body_bytes, now, joined).await;
         };
 
         // The device's session serializes its uploads, so two uploads with
@@ -197,20 +182,7 @@ impl Core {
             .place_in_step(&mut g, &message, deliver_at, Some((&key, &upload)))
             .await?;
         if joined {
-            let counters = &mut g.persistent_mut().device;
-            counters.sent += 1;
-            counters.bytes += body_bytes;
-            counters.last_seen = Some(now);
-            g.release().await?;
-            self.placed_in_step(&message.to);
-            tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
-            return Ok((
-                MessageAccepted {
-                    version: Version,
-                    id: message.id,
-                },
-                UploadOutcome::Created,
-            ));
+            return self.received(g, &message, body_bytes, now, true).await;
         }
         self.with_keys({
             let (device, key) = (dev.id.clone(), key.clone());
@@ -232,12 +204,31 @@ impl Core {
             }
             return Err(e);
         }
+        self.received(g, &message, body_bytes, now, false).await
+    }
+
+    /// A new upload of `message` (`body_bytes` of body) is durable, or
+    /// becomes so with the release of the device's session `g`: the
+    /// device's counters saved, the recipient told when the message was
+    /// `joined` to the step ([`placed_in_step`](Self::placed_in_step)),
+    /// the event logged.
+    async fn received(
+        &self,
+        mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
+        message: &Message,
+        body_bytes: u64,
+        now: Timestamp,
+        joined: bool,
+    ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
         let counters = &mut g.persistent_mut().device;
         counters.sent += 1;
         counters.bytes += body_bytes;
         counters.last_seen = Some(now);
         g.release().await?;
-        tracing::info!(target: "estafeta::event", device = %dev.id, db = %message.to, message = %message.id, "message received");
+        if joined {
+            self.placed_in_step(&message.to);
+        }
+        tracing::info!(target: "estafeta::event", device = %message.from, db = %message.to, message = %message.id, "message received");
         Ok((
             MessageAccepted {
                 version: Version,
