@@ -10,6 +10,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::openapi::RefOr;
@@ -21,8 +22,12 @@ use crate::error::IdError;
 /// A validated id (1–64 characters of `A-Z a-z 0-9 . -`, starting with a
 /// letter or a digit). Deserializing validates, so a request carrying a bad
 /// id fails to parse (HTTP 400) before it reaches any logic.
+///
+/// The text is shared: a clone costs a reference count, not an allocation
+/// (every file name holds three ids, and the records of a process copy
+/// hundreds of names at each of its steps).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Id(String);
+pub struct Id(Arc<str>);
 
 impl Id {
     /// The longest id, in bytes (and characters: the alphabet is ASCII).
@@ -32,10 +37,10 @@ impl Id {
     pub const PATTERN: &'static str = "^[A-Za-z0-9][A-Za-z0-9.-]{0,63}$";
 
     /// Validates `s` and wraps it.
-    pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
-        let s = s.into();
-        validate(&s)?;
-        Ok(Self(s))
+    pub fn new(s: impl AsRef<str>) -> Result<Self, IdError> {
+        let s = s.as_ref();
+        validate(s)?;
+        Ok(Self(Arc::from(s)))
     }
 
     /// The id as a string slice.
@@ -45,7 +50,7 @@ impl Id {
 
     /// Unwraps the inner string.
     pub fn into_string(self) -> String {
-        self.0
+        String::from(&*self.0)
     }
 }
 
@@ -104,7 +109,7 @@ impl AsRef<str> for Id {
 
 impl AsRef<std::path::Path> for Id {
     fn as_ref(&self) -> &std::path::Path {
-        std::path::Path::new(&self.0)
+        std::path::Path::new(&*self.0)
     }
 }
 
