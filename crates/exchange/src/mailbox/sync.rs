@@ -345,9 +345,10 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
 
     // Every directory any change touched, failed ones included: a failed
     // publish removed its temporary file, and that removal is made durable too.
-    let dirs: BTreeSet<PathBuf> = changes.iter().flat_map(dirs_of).collect();
+    let dirs: BTreeSet<&Path> = changes.iter().flat_map(dirs_of).collect();
     let mut fsyncs = JoinSet::new();
     for dir in dirs {
+        let dir = dir.to_owned();
         let dir_sync = Arc::clone(&shared.dir_sync);
         fsyncs.spawn_blocking(move || {
             let r = dir_sync(&dir);
@@ -383,15 +384,12 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
             result.and_then(|applied| {
                 let unsynced = match &lost_task {
                     Some(e) => Some(MailboxError::Join(e.clone())),
-                    None => {
-                        let touched = dirs_of(&change);
-                        failed_dirs
-                            .iter()
-                            .find(|(dir, _)| touched.contains(dir))
-                            .map(|(dir, e)| {
-                                MailboxError::io(dir, io::Error::new(e.kind(), e.to_string()))
-                            })
-                    }
+                    None => failed_dirs
+                        .iter()
+                        .find(|(dir, _)| dirs_of(&change).any(|d| d == dir))
+                        .map(|(dir, e)| {
+                            MailboxError::io(dir, io::Error::new(e.kind(), e.to_string()))
+                        }),
                 };
                 match unsynced {
                     None => Ok(applied),
@@ -528,12 +526,13 @@ fn sync(shared: &Shared, dir: &Path) -> io::Result<()> {
 }
 
 /// The directories whose entries a change alters.
-fn dirs_of(change: &Change) -> Vec<PathBuf> {
-    match change {
-        Change::Publish { target, .. } => vec![parent(target).to_owned()],
-        Change::Move { from, to } => vec![parent(from).to_owned(), parent(to).to_owned()],
-        Change::Delete { path } => vec![parent(path).to_owned()],
-    }
+fn dirs_of(change: &Change) -> impl Iterator<Item = &Path> {
+    let (first, second) = match change {
+        Change::Publish { target, .. } => (target, None),
+        Change::Move { from, to } => (from, Some(to)),
+        Change::Delete { path } => (path, None),
+    };
+    std::iter::once(parent(first)).chain(second.map(|p| parent(p)))
 }
 
 fn parent(path: &Path) -> &Path {
