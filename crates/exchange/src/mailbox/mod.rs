@@ -423,6 +423,99 @@ impl Mailboxes {
         })
     }
 
+    /// Writes each message into a temporary file of `loc` and fsyncs it,
+    /// like [`stage`](Self::stage) for each: the files are created and
+    /// written one after another on one thread (creations in one folder
+    /// take the folder's lock in turn whatever the threads, and threads
+    /// waiting for it spin), then fsynced each on its own thread (so that
+    /// the fsyncs share the file system's journal commits). Answers the
+    /// files staged, in the order of `messages` (`None` for a failed one,
+    /// whose temporary file is removed), and the first error.
+    async fn stage_all(
+        &self,
+        loc: &Location,
+        messages: &[Message],
+    ) -> (Vec<Option<Staged>>, Option<MailboxError>) {
+        let mut staged: Vec<Option<Staged>> = messages.iter().map(|_| None).collect();
+        let mut first_error = None;
+        let dir = self.path(loc);
+        let mut plans = Vec::with_capacity(messages.len());
+        for m in messages {
+            let name = FileName::of(m);
+            let bytes = match m.to_file_bytes() {
+                Ok(b) => b,
+                Err(e) => {
+                    first_error.get_or_insert(MailboxError::Serialize(e));
+                    continue;
+                }
+            };
+            let final_name = name.to_string();
+            let target = dir.join(&final_name);
+            let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
+            plans.push((plans.len(), name, bytes, temp, target));
+        }
+        if first_error.is_some() {
+            return (staged, first_error);
+        }
+        let syncer = self.inner.syncer.clone();
+        let created = blocking(move || {
+            Ok(plans
+                .into_iter()
+                .map(|(i, name, bytes, temp, target)| {
+                    let file = create_written(&syncer, &dir, &temp, &bytes)?;
+                    let size = bytes.len() as u64;
+                    Ok((
+                        i,
+                        file,
+                        Staged {
+                            name,
+                            size,
+                            temp,
+                            target,
+                        },
+                    ))
+                })
+                .collect::<Vec<Result<_, MailboxError>>>())
+        })
+        .await;
+        let created = match created {
+            Ok(c) => c,
+            Err(e) => return (staged, Some(e)),
+        };
+        let mut fsyncs = tokio::task::JoinSet::new();
+        for c in created {
+            match c {
+                Ok((i, file, s)) => {
+                    fsyncs.spawn_blocking(move || match sync_written(&file) {
+                        Ok(()) => Ok((i, s)),
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&s.temp);
+                            Err(MailboxError::io(&s.temp, e))
+                        }
+                    });
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        while let Some(joined) = fsyncs.join_next().await {
+            match joined {
+                Ok(Ok((i, s))) => {
+                    self.inner.syncer.count_file_fsync();
+                    staged[i] = Some(s);
+                }
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(MailboxError::Join(e.to_string()));
+                }
+            }
+        }
+        (staged, first_error)
+    }
+
     /// The change that publishes a staged file, and what the index learns
     /// when it is settled (it expects the file from now on).
     fn publish_change(&self, loc: &Location, staged: Staged) -> (Change, Settle, FileEntry) {
@@ -470,24 +563,7 @@ impl Mailboxes {
         messages: &[Message],
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, m) in messages.iter().enumerate() {
-            let (this, loc, m) = (self.clone(), loc.clone(), m.clone());
-            tasks.spawn(async move { (i, this.stage(&loc, &m).await) });
-        }
-        let mut staged: Vec<Option<Staged>> = messages.iter().map(|_| None).collect();
-        let mut first_error = None;
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((i, Ok(s))) => staged[i] = Some(s),
-                Ok((_, Err(e))) => {
-                    first_error.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(MailboxError::Join(e.to_string()));
-                }
-            }
-        }
+        let (staged, first_error) = self.stage_all(loc, messages).await;
         let go = when.await.unwrap_or(false);
         if first_error.is_some() || !go {
             let temps: Vec<PathBuf> = staged.into_iter().flatten().map(|s| s.temp).collect();
@@ -600,8 +676,8 @@ impl Mailboxes {
             json.push(b'[');
             for name in names {
                 let path = dir.join(name.to_string());
-                let bytes = match read_file(&path) {
-                    Ok(b) => b,
+                let mut file = match std::fs::File::open(&path) {
+                    Ok(f) => f,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         // Removed by hand, or moved away meanwhile.
                         index.remove(&name);
@@ -609,13 +685,14 @@ impl Mailboxes {
                     }
                     Err(e) => return Err(MailboxError::io(&path, e)),
                 };
-                if !looks_like_object(&bytes) {
-                    return Err(MailboxError::Corrupt(path));
-                }
                 if !included.is_empty() {
                     json.push(b',');
                 }
-                json.extend_from_slice(&bytes);
+                let start = json.len();
+                read_appending(&mut file, &mut json).map_err(|e| MailboxError::io(&path, e))?;
+                if !looks_like_object(&json[start..]) {
+                    return Err(MailboxError::Corrupt(path));
+                }
                 included.push(name);
             }
             json.push(b']');
@@ -878,10 +955,35 @@ fn write_synced(
     })
 }
 
-/// The write and the fsync of a temporary file, each behind a named point
-/// where the fault-injection harness crashes the server or injects a full
-/// disk.
+/// Creates and writes a temporary file in `dir`, making the folder first
+/// if it does not exist yet; removes the file again on any failure. The
+/// file is not fsynced yet: see [`sync_written`].
+fn create_written(
+    syncer: &Syncer,
+    dir: &Path,
+    temp: &Path,
+    bytes: &[u8],
+) -> Result<std::fs::File, MailboxError> {
+    let written = match write_temp(temp, bytes) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => syncer
+            .make_folder(dir)
+            .and_then(|()| write_temp(temp, bytes)),
+        other => other,
+    };
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(temp);
+        MailboxError::io(temp, e)
+    })
+}
+
+/// The write and the fsync of a temporary file.
 fn write_and_sync(temp: &Path, bytes: &[u8]) -> io::Result<()> {
+    sync_written(&write_temp(temp, bytes)?)
+}
+
+/// The write of a temporary file, behind a named point where the
+/// fault-injection harness crashes the server or injects a full disk.
+fn write_temp(temp: &Path, bytes: &[u8]) -> io::Result<std::fs::File> {
     fail::fail_point!("mailbox::temp_write", |_| Err(injected_disk_full()));
     // Messages are the server's user's only, whatever the umask.
     let mut f = std::fs::OpenOptions::new()
@@ -891,6 +993,12 @@ fn write_and_sync(temp: &Path, bytes: &[u8]) -> io::Result<()> {
         .mode(0o600)
         .open(temp)?;
     f.write_all(bytes)?;
+    Ok(f)
+}
+
+/// The fsync of a written temporary file, behind a named point where the
+/// fault-injection harness crashes the server or injects a full disk.
+fn sync_written(f: &std::fs::File) -> io::Result<()> {
     fail::fail_point!("mailbox::temp_fsync", |_| Err(injected_disk_full()));
     f.sync_all()
 }
@@ -901,10 +1009,12 @@ fn injected_disk_full() -> io::Error {
     io::Error::from(io::ErrorKind::StorageFull)
 }
 
-fn read_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
-    Ok(bytes)
+/// Appends the rest of `file` to `out`. Read through a plain reader, not
+/// `File`'s own `read_to_end`, which asks the file's size and position
+/// first (two system calls per message a start hands out): `out` already
+/// has room for a typical message.
+fn read_appending(file: &mut std::fs::File, out: &mut Vec<u8>) -> io::Result<()> {
+    file.take(u64::MAX).read_to_end(out).map(|_| ())
 }
 
 /// A cheap check (no parsing) that a file can be spliced into an array.
