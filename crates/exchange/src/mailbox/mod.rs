@@ -1246,4 +1246,41 @@ mod tests {
             }
         }
     }
+
+    /// A batch into a folder not made yet makes it and writes every file
+    /// whole, larger than the room a start's answer keeps for a message; a
+    /// start reads them back byte for byte, leaves out one that is gone and
+    /// refuses one that is not an object.
+    #[tokio::test]
+    async fn a_batch_into_a_new_folder_is_read_back_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(20_000));
+        let batch: Vec<Message> = (1..=5)
+            .map(|seq| Message {
+                body: Body::from_json(&big).unwrap(),
+                ..message(seq)
+            })
+            .collect();
+        let written = mailboxes.write_all(&queue, &batch).await.unwrap();
+        let names: Vec<FileName> = written.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(names, batch.iter().map(FileName::of).collect::<Vec<_>>());
+        let dir = mailboxes.path(&queue);
+        std::fs::remove_file(dir.join(names[1].to_string())).unwrap();
+        let raw = mailboxes.read_array(&queue, &names).await.unwrap();
+        let files: Vec<Vec<u8>> = [0, 2, 3, 4]
+            .iter()
+            .map(|&i| batch[i].to_file_bytes().unwrap())
+            .collect();
+        assert_eq!(raw.json, [&b"["[..], &files.join(&b','), b"]"].concat());
+        assert_eq!(raw.names, [0, 2, 3, 4].map(|i| names[i].clone()));
+        std::fs::write(dir.join(names[3].to_string()), b"not an object").unwrap();
+        assert!(matches!(
+            mailboxes.read_array(&queue, &names).await,
+            Err(MailboxError::Corrupt(_))
+        ));
+    }
 }
