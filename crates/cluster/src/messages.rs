@@ -64,17 +64,17 @@ const BODIES: &str =
 /// it moved, and whether its message was already in its target before the
 /// statement (a data-modifying `WITH` and the query around it read the
 /// same snapshot).
-const MOVE: &str = "WITH v AS (
+pub(crate) const MOVE: &str = "WITH v AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
             WITH ORDINALITY AS v(id, from_owner, from_place, to_owner, to_place, n)),
     moved AS (
         UPDATE messages m SET owner = v.to_owner, place = v.to_place FROM v
         WHERE m.id = v.id AND m.owner = v.from_owner AND m.place = v.from_place
         RETURNING m.id)
-    SELECT v.n, v.id IN (SELECT id FROM moved),
+    SELECT v.n, moved.id IS NOT NULL,
         EXISTS (SELECT 1 FROM messages t
                 WHERE t.id = v.id AND t.owner = v.to_owner AND t.place = v.to_place)
-    FROM v";
+    FROM v LEFT JOIN moved ON moved.id = v.id";
 const DELETE: &str =
     "DELETE FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
 const TAKE: &str =
