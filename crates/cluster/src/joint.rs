@@ -15,6 +15,8 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
 use crate::Error;
+use crate::Locked;
+use crate::session_storage::PgStep;
 
 /// Writes message rows (each column an array): a joint's, and those
 /// [`PgMessages`](crate::PgMessages) puts on its own.
@@ -34,7 +36,14 @@ pub(crate) const PUT_KEYS: &str =
 /// The joint of `step` if it is one of this crate's steps (a session
 /// store's step of another kind carries no rows of these tables).
 pub(crate) fn of(step: &mut dyn estafeta_session::storage::Step) -> Option<&mut Joint> {
-    step.joint()?.downcast_mut::<Joint>()
+    Some(&mut step.joint()?.downcast_mut::<PgStep>()?.joint)
+}
+
+/// The open transaction of `step`, if it is one of this crate's steps and
+/// still holds its key: statements run on it take effect with the step's
+/// next commit, or not at all, and answer at once.
+pub(crate) fn held(step: &mut dyn estafeta_session::storage::Step) -> Option<&Locked> {
+    step.joint()?.downcast_mut::<PgStep>()?.locked.as_ref()
 }
 
 /// What a step offers the exchange's other stores: the registry's change

@@ -157,17 +157,44 @@ impl Locked {
     /// transaction an earlier statement aborted (it fails then); with no
     /// write to send, the probe of [`Locked::commit`] goes instead.
     pub(crate) async fn finish(
-        mut self,
+        self,
         joint: &Joint,
         save: Option<(Option<&[u8]>, Option<i64>)>,
     ) -> Result<(), Error> {
+        self.end(joint, save, false).await.map(drop)
+    }
+
+    /// As [`finish`](Self::finish), then, in the same round trip and on the
+    /// same connection, a new step on the key: `BEGIN` and the locking
+    /// read travel behind the `COMMIT`, so the lock is asked for once the
+    /// commit is done. `Ok(None)`: the commit is durable but the new step
+    /// could not begin (its connection is closed; the key is not held).
+    pub(crate) async fn finish_and_lock(
+        self,
+        joint: &Joint,
+        save: Option<(Option<&[u8]>, Option<i64>)>,
+    ) -> Result<Option<Locked>, Error> {
+        self.end(joint, save, true).await
+    }
+
+    async fn end(
+        mut self,
+        joint: &Joint,
+        save: Option<(Option<&[u8]>, Option<i64>)>,
+        again: bool,
+    ) -> Result<Option<Locked>, Error> {
         let client = self.client();
         let prepared = joint.prepare(client).await?;
         let statement = match save {
             Some(_) => Some(client.prepare_cached(SAVE).await?),
             None => None,
         };
-        let (joined, saved, probe, committed) = tokio::join!(
+        let select = match again {
+            true => Some(client.prepare_cached(SELECT_FOR_UPDATE).await?),
+            false => None,
+        };
+        let key: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
+        let (joined, saved, probe, committed, relocked) = tokio::join!(
             joint.write(client, &prepared),
             async {
                 match (&statement, save) {
@@ -185,15 +212,41 @@ impl Locked {
                     false => Ok(()),
                 }
             },
-            client.batch_execute("COMMIT")
+            client.batch_execute("COMMIT"),
+            async {
+                match &select {
+                    Some(select) => {
+                        let (begun, row) = tokio::join!(
+                            client.batch_execute("BEGIN"),
+                            client.query_opt(select, &key)
+                        );
+                        begun.and(row).map(Some)
+                    }
+                    None => Ok(None),
+                }
+            }
         );
         joined?;
         saved?;
         probe?;
         committed?;
-        // Committed: the connection is clean and goes back to the pool.
-        self.client.take();
-        Ok(())
+        match relocked {
+            // The new step holds the key on the same connection.
+            Ok(Some(Some(row))) => {
+                self.record = row.get(0);
+                self.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+                Ok(Some(self))
+            }
+            // Committed and nothing begun: the connection is clean and goes
+            // back to the pool.
+            Ok(None) => {
+                self.client.take();
+                Ok(None)
+            }
+            // Committed, the new step not begun (its row gone, or its
+            // statements failed): dropped, its connection is closed.
+            Ok(Some(None)) | Err(_) => Ok(None),
+        }
     }
 }
 

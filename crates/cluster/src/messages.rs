@@ -50,11 +50,31 @@ pub(crate) const SELECT: &str =
       AND ($3::text[] IS NULL OR subsystem = ANY($3))
       AND ($4::text[] IS NULL OR sender = ANY($4))
     ORDER BY created_at, id LIMIT $5";
+/// Moves messages of one place to another (a device's acknowledgement).
+const MOVE_ALL_OF: &str = "UPDATE messages SET owner = $4, place = $5
+    WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
+/// The oldest messages of a place, with their bodies.
+const OLDEST_BODIES: &str =
+    "SELECT id, created_at, sender, recipient, subsystem, size, body FROM messages
+    WHERE owner = $1 AND place = $2 ORDER BY created_at, id LIMIT $3";
 const BODIES: &str =
     "SELECT id, body FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3";
-const MOVE: &str = "UPDATE messages SET owner = $4, place = $5
-    WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
-const PRESENT: &str = "SELECT id FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3";
+/// Every move of a batch in one statement (each column an array, one
+/// element per move): per move, its place in the arrays (from 1), whether
+/// it moved, and whether its message was already in its target before the
+/// statement (a data-modifying `WITH` and the query around it read the
+/// same snapshot).
+pub(crate) const MOVE: &str = "WITH v AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+            WITH ORDINALITY AS v(id, from_owner, from_place, to_owner, to_place, n)),
+    moved AS (
+        UPDATE messages m SET owner = v.to_owner, place = v.to_place FROM v
+        WHERE m.id = v.id AND m.owner = v.from_owner AND m.place = v.from_place
+        RETURNING m.id)
+    SELECT v.n, moved.id IS NOT NULL,
+        EXISTS (SELECT 1 FROM messages t
+                WHERE t.id = v.id AND t.owner = v.to_owner AND t.place = v.to_place)
+    FROM v LEFT JOIN moved ON moved.id = v.id";
 const DELETE: &str =
     "DELETE FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
 const TAKE: &str =
@@ -165,67 +185,26 @@ impl PgMessages {
             .collect())
     }
 
-    /// The batch in one transaction: moves first (one statement per source
-    /// and target), then schedules, then deletes (one statement per place),
-    /// the order the file store keeps.
+    /// The batch in one transaction: moves first (one statement for all),
+    /// then schedules, then deletes (one statement per place), the order the
+    /// file store keeps. A batch of moves only is one round trip: `BEGIN`,
+    /// the moves and `COMMIT` travel together.
     async fn apply_all(
         &self,
         ops: &[Op],
         results: &mut [Option<Result<Outcome, MailboxError>>],
         arrivals: &mut BTreeSet<Id>,
     ) -> Result<(), Error> {
+        if ops.iter().all(|op| matches!(op, Op::Move { .. })) {
+            return self.move_all(ops, results, arrivals).await;
+        }
         let mut client = self.store.client().await?;
         let tx = client.transaction().await?;
-        // Groups in the order of their first op, so that concurrent batches
-        // lock rows in a predictable order.
-        let mut moves: Vec<((&Location, &Location), Vec<usize>)> = Vec::new();
-        let mut deletes: Vec<(&Location, Vec<usize>)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            match op {
-                Op::Move { from, to, .. } => group(&mut moves, (from, to), i),
-                Op::Delete { at, .. } => group(&mut deletes, at, i),
-                Op::Schedule { .. } => {}
-            }
-        }
-        let id_of = |i: usize| match &ops[i] {
-            Op::Move { name, .. } | Op::Delete { name, .. } | Op::Schedule { name, .. } => {
-                name.id.to_string()
-            }
-        };
-        for ((from, to), indexes) in moves {
-            let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
-            let moved = tx
-                .query(
-                    &tx.prepare_cached(MOVE).await?,
-                    &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
-                )
-                .await?;
-            let moved: HashSet<String> = moved.iter().map(|r| r.get(0)).collect();
-            let rest: Vec<&String> = ids.iter().filter(|id| !moved.contains(*id)).collect();
-            let there: HashSet<String> = if rest.is_empty() {
-                HashSet::new()
-            } else {
-                let rows = tx
-                    .query(
-                        &tx.prepare_cached(PRESENT).await?,
-                        &[&rest, &loc(to).0, &loc(to).1],
-                    )
-                    .await?;
-                rows.iter().map(|r| r.get(0)).collect()
-            };
-            for (&i, id) in indexes.iter().zip(&ids) {
-                let outcome = if moved.contains(id) {
-                    Ok(Outcome::Done)
-                } else if there.contains(id) {
-                    Ok(Outcome::AlreadyDone)
-                } else {
-                    Err(not_found(&ops[i], from, to))
-                };
-                if outcome.is_ok() && to.folder == Folder::Messages {
-                    arrivals.insert(to.mailbox.clone());
-                }
-                results[i] = Some(outcome);
-            }
+        let moves = Moves::of(ops);
+        if !moves.is_empty() {
+            let statement = tx.prepare_cached(MOVE).await?;
+            let rows = tx.query(&statement, &moves.params()).await?;
+            moves.outcomes(ops, &rows, results, arrivals);
         }
         let now = self.now();
         for (i, op) in ops.iter().enumerate() {
@@ -277,6 +256,17 @@ impl PgMessages {
             };
             results[i] = Some(outcome);
         }
+        let mut deletes: Vec<(&Location, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Delete { at, .. } = op {
+                group(&mut deletes, at, i);
+            }
+        }
+        let id_of = |i: usize| match &ops[i] {
+            Op::Move { name, .. } | Op::Delete { name, .. } | Op::Schedule { name, .. } => {
+                name.id.to_string()
+            }
+        };
         for (at, indexes) in deletes {
             let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
             let rows = tx
@@ -297,6 +287,140 @@ impl PgMessages {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// A batch of moves only, in one transaction and one round trip.
+    async fn move_all(
+        &self,
+        ops: &[Op],
+        results: &mut [Option<Result<Outcome, MailboxError>>],
+        arrivals: &mut BTreeSet<Id>,
+    ) -> Result<(), Error> {
+        let moves = Moves::of(ops);
+        if moves.is_empty() {
+            return Ok(());
+        }
+        // Until the `COMMIT` is answered the connection may be inside the
+        // transaction: dropped before (a cancelled call), it is closed, not
+        // pooled, and the server rolls the transaction back.
+        let mut client = Some(self.store.client().await?);
+        let on = client
+            .as_ref()
+            .expect("the connection is held until the end");
+        let statement = on.prepare_cached(MOVE).await?;
+        let params = moves.params();
+        let (begun, rows, committed) = tokio::join!(
+            on.batch_execute("BEGIN"),
+            on.query(&statement, &params),
+            on.batch_execute("COMMIT")
+        );
+        let kept = Closing(client.take());
+        begun?;
+        // A failed move aborted the transaction: its `COMMIT` rolled back.
+        let rows = rows?;
+        committed?;
+        drop(kept.keep());
+        moves.outcomes(ops, &rows, results, arrivals);
+        Ok(())
+    }
+}
+
+/// A connection closed when dropped, unless [`Closing::keep`] takes it
+/// back for the pool.
+struct Closing(Option<deadpool_postgres::Object>);
+
+impl Closing {
+    fn keep(mut self) -> Option<deadpool_postgres::Object> {
+        self.0.take()
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+/// The moves of a batch as the columns of [`MOVE`], and which op each is.
+struct Moves<'a> {
+    indexes: Vec<usize>,
+    ids: Vec<String>,
+    from_owners: Vec<&'a str>,
+    from_places: Vec<&'static str>,
+    to_owners: Vec<&'a str>,
+    to_places: Vec<&'static str>,
+}
+
+impl<'a> Moves<'a> {
+    fn of(ops: &'a [Op]) -> Moves<'a> {
+        let mut m = Moves {
+            indexes: Vec::new(),
+            ids: Vec::new(),
+            from_owners: Vec::new(),
+            from_places: Vec::new(),
+            to_owners: Vec::new(),
+            to_places: Vec::new(),
+        };
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Move { name, from, to } = op {
+                m.indexes.push(i);
+                m.ids.push(name.id.to_string());
+                m.from_owners.push(loc(from).0);
+                m.from_places.push(loc(from).1);
+                m.to_owners.push(loc(to).0);
+                m.to_places.push(loc(to).1);
+            }
+        }
+        m
+    }
+
+    fn is_empty(&self) -> bool {
+        self.indexes.is_empty()
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.ids,
+            &self.from_owners,
+            &self.from_places,
+            &self.to_owners,
+            &self.to_places,
+        ]
+    }
+
+    /// Each move's outcome from [`MOVE`]'s `rows`: moved, already in its
+    /// target, or in neither place; the recipients whose `Messages`
+    /// received (or already held) a message go to `arrivals`.
+    fn outcomes(
+        &self,
+        ops: &[Op],
+        rows: &[Row],
+        results: &mut [Option<Result<Outcome, MailboxError>>],
+        arrivals: &mut BTreeSet<Id>,
+    ) {
+        for row in rows {
+            let n: i64 = row.get(0);
+            let Some(&i) = usize::try_from(n - 1)
+                .ok()
+                .and_then(|n| self.indexes.get(n))
+            else {
+                continue;
+            };
+            let Op::Move { from, to, .. } = &ops[i] else {
+                continue;
+            };
+            let outcome = match (row.get::<_, bool>(1), row.get::<_, bool>(2)) {
+                (true, _) => Ok(Outcome::Done),
+                (false, true) => Ok(Outcome::AlreadyDone),
+                (false, false) => Err(not_found(&ops[i], from, to)),
+            };
+            if outcome.is_ok() && to.folder == Folder::Messages {
+                arrivals.insert(to.mailbox.clone());
+            }
+            results[i] = Some(outcome);
+        }
     }
 }
 
@@ -545,6 +669,73 @@ impl MessageStore for PgMessages {
         );
         let entries = self.entries(at, &sql, &[&max]).await?;
         Ok(entries.into_iter().map(|e| e.name).collect())
+    }
+
+    /// One index range read, names and bodies together.
+    async fn oldest_array(&self, at: &Location, n: usize) -> Result<RawArray, MailboxError> {
+        let max = i64::try_from(n).unwrap_or(i64::MAX);
+        let client = self.client(at).await?;
+        let statement = client
+            .prepare_cached(OLDEST_BODIES)
+            .await
+            .map_err(|e| failed(at, e))?;
+        let rows = client
+            .query(&statement, &[&loc(at).0, &loc(at).1, &max])
+            .await
+            .map_err(|e| failed(at, e))?;
+        let mut json = Vec::with_capacity(2 + rows.len() * 256);
+        let mut names = Vec::with_capacity(rows.len());
+        json.push(b'[');
+        for row in &rows {
+            let name = entry(at, row)?.name;
+            let body: &[u8] = row.get(6);
+            if body.first() != Some(&b'{') || body.last() != Some(&b'}') {
+                return Err(MailboxError::Corrupt(
+                    format!("postgres:{at}/{name}").into(),
+                ));
+            }
+            if !names.is_empty() {
+                json.push(b',');
+            }
+            json.extend_from_slice(body);
+            names.push(name);
+        }
+        json.push(b']');
+        Ok(RawArray { json, names })
+    }
+
+    /// One `UPDATE` in the step's transaction.
+    async fn move_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        from: &Location,
+        to: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
+        let Some(locked) = crate::joint::held(step) else {
+            return Ok(None);
+        };
+        let client = locked.client();
+        let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
+        let statement = client
+            .prepare_cached(MOVE_ALL_OF)
+            .await
+            .map_err(|e| failed(from, e))?;
+        let rows = client
+            .query(
+                &statement,
+                &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
+            )
+            .await
+            .map_err(|e| failed(from, e))?;
+        rows.iter()
+            .map(|r| {
+                r.get::<_, &str>(0)
+                    .parse()
+                    .map_err(|_| MailboxError::Corrupt(format!("postgres:{from}").into()))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {

@@ -174,9 +174,7 @@ impl Shared for SessionStorage {
         Ok(Box::new(PgStep {
             joint: Joint::new(locked.registry()),
             locked: Some(locked),
-            store: self.store.clone(),
             runtime: self.runtime.clone(),
-            key: key.to_vec(),
         }))
     }
 
@@ -200,27 +198,32 @@ impl Shared for SessionStorage {
 /// A command's hold on one key: the key's row locked in an open
 /// transaction ([`Locked`]), and the rows of other tables written in it
 /// ([`Joint`]: an upload's message and key). A save commits them and the
-/// record together and locks the row again at once. The save is done once
+/// record together and locks the row again at once, in the same round trip
+/// and on the same connection. The save is done once
 /// its commit is: when the lock cannot be taken again (the connection lost,
 /// or another node took the key in between and changed its record), the
 /// save still answers Ok — what it wrote is durable, and a caller told
 /// otherwise would undo a change that was made — and the step holds the key
 /// no more: a later save or a final write writes nothing and fails
 /// ([`StorageError::Conflict`]).
-struct PgStep {
+pub(crate) struct PgStep {
     /// `None` once the key is not held (nothing more is written).
-    locked: Option<Locked>,
+    pub(crate) locked: Option<Locked>,
     /// Rows to write with the next commit.
-    joint: Joint,
-    store: Store,
+    pub(crate) joint: Joint,
     runtime: tokio::runtime::Handle,
-    key: Vec<u8>,
 }
 
 impl PgStep {
     /// Write `joint`'s rows and `write` into the held transaction and
-    /// commit it, all in one round trip.
-    async fn commit(locked: Locked, write: Option<&Write>, joint: &Joint) -> Result<(), Error> {
+    /// commit it, all in one round trip; with `again`, a new step on the
+    /// key begins in the same round trip (see [`Locked::finish_and_lock`]).
+    async fn commit(
+        locked: Locked,
+        write: Option<&Write>,
+        joint: &Joint,
+        again: bool,
+    ) -> Result<Option<Locked>, Error> {
         // Named points for the fault-injection harness: a crash before the
         // commit (the step's transaction rolled back, its lock released) or
         // an injected failure, and a crash after it (durable, but nobody
@@ -233,9 +236,12 @@ impl PgStep {
             Some(Write::Delete { .. }) => Some((None, None)),
             None => None,
         };
-        locked.finish(joint, save).await?;
+        let next = match again {
+            true => locked.finish_and_lock(joint, save).await?,
+            false => locked.finish(joint, save).await.map(|()| None)?,
+        };
         fail::fail_point!("session::committed");
-        Ok(())
+        Ok(next)
     }
 }
 
@@ -248,13 +254,10 @@ impl Step for PgStep {
         let locked = self.locked.take().ok_or(StorageError::Conflict)?;
         let joint = std::mem::take(&mut self.joint);
         self.joint.registry = joint.registry;
-        let (committed, again) = self.runtime.block_on(async {
-            match PgStep::commit(locked, Some(write), &joint).await {
-                Ok(()) => (Ok(()), self.store.lock(&self.key).await.ok()),
-                Err(e) => (Err(e), None),
-            }
-        });
-        committed.map_err(storage_error)?;
+        let again = self
+            .runtime
+            .block_on(PgStep::commit(locked, Some(write), &joint, true))
+            .map_err(storage_error)?;
         let saved = match write {
             Write::Put { record, .. } => Some(record.as_slice()),
             Write::Delete { .. } => None,
@@ -278,13 +281,17 @@ impl Step for PgStep {
             };
         };
         self.runtime
-            .block_on(PgStep::commit(locked, write, &self.joint))
+            .block_on(PgStep::commit(locked, write, &self.joint, false))
+            .map(drop)
             .map_err(storage_error)
     }
 
+    /// The step itself: its [`Joint`] takes rows for the commit, and its
+    /// open transaction runs statements whose answers the caller needs
+    /// before the commit (see [`crate::joint::held`]).
     fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
         match self.locked {
-            Some(_) => Some(&mut self.joint),
+            Some(_) => Some(self),
             None => None,
         }
     }

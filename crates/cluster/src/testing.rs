@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 /// mailbox, folder, subsystems or NULL, senders or NULL, row limit), for
 /// tests that check its plan with `EXPLAIN`.
 pub const MESSAGES_SELECT: &str = crate::messages::SELECT;
+/// The statement that makes every move of a batch (for plan checks).
+pub const MESSAGES_MOVE: &str = crate::messages::MOVE;
 
 /// Where Debian installs each PostgreSQL version's server binaries.
 const DEBIAN_ROOT: &str = "/usr/lib/postgresql";

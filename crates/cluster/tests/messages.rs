@@ -2,7 +2,7 @@
 //! embedded file store, a batch all or nothing, and `start`'s query one
 //! index range scan that reads only what it returns.
 
-use estafeta_cluster::testing::{MESSAGES_SELECT, Postgres};
+use estafeta_cluster::testing::{MESSAGES_MOVE, MESSAGES_SELECT, Postgres};
 use estafeta_cluster::{PgMessages, PgSchedule, Store};
 use estafeta_exchange::store::conformance::message_store_contract;
 use estafeta_exchange::store::{FileName, Folder, Location, MessageStore, Op};
@@ -201,6 +201,77 @@ async fn select_reads_only_the_rows_it_returns_whatever_the_queue_length() {
             "{text}"
         );
     }
+}
+
+/// The statement that makes a batch's moves, with 20,000 messages waiting
+/// in each of two databases and a batch of 200 moves (100 to `Log`, 100 to
+/// ten devices' `Messages`), its generic plan (the one a statement
+/// prepared once per connection settles on): the moved rows found by
+/// their primary key, no table scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_moves_reads_only_its_rows_whatever_the_table_size() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    let client = store.client().await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+               SELECT format('m%s-%s', db, lpad(i::text, 6, '0')), db, 'Messages', 'phone-1', db,
+                      'sales', i, 100, '\\x7b7d'
+               FROM generate_series(1, 20000) AS i, unnest(ARRAY['db-a', 'db-b']) AS db;
+             ANALYZE messages;
+             SET plan_cache_mode = force_generic_plan;",
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "PREPARE mv (text[], text[], text[], text[], text[]) AS {MESSAGES_MOVE}"
+        ))
+        .await
+        .unwrap();
+    let array = |f: &dyn Fn(usize) -> String| {
+        let items: Vec<String> = (1..=200).map(|i| format!("'{}'", f(i))).collect();
+        format!("ARRAY[{}]", items.join(","))
+    };
+    let explain = format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mv ({}, {}, {}, {}, {})",
+        array(&|i| format!("mdb-a-{i:06}")),
+        array(&|_| "db-a".to_owned()),
+        array(&|_| "Messages".to_owned()),
+        array(&|i| match i <= 100 {
+            true => "db-a".to_owned(),
+            false => format!("phone-{}", i % 10),
+        }),
+        array(&|i| match i <= 100 {
+            true => "Log".to_owned(),
+            false => "Messages".to_owned(),
+        }),
+    );
+    let text = client
+        .simple_query(&explain)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut nodes = Vec::new();
+    collect_nodes(&plan[0]["Plan"], &mut nodes);
+    assert!(nodes.iter().all(|n| n["Node Type"] != "Seq Scan"), "{text}");
+    let moved: i64 = client
+        .query_one(
+            "SELECT count(*) FROM messages
+               WHERE id LIKE 'mdb-a-%' AND (owner <> 'db-a' OR place <> 'Messages')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moved, 200);
 }
 
 /// Every node of an EXPLAIN plan, depth first.

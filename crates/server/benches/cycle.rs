@@ -24,8 +24,8 @@ use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::mailbox::Limits;
 use estafeta_exchange::wire::{
-    Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
-    StartRequest, StartStatus, Version,
+    Body, CallStatus, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
+    ResultStatus, SendMessage, StartRequest, StartStatus, Version,
 };
 use estafeta_exchange::{ExchangeConfig, Id};
 use estafeta_server::notify::NotifySettings;
@@ -59,6 +59,8 @@ struct World {
     devices: Vec<(Id, Client)>,
     /// Which node the processor's next call goes to.
     turn: AtomicU64,
+    /// The database's token and each device's.
+    tokens: (String, Vec<String>),
 }
 
 impl World {
@@ -110,6 +112,7 @@ async fn world(data: &Path, store: Option<&str>, nodes: usize) -> World {
         .await
         .unwrap();
     let mut devices = Vec::new();
+    let mut tokens = Vec::new();
     for n in 0..DEVICES {
         let dev = id(&format!("phone-{n}"));
         let c = admin
@@ -118,6 +121,7 @@ async fn world(data: &Path, store: Option<&str>, nodes: usize) -> World {
             .unwrap();
         let on = Client::new(&bases[n % nodes], &c.token).unwrap();
         devices.push((dev, on));
+        tokens.push(c.token);
     }
     World {
         processor: bases
@@ -126,6 +130,24 @@ async fn world(data: &Path, store: Option<&str>, nodes: usize) -> World {
             .collect(),
         devices,
         turn: AtomicU64::new(0),
+        tokens: (db.token, tokens),
+    }
+}
+
+/// The tenancy of `w` served by a new node on `data` over `store` (the
+/// store `w`'s nodes use, reached another way).
+async fn joined(w: &World, data: &Path, store: &str) -> World {
+    let base = node(data, Some(store)).await;
+    World {
+        processor: vec![Client::new(&base, &w.tokens.0).unwrap()],
+        devices: w
+            .devices
+            .iter()
+            .zip(&w.tokens.1)
+            .map(|((dev, _), token)| (dev.clone(), Client::new(&base, token).unwrap()))
+            .collect(),
+        turn: AtomicU64::new(0),
+        tokens: w.tokens.clone(),
     }
 }
 
@@ -184,6 +206,24 @@ fn count_per_message(rt: &tokio::runtime::Runtime, pg: &Postgres, w: &World, wha
 
 /// One whole cycle of `batch` messages.
 async fn cycle(w: &World, batch: usize) {
+    upload(w, batch).await;
+    let (pid, messages) = start(w, batch).await;
+    prepare(w, &pid, &messages).await;
+    commit(w, &pid).await;
+    let mut fetches = tokio::task::JoinSet::new();
+    for (_, client) in w.devices.iter().take(DEVICES.min(batch)) {
+        let client = client.clone();
+        fetches.spawn(async move {
+            let ids = inbox(&client, batch).await;
+            ack(&client, &ids).await
+        });
+    }
+    let acked: u64 = fetches.join_all().await.into_iter().sum();
+    assert_eq!(acked, batch as u64);
+}
+
+/// The devices upload `batch` messages, each device one at a time.
+async fn upload(w: &World, batch: usize) {
     let mut uploads = tokio::task::JoinSet::new();
     for d in 0..DEVICES.min(batch) {
         let client = w.devices[d].1.clone();
@@ -203,7 +243,10 @@ async fn cycle(w: &World, batch: usize) {
         });
     }
     uploads.join_all().await;
+}
 
+/// The processor starts a process of `batch` messages.
+async fn start(w: &World, batch: usize) -> (ProcessId, Vec<Message>) {
     let start = StartRequest {
         version: Version,
         db_id: id("db-a"),
@@ -214,9 +257,13 @@ async fn cycle(w: &World, batch: usize) {
     };
     let started = w.processor().start(&start).await.unwrap();
     assert_eq!(started.status, StartStatus::Ok);
-    let pid = started.process_id.unwrap();
     let messages = started.messages.unwrap();
     assert_eq!(messages.len(), batch);
+    (started.process_id.unwrap(), messages)
+}
+
+/// The processor prepares `messages` processed, with one reply each.
+async fn prepare(w: &World, pid: &ProcessId, messages: &[Message]) {
     let prepare = PrepareRequest {
         version: Version,
         results: messages
@@ -239,25 +286,232 @@ async fn cycle(w: &World, batch: usize) {
             .collect(),
     };
     assert_eq!(
-        w.processor().prepare(&pid, &prepare).await.unwrap().status,
+        w.processor().prepare(pid, &prepare).await.unwrap().status,
         CallStatus::Ok
     );
-    assert_eq!(
-        w.processor().commit(&pid).await.unwrap().status,
-        CallStatus::Ok
-    );
+}
 
-    let mut fetches = tokio::task::JoinSet::new();
-    for (_, client) in w.devices.iter().take(DEVICES.min(batch)) {
-        let client = client.clone();
-        fetches.spawn(async move {
-            let inbox = client.inbox(Some(batch)).await.unwrap();
-            let ids: Vec<_> = inbox.messages.iter().map(|m| m.id).collect();
-            client.ack(&ids).await.unwrap().acked
-        });
+/// The processor commits its process.
+async fn commit(w: &World, pid: &ProcessId) {
+    assert_eq!(
+        w.processor().commit(pid).await.unwrap().status,
+        CallStatus::Ok
+    );
+}
+
+/// A device fetches its inbox: the ids of its messages.
+async fn inbox(client: &Client, batch: usize) -> Vec<MessageId> {
+    let inbox = client.inbox(Some(batch)).await.unwrap();
+    inbox.messages.iter().map(|m| m.id).collect()
+}
+
+/// A device acknowledges `ids`: how many were.
+async fn ack(client: &Client, ids: &[MessageId]) -> u64 {
+    client.ack(ids).await.unwrap().acked
+}
+
+/// The phases of a cycle, in order.
+const PHASES: [&str; 6] = ["upload", "start", "prepare", "commit", "inbox", "ack"];
+
+/// Counts of a PostgreSQL for [`phases`]: statements, and round trips
+/// through the counting proxy.
+struct Counted<'a> {
+    pg: &'a Postgres,
+    proxy: &'a Proxy,
+}
+
+/// `CYCLE_PHASES=N`: `N` cycles of `batch` on `w`, the phases run one
+/// after the other (the devices' inboxes all fetched before any is
+/// acknowledged); prints each phase's wall time per message (the median
+/// over the cycles), and, with `counted` (a world whose nodes reach
+/// PostgreSQL through the counting proxy), each phase's statements and
+/// round trips per message over one more cycle.
+fn phases(
+    rt: &tokio::runtime::Runtime,
+    w: &World,
+    batch: usize,
+    cycles: usize,
+    what: &str,
+    counted: Option<(&World, Counted<'_>)>,
+) {
+    async fn run(w: &World, batch: usize, mut mark: impl FnMut(usize)) {
+        upload(w, batch).await;
+        mark(0);
+        let (pid, messages) = start(w, batch).await;
+        mark(1);
+        prepare(w, &pid, &messages).await;
+        mark(2);
+        commit(w, &pid).await;
+        mark(3);
+        let clients: Vec<Client> = w.devices.iter().map(|(_, c)| c.clone()).collect();
+        let fetching: Vec<_> = clients
+            .iter()
+            .cloned()
+            .map(|c| tokio::spawn(async move { inbox(&c, batch).await }))
+            .collect();
+        let mut fetched = Vec::new();
+        for f in fetching {
+            fetched.push(f.await.unwrap());
+        }
+        mark(4);
+        let acking: Vec<_> = clients
+            .into_iter()
+            .zip(fetched)
+            .map(|(c, ids)| tokio::spawn(async move { ack(&c, &ids).await }))
+            .collect();
+        let mut acked = 0;
+        for a in acking {
+            acked += a.await.unwrap();
+        }
+        assert_eq!(acked, batch as u64);
+        mark(5);
     }
-    let acked: u64 = fetches.join_all().await.into_iter().sum();
-    assert_eq!(acked, batch as u64);
+    let mut times = vec![Vec::new(); PHASES.len()];
+    for _ in 0..cycles {
+        let mut last = std::time::Instant::now();
+        rt.block_on(run(w, batch, |phase| {
+            let now = std::time::Instant::now();
+            times[phase].push(now - last);
+            last = now;
+        }));
+    }
+    let per_message = |d: Duration| d.as_secs_f64() * 1e6 / batch as f64;
+    let mut total = 0.0;
+    let mut line = format!("{what}, µs per message (median of {cycles}):");
+    for (phase, t) in PHASES.iter().zip(&mut times) {
+        t.sort();
+        let median = per_message(t[t.len() / 2]);
+        total += median;
+        line += &format!(" {phase} {median:.0}");
+    }
+    println!("{line}; sum {total:.0} ({:.0} msgs/s)", 1e6 / total);
+    let Some((w, counted)) = counted else {
+        return;
+    };
+    // CYCLE_PHASES_STATEMENTS=1 also prints each phase's statements.
+    let each = std::env::var_os("CYCLE_PHASES_STATEMENTS").is_some();
+    let mut phase = 0;
+    let mut counts = || {
+        if each && phase > 0 {
+            let rows = counted
+                .pg
+                .psql(
+                    "SELECT calls || ' ' || round(total_exec_time::numeric, 2) || 'ms '
+                            || left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+                     FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+                     ORDER BY calls DESC LIMIT 12",
+                )
+                .unwrap();
+            println!("{}:\n{rows}", PHASES[phase - 1]);
+        }
+        if each {
+            counted
+                .pg
+                .psql("SELECT pg_stat_statements_reset()")
+                .unwrap();
+        }
+        phase += 1;
+        let statements = counted
+            .pg
+            .psql("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements")
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap();
+        (statements, counted.proxy.round_trips())
+    };
+    let mut marks = vec![counts()];
+    rt.block_on(run(w, batch, |_| marks.push(counts())));
+    let mut line = format!("{what}, per message (statements / round trips):");
+    for (phase, pair) in PHASES.iter().zip(marks.windows(2)) {
+        // Each count's own `psql` queries are statements.
+        let statements = match each {
+            true => pair[1].0.saturating_sub(2),
+            false => pair[1].0 - pair[0].0 - 1,
+        };
+        let trips = pair[1].1 - pair[0].1;
+        line += &format!(
+            " {phase} {:.2} / {:.2}",
+            statements as f64 / batch as f64,
+            trips as f64 / batch as f64
+        );
+    }
+    let all = match each {
+        true => marks[1..]
+            .iter()
+            .map(|m| m.0.saturating_sub(2))
+            .sum::<u64>(),
+        false => marks[6].0 - marks[0].0 - 6,
+    } as f64
+        / batch as f64;
+    let trips = (marks[6].1 - marks[0].1) as f64 / batch as f64;
+    println!("{line}; all {all:.2} / {trips:.2}");
+}
+
+/// A loopback TCP proxy in front of a PostgreSQL that counts round trips:
+/// on each connection, every time the client sends after the server last
+/// spoke (pipelined statements sent together count once).
+struct Proxy {
+    port: u16,
+    trips: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let trips = Arc::new(AtomicU64::new(0));
+        let counter = trips.clone();
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let spoke = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, spoke.clone(), Some(counter.clone())));
+                tokio::spawn(pipe(sr, cw, spoke, None));
+            }
+        });
+        Proxy { port, trips }
+    }
+
+    fn round_trips(&self) -> u64 {
+        self.trips.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until either closes. Client to server (with
+/// `trips`): a read after the server `spoke` is a round trip; server to
+/// client: every read sets `spoke`.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    spoke: Arc<std::sync::atomic::AtomicBool>,
+    trips: Option<Arc<AtomicU64>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match &trips {
+            Some(trips) if spoke.swap(false, Ordering::SeqCst) => {
+                trips.fetch_add(1, Ordering::SeqCst);
+            }
+            Some(_) => {}
+            None => spoke.store(true, Ordering::SeqCst),
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -270,6 +524,32 @@ fn bench(c: &mut Criterion) {
     let pg_one = postgres();
     let one = rt.block_on(world(&tmp.path().join("one"), Some(&pg_one.url()), 1));
     count_per_message(&rt, &pg_one, &one, "one node over PostgreSQL");
+    if let Some(cycles) = std::env::var("CYCLE_PHASES")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let proxy = rt.block_on(Proxy::start(pg_one.port()));
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port);
+        let through = rt.block_on(joined(&one, &tmp.path().join("counted"), &url));
+        // The embedded store and one node, interleaved, so that both see the
+        // same load on a shared machine.
+        for _ in 0..2 {
+            phases(&rt, &w, 100, cycles, "embedded", None);
+            let counted = Counted {
+                pg: &pg_one,
+                proxy: &proxy,
+            };
+            phases(
+                &rt,
+                &one,
+                100,
+                cycles,
+                "one node over PostgreSQL",
+                Some((&through, counted)),
+            );
+        }
+        return;
+    }
     let pg_three = postgres();
     let three = rt.block_on(world(&tmp.path().join("three"), Some(&pg_three.url()), 3));
     count_per_message(&rt, &pg_three, &three, "three nodes over PostgreSQL");

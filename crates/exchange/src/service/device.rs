@@ -370,11 +370,10 @@ impl Core {
     ) -> Result<Vec<u8>, ExchangeError> {
         let dev = device(who)?;
         let inbox = self.location(dev.id, Folder::Messages);
-        let names = self
+        let raw = self
             .store
-            .oldest(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
+            .oldest_array(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
             .await?;
-        let raw = self.store.read_array(&inbox, &names).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }
 
@@ -390,8 +389,29 @@ impl Core {
         let mut g = self.device_session(dev.id).await?;
         let inbox = self.location(dev.id, Folder::Messages);
         let wanted: HashSet<_> = req.ids.iter().copied().collect();
-        let names: Vec<FileName> = self.store.find_all(&inbox, &wanted).await?;
         let log = self.location(dev.id, Folder::Log);
+        // With a shared session store whose transactions the message store
+        // writes in: the moves are part of the device's step, durable with
+        // its counters at the release, or not at all.
+        let moved = match g.step() {
+            Some(step) => self.store.move_in_step(step, &inbox, &log, &wanted).await?,
+            None => None,
+        };
+        if let Some(moved) = moved {
+            let acked = moved.len() as u64;
+            if acked > 0 {
+                let counters = &mut g.persistent_mut().device;
+                counters.acked += acked;
+                counters.last_seen = Some(self.now());
+            }
+            g.release().await?;
+            tracing::info!(target: "estafeta::event", device = %dev.id, acked, "messages acknowledged");
+            return Ok(AckResponse {
+                version: Version,
+                acked,
+            });
+        }
+        let names: Vec<FileName> = self.store.find_all(&inbox, &wanted).await?;
         let moves: Vec<_> = names
             .iter()
             .map(|n| Op::Move {

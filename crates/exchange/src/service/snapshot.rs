@@ -449,6 +449,19 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
         self.inner.oldest(at, n).await
     }
+    async fn oldest_array(&self, at: &Location, n: usize) -> Result<RawArray, MailboxError> {
+        self.inner.oldest_array(at, n).await
+    }
+    // Written by the step's commit, as `put_in_step`.
+    async fn move_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        from: &Location,
+        to: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
+        self.inner.move_in_step(step, from, to, ids).await
+    }
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
         self.inner.find(at, id).await
     }

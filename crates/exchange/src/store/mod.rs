@@ -162,6 +162,30 @@ pub trait MessageStore: Send + Sync {
     /// The `n` oldest messages of `at`.
     async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError>;
 
+    /// The `n` oldest messages of `at` as one JSON array, as
+    /// [`read_array`](Self::read_array) builds it (a device's inbox). A
+    /// store that reads names and bodies in one go overrides it.
+    async fn oldest_array(&self, at: &Location, n: usize) -> Result<RawArray, MailboxError> {
+        let names = self.oldest(at, n).await?;
+        self.read_array(at, &names).await
+    }
+
+    /// Moves those of `ids` that are in `from` to `to` as part of `step`
+    /// (as [`put_in_step`](Self::put_in_step)): `Some`, the ids moved,
+    /// which stay where they were unless the step's next save or its end
+    /// succeeds. `None`: this store cannot; nothing was done, and
+    /// [`apply`](Self::apply) is the way.
+    async fn move_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        from: &Location,
+        to: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
+        let _ = (step, from, to, ids);
+        Ok(None)
+    }
+
     /// The message `id` in `at`, if it is there.
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError>;
 
