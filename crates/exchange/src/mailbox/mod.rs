@@ -428,9 +428,12 @@ impl Mailboxes {
     /// written one after another on one thread (creations in one folder
     /// take the folder's lock in turn whatever the threads, and threads
     /// waiting for it spin), then fsynced each on its own thread (so that
-    /// the fsyncs share the file system's journal commits). Answers the
-    /// files staged, in the order of `messages` (`None` for a failed one,
-    /// whose temporary file is removed), and the first error.
+    /// the fsyncs overlap, and the file system and the disk group them).
+    /// Creation stops at the first failure, and then nothing is fsynced.
+    /// Answers the files staged, in the order of `messages` (`None` for
+    /// one failed or not made, whose temporary file is not left behind),
+    /// and the first error; on an error the caller removes the files
+    /// staged.
     async fn stage_all(
         &self,
         loc: &Location,
@@ -459,45 +462,48 @@ impl Mailboxes {
         }
         let syncer = self.inner.syncer.clone();
         let created = blocking(move || {
-            Ok(plans
-                .into_iter()
-                .map(|(i, name, bytes, temp, target)| {
-                    let file = create_written(&syncer, &dir, &temp, &bytes)?;
-                    let size = bytes.len() as u64;
-                    Ok((
-                        i,
-                        file,
-                        Staged {
+            let mut created = Vec::with_capacity(plans.len());
+            for (i, name, bytes, temp, target) in plans {
+                match create_written(&syncer, &dir, &temp, &bytes) {
+                    Ok(file) => {
+                        let size = bytes.len() as u64;
+                        let staged = Staged {
                             name,
                             size,
                             temp,
                             target,
-                        },
-                    ))
-                })
-                .collect::<Vec<Result<_, MailboxError>>>())
+                        };
+                        created.push((i, file, staged));
+                    }
+                    Err(e) => return Ok((created, Some(e))),
+                }
+            }
+            Ok((created, None))
         })
         .await;
         let created = match created {
-            Ok(c) => c,
+            Ok((created, failed)) => {
+                first_error = failed;
+                created
+            }
             Err(e) => return (staged, Some(e)),
         };
-        let mut fsyncs = tokio::task::JoinSet::new();
-        for c in created {
-            match c {
-                Ok((i, file, s)) => {
-                    fsyncs.spawn_blocking(move || match sync_written(&file) {
-                        Ok(()) => Ok((i, s)),
-                        Err(e) => {
-                            let _ = std::fs::remove_file(&s.temp);
-                            Err(MailboxError::io(&s.temp, e))
-                        }
-                    });
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+        if first_error.is_some() {
+            // Not fsynced: the caller removes them.
+            for (i, _, s) in created {
+                staged[i] = Some(s);
             }
+            return (staged, first_error);
+        }
+        let mut fsyncs = tokio::task::JoinSet::new();
+        for (i, file, s) in created {
+            fsyncs.spawn_blocking(move || match sync_written(&file) {
+                Ok(()) => Ok((i, s)),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&s.temp);
+                    Err(MailboxError::io(&s.temp, e))
+                }
+            });
         }
         while let Some(joined) = fsyncs.join_next().await {
             match joined {
@@ -1282,5 +1288,38 @@ mod tests {
             mailboxes.read_array(&queue, &names).await,
             Err(MailboxError::Corrupt(_))
         ));
+    }
+
+    /// A batch whose second file cannot be created fails whole: no file
+    /// of it appears, no temporary file is left, and none was fsynced (the
+    /// batch stops at the failure).
+    #[tokio::test]
+    async fn a_batch_stops_at_its_first_failed_creation_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let batch: Vec<Message> = (1..=4).map(message).collect();
+        let dir = mailboxes.path(&queue);
+        std::fs::create_dir_all(&dir).unwrap();
+        let squatted = format!(
+            ".{}{}",
+            FileName::of(&batch[1]),
+            mailboxes.inner.temp_suffix
+        );
+        std::fs::create_dir(dir.join(&squatted)).unwrap();
+        let fsyncs = mailboxes.stats().file_fsyncs;
+        assert!(matches!(
+            mailboxes.write_all(&queue, &batch).await,
+            Err(MailboxError::Storage { path, .. }) if path == dir.join(&squatted)
+        ));
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, vec![squatted]);
+        assert_eq!(mailboxes.stats().file_fsyncs, fsyncs);
+        assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
     }
 }
