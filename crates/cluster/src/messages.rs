@@ -63,18 +63,22 @@ const BODIES: &str =
 /// element per move): per move, its place in the arrays (from 1), whether
 /// it moved, and whether its message was already in its target before the
 /// statement (a data-modifying `WITH` and the query around it read the
-/// same snapshot).
+/// same snapshot). Each read finds the batch's rows by primary key
+/// (`id = ANY($1)`), so its cost does not grow with the folders: a probe of
+/// the folder index per move would walk its target folder's entries.
 pub(crate) const MOVE: &str = "WITH v AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
             WITH ORDINALITY AS v(id, from_owner, from_place, to_owner, to_place, n)),
+    was AS (
+        SELECT id, owner, place FROM messages WHERE id = ANY($1::text[])),
     moved AS (
         UPDATE messages m SET owner = v.to_owner, place = v.to_place FROM v
-        WHERE m.id = v.id AND m.owner = v.from_owner AND m.place = v.from_place
+        WHERE m.id = ANY($1::text[]) AND m.id = v.id
+            AND m.owner = v.from_owner AND m.place = v.from_place
         RETURNING m.id)
     SELECT v.n, moved.id IS NOT NULL,
-        EXISTS (SELECT 1 FROM messages t
-                WHERE t.id = v.id AND t.owner = v.to_owner AND t.place = v.to_place)
-    FROM v LEFT JOIN moved ON moved.id = v.id";
+        coalesce(was.owner = v.to_owner AND was.place = v.to_place, false)
+    FROM v LEFT JOIN moved ON moved.id = v.id LEFT JOIN was ON was.id = v.id";
 const DELETE: &str =
     "DELETE FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
 const TAKE: &str =
