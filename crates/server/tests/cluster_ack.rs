@@ -11,23 +11,6 @@ use common::{Store, Tenancy, TestServer, ready_process};
 use estafeta_client::ClientError;
 use estafeta_exchange::wire::{CallStatus, ResultStatus};
 
-/// Makes every save of `phone-1`'s device session fail (`true`), or lets
-/// them through again (`false`).
-async fn refuse_device_saves(db: &estafeta_cluster::Store, refuse: bool) {
-    let client = db.client().await.unwrap();
-    let sql = match refuse {
-        true => {
-            "CREATE FUNCTION refuse_save() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RAISE EXCEPTION 'save refused by the test'; END $$;
-             CREATE TRIGGER refuse_device_saves BEFORE UPDATE ON sessions FOR EACH ROW
-               WHEN (position('phone-1'::bytea in NEW.key) > 0 AND NEW.record IS NOT NULL)
-               EXECUTE FUNCTION refuse_save()"
-        }
-        false => "DROP TRIGGER refuse_device_saves ON sessions; DROP FUNCTION refuse_save()",
-    };
-    client.batch_execute(sql).await.unwrap();
-}
-
 /// How many messages `phone-1`'s `place` holds.
 async fn in_place(db: &estafeta_cluster::Store, place: &str) -> i64 {
     let client = db.client().await.unwrap();
@@ -52,7 +35,7 @@ async fn an_acknowledgement_whose_step_fails_to_commit_moves_nothing_and_its_ret
     let ids: Vec<_> = inbox.messages.iter().map(|m| m.id).collect();
     assert_eq!(ids.len(), 1);
 
-    refuse_device_saves(&db, true).await;
+    common::cluster::refuse_device_saves(&db, true).await;
     let failed = t.phone1.ack(&ids).await.unwrap_err();
     assert!(
         matches!(&failed, ClientError::Api { status, .. } if status.is_server_error()),
@@ -60,7 +43,7 @@ async fn an_acknowledgement_whose_step_fails_to_commit_moves_nothing_and_its_ret
     );
     assert_eq!(in_place(&db, "Messages").await, 1);
     assert_eq!(in_place(&db, "Log").await, 0);
-    refuse_device_saves(&db, false).await;
+    common::cluster::refuse_device_saves(&db, false).await;
 
     let again = t.phone1.inbox(None).await.unwrap();
     assert_eq!(again.messages.len(), 1);

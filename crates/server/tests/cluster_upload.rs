@@ -19,23 +19,6 @@ use estafeta_server::HttpSettings;
 use estafeta_server::notify::NotifySettings;
 use tokio_util::sync::CancellationToken;
 
-/// Makes every save of `phone-1`'s device session fail (`true`), or lets
-/// them through again (`false`).
-async fn refuse_device_saves(db: &estafeta_cluster::Store, refuse: bool) {
-    let client = db.client().await.unwrap();
-    let sql = match refuse {
-        true => {
-            "CREATE FUNCTION refuse_save() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN RAISE EXCEPTION 'save refused by the test'; END $$;
-             CREATE TRIGGER refuse_device_saves BEFORE UPDATE ON sessions FOR EACH ROW
-               WHEN (position('phone-1'::bytea in NEW.key) > 0 AND NEW.record IS NOT NULL)
-               EXECUTE FUNCTION refuse_save()"
-        }
-        false => "DROP TRIGGER refuse_device_saves ON sessions; DROP FUNCTION refuse_save()",
-    };
-    client.batch_execute(sql).await.unwrap();
-}
-
 /// Rows of `table` (the whole cluster's).
 async fn rows(db: &estafeta_cluster::Store, table: &str) -> i64 {
     let client = db.client().await.unwrap();
@@ -53,7 +36,7 @@ async fn an_upload_whose_step_fails_to_commit_leaves_nothing_and_its_retry_one_m
     let (db_token, phone_token) = provision_one(&server.admin).await;
     let phone = server.client(&phone_token);
 
-    refuse_device_saves(&db, true).await;
+    common::cluster::refuse_device_saves(&db, true).await;
     for key in [Some("k-1"), None] {
         let failed = phone
             .send(&message("db-a", r#"{"order":1}"#, key))
@@ -66,7 +49,7 @@ async fn an_upload_whose_step_fails_to_commit_leaves_nothing_and_its_retry_one_m
         assert_eq!(rows(&db, "messages").await, 0, "key {key:?}");
         assert_eq!(rows(&db, "idempotency_keys").await, 0, "key {key:?}");
     }
-    refuse_device_saves(&db, false).await;
+    common::cluster::refuse_device_saves(&db, false).await;
 
     let first = phone
         .send(&message("db-a", r#"{"order":1}"#, Some("k-1")))

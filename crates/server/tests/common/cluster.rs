@@ -295,3 +295,20 @@ pub async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
     })
     .await;
 }
+
+/// Makes every save of `phone-1`'s device session fail (`true`), or lets
+/// them through again (`false`).
+pub async fn refuse_device_saves(db: &estafeta_cluster::Store, refuse: bool) {
+    let client = db.client().await.unwrap();
+    let sql = match refuse {
+        true => {
+            "CREATE FUNCTION refuse_save() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'save refused by the test'; END $$;
+             CREATE TRIGGER refuse_device_saves BEFORE UPDATE ON sessions FOR EACH ROW
+               WHEN (position('phone-1'::bytea in NEW.key) > 0 AND NEW.record IS NOT NULL)
+               EXECUTE FUNCTION refuse_save()"
+        }
+        false => "DROP TRIGGER refuse_device_saves ON sessions; DROP FUNCTION refuse_save()",
+    };
+    client.batch_execute(sql).await.unwrap();
+}
