@@ -15,8 +15,6 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
 use crate::Error;
-use crate::Locked;
-use crate::session_storage::PgStep;
 
 /// Writes message rows (each column an array): a joint's, and those
 /// [`PgMessages`](crate::PgMessages) puts on its own.
@@ -32,19 +30,6 @@ pub(crate) const PUT_KEYS: &str =
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
     ON CONFLICT (device_id, key) DO UPDATE
     SET name = EXCLUDED.name, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at";
-
-/// The joint of `step` if it is one of this crate's steps (a session
-/// store's step of another kind carries no rows of these tables).
-pub(crate) fn of(step: &mut dyn estafeta_session::storage::Step) -> Option<&mut Joint> {
-    Some(&mut step.joint()?.downcast_mut::<PgStep>()?.joint)
-}
-
-/// The open transaction of `step`, if it is one of this crate's steps and
-/// still holds its key: statements run on it take effect with the step's
-/// next commit, or not at all, and answer at once.
-pub(crate) fn held(step: &mut dyn estafeta_session::storage::Step) -> Option<&Locked> {
-    step.joint()?.downcast_mut::<PgStep>()?.locked.as_ref()
-}
 
 /// What a step offers the exchange's other stores: the registry's change
 /// counter read with its lock, and the rows it carries until its next

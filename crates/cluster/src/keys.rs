@@ -109,7 +109,7 @@ impl UploadKeys for PgKeys {
         key: &str,
         upload: &KeyedUpload,
     ) -> bool {
-        match crate::joint::of(step) {
+        match crate::session_storage::joint_of(step) {
             Some(joint) => {
                 joint.put_key(device.as_str(), key, upload);
                 true

@@ -523,7 +523,7 @@ impl MessageStore for PgMessages {
         at: &Location,
         message: &Message,
     ) -> Result<Option<FileEntry>, MailboxError> {
-        let Some(joint) = crate::joint::of(step) else {
+        let Some(joint) = crate::session_storage::joint_of(step) else {
             return Ok(None);
         };
         let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
@@ -716,7 +716,7 @@ impl MessageStore for PgMessages {
         to: &Location,
         ids: &HashSet<MessageId>,
     ) -> Result<Option<Vec<MessageId>>, MailboxError> {
-        let Some(locked) = crate::joint::held(step) else {
+        let Some(locked) = crate::session_storage::held(step) else {
             return Ok(None);
         };
         let client = locked.client();

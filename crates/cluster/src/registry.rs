@@ -315,7 +315,7 @@ impl RegistryStore for PgRegistry {
     /// Read with the step's lock, in the same statement
     /// (`Locked::registry`).
     fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
-        crate::joint::of(step).map(|joint| joint.registry)
+        crate::session_storage::joint_of(step).map(|joint| joint.registry)
     }
 
     async fn version(&self) -> Result<u64, TenancyError> {

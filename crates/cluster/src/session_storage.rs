@@ -288,11 +288,24 @@ impl Step for PgStep {
 
     /// The step itself: its [`Joint`] takes rows for the commit, and its
     /// open transaction runs statements whose answers the caller needs
-    /// before the commit (see [`crate::joint::held`]).
+    /// before the commit (see [`held`]).
     fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
         match self.locked {
             Some(_) => Some(self),
             None => None,
         }
     }
+}
+
+/// The joint of `step` if it is one of this crate's steps (a session
+/// store's step of another kind carries no rows of these tables).
+pub(crate) fn joint_of(step: &mut dyn estafeta_session::storage::Step) -> Option<&mut Joint> {
+    Some(&mut step.joint()?.downcast_mut::<PgStep>()?.joint)
+}
+
+/// The open transaction of `step`, if it is one of this crate's steps and
+/// still holds its key: statements run on it take effect with the step's
+/// next commit, or not at all, and answer at once.
+pub(crate) fn held(step: &mut dyn estafeta_session::storage::Step) -> Option<&Locked> {
+    step.joint()?.downcast_mut::<PgStep>()?.locked.as_ref()
 }
