@@ -397,38 +397,30 @@ impl Core {
             Some(step) => self.store.move_in_step(step, &inbox, &log, &wanted).await?,
             None => None,
         };
-        if let Some(moved) = moved {
-            let acked = moved.len() as u64;
-            if acked > 0 {
-                let counters = &mut g.persistent_mut().device;
-                counters.acked += acked;
-                counters.last_seen = Some(self.now());
+        let (acked, failed) = match moved {
+            Some(moved) => (moved.len() as u64, None),
+            None => {
+                let names: Vec<FileName> = self.store.find_all(&inbox, &wanted).await?;
+                let moves: Vec<_> = names
+                    .iter()
+                    .map(|n| Op::Move {
+                        name: n.clone(),
+                        from: inbox.clone(),
+                        to: log.clone(),
+                    })
+                    .collect();
+                let mut acked = 0;
+                let mut failed = None;
+                for r in self.store.apply(&moves).await.results {
+                    match r {
+                        Ok(_) => acked += 1,
+                        Err(crate::error::MailboxError::NotFound { .. }) => {}
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                (acked, failed)
             }
-            g.release().await?;
-            tracing::info!(target: "estafeta::event", device = %dev.id, acked, "messages acknowledged");
-            return Ok(AckResponse {
-                version: Version,
-                acked,
-            });
-        }
-        let names: Vec<FileName> = self.store.find_all(&inbox, &wanted).await?;
-        let moves: Vec<_> = names
-            .iter()
-            .map(|n| Op::Move {
-                name: n.clone(),
-                from: inbox.clone(),
-                to: log.clone(),
-            })
-            .collect();
-        let mut acked = 0;
-        let mut failed = None;
-        for r in self.store.apply(&moves).await.results {
-            match r {
-                Ok(_) => acked += 1,
-                Err(crate::error::MailboxError::NotFound { .. }) => {}
-                Err(e) => failed = Some(e),
-            }
-        }
+        };
         if acked > 0 {
             let counters = &mut g.persistent_mut().device;
             counters.acked += acked;
