@@ -6,7 +6,8 @@
 //!
 //! Every node keeps the registry in memory; each change bumps the counter in
 //! its own transaction, and a node whose copy was loaded at a lower counter
-//! reloads before it answers (`Registry::refresh`), so a device created, a
+//! reloads before it answers (`Registry::refresh`, or `Registry::refresh_to`
+//! with the counter a session step's lock read), so a device created, a
 //! token revoked or a webhook set through one node holds on every node at
 //! once.
 

@@ -26,17 +26,10 @@ use crate::state::AppState;
     security(("bearer" = [])))]
 pub async fn send_message(
     State(state): State<AppState>,
-    caller: Presenting,
+    Presenting(who): Presenting,
     ApiJson(req): ApiJson<SendMessage>,
 ) -> Result<(StatusCode, Json<MessageAccepted>), ApiError> {
-    let (accepted, upload) = match caller {
-        Presenting::Checked(who) => state.exchange().send(&who, req).await?,
-        Presenting::Known(presented) => state
-            .exchange()
-            .send_presented(&presented, req)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?,
-    };
+    let (accepted, upload) = state.exchange().send(&who, req).await?;
     let status = match upload {
         Upload::Created => StatusCode::CREATED,
         Upload::Repeated => StatusCode::OK,
@@ -73,7 +66,7 @@ pub async fn inbox(
     security(("bearer" = [])))]
 pub async fn ack(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiJson(req): ApiJson<AckRequest>,
 ) -> Result<Json<AckResponse>, ApiError> {
     Ok(Json(state.exchange().ack(&who, req).await?))
