@@ -24,7 +24,9 @@ use tokio_postgres::types::ToSql;
 /// `created_at`: one clock for every node).
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 const ADMIN: &str = "admin_token_sha256";
-const VERSION: &str =
+/// The registry's change counter (also read beside a device's inbox,
+/// `PgMessages::oldest_array_and_registry`).
+pub(crate) const VERSION: &str =
     "SELECT coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0)";
 const BUMP: &str = "INSERT INTO cluster_counters (name, value) VALUES ('registry', 1)
     ON CONFLICT (name) DO UPDATE SET value = cluster_counters.value + 1";

@@ -7,8 +7,8 @@
 //! by the device step's lock: a database created through another node takes
 //! its uploads at once, and a token changed or a device deleted through
 //! another node is refused at once, with nothing written. So do an
-//! acknowledgement (the device's step) and the processor's calls (the
-//! database's step).
+//! acknowledgement (the device's step), the processor's calls (the
+//! database's step) and an inbox (the counter read beside its messages).
 
 mod common;
 
@@ -150,12 +150,22 @@ async fn a_registry_change_through_one_node_holds_for_the_next_upload_through_an
         .unwrap();
     assert_eq!(rows(&db, "messages").await, 4);
 
-    // An acknowledgement with the old token through B is refused too, and
-    // moves nothing.
+    // An inbox, then an acknowledgement, with the token B's copy knows but
+    // A changed since: refused (B learns the change only in the call); the
+    // acknowledgement moves nothing.
     let reply = reply_to_phone(&a, &db).await;
-    let refused = through_b(&old_token).ack(&[reply]).await.unwrap_err();
+    let mut known = new_token;
+    let newer = rotated_device(&a).await;
+    let refused = through_b(&known).inbox(None).await.unwrap_err();
+    assert!(unauthorized(&refused), "{refused}");
+    known = newer;
+    let newer = rotated_device(&a).await;
+    let refused = through_b(&known).ack(&[reply]).await.unwrap_err();
     assert!(unauthorized(&refused), "{refused}");
     assert_eq!(place_of(&db, &reply).await, "Messages");
+    let new_token = newer;
+    let inbox = through_b(&new_token).inbox(None).await.unwrap();
+    assert_eq!(inbox.messages.len(), 1);
     let acked = through_b(&new_token).ack(&[reply]).await.unwrap();
     assert_eq!(acked.acked, 1);
     assert_eq!(place_of(&db, &reply).await, "Log");
@@ -167,6 +177,15 @@ async fn a_registry_change_through_one_node_holds_for_the_next_upload_through_an
         .await
         .unwrap_err();
     assert!(unauthorized(&refused), "{refused}");
+}
+
+/// phone-1's token, changed through `a`.
+async fn rotated_device(a: &TestServer) -> String {
+    a.admin
+        .rotate_device_token(&id("phone-1"))
+        .await
+        .unwrap()
+        .token
 }
 
 /// Where the message `id` is (its `place`).
@@ -264,29 +283,33 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
     let pid = started.process_id.unwrap();
     let messages = started.messages.unwrap();
 
-    // The token changed through A: B's copy still has the old one, and each
-    // of the processor's calls with it through B is refused, nothing
-    // written (no reply stored, the process still STARTED).
-    let new_token = a
-        .admin
-        .rotate_database_token(&id("db-a"))
-        .await
-        .unwrap()
-        .token;
-    let old = through_b(&old_token);
-    let refused = [
-        old.prepare(&pid, &prepare_all(&messages))
+    // The token changed through A before each call: B's copy still has the
+    // one before (it learns each change only in the call), and each of the
+    // processor's calls with it through B is refused, nothing written (no
+    // reply stored, the process still STARTED).
+    let mut known = old_token;
+    for call in ["prepare", "commit", "abort", "start"] {
+        let newer = a
+            .admin
+            .rotate_database_token(&id("db-a"))
             .await
-            .unwrap_err(),
-        old.commit(&pid).await.unwrap_err(),
-        old.abort(&pid, "gave up").await.unwrap_err(),
-        old.start(&start_request("db-a")).await.unwrap_err(),
-    ];
-    for e in &refused {
-        assert!(unauthorized(e), "{e}");
+            .unwrap()
+            .token;
+        let old = through_b(&known);
+        let refused = match call {
+            "prepare" => old.prepare(&pid, &prepare_all(&messages)).await.err(),
+            "commit" => old.commit(&pid).await.err(),
+            "abort" => old.abort(&pid, "gave up").await.err(),
+            _ => old.start(&start_request("db-a")).await.err(),
+        };
+        assert!(
+            refused.as_ref().is_some_and(unauthorized),
+            "{call}: {refused:?}"
+        );
+        known = newer;
     }
     assert_eq!(rows(&db, "messages WHERE place = 'Prepared'").await, 0);
-    let new = through_b(&new_token);
+    let new = through_b(&known);
     assert_eq!(
         new.process(&pid).await.unwrap().state,
         ProcessState::Started

@@ -181,36 +181,51 @@ impl Core {
     }
 
     /// The session `g` a call took for `who` (its device's or database's),
-    /// once `who` is confirmed inside its step: a principal vouched for as
-    /// it is; a presented token against the registry brought up to date,
-    /// with a shared registry to the change counter the step's lock read
-    /// (reloaded only when it moved; a store that gives no such reading has
-    /// its counter read). A token that is no longer `who`'s is refused
-    /// (401) and the session released, nothing written.
+    /// once `who` is confirmed ([`confirm`](Self::confirm)) with the change
+    /// counter its step's lock read. A token that is no longer `who`'s is
+    /// refused (401) and the session released, nothing written.
     pub(crate) async fn confirmed<K: SessionKey, S: State>(
         &self,
         mut g: SessionGuard<K, S>,
         who: &super::Presented,
     ) -> Result<SessionGuard<K, S>, ExchangeError> {
-        let Some(hash) = &who.hash else {
+        if who.hash.is_none() {
             return Ok(g);
-        };
+        }
         let version = g
             .step()
             .and_then(|step| self.registry.version_in_step(step));
-        let current = match version {
-            Some(version) => self.registry.refresh_to(version).await,
-            None => self.registry.refresh().await,
-        };
-        let refused = match current {
-            Ok(()) if self.registry.authenticate_hash(hash).as_ref() == Some(&who.who) => {
-                return Ok(g);
+        match self.confirm(who, version).await {
+            Ok(()) => Ok(g),
+            Err(refused) => {
+                g.release().await?;
+                Err(refused)
             }
-            Ok(()) => ExchangeError::unauthorized("unknown token"),
-            Err(e) => e.into(),
+        }
+    }
+
+    /// Confirms `who`: a principal vouched for as it is; a presented token
+    /// against the registry brought up to date, with a shared registry to
+    /// `version`, its change counter as a statement of the call read it (a
+    /// step's lock, or the call's read): reloaded only when it moved;
+    /// without one, the counter is read first. A token that is no longer
+    /// `who`'s is refused (401).
+    pub(crate) async fn confirm(
+        &self,
+        who: &super::Presented,
+        version: Option<u64>,
+    ) -> Result<(), ExchangeError> {
+        let Some(hash) = &who.hash else {
+            return Ok(());
         };
-        g.release().await?;
-        Err(refused)
+        match version {
+            Some(version) => self.registry.refresh_to(version).await?,
+            None => self.registry.refresh().await?,
+        }
+        match self.registry.authenticate_hash(hash).as_ref() == Some(&who.who) {
+            true => Ok(()),
+            false => Err(ExchangeError::unauthorized("unknown token")),
+        }
     }
 
     /// Record in the process's own session who owns it and how it ended,

@@ -331,18 +331,22 @@ impl Core {
         self.confirmed(g, who).await
     }
 
-    /// GET /v1/inbox.
+    /// GET /v1/inbox: the messages read, then the caller confirmed with
+    /// the registry's change counter read beside them (the same round trip
+    /// with a shared store); a token refused there gets nothing (401).
     pub(crate) async fn inbox(
         &self,
-        who: &Principal,
+        who: &Presented,
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
-        let dev = device(who)?;
+        let dev = device(&who.who)?;
         let inbox = self.location(dev.id, Folder::Messages);
-        let raw = self
-            .store
-            .oldest_array(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
-            .await?;
+        let n = limit.unwrap_or(MAX_INBOX).min(MAX_INBOX);
+        let (raw, version) = match who.hash {
+            Some(_) => self.store.oldest_array_and_registry(&inbox, n).await?,
+            None => (self.store.oldest_array(&inbox, n).await?, None),
+        };
+        self.confirm(who, version).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }
 

@@ -499,11 +499,11 @@ impl Exchange {
     /// of the answer (assembled from the files' bytes).
     pub async fn inbox(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        self.core.inbox(who, limit).await
+        self.core.inbox(&who.into(), limit).await
     }
 
     /// Device: acknowledge messages (moved to `Log`).

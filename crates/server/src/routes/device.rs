@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::raw_json;
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiQuery, Caller, Presenting};
+use crate::extract::{ApiJson, ApiQuery, Presenting};
 use crate::state::AppState;
 
 /// `POST /v1/messages`: 201 for a new message, 200 for a repeated
@@ -52,7 +52,7 @@ pub struct InboxQuery {
     security(("bearer" = [])))]
 pub async fn inbox(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiQuery(query): ApiQuery<InboxQuery>,
 ) -> Result<Response, ApiError> {
     let bytes = state.exchange().inbox(&who, query.limit).await?;
