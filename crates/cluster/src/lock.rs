@@ -32,7 +32,7 @@ impl Store {
     /// the [`Locked`] is dropped.
     ///
     /// `BEGIN` and the locking read travel together (pipelined), so taking
-    /// the lock costs one round trip on a key seen before.
+    /// the lock costs one round trip on a key seen before, two on a new one.
     pub async fn lock(&self, key: &[u8]) -> Result<Locked, Error> {
         let mut locked = Locked {
             client: Some(self.client().await?),
@@ -50,9 +50,16 @@ impl Store {
         begun?;
         let row = match row? {
             Some(row) => row,
+            // A key never seen: its row made, then locked, in one round
+            // trip (the two statements travel together).
             None => {
-                client.execute(INSERT_KEY, &[&key]).await?;
-                client.query_one(&select, &[&key]).await?
+                let insert = client.prepare_cached(INSERT_KEY).await?;
+                let (inserted, row) = tokio::join!(
+                    client.execute(&insert, &params),
+                    client.query_one(&select, &params)
+                );
+                inserted?;
+                row?
             }
         };
         locked.record = row.get(0);

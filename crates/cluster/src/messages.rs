@@ -329,6 +329,68 @@ impl PgMessages {
     }
 }
 
+impl PgMessages {
+    /// The `n` oldest messages of `at` as one JSON array (one index range
+    /// read, names and bodies together), and with `registry` the registry's
+    /// change counter, read in the same round trip.
+    async fn read_oldest(
+        &self,
+        at: &Location,
+        n: usize,
+        registry: bool,
+    ) -> Result<(RawArray, Option<u64>), MailboxError> {
+        let max = i64::try_from(n).unwrap_or(i64::MAX);
+        let client = self.client(at).await?;
+        let statement = client
+            .prepare_cached(OLDEST_BODIES)
+            .await
+            .map_err(|e| failed(at, e))?;
+        let version = match registry {
+            true => Some(
+                client
+                    .prepare_cached(crate::registry::VERSION)
+                    .await
+                    .map_err(|e| failed(at, e))?,
+            ),
+            false => None,
+        };
+        let (owner, place) = loc(at);
+        let params: [&(dyn ToSql + Sync); 3] = [&owner, &place, &max];
+        let (counter, rows) = tokio::join!(
+            async {
+                match &version {
+                    Some(version) => client.query_one(version, &[]).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            client.query(&statement, &params)
+        );
+        let rows = rows.map_err(|e| failed(at, e))?;
+        let counter = counter
+            .map_err(|e| failed(at, e))?
+            .map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+        let mut json = Vec::with_capacity(2 + rows.len() * 256);
+        let mut names = Vec::with_capacity(rows.len());
+        json.push(b'[');
+        for row in &rows {
+            let name = entry(at, row)?.name;
+            let body: &[u8] = row.get(6);
+            if body.first() != Some(&b'{') || body.last() != Some(&b'}') {
+                return Err(MailboxError::Corrupt(
+                    format!("postgres:{at}/{name}").into(),
+                ));
+            }
+            if !names.is_empty() {
+                json.push(b',');
+            }
+            json.extend_from_slice(body);
+            names.push(name);
+        }
+        json.push(b']');
+        Ok((RawArray { json, names }, counter))
+    }
+}
+
 /// A connection closed when dropped, unless [`Closing::keep`] takes it
 /// back for the pool.
 struct Closing(Option<deadpool_postgres::Object>);
@@ -677,35 +739,17 @@ impl MessageStore for PgMessages {
 
     /// One index range read, names and bodies together.
     async fn oldest_array(&self, at: &Location, n: usize) -> Result<RawArray, MailboxError> {
-        let max = i64::try_from(n).unwrap_or(i64::MAX);
-        let client = self.client(at).await?;
-        let statement = client
-            .prepare_cached(OLDEST_BODIES)
-            .await
-            .map_err(|e| failed(at, e))?;
-        let rows = client
-            .query(&statement, &[&loc(at).0, &loc(at).1, &max])
-            .await
-            .map_err(|e| failed(at, e))?;
-        let mut json = Vec::with_capacity(2 + rows.len() * 256);
-        let mut names = Vec::with_capacity(rows.len());
-        json.push(b'[');
-        for row in &rows {
-            let name = entry(at, row)?.name;
-            let body: &[u8] = row.get(6);
-            if body.first() != Some(&b'{') || body.last() != Some(&b'}') {
-                return Err(MailboxError::Corrupt(
-                    format!("postgres:{at}/{name}").into(),
-                ));
-            }
-            if !names.is_empty() {
-                json.push(b',');
-            }
-            json.extend_from_slice(body);
-            names.push(name);
-        }
-        json.push(b']');
-        Ok(RawArray { json, names })
+        self.read_oldest(at, n, false).await.map(|(raw, _)| raw)
+    }
+
+    /// The read of [`oldest_array`](Self::oldest_array) and the registry's
+    /// counter travel together on one connection: one round trip.
+    async fn oldest_array_and_registry(
+        &self,
+        at: &Location,
+        n: usize,
+    ) -> Result<(RawArray, Option<u64>), MailboxError> {
+        self.read_oldest(at, n, true).await
     }
 
     /// One `UPDATE` in the step's transaction.

@@ -6,7 +6,8 @@
 //!
 //! Every node keeps the registry in memory; each change bumps the counter in
 //! its own transaction, and a node whose copy was loaded at a lower counter
-//! reloads before it answers (`Registry::refresh`), so a device created, a
+//! reloads before it answers (`Registry::refresh`, or `Registry::refresh_to`
+//! with the counter a session step's lock read), so a device created, a
 //! token revoked or a webhook set through one node holds on every node at
 //! once.
 
@@ -23,7 +24,9 @@ use tokio_postgres::types::ToSql;
 /// `created_at`: one clock for every node).
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 const ADMIN: &str = "admin_token_sha256";
-const VERSION: &str =
+/// The registry's change counter (also read beside a device's inbox,
+/// `PgMessages::oldest_array_and_registry`).
+pub(crate) const VERSION: &str =
     "SELECT coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0)";
 const BUMP: &str = "INSERT INTO cluster_counters (name, value) VALUES ('registry', 1)
     ON CONFLICT (name) DO UPDATE SET value = cluster_counters.value + 1";

@@ -1,7 +1,8 @@
 //! Two session engines (two nodes, each with its own connection pool) over
 //! one PostgreSQL: a key's commands are exclusive across both, each starts
 //! from the stored record, a holder whose connection dies lets the key go
-//! without writing afterwards, and a deadline is acted on once.
+//! without writing afterwards, a command's last commit lets the key go at
+//! once, and a deadline is acted on once.
 
 use estafeta_cluster::testing::Postgres;
 use estafeta_cluster::{SessionStorage, Store};
@@ -101,6 +102,42 @@ async fn a_holder_whose_connection_dies_lets_the_key_go_and_writes_nothing() {
     assert!(held.release().await.is_err());
     let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
     assert_eq!(*g.state(), 2);
+    g.release().await.unwrap();
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_commit_lets_the_key_go_and_the_command_changes_it_no_more() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, Arc::new(())).await;
+    let b = node(&pg, Arc::new(())).await;
+    increment(a.clone(), "k").await;
+
+    let mut held = a.get("k".to_owned(), false).await.unwrap().unwrap();
+    let mut tx = held.begin();
+    *tx.persistent_mut() += 1;
+    tx.commit_last().await.unwrap();
+    assert_eq!(*held.state(), 2);
+    assert!(!held.holds());
+    // Durable and let go by that commit: B's command goes on while A has
+    // not released its session yet, from what A committed.
+    let through_b = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        increment(b.clone(), "k"),
+    );
+    through_b.await.expect("B waited for a key A let go");
+    // A cannot change the session any more; its release writes nothing.
+    let changed = held
+        .update(|s| {
+            *s.persistent_mut() += 100;
+            Ok::<_, estafeta_session::Error>(())
+        })
+        .await;
+    assert!(changed.is_err());
+    held.release().await.unwrap();
+    let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
+    assert_eq!(*g.state(), 3);
     g.release().await.unwrap();
     a.stop().await.unwrap();
     b.stop().await.unwrap();

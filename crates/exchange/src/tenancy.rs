@@ -9,7 +9,10 @@
 //! read-through cache: [`Registry::refresh`] reads the store's change
 //! counter and reloads the copy when another server changed the store, so
 //! what one server created or revoked holds on every server at once (one
-//! counter read per call; nothing for the embedded store). A shared store
+//! counter read per call; nothing for the embedded store). A call that
+//! takes its caller's session step needs no read of its own: the token is
+//! taken from the copy, then checked against the counter the step's lock
+//! read ([`Registry::version_in_step`], [`Registry::refresh_to`]). A shared store
 //! also keeps each database's and device's webhook, so the copy holds
 //! those too ([`Registry::webhook`]). Database and device ids share one namespace across the server:
 //! they name mailboxes, and a message names its sender and recipient by id

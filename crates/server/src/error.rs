@@ -98,6 +98,7 @@ impl From<ExchangeError> for ApiError {
     fn from(e: ExchangeError) -> Self {
         let status = match e.kind() {
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Conflict => StatusCode::CONFLICT,
@@ -172,6 +173,7 @@ mod tests {
     async fn exchange_errors_keep_their_kind_code_and_message() {
         let cases = [
             (ErrorKind::BadRequest, 400),
+            (ErrorKind::Unauthorized, 401),
             (ErrorKind::Forbidden, 403),
             (ErrorKind::NotFound, 404),
             (ErrorKind::Conflict, 409),

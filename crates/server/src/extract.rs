@@ -34,33 +34,29 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
-/// The caller of a call that checks the registry's copy in memory itself,
-/// inside its step ([`Exchange::send_presented`](estafeta_exchange::Exchange::send_presented)):
-/// a token the copy knows, or else the principal as [`Caller`] finds it
-/// (reading what other servers of a shared registry changed first). The
-/// same answers as [`Caller`] for a missing, malformed or unknown token.
+/// The caller of a call that takes its caller's session (an upload, an
+/// acknowledgement, the processor's calls) and confirms the token inside
+/// that session's step ([`Presented`]): a token the registry's copy in
+/// memory knows, or else one it knows once what other servers of a shared
+/// registry changed is read. The same answers as [`Caller`] for a
+/// missing, malformed or unknown token.
 #[derive(Debug, Clone)]
-pub enum Presenting {
-    /// Known to the copy in memory; the call checks it against the store.
-    Known(Presented),
-    /// Authenticated as [`Caller`] is.
-    Checked(Principal),
-}
+pub struct Presenting(pub Presented);
 
 impl FromRequestParts<AppState> for Presenting {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(parts)?;
-        match state.exchange().presented(token) {
-            Some(presented) => {
-                state
-                    .last_seen()
-                    .saw(presented.principal(), std::time::SystemTime::now());
-                Ok(Presenting::Known(presented))
-            }
-            None => authenticated(state, token).await.map(Presenting::Checked),
-        }
+        let presented = state
+            .exchange()
+            .present(token)
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        state
+            .last_seen()
+            .saw(presented.principal(), std::time::SystemTime::now());
+        Ok(Presenting(presented))
     }
 }
 

@@ -74,12 +74,12 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
     /// Whether the command still holds the key exclusively: always with a
     /// storage of this engine alone; with a shared one, until a
     /// [`save`](Self::save) could not take the key again (another engine
-    /// took it in between, and may act on it).
+    /// took it in between, and may act on it), a save failed, or
+    /// [`Transaction::commit_last`] let the key go.
     pub fn holds(&self) -> bool {
-        self.owned
-            .as_deref()
-            .and_then(|cell| cell.step.as_deref())
-            .is_none_or(|step| step.held())
+        self.owned.as_deref().is_some_and(|cell| {
+            !cell.home.core.shared || cell.step.as_deref().is_some_and(|step| step.held())
+        })
     }
 
     /// With a shared storage, the step this command runs in (see
@@ -150,6 +150,25 @@ impl<K: SessionKey, S: State> Transaction<'_, K, S> {
         cell.home
             .core
             .save(&guard.key, &mut self.staged, &mut cell.step)
+            .await?;
+        cell.session = Some(self.staged);
+        Ok(())
+    }
+
+    /// [`commit`](Self::commit) as the command's last change of the
+    /// session. With a shared storage, the commit that makes it durable
+    /// also lets the key go in the store (one round trip, and nothing left
+    /// for the release to commit); with nothing to save, the step is
+    /// finished all the same. The command may still read the session
+    /// until it releases it, not change it: a later save fails
+    /// ([`StorageError::Conflict`](crate::StorageError::Conflict)). With a
+    /// storage of this engine alone, the same as `commit`.
+    pub async fn commit_last(mut self) -> Result<(), Error> {
+        let guard = self.guard;
+        let cell = guard.owned.as_deref_mut().expect(HELD);
+        cell.home
+            .core
+            .save_last(&guard.key, &mut self.staged, &mut cell.step)
             .await?;
         cell.session = Some(self.staged);
         Ok(())

@@ -257,6 +257,28 @@ impl<K: SessionKey, S: State> Core<K, S> {
         Ok(())
     }
 
+    /// [`save`](Self::save) as a command's last change. With a shared
+    /// storage the held `step` is finished with it (with nothing to write,
+    /// it is finished all the same): the key is let go in the store by the
+    /// same commit, and no new step begins. The command goes on holding the
+    /// key in this engine until it releases the session, and can change it
+    /// no more (a later save finds no step: [`StorageError::Conflict`]).
+    pub(crate) async fn save_last(
+        &self,
+        key: &K,
+        s: &mut SessionData<S>,
+        step: &mut Option<Box<dyn Step>>,
+    ) -> Result<(), Error> {
+        if !self.shared {
+            return self.save(key, s, step).await;
+        }
+        match step.take() {
+            Some(held) => self.finish_step(key, Some(s), held).await,
+            None if s.dirty => Err(Error::Storage(StorageError::Conflict)),
+            None => Ok(()),
+        }
+    }
+
     /// Make one write durable: through the held `step` (a shared storage;
     /// without a step nothing may be written there), or group-committed by
     /// the writer.

@@ -97,18 +97,24 @@ impl Core {
         self.alerts.clear(key(kind, subject)).await;
     }
 
-    /// Raise a storage-write alert when `result` failed on storage, and
-    /// clear the open one when a write succeeds again.
+    /// Raise a storage-write alert when `result` failed on storage and none
+    /// is open, and clear the open one when a write succeeds again. While
+    /// it is open a failed write has nothing new to tell the sink, and is
+    /// not held up by it: a sink that records alerts in the store that
+    /// failed goes on retrying its first record, and a second raise would
+    /// wait for that to end (a call answered only once the store is back,
+    /// instead of 503 at once).
     pub(crate) async fn watch_storage<T>(
         &self,
         what: &str,
         result: Result<T, super::ExchangeError>,
     ) -> Result<T, super::ExchangeError> {
         match &result {
-            Err(e) if matches!(e.code(), ErrorCode::StorageError | ErrorCode::StorageFull) => {
-                if !self.storage_alert.swap(true, Ordering::SeqCst) {
-                    tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
-                }
+            Err(e)
+                if matches!(e.code(), ErrorCode::StorageError | ErrorCode::StorageFull)
+                    && !self.storage_alert.swap(true, Ordering::SeqCst) =>
+            {
+                tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
                 self.raise_alert(
                     AlertKind::StorageWrite,
                     "data",

@@ -16,18 +16,44 @@ use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::{Id, ProcessId, Timestamp, UlidGenerator};
-use estafeta_session::{Clock, SessionData, SessionGuard};
+use estafeta_session::{Clock, SessionData, SessionGuard, SessionKey, State};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
-/// What carrying out a lifecycle's steps left over: the answer and the
-/// events that file operations gave.
+/// What carrying out a lifecycle's steps left over: the answer, the
+/// events that file operations gave, and the ended processes whose owner
+/// record this run wrote; and what it knows of the registry.
 #[derive(Default)]
 struct Carried {
     answer: Option<Answer>,
     next: VecDeque<Event>,
+    owners: Vec<(ProcessId, ProcessState)>,
+    /// The shared registry's change counter read with the lock of the step
+    /// the run holds, if any: what the recipients of moved messages are
+    /// looked up as of ([`Core::run_ops`]).
+    registry: Option<u64>,
+}
+
+impl Carried {
+    /// Whether the owner record of `pid` is known to say `ended` durably:
+    /// written so by this run. The lifecycle asks for it again once the
+    /// moves of a commit or a settlement are done (the same record it asked
+    /// for with the save that decided them, whose write may have failed in
+    /// an earlier run); the database's session, held all along, is what
+    /// every owner record of its processes is written under, so the record
+    /// cannot have changed since.
+    fn wrote_owner(&self, pid: &ProcessId, ended: Option<ProcessState>) -> bool {
+        ended.is_some_and(|ended| self.owners.contains(&(*pid, ended)))
+    }
+
+    /// The owner record of `pid` says `ended` durably (written by this run).
+    fn owner_written(&mut self, pid: ProcessId, ended: Option<ProcessState>) {
+        if let Some(ended) = ended {
+            self.owners.push((pid, ended));
+        }
+    }
 }
 
 /// Counters of start-up processing, filled by the first-load hook.
@@ -93,7 +119,15 @@ impl Core {
     /// already where it should be, or gone, counts as done (it was done
     /// before a crash, or retention removed the message); a missing one
     /// raises an alert.
-    pub(crate) async fn run_ops(&self, steps: &[FileOp]) -> Result<(), MailboxError> {
+    /// The recipients are told of their arrivals with the registry as of
+    /// `registry`, a shared registry's change counter read with the lock of
+    /// the step that holds the batch's session (`None`: the counter is read
+    /// first).
+    pub(crate) async fn run_ops(
+        &self,
+        steps: &[FileOp],
+        registry: Option<u64>,
+    ) -> Result<(), MailboxError> {
         let ops: Vec<Op> = steps
             .iter()
             .map(|s| match s {
@@ -120,7 +154,7 @@ impl Core {
         fail::fail_point!("messages::apply");
         let applied = self.store.apply(&ops).await;
         fail::fail_point!("messages::applied");
-        self.announce(&applied.arrivals).await;
+        self.announce(&applied.arrivals, registry).await;
         let mut first_error = None;
         for r in applied.results {
             let Err(e) = r else { continue };
@@ -143,6 +177,54 @@ impl Core {
         match first_error {
             None => Ok(()),
             Some(e) => Err(e),
+        }
+    }
+
+    /// The session `g` a call took for `who` (its device's or database's),
+    /// once `who` is confirmed ([`confirm`](Self::confirm)) with the change
+    /// counter its step's lock read. A token that is no longer `who`'s is
+    /// refused (401) and the session released, nothing written.
+    pub(crate) async fn confirmed<K: SessionKey, S: State>(
+        &self,
+        mut g: SessionGuard<K, S>,
+        who: &super::Presented,
+    ) -> Result<SessionGuard<K, S>, ExchangeError> {
+        if who.hash.is_none() {
+            return Ok(g);
+        }
+        let version = g
+            .step()
+            .and_then(|step| self.registry.version_in_step(step));
+        match self.confirm(who, version).await {
+            Ok(()) => Ok(g),
+            Err(refused) => {
+                g.release().await?;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Confirms `who`: a principal vouched for as it is; a presented token
+    /// against the registry brought up to date, with a shared registry to
+    /// `version`, its change counter as a statement of the call read it (a
+    /// step's lock, or the call's read): reloaded only when it moved;
+    /// without one, the counter is read first. A token that is no longer
+    /// `who`'s is refused (401).
+    pub(crate) async fn confirm(
+        &self,
+        who: &super::Presented,
+        version: Option<u64>,
+    ) -> Result<(), ExchangeError> {
+        let Some(hash) = &who.hash else {
+            return Ok(());
+        };
+        match version {
+            Some(version) => self.registry.refresh_to(version).await?,
+            None => self.registry.refresh().await?,
+        }
+        match self.registry.authenticate_hash(hash).as_ref() == Some(&who.who) {
+            true => Ok(()),
+            false => Err(ExchangeError::unauthorized("unknown token")),
         }
     }
 
@@ -240,11 +322,17 @@ impl Core {
     async fn carry_out(&self, step: Step, out: &mut Carried) -> Result<(), ExchangeError> {
         match step {
             Step::Owner { pid, db, ended } => {
-                self.write_owner(&pid, &db, ended).await?;
+                if !out.wrote_owner(&pid, ended) {
+                    self.write_owner(&pid, &db, ended).await?;
+                    out.owner_written(pid, ended);
+                }
             }
             Step::Discard { db, names } => self.discard_prepared(&db, &names).await?,
             Step::Run { pid, ops } => {
-                let result = self.run_ops(&ops).await.map_err(|e| e.to_string());
+                let result = self
+                    .run_ops(&ops, out.registry)
+                    .await
+                    .map_err(|e| e.to_string());
                 out.next.push_back(Event::Ran { pid, result });
             }
             Step::Raise { kind, pid, text } => {
@@ -269,34 +357,57 @@ impl Core {
     /// protocol call): each event's change is staged and becomes the
     /// session's state at its [`Step::Save`], once durable; an error leaves
     /// the change of the event at hand unsaved (file operations are
-    /// idempotent and run again).
+    /// idempotent and run again). With `last`, the caller changes the
+    /// session no more once this returns: the save after which nothing
+    /// needs the key held ([`ends_step`]) is the session's last change
+    /// ([`Transaction::commit_last`](estafeta_session::Transaction::commit_last):
+    /// with a shared store, its commit lets the key go, and the release
+    /// has nothing left to commit).
     pub(crate) async fn drive(
         &self,
         g: &mut SessionGuard<Id, DbRecord>,
         event: Event,
+        last: bool,
     ) -> Result<Answer, ExchangeError> {
         let ctx = self.ctx();
         let db = g.key().clone();
-        let mut out = Carried::default();
+        let mut out = Carried {
+            registry: g
+                .step()
+                .and_then(|step| self.registry.version_in_step(step)),
+            ..Carried::default()
+        };
         out.next.push_back(event);
         while let Some(event) = out.next.pop_front() {
             let mut staged = g.begin();
             let steps = lifecycle::step(staged.state_mut(), event, &ctx);
             let mut staged = Some(staged);
-            let mut steps = steps.into_iter().peekable();
-            while let Some(step) = steps.next() {
+            let final_save = match last {
+                true => ends_step(&steps),
+                false => None,
+            };
+            let mut steps = steps.into_iter().enumerate().peekable();
+            while let Some((i, step)) = steps.next() {
                 match step {
                     Step::Owner { pid, db, ended } => {
-                        match steps.next_if(|s| matches!(s, Step::Run { .. })) {
-                            Some(run) => {
-                                let (owner, ran) = tokio::join!(
-                                    self.write_owner(&pid, &db, ended),
-                                    self.carry_out(run, &mut out)
-                                );
+                        let write = !out.wrote_owner(&pid, ended);
+                        let owner = async {
+                            match write {
+                                true => self.write_owner(&pid, &db, ended).await,
+                                false => Ok(()),
+                            }
+                        };
+                        match steps.next_if(|(_, s)| matches!(s, Step::Run { .. })) {
+                            Some((_, run)) => {
+                                let (owner, ran) =
+                                    tokio::join!(owner, self.carry_out(run, &mut out));
                                 owner?;
                                 ran?;
                             }
-                            None => self.write_owner(&pid, &db, ended).await?,
+                            None => owner.await?,
+                        }
+                        if write {
+                            out.owner_written(pid, ended);
                         }
                     }
                     Step::Deadline(at) => {
@@ -308,7 +419,10 @@ impl Core {
                         if let Some(mut tx) = staged.take() {
                             tx.persistent_mut();
                             let rows = DbRows::of(tx.state());
-                            tx.commit().await?;
+                            match final_save == Some(i) && out.next.is_empty() {
+                                true => tx.commit_last().await?,
+                                false => tx.commit().await?,
+                            }
                             // No await between: the record is the session's
                             // exactly when its processes are the list's.
                             self.process_tally.replace(&db, rows);
@@ -363,5 +477,70 @@ impl Core {
 
     pub(crate) fn location(&self, id: &Id, folder: Folder) -> Location {
         Location::new(id.clone(), folder)
+    }
+}
+
+/// Where in `steps` the save is after which nothing needs the database's
+/// key held: the event's save (its first: the staged change is committed
+/// there), followed only by steps that write nothing under the key (an
+/// answer, alerts, a count, a live process's owner record, which is its
+/// process's own). `None` when moves, discards, an ended process's owner
+/// record or another save follow it (each must happen while the key is
+/// held), or there is no save.
+fn ends_step(steps: &[Step]) -> Option<usize> {
+    let i = steps.iter().position(|s| matches!(s, Step::Save))?;
+    let keyless = |s: &Step| match s {
+        Step::Answer(_)
+        | Step::Raise { .. }
+        | Step::Clear { .. }
+        | Step::Count(_)
+        | Step::Deadline(_) => true,
+        Step::Owner { ended, .. } => ended.is_none(),
+        Step::Save | Step::Run { .. } | Step::Discard { .. } => false,
+    };
+    steps[i + 1..].iter().all(keyless).then_some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_ends_at_the_save_that_nothing_under_the_key_follows() {
+        let pid = UlidGenerator::new().process_id(SystemTime::now());
+        let db = Id::new("db-a").unwrap();
+        let owner = |ended| Step::Owner {
+            pid,
+            db: db.clone(),
+            ended,
+        };
+        let run = || Step::Run {
+            pid,
+            ops: Vec::new(),
+        };
+        let started = [
+            Step::Deadline(None),
+            Step::Save,
+            owner(None),
+            Step::Answer(Answer::Ok),
+        ];
+        assert_eq!(ends_step(&started), Some(1));
+        let committing = [
+            Step::Deadline(None),
+            Step::Save,
+            owner(Some(ProcessState::Done)),
+            run(),
+        ];
+        assert_eq!(ends_step(&committing), None);
+        let moved = [
+            owner(Some(ProcessState::Done)),
+            Step::Deadline(None),
+            Step::Save,
+            Step::Answer(Answer::Ok),
+        ];
+        assert_eq!(ends_step(&moved), Some(2));
+        let settled_at_once = [Step::Deadline(None), Step::Save, Step::Save, run()];
+        assert_eq!(ends_step(&settled_at_once), None);
+        assert_eq!(ends_step(&[Step::Answer(Answer::Busy)]), None);
     }
 }

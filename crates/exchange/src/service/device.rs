@@ -1,6 +1,7 @@
 //! Device calls: upload (idempotent per device and key), inbox,
 //! acknowledge. Each runs as a command on the device's session.
 
+use super::Presented;
 use super::Upload as UploadOutcome;
 use super::core::Core;
 use super::error::ExchangeError;
@@ -8,7 +9,6 @@ use super::state::DeviceRecord;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
-use crate::token::TokenHash;
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
 use crate::{Id, Timestamp};
@@ -32,57 +32,22 @@ fn device(who: &Principal) -> Result<Device<'_>, ExchangeError> {
 }
 
 impl Core {
-    /// POST /v1/messages.
+    /// POST /v1/messages: on the device's session, the caller confirmed in
+    /// its step ([`confirmed`](Self::confirmed)), the upload checked against
+    /// the registry as that left it (a database created through another
+    /// node is known to it).
     pub(crate) async fn send(
         &self,
-        who: &Principal,
+        who: &Presented,
         req: SendMessage,
     ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
-        let dev = self.check_upload(who, &req)?;
-        let g = self.device_session(dev.id).await?;
-        self.upload(g, who, req).await
-    }
-
-    /// POST /v1/messages by a token the registry's copy in memory knows
-    /// (its hash `presented`), the copy checked inside the device's step:
-    /// with a shared registry, against the change counter the step's lock
-    /// read (reloaded if it moved, without a round trip of its own when it
-    /// did not). `None`: the token is no longer `who`'s, and nothing was
-    /// written.
-    pub(crate) async fn send_presented(
-        &self,
-        who: &Principal,
-        presented: &TokenHash,
-        req: SendMessage,
-    ) -> Result<Option<(MessageAccepted, UploadOutcome)>, ExchangeError> {
-        let dev = device(who)?;
-        let mut g = self.device_session(dev.id).await?;
-        let version = g
-            .step()
-            .and_then(|step| self.registry.version_in_step(step));
-        let current = match version {
-            Some(version) => self.registry.refresh_to(version).await,
-            None => self.registry.refresh().await,
-        };
-        // Checked against the copy brought up to date: a database created
-        // through another node is known to it.
-        let checked = current.map_err(ExchangeError::from).and_then(|()| {
-            match self.registry.authenticate_hash(presented).as_ref() == Some(who) {
-                true => self.check_upload(who, &req).map(|_| true),
-                false => Ok(false),
-            }
-        });
-        match checked {
-            Ok(true) => self.upload(g, who, req).await.map(Some),
-            Ok(false) => {
-                g.release().await?;
-                Ok(None)
-            }
-            Err(e) => {
-                g.release().await?;
-                Err(e)
-            }
+        let g = self.device_session(who).await?;
+        let who = &who.who;
+        if let Err(e) = self.check_upload(who, &req) {
+            g.release().await?;
+            return Err(e);
         }
+        self.upload(g, who, req).await
     }
 
     /// The checks of an upload that need no session: a device of the
@@ -348,45 +313,53 @@ impl Core {
             .map_err(ExchangeError::from)
     }
 
-    /// The device's session, held (its keys and counters).
+    /// The session of the device `who` (its keys and counters), held, the
+    /// caller confirmed in its step ([`confirmed`](Self::confirmed)).
     async fn device_session(
         &self,
-        id: &Id,
+        who: &Presented,
     ) -> Result<estafeta_session::SessionGuard<Id, DeviceRecord>, ExchangeError> {
-        self.sessions
+        let dev = device(&who.who)?;
+        let g = self
+            .sessions
             .device
-            .get(id.clone(), true)
+            .get(dev.id.clone(), true)
             .await?
             .ok_or_else(|| {
                 ExchangeError::unavailable(ErrorCode::StorageError, "device session unavailable")
-            })
+            })?;
+        self.confirmed(g, who).await
     }
 
-    /// GET /v1/inbox.
+    /// GET /v1/inbox: the messages read, then the caller confirmed with
+    /// the registry's change counter read beside them (the same round trip
+    /// with a shared store); a token refused there gets nothing (401).
     pub(crate) async fn inbox(
         &self,
-        who: &Principal,
+        who: &Presented,
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
-        let dev = device(who)?;
+        let dev = device(&who.who)?;
         let inbox = self.location(dev.id, Folder::Messages);
-        let raw = self
-            .store
-            .oldest_array(&inbox, limit.unwrap_or(MAX_INBOX).min(MAX_INBOX))
-            .await?;
+        let n = limit.unwrap_or(MAX_INBOX).min(MAX_INBOX);
+        let (raw, version) = match who.hash {
+            Some(_) => self.store.oldest_array_and_registry(&inbox, n).await?,
+            None => (self.store.oldest_array(&inbox, n).await?, None),
+        };
+        self.confirm(who, version).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }
 
     /// POST /v1/inbox/ack.
     pub(crate) async fn ack(
         &self,
-        who: &Principal,
+        who: &Presented,
         req: AckRequest,
     ) -> Result<AckResponse, ExchangeError> {
-        let dev = device(who)?;
+        let dev = device(&who.who)?;
         // On the device's session, so acknowledgements of one device are
         // serialized with each other.
-        let mut g = self.device_session(dev.id).await?;
+        let mut g = self.device_session(who).await?;
         let inbox = self.location(dev.id, Folder::Messages);
         let wanted: HashSet<_> = req.ids.iter().copied().collect();
         let log = self.location(dev.id, Folder::Log);

@@ -8,6 +8,8 @@ use crate::wire::ErrorCode;
 pub enum ErrorKind {
     /// The request is malformed or names something invalid (400).
     BadRequest,
+    /// The caller's token is not (or no longer) known (401).
+    Unauthorized,
     /// The caller may not do this (403).
     Forbidden,
     /// The thing asked for does not exist (404).
@@ -71,6 +73,9 @@ impl ExchangeError {
     }
     pub(crate) fn bad_request(code: ErrorCode, m: impl Into<String>) -> Self {
         Self::new(ErrorKind::BadRequest, code, m)
+    }
+    pub(crate) fn unauthorized(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unauthorized, ErrorCode::Unauthorized, m)
     }
     pub(crate) fn forbidden(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::Forbidden, ErrorCode::Forbidden, m)

@@ -112,19 +112,43 @@ pub struct Tidied {
 
 pub use crate::wire::Upload;
 
-/// A bearer token the registry's copy in memory knows, and who it belongs
-/// to by that copy ([`Exchange::presented`]); not yet checked against what
-/// other servers of a shared registry changed.
+/// Who makes a call that takes its caller's session (an upload, an
+/// acknowledgement, the processor's calls). Either a bearer token the
+/// registry's copy in memory knows ([`Exchange::presented`],
+/// [`Exchange::present`]), checked again inside the call's step: with a
+/// shared registry, against the change counter read by the statement that
+/// takes the step's lock (no round trip of its own), the copy reloaded
+/// first if the counter moved; a token revoked or changed through any
+/// server before the step began is refused there (401, nothing written).
+/// Or a principal the caller vouches for (`From<&Principal>`: one that
+/// [`Exchange::authenticate`] returned, or an in-process caller), taken as
+/// it is.
 #[derive(Clone, Debug)]
 pub struct Presented {
     who: Principal,
-    hash: crate::token::TokenHash,
+    /// The token's hash, to check inside the step; `None`: vouched for.
+    hash: Option<TokenHash>,
 }
 
 impl Presented {
     /// Who the token belongs to by the copy in memory.
     pub fn principal(&self) -> &Principal {
         &self.who
+    }
+}
+
+impl From<&Principal> for Presented {
+    fn from(who: &Principal) -> Self {
+        Presented {
+            who: who.clone(),
+            hash: None,
+        }
+    }
+}
+
+impl From<&Presented> for Presented {
+    fn from(presented: &Presented) -> Self {
+        presented.clone()
     }
 }
 
@@ -369,6 +393,30 @@ impl Exchange {
         Ok(self.core.registry.authenticate(token))
     }
 
+    /// Who `token` belongs to by the registry's copy in memory, without
+    /// reading what other servers of a shared registry changed: `None` when
+    /// the copy does not know the token. The calls that take a [`Presented`]
+    /// check it inside their step.
+    pub fn presented(&self, token: &str) -> Option<Presented> {
+        let hash = TokenHash::of(token);
+        let who = self.core.registry.authenticate_hash(&hash)?;
+        Some(Presented {
+            who,
+            hash: Some(hash),
+        })
+    }
+
+    /// [`presented`](Self::presented), or, for a token the copy in memory
+    /// does not know, [`authenticate`](Self::authenticate) (what other
+    /// servers changed read first): `None` is nobody (401).
+    pub async fn present(&self, token: &str) -> Result<Option<Presented>, ExchangeError> {
+        if let Some(presented) = self.presented(token) {
+            return Ok(Some(presented));
+        }
+        self.core.registry.refresh().await?;
+        Ok(self.presented(token))
+    }
+
     /// Admin: create an enterprise (409 if it exists).
     pub async fn create_enterprise(&self, who: &Principal, id: Id) -> Result<(), ExchangeError> {
         admin(who)?;
@@ -435,47 +483,13 @@ impl Exchange {
     /// Device: upload a message to a database of its enterprise, durably.
     pub async fn send(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         req: SendMessage,
     ) -> Result<(MessageAccepted, Upload), ExchangeError> {
         self.ready()?;
-        let who = who.clone();
+        let who = who.into();
         self.detached(move |core| async move {
             let r = core.send(&who, req).await;
-            core.watch_storage("message upload", r).await
-        })
-        .await
-    }
-
-    /// Who `token` belongs to by the registry's copy in memory, without
-    /// reading what other servers of a shared registry changed: `None` when
-    /// the copy does not know the token ([`authenticate`](Self::authenticate)
-    /// tells then). For [`send_presented`](Self::send_presented), which
-    /// checks the copy inside the device's step.
-    pub fn presented(&self, token: &str) -> Option<Presented> {
-        let hash = TokenHash::of(token);
-        let who = self.core.registry.authenticate_hash(&hash)?;
-        Some(Presented { who, hash })
-    }
-
-    /// Device: [`send`](Self::send) for a token known to the registry's
-    /// copy in memory ([`presented`](Self::presented)). The copy is checked
-    /// inside the device's step: with a shared registry, against the change
-    /// counter read by the statement that takes the device's lock (so the
-    /// check costs no round trip of its own), and reloaded first if the
-    /// counter moved. A token revoked or changed through any server before
-    /// the step began is refused: `Ok(None)`, nothing written (401).
-    pub async fn send_presented(
-        &self,
-        presented: &Presented,
-        req: SendMessage,
-    ) -> Result<Option<(MessageAccepted, Upload)>, ExchangeError> {
-        self.ready()?;
-        let presented = presented.clone();
-        self.detached(move |core| async move {
-            let r = core
-                .send_presented(&presented.who, &presented.hash, req)
-                .await;
             core.watch_storage("message upload", r).await
         })
         .await
@@ -485,21 +499,21 @@ impl Exchange {
     /// of the answer (assembled from the files' bytes).
     pub async fn inbox(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        self.core.inbox(who, limit).await
+        self.core.inbox(&who.into(), limit).await
     }
 
     /// Device: acknowledge messages (moved to `Log`).
     pub async fn ack(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         req: AckRequest,
     ) -> Result<AckResponse, ExchangeError> {
         self.ready()?;
-        let who = who.clone();
+        let who = who.into();
         self.detached(move |core| async move { core.ack(&who, req).await })
             .await
     }
@@ -507,11 +521,11 @@ impl Exchange {
     /// API_1: start a process; the JSON body of the answer.
     pub async fn start(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         req: StartRequest,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        let who = who.clone();
+        let who = who.into();
         self.detached(move |core| async move { core.start(&who, req).await })
             .await
     }
@@ -519,12 +533,12 @@ impl Exchange {
     /// API_2: narrow the process's list.
     pub async fn accept(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         pid: &str,
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let (who, pid) = (who.clone(), pid.to_owned());
+        let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move { core.accept(&who, &pid, req).await })
             .await
     }
@@ -532,12 +546,12 @@ impl Exchange {
     /// API_3: results and replies; READY_TO_COMMIT.
     pub async fn prepare(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         pid: &str,
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let (who, pid) = (who.clone(), pid.to_owned());
+        let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             let r = core.prepare(&who, &pid, req).await;
             core.watch_storage("prepare", r).await
@@ -548,12 +562,12 @@ impl Exchange {
     /// API_4: the processor committed.
     pub async fn commit(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         pid: &str,
         _req: CommitRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let (who, pid) = (who.clone(), pid.to_owned());
+        let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             let r = core.commit(&who, &pid).await;
             core.watch_storage("commit", r).await
@@ -564,12 +578,12 @@ impl Exchange {
     /// API_5: the processor's commit failed.
     pub async fn rollback(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         pid: &str,
         req: RollbackRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let (who, pid) = (who.clone(), pid.to_owned());
+        let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             core.give_up(&who, &pid, ProcessState::RolledBack, &req.error_text)
                 .await
@@ -580,12 +594,12 @@ impl Exchange {
     /// API_6: the processor gave up.
     pub async fn abort(
         &self,
-        who: &Principal,
+        who: impl Into<Presented>,
         pid: &str,
         req: AbortRequest,
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
-        let (who, pid) = (who.clone(), pid.to_owned());
+        let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             core.give_up(&who, &pid, ProcessState::Aborted, &req.message)
                 .await

@@ -173,10 +173,10 @@ impl Exchange {
             .registry
             .enterprise_of(&owner.db)
             .ok_or_else(|| ExchangeError::not_found(format!("no database {}", owner.db)))?;
-        let processor = Principal::Database {
+        let processor = super::Presented::from(&Principal::Database {
             id: owner.db.clone(),
             enterprise,
-        };
+        });
         tracing::warn!(
             target: "estafeta::event", process = %parsed, db = %owner.db, commit,
             "the operator settles a process in doubt"

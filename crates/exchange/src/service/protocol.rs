@@ -4,6 +4,7 @@
 //! checks its request, then hands the process lifecycle an event
 //! ([`super::lifecycle`]) and carries out its steps ([`Core::drive`]).
 
+use super::Presented;
 use super::core::Core;
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event};
@@ -38,14 +39,18 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
 }
 
 impl Core {
-    async fn db_session(&self, db: &Id) -> Result<Guard, ExchangeError> {
-        self.sessions
+    /// The session of `db`, the database of `who`, held, the caller
+    /// confirmed in its step ([`confirmed`](Self::confirmed)).
+    async fn db_session(&self, db: &Id, who: &Presented) -> Result<Guard, ExchangeError> {
+        let g = self
+            .sessions
             .db
             .get(db.clone(), true)
             .await?
             .ok_or_else(|| {
                 ExchangeError::unavailable(ErrorCode::StorageError, "database session unavailable")
-            })
+            })?;
+        self.confirmed(g, who).await
     }
 
     /// Find `pid` for database `db`: `None` if it is not a process id; with
@@ -74,10 +79,10 @@ impl Core {
     /// API_1.
     pub(crate) async fn start(
         &self,
-        who: &Principal,
+        who: &Presented,
         req: StartRequest,
     ) -> Result<Vec<u8>, ExchangeError> {
-        let db = database_of(who)?;
+        let db = database_of(&who.who)?;
         if req.db_id != db {
             return Err(ExchangeError::forbidden(
                 "db_id is not the token's database",
@@ -89,7 +94,7 @@ impl Core {
             .narrow(req.max_files, req.max_mb)
             .map_err(|e| ExchangeError::bad_request(ErrorCode::BadLimits, e.to_string()))?;
         let filter = Filter::new(req.subsystems, req.senders);
-        let mut g = self.db_session(&db).await?;
+        let mut g = self.db_session(&db, who).await?;
         if !lifecycle::can_start(g.state()) {
             tracing::info!(target: "estafeta::event", db = %db, "start answered BUSY");
             return Ok(json(&StartResponse::busy()));
@@ -110,7 +115,7 @@ impl Core {
             db: db.clone(),
             messages: raw.names,
         };
-        if self.drive(&mut g, event).await? == Answer::Busy {
+        if self.drive(&mut g, event, true).await? == Answer::Busy {
             return Ok(json(&StartResponse::busy()));
         }
         g.release().await?;
@@ -121,12 +126,12 @@ impl Core {
     /// API_2.
     pub(crate) async fn accept(
         &self,
-        who: &Principal,
+        who: &Presented,
         pid: &str,
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(who)?;
-        let mut g = self.db_session(&db).await?;
+        let db = database_of(&who.who)?;
+        let mut g = self.db_session(&db, who).await?;
         let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
             return Ok(answer(Answer::Cancelled));
         };
@@ -145,7 +150,7 @@ impl Core {
             pid,
             ids: req.message_ids,
         };
-        let a = self.drive(&mut g, event).await?;
+        let a = self.drive(&mut g, event, true).await?;
         g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, accepted = narrowed, "process narrowed (accept)");
         Ok(answer(a))
@@ -154,15 +159,15 @@ impl Core {
     /// API_3.
     pub(crate) async fn prepare(
         &self,
-        who: &Principal,
+        who: &Presented,
         pid: &str,
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(who)?;
-        let Principal::Database { enterprise, .. } = who else {
+        let db = database_of(&who.who)?;
+        let Principal::Database { enterprise, .. } = &who.who else {
             return Err(ExchangeError::forbidden("database token needed"));
         };
-        let mut g = self.db_session(&db).await?;
+        let mut g = self.db_session(&db, who).await?;
         let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
             return Ok(answer(Answer::Cancelled));
         };
@@ -242,7 +247,9 @@ impl Core {
         let names = replies.iter().map(FileName::of).collect();
         let (go, when) = tokio::sync::oneshot::channel();
         let saving = async {
-            let a = self.drive(&mut g, Event::Preparing { pid, names }).await;
+            let a = self
+                .drive(&mut g, Event::Preparing { pid, names }, false)
+                .await;
             // For the fault-injection harness: a crash with the names
             // recorded and no reply published.
             fail::fail_point!("prepare::recorded");
@@ -270,7 +277,7 @@ impl Core {
             replies: written.clone(),
             deferred,
         };
-        let a = match self.drive(&mut g, event).await {
+        let a = match self.drive(&mut g, event, true).await {
             Ok(a) => a,
             Err(e) => {
                 for r in self.store.delete_all(&prepared, &written).await {
@@ -289,16 +296,18 @@ impl Core {
     /// API_4 (and the operator settling a process in doubt as committed).
     pub(crate) async fn commit(
         &self,
-        who: &Principal,
+        who: &Presented,
         pid: &str,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(who)?;
-        let mut g = self.db_session(&db).await?;
+        let db = database_of(&who.who)?;
+        let mut g = self.db_session(&db, who).await?;
         let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
             tracing::info!(target: "estafeta::event", process = pid, db = %db, "commit answered CANCELLED");
             return Ok(answer(Answer::Cancelled));
         };
-        let a = self.drive(&mut g, Event::Commit { pid, ended }).await?;
+        let a = self
+            .drive(&mut g, Event::Commit { pid, ended }, true)
+            .await?;
         g.release().await?;
         Ok(answer(a))
     }
@@ -307,13 +316,13 @@ impl Core {
     /// rolled back): the processor's transaction did not commit.
     pub(crate) async fn give_up(
         &self,
-        who: &Principal,
+        who: &Presented,
         pid: &str,
         as_state: ProcessState,
         text: &str,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(who)?;
-        let mut g = self.db_session(&db).await?;
+        let db = database_of(&who.who)?;
+        let mut g = self.db_session(&db, who).await?;
         let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
             tracing::info!(target: "estafeta::event", process = pid, db = %db, state = ?as_state, "rollback or abort answered CANCELLED");
             return Ok(answer(Answer::Cancelled));
@@ -324,7 +333,7 @@ impl Core {
             as_state,
             ended,
         };
-        let a = self.drive(&mut g, event).await?;
+        let a = self.drive(&mut g, event, true).await?;
         g.release().await?;
         Ok(answer(a))
     }

@@ -196,16 +196,27 @@ impl Core {
     /// changes first): a step run at a deadline, a scheduled message. With
     /// a shared registry store, what other servers changed is read first,
     /// once, so that a webhook set through another server is known (a store
-    /// that cannot be read leaves the copy as it is, and is logged).
-    pub(crate) async fn announce(&self, recipients: impl IntoIterator<Item = &Id>) {
+    /// that cannot be read leaves the copy as it is, and is logged); with
+    /// `registry`, the store's change counter read with the lock of the
+    /// step the work holds, the copy is brought up to that instead (no read
+    /// of its own when it is that recent).
+    pub(crate) async fn announce(
+        &self,
+        recipients: impl IntoIterator<Item = &Id>,
+        registry: Option<u64>,
+    ) {
         let mut recipients = recipients.into_iter().peekable();
         if recipients.peek().is_none() {
             return;
         }
-        if self.registry.keeps_webhooks()
-            && let Err(e) = self.registry.refresh().await
-        {
-            tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
+        if self.registry.keeps_webhooks() {
+            let current = match registry {
+                Some(version) => self.registry.refresh_to(version).await,
+                None => self.registry.refresh().await,
+            };
+            if let Err(e) = current {
+                tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
+            }
         }
         for recipient in recipients {
             self.arrived(recipient);

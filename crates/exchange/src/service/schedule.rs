@@ -61,7 +61,7 @@ impl Core {
         let queue = self.location(&message.to, Folder::Messages);
         match self.store.put(&queue, &message).await {
             Ok(_) => {
-                self.announce([&message.to]).await;
+                self.announce([&message.to], None).await;
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
                 Outcome::Done
             }

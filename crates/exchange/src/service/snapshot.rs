@@ -452,6 +452,13 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     async fn oldest_array(&self, at: &Location, n: usize) -> Result<RawArray, MailboxError> {
         self.inner.oldest_array(at, n).await
     }
+    async fn oldest_array_and_registry(
+        &self,
+        at: &Location,
+        n: usize,
+    ) -> Result<(RawArray, Option<u64>), MailboxError> {
+        self.inner.oldest_array_and_registry(at, n).await
+    }
     // Written by the step's commit, as `put_in_step`.
     async fn move_in_step(
         &self,

@@ -170,6 +170,20 @@ pub trait MessageStore: Send + Sync {
         self.read_array(at, &names).await
     }
 
+    /// [`oldest_array`](Self::oldest_array), with the change counter of a
+    /// registry kept in the same shared store, read in the same round trip
+    /// (as a session step's lock reads it,
+    /// [`RegistryStore::version_in_step`]): a caller checks its token
+    /// against it, with no read of its own. `None` (the default): the
+    /// store reads no such counter.
+    async fn oldest_array_and_registry(
+        &self,
+        at: &Location,
+        n: usize,
+    ) -> Result<(RawArray, Option<u64>), MailboxError> {
+        Ok((self.oldest_array(at, n).await?, None))
+    }
+
     /// Moves those of `ids` that are in `from` to `to` as part of `step`
     /// (as [`put_in_step`](Self::put_in_step)): `Some`, the ids moved,
     /// which stay where they were unless the step's next save or its end

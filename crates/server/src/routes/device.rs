@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::raw_json;
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiQuery, Caller, Presenting};
+use crate::extract::{ApiJson, ApiQuery, Presenting};
 use crate::state::AppState;
 
 /// `POST /v1/messages`: 201 for a new message, 200 for a repeated
@@ -26,17 +26,10 @@ use crate::state::AppState;
     security(("bearer" = [])))]
 pub async fn send_message(
     State(state): State<AppState>,
-    caller: Presenting,
+    Presenting(who): Presenting,
     ApiJson(req): ApiJson<SendMessage>,
 ) -> Result<(StatusCode, Json<MessageAccepted>), ApiError> {
-    let (accepted, upload) = match caller {
-        Presenting::Checked(who) => state.exchange().send(&who, req).await?,
-        Presenting::Known(presented) => state
-            .exchange()
-            .send_presented(&presented, req)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?,
-    };
+    let (accepted, upload) = state.exchange().send(&who, req).await?;
     let status = match upload {
         Upload::Created => StatusCode::CREATED,
         Upload::Repeated => StatusCode::OK,
@@ -59,7 +52,7 @@ pub struct InboxQuery {
     security(("bearer" = [])))]
 pub async fn inbox(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiQuery(query): ApiQuery<InboxQuery>,
 ) -> Result<Response, ApiError> {
     let bytes = state.exchange().inbox(&who, query.limit).await?;
@@ -73,7 +66,7 @@ pub async fn inbox(
     security(("bearer" = [])))]
 pub async fn ack(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiJson(req): ApiJson<AckRequest>,
 ) -> Result<Json<AckResponse>, ApiError> {
     Ok(Json(state.exchange().ack(&who, req).await?))

@@ -11,7 +11,7 @@ use estafeta_exchange::wire::{
 
 use super::raw_json;
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiPath, Caller};
+use crate::extract::{ApiJson, ApiPath, Caller, Presenting};
 use crate::state::AppState;
 
 /// API_1, `POST /v1/processes`: IDLE, BUSY, or OK with a process id and messages.
@@ -21,7 +21,7 @@ use crate::state::AppState;
     security(("bearer" = [])))]
 pub async fn start(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiJson(req): ApiJson<StartRequest>,
 ) -> Result<Response, ApiError> {
     Ok(raw_json(state.exchange().start(&who, req).await?))
@@ -35,7 +35,7 @@ pub async fn start(
     security(("bearer" = [])))]
 pub async fn accept(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiPath(pid): ApiPath<String>,
     ApiJson(req): ApiJson<AcceptRequest>,
 ) -> Result<Json<CallResponse>, ApiError> {
@@ -52,7 +52,7 @@ pub async fn accept(
     security(("bearer" = [])))]
 pub async fn prepare(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiPath(pid): ApiPath<String>,
     ApiJson(req): ApiJson<PrepareRequest>,
 ) -> Result<Json<CallResponse>, ApiError> {
@@ -67,7 +67,7 @@ pub async fn prepare(
     security(("bearer" = [])))]
 pub async fn commit(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiPath(pid): ApiPath<String>,
     ApiJson(req): ApiJson<CommitRequest>,
 ) -> Result<Json<CallResponse>, ApiError> {
@@ -82,7 +82,7 @@ pub async fn commit(
     security(("bearer" = [])))]
 pub async fn rollback(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiPath(pid): ApiPath<String>,
     ApiJson(req): ApiJson<RollbackRequest>,
 ) -> Result<Json<CallResponse>, ApiError> {
@@ -97,7 +97,7 @@ pub async fn rollback(
     security(("bearer" = [])))]
 pub async fn abort(
     State(state): State<AppState>,
-    Caller(who): Caller,
+    Presenting(who): Presenting,
     ApiPath(pid): ApiPath<String>,
     ApiJson(req): ApiJson<AbortRequest>,
 ) -> Result<Json<CallResponse>, ApiError> {
