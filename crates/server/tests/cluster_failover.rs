@@ -10,35 +10,11 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::cluster::{assert_retryable, eventually, folder_ids, retrying, start_nodes};
-use common::{id, message, start_request};
+use common::{id, message, prepare_all, start_request};
 use estafeta_client::{Client, ClientError};
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::MessageId;
-use estafeta_exchange::wire::{
-    Body, CallStatus, Folder, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
-    StartStatus, Version,
-};
-
-fn prepare_all(ids: &[MessageId]) -> PrepareRequest {
-    PrepareRequest {
-        version: Version,
-        results: ids
-            .iter()
-            .map(|&message_id| MessageResult {
-                message_id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    }
-}
+use estafeta_exchange::wire::{CallStatus, Folder, ProcessState, StartStatus};
 
 /// An answer during the switch: what the call should give, or a failure
 /// the client may retry (503 with `Retry-After`, or no answer).
@@ -103,7 +79,10 @@ async fn nodes_carry_on_through_a_primary_failover() {
     let done_pid = done.process_id.unwrap();
     let done_ids: Vec<MessageId> = done.messages.unwrap().iter().map(|m| m.id).collect();
     let p = dbs[1]
-        .prepare(&done_pid, &prepare_all(&done_ids))
+        .prepare(
+            &done_pid,
+            &prepare_all(done_ids.iter().copied(), r#"{"ok":true}"#),
+        )
         .await
         .unwrap();
     assert_eq!(p.status, CallStatus::Ok);
@@ -113,7 +92,10 @@ async fn nodes_carry_on_through_a_primary_failover() {
     let ready_pid = ready.process_id.unwrap();
     let ready_ids: Vec<MessageId> = ready.messages.unwrap().iter().map(|m| m.id).collect();
     let p = dbs[0]
-        .prepare(&ready_pid, &prepare_all(&ready_ids))
+        .prepare(
+            &ready_pid,
+            &prepare_all(ready_ids.iter().copied(), r#"{"ok":true}"#),
+        )
         .await
         .unwrap();
     assert_eq!(p.status, CallStatus::Ok);

@@ -20,13 +20,10 @@ use std::sync::{Arc, Mutex};
 use common::cluster::{
     Node, assert_retryable, eventually, folder_ids, retrying, start_nodes, with_params,
 };
-use common::{id, message, start_request};
+use common::{id, message, prepare_all, start_request};
 use estafeta_client::{Client, ClientError, Upload};
 use estafeta_cluster::testing::Postgres;
-use estafeta_exchange::wire::{
-    Body, CallStatus, Folder, Message, MessageResult, PrepareRequest, ProcessState, Reply,
-    ResultStatus, StartStatus, Version,
-};
+use estafeta_exchange::wire::{Body, CallStatus, Folder, Message, ProcessState, StartStatus};
 use estafeta_exchange::{MessageId, ProcessId};
 
 /// The tokens of the tenancy the tests use: enterprise `acme` with
@@ -54,29 +51,6 @@ async fn provision(admin: &Client, admin_token: &str) -> Tokens {
         db_a: db_a.unwrap().token,
         db_b: db_b.unwrap().token,
         phone: phone.unwrap().token,
-    }
-}
-
-/// A prepare that marks every message PROCESSED and replies once to
-/// `phone-1` with `reply`.
-fn prepare_all(messages: &[Message], reply: &str) -> PrepareRequest {
-    PrepareRequest {
-        version: Version,
-        results: messages
-            .iter()
-            .map(|m| MessageResult {
-                message_id: m.id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(reply).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
     }
 }
 
@@ -129,7 +103,7 @@ async fn three_nodes_take_turns_on_one_database() {
         let reply = format!(r#"{{"round":{round}}}"#);
         let prepared = node(2)
             .client(&t.db_a)
-            .prepare(&pid, &prepare_all(&messages, &reply))
+            .prepare(&pid, &prepare_all(messages.iter().map(|m| m.id), &reply))
             .await
             .unwrap();
         assert_eq!(prepared.status, CallStatus::Ok);
@@ -258,7 +232,10 @@ async fn process_until_failure(db: Client, seen: Arc<Mutex<Processed>>) {
         seen.lock().unwrap().in_flight = Some(pid);
         let messages = started.messages.unwrap();
         let reply = format!(r#"{{"round":{round}}}"#);
-        match db.prepare(&pid, &prepare_all(&messages, &reply)).await {
+        match db
+            .prepare(&pid, &prepare_all(messages.iter().map(|m| m.id), &reply))
+            .await
+        {
             Ok(p) => assert_eq!(p.status, CallStatus::Ok),
             Err(_) => return,
         }
@@ -321,7 +298,7 @@ async fn a_node_killed_under_load_loses_nothing_it_acknowledged() {
         .await
         .unwrap();
     let ready_pid = on_b.process_id.unwrap();
-    let prepare = prepare_all(&on_b.messages.unwrap(), "{}");
+    let prepare = prepare_all(on_b.messages.unwrap().iter().map(|m| m.id), "{}");
     let p = victim.client(&t.db_b).prepare(&ready_pid, &prepare).await;
     assert_eq!(p.unwrap().status, CallStatus::Ok);
     // And one left STARTED on db-c, to be rolled back through a survivor.
@@ -429,7 +406,10 @@ async fn a_node_killed_under_load_loses_nothing_it_acknowledged() {
         let messages = started.messages.unwrap();
         let db = survivor.client(&t.db_a);
         let p = db
-            .prepare(&pid, &prepare_all(&messages, r#"{"after":true}"#))
+            .prepare(
+                &pid,
+                &prepare_all(messages.iter().map(|m| m.id), r#"{"after":true}"#),
+            )
             .await
             .unwrap();
         assert_eq!(p.status, CallStatus::Ok);
@@ -517,7 +497,10 @@ async fn deadlines_of_a_dead_nodes_processes_are_met_by_a_live_node() {
     let ready_pid = ready.process_id.unwrap();
     let prepared = victim
         .client(&t.db_b)
-        .prepare(&ready_pid, &prepare_all(&ready.messages.unwrap(), "{}"))
+        .prepare(
+            &ready_pid,
+            &prepare_all(ready.messages.unwrap().iter().map(|m| m.id), "{}"),
+        )
         .await
         .unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
@@ -638,7 +621,7 @@ async fn cycle(phone: Client, db: Client, told: Arc<Mutex<Told>>, stop: Arc<Atom
             }
         };
         told.lock().unwrap().current = Some(pid);
-        let prepare = prepare_all(&started.messages.unwrap(), "{}");
+        let prepare = prepare_all(started.messages.unwrap().iter().map(|m| m.id), "{}");
         match db.prepare(&pid, &prepare).await {
             Ok(p) if p.status == CallStatus::Ok => {}
             Ok(p) => {
@@ -761,7 +744,9 @@ async fn a_paused_node_blocks_its_database_only_until_the_hold_limit() {
             StartStatus::Ok => {
                 let pid = started.process_id.unwrap();
                 let messages = started.messages.unwrap();
-                let p = db.prepare(&pid, &prepare_all(&messages, "{}")).await;
+                let p = db
+                    .prepare(&pid, &prepare_all(messages.iter().map(|m| m.id), "{}"))
+                    .await;
                 assert_eq!(p.unwrap().status, CallStatus::Ok);
                 assert_eq!(db.commit(&pid).await.unwrap().status, CallStatus::Ok);
                 committed_by_b.insert(pid);

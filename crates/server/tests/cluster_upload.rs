@@ -13,14 +13,11 @@
 mod common;
 
 use common::{
-    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, provision_one, start_request,
-    wait_ready,
+    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, prepare_all, provision_one,
+    start_request, wait_ready,
 };
 use estafeta_client::{Client, ClientError};
-use estafeta_exchange::wire::{
-    Body, CallStatus, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
-    StartStatus, Version,
-};
+use estafeta_exchange::wire::{CallStatus, ProcessState, StartStatus};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::NotifySettings;
 use tokio_util::sync::CancellationToken;
@@ -201,29 +198,6 @@ async fn place_of(db: &estafeta_cluster::Store, id: &estafeta_exchange::MessageI
         .get(0)
 }
 
-/// A prepare of every message of `messages` as processed, with one reply
-/// to phone-1.
-fn prepare_all(messages: &[estafeta_exchange::wire::Message]) -> PrepareRequest {
-    PrepareRequest {
-        version: Version,
-        results: messages
-            .iter()
-            .map(|m| MessageResult {
-                message_id: m.id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    }
-}
-
 /// Through `a`, with a database token of its own (db-a's rotated), a whole
 /// cycle of db-a's messages: the id of its reply to phone-1, now in the
 /// phone's inbox.
@@ -241,7 +215,13 @@ async fn reply_to_phone(
     let started = processor.start(&start_request("db-a")).await.unwrap();
     let pid = started.process_id.unwrap();
     let prepared = processor
-        .prepare(&pid, &prepare_all(&started.messages.unwrap()))
+        .prepare(
+            &pid,
+            &prepare_all(
+                started.messages.unwrap().iter().map(|m| m.id),
+                r#"{"ok":true}"#,
+            ),
+        )
         .await
         .unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
@@ -297,7 +277,13 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
             .token;
         let old = through_b(&known);
         let refused = match call {
-            "prepare" => old.prepare(&pid, &prepare_all(&messages)).await.err(),
+            "prepare" => old
+                .prepare(
+                    &pid,
+                    &prepare_all(messages.iter().map(|m| m.id), r#"{"ok":true}"#),
+                )
+                .await
+                .err(),
             "commit" => old.commit(&pid).await.err(),
             "abort" => old.abort(&pid, "gave up").await.err(),
             _ => old.start(&start_request("db-a")).await.err(),
@@ -316,7 +302,13 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
     );
 
     // The new token works through B at once.
-    let prepared = new.prepare(&pid, &prepare_all(&messages)).await.unwrap();
+    let prepared = new
+        .prepare(
+            &pid,
+            &prepare_all(messages.iter().map(|m| m.id), r#"{"ok":true}"#),
+        )
+        .await
+        .unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
     assert_eq!(new.commit(&pid).await.unwrap().status, CallStatus::Ok);
     assert_eq!(new.process(&pid).await.unwrap().state, ProcessState::Done);

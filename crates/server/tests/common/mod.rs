@@ -331,6 +331,33 @@ pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
     }
 }
 
+/// A prepare that marks each of `ids` PROCESSED and replies once to
+/// `phone-1` with `reply`.
+pub fn prepare_all(
+    ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
+    reply: &str,
+) -> estafeta_exchange::wire::PrepareRequest {
+    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply, ResultStatus};
+    PrepareRequest {
+        version: Version,
+        results: ids
+            .into_iter()
+            .map(|message_id| MessageResult {
+                message_id,
+                status: ResultStatus::Processed,
+                error_code: None,
+                error_text: None,
+            })
+            .collect(),
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json(reply).unwrap(),
+            created_at: None,
+            deliver_at: None,
+        }],
+    }
+}
+
 /// A start call for `db` with no filters.
 pub fn start_request(db: &str) -> StartRequest {
     StartRequest {
