@@ -231,7 +231,7 @@ impl Core {
     /// Record in the process's own session who owns it and how it ended,
     /// durably (unless it says so durably already); or that it lives
     /// (`ended: None`), if it has no owner record yet, saved in the
-    /// background (see [`Step::Owner`]).
+    /// background (see [`Step::Owner`]), or durably with a shared store.
     pub(crate) async fn write_owner(
         &self,
         pid: &ProcessId,
@@ -260,6 +260,11 @@ impl Core {
             if let Some(o) = self.config.quiesce.observer() {
                 o.ended(state);
             }
+        } else if self.sessions.shared {
+            // A live process's record is written again by start-up
+            // processing when a crash lost it, which a shared store does
+            // not run: there it is durable before the call answers.
+            g.release().await?;
         }
         // Dropped with its change: saved in the background, the process's
         // key held until then.
