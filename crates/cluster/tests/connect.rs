@@ -96,3 +96,29 @@ async fn a_killed_server_loses_no_commit_and_the_pool_reconnects() {
     let step = reached.expect("the pool reconnects after the restart");
     assert_eq!(step.record(), Some(&b"acknowledged"[..]));
 }
+
+/// The backend serving `client`.
+async fn backend(client: &deadpool_postgres::Object) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn the_pool_hands_out_the_connection_returned_last() {
+    let pg = Postgres::start().unwrap();
+    let store = Store::connect(&pg.url()).unwrap();
+    let (first, second) = (store.client().await.unwrap(), store.client().await.unwrap());
+    let (a, b) = (backend(&first).await, backend(&second).await);
+    assert_ne!(a, b);
+    // `first` goes back to the pool before `second`: the next caller gets
+    // `second`, the warm one, however many the pool holds.
+    drop(first);
+    drop(second);
+    for _ in 0..3 {
+        let next = store.client().await.unwrap();
+        assert_eq!(backend(&next).await, b);
+    }
+}

@@ -370,11 +370,13 @@ fn phases(
         mark(5);
     }
     let mut times = vec![Vec::new(); PHASES.len()];
+    let mut busy = [0u64; PHASES.len()];
     for _ in 0..cycles {
-        let mut last = std::time::Instant::now();
+        let mut last = (std::time::Instant::now(), busy_ticks());
         rt.block_on(run(w, batch, |phase| {
-            let now = std::time::Instant::now();
-            times[phase].push(now - last);
+            let now = (std::time::Instant::now(), busy_ticks());
+            times[phase].push(now.0 - last.0);
+            busy[phase] += now.1 - last.1;
             last = now;
         }));
     }
@@ -388,6 +390,15 @@ fn phases(
         line += &format!(" {phase} {median:.0}");
     }
     println!("{line}; sum {total:.0} ({:.0} msgs/s)", 1e6 / total);
+    // The machine's CPU (every process: the nodes, the bench's clients,
+    // PostgreSQL), in µs per message, over all the cycles.
+    let messages = (cycles * batch) as f64;
+    let mut line = format!("{what}, machine CPU µs per message:");
+    for (phase, ticks) in PHASES.iter().zip(busy) {
+        line += &format!(" {phase} {:.0}", ticks as f64 * 1e4 / messages);
+    }
+    let all: u64 = busy.iter().sum();
+    println!("{line}; all {:.0}", all as f64 * 1e4 / messages);
     let Some((w, counted)) = counted else {
         return;
     };
@@ -441,6 +452,73 @@ fn phases(
         / batch as f64;
     let trips = (marks[6].1 - marks[0].1) as f64 / batch as f64;
     println!("{line}; all {all:.2} / {trips:.2}");
+}
+
+/// How long [`interleaved`] runs.
+const INTERLEAVED: Duration = Duration::from_secs(30);
+
+/// Whole cycles at batch 100 on each of `worlds` in turn, one cycle each
+/// per turn, for `time`; prints each world's messages/s and its ratio to
+/// the first and to the one before it: the total time of each, and the
+/// median of the turns' ratios. On a shared machine whose speed drifts
+/// over seconds, taking turns cycle by cycle gives every world the same
+/// machine, which one timed run after another does not.
+fn interleaved(rt: &tokio::runtime::Runtime, worlds: &[(&str, &World)], time: Duration) {
+    let batch = 100;
+    let mut totals = vec![Duration::ZERO; worlds.len()];
+    let mut turns: Vec<Vec<Duration>> = Vec::new();
+    let began = std::time::Instant::now();
+    while began.elapsed() < time {
+        let turn: Vec<Duration> = worlds
+            .iter()
+            .map(|(_, w)| {
+                let t = std::time::Instant::now();
+                rt.block_on(cycle(w, batch));
+                t.elapsed()
+            })
+            .collect();
+        for (total, t) in totals.iter_mut().zip(&turn) {
+            *total += *t;
+        }
+        turns.push(turn);
+    }
+    let rate = |d: Duration| (turns.len() * batch) as f64 / d.as_secs_f64();
+    let median_ratio = |i: usize, j: usize| {
+        let mut r: Vec<f64> = turns
+            .iter()
+            .map(|t| t[j].as_secs_f64() / t[i].as_secs_f64())
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    };
+    println!("interleaved, {} turns of batch {batch}:", turns.len());
+    for (i, (what, _)) in worlds.iter().enumerate() {
+        let mut line = format!("  {what}: {:.0} msgs/s", rate(totals[i]));
+        for (j, name) in [(0, "first"), (i.saturating_sub(1), "previous")] {
+            if j < i && (name == "first" || j > 0) {
+                line += &format!(
+                    "; ÷ {name} {:.2} (median of turns {:.2})",
+                    totals[j].as_secs_f64() / totals[i].as_secs_f64(),
+                    median_ratio(i, j),
+                );
+            }
+        }
+        println!("{line}");
+    }
+}
+
+/// The machine's busy CPU time so far, in the kernel's clock ticks (10 ms
+/// at the usual `USER_HZ` of 100), every CPU: user, nice, system, irq and
+/// softirq (not idle, nor waiting for the disk).
+fn busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    cpu.split_whitespace()
+        .skip(1)
+        .enumerate()
+        .filter(|(i, _)| matches!(i, 0 | 1 | 2 | 5 | 6))
+        .filter_map(|(_, f)| f.parse::<u64>().ok())
+        .sum()
 }
 
 /// A loopback TCP proxy in front of a PostgreSQL that counts round trips:
@@ -526,8 +604,10 @@ fn bench(c: &mut Criterion) {
         let proxy = rt.block_on(Proxy::start(pg_one.port()));
         let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port);
         let through = rt.block_on(joined(&one, &tmp.path().join("counted"), &url));
-        // The embedded store and one node, interleaved, so that both see the
-        // same load on a shared machine.
+        let pg_three = postgres();
+        let three = rt.block_on(world(&tmp.path().join("three"), Some(&pg_three.url()), 3));
+        // The embedded store, one node and three, interleaved, so that all
+        // see the same load on a shared machine.
         for _ in 0..2 {
             phases(&rt, &w, 100, cycles, "embedded", None);
             let counted = Counted {
@@ -542,12 +622,29 @@ fn bench(c: &mut Criterion) {
                 "one node over PostgreSQL",
                 Some((&through, counted)),
             );
+            phases(
+                &rt,
+                &three,
+                100,
+                cycles,
+                "three nodes over PostgreSQL",
+                None,
+            );
         }
         return;
     }
     let pg_three = postgres();
     let three = rt.block_on(world(&tmp.path().join("three"), Some(&pg_three.url()), 3));
     count_per_message(&rt, &pg_three, &three, "three nodes over PostgreSQL");
+    interleaved(
+        &rt,
+        &[
+            ("embedded", &w),
+            ("one node over PostgreSQL", &one),
+            ("three nodes over PostgreSQL", &three),
+        ],
+        INTERLEAVED,
+    );
     let floor_dir = tmp.path().join("floor");
     std::fs::create_dir(&floor_dir).unwrap();
     let bytes = vec![b'x'; 300];
