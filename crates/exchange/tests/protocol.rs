@@ -499,7 +499,9 @@ async fn moves_into_doubt_failing_part_way_then_a_late_commit_leave_nothing_in_u
     // incorrect message's fails.
     let error = w.data().join("db-a/Error");
     std::fs::write(&error, b"not a folder").unwrap();
-    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(1)).await;
+    // The deadline saves the moves into doubt; they run when it fires
+    // again, about a second later.
+    tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(3)).await;
     assert_eq!(w.files("db-a", Folder::Unknown), 2);
     // The processor's late commit comes while the moves are unfinished.
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);

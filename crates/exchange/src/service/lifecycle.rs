@@ -57,6 +57,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// How long before a deadline or recovery action that failed outside the
 /// file moves (an owner record, a save) is tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(60);
+/// When decided moves (an intent record just saved) are due again if they
+/// have not finished: they normally finish within the call that decided
+/// them, in milliseconds. Should that call's node die after the save, the
+/// record's deadline is what brings a live node to run them (a shared
+/// store runs no start-up processing); while the call is alive it holds
+/// the database's key, and the deadline waits for it.
+const RUN_GRACE: Duration = Duration::from_secs(2);
 
 /// What the lifecycle needs to know besides the record: the time and the
 /// timeouts.
@@ -347,6 +354,7 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: 
                 p.pending = commit_ops(p);
                 p.target = Some(ProcessState::Done);
                 p.state = ProcessState::Cleanup;
+                decided(p, ctx);
                 let (db, ops) = (p.db.clone(), p.pending.clone());
                 vec![
                     Step::Deadline(next_deadline(rec, ctx)),
@@ -368,7 +376,8 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: 
         };
     }
     if let Some(p) = rec.in_doubt.iter_mut().find(|p| p.id == pid) {
-        return settle(p, ProcessState::Done);
+        let steps = settle(p, ProcessState::Done, ctx);
+        return with_deadline(rec, ctx, steps);
     }
     match ended {
         Some(ProcessState::Done) => vec![Step::Answer(Answer::Ok)],
@@ -414,7 +423,8 @@ fn give_up(
         ];
     }
     if let Some(p) = rec.in_doubt.iter_mut().find(|p| p.id == pid) {
-        return settle(p, as_state);
+        let steps = settle(p, as_state, ctx);
+        return with_deadline(rec, ctx, steps);
     }
     match ended {
         Some(ProcessState::Done) | None => {
@@ -433,8 +443,9 @@ fn agree(a: ProcessState, b: ProcessState) -> bool {
 /// A late commit, rollback or abort of a process in doubt: its verdict and
 /// moves are saved, then the moves run; it ends as `target` (DONE,
 /// ROLLED_BACK or ABORTED). Once a verdict is saved it stands: the same
-/// one runs its moves again at once, the other is CANCELLED.
-fn settle(p: &mut Process, target: ProcessState) -> Vec<Step> {
+/// one runs its moves again at once, the other is CANCELLED. The caller
+/// sets the record's deadline before the save ([`with_deadline`]).
+fn settle(p: &mut Process, target: ProcessState, ctx: &Ctx) -> Vec<Step> {
     let commit = target == ProcessState::Done;
     match p.target {
         Some(saved) if !agree(saved, target) => {
@@ -452,6 +463,7 @@ fn settle(p: &mut Process, target: ProcessState) -> Vec<Step> {
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, commit, "settling a process in doubt");
     p.pending = settle_ops(p, commit);
     p.target = Some(target);
+    decided(p, ctx);
     vec![
         Step::Save,
         Step::Run {
@@ -481,11 +493,18 @@ fn late_verdict(p: &mut Process, verdict: ProcessState) -> Vec<Step> {
 /// The live READY_TO_COMMIT process passed its timeout (or was found at
 /// start-up): the moves that put it in doubt are its intent record, saved
 /// before they run, so that a failure or a crash part-way resumes them and
-/// a late verdict finds every file in `Unknown`.
-fn go_to_doubt(p: &mut Process) -> Vec<Step> {
+/// a late verdict finds every file in `Unknown`. This runs in a session
+/// hook, whose record is saved when the hook returns, after any moves it
+/// ran: so the hook that decides the moves only saves them, due at once,
+/// and the next firing runs them. (Run in the same hook, a crash after the
+/// moves would leave the record as it was, and a commit through another
+/// node would look for the files where they no longer are.)
+fn go_to_doubt(p: &mut Process, ctx: &Ctx) -> Vec<Step> {
     if p.target.is_none() {
         p.pending = in_doubt_ops(p);
         p.target = Some(ProcessState::InDoubt);
+        p.retry_at = Some(ctx.now);
+        return vec![Step::Save];
     }
     vec![
         Step::Save,
@@ -512,7 +531,7 @@ fn deadline(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
         }
         Some(ProcessState::ReadyToCommit) => {
             if let Some(p) = rec.process.as_mut() {
-                steps.extend(go_to_doubt(p));
+                steps.extend(go_to_doubt(p, ctx));
             }
         }
         Some(ProcessState::Cleanup | ProcessState::Failed) => {
@@ -585,7 +604,7 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             }
             ProcessState::ReadyToCommit => {
                 steps.push(Step::Count(Found::InDoubt));
-                steps.extend(go_to_doubt(p));
+                steps.extend(go_to_doubt(p, ctx));
             }
             ProcessState::Cleanup | ProcessState::Failed => {
                 steps.push(Step::Count(Found::Cleanup));
@@ -614,6 +633,18 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     }
     steps.push(Step::Deadline(next_deadline(rec, ctx)));
     steps.push(Step::Save);
+    steps
+}
+
+/// The moves of `p` are decided and about to be saved: they are due again
+/// after [`RUN_GRACE`], unless a failed attempt already set their retry.
+fn decided(p: &mut Process, ctx: &Ctx) {
+    p.retry_at.get_or_insert(ctx.after(RUN_GRACE));
+}
+
+/// `steps` (which save the record) with the record's deadline set first.
+fn with_deadline(rec: &DbRecord, ctx: &Ctx, mut steps: Vec<Step>) -> Vec<Step> {
+    steps.insert(0, Step::Deadline(next_deadline(rec, ctx)));
     steps
 }
 
@@ -780,6 +811,12 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     );
     let pid = p.id;
     rec.in_doubt.push(p);
+    // Settled first, so that the deadline saved with the record covers
+    // the settlement's moves too.
+    let settled = match (verdict, rec.in_doubt.last_mut()) {
+        (Some(verdict), Some(p)) => settle(p, verdict, ctx),
+        _ => Vec::new(),
+    };
     steps.extend([
         Step::Raise {
             kind: AlertKind::InDoubt,
@@ -789,9 +826,7 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
         Step::Deadline(next_deadline(rec, ctx)),
         Step::Save,
     ]);
-    if let (Some(verdict), Some(p)) = (verdict, rec.in_doubt.last_mut()) {
-        steps.extend(settle(p, verdict));
-    }
+    steps.extend(settled);
     steps
 }
 

@@ -6,7 +6,9 @@
 //! reply is visible unless its process committed, and a live process
 //! always has a deadline (a way out); at the end, deadlines and operator
 //! settlements bring every process to an end with no file left in
-//! `Prepared` or `Unknown`.
+//! `Prepared` or `Unknown`. The same holds for a node of a shared store,
+//! where a crash runs no start-up processing and only the deadlines (acted
+//! on by any live node) and the calls move things on.
 
 use super::*;
 use crate::Timestamp as T;
@@ -89,6 +91,8 @@ struct World {
     next_id: u64,
     crash_at: Option<usize>,
     fail_moves: Option<usize>,
+    /// A node of a shared store: after a crash no start-up processing runs.
+    shared: bool,
     /// The open alerts (the sink keeps them across restarts).
     alerts: std::collections::HashSet<(AlertKind, ProcessId)>,
 }
@@ -97,7 +101,7 @@ struct World {
 struct Crashed;
 
 impl World {
-    fn new() -> World {
+    fn new(shared: bool) -> World {
         World {
             db: id("db-a"),
             dev: id("phone-1"),
@@ -113,6 +117,7 @@ impl World {
             next_id: 1,
             crash_at: None,
             fail_moves: None,
+            shared,
             alerts: std::collections::HashSet::new(),
         }
     }
@@ -270,13 +275,17 @@ impl World {
     }
 
     /// The server stops and starts again: memory is what was saved, and
-    /// start-up processing runs on it (without crashing or failing).
+    /// start-up processing runs on it (without crashing or failing). On a
+    /// shared store the next call or deadline is another node's, which
+    /// starts from what was saved, with no start-up processing.
     fn restart(&mut self) {
         self.rec = self.saved.clone();
         self.deadline = self.saved_deadline;
         self.crash_at = None;
         self.fail_moves = None;
-        let _ = self.drive(Event::Recover, Mode::Hook);
+        if !self.shared {
+            let _ = self.drive(Event::Recover, Mode::Hook);
+        }
     }
 
     fn call(&mut self, event: Event, mode: Mode) {
@@ -548,7 +557,19 @@ proptest! {
 
     #[test]
     fn every_process_ends_and_no_message_is_lost(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut w = World::new();
+        let mut w = World::new(false);
+        for op in ops {
+            w.apply(op);
+            w.check();
+        }
+        w.drain();
+    }
+
+    #[test]
+    fn on_a_shared_store_every_process_ends_without_start_up_processing(
+        ops in proptest::collection::vec(op(), 1..60)
+    ) {
+        let mut w = World::new(true);
         for op in ops {
             w.apply(op);
             w.check();
@@ -562,7 +583,7 @@ proptest! {
 /// answer the admin list and the error reasons.
 #[test]
 fn the_record_does_not_grow_with_the_batches_it_remembers() {
-    let mut w = World::new();
+    let mut w = World::new(false);
     let ctx = w.ctx();
     let (db, dev) = (w.db.clone(), w.dev.clone());
     let mut rec = DbRecord::default();
@@ -621,7 +642,7 @@ fn the_record_does_not_grow_with_the_batches_it_remembers() {
 /// A record saved when ended processes were remembered whole is read.
 #[test]
 fn a_record_remembering_whole_processes_is_read() {
-    let mut w = World::new();
+    let mut w = World::new(false);
     let (db, dev) = (w.db.clone(), w.dev.clone());
     let pid = w.pid();
     let mut p = Process::started(
