@@ -9,13 +9,14 @@
 //! ([`estafeta_session::storage::Shared`]): each command holds its key's
 //! row lock ([`Store::lock`]) from the record it starts from to its last
 //! save, and the deadlines due are read from `sessions.expires_at`,
-//! skipping the keys a step holds.
+//! skipping the keys a step holds. Steps are asynchronous: their round
+//! trips run on the command's task, with no blocking thread between.
 
 use crate::Locked;
 use crate::joint::Joint;
 use crate::{Error, Store};
 use estafeta_session::clock::Timestamp;
-use estafeta_session::storage::{Shared, Step, Storage, StorageError, Write};
+use estafeta_session::storage::{Pending, Shared, Step, Storage, StorageError, Write};
 
 const LOAD: &str = "SELECT record FROM sessions WHERE key = $1";
 const PUT: &str =
@@ -169,28 +170,32 @@ impl Storage for SessionStorage {
 }
 
 impl Shared for SessionStorage {
-    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
-        let locked = self.run(self.store.lock(key))?;
-        Ok(Box::new(PgStep {
-            joint: Joint::new(locked.registry()),
-            locked: Some(locked),
-            runtime: self.runtime.clone(),
-        }))
+    fn begin<'a>(&'a self, key: &'a [u8]) -> Pending<'a, Box<dyn Step>> {
+        Box::pin(async move {
+            let locked = self.store.lock(key).await.map_err(storage_error)?;
+            Ok(Box::new(PgStep {
+                joint: Joint::new(locked.registry()),
+                locked: Some(locked),
+            }) as Box<dyn Step>)
+        })
     }
 
-    fn due(
-        &self,
-        prefix: &[u8],
+    fn due<'a>(
+        &'a self,
+        prefix: &'a [u8],
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+    ) -> Pending<'a, Vec<Vec<u8>>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(async {
-            let mut client = self.store.client().await?;
-            let tx = client.transaction().await?;
-            let rows = tx.query(DUE, &[&millis(now), &prefix, &limit]).await?;
-            tx.commit().await?;
-            Ok(rows.iter().map(|r| r.get(0)).collect())
+        Box::pin(async move {
+            let due = async {
+                let mut client = self.store.client().await?;
+                let tx = client.transaction().await?;
+                let rows = tx.query(DUE, &[&millis(now), &prefix, &limit]).await?;
+                tx.commit().await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            };
+            due.await.map_err(storage_error)
         })
     }
 }
@@ -211,7 +216,6 @@ pub(crate) struct PgStep {
     pub(crate) locked: Option<Locked>,
     /// Rows to write with the next commit.
     pub(crate) joint: Joint,
-    runtime: tokio::runtime::Handle,
 }
 
 impl PgStep {
@@ -250,40 +254,43 @@ impl Step for PgStep {
         self.locked.as_ref().and_then(Locked::record)
     }
 
-    fn save(&mut self, write: &Write) -> Result<(), StorageError> {
-        let locked = self.locked.take().ok_or(StorageError::Conflict)?;
-        let joint = std::mem::take(&mut self.joint);
-        self.joint.registry = joint.registry;
-        let again = self
-            .runtime
-            .block_on(PgStep::commit(locked, Some(write), &joint, true))
-            .map_err(storage_error)?;
-        let saved = match write {
-            Write::Put { record, .. } => Some(record.as_slice()),
-            Write::Delete { .. } => None,
-        };
-        self.locked = again.filter(|again| again.record() == saved);
-        if let Some(again) = &self.locked {
-            self.joint.registry = again.registry();
-        }
-        Ok(())
+    fn save<'a>(&'a mut self, write: &'a Write) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let locked = self.locked.take().ok_or(StorageError::Conflict)?;
+            let joint = std::mem::take(&mut self.joint);
+            self.joint.registry = joint.registry;
+            let again = PgStep::commit(locked, Some(write), &joint, true)
+                .await
+                .map_err(storage_error)?;
+            let saved = match write {
+                Write::Put { record, .. } => Some(record.as_slice()),
+                Write::Delete { .. } => None,
+            };
+            self.locked = again.filter(|again| again.record() == saved);
+            if let Some(again) = &self.locked {
+                self.joint.registry = again.registry();
+            }
+            Ok(())
+        })
     }
 
     fn held(&self) -> bool {
         self.locked.is_some()
     }
 
-    fn finish(mut self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
-        let Some(locked) = self.locked.take() else {
-            return match write {
-                Some(_) => Err(StorageError::Conflict),
-                None => Ok(()),
+    fn finish<'a>(mut self: Box<Self>, write: Option<&'a Write>) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let Some(locked) = self.locked.take() else {
+                return match write {
+                    Some(_) => Err(StorageError::Conflict),
+                    None => Ok(()),
+                };
             };
-        };
-        self.runtime
-            .block_on(PgStep::commit(locked, write, &self.joint, false))
-            .map(drop)
-            .map_err(storage_error)
+            PgStep::commit(locked, write, &self.joint, false)
+                .await
+                .map(drop)
+                .map_err(storage_error)
+        })
     }
 
     /// The step itself: its [`Joint`] takes rows for the commit, and its

@@ -123,8 +123,7 @@ async fn a_committed_save_is_ok_when_another_node_takes_the_key_right_after() {
 /// on `key`: whether B took the key between A's save and A's lock.
 async fn another_node_took_the_key(pg: &Postgres, a: &Arc<SessionStorage>, key: Vec<u8>) -> bool {
     let b = store(pg).await;
-    let (a2, k) = (a.clone(), key.clone());
-    let mut step = blocking(move || a2.shared().unwrap().begin(&k).unwrap()).await;
+    let mut step = a.shared().unwrap().begin(&key).await.unwrap();
     let k = key.clone();
     let waiter = tokio::spawn(async move {
         let mut locked = b.lock(&k).await.unwrap();
@@ -146,21 +145,15 @@ async fn another_node_took_the_key(pg: &Postgres, a: &Arc<SessionStorage>, key: 
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let k = key.clone();
-    let (step, first, held, second) = blocking(move || {
-        let put = |record: &[u8]| Write::Put {
-            key: k.clone(),
-            record: record.to_vec(),
-            expires_at: None,
-        };
-        let first = step.save(&put(b"from-a"));
-        let held = step.held();
-        let second = step.save(&put(b"from-a-again"));
-        (step, first, held, second)
-    })
-    .await;
-    first.unwrap();
-    blocking(move || step.finish(None)).await.unwrap();
+    let put = |record: &[u8]| Write::Put {
+        key: key.clone(),
+        record: record.to_vec(),
+        expires_at: None,
+    };
+    step.save(&put(b"from-a")).await.unwrap();
+    let held = step.held();
+    let second = step.save(&put(b"from-a-again")).await;
+    step.finish(None).await.unwrap();
     let seen = waiter.await.unwrap();
     let (a3, k) = (a.clone(), key.clone());
     let stored = blocking(move || a3.load(&k).unwrap()).await;

@@ -89,12 +89,10 @@ impl<K: SessionKey, S: State> Shared<K, S> {
     /// the record as stored, so a key another engine already finalized is
     /// no longer due and nothing happens twice.
     pub(crate) async fn due_in_store(&self, now: Timestamp) -> Vec<K> {
-        let storage = self.core().storage.clone();
-        let due = blocking(move || match storage.shared() {
-            Some(shared) => shared.due(b"", now, DUE_BATCH),
+        let due = match self.core().storage.shared() {
+            Some(shared) => shared.due(b"", now, DUE_BATCH).await,
             None => Ok(Vec::new()),
-        })
-        .await;
+        };
         match due {
             Ok(keys) => keys.iter().filter_map(|k| K::from_bytes(k)).collect(),
             Err(e) => {

@@ -89,13 +89,12 @@ impl<K: SessionKey, S: State> Core<K, S> {
         &self,
         key: &K,
     ) -> Result<(Box<dyn Step>, Option<SessionData<S>>), Error> {
-        let storage = self.storage.clone();
         let kb = key.to_bytes();
-        let step = blocking(move || match storage.shared() {
-            Some(shared) => shared.begin(&kb),
+        let step = match self.storage.shared() {
+            Some(shared) => shared.begin(&kb).await,
             None => Err(StorageError::Conflict),
-        })
-        .await
+        }
+        .map_err(Error::from)
         .inspect_err(|_| {
             Counters::add(&self.counters.storage_errors, 1);
         })?;
@@ -287,15 +286,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
             let Some(mut held) = step.take() else {
                 return Err(Error::Storage(StorageError::Conflict));
             };
-            let (held, result) = match tokio::task::spawn_blocking(move || {
-                let r = held.save(&write);
-                (held, r)
-            })
-            .await
-            {
-                Ok((held, r)) => (Some(held), r),
-                Err(_) => (None, Err(StorageError::Panicked)),
-            };
+            let result = held.save(&write).await;
             if result.is_err() {
                 Counters::add(&self.counters.storage_errors, 1);
             } else {
@@ -303,7 +294,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
             }
             // After a conflict the step is dropped: nothing more is written
             // from this session's stale state.
-            *step = held.filter(|_| result.is_ok());
+            *step = result.is_ok().then_some(held);
             return result.map_err(Error::from);
         }
         let (tx, rx) = oneshot::channel();
@@ -328,7 +319,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
             None => None,
         };
         let saving = write.is_some();
-        let result = blocking(move || step.finish(write.as_ref())).await;
+        let result = step.finish(write.as_ref()).await.map_err(Error::from);
         match &result {
             Err(_) => Counters::add(&self.counters.storage_errors, 1),
             Ok(()) if saving => {

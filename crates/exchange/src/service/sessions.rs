@@ -8,7 +8,7 @@ use super::hooks::ExchangeHooks;
 use super::state::{DbRecord, DeviceRecord, ProcessRecord};
 use crate::{Id, ProcessId};
 use estafeta_session::index::DefaultIndex;
-use estafeta_session::storage::{Shared, Step, Write};
+use estafeta_session::storage::{Pending, Shared, Step, Write};
 use estafeta_session::{Clock, Engine, Error, Loaded, Stats, Storage, StorageError, Timestamp};
 use std::sync::Arc;
 
@@ -86,27 +86,32 @@ impl Storage for Namespace {
 
 /// A shared store's steps and due keys, within the kind's prefix.
 impl Shared for Namespace {
-    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
-        match self.inner.shared() {
-            Some(shared) => shared.begin(&self.key(key)),
-            None => Err(StorageError::Conflict),
-        }
+    fn begin<'a>(&'a self, key: &'a [u8]) -> Pending<'a, Box<dyn Step>> {
+        Box::pin(async move {
+            match self.inner.shared() {
+                Some(shared) => shared.begin(&self.key(key)).await,
+                None => Err(StorageError::Conflict),
+            }
+        })
     }
 
-    fn due(
-        &self,
-        prefix: &[u8],
+    fn due<'a>(
+        &'a self,
+        prefix: &'a [u8],
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
-        let Some(shared) = self.inner.shared() else {
-            return Ok(Vec::new());
-        };
-        Ok(shared
-            .due(&self.key(prefix), now, limit)?
-            .into_iter()
-            .filter_map(|k| Some(self.own(&k)?.to_vec()))
-            .collect())
+    ) -> Pending<'a, Vec<Vec<u8>>> {
+        Box::pin(async move {
+            let Some(shared) = self.inner.shared() else {
+                return Ok(Vec::new());
+            };
+            Ok(shared
+                .due(&self.key(prefix), now, limit)
+                .await?
+                .into_iter()
+                .filter_map(|k| Some(self.own(&k)?.to_vec()))
+                .collect())
+        })
     }
 }
 

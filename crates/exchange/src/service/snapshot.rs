@@ -21,7 +21,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use estafeta_session::storage::{Shared, Step, StorageError, Write};
+use estafeta_session::storage::{Pending, Shared, Step, StorageError, Write};
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 
 use crate::error::{MailboxError, TenancyError};
@@ -232,23 +232,25 @@ impl<S: estafeta_session::storage::Storage> estafeta_session::storage::Storage f
 
 /// The inner store's steps, each told to the observer as it commits.
 impl<S: estafeta_session::storage::Storage> Shared for Gated<S> {
-    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError> {
-        let shared = self.inner.shared().ok_or(StorageError::Conflict)?;
-        Ok(Box::new(TimedStep {
-            inner: shared.begin(key)?,
-            quiesce: self.quiesce.clone(),
-        }))
+    fn begin<'a>(&'a self, key: &'a [u8]) -> Pending<'a, Box<dyn Step>> {
+        Box::pin(async move {
+            let shared = self.inner.shared().ok_or(StorageError::Conflict)?;
+            Ok(Box::new(TimedStep {
+                inner: shared.begin(key).await?,
+                quiesce: self.quiesce.clone(),
+            }) as Box<dyn Step>)
+        })
     }
 
-    fn due(
-        &self,
-        prefix: &[u8],
+    fn due<'a>(
+        &'a self,
+        prefix: &'a [u8],
         now: estafeta_session::Timestamp,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+    ) -> Pending<'a, Vec<Vec<u8>>> {
         match self.inner.shared() {
             Some(shared) => shared.due(prefix, now, limit),
-            None => Ok(Vec::new()),
+            None => Box::pin(std::future::ready(Ok(Vec::new()))),
         }
     }
 }
@@ -267,27 +269,31 @@ impl Step for TimedStep {
         self.inner.record()
     }
 
-    fn save(&mut self, write: &Write) -> Result<(), StorageError> {
-        let started = Instant::now();
-        let saved = self.inner.save(write);
-        if saved.is_ok() {
-            self.quiesce.committed(Durable::Sessions, started);
-        }
-        saved
+    fn save<'a>(&'a mut self, write: &'a Write) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let saved = self.inner.save(write).await;
+            if saved.is_ok() {
+                self.quiesce.committed(Durable::Sessions, started);
+            }
+            saved
+        })
     }
 
     fn held(&self) -> bool {
         self.inner.held()
     }
 
-    fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError> {
+    fn finish<'a>(self: Box<Self>, write: Option<&'a Write>) -> Pending<'a, ()> {
         let TimedStep { inner, quiesce } = *self;
-        let started = Instant::now();
-        let finished = inner.finish(write);
-        if finished.is_ok() && write.is_some() {
-            quiesce.committed(Durable::Sessions, started);
-        }
-        finished
+        Box::pin(async move {
+            let started = Instant::now();
+            let finished = inner.finish(write).await;
+            if finished.is_ok() && write.is_some() {
+                quiesce.committed(Durable::Sessions, started);
+            }
+            finished
+        })
     }
     fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
         self.inner.joint()

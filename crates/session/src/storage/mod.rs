@@ -3,7 +3,11 @@
 //! The engine sees storage as a small synchronous trait and calls it from
 //! blocking threads. Writes come in batches: the engine's writer task collects
 //! the saves of many sessions and commits them as one durable transaction
-//! (group commit), so that many releases share one fsync.
+//! (group commit), so that many releases share one fsync. A shared store's
+//! steps ([`Shared`], [`Step`]) are asynchronous instead: they wait on a
+//! database's answers, and the engine awaits them on the command's own task,
+//! so a round trip to the database costs no hop to a blocking thread and
+//! back.
 //!
 //! One trait serves two kinds of store:
 //!
@@ -38,7 +42,15 @@ pub use memory::MemoryStorage;
 pub use redb_store::RedbStorage;
 
 use crate::clock::Timestamp;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+/// What the methods of [`Shared`] and [`Step`] return: the call's work as
+/// a future, awaited on the engine's task. It must not block the thread
+/// (a store that can only block runs that part on a blocking thread
+/// itself).
+pub type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StorageError>> + Send + 'a>>;
 
 /// One change in a write batch.
 #[derive(Clone, Debug)]
@@ -146,16 +158,16 @@ pub trait Storage: Send + Sync + 'static {
 pub trait Shared: Send + Sync {
     /// Wait until no other engine holds `key`, then hold it: the step
     /// carries the record stored now.
-    fn begin(&self, key: &[u8]) -> Result<Box<dyn Step>, StorageError>;
+    fn begin<'a>(&'a self, key: &'a [u8]) -> Pending<'a, Box<dyn Step>>;
     /// Up to `limit` keys starting with `prefix` whose expiration is at or
     /// before `now`, soonest first, leaving out keys that a step holds now
     /// (its release settles the deadline).
-    fn due(
-        &self,
-        prefix: &[u8],
+    fn due<'a>(
+        &'a self,
+        prefix: &'a [u8],
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StorageError>;
+    ) -> Pending<'a, Vec<Vec<u8>>>;
 }
 
 /// One key held exclusively across engines (see [`Shared::begin`]). Dropped
@@ -169,15 +181,17 @@ pub trait Step: Send + Sync {
     /// write is durable, even if the key could not be held again after it
     /// (another engine took it): then later writes through the step fail
     /// with [`StorageError::Conflict`] and write nothing. An error means
-    /// the write was not made.
-    fn save(&mut self, write: &Write) -> Result<(), StorageError>;
+    /// the write was not made. Dropped before it answers (its command
+    /// cancelled), the write is made or not, as after a crash, and the
+    /// step is gone.
+    fn save<'a>(&'a mut self, write: &'a Write) -> Pending<'a, ()>;
     /// Whether the step still holds the key: false once a
     /// [`save`](Step::save) could not take it again, when another engine
     /// may act on the key (a caller about to write beside the record, such
     /// as files the record names, must not).
     fn held(&self) -> bool;
     /// Make `write` (if any) durable and let the key go.
-    fn finish(self: Box<Self>, write: Option<&Write>) -> Result<(), StorageError>;
+    fn finish<'a>(self: Box<Self>, write: Option<&'a Write>) -> Pending<'a, ()>;
     /// The store's own part of the step, for the store's other tables:
     /// writes it takes become durable with the step's next
     /// [`save`](Step::save) or [`finish`](Step::finish), in the same
