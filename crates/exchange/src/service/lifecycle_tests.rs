@@ -552,29 +552,30 @@ impl World {
     }
 }
 
+/// `ops` on a new world (`shared`: a node of a shared store), checked
+/// after each, then drained.
+fn run(ops: Vec<Op>, shared: bool) {
+    let mut w = World::new(shared);
+    for op in ops {
+        w.apply(op);
+        w.check();
+    }
+    w.drain();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn every_process_ends_and_no_message_is_lost(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut w = World::new(false);
-        for op in ops {
-            w.apply(op);
-            w.check();
-        }
-        w.drain();
+        run(ops, false);
     }
 
     #[test]
     fn on_a_shared_store_every_process_ends_without_start_up_processing(
         ops in proptest::collection::vec(op(), 1..60)
     ) {
-        let mut w = World::new(true);
-        for op in ops {
-            w.apply(op);
-            w.check();
-        }
-        w.drain();
+        run(ops, true);
     }
 }
 
