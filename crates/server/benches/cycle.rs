@@ -8,6 +8,8 @@
 //! over a throwaway PostgreSQL, and three nodes over one, each call sent to
 //! the nodes in turn; for these, the statements per message are counted
 //! (`pg_stat_statements`) over a few cycles run before the timed ones.
+//! Before the timed runs, the three take turns cycle by cycle for 30 s
+//! ([`interleaved`]): the ratios between them, on the same machine.
 //!
 //! `cargo bench -p estafeta-server --bench cycle`; the ratio (messages/s ÷
 //! floor files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk.
