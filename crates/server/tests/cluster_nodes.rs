@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use common::cluster::{
     Node, assert_retryable, eventually, folder_ids, retrying, start_nodes, with_params,
 };
-use common::{id, message, prepare_all, start_request};
+use common::{id, message, prepare_all, process_all, start_request};
 use estafeta_client::{Client, ClientError, Upload};
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{Body, CallStatus, Folder, Message, ProcessState, StartStatus};
@@ -413,15 +413,13 @@ async fn a_node_killed_under_load_loses_nothing_it_acknowledged() {
         let pid = started.process_id.unwrap();
         let messages = started.messages.unwrap();
         let db = survivor.client(&t.db_a);
-        let p = db
-            .prepare(
-                &pid,
-                &prepare_all(messages.iter().map(|m| m.id), r#"{"after":true}"#),
-            )
-            .await
-            .unwrap();
-        assert_eq!(p.status, CallStatus::Ok);
-        assert_eq!(db.commit(&pid).await.unwrap().status, CallStatus::Ok);
+        process_all(
+            &db,
+            &pid,
+            messages.iter().map(|m| m.id),
+            r#"{"after":true}"#,
+        )
+        .await;
         done += 1;
     }
     let db_b = survivor.client(&t.db_b);
@@ -762,11 +760,7 @@ async fn a_paused_node_blocks_its_database_only_until_the_hold_limit() {
             StartStatus::Ok => {
                 let pid = started.process_id.unwrap();
                 let messages = started.messages.unwrap();
-                let p = db
-                    .prepare(&pid, &prepare_all(messages.iter().map(|m| m.id), "{}"))
-                    .await;
-                assert_eq!(p.unwrap().status, CallStatus::Ok);
-                assert_eq!(db.commit(&pid).await.unwrap().status, CallStatus::Ok);
+                process_all(&db, &pid, messages.iter().map(|m| m.id), "{}").await;
                 committed_by_b.insert(pid);
             }
         }

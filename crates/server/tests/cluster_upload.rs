@@ -13,8 +13,8 @@
 mod common;
 
 use common::{
-    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, prepare_all, provision_one,
-    start_request, wait_ready,
+    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, prepare_all, process_all,
+    provision_one, start_request, wait_ready,
 };
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::wire::{CallStatus, ProcessState, StartStatus};
@@ -302,15 +302,7 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
     );
 
     // The new token works through B at once.
-    let prepared = new
-        .prepare(
-            &pid,
-            &prepare_all(messages.iter().map(|m| m.id), r#"{"ok":true}"#),
-        )
-        .await
-        .unwrap();
-    assert_eq!(prepared.status, CallStatus::Ok);
-    assert_eq!(new.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    process_all(&new, &pid, messages.iter().map(|m| m.id), r#"{"ok":true}"#).await;
     assert_eq!(new.process(&pid).await.unwrap().state, ProcessState::Done);
     assert_eq!(rows(&db, "messages WHERE owner = 'phone-1'").await, 1);
 }

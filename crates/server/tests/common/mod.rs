@@ -358,6 +358,20 @@ pub fn prepare_all(
     }
 }
 
+/// Prepares `pid` through `db` with [`prepare_all`] of `ids` and `reply`,
+/// then commits it; both answer OK.
+pub async fn process_all(
+    db: &Client,
+    pid: &estafeta_exchange::ProcessId,
+    ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
+    reply: &str,
+) {
+    use estafeta_exchange::wire::CallStatus;
+    let prepared = db.prepare(pid, &prepare_all(ids, reply)).await.unwrap();
+    assert_eq!(prepared.status, CallStatus::Ok);
+    assert_eq!(db.commit(pid).await.unwrap().status, CallStatus::Ok);
+}
+
 /// A start call for `db` with no filters.
 pub fn start_request(db: &str) -> StartRequest {
     StartRequest {
