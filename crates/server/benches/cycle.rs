@@ -9,7 +9,9 @@
 //! the nodes in turn; for these, the statements per message are counted
 //! (`pg_stat_statements`) over a few cycles run before the timed ones.
 //! Before the timed runs, the three take turns cycle by cycle for 30 s
-//! ([`interleaved`]): the ratios between them, on the same machine.
+//! ([`interleaved`]): the ratios between them, on the same machine; a
+//! fourth turn sends the three nodes' calls as a load balancer with client
+//! affinity would ([`affine`]).
 //!
 //! `cargo bench -p estafeta-server --bench cycle`; the ratio (messages/s ÷
 //! floor files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk.
@@ -147,6 +149,19 @@ async fn joined(w: &World, data: &Path, store: &str) -> World {
             .zip(&w.tokens.1)
             .map(|((dev, _), token)| (dev.clone(), Client::new(&base, token).unwrap()))
             .collect(),
+        turn: AtomicU64::new(0),
+        tokens: w.tokens.clone(),
+    }
+}
+
+/// The nodes of `w` behind a load balancer that keeps each client on one
+/// node (affinity, for example a hash of the token): the processor's calls
+/// all go to its first node instead of to each node in turn; each device
+/// stays on its node, as in `w`.
+fn affine(w: &World) -> World {
+    World {
+        processor: w.processor[..1].to_vec(),
+        devices: w.devices.clone(),
         turn: AtomicU64::new(0),
         tokens: w.tokens.clone(),
     }
@@ -461,8 +476,8 @@ const INTERLEAVED: Duration = Duration::from_secs(30);
 
 /// Whole cycles at batch 100 on each of `worlds` in turn, one cycle each
 /// per turn, for `time`; prints each world's messages/s and its ratio to
-/// the first and to the one before it: the total time of each, and the
-/// median of the turns' ratios. On a shared machine whose speed drifts
+/// each world before it: the total time of each, and the median of the
+/// turns' ratios. On a shared machine whose speed drifts
 /// over seconds, taking turns cycle by cycle gives every world the same
 /// machine, which one timed run after another does not.
 fn interleaved(rt: &tokio::runtime::Runtime, worlds: &[(&str, &World)], time: Duration) {
@@ -471,14 +486,15 @@ fn interleaved(rt: &tokio::runtime::Runtime, worlds: &[(&str, &World)], time: Du
     let mut turns: Vec<Vec<Duration>> = Vec::new();
     let began = std::time::Instant::now();
     while began.elapsed() < time {
-        let turn: Vec<Duration> = worlds
-            .iter()
-            .map(|(_, w)| {
-                let t = std::time::Instant::now();
-                rt.block_on(cycle(w, batch));
-                t.elapsed()
-            })
-            .collect();
+        // Each turn begins one world further on, so that no world always
+        // follows the same one (and inherits its leftover work).
+        let mut turn = vec![Duration::ZERO; worlds.len()];
+        for k in 0..worlds.len() {
+            let i = (turns.len() + k) % worlds.len();
+            let t = std::time::Instant::now();
+            rt.block_on(cycle(worlds[i].1, batch));
+            turn[i] = t.elapsed();
+        }
         for (total, t) in totals.iter_mut().zip(&turn) {
             *total += *t;
         }
@@ -496,14 +512,12 @@ fn interleaved(rt: &tokio::runtime::Runtime, worlds: &[(&str, &World)], time: Du
     println!("interleaved, {} turns of batch {batch}:", turns.len());
     for (i, (what, _)) in worlds.iter().enumerate() {
         let mut line = format!("  {what}: {:.0} msgs/s", rate(totals[i]));
-        for (j, name) in [(0, "first"), (i.saturating_sub(1), "previous")] {
-            if j < i && (name == "first" || j > 0) {
-                line += &format!(
-                    "; ÷ {name} {:.2} (median of turns {:.2})",
-                    totals[j].as_secs_f64() / totals[i].as_secs_f64(),
-                    median_ratio(i, j),
-                );
-            }
+        for (j, (name, _)) in worlds.iter().enumerate().take(i) {
+            line += &format!(
+                "\n    ÷ {name}: {:.2} (median of turns {:.2})",
+                totals[j].as_secs_f64() / totals[i].as_secs_f64(),
+                median_ratio(i, j),
+            );
         }
         println!("{line}");
     }
@@ -644,6 +658,7 @@ fn bench(c: &mut Criterion) {
             ("embedded", &w),
             ("one node over PostgreSQL", &one),
             ("three nodes over PostgreSQL", &three),
+            ("three nodes, each client on one node", &affine(&three)),
         ],
         INTERLEAVED,
     );
