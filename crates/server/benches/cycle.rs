@@ -32,6 +32,7 @@ use estafeta_exchange::wire::{
 };
 use estafeta_exchange::{ExchangeConfig, Id};
 use estafeta_server::notify::NotifySettings;
+use estafeta_server::open::ClusterStore;
 use estafeta_server::{HttpSettings, Server};
 use tokio_util::sync::CancellationToken;
 
@@ -84,7 +85,7 @@ async fn node(data: &Path, store: Option<&str>) -> String {
         Arc::new(estafeta_session::SystemClock),
         HttpSettings::default(),
         NotifySettings::log_only(data),
-        store,
+        store.map(ClusterStore::new).as_ref(),
     )
     .await
     .unwrap();

@@ -24,6 +24,7 @@ use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::mailbox::Limits;
 
 use crate::notify::{NotifyConfigError, NotifySettings};
+use crate::open::ClusterStore;
 pub use value::{
     LogFilter, LogFormat, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
 };
@@ -126,6 +127,9 @@ settings! {
         /// (libpq syntax, several hosts with target_session_attrs=read-write), cluster mode:
         /// every node started with the same URL serves the same tenants
         store: Option<SecretUrl>;
+        /// cluster mode: most connections this node's calls keep open to PostgreSQL (its
+        /// registry and its event log keep one more each); every node's fit in max_connections
+        store_pool: usize = "16";
         /// most messages a process start hands out
         max_files: usize = "10";
         /// most megabytes a process start hands out
@@ -695,6 +699,19 @@ impl Settings {
         Ok(config)
     }
 
+    /// The cluster store the `store` setting names, with this node's pool;
+    /// `None`: the embedded store.
+    pub fn cluster_store(&self) -> Option<ClusterStore> {
+        let url = self.store.as_ref()?;
+        Some(ClusterStore {
+            url: url.expose().to_owned(),
+            options: estafeta_cluster::Options {
+                pool_size: self.store_pool,
+                ..estafeta_cluster::Options::default()
+            },
+        })
+    }
+
     /// The alert notifier's part of the settings, checked: a bad SMTP URL,
     /// e-mail address or gateway template is an error here, at start.
     pub fn notify(&self) -> Result<NotifySettings, NotifyConfigError> {
@@ -793,6 +810,20 @@ mod tests {
         assert_eq!(notify.probe, Duration::from_secs(30));
         assert_eq!(notify.disk_alert_bytes, 100 << 20);
         assert_eq!(notify.disk_check, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn store_pool_sizes_the_cluster_pool_and_zero_is_refused() {
+        let s = load(&[]).unwrap();
+        assert!(s.cluster_store().is_none());
+        // The declared default is the cluster store's own.
+        assert_eq!(s.store_pool, estafeta_cluster::Options::default().pool_size);
+        let url = "postgres://estafeta@db1/estafeta";
+        let s = load(&[("ESTAFETA_STORE", url), ("ESTAFETA_STORE_POOL", "3")]).unwrap();
+        let cluster = s.cluster_store().unwrap();
+        assert_eq!(cluster.url, url);
+        assert_eq!(cluster.options.pool_size, 3);
+        assert!(load(&[("ESTAFETA_STORE_POOL", "0")]).is_err());
     }
 
     #[test]

@@ -264,7 +264,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.http(),
         settings.notify()?,
         settings.disk_alert_mb << 20,
-        settings.store.as_ref().map(|s| s.expose()),
+        settings.cluster_store().as_ref(),
     )
     .await
     .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;

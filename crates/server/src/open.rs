@@ -48,6 +48,27 @@ const DEFERRED_LEASE: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
 
+/// A node's `store` setting in cluster mode: the database's URL and how
+/// the node uses it (its pool's size and limits). Not `Debug`: the URL
+/// may carry a password.
+#[derive(Clone)]
+pub struct ClusterStore {
+    /// A `postgres://` URL (libpq syntax).
+    pub url: String,
+    /// The node's pool over it.
+    pub options: estafeta_cluster::Options,
+}
+
+impl ClusterStore {
+    /// `url` with the default pool.
+    pub fn new(url: impl Into<String>) -> ClusterStore {
+        ClusterStore {
+            url: url.into(),
+            options: estafeta_cluster::Options::default(),
+        }
+    }
+}
+
 /// The stores a node runs on.
 pub struct NodeStores {
     /// The exchange's.
@@ -117,11 +138,11 @@ pub fn check_store_url(url: &str) -> Result<(), ServeError> {
 /// once).
 pub async fn stores(
     data_dir: &Path,
-    store: Option<&str>,
+    store: Option<&ClusterStore>,
     clock: Arc<dyn Clock>,
     quiesce: &Quiesce,
 ) -> Result<NodeStores, ServeError> {
-    let Some(url) = store else {
+    let Some(cluster) = store else {
         let exchange = Stores::embedded(data_dir, clock, quiesce)
             .await
             .map_err(ServeError::Open)?;
@@ -130,12 +151,13 @@ pub async fn stores(
             cluster: None,
         });
     };
-    check_store_url(url)?;
+    check_store_url(&cluster.url)?;
     // A node keeps nothing it needs to recover here, but its folder is
     // where `/readyz` checks that the node's disk takes writes.
     let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
     estafeta_durable::create_dir_all(&own, 0o700).map_err(|e| ServeError::NodeFolder(own, e))?;
-    let db = estafeta_cluster::Store::connect(url).map_err(ServeError::Store)?;
+    let db = estafeta_cluster::Store::connect_with(&cluster.url, &cluster.options)
+        .map_err(ServeError::Store)?;
     db.migrate().await.map_err(ServeError::Store)?;
     let sessions = estafeta_cluster::SessionStorage::open(db.clone())
         .await
@@ -153,13 +175,25 @@ pub async fn stores(
         estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
         quiesce.clone(),
     ));
+    // The registry reads and reloads over a connection of its own: a call
+    // whose step holds one of the pool's reloads the node's copy when the
+    // registry changed, and calls that all do so at once must not each wait
+    // for a second connection of a pool they hold all of.
+    let registry_db = estafeta_cluster::Store::connect_with(
+        &cluster.url,
+        &estafeta_cluster::Options {
+            pool_size: 1,
+            ..cluster.options.clone()
+        },
+    )
+    .map_err(ServeError::Store)?;
     let exchange = Stores {
         messages: Arc::new(Gated::new(
             estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
             quiesce.clone(),
         )),
         registry: Arc::new(Gated::new(
-            estafeta_cluster::PgRegistry::new(db.clone()),
+            estafeta_cluster::PgRegistry::new(registry_db),
             quiesce.clone(),
         )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
@@ -185,7 +219,7 @@ pub async fn open_server(
     http: HttpSettings,
     notify: NotifySettings,
     low_bytes: u64,
-    store: Option<&str>,
+    store: Option<&ClusterStore>,
 ) -> Result<(Server, AdminToken), ServeError> {
     let low = if low_bytes == 0 {
         DEFAULT_LOW

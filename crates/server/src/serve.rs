@@ -113,7 +113,7 @@ impl Server {
         clock: Arc<dyn Clock>,
         http: HttpSettings,
         notify: NotifySettings,
-        store: Option<&str>,
+        store: Option<&crate::open::ClusterStore>,
     ) -> Result<(Server, AdminToken), ServeError> {
         // The exchange tells the metrics of its commits.
         let commits = Arc::new(Commits::default());

@@ -104,6 +104,7 @@ async fn two_nodes_serve_one_cluster() {
 async fn a_node_on_a_new_data_folder_becomes_ready() {
     use estafeta_exchange::ExchangeConfig;
     use estafeta_server::notify::NotifySettings;
+    use estafeta_server::open::ClusterStore;
     use estafeta_server::{HttpSettings, Server};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -118,7 +119,7 @@ async fn a_node_on_a_new_data_folder_becomes_ready() {
         Arc::new(estafeta_session::SystemClock),
         HttpSettings::default(),
         NotifySettings::log_only(&data),
-        Some(&pg.url()),
+        Some(&ClusterStore::new(pg.url())),
     )
     .await
     .unwrap();
@@ -134,4 +135,82 @@ async fn a_node_on_a_new_data_folder_becomes_ready() {
     }
     stop.cancel();
     serving.await.unwrap().unwrap();
+}
+
+/// `store_pool` bounds the connections a node opens: eight devices
+/// uploading at once through a node started with `ESTAFETA_STORE_POOL=2`
+/// just after they were made (so each first call reloads the node's copy of
+/// the registry while its step holds a connection) are all answered, and
+/// PostgreSQL never sees more than four sessions of that node (the pool's
+/// two, the registry's and the event log writer's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_pool_bounds_a_nodes_connections() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = [
+        ("ESTAFETA_STORE", url.as_str()),
+        ("ESTAFETA_STORE_POOL", "2"),
+    ];
+    let node = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
+    let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
+    provision_one(&admin).await;
+    let mut devices = Vec::new();
+    for n in 0..8 {
+        let phone = admin
+            .create_device(&id("acme"), &id(&format!("uploader-{n}")), &id("sales"))
+            .await
+            .unwrap();
+        devices.push(Client::new(&node.base, &phone.token).unwrap());
+    }
+
+    // The most sessions of other clients PostgreSQL holds at once, sampled
+    // while the uploads run.
+    let watcher = estafeta_cluster::Store::connect(&url).unwrap();
+    let most = Arc::new(AtomicI64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampling = tokio::spawn({
+        let (most, done) = (most.clone(), done.clone());
+        async move {
+            let client = watcher.client().await.unwrap();
+            while !done.load(Ordering::Relaxed) {
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
+            }
+        }
+    });
+    let mut uploads = tokio::task::JoinSet::new();
+    for device in devices {
+        uploads.spawn(async move {
+            for i in 0..5 {
+                device
+                    .send(&message("db-a", &format!(r#"{{"n":{i}}}"#), None))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    uploads.join_all().await;
+    done.store(true, Ordering::Relaxed);
+    sampling.await.unwrap();
+    let most = most.load(Ordering::Relaxed);
+    assert!(most >= 1, "the sampler saw the node's sessions");
+    assert!(most <= 4, "{most} sessions of one node with store_pool 2");
+
+    let waiting = admin
+        .folder(&id("db-a"), estafeta_exchange::wire::Folder::Messages)
+        .await
+        .unwrap();
+    assert_eq!(waiting.files.len(), 40);
+    node.terminate().await;
 }

@@ -15,7 +15,7 @@ use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::ExchangeConfig;
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::open::open_server;
+use estafeta_server::open::{ClusterStore, open_server};
 use reqwest::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -108,7 +108,7 @@ async fn a_node_whose_database_connection_is_lost_while_it_opens_tries_again() {
         HttpSettings::default(),
         NotifySettings::log_only(dir.path()),
         0,
-        Some(&url),
+        Some(&ClusterStore::new(url)),
     )
     .await;
     if let Err(e) = opened {

@@ -26,6 +26,7 @@ use estafeta_client::Client;
 use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Id};
 use estafeta_server::notify::NotifySettings;
+use estafeta_server::open::ClusterStore;
 use estafeta_server::{HttpSettings, ServeError, Server};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
@@ -143,7 +144,8 @@ pub async fn open_server_on(
     config.admin_token = Some(ADMIN_TOKEN.to_owned());
     tweak(&mut config);
     let clock = Arc::new(estafeta_session::SystemClock);
-    let (server, _) = Server::open_with(config, clock, http, notify, store)
+    let store = store.map(ClusterStore::new);
+    let (server, _) = Server::open_with(config, clock, http, notify, store.as_ref())
         .await
         .unwrap();
     server

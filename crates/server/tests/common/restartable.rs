@@ -9,6 +9,7 @@ use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::{ExchangeConfig, MessageId};
 use estafeta_server::notify::NotifySettings;
+use estafeta_server::open::ClusterStore;
 use estafeta_server::{HttpSettings, ServeError, Server as Assembled};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -113,7 +114,8 @@ pub async fn reopen(
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
         let (http, notify) = (HttpSettings::default(), notify.clone());
         let clock = Arc::new(clock.clone());
-        match Assembled::open_with(config, clock, http, notify, store).await {
+        let cluster = store.map(ClusterStore::new);
+        match Assembled::open_with(config, clock, http, notify, cluster.as_ref()).await {
             Ok((server, _)) => return server,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
