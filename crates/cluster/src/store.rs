@@ -27,6 +27,10 @@ pub struct Options {
     /// TCP timeout frees its locks). Zero leaves both off (PostgreSQL's
     /// meaning of 0). A URL whose `options` set either setting overrides it.
     pub hold_limit: Duration,
+    /// The `application_name` its connections show in
+    /// `pg_stat_activity` (unless the URL sets one): which node's pool a
+    /// session belongs to, for an operator and for the tests.
+    pub application_name: Option<String>,
 }
 
 impl Default for Options {
@@ -36,6 +40,7 @@ impl Default for Options {
             connect_timeout: Duration::from_secs(5),
             wait_timeout: Duration::from_secs(10),
             hold_limit: Duration::from_secs(10),
+            application_name: None,
         }
     }
 }
@@ -65,6 +70,9 @@ impl Store {
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
+        }
+        if let (None, Some(name)) = (config.get_application_name(), &options.application_name) {
+            config.application_name(name);
         }
         let hold_ms = options.hold_limit.as_millis();
         let hold = format!(

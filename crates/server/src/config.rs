@@ -127,8 +127,9 @@ settings! {
         /// (libpq syntax, several hosts with target_session_attrs=read-write), cluster mode:
         /// every node started with the same URL serves the same tenants
         store: Option<SecretUrl>;
-        /// cluster mode: most connections this node's calls keep open to PostgreSQL (its
-        /// registry and its event log keep one more each); every node's fit in max_connections
+        /// cluster mode: most connections in each of this node's three pools to PostgreSQL
+        /// (steps, process steps, statements; its registry and event log keep one more each:
+        /// 3 × store_pool + 2 in all, for every node within max_connections)
         store_pool: usize = "16";
         /// most messages a process start hands out
         max_files: usize = "10";

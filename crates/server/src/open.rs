@@ -156,10 +156,34 @@ pub async fn stores(
     // where `/readyz` checks that the node's disk takes writes.
     let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
     estafeta_durable::create_dir_all(&own, 0o700).map_err(|e| ServeError::NodeFolder(own, e))?;
-    let db = estafeta_cluster::Store::connect_with(&cluster.url, &cluster.options)
-        .map_err(ServeError::Store)?;
+    // Three pools, so that no holder of a connection waits for another of
+    // the same pool: a call's session step holds one of `steps` while its
+    // statements beside the step (a start's selection, a commit's moves,
+    // the replies a prepare stores) take one of `db`, and while it reloads
+    // the node's copy of the registry over `registry_db`. With one pool, as
+    // many such calls at once as it holds would each wait for a second
+    // connection until the pool's wait ran out.
+    // Each shows in `pg_stat_activity` by its `application_name`.
+    let pool = |size: usize, name: &str| {
+        estafeta_cluster::Store::connect_with(
+            &cluster.url,
+            &estafeta_cluster::Options {
+                pool_size: size,
+                application_name: Some(format!("estafeta {name}")),
+                ..cluster.options.clone()
+            },
+        )
+        .map_err(ServeError::Store)
+    };
+    let steps = pool(cluster.options.pool_size, "steps")?;
+    let process_steps = pool(cluster.options.pool_size, "process steps")?;
+    let db = pool(cluster.options.pool_size, "statements")?;
+    let registry_db = pool(1, "registry")?;
     db.migrate().await.map_err(ServeError::Store)?;
-    let sessions = estafeta_cluster::SessionStorage::open(db.clone())
+    let sessions = estafeta_cluster::SessionStorage::open(steps)
+        .await
+        .map_err(ServeError::Store)?;
+    let process_sessions = estafeta_cluster::SessionStorage::open(process_steps)
         .await
         .map_err(ServeError::Store)?;
     // Gated for the commit observer (the metrics' commit latency); an online
@@ -175,18 +199,6 @@ pub async fn stores(
         estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
         quiesce.clone(),
     ));
-    // The registry reads and reloads over a connection of its own: a call
-    // whose step holds one of the pool's reloads the node's copy when the
-    // registry changed, and calls that all do so at once must not each wait
-    // for a second connection of a pool they hold all of.
-    let registry_db = estafeta_cluster::Store::connect_with(
-        &cluster.url,
-        &estafeta_cluster::Options {
-            pool_size: 1,
-            ..cluster.options.clone()
-        },
-    )
-    .map_err(ServeError::Store)?;
     let exchange = Stores {
         messages: Arc::new(Gated::new(
             estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
@@ -197,6 +209,7 @@ pub async fn stores(
             quiesce.clone(),
         )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
+        process_sessions: Arc::new(Gated::new(process_sessions, quiesce.clone())),
         scheduled: estafeta_exchange::store::Scheduled::with_listing(claiming, listing, clock),
         keys: Arc::new(Gated::new(
             estafeta_cluster::PgKeys::new(db.clone()),

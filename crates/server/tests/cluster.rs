@@ -141,12 +141,13 @@ async fn a_node_on_a_new_data_folder_becomes_ready() {
 /// uploading at once through a node started with `ESTAFETA_STORE_POOL=2`
 /// just after they were made (so each first call reloads the node's copy of
 /// the registry while its step holds a connection) are all answered, and
-/// PostgreSQL never sees more than four sessions of that node (the pool's
-/// two, the registry's and the event log writer's).
+/// PostgreSQL never sees more sessions of one of the node's pools than it
+/// holds (each pool's sessions tell themselves by their `application_name`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_pool_bounds_a_nodes_connections() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
 
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -167,25 +168,30 @@ async fn store_pool_bounds_a_nodes_connections() {
         devices.push(Client::new(&node.base, &phone.token).unwrap());
     }
 
-    // The most sessions of other clients PostgreSQL holds at once, sampled
+    // The most sessions of each pool PostgreSQL holds at once, sampled
     // while the uploads run.
     let watcher = estafeta_cluster::Store::connect(&url).unwrap();
-    let most = Arc::new(AtomicI64::new(0));
+    let most: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let sampling = tokio::spawn({
         let (most, done) = (most.clone(), done.clone());
         async move {
             let client = watcher.client().await.unwrap();
             while !done.load(Ordering::Relaxed) {
-                let row = client
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                let rows = client
+                    .query(
+                        "SELECT application_name, count(*) FROM pg_stat_activity
+                         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                         GROUP BY application_name",
                         &[],
                     )
                     .await
                     .unwrap();
-                most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
+                let mut most = most.lock().unwrap();
+                for row in rows {
+                    let seen = most.entry(row.get(0)).or_default();
+                    *seen = (*seen).max(row.get(1));
+                }
             }
         }
     });
@@ -203,14 +209,85 @@ async fn store_pool_bounds_a_nodes_connections() {
     uploads.join_all().await;
     done.store(true, Ordering::Relaxed);
     sampling.await.unwrap();
-    let most = most.load(Ordering::Relaxed);
-    assert!(most >= 1, "the sampler saw the node's sessions");
-    assert!(most <= 4, "{most} sessions of one node with store_pool 2");
+    let most = most.lock().unwrap().clone();
+    assert!(most.contains_key("estafeta steps"), "{most:?}");
+    for (name, bound) in [
+        ("estafeta steps", 2),
+        ("estafeta process steps", 2),
+        ("estafeta statements", 2),
+        ("estafeta registry", 1),
+        ("estafeta events", 1),
+    ] {
+        let seen = most.get(name).copied().unwrap_or(0);
+        assert!(seen <= bound, "{seen} sessions of {name:?}: {most:?}");
+    }
 
     let waiting = admin
         .folder(&id("db-a"), estafeta_exchange::wire::Folder::Messages)
         .await
         .unwrap();
     assert_eq!(waiting.files.len(), 40);
+    node.terminate().await;
+}
+
+/// A processor's calls run statements beside the step that holds their
+/// database: with `ESTAFETA_STORE_POOL=2`, four databases' processors
+/// starting, preparing and committing at once, round after round, are all
+/// answered (none waits out the pool for a second connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processors_of_more_databases_than_the_pool_holds_all_go_on() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = [
+        ("ESTAFETA_STORE", url.as_str()),
+        ("ESTAFETA_STORE_POOL", "2"),
+    ];
+    let node = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
+    let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
+    let (_, phone) = provision_one(&admin).await;
+    let phone = Client::new(&node.base, &phone).unwrap();
+    let mut processors = Vec::new();
+    for n in 0..4 {
+        let db = format!("db-{n}");
+        let made = admin.create_database(&id("acme"), &id(&db)).await.unwrap();
+        processors.push((db, Client::new(&node.base, &made.token).unwrap()));
+    }
+    for round in 0..3 {
+        for (db, _) in &processors {
+            phone
+                .send(&message(db, &format!(r#"{{"round":{round}}}"#), None))
+                .await
+                .unwrap();
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (db, processor) in processors.clone() {
+            calls.spawn(async move {
+                let started = processor.start(&start_request(&db)).await.unwrap();
+                assert_eq!(started.status, StartStatus::Ok);
+                let pid = started.process_id.unwrap();
+                let prepare = PrepareRequest {
+                    version: Version,
+                    results: started
+                        .messages
+                        .unwrap()
+                        .iter()
+                        .map(|m| MessageResult {
+                            message_id: m.id,
+                            status: ResultStatus::Processed,
+                            error_code: None,
+                            error_text: None,
+                        })
+                        .collect(),
+                    replies: vec![],
+                };
+                let prepared = processor.prepare(&pid, &prepare).await.unwrap();
+                assert_eq!(prepared.status, CallStatus::Ok);
+                let committed = processor.commit(&pid).await.unwrap();
+                assert_eq!(committed.status, CallStatus::Ok);
+            });
+        }
+        calls.join_all().await;
+    }
     node.terminate().await;
 }

@@ -181,8 +181,13 @@ pub struct Stores {
     pub messages: Arc<dyn MessageStore>,
     /// Enterprises, subsystems, databases, devices and token hashes.
     pub registry: Arc<dyn RegistryStore>,
-    /// The session engines' records (databases, devices, processes).
+    /// The session engines' records of databases and devices.
     pub sessions: Arc<dyn Storage>,
+    /// The process engine's records: `sessions` again, or, for a shared
+    /// store, a storage over connections of its own, since a call holding
+    /// its database's step takes its process's step too, and calls that
+    /// hold every connection of one pool must not wait on it for another.
+    pub process_sessions: Arc<dyn Storage>,
     /// Messages kept aside until their `deliver_at`.
     pub scheduled: Scheduled,
     /// The devices' idempotency keys.
@@ -209,10 +214,12 @@ impl Stores {
         let keys = blocking(crate::keys::RedbKeys::open, layout.keys()).await?;
         let scheduled = Scheduled::new(Arc::new(Gated::new(scheduled, quiesce.clone())), clock);
         let messages = FileStore::open(data_dir, scheduled.scheduler.clone()).await?;
+        let sessions: Arc<dyn Storage> = Arc::new(Gated::new(sessions, quiesce.clone()));
         Ok(Stores {
             messages: Arc::new(Gated::new(messages, quiesce.clone())),
             registry: Arc::new(Gated::new(registry, quiesce.clone())),
-            sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
+            process_sessions: sessions.clone(),
+            sessions,
             scheduled,
             keys: Arc::new(Gated::new(keys, quiesce.clone())),
         })
@@ -255,7 +262,9 @@ impl Exchange {
             .map(Token::from_text)
             .transpose()?;
         let (registry, admin_token) = Registry::with_store(stores.registry, configured).await?;
-        let sessions = sessions::Sessions::open(stores.sessions, clock.clone()).await?;
+        let sessions =
+            sessions::Sessions::open(stores.sessions, stores.process_sessions, clock.clone())
+                .await?;
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {

@@ -150,32 +150,37 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    /// Open the device and process engines over `storage` and load the
-    /// database engine's expiry index; [`Opening::start`] starts the
+    /// Open the device engine over `storage`, the process engine over
+    /// `processes` and load the database engine's expiry index (over
+    /// `storage`); [`Opening::start`] starts the
     /// latter with the exchange's hooks (deadlines and start-up
     /// processing). The other kinds have no hooks (a process record ends
     /// when its retention deadline passes).
     pub(crate) async fn open(
         storage: Arc<dyn Storage>,
+        processes: Arc<dyn Storage>,
         clock: Arc<dyn Clock>,
     ) -> Result<Opening, Error> {
-        let part = |prefix| -> Arc<dyn Storage> {
+        let part = |prefix, inner: &Arc<dyn Storage>| -> Arc<dyn Storage> {
             Arc::new(Namespace {
                 prefix,
-                inner: storage.clone(),
+                inner: inner.clone(),
             })
         };
         Ok(Opening {
             shared: storage.shared().is_some(),
-            db: Engine::builder(part(b"db/"))
+            db: Engine::builder(part(b"db/", &storage))
                 .clock(clock.clone())
                 .load()
                 .await?,
-            device: Engine::builder(part(b"dev/"))
+            device: Engine::builder(part(b"dev/", &storage))
                 .clock(clock.clone())
                 .open()
                 .await?,
-            process: Engine::builder(part(b"pid/")).clock(clock).open().await?,
+            process: Engine::builder(part(b"pid/", &processes))
+                .clock(clock)
+                .open()
+                .await?,
         })
     }
 

@@ -115,6 +115,7 @@ impl EventLog {
             .map_err(super::store::cluster_error)?;
         let options = estafeta_cluster::Options {
             pool_size: 1,
+            application_name: Some("estafeta events".to_owned()),
             ..estafeta_cluster::Options::default()
         };
         let store = estafeta_cluster::Store::connect_with(url, &options)
