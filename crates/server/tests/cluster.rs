@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Binary, id, message, provision_one, start_request};
+use common::{Binary, id, message, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{
@@ -151,13 +151,7 @@ async fn store_pool_bounds_a_nodes_connections() {
 
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_STORE_POOL", "2"),
-    ];
-    let node = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
+    let (node, admin) = node_with_pools_of_two(&pg, dir.path()).await;
     provision_one(&admin).await;
     let mut devices = Vec::new();
     for n in 0..8 {
@@ -170,7 +164,7 @@ async fn store_pool_bounds_a_nodes_connections() {
 
     // The most sessions of each pool PostgreSQL holds at once, sampled
     // while the uploads run.
-    let watcher = estafeta_cluster::Store::connect(&url).unwrap();
+    let watcher = estafeta_cluster::Store::connect(&pg.url()).unwrap();
     let most: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let sampling = tokio::spawn({
@@ -238,13 +232,7 @@ async fn store_pool_bounds_a_nodes_connections() {
 async fn processors_of_more_databases_than_the_pool_holds_all_go_on() {
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = [
-        ("ESTAFETA_STORE", url.as_str()),
-        ("ESTAFETA_STORE_POOL", "2"),
-    ];
-    let node = Binary::serve(dir.path(), &dir.path().join("a"), &[], &env).await;
-    let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
+    let (node, admin) = node_with_pools_of_two(&pg, dir.path()).await;
     let (_, phone) = provision_one(&admin).await;
     let phone = Client::new(&node.base, &phone).unwrap();
     let mut processors = Vec::new();
@@ -266,21 +254,13 @@ async fn processors_of_more_databases_than_the_pool_holds_all_go_on() {
                 let started = processor.start(&start_request(&db)).await.unwrap();
                 assert_eq!(started.status, StartStatus::Ok);
                 let pid = started.process_id.unwrap();
-                let prepare = PrepareRequest {
-                    version: Version,
-                    results: started
-                        .messages
-                        .unwrap()
-                        .iter()
-                        .map(|m| MessageResult {
-                            message_id: m.id,
-                            status: ResultStatus::Processed,
-                            error_code: None,
-                            error_text: None,
-                        })
-                        .collect(),
-                    replies: vec![],
-                };
+                let ids = started
+                    .messages
+                    .unwrap()
+                    .iter()
+                    .map(|m| m.id)
+                    .collect::<Vec<_>>();
+                let prepare = prepare_all(ids, r#"{"ok":true}"#);
                 let prepared = processor.prepare(&pid, &prepare).await.unwrap();
                 assert_eq!(prepared.status, CallStatus::Ok);
                 let committed = processor.commit(&pid).await.unwrap();
@@ -290,4 +270,17 @@ async fn processors_of_more_databases_than_the_pool_holds_all_go_on() {
         calls.join_all().await;
     }
     node.terminate().await;
+}
+
+/// A node on `pg` started with `ESTAFETA_STORE_POOL=2` (its folders under
+/// `dir`), and its admin client.
+async fn node_with_pools_of_two(pg: &Postgres, dir: &std::path::Path) -> (Binary, Client) {
+    let url = pg.url();
+    let env = [
+        ("ESTAFETA_STORE", url.as_str()),
+        ("ESTAFETA_STORE_POOL", "2"),
+    ];
+    let node = Binary::serve(dir, &dir.join("a"), &[], &env).await;
+    let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
+    (node, admin)
 }
