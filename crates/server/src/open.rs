@@ -156,14 +156,15 @@ pub async fn stores(
     // where `/readyz` checks that the node's disk takes writes.
     let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
     estafeta_durable::create_dir_all(&own, 0o700).map_err(|e| ServeError::NodeFolder(own, e))?;
-    // Three pools, so that no holder of a connection waits for another of
-    // the same pool: a call's session step holds one of `steps` while its
-    // statements beside the step (a start's selection, a commit's moves,
-    // the replies a prepare stores) take one of `db`, and while it reloads
-    // the node's copy of the registry over `registry_db`. With one pool, as
-    // many such calls at once as it holds would each wait for a second
-    // connection until the pool's wait ran out.
-    // Each shows in `pg_stat_activity` by its `application_name`.
+    // A pool per kind of holder, so that no holder of a connection waits
+    // for another of its own pool: a call's session step holds one of
+    // `steps` while it takes its process's step (`process_steps`), runs
+    // statements beside the step (`db`: a start's selection, a commit's
+    // moves, the replies a prepare stores) and reloads the node's copy of
+    // the registry (`registry_db`). Were they one pool, as many such calls
+    // at once as it holds would each wait for a second connection until
+    // the pool's wait ran out. Each shows in `pg_stat_activity` by its
+    // `application_name`.
     let pool = |size: usize, name: &str| {
         estafeta_cluster::Store::connect_with(
             &cluster.url,
