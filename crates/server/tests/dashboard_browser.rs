@@ -151,13 +151,19 @@ async fn wait_contains(c: &Client, id: &str, want: &str) {
     panic!("#{id} never said {want:?}; it says {last:?}");
 }
 
+/// The text of the element `css` on the current page. The page may still
+/// be replacing itself (a form's answer loading, its own refresh), which
+/// makes an element found a moment ago stale: that is polled over.
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    for _ in 0..POLLS {
+        if let Ok(element) = c.find(Locator::Css(css)).await
+            && let Ok(text) = element.text().await
+        {
+            return text;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("{css} never had a text");
 }
 
 /// The `data-state` of a process row, reloading the page until `want`.
@@ -166,8 +172,10 @@ async fn wait_for_state(c: &Client, base: &str, pid: &str, want: &str) {
     let mut last = None;
     for _ in 0..POLLS {
         c.goto(&format!("{base}/admin/processes")).await.unwrap();
-        if let Ok(el) = c.find(Locator::Css(&row)).await {
-            last = el.attr("data-state").await.unwrap();
+        if let Ok(el) = c.find(Locator::Css(&row)).await
+            && let Ok(state) = el.attr("data-state").await
+        {
+            last = state;
             if last.as_deref() == Some(want) {
                 return;
             }
