@@ -122,15 +122,7 @@ async fn wait_path(c: &Client, path: &str) {
 /// An element found on the page being left goes stale under the lookup:
 /// that is polled over too.
 async fn wait_text(c: &Client, id: &str) -> String {
-    for _ in 0..POLLS {
-        if let Ok(element) = c.find(Locator::Id(id)).await
-            && let Ok(text) = element.text().await
-        {
-            return text;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    panic!("#{id} never appeared");
+    text(c, &format!("#{id}")).await
 }
 
 /// Waits (polling) until the element `id` says `want`: the page left
