@@ -158,7 +158,7 @@ fn bench(c: &mut Criterion) {
                             })
                             .collect();
                         let started = Instant::now();
-                        let applied = store.apply(&ops).await;
+                        let applied = store.apply(None, &ops).await;
                         spent += started.elapsed();
                         assert!(applied.results.iter().all(Result::is_ok));
                     }

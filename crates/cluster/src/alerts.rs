@@ -19,7 +19,7 @@ use crate::{Error, Store};
 const RAISE: &str = "INSERT INTO alerts (key, alert) SELECT $1::text, $2::bytea
     WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE key = $1 AND ended_at IS NULL)
     ON CONFLICT (key) WHERE ended_at IS NULL DO NOTHING RETURNING id";
-const CLOSE: &str = "UPDATE alerts SET ended_at = $2 WHERE key = $1 AND ended_at IS NULL";
+use crate::joint::CLOSE;
 const ACK: &str = "UPDATE alerts SET acked_at = coalesce(acked_at, $2) WHERE id = $1";
 const LIST: &str = "SELECT id, alert, ended_at, acked_at FROM alerts ORDER BY id DESC LIMIT $1";
 const OPEN: &str = "SELECT 1 FROM alerts WHERE key = $1 AND ended_at IS NULL";
@@ -72,6 +72,45 @@ impl PgAlerts {
         }
         tx.commit().await?;
         Ok(Some(u64::try_from(id).unwrap_or(0)))
+    }
+
+    /// [`raise`](Self::raise) as part of `step`, a step of this crate's
+    /// session storage: written by the step's commit, with the record that
+    /// step saves, or not at all (a node that lost the step's key raises
+    /// nothing). `false` when `step` is not one (nothing was done).
+    pub fn raise_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        alert: &Alert,
+        deliveries: &[Entry],
+    ) -> bool {
+        let Ok(json) = serde_json::to_vec(alert) else {
+            return false;
+        };
+        match crate::session_storage::joint_of(step) {
+            Some(joint) => {
+                joint.raise(&alert.key, json, deliveries);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`close`](Self::close) as part of `step`, as
+    /// [`raise_in_step`](Self::raise_in_step).
+    pub fn close_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        key: &str,
+        at: Timestamp,
+    ) -> bool {
+        match crate::session_storage::joint_of(step) {
+            Some(joint) => {
+                joint.close(key, at.as_millis());
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether the condition `key` is ongoing.

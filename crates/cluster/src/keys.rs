@@ -19,7 +19,7 @@ use crate::{Error, Store};
 
 const GET: &str = "SELECT name, at, expires_at FROM idempotency_keys
     WHERE device_id = $1 AND key = $2 AND expires_at > $3";
-const REMOVE: &str = "DELETE FROM idempotency_keys WHERE device_id = $1 AND key = $2";
+const REMOVE_DEVICE: &str = "DELETE FROM idempotency_keys WHERE device_id = $1";
 const EXPIRE: &str = "DELETE FROM idempotency_keys WHERE (device_id, key) IN (
     SELECT device_id, key FROM idempotency_keys WHERE expires_at <= $1
     ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
@@ -118,12 +118,11 @@ impl UploadKeys for PgKeys {
         }
     }
 
-    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
+    fn remove_device(&self, device: &Id) -> Result<u64, KeysError> {
         self.run(async {
             let client = self.store.client().await?;
-            let remove = client.prepare_cached(REMOVE).await?;
-            client.execute(&remove, &[&device.as_str(), &key]).await?;
-            Ok(())
+            let remove = client.prepare_cached(REMOVE_DEVICE).await?;
+            Ok(client.execute(&remove, &[&device.as_str()]).await?)
         })
     }
 

@@ -19,12 +19,25 @@ use deadpool_postgres::Object;
 /// reads the registry's change counter on the way (the same statement: a
 /// command that holds a step needs no round trip of its own to see whether
 /// the registry changed).
+/// It also gives the step's transaction its id (`pg_current_xact_id`),
+/// by which a lost answer to its `COMMIT` is found out
+/// ([`Locked::outcome`]).
 const SELECT_FOR_UPDATE: &str = "SELECT record,
-    coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0)
+    coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0),
+    pg_current_xact_id()::text
     FROM sessions WHERE key = $1 FOR UPDATE";
 /// Makes the key's row when the key has never been seen (its first step).
 const INSERT_KEY: &str = "INSERT INTO sessions (key) VALUES ($1) ON CONFLICT (key) DO NOTHING";
 const SAVE: &str = "UPDATE sessions SET record = $2, expires_at = $3 WHERE key = $1";
+/// A key whose session ended goes whole: its row is only made again by
+/// the key's next step.
+const REMOVE: &str = "DELETE FROM sessions WHERE key = $1";
+/// What became of a transaction whose `COMMIT` was sent.
+const STATUS: &str = "SELECT pg_xact_status($1::text::xid8)";
+/// How long a lost answer's transaction may stay in progress before its
+/// outcome counts as unknown: its backend ends it once it reads the
+/// `COMMIT` or finds the connection gone, within the hold limit.
+const OUTCOME_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Store {
     /// Begin an exclusive step for `key`: wait until no other step (on any
@@ -36,9 +49,11 @@ impl Store {
     pub async fn lock(&self, key: &[u8]) -> Result<Locked, Error> {
         let mut locked = Locked {
             client: Some(self.client().await?),
+            store: self.clone(),
             key: key.to_vec(),
             record: None,
             registry: 0,
+            xid: String::new(),
         };
         let client = locked.client();
         let select = client.prepare_cached(SELECT_FOR_UPDATE).await?;
@@ -62,8 +77,7 @@ impl Store {
                 row?
             }
         };
-        locked.record = row.get(0);
-        locked.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        locked.took(&row);
         Ok(locked)
     }
 }
@@ -77,12 +91,48 @@ impl Store {
 /// the lock, and nothing of the step remains.
 pub struct Locked {
     client: Option<Object>,
+    /// Where a lost answer to the step's `COMMIT` is looked up.
+    store: Store,
     key: Vec<u8>,
     record: Option<Vec<u8>>,
     registry: u64,
+    /// The step's transaction id.
+    xid: String,
 }
 
 impl Locked {
+    /// What the locking read answered: the record, the registry's counter
+    /// and the transaction's id.
+    fn took(&mut self, row: &tokio_postgres::Row) {
+        self.record = row.get(0);
+        self.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        self.xid = row.get(2);
+    }
+
+    /// Whether the step's transaction committed, its `COMMIT` sent and the
+    /// answer lost (the connection failed under it): asked on another
+    /// connection, waiting while the transaction is still in progress.
+    /// `Err` when that cannot be found out (the store out of reach, or the
+    /// transaction in progress past [`OUTCOME_PATIENCE`]).
+    async fn outcome(&self) -> Result<bool, Error> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let client = self.store.client().await?;
+            let status: Option<String> = client.query_one(STATUS, &[&self.xid]).await?.get(0);
+            match status.as_deref() {
+                Some("committed") => return Ok(true),
+                Some("aborted") => return Ok(false),
+                _ if started.elapsed() > OUTCOME_PATIENCE => {
+                    return Err(Error::Unavailable(format!(
+                        "the outcome of transaction {} is unknown (still {status:?})",
+                        self.xid
+                    )));
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    }
+
     /// The registry's change counter as the step began (read by the locking
     /// statement, once the lock was granted or before it was waited for:
     /// every registry change committed before the step asked for its lock
@@ -112,20 +162,6 @@ impl Locked {
             .execute(&save, &[&self.key, &record, &expires_at])
             .await?;
         self.record = Some(record.to_vec());
-        Ok(())
-    }
-
-    /// Remove the key's record (and its deadline) as part of the step; the
-    /// row stays, as the key's lock.
-    pub async fn delete(&mut self) -> Result<(), Error> {
-        let client = self.client();
-        let save = client.prepare_cached(SAVE).await?;
-        let none: Option<&[u8]> = None;
-        let no_deadline: Option<i64> = None;
-        client
-            .execute(&save, &[&self.key, &none, &no_deadline])
-            .await?;
-        self.record = None;
         Ok(())
     }
 
@@ -190,14 +226,51 @@ impl Locked {
         save: Option<(Option<&[u8]>, Option<i64>)>,
         again: bool,
     ) -> Result<Option<Locked>, Error> {
+        match self.send_end(joint, save, again).await {
+            Ok(next) => Ok(next),
+            // A refusal rolled the transaction back; a failure of the
+            // connection may have come after the `COMMIT` was made.
+            Err(Ending::Refused(e)) => Err(e),
+            Err(Ending::Lost(e)) => match self.outcome().await {
+                Ok(true) => {
+                    tracing::warn!(error = %e, "the answer to a step's COMMIT was lost; it was committed");
+                    Ok(None)
+                }
+                Ok(false) => Err(e),
+                Err(unknown) => {
+                    tracing::error!(error = %e, %unknown, "the answer to a step's COMMIT was lost and its outcome is unknown");
+                    Err(unknown)
+                }
+            },
+        }
+    }
+
+    /// The statements of [`end`](Self::end) and the `COMMIT`, sent
+    /// together.
+    async fn send_end(
+        &mut self,
+        joint: &Joint,
+        save: Option<(Option<&[u8]>, Option<i64>)>,
+        again: bool,
+    ) -> Result<Option<Locked>, Ending> {
+        // Failpoints for the fault-injection harness: a pause with the
+        // step's lock held (as a stalled node), and a commit whose answer
+        // the node never sees (it commits, then the connection fails).
+        fail::fail_point!("step::commit");
         let client = self.client();
-        let prepared = joint.prepare(client).await?;
+        let prepared = joint.prepare(client).await.map_err(Ending::of)?;
         let statement = match save {
-            Some(_) => Some(client.prepare_cached(SAVE).await?),
+            Some((Some(_), _)) => Some(client.prepare_cached(SAVE).await.map_err(Ending::of)?),
+            Some((None, _)) => Some(client.prepare_cached(REMOVE).await.map_err(Ending::of)?),
             None => None,
         };
         let select = match again {
-            true => Some(client.prepare_cached(SELECT_FOR_UPDATE).await?),
+            true => Some(
+                client
+                    .prepare_cached(SELECT_FOR_UPDATE)
+                    .await
+                    .map_err(Ending::of)?,
+            ),
             false => None,
         };
         let key: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
@@ -205,10 +278,13 @@ impl Locked {
             joint.write(client, &prepared),
             async {
                 match (&statement, save) {
-                    (Some(statement), Some((record, expires_at))) => {
+                    (Some(statement), Some((Some(record), expires_at))) => {
                         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
                             [&self.key, &record, &expires_at];
                         client.execute(statement, &params).await.map(drop)
+                    }
+                    (Some(statement), Some((None, _))) => {
+                        client.execute(statement, &key).await.map(drop)
                     }
                     _ => Ok(()),
                 }
@@ -233,16 +309,36 @@ impl Locked {
                 }
             }
         );
-        joined?;
-        saved?;
-        probe?;
-        committed?;
+        // Any refusal among the answers rolled the transaction back, so it
+        // tells more than a failed connection does.
+        let mut lost = None;
+        for answer in [
+            joined,
+            saved.map_err(Error::from),
+            probe.map_err(Error::from),
+        ] {
+            match answer {
+                Ok(()) => {}
+                Err(e) if e.is_unavailable() => {
+                    lost.get_or_insert(e);
+                }
+                Err(e) => return Err(Ending::Refused(e)),
+            }
+        }
+        if let Some(e) = lost {
+            return Err(Ending::Lost(e));
+        }
+        committed.map_err(Ending::of)?;
+        fail::fail_point!("step::committed", |_| Err(Ending::Lost(
+            Error::Unavailable(
+                "failure injected at step::committed: the COMMIT's answer is lost".into()
+            )
+        )));
         match relocked {
             // The new step holds the key on the same connection.
             Ok(Some(Some(row))) => {
-                self.record = row.get(0);
-                self.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-                Ok(Some(self))
+                self.took(&row);
+                Ok(Some(self.taken()))
             }
             // Committed and nothing begun: the connection is clean and goes
             // back to the pool.
@@ -253,6 +349,37 @@ impl Locked {
             // Committed, the new step not begun (its row gone, or its
             // statements failed): dropped, its connection is closed.
             Ok(Some(None)) | Err(_) => Ok(None),
+        }
+    }
+
+    /// This step's hold, moved out (its connection and key) for the new
+    /// step that began on it; `self` is left empty.
+    fn taken(&mut self) -> Locked {
+        Locked {
+            client: self.client.take(),
+            store: self.store.clone(),
+            key: std::mem::take(&mut self.key),
+            record: self.record.take(),
+            registry: self.registry,
+            xid: std::mem::take(&mut self.xid),
+        }
+    }
+}
+
+/// Why a step's end failed: the server refused a statement (the
+/// transaction rolled back), or the connection failed, maybe after the
+/// `COMMIT` was made.
+enum Ending {
+    Refused(Error),
+    Lost(Error),
+}
+
+impl Ending {
+    fn of(e: impl Into<Error>) -> Ending {
+        let e = e.into();
+        match e.is_unavailable() {
+            true => Ending::Lost(e),
+            false => Ending::Refused(e),
         }
     }
 }

@@ -38,7 +38,6 @@ use estafeta_session::Clock;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::schedule::PUT_ENTRY;
 use crate::{Error, Store};
 
 /// The columns a [`FileEntry`] is made of, in [`entry`]'s order.
@@ -71,20 +70,50 @@ pub(crate) const MOVE: &str = "WITH v AS (
             WITH ORDINALITY AS v(id, from_owner, from_place, to_owner, to_place, n)),
     was AS (
         SELECT id, owner, place FROM messages WHERE id = ANY($1::text[])),
+    gone AS (
+        SELECT v.id FROM v
+        WHERE NOT EXISTS (SELECT 1 FROM message_owners o WHERE o.id = v.to_owner)),
+    dropped AS (
+        DELETE FROM messages m USING v
+        WHERE m.id = ANY($1::text[]) AND m.id = v.id
+            AND m.owner = v.from_owner AND m.place = v.from_place
+            AND v.id IN (SELECT id FROM gone)
+        RETURNING m.id),
     moved AS (
         UPDATE messages m SET owner = v.to_owner, place = v.to_place FROM v
         WHERE m.id = ANY($1::text[]) AND m.id = v.id
             AND m.owner = v.from_owner AND m.place = v.from_place
+            AND v.id NOT IN (SELECT id FROM gone)
         RETURNING m.id)
-    SELECT v.n, moved.id IS NOT NULL,
+    SELECT v.n, moved.id IS NOT NULL OR dropped.id IS NOT NULL,
         coalesce(was.owner = v.to_owner AND was.place = v.to_place, false)
-    FROM v LEFT JOIN moved ON moved.id = v.id LEFT JOIN was ON was.id = v.id";
+            OR (was.id IS NULL AND v.id IN (SELECT id FROM gone)),
+        v.id IN (SELECT id FROM gone)
+    FROM v LEFT JOIN moved ON moved.id = v.id LEFT JOIN dropped ON dropped.id = v.id
+        LEFT JOIN was ON was.id = v.id";
 const DELETE: &str =
     "DELETE FROM messages WHERE id = ANY($1) AND owner = $2 AND place = $3 RETURNING id";
 const TAKE: &str =
     "DELETE FROM messages WHERE id = $1 AND owner = $2 AND place = $3 RETURNING body";
 const DELIVER_NOW: &str = "UPDATE messages SET owner = recipient, place = 'Messages'
     WHERE id = $1 AND owner = $2 AND place = $3 RETURNING recipient";
+/// Whether a mailbox is held (not removed).
+const OWNED: &str = "SELECT EXISTS (SELECT 1 FROM message_owners WHERE id = $1)";
+/// Keeps a message aside for its recipient `$6` (see
+/// [`PUT_ENTRY`](crate::schedule::PUT_ENTRY)): removed with the recipient.
+const KEEP_ASIDE: &str = "INSERT INTO repeat_entries (id, source, due, attempt, payload, owner)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (id) DO UPDATE SET source = EXCLUDED.source, due = EXCLUDED.due,
+        attempt = EXCLUDED.attempt, payload = EXCLUDED.payload, owner = EXCLUDED.owner";
+const MAKE_OWNERS: &str =
+    "INSERT INTO message_owners (id) SELECT * FROM unnest($1::text[]) ON CONFLICT DO NOTHING";
+/// Removes a mailbox, its messages and those kept aside for it (the
+/// foreign keys cascade), counting them first.
+const REMOVE_OWNER: &str = "WITH held AS (
+        SELECT (SELECT count(*) FROM messages WHERE owner = $1)
+            + (SELECT count(*) FROM repeat_entries WHERE owner = $1) AS n),
+    removed AS (DELETE FROM message_owners WHERE id = $1)
+    SELECT n FROM held";
 
 /// The messages of every database and device, in the cluster store.
 /// Cheap to clone.
@@ -178,7 +207,7 @@ impl PgMessages {
                 ],
             )
             .await
-            .map_err(|e| failed(at, e))?;
+            .map_err(|e| refused_or_failed(&at.mailbox, e))?;
         Ok(messages
             .iter()
             .zip(&bytes)
@@ -189,10 +218,10 @@ impl PgMessages {
             .collect())
     }
 
-    /// The batch in one transaction: moves first (one statement for all),
-    /// then schedules, then deletes (one statement per place), the order the
-    /// file store keeps. A batch of moves only is one round trip: `BEGIN`,
-    /// the moves and `COMMIT` travel together.
+    /// The batch in one transaction of its own: moves first (one statement
+    /// for all), then schedules, then deletes (one statement per place),
+    /// the order the file store keeps. A batch of moves only is one round
+    /// trip: `BEGIN`, the moves and `COMMIT` travel together.
     async fn apply_all(
         &self,
         ops: &[Op],
@@ -202,12 +231,61 @@ impl PgMessages {
         if ops.iter().all(|op| matches!(op, Op::Move { .. })) {
             return self.move_all(ops, results, arrivals).await;
         }
-        let mut client = self.store.client().await?;
-        let tx = client.transaction().await?;
+        // Until the `COMMIT` is answered the connection may be inside the
+        // transaction: dropped before (a cancelled call), it is closed, not
+        // pooled, and the server rolls the transaction back.
+        let client = Closing(Some(self.store.client().await?));
+        let on = client.get();
+        on.batch_execute("BEGIN").await?;
+        self.run_batch(on, ops, results, arrivals).await?;
+        on.batch_execute("COMMIT").await?;
+        drop(client.keep());
+        Ok(())
+    }
+
+    /// The batch in the transaction of `step`, the step a command holds
+    /// (see [`MessageStore::apply`]), inside a savepoint: a statement the
+    /// server refuses undoes the batch and leaves the step's transaction
+    /// usable. A failed connection fails the step (it lost its key).
+    async fn apply_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        ops: &[Op],
+        results: &mut [Option<Result<Outcome, MailboxError>>],
+        arrivals: &mut BTreeSet<Id>,
+    ) -> Result<(), Error> {
+        let Some(locked) = crate::session_storage::held(step) else {
+            return Err(Error::Unavailable(
+                "the step no longer holds its key".into(),
+            ));
+        };
+        let on = locked.client();
+        let (saved, ran) = tokio::join!(
+            on.batch_execute("SAVEPOINT batch"),
+            self.run_batch(on, ops, results, arrivals)
+        );
+        let ran = saved.map_err(Error::from).and(ran);
+        if let Err(e) = &ran
+            && !e.is_unavailable()
+        {
+            on.batch_execute("ROLLBACK TO SAVEPOINT batch").await?;
+        }
+        ran
+    }
+
+    /// The statements of a batch on `on`, inside a transaction the caller
+    /// began.
+    async fn run_batch(
+        &self,
+        on: &deadpool_postgres::ClientWrapper,
+        ops: &[Op],
+        results: &mut [Option<Result<Outcome, MailboxError>>],
+        arrivals: &mut BTreeSet<Id>,
+    ) -> Result<(), Error> {
         let moves = Moves::of(ops);
         if !moves.is_empty() {
-            let statement = tx.prepare_cached(MOVE).await?;
-            let rows = tx.query(&statement, &moves.params()).await?;
+            let statement = on.prepare_cached(MOVE).await?;
+            let rows = on.query(&statement, &moves.params()).await?;
             moves.outcomes(ops, &rows, results, arrivals);
         }
         let now = self.now();
@@ -217,32 +295,52 @@ impl PgMessages {
             };
             let (owner, place) = loc(from);
             let id = name.id.to_string();
-            let outcome = if *until > now {
-                match tx
-                    .query_opt(&tx.prepare_cached(TAKE).await?, &[&id, &owner, &place])
+            let to = Location::new(name.to.clone(), Folder::Messages);
+            let owned: bool = on
+                .query_one(&on.prepare_cached(OWNED).await?, &[&name.to.as_str()])
+                .await?
+                .get(0);
+            let outcome = if !owned {
+                // For a removed mailbox: the message goes.
+                let deleted = on
+                    .execute(
+                        &on.prepare_cached(DELETE).await?,
+                        &[&vec![id], &owner, &place],
+                    )
+                    .await?;
+                Ok(match deleted {
+                    0 => Outcome::AlreadyDone,
+                    _ => Outcome::Done,
+                })
+            } else if *until > now {
+                match on
+                    .query_opt(&on.prepare_cached(TAKE).await?, &[&id, &owner, &place])
                     .await?
                 {
                     Some(row) => {
                         let entry = kept_aside(name.id, row.get(0), *until);
                         let due = crate::schedule::to_sql(entry.due);
                         let attempt = crate::schedule::attempt_to_sql(entry.attempt);
-                        tx.execute(
-                            &tx.prepare_cached(PUT_ENTRY).await?,
-                            &[&entry.id, &entry.source, &due, &attempt, &entry.payload],
+                        on.execute(
+                            &on.prepare_cached(KEEP_ASIDE).await?,
+                            &[
+                                &entry.id,
+                                &entry.source,
+                                &due,
+                                &attempt,
+                                &entry.payload,
+                                &name.to.as_str(),
+                            ],
                         )
                         .await?;
                         Ok(Outcome::Done)
                     }
-                    None => Err(not_found(
-                        op,
-                        from,
-                        &Location::new(name.to.clone(), Folder::Messages),
-                    )),
+                    None => Err(not_found(op, from, &to)),
                 }
             } else {
-                match tx
+                match on
                     .query_opt(
-                        &tx.prepare_cached(DELIVER_NOW).await?,
+                        &on.prepare_cached(DELIVER_NOW).await?,
                         &[&id, &owner, &place],
                     )
                     .await?
@@ -251,11 +349,7 @@ impl PgMessages {
                         arrivals.insert(name.to.clone());
                         Ok(Outcome::Done)
                     }
-                    None => Err(not_found(
-                        op,
-                        from,
-                        &Location::new(name.to.clone(), Folder::Messages),
-                    )),
+                    None => Err(not_found(op, from, &to)),
                 }
             };
             results[i] = Some(outcome);
@@ -273,9 +367,9 @@ impl PgMessages {
         };
         for (at, indexes) in deletes {
             let ids: Vec<String> = indexes.iter().map(|&i| id_of(i)).collect();
-            let rows = tx
+            let rows = on
                 .query(
-                    &tx.prepare_cached(DELETE).await?,
+                    &on.prepare_cached(DELETE).await?,
                     &[&ids, &loc(at).0, &loc(at).1],
                 )
                 .await?;
@@ -289,7 +383,6 @@ impl PgMessages {
                 results[i] = Some(Ok(outcome));
             }
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -396,6 +489,12 @@ impl PgMessages {
 struct Closing(Option<deadpool_postgres::Object>);
 
 impl Closing {
+    fn get(&self) -> &deadpool_postgres::ClientWrapper {
+        self.0
+            .as_ref()
+            .expect("a Closing holds its connection until kept or dropped")
+    }
+
     fn keep(mut self) -> Option<deadpool_postgres::Object> {
         self.0.take()
     }
@@ -456,9 +555,10 @@ impl<'a> Moves<'a> {
         ]
     }
 
-    /// Each move's outcome from [`MOVE`]'s `rows`: moved, already in its
-    /// target, or in neither place; the recipients whose `Messages`
-    /// received (or already held) a message go to `arrivals`.
+    /// Each move's outcome from [`MOVE`]'s `rows`: moved (or deleted, its
+    /// target removed), already in its target, or in neither place; the
+    /// recipients whose `Messages` received (or already held) a message go
+    /// to `arrivals`.
     fn outcomes(
         &self,
         ops: &[Op],
@@ -482,7 +582,8 @@ impl<'a> Moves<'a> {
                 (false, true) => Ok(Outcome::AlreadyDone),
                 (false, false) => Err(not_found(&ops[i], from, to)),
             };
-            if outcome.is_ok() && to.folder == Folder::Messages {
+            let discarded: bool = row.get(3);
+            if outcome.is_ok() && to.folder == Folder::Messages && !discarded {
                 arrivals.insert(to.mailbox.clone());
             }
             results[i] = Some(outcome);
@@ -510,6 +611,18 @@ fn failed(at: impl Display, e: impl Into<Error>) -> MailboxError {
     let e = e.into();
     let unavailable = e.is_unavailable();
     MailboxError::store(format!("postgres:{at}"), e, unavailable)
+}
+
+/// A write for `owner` refused because the mailbox was removed (the
+/// foreign key to `message_owners` found no row) as
+/// [`MailboxError::NoMailbox`]; any other failure as [`failed`].
+fn refused_or_failed(owner: &Id, e: tokio_postgres::Error) -> MailboxError {
+    match e.code() {
+        Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
+            MailboxError::NoMailbox(owner.clone())
+        }
+        _ => failed(owner, e),
+    }
 }
 
 fn not_found(op: &Op, from: &Location, to: &Location) -> MailboxError {
@@ -554,18 +667,99 @@ fn first_id_at(t: Timestamp) -> String {
 
 #[async_trait::async_trait]
 impl MessageStore for PgMessages {
-    /// Nothing to make: a mailbox's rows are its messages.
-    async fn create_mailbox(&self, _owner: &Id) -> Result<(), MailboxError> {
-        Ok(())
+    /// Its row in `message_owners`, which its messages reference.
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.create_mailboxes(std::slice::from_ref(owner))
+            .await
+            .pop()
+            .unwrap_or(Ok(()))
     }
 
+    /// Every row in one statement.
+    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
+        let ids: Vec<&str> = owners.iter().map(Id::as_str).collect();
+        let made = async {
+            let client = self.store.client().await?;
+            let statement = client.prepare_cached(MAKE_OWNERS).await?;
+            client.execute(&statement, &[&ids]).await?;
+            Ok::<_, Error>(())
+        };
+        match made.await {
+            Ok(()) => owners.iter().map(|_| Ok(())).collect(),
+            Err(e) => {
+                let unavailable = e.is_unavailable();
+                let text = e.to_string();
+                owners
+                    .iter()
+                    .map(|o| {
+                        Err(MailboxError::store(
+                            format!("postgres:{o}"),
+                            text.clone(),
+                            unavailable,
+                        ))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The mailbox's row goes, and with it (the foreign keys cascade) its
+    /// messages and those kept aside for it, in one transaction: a write
+    /// for it that holds its row's key lock commits first and goes with
+    /// it; any later one fails on the missing row.
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
         let client = self.client(owner).await?;
-        let n = client
-            .execute("DELETE FROM messages WHERE owner = $1", &[&owner.as_str()])
+        let n: i64 = client
+            .query_one(REMOVE_OWNER, &[&owner.as_str()])
             .await
-            .map_err(|e| failed(owner, e))?;
-        Ok(n)
+            .map_err(|e| failed(owner, e))?
+            .get(0);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let client = self.client(owner).await?;
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM repeat_entries WHERE owner = $1",
+                &[&owner.as_str()],
+            )
+            .await
+            .map_err(|e| failed(owner, e))?
+            .get(0);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// An entry of the repeat scheduler's table for its recipient, which
+    /// whichever node polls first delivers at its time.
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
+        let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
+        let entry = kept_aside(message.id, bytes, until);
+        let to = message.to.as_str();
+        let client = self.client(to).await?;
+        let statement = client
+            .prepare_cached(KEEP_ASIDE)
+            .await
+            .map_err(|e| failed(to, e))?;
+        let (due, attempt) = (
+            crate::schedule::to_sql(entry.due),
+            crate::schedule::attempt_to_sql(entry.attempt),
+        );
+        client
+            .execute(
+                &statement,
+                &[
+                    &entry.id,
+                    &entry.source,
+                    &due,
+                    &attempt,
+                    &entry.payload,
+                    &to,
+                ],
+            )
+            .await
+            .map(drop)
+            .map_err(|e| refused_or_failed(&message.to, e))
     }
 
     /// A message whose id is stored already stays where it is (a delivery
@@ -597,6 +791,28 @@ impl MessageStore for PgMessages {
         Ok(Some(entry))
     }
 
+    /// Rows of the step's joint, as [`put_in_step`](Self::put_in_step).
+    fn put_all_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
+        let Some(joint) = crate::session_storage::joint_of(step) else {
+            return Ok(None);
+        };
+        let mut entries = Vec::with_capacity(messages.len());
+        for message in messages {
+            let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
+            entries.push(FileEntry {
+                name: FileName::of(message),
+                size: bytes.len() as u64,
+            });
+            joint.put_message(at, message, bytes);
+        }
+        Ok(Some(entries))
+    }
+
     /// One statement, all or none, sent once the go-ahead came: a row
     /// appears only when it is committed, so there is no write to overlap
     /// with the caller's step.
@@ -612,11 +828,30 @@ impl MessageStore for PgMessages {
         }
     }
 
-    async fn apply(&self, ops: &[Op]) -> Applied {
+    /// In `step`'s transaction when it is one of this store's steps that
+    /// holds its key (fenced by that key's lock); else in a transaction of
+    /// its own.
+    async fn apply(
+        &self,
+        step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied {
         let mut results: Vec<Option<Result<Outcome, MailboxError>>> =
             ops.iter().map(|_| None).collect();
         let mut arrivals = BTreeSet::new();
-        if let Err(e) = self.apply_all(ops, &mut results, &mut arrivals).await {
+        let done = match step {
+            Some(step) if step.held() => {
+                let done = self
+                    .apply_in_step(step, ops, &mut results, &mut arrivals)
+                    .await;
+                if done.as_ref().is_err_and(Error::is_unavailable) {
+                    step.abandon();
+                }
+                done
+            }
+            _ => self.apply_all(ops, &mut results, &mut arrivals).await,
+        };
+        if let Err(e) = done {
             // Rolled back: nothing of the batch happened.
             let (text, unavailable) = (e.to_string(), e.is_unavailable());
             return Applied {
@@ -651,7 +886,7 @@ impl MessageStore for PgMessages {
                 at: at.clone(),
             })
             .collect();
-        self.apply(&ops).await.results
+        self.apply(None, &ops).await.results
     }
 
     /// One range scan of `messages_folder` that stops after

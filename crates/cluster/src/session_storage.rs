@@ -278,6 +278,21 @@ impl Step for PgStep {
         self.locked.is_some()
     }
 
+    fn abandon(&mut self) {
+        // Dropped, the lock closes its connection: the server rolls the
+        // transaction back and lets the key go.
+        self.locked = None;
+        self.joint = Joint::new(self.joint.registry);
+    }
+
+    fn put_beside(&mut self, write: Write, if_absent: bool) -> bool {
+        if self.locked.is_none() {
+            return false;
+        }
+        self.joint.put_session(write, if_absent);
+        true
+    }
+
     fn finish<'a>(mut self: Box<Self>, write: Option<&'a Write>) -> Pending<'a, ()> {
         Box::pin(async move {
             let Some(locked) = self.locked.take() else {

@@ -151,6 +151,7 @@ impl Hooks<String, u64> for Finalized {
         &'a self,
         key: &'a String,
         _session: &'a mut SessionData<u64>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
     ) -> BoxFuture<'a, Finalize> {
         let _ = self.0.send(key.clone());
         Box::pin(async { Finalize::End })

@@ -10,9 +10,19 @@ use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 use std::sync::Arc;
 
+/// The store migrated, with the mailboxes the tests write to made.
 async fn store(pg: &Postgres) -> Store {
     let store = Store::connect(&pg.url()).unwrap();
     store.migrate().await.unwrap();
+    let owners: Vec<Id> = ["db-a", "db-b"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..10).map(|d| format!("phone-{d}")))
+        .map(|o| id(&o))
+        .collect();
+    for made in PgMessages::new(store.clone()).create_mailboxes(&owners).await {
+        made.unwrap();
+    }
     store
 }
 
@@ -58,6 +68,7 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
         .await
         .unwrap();
     let messages = PgMessages::new(store);
+    messages.create_mailbox(&id("poison")).await.unwrap();
     let queue = Location::new(id("db-a"), Folder::Messages);
     let log = Location::new(id("db-a"), Folder::Log);
     let (a, b) = (message(1, "db-a", "sales"), message(2, "db-a", "sales"));
@@ -67,22 +78,25 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
         .unwrap();
 
     let applied = messages
-        .apply(&[
-            Op::Move {
-                name: FileName::of(&a),
-                from: queue.clone(),
-                to: log.clone(),
-            },
-            Op::Move {
-                name: FileName::of(&b),
-                from: queue.clone(),
-                to: Location::new(id("poison"), Folder::Messages),
-            },
-            Op::Delete {
-                name: FileName::of(&b),
-                at: queue.clone(),
-            },
-        ])
+        .apply(
+            None,
+            &[
+                Op::Move {
+                    name: FileName::of(&a),
+                    from: queue.clone(),
+                    to: log.clone(),
+                },
+                Op::Move {
+                    name: FileName::of(&b),
+                    from: queue.clone(),
+                    to: Location::new(id("poison"), Folder::Messages),
+                },
+                Op::Delete {
+                    name: FileName::of(&b),
+                    at: queue.clone(),
+                },
+            ],
+        )
         .await;
     assert_eq!(applied.results.len(), 3);
     assert!(applied.results.iter().all(Result::is_err), "{applied:?}");

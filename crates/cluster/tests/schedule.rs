@@ -17,9 +17,14 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The store migrated, with the mailboxes the tests write to made.
 async fn store(pg: &Postgres) -> Store {
     let store = Store::connect(&pg.url()).unwrap();
     store.migrate().await.unwrap();
+    let owners = ["db-a", "phone-1"].map(|o| Id::new(o).unwrap());
+    for made in PgMessages::new(store.clone()).create_mailboxes(&owners).await {
+        made.unwrap();
+    }
     store
 }
 
@@ -263,11 +268,14 @@ async fn two_nodes_dispatching_one_due_message_deliver_it_once() {
     let prepared = Location::new(reply.from.clone(), Folder::Prepared);
     third.put(&prepared, &reply).await.unwrap();
     let applied = third
-        .apply(&[MessageOp::Schedule {
-            name: FileName::of(&reply),
-            from: prepared,
-            until: Timestamp::from_millis(1_000),
-        }])
+        .apply(
+            None,
+            &[MessageOp::Schedule {
+                name: FileName::of(&reply),
+                from: prepared,
+                until: Timestamp::from_millis(1_000),
+            }],
+        )
         .await;
     assert!(applied.results[0].is_ok(), "{applied:?}");
 
@@ -325,7 +333,7 @@ async fn keep_aside(db: &Store, replies: &[Message]) {
             until: Timestamp::from_millis(1_000),
         });
     }
-    let applied = messages.apply(&ops).await;
+    let applied = messages.apply(None, &ops).await;
     assert!(applied.results.iter().all(Result::is_ok), "{applied:?}");
 }
 

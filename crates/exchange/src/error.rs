@@ -94,6 +94,9 @@ pub enum MailboxError {
     /// A blocking task panicked or was cancelled.
     #[error("a blocking storage task failed: {0}")]
     Join(String),
+    /// The mailbox was deleted: nothing is written into it any more.
+    #[error("no mailbox {0}: it was deleted")]
+    NoMailbox(crate::id::Id),
 }
 
 impl MailboxError {

@@ -132,8 +132,9 @@ pub trait UploadKeys: Send + Sync + 'static {
         key: &str,
         upload: &KeyedUpload,
     ) -> bool;
-    /// Forget `key` (its upload did not happen after all).
-    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError>;
+    /// Forget every key of `device` (it was deleted: one made again under
+    /// its id starts with none); how many there were.
+    fn remove_device(&self, device: &Id) -> Result<u64, KeysError>;
     /// Remove up to `max` entries expired at `now`, soonest expired first;
     /// how many were removed.
     fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError>;
@@ -257,22 +258,32 @@ impl UploadKeys for RedbKeys {
         false
     }
 
-    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
+    fn remove_device(&self, device: &Id) -> Result<u64, KeysError> {
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let mut removed = 0;
         {
             let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
             let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
+            let d = device.as_str();
+            // Every (device, key) sorts before (device + NUL, ""): no id
+            // holds a NUL.
+            let next = format!("{d}\0");
             let gone = keys
-                .remove((device.as_str(), key))
-                .map_err(|e| self.fail(e))?
-                .and_then(|old| decode(old.value()));
-            if let Some(old) = gone {
-                expiry
-                    .remove((old.expires_at.as_millis(), device.as_str(), key))
-                    .map_err(|e| self.fail(e))?;
+                .extract_from_if((d, "")..(next.as_str(), ""), |_, _| true)
+                .map_err(|e| self.fail(e))?;
+            for entry in gone {
+                let (k, v) = entry.map_err(|e| self.fail(e))?;
+                let (_, key) = k.value();
+                if let Some(old) = decode(v.value()) {
+                    expiry
+                        .remove((old.expires_at.as_millis(), d, key))
+                        .map_err(|e| self.fail(e))?;
+                }
+                removed += 1;
             }
         }
-        txn.commit().map_err(|e| self.fail(e))
+        txn.commit().map_err(|e| self.fail(e))?;
+        Ok(removed)
     }
 
     fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
@@ -347,9 +358,12 @@ mod tests {
         assert_eq!(keys.get(&id("a"), "k", now).unwrap(), Some(upload(1, 100)));
         assert_eq!(keys.get(&id("b"), "k", now).unwrap(), Some(upload(2, 100)));
         assert_eq!(keys.get(&id("a"), "other", now).unwrap(), None);
-        keys.remove(&id("a"), "k").unwrap();
+        keys.put(&id("a"), "k2", &upload(3, 100)).unwrap();
+        assert_eq!(keys.remove_device(&id("a")).unwrap(), 2);
         assert_eq!(keys.get(&id("a"), "k", now).unwrap(), None);
+        assert_eq!(keys.get(&id("a"), "k2", now).unwrap(), None);
         assert_eq!(keys.len().unwrap(), 1);
+        assert_eq!(keys.expire(Timestamp::from_millis(1_000), 10).unwrap(), 1);
     }
 
     #[test]

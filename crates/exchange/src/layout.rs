@@ -11,6 +11,7 @@
 //!     alerts-repeat.redb   pending alert deliveries
 //!     push-repeat.redb     pending push notifications
 //!     events.redb          the event log
+//!     removed/<id>         one empty file per deleted mailbox (until made again)
 //! ```
 //!
 //! Mailbox ids never start with a dot ([`crate::Id`]), so `.estafeta` cannot
@@ -93,6 +94,11 @@ impl DataLayout {
     pub fn events(&self) -> PathBuf {
         self.state_dir().join("events.redb")
     }
+
+    /// The deleted mailboxes, one empty file each, named by the id.
+    pub fn removed(&self) -> PathBuf {
+        self.state_dir().join("removed")
+    }
 }
 
 #[cfg(test)]
@@ -111,6 +117,7 @@ mod tests {
             layout.alert_deliveries(),
             layout.push_deliveries(),
             layout.events(),
+            layout.removed(),
         ];
         let names: std::collections::BTreeSet<_> = files.iter().map(|f| f.file_name()).collect();
         assert_eq!(names.len(), files.len());

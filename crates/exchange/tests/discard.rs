@@ -33,8 +33,14 @@ impl MessageStore for Flaky {
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
         self.inner.remove_mailbox(owner).await
     }
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.scheduled_for(owner).await
+    }
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         self.inner.put(at, message).await
+    }
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
+        self.inner.schedule(message, until).await
     }
     fn put_in_step(
         &self,
@@ -52,8 +58,36 @@ impl MessageStore for Flaky {
     ) -> Result<Vec<FileEntry>, MailboxError> {
         self.inner.put_all(at, messages, when).await
     }
-    async fn apply(&self, ops: &[Op]) -> Applied {
-        self.inner.apply(ops).await
+    fn put_all_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
+        self.inner.put_all_in_step(step, at, messages)
+    }
+    async fn apply(
+        &self,
+        step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied {
+        let deletes = ops.iter().any(|op| matches!(op, Op::Delete { .. }));
+        if deletes && self.down.load(Ordering::SeqCst) {
+            return Applied {
+                results: ops
+                    .iter()
+                    .map(|_| {
+                        Err(MailboxError::store(
+                            "test:delete",
+                            "connection closed",
+                            true,
+                        ))
+                    })
+                    .collect(),
+                arrivals: Default::default(),
+            };
+        }
+        self.inner.apply(step, ops).await
     }
     async fn delete_all(
         &self,

@@ -213,6 +213,25 @@ impl<K: SessionKey, S: State> Engine<K, S> {
         self.shared.core().now()
     }
 
+    /// The write that stores a session of `state` under `key`, expiring at
+    /// `expires_at`, as this engine stores a new session: for a caller that
+    /// writes it beside another key's step
+    /// ([`Step::put_beside`](crate::storage::Step::put_beside)), which a
+    /// shared storage makes as fenced as that step's own save. The engine
+    /// reads it back as any stored record.
+    pub fn record(
+        &self,
+        key: &K,
+        state: S,
+        expires_at: Option<Timestamp>,
+    ) -> Result<crate::storage::Write, Error> {
+        let core = self.shared.core();
+        let mut s = core.fresh();
+        s.state = state;
+        s.expires_at = expires_at;
+        core.put(key, &s)
+    }
+
     /// Stop: new requests and queued commands get [`Error::Stopping`],
     /// running commands finish, then every dirty session is saved in one
     /// durable batch. An error means some sessions could not be saved, or
@@ -332,8 +351,13 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
     /// synchronous constructor (`Arc::new_cyclic`, for hooks that refer to
     /// what owns the engine).
     pub async fn load(mut self) -> Result<Loaded<K, S, I>, Error> {
+        // A shared storage's deadlines are read from it as they come due
+        // (`Shared::due`): nothing to load, whatever the store holds.
         let storage = self.storage.clone();
-        let deadlines = blocking(move || storage.deadlines()).await?;
+        let deadlines = match storage.shared() {
+            Some(_) => Vec::new(),
+            None => blocking(move || storage.deadlines()).await?,
+        };
         for (kb, t) in deadlines {
             match K::from_bytes(&kb) {
                 Some(k) => self.index.touch(&k, Some(t), None),

@@ -155,6 +155,17 @@ impl<K: SessionKey, S: State> Transaction<'_, K, S> {
         Ok(())
     }
 
+    /// Whether the command still holds the key, as
+    /// [`SessionGuard::holds`] tells.
+    pub fn holds(&self) -> bool {
+        self.guard.holds()
+    }
+
+    /// The step the command runs in, as [`SessionGuard::step`] tells.
+    pub fn step(&mut self) -> Option<&mut dyn crate::storage::Step> {
+        self.guard.step()
+    }
+
     /// [`commit`](Self::commit) as the command's last change of the
     /// session. With a shared storage, the commit that makes it durable
     /// also lets the key go in the store (one round trip, and nothing left

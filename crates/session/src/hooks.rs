@@ -2,6 +2,7 @@
 //! expired sessions, and what to do with sessions saved before a restart.
 
 use crate::data::SessionData;
+use crate::storage::Step;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -35,18 +36,24 @@ pub trait Hooks<K, S>: Send + Sync + 'static {
     /// The session's expiration passed. The hook has exclusive access; it
     /// may await (a "long call"), change the session and keep it with a new
     /// deadline, or end it. Commands that arrive meanwhile wait and then run
-    /// on what it left.
+    /// on what it left. With a shared storage, `step` is the step that holds
+    /// the key (writes the hook makes beside the session through it become
+    /// durable with the session's save after the hook, or not at all); with
+    /// a storage of this engine alone it is `None`.
     fn finalize<'a>(
         &'a self,
         _key: &'a K,
         _session: &'a mut SessionData<S>,
+        _step: Option<&'a mut dyn Step>,
     ) -> BoxFuture<'a, Finalize> {
         Box::pin(async { Finalize::End })
     }
 
     /// The session is loaded for the first time since the engine was opened
     /// and was saved before (by an earlier run). Runs before any command
-    /// sees it; recovery goes here.
+    /// sees it; recovery goes here. Never called with a shared storage (a
+    /// record of an older run may be another live engine's), so there is no
+    /// step to hand it.
     fn first_load<'a>(
         &'a self,
         _key: &'a K,

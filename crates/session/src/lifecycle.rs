@@ -130,7 +130,11 @@ impl<K: SessionKey, S: State> Core<K, S> {
     ) -> Option<SessionData<S>> {
         if s.expires_at.is_some_and(|t| t <= self.now()) {
             Counters::add(&self.counters.finalize_calls, 1);
-            let verdict = self.hooks.finalize(key, &mut s).await;
+            let held: Option<&mut dyn Step> = match step.as_deref_mut() {
+                Some(held) if held.held() => Some(held),
+                _ => None,
+            };
+            let verdict = self.hooks.finalize(key, &mut s, held).await;
             s = self.settle(key, s, verdict, step).await?;
         }
         if !self.shared && s.stored && s.generation < self.generation {

@@ -328,6 +328,7 @@ impl estafeta_session::Hooks<String, Counter> for HangOnce {
         &'a self,
         _key: &'a String,
         s: &'a mut estafeta_session::SessionData<Counter>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
     ) -> estafeta_session::BoxFuture<'a, estafeta_session::Finalize> {
         Box::pin(async move {
             if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {

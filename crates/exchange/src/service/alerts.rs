@@ -13,7 +13,7 @@ pub use super::alert_kind::AlertKind;
 use super::core::Core;
 use crate::Timestamp;
 use crate::wire::ErrorCode;
-use estafeta_session::BoxFuture;
+use estafeta_session::{BoxFuture, Step};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -65,6 +65,19 @@ pub trait AlertSink: Send + Sync + 'static {
     /// The condition with this key ended (a process in doubt was settled, a
     /// FAILED one finished its moves): a later alert with it is news again.
     fn clear(&self, key: String) -> BoxFuture<'_, ()>;
+    /// [`raise`](Self::raise) as part of `step`, the step a command holds
+    /// in a shared session store whose transactions the sink writes in:
+    /// the alert is then recorded with the step's next save or end, or not
+    /// at all (a server that lost the step's key raises nothing). `false`
+    /// (the default): the sink cannot; nothing was done.
+    fn raise_in_step(&self, _step: &mut dyn Step, _alert: &Alert) -> bool {
+        false
+    }
+    /// [`clear`](Self::clear) as part of `step`, as
+    /// [`raise_in_step`](Self::raise_in_step).
+    fn clear_in_step(&self, _step: &mut dyn Step, _key: &str) -> bool {
+        false
+    }
 }
 
 /// The default sink: the tracing event is the whole alert.

@@ -5,10 +5,11 @@
 
 use super::ExchangeConfig;
 use super::alert_kind::AlertKind;
+use super::alerts::{Alert, key};
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;
-use super::state::{DbRecord, FileOp, Owner, loc};
+use super::state::{DbRecord, FileOp, Owner, ProcessRecord, loc};
 use super::tally::DbRows;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder, Location, MessageStore, Op};
@@ -115,16 +116,17 @@ impl Core {
         self.clock.now()
     }
 
-    /// Hand a step's batch to the message store. An op whose message is
-    /// already where it should be, or gone, counts as done (it was done
-    /// before a crash, or retention removed the message); a missing one
-    /// raises an alert.
-    /// The recipients are told of their arrivals with the registry as of
-    /// `registry`, a shared registry's change counter read with the lock of
-    /// the step that holds the batch's session (`None`: the counter is read
-    /// first).
+    /// Hand a step's batch to the message store, in `held`, the step the
+    /// batch's session holds (see [`Held`]). An op whose message is already
+    /// where it should be, or gone, counts as done (it was done before a
+    /// crash, or retention removed the message); a missing one raises an
+    /// alert. The recipients are told of their arrivals with the registry
+    /// as of `registry`, a shared registry's change counter read with the
+    /// lock of the step that holds the batch's session (`None`: the
+    /// counter is read first).
     pub(crate) async fn run_ops(
         &self,
+        mut held: Held<'_>,
         steps: &[FileOp],
         registry: Option<u64>,
     ) -> Result<(), MailboxError> {
@@ -147,12 +149,12 @@ impl Core {
                 },
             })
             .collect();
-        // Named points for the fault-injection harness: a crash after the
-        // step that recorded the batch and before the store has any of it,
-        // and a crash once the store has all of it (run again after the
-        // crash, each op finds itself done).
+        // Named points for the fault-injection harness: a crash (or a
+        // pause) after the step that recorded the batch and before the
+        // store has any of it, and a crash once the store has all of it
+        // (run again after the crash, each op finds itself done).
         fail::fail_point!("messages::apply");
-        let applied = self.store.apply(&ops).await;
+        let applied = self.store.apply(again(&mut held), &ops).await;
         fail::fail_point!("messages::applied");
         self.announce(&applied.arrivals, registry).await;
         let mut first_error = None;
@@ -160,14 +162,15 @@ impl Core {
             let Err(e) = r else { continue };
             match &e {
                 MailboxError::NotFound { name, .. } => {
-                    self.raise_alert(
+                    let alert = Alert::new(
                         AlertKind::MissingFile,
                         name,
                         format!(
                             "{e}: lost, or removed by hand or by retention; the step is counted as done"
                         ),
-                    )
-                    .await;
+                        self.now(),
+                    );
+                    self.raise_in(again(&mut held), alert).await;
                 }
                 _ => {
                     first_error.get_or_insert(e);
@@ -178,6 +181,29 @@ impl Core {
             None => Ok(()),
             Some(e) => Err(e),
         }
+    }
+
+    /// Raise `alert` as part of `held` when the alert sink writes in the
+    /// step's store (durable with the step's save, or not at all), else on
+    /// its own.
+    pub(crate) async fn raise_in(&self, held: Held<'_>, alert: Alert) {
+        if let Some(step) = held
+            && self.alerts.raise_in_step(step, &alert)
+        {
+            return;
+        }
+        self.alerts.raise(alert).await;
+    }
+
+    /// The condition `key` ended, as part of `held` when the sink can (as
+    /// [`raise_in`](Self::raise_in)).
+    pub(crate) async fn clear_in(&self, held: Held<'_>, key: String) {
+        if let Some(step) = held
+            && self.alerts.clear_in_step(step, &key)
+        {
+            return;
+        }
+        self.alerts.clear(key).await;
     }
 
     /// The session `g` a call took for `who` (its device's or database's),
@@ -228,47 +254,66 @@ impl Core {
         }
     }
 
-    /// Record in the process's own session who owns it and how it ended,
-    /// durably (unless it says so durably already); or that it lives
-    /// (`ended: None`), if it has no owner record yet, saved in the
-    /// background (see [`Step::Owner`]), or durably with a shared store.
+    /// Record in the process's own session who owns it and how it ended
+    /// (unless it says so already); or that it lives (`ended: None`), if it
+    /// has no owner record yet. In `held` when the session store writes
+    /// other keys' records in a step (a shared store): then durable with
+    /// the step's save, fenced by its lock. Else through the process's own
+    /// session: durably for an end; a live process's record in the
+    /// background (see [`Step::Owner`]: start-up processing writes it again
+    /// when a crash lost it).
     pub(crate) async fn write_owner(
         &self,
+        held: Held<'_>,
         pid: &ProcessId,
         db: &Id,
         ended: Option<ProcessState>,
     ) -> Result<(), ExchangeError> {
-        let sessions = &self.sessions;
-        let mut g = sessions.process.get(*pid, true).await?.ok_or_else(|| {
-            ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
-        })?;
         let wanted = Owner {
             db: db.clone(),
             ended,
         };
+        let expiry = ended.map(|_| self.session_now().after(self.config.retention));
+        if let Some(step) = held {
+            let record = ProcessRecord {
+                owner: Some(wanted.clone()),
+            };
+            let write = self.sessions.process_write(pid, record, expiry)?;
+            if step.put_beside(write, ended.is_none()) {
+                self.count_end(ended);
+                return Ok(());
+            }
+        }
+        let mut g = self
+            .sessions
+            .process
+            .get(*pid, true)
+            .await?
+            .ok_or_else(|| {
+                ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
+            })?;
         match &g.state().owner {
             Some(_) if ended.is_none() => return Ok(()),
             Some(o) if *o == wanted && !g.is_dirty() => return Ok(()),
             _ => {}
         }
         g.persistent_mut().owner = Some(wanted);
-        let expiry = ended.map(|_| self.session_now().after(self.config.retention));
         g.set_expires_at(expiry);
-        if let Some(state) = ended {
+        if ended.is_some() {
             g.release().await?;
-            // Counted once, by the write that records the end.
-            if let Some(o) = self.config.quiesce.observer() {
-                o.ended(state);
-            }
-        } else if self.sessions.shared {
-            // A live process's record is written again by start-up
-            // processing when a crash lost it, which a shared store does
-            // not run: there it is durable before the call answers.
-            g.release().await?;
+            self.count_end(ended);
         }
         // Dropped with its change: saved in the background, the process's
         // key held until then.
         Ok(())
+    }
+
+    /// Tells the commit observer that a process ended (counted once, by the
+    /// write that records the end).
+    fn count_end(&self, ended: Option<ProcessState>) {
+        if let (Some(state), Some(o)) = (ended, self.config.quiesce.observer()) {
+            o.ended(state);
+        }
     }
 
     /// The owner record of a process, if it was ever issued.
@@ -282,14 +327,14 @@ impl Core {
     }
 
     /// Delete reply files from a database's `Prepared` (a missing one
-    /// counts as deleted). A store out of reach fails the step: it comes
-    /// before the step's save, so the record keeps naming the files and
-    /// the step is tried again (a call answered 503, a deadline retried),
-    /// where a shared store has no start-up look for files no record
-    /// names. Other failures are logged: the file store's start-up moves
+    /// counts as deleted), in `held`. A store out of reach fails the step:
+    /// it comes before the step's save, so the record keeps naming the
+    /// files and the step is tried again (a call answered 503, a deadline
+    /// retried). Other failures are logged: start-up processing moves
     /// leftovers to `Unknown`.
     pub(crate) async fn discard_prepared(
         &self,
+        held: Held<'_>,
         db: &Id,
         names: &[FileName],
     ) -> Result<(), ExchangeError> {
@@ -297,8 +342,15 @@ impl Core {
             return Ok(());
         }
         let prepared = self.location(db, Folder::Prepared);
+        let deletes: Vec<Op> = names
+            .iter()
+            .map(|name| Op::Delete {
+                name: name.clone(),
+                at: prepared.clone(),
+            })
+            .collect();
         let mut unreachable = None;
-        for r in self.store.delete_all(&prepared, names).await {
+        for r in self.store.apply(held, &deletes).await.results {
             match r {
                 Ok(_) | Err(MailboxError::NotFound { .. }) => {}
                 Err(e) if e.is_unavailable() => unreachable = Some(e),
@@ -323,30 +375,43 @@ impl Core {
     }
 
     /// Carry out one step of the lifecycle that does not touch the
-    /// database record (the callers save it and set its deadline).
-    async fn carry_out(&self, step: Step, out: &mut Carried) -> Result<(), ExchangeError> {
+    /// database record (the callers save it and set its deadline), in
+    /// `held`, the step the database's session holds.
+    async fn carry_out(
+        &self,
+        mut held: Held<'_>,
+        step: Step,
+        out: &mut Carried,
+    ) -> Result<(), ExchangeError> {
         match step {
             Step::Owner { pid, db, ended } => {
                 if !out.wrote_owner(&pid, ended) {
-                    self.write_owner(&pid, &db, ended).await?;
+                    self.write_owner(held, &pid, &db, ended).await?;
                     out.owner_written(pid, ended);
                 }
             }
-            Step::Discard { db, names } => self.discard_prepared(&db, &names).await?,
+            Step::Discard { db, names } => self.discard_prepared(held, &db, &names).await?,
             Step::Run { pid, ops } => {
-                let result = self
-                    .run_ops(&ops, out.registry)
-                    .await
-                    .map_err(|e| e.to_string());
+                let result = self.run_ops(again(&mut held), &ops, out.registry).await;
+                // A step that lost its session's key wrote nothing and can
+                // write nothing more: the call ends here, and whichever
+                // server holds the key now carries on.
+                if let Err(e) = &result
+                    && !held.as_deref().is_none_or(|step| step.held())
+                {
+                    return Err(lost(e));
+                }
+                let result = result.map_err(|e| e.to_string());
                 out.next.push_back(Event::Ran { pid, result });
             }
             Step::Raise { kind, pid, text } => {
-                if let (AlertKind::InDoubt, Some(o)) = (kind, self.config.quiesce.observer()) {
-                    o.ended(ProcessState::InDoubt);
+                if kind == AlertKind::InDoubt {
+                    self.count_end(Some(ProcessState::InDoubt));
                 }
-                self.raise_alert(kind, pid, text).await
+                self.raise_in(held, Alert::new(kind, pid, text, self.now()))
+                    .await
             }
-            Step::Clear { kind, pid } => self.clear_alert(kind, pid).await,
+            Step::Clear { kind, pid } => self.clear_in(held, key(kind, pid)).await,
             Step::Count(found) => count(match found {
                 Found::TimedOut => &self.recovery.timed_out,
                 Found::Cleanup => &self.recovery.cleanups,
@@ -359,16 +424,38 @@ impl Core {
     }
 
     /// Run `event` through the lifecycle on a held database session (a
-    /// protocol call): each event's change is staged and becomes the
-    /// session's state at its [`Step::Save`], once durable; an error leaves
-    /// the change of the event at hand unsaved (file operations are
-    /// idempotent and run again). With `last`, the caller changes the
-    /// session no more once this returns: the save after which nothing
-    /// needs the key held ([`ends_step`]) is the session's last change
-    /// ([`Transaction::commit_last`](estafeta_session::Transaction::commit_last):
-    /// with a shared store, its commit lets the key go, and the release
-    /// has nothing left to commit).
+    /// protocol call). Each event's change is staged; the steps before its
+    /// [`Step::Save`] are carried out in the staged change's step, then the
+    /// change becomes the session's state at the save, once durable (with
+    /// a shared store, with everything the steps wrote beside it, in one
+    /// transaction), then the steps after it run in the session's step. An
+    /// error leaves the change of the event at hand unsaved (file
+    /// operations are idempotent and run again). With `last`, the caller
+    /// changes the session no more once this returns: the save after which
+    /// nothing needs the key held ([`ends_step`]) is the session's last
+    /// change ([`Transaction::commit_last`](estafeta_session::Transaction::commit_last):
+    /// with a shared store, its commit lets the key go, and the release has
+    /// nothing left to commit). A session whose step lost its key (another
+    /// server took it over) gets nothing more written.
     pub(crate) async fn drive(
+        &self,
+        g: &mut SessionGuard<Id, DbRecord>,
+        event: Event,
+        last: bool,
+    ) -> Result<Answer, ExchangeError> {
+        let driven = self.drive_steps(g, event, last).await;
+        // What a failed run wrote beside the record in the session's step
+        // is not kept: the step goes, and the call with it.
+        if driven.is_err()
+            && let Some(step) = g.step()
+        {
+            step.abandon();
+        }
+        driven
+    }
+
+    /// [`drive`](Self::drive), the failures left to it.
+    async fn drive_steps(
         &self,
         g: &mut SessionGuard<Id, DbRecord>,
         event: Event,
@@ -386,54 +473,40 @@ impl Core {
         while let Some(event) = out.next.pop_front() {
             let mut staged = g.begin();
             let steps = lifecycle::step(staged.state_mut(), event, &ctx);
-            let mut staged = Some(staged);
+            let save = steps.iter().position(|s| matches!(s, Step::Save));
             let final_save = match last {
                 true => ends_step(&steps),
                 false => None,
             };
-            let mut steps = steps.into_iter().enumerate().peekable();
-            while let Some((i, step)) = steps.next() {
+            let mut steps = steps.into_iter();
+            for step in steps.by_ref().take(save.unwrap_or(usize::MAX)) {
                 match step {
-                    Step::Owner { pid, db, ended } => {
-                        let write = !out.wrote_owner(&pid, ended);
-                        let owner = async {
-                            match write {
-                                true => self.write_owner(&pid, &db, ended).await,
-                                false => Ok(()),
-                            }
-                        };
-                        match steps.next_if(|(_, s)| matches!(s, Step::Run { .. })) {
-                            Some((_, run)) => {
-                                let (owner, ran) =
-                                    tokio::join!(owner, self.carry_out(run, &mut out));
-                                owner?;
-                                ran?;
-                            }
-                            None => owner.await?,
-                        }
-                        if write {
-                            out.owner_written(pid, ended);
-                        }
+                    Step::Deadline(at) => staged.set_expires_at(at),
+                    other => {
+                        let held = held(staged.holds(), staged.step())?;
+                        self.carry_out(held, other, &mut out).await?;
                     }
-                    Step::Deadline(at) => {
-                        if let Some(tx) = staged.as_mut() {
-                            tx.set_expires_at(at);
-                        }
+                }
+            }
+            let Some(i) = save else {
+                continue;
+            };
+            staged.persistent_mut();
+            let rows = DbRows::of(staged.state());
+            match final_save == Some(i) && out.next.is_empty() {
+                true => staged.commit_last().await?,
+                false => staged.commit().await?,
+            }
+            // No await between: the record is the session's exactly when
+            // its processes are the list's.
+            self.process_tally.replace(&db, rows);
+            for step in steps.skip(1) {
+                match step {
+                    Step::Deadline(_) | Step::Save => {}
+                    other => {
+                        let held = held(g.holds(), g.step())?;
+                        self.carry_out(held, other, &mut out).await?;
                     }
-                    Step::Save => {
-                        if let Some(mut tx) = staged.take() {
-                            tx.persistent_mut();
-                            let rows = DbRows::of(tx.state());
-                            match final_save == Some(i) && out.next.is_empty() {
-                                true => tx.commit_last().await?,
-                                false => tx.commit().await?,
-                            }
-                            // No await between: the record is the session's
-                            // exactly when its processes are the list's.
-                            self.process_tally.replace(&db, rows);
-                        }
-                    }
-                    other => self.carry_out(other, &mut out).await?,
                 }
             }
         }
@@ -441,27 +514,38 @@ impl Core {
     }
 
     /// Run `event` (a deadline, start-up recovery) through the lifecycle
-    /// inside a session hook: the engine saves the session after the hook.
-    /// On an error the session keeps its state as it was.
+    /// inside a session hook, in `step`, the step the engine holds the
+    /// session in (with a shared store): the engine saves the session after
+    /// the hook, with everything written in the step. On an error the
+    /// session keeps its state as it was.
     pub(crate) async fn drive_hook(
         &self,
         db: &Id,
         s: &mut SessionData<DbRecord>,
+        mut step: Held<'_>,
         event: Event,
     ) -> Result<(), ExchangeError> {
         let ctx = self.ctx();
         let mut rec = s.state().clone();
         let mut deadline = s.expires_at();
         let mut changed = false;
-        let mut out = Carried::default();
+        let mut out = Carried {
+            registry: again(&mut step).and_then(|step| self.registry.version_in_step(step)),
+            ..Carried::default()
+        };
         out.next.push_back(event);
         while let Some(event) = out.next.pop_front() {
-            for step in lifecycle::step(&mut rec, event, &ctx) {
-                match step {
-                    Step::Deadline(at) => deadline = at,
-                    Step::Save => changed = true,
-                    other => self.carry_out(other, &mut out).await?,
+            for each in lifecycle::step(&mut rec, event, &ctx) {
+                let done = match each {
+                    Step::Deadline(at) => Ok(deadline = at),
+                    Step::Save => Ok(changed = true),
+                    other => self.carry_out(again(&mut step), other, &mut out).await,
+                };
+                // What the hook wrote in the step is not kept (see `drive`).
+                if let (Err(_), Some(step)) = (&done, again(&mut step)) {
+                    step.abandon();
                 }
+                done?;
             }
         }
         if changed {
@@ -483,6 +567,41 @@ impl Core {
     pub(crate) fn location(&self, id: &Id, folder: Folder) -> Location {
         Location::new(id.clone(), folder)
     }
+}
+
+/// The step a session's command holds in a shared session store, which
+/// writes beside the record join (see
+/// [`Step::joint`](estafeta_session::storage::Step::joint)); `None` with a
+/// session store of this server alone.
+pub(crate) type Held<'a> = Option<&'a mut dyn estafeta_session::storage::Step>;
+
+/// `held` lent for one call, to be used again after it.
+pub(crate) fn again<'b>(held: &'b mut Held<'_>) -> Held<'b> {
+    match held {
+        Some(step) => Some(&mut **step),
+        None => None,
+    }
+}
+
+/// The step `step` of a command whose session `holds` its key: an error
+/// once it does not (with a shared store, another server took the key over
+/// after a save: nothing more may be written from this command's view).
+fn held(holds: bool, step: Held<'_>) -> Result<Held<'_>, ExchangeError> {
+    match holds {
+        true => Ok(step),
+        false => Err(ExchangeError::unavailable(
+            ErrorCode::StorageError,
+            "another server took the session over; nothing more was written (retry)",
+        )),
+    }
+}
+
+/// A step's writes failed and its step no longer holds the key.
+fn lost(e: &MailboxError) -> ExchangeError {
+    ExchangeError::unavailable(
+        ErrorCode::StorageError,
+        format!("the session's step lost its key while writing ({e}); nothing of it was kept"),
+    )
 }
 
 /// Where in `steps` the save is after which nothing needs the database's

@@ -136,7 +136,8 @@ impl Core {
                 UploadOutcome::Repeated,
             ));
         }
-        // The key and the file name are durable before the file is written.
+        // The key and the file name are durable before the file is
+        // written.
         let ttl = i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
         let upload = KeyedUpload {
             name: FileName::of(&message).to_string(),
@@ -154,21 +155,10 @@ impl Core {
             move |keys| keys.put(&device, &key, &upload)
         })
         .await?;
-        if let Err(e) = self.place(&message, deliver_at).await {
-            // The file was not written: the upload did not happen, so its
-            // key goes. Should forgetting it fail too, the retry finds the
-            // key without its file and writes the file then.
-            let forgotten = self
-                .with_keys({
-                    let (device, key) = (dev.id.clone(), key.clone());
-                    move |keys| keys.remove(&device, &key)
-                })
-                .await;
-            if let Err(forget) = forgotten {
-                tracing::warn!(error = %forget, "forgetting the key of a failed upload");
-            }
-            return Err(e);
-        }
+        // Should the write fail, or its outcome be unknown, the key stays:
+        // the retry with it finds the key and writes this very message
+        // (same id) if it is not there, so no outcome makes a second one.
+        self.place(&message, deliver_at).await?;
         self.received(g, &message, body_bytes, now, false).await
     }
 
@@ -384,7 +374,7 @@ impl Core {
                     .collect();
                 let mut acked = 0;
                 let mut failed = None;
-                for r in self.store.apply(&moves).await.results {
+                for r in self.store.apply(None, &moves).await.results {
                     match r {
                         Ok(_) => acked += 1,
                         Err(crate::error::MailboxError::NotFound { .. }) => {}

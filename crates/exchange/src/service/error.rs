@@ -93,6 +93,9 @@ impl ExchangeError {
 
 impl From<crate::error::MailboxError> for ExchangeError {
     fn from(e: crate::error::MailboxError) -> Self {
+        if let crate::error::MailboxError::NoMailbox(id) = &e {
+            return ExchangeError::forbidden(format!("{id} is not a mailbox: it was deleted"));
+        }
         if e.is_unavailable() {
             tracing::error!(error = %e, "mailbox operation failed: the store is unavailable; retry later");
             return ExchangeError::store_unavailable(e.to_string());

@@ -6,7 +6,7 @@ use super::core::Core;
 use super::lifecycle::{Event, RETRY};
 use super::state::DbRecord;
 use crate::Id;
-use estafeta_session::{BoxFuture, Finalize, Hooks, SessionData};
+use estafeta_session::{BoxFuture, Finalize, Hooks, SessionData, Step};
 use std::sync::Weak;
 
 pub(crate) struct ExchangeHooks {
@@ -15,9 +15,15 @@ pub(crate) struct ExchangeHooks {
 }
 
 impl ExchangeHooks {
-    /// Carry out `event` on the session; on failure it is tried again after
-    /// [`RETRY`].
-    async fn handle(&self, key: &Id, s: &mut SessionData<DbRecord>, event: Event) -> Finalize {
+    /// Carry out `event` on the session, in `step` (see
+    /// [`Core::drive_hook`]); on failure it is tried again after [`RETRY`].
+    async fn handle(
+        &self,
+        key: &Id,
+        s: &mut SessionData<DbRecord>,
+        step: Option<&mut dyn Step>,
+        event: Event,
+    ) -> Finalize {
         let Some(core) = self.core.upgrade() else {
             return Finalize::Keep;
         };
@@ -26,7 +32,7 @@ impl ExchangeHooks {
             Event::Recover => "start-up processing",
             _ => "process deadline handling",
         };
-        if let Err(e) = core.drive_hook(key, s, event).await {
+        if let Err(e) = core.drive_hook(key, s, step, event).await {
             tracing::error!(db = %key, error = %e, "{what} failed; retrying");
             s.set_expires_at(Some(core.session_now().after(RETRY)));
         }
@@ -53,8 +59,9 @@ impl Hooks<Id, DbRecord> for ExchangeHooks {
         &'a self,
         key: &'a Id,
         s: &'a mut SessionData<DbRecord>,
+        step: Option<&'a mut dyn Step>,
     ) -> BoxFuture<'a, Finalize> {
-        Box::pin(self.handle(key, s, Event::Deadline))
+        Box::pin(self.handle(key, s, step, Event::Deadline))
     }
 
     /// A database's session ended: its processes leave the list.
@@ -69,6 +76,6 @@ impl Hooks<Id, DbRecord> for ExchangeHooks {
         key: &'a Id,
         s: &'a mut SessionData<DbRecord>,
     ) -> BoxFuture<'a, Finalize> {
-        Box::pin(self.handle(key, s, Event::Recover))
+        Box::pin(self.handle(key, s, None, Event::Recover))
     }
 }

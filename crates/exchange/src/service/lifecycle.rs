@@ -33,9 +33,9 @@
 //! server by itself: the live process's timeout or retry, or the retry of
 //! a settlement in doubt whose moves failed.
 //!
-//! Every ended process's owner record is written ([`Step::Owner`]) before
-//! the database record that ends it is saved ([`Step::Save`]); a live
-//! one's after the save that starts it, without waiting; a change
+//! Every process's owner record is written ([`Step::Owner`]) before the
+//! database record that starts or ends it is saved ([`Step::Save`]) (a
+//! live one's without waiting for it); a change
 //! that file moves depend on (the intent record: CLEANUP with every move,
 //! the moves into doubt, an in-doubt process's late verdict) is saved
 //! before the moves run
@@ -183,11 +183,11 @@ pub(crate) enum Step {
     /// commit is saved, how it will end: the database record is asked
     /// first while it holds the process), before the [`Step::Save`] that
     /// lets the database forget it; a record already durable is not
-    /// written again. Or record that it lives (`ended: None`), after the
-    /// save that made it live, only if it has no owner record yet and
-    /// without waiting for that record to be durable (start-up recovery
-    /// writes it again for every process the database holds). An owner
-    /// record followed by a [`Step::Run`] is written while the files move.
+    /// written again. Or record that it lives (`ended: None`), before the
+    /// save that makes it live, only if it has no owner record yet: with a
+    /// shared store in the same transaction as that save; otherwise without
+    /// waiting for that record to be durable (start-up recovery writes it
+    /// again for every process the database holds).
     Owner {
         pid: ProcessId,
         db: Id,
@@ -332,12 +332,12 @@ fn start(
     rec.process = Some(Process::started(pid, db.clone(), messages, ctx.now));
     vec![
         Step::Deadline(next_deadline(rec, ctx)),
-        Step::Save,
         Step::Owner {
             pid,
             db,
             ended: None,
         },
+        Step::Save,
         Step::Answer(Answer::Ok),
     ]
 }

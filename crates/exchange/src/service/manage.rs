@@ -3,24 +3,28 @@
 //! server still remembers for the messages in a database's `Error`.
 //!
 //! A database or device is deleted only when its mailbox holds no message
-//! besides `Log` and no process of it is open, unless forced: a forced
-//! delete aborts the live process, settles those in doubt as rolled back,
-//! and deletes every file of the mailbox.
+//! besides `Log`, none waits for its `deliver_at` to enter it and no
+//! process of it is open, unless forced: a forced delete aborts the live
+//! process, settles those in doubt as rolled back, and discards every
+//! message of the mailbox and every one kept aside for it.
 
 use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::Exchange;
 use super::admin::{admin, summary};
+use super::core::Core;
 use super::error::ExchangeError;
+use super::lifecycle::Event;
+use super::state::{DbRecord, DeviceRecord};
 use crate::store::Folder;
 use crate::tenancy::{Endpoint, Kind, Principal, Role};
 use crate::token::Token;
+use crate::wire::ProcessState;
 use crate::wire::{
-    AbortRequest, Deleted, EndpointDetail, EnterpriseDetail, FolderCounts, ProcessSummary,
-    ResultStatus, Version,
+    Deleted, EndpointDetail, EnterpriseDetail, FolderCounts, ProcessSummary, ResultStatus, Version,
 };
-use crate::{Id, MessageId};
+use crate::{Id, MessageId, ProcessId};
 
 impl Exchange {
     /// Admin: up to `limit` enterprises after `after`, each with its subsystems.
@@ -123,8 +127,14 @@ impl Exchange {
     }
 
     /// Admin: delete a database or device and its mailbox. Refused (409
-    /// `not_empty`) while its mailbox holds messages besides `Log` or a
-    /// process of it is open, unless `force`.
+    /// `not_empty`) while its mailbox holds messages besides `Log`,
+    /// messages wait for their `deliver_at` to enter it, or a process of it
+    /// is open, unless `force`: then its live process is aborted, those in
+    /// doubt are rolled back, and every message of it or kept aside for it
+    /// is discarded. It runs on the mailbox's session, so no call of the
+    /// database or device runs meanwhile; nothing is written under the id
+    /// afterwards, and a database or device made again under it starts
+    /// empty.
     pub async fn delete_endpoint(
         &self,
         who: &Principal,
@@ -134,41 +144,18 @@ impl Exchange {
     ) -> Result<Deleted, ExchangeError> {
         admin(who)?;
         let endpoint = self.require(kind, &id)?;
-        let counts = self.folder_counts_of(&id).await?;
-        let open = self.open_processes(&id).await?;
-        let held = counts.messages + counts.prepared + counts.unknown + counts.error;
-        if !force && (held > 0 || !open.is_empty()) {
-            return Err(ExchangeError::new(
-                super::ErrorKind::Conflict,
-                ErrorCode::NotEmpty,
-                format!(
-                    "{kind} {id} still holds {held} messages (Messages {}, Prepared {}, Unknown {}, \
-                     Error {}) and {} open processes; settle them first, or force the delete to \
-                     discard them",
-                    counts.messages,
-                    counts.prepared,
-                    counts.unknown,
-                    counts.error,
-                    open.len(),
-                    kind = kind.as_str(),
-                ),
-            ));
-        }
-        let ended = self.end_processes(&endpoint, &open).await?;
-        self.core.registry.delete_endpoint(kind, id.clone()).await?;
-        self.core.process_tally.forget(&id);
-        let discarded = self.empty_mailbox(&id).await?;
-        tracing::warn!(
-            target: "estafeta::event", id = %id, kind = kind.as_str(), force, discarded,
-            "the operator deleted a {}", kind.as_str()
-        );
-        Ok(Deleted {
-            version: Version,
-            id,
-            forced: force,
-            discarded,
-            ended_processes: ended,
+        self.detached(move |core| async move {
+            let deleted = match kind {
+                Kind::Database => core.delete_database(&endpoint, force).await?,
+                Kind::Device => core.delete_device(&endpoint, force).await?,
+            };
+            tracing::warn!(
+                target: "estafeta::event", id = %endpoint.id, kind = kind.as_str(), force,
+                discarded = deleted.discarded, "the operator deleted a {}", kind.as_str()
+            );
+            Ok(deleted)
         })
+        .await
     }
 
     /// Admin: a new token for a database or device (shown once); the old
@@ -229,22 +216,7 @@ impl Exchange {
     }
 
     async fn folder_counts_of(&self, id: &Id) -> Result<FolderCounts, ExchangeError> {
-        let mut counts = FolderCounts::default();
-        for folder in Folder::ALL {
-            let n = self
-                .core
-                .store
-                .count(&self.core.location(id, folder))
-                .await? as u64;
-            *match folder {
-                Folder::Messages => &mut counts.messages,
-                Folder::Prepared => &mut counts.prepared,
-                Folder::Log => &mut counts.log,
-                Folder::Unknown => &mut counts.unknown,
-                Folder::Error => &mut counts.error,
-            } = n;
-        }
-        Ok(counts)
+        self.core.folder_counts_of(id).await
     }
 
     /// A database's live process and its processes in doubt.
@@ -260,37 +232,163 @@ impl Exchange {
             .map(summary)
             .collect())
     }
+}
 
-    /// Ends the open processes of a database being deleted: the live one
-    /// aborted, those in doubt settled as rolled back.
-    async fn end_processes(
-        &self,
-        endpoint: &Endpoint,
-        open: &[ProcessSummary],
-    ) -> Result<Vec<crate::ProcessId>, ExchangeError> {
-        let processor = Principal::Database {
-            id: endpoint.id.clone(),
-            enterprise: endpoint.enterprise.clone(),
-        };
-        let mut ended = Vec::new();
-        for p in open {
-            let pid = p.process_id.to_string();
-            if p.state == crate::wire::ProcessState::InDoubt {
-                self.settle(&Principal::Admin, &pid, false).await?;
-            } else {
-                let req = AbortRequest {
-                    version: Version,
-                    message: "the operator deleted the database".to_owned(),
-                };
-                self.abort(&processor, &pid, req).await?;
-            }
-            ended.push(p.process_id);
+impl Core {
+    async fn folder_counts_of(&self, id: &Id) -> Result<FolderCounts, ExchangeError> {
+        let mut counts = FolderCounts::default();
+        for folder in Folder::ALL {
+            let n = self.store.count(&self.location(id, folder)).await? as u64;
+            *match folder {
+                Folder::Messages => &mut counts.messages,
+                Folder::Prepared => &mut counts.prepared,
+                Folder::Log => &mut counts.log,
+                Folder::Unknown => &mut counts.unknown,
+                Folder::Error => &mut counts.error,
+            } = n;
         }
-        Ok(ended)
+        Ok(counts)
     }
 
-    /// Deletes every message of a mailbox; how many there were.
-    async fn empty_mailbox(&self, id: &Id) -> Result<u64, ExchangeError> {
-        Ok(self.core.store.remove_mailbox(id).await?)
+    /// What a delete of `id` is refused for unless forced: messages held
+    /// besides `Log`, messages kept aside for it, open processes.
+    async fn holds(&self, id: &Id, open: usize) -> Result<Option<String>, ExchangeError> {
+        let c = self.folder_counts_of(id).await?;
+        let scheduled = self.store.scheduled_for(id).await?;
+        let held = c.messages + c.prepared + c.unknown + c.error;
+        Ok((held > 0 || scheduled > 0 || open > 0).then(|| {
+            format!(
+                "{id} still holds {held} messages (Messages {}, Prepared {}, Unknown {}, \
+                 Error {}), {scheduled} messages waiting for their deliver_at and {open} open \
+                 processes; settle them first, or force the delete to discard them",
+                c.messages, c.prepared, c.unknown, c.error,
+            )
+        }))
+    }
+
+    /// The mailbox of `id`, whose session the caller holds, removed from
+    /// the message store and `id` from the registry; how many messages were
+    /// discarded. Should the registry refuse, the mailbox is made again
+    /// (empty) so that the id stays usable.
+    async fn remove(&self, id: &Id, kind: Kind) -> Result<u64, ExchangeError> {
+        let discarded = self.store.remove_mailbox(id).await?;
+        if let Err(e) = self.registry.delete_endpoint(kind, id.clone()).await {
+            if let Err(again) = self.store.create_mailbox(id).await {
+                tracing::error!(id = %id, error = %again, "making a mailbox again after a failed delete");
+            }
+            return Err(e.into());
+        }
+        Ok(discarded)
+    }
+
+    /// Deletes a database on its held session (see
+    /// [`Exchange::delete_endpoint`]).
+    async fn delete_database(
+        &self,
+        endpoint: &Endpoint,
+        force: bool,
+    ) -> Result<Deleted, ExchangeError> {
+        let id = &endpoint.id;
+        let mut g = self
+            .sessions
+            .db
+            .get(id.clone(), true)
+            .await?
+            .ok_or_else(|| {
+                ExchangeError::unavailable(ErrorCode::StorageError, "database session unavailable")
+            })?;
+        let open: Vec<(ProcessId, ProcessState)> = g
+            .state()
+            .process
+            .iter()
+            .chain(&g.state().in_doubt)
+            .map(|p| (p.id, p.state))
+            .collect();
+        if !force && let Some(why) = self.holds(id, open.len()).await? {
+            g.release().await?;
+            return Err(not_empty(Kind::Database, why));
+        }
+        for (pid, state) in &open {
+            let as_state = match state {
+                ProcessState::InDoubt => ProcessState::RolledBack,
+                _ => ProcessState::Aborted,
+            };
+            tracing::warn!(target: "estafeta::event", process = %pid, db = %id, state = ?as_state, "the operator deleted the database: its process ends");
+            let event = Event::GiveUp {
+                pid: *pid,
+                as_state,
+                ended: None,
+            };
+            self.drive(&mut g, event, false).await?;
+        }
+        g.update(|s| {
+            *s.persistent_mut() = DbRecord::default();
+            s.set_expires_at(None);
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
+        self.process_tally.forget(id);
+        let discarded = self.remove(id, Kind::Database).await?;
+        g.release().await?;
+        Ok(deleted(endpoint, force, discarded, open))
+    }
+
+    /// Deletes a device on its held session (see
+    /// [`Exchange::delete_endpoint`]): its idempotency keys go too.
+    async fn delete_device(
+        &self,
+        endpoint: &Endpoint,
+        force: bool,
+    ) -> Result<Deleted, ExchangeError> {
+        let id = &endpoint.id;
+        let mut g = self
+            .sessions
+            .device
+            .get(id.clone(), true)
+            .await?
+            .ok_or_else(|| {
+                ExchangeError::unavailable(ErrorCode::StorageError, "device session unavailable")
+            })?;
+        if !force && let Some(why) = self.holds(id, 0).await? {
+            g.release().await?;
+            return Err(not_empty(Kind::Device, why));
+        }
+        g.update(|s| {
+            *s.persistent_mut() = DeviceRecord::default();
+            s.set_expires_at(None);
+            Ok::<_, ExchangeError>(())
+        })
+        .await?;
+        self.with_keys({
+            let id = id.clone();
+            move |keys| keys.remove_device(&id)
+        })
+        .await?;
+        let discarded = self.remove(id, Kind::Device).await?;
+        g.release().await?;
+        Ok(deleted(endpoint, force, discarded, Vec::new()))
+    }
+}
+
+fn not_empty(kind: Kind, why: String) -> ExchangeError {
+    ExchangeError::new(
+        super::ErrorKind::Conflict,
+        ErrorCode::NotEmpty,
+        format!("{} {why}", kind.as_str()),
+    )
+}
+
+fn deleted(
+    endpoint: &Endpoint,
+    force: bool,
+    discarded: u64,
+    ended: Vec<(ProcessId, ProcessState)>,
+) -> Deleted {
+    Deleted {
+        version: Version,
+        id: endpoint.id.clone(),
+        forced: force,
+        discarded,
+        ended_processes: ended.into_iter().map(|(pid, _)| pid).collect(),
     }
 }

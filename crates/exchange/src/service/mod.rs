@@ -213,7 +213,7 @@ impl Stores {
         let scheduled = blocking(estafeta_repeat::RedbStore::open, layout.scheduled()).await?;
         let keys = blocking(crate::keys::RedbKeys::open, layout.keys()).await?;
         let scheduled = Scheduled::new(Arc::new(Gated::new(scheduled, quiesce.clone())), clock);
-        let messages = FileStore::open(data_dir, scheduled.scheduler.clone()).await?;
+        let messages = FileStore::open(data_dir, &scheduled).await?;
         let sessions: Arc<dyn Storage> = Arc::new(Gated::new(sessions, quiesce.clone()));
         Ok(Stores {
             messages: Arc::new(Gated::new(messages, quiesce.clone())),

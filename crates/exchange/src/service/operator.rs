@@ -232,7 +232,7 @@ impl Core {
         id: MessageId,
         requeue: bool,
     ) -> Result<(), ExchangeError> {
-        let g = self.sessions.db.get(mailbox.clone(), false).await?;
+        let mut g = self.sessions.db.get(mailbox.clone(), false).await?;
         if let Some(g) = &g
             && Core::referenced(g.state()).any(|n| n.id == id)
         {
@@ -253,7 +253,8 @@ impl Core {
                 from: at.clone(),
                 to: to.clone(),
             }];
-            for r in self.store.apply(&requeue).await.results {
+            let held = g.as_mut().and_then(|g| g.step());
+            for r in self.store.apply(held, &requeue).await.results {
                 r?;
             }
             self.arrived(&name.to);
@@ -262,11 +263,12 @@ impl Core {
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"
             );
         } else {
-            for r in self
-                .store
-                .delete_all(&at, std::slice::from_ref(&name))
-                .await
-            {
+            let discard = [Op::Delete {
+                name: name.clone(),
+                at: at.clone(),
+            }];
+            let held = g.as_mut().and_then(|g| g.step());
+            for r in self.store.apply(held, &discard).await.results {
                 r?;
             }
             tracing::warn!(
@@ -274,7 +276,9 @@ impl Core {
                 from_folder = folder.as_str(), "the operator discarded a message"
             );
         }
-        drop(g);
+        if let Some(g) = g {
+            g.release().await?;
+        }
         Ok(())
     }
 }

@@ -240,54 +240,63 @@ impl Core {
             });
         }
         let prepared = self.location(&db, Folder::Prepared);
-        // The reply names are durable before the files appear, so that a
-        // crash in between leaves no orphans: start-up processing deletes
-        // the files of a prepare that was never answered. The files are
-        // written and fsynced while the names are saved.
-        let names = replies.iter().map(FileName::of).collect();
-        let (go, when) = tokio::sync::oneshot::channel();
-        let saving = async {
-            let a = self
-                .drive(&mut g, Event::Preparing { pid, names }, false)
-                .await;
-            // For the fault-injection harness: a crash with the names
-            // recorded and no reply published.
-            fail::fail_point!("prepare::recorded");
-            // With storage shared by several servers, the replies are
-            // stored only while the key is still held: another server that
-            // took it after the names were saved may roll the process back
-            // and remove the names' files before these appear, which would
-            // leave replies no record names. The next save then fails.
-            let _ = go.send(matches!(a, Ok(Answer::Ok)) && g.holds());
-            a
+        let names: Vec<FileName> = replies.iter().map(FileName::of).collect();
+        let joined = match g.step() {
+            Some(step) => self.store.put_all_in_step(step, &prepared, &replies)?,
+            None => None,
         };
-        let (a, written) = tokio::join!(saving, self.store.put_all(&prepared, &replies, when));
-        let a = a?;
-        if a != Answer::Ok {
-            return Ok(answer(a));
-        }
-        let written = written?;
-        let written: Vec<FileName> = written.into_iter().map(|e| e.name).collect();
+        let written = match joined {
+            // The replies are rows of the database's step: durable with the
+            // save of their names, in one transaction, or not at all.
+            Some(_) => {
+                let a = self
+                    .drive(&mut g, Event::Preparing { pid, names }, false)
+                    .await?;
+                if a != Answer::Ok {
+                    return Ok(answer(a));
+                }
+                replies.iter().map(FileName::of).collect()
+            }
+            None => {
+                // The reply names are durable before the files appear, so
+                // that a crash in between leaves no orphans: start-up
+                // processing deletes the files of a prepare that was never
+                // answered. The files are written and fsynced while the
+                // names are saved.
+                let (go, when) = tokio::sync::oneshot::channel();
+                let saving = async {
+                    let a = self
+                        .drive(&mut g, Event::Preparing { pid, names }, false)
+                        .await;
+                    // For the fault-injection harness: a crash with the
+                    // names recorded and no reply published.
+                    fail::fail_point!("prepare::recorded");
+                    let _ = go.send(matches!(a, Ok(Answer::Ok)));
+                    a
+                };
+                let (a, written) =
+                    tokio::join!(saving, self.store.put_all(&prepared, &replies, when));
+                let a = a?;
+                if a != Answer::Ok {
+                    return Ok(answer(a));
+                }
+                written?.into_iter().map(|e| e.name).collect()
+            }
+        };
         // For the fault-injection harness: a crash with the replies stored
         // and the process not yet READY_TO_COMMIT.
         fail::fail_point!("prepare::written");
         let event = Event::Prepared {
             pid,
             results: verdicts,
-            replies: written.clone(),
+            replies: written,
             deferred,
         };
-        let a = match self.drive(&mut g, event, true).await {
-            Ok(a) => a,
-            Err(e) => {
-                for r in self.store.delete_all(&prepared, &written).await {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "removing a reply after a failed prepare");
-                    }
-                }
-                return Err(e);
-            }
-        };
+        // A failed save leaves the replies where they are: the record
+        // names them (as a prepare under way, or, should the save have
+        // been made after all, as the process's replies), and whatever
+        // ends the process removes or delivers them.
+        let a = self.drive(&mut g, event, true).await?;
         g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, "process READY_TO_COMMIT (prepare)");
         Ok(answer(a))

@@ -12,6 +12,8 @@ use std::sync::atomic::Ordering;
 
 /// Expired idempotency keys removed per write of the key store.
 const KEY_SWEEP_BATCH: usize = 10_000;
+/// Mailboxes checked (made if missing) per call to the store at start-up.
+const TIDY_BATCH: usize = 10_000;
 impl Core {
     /// What must be done before serving, in time proportional to the
     /// databases and what they have pending, not to the devices or the
@@ -106,7 +108,7 @@ impl Core {
                 to: unknown.clone(),
             })
             .collect();
-        for r in self.store.apply(&moves).await.results {
+        for r in self.store.apply(None, &moves).await.results {
             r?;
         }
         Ok(orphans.len())
@@ -123,19 +125,24 @@ impl Core {
     /// (expired keys and files).
     pub(crate) async fn tidy(&self) -> Result<Tidied, ExchangeError> {
         let mut tidied = Tidied::default();
-        for e in self
+        let ids: Vec<Id> = self
             .registry
             .databases()
             .into_iter()
             .chain(self.registry.devices())
-        {
-            let checked = match self.store.create_mailbox(&e.id).await {
-                Ok(()) => self.store.recover_writes(&e.id).await,
-                Err(e) => Err(e),
-            };
-            if let Err(error) = checked {
-                tidied.unusable += 1;
-                tracing::error!(mailbox = %e.id, %error, "a mailbox cannot be used or cleared");
+            .map(|e| e.id)
+            .collect();
+        for chunk in ids.chunks(TIDY_BATCH) {
+            let made = self.store.create_mailboxes(chunk).await;
+            for (id, made) in chunk.iter().zip(made) {
+                let checked = match made {
+                    Ok(()) => self.store.recover_writes(id).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(error) = checked {
+                    tidied.unusable += 1;
+                    tracing::error!(mailbox = %id, %error, "a mailbox cannot be used or cleared");
+                }
             }
         }
         self.load_webhooks().await?;

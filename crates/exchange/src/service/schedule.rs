@@ -9,15 +9,10 @@
 use super::core::Core;
 use super::error::ExchangeError;
 use crate::Timestamp;
-use crate::store::deferred::keep_aside;
+use crate::error::MailboxError;
 use crate::store::{FileName, Folder};
-use crate::wire::ErrorCode;
 use crate::wire::Message;
 use estafeta_repeat::{Entry, Outcome};
-
-fn storage(e: impl std::fmt::Display) -> ExchangeError {
-    ExchangeError::unavailable(ErrorCode::StorageError, e.to_string())
-}
 
 impl Core {
     /// Write `message` into its recipient's `Messages` now, or keep it
@@ -33,9 +28,7 @@ impl Core {
                 self.store.put(&queue, message).await?;
                 self.arrived(&message.to);
             }
-            Some(at) => keep_aside(&self.deferred, message, at)
-                .await
-                .map_err(storage)?,
+            Some(at) => self.store.schedule(message, at).await?,
         }
         Ok(())
     }
@@ -63,6 +56,10 @@ impl Core {
             Ok(_) => {
                 self.announce([&message.to], None).await;
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
+                Outcome::Done
+            }
+            Err(MailboxError::NoMailbox(to)) => {
+                tracing::warn!(target: "estafeta::event", message = %message.id, to = %to, "a scheduled message for a deleted mailbox discarded");
                 Outcome::Done
             }
             Err(e) => Outcome::Failed(e.to_string()),

@@ -29,27 +29,35 @@ impl Namespace {
     }
 }
 
+/// `w` as the inner store keeps it: its key behind `prefix`.
+fn behind(prefix: &[u8], w: &Write) -> Write {
+    let key = |k: &[u8]| [prefix, k].concat();
+    match w {
+        Write::Put {
+            key: k,
+            record,
+            expires_at,
+        } => Write::Put {
+            key: key(k),
+            record: record.clone(),
+            expires_at: *expires_at,
+        },
+        Write::Delete { key: k } => Write::Delete { key: key(k) },
+    }
+}
+
+/// The prefix of each kind's keys in the shared store.
+const DATABASES: &[u8] = b"db/";
+const DEVICES: &[u8] = b"dev/";
+const PROCESSES: &[u8] = b"pid/";
+
 impl Storage for Namespace {
     fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         self.inner.load(&self.key(key))
     }
 
     fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
-        let batch: Vec<Write> = batch
-            .iter()
-            .map(|w| match w {
-                Write::Put {
-                    key,
-                    record,
-                    expires_at,
-                } => Write::Put {
-                    key: self.key(key),
-                    record: record.clone(),
-                    expires_at: *expires_at,
-                },
-                Write::Delete { key } => Write::Delete { key: self.key(key) },
-            })
-            .collect();
+        let batch: Vec<Write> = batch.iter().map(|w| behind(self.prefix, w)).collect();
         self.inner.write(&batch)
     }
 
@@ -169,19 +177,33 @@ impl Sessions {
         };
         Ok(Opening {
             shared: storage.shared().is_some(),
-            db: Engine::builder(part(b"db/", &storage))
+            db: Engine::builder(part(DATABASES, &storage))
                 .clock(clock.clone())
                 .load()
                 .await?,
-            device: Engine::builder(part(b"dev/", &storage))
+            device: Engine::builder(part(DEVICES, &storage))
                 .clock(clock.clone())
                 .open()
                 .await?,
-            process: Engine::builder(part(b"pid/", &processes))
+            process: Engine::builder(part(PROCESSES, &processes))
                 .clock(clock)
                 .open()
                 .await?,
         })
+    }
+
+    /// The write that stores `record` as the process `pid`'s session,
+    /// expiring at `expires_at`, as the shared store keeps it (its key
+    /// behind the processes' prefix): for a database's step to write beside
+    /// its own record ([`Step::put_beside`]).
+    pub(crate) fn process_write(
+        &self,
+        pid: &ProcessId,
+        record: ProcessRecord,
+        expires_at: Option<Timestamp>,
+    ) -> Result<Write, Error> {
+        let write = self.process.record(pid, record, expires_at)?;
+        Ok(behind(PROCESSES, &write))
     }
 
     /// Stop every engine (each saves its dirty sessions); the first error.

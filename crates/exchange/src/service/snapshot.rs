@@ -295,6 +295,12 @@ impl Step for TimedStep {
             finished
         })
     }
+    fn abandon(&mut self) {
+        self.inner.abandon();
+    }
+    fn put_beside(&mut self, write: Write, if_absent: bool) -> bool {
+        self.inner.put_beside(write, if_absent)
+    }
     fn joint(&mut self) -> Option<&mut (dyn std::any::Any + Send + Sync)> {
         self.inner.joint()
     }
@@ -323,8 +329,9 @@ impl<K: UploadKeys> UploadKeys for Gated<K> {
     ) -> bool {
         self.inner.put_in_step(step, device, key, upload)
     }
-    fn remove(&self, device: &Id, key: &str) -> Result<(), KeysError> {
-        self.quiesce.store_write(|| self.inner.remove(device, key))
+    fn remove_device(&self, device: &Id) -> Result<u64, KeysError> {
+        self.quiesce
+            .store_write(|| self.inner.remove_device(device))
     }
     fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
         self.quiesce.store_write(|| self.inner.expire(now, max))
@@ -367,9 +374,20 @@ impl<M: MessageStore> MessageStore for Gated<M> {
         let _writing = self.quiesce.inner.files.read().await;
         self.inner.create_mailbox(owner).await
     }
+    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
+        let _writing = self.quiesce.inner.files.read().await;
+        self.inner.create_mailboxes(owners).await
+    }
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
         let _writing = self.quiesce.inner.files.read().await;
         self.inner.remove_mailbox(owner).await
+    }
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.scheduled_for(owner).await
+    }
+    // Kept aside in the scheduler's store, whose writes wait out a pause.
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
+        self.inner.schedule(message, until).await
     }
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         let _writing = self.quiesce.inner.files.read().await;
@@ -407,10 +425,22 @@ impl<M: MessageStore> MessageStore for Gated<M> {
         }
         put
     }
-    async fn apply(&self, ops: &[Op]) -> Applied {
+    fn put_all_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
+        self.inner.put_all_in_step(step, at, messages)
+    }
+    async fn apply(
+        &self,
+        step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied {
         let _writing = self.quiesce.inner.files.read().await;
         let started = Instant::now();
-        let applied = self.inner.apply(ops).await;
+        let applied = self.inner.apply(step, ops).await;
         self.quiesce.committed(Durable::Messages, started);
         // Moves into a Messages folder made by this call (not the ones a
         // repeated step finds done already).

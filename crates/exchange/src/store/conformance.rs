@@ -75,9 +75,7 @@ fn outcome(r: Result<Outcome, MailboxError>) -> Option<Outcome> {
 pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
     let scheduled = Arc::new(RedbStore::open(dir.join("scheduled.redb")).unwrap());
     let kept = Scheduled::new(scheduled.clone(), Arc::new(estafeta_session::SystemClock));
-    let store = FileStore::open(&dir.join("data"), kept.scheduler)
-        .await
-        .unwrap();
+    let store = FileStore::open(&dir.join("data"), &kept).await.unwrap();
     (Arc::new(store), scheduled)
 }
 
@@ -88,11 +86,19 @@ pub async fn message_store_contract(
     store: &dyn MessageStore,
     kept: Arc<dyn estafeta_repeat::Store>,
 ) {
+    // Messages are only for mailboxes that were made.
+    for owner in [
+        "read-db", "sel-db", "batch-db", "batch-phone", "dlv-db", "dlv-phone", "old-db",
+        "phone-1", "phone-2",
+    ] {
+        store.create_mailbox(&id(owner)).await.unwrap();
+    }
     select_takes_the_oldest_within_the_limits(store).await;
     reads_and_lookups(store).await;
     a_batch_is_idempotent(store, kept).await;
     delivered_and_put_again(store).await;
     retention_and_removal(store).await;
+    a_removed_mailbox_takes_nothing_until_made_again(store).await;
     a_put_all_refused_its_go_ahead_leaves_nothing(store).await;
 }
 
@@ -328,7 +334,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
         },
     ];
 
-    let first = store.apply(&ops).await;
+    let first = store.apply(None, &ops).await;
     let outcomes: Vec<_> = first.results.into_iter().map(outcome).collect();
     let done = Some(Outcome::Done);
     assert_eq!(outcomes, [done, done, done, done, done, None]);
@@ -350,7 +356,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
     .entries;
     assert_eq!(aside, [expected]);
 
-    let again = store.apply(&ops).await;
+    let again = store.apply(None, &ops).await;
     // A move found done counts as an arrival again: a push too many is
     // harmless, one too few leaves a recipient waiting.
     assert_eq!(again.arrivals, BTreeSet::from([id("batch-phone")]));
@@ -388,11 +394,14 @@ async fn delivered_and_put_again(store: &dyn MessageStore) {
     ] {
         let to = at("dlv-phone", folder);
         let applied = store
-            .apply(&[Op::Move {
-                name: name(&reply),
-                from: here,
-                to: to.clone(),
-            }])
+            .apply(
+                None,
+                &[Op::Move {
+                    name: name(&reply),
+                    from: here,
+                    to: to.clone(),
+                }],
+            )
             .await;
         let result = applied.results.into_iter().next().unwrap();
         assert_eq!(outcome(result), Some(Outcome::Done), "{folder:?}");
@@ -458,6 +467,73 @@ async fn retention_and_removal(store: &dyn MessageStore) {
     store.create_mailbox(&id("old-db")).await.unwrap();
 }
 
+/// A removed mailbox: its messages and those kept aside for it are gone;
+/// a new message for it is refused, one a batch moves or keeps aside for
+/// it is discarded; made again, it starts empty and takes messages.
+async fn a_removed_mailbox_takes_nothing_until_made_again(store: &dyn MessageStore) {
+    let (phone, db) = (id("gone-phone"), id("gone-db"));
+    store.create_mailbox(&phone).await.unwrap();
+    store.create_mailbox(&db).await.unwrap();
+    let inbox = at("gone-phone", Folder::Messages);
+    let prepared = at("gone-db", Folder::Prepared);
+    let far = Timestamp::from_millis(4_102_444_800_000);
+    store
+        .put(&inbox, &message(61, 0, "gone-db", "gone-phone", "s", 0))
+        .await
+        .unwrap();
+    store
+        .schedule(&message(62, 0, "gone-db", "gone-phone", "s", 0), far)
+        .await
+        .unwrap();
+    let replies = [63, 64].map(|seq| message(seq, 0, "gone-db", "gone-phone", "s", 0));
+    store.put_all(&prepared, &replies, go()).await.unwrap();
+    assert_eq!(store.scheduled_for(&phone).await.unwrap(), 1);
+    assert_eq!(store.scheduled_for(&db).await.unwrap(), 0);
+
+    assert_eq!(store.remove_mailbox(&phone).await.unwrap(), 2);
+    assert_eq!(store.scheduled_for(&phone).await.unwrap(), 0);
+    let refused = store
+        .put(&inbox, &message(65, 0, "gone-db", "gone-phone", "s", 0))
+        .await;
+    assert!(
+        matches!(refused, Err(MailboxError::NoMailbox(_))),
+        "{refused:?}"
+    );
+    let refused = store
+        .schedule(&message(66, 0, "gone-db", "gone-phone", "s", 0), far)
+        .await;
+    assert!(
+        matches!(refused, Err(MailboxError::NoMailbox(_))),
+        "{refused:?}"
+    );
+    let ops = [
+        Op::Move {
+            name: name(&replies[0]),
+            from: prepared.clone(),
+            to: inbox.clone(),
+        },
+        Op::Schedule {
+            name: name(&replies[1]),
+            from: prepared.clone(),
+            until: far,
+        },
+    ];
+    for r in store.apply(None, &ops).await.results {
+        r.unwrap();
+    }
+    assert_eq!(store.count(&prepared).await.unwrap(), 0, "discarded");
+    assert_eq!(store.count(&inbox).await.unwrap(), 0);
+    assert_eq!(store.scheduled_for(&phone).await.unwrap(), 0);
+
+    store.create_mailbox(&phone).await.unwrap();
+    assert_eq!(store.count(&inbox).await.unwrap(), 0, "made again empty");
+    store
+        .put(&inbox, &message(67, 0, "gone-db", "gone-phone", "s", 0))
+        .await
+        .unwrap();
+    assert_eq!(store.count(&inbox).await.unwrap(), 1);
+}
+
 fn upload(seq: i64, expires: i64) -> KeyedUpload {
     KeyedUpload {
         name: name(&message(
@@ -501,15 +577,20 @@ pub fn upload_keys_contract(keys: &dyn UploadKeys) {
     );
     assert_eq!(keys.get(&phone1, "k", t(200)).unwrap(), None);
 
-    // `put_all` records every entry; `remove` forgets one (twice is fine).
-    let batch: Vec<(Id, String, KeyedUpload)> = (0..5)
+    // `put_all` records every entry; `remove_device` forgets a device's
+    // (twice is fine), no other's.
+    let batch: Vec<(Id, String, KeyedUpload)> = (1..5)
         .map(|i| (phone1.clone(), format!("b{i}"), upload(10 + i, 300 + i)))
         .collect();
     keys.put_all(&batch).unwrap();
-    assert_eq!(keys.len().unwrap(), 7);
-    keys.remove(&phone1, "b0").unwrap();
-    keys.remove(&phone1, "b0").unwrap();
-    assert_eq!(keys.get(&phone1, "b0", t(0)).unwrap(), None);
+    let phone3 = id("phone-3");
+    keys.put(&phone3, "b1", &upload(20, 1_000)).unwrap();
+    keys.put(&phone3, "b9", &upload(21, 1_000)).unwrap();
+    assert_eq!(keys.len().unwrap(), 8);
+    assert_eq!(keys.remove_device(&phone3).unwrap(), 2);
+    assert_eq!(keys.remove_device(&phone3).unwrap(), 0);
+    assert_eq!(keys.get(&phone3, "b1", t(0)).unwrap(), None);
+    assert!(keys.get(&phone1, "b1", t(0)).unwrap().is_some());
     assert_eq!(keys.len().unwrap(), 6);
 
     // The sweep: soonest expired first, in bounded batches, live ones kept.

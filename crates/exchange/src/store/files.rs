@@ -15,7 +15,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::deferred::{self, Deferred};
+use super::deferred::{self, Deferred, Listed, SOURCE, Scheduled};
+use super::removal::Removals;
 use super::{Applied, MessageStore, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -33,16 +34,53 @@ pub(crate) struct FileStore {
     mailboxes: Mailboxes,
     /// Where a message due later is kept until its time.
     deferred: Arc<Deferred>,
+    /// The entries of `deferred`, read to find a mailbox's.
+    kept: Arc<dyn estafeta_repeat::store::Store>,
+    /// Orders writes into a mailbox from outside its owner's session with
+    /// the mailbox's removal.
+    removals: Arc<Removals>,
+}
+
+/// The recipient of a message kept aside, read from its entry's payload.
+#[derive(serde::Deserialize)]
+struct Recipient {
+    to: Id,
 }
 
 impl FileStore {
     /// Opens the message files under the data folder `root` (group commit
-    /// with its default settings), keeping messages due later in `deferred`.
-    pub(crate) async fn open(root: &Path, deferred: Arc<Deferred>) -> Result<Self, MailboxError> {
+    /// with its default settings), keeping messages due later in
+    /// `scheduled`.
+    pub(crate) async fn open(root: &Path, scheduled: &Scheduled) -> Result<Self, MailboxError> {
+        let removals = Removals::open(crate::DataLayout::new(root).removed()).await?;
         Ok(Self {
             mailboxes: Mailboxes::open(root, SyncConfig::default()).await?,
-            deferred,
+            deferred: scheduled.scheduler.clone(),
+            kept: scheduled.store.clone(),
+            removals: Arc::new(removals),
         })
+    }
+
+    /// The ids of the messages kept aside for `owner` (every entry is read:
+    /// a deletion's cost, not an upload's).
+    async fn kept_for(&self, owner: &Id) -> Result<Vec<String>, MailboxError> {
+        let kept = Listed(self.kept.clone());
+        let owner = owner.clone();
+        let scheduled = crate::DataLayout::new(self.mailboxes.root()).scheduled();
+        tokio::task::spawn_blocking(move || {
+            let entries = kept
+                .entries(SOURCE, usize::MAX)
+                .map_err(|e| MailboxError::io(&scheduled, std::io::Error::other(e)))?;
+            Ok(entries
+                .into_iter()
+                .filter(|e| {
+                    serde_json::from_slice::<Recipient>(&e.payload).is_ok_and(|r| r.to == owner)
+                })
+                .map(|e| e.id)
+                .collect())
+        })
+        .await
+        .map_err(|e| MailboxError::Join(e.to_string()))?
     }
 
     /// The exchange's clock now (the scheduler runs on it).
@@ -80,6 +118,11 @@ impl FileStore {
         let Some(message) = messages.pop() else {
             return Ok(Outcome::Done);
         };
+        let entered = self.removals.enter([&message.to]).await;
+        if entered.is_removed(&message.to) {
+            tracing::warn!(target: "estafeta::event", message = %message.id, to = %message.to, "a message for a deleted mailbox discarded");
+            return self.mailboxes.delete(from, name).await;
+        }
         let kept = if until > self.now() {
             deferred::keep_aside(&self.deferred, &message, until)
                 .await
@@ -94,6 +137,7 @@ impl FileStore {
                 Err(e) => Err(e.to_string()),
             }
         };
+        drop(entered);
         if let Err(e) = kept {
             return Err(MailboxError::io(path(), std::io::Error::other(e)));
         }
@@ -104,11 +148,23 @@ impl FileStore {
 #[async_trait::async_trait]
 impl MessageStore for FileStore {
     async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.removals.restore(owner).await?;
         self.mailboxes.create_mailbox(owner).await
     }
 
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.removals.remove(owner).await?;
         let mut discarded = 0;
+        for id in self.kept_for(owner).await? {
+            if self
+                .deferred
+                .cancel(&id)
+                .await
+                .map_err(|e| MailboxError::io(self.mailboxes.root(), std::io::Error::other(e)))?
+            {
+                discarded += 1;
+            }
+        }
         for folder in Folder::ALL {
             let at = Location::new(owner.clone(), folder);
             let names = self.mailboxes.list_names(&at).await?;
@@ -117,18 +173,18 @@ impl MessageStore for FileStore {
             }
             discarded += names.len() as u64;
         }
+        // The folder goes whole (temporary files of writes a crash cut
+        // included).
         let base = self.mailboxes.root().join(owner.as_str());
-        let remove = move || {
-            for folder in Folder::ALL {
-                // A folder that never got a file does not exist; one that
-                // got a file since is kept (and seen in the next listing).
-                let _ = std::fs::remove_dir(base.join(folder.as_str()));
-            }
-            let _ = std::fs::remove_dir(&base);
+        let root = self.mailboxes.root().to_path_buf();
+        let remove = move || match std::fs::remove_dir_all(&base) {
+            Ok(()) => estafeta_durable::sync_dir(&root).map_err(|e| MailboxError::io(&root, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MailboxError::io(&base, e)),
         };
         tokio::task::spawn_blocking(remove)
             .await
-            .map_err(|e| MailboxError::Join(e.to_string()))?;
+            .map_err(|e| MailboxError::Join(e.to_string()))??;
         Ok(discarded)
     }
 
@@ -142,8 +198,31 @@ impl MessageStore for FileStore {
         Ok(None)
     }
 
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        Ok(self.kept_for(owner).await?.len() as u64)
+    }
+
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
+        let entered = self.removals.enter([&at.mailbox]).await;
+        if entered.is_removed(&at.mailbox) {
+            return Err(MailboxError::NoMailbox(at.mailbox.clone()));
+        }
         self.mailboxes.write(at, message).await
+    }
+
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
+        let entered = self.removals.enter([&message.to]).await;
+        if entered.is_removed(&message.to) {
+            return Err(MailboxError::NoMailbox(message.to.clone()));
+        }
+        deferred::keep_aside(&self.deferred, message, until)
+            .await
+            .map_err(|e| {
+                MailboxError::io(
+                    crate::DataLayout::new(self.mailboxes.root()).scheduled(),
+                    std::io::Error::other(e),
+                )
+            })
     }
 
     async fn put_all(
@@ -155,21 +234,62 @@ impl MessageStore for FileStore {
         self.mailboxes.write_all_when(at, messages, when).await
     }
 
+    /// The files are not written in a session store's transactions.
+    fn put_all_in_step(
+        &self,
+        _step: &mut dyn estafeta_session::storage::Step,
+        _at: &Location,
+        _messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
+        Ok(None)
+    }
+
     /// Moves first, all in one group commit (they share fsyncs), then the
-    /// schedules, then the deletes.
-    async fn apply(&self, ops: &[Op]) -> Applied {
+    /// schedules, then the deletes; the files are not written in a session
+    /// store's transactions (`step` is not used).
+    async fn apply(
+        &self,
+        _step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied {
         let mut results: Vec<Option<Result<Outcome, MailboxError>>> =
             ops.iter().map(|_| None).collect();
         let mut arrivals = BTreeSet::new();
+        // Moves into another mailbox (a reply delivered) hold it against
+        // its removal; one into a removed mailbox deletes the message.
+        let targets: BTreeSet<&Id> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Move { from, to, .. } if from.mailbox != to.mailbox => Some(&to.mailbox),
+                _ => None,
+            })
+            .collect();
+        let entered = self.removals.enter(targets.iter().copied()).await;
+        let gone: HashSet<&Id> = targets
+            .into_iter()
+            .filter(|id| entered.is_removed(id))
+            .collect();
         let (moved, moves): (Vec<usize>, Vec<_>) = ops
             .iter()
             .enumerate()
             .filter_map(|(i, op)| match op {
-                Op::Move { name, from, to } => Some((i, (name.clone(), from.clone(), to.clone()))),
+                Op::Move { name, from, to } if !gone.contains(&to.mailbox) => {
+                    Some((i, (name.clone(), from.clone(), to.clone())))
+                }
                 _ => None,
             })
             .unzip();
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Move { name, from, to } = op
+                && from.mailbox != to.mailbox
+                && gone.contains(&to.mailbox)
+            {
+                tracing::warn!(target: "estafeta::event", message = %name.id, to = %to.mailbox, "a message for a deleted mailbox discarded");
+                results[i] = Some(self.mailboxes.delete(from, name).await);
+            }
+        }
         let outcomes = self.mailboxes.move_all(&moves).await;
+        drop(entered);
         for ((i, (_, _, to)), r) in moved.into_iter().zip(&moves).zip(outcomes) {
             if r.is_ok() && to.folder == Folder::Messages {
                 arrivals.insert(to.mailbox.clone());
@@ -304,7 +424,7 @@ impl MessageStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::deferred::{Listed, SOURCE, WallClock};
+    use crate::store::deferred::{Listed, SOURCE};
     use crate::wire::{Body, Version};
 
     fn id(s: &str) -> Id {
@@ -326,13 +446,9 @@ mod tests {
     async fn open(dir: &Path) -> (FileStore, Arc<estafeta_repeat::RedbStore>) {
         let scheduled =
             Arc::new(estafeta_repeat::RedbStore::open(dir.join("scheduled.redb")).unwrap());
-        let deferred = Arc::new(estafeta_repeat::Scheduler::new(
-            Listed::<dyn estafeta_repeat::store::Store>(scheduled.clone()),
-            WallClock(Arc::new(estafeta_session::SystemClock)),
-            estafeta_repeat::Options::default(),
-        ));
+        let kept = Scheduled::new(scheduled.clone(), Arc::new(estafeta_session::SystemClock));
         (
-            FileStore::open(&dir.join("data"), deferred).await.unwrap(),
+            FileStore::open(&dir.join("data"), &kept).await.unwrap(),
             scheduled,
         )
     }
@@ -384,7 +500,7 @@ mod tests {
         ];
         assert_eq!(written.len(), 4);
 
-        let first = store.apply(&ops).await;
+        let first = store.apply(None, &ops).await;
         let outcomes: Vec<_> = first.results.into_iter().map(Result::unwrap).collect();
         assert_eq!(outcomes, [Outcome::Done; 4]);
         assert_eq!(first.arrivals, BTreeSet::from([id("phone-1")]));
@@ -396,7 +512,7 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].id, later.id.to_string());
 
-        let again = store.apply(&ops).await;
+        let again = store.apply(None, &ops).await;
         // A move found done counts as an arrival again: a push too many is
         // harmless, one too few leaves a recipient waiting.
         assert_eq!(again.arrivals, BTreeSet::from([id("phone-1")]));

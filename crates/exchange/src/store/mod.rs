@@ -20,6 +20,7 @@ pub(crate) mod deferred;
 mod files;
 mod redb_registry;
 mod registry;
+mod removal;
 
 pub use deferred::{Listed, Scheduled, kept_aside};
 pub(crate) use files::FileStore;
@@ -99,12 +100,40 @@ pub trait MessageStore: Send + Sync {
     /// that its places can be used). Doing it again is not an error.
     async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError>;
 
-    /// Removes everything of a deleted database or device; how many
-    /// messages there were.
+    /// [`create_mailbox`](Self::create_mailbox) for each of `owners` (a
+    /// start-up's check of every mailbox), one result each, in order. A
+    /// store that makes many in one go overrides it.
+    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
+        let mut made = Vec::with_capacity(owners.len());
+        for owner in owners {
+            made.push(self.create_mailbox(owner).await);
+        }
+        made
+    }
+
+    /// Removes everything of a deleted database or device, the messages
+    /// kept aside for it included; how many messages there were. Called
+    /// while the caller holds the owner's session. From then on nothing is
+    /// written into the mailbox until it is made again
+    /// ([`create_mailbox`](Self::create_mailbox)): a new message for it is
+    /// refused ([`MailboxError::NoMailbox`]) and a message moved or kept
+    /// aside for it by a batch is discarded. A write under way when the
+    /// removal began either finishes first (and is removed with the rest)
+    /// or finds the mailbox gone.
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError>;
 
-    /// Puts a new message into `at`.
+    /// How many messages are kept aside until their `deliver_at` for
+    /// `owner`.
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError>;
+
+    /// Puts a new message into `at` ([`MailboxError::NoMailbox`] if its
+    /// mailbox was removed).
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
+
+    /// Keeps a new message aside until `until`, when it enters its
+    /// recipient's `Messages` ([`MailboxError::NoMailbox`] if the
+    /// recipient's mailbox was removed).
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError>;
 
     /// Puts a new message into `at` as part of `step`, the step a command
     /// holds in a shared session store (see
@@ -132,7 +161,29 @@ pub trait MessageStore: Send + Sync {
     ) -> Result<Vec<FileEntry>, MailboxError>;
 
     /// Applies a protocol step's batch (see the trait's doc for atomicity).
-    async fn apply(&self, ops: &[Op]) -> Applied;
+    /// With `step`, the step a command holds in a shared session store
+    /// (see [`Step::joint`](estafeta_session::storage::Step::joint)), a
+    /// store that writes in that store's transactions applies the batch in
+    /// the step's transaction: it takes effect with the step's next save or
+    /// end, or not at all, and a step that lost its key changes nothing (a
+    /// failure then answers for every op). Any other store, or no step,
+    /// applies it on its own.
+    async fn apply(
+        &self,
+        step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied;
+
+    /// Puts several new messages into `at` as part of `step` (as
+    /// [`put_in_step`](Self::put_in_step)): `Some`, their entries; `None`:
+    /// this store cannot, nothing was done, and
+    /// [`put_all`](Self::put_all) is the way.
+    fn put_all_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError>;
 
     /// Removes messages of one place, each on its own (a message already
     /// gone counts as removed); one result per name, in order.

@@ -455,40 +455,67 @@ impl Notifier {
     }
 }
 
+impl Notifier {
+    /// The deliveries of `alert`, one per channel, due now.
+    fn deliveries(&self, alert: &Alert) -> Vec<Entry> {
+        let due = self.inner.scheduler.clock().now_secs();
+        let mut entries = Vec::new();
+        for channel in self.channels() {
+            let payload = match serde_json::to_vec(&Delivery {
+                channel,
+                alert: alert.clone(),
+            }) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "encoding an alert failed");
+                    continue;
+                }
+            };
+            entries.push(Entry {
+                source: SOURCE.to_owned(),
+                due,
+                id: format!("{channel:?}/{}", alert.key),
+                payload,
+                attempt: 0,
+            });
+        }
+        entries
+    }
+
+    /// The notifier's clock now, as a timestamp.
+    fn now(&self) -> Timestamp {
+        let now = self.inner.scheduler.clock().now();
+        Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
 impl AlertSink for Notifier {
     fn raise(&self, alert: Alert) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let due = self.inner.scheduler.clock().now_secs();
-            let mut entries = Vec::new();
-            for channel in self.channels() {
-                let payload = match serde_json::to_vec(&Delivery {
-                    channel,
-                    alert: alert.clone(),
-                }) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::error!(error = %e, "encoding an alert failed");
-                        continue;
-                    }
-                };
-                entries.push(Entry {
-                    source: SOURCE.to_owned(),
-                    due,
-                    id: format!("{channel:?}/{}", alert.key),
-                    payload,
-                    attempt: 0,
-                });
-            }
+            let entries = self.deliveries(&alert);
             self.inner.alerts.raise(alert, entries).await;
         })
     }
 
     fn clear(&self, key: String) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let now = self.inner.scheduler.clock().now();
-            let at = Timestamp::from_millis(i64::try_from(now.as_millis()).unwrap_or(i64::MAX));
-            self.inner.alerts.close(key, at).await;
+            self.inner.alerts.close(key, self.now()).await;
         })
+    }
+
+    fn raise_in_step(&self, step: &mut dyn estafeta_session::Step, alert: &Alert) -> bool {
+        let entries = self.deliveries(alert);
+        self.inner
+            .alerts
+            .store()
+            .raise_in_step(step, alert, &entries)
+    }
+
+    fn clear_in_step(&self, step: &mut dyn estafeta_session::Step, key: &str) -> bool {
+        self.inner
+            .alerts
+            .store()
+            .close_in_step(step, key, self.now())
     }
 }
 

@@ -75,6 +75,30 @@ pub trait AlertStore: Send + Sync {
     fn close<'a>(&'a self, key: &'a str, at: Timestamp)
     -> BoxFuture<'a, Result<bool, RaisedError>>;
 
+    /// [`raise`](Self::raise) as part of `step`, the step a command holds
+    /// in a shared session store whose transactions this store writes in:
+    /// recorded with the step's commit, or not at all. `false` (the
+    /// default): this store cannot; nothing was done.
+    fn raise_in_step(
+        &self,
+        _step: &mut dyn estafeta_session::Step,
+        _alert: &Alert,
+        _deliveries: &[Entry],
+    ) -> bool {
+        false
+    }
+
+    /// [`close`](Self::close) as part of `step`, as
+    /// [`raise_in_step`](Self::raise_in_step).
+    fn close_in_step(
+        &self,
+        _step: &mut dyn estafeta_session::Step,
+        _key: &str,
+        _at: Timestamp,
+    ) -> bool {
+        false
+    }
+
     /// An operator acknowledged alert `id` at `at`, durably (a second
     /// acknowledgement keeps the first time).
     fn acknowledge(&self, id: u64, at: Timestamp) -> BoxFuture<'_, Result<(), RaisedError>>;
@@ -87,6 +111,24 @@ pub trait AlertStore: Send + Sync {
 }
 
 impl AlertStore for estafeta_cluster::PgAlerts {
+    fn raise_in_step(
+        &self,
+        step: &mut dyn estafeta_session::Step,
+        alert: &Alert,
+        deliveries: &[Entry],
+    ) -> bool {
+        estafeta_cluster::PgAlerts::raise_in_step(self, step, alert, deliveries)
+    }
+
+    fn close_in_step(
+        &self,
+        step: &mut dyn estafeta_session::Step,
+        key: &str,
+        at: Timestamp,
+    ) -> bool {
+        estafeta_cluster::PgAlerts::close_in_step(self, step, key, at)
+    }
+
     fn raise<'a>(
         &'a self,
         alert: &'a Alert,

@@ -192,6 +192,18 @@ pub trait Step: Send + Sync {
     fn held(&self) -> bool;
     /// Make `write` (if any) durable and let the key go.
     fn finish<'a>(self: Box<Self>, write: Option<&'a Write>) -> Pending<'a, ()>;
+    /// Lets the key go now, with nothing the step wrote since its last
+    /// [`save`](Step::save) kept (a command that failed part-way must not
+    /// have its partial writes committed by the release); later writes
+    /// through the step fail ([`StorageError::Conflict`]).
+    fn abandon(&mut self);
+    /// Writes `write`, the record of another key, in this step's
+    /// transaction: durable with the step's next [`save`](Step::save) or
+    /// [`finish`](Step::finish), or not at all, and never once the step no
+    /// longer holds its own key (the write is fenced by that hold). With
+    /// `if_absent`, a record already stored under that key is kept. `false`:
+    /// the store cannot (or the step lost its key); nothing was done.
+    fn put_beside(&mut self, write: Write, if_absent: bool) -> bool;
     /// The store's own part of the step, for the store's other tables:
     /// writes it takes become durable with the step's next
     /// [`save`](Step::save) or [`finish`](Step::finish), in the same

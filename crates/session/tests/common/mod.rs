@@ -68,6 +68,7 @@ impl Hooks<String, Counter> for Recorder {
         &'a self,
         key: &'a String,
         s: &'a mut SessionData<Counter>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
     ) -> BoxFuture<'a, Finalize> {
         Box::pin(async move {
             self.finalized.lock().unwrap().push(key.clone());
