@@ -41,18 +41,19 @@ export class FileOutboxStore implements OutboxStore {
     } catch (err) {
       throw storeError(`cannot list ${this.dir}`, err);
     }
+    // A save cut short by a crash never resolved: its entry is the file it
+    // was to replace (or none). Cleared first, whatever else is found.
+    for (const name of names.filter((n) => n.endsWith(TEMPORARY))) {
+      const path = join(this.dir, name);
+      await unlink(path).catch((err: unknown) => {
+        throw storeError(`cannot remove ${path}`, err);
+      });
+    }
     const entries: OutboxEntry[] = [];
     for (const name of names) {
-      const path = join(this.dir, name);
-      if (name.endsWith(TEMPORARY)) {
-        // A save cut short by a crash: it never resolved, its entry is the file it was to replace.
-        await unlink(path).catch((err: unknown) => {
-          throw storeError(`cannot remove ${path}`, err);
-        });
-        continue;
-      }
       const match = ENTRY.exec(name);
       if (!match) continue;
+      const path = join(this.dir, name);
       let text: string;
       try {
         text = await readFile(path, "utf8");
