@@ -123,9 +123,10 @@ export type Cycle = { resumed: Resumed[] } & (
     }
 );
 
-/** Something the loop reports besides cycles. */
+/** Something the loop reports as it happens, besides cycles. */
 export type ProcessorEvent =
   | { kind: "error"; error: unknown }
+  | ({ kind: "resumed" } & Resumed)
   | { kind: "commit-cancelled"; processId: string };
 
 /** A processor: its database, its store, and its work. */
@@ -156,7 +157,7 @@ export interface ProcessorOptions<Tx> {
   onStep?(step: ProcessorStep, processId: string): void | Promise<void>;
   /** Told of each cycle. */
   onCycle?(cycle: Cycle): void;
-  /** Told of errors the loop waits out and of commits the server cancelled. */
+  /** Told of errors the loop waits out, of each process settled at a cycle's start, and of commits the server cancelled. */
   onEvent?(event: ProcessorEvent): void;
 }
 
@@ -306,6 +307,7 @@ async function settle<Tx>(options: ProcessorOptions<Tx>): Promise<Resumed[]> {
   for (const { processId, committed } of await options.store.unsettled()) {
     const answer = await finish(options, processId, committed);
     resumed.push({ processId, committed, answer });
+    options.onEvent?.({ kind: "resumed", processId, committed, answer });
   }
   return resumed;
 }

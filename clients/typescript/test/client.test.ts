@@ -20,6 +20,7 @@ import {
   isTransient,
 } from "../src/index.js";
 import { refusedUrl } from "./support/closed-port.js";
+import { close, listen } from "./support/http.js";
 import { TestServer } from "./support/server.js";
 import { provision, type Tenancy } from "./support/tenancy.js";
 
@@ -200,11 +201,10 @@ test("a success answer that is not JSON is a BadAnswerError; a foreign error pag
       res.writeHead(502, { "content-type": "text/html" }).end("<html>bad gateway</html>");
     }
   });
-  await new Promise<void>((resolve) => pages.listen(0, "127.0.0.1", resolve));
+  const base = await listen(pages);
   try {
-    const port = (pages.address() as { port: number }).port;
-    const client = new EstafetaClient({ baseUrl: `http://127.0.0.1:${port}/`, token: "t" });
-    assert.equal(client.baseUrl, `http://127.0.0.1:${port}`);
+    const client = new EstafetaClient({ baseUrl: `${base}/`, token: "t" });
+    assert.equal(client.baseUrl, base);
     const bad = await client.inbox().catch((e: unknown) => e);
     assert.ok(bad instanceof BadAnswerError, String(bad));
     const gateway = await apiError(client.ack(["x"]));
@@ -212,7 +212,7 @@ test("a success answer that is not JSON is a BadAnswerError; a foreign error pag
     assert.match(gateway.serverMessage, /bad gateway/);
     assert.ok(isTransient(gateway));
   } finally {
-    await new Promise<void>((resolve) => pages.close(() => resolve()));
+    await close(pages);
   }
 });
 

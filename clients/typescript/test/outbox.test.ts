@@ -27,6 +27,7 @@ import {
 } from "../src/index.js";
 import { FileOutboxStore } from "../src/node/index.js";
 import { refusedUrl } from "./support/closed-port.js";
+import { close, listen } from "./support/http.js";
 import { ManualClock } from "./support/manual-clock.js";
 import { receiveAll } from "./support/receive.js";
 import { TestServer } from "./support/server.js";
@@ -188,12 +189,11 @@ test("503 answers count as attempts, honour Retry-After, and end failed after ma
       .writeHead(503, { "content-type": "application/json", "retry-after": "7" })
       .end(JSON.stringify({ version: 1, error: { code: "not_ready", message: "recovering" } }));
   });
-  await new Promise<void>((resolve) => recovering.listen(0, "127.0.0.1", resolve));
+  const base = await listen(recovering);
   try {
     const clock = new ManualClock();
-    const port = (recovering.address() as { port: number }).port;
     const outbox = await open({
-      client: new EstafetaClient({ baseUrl: `http://127.0.0.1:${port}`, token: "t" }),
+      client: new EstafetaClient({ baseUrl: base, token: "t" }),
       clock,
       maxAttempts: 3,
       backoff: { initialMs: 100, maxMs: 1000 },
@@ -207,7 +207,7 @@ test("503 answers count as attempts, honour Retry-After, and end failed after ma
     );
     assert.deepEqual(clock.sleeps, [7000, 7000], "Retry-After is longer than the backoff: it wins");
   } finally {
-    await new Promise<void>((resolve) => recovering.close(() => resolve()));
+    await close(recovering);
   }
 });
 
