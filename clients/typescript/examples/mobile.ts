@@ -1,3 +1,4 @@
+// A device app's messaging: orders through the durable outbox, replies through the inbox.
 import { EstafetaClient, Outbox, inbox, type Message, type OutboxStore } from "../src/index.js";
 
 // In React Native: new AsyncStorageOutboxStore(AsyncStorage) (from

@@ -1,3 +1,4 @@
+// A back-office processor for db-a: each order applied exactly once in its own SQLite database.
 import { rmSync } from "node:fs";
 import nodeSqlite from "node-sqlite3-wasm";
 import { EstafetaClient, SqliteProcessorStore, runProcessor } from "../src/index.js";

@@ -20,6 +20,7 @@ export interface AsyncStorageLike {
  * platform has stored the value (SQLite on Android, files on iOS).
  */
 export class AsyncStorageOutboxStore implements OutboxStore {
+  /** The app's AsyncStorage. */
   private readonly storage: AsyncStorageLike;
   /** Keeps this outbox's items apart from the app's own (and from another device's outbox). */
   private readonly prefix: string;

@@ -17,8 +17,11 @@ export interface BackoffOptions {
  * do not retry together.
  */
 export class Backoff {
+  /** The first wait. */
   private readonly initialMs: number;
-  private readonly maxMs: number;
+  /** The longest wait (also what the outbox's sender waits after an error that stopped it). */
+  readonly maxMs: number;
+  /** The source of the jitter. */
   private readonly random: () => number;
   /** Waits since the last reset. */
   private failures = 0;

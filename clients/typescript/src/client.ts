@@ -96,8 +96,11 @@ const AbortControllerImpl = (globalThis as unknown as { AbortController?: new ()
 export class EstafetaClient {
   /** The base URL without a trailing slash. */
   readonly baseUrl: string;
+  /** The bearer token of every call (none is sent when empty: the operations routes). */
   private readonly token: string;
+  /** How long a call may take, answer body included. */
   private readonly timeoutMs: number;
+  /** The fetch that carries the calls. */
   private readonly fetchImpl: FetchLike;
 
   constructor(options: ClientOptions) {

@@ -61,7 +61,9 @@ export const systemClock: Clock = {
 
 /** A {@link StopSignal} and the switch that trips it (what an `AbortController` is, without needing one). */
 export class Stopper {
+  /** Whether `stop()` was called. */
   private tripped = false;
+  /** Who to tell when it is. */
   private readonly listeners = new Set<() => void>();
   /** The signal: aborted once {@link Stopper.stop} is called. */
   readonly signal: StopSignal;

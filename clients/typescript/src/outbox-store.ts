@@ -110,6 +110,7 @@ export function parseEntry(text: string, where: string): OutboxEntry {
  * messages when the process ends. Keeps copies, as a durable store would.
  */
 export class MemoryOutboxStore implements OutboxStore {
+  /** Each entry's JSON by sequence number (text, so a caller's later changes do not reach it). */
   private readonly entries = new Map<number, string>();
 
   async load(): Promise<OutboxEntry[]> {

@@ -73,6 +73,7 @@ export type OutboxCounts = Record<OutboxState, number>;
 
 /** A device's durable outbox: see the module overview. */
 export class Outbox {
+  // The options (OutboxOptions says what each is for), defaults applied.
   private readonly client: EstafetaClient;
   private readonly store: OutboxStore;
   private readonly maxEntries: number;
@@ -80,8 +81,8 @@ export class Outbox {
   private readonly maxAttempts: number;
   private readonly keepSent: number;
   private readonly clock: Clock;
+  /** The waits between tries (from the `backoff` and `random` options), reset by each success. */
   private readonly backoff: Backoff;
-  private readonly backoffMaxMs: number;
   private readonly newKey: () => string;
   private readonly onChange: ((entry: OutboxEntry) => void) | undefined;
   private readonly onError: ((err: unknown) => void) | undefined;
@@ -117,7 +118,6 @@ export class Outbox {
     this.keepSent = Math.max(0, options.keepSent ?? 100);
     this.clock = options.clock ?? systemClock;
     this.backoff = new Backoff(options.backoff, options.random);
-    this.backoffMaxMs = options.backoff?.maxMs ?? 60_000;
     this.newKey = options.newKey ?? randomKey;
     this.onChange = options.onChange;
     this.onError = options.onError;
@@ -269,7 +269,7 @@ export class Outbox {
         await this.drain(signal);
       } catch (err) {
         this.onError?.(err);
-        await this.clock.sleep(this.backoffMaxMs, signal);
+        await this.clock.sleep(this.backoff.maxMs, signal);
         continue;
       }
       if (this.next() === undefined) {

@@ -225,16 +225,20 @@ export async function processOnce<Tx>(options: ProcessorOptions<Tx>): Promise<Cy
   await options.onStep?.("recorded", pid);
 
   const messages = options.select ? options.select(offered) : offered;
+  const offeredIds = new Set(offered.map((m) => m.id));
+  const foreign = messages.filter((m) => !offeredIds.has(m.id)).map((m) => m.id);
+  if (foreign.length > 0 || new Set(messages.map((m) => m.id)).size !== messages.length) {
+    await giveUp(options, pid, "the processor selected messages not offered, or one twice");
+    throw new TypeError(
+      `select must return some of the offered messages, each once (foreign: ${foreign.join(", ") || "none"})`,
+    );
+  }
   if (messages.length === 0) {
-    await client.abort(pid, "the processor takes none of these messages now");
-    await store.forget(pid);
+    await giveUp(options, pid, "the processor takes none of these messages now");
     return { kind: "rejected", processId: pid, resumed };
   }
   if (messages.length < offered.length) {
-    const answer = await client.accept(
-      pid,
-      messages.map((m) => m.id),
-    );
+    const answer = await client.accept(pid, messages.map((m) => m.id));
     if (answer.status !== "OK") {
       await store.forget(pid);
       return { kind: "cancelled", processId: pid, resumed };
@@ -248,13 +252,12 @@ export async function processOnce<Tx>(options: ProcessorOptions<Tx>): Promise<Cy
   try {
     ({ results, replies } = verdicts(messages, (await options.apply(messages, local.tx)) ?? {}));
   } catch (error) {
-    await local.rollback();
-    // The process ends now if the server answers; if not, the record of
-    // step 3 makes the next settle roll it back. The error to report is apply's.
-    await client
-      .abort(pid, `the processor's apply failed: ${error instanceof Error ? error.message : String(error)}`)
-      .then(() => store.forget(pid))
-      .catch(() => undefined);
+    // The error to report is apply's: the database may have ended the
+    // transaction itself, and if the server does not answer the abort, the
+    // record of step 3 makes the next settle roll the process back.
+    await local.rollback().catch(() => undefined);
+    const why = error instanceof Error ? error.message : String(error);
+    await giveUp(options, pid, `the processor's apply failed: ${why}`).catch(() => undefined);
     throw error;
   }
   await options.onStep?.("applied", pid);
@@ -299,6 +302,12 @@ export async function processOnce<Tx>(options: ProcessorOptions<Tx>): Promise<Cy
     answer,
     resumed,
   };
+}
+
+/** Aborts `pid` (nothing of it was applied) and forgets it. */
+async function giveUp<Tx>(options: ProcessorOptions<Tx>, pid: string, why: string): Promise<void> {
+  await options.client.abort(pid, why);
+  await options.store.forget(pid);
 }
 
 /** Tells the server the outcome of every process the store still knows. */

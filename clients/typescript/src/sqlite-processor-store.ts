@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS estafeta_committed (process_id TEXT PRIMARY KEY);
  * after the server was told "commit" would lose the messages).
  */
 export class SqliteProcessorStore<C extends SqlConnection> implements ProcessorStore<C> {
+  /** The processor's connection: the store's tables and `apply`'s work share its transactions. */
   private readonly conn: C;
 
   private constructor(conn: C) {

@@ -6,15 +6,18 @@
  */
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
 import {
   ApiError,
   AsyncStorageOutboxStore,
   EstafetaClient,
+  KEY_LIFETIME_MS,
   MemoryOutboxStore,
   Outbox,
   OutboxFullError,
@@ -153,6 +156,17 @@ test("a message older than the age limit is never sent: it fails as expired", { 
     Outbox.open({ client: t.devices[0]!.client, store: new MemoryOutboxStore(), maxAgeMs: 8 * 86_400_000 }),
     /over the server's idempotency key lifetime/,
   );
+});
+
+test("the age limit's ceiling is the server's idempotency key lifetime", () => {
+  const config = readFileSync(
+    fileURLToPath(new URL("../../../../crates/exchange/src/service/config.rs", import.meta.url)),
+    "utf8",
+  );
+  const seconds = /idempotency_ttl: Duration::from_secs\(([\d\s*]+)\)/.exec(config);
+  assert.ok(seconds, "the server's default was found");
+  const product = seconds[1]!.split("*").reduce((acc, factor) => acc * Number(factor.trim()), 1);
+  assert.equal(KEY_LIFETIME_MS, product * 1000);
 });
 
 test("a rejected message fails with the server's code and the next one goes on; retry() and remove()", { timeout: 30_000 }, async () => {

@@ -20,7 +20,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { SqliteProcessorStore, inbox } from "../src/index.js";
 import { Child } from "./support/children.js";
-import { appliedCounts, compare, messagesAppliedTwice, nonceOf, openLedger } from "./support/ledger.js";
+import { appliedCounts, assertExactlyOnce, messagesAppliedTwice, nonceOf, openLedger } from "./support/ledger.js";
 import { TestServer } from "./support/server.js";
 import { provision } from "./support/tenancy.js";
 import { waitFor } from "./support/wait.js";
@@ -95,13 +95,13 @@ test("a processor killed around prepare and commit applies every message exactly
 
     // The oracle, from the processor's own database and the device's inbox.
     const ledger = openLedger(ledgerPath);
-    assert.deepEqual(compare(sent, appliedCounts(ledger)), { lost: [], duplicated: [], unknown: [] });
+    assertExactlyOnce(sent, appliedCounts(ledger), "the processor's database");
     assert.equal(messagesAppliedTwice(ledger), 0);
     assert.deepEqual(await (await SqliteProcessorStore.open(ledger)).unsettled(), [], "nothing left to settle");
     ledger.close();
     const replies = new Map<string, number>();
     await inbox(phone, (m) => void replies.set(nonceOf(m), (replies.get(nonceOf(m)) ?? 0) + 1));
-    assert.deepEqual(compare(sent, replies), { lost: [], duplicated: [], unknown: [] });
+    assertExactlyOnce(sent, replies, "the replies the device received");
     for (const folder of ["Unknown", "Prepared", "Messages"] as const) {
       assert.deepEqual((await t.admin.folder("db-a", folder)).files, [], `db-a's ${folder} is empty`);
     }

@@ -25,7 +25,7 @@ import {
   type ProcessorOptions,
 } from "../src/index.js";
 import { refusedUrl } from "./support/closed-port.js";
-import { appliedCounts, applyMessages, compare, nonceOf, openLedger, type Db } from "./support/ledger.js";
+import { appliedCounts, applyMessages, assertExactlyOnce, nonceOf, openLedger, type Db } from "./support/ledger.js";
 import { ManualClock } from "./support/manual-clock.js";
 import { TestServer } from "./support/server.js";
 import { provision, type Tenancy } from "./support/tenancy.js";
@@ -88,8 +88,8 @@ test("runProcessor applies every message once, in processes of maxFiles, and ans
     cycles.map((c) => (c.kind === "done" ? [c.kind, c.processed, c.committed, c.answer] : [c.kind])),
     [["done", 5, true, "OK"], ["done", 5, true, "OK"], ["done", 2, true, "OK"], ["idle"]],
   );
-  assert.deepEqual(compare(sent, appliedCounts(db)), { lost: [], duplicated: [], unknown: [] });
-  assert.deepEqual(compare(sent, await repliesByNonce()), { lost: [], duplicated: [], unknown: [] });
+  assertExactlyOnce(sent, appliedCounts(db), "the processor's database");
+  assertExactlyOnce(sent, await repliesByNonce(), "the replies the device received");
   assert.deepEqual(await options.store.unsettled(), []);
   db.close();
 });
@@ -137,8 +137,13 @@ test("select narrows the process with accept; the others come again", { timeout:
   assert.equal(first.kind === "done" && first.processed, 1);
   const none = await processOnce({ ...options, select: () => [] });
   assert.equal(none.kind, "rejected");
+  await assert.rejects(
+    processOnce({ ...options, select: (messages) => [messages[0]!, messages[0]!] }),
+    /select must return some of the offered messages, each once/,
+  );
+  assert.deepEqual(await options.store.unsettled(), [], "that process was aborted and forgotten");
   await runProcessor({ ...options, untilIdle: true });
-  assert.deepEqual(compare(sent, appliedCounts(db)), { lost: [], duplicated: [], unknown: [] });
+  assertExactlyOnce(sent, appliedCounts(db), "the processor's database");
   await repliesByNonce();
   db.close();
 });
@@ -200,8 +205,8 @@ test("a lost answer to prepare: rolled back locally and on the server, applied o
   assert.deepEqual(await options.store.unsettled(), [], "the rollback got through: nothing left to settle");
   assert.ok((await t.admin.processes()).processes.some((p) => p.state === "ROLLED_BACK"));
   await runProcessor({ ...options, untilIdle: true });
-  assert.deepEqual(compare(sent, appliedCounts(db)), { lost: [], duplicated: [], unknown: [] });
-  assert.deepEqual(compare(sent, await repliesByNonce()), { lost: [], duplicated: [], unknown: [] });
+  assertExactlyOnce(sent, appliedCounts(db), "the processor's database");
+  assertExactlyOnce(sent, await repliesByNonce(), "the replies the device received");
   db.close();
 });
 
@@ -218,8 +223,8 @@ test("a lost answer to commit: the next cycle commits again and forgets the proc
   assert.deepEqual(next.resumed, [{ processId: unsettled!.processId, committed: true, answer: "OK" }]);
   assert.deepEqual(events, [{ kind: "resumed", processId: unsettled!.processId, committed: true, answer: "OK" }]);
   assert.equal(next.kind, "idle");
-  assert.deepEqual(compare(sent, appliedCounts(db)), { lost: [], duplicated: [], unknown: [] });
-  assert.deepEqual(compare(sent, await repliesByNonce()), { lost: [], duplicated: [], unknown: [] });
+  assertExactlyOnce(sent, appliedCounts(db), "the processor's database");
+  assertExactlyOnce(sent, await repliesByNonce(), "the replies the device received");
   db.close();
 });
 

@@ -12,8 +12,11 @@ import { GiveUp, waitFor, within } from "./wait.js";
 export class Child {
   /** Every line the child wrote to stdout, in order. */
   readonly lines: string[] = [];
+  /** The child process. */
   private readonly process: ChildProcess;
+  /** The end of its stderr, for failure messages. */
   private stderr = "";
+  /** Its exit code or signal, once it exits. */
   private readonly exit: Promise<number | string>;
 
   /** Runs `build/test/children/<name>.js` with `args`. */

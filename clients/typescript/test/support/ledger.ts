@@ -6,6 +6,7 @@
  * which is what the oracles count.
  */
 
+import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import nodeSqlite from "node-sqlite3-wasm";
 import type { ApplyResult, Message } from "../../src/index.js";
@@ -66,4 +67,9 @@ export function compare(
   const duplicated = [...counts].filter(([, n]) => n > 1).map(([nonce]) => nonce);
   const unknown = [...counts.keys()].filter((n) => !expected.has(n));
   return { lost, duplicated, unknown };
+}
+
+/** Asserts the oracle's verdict on `counts` (what `what` holds): nothing lost, nothing twice, nothing unknown. */
+export function assertExactlyOnce(sent: Iterable<string>, counts: Map<string, number>, what: string): void {
+  assert.deepEqual(compare(sent, counts), { lost: [], duplicated: [], unknown: [] }, `${what}: by nonce`);
 }

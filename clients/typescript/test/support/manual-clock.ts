@@ -10,6 +10,7 @@ import type { Clock } from "../../src/index.js";
 export class ManualClock implements Clock {
   /** Every sleep asked for, in order. */
   readonly sleeps: number[] = [];
+  /** The time it shows, in milliseconds since the epoch. */
   private current: number;
 
   constructor(start = Date.UTC(2026, 10, 28)) {

@@ -50,10 +50,15 @@ async function freePort(): Promise<number> {
 
 /** A running (or killed) server of the tests. */
 export class TestServer {
+  /** The loopback port, kept across restarts. */
   readonly port: number;
+  /** The data folder, kept across restarts, removed by `stop()`. */
   readonly dataDir: string;
+  /** Settings added to the server's environment. */
   private readonly env: Record<string, string>;
+  /** The running server process, if any. */
   private child: ChildProcess | undefined;
+  /** The end of its stderr, for failure messages. */
   private stderr = "";
 
   private constructor(port: number, dataDir: string, env: Record<string, string>) {
