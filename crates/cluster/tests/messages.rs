@@ -20,7 +20,10 @@ async fn store(pg: &Postgres) -> Store {
         .chain((0..10).map(|d| format!("phone-{d}")))
         .map(|o| id(&o))
         .collect();
-    for made in PgMessages::new(store.clone()).create_mailboxes(&owners).await {
+    for made in PgMessages::new(store.clone())
+        .create_mailboxes(&owners)
+        .await
+    {
         made.unwrap();
     }
     store

@@ -22,7 +22,10 @@ async fn store(pg: &Postgres) -> Store {
     let store = Store::connect(&pg.url()).unwrap();
     store.migrate().await.unwrap();
     let owners = ["db-a", "phone-1"].map(|o| Id::new(o).unwrap());
-    for made in PgMessages::new(store.clone()).create_mailboxes(&owners).await {
+    for made in PgMessages::new(store.clone())
+        .create_mailboxes(&owners)
+        .await
+    {
         made.unwrap();
     }
     store

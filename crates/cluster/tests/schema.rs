@@ -96,8 +96,9 @@ async fn due_deadlines_are_claimed_by_one_node_each() {
     let mut node_b = store.client().await.unwrap();
     let a = node_a.transaction().await.unwrap();
     let b = node_b.transaction().await.unwrap();
-    let keys =
-        |rows: Vec<tokio_postgres::Row>| -> Vec<Vec<u8>> { rows.iter().map(|r| r.get(0)).collect() };
+    let keys = |rows: Vec<tokio_postgres::Row>| -> Vec<Vec<u8>> {
+        rows.iter().map(|r| r.get(0)).collect()
+    };
     let claimed_a = keys(a.query(claim, &[&now, &6i64]).await.unwrap());
     let claimed_b = keys(b.query(claim, &[&now, &6i64]).await.unwrap());
     assert_eq!(claimed_a.len(), 6);

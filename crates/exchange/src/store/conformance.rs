@@ -88,8 +88,15 @@ pub async fn message_store_contract(
 ) {
     // Messages are only for mailboxes that were made.
     for owner in [
-        "read-db", "sel-db", "batch-db", "batch-phone", "dlv-db", "dlv-phone", "old-db",
-        "phone-1", "phone-2",
+        "read-db",
+        "sel-db",
+        "batch-db",
+        "batch-phone",
+        "dlv-db",
+        "dlv-phone",
+        "old-db",
+        "phone-1",
+        "phone-2",
     ] {
         store.create_mailbox(&id(owner)).await.unwrap();
     }
