@@ -29,6 +29,8 @@
 //!   here by every node: [`PgAlerts`] (alerts raised to the administrators,
 //!   once per event), [`PgLogins`] (dashboard login sessions) and
 //!   [`PgEvents`] (the event log).
+//! - [`DatabaseClock`]: the database server's time, which every node runs
+//!   on, so that deadlines and leases one node sets mean the same to all.
 //! - With the `test-support` feature, the `testing` module starts throwaway
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
@@ -49,6 +51,7 @@
 #![deny(missing_docs)]
 
 mod alerts;
+mod clock;
 mod error;
 mod events;
 mod joint;
@@ -67,6 +70,7 @@ mod store;
 pub mod testing;
 
 pub use alerts::{PgAlerts, StoredAlert};
+pub use clock::{DatabaseClock, SKEW_WARNING};
 pub use error::Error;
 pub use events::{EventRow, INDEXED as EVENT_INDEXES, PgEvents, StoredEvent};
 pub use keys::PgKeys;

@@ -248,15 +248,11 @@ impl RegistryStore for PgRegistry {
                 }
             }
             Change::DeleteEndpoint(id) => {
-                // The rows that refer to the mailbox go with it, in this
-                // transaction (its messages are the message store's to
-                // remove, which the exchange does next).
-                for sql in [
-                    "DELETE FROM processes WHERE db_id = $1",
-                    "DELETE FROM mailboxes WHERE id = $1",
-                ] {
-                    tx.execute(sql, &[&id.as_str()]).await.map_err(no)?;
-                }
+                // Its messages are the message store's to remove, which the
+                // exchange did first.
+                tx.execute("DELETE FROM mailboxes WHERE id = $1", &[&id.as_str()])
+                    .await
+                    .map_err(no)?;
             }
             Change::SetToken { endpoint, token } => {
                 let hash: &[u8] = &token.0;

@@ -194,3 +194,42 @@ async fn a_save_after_a_failed_statement_does_not_commit() {
     );
     assert_eq!(record(&a, b"k").await.as_deref(), Some(&b"first"[..]));
 }
+
+/// The answer to a step's `COMMIT` is lost (the server committed, the
+/// connection then failed): the step finds out on another connection that
+/// it committed, and says so, rather than reporting a failure a caller
+/// would undo by hand. A step whose transaction the server rolled back
+/// still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_is_found_out() {
+    let pg = Postgres::start().unwrap();
+    let proxy = estafeta_cluster::testing::CommitLoss::start(
+        format!("127.0.0.1:{}", pg.port()).parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let through = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+        proxy.port()
+    );
+    let options = Options {
+        application_name: Some("node".into()),
+        ..Options::default()
+    };
+    let node = Store::connect_with(&through, &options).unwrap();
+    node.migrate().await.unwrap();
+    let direct = Store::connect(&pg.url()).unwrap();
+
+    let step = node.lock(b"k").await.unwrap();
+    proxy.arm("node", 1);
+    step.save_and_commit(Some(b"made"), None).await.unwrap();
+    assert_eq!(proxy.dropped(), 1, "the answer was lost");
+    assert_eq!(record(&direct, b"k").await.as_deref(), Some(&b"made"[..]));
+
+    // The key is free again, and the node goes on.
+    let mut step = node.lock(b"k").await.unwrap();
+    assert_eq!(step.record(), Some(&b"made"[..]));
+    step.save(b"again", None).await.unwrap();
+    step.commit().await.unwrap();
+    assert_eq!(record(&direct, b"k").await.as_deref(), Some(&b"again"[..]));
+}

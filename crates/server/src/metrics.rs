@@ -168,6 +168,9 @@ pub struct Metrics {
     store_unavailable: Counter,
     /// (minute since the epoch, uploads in it), oldest first.
     uploads: Mutex<VecDeque<(u64, u64)>>,
+    /// In cluster mode, the database's clock the node runs on: how far
+    /// the node's own clock is off from it.
+    database_clock: Option<estafeta_cluster::DatabaseClock>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -176,14 +179,19 @@ fn latency_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(Arc::default())
+        Metrics::new(Arc::default(), None)
     }
 }
 
 impl Metrics {
-    /// Counters of the HTTP layer beside `commits`, the exchange's observer.
-    pub fn new(commits: Arc<Commits>) -> Self {
+    /// Counters of the HTTP layer beside `commits`, the exchange's
+    /// observer, and in cluster mode the node's `database_clock`.
+    pub fn new(
+        commits: Arc<Commits>,
+        database_clock: Option<estafeta_cluster::DatabaseClock>,
+    ) -> Self {
         Metrics {
+            database_clock,
             commits,
             requests: Family::default(),
             durations: Family::new_with_constructor(latency_histogram),
@@ -294,6 +302,13 @@ impl Metrics {
             "Processes ended since the start, by final state (IN_DOUBT: went in doubt)",
             self.commits.outcomes.clone(),
         );
+        if let Some(clock) = &self.database_clock {
+            out.gauge_f64(
+                "estafeta_clock_offset_seconds",
+                "How far this node's own clock is from the database server's, whose time the node runs on (positive: ahead); past a second the node logs a warning",
+                clock.offset_seconds(),
+            );
+        }
         snapshot.render(&mut out);
         let mut text = String::new();
         // Writing into a String cannot fail.

@@ -47,6 +47,8 @@ const DEFERRED: &str = "deliver_at";
 const DEFERRED_LEASE: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
+/// How often a cluster node reads the database server's time again.
+const CLOCK_READING: Duration = Duration::from_secs(10);
 
 /// A node's `store` setting in cluster mode: the database's URL and how
 /// the node uses it (its pool's size and limits). Not `Debug`: the URL
@@ -69,13 +71,20 @@ impl ClusterStore {
     }
 }
 
-/// The stores a node runs on.
+/// The stores a node runs on, and the clock it runs on with them.
 pub struct NodeStores {
     /// The exchange's.
     pub exchange: Stores,
     /// In cluster mode, the cluster's database (migrated), which also keeps
     /// the node's own state.
     pub cluster: Option<estafeta_cluster::Store>,
+    /// What every part of the node reads the time from: the clock given,
+    /// or in cluster mode the database server's time
+    /// ([`estafeta_cluster::DatabaseClock`]), which all nodes share.
+    pub clock: Arc<dyn Clock>,
+    /// In cluster mode, the database's clock itself (how far the node's own
+    /// is off, for the metrics).
+    pub database_clock: Option<estafeta_cluster::DatabaseClock>,
 }
 
 impl NodeStores {
@@ -86,7 +95,7 @@ impl NodeStores {
         settings: NotifySettings,
         quiesce: Quiesce,
     ) -> Result<Notifier, NotifyError> {
-        Notifier::open_in(settings, quiesce, self.cluster.as_ref()).await
+        Notifier::open_in(settings, self.clock.clone(), quiesce, self.cluster.as_ref()).await
     }
 
     /// The pusher, its pending notifications in the cluster's database or
@@ -94,10 +103,9 @@ impl NodeStores {
     pub async fn pusher(
         &self,
         notifier: &Notifier,
-        clock: Arc<dyn Clock>,
         quiesce: Quiesce,
     ) -> Result<Pusher, NotifyError> {
-        Pusher::open_in(notifier, clock, quiesce, self.cluster.as_ref()).await
+        Pusher::open_in(notifier, self.clock.clone(), quiesce, self.cluster.as_ref()).await
     }
 
     /// The event log the dashboard reads: the cluster's `events` table
@@ -143,12 +151,14 @@ pub async fn stores(
     quiesce: &Quiesce,
 ) -> Result<NodeStores, ServeError> {
     let Some(cluster) = store else {
-        let exchange = Stores::embedded(data_dir, clock, quiesce)
+        let exchange = Stores::embedded(data_dir, clock.clone(), quiesce)
             .await
             .map_err(ServeError::Open)?;
         return Ok(NodeStores {
             exchange,
             cluster: None,
+            clock,
+            database_clock: None,
         });
     };
     check_store_url(&cluster.url)?;
@@ -181,6 +191,12 @@ pub async fn stores(
     let db = pool(cluster.options.pool_size, "statements")?;
     let registry_db = pool(1, "registry")?;
     db.migrate().await.map_err(ServeError::Store)?;
+    // Every node runs on the database server's time: deadlines and leases
+    // one node sets mean the same to all, whatever their own clocks say.
+    let database_clock = estafeta_cluster::DatabaseClock::start(db.clone(), clock, CLOCK_READING)
+        .await
+        .map_err(ServeError::Store)?;
+    let clock: Arc<dyn Clock> = Arc::new(database_clock.clone());
     let sessions = estafeta_cluster::SessionStorage::open(steps)
         .await
         .map_err(ServeError::Store)?;
@@ -211,7 +227,11 @@ pub async fn stores(
         )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
         process_sessions: Arc::new(Gated::new(process_sessions, quiesce.clone())),
-        scheduled: estafeta_exchange::store::Scheduled::with_listing(claiming, listing, clock),
+        scheduled: estafeta_exchange::store::Scheduled::with_listing(
+            claiming,
+            listing,
+            clock.clone(),
+        ),
         keys: Arc::new(Gated::new(
             estafeta_cluster::PgKeys::new(db.clone()),
             quiesce.clone(),
@@ -220,6 +240,8 @@ pub async fn stores(
     Ok(NodeStores {
         exchange,
         cluster: Some(db),
+        clock,
+        database_clock: Some(database_clock),
     })
 }
 

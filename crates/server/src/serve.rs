@@ -119,12 +119,11 @@ impl Server {
         let commits = Arc::new(Commits::default());
         let mut config = config;
         config.quiesce = Quiesce::observed(commits.clone());
-        let stores =
-            crate::open::stores(&config.data_dir, store, clock.clone(), &config.quiesce).await?;
+        let stores = crate::open::stores(&config.data_dir, store, clock, &config.quiesce).await?;
+        let clock = stores.clock.clone();
+        let metrics = Metrics::new(commits, stores.database_clock.clone());
         let notifier = stores.notifier(notify, config.quiesce.clone()).await?;
-        let pusher = stores
-            .pusher(&notifier, clock.clone(), config.quiesce.clone())
-            .await?;
+        let pusher = stores.pusher(&notifier, config.quiesce.clone()).await?;
         let sessions = stores.logins();
         let events = stores.events(&config.data_dir)?;
         let sinks = Sinks {
@@ -134,15 +133,7 @@ impl Server {
         let (exchange, admin) = Exchange::open(config, clock, sinks, stores.exchange)
             .await
             .map_err(ServeError::Open)?;
-        let state = AppState::new(
-            exchange,
-            http,
-            notifier,
-            pusher,
-            sessions,
-            events,
-            Metrics::new(commits),
-        );
+        let state = AppState::new(exchange, http, notifier, pusher, sessions, events, metrics);
         Ok((Server { state }, admin))
     }
 

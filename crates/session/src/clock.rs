@@ -52,6 +52,15 @@ impl Timestamp {
 pub trait Clock: Send + Sync + 'static {
     /// The current instant.
     fn now(&self) -> Timestamp;
+
+    /// Whether this is the operating system's wall clock, which may be set
+    /// or stepped under the process: a user that must count time steadily
+    /// (a clock that keeps another machine's time) counts with the
+    /// monotonic clock instead of following it. Any other clock (a test's)
+    /// is the time to follow.
+    fn is_system(&self) -> bool {
+        false
+    }
 }
 
 /// The operating system's wall clock.
@@ -61,6 +70,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         Timestamp::from_system_time(SystemTime::now())
+    }
+
+    fn is_system(&self) -> bool {
+        true
     }
 }
 

@@ -483,7 +483,7 @@ impl Core {
                 match step {
                     Step::Deadline(at) => staged.set_expires_at(at),
                     other => {
-                        let held = held(staged.holds(), staged.step())?;
+                        let held = held(&other, staged.holds(), staged.step())?;
                         self.carry_out(held, other, &mut out).await?;
                     }
                 }
@@ -504,7 +504,7 @@ impl Core {
                 match step {
                     Step::Deadline(_) | Step::Save => {}
                     other => {
-                        let held = held(g.holds(), g.step())?;
+                        let held = held(&other, g.holds(), g.step())?;
                         self.carry_out(held, other, &mut out).await?;
                     }
                 }
@@ -537,8 +537,14 @@ impl Core {
         while let Some(event) = out.next.pop_front() {
             for each in lifecycle::step(&mut rec, event, &ctx) {
                 let done = match each {
-                    Step::Deadline(at) => Ok(deadline = at),
-                    Step::Save => Ok(changed = true),
+                    Step::Deadline(at) => {
+                        deadline = at;
+                        Ok(())
+                    }
+                    Step::Save => {
+                        changed = true;
+                        Ok(())
+                    }
                     other => self.carry_out(again(&mut step), other, &mut out).await,
                 };
                 // What the hook wrote in the step is not kept (see `drive`).
@@ -583,13 +589,21 @@ pub(crate) fn again<'b>(held: &'b mut Held<'_>) -> Held<'b> {
     }
 }
 
-/// The step `step` of a command whose session `holds` its key: an error
-/// once it does not (with a shared store, another server took the key over
-/// after a save: nothing more may be written from this command's view).
-fn held(holds: bool, step: Held<'_>) -> Result<Held<'_>, ExchangeError> {
-    match holds {
-        true => Ok(step),
-        false => Err(ExchangeError::unavailable(
+/// The step to carry `step` out in, `session_step` of a command whose
+/// session `holds` its key. A step that writes under the key (an owner
+/// record, a discard, moves) gets an error once the session does not hold
+/// it (with a shared store, another server took the key over after a
+/// save: nothing more may be written from this command's view); an alert
+/// after the command's last save goes on its own.
+fn held<'a>(step: &Step, holds: bool, session_step: Held<'a>) -> Result<Held<'a>, ExchangeError> {
+    let under_key = matches!(
+        step,
+        Step::Owner { .. } | Step::Discard { .. } | Step::Run { .. }
+    );
+    match (holds, under_key) {
+        (true, _) => Ok(session_step),
+        (false, false) => Ok(None),
+        (false, true) => Err(ExchangeError::unavailable(
             ErrorCode::StorageError,
             "another server took the session over; nothing more was written (retry)",
         )),

@@ -15,9 +15,10 @@ use std::time::Duration;
 /// The repeat source of scheduled messages.
 pub(crate) const SOURCE: &str = "deliver_at";
 
-/// The exchange's clock as the repeat scheduler's wall clock, so a test
-/// that controls one controls both.
-pub(crate) struct WallClock(pub(crate) Arc<dyn estafeta_session::Clock>);
+/// A session clock (the exchange's) as a repeat scheduler's wall clock,
+/// so that whoever controls one controls both (a test's clock, a
+/// cluster's database time).
+pub struct WallClock(pub Arc<dyn estafeta_session::Clock>);
 
 impl estafeta_repeat::Clock for WallClock {
     fn now(&self) -> Duration {

@@ -22,7 +22,7 @@ mod redb_registry;
 mod registry;
 mod removal;
 
-pub use deferred::{Listed, Scheduled, kept_aside};
+pub use deferred::{Listed, Scheduled, WallClock, kept_aside};
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};

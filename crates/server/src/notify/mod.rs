@@ -51,12 +51,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_exchange::service::{Gated, Listed};
+use estafeta_exchange::store::WallClock;
 use estafeta_exchange::{
     Alert, AlertKind, AlertSink, DataLayout, Exchange, Quiesce, Timestamp, alert_key,
 };
 use estafeta_repeat::store::Store as RepeatStore;
 use estafeta_repeat::{
-    Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, SystemClock, WorkerPool,
+    Clock, Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool,
 };
 use estafeta_sendq::{EmailMessage, ProbeRequest, SendError, SmsMessage, WebhookRequest};
 use estafeta_session::BoxFuture;
@@ -117,7 +118,7 @@ pub struct Notifier {
 }
 
 /// The alert deliveries' scheduler.
-type AlertScheduler = Scheduler<Gated<Listed<dyn RepeatStore>>, SystemClock>;
+type AlertScheduler = Scheduler<Gated<Listed<dyn RepeatStore>>, WallClock>;
 
 struct Inner {
     settings: NotifySettings,
@@ -133,10 +134,14 @@ struct Inner {
 
 impl Notifier {
     /// Opens the notifier's stores under `<data>/.estafeta/` (their writes
-    /// paused by `quiesce`) and builds its send queues. Must run inside the
-    /// Tokio runtime.
-    pub async fn open(settings: NotifySettings, quiesce: Quiesce) -> Result<Self, NotifyError> {
-        Notifier::open_in(settings, quiesce, None).await
+    /// paused by `quiesce`) and builds its send queues; its deliveries come
+    /// due on `clock`. Must run inside the Tokio runtime.
+    pub async fn open(
+        settings: NotifySettings,
+        clock: Arc<dyn estafeta_session::Clock>,
+        quiesce: Quiesce,
+    ) -> Result<Self, NotifyError> {
+        Notifier::open_in(settings, clock, quiesce, None).await
     }
 
     /// [`Notifier::open`], keeping the alerts and their deliveries in
@@ -144,6 +149,7 @@ impl Notifier {
     /// data folder.
     pub async fn open_in(
         settings: NotifySettings,
+        clock: Arc<dyn estafeta_session::Clock>,
         quiesce: Quiesce,
         cluster: Option<&estafeta_cluster::Store>,
     ) -> Result<Self, NotifyError> {
@@ -162,7 +168,7 @@ impl Notifier {
                     );
                     let scheduler = Arc::new(Scheduler::new(
                         Gated::new(Listed(claiming), quiesce),
-                        SystemClock,
+                        WallClock(clock),
                         options,
                     ));
                     (
@@ -192,7 +198,7 @@ impl Notifier {
                     };
                     let scheduler = Arc::new(Scheduler::new(
                         Gated::new(Listed(store.clone()), quiesce),
-                        SystemClock,
+                        WallClock(clock),
                         options,
                     ));
                     let alerts = LocalAlerts {
@@ -634,7 +640,7 @@ mod tests {
             Arc::new(RedbStore::open(dir.path().join("alerts-repeat.redb")).unwrap());
         let scheduler = Arc::new(Scheduler::new(
             Gated::new(Listed(store.clone()), Quiesce::default()),
-            SystemClock,
+            WallClock(Arc::new(estafeta_session::SystemClock)),
             Options::default(),
         ));
         let alerts = LocalAlerts { raised, scheduler };

@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use estafeta_exchange::Quiesce;
 use estafeta_exchange::service::{Gated, Listed};
+use estafeta_exchange::store::WallClock;
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
 use estafeta_repeat::store::Store as RepeatStore;
 use estafeta_repeat::{Entry, Options, Outcome, RedbStore, RetryPolicy, Scheduler, WorkerPool};
@@ -72,16 +73,6 @@ struct Push {
     kind: RecipientKind,
 }
 
-/// The exchange's clock as the repeat scheduler's, so a test that moves
-/// one moves both.
-struct ExchangeClock(Arc<dyn estafeta_session::Clock>);
-
-impl estafeta_repeat::Clock for ExchangeClock {
-    fn now(&self) -> Duration {
-        Duration::from_millis(self.0.now().0)
-    }
-}
-
 /// Sends push notifications. Cheap to clone.
 #[derive(Clone)]
 pub struct Pusher {
@@ -90,7 +81,7 @@ pub struct Pusher {
 
 struct Inner {
     outbound: Outbound,
-    scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, ExchangeClock>,
+    scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, WallClock>,
     /// The notifications, read to list them (without claiming any).
     store: Arc<dyn RepeatStore>,
     /// Cluster mode: pending notifications are coalesced in the store.
@@ -153,7 +144,7 @@ impl Pusher {
         };
         let scheduler = Scheduler::new(
             Gated::new(Listed(scheduled), quiesce),
-            ExchangeClock(clock),
+            WallClock(clock),
             options,
         );
         // What an earlier run left pending is pending now: arrivals for

@@ -13,7 +13,12 @@
 //! [`Postgres::standby`] makes a synchronous streaming standby that
 //! [`Postgres::promote`] turns into the new primary (a failover);
 //! [`Postgres::rebuild_standby`] makes the old primary the new one's
-//! standby, for the next failover.
+//! standby, for the next failover. [`CommitLoss`] stands between a node
+//! and the server and loses the answer to a `COMMIT` the server made.
+
+mod commit_loss;
+
+pub use commit_loss::CommitLoss;
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
