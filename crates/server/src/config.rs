@@ -143,8 +143,18 @@ settings! {
         retention: Duration = "90d";
         /// a larger request body is answered 413 (megabytes)
         max_body_mb: u64 = "32";
-        /// a request head not received within this drops the connection, a body is answered 408
+        /// a request head not received within this (on a new connection, or after an answer on a
+        /// kept-alive one: the idle timeout) drops the connection; a body is answered 408
         request_timeout: Duration = "30s";
+        /// an answer of which the client takes no byte for this long ends its connection
+        write_timeout: Duration = "30s";
+        /// most connections served at once (at most half the open-file limit, less 32); past it,
+        /// 32 more serve one request each of /healthz, /readyz, the admin API and the dashboard,
+        /// and any further connection is closed at once
+        max_connections: usize = "4096";
+        /// on SIGTERM or SIGINT, calls in flight get this long to finish; connections still open
+        /// then are closed, sessions are saved and the server exits
+        stop_timeout: Duration = "30s";
         /// log filter on stderr, tracing EnvFilter syntax
         log: LogFilter = "info";
         /// form of the log lines on stderr: text, or json (one object per line)
@@ -725,6 +735,9 @@ impl Settings {
             max_body_bytes: usize::try_from(self.max_body_mb.saturating_mul(1 << 20))
                 .unwrap_or(usize::MAX),
             request_timeout: self.request_timeout,
+            write_timeout: self.write_timeout,
+            max_connections: self.max_connections,
+            stop_timeout: self.stop_timeout,
             retention_interval: RETENTION_INTERVAL,
             metrics_per_database: self.metrics_per_database,
         }
@@ -742,6 +755,14 @@ pub struct HttpSettings {
     /// A request head not received within this drops the connection; a
     /// body not received within it is answered 408.
     pub request_timeout: Duration,
+    /// An answer the client takes no byte of for this long ends its connection.
+    pub write_timeout: Duration,
+    /// The most connections served at once with every route
+    /// ([`crate::admission`]).
+    pub max_connections: usize,
+    /// How long a graceful stop waits for the calls in flight before it
+    /// closes the connections still open.
+    pub stop_timeout: Duration,
     /// The period of the retention sweep.
     pub retention_interval: Duration,
     /// `/metrics` gives the messages waiting of at most this many databases.

@@ -13,7 +13,9 @@
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
 //! - [`mod@serve`]: [`Server`], the parts built in order ([`Server::open`])
 //!   and served on a caller-bound listener until the caller cancels its
-//!   token ([`Server::run`]), with start-up recovery in the background.
+//!   token ([`Server::run`]), with start-up recovery in the background;
+//!   [`admission`] caps the connections (with a reserve for the operator)
+//!   and [`write_timeout`] ends those whose client stopped reading.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate;
 //!   [`backup`]: a consistent copy of the data folder made while serving
 //!   (`estafeta backup DIR`, `POST /v1/admin/backup`).
@@ -71,6 +73,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod app;
 pub mod backup;
 pub mod body_limit;
@@ -93,6 +96,7 @@ pub mod routes;
 pub mod serve;
 pub mod state;
 pub mod trace;
+pub mod write_timeout;
 
 pub use app::app;
 pub use config::{HttpSettings, Settings};
