@@ -141,8 +141,12 @@ settings! {
         ready_timeout: Duration = "5m";
         /// files in Log, Prepared, Unknown, Error older than this are removed
         retention: Duration = "90d";
-        /// a larger request body is answered 413 (megabytes)
+        /// a larger upload or prepare body is answered 413 (megabytes); every other API body is
+        /// limited to 256 KB, a dashboard form to 16 KB
         max_body_mb: u64 = "32";
+        /// upload and prepare bodies held in memory at once (megabytes, each counted at its
+        /// declared length); past it, further ones wait up to request_timeout, then 503
+        bodies_in_flight_mb: u64 = "128";
         /// a request head not received within this (on a new connection, or after an answer on a
         /// kept-alive one: the idle timeout) drops the connection; a body is answered 408
         request_timeout: Duration = "30s";
@@ -734,6 +738,10 @@ impl Settings {
         HttpSettings {
             max_body_bytes: usize::try_from(self.max_body_mb.saturating_mul(1 << 20))
                 .unwrap_or(usize::MAX),
+            bodies_in_flight_bytes: usize::try_from(
+                self.bodies_in_flight_mb.saturating_mul(1 << 20),
+            )
+            .unwrap_or(usize::MAX),
             request_timeout: self.request_timeout,
             write_timeout: self.write_timeout,
             max_connections: self.max_connections,
@@ -750,8 +758,10 @@ pub const RETENTION_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// What the HTTP layer itself needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpSettings {
-    /// A larger request body is answered 413.
+    /// A larger upload or prepare body is answered 413.
     pub max_body_bytes: usize,
+    /// Upload and prepare bodies held at once, in bytes.
+    pub bodies_in_flight_bytes: usize,
     /// A request head not received within this drops the connection; a
     /// body not received within it is answered 408.
     pub request_timeout: Duration,

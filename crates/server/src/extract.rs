@@ -15,6 +15,7 @@ use estafeta_exchange::wire::ErrorCode;
 use estafeta_exchange::{Id, Presented};
 use serde::de::DeserializeOwned;
 
+use crate::body_limit::{BodyLimit, too_large};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -107,8 +108,8 @@ pub const MAX_JSON_DEPTH: usize = 100;
 
 /// A JSON request body. Malformed JSON, JSON nested deeper than
 /// [`MAX_JSON_DEPTH`], a wrong `version`, a missing field, a field of the
-/// wrong type or a content type other than JSON is 400; a body over the
-/// configured size is 413; a body that does not arrive within the request
+/// wrong type or a content type other than JSON is 400; a body over its
+/// route's limit ([`crate::body_limit`]) is 413; a body that does not arrive within the request
 /// timeout is 408. The timeout covers only receiving the body, so an
 /// exchange call, once started, is never cut off halfway.
 #[derive(Debug, Clone)]
@@ -125,10 +126,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             ));
         }
         let timeout = state.http().request_timeout;
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .map_or(state.http().max_body_bytes, |l| l.0);
         let bytes = match tokio::time::timeout(timeout, Bytes::from_request(req, state)).await {
             Err(_) => return Err(ApiError::request_timeout()),
             Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(too_large(state));
+                return Err(too_large(limit));
             }
             Ok(Err(rejection)) => {
                 return Err(ApiError::bad_request(
@@ -193,14 +198,6 @@ fn nested_deeper_than(text: &[u8], max: usize) -> bool {
         }
     }
     false
-}
-
-/// The 413 answer of a JSON body over the configured size.
-fn too_large(state: &AppState) -> ApiError {
-    ApiError::body_too_large(format!(
-        "the request body is larger than {} bytes",
-        state.http().max_body_bytes
-    ))
 }
 
 /// The error answer for a JSON body that does not parse into its type.

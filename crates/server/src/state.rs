@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use estafeta_exchange::Exchange;
 
+use crate::body_limit::BodyRoom;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
 use crate::dashboard::throttle::LoginThrottle;
@@ -25,6 +26,8 @@ pub struct AppState {
 struct Inner {
     exchange: Exchange,
     http: HttpSettings,
+    /// Room for the message bodies held at once.
+    body_room: BodyRoom,
     metrics: Metrics,
     sessions: Sessions,
     login_throttle: LoginThrottle,
@@ -55,6 +58,7 @@ impl AppState {
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
+                body_room: BodyRoom::new(http.bodies_in_flight_bytes),
                 http,
                 metrics,
                 sessions,
@@ -76,6 +80,11 @@ impl AppState {
     /// The HTTP settings.
     pub fn http(&self) -> &HttpSettings {
         &self.inner.http
+    }
+
+    /// Room for the message bodies held at once.
+    pub fn body_room(&self) -> &BodyRoom {
+        &self.inner.body_room
     }
 
     /// The request counters.

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use common::raw::{head, read_answer, send_raw};
-use common::{ADMIN_TOKEN, Binary, PATIENCE, estafeta_after, provision_one, wait_ready};
+use common::{ADMIN_TOKEN, Binary, PATIENCE, estafeta_after, wait_ready};
 use estafeta_client::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -70,22 +70,8 @@ async fn past_the_connection_cap_health_readiness_and_the_admin_api_still_answer
 /// reads it.
 async fn large_inbox(server: &Binary, mb: usize) -> String {
     let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
-    let (db, phone) = provision_one(&admin).await;
-    let (db, device) = (admin.with_token(&db), admin.with_token(&phone));
-    let sent = device
-        .send(&common::message("db-a", "{}", None))
-        .await
-        .unwrap();
-    let started = db.start(&common::start_request("db-a")).await.unwrap();
     let reply = format!(r#"{{"pad":"{}"}}"#, "x".repeat(mb << 20));
-    common::process_all(
-        &db,
-        &started.process_id.unwrap(),
-        [sent.accepted.id],
-        &reply,
-    )
-    .await;
-    phone
+    common::reply_waiting(&admin, &reply).await
 }
 
 /// A client that pipelines three requests for its inbox (an answer larger

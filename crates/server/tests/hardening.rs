@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::raw::{head, send_raw};
@@ -496,4 +495,96 @@ async fn webhooks_to_malformed_hosts_or_link_local_addresses_are_400(store: Stor
         assert_eq!(server.exchange.webhook(&id("db-a")), None, "{url}");
     }
     server.stop().await.unwrap();
+}
+
+/// The peak resident memory of process `pid`, in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+// Embedded only: the memory of one server process.
+#[tokio::test]
+async fn acknowledgements_are_sized_to_their_route_and_parsed_without_copies() {
+    use estafeta_server::body_limit::SMALL_BODY;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let phone = common::reply_waiting(&admin, r#"{"ok":true}"#).await;
+    let waiting = admin.with_token(&phone).inbox(None).await.unwrap().messages;
+    assert_eq!(waiting.len(), 1);
+
+    // An acknowledgement of a thousand ids (one of them real) is far
+    // within its route's limit.
+    let mut ids: Vec<String> = (0..999).map(|i| format!("01JD6Y{i:020}")).collect();
+    ids.push(waiting[0].id.to_string());
+    let body = serde_json::json!({"version": 1, "ids": ids}).to_string();
+    assert!(body.len() < SMALL_BODY / 4, "{} bytes", body.len());
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/inbox/ack", server.base))
+        .bearer_auth(&phone)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["acked"], 1);
+
+    // Declared past the route's limit: 413 before the body is sent.
+    let declared = head(
+        "POST",
+        "/v1/inbox/ack",
+        &[
+            format!("authorization: Bearer {phone}"),
+            "content-type: application/json".to_owned(),
+            format!("content-length: {}", 30 << 20),
+        ],
+    );
+    let answer = send_raw(server.addr, declared.as_bytes()).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.error_code(), "body_too_large");
+
+    // Two 30 MB acknowledgements of small values, without a length: each is
+    // cut off at the limit, and the server's memory stays far below what
+    // parsing them would take.
+    let before = peak_memory(server.child.id().unwrap());
+    let chunked = || {
+        let mut request = head(
+            "POST",
+            "/v1/inbox/ack",
+            &[
+                format!("authorization: Bearer {phone}"),
+                "content-type: application/json".to_owned(),
+                "transfer-encoding: chunked".to_owned(),
+            ],
+        )
+        .into_bytes();
+        let piece = "0,".repeat(512 * 1024);
+        let mut chunk = |text: &str| {
+            request.extend_from_slice(format!("{:x}\r\n{text}\r\n", text.len()).as_bytes());
+        };
+        chunk(r#"{"version":1,"ids":["#);
+        for _ in 0..30 {
+            chunk(&piece);
+        }
+        chunk("0]}");
+        request.extend_from_slice(b"0\r\n\r\n");
+        request
+    };
+    let (one, two) = (chunked(), chunked());
+    let (a, b) = tokio::join!(
+        common::raw::send_while_answered(server.addr, &one),
+        common::raw::send_while_answered(server.addr, &two)
+    );
+    for answer in [a, b] {
+        assert_eq!(answer.status, 413, "{answer:?}");
+    }
+    let grown = peak_memory(server.child.id().unwrap()).saturating_sub(before);
+    assert!(grown < 64 << 20, "peak memory grew by {} MB", grown >> 20);
+    assert_eq!(server.terminate().await, Some(0));
 }

@@ -375,6 +375,22 @@ pub async fn process_all(
     assert_eq!(db.commit(pid).await.unwrap().status, CallStatus::Ok);
 }
 
+/// [`provision_one`], then one cycle through `db-a` that leaves `reply`
+/// waiting in `phone-1`'s inbox; `phone-1`'s token.
+pub async fn reply_waiting(admin: &Client, reply: &str) -> String {
+    let (db, phone) = provision_one(admin).await;
+    let db = admin.with_token(&db);
+    let sent = admin
+        .with_token(&phone)
+        .send(&message("db-a", "{}", None))
+        .await
+        .unwrap();
+    let started = db.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    process_all(&db, &pid, [sent.accepted.id], reply).await;
+    phone
+}
+
 /// A start call for `db` with no filters.
 pub fn start_request(db: &str) -> StartRequest {
     StartRequest {

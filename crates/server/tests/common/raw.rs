@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::PATIENCE;
@@ -40,13 +40,13 @@ impl Answer {
 
 /// Reads one answer from `tcp`. A server that does not answer fails the
 /// test after [`PATIENCE`] rather than hanging it.
-pub async fn read_answer(tcp: &mut TcpStream) -> Answer {
+pub async fn read_answer(tcp: &mut (impl AsyncRead + Unpin)) -> Answer {
     tokio::time::timeout(PATIENCE, read_answer_inner(tcp))
         .await
         .expect("the server did not answer")
 }
 
-async fn read_answer_inner(tcp: &mut TcpStream) -> Answer {
+async fn read_answer_inner(tcp: &mut (impl AsyncRead + Unpin)) -> Answer {
     let mut bytes = Vec::new();
     let mut buf = [0u8; 8192];
     let head_end = loop {
@@ -97,4 +97,20 @@ pub fn head(method: &str, path: &str, extra: &[String]) -> String {
     }
     h.push_str("\r\n");
     h
+}
+
+/// Sends `bytes` on a new connection to `addr` while reading the answer,
+/// for a server that answers before it has read them all (and may close
+/// the connection on the rest).
+pub async fn send_while_answered(addr: SocketAddr, bytes: &[u8]) -> Answer {
+    let (mut read, mut write) = TcpStream::connect(addr).await.unwrap().into_split();
+    let bytes = bytes.to_vec();
+    let writer = tokio::spawn(async move {
+        // The server may stop reading once it has answered.
+        let _ = write.write_all(&bytes).await;
+        write
+    });
+    let answer = read_answer(&mut read).await;
+    writer.abort();
+    answer
 }
