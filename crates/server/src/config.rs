@@ -198,7 +198,8 @@ settings! {
         alert_probe: Duration = "30s", zero "no probes";
         /// webhook targets (push and alert) in private ranges (10/8, 172.16/12, 192.168/16,
         /// 100.64/10, loopback, fc00::/7): allow or deny; link-local and metadata addresses
-        /// (169.254/16, fe80::/10) are always refused, also when a host name resolves to one
+        /// (169.254/16, fe80::/10) are always refused, also when a host name resolves to one;
+        /// a refused webhook is not stored, sent to or probed, and redirects are never followed
         webhook_private: PrivateTargets = "allow";
         /// alert when free space in the data folder falls under this many MB
         disk_alert_mb: u64 = "100", zero "never";

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::raw::{head, send_raw};
@@ -587,4 +588,105 @@ async fn acknowledgements_are_sized_to_their_route_and_parsed_without_copies() {
     let grown = peak_memory(server.child.id().unwrap()).saturating_sub(before);
     assert!(grown < 64 << 20, "peak memory grew by {} MB", grown >> 20);
     assert_eq!(server.terminate().await, Some(0));
+}
+
+/// A webhook on loopback that answers every POST with a redirect to
+/// `to`, and tells of each POST.
+async fn redirecting_hook(to: String) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let (tx, posts) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().fallback(move |method: axum::http::Method| {
+        let (tx, to) = (tx.clone(), to.clone());
+        async move {
+            if method == axum::http::Method::POST {
+                let _ = tx.send(());
+            }
+            (
+                axum::http::StatusCode::FOUND,
+                [(axum::http::header::LOCATION, to)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, posts)
+}
+
+/// A listener that tells of every connection made to it.
+async fn connection_counter() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let (tx, connections) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tx.send(());
+            drop(tcp);
+        }
+    });
+    (addr, connections)
+}
+
+// Embedded only: the webhook client is the same whatever the store.
+#[tokio::test]
+async fn webhook_redirects_are_not_followed_and_refused_targets_are_not_stored() {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let (elsewhere, mut reached) = connection_counter().await;
+    let (hook, mut posts) = redirecting_hook(format!("http://{elsewhere}/stolen")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_ALERT_RETRY", "1s"),
+        ("ESTAFETA_ALERT_PROBE", "1s"),
+    ];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let (_db, phone) = provision_one(&admin).await;
+    let put_webhook = |base: String, url: String| async move {
+        reqwest::Client::new()
+            .put(format!("{base}/v1/admin/databases/db-a/webhook"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&serde_json::json!({"version": 1, "url": url}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = put_webhook(server.base.clone(), format!("http://{hook}/hook")).await;
+    assert_eq!(r.status(), 200);
+    admin
+        .with_token(&phone)
+        .send(&common::message("db-a", "{}", None))
+        .await
+        .unwrap();
+    // The redirect is an answer, not a way elsewhere: the push fails and is
+    // tried again; a redirect followed would have reached `elsewhere`
+    // before the first try ended.
+    for _ in 0..2 {
+        common::next(&mut posts).await;
+    }
+    assert_eq!(reached.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(server.terminate().await, Some(0));
+
+    // With private targets denied, one is refused when set (a name that
+    // resolves to one as well), so it is never stored, sent to or probed.
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_WEBHOOK_PRIVATE", "deny"),
+    ];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    provision_one(&admin).await;
+    for url in [
+        format!("http://localhost:{}/", elsewhere.port()),
+        format!("http://{elsewhere}/"),
+    ] {
+        let r = put_webhook(server.base.clone(), url.clone()).await;
+        assert_eq!(r.status(), 400, "{url}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "bad_webhook_url", "{json}");
+    }
+    assert_eq!(server.terminate().await, Some(0));
+    assert_eq!(reached.try_recv(), Err(TryRecvError::Empty));
 }
