@@ -119,9 +119,9 @@ settings! {
         data_dir: PathBuf = "./estafeta-data";
         /// address to listen on
         listen: String = "127.0.0.1:8080";
-        /// admin token, at least 32 characters; when unset, one is made at first start,
-        /// printed once and kept in <data>/.estafeta/admin-token (in cluster mode by the
-        /// cluster's first node, kept only as a hash in the store)
+        /// admin token, at least 32 characters; when unset, one is made at first start and
+        /// printed once; only its hash is kept, in <data>/.estafeta/admin-token (in cluster
+        /// mode, by the cluster's first node, in the store)
         admin_token: Option<Secret>;
         /// where state is kept: unset, the embedded store under data_dir; a postgres:// URL
         /// (libpq syntax, several hosts with target_session_attrs=read-write), cluster mode:

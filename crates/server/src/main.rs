@@ -273,7 +273,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             None => {
                 let kept = DataLayout::new(&settings.data_dir).admin_token();
                 println!(
-                    "admin token: {} (kept in {})",
+                    "admin token: {} (shown once; {} keeps only its hash)",
                     token.expose(),
                     kept.display()
                 );

@@ -690,3 +690,86 @@ async fn webhook_redirects_are_not_followed_and_refused_targets_are_not_stored()
     assert_eq!(server.terminate().await, Some(0));
     assert_eq!(reached.try_recv(), Err(TryRecvError::Empty));
 }
+
+/// A dashboard login with `token` at `base`: the session cookie, or the
+/// status of the refusal.
+async fn dashboard_login(base: &str, token: &str) -> Result<String, u16> {
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/admin/login"))
+        .header("cookie", "estafeta_login=nonce-1")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}&nonce=nonce-1"))
+        .send()
+        .await
+        .unwrap();
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|c| c.to_str().ok())
+        .find(|c| c.starts_with("estafeta_admin=") && !c.starts_with("estafeta_admin=;"))
+        .map(|c| c.split(';').next().unwrap().to_owned())
+        .ok_or(r.status().as_u16())
+}
+
+/// The status of the dashboard's overview with the session `cookie`.
+async fn overview(base: &str, cookie: &str) -> u16 {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{base}/admin"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+// Embedded only: the admin token kept in the data folder.
+#[tokio::test]
+async fn a_rotated_admin_token_ends_dashboard_logins_and_is_kept_only_as_a_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let first = server
+        .printed_token
+        .clone()
+        .expect("printed at first start");
+    let admin = Client::new(&server.base, &first).unwrap();
+    wait_ready(&admin).await;
+    let kept_file = data.join(".estafeta").join("admin-token");
+    let kept = || std::fs::read_to_string(&kept_file).unwrap();
+    assert!(
+        !kept().contains(&first),
+        "the token itself is kept: {}",
+        kept()
+    );
+
+    let cookie = dashboard_login(&server.base, &first).await.unwrap();
+    assert_eq!(overview(&server.base, &cookie).await, 200);
+    let rotated = admin.rotate_admin_token().await.unwrap().token;
+    // The login made with the old token is over; the new token logs in.
+    assert_eq!(overview(&server.base, &cookie).await, 303);
+    assert_eq!(dashboard_login(&server.base, &first).await, Err(401));
+    let cookie = dashboard_login(&server.base, &rotated).await.unwrap();
+    assert_eq!(overview(&server.base, &cookie).await, 200);
+    for token in [&first, &rotated] {
+        assert!(!kept().contains(token.as_str()), "kept: {}", kept());
+    }
+    assert_eq!(server.terminate().await, Some(0));
+
+    // Restarted: nothing is printed again, and the rotated token holds.
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    assert_eq!(server.printed_token, None);
+    wait_ready(&Client::new(&server.base, &rotated).unwrap()).await;
+    Client::new(&server.base, &rotated)
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    assert_eq!(server.terminate().await, Some(0));
+}
