@@ -26,7 +26,7 @@ use estafeta_exchange::mailbox::Limits;
 use crate::notify::{NotifyConfigError, NotifySettings};
 use crate::open::ClusterStore;
 pub use value::{
-    LogFilter, LogFormat, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
+    LogFilter, LogFormat, Networks, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
 };
 
 /// The prefix of every environment variable the server reads.
@@ -159,6 +159,10 @@ settings! {
         /// on SIGTERM or SIGINT, calls in flight get this long to finish; connections still open
         /// then are closed, sessions are saved and the server exits
         stop_timeout: Duration = "30s";
+        /// proxies (addresses or networks, comma-separated: 10.0.0.0/8, 127.0.0.1) whose
+        /// X-Forwarded-For names the client: its last address not in this list is the client's,
+        /// for the throttle of wrong tokens; unset, the connection's own address
+        trusted_proxies: Option<Networks>;
         /// log filter on stderr, tracing EnvFilter syntax
         log: LogFilter = "info";
         /// form of the log lines on stderr: text, or json (one object per line)
@@ -325,6 +329,27 @@ fn wrap(text: &str, indent: usize, width: usize) -> String {
 /// The shortest admin token the settings may give, in characters.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
 
+/// The fewest guesses (as a power of ten) an admin token the settings give
+/// must take by zxcvbn's estimate, which counts repeats, sequences,
+/// keyboard patterns and dictionary words (and stops counting past about
+/// 10^19): 32 random hex digits reach that; `x` 32 times (10^2.6), the
+/// alphabet in a row (10^4.3) or a word repeated (10^1.1) are far below.
+pub const MIN_ADMIN_TOKEN_GUESSES_LOG10: f64 = 12.0;
+
+/// Refuses an admin token that is short or, by its estimated strength,
+/// easy to guess.
+pub fn check_admin_token(token: &str) -> Result<(), ConfigError> {
+    let len = token.chars().count();
+    if len < MIN_ADMIN_TOKEN_LEN {
+        return Err(ConfigError::WeakAdminToken(len));
+    }
+    let guesses = zxcvbn::zxcvbn(token, &[]).guesses_log10();
+    if guesses < MIN_ADMIN_TOKEN_GUESSES_LOG10 {
+        return Err(ConfigError::GuessableAdminToken(guesses.floor() as u32));
+    }
+    Ok(())
+}
+
 /// The configuration could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -333,6 +358,12 @@ pub enum ConfigError {
         "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is {0} characters long; it must be at least {MIN_ADMIN_TOKEN_LEN} (for example `openssl rand -hex 16`), or unset to have one made"
     )]
     WeakAdminToken(usize),
+    /// The admin token is long enough but easy to guess (about 10 to the
+    /// given power guesses, below [`MIN_ADMIN_TOKEN_GUESSES_LOG10`]).
+    #[error(
+        "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is easy to guess (about 10^{0} guesses: repeats, sequences or words); use a random one (for example `openssl rand -hex 16`), or unset it to have one made"
+    )]
+    GuessableAdminToken(u32),
     /// The configuration file cannot be read.
     #[error("configuration file {}: {source}", path.display())]
     ReadFile {
@@ -485,10 +516,7 @@ impl Sources {
             effective.set(setting, text, Origin::Flag(flag))?;
         }
         if let Some(token) = &effective.settings.admin_token {
-            let len = token.expose().chars().count();
-            if len < MIN_ADMIN_TOKEN_LEN {
-                return Err(ConfigError::WeakAdminToken(len));
-            }
+            check_admin_token(token.expose())?;
         }
         effective.settings.exchange_config()?;
         effective.settings.notify()?;
@@ -747,6 +775,7 @@ impl Settings {
             write_timeout: self.write_timeout,
             max_connections: self.max_connections,
             stop_timeout: self.stop_timeout,
+            trusted_proxies: self.trusted_proxies.clone(),
             retention_interval: RETENTION_INTERVAL,
             metrics_per_database: self.metrics_per_database,
         }
@@ -774,6 +803,8 @@ pub struct HttpSettings {
     /// How long a graceful stop waits for the calls in flight before it
     /// closes the connections still open.
     pub stop_timeout: Duration,
+    /// The proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Option<Networks>,
     /// The period of the retention sweep.
     pub retention_interval: Duration,
     /// `/metrics` gives the messages waiting of at most this many databases.
@@ -810,8 +841,21 @@ mod tests {
         let err = load(&[("ESTAFETA_ADMIN_TOKEN", &short)]).unwrap_err();
         assert!(matches!(err, ConfigError::WeakAdminToken(31)), "{err}");
         assert!(err.to_string().contains("at least 32"), "{err}");
-        let enough = "x".repeat(MIN_ADMIN_TOKEN_LEN);
-        assert!(load(&[("ESTAFETA_ADMIN_TOKEN", &enough)]).is_ok());
+        let repeated = "x".repeat(MIN_ADMIN_TOKEN_LEN);
+        let err = load(&[("ESTAFETA_ADMIN_TOKEN", &repeated)]).unwrap_err();
+        assert!(matches!(err, ConfigError::GuessableAdminToken(_)), "{err}");
+        for guessable in [
+            "abcdefghijklmnopqrstuvwxyz012345",
+            "passwordpasswordpasswordpassword",
+        ] {
+            let err = load(&[("ESTAFETA_ADMIN_TOKEN", guessable)]).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::GuessableAdminToken(_)),
+                "{guessable}: {err}"
+            );
+        }
+        let random = "9f2c4e71b08ad3566e1f0c97a4b2d83e";
+        assert!(load(&[("ESTAFETA_ADMIN_TOKEN", random)]).is_ok());
     }
 
     /// A folder with `estafeta.toml` holding `text`, and its path.
@@ -877,8 +921,9 @@ mod tests {
             let text = match Settings::default().show(setting) {
                 Shown::Plain(toml::Value::String(text)) => text,
                 Shown::Plain(value) => value.to_string(),
-                // Long enough for the admin token's minimum.
-                Shown::Redacted(_) | Shown::Unset => "x".repeat(MIN_ADMIN_TOKEN_LEN),
+                Shown::Unset if setting.key == "trusted_proxies" => "10.0.0.0/8".to_owned(),
+                // Strong enough for the admin token.
+                Shown::Redacted(_) | Shown::Unset => "9f2c4e71b08ad3566e1f0c97a4b2d83e".to_owned(),
             };
             let from_env = sources(None, &[(&setting.env(), &text)]).resolve();
             // Channels need their other half; the variable was still read.
@@ -952,7 +997,7 @@ mod tests {
             .settings;
         assert_eq!(s.listen, "12345");
         assert_eq!(s.data_dir, PathBuf::from("1e5"));
-        let digits = "00123456789012345678901234567890";
+        let digits = "73018492650173946205819374650283";
         let s = load(&[("ESTAFETA_ADMIN_TOKEN", digits)]).unwrap();
         assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some(digits));
         assert!(!format!("{s:?}").contains(digits));
@@ -1088,7 +1133,7 @@ mod tests {
         let effective = sources(
             Some(&path),
             &[
-                ("ESTAFETA_ADMIN_TOKEN", "t0ken-t0ken-t0ken-t0ken-t0ken-t0"),
+                ("ESTAFETA_ADMIN_TOKEN", "t0ken-e83b1f-c47d9a-05e2b6-f19c3"),
                 ("ESTAFETA_MAX_FILES", "4"),
             ],
         )

@@ -16,13 +16,15 @@ use estafeta_exchange::{Id, Presented};
 use serde::de::DeserializeOwned;
 
 use crate::body_limit::{BodyLimit, too_large};
+use crate::client_addr::client_addr;
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The authenticated caller: `Authorization: Bearer <token>` resolved by the
 /// exchange. A missing, malformed or unknown token is 401; more than one
-/// `Authorization` header is 400 (no header wins over another); rights are
-/// the exchange's to check (403).
+/// `Authorization` header is 400 (no header wins over another); an address
+/// that gave too many wrong tokens is 429 for a while (see `throttled`);
+/// rights are the exchange's to check (403).
 #[derive(Debug, Clone)]
 pub struct Caller(pub Principal);
 
@@ -31,8 +33,41 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(parts)?;
-        authenticated(state, token).await.map(Caller)
+        let who = state.exchange().authenticate(token).await?;
+        let who = throttled(state, parts, who.as_ref())
+            .and_then(|()| who.ok_or_else(|| ApiError::unauthorized("unknown token")))?;
+        state.last_seen().saw(&who, std::time::SystemTime::now());
+        Ok(Caller(who))
     }
+}
+
+/// The throttle's say on a bearer token whose owner is `who` (`None`: an
+/// unknown token) from the request's client address. While the address
+/// waits ([`crate::throttle`]), it gets 429 for an unknown token and for
+/// the admin token alike (the one token an operator may choose is never
+/// tried then, and the answer tells nothing of a guess), while the random
+/// tokens of databases and devices go on working: a device whose token was
+/// revoked, polling from behind the same address as others, locks out
+/// none of them. An unknown token is counted; the admin token starts the
+/// address afresh.
+fn throttled(state: &AppState, parts: &Parts, who: Option<&Principal>) -> Result<(), ApiError> {
+    if matches!(who, Some(p) if *p != Principal::Admin) {
+        return Ok(());
+    }
+    let client = client_addr(parts, state.http().trusted_proxies.as_ref());
+    let throttle = state.auth_throttle();
+    let now = tokio::time::Instant::now();
+    if let Some(wait) = throttle.wait(client, now) {
+        return Err(ApiError::too_many_attempts(wait));
+    }
+    match who {
+        None => {
+            throttle.failed(client, now);
+            tracing::debug!(%client, "unknown bearer token");
+        }
+        Some(_) => throttle.succeeded(client),
+    }
+    Ok(())
 }
 
 /// The caller of a call that takes its caller's session (an upload, an
@@ -49,11 +84,9 @@ impl FromRequestParts<AppState> for Presenting {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(parts)?;
-        let presented = state
-            .exchange()
-            .present(token)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        let presented = state.exchange().present(token).await?;
+        throttled(state, parts, presented.as_ref().map(Presented::principal))?;
+        let presented = presented.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
         state
             .last_seen()
             .saw(presented.principal(), std::time::SystemTime::now());
@@ -78,18 +111,6 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .ok()
         .and_then(bearer_token)
         .ok_or_else(|| ApiError::unauthorized("the Authorization header is not Bearer <token>"))
-}
-
-/// Who `token` belongs to, what other servers changed read first; 401 for
-/// an unknown token.
-async fn authenticated(state: &AppState, token: &str) -> Result<Principal, ApiError> {
-    let who = state
-        .exchange()
-        .authenticate(token)
-        .await?
-        .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
-    state.last_seen().saw(&who, std::time::SystemTime::now());
-    Ok(who)
 }
 
 /// The token of a `Bearer <token>` header value (the scheme is

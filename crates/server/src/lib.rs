@@ -9,7 +9,9 @@
 //!   serves `/metrics` in the Prometheus text format; [`body_limit`] caps
 //!   request bodies per group of routes.
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
-//!   every bad request with the error JSON ([`ApiError`]).
+//!   every bad request with the error JSON ([`ApiError`]); [`throttle`]
+//!   slows down addresses that give wrong tokens, by the client's address
+//!   ([`client_addr`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
 //! - [`mod@serve`]: [`Server`], the parts built in order ([`Server::open`])
 //!   and served on a caller-bound listener until the caller cancels its
@@ -78,6 +80,7 @@ pub mod app;
 pub mod backup;
 pub mod body_limit;
 pub mod check;
+pub mod client_addr;
 pub mod config;
 pub mod dashboard;
 pub mod error;
@@ -95,6 +98,7 @@ pub mod operator;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod throttle;
 pub mod trace;
 pub mod write_timeout;
 

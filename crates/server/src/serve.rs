@@ -211,6 +211,12 @@ impl Server {
                 (state.notifier().clone(), exchange.clone(), shutdown.clone());
             tokio::spawn(async move { notifier.run(exchange, stop).await })
         };
+        let wrong_tokens = {
+            let (state, stop) = (state.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                crate::throttle::log_summaries(state.auth_throttle(), stop).await
+            })
+        };
         let signal = {
             let (exchange, shutdown) = (exchange.clone(), shutdown.clone());
             tokio::spawn(async move {
@@ -222,7 +228,15 @@ impl Server {
         };
         serve_http(listener, app(state), &http, shutdown).await;
 
-        for task in [signal, recovery, retention, deliveries, pushes, alerts] {
+        for task in [
+            signal,
+            recovery,
+            retention,
+            deliveries,
+            pushes,
+            alerts,
+            wrong_tokens,
+        ] {
             if let Err(e) = task.await {
                 tracing::error!(error = %e, "a background task panicked");
             }

@@ -18,8 +18,8 @@ use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
-use estafeta_server::dashboard::throttle::{FIRST_DELAY, FREE_FAILURES};
 use estafeta_server::extract::MAX_JSON_DEPTH;
+use estafeta_server::throttle::{FIRST_DELAY, FREE_FAILURES, MAX_ADDRESSES};
 use serde_json::Value;
 
 both_stores!(a_form_declared_over_its_limit_is_413_before_its_body_is_sent);
@@ -772,4 +772,115 @@ async fn a_rotated_admin_token_ends_dashboard_logins_and_is_kept_only_as_a_hash(
         .await
         .unwrap();
     assert_eq!(server.terminate().await, Some(0));
+}
+
+// Embedded only: the event log's file.
+#[tokio::test]
+async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // The test's own connections come through a "proxy": 127.0.0.1.
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_TRUSTED_PROXIES", "127.0.0.1"),
+    ];
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    let http = reqwest::Client::new();
+    let stats = |from: String, token: String| {
+        let request = http
+            .clone()
+            .get(format!("{}/v1/admin/stats", server.base))
+            .header("x-forwarded-for", from)
+            .bearer_auth(token);
+        async move { request.send().await.unwrap() }
+    };
+    let operator = "198.51.100.7".to_owned();
+    assert_eq!(
+        stats(operator.clone(), ADMIN_TOKEN.into()).await.status(),
+        200
+    );
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    let (_db, phone) = provision_one(&admin).await;
+
+    let attacker = "203.0.113.1".to_owned();
+    for _ in 0..FREE_FAILURES {
+        let r = stats(attacker.clone(), "guess".into()).await;
+        assert_eq!(r.status(), 401);
+    }
+    // Throttled: neither a guess nor the admin token is looked at.
+    for token in ["guess", ADMIN_TOKEN] {
+        let r = stats(attacker.clone(), token.into()).await;
+        assert_eq!(r.status(), 429, "{token}");
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "too_many_attempts");
+    }
+    // A device behind the same address goes on working.
+    let inbox = http
+        .get(format!("{}/v1/inbox", server.base))
+        .header("x-forwarded-for", &attacker)
+        .bearer_auth(&phone)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(inbox.status(), 200);
+
+    // Wrong tokens from more addresses than are remembered do not free the
+    // locked one, nor lock out the operator's.
+    let flood: Vec<_> = (0..MAX_ADDRESSES + 100)
+        .map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1))
+        .collect();
+    for chunk in flood.chunks(64) {
+        let mut answers = tokio::task::JoinSet::new();
+        for from in chunk {
+            answers.spawn(stats(from.clone(), "guess".into()));
+        }
+        while let Some(r) = answers.join_next().await {
+            let status = r.unwrap().status().as_u16();
+            assert!(matches!(status, 401 | 429), "{status}");
+        }
+    }
+    // The locked address's count goes on where it was (had it been
+    // forgotten, this would be its first failure of three free ones).
+    assert_eq!(stats(attacker.clone(), "guess".into()).await.status(), 401);
+    assert_eq!(stats(attacker, ADMIN_TOKEN.into()).await.status(), 429);
+    assert_eq!(stats(operator, ADMIN_TOKEN.into()).await.status(), 200);
+    assert_eq!(server.terminate().await, Some(0));
+
+    // One summary line, not one per wrong token.
+    let lines = event_lines(&data);
+    let summaries: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("wrong tokens"))
+        .collect();
+    assert!(
+        !summaries.is_empty() && summaries.len() <= 2,
+        "{summaries:?}"
+    );
+    assert!(lines.len() < 1000, "{} event records", lines.len());
+}
+
+#[tokio::test]
+async fn an_admin_token_that_is_long_but_easy_to_guess_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::estafeta(dir.path())
+        .arg("serve")
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
+        .env("ESTAFETA_ADMIN_TOKEN", "x".repeat(MIN_ADMIN_TOKEN_LEN))
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .expect("the server started with a guessable admin token")
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("easy to guess"), "{err}");
+    assert!(!dir.path().join("data").exists(), "nothing was created");
 }

@@ -10,12 +10,11 @@
 //! wrong tokens are throttled per client address ([`LoginThrottle`](super::throttle::LoginThrottle)).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Form;
-use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::header::{COOKIE, RETRY_AFTER, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -28,6 +27,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use super::pages::{LoginPage, render};
+use crate::client_addr::ClientAddr;
 use crate::state::AppState;
 
 /// The session cookie's name.
@@ -191,23 +191,6 @@ impl Sessions {
     }
 }
 
-/// The address of the client on the other end of the connection (the
-/// server's accept loop records it); unspecified when the router runs
-/// without a socket.
-pub struct ClientAddr(pub IpAddr);
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let addr = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
-        Ok(ClientAddr(addr))
-    }
-}
-
 /// The value of cookie `name` in the request's `Cookie` headers.
 pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
@@ -359,8 +342,9 @@ pub struct LoginForm {
 }
 
 /// `POST /admin/login`: a session for the admin token. A client address
-/// that gave wrong tokens waits between tries ([`LoginThrottle`](super::throttle::LoginThrottle)): a try
-/// before its wait is over is answered 429 without looking at the token.
+/// that gave wrong tokens waits between tries
+/// ([`AuthThrottle`](crate::throttle::AuthThrottle)): a try before its wait
+/// is over is answered 429 without looking at the token.
 pub async fn login(
     State(state): State<AppState>,
     ClientAddr(client): ClientAddr,
@@ -368,7 +352,7 @@ pub async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let now = Instant::now();
-    if let Some(wait) = state.login_throttle().wait(client, now) {
+    if let Some(wait) = state.auth_throttle().wait(client, now) {
         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         let message = format!("Too many wrong tokens from your address: try again in {secs} s.");
         let mut response = login_page(&headers, Some(&message), StatusCode::TOO_MANY_REQUESTS);
@@ -389,15 +373,16 @@ pub async fn login(
         }
     };
     if who != Some(Principal::Admin) {
-        state.login_throttle().failed(client, now);
-        tracing::warn!(target: "estafeta::event", %client, "dashboard login refused: not the admin token");
+        state.auth_throttle().failed(client, now);
+        // Counted, and logged in aggregate once a minute.
+        tracing::debug!(%client, "dashboard login refused: not the admin token");
         return login_page(
             &headers,
             Some("That is not the admin token."),
             StatusCode::UNAUTHORIZED,
         );
     }
-    state.login_throttle().succeeded(client);
+    state.auth_throttle().succeeded(client);
     let id = match state
         .sessions()
         .create(&TokenHash::of(form.token.trim()))

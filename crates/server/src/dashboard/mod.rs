@@ -13,7 +13,6 @@
 pub mod auth;
 pub mod chart;
 pub mod pages;
-pub mod throttle;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
