@@ -395,20 +395,11 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    // The most permissive umask: the server must not rely on it.
-    let mut cmd = tokio::process::Command::new("sh");
-    cmd.args([
-        "-c",
-        "umask 000; exec \"$0\" serve",
-        env!("CARGO_BIN_EXE_estafeta"),
-    ]);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("ESTAFETA_") {
-            cmd.env_remove(key);
-        }
-    }
-    let mut child = cmd
-        .current_dir(dir.path())
+    // A data folder made beforehand, and the most permissive umask: the
+    // server must rely on neither.
+    std::fs::create_dir(&data).unwrap();
+    let mut child = common::estafeta_after(dir.path(), "umask 000")
+        .arg("serve")
         .env("ESTAFETA_LISTEN", "127.0.0.1:0")
         .env("ESTAFETA_DATA_DIR", &data)
         .env("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -439,7 +430,7 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     let r = reqwest::Client::new()
         .put(format!("{base}/v1/admin/databases/db-a/webhook"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&serde_json::json!({"version":1,"url":"http://hook-user:hook-secret@127.0.0.1:9/x"}))
+        .json(&serde_json::json!({"version":1,"url":"http://hook-user:hook-secret@127.0.0.1:9/hook-path-secret?key=hook-key"}))
         .send()
         .await
         .unwrap();
@@ -456,6 +447,14 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(mode(&files[0]), 0o600, "message file");
+    for folder in [data.join("db-a"), queue.clone()] {
+        assert_eq!(mode(&folder), 0o700, "{}", folder.display());
+    }
+    for entry in std::fs::read_dir(&state).unwrap() {
+        let path = entry.unwrap().path();
+        let want = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode(&path), want, "{}", path.display());
+    }
 
     // A clean stop writes the event log's last records; then it is read.
     let pid = child.id().unwrap().to_string();
@@ -467,10 +466,9 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     child.wait().await.unwrap();
     let lines = event_lines(&data);
     assert!(lines.iter().any(|l| l.contains("webhook set")), "{lines:?}");
-    assert!(
-        lines.iter().all(|l| !l.contains("hook-secret")),
-        "{lines:?}"
-    );
+    for secret in ["hook-secret", "hook-path-secret", "hook-key"] {
+        assert!(lines.iter().all(|l| !l.contains(secret)), "{lines:?}");
+    }
 }
 
 both_stores!(webhooks_to_malformed_hosts_or_link_local_addresses_are_400);
@@ -883,4 +881,56 @@ async fn an_admin_token_that_is_long_but_easy_to_guess_is_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("easy to guess"), "{err}");
     assert!(!dir.path().join("data").exists(), "nothing was created");
+}
+
+/// The systemd unit and README, as shipped.
+fn shipped(file: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::read_to_string(root.join(file)).unwrap()
+}
+
+#[test]
+fn the_unit_confines_the_server_and_agrees_with_readme_on_where_backups_go() {
+    let unit = shipped("packaging/estafeta.service");
+    let settings: Vec<&str> = unit.lines().filter(|l| !l.starts_with('#')).collect();
+    for wanted in [
+        "CapabilityBoundingSet=",
+        "SystemCallFilter=@system-service",
+        "MemoryDenyWriteExecute=yes",
+        "RestrictNamespaces=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "ProtectProc=invisible",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+    ] {
+        assert!(settings.contains(&wanted), "the unit lacks {wanted}");
+    }
+    // The file with the admin token is made private, never with touch.
+    assert!(unit.contains("install -m 0600 /dev/null /etc/estafeta/env"));
+    assert!(!unit.contains("touch /etc/estafeta/env"));
+    // README's backup goes where the unit lets the server write.
+    let writable: Vec<&str> = settings
+        .iter()
+        .filter_map(|l| l.strip_prefix("ReadWritePaths="))
+        .map(|p| p.trim_start_matches('-'))
+        .collect();
+    let readme = shipped("README.md");
+    let backup = readme
+        .lines()
+        .find_map(|l| l.split("estafeta backup ").nth(1))
+        .expect("README gives a backup command");
+    let dir = backup.split_whitespace().next().unwrap();
+    assert!(
+        writable.iter().any(|w| dir.starts_with(&format!("{w}/"))),
+        "README backs up into {dir}, the unit lets the server write {writable:?}"
+    );
+    assert!(
+        unit.contains(&format!(
+            "install -d -o estafeta -g estafeta -m 0700 {}",
+            writable[0]
+        )),
+        "the install steps make the backup folder"
+    );
 }
