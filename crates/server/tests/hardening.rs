@@ -220,12 +220,12 @@ async fn two_authorization_headers_are_400(store: Store) {
 
 /// A dashboard login with `token` (the form's nonce in the field and the
 /// cookie, as the login page sets them).
-async fn try_login(server: &TestServer, token: &str) -> reqwest::Response {
+async fn try_login(base: &str, token: &str) -> reqwest::Response {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
-        .post(server.url("/admin/login"))
+        .post(format!("{base}/admin/login"))
         .header("cookie", "estafeta_login=nonce-1")
         .header("content-type", "application/x-www-form-urlencoded")
         .body(format!("token={token}&nonce=nonce-1"))
@@ -238,10 +238,10 @@ both_stores!(wrong_logins_from_one_address_must_wait_before_the_next_try);
 async fn wrong_logins_from_one_address_must_wait_before_the_next_try(store: Store) {
     let server = TestServer::start_on(store).await;
     for _ in 0..FREE_FAILURES {
-        assert_eq!(try_login(&server, "guess").await.status(), 401);
+        assert_eq!(try_login(&server.base, "guess").await.status(), 401);
     }
     // Even the right token is not looked at before the wait is over.
-    let r = try_login(&server, ADMIN_TOKEN).await;
+    let r = try_login(&server.base, ADMIN_TOKEN).await;
     assert_eq!(r.status(), 429);
     let retry: u64 = r.headers()["retry-after"]
         .to_str()
@@ -692,17 +692,7 @@ async fn webhook_redirects_are_not_followed_and_refused_targets_are_not_stored()
 /// A dashboard login with `token` at `base`: the session cookie, or the
 /// status of the refusal.
 async fn dashboard_login(base: &str, token: &str) -> Result<String, u16> {
-    let r = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .post(format!("{base}/admin/login"))
-        .header("cookie", "estafeta_login=nonce-1")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={token}&nonce=nonce-1"))
-        .send()
-        .await
-        .unwrap();
+    let r = try_login(base, token).await;
     r.headers()
         .get_all("set-cookie")
         .iter()
