@@ -46,6 +46,8 @@ export const ERROR_CODES = [
   "storage_full",
   "not_ready",
   "stopping",
+  "too_many_attempts",
+  "too_busy",
   "internal",
 ] as const;
 
@@ -55,7 +57,8 @@ export type ErrorCode = (typeof ERROR_CODES)[number];
 /**
  * The codes of answers that may change when the same call is made again
  * unchanged: the server was recovering, stopping, short of disk or storage,
- * or the request body came too slowly.
+ * serving as many connections or bodies as it may, or the request body came
+ * too slowly.
  */
 const TRANSIENT_CODES: ReadonlySet<string> = new Set<ErrorCode>([
   "request_timeout",
@@ -63,6 +66,7 @@ const TRANSIENT_CODES: ReadonlySet<string> = new Set<ErrorCode>([
   "storage_full",
   "not_ready",
   "stopping",
+  "too_busy",
   "internal",
 ]);
 

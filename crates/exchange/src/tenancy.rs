@@ -102,10 +102,11 @@ impl Endpoint {
 pub enum AdminToken {
     /// Given by the operator (`ESTAFETA_ADMIN_TOKEN`).
     Configured,
-    /// Read from `<state>/admin-token`, made at an earlier start.
+    /// Made at an earlier start; its hash is kept (`<state>/admin-token`,
+    /// or the cluster's store).
     Existing,
-    /// Made now and saved to `<state>/admin-token` (mode 0600); the server
-    /// prints it once.
+    /// Made now, its hash kept (`<state>/admin-token`, mode 0600, or the
+    /// cluster's store); the server prints it once.
     Generated(Token),
 }
 
@@ -787,8 +788,8 @@ impl Registry {
     }
 
     /// Replaces the admin token with a new one, returned to be shown once:
-    /// stored first (the embedded store saves it to the admin-token file,
-    /// mode 0600), then the old one stops working. Refused
+    /// its hash stored first (the embedded store saves it to the
+    /// admin-token file, mode 0600), then the old one stops working. Refused
     /// ([`TenancyError::AdminTokenPinned`]) when the token comes from the
     /// environment: the server cannot change that.
     pub async fn rotate_admin_token(&self) -> Result<Token, TenancyError> {

@@ -28,12 +28,17 @@ pub struct HttpAnswer {
 }
 
 /// Builds a client with the given timeouts, resolving host names through
-/// `resolver` when one is given (else the system's resolver).
+/// `resolver` when one is given (else the system's resolver). Redirects
+/// are never followed: a `3xx` is the answer (an error for a webhook or a
+/// gateway), so a target cannot send the request on to an address its own
+/// URL was checked against.
 pub(crate) fn client(
     connect_timeout: Duration,
     resolver: Option<std::sync::Arc<dyn reqwest::dns::Resolve>>,
 ) -> Result<reqwest::Client, ConfigError> {
-    let builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    let builder = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none());
     match resolver {
         Some(r) => builder.dns_resolver(r),
         None => builder,

@@ -51,6 +51,20 @@ impl HttpProbe {
             ..Self::new(timeout)?
         })
     }
+
+    /// [`HttpProbe::reachability`] through a client that resolves host
+    /// names through `resolver` (which may refuse a name by the addresses
+    /// it has), as the transport that sends to the host does.
+    pub fn reachability_with_resolver(
+        timeout: Duration,
+        resolver: std::sync::Arc<dyn reqwest::dns::Resolve>,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            client: http::client(timeout, Some(resolver))?,
+            timeout,
+            reachability: true,
+        })
+    }
 }
 
 impl<H: Send + Sync + 'static> Transport<H, ProbeRequest> for HttpProbe {

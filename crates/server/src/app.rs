@@ -22,7 +22,8 @@ pub fn app(state: AppState) -> axum::Router {
         .fallback(|| async { ApiError::no_route() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(max_body));
-    let router =
-        limit_bodies(router, max_body).layer(from_fn_with_state(state.clone(), metrics::count));
+    let router = router
+        .layer(from_fn_with_state(state.clone(), limit_bodies))
+        .layer(from_fn_with_state(state.clone(), metrics::count));
     traced(router).with_state(state)
 }

@@ -1,40 +1,142 @@
-//! [`limit_bodies`]: the request body limit of a group of routes (the API's
-//! configured size, the dashboard's small forms), answered with the error
-//! JSON.
+//! [`limit_bodies`]: every request body's limit, sized to its route. The
+//! routes that carry messages ([`MESSAGE_ROUTES`]: an upload, a prepare
+//! with its replies) take up to the `max_body_mb` setting, and the bodies
+//! of those held at once are capped by the `bodies_in_flight_mb` setting
+//! ([`BodyRoom`]); a dashboard form takes [`FORM_LIMIT`]; every other body
+//! (ids, settings, a reason) takes [`SMALL_BODY`]. A declared
+//! `Content-Length` over the limit is 413 at once, before any of the body
+//! is read; a body without one is cut off (413) as soon as it passes it.
 
-use axum::Router;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
-use axum::middleware::map_response;
+use axum::http::header::CONTENT_LENGTH;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_http::limit::RequestBodyLimitLayer;
+use estafeta_exchange::wire::ErrorCode;
+use http_body_util::Limited;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::dashboard::FORM_LIMIT;
 use crate::error::ApiError;
+use crate::state::AppState;
 
-/// Refuses request bodies over `limit` bytes with 413 and the error JSON:
-/// at once, before any of the body is read, when the declared
-/// `Content-Length` is over it; otherwise as soon as the body read passes it.
-pub fn limit_bodies<S: Clone + Send + Sync + 'static>(
-    router: Router<S>,
-    limit: usize,
-) -> Router<S> {
-    router
-        .layer(RequestBodyLimitLayer::new(limit))
-        .layer(map_response(move |response: Response| async move {
-            too_large_as_json(response, limit)
-        }))
+/// The routes whose bodies carry messages, limited by the `max_body_mb`
+/// setting.
+pub const MESSAGE_ROUTES: [&str; 2] = ["/v1/messages", "/v1/processes/{pid}/prepare"];
+
+/// The largest body of every other API route, in bytes: room for an
+/// acknowledgement of several thousand ids (a thousand take 29 KB).
+pub const SMALL_BODY: usize = 256 * 1024;
+
+/// The limit of the body of the request it is attached to, for the 413
+/// answers of the extractors that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyLimit(pub usize);
+
+/// Room for the message bodies held at once: each takes its declared
+/// length (the route's limit when it declares none) until its request is
+/// answered.
+pub struct BodyRoom {
+    /// Kibibytes of room.
+    room: Arc<Semaphore>,
+    /// Its size in KiB: no body takes more than all of it.
+    size_kib: u32,
 }
 
-/// The limit layer's own 413 (plain text) as the error JSON.
-fn too_large_as_json(response: Response, limit: usize) -> Response {
-    let json = response
+impl BodyRoom {
+    /// Room for `bytes` of bodies at once.
+    pub fn new(bytes: usize) -> BodyRoom {
+        let size_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        BodyRoom {
+            room: Arc::new(Semaphore::new(size_kib as usize)),
+            size_kib,
+        }
+    }
+
+    /// Room for a body of `bytes`, waiting at most `patience` for it.
+    pub async fn take(&self, bytes: usize, patience: Duration) -> Option<OwnedSemaphorePermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.size_kib);
+        tokio::time::timeout(patience, self.room.clone().acquire_many_owned(kib))
+            .await
+            .ok()?
+            .ok()
+    }
+}
+
+/// Middleware: the body limit of the request's route (by its matched
+/// path), and for the message routes room among the bodies held at once
+/// (503 `too_busy` when none comes within the request timeout).
+pub async fn limit_bodies(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let max_body = state.http().max_body_bytes;
+    let (limit, message) = match route {
+        Some(r) if MESSAGE_ROUTES.contains(&r) => (max_body, true),
+        Some(r) if r == "/admin" || r.starts_with("/admin/") => (FORM_LIMIT.min(max_body), false),
+        _ => (SMALL_BODY.min(max_body), false),
+    };
+    let declared = request
         .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !json {
-        ApiError::body_too_large(format!("the request body is larger than {limit} bytes"))
-            .into_response()
-    } else {
-        response
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(limit).into_response();
+    }
+    let room = match (message, declared) {
+        (false, _) | (true, Some(0)) => None,
+        (true, declared) => {
+            let bytes = declared.map_or(limit, |n| n as usize);
+            let patience = state.http().request_timeout;
+            match state.body_room().take(bytes, patience).await {
+                Some(room) => Some(room),
+                None => {
+                    return ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        ErrorCode::TooBusy,
+                        "the server holds as many message bodies as it may; retry later",
+                    )
+                    .into_response();
+                }
+            }
+        }
+    };
+    let (mut parts, body) = request.into_parts();
+    parts.extensions.insert(BodyLimit(limit));
+    let request = Request::from_parts(parts, Body::new(Limited::new(body, limit)));
+    let response = next.run(request).await;
+    drop(room);
+    response
+}
+
+/// The 413 answer of a body over `limit` bytes.
+pub fn too_large(limit: usize) -> ApiError {
+    ApiError::body_too_large(format!(
+        "the request body is larger than {limit} bytes, this route's limit"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bodies_wait_for_room_and_none_takes_more_than_all_of_it() {
+        let room = BodyRoom::new(10 * 1024);
+        let patience = Duration::from_secs(5);
+        let first = room.take(6 * 1024, patience).await.unwrap();
+        assert!(room.take(6 * 1024, patience).await.is_none(), "no room");
+        drop(first);
+        let all = room.take(1 << 30, patience).await.unwrap();
+        assert!(room.take(1, patience).await.is_none());
+        drop(all);
+        assert!(room.take(1, patience).await.is_some());
     }
 }

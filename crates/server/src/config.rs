@@ -26,7 +26,7 @@ use estafeta_exchange::mailbox::Limits;
 use crate::notify::{NotifyConfigError, NotifySettings};
 use crate::open::ClusterStore;
 pub use value::{
-    LogFilter, LogFormat, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
+    LogFilter, LogFormat, Networks, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
 };
 
 /// The prefix of every environment variable the server reads.
@@ -119,9 +119,9 @@ settings! {
         data_dir: PathBuf = "./estafeta-data";
         /// address to listen on
         listen: String = "127.0.0.1:8080";
-        /// admin token, at least 32 characters; when unset, one is made at first start,
-        /// printed once and kept in <data>/.estafeta/admin-token (in cluster mode by the
-        /// cluster's first node, kept only as a hash in the store)
+        /// admin token, at least 32 characters; when unset, one is made at first start and
+        /// printed once; only its hash is kept, in <data>/.estafeta/admin-token (in cluster
+        /// mode, by the cluster's first node, in the store)
         admin_token: Option<Secret>;
         /// where state is kept: unset, the embedded store under data_dir; a postgres:// URL
         /// (libpq syntax, several hosts with target_session_attrs=read-write), cluster mode:
@@ -141,10 +141,28 @@ settings! {
         ready_timeout: Duration = "5m";
         /// files in Log, Prepared, Unknown, Error older than this are removed
         retention: Duration = "90d";
-        /// a larger request body is answered 413 (megabytes)
+        /// a larger upload or prepare body is answered 413 (megabytes); every other API body is
+        /// limited to 256 KB, a dashboard form to 16 KB
         max_body_mb: u64 = "32";
-        /// a request head not received within this drops the connection, a body is answered 408
+        /// upload and prepare bodies held in memory at once (megabytes, each counted at its
+        /// declared length); past it, further ones wait up to request_timeout, then 503
+        bodies_in_flight_mb: u64 = "128";
+        /// a request head not received within this (on a new connection, or after an answer on a
+        /// kept-alive one: the idle timeout) drops the connection; a body is answered 408
         request_timeout: Duration = "30s";
+        /// an answer of which the client takes no byte for this long ends its connection
+        write_timeout: Duration = "30s";
+        /// most connections served at once (at most half the open-file limit, less 32); past it,
+        /// 32 more serve one request each of /healthz, /readyz, the admin API and the dashboard,
+        /// and any further connection is closed at once
+        max_connections: usize = "4096";
+        /// on SIGTERM or SIGINT, calls in flight get this long to finish; connections still open
+        /// then are closed, sessions are saved and the server exits
+        stop_timeout: Duration = "30s";
+        /// proxies (addresses or networks, comma-separated: 10.0.0.0/8, 127.0.0.1) whose
+        /// X-Forwarded-For names the client: its last address not in this list is the client's,
+        /// for the throttle of wrong tokens; unset, the connection's own address
+        trusted_proxies: Option<Networks>;
         /// log filter on stderr, tracing EnvFilter syntax
         log: LogFilter = "info";
         /// form of the log lines on stderr: text, or json (one object per line)
@@ -184,7 +202,8 @@ settings! {
         alert_probe: Duration = "30s", zero "no probes";
         /// webhook targets (push and alert) in private ranges (10/8, 172.16/12, 192.168/16,
         /// 100.64/10, loopback, fc00::/7): allow or deny; link-local and metadata addresses
-        /// (169.254/16, fe80::/10) are always refused, also when a host name resolves to one
+        /// (169.254/16, fe80::/10) are always refused, also when a host name resolves to one;
+        /// a refused webhook is not stored, sent to or probed, and redirects are never followed
         webhook_private: PrivateTargets = "allow";
         /// alert when free space in the data folder falls under this many MB
         disk_alert_mb: u64 = "100", zero "never";
@@ -310,6 +329,27 @@ fn wrap(text: &str, indent: usize, width: usize) -> String {
 /// The shortest admin token the settings may give, in characters.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
 
+/// The fewest guesses (as a power of ten) an admin token the settings give
+/// must take by zxcvbn's estimate, which counts repeats, sequences,
+/// keyboard patterns and dictionary words (and stops counting past about
+/// 10^19): 32 random hex digits reach that; `x` 32 times (10^2.6), the
+/// alphabet in a row (10^4.3) or a word repeated (10^1.1) are far below.
+pub const MIN_ADMIN_TOKEN_GUESSES_LOG10: f64 = 12.0;
+
+/// Refuses an admin token that is short or, by its estimated strength,
+/// easy to guess.
+pub fn check_admin_token(token: &str) -> Result<(), ConfigError> {
+    let len = token.chars().count();
+    if len < MIN_ADMIN_TOKEN_LEN {
+        return Err(ConfigError::WeakAdminToken(len));
+    }
+    let guesses = zxcvbn::zxcvbn(token, &[]).guesses_log10();
+    if guesses < MIN_ADMIN_TOKEN_GUESSES_LOG10 {
+        return Err(ConfigError::GuessableAdminToken(guesses.floor() as u32));
+    }
+    Ok(())
+}
+
 /// The configuration could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -318,6 +358,12 @@ pub enum ConfigError {
         "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is {0} characters long; it must be at least {MIN_ADMIN_TOKEN_LEN} (for example `openssl rand -hex 16`), or unset to have one made"
     )]
     WeakAdminToken(usize),
+    /// The admin token is long enough but easy to guess (about 10 to the
+    /// given power guesses, below [`MIN_ADMIN_TOKEN_GUESSES_LOG10`]).
+    #[error(
+        "configuration: admin_token (ESTAFETA_ADMIN_TOKEN) is easy to guess (about 10^{0} guesses: repeats, sequences or words); use a random one (for example `openssl rand -hex 16`), or unset it to have one made"
+    )]
+    GuessableAdminToken(u32),
     /// The configuration file cannot be read.
     #[error("configuration file {}: {source}", path.display())]
     ReadFile {
@@ -470,10 +516,7 @@ impl Sources {
             effective.set(setting, text, Origin::Flag(flag))?;
         }
         if let Some(token) = &effective.settings.admin_token {
-            let len = token.expose().chars().count();
-            if len < MIN_ADMIN_TOKEN_LEN {
-                return Err(ConfigError::WeakAdminToken(len));
-            }
+            check_admin_token(token.expose())?;
         }
         effective.settings.exchange_config()?;
         effective.settings.notify()?;
@@ -724,7 +767,15 @@ impl Settings {
         HttpSettings {
             max_body_bytes: usize::try_from(self.max_body_mb.saturating_mul(1 << 20))
                 .unwrap_or(usize::MAX),
+            bodies_in_flight_bytes: usize::try_from(
+                self.bodies_in_flight_mb.saturating_mul(1 << 20),
+            )
+            .unwrap_or(usize::MAX),
             request_timeout: self.request_timeout,
+            write_timeout: self.write_timeout,
+            max_connections: self.max_connections,
+            stop_timeout: self.stop_timeout,
+            trusted_proxies: self.trusted_proxies.clone(),
             retention_interval: RETENTION_INTERVAL,
             metrics_per_database: self.metrics_per_database,
         }
@@ -737,11 +788,23 @@ pub const RETENTION_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// What the HTTP layer itself needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpSettings {
-    /// A larger request body is answered 413.
+    /// A larger upload or prepare body is answered 413.
     pub max_body_bytes: usize,
+    /// Upload and prepare bodies held at once, in bytes.
+    pub bodies_in_flight_bytes: usize,
     /// A request head not received within this drops the connection; a
     /// body not received within it is answered 408.
     pub request_timeout: Duration,
+    /// An answer the client takes no byte of for this long ends its connection.
+    pub write_timeout: Duration,
+    /// The most connections served at once with every route
+    /// ([`crate::admission`]).
+    pub max_connections: usize,
+    /// How long a graceful stop waits for the calls in flight before it
+    /// closes the connections still open.
+    pub stop_timeout: Duration,
+    /// The proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Option<Networks>,
     /// The period of the retention sweep.
     pub retention_interval: Duration,
     /// `/metrics` gives the messages waiting of at most this many databases.
@@ -778,8 +841,21 @@ mod tests {
         let err = load(&[("ESTAFETA_ADMIN_TOKEN", &short)]).unwrap_err();
         assert!(matches!(err, ConfigError::WeakAdminToken(31)), "{err}");
         assert!(err.to_string().contains("at least 32"), "{err}");
-        let enough = "x".repeat(MIN_ADMIN_TOKEN_LEN);
-        assert!(load(&[("ESTAFETA_ADMIN_TOKEN", &enough)]).is_ok());
+        let repeated = "x".repeat(MIN_ADMIN_TOKEN_LEN);
+        let err = load(&[("ESTAFETA_ADMIN_TOKEN", &repeated)]).unwrap_err();
+        assert!(matches!(err, ConfigError::GuessableAdminToken(_)), "{err}");
+        for guessable in [
+            "abcdefghijklmnopqrstuvwxyz012345",
+            "passwordpasswordpasswordpassword",
+        ] {
+            let err = load(&[("ESTAFETA_ADMIN_TOKEN", guessable)]).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::GuessableAdminToken(_)),
+                "{guessable}: {err}"
+            );
+        }
+        let random = "9f2c4e71b08ad3566e1f0c97a4b2d83e";
+        assert!(load(&[("ESTAFETA_ADMIN_TOKEN", random)]).is_ok());
     }
 
     /// A folder with `estafeta.toml` holding `text`, and its path.
@@ -845,8 +921,9 @@ mod tests {
             let text = match Settings::default().show(setting) {
                 Shown::Plain(toml::Value::String(text)) => text,
                 Shown::Plain(value) => value.to_string(),
-                // Long enough for the admin token's minimum.
-                Shown::Redacted(_) | Shown::Unset => "x".repeat(MIN_ADMIN_TOKEN_LEN),
+                Shown::Unset if setting.key == "trusted_proxies" => "10.0.0.0/8".to_owned(),
+                // Strong enough for the admin token.
+                Shown::Redacted(_) | Shown::Unset => "9f2c4e71b08ad3566e1f0c97a4b2d83e".to_owned(),
             };
             let from_env = sources(None, &[(&setting.env(), &text)]).resolve();
             // Channels need their other half; the variable was still read.
@@ -920,7 +997,7 @@ mod tests {
             .settings;
         assert_eq!(s.listen, "12345");
         assert_eq!(s.data_dir, PathBuf::from("1e5"));
-        let digits = "00123456789012345678901234567890";
+        let digits = "73018492650173946205819374650283";
         let s = load(&[("ESTAFETA_ADMIN_TOKEN", digits)]).unwrap();
         assert_eq!(s.admin_token.as_ref().map(Secret::expose), Some(digits));
         assert!(!format!("{s:?}").contains(digits));
@@ -1056,7 +1133,7 @@ mod tests {
         let effective = sources(
             Some(&path),
             &[
-                ("ESTAFETA_ADMIN_TOKEN", "t0ken-t0ken-t0ken-t0ken-t0ken-t0"),
+                ("ESTAFETA_ADMIN_TOKEN", "t0ken-e83b1f-c47d9a-05e2b6-f19c3"),
                 ("ESTAFETA_MAX_FILES", "4"),
             ],
         )

@@ -17,6 +17,8 @@ pub struct ApiError {
     message: String,
     /// The cause is a store that cannot be reached now.
     store_unavailable: bool,
+    /// Seconds to wait before a retry, for a 429.
+    retry_after: Option<u64>,
 }
 
 /// Marks an answer whose cause was a store that could not be reached (a
@@ -33,6 +35,21 @@ impl ApiError {
             code,
             message: message.into(),
             store_unavailable: false,
+            retry_after: None,
+        }
+    }
+
+    /// 429: too many wrong tokens from the caller's address; retry after
+    /// `wait` (rounded up to whole seconds).
+    pub fn too_many_attempts(wait: std::time::Duration) -> Self {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        ApiError {
+            retry_after: Some(secs),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::TooManyAttempts,
+                format!("too many wrong tokens from your address: try again in {secs} s"),
+            )
         }
     }
 
@@ -139,6 +156,9 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -15,13 +15,16 @@ use estafeta_exchange::wire::ErrorCode;
 use estafeta_exchange::{Id, Presented};
 use serde::de::DeserializeOwned;
 
+use crate::body_limit::{BodyLimit, too_large};
+use crate::client_addr::client_addr;
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The authenticated caller: `Authorization: Bearer <token>` resolved by the
 /// exchange. A missing, malformed or unknown token is 401; more than one
-/// `Authorization` header is 400 (no header wins over another); rights are
-/// the exchange's to check (403).
+/// `Authorization` header is 400 (no header wins over another); an address
+/// that gave too many wrong tokens is 429 for a while (see `throttled`);
+/// rights are the exchange's to check (403).
 #[derive(Debug, Clone)]
 pub struct Caller(pub Principal);
 
@@ -30,8 +33,41 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(parts)?;
-        authenticated(state, token).await.map(Caller)
+        let who = state.exchange().authenticate(token).await?;
+        let who = throttled(state, parts, who.as_ref())
+            .and_then(|()| who.ok_or_else(|| ApiError::unauthorized("unknown token")))?;
+        state.last_seen().saw(&who, std::time::SystemTime::now());
+        Ok(Caller(who))
     }
+}
+
+/// The throttle's say on a bearer token whose owner is `who` (`None`: an
+/// unknown token) from the request's client address. While the address
+/// waits ([`crate::throttle`]), it gets 429 for an unknown token and for
+/// the admin token alike (the one token an operator may choose is never
+/// tried then, and the answer tells nothing of a guess), while the random
+/// tokens of databases and devices go on working: a device whose token was
+/// revoked, polling from behind the same address as others, locks out
+/// none of them. An unknown token is counted; the admin token starts the
+/// address afresh.
+fn throttled(state: &AppState, parts: &Parts, who: Option<&Principal>) -> Result<(), ApiError> {
+    if matches!(who, Some(p) if *p != Principal::Admin) {
+        return Ok(());
+    }
+    let client = client_addr(parts, state.http().trusted_proxies.as_ref());
+    let throttle = state.auth_throttle();
+    let now = tokio::time::Instant::now();
+    if let Some(wait) = throttle.wait(client, now) {
+        return Err(ApiError::too_many_attempts(wait));
+    }
+    match who {
+        None => {
+            throttle.failed(client, now);
+            tracing::debug!(%client, "unknown bearer token");
+        }
+        Some(_) => throttle.succeeded(client),
+    }
+    Ok(())
 }
 
 /// The caller of a call that takes its caller's session (an upload, an
@@ -48,11 +84,9 @@ impl FromRequestParts<AppState> for Presenting {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(parts)?;
-        let presented = state
-            .exchange()
-            .present(token)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        let presented = state.exchange().present(token).await?;
+        throttled(state, parts, presented.as_ref().map(Presented::principal))?;
+        let presented = presented.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
         state
             .last_seen()
             .saw(presented.principal(), std::time::SystemTime::now());
@@ -79,18 +113,6 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .ok_or_else(|| ApiError::unauthorized("the Authorization header is not Bearer <token>"))
 }
 
-/// Who `token` belongs to, what other servers changed read first; 401 for
-/// an unknown token.
-async fn authenticated(state: &AppState, token: &str) -> Result<Principal, ApiError> {
-    let who = state
-        .exchange()
-        .authenticate(token)
-        .await?
-        .ok_or_else(|| ApiError::unauthorized("unknown token"))?;
-    state.last_seen().saw(&who, std::time::SystemTime::now());
-    Ok(who)
-}
-
 /// The token of a `Bearer <token>` header value (the scheme is
 /// case-insensitive, RFC 9110).
 fn bearer_token(value: &str) -> Option<&str> {
@@ -107,8 +129,8 @@ pub const MAX_JSON_DEPTH: usize = 100;
 
 /// A JSON request body. Malformed JSON, JSON nested deeper than
 /// [`MAX_JSON_DEPTH`], a wrong `version`, a missing field, a field of the
-/// wrong type or a content type other than JSON is 400; a body over the
-/// configured size is 413; a body that does not arrive within the request
+/// wrong type or a content type other than JSON is 400; a body over its
+/// route's limit ([`crate::body_limit`]) is 413; a body that does not arrive within the request
 /// timeout is 408. The timeout covers only receiving the body, so an
 /// exchange call, once started, is never cut off halfway.
 #[derive(Debug, Clone)]
@@ -125,10 +147,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             ));
         }
         let timeout = state.http().request_timeout;
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .map_or(state.http().max_body_bytes, |l| l.0);
         let bytes = match tokio::time::timeout(timeout, Bytes::from_request(req, state)).await {
             Err(_) => return Err(ApiError::request_timeout()),
             Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(too_large(state));
+                return Err(too_large(limit));
             }
             Ok(Err(rejection)) => {
                 return Err(ApiError::bad_request(
@@ -193,14 +219,6 @@ fn nested_deeper_than(text: &[u8], max: usize) -> bool {
         }
     }
     false
-}
-
-/// The 413 answer of a JSON body over the configured size.
-fn too_large(state: &AppState) -> ApiError {
-    ApiError::body_too_large(format!(
-        "the request body is larger than {} bytes",
-        state.http().max_body_bytes
-    ))
 }
 
 /// The error answer for a JSON body that does not parse into its type.

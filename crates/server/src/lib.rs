@@ -9,11 +9,15 @@
 //!   serves `/metrics` in the Prometheus text format; [`body_limit`] caps
 //!   request bodies per group of routes.
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
-//!   every bad request with the error JSON ([`ApiError`]).
+//!   every bad request with the error JSON ([`ApiError`]); [`throttle`]
+//!   slows down addresses that give wrong tokens, by the client's address
+//!   ([`client_addr`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
 //! - [`mod@serve`]: [`Server`], the parts built in order ([`Server::open`])
 //!   and served on a caller-bound listener until the caller cancels its
-//!   token ([`Server::run`]), with start-up recovery in the background.
+//!   token ([`Server::run`]), with start-up recovery in the background;
+//!   [`admission`] caps the connections (with a reserve for the operator)
+//!   and [`write_timeout`] ends those whose client stopped reading.
 //! - [`operator`]: the `estafeta admin …` commands, through the client crate;
 //!   [`backup`]: a consistent copy of the data folder made while serving
 //!   (`estafeta backup DIR`, `POST /v1/admin/backup`).
@@ -71,10 +75,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod app;
 pub mod backup;
 pub mod body_limit;
 pub mod check;
+pub mod client_addr;
 pub mod config;
 pub mod dashboard;
 pub mod error;
@@ -92,7 +98,9 @@ pub mod operator;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod throttle;
 pub mod trace;
+pub mod write_timeout;
 
 pub use app::app;
 pub use config::{HttpSettings, Settings};

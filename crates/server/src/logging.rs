@@ -3,8 +3,8 @@
 //! or JSON by `log_format`, `ESTAFETA_LOG_FORMAT`) and, for `serve`, the
 //! structured event log under the data folder, which keeps every protocol
 //! step, alert, warning and error whatever that filter says. Both mask the
-//! credentials of URLs (webhook targets with a user and password) in what
-//! they write.
+//! secrets of URLs (a webhook target's user, password, path and query) in
+//! what they write.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -18,7 +18,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, Settings};
-use crate::events::layer::redact_credentials;
+use crate::events::layer::redact_urls;
 use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Retention, events_file};
 
 /// Installing the subscriber failed.
@@ -102,15 +102,15 @@ where
     lines.with_filter(EnvFilter::new(settings.log.as_str()))
 }
 
-/// A writer that masks the credentials of every URL in what it is given
-/// ([`redact_credentials`]) before writing it on. The stderr layer writes
+/// A writer that masks the secrets of every URL in what it is given
+/// ([`redact_urls`]) before writing it on. The stderr layer writes
 /// each formatted line in one call, so a URL is never split between two.
 struct Redacting<W>(W);
 
 impl<W: std::io::Write> std::io::Write for Redacting<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match std::str::from_utf8(buf) {
-            Ok(text) => self.0.write_all(redact_credentials(text).as_bytes())?,
+            Ok(text) => self.0.write_all(redact_urls(text).as_bytes())?,
             Err(_) => self.0.write_all(buf)?,
         }
         Ok(buf.len())
@@ -137,7 +137,7 @@ mod tests {
         let text = String::from_utf8(out.0).unwrap();
         assert_eq!(
             text,
-            "push failed: error sending request for url (https://***@example.net/x)"
+            "push failed: error sending request for url (https://***@example.net/***)"
         );
     }
 }

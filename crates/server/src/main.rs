@@ -115,6 +115,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
+            private_files();
             let settings = args.sources().resolve()?.settings;
             // `serve` also keeps the structured event log in its data folder.
             estafeta_server::logging::init(&settings, Some(&settings.data_dir))?;
@@ -202,6 +203,14 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Every folder and file the server makes from here on is its user's alone
+/// (0700, 0600), whatever umask it was started with: other local users can
+/// neither read messages nor plant files that a rescan would pick up.
+fn private_files() {
+    use rustix::fs::Mode;
+    rustix::process::umask(Mode::RWXG | Mode::RWXO);
+}
+
 /// `estafeta backup DIR`: asks the server at `url` to copy its data folder
 /// into `dir` (made absolute against the current folder); the server's
 /// answer as JSON, or its error.
@@ -273,7 +282,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             None => {
                 let kept = DataLayout::new(&settings.data_dir).admin_token();
                 println!(
-                    "admin token: {} (kept in {})",
+                    "admin token: {} (shown once; {} keeps only its hash)",
                     token.expose(),
                     kept.display()
                 );

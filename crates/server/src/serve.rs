@@ -10,8 +10,10 @@
 //! runs helpers of its own stops them with a child token.
 //!
 //! The accept loop is hyper's own rather than `axum::serve`, because the
-//! latter sets no header read timeout: a client that never finishes its
-//! request head would hold a connection, and a graceful shutdown, forever.
+//! latter sets no header read timeout, caps no connections and bounds no
+//! graceful stop: a client that never finishes its request head, or never
+//! reads its answer, would hold a connection, and a graceful shutdown,
+//! forever.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,14 +28,17 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_http::add_extension::AddExtension;
 
+use crate::admission::{Admission, Admitted, Refusals, reserved_routes_only};
 use crate::app::app;
 use crate::config::HttpSettings;
 use crate::metrics::{Commits, Metrics};
 use crate::notify::{NotifyError, NotifySettings};
 use crate::state::AppState;
+use crate::write_timeout::WriteTimeout;
 
 /// The longest wait between two attempts at start-up recovery.
 const MAX_RECOVERY_BACKOFF: Duration = Duration::from_secs(60);
@@ -148,8 +153,9 @@ impl Server {
     }
 
     /// Serves the API on `listener` until `shutdown` is cancelled, then
-    /// stops accepting, lets in-flight calls finish, and shuts the
-    /// exchange down.
+    /// stops accepting, lets in-flight calls finish (closing the
+    /// connections still open after the `stop_timeout` setting), and shuts
+    /// the exchange down.
     ///
     /// `/healthz` answers at once; `/readyz` answers 503 until
     /// [`Exchange::recover`] (run here in the background, retried with
@@ -196,6 +202,12 @@ impl Server {
                 (state.notifier().clone(), exchange.clone(), shutdown.clone());
             tokio::spawn(async move { notifier.run(exchange, stop).await })
         };
+        let wrong_tokens = {
+            let (state, stop) = (state.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                crate::throttle::log_summaries(state.auth_throttle(), stop).await
+            })
+        };
         let signal = {
             let (exchange, shutdown) = (exchange.clone(), shutdown.clone());
             tokio::spawn(async move {
@@ -205,9 +217,17 @@ impl Server {
                 tell_service_manager(sd_notify::NotifyState::Stopping);
             })
         };
-        serve_http(listener, app(state), http.request_timeout, shutdown).await;
+        serve_http(listener, app(state), &http, shutdown).await;
 
-        for task in [signal, recovery, retention, deliveries, pushes, alerts] {
+        for task in [
+            signal,
+            recovery,
+            retention,
+            deliveries,
+            pushes,
+            alerts,
+            wrong_tokens,
+        ] {
             if let Err(e) = task.await {
                 tracing::error!(error = %e, "a background task panicked");
             }
@@ -218,22 +238,44 @@ impl Server {
     }
 }
 
-/// Accepts connections until `stop`, then lets every open connection finish
-/// its request in flight and closes it. A request head must arrive within
-/// `header_timeout`.
+/// How often refused connections are logged (in aggregate) at most.
+const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(60);
+
+/// Accepts connections until `stop` as [`Admission`] allows, then lets
+/// every open connection finish its request in flight for at most
+/// `http.stop_timeout` and closes those still open. A request head must
+/// arrive within `http.request_timeout`; an answer the client takes no byte
+/// of for `http.write_timeout` ends its connection.
 async fn serve_http(
     listener: TcpListener,
     router: Router,
-    header_timeout: Duration,
+    http: &HttpSettings,
     stop: CancellationToken,
 ) {
+    let open_files = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let admission = Admission::new(http.max_connections, open_files);
+    if admission.places() < http.max_connections {
+        tracing::warn!(
+            max_connections = http.max_connections,
+            open_file_limit = open_files,
+            serving = admission.places(),
+            "the open-file limit is too low for max_connections; serving fewer (raise LimitNOFILE or ulimit -n)"
+        );
+    }
+    let router = router.layer(axum::middleware::from_fn(reserved_routes_only));
     let graceful = GracefulShutdown::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+    let mut general = http1::Builder::new();
+    general
+        .timer(TokioTimer::new())
+        .header_read_timeout(http.request_timeout);
+    let mut reserved = general.clone();
+    reserved.keep_alive(false);
+    let mut connections = JoinSet::new();
+    let mut refusals_logged = tokio::time::Instant::now();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next() => continue,
             _ = stop.cancelled() => break,
         };
         let (tcp, remote) = match accepted {
@@ -248,22 +290,74 @@ async fn serve_http(
                 }
             }
         };
+        if refusals_logged.elapsed() >= REFUSALS_LOGGED_EVERY {
+            refusals_logged = tokio::time::Instant::now();
+            log_refusals(&admission, http.max_connections);
+        }
+        let Some(admitted) = admission.admit() else {
+            // Every place is taken: closed at once.
+            continue;
+        };
         // Small request/answer exchanges: do not let Nagle's algorithm hold them.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
+        let io = TokioIo::new(WriteTimeout::new(tcp, http.write_timeout));
         // The client's address, for the handlers that need it (login throttling).
-        let service =
-            TowerToHyperService::new(AddExtension::new(router.clone(), ConnectInfo(remote)));
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%remote, error = %e, "connection ended with an error");
+        let service = AddExtension::new(router.clone(), ConnectInfo(remote));
+        match admitted {
+            Admitted::General(place) => {
+                let conn =
+                    graceful.watch(general.serve_connection(io, TowerToHyperService::new(service)));
+                connections.spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%remote, error = %e, "connection ended with an error");
+                    }
+                    drop(place);
+                });
             }
-        });
+            Admitted::Reserved(place) => {
+                let service = AddExtension::new(service, place.marker());
+                let conn = graceful
+                    .watch(reserved.serve_connection(io, TowerToHyperService::new(service)));
+                connections.spawn(async move {
+                    tokio::select! {
+                        ended = conn => if let Err(e) = ended {
+                            tracing::debug!(%remote, error = %e, "connection ended with an error");
+                        },
+                        _ = place.evicted() => {}
+                    }
+                });
+            }
+        }
     }
     drop(listener);
-    graceful.shutdown().await;
+    log_refusals(&admission, http.max_connections);
+    if tokio::time::timeout(http.stop_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = connections.len(),
+            stop_timeout = ?http.stop_timeout,
+            "stopping: connections still busy after stop_timeout are closed"
+        );
+    }
+    connections.shutdown().await;
+}
+
+/// Logs the connections refused since the last time, if any.
+fn log_refusals(admission: &Admission, max_connections: usize) {
+    let Refusals { refused, evicted } = admission.refusals();
+    if refused > 0 || evicted > 0 {
+        tracing::warn!(
+            refused,
+            evicted,
+            serving = admission.places(),
+            max_connections,
+            "connections refused: every place was taken (evicted: reserved connections that sent no request, closed for newer ones)"
+        );
+    }
 }
 
 /// Errors of one incoming connection, not of the listener.

@@ -1,20 +1,21 @@
 //! [`AppState`]: what every handler shares: the exchange (whose phase is
 //! the server's readiness), the HTTP settings, the request counters, the
 //! notifier (which delivers and keeps the alerts), push notifications, the
-//! dashboard's login sessions and failed logins, the event log it reads,
+//! dashboard's login sessions, the wrong tokens by client address, the event log it reads,
 //! and when each client last called.
 
 use std::sync::Arc;
 
 use estafeta_exchange::Exchange;
 
+use crate::body_limit::BodyRoom;
 use crate::config::HttpSettings;
 use crate::dashboard::auth::Sessions;
-use crate::dashboard::throttle::LoginThrottle;
 use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};
+use crate::throttle::AuthThrottle;
 
 /// The shared state of the router. Cheap to clone.
 #[derive(Clone)]
@@ -25,9 +26,12 @@ pub struct AppState {
 struct Inner {
     exchange: Exchange,
     http: HttpSettings,
+    /// Room for the message bodies held at once.
+    body_room: BodyRoom,
     metrics: Metrics,
     sessions: Sessions,
-    login_throttle: LoginThrottle,
+    /// Wrong tokens by client address (bearer tokens and dashboard logins).
+    auth_throttle: AuthThrottle,
     last_seen: LastSeen,
     /// Alert delivery (its store is the dashboard's list of alerts and
     /// their acknowledgements): the exchange's alert sink.
@@ -55,10 +59,11 @@ impl AppState {
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
+                body_room: BodyRoom::new(http.bodies_in_flight_bytes),
                 http,
                 metrics,
                 sessions,
-                login_throttle: LoginThrottle::default(),
+                auth_throttle: AuthThrottle::default(),
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier,
@@ -78,6 +83,11 @@ impl AppState {
         &self.inner.http
     }
 
+    /// Room for the message bodies held at once.
+    pub fn body_room(&self) -> &BodyRoom {
+        &self.inner.body_room
+    }
+
     /// The request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
@@ -93,9 +103,9 @@ impl AppState {
         &self.inner.sessions
     }
 
-    /// The dashboard's failed logins by client address.
-    pub fn login_throttle(&self) -> &LoginThrottle {
-        &self.inner.login_throttle
+    /// Wrong tokens by client address: bearer tokens and dashboard logins.
+    pub fn auth_throttle(&self) -> &AuthThrottle {
+        &self.inner.auth_throttle
     }
 
     /// When each database and device last called.

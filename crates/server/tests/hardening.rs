@@ -9,6 +9,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::raw::{head, send_raw};
 use common::{
     ADMIN_TOKEN, Binary, PATIENCE, Store, TestServer, both_stores, id, provision_one, wait_ready,
 };
@@ -17,100 +18,9 @@ use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
-use estafeta_server::dashboard::throttle::{FIRST_DELAY, FREE_FAILURES};
 use estafeta_server::extract::MAX_JSON_DEPTH;
+use estafeta_server::throttle::{FIRST_DELAY, FREE_FAILURES, MAX_ADDRESSES};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// An answer read off a socket: status, headers (lower-case names), body.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("not JSON: {self:?}"))
-    }
-
-    fn error_code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-}
-
-/// Reads one answer from `tcp`. A server that does not answer fails the
-/// test after [`PATIENCE`] rather than hanging it.
-async fn read_answer(tcp: &mut TcpStream) -> Answer {
-    tokio::time::timeout(PATIENCE, read_answer_inner(tcp))
-        .await
-        .expect("the server did not answer")
-}
-
-async fn read_answer_inner(tcp: &mut TcpStream) -> Answer {
-    let mut bytes = Vec::new();
-    let mut buf = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = tcp.read(&mut buf).await.unwrap();
-        assert!(n > 0, "connection closed before an answer: {bytes:?}");
-        bytes.extend_from_slice(&buf[..n]);
-    };
-    let head = String::from_utf8_lossy(&bytes[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .map_or(0, |(_, v)| v.parse().unwrap());
-    let mut body = bytes[head_end + 4..].to_vec();
-    while body.len() < length {
-        let n = tcp.read(&mut buf).await.unwrap();
-        assert!(n > 0, "connection closed in the answer's body");
-        body.extend_from_slice(&buf[..n]);
-    }
-    Answer {
-        status: status.parse().unwrap(),
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
-}
-
-/// Sends `bytes` on a new connection to `addr` and reads the answer.
-async fn send_raw(addr: SocketAddr, bytes: &[u8]) -> Answer {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(bytes).await.unwrap();
-    read_answer(&mut tcp).await
-}
-
-/// A request head (no body) with the given extra header lines.
-fn head(method: &str, path: &str, extra: &[String]) -> String {
-    let mut h = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n");
-    for line in extra {
-        h.push_str(line);
-        h.push_str("\r\n");
-    }
-    h.push_str("\r\n");
-    h
-}
 
 both_stores!(a_form_declared_over_its_limit_is_413_before_its_body_is_sent);
 async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent(store: Store) {
@@ -310,12 +220,12 @@ async fn two_authorization_headers_are_400(store: Store) {
 
 /// A dashboard login with `token` (the form's nonce in the field and the
 /// cookie, as the login page sets them).
-async fn try_login(server: &TestServer, token: &str) -> reqwest::Response {
+async fn try_login(base: &str, token: &str) -> reqwest::Response {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
-        .post(server.url("/admin/login"))
+        .post(format!("{base}/admin/login"))
         .header("cookie", "estafeta_login=nonce-1")
         .header("content-type", "application/x-www-form-urlencoded")
         .body(format!("token={token}&nonce=nonce-1"))
@@ -328,10 +238,10 @@ both_stores!(wrong_logins_from_one_address_must_wait_before_the_next_try);
 async fn wrong_logins_from_one_address_must_wait_before_the_next_try(store: Store) {
     let server = TestServer::start_on(store).await;
     for _ in 0..FREE_FAILURES {
-        assert_eq!(try_login(&server, "guess").await.status(), 401);
+        assert_eq!(try_login(&server.base, "guess").await.status(), 401);
     }
     // Even the right token is not looked at before the wait is over.
-    let r = try_login(&server, ADMIN_TOKEN).await;
+    let r = try_login(&server.base, ADMIN_TOKEN).await;
     assert_eq!(r.status(), 429);
     let retry: u64 = r.headers()["retry-after"]
         .to_str()
@@ -485,20 +395,11 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    // The most permissive umask: the server must not rely on it.
-    let mut cmd = tokio::process::Command::new("sh");
-    cmd.args([
-        "-c",
-        "umask 000; exec \"$0\" serve",
-        env!("CARGO_BIN_EXE_estafeta"),
-    ]);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("ESTAFETA_") {
-            cmd.env_remove(key);
-        }
-    }
-    let mut child = cmd
-        .current_dir(dir.path())
+    // A data folder made beforehand, and the most permissive umask: the
+    // server must rely on neither.
+    std::fs::create_dir(&data).unwrap();
+    let mut child = common::estafeta_after(dir.path(), "umask 000")
+        .arg("serve")
         .env("ESTAFETA_LISTEN", "127.0.0.1:0")
         .env("ESTAFETA_DATA_DIR", &data)
         .env("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -529,7 +430,7 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     let r = reqwest::Client::new()
         .put(format!("{base}/v1/admin/databases/db-a/webhook"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&serde_json::json!({"version":1,"url":"http://hook-user:hook-secret@127.0.0.1:9/x"}))
+        .json(&serde_json::json!({"version":1,"url":"http://hook-user:hook-secret@127.0.0.1:9/hook-path-secret?key=hook-key"}))
         .send()
         .await
         .unwrap();
@@ -546,6 +447,14 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(mode(&files[0]), 0o600, "message file");
+    for folder in [data.join("db-a"), queue.clone()] {
+        assert_eq!(mode(&folder), 0o700, "{}", folder.display());
+    }
+    for entry in std::fs::read_dir(&state).unwrap() {
+        let path = entry.unwrap().path();
+        let want = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode(&path), want, "{}", path.display());
+    }
 
     // A clean stop writes the event log's last records; then it is read.
     let pid = child.id().unwrap().to_string();
@@ -557,10 +466,9 @@ async fn files_are_private_and_webhook_credentials_stay_out_of_the_event_log() {
     child.wait().await.unwrap();
     let lines = event_lines(&data);
     assert!(lines.iter().any(|l| l.contains("webhook set")), "{lines:?}");
-    assert!(
-        lines.iter().all(|l| !l.contains("hook-secret")),
-        "{lines:?}"
-    );
+    for secret in ["hook-secret", "hook-path-secret", "hook-key"] {
+        assert!(lines.iter().all(|l| !l.contains(secret)), "{lines:?}");
+    }
 }
 
 both_stores!(webhooks_to_malformed_hosts_or_link_local_addresses_are_400);
@@ -586,4 +494,433 @@ async fn webhooks_to_malformed_hosts_or_link_local_addresses_are_400(store: Stor
         assert_eq!(server.exchange.webhook(&id("db-a")), None, "{url}");
     }
     server.stop().await.unwrap();
+}
+
+/// The peak resident memory of process `pid`, in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+// Embedded only: the memory of one server process.
+#[tokio::test]
+async fn acknowledgements_are_sized_to_their_route_and_parsed_without_copies() {
+    use estafeta_server::body_limit::SMALL_BODY;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let phone = common::reply_waiting(&admin, r#"{"ok":true}"#).await;
+    let waiting = admin.with_token(&phone).inbox(None).await.unwrap().messages;
+    assert_eq!(waiting.len(), 1);
+
+    // An acknowledgement of a thousand ids (one of them real) is far
+    // within its route's limit.
+    let mut ids: Vec<String> = (0..999).map(|i| format!("01JD6Y{i:020}")).collect();
+    ids.push(waiting[0].id.to_string());
+    let body = serde_json::json!({"version": 1, "ids": ids}).to_string();
+    assert!(body.len() < SMALL_BODY / 4, "{} bytes", body.len());
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/inbox/ack", server.base))
+        .bearer_auth(&phone)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["acked"], 1);
+
+    // Declared past the route's limit: 413 before the body is sent.
+    let declared = head(
+        "POST",
+        "/v1/inbox/ack",
+        &[
+            format!("authorization: Bearer {phone}"),
+            "content-type: application/json".to_owned(),
+            format!("content-length: {}", 30 << 20),
+        ],
+    );
+    let answer = send_raw(server.addr, declared.as_bytes()).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.error_code(), "body_too_large");
+
+    // Two 30 MB acknowledgements of small values, without a length: each is
+    // cut off at the limit, and the server's memory stays far below what
+    // parsing them would take.
+    let before = peak_memory(server.child.id().unwrap());
+    let chunked = || {
+        let mut request = head(
+            "POST",
+            "/v1/inbox/ack",
+            &[
+                format!("authorization: Bearer {phone}"),
+                "content-type: application/json".to_owned(),
+                "transfer-encoding: chunked".to_owned(),
+            ],
+        )
+        .into_bytes();
+        let piece = "0,".repeat(512 * 1024);
+        let mut chunk = |text: &str| {
+            request.extend_from_slice(format!("{:x}\r\n{text}\r\n", text.len()).as_bytes());
+        };
+        chunk(r#"{"version":1,"ids":["#);
+        for _ in 0..30 {
+            chunk(&piece);
+        }
+        chunk("0]}");
+        request.extend_from_slice(b"0\r\n\r\n");
+        request
+    };
+    let (one, two) = (chunked(), chunked());
+    let (a, b) = tokio::join!(
+        common::raw::send_while_answered(server.addr, &one),
+        common::raw::send_while_answered(server.addr, &two)
+    );
+    for answer in [a, b] {
+        assert_eq!(answer.status, 413, "{answer:?}");
+    }
+    let grown = peak_memory(server.child.id().unwrap()).saturating_sub(before);
+    assert!(grown < 64 << 20, "peak memory grew by {} MB", grown >> 20);
+    assert_eq!(server.terminate().await, Some(0));
+}
+
+/// A webhook on loopback that answers every POST with a redirect to
+/// `to`, and tells of each POST.
+async fn redirecting_hook(to: String) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let (tx, posts) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().fallback(move |method: axum::http::Method| {
+        let (tx, to) = (tx.clone(), to.clone());
+        async move {
+            if method == axum::http::Method::POST {
+                let _ = tx.send(());
+            }
+            (
+                axum::http::StatusCode::FOUND,
+                [(axum::http::header::LOCATION, to)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, posts)
+}
+
+/// A listener that tells of every connection made to it.
+async fn connection_counter() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let (tx, connections) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tx.send(());
+            drop(tcp);
+        }
+    });
+    (addr, connections)
+}
+
+// Embedded only: the webhook client is the same whatever the store.
+#[tokio::test]
+async fn webhook_redirects_are_not_followed_and_refused_targets_are_not_stored() {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let (elsewhere, mut reached) = connection_counter().await;
+    let (hook, mut posts) = redirecting_hook(format!("http://{elsewhere}/stolen")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_ALERT_RETRY", "1s"),
+        ("ESTAFETA_ALERT_PROBE", "1s"),
+    ];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let (_db, phone) = provision_one(&admin).await;
+    let put_webhook = |base: String, url: String| async move {
+        reqwest::Client::new()
+            .put(format!("{base}/v1/admin/databases/db-a/webhook"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&serde_json::json!({"version": 1, "url": url}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = put_webhook(server.base.clone(), format!("http://{hook}/hook")).await;
+    assert_eq!(r.status(), 200);
+    admin
+        .with_token(&phone)
+        .send(&common::message("db-a", "{}", None))
+        .await
+        .unwrap();
+    // The redirect is an answer, not a way elsewhere: the push fails and is
+    // tried again; a redirect followed would have reached `elsewhere`
+    // before the first try ended.
+    for _ in 0..2 {
+        common::next(&mut posts).await;
+    }
+    assert_eq!(reached.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(server.terminate().await, Some(0));
+
+    // With private targets denied, one is refused when set (a name that
+    // resolves to one as well), so it is never stored, sent to or probed.
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_WEBHOOK_PRIVATE", "deny"),
+    ];
+    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    provision_one(&admin).await;
+    for url in [
+        format!("http://localhost:{}/", elsewhere.port()),
+        format!("http://{elsewhere}/"),
+    ] {
+        let r = put_webhook(server.base.clone(), url.clone()).await;
+        assert_eq!(r.status(), 400, "{url}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "bad_webhook_url", "{json}");
+    }
+    assert_eq!(server.terminate().await, Some(0));
+    assert_eq!(reached.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// A dashboard login with `token` at `base`: the session cookie, or the
+/// status of the refusal.
+async fn dashboard_login(base: &str, token: &str) -> Result<String, u16> {
+    let r = try_login(base, token).await;
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|c| c.to_str().ok())
+        .find(|c| c.starts_with("estafeta_admin=") && !c.starts_with("estafeta_admin=;"))
+        .map(|c| c.split(';').next().unwrap().to_owned())
+        .ok_or(r.status().as_u16())
+}
+
+/// The status of the dashboard's overview with the session `cookie`.
+async fn overview(base: &str, cookie: &str) -> u16 {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{base}/admin"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+// Embedded only: the admin token kept in the data folder.
+#[tokio::test]
+async fn a_rotated_admin_token_ends_dashboard_logins_and_is_kept_only_as_a_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let first = server
+        .printed_token
+        .clone()
+        .expect("printed at first start");
+    let admin = Client::new(&server.base, &first).unwrap();
+    wait_ready(&admin).await;
+    let kept_file = data.join(".estafeta").join("admin-token");
+    let kept = || std::fs::read_to_string(&kept_file).unwrap();
+    assert!(
+        !kept().contains(&first),
+        "the token itself is kept: {}",
+        kept()
+    );
+
+    let cookie = dashboard_login(&server.base, &first).await.unwrap();
+    assert_eq!(overview(&server.base, &cookie).await, 200);
+    let rotated = admin.rotate_admin_token().await.unwrap().token;
+    // The login made with the old token is over; the new token logs in.
+    assert_eq!(overview(&server.base, &cookie).await, 303);
+    assert_eq!(dashboard_login(&server.base, &first).await, Err(401));
+    let cookie = dashboard_login(&server.base, &rotated).await.unwrap();
+    assert_eq!(overview(&server.base, &cookie).await, 200);
+    for token in [&first, &rotated] {
+        assert!(!kept().contains(token.as_str()), "kept: {}", kept());
+    }
+    assert_eq!(server.terminate().await, Some(0));
+
+    // Restarted: nothing is printed again, and the rotated token holds.
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    assert_eq!(server.printed_token, None);
+    wait_ready(&Client::new(&server.base, &rotated).unwrap()).await;
+    Client::new(&server.base, &rotated)
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    assert_eq!(server.terminate().await, Some(0));
+}
+
+// Embedded only: the event log's file.
+#[tokio::test]
+async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // The test's own connections come through a "proxy": 127.0.0.1.
+    let env = [
+        ("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("ESTAFETA_TRUSTED_PROXIES", "127.0.0.1"),
+    ];
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    let http = reqwest::Client::new();
+    let stats = |from: String, token: String| {
+        let request = http
+            .clone()
+            .get(format!("{}/v1/admin/stats", server.base))
+            .header("x-forwarded-for", from)
+            .bearer_auth(token);
+        async move { request.send().await.unwrap() }
+    };
+    let operator = "198.51.100.7".to_owned();
+    assert_eq!(
+        stats(operator.clone(), ADMIN_TOKEN.into()).await.status(),
+        200
+    );
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    let (_db, phone) = provision_one(&admin).await;
+
+    let attacker = "203.0.113.1".to_owned();
+    for _ in 0..FREE_FAILURES {
+        let r = stats(attacker.clone(), "guess".into()).await;
+        assert_eq!(r.status(), 401);
+    }
+    // Throttled: neither a guess nor the admin token is looked at.
+    for token in ["guess", ADMIN_TOKEN] {
+        let r = stats(attacker.clone(), token.into()).await;
+        assert_eq!(r.status(), 429, "{token}");
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+        let json: Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "too_many_attempts");
+    }
+    // A device behind the same address goes on working.
+    let inbox = http
+        .get(format!("{}/v1/inbox", server.base))
+        .header("x-forwarded-for", &attacker)
+        .bearer_auth(&phone)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(inbox.status(), 200);
+
+    // Wrong tokens from more addresses than are remembered do not free the
+    // locked one, nor lock out the operator's.
+    let flood: Vec<_> = (0..MAX_ADDRESSES + 100)
+        .map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1))
+        .collect();
+    for chunk in flood.chunks(64) {
+        let mut answers = tokio::task::JoinSet::new();
+        for from in chunk {
+            answers.spawn(stats(from.clone(), "guess".into()));
+        }
+        while let Some(r) = answers.join_next().await {
+            let status = r.unwrap().status().as_u16();
+            assert!(matches!(status, 401 | 429), "{status}");
+        }
+    }
+    // The locked address's count goes on where it was (had it been
+    // forgotten, this would be its first failure of three free ones).
+    assert_eq!(stats(attacker.clone(), "guess".into()).await.status(), 401);
+    assert_eq!(stats(attacker, ADMIN_TOKEN.into()).await.status(), 429);
+    assert_eq!(stats(operator, ADMIN_TOKEN.into()).await.status(), 200);
+    assert_eq!(server.terminate().await, Some(0));
+
+    // One summary line, not one per wrong token.
+    let lines = event_lines(&data);
+    let summaries: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("wrong tokens"))
+        .collect();
+    assert!(
+        !summaries.is_empty() && summaries.len() <= 2,
+        "{summaries:?}"
+    );
+    assert!(lines.len() < 1000, "{} event records", lines.len());
+}
+
+#[tokio::test]
+async fn an_admin_token_that_is_long_but_easy_to_guess_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::estafeta(dir.path())
+        .arg("serve")
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
+        .env("ESTAFETA_ADMIN_TOKEN", "x".repeat(MIN_ADMIN_TOKEN_LEN))
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .expect("the server started with a guessable admin token")
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("easy to guess"), "{err}");
+    assert!(!dir.path().join("data").exists(), "nothing was created");
+}
+
+/// The systemd unit and README, as shipped.
+fn shipped(file: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::read_to_string(root.join(file)).unwrap()
+}
+
+#[test]
+fn the_unit_confines_the_server_and_agrees_with_readme_on_where_backups_go() {
+    let unit = shipped("packaging/estafeta.service");
+    let settings: Vec<&str> = unit.lines().filter(|l| !l.starts_with('#')).collect();
+    for wanted in [
+        "CapabilityBoundingSet=",
+        "SystemCallFilter=@system-service",
+        "MemoryDenyWriteExecute=yes",
+        "RestrictNamespaces=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "ProtectProc=invisible",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+    ] {
+        assert!(settings.contains(&wanted), "the unit lacks {wanted}");
+    }
+    // The file with the admin token is made private, never with touch.
+    assert!(unit.contains("install -m 0600 /dev/null /etc/estafeta/env"));
+    assert!(!unit.contains("touch /etc/estafeta/env"));
+    // README's backup goes where the unit lets the server write.
+    let writable: Vec<&str> = settings
+        .iter()
+        .filter_map(|l| l.strip_prefix("ReadWritePaths="))
+        .map(|p| p.trim_start_matches('-'))
+        .collect();
+    let readme = shipped("README.md");
+    let backup = readme
+        .lines()
+        .find_map(|l| l.split("estafeta backup ").nth(1))
+        .expect("README gives a backup command");
+    let dir = backup.split_whitespace().next().unwrap();
+    assert!(
+        writable.iter().any(|w| dir.starts_with(&format!("{w}/"))),
+        "README backs up into {dir}, the unit lets the server write {writable:?}"
+    );
+    assert!(
+        unit.contains(&format!(
+            "install -d -o estafeta -g estafeta -m 0700 {}",
+            writable[0]
+        )),
+        "the install steps make the backup folder"
+    );
 }

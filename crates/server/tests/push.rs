@@ -538,16 +538,21 @@ async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting(
         };
         let server = start(data.path(), url.as_deref(), &clock, notify).await;
         let t = Tenancy::provision(&server.admin).await;
-        set_webhook(&server, "databases/db-b", &webhook).await;
-        t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
         match private {
             // localhost resolves to loopback, a private range: refused
-            // before any connection, so the push waits for a retry.
+            // when set, so it is never stored, sent to or probed.
             PrivateTargets::Deny => {
-                wait_retrying(&server, url.as_deref(), 1).await;
+                let body = json!({"version": 1, "url": webhook});
+                let (status, answer) =
+                    webhook_call(&server.base, "databases/db-b", ADMIN_TOKEN, Some(body)).await;
+                assert_eq!(status, 400, "{answer}");
+                assert_eq!(answer["error"]["code"], "bad_webhook_url", "{answer}");
+                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 assert!(hook.posts.try_recv().is_err(), "a refused host got a POST");
             }
             PrivateTargets::Allow => {
+                set_webhook(&server, "databases/db-b", &webhook).await;
+                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 let post = next(&mut hook.posts).await;
                 assert_eq!(post.uri, "/db");
             }

@@ -107,6 +107,12 @@ error_codes! {
     NotReady = "not_ready",
     /// The server is stopping; retry (on another node or after restart).
     Stopping = "stopping",
+    /// Too many wrong tokens came from the caller's address: retry after
+    /// the wait `Retry-After` gives.
+    TooManyAttempts = "too_many_attempts",
+    /// The server serves as many connections as it may, and this one only
+    /// the operator's routes; retry later.
+    TooBusy = "too_busy",
     /// The server failed in a way it did not expect; retry later.
     Internal = "internal",
 }

@@ -116,16 +116,100 @@ pub struct AckRequest {
 
 /// The elements of a JSON array that are message ids; every other element
 /// is dropped (an acknowledgement of something that is not a message of the
-/// inbox acknowledges nothing). A non-array is still a type error.
+/// inbox acknowledges nothing). A non-array is still a type error. Each
+/// element is looked at as it is parsed and only ids are kept: whatever
+/// else the array holds costs no memory.
 fn message_ids_only<'de, D>(deserializer: D) -> Result<Vec<MessageId>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
-    let items = Vec::<serde_json::Value>::deserialize(deserializer)?;
-    Ok(items
-        .iter()
-        .filter_map(|item| item.as_str()?.parse().ok())
-        .collect())
+    struct Ids;
+
+    impl<'de> serde::de::Visitor<'de> for Ids {
+        type Value = Vec<MessageId>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array of message ids")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut ids = Vec::new();
+            while let Some(element) = seq.next_element::<MaybeId>()? {
+                if let MaybeId(Some(id)) = element {
+                    ids.push(id);
+                }
+            }
+            Ok(ids)
+        }
+    }
+
+    deserializer.deserialize_seq(Ids)
+}
+
+/// One element of an acknowledgement's `ids`: a message id, or anything
+/// else (skipped without being kept).
+struct MaybeId(Option<MessageId>);
+
+impl<'de> Deserialize<'de> for MaybeId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Element;
+
+        impl<'de> serde::de::Visitor<'de> for Element {
+            type Value = MaybeId;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<MaybeId, E> {
+                Ok(MaybeId(text.parse().ok()))
+            }
+
+            fn visit_bool<E>(self, _: bool) -> Result<MaybeId, E> {
+                Ok(MaybeId(None))
+            }
+
+            fn visit_i64<E>(self, _: i64) -> Result<MaybeId, E> {
+                Ok(MaybeId(None))
+            }
+
+            fn visit_u64<E>(self, _: u64) -> Result<MaybeId, E> {
+                Ok(MaybeId(None))
+            }
+
+            fn visit_f64<E>(self, _: f64) -> Result<MaybeId, E> {
+                Ok(MaybeId(None))
+            }
+
+            fn visit_unit<E>(self) -> Result<MaybeId, E> {
+                Ok(MaybeId(None))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<MaybeId, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeId(None))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MaybeId, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(MaybeId(None))
+            }
+        }
+
+        deserializer.deserialize_any(Element)
+    }
 }
 
 /// The answer to `POST /v1/inbox/ack`.

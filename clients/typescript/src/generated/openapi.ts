@@ -2247,7 +2247,7 @@ export interface operations {
                     "application/json": components["schemas"]["Webhook"];
                 };
             };
-            /** @description Not an http(s) URL with a host (bad_webhook_url) */
+            /** @description Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2689,7 +2689,7 @@ export interface operations {
                     "application/json": components["schemas"]["Webhook"];
                 };
             };
-            /** @description Not an http(s) URL with a host (bad_webhook_url) */
+            /** @description Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url) */
             400: {
                 headers: {
                     [name: string]: unknown;

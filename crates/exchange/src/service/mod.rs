@@ -402,6 +402,14 @@ impl Exchange {
         Ok(self.core.registry.authenticate(token))
     }
 
+    /// Whether `hash` is the admin token's hash now (what other servers
+    /// changed read first): a dashboard login holds only while the token it
+    /// was opened with is the admin token.
+    pub async fn is_admin_hash(&self, hash: &TokenHash) -> Result<bool, ExchangeError> {
+        self.core.registry.refresh().await?;
+        Ok(self.core.registry.authenticate_hash(hash) == Some(Principal::Admin))
+    }
+
     /// Who `token` belongs to by the registry's copy in memory, without
     /// reading what other servers of a shared registry changed: `None` when
     /// the copy does not know the token. The calls that take a [`Presented`]

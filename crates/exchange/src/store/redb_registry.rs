@@ -1,7 +1,10 @@
 //! The embedded registry store: `registry.redb` in the server's state
 //! folder (`<data>/.estafeta/`), every change a durable (fsynced) redb
-//! commit, and the admin token in its own file beside it (mode 0600) so
-//! that the operator can read it after a restart.
+//! commit, and the admin token's hash in its own file beside it (mode
+//! 0600): like every other token, the admin token is shown once and kept
+//! only as its hash, so neither the data folder nor a backup of it holds
+//! it. A file written by an earlier version, holding the token itself, is
+//! rewritten as its hash when read.
 
 use std::collections::BTreeSet;
 use std::io::{self, Write};
@@ -73,8 +76,7 @@ impl RegistryStore for RedbRegistry {
     }
 
     async fn admin(&self) -> Result<Option<TokenHash>, TenancyError> {
-        self.run(|inner| Ok(read_admin_token(&inner.admin_file)?.map(|t| t.hash())))
-            .await
+        self.run(|inner| read_admin_hash(&inner.admin_file)).await
     }
 
     async fn apply(&self, change: &Change) -> Result<(), TenancyError> {
@@ -86,7 +88,7 @@ impl RegistryStore for RedbRegistry {
 impl Inner {
     fn apply(&self, change: Change) -> Result<(), TenancyError> {
         if let Change::SetAdmin(token) = &change {
-            return save_admin_token(&self.admin_file, token);
+            return save_admin_hash(&self.admin_file, &token.hash());
         }
         let txn = self.db.begin_write().map_err(redb::Error::from)?;
         match change {
@@ -266,19 +268,37 @@ fn load(db: &Database) -> Result<Snapshot, TenancyError> {
     Ok(snapshot)
 }
 
-/// The admin token saved at `path`, if there is one.
-fn read_admin_token(path: &Path) -> Result<Option<Token>, TenancyError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Token::from_text(text.trim_end()).map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TenancyError::io(path, e)),
+/// How the admin-token file marks the hash it holds.
+const HASH_PREFIX: &str = "sha256:";
+
+/// The admin token's hash saved at `path`, if there is one. A file that
+/// holds the token itself (written by an earlier version) is rewritten as
+/// its hash first.
+fn read_admin_hash(path: &Path) -> Result<Option<TokenHash>, TenancyError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(TenancyError::io(path, e)),
+    };
+    let text = text.trim_end();
+    if let Some(hex) = text.strip_prefix(HASH_PREFIX) {
+        return TokenHash::from_hex(hex)
+            .map(Some)
+            .ok_or_else(|| TenancyError::Corrupt {
+                key: path.display().to_string(),
+                reason: "not an admin token's hash".into(),
+            });
     }
+    let hash = Token::from_text(text)?.hash();
+    save_admin_hash(path, &hash)?;
+    Ok(Some(hash))
 }
 
-/// Saves the admin token at `path` with mode 0600: written to a temporary
-/// file beside it created with that mode (never readable by others, not even
-/// for a moment), fsynced, renamed, and the folder fsynced.
-fn save_admin_token(path: &Path, token: &Token) -> Result<(), TenancyError> {
+/// Saves the admin token's hash at `path` with mode 0600: written to a
+/// temporary file beside it created with that mode (never readable by
+/// others, not even for a moment), fsynced, renamed, and the folder
+/// fsynced.
+fn save_admin_hash(path: &Path, hash: &TokenHash) -> Result<(), TenancyError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut temp_name = std::ffi::OsString::from(".");
     temp_name.push(path.file_name().unwrap_or_default());
@@ -292,8 +312,7 @@ fn save_admin_token(path: &Path, token: &Token) -> Result<(), TenancyError> {
         .mode(0o600)
         .open(&temp)
         .and_then(|mut f| {
-            f.write_all(token.expose().as_bytes())?;
-            f.write_all(b"\n")?;
+            writeln!(f, "{HASH_PREFIX}{}", hash.to_hex())?;
             f.sync_all()
         })
         .and_then(|()| std::fs::rename(&temp, path))
@@ -349,5 +368,25 @@ mod tests {
         assert_eq!(synced(), expected);
         drop(open_blocking(&layout).unwrap());
         assert_eq!(synced(), BTreeSet::new());
+    }
+
+    /// The admin token is kept as its hash; a file holding the token itself
+    /// is rewritten as its hash when read.
+    #[test]
+    fn the_admin_token_is_kept_only_as_its_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("admin-token");
+        let token = Token::from_text("a-token-of-the-operator").unwrap();
+        save_admin_hash(&path, &token.hash()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(token.expose()), "{text}");
+        assert_eq!(read_admin_hash(&path).unwrap(), Some(token.hash()));
+        std::fs::write(&path, "an-earlier-plain-token\n").unwrap();
+        let earlier = Token::from_text("an-earlier-plain-token").unwrap();
+        assert_eq!(read_admin_hash(&path).unwrap(), Some(earlier.hash()));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("sha256:{}\n", earlier.hash().to_hex()));
+        std::fs::write(&path, "sha256:zz\n").unwrap();
+        assert!(read_admin_hash(&path).is_err());
     }
 }

@@ -326,9 +326,84 @@ impl Value for PrivateTargets {
     }
 }
 
+/// Addresses and networks (`10.0.0.0/8`, `127.0.0.1`, `fd00::/8`),
+/// comma-separated: the proxies whose `X-Forwarded-For` is believed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Networks(Vec<(std::net::IpAddr, u8)>);
+
+impl Networks {
+    /// Whether `ip` is in one of the networks (an IPv4 address mapped into
+    /// IPv6 as itself).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|&(net, len)| match (net, ip) {
+            (std::net::IpAddr::V4(net), std::net::IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+                net.to_bits() & mask == ip.to_bits() & mask
+            }
+            (std::net::IpAddr::V6(net), std::net::IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+                net.to_bits() & mask == ip.to_bits() & mask
+            }
+            _ => false,
+        })
+    }
+}
+
+impl Value for Networks {
+    fn parse(text: &str) -> Result<Self, String> {
+        let bad = |item: &str| {
+            format!("{item:?} is not an address or a network (10.0.0.0/8, 127.0.0.1, fd00::/8)")
+        };
+        let mut networks = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (addr, len) = match item.split_once('/') {
+                Some((addr, len)) => (addr, Some(len)),
+                None => (item, None),
+            };
+            let ip: std::net::IpAddr = addr.parse().map_err(|_| bad(item))?;
+            let ip = ip.to_canonical();
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let len = match len {
+                Some(len) => len
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|l| *l <= max)
+                    .ok_or_else(|| bad(item))?,
+                None => max,
+            };
+            networks.push((ip, len));
+        }
+        Ok(Networks(networks))
+    }
+
+    fn show(&self) -> Shown {
+        let text: Vec<String> = self
+            .0
+            .iter()
+            .map(|(ip, len)| format!("{ip}/{len}"))
+            .collect();
+        Shown::Plain(toml::Value::String(text.join(", ")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn networks_hold_their_addresses() {
+        let n = Networks::parse("10.0.0.0/8, 127.0.0.1 ,fd00::/8").unwrap();
+        for inside in ["10.1.2.3", "127.0.0.1", "::ffff:10.0.0.1", "fd12::1"] {
+            assert!(n.contains(inside.parse().unwrap()), "{inside}");
+        }
+        for outside in ["11.0.0.1", "127.0.0.2", "fe80::1"] {
+            assert!(!n.contains(outside.parse().unwrap()), "{outside}");
+        }
+        assert!(Networks::parse("10.0.0.0/33").is_err());
+        assert!(Networks::parse("proxy.example").is_err());
+        assert_eq!(Networks::parse("").unwrap(), Networks(Vec::new()));
+    }
 
     #[test]
     fn durations_are_bare_seconds_or_humantime() {

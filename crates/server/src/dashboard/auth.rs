@@ -4,16 +4,17 @@
 //! which travels in a cookie (`HttpOnly`, `SameSite=Strict`, `Secure` when the request came
 //! over TLS through a proxy that says so in `X-Forwarded-Proto`). Each
 //! session has its own CSRF token, which every state-changing form sends
-//! back. The login form itself is protected by a double-submit nonce, and
+//! back, and holds only while the admin token it was opened with is the
+//! admin token: a rotation (or a restart with another configured token)
+//! ends every session opened with the old one. The login form itself is protected by a double-submit nonce, and
 //! wrong tokens are throttled per client address ([`LoginThrottle`](super::throttle::LoginThrottle)).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Form;
-use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::header::{COOKIE, RETRY_AFTER, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -26,6 +27,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use super::pages::{LoginPage, render};
+use crate::client_addr::ClientAddr;
 use crate::state::AppState;
 
 /// The session cookie's name.
@@ -155,43 +157,37 @@ impl Sessions {
         }
     }
 
-    /// A new session: its id and CSRF token (both random).
-    pub async fn create(&self) -> Result<(String, String), LoginError> {
+    /// A new session opened with the admin token whose hash is `admin`:
+    /// its id and CSRF token (both random).
+    pub async fn create(&self, admin: &TokenHash) -> Result<(String, String), LoginError> {
         let random = || {
             Token::generate()
                 .map(|t| t.expose().to_owned())
                 .map_err(|e| LoginError(e.to_string()))
         };
         let (id, csrf) = (random()?, random()?);
-        self.store.create(&id, &csrf).await?;
+        // The store keeps, with the CSRF token (hex), the hash of the admin
+        // token the session was opened with.
+        let kept = format!("{csrf}.{}", admin.to_hex());
+        self.store.create(&id, &kept).await?;
         Ok((id, csrf))
     }
 
-    /// The CSRF token of a live session (and marks it used).
-    pub async fn touch(&self, id: &str) -> Result<Option<String>, LoginError> {
-        self.store.touch(id).await
+    /// A live session's CSRF token and the hash of the admin token it was
+    /// opened with (and marks it used).
+    pub async fn touch(&self, id: &str) -> Result<Option<(String, TokenHash)>, LoginError> {
+        let Some(kept) = self.store.touch(id).await? else {
+            return Ok(None);
+        };
+        let opened_with = kept
+            .split_once('.')
+            .and_then(|(csrf, hash)| Some((csrf.to_owned(), TokenHash::from_hex(hash)?)));
+        Ok(opened_with)
     }
 
     /// Ends a session.
     pub async fn remove(&self, id: &str) -> Result<(), LoginError> {
         self.store.remove(id).await
-    }
-}
-
-/// The address of the client on the other end of the connection (the
-/// server's accept loop records it); unspecified when the router runs
-/// without a socket.
-pub struct ClientAddr(pub IpAddr);
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let addr = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
-        Ok(ClientAddr(addr))
     }
 }
 
@@ -276,13 +272,25 @@ impl FromRequestParts<AppState> for AdminSession {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::error!(error = %e, "{what} failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response()
+        };
         let session = match cookie(&parts.headers, SESSION_COOKIE) {
             Some(id) => match state.sessions().touch(&id).await {
-                Ok(csrf) => csrf.map(|csrf| AdminSession { id, csrf }),
-                Err(e) => {
-                    tracing::error!(error = %e, "reading a dashboard login failed");
-                    return Err((StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response());
-                }
+                Ok(Some((csrf, admin))) => match state.exchange().is_admin_hash(&admin).await {
+                    Ok(true) => Some(AdminSession { id, csrf }),
+                    // Opened with an admin token that is no longer the one.
+                    Ok(false) => {
+                        if let Err(e) = state.sessions().remove(&id).await {
+                            return Err(unavailable("ending a dashboard login", &e));
+                        }
+                        None
+                    }
+                    Err(e) => return Err(unavailable("checking the admin token", &e)),
+                },
+                Ok(None) => None,
+                Err(e) => return Err(unavailable("reading a dashboard login", &e)),
             },
             None => None,
         };
@@ -334,8 +342,9 @@ pub struct LoginForm {
 }
 
 /// `POST /admin/login`: a session for the admin token. A client address
-/// that gave wrong tokens waits between tries ([`LoginThrottle`](super::throttle::LoginThrottle)): a try
-/// before its wait is over is answered 429 without looking at the token.
+/// that gave wrong tokens waits between tries
+/// ([`AuthThrottle`](crate::throttle::AuthThrottle)): a try before its wait
+/// is over is answered 429 without looking at the token.
 pub async fn login(
     State(state): State<AppState>,
     ClientAddr(client): ClientAddr,
@@ -343,7 +352,7 @@ pub async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let now = Instant::now();
-    if let Some(wait) = state.login_throttle().wait(client, now) {
+    if let Some(wait) = state.auth_throttle().wait(client, now) {
         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         let message = format!("Too many wrong tokens from your address: try again in {secs} s.");
         let mut response = login_page(&headers, Some(&message), StatusCode::TOO_MANY_REQUESTS);
@@ -364,16 +373,21 @@ pub async fn login(
         }
     };
     if who != Some(Principal::Admin) {
-        state.login_throttle().failed(client, now);
-        tracing::warn!(target: "estafeta::event", %client, "dashboard login refused: not the admin token");
+        state.auth_throttle().failed(client, now);
+        // Counted, and logged in aggregate once a minute.
+        tracing::debug!(%client, "dashboard login refused: not the admin token");
         return login_page(
             &headers,
             Some("That is not the admin token."),
             StatusCode::UNAUTHORIZED,
         );
     }
-    state.login_throttle().succeeded(client);
-    let id = match state.sessions().create().await {
+    state.auth_throttle().succeeded(client);
+    let id = match state
+        .sessions()
+        .create(&TokenHash::of(form.token.trim()))
+        .await
+    {
         Ok((id, _csrf)) => id,
         Err(e) => {
             tracing::error!(error = %e, "keeping a dashboard login failed");
@@ -454,20 +468,15 @@ mod tests {
     /// What every login store does: a session is found by its id until
     /// removed, with its own CSRF token.
     async fn a_login_store_keeps_sessions(one: &Sessions, other: &Sessions) {
-        let (id, csrf) = one.create().await.unwrap();
-        assert_eq!(
-            other.touch(&id).await.unwrap().as_deref(),
-            Some(csrf.as_str())
-        );
-        let (second, csrf2) = other.create().await.unwrap();
+        let admin = TokenHash::of("the-admin-token");
+        let (id, csrf) = one.create(&admin).await.unwrap();
+        assert_eq!(other.touch(&id).await.unwrap(), Some((csrf.clone(), admin)));
+        let (second, csrf2) = other.create(&admin).await.unwrap();
         assert_ne!((&id, &csrf), (&second, &csrf2));
         assert_eq!(one.touch("unknown").await.unwrap(), None);
         other.remove(&id).await.unwrap();
         assert_eq!(one.touch(&id).await.unwrap(), None);
-        assert_eq!(
-            one.touch(&second).await.unwrap().as_deref(),
-            Some(csrf2.as_str())
-        );
+        assert_eq!(one.touch(&second).await.unwrap(), Some((csrf2, admin)));
     }
 
     #[tokio::test]
@@ -491,8 +500,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sessions_expire_when_idle_and_csrf_must_match() {
         let s = Sessions::default();
-        let (id, csrf) = s.create().await.unwrap();
-        assert_eq!(s.touch(&id).await.unwrap().as_deref(), Some(csrf.as_str()));
+        let admin = TokenHash::of("the-admin-token");
+        let (id, csrf) = s.create(&admin).await.unwrap();
+        assert_eq!(s.touch(&id).await.unwrap(), Some((csrf.clone(), admin)));
         tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(1)).await;
         assert!(s.touch(&id).await.unwrap().is_some(), "use keeps it alive");
         tokio::time::advance(IDLE_TIMEOUT).await;

@@ -13,7 +13,6 @@
 pub mod auth;
 pub mod chart;
 pub mod pages;
-pub mod throttle;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -26,13 +25,13 @@ use axum::routing::{get, post};
 
 use estafeta_exchange::wire::ErrorCode;
 
-use crate::body_limit::limit_bodies;
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The largest body of a dashboard form, in bytes (the forms carry a token,
 /// a nonce or a CSRF token and a word or two; a bulk action on a folder
-/// also names each ticked message of its page).
+/// also names each ticked message of its page); the server's body limits
+/// ([`crate::body_limit`]) hold the dashboard's routes to it.
 pub const FORM_LIMIT: usize = 16 * 1024;
 
 /// The dashboard's routes (merged into the server's router).
@@ -77,7 +76,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/static/app.js", get(script))
         .route("/admin/static/style.css", get(style))
         .layer(from_fn_with_state(state.clone(), read_form));
-    limit_bodies(router, FORM_LIMIT).layer(map_response(protect))
+    router.layer(map_response(protect))
 }
 
 /// Middleware: reads the request body whole within the request timeout

@@ -3,8 +3,9 @@
 //! bounded queue; a writer thread of its own writes what has queued up in
 //! one transaction, so a protocol call never waits for the log's disk.
 //!
-//! Credentials in URLs (`scheme://user:password@host`) are replaced by
-//! `***` in every value before it is written ([`redact_credentials`]).
+//! The secrets of URLs (`scheme://user:password@host`, a webhook's path
+//! and query) are masked in every value before it is written
+//! ([`redact_urls`]).
 //!
 //! Every record is size-capped (values cut at [`MAX_VALUE_BYTES`], at most
 //! [`MAX_FIELDS`] other fields, a record at most [`MAX_RECORD_BYTES`] of
@@ -297,28 +298,37 @@ fn shrunk(record: &EventRecord) -> EventRecord {
     }
 }
 
-/// `text` with the user information of every URL in it (what comes
-/// between `scheme://` and `@host`, such as `user:password`) replaced by
-/// `***`.
-pub fn redact_credentials(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.contains("://") || !text.contains('@') {
+/// `text` with the secrets a URL in it may carry masked: the user
+/// information (what comes between `scheme://` and `@host`, such as
+/// `user:password`) replaced by `***`, and the path and query (where a
+/// webhook's key often is: `/services/T0/B0/XXXX`, `?token=…`) by `/***`;
+/// the scheme, host and port stay, to say where it went.
+pub fn redact_urls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") {
         return std::borrow::Cow::Borrowed(text);
     }
+    let ends_url = |c: char| "\"'<>()".contains(c) || c.is_whitespace() || c.is_control();
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
         let (before, after) = rest.split_at(i + 3);
         out.push_str(before);
-        let end = after
-            .find(|c: char| "/?#\"'<> ".contains(c) || c.is_whitespace() || c.is_control())
-            .unwrap_or(after.len());
-        let authority = &after[..end];
+        let end = after.find(ends_url).unwrap_or(after.len());
+        let url = &after[..end];
+        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let authority = &url[..authority_end];
         match authority.rfind('@') {
             Some(at) => {
                 out.push_str("***");
                 out.push_str(&authority[at..]);
             }
             None => out.push_str(authority),
+        }
+        let tail = &url[authority_end..];
+        if !tail.is_empty() && tail != "/" {
+            out.push_str("/***");
+        } else {
+            out.push_str(tail);
         }
         rest = &after[end..];
     }
@@ -413,7 +423,7 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn put(&mut self, field: &Field, mut value: serde_json::Value) {
         if let serde_json::Value::String(s) = &mut value {
-            if let std::borrow::Cow::Owned(redacted) = redact_credentials(s) {
+            if let std::borrow::Cow::Owned(redacted) = redact_urls(s) {
                 *s = redacted;
             }
             cut(s, MAX_VALUE_BYTES);
@@ -595,19 +605,27 @@ mod tests {
         let cases = [
             (
                 "http://u:secret@example.org/hook",
-                "http://***@example.org/hook",
+                "http://***@example.org/***",
             ),
             (
                 "see https://tok@h:8080?x=1 and ftp://a:b@c",
-                "see https://***@h:8080?x=1 and ftp://***@c",
+                "see https://***@h:8080/*** and ftp://***@c",
             ),
-            ("http://example.org/a@b", "http://example.org/a@b"),
+            (
+                "https://hooks.example.org/services/T0/B0/XXXX",
+                "https://hooks.example.org/***",
+            ),
+            (
+                "error sending request for url (http://127.0.0.1:9/x?key=k3y)",
+                "error sending request for url (http://127.0.0.1:9/***)",
+            ),
+            ("http://example.org/", "http://example.org/"),
             ("mail ops@example.org", "mail ops@example.org"),
             ("no url", "no url"),
             ("\"http://a:b@c\"", "\"http://***@c\""),
         ];
         for (given, want) in cases {
-            assert_eq!(redact_credentials(given), want, "{given}");
+            assert_eq!(redact_urls(given), want, "{given}");
         }
         let dir = tempfile::tempdir().unwrap();
         let (log, path) = log_in(dir.path());
@@ -619,7 +637,7 @@ mod tests {
             !text.contains("secret") && !text.contains("hidden"),
             "{text}"
         );
-        assert!(text.contains("http://***@h/x"), "{text}");
+        assert!(text.contains("http://***@h/***"), "{text}");
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl LastErrors {
     /// The attempt of entry `id` failed with `error` (kept with the
     /// credentials of any URL in it masked: the dashboard shows it).
     pub fn set(&self, id: &str, error: String) {
-        let error = crate::events::layer::redact_credentials(&error).into_owned();
+        let error = crate::events::layer::redact_urls(&error).into_owned();
         self.lock().insert(id.to_owned(), error);
     }
 

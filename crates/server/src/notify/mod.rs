@@ -213,8 +213,14 @@ impl Notifier {
             settings.sms.as_ref().map(|s| &s.gateway),
             settings.webhook_private,
         )?;
-        if let Some(host) = settings.webhook.as_deref().and_then(host_of) {
-            outbound.note_host(&host);
+        if let Some(url) = settings.webhook.as_deref()
+            && let Some(host) = host_of(url)
+        {
+            // A refused alert webhook is not probed (its alerts fail, logged).
+            match targets::refused(url, settings.webhook_private).await {
+                None => outbound.note_host(&host),
+                Some(why) => tracing::error!(why, "the alert webhook's target is refused"),
+            }
         }
         Ok(Notifier {
             inner: Arc::new(Inner {
@@ -404,6 +410,12 @@ impl Notifier {
                     url: url.clone(),
                     body,
                 };
+                if let Some(why) = targets::refused(url, s.webhook_private).await {
+                    return Err(SendError::Config(estafeta_sendq::ConfigError::Invalid {
+                        what: "alert webhook",
+                        reason: why,
+                    }));
+                }
                 let host = host_of(url).unwrap_or_default();
                 q.note_host(&host);
                 q.http

@@ -42,6 +42,8 @@ const PUSH_WINDOW: usize = 8;
 
 /// Probes failed in a row that mark a host down.
 const PROBE_FAILURES: u32 = 3;
+/// The longest a probe may take, from connect to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A queued alert not sent within this fails and goes back to the repeat
 /// scheduler (so a host that stays down does not hold a worker forever).
 const QUEUED_DEADLINE: Duration = Duration::from_secs(30);
@@ -58,11 +60,19 @@ pub enum HttpOut {
 }
 
 /// Hands each [`HttpOut`] to its transport; all answer with [`HttpAnswer`],
-/// so the reply is passed through untouched.
+/// so the reply is passed through untouched. A host is probed with the
+/// policy of what is sent to it: the SMS gateway's host (the operator's
+/// own setting) as its transport reaches it, every webhook host through
+/// the checked resolver, as webhooks are.
 pub struct HttpTransport {
     sms: Option<SmsTransport>,
     webhook: WebhookTransport,
+    /// Probes of webhook hosts.
     probe: HttpProbe,
+    /// Probes of the SMS gateway's host.
+    gateway_probe: HttpProbe,
+    /// The SMS gateway's host key, if there is a gateway.
+    gateway_host: Option<String>,
 }
 
 impl Transport<String, HttpOut> for HttpTransport {
@@ -112,7 +122,11 @@ impl Transport<String, HttpOut> for HttpTransport {
             }
             HttpOut::Probe(p) => {
                 let payload = p;
-                self.probe
+                let probe = match self.gateway_host.as_deref() == Some(host.as_str()) {
+                    true => &self.gateway_probe,
+                    false => &self.probe,
+                };
+                probe
                     .send(
                         Request {
                             host,
@@ -184,18 +198,20 @@ impl Outbound {
             )?),
             None => None,
         };
+        // Every address a webhook host resolves to is checked first, for
+        // its webhooks and for its probes alike.
+        let checked = std::sync::Arc::new(super::targets::CheckedResolver {
+            private: webhook_private,
+        });
+        let gateway_host = sms.and_then(|s| host_of(&s.url));
         let transport = HttpTransport {
             sms: sms.cloned().map(SmsTransport::new).transpose()?,
-            // Every address a webhook host resolves to is checked first.
-            webhook: WebhookTransport::with_resolver(
-                &WebhookConfig::default(),
-                std::sync::Arc::new(super::targets::CheckedResolver {
-                    private: webhook_private,
-                }),
-            )?,
+            webhook: WebhookTransport::with_resolver(&WebhookConfig::default(), checked.clone())?,
             // Webhook origins and gateways have no health URL: any HTTP
             // answer below 500 means the host is there.
-            probe: HttpProbe::reachability(Duration::from_secs(5))?,
+            probe: HttpProbe::reachability_with_resolver(PROBE_TIMEOUT, checked)?,
+            gateway_probe: HttpProbe::reachability(PROBE_TIMEOUT)?,
+            gateway_host: gateway_host.clone(),
         };
         let http = SendQueue::new(
             QueueConfig::new(vec![
@@ -212,10 +228,7 @@ impl Outbound {
             ]),
             transport,
         )?;
-        let hosts = sms
-            .and_then(|s| host_of(&s.url))
-            .into_iter()
-            .collect::<BTreeSet<_>>();
+        let hosts = gateway_host.into_iter().collect::<BTreeSet<_>>();
         Ok(Outbound {
             email,
             http,

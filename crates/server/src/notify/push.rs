@@ -379,20 +379,12 @@ impl Pusher {
             tracing::error!(recipient = %push.recipient, url, "webhook url has no host; push notification dropped");
             return self.settled(&entry, &push.recipient);
         };
-        // A host name's addresses are checked as it is resolved; an
-        // address written in the URL is checked here.
-        let literal = reqwest::Url::parse(&url).ok().and_then(|u| {
-            let host = u.host_str()?;
-            let host = host
-                .strip_prefix('[')
-                .and_then(|h| h.strip_suffix(']'))
-                .unwrap_or(host);
-            host.parse::<std::net::IpAddr>().ok()
-        });
-        if let Some(why) =
-            literal.and_then(|ip| super::targets::refusal(ip, self.inner.outbound.webhook_private))
+        // A refused target (one stored before webhook_private said deny)
+        // is neither sent to nor noted for the probes; a name's addresses
+        // are checked again as the client resolves it.
+        if let Some(why) = super::targets::refused(&url, self.inner.outbound.webhook_private).await
         {
-            tracing::error!(recipient = %push.recipient, url, why, "webhook target refused; push notification dropped");
+            tracing::error!(recipient = %push.recipient, why, "webhook target refused; push notification dropped");
             return self.settled(&entry, &push.recipient);
         }
         self.inner.outbound.note_host(&host);

@@ -2,8 +2,12 @@
 //! and metadata addresses ([`is_link_local_or_metadata`]) are always
 //! refused; private ones as the `webhook_private` setting says. A host name
 //! is resolved and every address it resolves to is checked before a
-//! connection is made ([`CheckedResolver`], the HTTP client's resolver), so
-//! a name that points at 169.254.169.254 is refused like the address itself.
+//! connection is made ([`CheckedResolver`], the resolver of the client that
+//! sends webhooks and of the one that probes their hosts), so a name that
+//! points at 169.254.169.254 is refused like the address itself; an address
+//! written in the URL is checked by [`refused`], which is asked before a
+//! webhook is stored, sent to, or its host probed. Neither client follows
+//! redirects, so no answer can send a request on to an unchecked address.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -54,6 +58,25 @@ pub fn checked(
         }
     }
     Ok(addrs)
+}
+
+/// Why a webhook may not be sent to `url`, if it may not: its host is a
+/// refused address, or a name that resolves to one. A name that does not
+/// resolve now is not refused here: the client's resolver checks it again
+/// at each connection.
+pub async fn refused(url: &str, private: PrivateTargets) -> Option<String> {
+    let parsed = reqwest::Url::parse(url).ok()?;
+    let host = parsed.host_str()?;
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return refusal(ip, private).map(|why| format!("webhook host {ip} is {why}; refused"));
+    }
+    let port = parsed.port_or_known_default()?;
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((bare, port)).await.ok()?.collect();
+    checked(bare, addrs, private).err()
 }
 
 /// The webhook client's resolver: the system's lookup, then [`checked`].
@@ -122,6 +145,25 @@ mod tests {
         }
         let public = addrs(&["93.184.216.34", "2606:2800:220:1::1"]);
         assert!(checked("h", public, PrivateTargets::Deny).is_ok());
+    }
+
+    #[tokio::test]
+    async fn urls_are_refused_by_their_address_or_the_addresses_of_their_name() {
+        let deny = PrivateTargets::Deny;
+        for url in [
+            "http://169.254.169.254/latest",
+            "http://[fe80::1]:8080/",
+            "http://127.0.0.1:9/x",
+            "http://localhost:9/x",
+        ] {
+            assert!(refused(url, deny).await.is_some(), "{url}");
+        }
+        assert!(
+            refused("http://localhost:9/x", PrivateTargets::Allow)
+                .await
+                .is_none()
+        );
+        assert!(refused("http://93.184.216.34/x", deny).await.is_none());
     }
 
     #[tokio::test]

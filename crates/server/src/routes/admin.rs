@@ -677,6 +677,14 @@ async fn webhook(
     url: Option<String>,
 ) -> Result<Json<Webhook>, ApiError> {
     let id = path_id(kind.as_str(), id)?;
+    // A target the pushes would refuse is not stored (nor ever probed).
+    let private = state.notifier().settings().webhook_private;
+    if *who == Principal::Admin
+        && let Some(url) = &url
+        && let Some(why) = crate::notify::targets::refused(url, private).await
+    {
+        return Err(ApiError::bad_request(ErrorCode::BadWebhookUrl, why));
+    }
     let url = state.exchange().set_webhook(who, kind, id, url).await?;
     Ok(Json(Webhook {
         version: Version,
@@ -692,7 +700,7 @@ async fn webhook(
         \"recipient\",\"kind\",\"at\"} there (no message body); bursts coalesce, failures are retried."),
     responses(
         (status = 200, description = "The stored value", body = Webhook),
-        (status = 400, description = "Not an http(s) URL with a host (bad_webhook_url)", body = ErrorBody),
+        (status = 400, description = "Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url)", body = ErrorBody),
         (status = 404, description = "No such database", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn set_database_webhook(
@@ -727,7 +735,7 @@ pub async fn clear_database_webhook(
         \"recipient\",\"kind\",\"at\"} there (no message body); bursts coalesce, failures are retried."),
     responses(
         (status = 200, description = "The stored value", body = Webhook),
-        (status = 400, description = "Not an http(s) URL with a host (bad_webhook_url)", body = ErrorBody),
+        (status = 400, description = "Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url)", body = ErrorBody),
         (status = 404, description = "No such device", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn set_device_webhook(

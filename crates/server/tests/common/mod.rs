@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod postgres;
+pub mod raw;
 pub mod recorder;
 pub mod restartable;
 /// The send queue's loopback SMTP server, shared rather than copied.
@@ -374,6 +375,22 @@ pub async fn process_all(
     assert_eq!(db.commit(pid).await.unwrap().status, CallStatus::Ok);
 }
 
+/// [`provision_one`], then one cycle through `db-a` that leaves `reply`
+/// waiting in `phone-1`'s inbox; `phone-1`'s token.
+pub async fn reply_waiting(admin: &Client, reply: &str) -> String {
+    let (db, phone) = provision_one(admin).await;
+    let db = admin.with_token(&db);
+    let sent = admin
+        .with_token(&phone)
+        .send(&message("db-a", "{}", None))
+        .await
+        .unwrap();
+    let started = db.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    process_all(&db, &pid, [sent.accepted.id], reply).await;
+    phone
+}
+
 /// A start call for `db` with no filters.
 pub fn start_request(db: &str) -> StartRequest {
     StartRequest {
@@ -401,9 +418,28 @@ pub struct Binary {
 /// The binary is the one built with the tests, or the one named by
 /// `ESTAFETA_TEST_BINARY` (a measurement against an optimized build).
 pub fn estafeta(cwd: &Path) -> Command {
-    let binary = std::env::var_os("ESTAFETA_TEST_BINARY")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_estafeta").into());
-    let mut cmd = Command::new(binary);
+    isolated(Command::new(binary()), cwd)
+}
+
+/// [`estafeta`] started by `sh -c` after the shell commands `prelude`
+/// (`ulimit -n 256`, `umask 000`): what the binary inherits from them.
+pub fn estafeta_after(cwd: &Path, prelude: &str) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{prelude} && exec \"$0\" \"$@\""))
+        .arg(binary());
+    isolated(cmd, cwd)
+}
+
+/// The binary under test.
+fn binary() -> std::ffi::OsString {
+    std::env::var_os("ESTAFETA_TEST_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_estafeta").into())
+}
+
+/// `cmd` without the test's `ESTAFETA_*` variables, in `cwd`, killed with
+/// the test.
+fn isolated(mut cmd: Command, cwd: &Path) -> Command {
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("ESTAFETA_") {
             cmd.env_remove(key);
@@ -429,7 +465,18 @@ impl Binary {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Binary {
-        let mut cmd = estafeta(cwd);
+        Self::serve_as(estafeta(cwd), store, data, args, env).await
+    }
+
+    /// [`Binary::serve_on`] through `cmd`, a command for the binary made by
+    /// [`estafeta`] or [`estafeta_after`].
+    pub async fn serve_as(
+        mut cmd: Command,
+        store: Option<&str>,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
         cmd.arg("serve")
             .args(args)
             .env("ESTAFETA_LISTEN", "127.0.0.1:0")
