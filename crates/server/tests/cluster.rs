@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::cluster::Node;
 use common::{Binary, id, message, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
@@ -283,4 +284,67 @@ async fn node_with_pools_of_two(pg: &Postgres, dir: &std::path::Path) -> (Binary
     let node = Binary::serve(dir, &dir.join("a"), &[], &env).await;
     let admin = Client::new(&node.base, node.printed_token.as_deref().unwrap()).unwrap();
     (node, admin)
+}
+
+/// libfaketime, which makes a process read a wall clock of its own
+/// (Debian's `faketime` package; the test fails without it).
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A node whose wall clock runs 20 minutes ahead (libfaketime; its
+/// monotonic clock untouched) runs on the database server's time: a
+/// process another node started 10 minutes' STARTED timeout ago is not
+/// timed out through it (a start through it answers BUSY), and its metrics
+/// and log say how far its own clock is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_runs_ahead_times_out_nothing_early() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: install Debian's faketime package"
+    );
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let timeout = ("ESTAFETA_STARTED_TIMEOUT", "10m");
+    let a = Node::start(dir.path(), "a", &url, &[timeout]).await;
+    let ahead = [
+        timeout,
+        ("LD_PRELOAD", FAKETIME),
+        ("FAKETIME", "+20m"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let b = Node::start(dir.path(), "b", &url, &ahead).await;
+    let admin = a.printed_token.clone().unwrap();
+    let (db_token, phone_token) = provision_one(&a.client(&admin)).await;
+    let on = |node: &Node, token: &str| node.client(token);
+    on(&a, &phone_token)
+        .send(&message("db-a", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    let started = on(&a, &db_token)
+        .start(&start_request("db-a"))
+        .await
+        .unwrap();
+    let pid = started.process_id.unwrap();
+
+    let through_b = on(&b, &db_token);
+    let again = through_b.start(&start_request("db-a")).await.unwrap();
+    assert_eq!(again.status, StartStatus::Busy, "the process lives on");
+    assert_eq!(
+        through_b.process(&pid).await.unwrap().state,
+        estafeta_exchange::wire::ProcessState::Started
+    );
+
+    let metrics = on(&b, &admin).metrics().await.unwrap();
+    let offset: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("estafeta_clock_offset_seconds "))
+        .expect("the clock offset in the metrics")
+        .parse()
+        .unwrap();
+    assert!((1150.0..1250.0).contains(&offset), "offset {offset}");
+    assert!(
+        b.log()
+            .contains("this node's clock is off from the database server's"),
+        "the node says its clock is off"
+    );
 }

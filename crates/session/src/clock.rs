@@ -105,4 +105,26 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> Timestamp {
         (**self).now()
     }
+
+    fn is_system(&self) -> bool {
+        (**self).is_system()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_system_clock_says_so_behind_an_arc_and_no_other_does() {
+        let system: Arc<dyn Clock> = Arc::new(SystemClock);
+        assert!(system.is_system());
+        assert!(Arc::new(system).is_system());
+        let tokio: Arc<dyn Clock> = Arc::new(TokioClock {
+            start_wall: Timestamp(0),
+            start: tokio::time::Instant::now(),
+        });
+        assert!(!tokio.is_system());
+    }
 }
