@@ -573,3 +573,129 @@ async fn the_cli_lists_shows_deletes_rotates_and_settles(store: Store) {
     );
     assert_eq!(server.terminate().await, Some(0));
 }
+
+/// A device's upload to `to`, due `after` from the clock's now.
+async fn upload_due(
+    phone: &Client,
+    to: &str,
+    clock: &ManualClock,
+    after: std::time::Duration,
+) -> estafeta_exchange::MessageId {
+    use estafeta_session::Clock;
+    let at = clock.now().after(after);
+    let mut m = message(to, r#"{"later":true}"#, None);
+    m.deliver_at = Some(estafeta_exchange::Timestamp::from_millis(
+        i64::try_from(at.0).unwrap(),
+    ));
+    phone.send(&m).await.unwrap().accepted.id
+}
+
+/// Waits until `wanted` is in `mailbox`'s `Messages`.
+async fn wait_in(server: &Server, mailbox: &str, wanted: estafeta_exchange::MessageId) {
+    common::cluster::eventually("the scheduled message delivered", || async {
+        server
+            .queued_at(mailbox)
+            .await
+            .contains(&wanted)
+            .then_some(())
+    })
+    .await;
+}
+
+both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_deleted_mailbox_takes_nothing_more_and_comes_back_empty
+);
+/// A database or device with a message waiting for its `deliver_at`: a
+/// plain delete is refused (409), a forced one discards it, and nothing of
+/// it ever lands under the id, not in one made again under it when the
+/// time comes; a reply committed for a device deleted meanwhile is
+/// discarded, not delivered to the device made again.
+async fn a_deleted_mailbox_takes_nothing_more_and_comes_back_empty(store: Store) {
+    let data = tempfile::tempdir().unwrap();
+    let store = store.setting();
+    let clock = ManualClock::now();
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    let admin = &server.admin;
+    let t = Tenancy::provision(admin).await;
+    let hour = std::time::Duration::from_secs(3600);
+
+    // The database: its scheduled message refuses a plain delete.
+    upload_due(&t.phone1, "db-a", &clock, hour).await;
+    let (status, code) = refused(admin.delete_database(&id("db-a"), false).await);
+    assert_eq!((status, code.as_str()), (StatusCode::CONFLICT, "not_empty"));
+    let deleted = admin.delete_database(&id("db-a"), true).await.unwrap();
+    assert_eq!(deleted.discarded, 1);
+    let refused_upload = refused(t.phone1.send(&message("db-a", "{}", None)).await);
+    assert_eq!(refused_upload.0, StatusCode::FORBIDDEN);
+    let again = admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let db_a = admin.with_token(&again.token);
+
+    // The device: a reply due in an hour, and one prepared for it.
+    let sent = t.phone2.send(&message("db-b", "{}", None)).await.unwrap();
+    let started = t.db_b.start(&start_request("db-b")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let due = {
+        use estafeta_session::Clock;
+        clock.now().after(hour)
+    };
+    let reply = |deliver_at| estafeta_exchange::wire::Reply {
+        to: id("phone-2"),
+        body: Body::from_json(r#"{"reply":true}"#).unwrap(),
+        created_at: None,
+        deliver_at,
+    };
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![MessageResult {
+            message_id: sent.accepted.id,
+            status: ResultStatus::Processed,
+            error_code: None,
+            error_text: None,
+        }],
+        replies: vec![
+            reply(Some(estafeta_exchange::Timestamp::from_millis(
+                i64::try_from(due.0).unwrap(),
+            ))),
+            reply(None),
+        ],
+    };
+    assert_eq!(
+        t.db_b.prepare(&pid, &prepare).await.unwrap().status,
+        CallStatus::Ok
+    );
+    // Deleted with the replies still prepared: they go nowhere.
+    let deleted = admin.delete_device(&id("phone-2"), false).await.unwrap();
+    assert_eq!(deleted.discarded, 0);
+    assert_eq!(t.db_b.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    assert_eq!(
+        admin
+            .folder(&id("db-b"), Folder::Prepared)
+            .await
+            .unwrap()
+            .files
+            .len(),
+        0,
+        "the replies were discarded, not left behind"
+    );
+    let phone2 = admin
+        .create_device(&id("acme"), &id("phone-2"), &id("sales"))
+        .await
+        .unwrap();
+    let phone2 = admin.with_token(&phone2.token);
+
+    // The hour passes; a message due after the discarded ones is delivered,
+    // and the mailboxes made again are still empty.
+    let control = upload_due(&t.phone1, "db-b", &clock, hour).await;
+    clock.advance(hour + std::time::Duration::from_secs(2));
+    wait_in(&server, "db-b", control).await;
+    assert_eq!(
+        db_a.start(&start_request("db-a")).await.unwrap().status,
+        StartStatus::Idle
+    );
+    assert!(phone2.inbox(None).await.unwrap().messages.is_empty());
+    server.stop().await;
+}
