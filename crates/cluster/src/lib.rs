@@ -60,7 +60,7 @@ mod lock;
 mod logins;
 mod messages;
 mod migrate;
-pub use migrate::SchemaVersion;
+pub use migrate::{Durability, SchemaVersion};
 mod queue;
 mod registry;
 mod schedule;

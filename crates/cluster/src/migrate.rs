@@ -17,7 +17,54 @@ pub struct SchemaVersion {
     pub built: u32,
 }
 
+/// How durable a committed step is on the database server: whether a
+/// `COMMIT` waits for its write-ahead log to be flushed, and whether a
+/// synchronous standby confirms it too (so that losing the primary loses
+/// no step a node answered).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// The server's `synchronous_commit` (`on`, `remote_apply`, `off`, …).
+    pub synchronous_commit: String,
+    /// Its `synchronous_standby_names` (empty: none is waited for).
+    pub standby_names: String,
+    /// Standbys attached now that confirm commits (`sync` or `quorum`).
+    pub synchronous_standbys: u64,
+}
+
+impl Durability {
+    /// Whether every commit a node is answered is flushed to disk on the
+    /// primary first (`off` answers before).
+    pub fn flushes(&self) -> bool {
+        self.synchronous_commit != "off"
+    }
+
+    /// Whether a committed step also survives losing the primary: commits
+    /// wait for a synchronous standby, and one is attached.
+    pub fn survives_the_primary(&self) -> bool {
+        matches!(
+            self.synchronous_commit.as_str(),
+            "on" | "remote_write" | "remote_apply"
+        ) && !self.standby_names.is_empty()
+            && self.synchronous_standbys > 0
+    }
+}
+
+const DURABILITY: &str = "SELECT current_setting('synchronous_commit'),
+    current_setting('synchronous_standby_names'),
+    (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))";
+
 impl Store {
+    /// What a committed step's durability rests on (for `estafeta check`).
+    pub async fn durability(&self) -> Result<Durability, Error> {
+        let client = self.client().await?;
+        let row = client.query_one(DURABILITY, &[]).await?;
+        Ok(Durability {
+            synchronous_commit: row.get(0),
+            standby_names: row.get(1),
+            synchronous_standbys: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+        })
+    }
+
     /// The schema's version, read without changing anything (for
     /// `estafeta check`): the store's newest applied migration and this
     /// build's newest.

@@ -19,6 +19,10 @@ async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
     };
     let store = Store::connect_with(&url, &options).unwrap();
     store.migrate().await.unwrap();
+    let durability = store.durability().await.unwrap();
+    assert!(durability.flushes(), "{durability:?}");
+    assert!(durability.survives_the_primary(), "{durability:?}");
+    assert_eq!(durability.synchronous_standbys, 1);
     for i in 0..20u8 {
         let mut step = store.lock(&[i]).await.unwrap();
         step.save(&[i; 3], None).await.unwrap();

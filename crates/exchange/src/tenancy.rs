@@ -277,6 +277,12 @@ struct Inner {
     shared: bool,
     /// The shared store's change counter as the cache was last loaded.
     seen: AtomicU64,
+    /// The last read of the shared store's change counter: when it began
+    /// and what it read. Reads go one at a time, and a caller that finds
+    /// one begun after it asked takes that one's answer: any number of
+    /// callers at once (a flood of unknown tokens) cost one read, never a
+    /// connection each.
+    counter: tokio::sync::Mutex<Option<(std::time::Instant, u64)>>,
 }
 
 /// Which kind of registered id a paged list or a lookup is about.
@@ -353,6 +359,7 @@ impl Registry {
                 changing: tokio::sync::Mutex::new(()),
                 shared,
                 seen: AtomicU64::new(seen),
+                counter: tokio::sync::Mutex::new(None),
             }),
         };
         Ok((registry, origin))
@@ -366,7 +373,19 @@ impl Registry {
         if !self.inner.shared {
             return Ok(());
         }
-        let now = self.inner.store.version().await?;
+        let asked = std::time::Instant::now();
+        let now = {
+            let mut last = self.inner.counter.lock().await;
+            match *last {
+                Some((began, version)) if began >= asked => version,
+                _ => {
+                    let began = std::time::Instant::now();
+                    let version = self.inner.store.version().await?;
+                    *last = Some((began, version));
+                    version
+                }
+            }
+        };
         if now <= self.inner.seen.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -919,6 +938,68 @@ mod tests {
             assert!(Arc::ptr_eq(&cache.by_token[&held.token], key), "{key}");
         }
         assert_eq!(cache.by_token.len(), cache.endpoints.len());
+    }
+
+    /// A shared store whose change counter reads are counted and held
+    /// until the test lets them go.
+    struct Slow {
+        reads: std::sync::atomic::AtomicUsize,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait::async_trait]
+    impl RegistryStore for Slow {
+        async fn load(&self) -> Result<Snapshot, TenancyError> {
+            Ok(Snapshot::default())
+        }
+        async fn admin(&self) -> Result<Option<TokenHash>, TenancyError> {
+            Ok(Some(TokenHash::of("admin-secret")))
+        }
+        async fn apply(&self, _change: &Change) -> Result<(), TenancyError> {
+            Ok(())
+        }
+        fn shared(&self) -> bool {
+            true
+        }
+        async fn version(&self) -> Result<u64, TenancyError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let _let_go = self.gate.acquire().await;
+            Ok(0)
+        }
+    }
+
+    /// A hundred unknown tokens presented at once, while a read of the
+    /// shared store's counter is under way, cost one more read between
+    /// them, not a read each.
+    #[tokio::test]
+    async fn unknown_tokens_at_once_share_one_read_of_the_shared_store() {
+        let store = Arc::new(Slow {
+            reads: std::sync::atomic::AtomicUsize::new(0),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let (reg, _) = Registry::with_store(store.clone(), None).await.unwrap();
+        let first = tokio::spawn({
+            let reg = reg.clone();
+            async move { reg.refresh().await }
+        });
+        while store.reads.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let waiting: Vec<_> = (0..100)
+            .map(|_| {
+                let reg = reg.clone();
+                tokio::spawn(async move { reg.refresh().await })
+            })
+            .collect();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        store.gate.add_permits(1_000);
+        first.await.unwrap().unwrap();
+        for w in waiting {
+            w.await.unwrap().unwrap();
+        }
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

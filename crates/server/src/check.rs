@@ -179,6 +179,9 @@ pub struct ClusterReport {
     pub url: String,
     /// The schema's version, or why it could not be read.
     pub schema: Result<estafeta_cluster::SchemaVersion, estafeta_cluster::Error>,
+    /// What a committed step's durability rests on, or why it could not be
+    /// read.
+    pub durability: Result<estafeta_cluster::Durability, estafeta_cluster::Error>,
 }
 
 impl ClusterReport {
@@ -210,20 +213,54 @@ impl fmt::Display for ClusterReport {
                  new as the cluster's other nodes",
                 v.applied, v.built
             ),
+        }?;
+        let Ok(d) = &self.durability else {
+            return Ok(());
+        };
+        let commit = &d.synchronous_commit;
+        match (d.flushes(), d.survives_the_primary()) {
+            (false, _) => write!(
+                f,
+                "\n{url}: WARNING synchronous_commit is {commit}: the server answers a COMMIT \
+                 before it is on disk, so a crash of it can lose steps a node answered; set it to on"
+            ),
+            (true, true) => write!(
+                f,
+                "\n{url}: synchronous_commit {commit}, {} synchronous standby(s) attached: a \
+                 committed step survives losing the primary",
+                d.synchronous_standbys
+            ),
+            (true, false) if d.standby_names.is_empty() => write!(
+                f,
+                "\n{url}: WARNING no synchronous standby is configured \
+                 (synchronous_standby_names is empty): a committed step is lost with the \
+                 primary's disk; configure one to survive losing the primary"
+            ),
+            (true, false) => write!(
+                f,
+                "\n{url}: WARNING synchronous_standby_names is {:?} but no synchronous standby is \
+                 attached now (synchronous_commit {commit}): commits wait for one",
+                d.standby_names
+            ),
         }
     }
 }
 
-/// `estafeta check` in cluster mode: whether the database at `url` answers
-/// and how its schema stands; `masked` is the URL as the report shows it.
+/// `estafeta check` in cluster mode: whether the database at `url` answers,
+/// how its schema stands, and whether `synchronous_commit` is on and a
+/// synchronous standby attached; `masked` is the URL as the report shows it.
 pub async fn check_cluster(url: &str, masked: String) -> ClusterReport {
-    let schema = match estafeta_cluster::Store::connect(url) {
-        Ok(store) => store.schema_version().await,
-        Err(e) => Err(e),
+    let (schema, durability) = match estafeta_cluster::Store::connect(url) {
+        Ok(store) => (store.schema_version().await, store.durability().await),
+        Err(e) => {
+            let again = estafeta_cluster::Error::Unavailable(e.to_string());
+            (Err(e), Err(again))
+        }
     };
     ClusterReport {
         url: masked,
         schema,
+        durability,
     }
 }
 

@@ -258,6 +258,12 @@ async fn check_in_cluster_mode_reports_the_database() {
     assert!(ok, "{out}");
     assert!(out.contains(": ok, schema version "), "{out}");
     assert!(!out.contains("events.redb"), "{out}");
+    // The test's instance has no standby: commits survive its crash, not
+    // its loss.
+    assert!(
+        out.contains("WARNING no synchronous standby is configured"),
+        "{out}"
+    );
 
     let db = estafeta_cluster::Store::connect(&url).unwrap();
     db.client()
