@@ -6,8 +6,10 @@
 //! session has its own CSRF token, which every state-changing form sends
 //! back, and holds only while the admin token it was opened with is the
 //! admin token: a rotation (or a restart with another configured token)
-//! ends every session opened with the old one. The login form itself is protected by a double-submit nonce, and
-//! wrong tokens are throttled per client address ([`LoginThrottle`](super::throttle::LoginThrottle)).
+//! ends every session opened with the old one. The login form itself is
+//! protected by a double-submit nonce, and wrong tokens go through the
+//! server's one throttle for failed authentications
+//! ([`AuthThrottle`](crate::throttle::AuthThrottle)).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
