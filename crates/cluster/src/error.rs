@@ -11,6 +11,10 @@ pub enum Error {
     /// The store URL names no host to connect to.
     #[error("invalid store URL: it names no host")]
     NoHost,
+    /// The URL's TLS settings (`sslmode`, `sslrootcert`, `sslcert`,
+    /// `sslkey`) cannot be used: an unknown mode, a file that cannot be read.
+    #[error("invalid store TLS settings: {0}")]
+    Tls(String),
     /// The pool could not be built from the given options.
     #[error("invalid store options: {0}")]
     Options(String),
@@ -21,7 +25,7 @@ pub enum Error {
     Unavailable(String),
     /// The server refused a statement (a bug, or a schema that does not
     /// match this build).
-    #[error("store query failed: {0}")]
+    #[error("store query failed: {}", with_causes(.0))]
     Query(#[source] tokio_postgres::Error),
     /// The schema migrations could not be applied (other than for a lost
     /// connection, which is [`Error::Unavailable`]).
@@ -57,10 +61,26 @@ fn is_unavailable(e: &tokio_postgres::Error) -> bool {
     e.is_closed() || io || e.code().is_some_and(|c| is_transient(c.code()))
 }
 
+/// An error's message followed by its causes' (a failed TLS handshake says
+/// why: an unknown issuer, a certificate for another name), each once.
+fn with_causes(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         if is_unavailable(&e) {
-            Error::Unavailable(e.to_string())
+            Error::Unavailable(with_causes(&e))
         } else {
             Error::Query(e)
         }

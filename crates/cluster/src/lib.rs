@@ -68,6 +68,7 @@ mod session_storage;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod tls;
 
 pub use alerts::{PgAlerts, StoredAlert};
 pub use clock::{DatabaseClock, SKEW_WARNING};

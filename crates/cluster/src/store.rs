@@ -1,9 +1,9 @@
 //! The connection pool over a libpq URL.
 
 use crate::Error;
+use crate::tls;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use std::time::Duration;
-use tokio_postgres::NoTls;
 
 /// How a node uses the database, beyond what the URL says.
 #[derive(Clone, Debug)]
@@ -62,9 +62,13 @@ impl Store {
 
     /// Open a pool over `url` (a `postgres://` URL or a libpq `key=value`
     /// string; several hosts with `target_session_attrs=read-write` let the
-    /// pool find the primary after a failover).
+    /// pool find the primary after a failover). TLS follows the URL's
+    /// `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as libpq reads them
+    /// (`verify-full` checks the server's certificate and name).
     pub fn connect_with(url: &str, options: &Options) -> Result<Store, Error> {
+        let (url, tls) = tls::Settings::take_from(url)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(Error::Url)?;
+        config.ssl_mode(tls.ssl_mode());
         if config.get_hosts().is_empty() {
             return Err(Error::NoHost);
         }
@@ -87,7 +91,7 @@ impl Store {
         config.options(server_options);
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls.connector()?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },

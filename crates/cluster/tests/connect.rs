@@ -122,3 +122,120 @@ async fn the_pool_hands_out_the_connection_returned_last() {
         assert_eq!(backend(&next).await, b);
     }
 }
+
+/// A certificate authority and a server certificate it signed for
+/// `localhost` only, as PEM: (root, server chain, server key).
+fn certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), server.pem(), key.serialize_pem())
+}
+
+/// Whether the store's connection to the server is encrypted, as the
+/// server sees it.
+async fn encrypted(store: &Store) -> Result<bool, Error> {
+    let client = store.client().await?;
+    let row = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// libpq's `sslmode`s against a server that takes TCP only over TLS, with
+/// a certificate for `localhost` from a private root: the modes that check
+/// nothing connect encrypted, `verify-full` checks both root and name,
+/// `verify-ca` only the root, and `disable` is turned away.
+#[tokio::test]
+async fn tls_follows_libpq_sslmode_and_checks_what_it_says() {
+    let (root, chain, key) = certificates();
+    let pg = Postgres::start_with_tls(&chain, &key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let right_root = dir.path().join("root.pem");
+    std::fs::write(&right_root, &root).unwrap();
+    let (other_root, _, _) = certificates();
+    let wrong_root = dir.path().join("other.pem");
+    std::fs::write(&wrong_root, &other_root).unwrap();
+    let port = pg.port();
+    let url = |host: &str, tls: &str| {
+        format!("host={host} hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres {tls}")
+    };
+    let connect = |url: String| async move {
+        let options = Options {
+            connect_timeout: std::time::Duration::from_secs(5),
+            wait_timeout: std::time::Duration::from_secs(10),
+            ..Options::default()
+        };
+        encrypted(&Store::connect_with(&url, &options)?).await
+    };
+
+    for tls in ["", "sslmode=prefer", "sslmode=require"] {
+        assert!(connect(url("127.0.0.1", tls)).await.unwrap(), "{tls:?}");
+    }
+    let full =
+        |root: &std::path::Path| format!("sslmode=verify-full sslrootcert={}", root.display());
+    let ca = |root: &std::path::Path| format!("sslmode=verify-ca sslrootcert={}", root.display());
+    assert!(connect(url("localhost", &full(&right_root))).await.unwrap());
+    // The URL form, its settings percent-encoded as a URL's are.
+    let query = format!(
+        "postgres://postgres@localhost:{port}/postgres?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}",
+        right_root.display().to_string().replace('/', "%2F")
+    );
+    assert!(connect(query).await.unwrap());
+
+    let refused = |result: Result<bool, Error>, what: &str, why: &str| {
+        let error = result.expect_err(what).to_string();
+        assert!(error.contains(why), "{what}: {error}");
+    };
+    // Another root: refused by verify-full, by verify-ca, and by require
+    // given that root (libpq's require checks the chain when a root is named).
+    refused(
+        connect(url("localhost", &full(&wrong_root))).await,
+        "verify-full, wrong root",
+        "invalid peer certificate",
+    );
+    refused(
+        connect(url("localhost", &ca(&wrong_root))).await,
+        "verify-ca, wrong root",
+        "invalid peer certificate",
+    );
+    refused(
+        connect(url(
+            "localhost",
+            &format!("sslmode=require sslrootcert={}", wrong_root.display()),
+        ))
+        .await,
+        "require with a root, wrong root",
+        "invalid peer certificate",
+    );
+    // The right root, another name: verify-full refuses, verify-ca accepts.
+    refused(
+        connect(url("127.0.0.1", &full(&right_root))).await,
+        "verify-full, wrong name",
+        "not valid for name",
+    );
+    assert!(connect(url("127.0.0.1", &ca(&right_root))).await.unwrap());
+    // Without TLS the server turns the node away: the checks above ran over TLS.
+    refused(
+        connect(url("127.0.0.1", "sslmode=disable")).await,
+        "sslmode=disable",
+        "no encryption",
+    );
+    // A check with no root to check against stops the node at start.
+    assert!(matches!(
+        Store::connect(&url(
+            "localhost",
+            "sslmode=verify-full sslrootcert=/nonexistent.pem"
+        )),
+        Err(Error::Tls(_))
+    ));
+}

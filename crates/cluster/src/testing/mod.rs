@@ -143,6 +143,50 @@ pub struct Postgres {
 impl Postgres {
     /// Make and start a fresh instance.
     pub fn start() -> Result<Postgres, HarnessError> {
+        let pg = Postgres::initialized()?;
+        pg.restart()?;
+        Ok(pg)
+    }
+
+    /// Make and start a fresh instance that takes TCP connections only
+    /// over TLS, showing the given certificate chain (PEM) and holding its
+    /// key (PEM).
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Result<Postgres, HarnessError> {
+        let pg = Postgres::initialized()?;
+        pg.write_file("server.crt", cert_pem)?;
+        pg.write_file("server.key", key_pem)?;
+        pg.write_file(
+            "pg_hba.conf",
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )?;
+        pg.configure(&["ssl = on"])?;
+        pg.restart()?;
+        Ok(pg)
+    }
+
+    /// Write a file of the server's data folder, readable by the server's
+    /// user only (as it wants its private key).
+    fn write_file(&self, name: &str, text: &str) -> Result<(), HarnessError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.data().join(name);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_error(format!("write {name}")))?;
+        file.write_all(text.as_bytes())
+            .map_err(io_error(format!("write {name}")))?;
+        if let Some(o) = self.owner {
+            std::os::unix::fs::chown(&path, Some(o.uid), Some(o.gid))
+                .map_err(io_error(format!("give {name} to `postgres`")))?;
+        }
+        Ok(())
+    }
+
+    /// A fresh, configured instance, not started yet.
+    fn initialized() -> Result<Postgres, HarnessError> {
         let pg = Postgres::empty()?;
         pg.run(
             pg.tool("initdb")
@@ -160,7 +204,6 @@ impl Postgres {
             "max_wal_senders = 4",
             "wal_level = replica",
         ])?;
-        pg.restart()?;
         Ok(pg)
     }
 
