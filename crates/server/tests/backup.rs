@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use common::{Binary, estafeta, id, message, start_request, wait_ready};
+use common::{Binary, PATIENCE, estafeta, id, message, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::MessageId;
 use estafeta_exchange::mailbox::Folder;
@@ -143,7 +143,9 @@ async fn a_backup_taken_while_devices_upload_serves_every_acknowledged_message()
             })
         })
         .collect();
+    let began = std::time::Instant::now();
     while acknowledged.lock().unwrap().len() < 20 {
+        assert!(began.elapsed() < PATIENCE, "the uploads are not answered");
         tokio::task::yield_now().await;
     }
 

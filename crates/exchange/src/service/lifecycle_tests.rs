@@ -396,9 +396,10 @@ impl World {
             Op::Accept(pick) => self.accept(pick),
             Op::Prepare(pick) => self.prepare(pick),
             Op::Commit => {
-                let pid = self.unsettled().rev().find(|(_, l)| {
-                    l.prepared && l.committed != Some(false)
-                });
+                let pid = self
+                    .unsettled()
+                    .rev()
+                    .find(|(_, l)| l.prepared && l.committed != Some(false));
                 if let Some((pid, _)) = pid {
                     self.tell(pid, true);
                 }
@@ -754,9 +755,9 @@ impl World {
             .uploads
             .iter()
             .filter(|m| {
-                self.files.get(m).is_some_and(|(_, at)| {
-                    *at == Place::At(self.db.clone(), Folder::Log)
-                })
+                self.files
+                    .get(m)
+                    .is_some_and(|(_, at)| *at == Place::At(self.db.clone(), Folder::Log))
             })
             .copied()
             .collect();
@@ -1019,7 +1020,10 @@ fn a_failed_attempt_of_start_up_processing_forgotten_in_a_crash_does_not_keep_it
     w.local.get_mut(&pid).unwrap().committed = Some(true);
     w.crash_at = Some(3);
     let commit = Event::Commit { pid, ended: None };
-    assert!(w.drive(commit, Mode::Call).is_err(), "died before its moves");
+    assert!(
+        w.drive(commit, Mode::Call).is_err(),
+        "died before its moves"
+    );
     // Start-up: Count, Run, Owner, Deadline, Save; then the failed
     // attempt: Deadline, Save, Raise, and the crash before the answer.
     w.rec = w.saved.clone();
