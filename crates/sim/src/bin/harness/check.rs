@@ -205,9 +205,8 @@ pub(crate) async fn check(
         let rows = p.applied_rows()?.into_iter().map(|k| (k, false));
         let rows = rows.chain(p.incorrect_rows()?.into_iter().map(|k| (k, true)));
         for (kept, incorrect) in rows {
-            let Some(&(device, attempt)) = nonce(&kept.body)
-                .as_deref()
-                .and_then(|n| requests.get(n))
+            let Some(&(device, attempt)) =
+                nonce(&kept.body).as_deref().and_then(|n| requests.get(n))
             else {
                 found.wrong(format!(
                     "{db} kept {} from {}, which no device sent: {}",
@@ -317,7 +316,9 @@ pub(crate) async fn check(
     // an outbox, stuck above) is one message at most.
     for ((device, key), ids) in per_upload {
         if ids.len() > 1 {
-            found.duplicated(format!("{device}: upload {key} became the messages {ids:?}"));
+            found.duplicated(format!(
+                "{device}: upload {key} became the messages {ids:?}"
+            ));
         }
     }
 
@@ -327,7 +328,9 @@ pub(crate) async fn check(
     for d in devices {
         for m in d.received() {
             let body: serde_json::Value = serde_json::from_str(m.body.get()).unwrap_or_default();
-            let re = body["re"].as_str().and_then(|s| s.parse::<MessageId>().ok());
+            let re = body["re"]
+                .as_str()
+                .and_then(|s| s.parse::<MessageId>().ok());
             let Some(h) = re.and_then(|re| by_id.get(&re)) else {
                 found.wrong(format!(
                     "{} got {} from {}, a reply to no message a processor kept: {}",
@@ -393,16 +396,25 @@ pub(crate) async fn check(
             };
             let listed: BTreeSet<MessageId> = listed.into_iter().collect();
             for m in listed.difference(want) {
-                found.wrong(format!("{db}/{folder:?} holds {m}, which its processor did not put there"));
+                found.wrong(format!(
+                    "{db}/{folder:?} holds {m}, which its processor did not put there"
+                ));
             }
             for m in want.difference(&listed) {
-                found.lost(format!("{db}/{folder:?} lacks {m}, which its processor put there"));
+                found.lost(format!(
+                    "{db}/{folder:?} lacks {m}, which its processor put there"
+                ));
             }
         }
     }
     let mailboxes = processors
         .iter()
-        .map(|(db, _)| (db, &[Folder::Messages, Folder::Prepared, Folder::Unknown][..]))
+        .map(|(db, _)| {
+            (
+                db,
+                &[Folder::Messages, Folder::Prepared, Folder::Unknown][..],
+            )
+        })
         .chain(devices.iter().map(|d| {
             let all = &[
                 Folder::Messages,
@@ -429,7 +441,10 @@ pub(crate) async fn check(
         Ok(list) => {
             for p in list.processes {
                 if p.state.is_live() || p.state == ProcessState::InDoubt {
-                    found.stuck(format!("process {} of {} left {:?}", p.process_id, p.db_id, p.state));
+                    found.stuck(format!(
+                        "process {} of {} left {:?}",
+                        p.process_id, p.db_id, p.state
+                    ));
                 }
             }
         }

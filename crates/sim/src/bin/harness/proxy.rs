@@ -433,7 +433,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_established_link_is_reset_mid_stream_when_its_fault_is_due() {
-        let proxy = Proxy::links(&[echo().await], 1, Outages::default()).await.unwrap();
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+            .await
+            .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
         round_trip(&mut tcp).await.unwrap();
 
@@ -455,7 +457,9 @@ mod tests {
 
     #[tokio::test]
     async fn faults_turned_off_disarm_the_links_whose_fault_has_not_fired() {
-        let proxy = Proxy::links(&[echo().await], 1, Outages::default()).await.unwrap();
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+            .await
+            .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
         round_trip(&mut tcp).await.unwrap();
         proxy.state.arm_all(Armed {

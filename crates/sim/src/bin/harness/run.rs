@@ -216,9 +216,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     // starting meanwhile waits for it, and that is not its own time.
     let outages = Outages::default();
     let links = match &postgres {
-        Some(pg) if args.db_faults > 0.0 => Some(
-            Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17, outages.clone()).await?,
-        ),
+        Some(pg) if args.db_faults > 0.0 => {
+            Some(Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17, outages.clone()).await?)
+        }
         _ => None,
     };
     let store = postgres

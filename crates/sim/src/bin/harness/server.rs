@@ -184,7 +184,8 @@ impl Server {
                     self.log_tail()
                 );
             }
-            let Ok(line) = tokio::time::timeout(Duration::from_millis(200), lines.next_line()).await
+            let Ok(line) =
+                tokio::time::timeout(Duration::from_millis(200), lines.next_line()).await
             else {
                 continue;
             };
