@@ -121,7 +121,11 @@ async fn measure(base: &Path, records: u64) {
         .await
         .unwrap();
     let check = began.elapsed();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     println!(
         "{records} process records, sessions.redb {:.1} MiB: ready after kill -9 in {:.3} s, \
          after a clean stop in {:.3} s, ratio {:.2}; estafeta check {:.3} s",

@@ -296,9 +296,15 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
                             ));
                         }
                     }
-                    db.prepare(&pid, &workload::prepare(&ids, Vec::new()))
-                        .await?;
-                    db.commit(&pid).await?;
+                    let request = workload::prepare(&ids, Vec::new());
+                    let done = match db.prepare(&pid, &request).await {
+                        Ok(_) => db.commit(&pid).await.map(drop),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = done {
+                        found.push(format!("stuck: {queue}: processing {ids:?} answered {e}"));
+                        break;
+                    }
                 }
             }
         }
@@ -314,34 +320,48 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
     for db in DATABASES {
         let db: estafeta_wire::Id = db.parse()?;
         for folder in [Folder::Messages, Folder::Prepared, Folder::Unknown] {
-            let files = admin.folder(&db, folder).await?.files.len();
-            if files > 0 {
-                found.push(format!("stuck: {files} file(s) left in {db}/{folder}"));
-            }
+            left(admin, &db, folder, &mut found).await;
         }
     }
     for dev in DEVICES {
         let dev: estafeta_wire::Id = dev.parse()?;
         for folder in [Folder::Prepared, Folder::Unknown] {
-            let files = admin.folder(&dev, folder).await?.files.len();
-            if files > 0 {
-                found.push(format!("stuck: {files} file(s) left in {dev}/{folder}"));
-            }
+            left(admin, &dev, folder, &mut found).await;
         }
     }
-    replies(journal, &b, &devices, &mut found).await?;
+    replies(journal, &b, &devices, &mut found).await;
     // The idempotency keys of acknowledged uploads are still known.
     for ((device, db, key), id) in &b.uploads {
-        let again =
-            workload::upload_again(&devices[*device], &DATABASES[*db].parse()?, key).await?;
-        if again != *id {
-            found.push(format!(
+        match workload::upload_again(&devices[*device], &DATABASES[*db].parse()?, key).await {
+            Ok(again) if again == *id => {}
+            Ok(again) => found.push(format!(
                 "duplicated: {}'s upload {key} sent again became {again}, not {id} (its key lost)",
                 DEVICES[*device]
-            ));
+            )),
+            Err(e) => found.push(format!(
+                "stuck: {}'s upload {key} sent again answered {e:#}",
+                DEVICES[*device]
+            )),
         }
     }
     Ok(found)
+}
+
+/// Files left in a folder count as stuck (as does a folder not listed).
+async fn left(
+    admin: &Client,
+    mailbox: &estafeta_wire::Id,
+    folder: Folder,
+    found: &mut Vec<String>,
+) {
+    match admin.folder(mailbox, folder).await {
+        Ok(l) if l.files.is_empty() => {}
+        Ok(l) => found.push(format!(
+            "stuck: {} file(s) left in {mailbox}/{folder}",
+            l.files.len()
+        )),
+        Err(e) => found.push(format!("stuck: {mailbox}/{folder} not listed: {e}")),
+    }
 }
 
 /// A late commit (`commit`) or a rollback of `pid`, FAILED answers tried
@@ -365,12 +385,7 @@ async fn settle(db: &Client, pid: &ProcessId, commit: bool) -> anyhow::Result<Ca
 }
 
 /// Each reply of a committed process at its device once; none of another.
-async fn replies(
-    journal: &Journal,
-    b: &Before,
-    devices: &[Client],
-    found: &mut Vec<String>,
-) -> anyhow::Result<()> {
+async fn replies(journal: &Journal, b: &Before, devices: &[Client], found: &mut Vec<String>) {
     let tag = |pid: &ProcessId| journal.tags.iter().find(|(p, _)| p == pid).map(|(_, t)| *t);
     // Who sent each acknowledged upload.
     let senders: HashMap<MessageId, usize> = b
@@ -397,7 +412,13 @@ async fn replies(
     // through the inbox now or the journal's tags.
     let mut seen: BTreeMap<(String, String), BTreeSet<MessageId>> = BTreeMap::new();
     for (device, client) in devices.iter().enumerate() {
-        let inbox = client.inbox(None).await?;
+        let inbox = match client.inbox(None).await {
+            Ok(inbox) => inbox,
+            Err(e) => {
+                found.push(format!("stuck: {}'s inbox not read: {e}", DEVICES[device]));
+                continue;
+            }
+        };
         for m in &inbox.messages {
             let Some(key) = workload::reply_of(m.body.get()) else {
                 found.push(format!(
@@ -456,7 +477,6 @@ async fn replies(
             ));
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
