@@ -92,10 +92,15 @@ async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
 async fn other_keys_do_not_wait() {
     let pg = Postgres::start().unwrap();
     let a = node(&pg, &Options::default()).await;
-    let _held = a.lock(b"db-a").await.unwrap();
+    let mut held = a.lock(b"db-a").await.unwrap();
     let mut other = bounded("another key", a.lock(b"db-b")).await.unwrap();
     other.save(b"free", None).await.unwrap();
     other.commit().await.unwrap();
+    // The first key's holder was not cut off meanwhile (as it is after
+    // sitting idle past its hold limit, which a lock waiting for its key
+    // would have let pass).
+    held.save(b"held", None).await.unwrap();
+    held.commit().await.unwrap();
 }
 
 #[tokio::test]
