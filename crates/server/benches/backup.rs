@@ -13,6 +13,9 @@
 //! # (default: the system temp folder); --profile dev for a debug build
 //! ```
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,25 +23,10 @@ use std::time::Instant;
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, Message, Version};
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, Sinks, Timestamp, UlidGenerator};
+use common::id;
+use estafeta_exchange::{Exchange, ExchangeConfig, Sinks, Timestamp, UlidGenerator};
 
 const ADMIN: &str = "backup-bench-admin-0123456789abcdef0123";
-
-fn id(s: &str) -> Id {
-    s.parse().unwrap()
-}
-
-/// The message counts to measure at (`BACKUP_WAITING`, comma-separated).
-fn sizes() -> Vec<usize> {
-    std::env::var("BACKUP_WAITING")
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .map(|n| n.replace('_', "").trim().parse().unwrap())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![1_000, 100_000])
-}
 
 async fn open(data: &Path) -> Exchange {
     let mut config = ExchangeConfig::new(data);
@@ -103,7 +91,8 @@ fn main() {
         .build()
         .unwrap();
     let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
-    for n in sizes() {
+    for n in common::sizes("BACKUP_WAITING", &[1_000, 100_000]) {
+        let n = usize::try_from(n).unwrap();
         let dir = tempfile::tempdir_in(&base).unwrap();
         let data = dir.path().join("data");
         runtime.block_on(data_with(&data, n));

@@ -28,18 +28,6 @@ const TOKEN: &str = "restart-bench-admin-0123456789abcdef012";
 const SESSIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("sessions");
 const DEADLINES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("deadlines");
 
-/// The record counts to measure at (`RESTART_RECORDS`, comma-separated).
-fn sizes() -> Vec<u64> {
-    std::env::var("RESTART_RECORDS")
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .map(|n| n.replace('_', "").trim().parse().unwrap())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![1_000, 100_000])
-}
-
 /// A start of the binary on `data` until `/readyz`: how long it took.
 async fn start(dir: &Path, data: &Path) -> (Binary, Duration) {
     let began = Instant::now();
@@ -144,7 +132,7 @@ fn main() {
         .build()
         .unwrap();
     let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
-    for records in sizes() {
+    for records in common::sizes("RESTART_RECORDS", &[1_000, 100_000]) {
         runtime.block_on(measure(Path::new(&base), records));
     }
 }

@@ -523,15 +523,7 @@ impl Processor {
                 ResultStatus::ProcessedIncorrect => {
                     self.conn
                         .execute_batch("ROLLBACK TO message; RELEASE message")?;
-                    self.conn.execute(
-                        "INSERT INTO incorrect (message_id, process_id, sender, body) VALUES (?1, ?2, ?3, ?4)",
-                        params![
-                            m.id.to_string(),
-                            pid.to_string(),
-                            m.from.to_string(),
-                            m.body.get()
-                        ],
-                    )?;
+                    self.keep("incorrect", pid, m)?;
                     incorrect += 1;
                 }
             }
@@ -574,17 +566,24 @@ impl Processor {
         Ok((request, (processed, deadlocked, incorrect)))
     }
 
-    /// Applies one message: its row, or the proof that it came again.
-    fn apply_one(&mut self, pid: &ProcessId, m: &Message) -> Result<(), SimError> {
-        let inserted = self.conn.execute(
-            "INSERT INTO applied (message_id, process_id, sender, body) VALUES (?1, ?2, ?3, ?4)",
+    /// Keeps `m`, as received, in `table` (`applied` or `incorrect`).
+    fn keep(&self, table: &str, pid: &ProcessId, m: &Message) -> rusqlite::Result<usize> {
+        self.conn.execute(
+            &format!(
+                "INSERT INTO {table} (message_id, process_id, sender, body) VALUES (?1, ?2, ?3, ?4)"
+            ),
             params![
                 m.id.to_string(),
                 pid.to_string(),
                 m.from.to_string(),
                 m.body.get()
             ],
-        );
+        )
+    }
+
+    /// Applies one message: its row, or the proof that it came again.
+    fn apply_one(&mut self, pid: &ProcessId, m: &Message) -> Result<(), SimError> {
+        let inserted = self.keep("applied", pid, m);
         match inserted {
             Ok(_) => Ok(()),
             Err(e) if e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) => {
