@@ -4,6 +4,17 @@ use estafeta_cluster::testing::Postgres;
 use estafeta_cluster::{Options, Store};
 use std::time::Duration;
 
+/// The longest a wait of these tests may take: a lock that never comes
+/// fails the test instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `wait`, which must end within [`PATIENCE`].
+async fn bounded<T>(what: &str, wait: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not come within {PATIENCE:?}"))
+}
+
 async fn node(pg: &Postgres, options: &Options) -> Store {
     let store = Store::connect_with(&pg.url(), options).unwrap();
     store.migrate().await.unwrap();
@@ -13,6 +24,14 @@ async fn node(pg: &Postgres, options: &Options) -> Store {
 /// Wait until `n` sessions of the instance wait for a lock (the state the
 /// test needs, observed, not slept for).
 async fn until_waiting_for_lock(observer: &Store, n: i64) {
+    bounded(
+        "a session waiting for the lock",
+        waiting_for_lock(observer, n),
+    )
+    .await;
+}
+
+async fn waiting_for_lock(observer: &Store, n: i64) {
     let client = observer.client().await.unwrap();
     loop {
         let waiting: i64 = client
@@ -31,7 +50,7 @@ async fn until_waiting_for_lock(observer: &Store, n: i64) {
 }
 
 async fn record(store: &Store, key: &[u8]) -> Option<Vec<u8>> {
-    let step = store.lock(key).await.unwrap();
+    let step = bounded("the key", store.lock(key)).await.unwrap();
     let record = step.record().map(<[u8]>::to_vec);
     step.commit().await.unwrap();
     record
@@ -59,7 +78,13 @@ async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
     held.save(b"first", None).await.unwrap();
     held.commit().await.unwrap();
 
-    assert_eq!(contender.await.unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(
+        bounded("the contender", contender)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"first"[..])
+    );
     assert_eq!(record(&a, b"db-a").await.as_deref(), Some(&b"second"[..]));
 }
 
@@ -67,10 +92,15 @@ async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
 async fn other_keys_do_not_wait() {
     let pg = Postgres::start().unwrap();
     let a = node(&pg, &Options::default()).await;
-    let _held = a.lock(b"db-a").await.unwrap();
-    let mut other = a.lock(b"db-b").await.unwrap();
+    let mut held = a.lock(b"db-a").await.unwrap();
+    let mut other = bounded("another key", a.lock(b"db-b")).await.unwrap();
     other.save(b"free", None).await.unwrap();
     other.commit().await.unwrap();
+    // The first key's holder was not cut off meanwhile (as it is after
+    // sitting idle past its hold limit, which a lock waiting for its key
+    // would have let pass).
+    held.save(b"held", None).await.unwrap();
+    held.commit().await.unwrap();
 }
 
 #[tokio::test]
@@ -136,7 +166,9 @@ async fn a_paused_holder_loses_the_key_and_cannot_overwrite_newer_state() {
 
     // The live node waits for the key only until the server ends the
     // paused session, then writes newer state.
-    let mut step = live.lock(b"db-a").await.unwrap();
+    let mut step = bounded("the key of a paused holder", live.lock(b"db-a"))
+        .await
+        .unwrap();
     assert_eq!(step.record(), None);
     step.save(b"newer", None).await.unwrap();
     step.commit().await.unwrap();

@@ -62,7 +62,12 @@ async fn a_migration_run_whose_connection_is_lost_is_an_unavailable_store() {
     let admin = admin.client().await.unwrap();
     let waiting = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
         WHERE wait_event_type = 'Lock' AND query LIKE '%refinery_schema_history%'";
+    let began = std::time::Instant::now();
     while admin.query(waiting, &[]).await.unwrap().is_empty() {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(60),
+            "the migration never waited for the lock"
+        );
         tokio::task::yield_now().await;
     }
     let lost = run.await.unwrap().unwrap_err();

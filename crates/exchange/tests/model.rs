@@ -251,7 +251,8 @@ async fn run(ops: Vec<Op>) {
         }
     }
     // Drain: finish or settle the processor's work, then process the rest.
-    loop {
+    for round in 0.. {
+        assert!(round < 1_000, "the processor's work never drains");
         match m.local {
             Some(Local::Committed { .. })
             | Some(Local::Prepared { .. })

@@ -408,7 +408,7 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
         "a FAILED commit alerts: {:?}",
         alerts.raised()
     );
-    assert!(!alerts.cleared().contains(&failed_key));
+    assert!(alerts.open(&failed_key));
     assert_eq!(
         w.start().await.status,
         StartStatus::Busy,
@@ -424,7 +424,7 @@ async fn commit_failed_then_retried_with_backoff_and_at_once() {
     tokio::time::sleep(Duration::from_secs(400)).await;
     assert_eq!(w.state(&pid).await, ProcessState::Done);
     assert!(
-        alerts.cleared().contains(&failed_key),
+        !alerts.open(&failed_key),
         "the alert ends when the retries succeed: {:?}",
         alerts.cleared()
     );
@@ -469,14 +469,14 @@ async fn late_commit_in_doubt_whose_moves_fail_is_retried_with_backoff() {
     tokio::time::sleep(Duration::from_secs(9)).await;
     let retries = raises(&alerts, &failed_key);
     assert!((2..=4).contains(&retries), "{retries} attempts in 10 s");
-    assert!(!alerts.cleared().contains(&failed_key));
+    assert!(alerts.open(&failed_key));
     // The folder is back: the next retry settles the process.
     std::fs::remove_file(&log).unwrap();
     std::fs::create_dir(&log).unwrap();
     tokio::time::sleep(Duration::from_secs(400)).await;
     assert_eq!(w.state(&pid).await, ProcessState::Done);
+    assert!(!alerts.open(&failed_key), "{:?}", alerts.cleared());
     let cleared = alerts.cleared();
-    assert!(cleared.contains(&failed_key), "{cleared:?}");
     assert!(cleared.contains(&format!("in_doubt:{pid}")), "{cleared:?}");
     assert_eq!(w.files("db-a", Folder::Unknown), 0);
     assert_eq!(w.files("db-a", Folder::Log), 2);
@@ -685,11 +685,14 @@ async fn concurrent_calls_for_one_database_never_interleave() {
     assert_eq!(list.processes.len(), 1);
 }
 
-/// The alerts an exchange raised (key and text) and the keys it cleared.
+/// The alerts an exchange raised (key and text) and the keys it cleared,
+/// in the order it did so.
 #[derive(Clone, Default)]
 struct Alerts {
     raised: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
     cleared: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Every raise (`true`) and clear, by key.
+    events: std::sync::Arc<std::sync::Mutex<Vec<(bool, String)>>>,
 }
 
 impl Alerts {
@@ -698,6 +701,15 @@ impl Alerts {
     }
     fn cleared(&self) -> Vec<String> {
         self.cleared.lock().unwrap().clone()
+    }
+    /// Whether the alert `key` is open: raised, and not cleared since.
+    fn open(&self, key: &str) -> bool {
+        let events = self.events.lock().unwrap();
+        events
+            .iter()
+            .rev()
+            .find(|(_, k)| k == key)
+            .is_some_and(|(raised, _)| *raised)
     }
 }
 
@@ -713,10 +725,12 @@ impl Alerts {
 
 impl estafeta_exchange::AlertSink for Alerts {
     fn raise(&self, alert: estafeta_exchange::Alert) -> estafeta_session::BoxFuture<'_, ()> {
+        self.events.lock().unwrap().push((true, alert.key.clone()));
         self.raised.lock().unwrap().push((alert.key, alert.text));
         Box::pin(async {})
     }
     fn clear(&self, key: String) -> estafeta_session::BoxFuture<'_, ()> {
+        self.events.lock().unwrap().push((false, key.clone()));
         self.cleared.lock().unwrap().push(key);
         Box::pin(async {})
     }

@@ -241,7 +241,9 @@ async fn queueable_entries_survive_a_down_period_and_go_out_in_order() {
     let mut order = Vec::new();
     while order.len() < 10 {
         settle().await;
-        for call in drain_calls(&mut calls) {
+        let batch = drain_calls(&mut calls);
+        assert!(!batch.is_empty(), "the queue stalled after {order:?}");
+        for call in batch {
             order.push(call.payload);
             call.reply.answer(Ok(call.payload));
         }

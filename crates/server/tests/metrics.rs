@@ -159,8 +159,9 @@ fn check_histograms(samples: &[Sample], types: &BTreeMap<String, String>) {
     }
 }
 
-/// The value of the one sample with this name and these labels (0 when absent).
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+/// The value of the one sample with this name and these labels, if the
+/// scrape has it.
+fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let want: BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -170,7 +171,14 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter(|(n, l, _)| n == name && *l == want)
         .collect();
     assert!(found.len() <= 1);
-    found.first().map_or(0.0, |(_, _, v)| *v)
+    found.first().map(|(_, _, v)| *v)
+}
+
+/// The value of the one sample with this name and these labels; a check
+/// of a series the scrape does not have fails.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    sample(samples, name, labels)
+        .unwrap_or_else(|| panic!("no series {name} {labels:?} in the scrape"))
 }
 
 #[test]
@@ -203,8 +211,9 @@ async fn metrics_parse_and_move_with_traffic(store: Store) {
         ("status", "201"),
     ];
     assert_eq!(
-        value(&before, "estafeta_http_requests_total", &uploads),
-        0.0
+        sample(&before, "estafeta_http_requests_total", &uploads),
+        None,
+        "no upload answered yet: no series"
     );
     assert_eq!(value(&before, "estafeta_ready", &[]), 1.0);
     assert!(value(&before, "estafeta_disk_free_bytes", &[]) > 0.0);

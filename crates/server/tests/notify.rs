@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::recorder::{self, Hit};
 use common::smtp_server::{self, Received};
-use common::{Binary, Store, Tenancy, TestServer, message, next, quick_retry, start_request};
+use common::{
+    Binary, PATIENCE, Store, Tenancy, TestServer, message, next, quick_retry, start_request,
+};
 use estafeta_client::Client;
 use estafeta_exchange::wire::{
     CallStatus, MessageResult, PrepareRequest, ProcessState, ResultStatus, Version,
@@ -332,7 +334,9 @@ async fn a_gateway_failing_its_probes_raises_a_host_down_alert(store: Store) {
     .await;
     // The webhook host answers its probes (GETs) too; wait for the alert.
     let key = format!("host_down:http://{gateway}");
+    let began = std::time::Instant::now();
     loop {
+        assert!(began.elapsed() < PATIENCE, "no host_down alert");
         let hit = next(&mut hook).await;
         if hit.body.contains("host_down") {
             let body: serde_json::Value = serde_json::from_str(&hit.body).unwrap();

@@ -55,8 +55,8 @@ async fn set_webhook(server: &Server, path: &str, url: &str) {
     assert_eq!(answer["url"], url);
 }
 
-/// The value of one series of `/metrics` (0 when absent).
-async fn metric(base: &str, series: &str) -> f64 {
+/// The value of one series of `/metrics`, if the scrape has it.
+async fn metric(base: &str, series: &str) -> Option<f64> {
     let text = reqwest::get(format!("{base}/metrics"))
         .await
         .unwrap()
@@ -65,13 +65,13 @@ async fn metric(base: &str, series: &str) -> f64 {
         .unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
-/// Waits until the series has `want`.
+/// Waits until the series is there with `want` (a missing series never
+/// matches).
 async fn wait_metric(base: &str, series: &str, want: f64) {
     let polled = async {
-        while metric(base, series).await != want {
+        while metric(base, series).await != Some(want) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };

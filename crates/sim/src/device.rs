@@ -7,6 +7,11 @@
 //! upload wait in its outbox, in order. The inbox is read, deduplicated by
 //! message id (an acknowledgement can be lost too, and the message comes
 //! again), and acknowledged.
+//!
+//! For an oracle that counts from the client's side, every attempt (each
+//! request, retries included) carries a nonce of its own in its body and
+//! is recorded as sent, byte for byte ([`Attempt`]); so is every upload the
+//! server acknowledged ([`Acknowledged`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -22,7 +27,32 @@ use crate::SimError;
 struct Outgoing {
     to: Id,
     key: String,
-    body: Body,
+    /// Its number among the device's messages (in the body).
+    n: u64,
+}
+
+/// One upload request as it was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// The upload's idempotency key.
+    pub key: String,
+    /// The database it was for.
+    pub to: Id,
+    /// The nonce in its body, unique to this request.
+    pub nonce: String,
+    /// Its body's JSON, as sent.
+    pub body: String,
+}
+
+/// An upload the server acknowledged (201, or 200 for its key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acknowledged {
+    /// The upload's idempotency key.
+    pub key: String,
+    /// The database it was for.
+    pub to: Id,
+    /// The message id the server answered.
+    pub id: MessageId,
 }
 
 /// A simulated device.
@@ -32,9 +62,12 @@ pub struct Device {
     id: Id,
     /// Makes idempotency keys unique across runs that reuse a device id.
     session: String,
+    /// Makes nonces unique across device objects of one device and session.
+    instance: u64,
     made: u64,
     outbox: VecDeque<Outgoing>,
-    sent: Vec<MessageId>,
+    attempts: Vec<Attempt>,
+    acknowledged: Vec<Acknowledged>,
     repeated_uploads: u64,
     received: HashMap<MessageId, Message>,
     redelivered: u64,
@@ -50,9 +83,11 @@ impl Device {
             client,
             id,
             session: session.to_owned(),
+            instance: rand::random(),
             made: 0,
             outbox: VecDeque::new(),
-            sent: Vec::new(),
+            attempts: Vec::new(),
+            acknowledged: Vec::new(),
             repeated_uploads: 0,
             received: HashMap::new(),
             redelivered: 0,
@@ -78,17 +113,44 @@ impl Device {
     pub fn compose(&mut self, to: &Id) -> Result<(), SimError> {
         self.made += 1;
         let key = format!("{}-{}-{}", self.id, self.session, self.made);
-        let body = Body::from_value(&serde_json::json!({
-            "device": self.id.to_string(),
-            "n": self.made,
-            "key": key,
-        }))?;
         self.outbox.push_back(Outgoing {
             to: to.clone(),
             key,
-            body,
+            n: self.made,
         });
         Ok(())
+    }
+
+    /// The next request for `upload`: a body with a nonce of its own,
+    /// recorded as sent.
+    fn attempt(&mut self, upload: &Outgoing) -> Result<SendMessage, SimError> {
+        let nonce = format!(
+            "{}-{:016x}-{}",
+            self.id,
+            self.instance,
+            self.attempts.len() + 1
+        );
+        let body = Body::from_value(&serde_json::json!({
+            "device": self.id.to_string(),
+            "to": upload.to.to_string(),
+            "n": upload.n,
+            "key": upload.key,
+            "nonce": nonce,
+        }))?;
+        self.attempts.push(Attempt {
+            key: upload.key.clone(),
+            to: upload.to.clone(),
+            nonce,
+            body: body.get().to_owned(),
+        });
+        Ok(SendMessage {
+            version: Version,
+            to: upload.to.clone(),
+            body,
+            created_at: None,
+            idempotency_key: Some(upload.key.clone()),
+            deliver_at: None,
+        })
     }
 
     /// Uploads the outbox in order, retrying transient failures with the
@@ -97,16 +159,9 @@ impl Device {
     pub async fn flush(&mut self) -> Result<usize, SimError> {
         let mut uploaded = 0;
         while let Some(next) = self.outbox.front().cloned() {
-            let message = SendMessage {
-                version: Version,
-                to: next.to,
-                body: next.body,
-                created_at: None,
-                idempotency_key: Some(next.key),
-                deliver_at: None,
-            };
             let mut attempt = 0;
             let sent = loop {
+                let message = self.attempt(&next)?;
                 match self.client.send(&message).await {
                     Ok(sent) => break sent,
                     Err(e) if e.is_transient() && attempt < self.retries => {
@@ -122,7 +177,11 @@ impl Device {
             // A 200 for a key whose 201 was lost is this message's first
             // success seen here; a 200 after a seen 201 cannot happen,
             // because a key leaves the outbox with its first answer.
-            self.sent.push(sent.accepted.id);
+            self.acknowledged.push(Acknowledged {
+                key: next.key,
+                to: next.to,
+                id: sent.accepted.id,
+            });
             self.outbox.pop_front();
             uploaded += 1;
         }
@@ -151,8 +210,18 @@ impl Device {
     }
 
     /// The ids of the messages the server accepted, in upload order.
-    pub fn sent(&self) -> &[MessageId] {
-        &self.sent
+    pub fn sent(&self) -> Vec<MessageId> {
+        self.acknowledged.iter().map(|a| a.id).collect()
+    }
+
+    /// The uploads the server acknowledged, in upload order.
+    pub fn acknowledged(&self) -> &[Acknowledged] {
+        &self.acknowledged
+    }
+
+    /// Every upload request sent, in order, retries included.
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
     }
 
     /// Messages made but not yet accepted.

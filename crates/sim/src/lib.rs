@@ -60,6 +60,6 @@ pub mod device;
 pub mod error;
 pub mod processor;
 
-pub use device::Device;
+pub use device::{Acknowledged, Attempt, Device};
 pub use error::SimError;
-pub use processor::{Cycle, Processor, ProcessorConfig, Step};
+pub use processor::{Cycle, Kept, Processor, ProcessorConfig, Step};

@@ -14,9 +14,10 @@
 //! 4. narrow the list with `accept` when it rejects some messages;
 //! 5. one transaction: a SAVEPOINT per message, a row in `applied` (UNIQUE
 //!    message id) per processed message, some messages marked deadlocked or
-//!    incorrect at the configured rates (their savepoint rolled back), and
-//!    the process id in `committed`, so that the outcome of the transaction
-//!    and the knowledge of which process it belonged to are one fact;
+//!    incorrect at the configured rates (their savepoint rolled back; an
+//!    incorrect one gets a row in `incorrect`), and the process id in
+//!    `committed`, so that the outcome of the transaction and the knowledge
+//!    of which process it belonged to are one fact;
 //! 6. `prepare` with a verdict per message and one reply per message with a
 //!    final verdict (PROCESSED or PROCESSED_INCORRECT; a deadlocked message
 //!    is answered when it is processed again);
@@ -41,14 +42,20 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 
 use crate::SimError;
 
-/// The processor's schema: applied messages, proof of duplicates, the
-/// processes whose transaction committed, and the processes not yet settled
-/// with the server.
+/// The processor's schema: applied messages and those found incorrect (as
+/// received), proof of duplicates, the processes whose transaction
+/// committed, and the processes not yet settled with the server.
 const SCHEMA: &str = "
 PRAGMA journal_mode = WAL;
 PRAGMA synchronous = FULL;
 CREATE TABLE IF NOT EXISTS applied (
     message_id TEXT NOT NULL UNIQUE,
+    process_id TEXT NOT NULL,
+    sender TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS incorrect (
+    message_id TEXT NOT NULL,
     process_id TEXT NOT NULL,
     sender TEXT NOT NULL,
     body TEXT NOT NULL
@@ -188,6 +195,21 @@ enum Offer {
     Process(ProcessId, Vec<Message>),
 }
 
+/// A message as the processor's database keeps it (`applied` or
+/// `incorrect`): what the server handed out, for an oracle to compare with
+/// what was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The message id.
+    pub id: MessageId,
+    /// The process that handled it.
+    pub process: String,
+    /// The sender the server named.
+    pub sender: String,
+    /// The body's JSON as received.
+    pub body: String,
+}
+
 /// A hook called after each [`Step`]; the harness's processor child blocks
 /// in it to be killed exactly there.
 pub type StepHook = Box<dyn FnMut(Step, &ProcessId) + Send>;
@@ -238,6 +260,43 @@ impl Processor {
     /// The message ids applied in this database.
     pub fn applied(&self) -> Result<Vec<MessageId>, SimError> {
         self.ids("SELECT message_id FROM applied ORDER BY message_id")
+    }
+
+    /// The messages applied in this database, as received.
+    pub fn applied_rows(&self) -> Result<Vec<Kept>, SimError> {
+        self.kept("SELECT message_id, process_id, sender, body FROM applied ORDER BY message_id")
+    }
+
+    /// The messages found incorrect in a committed transaction (moved to
+    /// `Error`), as received; one row per time.
+    pub fn incorrect_rows(&self) -> Result<Vec<Kept>, SimError> {
+        self.kept("SELECT message_id, process_id, sender, body FROM incorrect ORDER BY message_id")
+    }
+
+    fn kept(&self, sql: &str) -> Result<Vec<Kept>, SimError> {
+        let mut stmt = self.conn.prepare(sql)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        // Rows this processor wrote hold valid ids; anything else is skipped.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, process, sender, body)| {
+                Some(Kept {
+                    id: id.parse().ok()?,
+                    process,
+                    sender,
+                    body,
+                })
+            })
+            .collect())
     }
 
     /// The message ids offered again after they were applied.
@@ -464,6 +523,7 @@ impl Processor {
                 ResultStatus::ProcessedIncorrect => {
                     self.conn
                         .execute_batch("ROLLBACK TO message; RELEASE message")?;
+                    self.keep("incorrect", pid, m)?;
                     incorrect += 1;
                 }
             }
@@ -475,12 +535,19 @@ impl Processor {
                 error_text: incorrect_now.then(|| "simulated constraint violation".to_owned()),
             });
             if verdict != ResultStatus::ProcessedDeadlock {
+                // The message's nonce, if its body has one, tells an oracle
+                // which upload request this answers.
+                let nonce = serde_json::from_str::<serde_json::Value>(m.body.get())
+                    .ok()
+                    .and_then(|b| b.get("nonce").cloned())
+                    .unwrap_or(serde_json::Value::Null);
                 replies.push(Reply {
                     to: m.from.clone(),
                     body: Body::from_value(&serde_json::json!({
                         "re": m.id.to_string(),
                         "db": self.config.db_id.to_string(),
                         "verdict": verdict,
+                        "nonce": nonce,
                     }))?,
                     created_at: None,
                     deliver_at: None,
@@ -499,17 +566,24 @@ impl Processor {
         Ok((request, (processed, deadlocked, incorrect)))
     }
 
-    /// Applies one message: its row, or the proof that it came again.
-    fn apply_one(&mut self, pid: &ProcessId, m: &Message) -> Result<(), SimError> {
-        let inserted = self.conn.execute(
-            "INSERT INTO applied (message_id, process_id, sender, body) VALUES (?1, ?2, ?3, ?4)",
+    /// Keeps `m`, as received, in `table` (`applied` or `incorrect`).
+    fn keep(&self, table: &str, pid: &ProcessId, m: &Message) -> rusqlite::Result<usize> {
+        self.conn.execute(
+            &format!(
+                "INSERT INTO {table} (message_id, process_id, sender, body) VALUES (?1, ?2, ?3, ?4)"
+            ),
             params![
                 m.id.to_string(),
                 pid.to_string(),
                 m.from.to_string(),
                 m.body.get()
             ],
-        );
+        )
+    }
+
+    /// Applies one message: its row, or the proof that it came again.
+    fn apply_one(&mut self, pid: &ProcessId, m: &Message) -> Result<(), SimError> {
+        let inserted = self.keep("applied", pid, m);
         match inserted {
             Ok(_) => Ok(()),
             Err(e) if e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) => {

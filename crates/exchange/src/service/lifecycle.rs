@@ -608,6 +608,8 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             }
             ProcessState::Cleanup | ProcessState::Failed => {
                 steps.push(Step::Count(Found::Cleanup));
+                // Found undone at start-up: due now.
+                p.retry_at = Some(ctx.now);
                 steps.push(Step::Run {
                     pid: p.id,
                     ops: p.pending.clone(),
@@ -616,8 +618,10 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
             _ => {}
         }
     }
-    // Late verdicts on processes in doubt, decided but not finished.
-    for p in rec.in_doubt.iter().filter(|p| p.target.is_some()) {
+    // Late verdicts on processes in doubt, decided but not finished: due
+    // now, as the moves of a live process found decided.
+    for p in rec.in_doubt.iter_mut().filter(|p| p.target.is_some()) {
+        p.retry_at = Some(ctx.now);
         steps.push(Step::Run {
             pid: p.id,
             ops: p.pending.clone(),
@@ -687,9 +691,14 @@ fn retried(verdict: Option<ProcessState>) -> Vec<Step> {
     }
 }
 
-/// The alerts that end when the moves of `p` succeed.
-fn moved(p: &Process) -> Vec<Step> {
-    if p.attempts > 0 {
+/// The alerts that end when the moves of `p` succeed. A failed attempt
+/// in a session hook (a deadline, start-up processing) raises its alert
+/// before the engine saves the hook's record: a crash in between forgets
+/// the attempt but not the alert. Such an attempt was due, so moves that
+/// were overdue when they succeed end the alert too.
+fn moved(p: &Process, ctx: &Ctx) -> Vec<Step> {
+    let overdue = p.retry_at.is_some_and(|t| t <= ctx.now);
+    if p.attempts > 0 || overdue {
         vec![Step::Clear {
             kind: AlertKind::Failed,
             pid: p.id,
@@ -705,7 +714,7 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
             (ProcessState::ReadyToCommit, Ok(())) => go_in_doubt(rec, ctx),
             (ProcessState::Cleanup | ProcessState::Failed, Ok(())) => {
                 let target = p.target.unwrap_or(ProcessState::Done);
-                let mut steps = moved(p);
+                let mut steps = moved(p, ctx);
                 steps.push(Step::Owner {
                     pid,
                     db: p.db.clone(),
@@ -761,7 +770,7 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
         Ok(()) => {
             let p = rec.in_doubt.remove(i);
             let target = p.target.unwrap_or(ProcessState::Done);
-            let mut steps = moved(&p);
+            let mut steps = moved(&p, ctx);
             steps.extend([
                 Step::Clear {
                     kind: AlertKind::InDoubt,
@@ -792,7 +801,7 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     let Some(mut p) = rec.process.take() else {
         return Vec::new();
     };
-    let mut steps = moved(&p);
+    let mut steps = moved(&p, ctx);
     p.state = ProcessState::InDoubt;
     p.pending.clear();
     p.target = None;

@@ -576,3 +576,16 @@ pub async fn ready_process(
     t.db_a.prepare(&pid, &prepare).await.unwrap();
     (pid, sent.accepted.id)
 }
+
+/// The sizes a measurement runs at: the comma-separated list in the
+/// environment variable `name` (`_` allowed in numbers), else `default`.
+pub fn sizes(name: &str, default: &[u64]) -> Vec<u64> {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|n| n.replace('_', "").trim().parse().unwrap())
+                .collect()
+        })
+        .unwrap_or_else(|| default.to_vec())
+}

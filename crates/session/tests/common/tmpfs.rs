@@ -1,25 +1,18 @@
-//! A real full disk for tests: a size-limited tmpfs mounted by the test
-//! (root needed, as CI runs), unmounted on drop, and a ballast file that
-//! fills it. Shared with the server's tests.
+//! A real full disk for tests: a size-limited tmpfs mounted by the test,
+//! unmounted on drop, and a ballast file that fills it. Mounting needs
+//! root: CI runs as root, and elsewhere these tests fail saying so rather
+//! than pass without running. Shared with the server's tests.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Whether this process may mount a tmpfs.
-pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
 /// A mounted tmpfs; unmounted when dropped, whatever the test's outcome.
 pub struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (e.g. `8m`) at `at`, an empty folder.
+    /// Mounts a tmpfs of `size` (e.g. `8m`) at `at`, an empty folder;
+    /// panics when it cannot (not root: run the tests as root, as CI does).
     pub fn mount(at: &Path, size: &str) -> Tmpfs {
         let mounted = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -28,7 +21,8 @@ impl Tmpfs {
             .unwrap();
         assert!(
             mounted.success(),
-            "mounting a tmpfs failed although running as root"
+            "mounting a tmpfs at {} failed ({mounted}): this test needs root (CI runs as root)",
+            at.display()
         );
         Tmpfs(at.to_owned())
     }

@@ -1,21 +1,43 @@
-//! The invariants of issue 7, checked after the drain, and the summary line.
+//! The judge of a run, after the drain: it counts from the clients' side,
+//! per database and per device.
 //!
-//! For every message a device got an id for (201, or 200 for its key after
-//! a lost 201): applied exactly once in its processor's database and its
-//! file in `Log`, or not applied and its file in `Error` (incorrect); one
-//! reply for it at its device after deduplication. Nothing in `Messages`,
-//! `Prepared` or `Unknown`; no process live or in doubt; no process the
-//! processors still have to settle; no upload left in a device's outbox.
-//! Every (re)start of the server answered `/readyz` within the bound. Every
-//! in-doubt episode (the databases' durable `in_doubt` counters) has its
-//! alert (a distinct `in_doubt:<process>` in `/v1/admin/alerts`).
+//! The devices recorded every upload request (each with a nonce of its own
+//! in its body, byte for byte) and every acknowledgement; each processor's
+//! database holds every message it applied or found incorrect, as the
+//! server handed it out. From those alone:
+//!
+//! - each acknowledged upload was processed exactly once (applied, or found
+//!   incorrect), by the database it was sent to, under the id the server
+//!   acknowledged, with the body of one of its requests and its device as
+//!   the sender; otherwise it is **lost**, or **duplicated** when it became
+//!   two messages;
+//! - no request was processed twice (**duplicated**), and nothing was
+//!   processed that no device sent or that went to another database
+//!   (**wrong**);
+//! - every processed message's reply reached the device that sent it,
+//!   exactly once, saying what its processor decided: none is **lost**,
+//!   two are **duplicated**, one at another device or for a message no
+//!   processor kept is **wrong**.
+//!
+//! The server's folders must agree: each database's `Log` holds exactly the
+//! messages its processor applied and its `Error` exactly those it found
+//! incorrect (the run's only cause of `Error`). As **stuck**: anything in
+//! `Messages`, `Prepared` or `Unknown` of any mailbox, a process live or in
+//! doubt, a process a processor still has to settle, an upload never
+//! acknowledged, a server that does not answer, a start slower than the
+//! bound. Every in-doubt episode the harness caused (a processor stopped
+//! after its prepare, then the server killed before the commit could come)
+//! must have its alert, `in_doubt:<process>`, as must every episode the
+//! databases' counters record; an exit of the server the harness did not
+//! cause fails the run (its log's tail was printed when it happened), as
+//! does an answer with a server error other than 503.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_sim::{Device, Processor};
+use estafeta_sim::{Attempt, Device, Kept, Processor};
 use estafeta_wire::{Folder, Id, MessageId, ProcessState};
 
 use crate::run::Faults;
@@ -28,18 +50,23 @@ pub(crate) struct Summary {
     network_faults: u64,
     /// Faults fired between the nodes and PostgreSQL.
     db_faults: u64,
+    /// Uploads acknowledged.
     messages: usize,
     lost: usize,
     duplicated: usize,
+    /// Processed or delivered where it was not sent, or changed on the way.
+    wrong: usize,
     stuck: usize,
     max_ready: Duration,
     /// Answers with a server error other than 503 (storage out of reach,
     /// not ready, stopping: retry later), which are never right.
     server_errors: u64,
-    /// In-doubt episodes (the databases' durable counters).
+    /// In-doubt episodes the databases' durable counters record.
     in_doubt: u64,
     /// Distinct processes an in-doubt alert was raised for.
     in_doubt_alerts: u64,
+    /// In-doubt episodes the harness caused whose alert is missing.
+    unalerted: usize,
 }
 
 impl Summary {
@@ -48,7 +75,7 @@ impl Summary {
         let f = &self.faults;
         format!(
             "rounds={} server_crashes={} processor_crashes={} network_faults={} db_faults={} \
-             disk_full={} messages={} lost={} duplicated={} stuck={}",
+             disk_full={} messages={} lost={} duplicated={} wrong={} stuck={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
@@ -58,6 +85,7 @@ impl Summary {
             self.messages,
             self.lost,
             self.duplicated,
+            self.wrong,
             self.stuck,
         )
     }
@@ -72,33 +100,84 @@ impl Summary {
             .collect();
         format!(
             "pauses={} failovers={} db_episodes={} server_deaths={} server_errors={} max_ready_ms={} \
-             in_doubt={} in_doubt_alerts={} failpoint_crashes={} [{}]",
+             in_doubt={} in_doubt_alerts={} in_doubt_caused={} in_doubt_caused_unalerted={} \
+             failpoint_crashes={} [{}]",
             self.faults.pauses,
             self.faults.failovers,
             self.faults.db_episodes,
-            self.faults.server_deaths,
+            self.faults.unexpected_exits,
             self.server_errors,
             self.max_ready.as_millis(),
             self.in_doubt,
             self.in_doubt_alerts,
+            self.faults.withheld.len(),
+            self.unalerted,
             self.faults.failpoint_crashes.values().sum::<u64>(),
             points.join(" "),
         )
     }
 
-    /// Nothing lost, duplicated or stuck, no server error but 503, and
-    /// every in-doubt episode alerted.
+    /// Nothing lost, duplicated, wrong or stuck, no server error but 503,
+    /// no exit of the server the harness did not cause, and every in-doubt
+    /// episode alerted.
     pub(crate) fn passed(&self) -> bool {
         self.lost == 0
             && self.duplicated == 0
+            && self.wrong == 0
             && self.stuck == 0
             && self.server_errors == 0
+            && self.faults.unexpected_exits == 0
+            && self.unalerted == 0
             && self.in_doubt_alerts >= self.in_doubt
     }
 }
 
-/// Checks the invariants over the server's folders and processes, the
-/// processors' databases and the devices' inboxes.
+/// The violations found, by kind; each is printed as it is found.
+#[derive(Debug, Default)]
+struct Found {
+    lost: usize,
+    duplicated: usize,
+    wrong: usize,
+    stuck: usize,
+}
+
+impl Found {
+    fn lost(&mut self, what: String) {
+        eprintln!("lost: {what}");
+        self.lost += 1;
+    }
+    fn duplicated(&mut self, what: String) {
+        eprintln!("duplicated: {what}");
+        self.duplicated += 1;
+    }
+    fn wrong(&mut self, what: String) {
+        eprintln!("wrong: {what}");
+        self.wrong += 1;
+    }
+    fn stuck(&mut self, what: String) {
+        eprintln!("stuck: {what}");
+        self.stuck += 1;
+    }
+}
+
+/// A message a processor kept, with the request it came from.
+struct Handled<'a> {
+    db: &'a Id,
+    kept: Kept,
+    /// Found incorrect (else applied).
+    incorrect: bool,
+    device: &'a Id,
+    attempt: &'a Attempt,
+}
+
+/// The `nonce` field of a JSON body.
+fn nonce(body: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    value.get("nonce")?.as_str().map(str::to_owned)
+}
+
+/// Checks the run's outcome from the devices' and processors' records and
+/// the server's folders, processes and alerts.
 pub(crate) async fn check(
     admin: &Client,
     processors: &[(Id, Processor)],
@@ -108,111 +187,252 @@ pub(crate) async fn check(
     db_faults: u64,
     logs: &[&Path],
 ) -> anyhow::Result<Summary> {
-    let mut lost = 0;
-    let mut duplicated = 0;
-    let mut stuck = 0;
+    let mut found = Found::default();
 
-    let mut applied: HashMap<MessageId, usize> = HashMap::new();
-    let mut log = HashSet::new();
-    let mut error = HashSet::new();
+    // Every request the devices sent, by its nonce.
+    let mut requests: HashMap<&str, (&Id, &Attempt)> = HashMap::new();
+    for d in devices {
+        for a in d.attempts() {
+            if requests.insert(a.nonce.as_str(), (d.id(), a)).is_some() {
+                anyhow::bail!("the nonce {} was sent twice", a.nonce);
+            }
+        }
+    }
+
+    // What each database's processor kept, traced to its request.
+    let mut handled: Vec<Handled<'_>> = Vec::new();
     for (db, p) in processors {
-        for m in p.applied()? {
-            *applied.entry(m).or_default() += 1;
+        let rows = p.applied_rows()?.into_iter().map(|k| (k, false));
+        let rows = rows.chain(p.incorrect_rows()?.into_iter().map(|k| (k, true)));
+        for (kept, incorrect) in rows {
+            let Some(&(device, attempt)) =
+                nonce(&kept.body).as_deref().and_then(|n| requests.get(n))
+            else {
+                found.wrong(format!(
+                    "{db} kept {} from {}, which no device sent: {}",
+                    kept.id, kept.sender, kept.body
+                ));
+                continue;
+            };
+            if attempt.to != *db {
+                found.wrong(format!(
+                    "{db} kept {}, which {device} sent to {}",
+                    kept.id, attempt.to
+                ));
+            }
+            if kept.sender != device.as_str() {
+                found.wrong(format!(
+                    "{db} kept {} as sent by {}; {device} sent it",
+                    kept.id, kept.sender
+                ));
+            }
+            if kept.body != attempt.body {
+                found.wrong(format!(
+                    "{db} kept {} with body {}; {device} sent {}",
+                    kept.id, kept.body, attempt.body
+                ));
+            }
+            handled.push(Handled {
+                db,
+                kept,
+                incorrect,
+                device,
+                attempt,
+            });
         }
         let dups = p.duplicates()?;
-        if !dups.is_empty() {
-            eprintln!("{db}: applied again: {dups:?}");
+        for m in dups {
+            found.duplicated(format!("{db}: {m} offered again after it was applied"));
         }
-        duplicated += dups.len();
         let unsettled = p.unsettled()?;
         if unsettled > 0 {
-            eprintln!("{db}: {unsettled} processes not settled");
-        }
-        stuck += unsettled;
-        let listing = |folder| async move {
-            admin
-                .folder(db, folder)
-                .await
-                .map(|l| l.files)
-                .map_err(|e| {
-                    eprintln!("{db}: the server did not list {folder:?}: {e}");
-                })
-        };
-        match (listing(Folder::Log).await, listing(Folder::Error).await) {
-            (Ok(l), Ok(e)) => {
-                log.extend(l.into_iter().map(|f| f.id));
-                error.extend(e.into_iter().map(|f| f.id));
-            }
-            // A server that cannot answer is stuck; its messages then
-            // count as lost below.
-            _ => stuck += 1,
-        }
-        for folder in [Folder::Messages, Folder::Prepared, Folder::Unknown] {
-            match listing(folder).await {
-                Ok(left) => {
-                    if !left.is_empty() {
-                        // The names carry their ids, whose time finds them
-                        // in the server logs.
-                        let names: Vec<&str> = left.iter().map(|f| f.name.as_str()).collect();
-                        eprintln!(
-                            "{db}: {} files left in {folder:?}: {}",
-                            left.len(),
-                            names.join(" ")
-                        );
-                    }
-                    stuck += left.len();
-                }
-                Err(()) => stuck += 1,
-            }
+            found.stuck(format!("{db}: {unsettled} processes not settled"));
         }
     }
 
-    let mut replies: HashMap<String, usize> = HashMap::new();
-    let mut sent = Vec::new();
+    // No request processed twice; no message kept twice.
+    let mut per_request: HashMap<&str, BTreeSet<MessageId>> = HashMap::new();
+    let mut per_message: HashMap<MessageId, usize> = HashMap::new();
+    for h in &handled {
+        per_request
+            .entry(h.attempt.nonce.as_str())
+            .or_default()
+            .insert(h.kept.id);
+        *per_message.entry(h.kept.id).or_default() += 1;
+    }
+    for (nonce, ids) in &per_request {
+        if ids.len() > 1 {
+            found.duplicated(format!("request {nonce} became the messages {ids:?}"));
+        }
+    }
+    for (id, n) in &per_message {
+        if *n > 1 {
+            found.duplicated(format!("{id} processed {n} times"));
+        }
+    }
+
+    // Each acknowledged upload processed once, as acknowledged.
+    let mut per_upload: HashMap<(&Id, &str), BTreeSet<MessageId>> = HashMap::new();
+    for h in &handled {
+        per_upload
+            .entry((h.device, h.attempt.key.as_str()))
+            .or_default()
+            .insert(h.kept.id);
+    }
+    let mut messages = 0;
     for d in devices {
-        sent.extend_from_slice(d.sent());
-        if d.unsent() > 0 {
-            eprintln!("{}: {} uploads never accepted", d.id(), d.unsent());
+        for a in d.acknowledged() {
+            messages += 1;
+            let ids = per_upload.remove(&(d.id(), a.key.as_str()));
+            match ids.as_ref().map(BTreeSet::len).unwrap_or(0) {
+                0 => found.lost(format!(
+                    "{}: upload {} to {}, acknowledged as {}, never processed",
+                    d.id(),
+                    a.key,
+                    a.to,
+                    a.id
+                )),
+                1 if ids.as_ref().is_some_and(|ids| ids.contains(&a.id)) => {}
+                1 => found.lost(format!(
+                    "{}: upload {} acknowledged as {}, processed as {:?}",
+                    d.id(),
+                    a.key,
+                    a.id,
+                    ids
+                )),
+                _ => found.duplicated(format!(
+                    "{}: upload {} became the messages {:?}",
+                    d.id(),
+                    a.key,
+                    ids
+                )),
+            }
         }
-        stuck += d.unsent();
+        if d.unsent() > 0 {
+            found.stuck(format!("{}: {} uploads never accepted", d.id(), d.unsent()));
+        }
+    }
+    // What was processed of an upload never acknowledged (its key still in
+    // an outbox, stuck above) is one message at most.
+    for ((device, key), ids) in per_upload {
+        if ids.len() > 1 {
+            found.duplicated(format!(
+                "{device}: upload {key} became the messages {ids:?}"
+            ));
+        }
+    }
+
+    // Each processed message's reply at its device, once, as decided.
+    let by_id: HashMap<MessageId, &Handled<'_>> = handled.iter().map(|h| (h.kept.id, h)).collect();
+    let mut replies: HashMap<MessageId, usize> = HashMap::new();
+    for d in devices {
         for m in d.received() {
-            let re = m
-                .body
-                .parse::<serde_json::Value>()
-                .ok()
-                .and_then(|v| v["re"].as_str().map(str::to_owned));
-            if let Some(re) = re {
-                *replies.entry(re).or_default() += 1;
+            let body: serde_json::Value = serde_json::from_str(m.body.get()).unwrap_or_default();
+            let re = body["re"]
+                .as_str()
+                .and_then(|s| s.parse::<MessageId>().ok());
+            let Some(h) = re.and_then(|re| by_id.get(&re)) else {
+                found.wrong(format!(
+                    "{} got {} from {}, a reply to no message a processor kept: {}",
+                    d.id(),
+                    m.id,
+                    m.from,
+                    m.body.get()
+                ));
+                continue;
+            };
+            *replies.entry(h.kept.id).or_default() += 1;
+            let verdict = if h.incorrect {
+                "PROCESSED_INCORRECT"
+            } else {
+                "PROCESSED"
+            };
+            let as_decided = m.to == *d.id()
+                && h.device == d.id()
+                && m.from == *h.db
+                && body["db"].as_str() == Some(h.db.as_str())
+                && body["nonce"].as_str() == Some(h.attempt.nonce.as_str())
+                && body["verdict"].as_str() == Some(verdict);
+            if !as_decided {
+                found.wrong(format!(
+                    "{} got {} from {} for {}, which {} sent to {} ({verdict}): {}",
+                    d.id(),
+                    m.id,
+                    m.from,
+                    h.kept.id,
+                    h.device,
+                    h.db,
+                    m.body.get()
+                ));
             }
         }
     }
-    let unique: HashSet<MessageId> = sent.iter().copied().collect();
-    duplicated += sent.len() - unique.len();
-
-    for m in &unique {
-        let times = applied.get(m).copied().unwrap_or(0);
-        let done = times == 1 && log.contains(m) && !error.contains(m);
-        let incorrect = times == 0 && error.contains(m) && !log.contains(m);
-        if times > 1 {
-            eprintln!("{m}: applied {times} times");
-            duplicated += 1;
-        } else if !(done || incorrect) {
-            eprintln!(
-                "{m}: applied {times}, in Log {}, in Error {}",
-                log.contains(m),
-                error.contains(m)
-            );
-            lost += 1;
-        }
-        match replies.get(&m.to_string()).copied().unwrap_or(0) {
+    for h in &handled {
+        match replies.get(&h.kept.id).copied().unwrap_or(0) {
             1 => {}
-            0 => {
-                eprintln!("{m}: no reply reached its device");
-                lost += 1;
+            0 => found.lost(format!(
+                "the reply to {} (from {} to {}) never reached {}",
+                h.kept.id, h.device, h.db, h.device
+            )),
+            n => found.duplicated(format!("{n} replies to {} reached {}", h.kept.id, h.device)),
+        }
+    }
+
+    // The server's folders agree; nothing is left half-way.
+    for (db, _) in processors {
+        let applied: BTreeSet<MessageId> = handled
+            .iter()
+            .filter(|h| h.db == db && !h.incorrect)
+            .map(|h| h.kept.id)
+            .collect();
+        let incorrect: BTreeSet<MessageId> = handled
+            .iter()
+            .filter(|h| h.db == db && h.incorrect)
+            .map(|h| h.kept.id)
+            .collect();
+        for (folder, want) in [(Folder::Log, &applied), (Folder::Error, &incorrect)] {
+            let Some(listed) = listing(admin, db, folder, &mut found).await else {
+                continue;
+            };
+            let listed: BTreeSet<MessageId> = listed.into_iter().collect();
+            for m in listed.difference(want) {
+                found.wrong(format!(
+                    "{db}/{folder:?} holds {m}, which its processor did not put there"
+                ));
             }
-            n => {
-                eprintln!("{m}: {n} replies reached its device");
-                duplicated += 1;
+            for m in want.difference(&listed) {
+                found.lost(format!(
+                    "{db}/{folder:?} lacks {m}, which its processor put there"
+                ));
+            }
+        }
+    }
+    let mailboxes = processors
+        .iter()
+        .map(|(db, _)| {
+            (
+                db,
+                &[Folder::Messages, Folder::Prepared, Folder::Unknown][..],
+            )
+        })
+        .chain(devices.iter().map(|d| {
+            let all = &[
+                Folder::Messages,
+                Folder::Prepared,
+                Folder::Unknown,
+                Folder::Error,
+            ][..];
+            (d.id(), all)
+        }));
+    for (mailbox, folders) in mailboxes {
+        for folder in folders {
+            if let Some(left) = listing(admin, mailbox, *folder, &mut found).await
+                && !left.is_empty()
+            {
+                found.stuck(format!(
+                    "{mailbox}: {} files left in {folder:?}: {left:?}",
+                    left.len()
+                ));
             }
         }
     }
@@ -221,41 +441,49 @@ pub(crate) async fn check(
         Ok(list) => {
             for p in list.processes {
                 if p.state.is_live() || p.state == ProcessState::InDoubt {
-                    eprintln!("process {} of {} left {:?}", p.process_id, p.db_id, p.state);
-                    stuck += 1;
+                    found.stuck(format!(
+                        "process {} of {} left {:?}",
+                        p.process_id, p.db_id, p.state
+                    ));
                 }
             }
         }
-        Err(e) => {
-            eprintln!("the server did not list its processes: {e}");
-            stuck += 1;
-        }
+        Err(e) => found.stuck(format!("the server did not list its processes: {e}")),
     }
 
     let max_ready = faults.ready_times.iter().copied().max().unwrap_or_default();
     if max_ready > READY_BOUND {
-        eprintln!("the server took {max_ready:?} to be ready");
-        stuck += 1;
+        found.stuck(format!("a start took {max_ready:?} of its own to be ready"));
     }
-    let (in_doubt, in_doubt_alerts) = match (admin.stats().await, admin.alerts().await) {
+
+    let (in_doubt, in_doubt_alerts, unalerted) = match (admin.stats().await, admin.alerts().await) {
         (Ok(stats), Ok(alerts)) => {
             let episodes: u64 = stats.databases.iter().map(|db| db.in_doubt).sum();
-            let alerted = alerts
+            let alerted: HashSet<&str> = alerts
                 .alerts
                 .iter()
-                .filter(|a| a.key.starts_with("in_doubt:"))
-                .map(|a| a.key.as_str())
-                .collect::<HashSet<_>>()
-                .len() as u64;
-            if alerted < episodes {
-                eprintln!("{episodes} in-doubt episodes, alerts for {alerted} processes");
+                .filter_map(|a| a.key.strip_prefix("in_doubt:"))
+                .collect();
+            if (alerted.len() as u64) < episodes {
+                eprintln!(
+                    "{episodes} in-doubt episodes counted, alerts for {} processes",
+                    alerted.len()
+                );
             }
-            (episodes, alerted)
+            let unalerted: Vec<String> = faults
+                .withheld
+                .iter()
+                .map(ToString::to_string)
+                .filter(|pid| !alerted.contains(pid.as_str()))
+                .collect();
+            if !unalerted.is_empty() {
+                eprintln!("in doubt by the harness's doing, without an alert: {unalerted:?}");
+            }
+            (episodes, alerted.len() as u64, unalerted.len())
         }
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("the server did not give its stats or alerts: {e}");
-            stuck += 1;
-            (0, 0)
+            found.stuck(format!("the server did not give its stats or alerts: {e}"));
+            (0, 0, faults.withheld.len())
         }
     };
 
@@ -273,14 +501,33 @@ pub(crate) async fn check(
         server_errors,
         network_faults,
         db_faults,
-        messages: unique.len(),
-        lost,
-        duplicated,
-        stuck,
+        messages,
+        lost: found.lost,
+        duplicated: found.duplicated,
+        wrong: found.wrong,
+        stuck: found.stuck,
         max_ready,
         in_doubt,
         in_doubt_alerts,
+        unalerted,
     })
+}
+
+/// The ids in a folder of `mailbox`; `None` (counted as stuck) when the
+/// server does not list it.
+async fn listing(
+    admin: &Client,
+    mailbox: &Id,
+    folder: Folder,
+    found: &mut Found,
+) -> Option<Vec<MessageId>> {
+    match admin.folder(mailbox, folder).await {
+        Ok(l) => Some(l.files.into_iter().map(|f| f.id).collect()),
+        Err(e) => {
+            found.stuck(format!("the server did not list {mailbox}/{folder:?}: {e}"));
+            None
+        }
+    }
 }
 
 /// Whether a server log line is the end of a request answered with a
@@ -293,7 +540,7 @@ fn is_server_error(line: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_server_error;
+    use super::*;
 
     #[test]
     fn server_errors_are_the_5xx_answers_but_503() {
@@ -305,5 +552,15 @@ mod tests {
         assert!(!is_server_error(
             "INFO estafeta::event: database created db=db-0"
         ));
+    }
+
+    #[test]
+    fn a_body_names_its_nonce() {
+        assert_eq!(
+            nonce(r#"{"key":"k","nonce":"dev-0-ab-3"}"#).as_deref(),
+            Some("dev-0-ab-3")
+        );
+        assert_eq!(nonce(r#"{"key":"k"}"#), None);
+        assert_eq!(nonce("not json"), None);
     }
 }

@@ -1,9 +1,9 @@
 //! The processor child process: `estafeta-harness processor …` runs a
 //! [`Processor`] in a loop until it is killed; with `--stop-at STEP` it
-//! prints `at STEP` when it reaches that step and freezes there, so that the
-//! harness kills it (`kill -9`) exactly at that point of its cycle. When
-//! its standard input closes, it finishes the cycle it is in and exits (the
-//! drain's gentle stop).
+//! prints `at STEP PROCESS` when it reaches that step and freezes there,
+//! so that the harness kills it (`kill -9`) exactly at that point of its
+//! cycle. When its standard input closes, it finishes the cycle it is in
+//! and exits (the drain's gentle stop).
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use estafeta_client::Client;
 use estafeta_sim::{Processor, ProcessorConfig, Step};
-use estafeta_wire::Id;
+use estafeta_wire::{Id, ProcessId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -93,9 +93,9 @@ async fn processor_loop(args: ProcessorArgs) -> anyhow::Result<()> {
     let mut processor = Processor::open(&args.sqlite, client, config(db, args.seed))?;
     if let Some(name) = &args.stop_at {
         let stop = Step::from_name(name).with_context(|| format!("unknown step {name:?}"))?;
-        processor.set_step_hook(Box::new(move |step, _| {
+        processor.set_step_hook(Box::new(move |step, pid| {
             if step == stop {
-                println!("at {}", step.name());
+                println!("at {} {pid}", step.name());
                 // Frozen here, with whatever is open, until `kill -9`.
                 loop {
                     std::thread::park();
@@ -181,14 +181,17 @@ impl ProcessorChild {
     }
 
     /// Waits (at most `within`) until the child says it reached its stop
-    /// step; false when it did not in time.
-    pub(crate) async fn reached(&mut self, within: Duration) -> anyhow::Result<bool> {
+    /// step; the process it stopped in, or `None` when it did not get
+    /// there in time.
+    pub(crate) async fn reached(&mut self, within: Duration) -> anyhow::Result<Option<ProcessId>> {
         match tokio::time::timeout(within, self.lines.next_line()).await {
-            Ok(Ok(Some(line))) if line.starts_with("at ") => Ok(true),
-            Ok(Ok(Some(line))) => bail!("unexpected line from a processor: {line}"),
+            Ok(Ok(Some(line))) => match line.strip_prefix("at ").and_then(|l| l.split_once(' ')) {
+                Some((_, pid)) => Ok(Some(pid.parse()?)),
+                None => bail!("unexpected line from a processor: {line}"),
+            },
             Ok(Ok(None)) => bail!("a processor exited: {:?}", self.child.wait().await),
             Ok(Err(e)) => Err(e.into()),
-            Err(_) => Ok(false),
+            Err(_) => Ok(None),
         }
     }
 

@@ -24,13 +24,15 @@
 //! - [`proxy`]: the fault-injecting TCP proxy, in front of the nodes and of
 //!   PostgreSQL.
 //! - [`disk`]: the tmpfs and its ballast.
+//! - [`outage`]: when the harness held PostgreSQL out of the nodes' reach.
 //! - [`child`]: the processor child process, both sides.
 //! - [`run`]: provisioning, the rounds of faults, the drain.
-//! - [`check`]: the invariants and the summary.
+//! - [`check`]: the judge (counting from the clients' side) and the summary.
 
 mod check;
 mod child;
 mod disk;
+mod outage;
 mod proxy;
 mod run;
 mod server;

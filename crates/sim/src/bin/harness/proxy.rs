@@ -19,19 +19,22 @@
 //!   statements of a step or between a `COMMIT` and its answer. The
 //!   faults: a reset (RST both ways), a partition (nothing forwarded
 //!   either way for a while, then a reset), a delay (the chunk held for a
-//!   while, then the connection goes on).
+//!   while, then the connection goes on). Each fault fired is recorded as
+//!   an outage of the store ([`Outages`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::outage::Outages;
 
 /// Where the proxy sits, which decides its faults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +55,9 @@ struct State {
     /// With [`Mode::Links`]: the open connections, by number, with the
     /// fault each is armed with, if any.
     links: Mutex<Links>,
+    /// With [`Mode::Links`]: where the faults fired are recorded, for the
+    /// bound on a node's start.
+    outages: Outages,
 }
 
 /// The open links and their armed faults.
@@ -101,7 +107,7 @@ impl Proxy {
     /// Between clients and server nodes: listens on one loopback port and
     /// forwards each connection to one of `upstreams`.
     pub(crate) async fn balancer(upstreams: Vec<SocketAddr>, seed: u64) -> std::io::Result<Proxy> {
-        let state = State::new(Mode::Balancer, seed);
+        let state = State::new(Mode::Balancer, seed, Outages::default());
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addrs = vec![listener.local_addr()?];
         tokio::spawn(state.clone().accept(listener, upstreams));
@@ -110,9 +116,13 @@ impl Proxy {
 
     /// Between nodes and PostgreSQL: one loopback port per upstream,
     /// forwarding to it alone ([`Proxy::addrs`], in the order of
-    /// `upstreams`).
-    pub(crate) async fn links(upstreams: &[SocketAddr], seed: u64) -> std::io::Result<Proxy> {
-        let state = State::new(Mode::Links, seed);
+    /// `upstreams`); the faults it fires are recorded in `outages`.
+    pub(crate) async fn links(
+        upstreams: &[SocketAddr],
+        seed: u64,
+        outages: Outages,
+    ) -> std::io::Result<Proxy> {
+        let state = State::new(Mode::Links, seed, outages);
         let mut addrs = Vec::new();
         for upstream in upstreams {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -157,13 +167,14 @@ impl Proxy {
 }
 
 impl State {
-    fn new(mode: Mode, seed: u64) -> Arc<State> {
+    fn new(mode: Mode, seed: u64, outages: Outages) -> Arc<State> {
         Arc::new(State {
             mode,
             rate: AtomicU32::new(0),
             faults: AtomicU64::new(0),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             links: Mutex::new(Links::default()),
+            outages,
         })
     }
 
@@ -256,6 +267,11 @@ impl State {
         let fault = armed.fault;
         *slot = None;
         self.faults.fetch_add(1, Ordering::Relaxed);
+        let held = match fault {
+            LinkFault::Reset => Duration::ZERO,
+            LinkFault::Partition(d) | LinkFault::Delay(d) => d,
+        };
+        self.outages.record(Instant::now(), held);
         tracing::info!(
             link = id,
             ?fault,
@@ -417,7 +433,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_established_link_is_reset_mid_stream_when_its_fault_is_due() {
-        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+            .await
+            .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
         round_trip(&mut tcp).await.unwrap();
 
@@ -439,7 +457,9 @@ mod tests {
 
     #[tokio::test]
     async fn faults_turned_off_disarm_the_links_whose_fault_has_not_fired() {
-        let proxy = Proxy::links(&[echo().await], 1).await.unwrap();
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+            .await
+            .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
         round_trip(&mut tcp).await.unwrap();
         proxy.state.arm_all(Armed {

@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use estafeta_client::Client;
 use estafeta_sim::{Device, Processor, Step};
-use estafeta_wire::{Folder, Id};
+use estafeta_wire::{Folder, Id, ProcessId};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::check::{self, Summary};
 use crate::child::{self, CLIENT_TIMEOUT, ProcessorChild};
 use crate::disk::Tmpfs;
+use crate::outage::Outages;
 use crate::proxy::Proxy;
 use crate::server::{Arming, Server, Started};
 use crate::{RunArgs, Store};
@@ -47,9 +48,14 @@ pub(crate) struct Faults {
     /// PostgreSQL primaries killed and their standby promoted.
     pub(crate) failovers: u64,
     /// Times the server exited by itself (not killed by the harness, and
-    /// not at a point it was armed to die at).
-    pub(crate) server_deaths: u64,
+    /// not at a point it was armed to die at): each fails the run.
+    pub(crate) unexpected_exits: u64,
+    /// Each start's own time to `/readyz`.
     pub(crate) ready_times: Vec<Duration>,
+    /// Processes the harness put in doubt: stopped after their prepare
+    /// was answered, then the server killed before their commit could
+    /// come. Each must have its alert.
+    pub(crate) withheld: Vec<ProcessId>,
     /// Server crashes at each named failpoint (part of `server_crashes`).
     pub(crate) failpoint_crashes: BTreeMap<&'static str, u64>,
     /// Starts armed with a crash point (the round-robin position in POINTS).
@@ -136,8 +142,11 @@ async fn revive(
     match server.died_at_failpoint(status) {
         Some(point) => faults.crashed_at(point),
         None => {
-            eprintln!("the server exited by itself ({status}); restarting it");
-            faults.server_deaths += 1;
+            eprintln!(
+                "the server exited by itself ({status}); restarting it\n{}",
+                server.log_tail()
+            );
+            faults.unexpected_exits += 1;
         }
     }
     restart(server, injection, rng, faults).await
@@ -203,9 +212,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     };
     // The nodes reach PostgreSQL through the fault-injecting links when
     // the run asks for faults there.
+    // When the harness holds the store out of the nodes' reach: a node
+    // starting meanwhile waits for it, and that is not its own time.
+    let outages = Outages::default();
     let links = match &postgres {
         Some(pg) if args.db_faults > 0.0 => {
-            Some(Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17).await?)
+            Some(Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17, outages.clone()).await?)
         }
         _ => None,
     };
@@ -251,7 +263,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         };
         std::fs::create_dir_all(&dir)?;
         let port = free_port()?;
-        let (node, ready) = Server::start(&binary, store.as_deref(), &dir, &log, port).await?;
+        let (node, ready) =
+            Server::start(&binary, store.as_deref(), &dir, &log, port, outages.clone()).await?;
         faults.ready_times.push(ready);
         nodes.push(node);
         upstreams.push(SocketAddr::from(([127, 0, 0, 1], port)));
@@ -308,7 +321,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             // Blocking (pg_ctl waits for the promotion, the new standby's
             // base backup): the traffic goes on on the runtime's other
             // threads meanwhile.
+            let began = Instant::now();
             tokio::task::block_in_place(|| pg.fail_over())?;
+            outages.record(began, began.elapsed());
             faults.failovers += 1;
         }
         let node = rng.random_range(0..nodes.len());
@@ -340,8 +355,21 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 let i = rng.random_range(0..slots.len());
                 // Every step in turn, so a short run covers them all.
                 let step = Step::ALL[(faults.processor_crashes as usize) % Step::ALL.len()];
-                crash_processor(&proxy, &mut slots[i], step, rng.random()).await?;
+                let seed = rng.random();
+                let stopped = stop_processor(&proxy, &mut slots[i], step, seed).await?;
                 faults.processor_crashes += 1;
+                // Stopped with its prepare answered and its commit not
+                // sent: with the server killed before its successor can
+                // commit, start-up processing puts the process in doubt.
+                // (A node of a shared store runs none.)
+                if let Some(pid) = stopped.filter(|_| !cluster && withholds_commit(step)) {
+                    tracing::info!(round = faults.rounds, process = %pid, "kill -9 of the server with a commit withheld");
+                    server.kill9().await?;
+                    faults.server_crashes += 1;
+                    faults.withheld.push(pid);
+                    restart(server, &injection, &mut rng, &mut faults).await?;
+                }
+                slots[i].child = Some(spawn(&proxy, &slots[i], seed.wrapping_add(1), None)?);
             }
             2 => {
                 tracing::info!(round = faults.rounds, "network faults");
@@ -602,24 +630,30 @@ fn spawn(
     )
 }
 
-/// Replaces the slot's processor with one that stops at `step`, kills it
-/// there (or, when it does not get there in time, wherever it is), and
-/// starts a normal one again.
-async fn crash_processor(
+/// Whether a processor stopped after `step` holds back the commit of a
+/// process whose prepare was answered (READY_TO_COMMIT on the server).
+fn withholds_commit(step: Step) -> bool {
+    matches!(step, Step::Prepared | Step::CommittedLocally)
+}
+
+/// Replaces the slot's processor with one that stops at `step` and kills
+/// it there (or, when it does not get there in time, wherever it is),
+/// leaving the slot without one; the process it stopped in, if it got
+/// there.
+async fn stop_processor(
     proxy: &Proxy,
     slot: &mut Slot,
     step: Step,
     seed: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<ProcessId>> {
     if let Some(child) = slot.child.take() {
         child.kill9().await?;
     }
     let mut doomed = spawn(proxy, slot, seed, Some(step))?;
     let reached = doomed.reached(Duration::from_secs(5)).await?;
-    tracing::info!(db = %slot.db, step = step.name(), reached, "killing a processor");
+    tracing::info!(db = %slot.db, step = step.name(), process = ?reached, "killing a processor");
     doomed.kill9().await?;
-    slot.child = Some(spawn(proxy, slot, seed.wrapping_add(1), None)?);
-    Ok(())
+    Ok(reached)
 }
 
 /// The devices' traffic: each uploads to a random database, then reads

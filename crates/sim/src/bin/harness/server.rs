@@ -3,6 +3,8 @@
 //! appended to a file, killed with SIGKILL, paused with SIGSTOP, and armed
 //! at each start to kill itself at a named failpoint or to see a full disk
 //! there ([`Arming`]; needs a server built with `--features failpoints`).
+//! A start is held to [`READY_BOUND`] of its own time: what the harness's
+//! outages of the store ([`Outages`]) cover of it does not count.
 
 use std::fs::OpenOptions;
 use std::os::unix::process::ExitStatusExt;
@@ -12,15 +14,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
+
+use crate::outage::Outages;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// The admin token the harness gives the server.
 pub(crate) const ADMIN_TOKEN: &str = "harness-admin-token-0123456789abcdef";
 
-/// How long the server may take to answer `/readyz` after a (re)start
-/// before the run fails.
+/// How long the server may take of its own time to answer `/readyz` after
+/// a (re)start before the run fails.
 pub(crate) const READY_BOUND: Duration = Duration::from_secs(30);
+
+/// How many lines of its log a failed start or an exit shows.
+const TAIL: usize = 40;
 
 /// The points where an injected full disk (`ENOSPC`) can hit a write, one
 /// time in twenty.
@@ -45,7 +52,7 @@ impl Arming {
 /// How a start ended.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Started {
-    /// Answering `/readyz`, after this long.
+    /// Answering `/readyz`, after this long of its own time.
     Ready(Duration),
     /// It killed itself at its armed point before it was ready (start-up
     /// recovery writes too).
@@ -59,7 +66,11 @@ pub(crate) struct Server {
     store: Option<String>,
     data: PathBuf,
     log: PathBuf,
+    /// Where the running process's part of the log begins.
+    log_from: u64,
     port: u16,
+    /// When the harness held the store out of reach.
+    outages: Outages,
     child: Option<Child>,
     /// What the running process was armed with.
     armed: Arming,
@@ -75,6 +86,7 @@ impl Server {
         data: &Path,
         log: &Path,
         port: u16,
+        outages: Outages,
     ) -> anyhow::Result<(Server, Duration)> {
         let admin = Client::with_timeout(
             &format!("http://127.0.0.1:{port}"),
@@ -86,7 +98,9 @@ impl Server {
             store: store.map(str::to_owned),
             data: data.to_owned(),
             log: log.to_owned(),
+            log_from: 0,
             port,
+            outages,
             child: None,
             armed: Arming::default(),
             admin,
@@ -100,6 +114,16 @@ impl Server {
     /// The file the server's log is appended to.
     pub(crate) fn log(&self) -> &Path {
         &self.log
+    }
+
+    /// The last lines the running (or last) process wrote to its log.
+    pub(crate) fn log_tail(&self) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let from = usize::try_from(self.log_from).unwrap_or(0).min(text.len());
+        let text = String::from_utf8_lossy(&text[from..]);
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(TAIL)..];
+        format!("last lines of {}:\n{}", self.log.display(), tail.join("\n"))
     }
 
     /// What the running process is armed with.
@@ -116,6 +140,7 @@ impl Server {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("opening {}", self.log.display()))?;
+        self.log_from = log.metadata()?.len();
         let mut cmd = Command::new(&self.binary);
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("ESTAFETA_") {
@@ -152,10 +177,18 @@ impl Server {
         let mut has_failpoints = false;
         loop {
             // A node waits for its store before it listens: the bound
-            // covers that wait too.
-            let line = tokio::time::timeout_at((began + READY_BOUND).into(), lines.next_line())
-                .await
-                .context("the server was not listening within the bound")?;
+            // covers that wait too, but for the harness's outages.
+            if self.outages.own_time(began) > READY_BOUND {
+                bail!(
+                    "the server was not listening within {READY_BOUND:?} of its own\n{}",
+                    self.log_tail()
+                );
+            }
+            let Ok(line) =
+                tokio::time::timeout(Duration::from_millis(200), lines.next_line()).await
+            else {
+                continue;
+            };
             match line? {
                 Some(line) if line.starts_with("listening on ") => break,
                 Some(line) if line.starts_with("failpoints armed") => has_failpoints = true,
@@ -165,7 +198,10 @@ impl Server {
                     if let Some(point) = self.died_at_failpoint(status) {
                         return Ok(Started::DiedAtFailpoint(point));
                     }
-                    bail!("the server exited before listening: {status}")
+                    bail!(
+                        "the server exited before listening: {status}\n{}",
+                        self.log_tail()
+                    )
                 }
             }
         }
@@ -179,19 +215,25 @@ impl Server {
         // Keep reading stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         self.child = Some(child);
-        while began.elapsed() < READY_BOUND {
+        while self.outages.own_time(began) <= READY_BOUND {
             if let Ok(true) = self.admin.readyz().await {
-                return Ok(Started::Ready(began.elapsed()));
+                return Ok(Started::Ready(self.outages.own_time(began)));
             }
             if let Some(status) = self.exit_status()? {
                 if let Some(point) = self.died_at_failpoint(status) {
                     return Ok(Started::DiedAtFailpoint(point));
                 }
-                bail!("the server exited before it was ready: {status}");
+                bail!(
+                    "the server exited before it was ready: {status}\n{}",
+                    self.log_tail()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        bail!("the server was not ready within {READY_BOUND:?}")
+        bail!(
+            "the server was not ready within {READY_BOUND:?} of its own\n{}",
+            self.log_tail()
+        )
     }
 
     /// The armed point, when the process ended by a SIGKILL the harness did

@@ -1,263 +1,513 @@
-//! Recording a workload's file-system operations: the `estafeta` server
-//! runs under `strace -f`, which stops the whole process (an injected
-//! SIGSTOP) right after every `fsync`/`fdatasync`; the recorder copies the
-//! file just synced (its durable contents) and, once the trace is quiet,
-//! lets it go on (SIGCONT). The namespace operations (creates, renames,
-//! unlinks, mkdirs) come from the same trace, in order.
+//! Recording a workload's file-system calls: the `estafeta` server runs
+//! under `strace -f`, which writes every call that can change a file, a
+//! folder or what is durable, with its data (`-s` large enough for any
+//! write, `-xx`: every string and path in hex, so nothing in them can be
+//! misread), the time it began and how long it took. [`Reader`] turns the
+//! lines into [`Event`]s, in the order the calls completed; a traced call
+//! on a file under the root that the model does not know, a line that
+//! cannot be read, or data cut short fails the recording.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use anyhow::{Context, bail};
-use rustix::io::Errno;
-use rustix::process::{Pid, Signal, kill_process};
+use anyhow::Context;
 
-/// The system calls traced.
-const TRACE: &str = "trace=open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,\
-    unlink,unlinkat,rmdir,fsync,fdatasync";
+/// The calls traced: everything that creates, removes, renames, writes,
+/// truncates or syncs a file or folder, and what moves a descriptor's
+/// offset (for `write`), or could change a file behind the model's back
+/// (shared writable mappings, copies between descriptors, io_uring).
+const TRACE: &str = "trace=open,openat,openat2,creat,mkdir,mkdirat,mknod,mknodat,\
+    rename,renameat,renameat2,link,linkat,symlink,symlinkat,unlink,unlinkat,rmdir,\
+    truncate,ftruncate,fallocate,write,pwrite64,writev,pwritev,pwritev2,lseek,read,readv,\
+    close,dup,dup2,dup3,fcntl,fsync,fdatasync,syncfs,sync,sync_file_range,msync,mmap,\
+    copy_file_range,sendfile,splice,io_uring_setup";
 
-/// One recorded file-system event, in the order the kernel did them.
+/// The longest string strace prints whole (a write's data): larger than
+/// any write the server makes; a longer one is reported cut, which fails.
+const STRING_LIMIT: &str = "67108864";
+
+/// One file-system change, in the order the calls completed, with the time
+/// each completed (seconds since the epoch, strace's clock: the wall
+/// clock).
 #[derive(Clone, Debug)]
-pub(crate) enum Event {
-    /// A regular file created (or opened with `O_CREAT`).
-    Create(PathBuf),
+pub(crate) struct Event {
+    pub(crate) at: f64,
+    pub(crate) op: Op,
+}
+
+/// What a call did, as the model needs it.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    /// A regular file opened with `O_CREAT` (new or not), and with
+    /// `O_TRUNC` truncated.
+    Create { path: PathBuf, truncate: bool },
+    /// An existing file opened with `O_TRUNC`.
+    Truncate(PathBuf),
     /// A folder created.
     Mkdir(PathBuf),
-    /// A rename.
+    /// A rename (replacing what was at `to`).
     Rename(PathBuf, PathBuf),
+    /// A hard link made.
+    Link(PathBuf, PathBuf),
     /// A file or an empty folder removed.
     Remove(PathBuf),
-    /// A successful `fsync`/`fdatasync` of this path; `snapshot` holds a
-    /// copy of the file's bytes at that moment (none for a folder).
-    Sync {
+    /// Bytes written at an offset.
+    Write {
         path: PathBuf,
-        /// Seconds since the epoch (strace's clock, the wall clock).
-        at: f64,
-        snapshot: Option<PathBuf>,
+        offset: u64,
+        bytes: Arc<[u8]>,
     },
+    /// The size set (`ftruncate`, `truncate`, a growing `fallocate`).
+    SetLen { path: PathBuf, len: u64 },
+    /// An `fsync` or `fdatasync` of a file or folder.
+    Sync(PathBuf),
+    /// `syncfs` or `sync`: everything durable.
+    SyncAll,
 }
 
 /// What the trace reader collected.
 #[derive(Debug, Default)]
 pub(crate) struct Trace {
     pub(crate) events: Vec<Event>,
-    /// Lines that named a traced call the reader could not parse.
-    pub(crate) unparsed: u64,
+    /// Lines of calls the reader could not read or the model does not
+    /// know, touching the root; any fails the run.
+    pub(crate) unmodelled: Vec<String>,
 }
 
 /// The `strace` command that runs `binary serve`, writing its trace to
-/// `fifo`.
-pub(crate) fn strace_command(binary: &Path, fifo: &Path) -> Command {
+/// `out`.
+pub(crate) fn strace_command(binary: &Path, out: &Path) -> Command {
     let mut cmd = Command::new("strace");
-    cmd.args(["-f", "-ttt", "-y", "-qq", "-e", TRACE])
-        .args(["-e", "inject=fsync,fdatasync:signal=SIGSTOP", "-o"])
-        .arg(fifo)
+    cmd.args(["-f", "-ttt", "-T", "-y", "-qq", "-xx", "-s", STRING_LIMIT])
+        .args(["-e", TRACE, "-o"])
+        .arg(out)
         .arg(binary)
         .arg("serve");
     cmd
 }
 
-/// Makes the named pipe strace writes to.
-pub(crate) fn make_fifo(path: &Path) -> anyhow::Result<()> {
-    let status = Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .context("running mkfifo")?;
-    if !status.success() {
-        bail!("mkfifo {} failed: {status}", path.display());
+/// Reads the trace in `file`, keeping what touches `root`; `cwd` is the
+/// server's working folder (relative paths of calls that take no folder
+/// descriptor are under it).
+pub(crate) fn read_trace(file: &Path, root: &Path, cwd: &Path) -> anyhow::Result<Trace> {
+    let file = File::open(file).context("opening the trace")?;
+    let mut reader = Reader::new(root, cwd);
+    for line in BufReader::new(file).lines() {
+        reader.line(&line?);
     }
-    Ok(())
+    Ok(reader.trace)
 }
 
-/// How long the trace must stay quiet before stopped threads are let go
-/// on. strace writes a sync's line before it injects that thread's SIGSTOP,
-/// and a SIGCONT discards every stop still pending in the process: waiting
-/// for a quiet moment lets a sync another thread just finished be read
-/// (and its file copied) before the SIGCONT could let that thread run on.
-const QUIET: Duration = Duration::from_millis(2);
-
-/// Reads the trace from `fifo` until strace closes it, keeping the events
-/// under `root` and copying synced files into `snapshots`.
-pub(crate) fn read_trace(
-    fifo: &Path,
-    root: &Path,
-    snapshots: &Path,
-    out: Arc<Mutex<Trace>>,
-) -> anyhow::Result<()> {
-    let file = File::open(fifo).context("opening the trace pipe")?;
-    // Lines reach this loop as soon as strace writes them, so a quiet
-    // moment can be waited for.
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(file).lines() {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut reader = Reader {
-        root,
-        snapshots,
-        out,
-        unfinished: HashMap::new(),
-        synced: HashSet::new(),
-        stopped: HashSet::new(),
-        uncopied: HashMap::new(),
-    };
-    loop {
-        let line = if reader.stopped.is_empty() {
-            match lines.recv() {
-                Ok(line) => line?,
-                Err(_) => break,
-            }
-        } else {
-            match lines.recv_timeout(QUIET) {
-                Ok(line) => line?,
-                Err(RecvTimeoutError::Timeout) => {
-                    for tid in std::mem::take(&mut reader.stopped) {
-                        resume(tid)?;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        };
-        reader.line(&line);
-    }
-    Ok(())
+/// A descriptor's state, for `write` (which writes at the offset).
+#[derive(Clone, Debug)]
+struct Fd {
+    offset: u64,
+    append: bool,
 }
 
 /// The trace reader's state between lines.
-struct Reader<'a> {
-    root: &'a Path,
-    snapshots: &'a Path,
-    out: Arc<Mutex<Trace>>,
-    /// A call another thread interrupted: its first half, by thread.
-    unfinished: HashMap<u32, String>,
-    /// Threads that synced and are about to stop.
-    synced: HashSet<u32>,
-    /// Threads stopped after their sync, to let go on once the trace is
-    /// quiet.
-    stopped: HashSet<u32>,
-    /// Synced files that were gone when copied (their thread ran on before
-    /// the copy), by path: a rename of one copies its new name, as a
-    /// written file's bytes do not change when it is renamed.
-    uncopied: HashMap<PathBuf, usize>,
+pub(crate) struct Reader {
+    root: PathBuf,
+    /// The server's working folder.
+    cwd: PathBuf,
+    trace: Trace,
+    /// A call another thread interrupted: its first half and the time it
+    /// began, by thread.
+    unfinished: HashMap<u32, (String, f64)>,
+    /// Descriptors open on files under the root.
+    fds: HashMap<i64, Fd>,
+    /// The size each file under the root has, for `O_APPEND` writes.
+    sizes: HashMap<PathBuf, u64>,
 }
 
-impl Reader<'_> {
-    fn line(&mut self, line: &str) {
-        let Some((tid, at, rest)) = split_line(line) else {
-            return;
-        };
-        if rest.starts_with("--- stopped by SIGSTOP") {
-            if self.synced.remove(&tid) {
-                self.stopped.insert(tid);
+impl Reader {
+    pub(crate) fn new(root: &Path, cwd: &Path) -> Reader {
+        Reader {
+            root: root.to_owned(),
+            cwd: cwd.to_owned(),
+            trace: Trace::default(),
+            unfinished: HashMap::new(),
+            fds: HashMap::new(),
+            sizes: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn line(&mut self, line: &str) {
+        let Some((tid, began, rest)) = split_line(line) else {
+            if !line.trim().is_empty() {
+                self.unmodelled(line);
             }
             return;
-        }
+        };
         if rest.starts_with("---") || rest.starts_with("+++") {
             return;
         }
-        let call = if let Some(head) = rest.strip_suffix(" <unfinished ...>") {
-            self.unfinished.insert(tid, head.to_owned());
+        let (call, began) = if let Some(head) = rest.strip_suffix(" <unfinished ...>") {
+            self.unfinished.insert(tid, (head.to_owned(), began));
             return;
         } else if let Some(tail) = rest.strip_prefix("<... ") {
             let Some((_, tail)) = tail.split_once(" resumed>") else {
-                return;
+                return self.unmodelled(line);
             };
             match self.unfinished.remove(&tid) {
-                Some(head) => format!("{head}{tail}"),
-                None => return,
+                Some((head, began)) => (format!("{head}{tail}"), began),
+                None => return self.unmodelled(line),
             }
         } else {
-            rest.to_owned()
+            (rest.to_owned(), began)
         };
-        let Some(parsed) = parse_call(&call) else {
-            self.out.lock().expect("trace lock").unparsed += 1;
-            return;
+        // `name(args) = ret <seconds>`; a call that never returned (the
+        // process killed in it) changed nothing the model can know of.
+        let Some((call, took)) = call.rsplit_once(" <").and_then(|(c, t)| {
+            let took: f64 = t.strip_suffix('>')?.parse().ok()?;
+            Some((c.to_owned(), took))
+        }) else {
+            if call.ends_with("= ?") {
+                return;
+            }
+            return self.unmodelled(line);
         };
-        match parsed {
-            Parsed::Sync(path) => {
-                self.synced.insert(tid);
-                if path.starts_with(self.root) {
-                    self.sync(path, at);
+        let Some(call) = Call::parse(&call) else {
+            return self.unmodelled(line);
+        };
+        match self.apply(&call) {
+            Ok(ops) => {
+                for op in ops {
+                    self.trace.events.push(Event {
+                        at: began + took,
+                        op,
+                    });
                 }
             }
-            Parsed::FailedSync => {
-                self.synced.insert(tid);
-            }
-            Parsed::Op(event) => {
-                let inside = match &event {
-                    Event::Create(p) | Event::Mkdir(p) | Event::Remove(p) => {
-                        p.starts_with(self.root)
-                    }
-                    Event::Rename(a, b) => a.starts_with(self.root) || b.starts_with(self.root),
-                    Event::Sync { .. } => false,
+            Err(why) => self.unmodelled(&format!("{why}: {line}")),
+        }
+    }
+
+    fn unmodelled(&mut self, line: &str) {
+        // Long lines are writes: their head says enough.
+        let shown: String = line.chars().take(300).collect();
+        self.trace.unmodelled.push(shown);
+    }
+
+    fn inside(&self, path: &Path) -> bool {
+        path.starts_with(&self.root)
+    }
+
+    /// The model's operations for one call; `Err` for a call touching the
+    /// root that the model does not know.
+    fn apply(&mut self, c: &Call) -> Result<Vec<Op>, String> {
+        let failed = c.ret.starts_with('-');
+        let fd_arg = |i: usize| c.args.get(i).and_then(|a| fd_path(a));
+        let inside_fd = |i: usize| fd_arg(i).is_some_and(|p| p.starts_with(&self.root));
+        match c.name.as_str() {
+            "open" | "openat" | "openat2" | "creat" => {
+                let (path_arg, flags) = match c.name.as_str() {
+                    "open" => (c.args.first(), c.args.get(1).cloned()),
+                    "creat" => (c.args.first(), Some("O_CREAT|O_WRONLY|O_TRUNC".to_owned())),
+                    _ => (c.args.get(1), c.args.get(2).cloned()),
                 };
-                if let Event::Rename(from, to) = &event
-                    && let Some(index) = self.uncopied.remove(from)
-                {
-                    self.copy(index, to);
+                let flags = flags.unwrap_or_default();
+                if failed {
+                    return Ok(Vec::new());
                 }
-                if inside {
-                    self.out.lock().expect("trace lock").events.push(event);
+                let Some(path) = fd_path(&c.ret) else {
+                    // A descriptor on something that is not a path.
+                    return match path_arg.and_then(|p| unquote(p)) {
+                        Some(p)
+                            if self
+                                .inside(Path::new(&String::from_utf8_lossy(&p).into_owned())) =>
+                        {
+                            Err("an open under the root without its path".into())
+                        }
+                        _ => Ok(Vec::new()),
+                    };
+                };
+                let fd = fd_number(&c.ret).ok_or("an open without a descriptor")?;
+                if !self.inside(&path) {
+                    self.fds.remove(&fd);
+                    return Ok(Vec::new());
+                }
+                if flags.contains("O_PATH") {
+                    return Ok(Vec::new());
+                }
+                let append = flags.contains("O_APPEND");
+                self.fds.insert(fd, Fd { offset: 0, append });
+                if flags.contains("O_DIRECTORY") {
+                    return Ok(Vec::new());
+                }
+                let truncate = flags.contains("O_TRUNC");
+                if truncate {
+                    self.sizes.insert(path.clone(), 0);
+                }
+                if flags.contains("O_CREAT") {
+                    Ok(vec![Op::Create { path, truncate }])
+                } else if truncate {
+                    Ok(vec![Op::Truncate(path)])
+                } else {
+                    Ok(Vec::new())
                 }
             }
-            Parsed::Ignored => {}
+            "close" => {
+                if let Some(fd) = c.args.first().and_then(|a| fd_number(a)) {
+                    self.fds.remove(&fd);
+                }
+                Ok(Vec::new())
+            }
+            "lseek" => {
+                if !inside_fd(0) || failed {
+                    return Ok(Vec::new());
+                }
+                let fd = fd_number(&c.args[0]).ok_or("lseek without a descriptor")?;
+                let offset: u64 = c.ret.parse().map_err(|_| "lseek's result")?;
+                self.fd(fd)?.offset = offset;
+                Ok(Vec::new())
+            }
+            "read" | "readv" => {
+                if !inside_fd(0) || failed {
+                    return Ok(Vec::new());
+                }
+                let fd = fd_number(&c.args[0]).ok_or("a read without a descriptor")?;
+                let n: u64 = c.ret.parse().map_err(|_| "a read's result")?;
+                self.fd(fd)?.offset += n;
+                Ok(Vec::new())
+            }
+            "write" | "writev" | "pwrite64" | "pwritev" | "pwritev2" => {
+                if !inside_fd(0) || failed {
+                    return Ok(Vec::new());
+                }
+                let path = fd_arg(0).ok_or("a write without a path")?;
+                let fd = fd_number(&c.args[0]).ok_or("a write without a descriptor")?;
+                let mut bytes = if c.name.ends_with('v') || c.name == "pwritev2" {
+                    iovec_bytes(c.args.get(1).ok_or("no iovec")?)?
+                } else {
+                    unquote(c.args.get(1).ok_or("no buffer")?).ok_or("a buffer not read")?
+                };
+                let n: usize = c.ret.parse().map_err(|_| "a write's result")?;
+                if bytes.len() < n {
+                    return Err("a write's data cut short".into());
+                }
+                bytes.truncate(n);
+                let size = self.sizes.get(&path).copied().unwrap_or(0);
+                let offset = match c.name.as_str() {
+                    "pwrite64" => parse_u64(c.args.get(3).ok_or("no offset")?)?,
+                    "pwritev" | "pwritev2" => parse_u64(c.args.get(3).ok_or("no offset")?)?,
+                    _ => {
+                        let fd = self.fd(fd)?;
+                        let at = if fd.append { size } else { fd.offset };
+                        fd.offset = at + n as u64;
+                        at
+                    }
+                };
+                if c.name == "pwritev2" && c.args.get(4).is_some_and(|f| f != "0") {
+                    return Err("pwritev2 with flags".into());
+                }
+                self.sizes.insert(path.clone(), size.max(offset + n as u64));
+                Ok(vec![Op::Write {
+                    path,
+                    offset,
+                    bytes: bytes.into(),
+                }])
+            }
+            "ftruncate" | "truncate" => {
+                if failed {
+                    return Ok(Vec::new());
+                }
+                let path = if c.name == "ftruncate" {
+                    match fd_arg(0) {
+                        Some(p) if self.inside(&p) => p,
+                        _ => return Ok(Vec::new()),
+                    }
+                } else {
+                    match self.at_path("AT_FDCWD", c.args.first()) {
+                        Some(p) if self.inside(&p) => p,
+                        Some(_) => return Ok(Vec::new()),
+                        None => return Err("truncate's path".into()),
+                    }
+                };
+                let len = parse_u64(c.args.get(1).ok_or("no length")?)?;
+                self.sizes.insert(path.clone(), len);
+                Ok(vec![Op::SetLen { path, len }])
+            }
+            "fallocate" => {
+                if !inside_fd(0) || failed {
+                    return Ok(Vec::new());
+                }
+                let path = fd_arg(0).ok_or("fallocate without a path")?;
+                let mode = c.args.get(1).ok_or("no mode")?;
+                let offset = parse_u64(c.args.get(2).ok_or("no offset")?)?;
+                let len = parse_u64(c.args.get(3).ok_or("no length")?)?;
+                if mode == "0" {
+                    let size = self.sizes.get(&path).copied().unwrap_or(0);
+                    if offset + len > size {
+                        self.sizes.insert(path.clone(), offset + len);
+                        return Ok(vec![Op::SetLen {
+                            path,
+                            len: offset + len,
+                        }]);
+                    }
+                    return Ok(Vec::new());
+                }
+                if mode == "FALLOC_FL_KEEP_SIZE" {
+                    return Ok(Vec::new());
+                }
+                Err(format!("fallocate mode {mode}"))
+            }
+            "mkdir" | "mkdirat" => {
+                if failed {
+                    return Ok(Vec::new());
+                }
+                let path = if c.name == "mkdir" {
+                    self.at_path("AT_FDCWD", c.args.first())
+                } else {
+                    self.at_path(c.args.first().map_or("", String::as_str), c.args.get(1))
+                }
+                .ok_or("mkdir's path")?;
+                Ok(if self.inside(&path) {
+                    vec![Op::Mkdir(path)]
+                } else {
+                    Vec::new()
+                })
+            }
+            "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
+                if failed {
+                    return Ok(Vec::new());
+                }
+                let (from, to) = if matches!(c.name.as_str(), "rename" | "link") {
+                    (
+                        self.at_path("AT_FDCWD", c.args.first()),
+                        self.at_path("AT_FDCWD", c.args.get(1)),
+                    )
+                } else {
+                    (
+                        self.at_path(c.args.first().map_or("", String::as_str), c.args.get(1)),
+                        self.at_path(c.args.get(2).map_or("", String::as_str), c.args.get(3)),
+                    )
+                };
+                let (from, to) = (from.ok_or("its source")?, to.ok_or("its target")?);
+                if !self.inside(&from) && !self.inside(&to) {
+                    return Ok(Vec::new());
+                }
+                let flags = c.args.get(4).map_or("0", String::as_str);
+                if c.name == "renameat2" && flags.contains("RENAME_EXCHANGE")
+                    || c.name == "renameat2" && flags.contains("RENAME_WHITEOUT")
+                    || c.name == "linkat" && flags != "0"
+                {
+                    return Err(format!("{} with {flags}", c.name));
+                }
+                if !self.inside(&from) || !self.inside(&to) {
+                    return Err("a rename or link across the root's edge".into());
+                }
+                if c.name.starts_with("link") {
+                    return Ok(vec![Op::Link(from, to)]);
+                }
+                if let Some(size) = self.sizes.remove(&from) {
+                    self.sizes.insert(to.clone(), size);
+                }
+                Ok(vec![Op::Rename(from, to)])
+            }
+            "unlink" | "unlinkat" | "rmdir" => {
+                if failed {
+                    return Ok(Vec::new());
+                }
+                let path = if c.name == "unlinkat" {
+                    self.at_path(c.args.first().map_or("", String::as_str), c.args.get(1))
+                } else {
+                    self.at_path("AT_FDCWD", c.args.first())
+                }
+                .ok_or("its path")?;
+                if !self.inside(&path) {
+                    return Ok(Vec::new());
+                }
+                self.sizes.remove(&path);
+                Ok(vec![Op::Remove(path)])
+            }
+            "fsync" | "fdatasync" => {
+                if !inside_fd(0) || failed {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![Op::Sync(fd_arg(0).ok_or("fsync's path")?)])
+            }
+            "syncfs" | "sync" => Ok(if failed {
+                Vec::new()
+            } else {
+                vec![Op::SyncAll]
+            }),
+            // No promise of durability (no metadata, no cache flush).
+            "sync_file_range" => Ok(Vec::new()),
+            "dup" | "dup2" | "dup3" => {
+                if inside_fd(0) && !failed {
+                    return Err("a descriptor under the root duplicated".into());
+                }
+                Ok(Vec::new())
+            }
+            "fcntl" => {
+                let cmd = c.args.get(1).map_or("", String::as_str);
+                if inside_fd(0) && cmd.starts_with("F_DUPFD") && !failed {
+                    return Err("a descriptor under the root duplicated".into());
+                }
+                Ok(Vec::new())
+            }
+            "mmap" | "msync" => {
+                let shared_writable = c.args.iter().any(|a| a.contains("PROT_WRITE"))
+                    && c.args.iter().any(|a| a.contains("MAP_SHARED"));
+                let file = c
+                    .args
+                    .get(4)
+                    .is_some_and(|a| fd_path(a).is_some_and(|p| p.starts_with(&self.root)));
+                if c.name == "mmap" && shared_writable && file {
+                    return Err("a file under the root mapped shared and writable".into());
+                }
+                Ok(Vec::new())
+            }
+            "copy_file_range" | "sendfile" | "splice" => {
+                // copy_file_range(in, off, out, …), splice(in, off, out, …),
+                // sendfile(out, in, …).
+                let target = if c.name == "sendfile" { 0 } else { 2 };
+                if inside_fd(target) && !failed {
+                    return Err("data copied into a file under the root".into());
+                }
+                Ok(Vec::new())
+            }
+            "io_uring_setup" => Err("io_uring: its operations are not traced".into()),
+            "mknod" | "mknodat" | "symlink" | "symlinkat" => {
+                let touches = c.args.iter().filter_map(|a| unquote(a)).any(|p| {
+                    String::from_utf8_lossy(&p).starts_with(&*self.root.to_string_lossy())
+                }) || c
+                    .args
+                    .iter()
+                    .any(|a| fd_path(a).is_some_and(|p| p.starts_with(&self.root)));
+                if touches && !failed {
+                    return Err(format!("{} under the root", c.name));
+                }
+                Ok(Vec::new())
+            }
+            _ => Err(format!("{}: a call the reader does not know", c.name)),
         }
     }
 
-    /// Records a sync of `path` and copies the file's bytes now, while the
-    /// thread that synced it is stopping (a folder has none to copy).
-    fn sync(&mut self, path: PathBuf, at: f64) {
-        let index = {
-            let mut trace = self.out.lock().expect("trace lock");
-            trace.events.push(Event::Sync {
-                path: path.clone(),
-                at,
-                snapshot: None,
-            });
-            trace.events.len() - 1
-        };
-        if path.is_dir() {
-            return;
-        }
-        if !self.copy(index, &path) {
-            self.uncopied.insert(path, index);
-        }
+    fn fd(&mut self, fd: i64) -> Result<&mut Fd, String> {
+        self.fds
+            .get_mut(&fd)
+            .ok_or_else(|| format!("descriptor {fd} under the root, not seen opened"))
     }
 
-    /// Copies `path` as the snapshot of event `index`; false if it is gone.
-    fn copy(&self, index: usize, path: &Path) -> bool {
-        let target = self.snapshots.join(index.to_string());
-        if std::fs::copy(path, &target).is_err() {
-            return false;
+    /// A path argument resolved against its folder descriptor (`dirfd`,
+    /// with its path as `-y` prints it; `AT_FDCWD` alone, for a call that
+    /// takes none, is the working folder).
+    fn at_path(&self, dirfd: &str, arg: Option<&String>) -> Option<PathBuf> {
+        let raw = unquote(arg?)?;
+        let path = PathBuf::from(String::from_utf8(raw).ok()?);
+        if path.is_absolute() {
+            return Some(path);
         }
-        let mut trace = self.out.lock().expect("trace lock");
-        if let Some(Event::Sync { snapshot, .. }) = trace.events.get_mut(index) {
-            *snapshot = Some(target);
+        if dirfd == "AT_FDCWD" {
+            return Some(self.cwd.join(path));
         }
-        true
-    }
-}
-
-/// Lets a process stopped after its sync go on. A thread that is gone
-/// needs nothing: the workload's end kills the server, and a sync stopped
-/// at that moment (the event log's, say) is read from the trace after.
-fn resume(tid: u32) -> anyhow::Result<()> {
-    let Some(pid) = i32::try_from(tid).ok().and_then(Pid::from_raw) else {
-        bail!("no such thread id {tid}");
-    };
-    match kill_process(pid, Signal::CONT) {
-        Ok(()) | Err(Errno::SRCH) => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("kill -CONT {tid}")),
+        Some(fd_path(dirfd)?.join(path))
     }
 }
 
@@ -269,90 +519,115 @@ fn split_line(line: &str) -> Option<(u32, f64, &str)> {
     Some((tid.parse().ok()?, at.parse().ok()?, rest))
 }
 
-/// A traced call, read.
+/// A call read from its line: `name(args) = ret`.
 #[derive(Debug)]
-enum Parsed {
-    Op(Event),
-    Sync(PathBuf),
-    FailedSync,
-    Ignored,
+struct Call {
+    name: String,
+    args: Vec<String>,
+    ret: String,
 }
 
-/// Reads `name(args) = ret` as strace prints it with `-y`.
-fn parse_call(call: &str) -> Option<Parsed> {
-    let (name, rest) = call.split_once('(')?;
-    let cut = rest.rfind(") = ")?;
-    let args = split_args(&rest[..cut]);
-    let ret = &rest[cut + 4..];
-    let ok = !ret.starts_with('-');
-    if matches!(name, "fsync" | "fdatasync") {
-        return Some(if ok {
-            Parsed::Sync(fd_path(args.first()?)?)
-        } else {
-            Parsed::FailedSync
-        });
+impl Call {
+    fn parse(call: &str) -> Option<Call> {
+        let (name, rest) = call.split_once('(')?;
+        let cut = rest.rfind(") = ")?;
+        let ret = rest[cut + 4..].split(' ').next()?.to_owned();
+        Some(Call {
+            name: name.to_owned(),
+            args: split_args(&rest[..cut]),
+            ret,
+        })
     }
-    if !ok {
-        return Some(Parsed::Ignored);
-    }
-    let at = |dirfd: &str, path: &str| -> Option<PathBuf> {
-        let path = unquote(path)?;
-        if path.starts_with('/') {
-            Some(PathBuf::from(path))
-        } else {
-            Some(fd_path(dirfd)?.join(path))
-        }
-    };
-    let event = match name {
-        "open" | "openat" | "creat" => {
-            let flags = if name == "openat" {
-                args.get(2)
-            } else {
-                args.get(1)
-            };
-            let creates = name == "creat" || flags.is_some_and(|f| f.contains("O_CREAT"));
-            if !creates || flags.is_some_and(|f| f.contains("O_DIRECTORY")) {
-                return Some(Parsed::Ignored);
-            }
-            Event::Create(fd_path(ret)?)
-        }
-        "mkdir" => Event::Mkdir(at("AT_FDCWD<>", args.first()?)?),
-        "mkdirat" => Event::Mkdir(at(args.first()?, args.get(1)?)?),
-        "rename" => Event::Rename(
-            at("AT_FDCWD<>", args.first()?)?,
-            at("AT_FDCWD<>", args.get(1)?)?,
-        ),
-        "renameat" | "renameat2" => Event::Rename(
-            at(args.first()?, args.get(1)?)?,
-            at(args.get(2)?, args.get(3)?)?,
-        ),
-        "unlink" | "rmdir" => Event::Remove(at("AT_FDCWD<>", args.first()?)?),
-        "unlinkat" => Event::Remove(at(args.first()?, args.get(1)?)?),
-        _ => return Some(Parsed::Ignored),
-    };
-    Some(Parsed::Op(event))
 }
 
-/// The path strace's `-y` prints after a descriptor: `7</a/b>`.
+/// The path `-y` prints after a descriptor, `7<\x2f…>`, decoded.
 fn fd_path(arg: &str) -> Option<PathBuf> {
     let start = arg.find('<')?;
     let end = arg.rfind('>')?;
-    (end > start + 1).then(|| PathBuf::from(&arg[start + 1..end]))
+    if end <= start + 1 {
+        return None;
+    }
+    let bytes = unescape(&arg[start + 1..end])?;
+    let text = String::from_utf8(bytes).ok()?;
+    // A descriptor on a file removed since: not a path any more.
+    if text.ends_with(" (deleted)") || !text.starts_with('/') {
+        return None;
+    }
+    Some(PathBuf::from(text))
 }
 
-/// A C string as strace prints it.
-fn unquote(arg: &str) -> Option<String> {
+/// The number of a descriptor argument (`7<…>` or `7`).
+fn fd_number(arg: &str) -> Option<i64> {
+    arg.split('<').next()?.trim().parse().ok()
+}
+
+/// A number argument.
+fn parse_u64(arg: &str) -> Result<u64, String> {
+    arg.trim()
+        .parse()
+        .map_err(|_| format!("not a number: {arg}"))
+}
+
+/// A string argument as strace prints it with `-xx` (`"\x41\x42"`); `None`
+/// when it is not one whole string (cut short strings end in `...`).
+fn unquote(arg: &str) -> Option<Vec<u8>> {
     let inner = arg.strip_prefix('"')?.strip_suffix('"')?;
-    let mut out = String::new();
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            out.push(chars.next()?);
-        } else {
-            out.push(c);
+    unescape(inner)
+}
+
+/// `\xHH` escapes (and the other escapes strace may use) decoded.
+fn unescape(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() / 4);
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            out.push(bytes[i]);
+            i += 1;
+            continue;
+        }
+        match bytes.get(i + 1)? {
+            b'x' => {
+                let hex = std::str::from_utf8(bytes.get(i + 2..i + 4)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 4;
+            }
+            b'n' => {
+                out.push(b'\n');
+                i += 2;
+            }
+            b't' => {
+                out.push(b'\t');
+                i += 2;
+            }
+            c => {
+                out.push(*c);
+                i += 2;
+            }
         }
     }
     Some(out)
+}
+
+/// The bytes of an iovec array, `[{iov_base="…", iov_len=N}, …]`, in order.
+fn iovec_bytes(arg: &str) -> Result<Vec<u8>, String> {
+    let inner = arg
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .ok_or("an iovec array")?;
+    let mut out = Vec::new();
+    for element in split_args(inner) {
+        let element = element
+            .strip_prefix('{')
+            .and_then(|e| e.strip_suffix('}'))
+            .ok_or("an iovec")?;
+        let base = split_args(element)
+            .into_iter()
+            .find_map(|f| f.strip_prefix("iov_base=").map(str::to_owned))
+            .ok_or("an iovec's base")?;
+        out.extend(unquote(&base).ok_or("an iovec's data cut short")?);
+    }
+    Ok(out)
 }
 
 /// Splits an argument list at top-level commas (not inside quotes or
@@ -398,104 +673,130 @@ fn split_args(args: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn reads_the_calls_the_model_needs() {
-        let p = |s: &str| format!("{:?}", parse_call(s));
-        assert_eq!(
-            p(
-                r#"openat(AT_FDCWD</w>, "/w/d/a.redb", O_RDWR|O_CREAT|O_CLOEXEC, 0666) = 9</w/d/a.redb>"#
-            ),
-            r#"Some(Op(Create("/w/d/a.redb")))"#
-        );
-        assert_eq!(
-            p(r#"renameat2(7</w/d/tmp>, "x", 8</w/d/Messages>, "y", RENAME_NOREPLACE) = 0"#),
-            r#"Some(Op(Rename("/w/d/tmp/x", "/w/d/Messages/y")))"#
-        );
-        assert_eq!(
-            p(r#"mkdirat(AT_FDCWD</w>, "d/.estafeta", 0700) = 0"#),
-            r#"Some(Op(Mkdir("/w/d/.estafeta")))"#
-        );
-        assert_eq!(
-            p(r#"fsync(9</w/d/a.redb>) = 0"#),
-            r#"Some(Sync("/w/d/a.redb"))"#
-        );
-        assert_eq!(
-            p(r#"unlinkat(5</w/d>, "x", 0) = -1 ENOENT (No such file or directory)"#),
-            "Some(Ignored)"
-        );
-        assert_eq!(
-            split_line("123  1.5 fsync(3</x>) = 0"),
-            Some((123, 1.5, "fsync(3</x>) = 0"))
-        );
+    /// `s` as strace prints it with `-xx`.
+    fn hex(s: &str) -> String {
+        s.bytes().map(|b| format!("\\x{b:02x}")).collect()
     }
 
-    fn reader<'a>(root: &'a Path, snapshots: &'a Path) -> Reader<'a> {
-        Reader {
-            root,
-            snapshots,
-            out: Arc::default(),
-            unfinished: HashMap::new(),
-            synced: HashSet::new(),
-            stopped: HashSet::new(),
-            uncopied: HashMap::new(),
+    fn read(lines: &[String]) -> Trace {
+        let mut r = Reader::new(Path::new("/w"), Path::new("/w"));
+        for l in lines {
+            r.line(l);
         }
+        r.trace
     }
 
     #[test]
-    fn a_synced_file_is_copied_when_its_line_is_read_and_its_thread_let_go_once_stopped() {
-        let dir = tempfile::tempdir().unwrap();
-        let (root, snapshots) = (dir.path().join("fs"), dir.path().join("snapshots"));
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::create_dir_all(&snapshots).unwrap();
-        let file = root.join("a.msg");
-        std::fs::write(&file, "synced").unwrap();
-        let mut r = reader(&root, &snapshots);
-        r.line(&format!("7 1.0 fsync(3<{}>) = 0", file.display()));
-        // Written again before the thread stopped: the copy holds what
-        // was synced.
-        std::fs::write(&file, "later").unwrap();
-        assert!(r.stopped.is_empty());
-        r.line("7 1.1 --- stopped by SIGSTOP ---");
-        // Another thread's group stop is not this recorder's to end.
-        r.line("8 1.1 --- stopped by SIGSTOP ---");
-        assert_eq!(r.stopped, HashSet::from([7]));
-        let trace = r.out.lock().unwrap();
-        let Some(Event::Sync {
-            snapshot: Some(copy),
-            ..
-        }) = trace.events.first()
-        else {
-            panic!("no snapshot: {:?}", trace.events);
-        };
-        assert_eq!(std::fs::read_to_string(copy).unwrap(), "synced");
+    fn reads_the_calls_the_model_needs_with_their_data_and_completion_times() {
+        let d = hex("/w/d");
+        let f = hex("/w/d/a.msg");
+        let lines = vec![
+            format!(
+                r#"7 10.0 mkdirat(AT_FDCWD<{}>, "{d}", 0700) = 0 <0.5>"#,
+                hex("/w")
+            ),
+            format!(
+                r#"7 11.0 openat(AT_FDCWD<{}>, "{f}", O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC, 0600) = 9<{f}> <0.1>"#,
+                hex("/w")
+            ),
+            format!(r#"7 12.0 write(9<{f}>, "{}", 5) = 3 <0.1>"#, hex("hello")),
+            format!(r#"7 12.5 write(9<{f}>, "{}", 2) = 2 <0.1>"#, hex("lo")),
+            format!(
+                r#"8 13.0 pwrite64(9<{f}>, "{}", 2, 4096) = 2 <0.1>"#,
+                hex("zz")
+            ),
+            format!("7 14.0 fsync(9<{f}>) = 0 <0.25>"),
+            format!(
+                r#"7 15.0 renameat2(AT_FDCWD<{}>, "{f}", AT_FDCWD<{}>, "{}", RENAME_NOREPLACE) = 0 <0.1>"#,
+                hex("/w"),
+                hex("/w"),
+                hex("/w/d/b.msg")
+            ),
+            format!(
+                r#"7 16.0 openat(AT_FDCWD<{}>, "{}", O_RDONLY|O_CLOEXEC) = 3<{}> <0.1>"#,
+                hex("/"),
+                hex("/etc/hosts"),
+                hex("/etc/hosts")
+            ),
+            format!(
+                r#"7 17.0 write(3<{}>, "{}", 1) = 1 <0.1>"#,
+                hex("/etc/hosts"),
+                hex("x")
+            ),
+        ];
+        let t = read(&lines);
+        assert!(t.unmodelled.is_empty(), "{:?}", t.unmodelled);
+        let ops: Vec<String> = t
+            .events
+            .iter()
+            .map(|e| format!("{} {:?}", e.at, e.op))
+            .collect();
+        assert_eq!(
+            ops,
+            vec![
+                r#"10.5 Mkdir("/w/d")"#.to_owned(),
+                r#"11.1 Create { path: "/w/d/a.msg", truncate: true }"#.to_owned(),
+                r#"12.1 Write { path: "/w/d/a.msg", offset: 0, bytes: [104, 101, 108] }"#
+                    .to_owned(),
+                r#"12.6 Write { path: "/w/d/a.msg", offset: 3, bytes: [108, 111] }"#.to_owned(),
+                r#"13.1 Write { path: "/w/d/a.msg", offset: 4096, bytes: [122, 122] }"#.to_owned(),
+                r#"14.25 Sync("/w/d/a.msg")"#.to_owned(),
+                r#"15.1 Rename("/w/d/a.msg", "/w/d/b.msg")"#.to_owned(),
+            ]
+        );
     }
 
     #[test]
-    fn a_synced_file_renamed_before_it_was_copied_is_copied_under_its_new_name() {
-        // A SIGCONT for one thread's stop discards another thread's stop
-        // still pending: that thread runs on and renames its file before
-        // the recorder reads its sync.
-        let dir = tempfile::tempdir().unwrap();
-        let (root, snapshots) = (dir.path().join("fs"), dir.path().join("snapshots"));
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::create_dir_all(&snapshots).unwrap();
-        let (tmp, file) = (root.join(".a.msg.tmp"), root.join("a.msg"));
-        std::fs::write(&file, "message").unwrap();
-        let mut r = reader(&root, &snapshots);
-        r.line(&format!("7 1.0 fsync(3<{}>) = 0", tmp.display()));
-        r.line(&format!(
-            r#"7 1.1 rename("{}", "{}") = 0"#,
-            tmp.display(),
-            file.display()
-        ));
-        let trace = r.out.lock().unwrap();
-        let Some(Event::Sync {
-            snapshot: Some(copy),
-            ..
-        }) = trace.events.first()
-        else {
-            panic!("no snapshot: {:?}", trace.events);
-        };
-        assert_eq!(std::fs::read_to_string(copy).unwrap(), "message");
+    fn an_interrupted_call_completes_when_it_resumes() {
+        let f = hex("/w/a");
+        let lines = vec![
+            format!("5 1.0 fsync(3<{f}> <unfinished ...>"),
+            format!("6 1.5 fsync(4<{f}>) = 0 <0.1>"),
+            "5 2.0 <... fsync resumed>) = 0 <1.5>".to_owned(),
+        ];
+        let t = read(&lines);
+        assert!(t.unmodelled.is_empty(), "{:?}", t.unmodelled);
+        let at: Vec<f64> = t.events.iter().map(|e| e.at).collect();
+        assert_eq!(at, vec![1.6, 2.5]);
+    }
+
+    #[test]
+    fn what_the_model_does_not_know_under_the_root_is_reported() {
+        let f = hex("/w/a");
+        let lines = vec![
+            format!("5 1.0 dup(3<{f}>) = 4<{f}> <0.1>"),
+            format!(
+                "5 1.0 mmap(NULL, 4096, PROT_READ|PROT_WRITE, MAP_SHARED, 3<{f}>, 0) = 0x7f00 <0.1>"
+            ),
+            format!(r#"5 1.0 write(3<{f}>, "{}"..., 9) = 9 <0.1>"#, hex("abc")),
+            format!(r#"5 1.0 write(12<{f}>, "{}", 3) = 3 <0.1>"#, hex("abc")),
+            "5 1.0 not a call".to_owned(),
+            format!("5 1.0 io_uring_setup(8, {{}}) = 5 <0.1>"),
+        ];
+        let t = read(&lines);
+        assert_eq!(t.unmodelled.len(), 6, "{:#?}", t.unmodelled);
+        assert!(t.events.is_empty());
+    }
+
+    #[test]
+    fn vectored_writes_are_read_whole() {
+        let f = hex("/w/a");
+        let lines = vec![
+            format!(
+                r#"5 1.0 openat(AT_FDCWD<{0}>, "{f}", O_RDWR|O_CREAT, 0600) = 3<{f}> <0.1>"#,
+                hex("/w")
+            ),
+            format!(
+                r#"5 1.0 pwritev(3<{f}>, [{{iov_base="{}", iov_len=2}}, {{iov_base="{}", iov_len=1}}], 2, 8) = 3 <0.1>"#,
+                hex("ab"),
+                hex("c")
+            ),
+        ];
+        let t = read(&lines);
+        assert!(t.unmodelled.is_empty(), "{:?}", t.unmodelled);
+        assert_eq!(
+            format!("{:?}", t.events[1].op),
+            r#"Write { path: "/w/a", offset: 8, bytes: [97, 98, 99] }"#
+        );
     }
 }

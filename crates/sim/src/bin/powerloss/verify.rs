@@ -1,19 +1,37 @@
-//! The workload run under the recorder, and the checks run on every crash
-//! state: the real server's start-up recovery, then nothing acknowledged
-//! lost, nothing duplicated, nothing stuck.
+//! The checks run on every crash state: the real server's start-up
+//! recovery, the clients' recovery as they would after the crash, then
+//! nothing acknowledged lost, nothing duplicated, nothing stuck.
+//!
+//! What the clients do after the crash: each database's processor settles
+//! the processes it knows (their start was answered) and has not settled:
+//! a late commit if its own transaction committed, a rollback otherwise;
+//! then it processes what its queue offers until it is idle. Each device
+//! reads its inbox, and sends the uploads it had acknowledged again (as
+//! after a lost answer).
+//!
+//! - **Lost**: a database's or a device's token unknown; an acknowledged
+//!   upload never processed by its database; the commit of a process whose
+//!   transaction committed not answered OK; a reply of such a process that
+//!   never reached its device.
+//! - **Duplicated**: a message offered again after it was processed; a
+//!   reply delivered twice (two ids), or again after its acknowledgement
+//!   was answered; an acknowledged upload's key giving a new message.
+//! - **Wrong**: a reply of a process whose transaction did not commit.
+//! - **Stuck**: a server that does not start or answer, files left in
+//!   `Messages`, `Prepared` or `Unknown` of a database or in `Prepared` or
+//!   `Unknown` of a device, a queue never idle.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
-use estafeta_wire::{
-    Body, Folder, Id, MessageId, MessageResult, PrepareRequest, ProcessId, Reply, ResultStatus,
-    SendMessage, StartRequest, StartStatus, Version,
-};
+use estafeta_wire::{CallStatus, Folder, MessageId, ProcessId, StartStatus};
 use tokio::process::{Child, Command};
+
+use crate::workload::{self, Ack, DATABASES, DEVICES, Journal};
 
 /// The admin token every server of a run gets.
 pub(crate) const ADMIN_TOKEN: &str = "powerloss-admin-token-0123456789abcdef";
@@ -21,84 +39,17 @@ pub(crate) const ADMIN_TOKEN: &str = "powerloss-admin-token-0123456789abcdef";
 /// How long a server may take to answer `/readyz`.
 const READY_BOUND: Duration = Duration::from_secs(30);
 
-/// The reply's body: how the checks tell it from other messages.
-const REPLY: &str = r#"{"reply":"cycle"}"#;
+/// How long the processors' recovery may take before the queue counts as
+/// stuck.
+const QUEUE_BOUND: Duration = Duration::from_secs(20);
 
-/// Seconds since the epoch, as strace's `-ttt` prints them.
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// What the workload got acknowledged, and when.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Acks {
-    /// The database and the device exist.
-    pub(crate) provisioned: Option<f64>,
-    db: Option<Id>,
-    db_token: String,
-    device: Option<Id>,
-    device_token: String,
-    /// Uploads: idempotency key, message id, acknowledged at.
-    uploads: Vec<(String, MessageId, f64)>,
-    /// The processor's cycle: its process (known from the start's
-    /// answer, acknowledged then) and the messages it processed.
-    pid: Option<ProcessId>,
-    started: Option<f64>,
-    processed: Vec<MessageId>,
-    /// The processor committed its own transaction then.
-    local_commit: Option<f64>,
-    /// The server acknowledged the commit then.
-    commit: Option<f64>,
-}
-
-impl Acks {
-    /// What the workload had acknowledged before `until`, as one
-    /// comparable value (crash states with the same files and the same
-    /// value need one check only).
-    pub(crate) fn signature(&self, until: f64) -> Vec<bool> {
-        let mut sig = vec![
-            self.provisioned.is_some_and(|t| t < until),
-            self.started.is_some_and(|t| t < until),
-            self.local_commit.is_some_and(|t| t < until),
-            self.commit.is_some_and(|t| t < until),
-        ];
-        sig.extend(self.uploads.iter().map(|u| u.2 < until));
-        sig
-    }
-
-    /// How the processor settles its process after a crash at `until`,
-    /// as a real one does (`Processor::settle`): it knows the process once
-    /// the start answered; a late commit if its own transaction committed,
-    /// a rollback otherwise (a prepare the server saved may not have been
-    /// answered before the cut, and the process is in doubt on restart).
-    pub(crate) fn settlement(&self, until: f64) -> Option<(ProcessId, Settle)> {
-        let pid = self
-            .pid
-            .filter(|_| self.started.is_some_and(|t| t < until))?;
-        if self.local_commit.is_some_and(|t| t < until) {
-            Some((pid, Settle::Commit))
-        } else {
-            Some((pid, Settle::Rollback))
-        }
-    }
-
-    /// How many calls were acknowledged.
-    pub(crate) fn count(&self) -> usize {
-        self.uploads.len()
-            + usize::from(self.provisioned.is_some())
-            + usize::from(self.commit.is_some())
-    }
-}
-
-/// The processor's verdict on its process after a crash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    /// Its transaction committed: a late `commit`.
-    Commit,
-    /// It did not: a `rollback`.
-    Rollback,
+/// The process timeouts of a server: the recorded one lets the workload's
+/// processes live while strace slows it (STARTED) and puts the in-doubt
+/// one in doubt soon (READY_TO_COMMIT); the checked ones time out
+/// whatever a crash left started.
+pub(crate) enum Timeouts {
+    Recorded,
+    Checked,
 }
 
 /// A server process on a data folder.
@@ -115,17 +66,22 @@ impl Server {
         data: &Path,
         port: u16,
         log: &Path,
+        timeouts: Timeouts,
     ) -> anyhow::Result<Server> {
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("ESTAFETA_") {
                 cmd.env_remove(key);
             }
         }
+        let started = match timeouts {
+            Timeouts::Recorded => "60s",
+            Timeouts::Checked => "2s",
+        };
         let log = std::fs::File::create(log)?;
         cmd.env("ESTAFETA_DATA_DIR", data)
             .env("ESTAFETA_LISTEN", format!("127.0.0.1:{port}"))
             .env("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("ESTAFETA_STARTED_TIMEOUT", "2s")
+            .env("ESTAFETA_STARTED_TIMEOUT", started)
             .env("ESTAFETA_READY_TIMEOUT", "2s")
             .env("ESTAFETA_LOG", "warn")
             .stdout(Stdio::null())
@@ -170,127 +126,30 @@ impl Server {
     }
 }
 
-fn start_request(db: &Id) -> StartRequest {
-    StartRequest {
-        version: Version,
-        db_id: db.clone(),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    }
-}
-
-fn upload(to: &Id, key: &str) -> anyhow::Result<SendMessage> {
-    Ok(SendMessage {
-        version: Version,
-        to: to.clone(),
-        body: Body::from_json(format!(r#"{{"key":"{key}"}}"#))?,
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: Some(key.to_owned()),
-    })
-}
-
-/// Processes every message in `processed` (all PROCESSED), with `replies`.
-fn prepare(messages: &[MessageId], replies: Vec<Reply>) -> PrepareRequest {
-    PrepareRequest {
-        version: Version,
-        results: messages
-            .iter()
-            .map(|id| MessageResult {
-                message_id: *id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies,
-    }
-}
-
-/// The workload: provision a database and a device; `uploads` uploads
-/// with idempotency keys, half before and half after one processor cycle
-/// (start → prepare with a reply to the device → the processor's own
-/// commit → commit).
-pub(crate) async fn workload(admin: &Client, uploads: usize) -> anyhow::Result<Acks> {
-    let mut acks = Acks::default();
-    let ent: Id = "powerloss".parse()?;
-    let sales: Id = "sales".parse()?;
-    let db: Id = "db-0".parse()?;
-    let dev: Id = "dev-0".parse()?;
-    admin.create_enterprise(&ent).await?;
-    admin.create_subsystem(&ent, &sales).await?;
-    acks.db_token = admin.create_database(&ent, &db).await?.token;
-    acks.device_token = admin.create_device(&ent, &dev, &sales).await?.token;
-    acks.provisioned = Some(now());
-    let device = admin.with_token(&acks.device_token);
-    let processor = admin.with_token(&acks.db_token);
-    for i in 0..uploads {
-        if i == uploads / 2 {
-            let started = processor.start(&start_request(&db)).await?;
-            if started.status != StartStatus::Ok {
-                bail!("the processor's start answered {:?}", started.status);
-            }
-            let pid = started.process_id.context("no process id")?;
-            acks.started = Some(now());
-            acks.pid = Some(pid);
-            let ids: Vec<MessageId> = started
-                .messages
-                .unwrap_or_default()
-                .into_iter()
-                .map(|m| m.id)
-                .collect();
-            let reply = Reply {
-                to: dev.clone(),
-                body: Body::from_json(REPLY)?,
-                created_at: None,
-                deliver_at: None,
-            };
-            processor.prepare(&pid, &prepare(&ids, vec![reply])).await?;
-            acks.local_commit = Some(now());
-            processor.commit(&pid).await?;
-            acks.commit = Some(now());
-            acks.processed = ids;
-        }
-        let key = format!("key-{i}");
-        let sent = device.send(&upload(&db, &key)?).await?;
-        acks.uploads.push((key, sent.accepted.id, now()));
-    }
-    acks.db = Some(db);
-    acks.device = Some(dev);
-    Ok(acks)
-}
-
 /// Starts the real server on the crash state in `state` (its `data`
-/// folder), lets a processor and the device recover as they would after
-/// the crash, and checks what was acknowledged before `until`; the
-/// violations found.
+/// folder), lets the clients recover as they would after the crash, and
+/// checks what was acknowledged before `until`; the violations found.
 pub(crate) async fn check_state(
     binary: &Path,
     state: &Path,
-    acks: &Acks,
+    journal: &Journal,
     until: f64,
     port: u16,
 ) -> anyhow::Result<Vec<String>> {
     let mut cmd = Command::new(binary);
     cmd.arg("serve").current_dir(state);
-    let server =
-        match Server::start(cmd, &state.join("data"), port, &state.join("server.log")).await {
-            Ok(server) => server,
-            Err(e) => {
-                return Ok(vec![format!(
-                    "stuck: {e:#}; {}",
-                    last_line(&state.join("server.log"))
-                )]);
-            }
-        };
-    let found = checks(&server.admin, acks, until).await;
+    let log = state.join("server.log");
+    let server = match Server::start(cmd, &state.join("data"), port, &log, Timeouts::Checked).await
+    {
+        Ok(server) => server,
+        Err(e) => return Ok(vec![format!("stuck: {e:#}; {}", last_line(&log))]),
+    };
+    let found = checks(&server.admin, journal, until).await;
     server.kill().await?;
     found
 }
 
-fn last_line(log: &PathBuf) -> String {
+fn last_line(log: &Path) -> String {
     std::fs::read_to_string(log)
         .ok()
         .and_then(|s| {
@@ -302,153 +161,385 @@ fn last_line(log: &PathBuf) -> String {
         .unwrap_or_default()
 }
 
-async fn checks(admin: &Client, acks: &Acks, until: f64) -> anyhow::Result<Vec<String>> {
-    let acked = |t: Option<f64>| t.is_some_and(|t| t < until);
+/// What the clients had acknowledged before the cut, gathered.
+#[derive(Default)]
+struct Before {
+    /// Acknowledged uploads: (device, database, key) → id.
+    uploads: BTreeMap<(usize, usize, String), MessageId>,
+    /// Processes whose start was answered, by database: their messages.
+    started: BTreeMap<ProcessId, (usize, Vec<MessageId>)>,
+    committed: BTreeSet<ProcessId>,
+    settled: BTreeSet<ProcessId>,
+    /// Replies each device read, and those whose acknowledgement was
+    /// answered.
+    received: BTreeMap<usize, BTreeSet<MessageId>>,
+    acknowledged: BTreeSet<MessageId>,
+}
+
+impl Before {
+    fn of(journal: &Journal, until: f64) -> Before {
+        let mut b = Before::default();
+        for ack in journal.before(until) {
+            match ack {
+                Ack::Provisioned => {}
+                Ack::Upload {
+                    device,
+                    db,
+                    key,
+                    id,
+                } => {
+                    b.uploads.insert((*device, *db, key.clone()), *id);
+                }
+                Ack::Started { db, pid, messages } => {
+                    b.started.insert(*pid, (*db, messages.clone()));
+                }
+                Ack::LocalCommit { pid } => {
+                    b.committed.insert(*pid);
+                }
+                Ack::Settled { pid } => {
+                    b.settled.insert(*pid);
+                }
+                Ack::Received { device, replies } => {
+                    b.received.entry(*device).or_default().extend(replies);
+                }
+                Ack::Acknowledged { replies, .. } => b.acknowledged.extend(replies),
+            }
+        }
+        b
+    }
+}
+
+async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result<Vec<String>> {
     let mut found = Vec::new();
-    let (Some(db), true) = (&acks.db, acked(acks.provisioned)) else {
-        return Ok(found);
-    };
-    let device = admin.with_token(&acks.device_token);
-    let processor = admin.with_token(&acks.db_token);
-    if let Err(e) = device.inbox(None).await {
-        found.push(format!("lost: the device dev-0 ({e})"));
+    if !journal.before(until).any(|a| matches!(a, Ack::Provisioned)) {
         return Ok(found);
     }
-    // The processor recovers: it settles the process it knows, a late
-    // commit when its own transaction committed, a rollback otherwise.
-    let mut applied: BTreeSet<MessageId> = BTreeSet::new();
-    match acks.settlement(until) {
-        Some((pid, Settle::Commit)) => {
-            applied.extend(acks.processed.iter().copied());
-            if let Err(e) = processor.commit(&pid).await {
-                found.push(format!(
-                    "lost: the prepared process {pid}, its commit answered {e}"
-                ));
-            }
+    let b = Before::of(journal, until);
+    let dbs: Vec<Client> = journal
+        .db_tokens
+        .iter()
+        .map(|t| admin.with_token(t))
+        .collect();
+    let devices: Vec<Client> = journal
+        .device_tokens
+        .iter()
+        .map(|t| admin.with_token(t))
+        .collect();
+    for (i, device) in devices.iter().enumerate() {
+        if let Err(e) = device.inbox(Some(1)).await {
+            found.push(format!("lost: the device {} ({e})", DEVICES[i]));
         }
-        Some((pid, Settle::Rollback)) => {
-            if let Err(e) = processor
-                .rollback(&pid, "the processor's transaction did not commit")
-                .await
-            {
-                found.push(format!(
-                    "stuck: the process {pid}, its rollback answered {e}"
-                ));
-            }
-        }
-        None => {}
     }
-    // Then it processes whatever the queue offers until it is idle.
-    let began = Instant::now();
-    loop {
-        if began.elapsed() > Duration::from_secs(20) {
-            found.push("stuck: the queue never became idle".to_owned());
-            break;
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    let mut applied: Vec<BTreeSet<MessageId>> = vec![BTreeSet::new(); DATABASES.len()];
+    for (pid, (db, messages)) in &b.started {
+        if b.settled.contains(pid) {
+            if b.committed.contains(pid) {
+                applied[*db].extend(messages);
+            }
+            continue;
         }
-        let started = match processor.start(&start_request(db)).await {
-            Ok(s) => s,
-            Err(e) => {
-                found.push(format!("stuck: start answered {e}"));
+        if b.committed.contains(pid) {
+            applied[*db].extend(messages);
+            let answer = settle(&dbs[*db], pid, true).await;
+            if !matches!(answer, Ok(CallStatus::Ok)) {
+                found.push(format!(
+                    "lost: {pid}, whose transaction committed: its late commit answered {answer:?}"
+                ));
+            }
+        } else if let Err(e) = settle(&dbs[*db], pid, false).await {
+            found.push(format!("stuck: {pid}: its rollback answered {e}"));
+        }
+    }
+    // Then each processor processes whatever its queue offers until idle
+    // (its own starts included).
+    for (i, db) in dbs.iter().enumerate() {
+        let queue: estafeta_wire::Id = DATABASES[i].parse()?;
+        let began = Instant::now();
+        loop {
+            if began.elapsed() > QUEUE_BOUND {
+                found.push(format!("stuck: {queue}'s queue never became idle"));
                 break;
             }
-        };
-        match started.status {
-            StartStatus::Idle => break,
-            StartStatus::Busy => tokio::time::sleep(Duration::from_millis(200)).await,
-            StartStatus::Ok => {
-                let pid = started.process_id.context("no process id")?;
-                let ids: Vec<MessageId> = started
-                    .messages
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|m| m.id)
-                    .collect();
-                for id in &ids {
-                    if !applied.insert(*id) {
-                        found.push(format!(
-                            "duplicated: message {id} offered again after it was processed"
-                        ));
+            let started = match db.start(&workload::start_request(&queue)).await {
+                Ok(s) => s,
+                Err(e) if e.status() == Some(reqwest::StatusCode::UNAUTHORIZED) => {
+                    found.push(format!("lost: the database {queue} ({e})"));
+                    break;
+                }
+                Err(e) => {
+                    found.push(format!("stuck: {queue}: start answered {e}"));
+                    break;
+                }
+            };
+            match started.status {
+                StartStatus::Idle => break,
+                StartStatus::Busy => {
+                    // A process the processor never heard of (a start not
+                    // answered before the cut): its STARTED timeout ends it.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                StartStatus::Ok => {
+                    let pid = started.process_id.context("no process id")?;
+                    let ids: Vec<MessageId> = started
+                        .messages
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|m| m.id)
+                        .collect();
+                    for id in &ids {
+                        if !applied[i].insert(*id) {
+                            found.push(format!(
+                                "duplicated: {queue} offered {id} again after it was processed"
+                            ));
+                        }
+                    }
+                    let request = workload::prepare(&ids, Vec::new());
+                    let done = match db.prepare(&pid, &request).await {
+                        Ok(_) => db.commit(&pid).await.map(drop),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = done {
+                        found.push(format!("stuck: {queue}: processing {ids:?} answered {e}"));
+                        break;
                     }
                 }
-                processor.prepare(&pid, &prepare(&ids, Vec::new())).await?;
-                processor.commit(&pid).await?;
             }
         }
     }
-    for (key, id, at) in &acks.uploads {
-        if *at < until && !applied.contains(id) {
-            found.push(format!("lost: acknowledged upload {key} (message {id})"));
+    for ((device, db, key), id) in &b.uploads {
+        if !applied[*db].contains(id) {
+            found.push(format!(
+                "lost: {}'s acknowledged upload {key} to {} ({id}) never processed",
+                DEVICES[*device], DATABASES[*db]
+            ));
         }
     }
-    for folder in [Folder::Messages, Folder::Prepared, Folder::Unknown] {
-        let files = admin.folder(db, folder).await?.files.len();
-        if files > 0 {
-            found.push(format!("stuck: {files} file(s) left in {db}/{folder}"));
+    for db in DATABASES {
+        let db: estafeta_wire::Id = db.parse()?;
+        for folder in [Folder::Messages, Folder::Prepared, Folder::Unknown] {
+            left(admin, &db, folder, &mut found).await;
         }
     }
-    let replies = device
-        .inbox(None)
-        .await?
-        .messages
-        .iter()
-        .filter(|m| m.body.get() == REPLY)
-        .count();
-    if replies > 1 {
-        found.push(format!("duplicated: the reply delivered {replies} times"));
+    for dev in DEVICES {
+        let dev: estafeta_wire::Id = dev.parse()?;
+        for folder in [Folder::Prepared, Folder::Unknown] {
+            left(admin, &dev, folder, &mut found).await;
+        }
     }
-    if replies == 0 && acked(acks.commit) {
-        found.push("lost: the reply of the acknowledged commit".to_owned());
-    }
+    replies(journal, &b, &devices, &mut found).await;
     // The idempotency keys of acknowledged uploads are still known.
-    for (key, id, at) in &acks.uploads {
-        if *at < until {
-            let again = device.send(&upload(db, key)?).await?;
-            if &again.accepted.id != id {
-                found.push(format!(
-                    "duplicated: upload {key} again became a new message {} (idempotency key lost)",
-                    again.accepted.id
-                ));
-            }
+    for ((device, db, key), id) in &b.uploads {
+        match workload::upload_again(&devices[*device], &DATABASES[*db].parse()?, key).await {
+            Ok(again) if again == *id => {}
+            Ok(again) => found.push(format!(
+                "duplicated: {}'s upload {key} sent again became {again}, not {id} (its key lost)",
+                DEVICES[*device]
+            )),
+            Err(e) => found.push(format!(
+                "stuck: {}'s upload {key} sent again answered {e:#}",
+                DEVICES[*device]
+            )),
         }
     }
     Ok(found)
 }
 
+/// Files left in a folder count as stuck (as does a folder not listed).
+async fn left(
+    admin: &Client,
+    mailbox: &estafeta_wire::Id,
+    folder: Folder,
+    found: &mut Vec<String>,
+) {
+    match admin.folder(mailbox, folder).await {
+        Ok(l) if l.files.is_empty() => {}
+        Ok(l) => found.push(format!(
+            "stuck: {} file(s) left in {mailbox}/{folder}",
+            l.files.len()
+        )),
+        Err(e) => found.push(format!("stuck: {mailbox}/{folder} not listed: {e}")),
+    }
+}
+
+/// A late commit (`commit`) or a rollback of `pid`, FAILED answers tried
+/// again a few times (their moves are retried); the last status.
+async fn settle(db: &Client, pid: &ProcessId, commit: bool) -> anyhow::Result<CallStatus> {
+    let mut status = CallStatus::Failed;
+    for _ in 0..5 {
+        status = if commit {
+            db.commit(pid).await?.status
+        } else {
+            db.rollback(pid, "the processor's transaction did not commit")
+                .await?
+                .status
+        };
+        if status != CallStatus::Failed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(status)
+}
+
+/// Each reply of a committed process at its device once; none of another.
+async fn replies(journal: &Journal, b: &Before, devices: &[Client], found: &mut Vec<String>) {
+    let tag = |pid: &ProcessId| journal.tags.iter().find(|(p, _)| p == pid).map(|(_, t)| *t);
+    // Who sent each acknowledged upload.
+    let senders: HashMap<MessageId, usize> = b
+        .uploads
+        .iter()
+        .map(|((device, _, _), id)| (*id, *device))
+        .collect();
+    // What must arrive: (tag, message) of committed processes, at the
+    // device that sent the message (when its upload was acknowledged).
+    let mut expected: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
+    let mut committed_tags = BTreeSet::new();
+    for pid in &b.committed {
+        let (Some(t), Some((_, messages))) = (tag(pid), b.started.get(pid)) else {
+            continue;
+        };
+        committed_tags.insert(t.to_owned());
+        for m in messages {
+            expected.insert((t.to_owned(), m.to_string()), senders.get(m).copied());
+        }
+    }
+    // What the devices hold: what they read before the cut, and their
+    // inbox now. The replies read before are known by id; their bodies
+    // are in the recorded run's inbox reads only, so they are identified
+    // through the inbox now or the journal's tags.
+    let mut seen: BTreeMap<(String, String), BTreeSet<MessageId>> = BTreeMap::new();
+    for (device, client) in devices.iter().enumerate() {
+        let inbox = match client.inbox(None).await {
+            Ok(inbox) => inbox,
+            Err(e) => {
+                found.push(format!("stuck: {}'s inbox not read: {e}", DEVICES[device]));
+                continue;
+            }
+        };
+        for m in &inbox.messages {
+            let Some(key) = workload::reply_of(m.body.get()) else {
+                found.push(format!(
+                    "wrong: {} got {} which is no reply: {}",
+                    DEVICES[device],
+                    m.id,
+                    m.body.get()
+                ));
+                continue;
+            };
+            if b.acknowledged.contains(&m.id) {
+                found.push(format!(
+                    "duplicated: {} got {} again after its acknowledgement was answered",
+                    DEVICES[device], m.id
+                ));
+            }
+            if !committed_tags.contains(&key.0) {
+                found.push(format!(
+                    "wrong: {} got {} of the {} process, whose transaction did not commit",
+                    DEVICES[device], m.id, key.0
+                ));
+                continue;
+            }
+            if let Some(Some(sender)) = expected.get(&key)
+                && *sender != device
+            {
+                found.push(format!(
+                    "wrong: {} got the reply to {}, which {} sent",
+                    DEVICES[device], key.1, DEVICES[*sender]
+                ));
+            }
+            seen.entry(key).or_default().insert(m.id);
+        }
+    }
+    // Replies read before the cut, by id: the recorded run's replies.
+    for ids in b.received.values() {
+        for id in ids {
+            if let Some(key) = journal.replies.get(id).cloned() {
+                seen.entry(key).or_default().insert(*id);
+            }
+        }
+    }
+    for (key, ids) in &seen {
+        if ids.len() > 1 {
+            found.push(format!(
+                "duplicated: the reply of the {} process to {} delivered as {ids:?}",
+                key.0, key.1
+            ));
+        }
+    }
+    for key in expected.keys() {
+        if !seen.contains_key(key) {
+            found.push(format!(
+                "lost: the reply of the {} process to {}",
+                key.0, key.1
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use estafeta_wire::UlidGenerator;
+    use std::time::SystemTime;
 
-    fn acks() -> Acks {
-        Acks {
-            pid: Some(estafeta_wire::UlidGenerator::new().process_id(SystemTime::now())),
-            started: Some(10.0),
-            local_commit: Some(20.0),
-            commit: Some(30.0),
-            ..Acks::default()
-        }
+    fn journal() -> (Journal, ProcessId, MessageId) {
+        let ids = UlidGenerator::new();
+        let pid = ids.process_id(SystemTime::now());
+        let m = ids.message_id(SystemTime::now());
+        let mut j = Journal::default();
+        j.acks = vec![
+            (1.0, Ack::Provisioned),
+            (
+                2.0,
+                Ack::Upload {
+                    device: 0,
+                    db: 0,
+                    key: "key-0".into(),
+                    id: m,
+                },
+            ),
+            (
+                3.0,
+                Ack::Started {
+                    db: 0,
+                    pid,
+                    messages: vec![m],
+                },
+            ),
+            (4.0, Ack::LocalCommit { pid }),
+            (5.0, Ack::Settled { pid }),
+        ];
+        (j, pid, m)
     }
 
     #[test]
-    fn the_processor_settles_only_a_process_whose_start_it_heard() {
-        assert_eq!(acks().settlement(10.0), None);
-        assert!(acks().settlement(10.5).is_some());
+    fn what_was_acknowledged_before_the_cut_is_what_counts() {
+        let (j, pid, m) = journal();
+        let b = Before::of(&j, 3.5);
+        assert_eq!(b.uploads.len(), 1);
+        assert!(b.started.contains_key(&pid));
+        assert!(
+            !b.committed.contains(&pid),
+            "committed at 4.0, after the cut"
+        );
+        let b = Before::of(&j, 4.5);
+        assert!(b.committed.contains(&pid) && !b.settled.contains(&pid));
+        assert_eq!(b.started[&pid].1, vec![m]);
+        assert_ne!(j.signature(3.5), j.signature(4.5));
+        assert_eq!(j.signature(4.2), j.signature(4.5));
     }
 
     #[test]
-    fn a_process_prepared_but_not_committed_locally_is_rolled_back() {
-        // A cut after the server saved the prepare (READY_TO_COMMIT, so in
-        // doubt at restart) and before the processor committed: it rolls
-        // back, and the messages are offered again.
-        let a = acks();
-        assert_eq!(a.settlement(15.0).map(|s| s.1), Some(Settle::Rollback));
-        assert_eq!(a.settlement(25.0).map(|s| s.1), Some(Settle::Commit));
-        assert_eq!(a.settlement(35.0).map(|s| s.1), Some(Settle::Commit));
-    }
-
-    #[test]
-    fn what_the_processor_heard_tells_crash_states_apart() {
-        let a = acks();
-        assert_ne!(a.signature(5.0), a.signature(15.0));
-        assert_ne!(a.signature(15.0), a.signature(25.0));
+    fn a_reply_names_its_process_and_message() {
+        let m = UlidGenerator::new().message_id(SystemTime::now());
+        let body = workload::reply_body("committed", &m);
+        assert_eq!(
+            workload::reply_of(&body),
+            Some(("committed".to_owned(), m.to_string()))
+        );
+        assert_eq!(workload::reply_of(r#"{"key":"k"}"#), None);
     }
 }

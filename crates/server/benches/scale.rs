@@ -8,13 +8,21 @@
 //! upload latency at both key counts, and the server's RSS and the data
 //! folder's size (figures for `BENCHMARKS.md`).
 //!
+//! Two measurements, each against a baseline in the same run: `costs`
+//! (the figures above, each growing size against its small one) and `idle`
+//! (the RSS and disk of idle devices and databases against the bare test
+//! tenancy).
+//!
 //! ```sh
-//! cargo test -p estafeta-server --test scale -- --ignored --nocapture
+//! cargo bench -p estafeta-server --bench scale            # both
+//! cargo bench -p estafeta-server --bench scale -- idle    # one of them
 //! # SCALE_DIR picks the disk (default: the system temp folder); the data
 //! # is removed at the end unless SCALE_KEEP is set; ESTAFETA_TEST_BINARY
-//! # names the server binary to run (e.g. target/release/estafeta)
+//! # names the server binary to run (e.g. target/release/estafeta);
+//! # --profile dev for a debug build
 //! ```
 
+#[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::os::unix::fs::DirBuilderExt;
@@ -278,8 +286,8 @@ fn du_bytes(path: &Path) -> u64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (minutes, GBs of disk): run with --ignored --nocapture"]
+/// `start` and upload latency, time to ready, RSS and disk as the data
+/// grows (minutes, GBs of disk at the default sizes).
 async fn costs_stay_flat_as_the_data_grows() {
     let (devices, waiting, keys) = (
         setting("SCALE_DEVICES", 10_000),
@@ -381,8 +389,6 @@ async fn costs_stay_flat_as_the_data_grows() {
 /// `SCALE_IDLE_DBS` (10,000) idle databases more: the cost of each idle
 /// device and database (goal: under 1 KB each in RSS and on disk). The RSS
 /// is read once start-up's work after ready has had 3 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: run with --ignored --nocapture"]
 async fn idle_devices_and_databases_cost_little() {
     let (idle, idle_dbs) = (
         setting("SCALE_IDLE", 100_000),
@@ -415,4 +421,24 @@ async fn idle_devices_and_databases_cost_little() {
     println!("per idle device: RSS {rss:.0} bytes, disk {disk:.0} bytes");
     let (rss, disk) = per(figures[2], idle_dbs);
     println!("per idle database: RSS {rss:.0} bytes, disk {disk:.0} bytes");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument picks a measurement.
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| picked.is_empty() || picked.iter().any(|p| p == name);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    if wanted("costs") {
+        runtime.block_on(costs_stay_flat_as_the_data_grows());
+    }
+    if wanted("idle") {
+        runtime.block_on(idle_devices_and_databases_cost_little());
+    }
 }
