@@ -20,10 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use common::id;
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, Message, Version};
-use common::id;
 use estafeta_exchange::{Exchange, ExchangeConfig, Sinks, Timestamp, UlidGenerator};
 
 const ADMIN: &str = "backup-bench-admin-0123456789abcdef0123";

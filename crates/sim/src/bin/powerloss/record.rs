@@ -392,8 +392,8 @@ impl Reader {
                     return Ok(Vec::new());
                 }
                 let flags = c.args.get(4).map_or("0", String::as_str);
-                if c.name == "renameat2" && flags.contains("RENAME_EXCHANGE")
-                    || c.name == "renameat2" && flags.contains("RENAME_WHITEOUT")
+                if c.name == "renameat2"
+                    && (flags.contains("RENAME_EXCHANGE") || flags.contains("RENAME_WHITEOUT"))
                     || c.name == "linkat" && flags != "0"
                 {
                     return Err(format!("{} with {flags}", c.name));

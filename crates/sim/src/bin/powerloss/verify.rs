@@ -489,29 +489,31 @@ mod tests {
         let ids = UlidGenerator::new();
         let pid = ids.process_id(SystemTime::now());
         let m = ids.message_id(SystemTime::now());
-        let mut j = Journal::default();
-        j.acks = vec![
-            (1.0, Ack::Provisioned),
-            (
-                2.0,
-                Ack::Upload {
-                    device: 0,
-                    db: 0,
-                    key: "key-0".into(),
-                    id: m,
-                },
-            ),
-            (
-                3.0,
-                Ack::Started {
-                    db: 0,
-                    pid,
-                    messages: vec![m],
-                },
-            ),
-            (4.0, Ack::LocalCommit { pid }),
-            (5.0, Ack::Settled { pid }),
-        ];
+        let j = Journal {
+            acks: vec![
+                (1.0, Ack::Provisioned),
+                (
+                    2.0,
+                    Ack::Upload {
+                        device: 0,
+                        db: 0,
+                        key: "key-0".into(),
+                        id: m,
+                    },
+                ),
+                (
+                    3.0,
+                    Ack::Started {
+                        db: 0,
+                        pid,
+                        messages: vec![m],
+                    },
+                ),
+                (4.0, Ack::LocalCommit { pid }),
+                (5.0, Ack::Settled { pid }),
+            ],
+            ..Journal::default()
+        };
         (j, pid, m)
     }
 
