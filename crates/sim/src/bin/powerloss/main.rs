@@ -2,7 +2,7 @@
 //! CrashMonkey.
 //!
 //! It runs a workload ([`workload`]) against the real `estafeta` server
-//! running under `strace` ([`record`]), which records every call that
+//! running under `strace` ([`record`](mod@record)), which records every call that
 //! changes a file or folder or makes something durable, with its data.
 //! It replays them in a model of what a power loss may keep ([`model`]):
 //! at a cut after every operation, the crash states the file system's

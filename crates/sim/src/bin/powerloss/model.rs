@@ -17,7 +17,7 @@
 //!   bytes (torn writes), with the old size or the new one; pages past
 //!   the old size that did not reach the disk read as zeros.
 //!
-//! Every such subset is too many: at each cut [`crash_states`] builds,
+//! Every such subset is too many: at each cut [`Fs::crash_states`] builds,
 //! bounded and seeded ([`Bounds`]), the states ALICE and CrashMonkey look
 //! at: everything kept (the page cache survived), nothing kept, prefixes
 //! of the operations in the order they were made, each folder's changes
