@@ -95,8 +95,10 @@ pub(crate) struct Core {
     /// Set once every registered mailbox has been told to the store's
     /// running totals (those registered later are told as they are).
     pub(crate) counting: tokio::sync::OnceCell<()>,
-    /// The processes of every database, kept as their records are saved.
-    pub(crate) process_tally: super::tally::ProcessTally,
+    /// The processes of every database, kept as their records are saved:
+    /// only where this server sees every save (a store of its own; with a
+    /// shared store the list is read from the records when asked).
+    pub(crate) process_tally: Option<super::tally::ProcessTally>,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -492,14 +494,19 @@ impl Core {
                 continue;
             };
             staged.persistent_mut();
-            let rows = DbRows::of(staged.state());
+            let rows = self
+                .process_tally
+                .as_ref()
+                .map(|_| DbRows::of(staged.state()));
             match final_save == Some(i) && out.next.is_empty() {
                 true => staged.commit_last().await?,
                 false => staged.commit().await?,
             }
             // No await between: the record is the session's exactly when
             // its processes are the list's.
-            self.process_tally.replace(&db, rows);
+            if let (Some(tally), Some(rows)) = (&self.process_tally, rows) {
+                tally.replace(&db, rows);
+            }
             for step in steps.skip(1) {
                 match step {
                     Step::Deadline(_) | Step::Save => {}
@@ -555,7 +562,9 @@ impl Core {
             }
         }
         if changed {
-            self.process_tally.replace(db, DbRows::of(&rec));
+            if let Some(tally) = &self.process_tally {
+                tally.replace(db, DbRows::of(&rec));
+            }
             *s.persistent_mut() = rec;
         }
         s.set_expires_at(deadline);

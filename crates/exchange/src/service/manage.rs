@@ -327,7 +327,9 @@ impl Core {
             Ok::<_, ExchangeError>(())
         })
         .await?;
-        self.process_tally.forget(id);
+        if let Some(tally) = &self.process_tally {
+            tally.forget(id);
+        }
         let discarded = self.remove(id, Kind::Database).await?;
         g.release().await?;
         Ok(deleted(endpoint, force, discarded, open))

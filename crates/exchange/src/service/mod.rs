@@ -265,6 +265,7 @@ impl Exchange {
         let sessions =
             sessions::Sessions::open(stores.sessions, stores.process_sessions, clock.clone())
                 .await?;
+        let process_tally = sessions.process_tally();
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {
@@ -284,7 +285,7 @@ impl Exchange {
             push: sinks.push,
             webhooks: Default::default(),
             counting: Default::default(),
-            process_tally: Default::default(),
+            process_tally,
         });
         Ok((Exchange { core }, admin_token))
     }

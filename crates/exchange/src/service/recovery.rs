@@ -54,15 +54,10 @@ impl Core {
     /// so that no prepare of this server or, with a shared store, of
     /// another stores replies meanwhile. How many there were.
     ///
-    /// With a store of this server alone, a prepare's reply names are saved
-    /// before its replies appear, so an orphan comes from outside the
-    /// protocol (a failed removal, a hand-made file): it is moved to
-    /// `Unknown` for the operator, with an alert. With a shared store, a
-    /// server that lost the database's key while storing a prepare's
-    /// replies (its connection cut, or paused past the hold limit), after
-    /// another server had rolled the process back, and that died before
-    /// removing them, leaves replies of a process that ended without them
-    /// (its messages are back in `Messages`): they are removed.
+    /// A prepare's reply names are saved before its replies appear (or,
+    /// with a shared store, in the same transaction), so an orphan comes
+    /// from outside the protocol (a failed removal, a hand-made file): it is
+    /// moved to `Unknown` for the operator, with an alert.
     async fn clear_orphans(&self, db: &Id, rec: Option<&DbRecord>) -> Result<usize, ExchangeError> {
         let referenced: HashSet<MessageId> = match rec {
             Some(rec) => Core::referenced(rec)
@@ -76,16 +71,6 @@ impl Core {
             return Ok(0);
         }
         let prepared = self.location(db, Folder::Prepared);
-        if self.sessions.shared {
-            tracing::warn!(
-                target: "estafeta::event", db = %db, files = orphans.len(),
-                "replies in Prepared of a process that ended without them; removed"
-            );
-            for r in self.store.delete_all(&prepared, &orphans).await {
-                r?;
-            }
-            return Ok(orphans.len());
-        }
         tracing::error!(
             target: "estafeta::alert", db = %db, files = orphans.len(),
             "orphaned files in Prepared with no process; moved to Unknown"
@@ -173,10 +158,7 @@ impl Core {
     /// Forget expired idempotency keys, then remove `Log`, `Prepared`,
     /// `Unknown` and `Error` messages older than the retention period,
     /// except those a live or in-doubt process refers to; how many files
-    /// went. With a shared store, each database's orphans are cleared too
-    /// ([`clear_orphans`](Self::clear_orphans)), holding its session: a
-    /// server that dies after storing a prepare's replies too late leaves
-    /// them at any time, not only before a start-up.
+    /// went.
     pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
         self.expire_keys().await?;
         self.remove_expired_files().await
@@ -190,19 +172,13 @@ impl Core {
             .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
         let cutoff = Timestamp::from_millis(cutoff_ms);
         let mut removed = 0;
-        let databases = self.registry.databases();
-        let n_databases = databases.len();
-        for (i, e) in databases
+        for e in self
+            .registry
+            .databases()
             .into_iter()
             .chain(self.registry.devices())
-            .enumerate()
         {
             let g = self.sessions.db.get(e.id.clone(), false).await?;
-            if self.sessions.shared && i < n_databases {
-                removed += self
-                    .clear_orphans(&e.id, g.as_ref().map(|g| g.state()))
-                    .await?;
-            }
             let keep: HashSet<MessageId> = match &g {
                 Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
                 None => HashSet::new(),

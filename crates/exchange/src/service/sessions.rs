@@ -129,17 +129,24 @@ pub(crate) struct Opening {
     db: Loaded<Id, DbRecord, DefaultIndex<Id>>,
     device: Engine<Id, DeviceRecord>,
     process: Engine<ProcessId, ProcessRecord>,
+    /// Whether other servers share the store (and change its records).
     shared: bool,
 }
 
 impl Opening {
+    /// The process list this server can keep in memory as records are
+    /// saved: only when it sees every save (none where other servers share
+    /// the store: the list is then read from the records).
+    pub(crate) fn process_tally(&self) -> Option<super::tally::ProcessTally> {
+        (!self.shared).then(Default::default)
+    }
+
     /// Start the database engine with `hooks` (without waiting).
     pub(crate) fn start(self, hooks: Arc<ExchangeHooks>) -> Sessions {
         Sessions {
             db: self.db.hooks(hooks).start(),
             device: self.device,
             process: self.process,
-            shared: self.shared,
         }
     }
 }
@@ -152,9 +159,6 @@ pub(crate) struct Sessions {
     pub(crate) device: Engine<Id, DeviceRecord>,
     /// Processes: which database owns each and how it ended.
     pub(crate) process: Engine<ProcessId, ProcessRecord>,
-    /// Whether other servers share the store (and change its records):
-    /// this one's memory is then not the truth between two commands.
-    pub(crate) shared: bool,
 }
 
 impl Sessions {

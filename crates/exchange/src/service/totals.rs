@@ -127,22 +127,26 @@ impl Exchange {
         Ok(t)
     }
 
-    /// The process list kept in memory, its records of an earlier run read
-    /// at the first call (each under its session, so no save slips by).
-    async fn process_tally(&self) -> Result<&super::tally::ProcessTally, ExchangeError> {
+    /// The process list: kept in memory (its records of an earlier run read
+    /// at the first call, each under its session, so no save slips by), or
+    /// read from every record where the records are shared.
+    async fn process_list(&self) -> Result<ProcessList<'_>, ExchangeError> {
         let core = &self.core;
-        core.process_tally
+        let Some(tally) = &core.process_tally else {
+            return Ok(ProcessList::Read(self.read_all_processes().await?));
+        };
+        tally
             .loaded
             .get_or_try_init(|| async {
                 for db in core.registry.databases() {
                     if let Some(g) = core.sessions.db.get(db.id.clone(), false).await? {
-                        core.process_tally.first(&db.id, DbRows::of(g.state()));
+                        tally.first(&db.id, DbRows::of(g.state()));
                     }
                 }
                 Ok::<_, ExchangeError>(())
             })
             .await?;
-        Ok(&core.process_tally)
+        Ok(ProcessList::Kept(tally))
     }
 
     /// Admin: how many processes of every database are in each state
@@ -151,10 +155,7 @@ impl Exchange {
     /// from every record when other servers share the session store).
     pub async fn process_totals(&self, who: &Principal) -> Result<ProcessTotals, ExchangeError> {
         admin(who)?;
-        if self.core.sessions.shared {
-            return Ok(self.read_all_processes().await?.totals());
-        }
-        Ok(self.process_tally().await?.totals())
+        Ok(self.process_list().await?.get().totals())
     }
 
     /// The process list read from every database's record.
@@ -179,10 +180,7 @@ impl Exchange {
         limit: usize,
     ) -> Result<(usize, Vec<ProcessSummary>), ExchangeError> {
         admin(who)?;
-        if self.core.sessions.shared {
-            return Ok(self.read_all_processes().await?.page(skip, limit));
-        }
-        Ok(self.process_tally().await?.page(skip, limit))
+        Ok(self.process_list().await?.get().page(skip, limit))
     }
 
     /// Admin: how many files a folder of a mailbox holds, and up to `limit`
@@ -207,5 +205,22 @@ impl Exchange {
             .oldest(&loc, skip.saturating_add(limit))
             .await?;
         Ok((total, names.into_iter().skip(skip).collect()))
+    }
+}
+
+/// The process list as [`Exchange::process_totals`] found it.
+enum ProcessList<'a> {
+    /// The list this server keeps.
+    Kept(&'a super::tally::ProcessTally),
+    /// The list read from the records just now.
+    Read(super::tally::ProcessTally),
+}
+
+impl ProcessList<'_> {
+    fn get(&self) -> &super::tally::ProcessTally {
+        match self {
+            ProcessList::Kept(t) => t,
+            ProcessList::Read(t) => t,
+        }
     }
 }

@@ -146,7 +146,7 @@ mod tests {
     }
 
     #[test]
-    fn errors_shown_on_the_dashboard_mask_url_credentials() {
+    fn errors_shown_on_the_dashboard_mask_url_credentials_and_paths() {
         let e = LastErrors::default();
         e.set(
             "push/phone-1/1-0",
@@ -154,6 +154,6 @@ mod tests {
         );
         let shown = e.get("push/phone-1/1-0").unwrap();
         assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("https://***@example.net/x"), "{shown}");
+        assert!(shown.contains("https://***@example.net/***"), "{shown}");
     }
 }
