@@ -66,10 +66,10 @@ impl Hooks<Id, DbRecord> for ExchangeHooks {
 
     /// A database's session ended: its processes leave the list.
     fn end(&self, key: &Id, _state: &DbRecord) {
-        if let Some(core) = self.core.upgrade() {
-            if let Some(tally) = &core.process_tally {
-                tally.forget(key);
-            }
+        if let Some(core) = self.core.upgrade()
+            && let Some(tally) = &core.process_tally
+        {
+            tally.forget(key);
         }
     }
 

@@ -129,11 +129,14 @@ impl Exchange {
 
     /// The process list: kept in memory (its records of an earlier run read
     /// at the first call, each under its session, so no save slips by), or
-    /// read from every record where the records are shared.
-    async fn process_list(&self) -> Result<ProcessList<'_>, ExchangeError> {
+    /// read from every record where the records are shared; `f` reads it.
+    async fn with_process_list<T>(
+        &self,
+        f: impl FnOnce(&super::tally::ProcessTally) -> T,
+    ) -> Result<T, ExchangeError> {
         let core = &self.core;
         let Some(tally) = &core.process_tally else {
-            return Ok(ProcessList::Read(self.read_all_processes().await?));
+            return Ok(f(&self.read_all_processes().await?));
         };
         tally
             .loaded
@@ -146,7 +149,7 @@ impl Exchange {
                 Ok::<_, ExchangeError>(())
             })
             .await?;
-        Ok(ProcessList::Kept(tally))
+        Ok(f(tally))
     }
 
     /// Admin: how many processes of every database are in each state
@@ -155,7 +158,7 @@ impl Exchange {
     /// from every record when other servers share the session store).
     pub async fn process_totals(&self, who: &Principal) -> Result<ProcessTotals, ExchangeError> {
         admin(who)?;
-        Ok(self.process_list().await?.get().totals())
+        self.with_process_list(|t| t.totals()).await
     }
 
     /// The process list read from every database's record.
@@ -180,7 +183,7 @@ impl Exchange {
         limit: usize,
     ) -> Result<(usize, Vec<ProcessSummary>), ExchangeError> {
         admin(who)?;
-        Ok(self.process_list().await?.get().page(skip, limit))
+        self.with_process_list(|t| t.page(skip, limit)).await
     }
 
     /// Admin: how many files a folder of a mailbox holds, and up to `limit`
@@ -205,22 +208,5 @@ impl Exchange {
             .oldest(&loc, skip.saturating_add(limit))
             .await?;
         Ok((total, names.into_iter().skip(skip).collect()))
-    }
-}
-
-/// The process list as [`Exchange::process_totals`] found it.
-enum ProcessList<'a> {
-    /// The list this server keeps.
-    Kept(&'a super::tally::ProcessTally),
-    /// The list read from the records just now.
-    Read(super::tally::ProcessTally),
-}
-
-impl ProcessList<'_> {
-    fn get(&self) -> &super::tally::ProcessTally {
-        match self {
-            ProcessList::Kept(t) => t,
-            ProcessList::Read(t) => t,
-        }
     }
 }
