@@ -9,8 +9,9 @@
 //! embedded store's only); the session storage's commit and the moment
 //! after it (the redb file's, or the cluster store's transaction), a
 //! step's batch handed to the message store and the moment after it, and
-//! a prepare's two halves: its reply names recorded, its replies stored
-//! ([`STORE_POINTS`], passed on both stores).
+//! a prepare's two halves: its reply names recorded, its replies stored,
+//! and start-up's look for orphans in `Prepared` with the database's record
+//! read and its key held ([`STORE_POINTS`], passed on both stores).
 
 /// Every named point: [`MAILBOX_POINTS`], then [`STORE_POINTS`].
 pub const POINTS: &[&str] = &[
@@ -26,6 +27,7 @@ pub const POINTS: &[&str] = &[
     "messages::applied",
     "prepare::recorded",
     "prepare::written",
+    "recovery::orphans",
 ];
 
 /// How many of [`POINTS`] are the mailbox's.

@@ -13,6 +13,12 @@
 //!   (a proxy between the node and PostgreSQL cuts the connection once the
 //!   server has committed): the node finds out that it committed, answers
 //!   OK, and the commit delivers the reply.
+//! - A starting node reads a database's record and stalls, holding its key,
+//!   before its look for orphans in `Prepared`; the server ends its
+//!   transaction at the hold limit and another node prepares a process
+//!   with a reply meanwhile. When the stalled node goes on, the live
+//!   prepare's reply is not taken for an orphan: it stays, and the commit
+//!   delivers it.
 #![cfg(feature = "failpoints")]
 
 mod common;
@@ -204,5 +210,71 @@ async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered
         inbox.messages[0].body.get(),
         r#"{"ok":true}"#,
         "the prepared reply"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_that_lost_its_lock_takes_no_live_reply_for_an_orphan() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hold = "options=-c%20idle_in_transaction_session_timeout%3D1000";
+    let url_a = with_params(&pg.url(), &["application_name=node-a", hold]);
+    let url_b = with_params(&pg.url(), &["application_name=node-b", hold]);
+    let b = Node::start(dir.path(), "node-b", &url_b, &[]).await;
+    let admin_token = b.printed_token.clone().unwrap();
+    let (db_token, phone_token) = provision_one(&b.client(&admin_token)).await;
+    let db_b = b.client(&db_token);
+    let sent = b
+        .client(&phone_token)
+        .send(&common::message("db-a", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    let started = db_b.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+
+    // A starts: it reads db-a's record (a process with no reply yet) and
+    // stalls with the key held, past the hold limit.
+    let stall = ("ESTAFETA_FAILPOINTS", "recovery::orphans=1*sleep(6000)");
+    let a = Node::start(dir.path(), "node-a", &url_a, &[stall]).await;
+    eventually("node A stalled holding db-a's key", || async {
+        stalled(&pg, "node-a").then_some(())
+    })
+    .await;
+
+    // B prepares once the server ended A's transaction: the reply is in
+    // db-a's Prepared, named by the READY_TO_COMMIT process.
+    let request = prepare(sent.accepted.id);
+    let prepared = retrying("prepare through B", || db_b.prepare(&pid, &request))
+        .await
+        .unwrap();
+    assert_eq!(prepared.status, CallStatus::Ok);
+
+    // A goes on with the record it read before the stall, then looks again
+    // and becomes ready.
+    let admin_a = a.client(&admin_token);
+    eventually("node A ready", || async {
+        admin_a.readyz().await.ok()?.then_some(())
+    })
+    .await;
+    assert!(
+        folder_ids(&admin_a, "db-a", Folder::Unknown)
+            .await
+            .is_empty(),
+        "nothing taken for an orphan"
+    );
+    let alerts = admin_a.alerts().await.unwrap().alerts;
+    assert!(
+        !alerts.iter().any(|a| a.kind == "orphans"),
+        "no orphans alert: {alerts:?}"
+    );
+    let committed = db_b.commit(&pid).await.unwrap();
+    assert_eq!(committed.status, CallStatus::Ok);
+    assert_eq!(db_b.process(&pid).await.unwrap().state, ProcessState::Done);
+    assert_eq!(
+        folder_ids(&admin_a, "phone-1", Folder::Messages)
+            .await
+            .len(),
+        1,
+        "the reply reached its device"
     );
 }

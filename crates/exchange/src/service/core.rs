@@ -16,9 +16,9 @@ use crate::store::{FileName, Folder, Location, MessageStore, Op};
 use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
-use crate::{Id, ProcessId, Timestamp, UlidGenerator};
+use crate::{Id, MessageId, ProcessId, Timestamp, UlidGenerator};
 use estafeta_session::{Clock, SessionData, SessionGuard, SessionKey, State};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -577,6 +577,16 @@ impl Core {
             .iter()
             .chain(rec.in_doubt.iter())
             .flat_map(|p| p.messages.iter().chain(p.replies.iter()))
+    }
+
+    /// Every message of `rec`'s `Prepared` that its record names: its
+    /// processes' messages and replies, and the reply names of a prepare
+    /// under way (whose files may be landing).
+    pub(crate) fn names_in_prepared(rec: &DbRecord) -> HashSet<MessageId> {
+        Core::referenced(rec)
+            .chain(rec.process.iter().flat_map(|p| p.preparing.iter()))
+            .map(|n| n.id)
+            .collect()
     }
 
     pub(crate) fn location(&self, id: &Id, folder: Folder) -> Location {

@@ -3,10 +3,10 @@
 use super::alerts::AlertKind;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::DbRecord;
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
 use crate::{Id, MessageId, Timestamp};
+use estafeta_session::storage::Step;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
@@ -41,49 +41,58 @@ impl Core {
     /// holding it, clears the orphans of its `Prepared`
     /// ([`clear_orphans`](Self::clear_orphans)); how many there were.
     async fn recover_database(&self, db: &Id) -> Result<usize, ExchangeError> {
-        // A database never used has no session, and gets none in memory.
-        let g = self.sessions.db.get(db.clone(), false).await?;
-        let cleared = self.clear_orphans(db, g.as_ref().map(|g| g.state())).await;
-        drop(g);
-        cleared
+        // Held even for a database never used (its session, made for this
+        // look, is dropped untouched at the release), so that no prepare of
+        // this server or of another runs between the look and the moves.
+        let Some(mut g) = self.sessions.db.get(db.clone(), true).await? else {
+            return Ok(0);
+        };
+        let referenced = Core::names_in_prepared(g.state());
+        // The harness's point: the record read, its key held, nothing moved.
+        fail::fail_point!("recovery::orphans");
+        let cleared = self.clear_orphans(db, &referenced, g.step()).await?;
+        // With a shared store the moves commit here, with the step that
+        // held the key: a server that lost it meanwhile moved nothing.
+        g.release().await?;
+        if cleared > 0 {
+            tracing::error!(
+                target: "estafeta::alert", db = %db, files = cleared,
+                "orphaned files in Prepared with no process; moved to Unknown"
+            );
+            self.raise_alert(
+                AlertKind::Orphans,
+                db,
+                format!(
+                    "{cleared} orphaned files in Prepared of database {db} with no process; moved to Unknown"
+                ),
+            )
+            .await;
+        }
+        Ok(cleared)
     }
 
-    /// Clears the messages in the `Prepared` of database `db` that no
-    /// process of its record `rec` names (as a message, a reply or a reply
-    /// of a prepare under way); the caller holds the database's session,
-    /// so that no prepare of this server or, with a shared store, of
-    /// another stores replies meanwhile. How many there were.
+    /// Moves the messages in the `Prepared` of database `db` that are not
+    /// in `referenced` (what its record names: see
+    /// [`Core::names_in_prepared`]) to `Unknown`, in `step` where the
+    /// session store is shared; the caller holds the database's session,
+    /// so that no prepare stores replies meanwhile. How many there were.
     ///
     /// A prepare's reply names are saved before its replies appear (or,
     /// with a shared store, in the same transaction), so an orphan comes
     /// from outside the protocol (a failed removal, a hand-made file): it is
-    /// moved to `Unknown` for the operator, with an alert.
-    async fn clear_orphans(&self, db: &Id, rec: Option<&DbRecord>) -> Result<usize, ExchangeError> {
-        let referenced: HashSet<MessageId> = match rec {
-            Some(rec) => Core::referenced(rec)
-                .chain(rec.process.iter().flat_map(|p| p.preparing.iter()))
-                .map(|n| n.id)
-                .collect(),
-            None => HashSet::new(),
-        };
-        let orphans = self.store.orphans(db, &referenced).await?;
+    /// left to the operator, with an alert (raised by the caller once the
+    /// moves are durable).
+    async fn clear_orphans(
+        &self,
+        db: &Id,
+        referenced: &HashSet<MessageId>,
+        step: Option<&mut dyn Step>,
+    ) -> Result<usize, ExchangeError> {
+        let orphans = self.store.orphans(db, referenced).await?;
         if orphans.is_empty() {
             return Ok(0);
         }
         let prepared = self.location(db, Folder::Prepared);
-        tracing::error!(
-            target: "estafeta::alert", db = %db, files = orphans.len(),
-            "orphaned files in Prepared with no process; moved to Unknown"
-        );
-        self.raise_alert(
-            AlertKind::Orphans,
-            db,
-            format!(
-                "{} orphaned files in Prepared of database {db} with no process; moved to Unknown",
-                orphans.len()
-            ),
-        )
-        .await;
         let unknown = self.location(db, Folder::Unknown);
         let moves: Vec<_> = orphans
             .iter()
@@ -93,7 +102,7 @@ impl Core {
                 to: unknown.clone(),
             })
             .collect();
-        for r in self.store.apply(None, &moves).await.results {
+        for r in self.store.apply(step, &moves).await.results {
             r?;
         }
         Ok(orphans.len())
