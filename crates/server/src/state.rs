@@ -30,7 +30,8 @@ struct Inner {
     body_room: BodyRoom,
     metrics: Metrics,
     sessions: Sessions,
-    /// Wrong tokens by client address (bearer tokens and dashboard logins).
+    /// Wrong tokens by client address (bearer tokens and dashboard logins),
+    /// in a cluster shared with the other nodes.
     auth_throttle: AuthThrottle,
     last_seen: LastSeen,
     /// Alert delivery (its store is the dashboard's list of alerts and
@@ -46,8 +47,10 @@ struct Inner {
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
     /// sinks and `metrics`' commits as its observer, the dashboard's logins
-    /// kept in `sessions`, the event log read from `events`
-    /// ([`crate::Server::open`] builds them in that order).
+    /// kept in `sessions`, the event log read from `events`, wrong tokens
+    /// counted by `auth_throttle` ([`crate::Server::open`] builds them in
+    /// that order).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         exchange: Exchange,
         http: HttpSettings,
@@ -56,6 +59,7 @@ impl AppState {
         sessions: Sessions,
         events: Arc<dyn EventLogStore>,
         metrics: Metrics,
+        auth_throttle: AuthThrottle,
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
@@ -63,7 +67,7 @@ impl AppState {
                 http,
                 metrics,
                 sessions,
-                auth_throttle: AuthThrottle::default(),
+                auth_throttle,
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier,

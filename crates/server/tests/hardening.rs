@@ -820,6 +820,8 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
     let flood: Vec<_> = (0..MAX_ADDRESSES + 100)
         .map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1))
         .collect();
+    // Wrong tokens looked at and refused (401), counted here.
+    let mut refused = u64::from(FREE_FAILURES);
     for chunk in flood.chunks(64) {
         let mut answers = tokio::task::JoinSet::new();
         for from in chunk {
@@ -828,13 +830,21 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
         while let Some(r) = answers.join_next().await {
             let status = r.unwrap().status().as_u16();
             assert!(matches!(status, 401 | 429), "{status}");
+            refused += u64::from(status == 401);
         }
     }
     // The locked address's count goes on where it was (had it been
     // forgotten, this would be its first failure of three free ones).
     assert_eq!(stats(attacker.clone(), "guess".into()).await.status(), 401);
+    refused += 1;
     assert_eq!(stats(attacker, ADMIN_TOKEN.into()).await.status(), 429);
     assert_eq!(stats(operator, ADMIN_TOKEN.into()).await.status(), 200);
+    // The metrics count every wrong token, whichever address gave it.
+    let failures = r#"estafeta_auth_failures_total{via="bearer"}"#;
+    assert_eq!(
+        common::metric(&server.base, failures).await,
+        Some(refused as f64)
+    );
     assert_eq!(server.terminate().await, Some(0));
 
     // One summary line, not one per wrong token.

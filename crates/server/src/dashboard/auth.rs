@@ -375,7 +375,9 @@ pub async fn login(
         }
     };
     if who != Some(Principal::Admin) {
-        state.auth_throttle().failed(client, now);
+        state
+            .auth_throttle()
+            .failed(client, now, crate::throttle::Via::Dashboard);
         // Counted, and logged in aggregate once a minute.
         tracing::debug!(%client, "dashboard login refused: not the admin token");
         return login_page(
@@ -384,7 +386,7 @@ pub async fn login(
             StatusCode::UNAUTHORIZED,
         );
     }
-    state.auth_throttle().succeeded(client);
+    state.auth_throttle().succeeded(client, now);
     let id = match state
         .sessions()
         .create(&TokenHash::of(form.token.trim()))
