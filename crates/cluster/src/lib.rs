@@ -32,6 +32,8 @@
 //! - [`PgAuthFailures`]: wrong tokens by client address, which every node
 //!   counts in memory and swaps with the others now and then, so that an
 //!   address one node makes wait waits on all of them.
+//! - [`Store::takes_writes`]: whether the database takes a write now (a
+//!   node's `/readyz`).
 //! - [`DatabaseClock`]: the database server's time, which every node runs
 //!   on, so that deadlines and leases one node sets mean the same to all.
 //! - With the `test-support` feature, the `testing` module starts throwaway
@@ -73,6 +75,7 @@ mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod tls;
+mod write_probe;
 
 pub use alerts::{PgAlerts, StoredAlert};
 pub use auth_failures::{Known, Learned, PgAuthFailures, Reported};

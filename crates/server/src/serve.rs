@@ -136,6 +136,10 @@ impl Server {
             crate::throttle::AuthThrottle::new(stores.cluster.clone().map(|db| {
                 estafeta_cluster::PgAuthFailures::new(db, crate::throttle::FORGET_AFTER)
             }));
+        let readiness = crate::readiness::Readiness::new(
+            estafeta_exchange::DataLayout::new(&config.data_dir).state_dir(),
+            stores.cluster.clone(),
+        );
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
@@ -152,6 +156,7 @@ impl Server {
             events,
             metrics,
             auth_throttle,
+            readiness,
         );
         Ok((Server { state }, admin))
     }

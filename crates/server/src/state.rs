@@ -15,6 +15,7 @@ use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};
+use crate::readiness::Readiness;
 use crate::throttle::AuthThrottle;
 
 /// The shared state of the router. Cheap to clone.
@@ -33,6 +34,8 @@ struct Inner {
     /// Wrong tokens by client address (bearer tokens and dashboard logins),
     /// in a cluster shared with the other nodes.
     auth_throttle: AuthThrottle,
+    /// What `/readyz` checks storage with.
+    readiness: Readiness,
     last_seen: LastSeen,
     /// Alert delivery (its store is the dashboard's list of alerts and
     /// their acknowledgements): the exchange's alert sink.
@@ -48,8 +51,8 @@ impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
     /// sinks and `metrics`' commits as its observer, the dashboard's logins
     /// kept in `sessions`, the event log read from `events`, wrong tokens
-    /// counted by `auth_throttle` ([`crate::Server::open`] builds them in
-    /// that order).
+    /// counted by `auth_throttle`, storage checked by `readiness`
+    /// ([`crate::Server::open`] builds them in that order).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         exchange: Exchange,
@@ -60,6 +63,7 @@ impl AppState {
         events: Arc<dyn EventLogStore>,
         metrics: Metrics,
         auth_throttle: AuthThrottle,
+        readiness: Readiness,
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
@@ -68,6 +72,7 @@ impl AppState {
                 metrics,
                 sessions,
                 auth_throttle,
+                readiness,
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier,
@@ -127,7 +132,12 @@ impl AppState {
         &self.inner.pusher
     }
 
-    /// Whether `/readyz` answers 200: the phase is
+    /// What `/readyz` checks storage with.
+    pub fn readiness(&self) -> &Readiness {
+        &self.inner.readiness
+    }
+
+    /// Whether `/readyz` may answer 200: the phase is
     /// [`estafeta_exchange::Phase::Ready`] (recovery done, not stopping).
     pub fn is_ready(&self) -> bool {
         self.inner.exchange.is_ready()
