@@ -138,7 +138,11 @@ pub async fn events(
                 tokio::task::spawn_blocking(move || log.query(&filter, before, EVENTS_SHOWN))
                     .await
                     .map_err(|e| {
-                        PageError::failed(StatusCode::INTERNAL_SERVER_ERROR, "reading the event log", &e)
+                        PageError::failed(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "reading the event log",
+                            &e,
+                        )
                     })?
                     .map_err(|e| PageError::unavailable("reading the event log", &e))?;
             let rows = found
