@@ -29,6 +29,11 @@
 //!   here by every node: [`PgAlerts`] (alerts raised to the administrators,
 //!   once per event), [`PgLogins`] (dashboard login sessions) and
 //!   [`PgEvents`] (the event log).
+//! - [`PgAuthFailures`]: wrong tokens by client address, which every node
+//!   counts in memory and swaps with the others now and then, so that an
+//!   address one node makes wait waits on all of them.
+//! - [`Store::takes_writes`]: whether the database takes a write now (a
+//!   node's `/readyz`).
 //! - [`DatabaseClock`]: the database server's time, which every node runs
 //!   on, so that deadlines and leases one node sets mean the same to all.
 //! - With the `test-support` feature, the `testing` module starts throwaway
@@ -51,6 +56,7 @@
 #![deny(missing_docs)]
 
 mod alerts;
+mod auth_failures;
 mod clock;
 mod error;
 mod events;
@@ -69,8 +75,10 @@ mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod tls;
+mod write_probe;
 
 pub use alerts::{PgAlerts, StoredAlert};
+pub use auth_failures::{Known, Learned, PgAuthFailures, Reported};
 pub use clock::{DatabaseClock, SKEW_WARNING};
 pub use error::Error;
 pub use events::{EventRow, INDEXED as EVENT_INDEXES, PgEvents, StoredEvent};

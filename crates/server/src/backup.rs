@@ -26,6 +26,7 @@ use estafeta_exchange::{DataLayout, Exchange, ExchangeError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::events::EventStore;
 
 /// The body of `POST /v1/admin/backup`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -274,8 +275,13 @@ struct Counts {
 /// their permissions, state files copied, message files hard-linked when
 /// `to` is on the same file system and copied otherwise. A file gone
 /// between listing and copying (an event log rotated away) is left out.
+/// The event log's writer, which [`Exchange::pause_writes`] does not hold
+/// back, waits while its file is copied.
 fn copy_data(data: &Path, to: &Path) -> Result<Counts, BackupError> {
-    let state = DataLayout::new(data).state_dir();
+    let layout = DataLayout::new(data);
+    let state = layout.state_dir();
+    let events_file = layout.events();
+    let events = EventStore::opened(&events_file);
     let mut counts = Counts::default();
     let mut link = true;
     let mut folders = vec![(data.to_path_buf(), to.to_path_buf())];
@@ -313,6 +319,10 @@ fn copy_data(data: &Path, to: &Path) -> Result<Counts, BackupError> {
                     Err(e) => return Err(failed(e)),
                 }
             }
+            let _held = events
+                .as_ref()
+                .filter(|_| source == events_file)
+                .map(|log| log.hold_writes());
             match std::fs::copy(&source, &target) {
                 Ok(bytes) => {
                     counts.files += 1;

@@ -285,7 +285,7 @@ pub fn before_serving(data_dir: &Path) -> Result<(), DamagedState> {
     for file in state_files(data_dir) {
         // The event log opened by this process's log subscriber was
         // opened (and repaired) by redb there already.
-        if crate::events::EventStore::is_open(&file.path) {
+        if crate::events::EventStore::opened(&file.path).is_some() {
             continue;
         }
         let report = examine(&file, false);

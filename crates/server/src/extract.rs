@@ -62,10 +62,10 @@ fn throttled(state: &AppState, parts: &Parts, who: Option<&Principal>) -> Result
     }
     match who {
         None => {
-            throttle.failed(client, now);
+            throttle.failed(client, now, crate::throttle::Via::Bearer);
             tracing::debug!(%client, "unknown bearer token");
         }
-        Some(_) => throttle.succeeded(client),
+        Some(_) => throttle.succeeded(client, now),
     }
     Ok(())
 }

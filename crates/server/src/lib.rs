@@ -95,6 +95,7 @@ pub mod notify;
 pub mod open;
 pub mod openapi;
 pub mod operator;
+pub mod readiness;
 pub mod routes;
 pub mod serve;
 pub mod state;

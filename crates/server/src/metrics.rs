@@ -34,7 +34,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::notify::outbound::{HostFigures, TypeFigures};
+use crate::notify::outbound::{HTTP_QUEUE, HostFigures};
 use crate::notify::{Backlog, push};
 use crate::state::AppState;
 
@@ -408,6 +408,8 @@ pub struct Snapshot {
     /// The verdicts on the messages of committed processes, summed over
     /// every database.
     pub verdicts: Option<Verdicts>,
+    /// Wrong tokens and the throttle's figures.
+    pub auth: crate::throttle::Figures,
 }
 
 /// Milliseconds since the epoch of `t` (0 before it).
@@ -431,6 +433,7 @@ impl Snapshot {
         let mut s = Snapshot {
             ready: state.is_ready(),
             sessions: Some(exchange.session_stats()),
+            auth: state.auth_throttle().figures(tokio::time::Instant::now()),
             ..Snapshot::default()
         };
         for kind in KINDS {
@@ -609,6 +612,7 @@ impl Snapshot {
         }
         self.render_queues(out);
         self.render_backlogs(out);
+        self.render_auth(out);
         out.gauge(
             "estafeta_alerts_open",
             "Alerts not acknowledged",
@@ -629,56 +633,70 @@ impl Snapshot {
     }
 }
 
-/// A gauge drawn from each of some figures: name, help, value.
-type Drawn<T> = (&'static str, &'static str, fn(&T) -> u64);
-
 impl Snapshot {
+    /// The send queues by queue and type, summed over their hosts. No
+    /// host is named: `/metrics` answers anyone, and webhook hosts are the
+    /// tenants' (the dashboard's Queues page names each, with its figures).
     fn render_queues(&self, out: &mut Exposition) {
-        out.gauges(
-            "estafeta_sendq_host_up",
-            "Whether a send queue host is up (0: its health probes marked it down), by queue and host",
-            self.queues.iter().map(|h| {
-                (
-                    vec![("queue", h.queue.to_string()), ("host", h.host.clone())],
-                    u64::from(!h.down),
-                )
-            }),
-        );
-        let series: [Drawn<TypeFigures>; 3] = [
-            (
-                "estafeta_sendq_queued",
-                "Send queue entries waiting for their window or for the host, by queue, host and type",
-                |t| t.queued as u64,
-            ),
-            (
-                "estafeta_sendq_in_flight",
-                "Send queue entries being sent or unanswered, by queue, host and type",
-                |t| t.in_flight as u64,
-            ),
-            (
-                "estafeta_sendq_window",
-                "Send queue window (most entries in flight), by queue, host and type",
-                |t| t.window as u64,
-            ),
-        ];
-        for (name, help, value) in series {
-            out.gauges(
-                name,
-                help,
-                self.queues.iter().flat_map(|h| {
-                    h.types.iter().map(move |t| {
-                        (
-                            vec![
-                                ("queue", h.queue.to_string()),
-                                ("host", h.host.clone()),
-                                ("type", t.name.to_string()),
-                            ],
-                            value(t),
-                        )
-                    })
-                }),
-            );
+        let mut hosts: BTreeMap<&str, (u64, u64)> = BTreeMap::from([(HTTP_QUEUE, (0, 0))]);
+        let mut types: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+        for h in &self.queues {
+            let (known, down) = hosts.entry(h.queue).or_default();
+            *known += 1;
+            *down += u64::from(h.down);
+            for t in &h.types {
+                let (queued, in_flight) = types.entry((h.queue, t.name)).or_default();
+                *queued += t.queued as u64;
+                *in_flight += t.in_flight as u64;
+            }
         }
+        let queue = |q: &str| vec![("queue", q.to_owned())];
+        out.gauges(
+            "estafeta_sendq_hosts",
+            "Hosts a send queue sends to (webhooks, the SMS gateway, the SMTP relay), by queue",
+            hosts.iter().map(|(q, (known, _))| (queue(q), *known)),
+        );
+        out.gauges(
+            "estafeta_sendq_hosts_down",
+            "Hosts of a send queue that its health probes marked down, by queue (the dashboard's Queues page names them)",
+            hosts.iter().map(|(q, (_, down))| (queue(q), *down)),
+        );
+        let typed = |q: &str, t: &str| vec![("queue", q.to_owned()), ("type", t.to_owned())];
+        out.gauges(
+            "estafeta_sendq_queued",
+            "Send queue entries waiting for their window or for their host, by queue and type, summed over the hosts",
+            types.iter().map(|((q, t), (queued, _))| (typed(q, t), *queued)),
+        );
+        out.gauges(
+            "estafeta_sendq_in_flight",
+            "Send queue entries being sent or unanswered, by queue and type, summed over the hosts",
+            types
+                .iter()
+                .map(|((q, t), (_, in_flight))| (typed(q, t), *in_flight)),
+        );
+    }
+
+    fn render_auth(&self, out: &mut Exposition) {
+        let t = self.auth.totals;
+        out.counters(
+            "estafeta_auth_failures",
+            "Wrong tokens given to this server, by where: bearer (the API's Authorization header) or dashboard (its login form)",
+            [
+                (crate::throttle::Via::Bearer, t.bearer),
+                (crate::throttle::Via::Dashboard, t.dashboard),
+            ]
+            .map(|(via, n)| (vec![("via", via.as_str().to_owned())], n)),
+        );
+        out.counter(
+            "estafeta_auth_throttled",
+            "Tries from a client address that had to wait after wrong tokens, answered 429 without their token being looked at",
+            t.throttled,
+        );
+        out.gauge(
+            "estafeta_auth_failing_addresses",
+            "Client addresses (an IPv6 client by its /64) with wrong tokens in the last hour that this server knows of (in a cluster, those of every node)",
+            self.auth.addresses,
+        );
     }
 
     fn render_backlogs(&self, out: &mut Exposition) {

@@ -109,14 +109,24 @@ impl NodeStores {
     }
 
     /// The event log the dashboard reads: the cluster's `events` table
-    /// (every node's records) or the file under `data_dir`.
+    /// (every node's records) or the file under `data_dir`, whose damaged
+    /// predecessor, if its opening set one aside, is named in a warning.
     pub fn events(
         &self,
         data_dir: &Path,
     ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
         Ok(match &self.cluster {
             Some(db) => Arc::new(estafeta_cluster::PgEvents::new(db.clone())),
-            None => EventStore::open(&crate::events::events_file(data_dir))?,
+            None => {
+                let store = EventStore::open(&crate::events::events_file(data_dir))?;
+                if let Some(aside) = store.take_set_aside() {
+                    tracing::warn!(
+                        damaged = %aside.path.display(), damage = %aside.damage,
+                        "the event log was damaged: set aside, and a new one begun (the history before this start is not shown)"
+                    );
+                }
+                store
+            }
         })
     }
 

@@ -131,6 +131,15 @@ impl Server {
         let pusher = stores.pusher(&notifier, config.quiesce.clone()).await?;
         let sessions = stores.logins();
         let events = stores.events(&config.data_dir)?;
+        // In a cluster, wrong tokens are counted across the nodes.
+        let auth_throttle =
+            crate::throttle::AuthThrottle::new(stores.cluster.clone().map(|db| {
+                estafeta_cluster::PgAuthFailures::new(db, crate::throttle::FORGET_AFTER)
+            }));
+        let readiness = crate::readiness::Readiness::new(
+            estafeta_exchange::DataLayout::new(&config.data_dir).state_dir(),
+            stores.cluster.clone(),
+        );
         let sinks = Sinks {
             alerts: Arc::new(notifier.clone()),
             push: Arc::new(pusher.clone()),
@@ -138,7 +147,17 @@ impl Server {
         let (exchange, admin) = Exchange::open(config, clock, sinks, stores.exchange)
             .await
             .map_err(ServeError::Open)?;
-        let state = AppState::new(exchange, http, notifier, pusher, sessions, events, metrics);
+        let state = AppState::new(
+            exchange,
+            http,
+            notifier,
+            pusher,
+            sessions,
+            events,
+            metrics,
+            auth_throttle,
+            readiness,
+        );
         Ok((Server { state }, admin))
     }
 
@@ -204,9 +223,7 @@ impl Server {
         };
         let wrong_tokens = {
             let (state, stop) = (state.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                crate::throttle::log_summaries(state.auth_throttle(), stop).await
-            })
+            tokio::spawn(async move { crate::throttle::run(state.auth_throttle(), stop).await })
         };
         let signal = {
             let (exchange, shutdown) = (exchange.clone(), shutdown.clone());

@@ -15,6 +15,7 @@ use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
 use crate::metrics::Metrics;
 use crate::notify::{Notifier, Pusher};
+use crate::readiness::Readiness;
 use crate::throttle::AuthThrottle;
 
 /// The shared state of the router. Cheap to clone.
@@ -30,8 +31,11 @@ struct Inner {
     body_room: BodyRoom,
     metrics: Metrics,
     sessions: Sessions,
-    /// Wrong tokens by client address (bearer tokens and dashboard logins).
+    /// Wrong tokens by client address (bearer tokens and dashboard logins),
+    /// in a cluster shared with the other nodes.
     auth_throttle: AuthThrottle,
+    /// What `/readyz` checks storage with.
+    readiness: Readiness,
     last_seen: LastSeen,
     /// Alert delivery (its store is the dashboard's list of alerts and
     /// their acknowledgements): the exchange's alert sink.
@@ -46,8 +50,10 @@ struct Inner {
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
     /// sinks and `metrics`' commits as its observer, the dashboard's logins
-    /// kept in `sessions`, the event log read from `events`
+    /// kept in `sessions`, the event log read from `events`, wrong tokens
+    /// counted by `auth_throttle`, storage checked by `readiness`
     /// ([`crate::Server::open`] builds them in that order).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         exchange: Exchange,
         http: HttpSettings,
@@ -56,6 +62,8 @@ impl AppState {
         sessions: Sessions,
         events: Arc<dyn EventLogStore>,
         metrics: Metrics,
+        auth_throttle: AuthThrottle,
+        readiness: Readiness,
     ) -> Self {
         AppState {
             inner: Arc::new(Inner {
@@ -63,7 +71,8 @@ impl AppState {
                 http,
                 metrics,
                 sessions,
-                auth_throttle: AuthThrottle::default(),
+                auth_throttle,
+                readiness,
                 last_seen: LastSeen::default(),
                 exchange,
                 notifier,
@@ -123,7 +132,12 @@ impl AppState {
         &self.inner.pusher
     }
 
-    /// Whether `/readyz` answers 200: the phase is
+    /// What `/readyz` checks storage with.
+    pub fn readiness(&self) -> &Readiness {
+        &self.inner.readiness
+    }
+
+    /// Whether `/readyz` may answer 200: the phase is
     /// [`estafeta_exchange::Phase::Ready`] (recovery done, not stopping).
     pub fn is_ready(&self) -> bool {
         self.inner.exchange.is_ready()

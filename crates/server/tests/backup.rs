@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use common::{Binary, PATIENCE, estafeta, id, message, start_request, wait_ready};
 use estafeta_client::Client;
-use estafeta_exchange::MessageId;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
     Body, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus, Version,
 };
+use estafeta_exchange::{DataLayout, MessageId};
 use tokio_util::sync::CancellationToken;
 
 const ADMIN: &str = "backup-admin-0123456789abcdef0123456789";
@@ -91,6 +91,13 @@ async fn a_backup_taken_while_devices_upload_serves_every_acknowledged_message()
     let admin = Client::new(&server.base, ADMIN).unwrap();
     wait_ready(&admin).await;
     let tokens = provision(&admin).await;
+    // A deleted device: its tombstone goes with the backup.
+    let deleted = id("phone-9");
+    admin
+        .create_device(&id("acme"), &deleted, &id("sales"))
+        .await
+        .unwrap();
+    admin.delete_device(&deleted, false).await.unwrap();
     // A process left READY_TO_COMMIT: one message, one reply.
     let in_process = admin
         .with_token(&tokens.phones[0])
@@ -165,6 +172,8 @@ async fn a_backup_taken_while_devices_upload_serves_every_acknowledged_message()
         "uploads went on during the backup"
     );
     server.kill9().await;
+    let tombstone = DataLayout::new(&copy).removed().join("phone-9");
+    assert!(tombstone.is_file(), "{} missing", tombstone.display());
 
     let checked = estafeta(dir.path())
         .arg("check")

@@ -348,3 +348,57 @@ async fn a_node_whose_clock_runs_ahead_times_out_nothing_early() {
         "the node says its clock is off"
     );
 }
+
+/// `/readyz` of a node whose database takes no writes (every transaction
+/// read-only, as on a standby) is 503, and 200 again once it takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_not_ready_while_its_database_takes_no_writes() {
+    use common::cluster::{eventually, node_env};
+    use common::{ADMIN_TOKEN, wait_ready};
+
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let node = Binary::serve(
+        dir.path(),
+        &dir.path().join("node"),
+        &[],
+        &node_env(&url, &[]),
+    )
+    .await;
+    let client = Client::new(&node.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&client).await;
+
+    // This session stays writable whatever the server's configuration says.
+    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let admin = db.client().await.unwrap();
+    admin
+        .batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
+    let read_only = |on: bool| {
+        let sql = match on {
+            true => "ALTER SYSTEM SET default_transaction_read_only = on",
+            false => "ALTER SYSTEM RESET default_transaction_read_only",
+        };
+        let admin = &admin;
+        async move {
+            admin.batch_execute(sql).await.unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+        }
+    };
+    read_only(true).await;
+    eventually("/readyz to be 503", || async {
+        (!client.readyz().await.unwrap()).then_some(())
+    })
+    .await;
+    read_only(false).await;
+    eventually("/readyz to be 200", || async {
+        client.readyz().await.unwrap().then_some(())
+    })
+    .await;
+    node.terminate().await;
+}

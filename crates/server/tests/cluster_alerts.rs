@@ -3,8 +3,9 @@
 //! process that goes in doubt is one alert and one e-mail (a real SMTP
 //! server on loopback) though both nodes run their notifiers, an arrival
 //! is one push notification though both nodes run their pushers, a
-//! dashboard login made through one node is valid on the other, and each
-//! node's event log shows the other's events.
+//! dashboard login made through one node is valid on the other, each
+//! node's event log shows the other's events, and wrong tokens given to
+//! one node count on the other.
 
 mod common;
 
@@ -194,6 +195,68 @@ async fn an_arrival_is_pushed_once_by_two_nodes() {
         wait_count(&db, pending, 0).await;
         assert!(hits.try_recv().is_err(), "a second POST for arrival {n}");
     }
+    a.terminate().await;
+    b.terminate().await;
+}
+
+/// `GET /v1/admin/stats` on `base` with `token`, from `client` behind the
+/// proxy the nodes trust (the test itself, on 127.0.0.1).
+async fn stats_from(base: &str, client: &str, token: &str) -> StatusCode {
+    http()
+        .get(format!("{base}/v1/admin/stats"))
+        .header("x-forwarded-for", client)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_that_gave_wrong_tokens_to_one_node_waits_on_the_other() {
+    use estafeta_server::throttle::FREE_FAILURES;
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = node_env(&url, &[("ESTAFETA_TRUSTED_PROXIES", "127.0.0.1")]);
+    let [(a, _), (b, _)] = two_nodes(dir.path(), &env).await;
+
+    let attacker = "203.0.113.1";
+    for _ in 0..FREE_FAILURES {
+        assert_eq!(
+            stats_from(&a.base, attacker, "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        stats_from(&a.base, attacker, "guess").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let failures = r#"estafeta_auth_failures_total{via="bearer"}"#;
+    assert_eq!(
+        common::metric(&a.base, failures).await,
+        Some(f64::from(FREE_FAILURES))
+    );
+    // B has seen no wrong token itself; once it has learned A's counts, the
+    // address has no free tries left there either: at most one more wrong
+    // token is looked at (when A's wait has run out meanwhile) before B
+    // makes it wait. On its own, B would look at `FREE_FAILURES` of them.
+    common::wait_metric(&b.base, "estafeta_auth_failing_addresses", 1.0).await;
+    assert_eq!(common::metric(&b.base, failures).await, Some(0.0));
+    let mut looked_at = 0;
+    loop {
+        match stats_from(&b.base, attacker, "guess").await {
+            StatusCode::UNAUTHORIZED => looked_at += 1,
+            StatusCode::TOO_MANY_REQUESTS => break,
+            other => panic!("{other}"),
+        }
+        assert!(looked_at < FREE_FAILURES, "B gave the address free tries");
+    }
+    // Other addresses are not affected.
+    assert_eq!(
+        stats_from(&b.base, "198.51.100.7", common::ADMIN_TOKEN).await,
+        StatusCode::OK
+    );
     a.terminate().await;
     b.terminate().await;
 }

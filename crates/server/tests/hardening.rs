@@ -14,6 +14,7 @@ use common::{
     ADMIN_TOKEN, Binary, PATIENCE, Store, TestServer, both_stores, id, provision_one, wait_ready,
 };
 use estafeta_client::Client;
+use estafeta_exchange::DataLayout;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
@@ -128,6 +129,55 @@ fn event_lines(data: &std::path::Path) -> Vec<String> {
         .rev()
         .map(|r| serde_json::to_string(r).unwrap())
         .collect()
+}
+
+// Embedded only: the event log's file.
+#[tokio::test]
+async fn a_damaged_event_log_is_set_aside_and_the_server_starts_with_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    assert_eq!(server.terminate().await, Some(0));
+
+    let events = estafeta_server::events::events_file(&data);
+    let length = std::fs::metadata(&events).unwrap().len();
+    let damaged: Vec<u8> = (0..length).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&events, &damaged).unwrap();
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    provision_one(&admin).await;
+    assert_eq!(server.terminate().await, Some(0));
+
+    let state = DataLayout::new(&data).state_dir();
+    let aside: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.redb.damaged-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        std::fs::read(&aside[0]).unwrap() == damaged,
+        "kept as it was"
+    );
+    let lines = event_lines(&data);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("the event log was damaged")),
+        "the new log says so: {lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("database created")),
+        "{lines:?}"
+    );
 }
 
 // Embedded only: it reads the event log's file, which a cluster node does
@@ -820,6 +870,8 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
     let flood: Vec<_> = (0..MAX_ADDRESSES + 100)
         .map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1))
         .collect();
+    // Wrong tokens looked at and refused (401), counted here.
+    let mut refused = u64::from(FREE_FAILURES);
     for chunk in flood.chunks(64) {
         let mut answers = tokio::task::JoinSet::new();
         for from in chunk {
@@ -828,13 +880,21 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
         while let Some(r) = answers.join_next().await {
             let status = r.unwrap().status().as_u16();
             assert!(matches!(status, 401 | 429), "{status}");
+            refused += u64::from(status == 401);
         }
     }
     // The locked address's count goes on where it was (had it been
     // forgotten, this would be its first failure of three free ones).
     assert_eq!(stats(attacker.clone(), "guess".into()).await.status(), 401);
+    refused += 1;
     assert_eq!(stats(attacker, ADMIN_TOKEN.into()).await.status(), 429);
     assert_eq!(stats(operator, ADMIN_TOKEN.into()).await.status(), 200);
+    // The metrics count every wrong token, whichever address gave it.
+    let failures = r#"estafeta_auth_failures_total{via="bearer"}"#;
+    assert_eq!(
+        common::metric(&server.base, failures).await,
+        Some(refused as f64)
+    );
     assert_eq!(server.terminate().await, Some(0));
 
     // One summary line, not one per wrong token.

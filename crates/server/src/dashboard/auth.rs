@@ -28,7 +28,7 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
-use super::pages::{LoginPage, render};
+use super::pages::{LoginPage, PageError, render};
 use crate::client_addr::ClientAddr;
 use crate::state::AppState;
 
@@ -370,12 +370,14 @@ pub async fn login(
     let who = match state.exchange().authenticate(form.token.trim()).await {
         Ok(who) => who,
         Err(e) => {
-            let message = format!("The server cannot check tokens now ({e}); try again.");
-            return login_page(&headers, Some(&message), StatusCode::SERVICE_UNAVAILABLE);
+            let failed = PageError::unavailable("checking a dashboard login's token", &e);
+            return login_page(&headers, Some(&failed.1), failed.0);
         }
     };
     if who != Some(Principal::Admin) {
-        state.auth_throttle().failed(client, now);
+        state
+            .auth_throttle()
+            .failed(client, now, crate::throttle::Via::Dashboard);
         // Counted, and logged in aggregate once a minute.
         tracing::debug!(%client, "dashboard login refused: not the admin token");
         return login_page(
@@ -384,7 +386,7 @@ pub async fn login(
             StatusCode::UNAUTHORIZED,
         );
     }
-    state.auth_throttle().succeeded(client);
+    state.auth_throttle().succeeded(client, now);
     let id = match state
         .sessions()
         .create(&TokenHash::of(form.token.trim()))
@@ -392,9 +394,8 @@ pub async fn login(
     {
         Ok((id, _csrf)) => id,
         Err(e) => {
-            tracing::error!(error = %e, "keeping a dashboard login failed");
-            let message = format!("The server cannot keep your login now ({e}); try again.");
-            return login_page(&headers, Some(&message), StatusCode::SERVICE_UNAVAILABLE);
+            let failed = PageError::unavailable("keeping a dashboard login", &e);
+            return login_page(&headers, Some(&failed.1), failed.0);
         }
     };
     tracing::info!(target: "estafeta::event", "dashboard login");

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use layer::{EventLog, flush_all};
 pub use reader::EventFilter;
-pub use store::{EventLogStore, EventPage, EventStore, EventStoreError, Retention};
+pub use store::{EventLogStore, EventPage, EventStore, EventStoreError, Retention, SetAside};
 
 /// The target of protocol-step events.
 pub const EVENT_TARGET: &str = "estafeta::event";

@@ -19,6 +19,11 @@
 //! store to every caller while one is alive): the event log's writer and
 //! the dashboard's pages share it.
 //!
+//! A file redb cannot open for damage is set aside (renamed
+//! `events.redb.damaged-<milliseconds>`) and a new log begun: the server
+//! starts without that history, and says so ([`SetAside`]). A backup holds
+//! writes back while it copies the file ([`EventStore::hold_writes`]).
+//!
 //! [`EventLogStore`] is what the writer and the readers use: this file, or
 //! the cluster's `events` table ([`estafeta_cluster::PgEvents`]), the same
 //! filters and pages over both.
@@ -26,7 +31,7 @@
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -284,6 +289,67 @@ pub struct EventPage {
 pub struct EventStore {
     path: PathBuf,
     db: Database,
+    /// Held by each write and by a backup while it copies the file, so
+    /// that the copy is of a committed state ([`EventStore::hold_writes`]).
+    writing: Mutex<()>,
+    /// The damaged file moved out of the way when this store was opened,
+    /// until someone takes it to say so ([`EventStore::take_set_aside`]).
+    set_aside: Mutex<Option<SetAside>>,
+}
+
+/// A damaged event log that [`EventStore::open`] moved out of the way, so
+/// that the server starts without that history rather than not at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// Where the damaged file is now.
+    pub path: PathBuf,
+    /// What redb found.
+    pub damage: String,
+}
+
+/// Whether `e`, met opening an event log, says the file is damaged (rather
+/// than out of reach: a full disk, a missing permission).
+fn is_damage(e: &redb::Error) -> bool {
+    match e {
+        redb::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData
+        ),
+        redb::Error::Corrupted(_)
+        | redb::Error::UpgradeRequired(_)
+        | redb::Error::RepairAborted
+        | redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_)
+        | redb::Error::TypeDefinitionChanged { .. } => true,
+        _ => false,
+    }
+}
+
+/// Opens (or makes) the event log's file at `path`, with its tables.
+fn open_db(path: &Path) -> Result<Database, redb::Error> {
+    estafeta_durable::open_redb(path, |db| {
+        let txn = db.begin_write()?;
+        txn.open_table(EVENTS)?;
+        txn.open_table(INDEX)?;
+        txn.open_table(META)?;
+        txn.commit()?;
+        Ok(())
+    })
+}
+
+/// Renames the damaged file at `path` to `<name>.damaged-<milliseconds
+/// since the epoch>` beside it, durably.
+fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".damaged-{millis}"));
+    let aside = path.with_file_name(name);
+    std::fs::rename(path, &aside)?;
+    estafeta_durable::sync_parent(path)?;
+    Ok(aside)
 }
 
 /// The stores open in this process, by path.
@@ -291,36 +357,58 @@ static OPEN: LazyLock<Mutex<HashMap<PathBuf, Weak<EventStore>>>> = LazyLock::new
 
 impl EventStore {
     /// The store at `path`: the one already open in this process, or the
-    /// file opened (made if missing, with its tables).
+    /// file opened (made if missing, with its tables). A file redb finds
+    /// damaged is set aside and a new one made: the log is a record of what
+    /// happened, not data the server promised to keep, and must never stop
+    /// the server from starting ([`EventStore::take_set_aside`] says so).
     pub fn open(path: &Path) -> Result<Arc<EventStore>, EventStoreError> {
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(store) = open.get(path).and_then(Weak::upgrade) {
             return Ok(store);
         }
-        let db = estafeta_durable::open_redb(path, |db| {
-            let txn = db.begin_write()?;
-            txn.open_table(EVENTS)?;
-            txn.open_table(INDEX)?;
-            txn.open_table(META)?;
-            txn.commit()?;
-            Ok(())
-        })
-        .map_err(|e| error(path, e))?;
+        let (db, aside) = match open_db(path) {
+            Ok(db) => (db, None),
+            Err(damage) if is_damage(&damage) => {
+                let aside = SetAside {
+                    path: set_aside(path).map_err(|e| error(path, e))?,
+                    damage: damage.to_string(),
+                };
+                (open_db(path).map_err(|e| error(path, e))?, Some(aside))
+            }
+            Err(e) => return Err(error(path, e)),
+        };
         let store = Arc::new(EventStore {
             path: path.to_owned(),
             db,
+            writing: Mutex::new(()),
+            set_aside: Mutex::new(aside),
         });
         open.retain(|_, s| s.strong_count() > 0);
         open.insert(path.to_owned(), Arc::downgrade(&store));
         Ok(store)
     }
 
-    /// Whether the store at `path` is open in this process.
-    pub fn is_open(path: &Path) -> bool {
+    /// The store at `path` if it is open in this process.
+    pub fn opened(path: &Path) -> Option<Arc<EventStore>> {
         OPEN.lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(path)
-            .is_some_and(|s| s.strong_count() > 0)
+            .and_then(Weak::upgrade)
+    }
+
+    /// The damaged file set aside when this store was opened, once (to the
+    /// first caller).
+    pub fn take_set_aside(&self) -> Option<SetAside> {
+        self.set_aside
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Holds back writes until the guard is dropped (a write under way
+    /// ends first): the file is then a committed state, whole to copy.
+    pub fn hold_writes(&self) -> MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn err(&self, e: impl std::fmt::Display) -> EventStoreError {
@@ -335,6 +423,7 @@ impl EventStore {
         retention: &Retention,
         now_nanos: u64,
     ) -> Result<(), EventStoreError> {
+        let _writing = self.hold_writes();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
@@ -683,5 +772,31 @@ mod tests {
         drop((a, b));
         // Closed with its last user: opened again.
         EventStore::open(&path).unwrap();
+    }
+
+    #[test]
+    fn a_write_waits_while_writes_are_held_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        let held = store.hold_writes();
+        let (done, written) = std::sync::mpsc::channel();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                store.append(&[record(1, "db-a")], &keep_all(), T0).unwrap();
+                done.send(()).unwrap();
+            })
+        };
+        // Nothing can end the wait but the guard's drop; the bound only
+        // keeps the test short.
+        assert_eq!(
+            written.recv_timeout(Duration::from_millis(300)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+            "a write went through while writes were held back"
+        );
+        assert_eq!(store.size().unwrap().0, 0);
+        drop(held);
+        writer.join().unwrap();
+        assert_eq!(store.size().unwrap().0, 1);
     }
 }

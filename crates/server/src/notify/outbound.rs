@@ -35,6 +35,8 @@ const HTTP_TYPES: [(Kind, &str); 4] = [
     (PROBE, "probe"),
     (PUSH, "push"),
 ];
+/// The name of the queue of the HTTP channels, in figures.
+pub const HTTP_QUEUE: &str = "http";
 /// The host key of the e-mail queue (one relay).
 pub const SMTP_HOST: &str = "smtp";
 /// Push notifications in flight per webhook host.
@@ -274,7 +276,7 @@ impl Outbound {
                 .filter_map(|(kind, name)| Some(figures(name, &self.http.stats(&host, *kind)?)))
                 .collect();
             out.push(HostFigures {
-                queue: "http",
+                queue: HTTP_QUEUE,
                 down: self.http.is_down(&host).unwrap_or(false),
                 host,
                 types,

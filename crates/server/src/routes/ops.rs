@@ -1,8 +1,6 @@
 //! Operations: liveness, readiness, metrics and the OpenAPI document. None
 //! of them needs a token.
 
-use std::io::Write;
-use std::path::Path;
 use std::sync::LazyLock;
 use std::time::SystemTime;
 
@@ -12,7 +10,6 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 
 use crate::metrics::Snapshot;
-use crate::notify::disk::free_bytes;
 use crate::openapi::document;
 use crate::state::AppState;
 
@@ -24,9 +21,10 @@ pub async fn healthz() -> StatusCode {
 }
 
 /// `GET /readyz`: 200 once start-up recovery is done and storage takes
-/// writes; 503 before recovery, while stopping, and while the data folder
-/// cannot be written or its disk is full (checked on each call, so it is
-/// 200 again as soon as storage recovers).
+/// writes ([`crate::readiness`]: the data folder, and in a cluster the
+/// database); 503 before recovery, while stopping, and while storage does
+/// not take writes (checked on each call, so it is 200 again as soon as
+/// storage recovers).
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
     (status = 200, description = "Recovery done; storage writable; serving"),
     (status = 503, description = "Recovering, stopping, or storage not writable or full")))]
@@ -34,29 +32,13 @@ pub async fn readyz(State(state): State<AppState>) -> StatusCode {
     if !state.is_ready() {
         return StatusCode::SERVICE_UNAVAILABLE;
     }
-    let dir = state.exchange().data_dir().join(".estafeta");
-    match tokio::task::spawn_blocking(move || storage_takes_writes(&dir)).await {
-        Ok(Ok(())) => StatusCode::OK,
-        Ok(Err(e)) => {
+    match state.readiness().check().await {
+        Ok(()) => StatusCode::OK,
+        Err(e) => {
             tracing::debug!(error = %e, "readiness: storage does not take writes");
             StatusCode::SERVICE_UNAVAILABLE
         }
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
     }
-}
-
-/// Whether `dir` takes a write: its file system has room, and a new file
-/// there takes one block (removed again). Not synced: a full or read-only
-/// file system refuses the create or the write itself.
-pub fn storage_takes_writes(dir: &Path) -> std::io::Result<()> {
-    if free_bytes(dir)? == 0 {
-        return Err(std::io::ErrorKind::StorageFull.into());
-    }
-    let mut probe = tempfile::Builder::new()
-        .prefix(".ready-probe")
-        .tempfile_in(dir)?;
-    probe.write_all(&[0u8; 4096])?;
-    probe.close()
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -589,3 +589,28 @@ pub fn sizes(name: &str, default: &[u64]) -> Vec<u64> {
         })
         .unwrap_or_else(|| default.to_vec())
 }
+
+/// The value of one series of `/metrics` at `base`, if the scrape has it.
+pub async fn metric(base: &str, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until the series of `/metrics` at `base` is there with `want` (a
+/// missing series never matches), at most for [`PATIENCE`].
+pub async fn wait_metric(base: &str, series: &str, want: f64) {
+    let polled = async {
+        while metric(base, series).await != Some(want) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, polled)
+        .await
+        .unwrap_or_else(|_| panic!("{series} did not reach {want}"));
+}

@@ -33,7 +33,7 @@ pub(super) async fn alert_rows(state: &AppState) -> Result<Vec<AlertRow>, PageEr
         .notifier()
         .alerts(ALERTS_SHOWN)
         .await
-        .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+        .map_err(|e| PageError::unavailable("reading the alerts", &e))?;
     Ok(alerts
         .into_iter()
         .map(|r| AlertRow {
@@ -91,6 +91,6 @@ pub async fn acknowledge(
             Ok(Redirect::to("/admin/alerts?notice=acknowledged").into_response())
         }
         Err(RaisedError::Unknown(_)) => Err(unknown()),
-        Err(e) => Err(PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(e) => Err(PageError::unavailable("acknowledging an alert", &e)),
     }
 }

@@ -137,8 +137,14 @@ pub async fn events(
             let found =
                 tokio::task::spawn_blocking(move || log.query(&filter, before, EVENTS_SHOWN))
                     .await
-                    .map_err(|e| PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-                    .map_err(|e| PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+                    .map_err(|e| {
+                        PageError::failed(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "reading the event log",
+                            &e,
+                        )
+                    })?
+                    .map_err(|e| PageError::unavailable("reading the event log", &e))?;
             let rows = found
                 .records
                 .into_iter()

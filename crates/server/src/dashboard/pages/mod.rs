@@ -34,7 +34,8 @@ use std::time::SystemTime;
 pub fn render<T: Template>(t: &T) -> Response {
     match t.render() {
         Ok(html) => Html(html).into_response(),
-        Err(e) => PageError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => PageError::failed(StatusCode::INTERNAL_SERVER_ERROR, "rendering a page", &e)
+            .into_response(),
     }
 }
 
@@ -42,6 +43,25 @@ pub fn render<T: Template>(t: &T) -> Response {
 /// and a plain explanation.
 #[derive(Debug)]
 pub struct PageError(pub StatusCode, pub String);
+
+/// What a page says of a failure of the server's own (its storage, its
+/// database): the detail names files, folders and hosts of the server, so
+/// it goes to the log only.
+pub const SERVER_FAILED: &str = "The server could not do this now (its log says why); try again.";
+
+impl PageError {
+    /// The server's own failure at `what`: logged with `e`, shown as
+    /// [`SERVER_FAILED`] with `status`.
+    pub fn failed(status: StatusCode, what: &str, e: &dyn std::fmt::Display) -> PageError {
+        tracing::error!(error = %e, "dashboard: {what} failed");
+        PageError(status, SERVER_FAILED.to_owned())
+    }
+
+    /// [`PageError::failed`] with 503.
+    pub fn unavailable(what: &str, e: &dyn std::fmt::Display) -> PageError {
+        PageError::failed(StatusCode::SERVICE_UNAVAILABLE, what, e)
+    }
+}
 
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
@@ -70,7 +90,7 @@ impl From<ApiError> for PageError {
 
 impl From<std::io::Error> for PageError {
     fn from(e: std::io::Error) -> Self {
-        PageError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        PageError::unavailable("reading storage", &e)
     }
 }
 
@@ -370,4 +390,22 @@ pub(crate) struct ConfirmPage {
     pub(crate) back: String,
     pub(crate) fields: Vec<(String, String)>,
     pub(crate) offer_force: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_storage_failure_shows_no_path_of_the_server() {
+        let e = std::io::Error::other("opening /srv/estafeta/.estafeta/alerts.redb: denied");
+        let response = PageError::from(e).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let html = String::from_utf8(body.to_vec()).unwrap();
+        assert!(!html.contains("/srv/estafeta"), "{html}");
+        assert!(html.contains("its log says why"), "{html}");
+    }
 }
