@@ -39,6 +39,13 @@ pub const MAILBOX_POINTS: &[&str] = POINTS.split_at(MAILBOX_COUNT).0;
 /// The points passed on both stores, the only ones a cluster node passes.
 pub const STORE_POINTS: &[&str] = POINTS.split_at(MAILBOX_COUNT).1;
 
+/// The line an armed server writes to its stderr right before it kills
+/// itself at `point`: what tells that death from a SIGKILL of another
+/// sender.
+pub fn crash_line(point: &str) -> String {
+    format!("failpoint {point}: kill -9 of this server")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,7 +82,7 @@ fn arm_crash(point: &'static str, nth: u64) {
     let passes = AtomicU64::new(0);
     let armed = fail::cfg_callback(point, move || {
         if passes.fetch_add(1, Ordering::SeqCst) + 1 == nth {
-            eprintln!("failpoint {point}: kill -9 of this server");
+            eprintln!("{}", estafeta_exchange::failpoints::crash_line(point));
             let me = rustix::process::getpid();
             // Only fails if the process does not exist; it does.
             let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
+use estafeta_exchange::failpoints::crash_line;
 
 use crate::outage::Outages;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -236,13 +237,11 @@ impl Server {
         )
     }
 
-    /// The armed point, when the process ended by a SIGKILL the harness did
-    /// not send (only the armed server kills itself).
+    /// The armed point, when the process killed itself there.
     pub(crate) fn died_at_failpoint(&self, status: ExitStatus) -> Option<&'static str> {
-        match (status.signal(), self.armed.crash_at) {
-            (Some(9), Some((point, _))) => Some(point),
-            _ => None,
-        }
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let from = usize::try_from(self.log_from).unwrap_or(0).min(text.len());
+        killed_itself(self.armed, status, &String::from_utf8_lossy(&text[from..]))
     }
 
     /// `kill -9` and wait for the process to be gone.
@@ -274,6 +273,16 @@ impl Server {
     }
 }
 
+/// The point an armed process (`armed`) that ended with `status` and
+/// wrote `log` killed itself at: a SIGKILL with the server's own line for
+/// that point before it; a SIGKILL without it came from elsewhere.
+fn killed_itself(armed: Arming, status: ExitStatus, log: &str) -> Option<&'static str> {
+    match (status.signal(), armed.crash_at) {
+        (Some(9), Some((point, _))) if log.lines().any(|l| l == crash_line(point)) => Some(point),
+        _ => None,
+    }
+}
+
 fn signal(signal: &str, pid: u32) -> anyhow::Result<()> {
     let status = std::process::Command::new("kill")
         .args([signal, &pid.to_string()])
@@ -283,4 +292,31 @@ fn signal(signal: &str, pid: u32) -> anyhow::Result<()> {
         bail!("kill {signal} {pid} failed: {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ARMED: Arming = Arming {
+        crash_at: Some(("mailbox::rename", 2)),
+        disk_errors: false,
+    };
+
+    #[test]
+    fn a_sigkill_is_the_armed_point_only_after_the_servers_own_line() {
+        let killed = ExitStatus::from_raw(9);
+        let own = format!("a line\n{}\n", crash_line("mailbox::rename"));
+        assert_eq!(killed_itself(ARMED, killed, &own), Some("mailbox::rename"));
+        // Another sender's SIGKILL, or a line of another point: not it.
+        assert_eq!(killed_itself(ARMED, killed, "a line\n"), None);
+        let other = crash_line("mailbox::unlink");
+        assert_eq!(killed_itself(ARMED, killed, &other), None);
+        // Not armed, or not a SIGKILL.
+        assert_eq!(killed_itself(Arming::default(), killed, &own), None);
+        assert_eq!(
+            killed_itself(ARMED, ExitStatus::from_raw(1 << 8), &own),
+            None
+        );
+    }
 }
