@@ -56,7 +56,12 @@ pub fn arm_from_env() -> Result<Vec<String>, FailpointError> {
     if let Ok(spec) = std::env::var("ESTAFETA_PAUSE_AT") {
         let (point, nth, ms) = parse_pause_at(&spec)?;
         arm_pause(point, nth, ms);
-        tracing::warn!(point, nth, ms, "failpoint armed: a pause of this server there");
+        tracing::warn!(
+            point,
+            nth,
+            ms,
+            "failpoint armed: a pause of this server there"
+        );
         armed.push(format!("{point}@{nth}=pause({ms})"));
     }
     if let Ok(spec) = std::env::var("ESTAFETA_FAILPOINTS") {

@@ -280,9 +280,11 @@ impl Conversation {
                 }
                 Frame::Typed(b'S', _) => self.pending.push_back(None),
                 Frame::Typed(b'Q', payload) => {
-                    let sql = String::from_utf8_lossy(payload.split(|b| *b == 0).next().unwrap_or_default())
-                        .trim()
-                        .to_ascii_uppercase();
+                    let sql = String::from_utf8_lossy(
+                        payload.split(|b| *b == 0).next().unwrap_or_default(),
+                    )
+                    .trim()
+                    .to_ascii_uppercase();
                     let ends = (sql.starts_with("COMMIT") || sql.starts_with("END"))
                         .then(|| std::mem::take(&mut self.writing));
                     if sql.starts_with("BEGIN") || sql.starts_with("START TRANSACTION") {
@@ -488,7 +490,10 @@ mod tests {
     }
 
     fn nul(parts: &[&str]) -> Vec<u8> {
-        parts.iter().flat_map(|p| [p.as_bytes(), b"\0"].concat()).collect()
+        parts
+            .iter()
+            .flat_map(|p| [p.as_bytes(), b"\0"].concat())
+            .collect()
     }
 
     #[test]
@@ -513,7 +518,10 @@ mod tests {
         ssl.extend_from_slice(&SSL_REQUEST.to_be_bytes());
         c.client_sent(&ssl);
         let params = nul(&["user", "postgres", "application_name", "node a", ""]);
-        let mut startup = u32::try_from(params.len() + 8).unwrap().to_be_bytes().to_vec();
+        let mut startup = u32::try_from(params.len() + 8)
+            .unwrap()
+            .to_be_bytes()
+            .to_vec();
         startup.extend_from_slice(&196_608u32.to_be_bytes());
         startup.extend_from_slice(&params);
         c.client_sent(&startup);
@@ -522,7 +530,10 @@ mod tests {
         assert_eq!(c.application(), "node a");
 
         let mut sent = typed(b'Q', &nul(&["BEGIN"]));
-        sent.extend(typed(b'P', &[nul(&["s1", "UPDATE sessions SET r = $1"]), vec![0, 0]].concat()));
+        sent.extend(typed(
+            b'P',
+            &[nul(&["s1", "UPDATE sessions SET r = $1"]), vec![0, 0]].concat(),
+        ));
         sent.extend(typed(b'B', &[nul(&["", "s1"]), vec![0; 6]].concat()));
         sent.extend(typed(b'E', &[0, 0, 0, 0, 0]));
         sent.extend(typed(b'S', b""));
@@ -548,7 +559,13 @@ mod tests {
             }]
         );
 
-        c.client_sent(&[typed(b'Q', &nul(&["BEGIN"])), typed(b'Q', &nul(&["COMMIT"]))].concat());
+        c.client_sent(
+            &[
+                typed(b'Q', &nul(&["BEGIN"])),
+                typed(b'Q', &nul(&["COMMIT"])),
+            ]
+            .concat(),
+        );
         let read_only = [
             typed(b'C', &nul(&["BEGIN"])),
             typed(b'Z', b"T"),

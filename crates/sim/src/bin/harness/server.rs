@@ -342,7 +342,10 @@ mod tests {
             stalled_at("failpoint messages::apply: pausing for 4000 ms"),
             Some("messages::apply")
         );
-        assert_eq!(stalled_at("failpoint messages::apply: going on after 4000 ms"), None);
+        assert_eq!(
+            stalled_at("failpoint messages::apply: going on after 4000 ms"),
+            None
+        );
         assert_eq!(stalled_at("listening on 127.0.0.1:1"), None);
     }
 }
