@@ -40,10 +40,11 @@ pub const CONFIG_VARIABLE: &str = "ESTAFETA_CONFIG";
 
 /// `ESTAFETA_*` variables that are not settings but are read elsewhere (the
 /// admin CLI's server address, the harness's failpoints): not refused.
-const OTHER_VARIABLES: [&str; 4] = [
+const OTHER_VARIABLES: [&str; 5] = [
     CONFIG_VARIABLE,
     "ESTAFETA_URL",
     "ESTAFETA_CRASH_AT",
+    "ESTAFETA_PAUSE_AT",
     "ESTAFETA_FAILPOINTS",
 ];
 
@@ -1069,6 +1070,7 @@ mod tests {
             ("ESTAFETA_URL", "http://127.0.0.1:1"),
             ("ESTAFETA_CONFIG", "x.toml"),
             ("ESTAFETA_CRASH_AT", "mailbox::rename"),
+            ("ESTAFETA_PAUSE_AT", "messages::apply=100"),
             ("ESTAFETA_FAILPOINTS", ""),
         ])
         .unwrap();

@@ -7,6 +7,11 @@
 //! - `ESTAFETA_CRASH_AT=<point>` or `<point>@<n>`: the server sends itself
 //!   SIGKILL (a real `kill -9`: no clean-up, no flush) the n-th time (the
 //!   first by default) it passes the point.
+//! - `ESTAFETA_PAUSE_AT=<point>=<ms>` or `<point>@<n>=<ms>`: the n-th pass
+//!   (the first by default) of the point blocks its thread for `ms`
+//!   milliseconds (a node stalled inside a step, as under a long
+//!   stop-the-world pause), saying so on stderr before and after, and on
+//!   stdout before.
 //! - `ESTAFETA_FAILPOINTS=<point>=<actions>;…`: the `fail` crate's syntax,
 //!   e.g. `mailbox::rename=5%return` makes one rename in twenty fail as on a
 //!   full disk (`ENOSPC`).
@@ -23,6 +28,11 @@ pub enum FailpointError {
         "ESTAFETA_CRASH_AT={0:?}: expected one of {POINTS:?}, optionally followed by @<n> (n ≥ 1)"
     )]
     CrashAt(String),
+    /// `ESTAFETA_PAUSE_AT` names no point, or has a bad count or length.
+    #[error(
+        "ESTAFETA_PAUSE_AT={0:?}: expected one of {POINTS:?}, optionally followed by @<n> (n ≥ 1), then =<milliseconds>"
+    )]
+    PauseAt(String),
     /// `ESTAFETA_FAILPOINTS` has an entry the `fail` crate refuses.
     #[error("ESTAFETA_FAILPOINTS entry {entry:?}: {reason}")]
     Actions {
@@ -42,6 +52,17 @@ pub fn arm_from_env() -> Result<Vec<String>, FailpointError> {
         arm_crash(point, nth);
         tracing::warn!(point, nth, "failpoint armed: kill -9 of this server there");
         armed.push(format!("{point}@{nth}=kill"));
+    }
+    if let Ok(spec) = std::env::var("ESTAFETA_PAUSE_AT") {
+        let (point, nth, ms) = parse_pause_at(&spec)?;
+        arm_pause(point, nth, ms);
+        tracing::warn!(
+            point,
+            nth,
+            ms,
+            "failpoint armed: a pause of this server there"
+        );
+        armed.push(format!("{point}@{nth}=pause({ms})"));
     }
     if let Ok(spec) = std::env::var("ESTAFETA_FAILPOINTS") {
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
@@ -77,6 +98,33 @@ fn parse_crash_at(spec: &str) -> Result<(&'static str, u64), FailpointError> {
     Ok((point, nth))
 }
 
+/// `point[@n]=ms` → the point, n and ms.
+fn parse_pause_at(spec: &str) -> Result<(&'static str, u64, u64), FailpointError> {
+    let bad = || FailpointError::PauseAt(spec.to_owned());
+    let (at, ms) = spec.rsplit_once('=').ok_or_else(bad)?;
+    let ms = ms.parse::<u64>().map_err(|_| bad())?;
+    let (point, nth) = parse_crash_at(at).map_err(|_| bad())?;
+    Ok((point, nth, ms))
+}
+
+/// On the `nth` pass of `point`, block the passing thread for `ms`.
+fn arm_pause(point: &'static str, nth: u64, ms: u64) {
+    let passes = AtomicU64::new(0);
+    let armed = fail::cfg_callback(point, move || {
+        if passes.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+            // On stdout too, where the harness that armed it counts it.
+            println!("failpoint {point}: pausing for {ms} ms");
+            eprintln!("failpoint {point}: pausing for {ms} ms");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            eprintln!("failpoint {point}: going on after {ms} ms");
+        }
+    });
+    if let Err(e) = armed {
+        // `cfg_callback` only refuses an empty name; POINTS has none.
+        tracing::error!(point, error = %e, "failpoint not armed");
+    }
+}
+
 /// On the `nth` pass of `point`, SIGKILL this process.
 fn arm_crash(point: &'static str, nth: u64) {
     let passes = AtomicU64::new(0);
@@ -110,6 +158,27 @@ mod tests {
         );
         for bad in ["nowhere", "mailbox::rename@0", "mailbox::rename@x", ""] {
             assert!(parse_crash_at(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pause_specs_parse() {
+        assert_eq!(
+            parse_pause_at("messages::apply=4000").unwrap(),
+            ("messages::apply", 1, 4000)
+        );
+        assert_eq!(
+            parse_pause_at("prepare::recorded@3=12500").unwrap(),
+            ("prepare::recorded", 3, 12500)
+        );
+        for bad in [
+            "messages::apply",
+            "messages::apply=",
+            "messages::apply=1s",
+            "nowhere=10",
+            "messages::apply@0=10",
+        ] {
+            assert!(parse_pause_at(bad).is_err(), "{bad}");
         }
     }
 }

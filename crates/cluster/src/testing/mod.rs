@@ -14,11 +14,13 @@
 //! [`Postgres::promote`] turns into the new primary (a failover);
 //! [`Postgres::rebuild_standby`] makes the old primary the new one's
 //! standby, for the next failover. [`CommitLoss`] stands between a node
-//! and the server and loses the answer to a `COMMIT` the server made.
+//! and the server and loses the answer to a `COMMIT` the server made;
+//! [`Conversation`] finds those answers in a connection's bytes, for a
+//! proxy of another's that loses them.
 
 mod commit_loss;
 
-pub use commit_loss::CommitLoss;
+pub use commit_loss::{Commit, CommitLoss, Conversation};
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};

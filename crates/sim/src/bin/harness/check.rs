@@ -32,7 +32,7 @@
 //! cause fails the run (its log's tail was printed when it happened), as
 //! does an answer with a server error other than 503.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -75,12 +75,15 @@ impl Summary {
         let f = &self.faults;
         format!(
             "rounds={} server_crashes={} processor_crashes={} network_faults={} db_faults={} \
-             disk_full={} messages={} lost={} duplicated={} wrong={} stuck={}",
+             commit_losses={} failpoint_pauses={} disk_full={} messages={} lost={} duplicated={} \
+             wrong={} stuck={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
             self.network_faults,
             self.db_faults,
+            f.commits_lost.values().sum::<u64>(),
+            f.failpoint_pauses.values().sum::<u64>(),
             f.disk_full,
             self.messages,
             self.lost,
@@ -92,16 +95,18 @@ impl Summary {
 
     /// What the summary line does not carry.
     pub(crate) fn details(&self) -> String {
-        let points: Vec<String> = self
-            .faults
-            .failpoint_crashes
-            .iter()
-            .map(|(point, n)| format!("{point}:{n}"))
-            .collect();
+        fn each<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
+            let each: Vec<String> = counts.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+            each.join(" ")
+        }
+        let skew = match self.faults.skew_warnings {
+            Some(n) => format!(" skew_warnings={n}"),
+            None => String::new(),
+        };
         format!(
             "pauses={} failovers={} db_episodes={} server_deaths={} server_errors={} max_ready_ms={} \
              in_doubt={} in_doubt_alerts={} in_doubt_caused={} in_doubt_caused_unalerted={} \
-             failpoint_crashes={} [{}]",
+             failpoint_crashes={} [{}] failpoint_pauses=[{}] commit_losses=[{}]{skew}",
             self.faults.pauses,
             self.faults.failovers,
             self.faults.db_episodes,
@@ -113,13 +118,15 @@ impl Summary {
             self.faults.withheld.len(),
             self.unalerted,
             self.faults.failpoint_crashes.values().sum::<u64>(),
-            points.join(" "),
+            each(&self.faults.failpoint_crashes),
+            each(&self.faults.failpoint_pauses),
+            each(&self.faults.commits_lost),
         )
     }
 
     /// Nothing lost, duplicated, wrong or stuck, no server error but 503,
-    /// no exit of the server the harness did not cause, and every in-doubt
-    /// episode alerted.
+    /// no exit of the server the harness did not cause, every in-doubt
+    /// episode alerted, and a skewed node that said its clock is off.
     pub(crate) fn passed(&self) -> bool {
         self.lost == 0
             && self.duplicated == 0
@@ -129,6 +136,7 @@ impl Summary {
             && self.faults.unexpected_exits == 0
             && self.unalerted == 0
             && self.in_doubt_alerts >= self.in_doubt
+            && self.faults.skew_warnings != Some(0)
     }
 }
 

@@ -15,7 +15,11 @@
 //! exactly at a step of its cycle, network faults through its own loopback
 //! TCP proxy (between the clients and the nodes, and with `--db-faults`
 //! between the nodes and PostgreSQL), and a paused server (SIGSTOP past the client timeouts, then
-//! SIGCONT), and with `--disk-full` a full disk (the data folder on a small
+//! SIGCONT); in cluster mode, with `--commit-losses` the answers to
+//! `COMMIT`s lost after PostgreSQL committed, with `--failpoint-pauses` a
+//! node stalled inside a step past the hold limit, and with
+//! `--skewed-node` one node's wall clock minutes off; and with
+//! `--disk-full` a full disk (the data folder on a small
 //! tmpfs, filled up for a moment; without root, `ENOSPC` injected at the
 //! failpoints). Then it drains and checks the invariants ([`check`]), and
 //! prints one summary line.
@@ -134,6 +138,35 @@ pub(crate) struct RunArgs {
     /// transaction), or a delay of 0.2–2 s.
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     db_faults: f64,
+    /// With `--store postgres`: the nodes reach PostgreSQL through the
+    /// fault-injecting proxy, which, until the drain, loses this share
+    /// (0–1) of the answers to `COMMIT`s of transactions that wrote: the
+    /// server committed, the node sees its connection reset instead.
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    commit_losses: f64,
+    /// With `--store postgres`: keep going until the nodes stalled this
+    /// many times inside a step, past the hold limit: a quarter of the
+    /// starts block the thread of one of their first passes of a point a
+    /// step passes between its decision and its writes
+    /// (`ESTAFETA_PAUSE_AT`; the points in turn) for 1–3 s longer than the
+    /// hold limit, so that PostgreSQL ends the node's transaction and
+    /// another node takes the database over meanwhile (within
+    /// `--duration`).
+    #[arg(long, default_value_t = 0, conflicts_with = "no_failpoints")]
+    failpoint_pauses: u64,
+    /// With `--store postgres`: how long PostgreSQL lets a node's session
+    /// sit idle inside a transaction, or leave data unacknowledged, before
+    /// it ends the session and frees its locks (the nodes' URL sets
+    /// `idle_in_transaction_session_timeout` and `tcp_user_timeout`); the
+    /// server's own default when not given.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    hold_limit: Option<Duration>,
+    /// With `--store postgres`: the last node runs with its wall clock this
+    /// many minutes off (negative: behind), under libfaketime (Debian's
+    /// `faketime` package), its monotonic clock untouched; its log must
+    /// say that its clock is off from the database server's.
+    #[arg(long, value_name = "MINUTES", allow_negative_numbers = true)]
+    skewed_node: Option<i64>,
     /// The working folder (data, processor databases, server log); a
     /// temporary one when not given.
     #[arg(long, value_name = "DIR")]

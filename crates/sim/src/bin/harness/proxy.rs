@@ -20,9 +20,14 @@
 //!   faults: a reset (RST both ways), a partition (nothing forwarded
 //!   either way for a while, then a reset), a delay (the chunk held for a
 //!   while, then the connection goes on). Each fault fired is recorded as
-//!   an outage of the store ([`Outages`]).
+//!   an outage of the store ([`Outages`]). Apart from the episodes, each
+//!   link follows the protocol ([`Conversation`]) and, at a rate of its
+//!   own, loses the answer to a `COMMIT` of a transaction that wrote: the
+//!   server committed, the node sees its connection reset instead; each
+//!   loss is counted by the kind of transaction (the node's pool and the
+//!   tables it wrote).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -33,6 +38,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use estafeta_cluster::testing::{Commit, Conversation};
 
 use crate::outage::Outages;
 
@@ -58,6 +65,14 @@ struct State {
     /// With [`Mode::Links`]: where the faults fired are recorded, for the
     /// bound on a node's start.
     outages: Outages,
+    /// With [`Mode::Links`]: how long PostgreSQL lets a node's session sit
+    /// idle inside a transaction (a long partition outlasts it).
+    hold_limit: Duration,
+    /// With [`Mode::Links`]: answers to writing `COMMIT`s lost, per
+    /// million.
+    commit_loss_rate: AtomicU32,
+    /// The answers lost so far, by kind of transaction.
+    commits_lost: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The open links and their armed faults.
@@ -107,7 +122,7 @@ impl Proxy {
     /// Between clients and server nodes: listens on one loopback port and
     /// forwards each connection to one of `upstreams`.
     pub(crate) async fn balancer(upstreams: Vec<SocketAddr>, seed: u64) -> std::io::Result<Proxy> {
-        let state = State::new(Mode::Balancer, seed, Outages::default());
+        let state = State::new(Mode::Balancer, seed, Outages::default(), Duration::ZERO);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addrs = vec![listener.local_addr()?];
         tokio::spawn(state.clone().accept(listener, upstreams));
@@ -116,13 +131,16 @@ impl Proxy {
 
     /// Between nodes and PostgreSQL: one loopback port per upstream,
     /// forwarding to it alone ([`Proxy::addrs`], in the order of
-    /// `upstreams`); the faults it fires are recorded in `outages`.
+    /// `upstreams`); the faults it fires are recorded in `outages`;
+    /// `hold_limit`: how long PostgreSQL lets a node's session sit idle
+    /// inside a transaction.
     pub(crate) async fn links(
         upstreams: &[SocketAddr],
         seed: u64,
         outages: Outages,
+        hold_limit: Duration,
     ) -> std::io::Result<Proxy> {
-        let state = State::new(Mode::Links, seed, outages);
+        let state = State::new(Mode::Links, seed, outages, hold_limit);
         let mut addrs = Vec::new();
         for upstream in upstreams {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -164,10 +182,29 @@ impl Proxy {
     pub(crate) fn faults(&self) -> u64 {
         self.state.faults.load(Ordering::Relaxed)
     }
+
+    /// Sets the share (0–1) of the answers to writing `COMMIT`s that links
+    /// lose (0.0 turns losses off).
+    pub(crate) fn set_commit_loss_rate(&self, rate: f64) {
+        let per_million = (rate.clamp(0.0, 1.0) * 1_000_000.0).round() as u32;
+        self.state
+            .commit_loss_rate
+            .store(per_million, Ordering::Relaxed);
+    }
+
+    /// The answers to `COMMIT`s lost so far, by kind of transaction: the
+    /// node's pool, then the tables it wrote.
+    pub(crate) fn commits_lost(&self) -> BTreeMap<String, u64> {
+        self.state
+            .commits_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl State {
-    fn new(mode: Mode, seed: u64, outages: Outages) -> Arc<State> {
+    fn new(mode: Mode, seed: u64, outages: Outages, hold_limit: Duration) -> Arc<State> {
         Arc::new(State {
             mode,
             rate: AtomicU32::new(0),
@@ -175,6 +212,9 @@ impl State {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             links: Mutex::new(Links::default()),
             outages,
+            hold_limit,
+            commit_loss_rate: AtomicU32::new(0),
+            commits_lost: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -223,9 +263,10 @@ impl State {
     }
 
     /// A fault for one link, at the current rate: it fires within the next
-    /// 8 chunks; a partition lasts 0.5–4 s, or one time in eight 11–13 s
-    /// (past the 10 s a node's session may sit idle in a transaction
-    /// before PostgreSQL ends it and frees its locks); a delay 0.2–2 s.
+    /// 8 chunks; a partition lasts 0.5–4 s, or one time in eight 1–3 s
+    /// past the hold limit (how long a node's session may sit idle in a
+    /// transaction before PostgreSQL ends it and frees its locks); a delay
+    /// 0.2–2 s.
     fn pick_link(&self) -> Option<Armed> {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
         if !self.roll(&mut rng) {
@@ -233,9 +274,9 @@ impl State {
         }
         let fault = match rng.random_range(0..3) {
             0 => LinkFault::Reset,
-            1 if rng.random_bool(0.125) => {
-                LinkFault::Partition(Duration::from_millis(rng.random_range(11_000..13_000)))
-            }
+            1 if rng.random_bool(0.125) => LinkFault::Partition(
+                self.hold_limit + Duration::from_millis(rng.random_range(1000..3000)),
+            ),
             1 => LinkFault::Partition(Duration::from_millis(rng.random_range(500..4000))),
             _ => LinkFault::Delay(Duration::from_millis(rng.random_range(200..2000))),
         };
@@ -280,8 +321,36 @@ impl State {
         Some(fault)
     }
 
+    /// Whether the answer to a writing `COMMIT` is lost, at the current
+    /// rate (counted by its kind then).
+    fn loses(&self, commit: &Commit) -> bool {
+        let rate = self.commit_loss_rate.load(Ordering::Relaxed);
+        if rate == 0 {
+            return false;
+        }
+        let lose = {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            rng.random_range(0..1_000_000) < rate
+        };
+        if lose {
+            let pool = commit.application.trim_start_matches("estafeta ");
+            let tables: Vec<&str> = commit.tables.iter().map(String::as_str).collect();
+            let kind = format!("{pool}:{}", tables.join("+"));
+            tracing::info!(%kind, "losing the answer to a COMMIT");
+            *self
+                .commits_lost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(kind)
+                .or_default() += 1;
+            self.outages.record(Instant::now(), Duration::ZERO);
+        }
+        lose
+    }
+
     /// Forwards one link chunk by chunk both ways, firing its fault when
-    /// it is due; ends when either side closes or fails.
+    /// it is due and losing the answers to `COMMIT`s at their rate; ends
+    /// when either side closes or fails.
     async fn link(&self, id: u64, mut node: TcpStream, upstream: SocketAddr) {
         let Ok(mut db) = TcpStream::connect(upstream).await else {
             // The server is down (killed, or being rebuilt): refused, as
@@ -291,6 +360,7 @@ impl State {
         };
         let mut up = vec![0u8; 64 * 1024];
         let mut down = vec![0u8; 64 * 1024];
+        let mut conversation = Conversation::new();
         loop {
             let (read, to_db) = {
                 let (mut node_r, _) = node.split();
@@ -314,8 +384,16 @@ impl State {
                 None => {}
             }
             let written = if to_db {
+                conversation.client_sent(&up[..n]);
                 db.write_all(&up[..n]).await
             } else {
+                let commits = conversation.server_sent(&down[..n]);
+                if let Some(lost) = commits.iter().find(|c| self.loses(c)) {
+                    // The answers before it go on; it and what follows
+                    // are lost with the connection.
+                    let _ = node.write_all(&down[..lost.at]).await;
+                    return reset(&node, &db);
+                }
                 node.write_all(&down[..n]).await
             };
             if written.is_err() {
@@ -433,7 +511,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_established_link_is_reset_mid_stream_when_its_fault_is_due() {
-        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default(), Duration::ZERO)
             .await
             .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();
@@ -455,9 +533,51 @@ mod tests {
         round_trip(&mut tcp).await.unwrap();
     }
 
+    /// A real PostgreSQL behind the links, every writing `COMMIT`'s
+    /// answer lost: the node's `COMMIT` fails while the server committed;
+    /// the loss is counted by the node's pool and the table written; a
+    /// transaction that wrote nothing is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_answer_to_a_writing_commit_is_lost_after_the_server_committed() {
+        let pg = tokio::task::spawn_blocking(estafeta_cluster::testing::Postgres::start)
+            .await
+            .unwrap()
+            .unwrap();
+        let upstream = SocketAddr::from(([127, 0, 0, 1], pg.port()));
+        let proxy = Proxy::links(&[upstream], 1, Outages::default(), Duration::ZERO)
+            .await
+            .unwrap();
+        proxy.set_commit_loss_rate(1.0);
+        let url = format!(
+            "postgres://postgres@{}/postgres?sslmode=disable&application_name=estafeta%20steps",
+            proxy.addrs()[0]
+        );
+        let store = estafeta_cluster::Store::connect(&url).unwrap();
+        let node = store.client().await.unwrap();
+        node.batch_execute("CREATE TABLE orders (n int)")
+            .await
+            .unwrap();
+        node.batch_execute("BEGIN").await.unwrap();
+        node.execute("INSERT INTO orders VALUES ($1)", &[&7i32])
+            .await
+            .unwrap();
+        assert!(node.batch_execute("COMMIT").await.is_err(), "answered");
+        assert_eq!(pg.psql("SELECT n FROM orders").unwrap().trim(), "7");
+        assert_eq!(
+            proxy.commits_lost(),
+            BTreeMap::from([("steps:orders".to_owned(), 1)])
+        );
+
+        let node = store.client().await.unwrap();
+        node.batch_execute("BEGIN").await.unwrap();
+        node.query("SELECT n FROM orders", &[]).await.unwrap();
+        node.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(proxy.commits_lost().values().sum::<u64>(), 1);
+    }
+
     #[tokio::test]
     async fn faults_turned_off_disarm_the_links_whose_fault_has_not_fired() {
-        let proxy = Proxy::links(&[echo().await], 1, Outages::default())
+        let proxy = Proxy::links(&[echo().await], 1, Outages::default(), Duration::ZERO)
             .await
             .unwrap();
         let mut tcp = TcpStream::connect(proxy.addrs()[0]).await.unwrap();

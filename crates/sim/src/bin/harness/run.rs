@@ -60,6 +60,17 @@ pub(crate) struct Faults {
     pub(crate) failpoint_crashes: BTreeMap<&'static str, u64>,
     /// Starts armed with a crash point (the round-robin position in POINTS).
     armed_crashes: u64,
+    /// Starts armed with a stall (the round-robin position in the points).
+    armed_pauses: u64,
+    /// Stalls of a node inside a step past the hold limit, by failpoint, as
+    /// the nodes reported them.
+    pub(crate) failpoint_pauses: BTreeMap<String, u64>,
+    /// Answers to `COMMIT`s the links lost, by kind of transaction.
+    pub(crate) commits_lost: BTreeMap<String, u64>,
+    /// With a skewed node: times its log said its clock is off from the
+    /// database server's (none: the skew did not take, which fails the
+    /// run).
+    pub(crate) skew_warnings: Option<usize>,
 }
 
 impl Faults {
@@ -76,6 +87,9 @@ struct Injection {
     failpoints: bool,
     /// The points the server passes on its store, armed in turn.
     points: &'static [&'static str],
+    /// Stalls at the points: at least how long (the hold limit), none
+    /// when the run asks for none.
+    pauses: Option<Duration>,
     /// An armed server dies on its 1st to this many-th pass of its point.
     passes: u64,
     /// A full disk by injected `ENOSPC` at failpoints (no tmpfs: not root).
@@ -85,7 +99,8 @@ struct Injection {
 impl Injection {
     /// What the next start of the server is armed with: half of the starts
     /// die at a named point (each point in turn, on one of its first
-    /// passes),
+    /// passes); with pauses, half of the others stall at one (each in
+    /// turn, on one of its first passes) for 1–3 s past the hold limit;
     /// and without a tmpfs a quarter of the others see a full disk.
     fn next(&self, rng: &mut StdRng, faults: &mut Faults) -> Arming {
         if self.failpoints && rng.random_bool(0.5) {
@@ -93,14 +108,25 @@ impl Injection {
             faults.armed_crashes += 1;
             return Arming {
                 crash_at: Some((point, rng.random_range(1..=self.passes))),
-                disk_errors: false,
+                ..Arming::default()
+            };
+        }
+        if let Some(hold) = self.pauses
+            && rng.random_bool(0.5)
+        {
+            let point = self.points[(faults.armed_pauses as usize) % self.points.len()];
+            faults.armed_pauses += 1;
+            let pause = hold + Duration::from_millis(rng.random_range(1000..3000));
+            return Arming {
+                pause_at: Some((point, rng.random_range(1..=self.passes), pause)),
+                ..Arming::default()
             };
         }
         if self.disk_errors && rng.random_bool(0.25) {
             faults.disk_full += 1;
             return Arming {
-                crash_at: None,
                 disk_errors: true,
+                ..Arming::default()
             };
         }
         Arming::default()
@@ -197,6 +223,35 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     if args.db_faults > 0.0 && !cluster {
         bail!("--db-faults needs --store postgres");
     }
+    if !cluster
+        && (args.commit_losses > 0.0
+            || args.failpoint_pauses > 0
+            || args.hold_limit.is_some()
+            || args.skewed_node.is_some())
+    {
+        bail!(
+            "--commit-losses, --failpoint-pauses, --hold-limit and --skewed-node need --store postgres"
+        );
+    }
+    // How long PostgreSQL lets a node's session sit idle in a transaction.
+    let hold_limit = args
+        .hold_limit
+        .unwrap_or(estafeta_cluster::Options::default().hold_limit);
+    // The skewed node's environment: libfaketime's wall clock, its
+    // monotonic clock untouched.
+    let skew = match args.skewed_node {
+        Some(minutes) => {
+            if !Path::new(FAKETIME).exists() {
+                bail!("--skewed-node needs {FAKETIME}: install Debian's faketime package");
+            }
+            vec![
+                ("LD_PRELOAD".to_owned(), FAKETIME.to_owned()),
+                ("FAKETIME".to_owned(), format!("{minutes:+}m")),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+            ]
+        }
+        None => Vec::new(),
+    };
     if cluster && args.disk_full {
         bail!("--disk-full fills the embedded store's disk; it does not apply to --store postgres");
     }
@@ -211,19 +266,28 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         None
     };
     // The nodes reach PostgreSQL through the fault-injecting links when
-    // the run asks for faults there.
+    // the run asks for faults there or for lost COMMIT answers.
     // When the harness holds the store out of the nodes' reach: a node
     // starting meanwhile waits for it, and that is not its own time.
     let outages = Outages::default();
     let links = match &postgres {
-        Some(pg) if args.db_faults > 0.0 => {
-            Some(Proxy::links(&pg.addrs(), args.seed ^ 0xdb_f0_17, outages.clone()).await?)
-        }
+        Some(pg) if args.db_faults > 0.0 || args.commit_losses > 0.0 => Some(
+            Proxy::links(
+                &pg.addrs(),
+                args.seed ^ 0xdb_f0_17,
+                outages.clone(),
+                hold_limit,
+            )
+            .await?,
+        ),
         _ => None,
     };
+    if let Some(links) = &links {
+        links.set_commit_loss_rate(args.commit_losses);
+    }
     let store = postgres
         .as_ref()
-        .map(|pg| pg.url(links.as_ref().map(Proxy::addrs)));
+        .map(|pg| pg.url(links.as_ref().map(Proxy::addrs), args.hold_limit));
     let data = work.join("data");
     let sqlite_dir = work.join("processors");
     std::fs::create_dir_all(&data)?;
@@ -243,6 +307,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let injection = Injection {
         failpoints: !args.no_failpoints,
         points: if cluster { STORE_POINTS } else { POINTS },
+        pauses: (args.failpoint_pauses > 0).then_some(hold_limit),
         // A node passes a point less often than a lone server (the calls
         // are spread over the nodes) and is killed at random as often.
         passes: if cluster { 4 } else { 8 },
@@ -263,8 +328,21 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         };
         std::fs::create_dir_all(&dir)?;
         let port = free_port()?;
-        let (node, ready) =
-            Server::start(&binary, store.as_deref(), &dir, &log, port, outages.clone()).await?;
+        // The last node's wall clock is off when the run asks for it.
+        let env = match i + 1 == args.nodes {
+            true => skew.clone(),
+            false => Vec::new(),
+        };
+        let (node, ready) = Server::start(
+            &binary,
+            store.as_deref(),
+            env,
+            &dir,
+            &log,
+            port,
+            outages.clone(),
+        )
+        .await?;
         faults.ready_times.push(ready);
         nodes.push(node);
         upstreams.push(SocketAddr::from(([127, 0, 0, 1], port)));
@@ -303,9 +381,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
             revive(node, &injection, &mut rng, &mut faults).await?;
         }
         let out_of_time = args.duration.is_some_and(|d| began.elapsed() >= d);
+        let pauses: u64 = nodes.iter().flat_map(|n| n.paused().into_values()).sum();
         let targets_met = faults.rounds >= args.rounds
             && faults.server_crashes >= args.server_crashes
             && faults.failpoint_crashes.values().sum::<u64>() >= args.failpoint_crashes
+            && pauses >= args.failpoint_pauses
             && faults.failovers >= failovers;
         if out_of_time || targets_met {
             break;
@@ -330,7 +410,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         let server = &mut nodes[node];
         // Restarts are what arm failpoints.
         let want_crashes = faults.server_crashes < args.server_crashes
-            || faults.failpoint_crashes.values().sum::<u64>() < args.failpoint_crashes;
+            || faults.failpoint_crashes.values().sum::<u64>() < args.failpoint_crashes
+            || pauses < args.failpoint_pauses;
         let fault = if want_crashes && rng.random_bool(0.5) {
             0
         } else {
@@ -411,6 +492,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     // Drain: no more faults; processors and devices finish, against
     // servers armed with nothing.
     stop_db_faults.store(true, Ordering::Relaxed);
+    if let Some(links) = &links {
+        links.set_commit_loss_rate(0.0);
+    }
     if let Some(task) = db_fault_task {
         faults.db_episodes = task.await.context("the database fault task")?;
     }
@@ -424,6 +508,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 &Injection {
                     failpoints: false,
                     points: &[],
+                    pauses: None,
                     passes: 1,
                     disk_errors: false,
                 },
@@ -455,6 +540,28 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     drain(&server.admin, &mut processors, &mut devices).await;
     let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
     logs.dedup();
+    for node in &nodes {
+        for (point, n) in node.paused() {
+            *faults.failpoint_pauses.entry(point).or_default() += n;
+        }
+    }
+    if let Some(links) = &links {
+        faults.commits_lost = links.commits_lost();
+    }
+    if args.skewed_node.is_some()
+        && let Some(skewed) = nodes.last()
+    {
+        let warnings = std::fs::read_to_string(skewed.log())?
+            .matches(SKEW_WARNING)
+            .count();
+        if warnings == 0 {
+            eprintln!(
+                "the skewed node's log ({}) never says {SKEW_WARNING:?}: its clock was not off",
+                skewed.log().display()
+            );
+        }
+        faults.skew_warnings = Some(warnings);
+    }
     let summary = check::check(
         &server.admin,
         &processors,
@@ -477,6 +584,14 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     }
     Ok(summary)
 }
+
+/// libfaketime, which gives a process a wall clock of its own (Debian's
+/// `faketime` package).
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// What a node's log says when its wall clock is off from the database
+/// server's.
+const SKEW_WARNING: &str = "this node's clock is off from the database server's";
 
 /// The PostgreSQL under the nodes: a primary, and for failovers its
 /// synchronous standby.
@@ -514,16 +629,30 @@ impl Database {
     /// picked at each connection (the same URL through every failover).
     /// `via`: the addresses to reach the servers at instead of their own
     /// (a proxy's, one per server, in [`Database::addrs`]'s order).
-    fn url(&self, via: Option<&[SocketAddr]>) -> String {
+    /// `hold_limit`: PostgreSQL's bound on a session idle in a transaction
+    /// or leaving data unacknowledged (the server's default when none).
+    fn url(&self, via: Option<&[SocketAddr]>, hold_limit: Option<Duration>) -> String {
         let hosts: Vec<String> = match via {
             Some(addrs) => addrs.iter().map(SocketAddr::to_string).collect(),
             None => self.servers.iter().map(Postgres::host_port).collect(),
         };
-        match hosts.as_slice() {
+        let mut params = Vec::new();
+        let hosts = match hosts.as_slice() {
             [a, b] => {
-                format!("postgres://postgres@{a},{b}/postgres?target_session_attrs=read-write")
+                params.push("target_session_attrs=read-write".to_owned());
+                format!("{a},{b}")
             }
-            _ => format!("postgres://postgres@{}/postgres", hosts[self.primary]),
+            _ => hosts[self.primary].clone(),
+        };
+        if let Some(hold) = hold_limit {
+            let ms = hold.as_millis();
+            params.push(format!(
+                "options=-c%20idle_in_transaction_session_timeout%3D{ms}%20-c%20tcp_user_timeout%3D{ms}"
+            ));
+        }
+        match params.is_empty() {
+            true => format!("postgres://postgres@{hosts}/postgres"),
+            false => format!("postgres://postgres@{hosts}/postgres?{}", params.join("&")),
         }
     }
 

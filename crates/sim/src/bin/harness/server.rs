@@ -1,15 +1,18 @@
 //! The `estafeta` server as a child process: started on a fixed loopback
 //! port (so the proxy and the clients survive its restarts), its log
 //! appended to a file, killed with SIGKILL, paused with SIGSTOP, and armed
-//! at each start to kill itself at a named failpoint or to see a full disk
-//! there ([`Arming`]; needs a server built with `--features failpoints`).
+//! at each start to kill itself at a named failpoint, to stall there, or
+//! to see a full disk there ([`Arming`]; needs a server built with
+//! `--features failpoints`); the stalls it reports are counted.
 //! A start is held to [`READY_BOUND`] of its own time: what the harness's
 //! outages of the store ([`Outages`]) cover of it does not count.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -40,13 +43,16 @@ const DISK_ERRORS: &str = "mailbox::temp_write=5%return;mailbox::temp_fsync=5%re
 pub(crate) struct Arming {
     /// Kill itself (SIGKILL) the n-th time it passes this point.
     pub(crate) crash_at: Option<(&'static str, u64)>,
+    /// Block the thread that passes this point the n-th time for this
+    /// long.
+    pub(crate) pause_at: Option<(&'static str, u64, Duration)>,
     /// Writes fail now and then as on a full disk.
     pub(crate) disk_errors: bool,
 }
 
 impl Arming {
     fn is_armed(self) -> bool {
-        self.crash_at.is_some() || self.disk_errors
+        self.crash_at.is_some() || self.pause_at.is_some() || self.disk_errors
     }
 }
 
@@ -65,6 +71,11 @@ pub(crate) struct Server {
     binary: PathBuf,
     /// The cluster store's URL (`ESTAFETA_STORE`); none: the embedded store.
     store: Option<String>,
+    /// Variables of its own environment (libfaketime's, for a node whose
+    /// wall clock is off).
+    env: Vec<(String, String)>,
+    /// The stalls at failpoints its processes reported, by point.
+    paused: Arc<Mutex<BTreeMap<String, u64>>>,
     data: PathBuf,
     log: PathBuf,
     /// Where the running process's part of the log begins.
@@ -80,10 +91,12 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Starts the server and waits until it is ready; the time it took.
+    /// Starts the server (with `env` in its environment) and waits until
+    /// it is ready; the time it took.
     pub(crate) async fn start(
         binary: &Path,
         store: Option<&str>,
+        env: Vec<(String, String)>,
         data: &Path,
         log: &Path,
         port: u16,
@@ -97,6 +110,8 @@ impl Server {
         let mut server = Server {
             binary: binary.to_owned(),
             store: store.map(str::to_owned),
+            env,
+            paused: Arc::default(),
             data: data.to_owned(),
             log: log.to_owned(),
             log_from: 0,
@@ -125,6 +140,14 @@ impl Server {
         let lines: Vec<&str> = text.lines().collect();
         let tail = &lines[lines.len().saturating_sub(TAIL)..];
         format!("last lines of {}:\n{}", self.log.display(), tail.join("\n"))
+    }
+
+    /// The stalls at failpoints its processes reported so far, by point.
+    pub(crate) fn paused(&self) -> BTreeMap<String, u64> {
+        self.paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// What the running process is armed with.
@@ -159,12 +182,19 @@ impl Server {
             .env("ESTAFETA_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(log)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .kill_on_drop(true);
         if let Some(store) = &self.store {
             cmd.env("ESTAFETA_STORE", store);
         }
         if let Some((point, nth)) = arming.crash_at {
             cmd.env("ESTAFETA_CRASH_AT", format!("{point}@{nth}"));
+        }
+        if let Some((point, nth, pause)) = arming.pause_at {
+            cmd.env(
+                "ESTAFETA_PAUSE_AT",
+                format!("{point}@{nth}={}", pause.as_millis()),
+            );
         }
         if arming.disk_errors {
             cmd.env("ESTAFETA_FAILPOINTS", DISK_ERRORS);
@@ -213,8 +243,18 @@ impl Server {
                 self.binary.display()
             );
         }
-        // Keep reading stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Keep reading stdout so the child never blocks on a full pipe,
+        // counting the stalls it reports.
+        let paused = self.paused.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(point) = stalled_at(&line) {
+                    tracing::info!(point, "a node stalled at its failpoint");
+                    let mut paused = paused.lock().unwrap_or_else(|e| e.into_inner());
+                    *paused.entry(point.to_owned()).or_default() += 1;
+                }
+            }
+        });
         self.child = Some(child);
         while self.outages.own_time(began) <= READY_BOUND {
             if let Ok(true) = self.admin.readyz().await {
@@ -283,6 +323,13 @@ fn killed_itself(armed: Arming, status: ExitStatus, log: &str) -> Option<&'stati
     }
 }
 
+/// The point a server's stdout line says it stalls at
+/// (`failpoint <point>: pausing for <ms> ms`).
+fn stalled_at(line: &str) -> Option<&str> {
+    let (point, rest) = line.strip_prefix("failpoint ")?.split_once(": ")?;
+    rest.starts_with("pausing for ").then_some(point)
+}
+
 fn signal(signal: &str, pid: u32) -> anyhow::Result<()> {
     let status = std::process::Command::new("kill")
         .args([signal, &pid.to_string()])
@@ -318,5 +365,18 @@ mod tests {
             killed_itself(ARMED, ExitStatus::from_raw(1 << 8), &own),
             None
         );
+    }
+
+    #[test]
+    fn a_stall_is_read_from_the_servers_line() {
+        assert_eq!(
+            stalled_at("failpoint messages::apply: pausing for 4000 ms"),
+            Some("messages::apply")
+        );
+        assert_eq!(
+            stalled_at("failpoint messages::apply: going on after 4000 ms"),
+            None
+        );
+        assert_eq!(stalled_at("listening on 127.0.0.1:1"), None);
     }
 }
