@@ -608,14 +608,17 @@ mod tests {
         let waits = Mutex::new(waits);
         let gather = Box::new(move || {
             gathering.send(()).unwrap();
-            waits.lock().unwrap().recv().unwrap();
+            let bound = std::time::Duration::from_secs(30);
+            waits.lock().unwrap().recv_timeout(bound).unwrap();
         });
         let log = EventLog::spawn(store.clone(), None, Retention::default(), gather);
         let log = Arc::new(log.unwrap());
         let subscriber = tracing_subscriber::registry().with(ArcLayer(Arc::clone(&log)));
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!("first");
-            gathers.recv().unwrap();
+            gathers
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the writer gathers after the first record");
             tracing::warn!("second");
             tracing::warn!("third");
         });
