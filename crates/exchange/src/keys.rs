@@ -177,8 +177,12 @@ struct Group {
     committing: bool,
     /// For each commit whose other callers have not all read it: its
     /// outcome (an error as its kind and text) and how many have not.
-    outcomes: std::collections::HashMap<u64, (Result<(), (std::io::ErrorKind, String)>, usize)>,
+    outcomes: std::collections::HashMap<u64, (Shared, usize)>,
 }
+
+/// A group commit's outcome as its other callers read it: an error as its
+/// kind and text.
+type Shared = Result<(), (std::io::ErrorKind, String)>;
 
 impl RedbKeys {
     /// Open the store at `path`, creating it (durably, entry in its folder
