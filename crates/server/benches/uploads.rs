@@ -192,7 +192,7 @@ async fn provision(admin: &Client) -> Vec<Device> {
 fn body(nonce: u64) -> Body {
     let head = format!(r#"{{"nonce":{nonce},"order":{{"lines":[{{"sku":"A-1","qty":2}}],"note":""#);
     let pad = BODY_BYTES - head.len() - 3;
-    Body::from_json(&format!(r#"{head}{}"}}}}"#, "x".repeat(pad))).unwrap()
+    Body::from_json(format!(r#"{head}{}"}}}}"#, "x".repeat(pad))).unwrap()
 }
 
 /// What a run of uploads measured.
