@@ -36,6 +36,8 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod limits;
+
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;

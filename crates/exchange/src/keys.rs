@@ -9,7 +9,8 @@
 //! batches by [`UploadKeys::expire`], oldest first, through an index by
 //! expiry time: nothing ever scans all keys.
 //!
-//! [`RedbKeys`] keeps them in one redb file (the embedded store).
+//! [`RedbKeys`] keeps them in one redb file (the embedded store); puts
+//! of concurrent uploads share its durable commits.
 //!
 //! ```
 //! use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
@@ -35,6 +36,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -147,11 +149,40 @@ pub trait UploadKeys: Send + Sync + 'static {
 }
 
 /// [`UploadKeys`] in one redb file; each change is one write transaction
-/// committed with redb's default (fsynced) durability.
+/// committed with redb's default (fsynced) durability. Puts are committed
+/// in groups: a put made while another caller's commit is under way waits
+/// for it, and the puts that gathered meanwhile then go in one commit,
+/// made by one of their callers (no thread of its own, no hand-over when
+/// nothing else is under way).
 pub struct RedbKeys {
     path: PathBuf,
     db: Database,
+    /// The puts waiting for their commit, and the outcomes of the commits
+    /// their callers have not all read yet.
+    group: Mutex<Group>,
+    /// Told when a commit ends.
+    committed: Condvar,
 }
+
+/// The group commit's state (see [`RedbKeys`]).
+#[derive(Default)]
+struct Group {
+    /// The entries of the puts not yet taken into a commit.
+    entries: Vec<(Id, String, KeyedUpload)>,
+    /// How many callers those entries are from.
+    callers: usize,
+    /// The number of the commit they go into (one more per commit).
+    next: u64,
+    /// Whether a caller is committing now.
+    committing: bool,
+    /// For each commit whose other callers have not all read it: its
+    /// outcome (an error as its kind and text) and how many have not.
+    outcomes: std::collections::HashMap<u64, (Shared, usize)>,
+}
+
+/// A group commit's outcome as its other callers read it: an error as its
+/// kind and text.
+type Shared = Result<(), (std::io::ErrorKind, String)>;
 
 impl RedbKeys {
     /// Open the store at `path`, creating it (durably, entry in its folder
@@ -169,7 +200,41 @@ impl RedbKeys {
             path: path.clone(),
             source,
         })?;
-        Ok(RedbKeys { path, db })
+        Ok(RedbKeys {
+            path,
+            db,
+            group: Mutex::default(),
+            committed: Condvar::new(),
+        })
+    }
+
+    fn group(&self) -> MutexGuard<'_, Group> {
+        self.group.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `entries` in one durable transaction.
+    fn commit(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
+        let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        {
+            let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+            let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
+            for (device, key, upload) in entries {
+                let (device, key) = (device.as_str(), key.as_str());
+                let before = keys
+                    .insert((device, key), encode(upload).as_slice())
+                    .map_err(|e| self.fail(e))?
+                    .and_then(|old| decode(old.value()));
+                if let Some(old) = before {
+                    expiry
+                        .remove((old.expires_at.as_millis(), device, key))
+                        .map_err(|e| self.fail(e))?;
+                }
+                expiry
+                    .insert((upload.expires_at.as_millis(), device, key), ())
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.fail(e))
     }
 
     fn fail(&self, e: impl Into<redb::Error>) -> KeysError {
@@ -223,28 +288,53 @@ impl UploadKeys for RedbKeys {
         Ok((upload.expires_at > now).then_some(upload))
     }
 
+    /// Durable when it returns, in a commit shared with the puts that
+    /// gathered while the one before it ran (see [`RedbKeys`]); a failed
+    /// commit fails every put in it.
     fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
-        let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
-        {
-            let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
-            let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.fail(e))?;
-            for (device, key, upload) in entries {
-                let (device, key) = (device.as_str(), key.as_str());
-                let before = keys
-                    .insert((device, key), encode(upload).as_slice())
-                    .map_err(|e| self.fail(e))?
-                    .and_then(|old| decode(old.value()));
-                if let Some(old) = before {
-                    expiry
-                        .remove((old.expires_at.as_millis(), device, key))
-                        .map_err(|e| self.fail(e))?;
+        let mut group = self.group();
+        group.entries.extend_from_slice(entries);
+        group.callers += 1;
+        let mine = group.next;
+        loop {
+            if let Some((outcome, unread)) = group.outcomes.get_mut(&mine) {
+                *unread -= 1;
+                let outcome = outcome.clone();
+                if *unread == 0 {
+                    group.outcomes.remove(&mine);
                 }
-                expiry
-                    .insert((upload.expires_at.as_millis(), device, key), ())
-                    .map_err(|e| self.fail(e))?;
+                return outcome.map_err(|(kind, text)| {
+                    self.fail(redb::Error::Io(std::io::Error::new(kind, text)))
+                });
             }
+            if !group.committing {
+                // Lead: commit every put gathered so far, this one included.
+                let entries = std::mem::take(&mut group.entries);
+                let others = std::mem::take(&mut group.callers) - 1;
+                group.next += 1;
+                group.committing = true;
+                drop(group);
+                let outcome = self.commit(&entries);
+                let mut group = self.group();
+                group.committing = false;
+                if others > 0 {
+                    let shared = outcome.as_ref().map(|_| ()).map_err(|e| match e {
+                        KeysError::Storage {
+                            source: redb::Error::Io(io),
+                            ..
+                        } => (io.kind(), io.to_string()),
+                        other => (std::io::ErrorKind::Other, other.to_string()),
+                    });
+                    group.outcomes.insert(mine, (shared, others));
+                }
+                self.committed.notify_all();
+                return outcome;
+            }
+            group = self
+                .committed
+                .wait(group)
+                .unwrap_or_else(PoisonError::into_inner);
         }
-        txn.commit().map_err(|e| self.fail(e))
     }
 
     /// The redb file is not written in a session store's transactions.
@@ -342,6 +432,50 @@ mod tests {
 
     fn id(s: &str) -> Id {
         s.parse().unwrap()
+    }
+
+    /// Puts made while a commit is under way wait for it, then go in one
+    /// commit together (made by one of their callers), each durable when
+    /// it returns.
+    #[test]
+    fn puts_gathered_during_a_commit_share_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.redb");
+        let keys = std::sync::Arc::new(RedbKeys::open(&path).unwrap());
+        // Another caller's commit under way.
+        keys.group().committing = true;
+        let first = keys.group().next;
+        let puts: Vec<_> = (0..8)
+            .map(|n| {
+                let keys = keys.clone();
+                std::thread::spawn(move || keys.put(&id("a"), &format!("k{n}"), &upload(n, 100)))
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while keys.group().callers < 8 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the puts never gathered"
+            );
+            std::thread::yield_now();
+        }
+        assert!(
+            puts.iter().all(|p| !p.is_finished()),
+            "they wait for the commit"
+        );
+        keys.group().committing = false;
+        keys.committed.notify_all();
+        for put in puts {
+            put.join().unwrap().unwrap();
+        }
+        assert_eq!(keys.group().next, first + 1, "one commit for the eight");
+        assert!(keys.group().outcomes.is_empty());
+        drop(keys);
+        let keys = RedbKeys::open(&path).unwrap();
+        for n in 0..8 {
+            let found = keys.get(&id("a"), &format!("k{n}"), Timestamp::from_millis(0));
+            assert_eq!(found.unwrap(), Some(upload(n, 100)));
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Messages per second through the whole cycle over real HTTP (device
 //! upload → start → prepare with one reply each → commit → the devices fetch
-//! and acknowledge their replies), with full durability, against the floor
-//! measured in the same run on the same disk: files created, written,
-//! fsynced and their folder fsynced, one at a time.
+//! and acknowledge their replies), with full durability, against the disk's
+//! batch ceiling measured in the same run on the same disk, before and
+//! after (`estafeta_durable::limits`): as many files as a cycle has
+//! messages created, written and fsynced at once, then their folder fsynced.
 //!
 //! The same cycle runs on the embedded store and in cluster mode: one node
 //! over a throwaway PostgreSQL, and three nodes over one, each call sent to
@@ -14,9 +15,10 @@
 //! affinity would ([`affine`]).
 //!
 //! `cargo bench -p estafeta-server --bench cycle`; the ratio (messages/s ÷
-//! floor files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk.
+//! ceiling files/s) goes to BENCHMARKS.md. `BENCH_DIR` picks the disk;
+//! `CYCLE_EMBEDDED=N` runs instead N rounds of the ceiling and the
+//! embedded store's cycles in turn ([`embedded`]).
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
+use estafeta_durable::limits::{Batch, Probe};
 use estafeta_exchange::mailbox::Limits;
 use estafeta_exchange::wire::{
     Body, CallStatus, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
@@ -40,17 +43,6 @@ use tokio_util::sync::CancellationToken;
 const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"note":"deliver before noon"}}"#;
 /// Devices sending in parallel (each device's calls run one at a time).
 const DEVICES: usize = 10;
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// The floor: one durable file at a time.
-fn floor_write(dir: &Path, bytes: &[u8]) {
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut f = std::fs::File::create(dir.join(format!("floor-{seq}.msg"))).unwrap();
-    f.write_all(bytes).unwrap();
-    f.sync_all().unwrap();
-    std::fs::File::open(dir).unwrap().sync_all().unwrap();
-}
 
 fn id(s: &str) -> Id {
     Id::new(s).unwrap()
@@ -604,6 +596,47 @@ async fn pipe(
     }
 }
 
+/// `CYCLE_EMBEDDED=N`: N rounds on the embedded store alone, each the
+/// ceiling for 100 (for 5 s), then whole cycles of 100 (for 5 s); prints
+/// each round's rates and ratio, the load average, and the median ratio.
+fn embedded(rt: &tokio::runtime::Runtime, w: &World, probe: &Probe, rounds: usize) {
+    let time = Duration::from_secs(5);
+    let mut batch = probe.files_at_once(100).unwrap();
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        let load_before = load();
+        let ceiling = probe.measure(|| batch.run(), 100, time).unwrap();
+        let began = std::time::Instant::now();
+        let mut cycles = 0;
+        while began.elapsed() < time {
+            rt.block_on(cycle(w, 100));
+            cycles += 1;
+        }
+        let rate = (cycles * 100) as f64 / began.elapsed().as_secs_f64();
+        let ratio = rate / ceiling.files_per_second();
+        ratios.push(ratio);
+        println!(
+            "round {round}: whole cycle at batch 100 {rate:.0} msgs/s, ceiling for 100 {:.0} files/s: \
+             {ratio:.2}; load average {load_before} → {}",
+            ceiling.files_per_second(),
+            load()
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "median ratio over {rounds} rounds: {:.2} (range {:.2}-{:.2})",
+        ratios[rounds / 2],
+        ratios[0],
+        ratios[rounds - 1]
+    );
+}
+
 fn bench(c: &mut Criterion) {
     let tmp = tempfile::tempdir_in(
         std::env::var_os("BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
@@ -611,6 +644,13 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let w = rt.block_on(world(&tmp.path().join("data"), None, 1));
+    let probe = Probe::new(tmp.path().join("probe"), 300).unwrap();
+    if let Some(rounds) = std::env::var("CYCLE_EMBEDDED")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        return embedded(&rt, &w, &probe, rounds);
+    }
     let pg_one = postgres();
     let one = rt.block_on(world(&tmp.path().join("one"), Some(&pg_one.url()), 1));
     count_per_message(&rt, &pg_one, &one, "one node over PostgreSQL");
@@ -663,21 +703,24 @@ fn bench(c: &mut Criterion) {
         ],
         INTERLEAVED,
     );
-    let floor_dir = tmp.path().join("floor");
-    std::fs::create_dir(&floor_dir).unwrap();
-    let bytes = vec![b'x'; 300];
+    let mut ceilings: Vec<(usize, Batch)> = [10, 100]
+        .into_iter()
+        .map(|n| (n, probe.files_at_once(n).unwrap()))
+        .collect();
 
     let mut group = c.benchmark_group("cycle");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    // The floor before and after the cycles: on a shared machine the disk's
-    // speed drifts, and the two bracket it.
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("floor_one_file_at_a_time", |b| {
-        b.iter(|| floor_write(&floor_dir, &bytes))
-    });
+    // The ceilings before and after the cycles: on a shared machine the
+    // disk's speed drifts, and the two bracket it.
+    for (n, batch) in &mut ceilings {
+        group.throughput(Throughput::Elements(*n as u64));
+        group.bench_function(format!("ceiling_{n}_files_at_once"), |b| {
+            b.iter(|| batch.run().unwrap())
+        });
+    }
     for batch in [10usize, 100] {
         group.throughput(Throughput::Elements(batch as u64));
         group.bench_function(format!("whole_cycle_batch_{batch}"), |b| {
@@ -691,10 +734,12 @@ fn bench(c: &mut Criterion) {
     group.bench_function("whole_cycle_batch_100_postgres_three_nodes", |b| {
         b.to_async(&rt).iter(|| cycle(&three, 100))
     });
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("floor_one_file_at_a_time_after", |b| {
-        b.iter(|| floor_write(&floor_dir, &bytes))
-    });
+    for (n, batch) in &mut ceilings {
+        group.throughput(Throughput::Elements(*n as u64));
+        group.bench_function(format!("ceiling_{n}_files_at_once_after"), |b| {
+            b.iter(|| batch.run().unwrap())
+        });
+    }
     group.finish();
 }
 

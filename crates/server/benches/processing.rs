@@ -1,11 +1,10 @@
 //! Messages per second through the processing phase alone, over real HTTP
 //! with full durability: the messages are uploaded beforehand (not timed),
 //! then the processor starts a process of 100, prepares it with one
-//! PROCESSED verdict and one reply per message, and commits. The floor is
-//! measured in the same run on the same disk, before and after: files
-//! created, written, fsynced and their folder fsynced, one at a time; and
-//! the disk's limit for a batch (the ceiling): 100 such files at once, then
-//! their folder fsynced.
+//! PROCESSED verdict and one reply per message, and commits. The baseline
+//! is the disk's limit for a batch (the ceiling, `estafeta_durable::limits`),
+//! measured in the same run on the same disk, before and after: 100 files
+//! created, written and fsynced at once, then their folder fsynced.
 //!
 //! `cargo bench -p estafeta-server --bench processing`; `BENCH_DIR` picks
 //! the disk. Two more modes, chosen from the environment, print instead of
@@ -31,11 +30,11 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use estafeta_client::Client;
+use estafeta_durable::limits::Probe;
 use estafeta_exchange::mailbox::{FileName, Limits};
 use estafeta_exchange::wire::{
     Body, CallStatus, Message, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
@@ -52,36 +51,6 @@ const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty
 const DEVICES: usize = 10;
 /// Messages per process.
 const BATCH: usize = 100;
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// The floor: one durable file at a time.
-fn floor_write(dir: &Path, bytes: &[u8]) {
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut f = std::fs::File::create(dir.join(format!("floor-{seq}.msg"))).unwrap();
-    f.write_all(bytes).unwrap();
-    f.sync_all().unwrap();
-    std::fs::File::open(dir).unwrap().sync_all().unwrap();
-}
-
-/// The disk's limit for a batch: `BATCH` durable files written at once
-/// (each on its own thread, as the server's blocking pool writes a
-/// prepare's replies), then one fsync of their folder. A processed message
-/// needs at least its reply's durable file, so the processing phase cannot
-/// pass this rate.
-fn ceiling_write(dir: &Path, bytes: &[u8]) {
-    std::thread::scope(|scope| {
-        for _ in 0..BATCH {
-            scope.spawn(|| {
-                let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-                let mut f = std::fs::File::create(dir.join(format!("ceiling-{seq}.msg"))).unwrap();
-                f.write_all(bytes).unwrap();
-                f.sync_all().unwrap();
-            });
-        }
-    });
-    std::fs::File::open(dir).unwrap().sync_all().unwrap();
-}
 
 fn id(s: &str) -> Id {
     Id::new(s).unwrap()
@@ -316,14 +285,14 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-/// Floor files per second over `n` files.
-fn floor_rate(dir: &Path, n: usize) -> f64 {
-    let bytes = vec![b'x'; 300];
+/// The batch ceiling for [`BATCH`] in files per second, over 10 batches.
+fn ceiling_rate(probe: &Probe) -> f64 {
+    let mut batch = probe.files_at_once(BATCH).unwrap();
     let t = Instant::now();
-    for _ in 0..n {
-        floor_write(dir, &bytes);
+    for _ in 0..10 {
+        batch.run().unwrap();
     }
-    n as f64 / t.elapsed().as_secs_f64()
+    (10 * BATCH) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// The process's CPU time so far, all threads, user and system (in the
@@ -373,10 +342,9 @@ impl PerfControl {
 /// message, `getpid` marks.
 fn trace(rounds: usize) {
     let tmp = temp_root();
-    let floor_dir = tmp.path().join("floor");
-    std::fs::create_dir(&floor_dir).unwrap();
+    let probe = Probe::new(tmp.path().join("probe"), 300).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let before = floor_rate(&floor_dir, 300);
+    let before = ceiling_rate(&probe);
     let w = rt.block_on(world(&tmp.path().join("data"), None));
     let mut perf = PerfControl::from_env();
     let mut all = Vec::new();
@@ -401,12 +369,12 @@ fn trace(rounds: usize) {
         all.push(timed);
         rt.block_on(fetch_replies(&w));
     }
-    let after = floor_rate(&floor_dir, 300);
+    let after = ceiling_rate(&probe);
     let pick = |f: fn(&Timed) -> Duration| median(all.iter().map(f).collect());
     let total = pick(Timed::total);
     println!(
         "rounds {rounds}: median start {:.1?}, prepare {:.1?}, commit {:.1?}, total {:.1?} \
-         = {:.0} msgs/s; floor {before:.0} / {after:.0} files/s (before / after); \
+         = {:.0} msgs/s; ceiling for {BATCH} {before:.0} / {after:.0} files/s (before / after); \
          durable state commits per message {:.3} ({commits} for {processed}); \
          CPU time (all threads) per message {:.1?}",
         pick(|t| t.start),
@@ -489,22 +457,20 @@ fn bench(c: &mut Criterion) {
     let tmp = temp_root();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let w = rt.block_on(world(&tmp.path().join("data"), None));
-    let floor_dir = tmp.path().join("floor");
-    std::fs::create_dir(&floor_dir).unwrap();
-    let bytes = vec![b'x'; 300];
+    let probe = Probe::new(tmp.path().join("probe"), 300).unwrap();
+    let mut ceiling = probe.files_at_once(BATCH).unwrap();
 
     let mut group = c.benchmark_group("processing");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    // The floor before and after: on a shared machine the disk's speed
+    // The ceiling before and after: on a shared machine the disk's speed
     // drifts, and the two bracket it.
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("floor_one_file_at_a_time", |b| {
-        b.iter(|| floor_write(&floor_dir, &bytes))
-    });
     group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function(format!("ceiling_{BATCH}_files_at_once"), |b| {
+        b.iter(|| ceiling.run().unwrap())
+    });
     group.bench_function(format!("processing_batch_{BATCH}"), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -518,12 +484,8 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
-    group.bench_function(format!("ceiling_{BATCH}_files_at_once"), |b| {
-        b.iter(|| ceiling_write(&floor_dir, &bytes))
-    });
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("floor_one_file_at_a_time_after", |b| {
-        b.iter(|| floor_write(&floor_dir, &bytes))
+    group.bench_function(format!("ceiling_{BATCH}_files_at_once_after"), |b| {
+        b.iter(|| ceiling.run().unwrap())
     });
     group.finish();
 }

@@ -400,6 +400,38 @@ impl Mailboxes {
         Ok(entry)
     }
 
+    /// Like [`write`](Self::write), but the file appears in `loc` only once
+    /// `when` answers `true`: it is written and fsynced meanwhile, so that
+    /// whatever the caller makes durable before the message may appear
+    /// overlaps the file's fsync. If `when` answers `false` (or its sender
+    /// is dropped), the file does not appear, its temporary file is
+    /// removed, and the answer is `None`.
+    pub async fn write_when(
+        &self,
+        loc: &Location,
+        message: &Message,
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        let ticket = self.inner.syncer.ticket();
+        let (staged, go) = tokio::join!(self.stage(loc, message), when);
+        let staged = staged?;
+        if !go.unwrap_or(false) {
+            drop(ticket);
+            let temp = staged.temp;
+            // The removal is not made durable: a temporary file a crash
+            // brings back is swept at start-up.
+            blocking(move || {
+                let _ = std::fs::remove_file(temp);
+                Ok(())
+            })
+            .await?;
+            return Ok(None);
+        }
+        let (change, settle, entry) = self.publish_change(loc, staged);
+        ticket.submit(change, settle).await?;
+        Ok(Some(entry))
+    }
+
     /// Writes `message` into a temporary file of `loc` and fsyncs it; not
     /// visible until published. On an error the temporary file is removed.
     async fn stage(&self, loc: &Location, message: &Message) -> Result<Staged, MailboxError> {
@@ -1206,6 +1238,54 @@ mod tests {
         assert_eq!(moving.await.unwrap().unwrap(), Outcome::Done);
         assert_eq!(mailboxes.count(&log).await.unwrap(), 1);
         assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+    }
+
+    /// A file written to wait for its go-ahead is fsynced before it and
+    /// appears only with it; without it, it does not appear and no
+    /// temporary file is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_waiting_for_its_go_ahead_appears_only_with_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap();
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let dir = mailboxes.path(&queue);
+        let files = || -> Vec<String> {
+            match std::fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect(),
+                Err(_) => Vec::new(),
+            }
+        };
+        for (go_ahead, seq) in [(false, 1), (true, 2)] {
+            let fsynced = mailboxes.stats().file_fsyncs + 1;
+            let (go, when) = tokio::sync::oneshot::channel();
+            let writing = {
+                let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
+                tokio::spawn(async move { mailboxes.write_when(&queue, &message(seq), when).await })
+            };
+            while mailboxes.stats().file_fsyncs < fsynced {
+                tokio::task::yield_now().await;
+            }
+            assert!(files().iter().all(|f| f.starts_with('.')), "{:?}", files());
+            assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+            go.send(go_ahead).unwrap();
+            let written = writing.await.unwrap().unwrap();
+            if go_ahead {
+                let name = FileName::of(&message(seq));
+                assert_eq!(written.map(|e| e.name), Some(name.clone()));
+                assert_eq!(
+                    mailboxes.oldest(&queue, 10).await.unwrap(),
+                    vec![name.clone()]
+                );
+                assert_eq!(files(), vec![name.to_string()]);
+            } else {
+                assert_eq!(written, None);
+                assert!(files().is_empty(), "{:?}", files());
+            }
+        }
     }
 
     /// Files written to wait for a go-ahead are fsynced before it and

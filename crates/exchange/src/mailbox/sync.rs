@@ -326,10 +326,25 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
         changes.push(job.change);
         waiting.push((job.settle, job.reply));
     }
+    // Every directory any change touched, failed ones included: a failed
+    // publish removed its temporary file, and that removal is made durable too.
+    let dirs: Vec<PathBuf> = changes
+        .iter()
+        .flat_map(dirs_of)
+        .collect::<BTreeSet<&Path>>()
+        .into_iter()
+        .map(Path::to_owned)
+        .collect();
     let applying = Arc::clone(shared);
-    let (changes, results) = match tokio::task::spawn_blocking(move || {
+    let (changes, results, dirs, mut synced) = match tokio::task::spawn_blocking(move || {
         let results: Vec<_> = changes.iter().map(|c| apply(&applying, c)).collect();
-        (changes, results)
+        // One folder (a lone upload's): fsynced on this thread, without a
+        // hand-over to another; several: each on its own, below.
+        let synced = match &dirs[..] {
+            [dir] => vec![(dir.clone(), (applying.dir_sync)(dir))],
+            _ => Vec::new(),
+        };
+        (changes, results, dirs, synced)
     })
     .await
     {
@@ -342,31 +357,33 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
             return;
         }
     };
-
-    // Every directory any change touched, failed ones included: a failed
-    // publish removed its temporary file, and that removal is made durable too.
-    let dirs: BTreeSet<&Path> = changes.iter().flat_map(dirs_of).collect();
-    let mut fsyncs = JoinSet::new();
-    for dir in dirs {
-        let dir = dir.to_owned();
-        let dir_sync = Arc::clone(&shared.dir_sync);
-        fsyncs.spawn_blocking(move || {
-            let r = dir_sync(&dir);
-            (dir, r)
-        });
+    let mut lost_task = None;
+    if dirs.len() > 1 {
+        let mut fsyncs = JoinSet::new();
+        for dir in dirs {
+            let dir_sync = Arc::clone(&shared.dir_sync);
+            fsyncs.spawn_blocking(move || {
+                let r = dir_sync(&dir);
+                (dir, r)
+            });
+        }
+        while let Some(joined) = fsyncs.join_next().await {
+            match joined {
+                Ok(done) => synced.push(done),
+                Err(e) => lost_task = Some(e.to_string()),
+            }
+        }
     }
     let mut failed_dirs: Vec<(PathBuf, io::Error)> = Vec::new();
-    let mut lost_task = None;
-    while let Some(joined) = fsyncs.join_next().await {
-        match joined {
-            Ok((_, Ok(()))) => {
+    for (dir, r) in synced {
+        match r {
+            Ok(()) => {
                 shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
             }
             // A folder that does not exist holds none of the batch's entries
             // (a delete of a file in a folder never made).
-            Ok((_, Err(e))) if e.kind() == io::ErrorKind::NotFound => {}
-            Ok((dir, Err(e))) => failed_dirs.push((dir, e)),
-            Err(e) => lost_task = Some(e.to_string()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => failed_dirs.push((dir, e)),
         }
     }
     // Durable, but no caller knows yet: a crash here must lose nothing.

@@ -31,6 +31,31 @@ fn device(who: &Principal) -> Result<Device<'_>, ExchangeError> {
     }
 }
 
+/// Counts a new upload of `body_bytes` of body at `now` in the device's
+/// counters.
+fn count(
+    g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
+    body_bytes: u64,
+    now: Timestamp,
+) {
+    let counters = &mut g.persistent_mut().device;
+    counters.sent += 1;
+    counters.bytes += body_bytes;
+    counters.last_seen = Some(now);
+}
+
+/// The answer to a new upload of `message`, now durable; the event logged.
+fn accepted(message: &Message) -> (MessageAccepted, UploadOutcome) {
+    tracing::info!(target: "estafeta::event", device = %message.from, db = %message.to, message = %message.id, "message received");
+    (
+        MessageAccepted {
+            version: Version,
+            id: message.id,
+        },
+        UploadOutcome::Created,
+    )
+}
+
 impl Core {
     /// POST /v1/messages: on the device's session, the caller confirmed in
     /// its step ([`confirmed`](Self::confirmed)), the upload checked against
@@ -100,15 +125,15 @@ impl Core {
         };
         let body_bytes = message.body.get().len() as u64;
         let Some(key) = req.idempotency_key else {
-            // Without a key there is nothing to record before the file; the
-            // device's counters are saved once it is durable.
-            let joined = self
+            if self
                 .place_in_step(&mut g, &message, deliver_at, None)
-                .await?;
-            if !joined {
-                self.place(&message, deliver_at).await?;
+                .await?
+            {
+                return self.received(g, &message, body_bytes, now).await;
             }
-            return self.received(g, &message, body_bytes, now, joined).await;
+            return self
+                .place_counted(g, &message, deliver_at, None, body_bytes, now)
+                .await;
         };
 
         // The device's session serializes its uploads, so two uploads with
@@ -144,53 +169,121 @@ impl Core {
             at: now,
             expires_at: Timestamp::from_millis(now.as_millis().saturating_add(ttl)),
         };
-        let joined = self
+        if self
             .place_in_step(&mut g, &message, deliver_at, Some((&key, &upload)))
-            .await?;
-        if joined {
-            return self.received(g, &message, body_bytes, now, true).await;
+            .await?
+        {
+            return self.received(g, &message, body_bytes, now).await;
         }
-        self.with_keys({
-            let (device, key) = (dev.id.clone(), key.clone());
-            move |keys| keys.put(&device, &key, &upload)
-        })
-        .await?;
         // Should the write fail, or its outcome be unknown, the key stays:
         // the retry with it finds the key and writes this very message
         // (same id) if it is not there, so no outcome makes a second one.
-        self.place(&message, deliver_at).await?;
-        self.received(g, &message, body_bytes, now, false).await
+        self.place_counted(
+            g,
+            &message,
+            deliver_at,
+            Some((key, upload)),
+            body_bytes,
+            now,
+        )
+        .await
     }
 
-    /// A new upload of `message` (`body_bytes` of body) is durable, or
-    /// becomes so with the release of the device's session `g`: the
-    /// device's counters saved, the recipient told when the message was
-    /// `joined` to the step ([`placed_in_step`](Self::placed_in_step)),
-    /// the event logged.
+    /// A new upload of `message` (`body_bytes` of body) joined to the
+    /// device's step ([`place_in_step`](Self::place_in_step)) becomes
+    /// durable with the release of the device's session `g`: the device's
+    /// counters saved with it, then the recipient told
+    /// ([`placed_in_step`](Self::placed_in_step)).
     async fn received(
         &self,
         mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
         message: &Message,
         body_bytes: u64,
         now: Timestamp,
-        joined: bool,
     ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
-        let counters = &mut g.persistent_mut().device;
-        counters.sent += 1;
-        counters.bytes += body_bytes;
-        counters.last_seen = Some(now);
+        count(&mut g, body_bytes, now);
         g.release().await?;
-        if joined {
-            self.placed_in_step(&message.to);
+        self.placed_in_step(&message.to);
+        Ok(accepted(message))
+    }
+
+    /// A new upload of `message` (`body_bytes` of body) not joined to a
+    /// step: the message placed ([`place`](Self::place)), its idempotency
+    /// `key` (if any) durable before the message can appear, and the
+    /// device's counters saved in its session `g`; answered once all of it
+    /// is durable. With a session store of this server alone the three run
+    /// at once: the key's commit overlaps the message file's write and
+    /// fsync (the file appears once both are done), and the counters' save
+    /// overlaps the whole (should the message fail, the counters go back
+    /// to what they were, saved with the session's next save). With a
+    /// shared one, one after the other: the key, the message, the
+    /// counters with the step's end.
+    async fn place_counted(
+        &self,
+        mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
+        message: &Message,
+        deliver_at: Option<Timestamp>,
+        key: Option<(String, KeyedUpload)>,
+        body_bytes: u64,
+        now: Timestamp,
+    ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
+        let record = |(key, upload): (String, KeyedUpload)| {
+            let device = message.from.clone();
+            self.with_keys(move |keys| keys.put(&device, &key, &upload))
+        };
+        let embedded = g.holds() && g.step().is_none();
+        if !embedded {
+            if let Some(key) = key {
+                record(key).await?;
+            }
+            self.place(message, deliver_at).await?;
+            count(&mut g, body_bytes, now);
+            g.release().await?;
+            return Ok(accepted(message));
         }
-        tracing::info!(target: "estafeta::event", device = %message.from, db = %message.to, message = %message.id, "message received");
-        Ok((
-            MessageAccepted {
-                version: Version,
-                id: message.id,
-            },
-            UploadOutcome::Created,
-        ))
+        let before = g.state().device.clone();
+        count(&mut g, body_bytes, now);
+        let placing = async {
+            let due_later = deliver_at.is_some_and(|at| at > self.now());
+            match key {
+                // Kept aside: the scheduler has no go-ahead to wait for.
+                Some(key) if due_later => {
+                    record(key).await?;
+                    self.place(message, deliver_at).await
+                }
+                None => self.place(message, deliver_at).await,
+                Some(key) => {
+                    let (go, when) = tokio::sync::oneshot::channel();
+                    let queue = self.location(&message.to, Folder::Messages);
+                    let recording = async {
+                        let recorded = record(key).await;
+                        let _ = go.send(recorded.is_ok());
+                        recorded
+                    };
+                    let (recorded, put) =
+                        tokio::join!(recording, self.store.put_when(&queue, message, when));
+                    recorded?;
+                    put?.ok_or_else(|| {
+                        ExchangeError::unavailable(
+                            ErrorCode::Internal,
+                            "the message was not written after its key was recorded",
+                        )
+                    })?;
+                    self.arrived(&message.to);
+                    Ok(())
+                }
+            }
+        };
+        let (placed, saved) = tokio::join!(placing, g.save());
+        if let Err(e) = placed {
+            // Nothing was accepted: the counters as they were (saved, if
+            // the save above was, with the session in the background).
+            g.persistent_mut().device = before;
+            return Err(e);
+        }
+        saved?;
+        g.release().await?;
+        Ok(accepted(message))
     }
 
     /// With a shared session store whose transactions the message store

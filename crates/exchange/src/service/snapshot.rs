@@ -399,6 +399,21 @@ impl<M: MessageStore> MessageStore for Gated<M> {
         }
         put
     }
+    async fn put_when(
+        &self,
+        at: &Location,
+        message: &Message,
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        let _writing = self.quiesce.inner.files.read().await;
+        let started = Instant::now();
+        let put = self.inner.put_when(at, message, when).await;
+        self.quiesce.committed(Durable::Messages, started);
+        if matches!(put, Ok(Some(_))) && at.folder == Folder::Messages {
+            self.quiesce.delivered(1);
+        }
+        put
+    }
     // Written by the step's commit, which a backup of the embedded store
     // never has to wait for; the caller tells the observer of the delivery
     // once that commit is made.

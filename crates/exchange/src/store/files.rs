@@ -210,6 +210,21 @@ impl MessageStore for FileStore {
         self.mailboxes.write(at, message).await
     }
 
+    /// The file is written and fsynced while `when` is awaited, holding the
+    /// mailbox against its removal as [`put`](MessageStore::put) does.
+    async fn put_when(
+        &self,
+        at: &Location,
+        message: &Message,
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        let entered = self.removals.enter([&at.mailbox]).await;
+        if entered.is_removed(&at.mailbox) {
+            return Err(MailboxError::NoMailbox(at.mailbox.clone()));
+        }
+        self.mailboxes.write_when(at, message, when).await
+    }
+
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         let entered = self.removals.enter([&message.to]).await;
         if entered.is_removed(&message.to) {

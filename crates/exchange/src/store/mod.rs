@@ -130,6 +130,23 @@ pub trait MessageStore: Send + Sync {
     /// mailbox was removed).
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
 
+    /// [`put`](Self::put), the message appearing only once `when` answers
+    /// `true`: a store that can make it durable before it appears does so
+    /// meanwhile (so that the caller's own durable step overlaps it). If
+    /// `when` answers `false` or is dropped, nothing appears and the answer
+    /// is `None`.
+    async fn put_when(
+        &self,
+        at: &Location,
+        message: &Message,
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        match when.await {
+            Ok(true) => self.put(at, message).await.map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// Keeps a new message aside until `until`, when it enters its
     /// recipient's `Messages` ([`MailboxError::NoMailbox`] if the
     /// recipient's mailbox was removed).

@@ -2,6 +2,9 @@
 //! the [`EventStore`]. The layer only builds the record and hands it to a
 //! bounded queue; a writer thread of its own writes what has queued up in
 //! one transaction, so a protocol call never waits for the log's disk.
+//! Records arriving one by one are let gather for [`GATHER`] after the
+//! first, so that a steady trickle (an upload's event each) costs one
+//! transaction and one fsync per [`GATHER`], not one per record.
 //!
 //! The secrets of URLs (`scheme://user:password@host`, a webhook's path
 //! and query) are masked in every value before it is written
@@ -15,7 +18,8 @@
 //! What may be lost: the log is a record of what happened, not data the
 //! server promised to keep. A clean stop writes everything queued
 //! ([`flush_all`]); the records still queued when the process crashes or
-//! is killed are lost. A batch whose write fails is kept and tried again
+//! is killed (at most a [`GATHER`]'s worth, unless the writer is behind)
+//! are lost. A batch whose write fails is kept and tried again
 //! with the next; when more than [`QUEUE`] records wait (in the queue, or
 //! kept after failed writes), the newest are dropped and counted, and the
 //! next batch carries a warning saying how many.
@@ -48,6 +52,15 @@ pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 pub const QUEUE: usize = 16 * 1024;
 /// The most records the writer puts in one transaction.
 pub const BATCH: usize = 1024;
+
+/// How long records that arrive one by one gather before the writer
+/// writes them together.
+pub const GATHER: Duration = Duration::from_millis(100);
+
+/// Waits for [`GATHER`].
+fn gather_time() {
+    std::thread::sleep(GATHER);
+}
 
 /// What the layer hands the writer thread.
 enum Job {
@@ -97,7 +110,8 @@ impl EventLog {
                 .map_err(|e| EventStoreError::from_io(path, e))?;
         }
         let store = EventStore::open(path)?;
-        EventLog::spawn(store, None, retention).map_err(|e| EventStoreError::from_io(path, e))
+        EventLog::spawn(store, None, retention, Box::new(gather_time))
+            .map_err(|e| EventStoreError::from_io(path, e))
     }
 
     /// A layer keeping its records in the `events` table of the cluster
@@ -125,15 +139,18 @@ impl EventLog {
             let _inside = runtime.enter();
             Arc::new(estafeta_cluster::PgEvents::new(store))
         };
-        EventLog::spawn(events, Some(runtime), retention).map_err(super::store::cluster_error)
+        EventLog::spawn(events, Some(runtime), retention, Box::new(gather_time))
+            .map_err(super::store::cluster_error)
     }
 
     /// The layer over `store`, its writer thread started; `runtime` (the
-    /// one `store` runs on, if any) lives as long as the thread.
+    /// one `store` runs on, if any) lives as long as the thread; `gather`
+    /// waits while records gather ([`GATHER`]).
     fn spawn(
         store: Arc<dyn EventLogStore>,
         runtime: Option<tokio::runtime::Runtime>,
         retention: Retention,
+        gather: Box<dyn Fn() + Send>,
     ) -> std::io::Result<EventLog> {
         let (queue, jobs) = sync_channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
@@ -141,7 +158,7 @@ impl EventLog {
         std::thread::Builder::new()
             .name("estafeta-events".to_owned())
             .spawn(move || {
-                write_batches(store.as_ref(), &jobs, &lost, &retention);
+                write_batches(store.as_ref(), &jobs, &lost, &retention, gather.as_ref());
                 drop(runtime);
             })?;
         QUEUES
@@ -194,7 +211,8 @@ impl EventLog {
 const RETRY: Duration = Duration::from_secs(1);
 
 /// The writer thread: waits for a record, takes what else has queued up
-/// (up to [`BATCH`]), writes it in one transaction; until the layer is
+/// (up to [`BATCH`]; if that is less, and no flush waits, also what comes
+/// while `gather` waits), writes it in one transaction; until the layer is
 /// gone. A batch that fails is kept and tried again with the next one (at
 /// the latest after [`RETRY`]), up to [`QUEUE`] records; past that the
 /// oldest are dropped and counted.
@@ -203,6 +221,7 @@ fn write_batches(
     jobs: &Receiver<Job>,
     dropped: &AtomicU64,
     retention: &Retention,
+    gather: &dyn Fn(),
 ) {
     let mut records: Vec<EventRecord> = Vec::new();
     loop {
@@ -219,21 +238,11 @@ fn write_batches(
             }
         };
         let mut flushes = Vec::new();
-        let mut next = first;
-        let mut taken = 0;
-        while let Some(job) = next {
-            match job {
-                Job::Record(r) => {
-                    records.push(*r);
-                    taken += 1;
-                }
-                Job::Flush(done) => flushes.push(done),
-            }
-            next = if taken < BATCH {
-                jobs.try_recv().ok()
-            } else {
-                None
-            };
+        let taken = take(first, jobs, &mut records, &mut flushes, 0);
+        if taken > 0 && taken < BATCH && flushes.is_empty() {
+            gather();
+            let next = jobs.try_recv().ok();
+            take(next, jobs, &mut records, &mut flushes, taken);
         }
         if records.len() > QUEUE {
             let over = records.len() - QUEUE;
@@ -269,6 +278,34 @@ fn write_batches(
             let _ = done.send(());
         }
     }
+}
+
+/// Takes `first` and what else is queued, up to [`BATCH`] records in all
+/// with the `taken` so far: records into `records`, flush requests into
+/// `flushes`; how many records were taken in all.
+fn take(
+    first: Option<Job>,
+    jobs: &Receiver<Job>,
+    records: &mut Vec<EventRecord>,
+    flushes: &mut Vec<SyncSender<()>>,
+    mut taken: usize,
+) -> usize {
+    let mut next = first;
+    while let Some(job) = next {
+        match job {
+            Job::Record(r) => {
+                records.push(*r);
+                taken += 1;
+            }
+            Job::Flush(done) => flushes.push(done),
+        }
+        next = if taken < BATCH {
+            jobs.try_recv().ok()
+        } else {
+            None
+        };
+    }
+    taken
 }
 
 /// `record` cut down far enough that its line fits [`MAX_RECORD_BYTES`]
@@ -500,6 +537,18 @@ mod tests {
     struct Flaky {
         failures: AtomicU64,
         written: Mutex<Vec<EventRecord>>,
+        /// How many records each successful append wrote.
+        appends: Mutex<Vec<usize>>,
+    }
+
+    impl Flaky {
+        fn failing(failures: u64) -> Arc<Flaky> {
+            Arc::new(Flaky {
+                failures: AtomicU64::new(failures),
+                written: Mutex::new(Vec::new()),
+                appends: Mutex::new(Vec::new()),
+            })
+        }
     }
 
     impl EventLogStore for Flaky {
@@ -514,6 +563,7 @@ mod tests {
                 return Err(crate::events::store::cluster_error("the database is away"));
             }
             self.written.lock().unwrap().extend_from_slice(records);
+            self.appends.lock().unwrap().push(records.len());
             Ok(())
         }
 
@@ -533,11 +583,9 @@ mod tests {
 
     #[test]
     fn records_of_a_failed_write_are_written_with_the_next_batch() {
-        let flaky = Arc::new(Flaky {
-            failures: AtomicU64::new(1),
-            written: Mutex::new(Vec::new()),
-        });
-        let log = Arc::new(EventLog::spawn(flaky.clone(), None, Retention::default()).unwrap());
+        let flaky = Flaky::failing(1);
+        let log = EventLog::spawn(flaky.clone(), None, Retention::default(), Box::new(|| ()));
+        let log = Arc::new(log.unwrap());
         with_log(&log, || tracing::warn!("while the database is away"));
         with_log(&log, || tracing::warn!("once it is back"));
         let texts: Vec<String> = flaky
@@ -548,6 +596,43 @@ mod tests {
             .map(|r| r.text.clone())
             .collect();
         assert_eq!(texts, ["while the database is away", "once it is back"]);
+    }
+
+    /// Records that come while the writer gathers after a first one go
+    /// into the first one's transaction.
+    #[test]
+    fn records_that_come_while_the_writer_gathers_share_its_transaction() {
+        let store = Flaky::failing(0);
+        let (gathering, gathers) = std::sync::mpsc::channel();
+        let (go_on, waits) = std::sync::mpsc::channel::<()>();
+        let waits = Mutex::new(waits);
+        let gather = Box::new(move || {
+            gathering.send(()).unwrap();
+            let bound = std::time::Duration::from_secs(30);
+            waits.lock().unwrap().recv_timeout(bound).unwrap();
+        });
+        let log = EventLog::spawn(store.clone(), None, Retention::default(), gather);
+        let log = Arc::new(log.unwrap());
+        let subscriber = tracing_subscriber::registry().with(ArcLayer(Arc::clone(&log)));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!("first");
+            gathers
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the writer gathers after the first record");
+            tracing::warn!("second");
+            tracing::warn!("third");
+        });
+        go_on.send(()).unwrap();
+        log.flush();
+        assert_eq!(*store.appends.lock().unwrap(), [3]);
+        let texts: Vec<String> = store
+            .written
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.text.clone())
+            .collect();
+        assert_eq!(texts, ["first", "second", "third"]);
     }
 
     /// Runs `f` with `log` as the only layer, then waits for the writes.

@@ -1,0 +1,212 @@
+//! The disk's own limits for durable files, measured the way the server
+//! makes a message durable (a file created, written and fsynced, then its
+//! folder fsynced): the baselines the benchmarks state their figures
+//! against, measured in the same run on the same disk.
+//!
+//! - The floor, [`Probe::one_file`]: one durable file at a time.
+//! - The batch ceiling, [`Probe::files_at_once`]: `n` durable files at
+//!   once (each written and fsynced on a thread of its own, the threads
+//!   kept between batches), then one fsync of their folder. No server that
+//!   gives each message a file of its own can make more than this many
+//!   messages per second durable with `n` of them under way at a time.
+//!
+//! ```
+//! # fn main() -> std::io::Result<()> {
+//! let dir = tempfile::tempdir()?;
+//! let probe = estafeta_durable::limits::Probe::new(dir.path().join("probe"), 1024)?;
+//! probe.one_file()?;
+//! let mut batch = probe.files_at_once(4)?;
+//! batch.run()?;
+//! let rate = probe.measure(|| batch.run(), 4, std::time::Duration::from_millis(20))?;
+//! assert!(rate.files_per_second() > 0.0);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Writes durable files of one size into one folder of the disk to
+/// measure.
+pub struct Probe {
+    dir: PathBuf,
+    /// Every file's content.
+    bytes: Arc<Vec<u8>>,
+    /// The next file's number (names are never reused: a creation never
+    /// replaces a file).
+    seq: Arc<AtomicU64>,
+}
+
+impl Probe {
+    /// A probe writing files of `size` bytes into `dir` (made, durably, if
+    /// missing).
+    pub fn new(dir: impl Into<PathBuf>, size: usize) -> io::Result<Probe> {
+        let dir = dir.into();
+        crate::create_dir_all(&dir, 0o700)?;
+        Ok(Probe {
+            dir,
+            bytes: Arc::new(vec![b'x'; size]),
+            seq: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// The folder the files go into.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The floor: one file created, written and fsynced, then its folder
+    /// fsynced.
+    pub fn one_file(&self) -> io::Result<()> {
+        write_synced(&self.dir, &self.seq, &self.bytes)?;
+        crate::sync_dir(&self.dir)
+    }
+
+    /// `n` threads ready to write a batch of the ceiling (see
+    /// [`Batch::run`]).
+    pub fn files_at_once(&self, n: usize) -> io::Result<Batch> {
+        let n = n.max(1);
+        let start = Arc::new(Barrier::new(n + 1));
+        let done = Arc::new(Barrier::new(n + 1));
+        let failed: Arc<Mutex<Option<io::Error>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (start, done, failed, stop) = (
+                Arc::clone(&start),
+                Arc::clone(&done),
+                Arc::clone(&failed),
+                Arc::clone(&stop),
+            );
+            let (dir, seq, bytes) = (
+                self.dir.clone(),
+                Arc::clone(&self.seq),
+                Arc::clone(&self.bytes),
+            );
+            threads.push(std::thread::spawn(move || {
+                loop {
+                    start.wait();
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if let Err(e) = write_synced(&dir, &seq, &bytes) {
+                        failed
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_or_insert(e);
+                    }
+                    done.wait();
+                }
+            }));
+        }
+        Ok(Batch {
+            dir: self.dir.clone(),
+            start,
+            done,
+            failed,
+            stop,
+            threads,
+        })
+    }
+
+    /// Runs `round` (which makes `files` files durable) again and again
+    /// for `time` at least: how many files it made durable in how long,
+    /// and each round's time.
+    pub fn measure(
+        &self,
+        mut round: impl FnMut() -> io::Result<()>,
+        files: usize,
+        time: Duration,
+    ) -> io::Result<Measured> {
+        let began = Instant::now();
+        let mut rounds = Vec::new();
+        while began.elapsed() < time {
+            let t = Instant::now();
+            round()?;
+            rounds.push(t.elapsed());
+        }
+        Ok(Measured {
+            files: (rounds.len() * files) as u64,
+            elapsed: began.elapsed(),
+            rounds,
+        })
+    }
+}
+
+/// The threads of a batch of the ceiling; they end when it is dropped.
+pub struct Batch {
+    dir: PathBuf,
+    start: Arc<Barrier>,
+    done: Arc<Barrier>,
+    failed: Arc<Mutex<Option<io::Error>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Batch {
+    /// One batch: every thread creates, writes and fsyncs a file of its
+    /// own at once; once all are done, their folder is fsynced.
+    pub fn run(&mut self) -> io::Result<()> {
+        self.start.wait();
+        self.done.wait();
+        let failed = self
+            .failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        crate::sync_dir(&self.dir)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.start.wait();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What [`Probe::measure`] measured.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// Files made durable.
+    pub files: u64,
+    /// In how long.
+    pub elapsed: Duration,
+    /// Each round's time, in order.
+    pub rounds: Vec<Duration>,
+}
+
+impl Measured {
+    /// Files made durable per second.
+    pub fn files_per_second(&self) -> f64 {
+        self.files as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The median round's time (zero when none ran).
+    pub fn median_round(&self) -> Duration {
+        let mut sorted = self.rounds.clone();
+        sorted.sort();
+        sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+    }
+}
+
+/// Creates a new file in `dir`, writes `bytes` and fsyncs it.
+fn write_synced(dir: &Path, seq: &AtomicU64, bytes: &[u8]) -> io::Result<()> {
+    let n = seq.fetch_add(1, Ordering::Relaxed);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dir.join(format!("probe-{n}.msg")))?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}

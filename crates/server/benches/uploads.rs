@@ -1,0 +1,485 @@
+//! Uploads per second and their latency, over real HTTP with full
+//! durability, against the disk's own limits measured in the same run on
+//! the same disk (`estafeta_durable::limits`).
+//!
+//! The workload: 16 devices of one enterprise (8 sending to each of two
+//! databases), each uploading 1 KB JSON bodies one after another on its own
+//! keep-alive connection, without and then with an idempotency key (a new
+//! key each upload); then one device uploading alone. The server is the
+//! `estafeta` binary of this build (`estafeta serve`, default settings: its
+//! event log and its info log lines included), started by the bench on a
+//! loopback port in a folder of `BENCH_DIR`; the bench is its only client.
+//!
+//! Each round measures, in turn: the batch ceiling for 16 (16 durable files
+//! at once, then their folder: the most uploads per second 16 devices can
+//! get durable, one file each), the floor (one file created, written,
+//! fsynced and its folder fsynced), then the uploads. Figures: uploads/s
+//! with 16 devices ÷ the ceiling's files/s; one device's median latency ÷
+//! the floor's.
+//!
+//! ```sh
+//! cargo bench -p estafeta-server --bench uploads
+//! ```
+//!
+//! Settings, from the environment:
+//! - `BENCH_DIR`: the disk (default: the system's temporary folder);
+//! - `UPLOADS_SECONDS` (default 5): each measured run's length (one device's
+//!   runs last half as long); `UPLOADS_ROUNDS` (default 3);
+//! - `UPLOADS_BEFORE=PATH`: also run, in turn with this build, the
+//!   `estafeta` binary at `PATH` (another build), and print the ratios;
+//! - `UPLOADS_TRACE=N`: instead, N uploads of one device (`UPLOADS_KEYED=1`:
+//!   with keys) and nothing else after the set-up, for a profile of one
+//!   upload: `UPLOADS_WRAP="strace -f -c -o FILE"` (or `valgrind
+//!   --tool=callgrind …`, `perf record …`) runs the server under that
+//!   command; `UPLOADS_SERVER=PATH` picks another build's binary. Run
+//!   once with N = 0 and subtract, for what one upload costs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use estafeta_client::Client;
+use estafeta_durable::limits::{Measured, Probe};
+use estafeta_exchange::Id;
+use estafeta_exchange::wire::{Body, SendMessage, Version};
+
+/// The admin token the servers are started with (32 random hex digits, as
+/// the server's check of a token's length and strength wants).
+const ADMIN: &str = "5c1e9a7f03b8d264e1f7a9c35b08d2e6";
+/// Devices uploading at once.
+const DEVICES: usize = 16;
+/// Databases they send to (devices take them in turn).
+const DATABASES: usize = 2;
+/// The size of a body, in bytes.
+const BODY_BYTES: usize = 1024;
+/// How long a started server may take to be ready.
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// A server process under test, killed when dropped.
+struct Served {
+    child: Child,
+    /// Its data folder.
+    data: PathBuf,
+    admin: Client,
+}
+
+impl Drop for Served {
+    /// Stops the server as an operator would (SIGTERM), so that a command
+    /// it runs under (a profiler) sees it exit and writes its report; it is
+    /// killed if it has not exited within a minute.
+    fn drop(&mut self) {
+        let pid = self.child.id();
+        // Under a command of its own, the server is that command's child.
+        let server = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse().ok())
+            .unwrap_or(pid);
+        if let Some(server) = rustix::process::Pid::from_raw(server as i32) {
+            let _ = rustix::process::kill_process(server, rustix::process::Signal::TERM);
+        }
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(60) {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `bin serve` on a free loopback port with its data in `data` (under
+/// `wrap`, a command line the server runs under, if not empty), once
+/// ready.
+async fn serve(bin: &Path, data: &Path, wrap: &[String]) -> Served {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let child = command
+        .arg("serve")
+        .env("ESTAFETA_DATA_DIR", data)
+        .env("ESTAFETA_LISTEN", format!("127.0.0.1:{port}"))
+        .env("ESTAFETA_ADMIN_TOKEN", ADMIN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let mut served = Served {
+        child,
+        data: data.to_owned(),
+        admin: Client::new(&format!("http://127.0.0.1:{port}"), ADMIN).unwrap(),
+    };
+    let began = Instant::now();
+    loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            panic!(
+                "{} serve exited before it was ready: {status}",
+                bin.display()
+            );
+        }
+        if served.admin.readyz().await.unwrap_or(false) {
+            return served;
+        }
+        assert!(
+            began.elapsed() < READY_WITHIN,
+            "{} not ready within {READY_WITHIN:?}",
+            bin.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A device's client and the database it sends to.
+#[derive(Clone)]
+struct Device {
+    client: Client,
+    to: Id,
+}
+
+/// One enterprise with the databases and the devices.
+async fn provision(admin: &Client) -> Vec<Device> {
+    let acme = id("acme");
+    admin.create_enterprise(&acme).await.unwrap();
+    admin.create_subsystem(&acme, &id("sales")).await.unwrap();
+    for d in 0..DATABASES {
+        admin
+            .create_database(&acme, &id(&format!("db-{d}")))
+            .await
+            .unwrap();
+    }
+    let mut devices = Vec::new();
+    for n in 0..DEVICES {
+        let made = admin
+            .create_device(&acme, &id(&format!("phone-{n}")), &id("sales"))
+            .await
+            .unwrap();
+        devices.push(Device {
+            client: admin.with_token(&made.token),
+            to: id(&format!("db-{}", n % DATABASES)),
+        });
+    }
+    devices
+}
+
+/// A 1 KB body carrying `nonce`.
+fn body(nonce: u64) -> Body {
+    let head = format!(r#"{{"nonce":{nonce},"order":{{"lines":[{{"sku":"A-1","qty":2}}],"note":""#);
+    let pad = BODY_BYTES - head.len() - 3;
+    Body::from_json(format!(r#"{head}{}"}}}}"#, "x".repeat(pad))).unwrap()
+}
+
+/// What a run of uploads measured.
+struct Run {
+    uploads: u64,
+    elapsed: Duration,
+    /// Each upload's time, sorted.
+    latencies: Vec<Duration>,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.uploads as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The latency at quantile `q`.
+    fn quantile(&self, q: f64) -> Duration {
+        let i = ((self.latencies.len() as f64 - 1.0) * q).round() as usize;
+        self.latencies.get(i).copied().unwrap_or_default()
+    }
+
+    fn ms(&self, q: f64) -> f64 {
+        self.quantile(q).as_secs_f64() * 1e3
+    }
+}
+
+/// Every device of `devices` uploads, one upload after another, until
+/// `time` has passed (with a new idempotency key each upload if `keyed`);
+/// every upload must be answered 201.
+async fn uploads(devices: &[Device], keyed: bool, time: Duration, nonce: &Arc<AtomicU64>) -> Run {
+    let began = Instant::now();
+    let deadline = began + time;
+    let mut tasks = tokio::task::JoinSet::new();
+    for device in devices.iter().cloned() {
+        let nonce = Arc::clone(nonce);
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let n = nonce.fetch_add(1, Ordering::Relaxed);
+                let message = SendMessage {
+                    version: Version,
+                    to: device.to.clone(),
+                    body: body(n),
+                    created_at: None,
+                    deliver_at: None,
+                    idempotency_key: keyed.then(|| format!("key-{n}")),
+                };
+                let t = Instant::now();
+                let sent = device.client.send(&message).await.unwrap();
+                latencies.push(t.elapsed());
+                assert_eq!(sent.upload, estafeta_client::Upload::Created);
+            }
+            latencies
+        });
+    }
+    let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
+    let elapsed = began.elapsed();
+    latencies.sort();
+    Run {
+        uploads: latencies.len() as u64,
+        elapsed,
+        latencies,
+    }
+}
+
+/// The message files in the databases' queues of `served`: what the
+/// uploads answered 201 must have left there.
+fn files_waiting(served: &Served) -> u64 {
+    (0..DATABASES)
+        .map(|d| {
+            let dir = served.data.join(format!("db-{d}")).join("Messages");
+            std::fs::read_dir(&dir)
+                .map(|entries| {
+                    entries
+                        .filter(|e| {
+                            e.as_ref()
+                                .is_ok_and(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+                        })
+                        .count() as u64
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// The load average over the last minute.
+fn load() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A build under test: its binary, its server, its devices, and its
+/// figures round by round.
+struct Target {
+    name: String,
+    served: Served,
+    devices: Vec<Device>,
+    /// Uploads answered 201 so far.
+    uploaded: u64,
+    /// Per round: 16 devices plain, 16 keyed, one plain, one keyed.
+    runs: Vec<[Run; 4]>,
+}
+
+fn main() {
+    let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let this = PathBuf::from(env!("CARGO_BIN_EXE_estafeta"));
+    let nonce = Arc::new(AtomicU64::new(0));
+
+    if let Ok(n) = std::env::var("UPLOADS_TRACE") {
+        let n: u64 = n.parse().expect("UPLOADS_TRACE=N");
+        let bin = std::env::var_os("UPLOADS_SERVER").map_or(this, PathBuf::from);
+        let wrap: Vec<String> = std::env::var("UPLOADS_WRAP")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        let keyed = std::env::var_os("UPLOADS_KEYED").is_some();
+        rt.block_on(async {
+            let served = serve(&bin, &tmp.path().join("data"), &wrap).await;
+            let devices = provision(&served.admin).await;
+            let one = &devices[..1];
+            for i in 0..n {
+                let message = SendMessage {
+                    version: Version,
+                    to: one[0].to.clone(),
+                    body: body(i),
+                    created_at: None,
+                    deliver_at: None,
+                    idempotency_key: keyed.then(|| format!("key-{i}")),
+                };
+                one[0].client.send(&message).await.unwrap();
+            }
+            assert_eq!(files_waiting(&served), n);
+            println!(
+                "{n} uploads of one device (keyed: {keyed}) by {}",
+                bin.display()
+            );
+        });
+        return;
+    }
+
+    let time = Duration::from_secs(env_number("UPLOADS_SECONDS", 5));
+    let rounds = env_number("UPLOADS_ROUNDS", 3) as usize;
+    let mut builds = vec![("this build".to_owned(), this)];
+    if let Some(before) = std::env::var_os("UPLOADS_BEFORE") {
+        builds.push(("before".to_owned(), PathBuf::from(before)));
+    }
+    let mut targets: Vec<Target> = builds
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, bin))| {
+            rt.block_on(async {
+                let served = serve(&bin, &tmp.path().join(format!("data-{i}")), &[]).await;
+                let devices = provision(&served.admin).await;
+                println!("{name}: {}", bin.display());
+                Target {
+                    name,
+                    served,
+                    devices,
+                    uploaded: 0,
+                    runs: Vec::new(),
+                }
+            })
+        })
+        .collect();
+    let probe = Probe::new(tmp.path().join("probe"), BODY_BYTES).unwrap();
+    let mut batch = probe.files_at_once(DEVICES).unwrap();
+    let mut ceilings: Vec<Measured> = Vec::new();
+    let mut floors: Vec<Measured> = Vec::new();
+    for round in 0..rounds {
+        let load_before = load();
+        let ceiling = probe.measure(|| batch.run(), DEVICES, time).unwrap();
+        let floor = probe.measure(|| probe.one_file(), 1, time / 2).unwrap();
+        println!(
+            "round {}: ceiling for {DEVICES}: {:.0} files/s; floor: {:.0} files/s, median {:.3} ms",
+            round + 1,
+            ceiling.files_per_second(),
+            floor.files_per_second(),
+            floor.median_round().as_secs_f64() * 1e3
+        );
+        // Each round begins with another build, so that none always
+        // follows the same work.
+        let count = targets.len();
+        for k in 0..count {
+            let t = &mut targets[(round + k) % count];
+            let runs = rt.block_on(async {
+                let all = &t.devices[..];
+                let one = &t.devices[..1];
+                [
+                    uploads(all, false, time, &nonce).await,
+                    uploads(all, true, time, &nonce).await,
+                    uploads(one, false, time / 2, &nonce).await,
+                    uploads(one, true, time / 2, &nonce).await,
+                ]
+            });
+            t.uploaded += runs.iter().map(|r| r.uploads).sum::<u64>();
+            let c = ceiling.files_per_second();
+            let f = floor.median_round().as_secs_f64() * 1e3;
+            for (what, run, of_ceiling) in [
+                ("16 devices", &runs[0], true),
+                ("16 devices, keyed", &runs[1], true),
+                ("1 device", &runs[2], false),
+                ("1 device, keyed", &runs[3], false),
+            ] {
+                let ratio = match of_ceiling {
+                    true => format!("{:.2} of the ceiling", run.per_second() / c),
+                    false => format!("p50 {:.2} × the floor's", run.ms(0.5) / f),
+                };
+                println!(
+                    "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}",
+                    t.name,
+                    run.per_second(),
+                    run.ms(0.5),
+                    run.ms(0.99)
+                );
+            }
+            t.runs.push(runs);
+        }
+        println!(
+            "  load average {load_before:.2} before the round, {:.2} after",
+            load()
+        );
+        ceilings.push(ceiling);
+        floors.push(floor);
+    }
+    for t in &targets {
+        assert_eq!(
+            files_waiting(&t.served),
+            t.uploaded,
+            "{}: every upload answered 201 is a file in its database's queue",
+            t.name
+        );
+    }
+    println!("medians over {rounds} rounds (each ratio taken within its round):");
+    let ceiling = |r: usize| ceilings[r].files_per_second();
+    let floor = |r: usize| floors[r].median_round().as_secs_f64() * 1e3;
+    for t in &targets {
+        let of_ceiling = |i: usize| {
+            median(
+                (0..rounds)
+                    .map(|r| t.runs[r][i].per_second() / ceiling(r))
+                    .collect(),
+            )
+        };
+        let of_floor = |i: usize| {
+            median(
+                (0..rounds)
+                    .map(|r| t.runs[r][i].ms(0.5) / floor(r))
+                    .collect(),
+            )
+        };
+        println!(
+            "  {}: 16 devices {:.2} / keyed {:.2} of the ceiling; 1 device p50 {:.2} / keyed {:.2} × the floor's",
+            t.name,
+            of_ceiling(0),
+            of_ceiling(1),
+            of_floor(2),
+            of_floor(3)
+        );
+    }
+    if let [after, before] = &targets[..] {
+        let ratio = |i: usize, f: &dyn Fn(&Run) -> f64| {
+            median(
+                (0..rounds)
+                    .map(|r| f(&after.runs[r][i]) / f(&before.runs[r][i]))
+                    .collect(),
+            )
+        };
+        let rate = |r: &Run| r.per_second();
+        let p50 = |r: &Run| r.ms(0.5);
+        println!(
+            "  this build ÷ before, uploads/s: 16 devices {:.2}, keyed {:.2}; 1 device {:.2}, keyed {:.2}; p50 1 device {:.2}, keyed {:.2}",
+            ratio(0, &rate),
+            ratio(1, &rate),
+            ratio(2, &rate),
+            ratio(3, &rate),
+            ratio(2, &p50),
+            ratio(3, &p50)
+        );
+    }
+}
