@@ -347,6 +347,7 @@ mod tests {
 
     const ARMED: Arming = Arming {
         crash_at: Some(("mailbox::rename", 2)),
+        pause_at: None,
         disk_errors: false,
     };
 
