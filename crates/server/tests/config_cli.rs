@@ -81,6 +81,7 @@ fn sample(setting: &Setting) -> &'static str {
         (None, "alert_sms_url") => "http://127.0.0.1:1/send",
         (None, "alert_sms_to") => "+100",
         (None, "alert_webhook") => "http://127.0.0.1:2/hook",
+        (None, "trusted_proxies") => "10.0.0.0/8",
         (None, _) => "x",
     }
 }
