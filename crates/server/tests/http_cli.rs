@@ -74,8 +74,16 @@ async fn first_start_prints_the_admin_token_and_sigterm_exits_zero() {
         .printed_token
         .clone()
         .expect("a generated token is printed");
+    // Kept only as its hash: the token itself is printed once.
     let kept = data.join(".estafeta").join("admin-token");
-    assert_eq!(std::fs::read_to_string(&kept).unwrap().trim(), token);
+    let hash = estafeta_exchange::token::Token::from_text(token.clone())
+        .unwrap()
+        .hash()
+        .to_hex();
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap().trim(),
+        format!("sha256:{hash}")
+    );
     assert_eq!(
         std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
         0o600
