@@ -282,9 +282,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         ),
         _ => None,
     };
-    if let Some(links) = &links {
-        links.set_commit_loss_rate(args.commit_losses);
-    }
     let store = postgres
         .as_ref()
         .map(|pg| pg.url(links.as_ref().map(Proxy::addrs), args.hold_limit));
@@ -350,6 +347,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     let proxy = Proxy::balancer(upstreams, args.seed).await?;
 
     let (mut slots, devices) = provision(&nodes[0].admin, &proxy, &args, &sqlite_dir).await?;
+    // COMMIT answers are lost from here on: a create whose answer was lost
+    // leaves a database or device whose token only its answer carried.
+    if let Some(links) = &links {
+        links.set_commit_loss_rate(args.commit_losses);
+    }
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.child = Some(spawn(&proxy, slot, args.seed + i as u64, None)?);
     }
