@@ -48,9 +48,9 @@ export interface paths {
         };
         /**
          * `GET /readyz`: 200 once start-up recovery is done and storage takes
-         *     writes; 503 before recovery, while stopping, and while the data folder
-         *     cannot be written or its disk is full (checked on each call, so it is
-         *     200 again as soon as storage recovers).
+         *     writes (the data folder, and in a cluster the database); 503 before recovery, while stopping, and while storage does
+         *     not take writes (checked on each call, so it is 200 again as soon as
+         *     storage recovers).
          */
         get: operations["readyz"];
         put?: never;

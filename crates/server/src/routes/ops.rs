@@ -21,8 +21,7 @@ pub async fn healthz() -> StatusCode {
 }
 
 /// `GET /readyz`: 200 once start-up recovery is done and storage takes
-/// writes ([`crate::readiness`]: the data folder, and in a cluster the
-/// database); 503 before recovery, while stopping, and while storage does
+/// writes (the data folder, and in a cluster the database); 503 before recovery, while stopping, and while storage does
 /// not take writes (checked on each call, so it is 200 again as soon as
 /// storage recovers).
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
