@@ -66,6 +66,7 @@ mod lock;
 mod logins;
 mod messages;
 mod migrate;
+mod outcome;
 pub use migrate::{Durability, SchemaVersion};
 mod queue;
 mod registry;

@@ -21,7 +21,7 @@ use deadpool_postgres::Object;
 /// the registry changed).
 /// It also gives the step's transaction its id (`pg_current_xact_id`),
 /// by which a lost answer to its `COMMIT` is found out
-/// ([`Locked::outcome`]).
+/// (`Store::found_out`).
 const SELECT_FOR_UPDATE: &str = "SELECT record,
     coalesce((SELECT value FROM cluster_counters WHERE name = 'registry'), 0),
     pg_current_xact_id()::text
@@ -32,12 +32,6 @@ const SAVE: &str = "UPDATE sessions SET record = $2, expires_at = $3 WHERE key =
 /// A key whose session ended goes whole: its row is only made again by
 /// the key's next step.
 const REMOVE: &str = "DELETE FROM sessions WHERE key = $1";
-/// What became of a transaction whose `COMMIT` was sent.
-const STATUS: &str = "SELECT pg_xact_status($1::text::xid8)";
-/// How long a lost answer's transaction may stay in progress before its
-/// outcome counts as unknown: its backend ends it once it reads the
-/// `COMMIT` or finds the connection gone, within the hold limit.
-const OUTCOME_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Store {
     /// Begin an exclusive step for `key`: wait until no other step (on any
@@ -107,30 +101,6 @@ impl Locked {
         self.record = row.get(0);
         self.registry = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
         self.xid = row.get(2);
-    }
-
-    /// Whether the step's transaction committed, its `COMMIT` sent and the
-    /// answer lost (the connection failed under it): asked on another
-    /// connection, waiting while the transaction is still in progress.
-    /// `Err` when that cannot be found out (the store out of reach, or the
-    /// transaction in progress past [`OUTCOME_PATIENCE`]).
-    async fn outcome(&self) -> Result<bool, Error> {
-        let started = tokio::time::Instant::now();
-        loop {
-            let client = self.store.client().await?;
-            let status: Option<String> = client.query_one(STATUS, &[&self.xid]).await?.get(0);
-            match status.as_deref() {
-                Some("committed") => return Ok(true),
-                Some("aborted") => return Ok(false),
-                _ if started.elapsed() > OUTCOME_PATIENCE => {
-                    return Err(Error::Unavailable(format!(
-                        "the outcome of transaction {} is unknown (still {status:?})",
-                        self.xid
-                    )));
-                }
-                _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-            }
-        }
     }
 
     /// The registry's change counter as the step began (read by the locking
@@ -231,17 +201,7 @@ impl Locked {
             // A refusal rolled the transaction back; a failure of the
             // connection may have come after the `COMMIT` was made.
             Err(Ending::Refused(e)) => Err(e),
-            Err(Ending::Lost(e)) => match self.outcome().await {
-                Ok(true) => {
-                    tracing::warn!(error = %e, "the answer to a step's COMMIT was lost; it was committed");
-                    Ok(None)
-                }
-                Ok(false) => Err(e),
-                Err(unknown) => {
-                    tracing::error!(error = %e, %unknown, "the answer to a step's COMMIT was lost and its outcome is unknown");
-                    Err(unknown)
-                }
-            },
+            Err(Ending::Lost(e)) => self.store.found_out(e, &self.xid).await.map(|()| None),
         }
     }
 
@@ -253,10 +213,6 @@ impl Locked {
         save: Option<(Option<&[u8]>, Option<i64>)>,
         again: bool,
     ) -> Result<Option<Locked>, Ending> {
-        // Failpoints for the fault-injection harness: a pause with the
-        // step's lock held (as a stalled node), and a commit whose answer
-        // the node never sees (it commits, then the connection fails).
-        fail::fail_point!("step::commit");
         let client = self.client();
         let prepared = joint.prepare(client).await.map_err(Ending::of)?;
         let statement = match save {
@@ -329,11 +285,6 @@ impl Locked {
             return Err(Ending::Lost(e));
         }
         committed.map_err(Ending::of)?;
-        fail::fail_point!("step::committed", |_| Err(Ending::Lost(
-            Error::Unavailable(
-                "failure injected at step::committed: the COMMIT's answer is lost".into()
-            )
-        )));
         match relocked {
             // The new step holds the key on the same connection.
             Ok(Some(Some(row))) => {

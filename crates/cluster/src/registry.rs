@@ -192,6 +192,14 @@ impl RegistryStore for PgRegistry {
     async fn apply(&self, change: &Change) -> Result<(), TenancyError> {
         let mut client = self.store.client().await.map_err(shared)?;
         let tx = client.transaction().await.map_err(shared)?;
+        // The change's transaction id: a lost answer to its `COMMIT` is
+        // looked up, so a change that was made answers as made (a created
+        // device's token is only ever shown in that answer).
+        let xid: String = tx
+            .query_one(crate::outcome::CURRENT_XID, &[])
+            .await
+            .map_err(shared)?
+            .get(0);
         let no = |e| refused(change, e);
         match change {
             Change::CreateEnterprise(id) => {
@@ -291,8 +299,12 @@ impl RegistryStore for PgRegistry {
             }
         }
         tx.execute(BUMP, &[]).await.map_err(shared)?;
-        tx.commit().await.map_err(shared)?;
-        Ok(())
+        let Err(failed) = tx.commit().await else {
+            return Ok(());
+        };
+        drop(client);
+        let failed = crate::Error::from(failed);
+        self.store.found_out(failed, &xid).await.map_err(shared)
     }
 
     async fn set_first_admin(&self, token: &Token) -> Result<bool, TenancyError> {
@@ -305,10 +317,6 @@ impl RegistryStore for PgRegistry {
             .await
             .map_err(shared)?;
         Ok(stored == 1)
-    }
-
-    fn shared(&self) -> bool {
-        true
     }
 
     /// Read with the step's lock, in the same statement

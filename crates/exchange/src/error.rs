@@ -240,11 +240,6 @@ pub enum TenancyError {
     /// A blocking task panicked or was cancelled.
     #[error("a blocking registry task failed: {0}")]
     Join(String),
-    /// A webhook was handed to a registry whose store does not keep
-    /// webhooks (the embedded one: the exchange keeps them in its session
-    /// records).
-    #[error("this registry store does not keep webhooks")]
-    WebhooksNotKept,
     /// A shared registry store (a cluster's database) refused a statement
     /// or failed otherwise.
     #[error("registry store: {0}")]

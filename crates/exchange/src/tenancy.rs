@@ -12,9 +12,10 @@
 //! counter read per call; nothing for the embedded store). A call that
 //! takes its caller's session step needs no read of its own: the token is
 //! taken from the copy, then checked against the counter the step's lock
-//! read ([`Registry::version_in_step`], [`Registry::refresh_to`]). A shared store
-//! also keeps each database's and device's webhook, so the copy holds
-//! those too ([`Registry::webhook`]). Database and device ids share one namespace across the server:
+//! read ([`Registry::version_in_step`], [`Registry::refresh_to`]). The
+//! store also keeps each database's and device's webhook, so the copy
+//! holds those too ([`Registry::webhook`]), and a webhook set through one
+//! server is pushed to by all. Database and device ids share one namespace across the server:
 //! they name mailboxes, and a message names its sender and recipient by id
 //! alone.
 //!
@@ -120,7 +121,7 @@ struct Cache {
     enterprises: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     endpoints: BTreeMap<Arc<str>, Held>,
     by_token: HashMap<TokenHash, Arc<str>>,
-    /// A shared store's webhooks, by endpoint id (empty otherwise).
+    /// The webhooks, by endpoint id.
     webhooks: HashMap<Arc<str>, String>,
 }
 
@@ -273,8 +274,6 @@ struct Inner {
     /// it: changes reach the store and the cache in the same order (and a
     /// reload of a shared store's records waits for both).
     changing: tokio::sync::Mutex<()>,
-    /// Other servers change the store too ([`RegistryStore::shared`]).
-    shared: bool,
     /// The shared store's change counter as the cache was last loaded.
     seen: AtomicU64,
     /// The last read of the shared store's change counter: when it began
@@ -349,7 +348,6 @@ impl Registry {
                 }
             },
         };
-        let shared = store.shared();
         let registry = Registry {
             inner: Arc::new(Inner {
                 store,
@@ -357,7 +355,6 @@ impl Registry {
                 admin_pinned,
                 cache: RwLock::new(cache),
                 changing: tokio::sync::Mutex::new(()),
-                shared,
                 seen: AtomicU64::new(seen),
                 counter: tokio::sync::Mutex::new(None),
             }),
@@ -367,12 +364,9 @@ impl Registry {
 
     /// Brings the copy in memory up to the store when other servers share
     /// it and changed it since it was loaded: call before answering from the
-    /// copy ([`Registry::authenticate`]). Nothing to do (no await) for a
-    /// store that is not shared.
+    /// copy ([`Registry::authenticate`]). A store only this server changes
+    /// answers its counter at once, and nothing is reloaded.
     pub async fn refresh(&self) -> Result<(), TenancyError> {
-        if !self.inner.shared {
-            return Ok(());
-        }
         let asked = std::time::Instant::now();
         let now = {
             let mut last = self.inner.counter.lock().await;
@@ -394,13 +388,10 @@ impl Registry {
     }
 
     /// The shared store's change counter as read with the lock of `step`
-    /// (see [`RegistryStore::version_in_step`]); `None` for a store that is
-    /// not shared or gives no such reading.
+    /// (see [`RegistryStore::version_in_step`]); `None` for a store that
+    /// gives no such reading.
     pub fn version_in_step(&self, step: &mut dyn estafeta_session::storage::Step) -> Option<u64> {
-        match self.inner.shared {
-            true => self.inner.store.version_in_step(step),
-            false => None,
-        }
+        self.inner.store.version_in_step(step)
     }
 
     /// Brings the copy in memory up to `version`, a change counter read from
@@ -579,14 +570,8 @@ impl Registry {
             .and_then(|h| h.subsystem.as_deref().map(as_id))
     }
 
-    /// Whether the store keeps the webhooks (a shared store: see
-    /// [`RegistryStore::shared`]); otherwise the caller keeps them.
-    pub fn keeps_webhooks(&self) -> bool {
-        self.inner.shared
-    }
-
     /// The webhook of database or device `id` with its kind, if it has one
-    /// (a store that keeps webhooks; as of the last [`refresh`](Self::refresh)).
+    /// (as of the last [`refresh`](Self::refresh)).
     pub fn webhook(&self, id: &Id) -> Option<(Kind, String)> {
         let cache = self.read();
         let url = cache.webhooks.get(id.as_str())?;
@@ -597,25 +582,20 @@ impl Registry {
         Some((kind, url.clone()))
     }
 
-    /// The databases and devices with a webhook (a store that keeps them).
+    /// The databases and devices with a webhook.
     pub fn hooked(&self) -> Vec<Id> {
         self.read().webhooks.keys().map(|id| as_id(id)).collect()
     }
 
     /// Sets (or with `None` clears) the webhook of a database or device (of
-    /// `kind`) in a store that keeps webhooks, durably, for every server
-    /// sharing it. [`TenancyError::Unknown`] if there is no such one;
-    /// [`TenancyError::WebhooksNotKept`] for a store that does not keep
-    /// them.
+    /// `kind`), durably, for every server sharing the store.
+    /// [`TenancyError::Unknown`] if there is no such one.
     pub async fn set_webhook(
         &self,
         kind: Kind,
         id: Id,
         url: Option<String>,
     ) -> Result<(), TenancyError> {
-        if !self.keeps_webhooks() {
-            return Err(TenancyError::WebhooksNotKept);
-        }
         self.change(move |this| async move {
             this.inner.require_endpoint(kind, &id)?;
             this.store(Change::SetWebhook {
@@ -839,8 +819,9 @@ impl Registry {
 
     /// Runs a change on a task of its own, one change at a time: a caller
     /// that goes away midway cannot leave the store changed and the copy in
-    /// memory not. With a shared store the copy is brought up to the store
-    /// first, so the change is checked against what every server did.
+    /// memory not. The copy is brought up to the store first (a shared
+    /// store's: nothing to do for one only this server changes), so the
+    /// change is checked against what every server did.
     async fn change<T, F, Fut>(&self, f: F) -> Result<T, TenancyError>
     where
         F: FnOnce(Registry) -> Fut + Send + 'static,
@@ -850,10 +831,8 @@ impl Registry {
         let this = self.clone();
         tokio::spawn(async move {
             let _changing = this.inner.changing.lock().await;
-            if this.inner.shared {
-                let now = this.inner.store.version().await?;
-                this.catch_up(now).await?;
-            }
+            let now = this.inner.store.version().await?;
+            this.catch_up(now).await?;
             f(this.clone()).await
         })
         .await
@@ -957,9 +936,6 @@ mod tests {
         }
         async fn apply(&self, _change: &Change) -> Result<(), TenancyError> {
             Ok(())
-        }
-        fn shared(&self) -> bool {
-            true
         }
         async fn version(&self) -> Result<u64, TenancyError> {
             self.reads.fetch_add(1, Ordering::SeqCst);

@@ -1,9 +1,10 @@
 //! Push hand-off: the exchange tells its [`PushSink`] about a recipient
 //! with a webhook once a message for it is in its `Messages` folder (an
 //! upload, a committed reply), never about one without; the webhook is
-//! kept in the recipient's session across a restart (where recipients with
-//! messages still waiting are pushed again), and the admin call that sets
-//! it refuses what is not an admin or not a good URL.
+//! kept by the registry across a restart (where recipients with messages
+//! still waiting are pushed again), one kept in a session record by an
+//! earlier version is moved there, and the admin call that sets it refuses
+//! what is not an admin or not a good URL.
 
 #[path = "common/world.rs"]
 mod world;
@@ -225,5 +226,75 @@ async fn after_a_restart_recipients_with_waiting_messages_are_pushed_again() {
         rec.take(),
         vec![("db-a".into(), RecipientKind::Database, 2)],
         "db-b and phone-1 have nothing waiting"
+    );
+}
+
+/// Writes `state` as the session record of `key` in the data folder's
+/// session file, as an earlier version wrote it (the exchange stopped).
+fn write_old_record(data: &Path, key: &[u8], state: &str) {
+    use estafeta_session::storage::{RedbStorage, Storage, Write};
+    let storage = RedbStorage::open(data.join(".estafeta").join("sessions.redb")).unwrap();
+    let mut record = vec![estafeta_session::record::FORMAT_VERSION];
+    record.extend(
+        format!(
+            r#"{{"created_at":1,"last_access":1,"expires_at":null,"generation":0,"state":{state}}}"#
+        )
+        .bytes(),
+    );
+    storage
+        .write(&[Write::Put {
+            key: key.to_vec(),
+            record,
+            expires_at: None,
+        }])
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn webhooks_an_earlier_version_kept_in_session_records_move_into_the_registry() {
+    let w = World::new().await;
+    // db-a's webhook is set through the admin API; its record also holds
+    // an older one, which must not replace it.
+    w.ex.set_webhook(
+        &w.admin,
+        RecipientKind::Database,
+        id("db-a"),
+        Some("http://127.0.0.1:9/new".into()),
+    )
+    .await
+    .unwrap();
+    let mut rec = None;
+    let w = w
+        .restart_with(SessionTime(1_800_000_100_000), |data| {
+            write_old_record(
+                data,
+                b"dev/phone-2",
+                r#"{"webhook":"http://127.0.0.1:9/dev"}"#,
+            );
+            write_old_record(data, b"db/db-b", r#"{"webhook":"http://127.0.0.1:9/db"}"#);
+            write_old_record(data, b"db/db-a", r#"{"webhook":"http://127.0.0.1:9/old"}"#);
+            Recorder::sinks(&mut rec)(data)
+        })
+        .await;
+    let rec = rec.unwrap();
+    assert_eq!(w.ex.tidy().await.unwrap().webhooks_moved, 3);
+    let hook = |who: &str| w.ex.webhook(&id(who)).map(|(_, url)| url);
+    assert_eq!(hook("phone-2").as_deref(), Some("http://127.0.0.1:9/dev"));
+    assert_eq!(hook("db-b").as_deref(), Some("http://127.0.0.1:9/db"));
+    assert_eq!(hook("db-a").as_deref(), Some("http://127.0.0.1:9/new"));
+    rec.take();
+    w.ex.send(&w.phone, upload_to("db-b")).await.unwrap();
+    assert_eq!(
+        rec.take(),
+        vec![("db-b".into(), RecipientKind::Database, 1)],
+        "pushed to the moved webhook"
+    );
+
+    // Moved once: the records no longer hold them, the registry does.
+    let w = w.restart(SessionTime(1_800_000_200_000)).await;
+    assert_eq!(w.ex.tidy().await.unwrap().webhooks_moved, 0);
+    assert_eq!(
+        w.ex.webhook(&id("phone-2")).map(|(_, url)| url).as_deref(),
+        Some("http://127.0.0.1:9/dev")
     );
 }

@@ -12,7 +12,8 @@
 //! - The answer to the `COMMIT` that makes a prepare READY_TO_COMMIT is lost
 //!   (a proxy between the node and PostgreSQL cuts the connection once the
 //!   server has committed): the node finds out that it committed, answers
-//!   OK, and the commit delivers the reply.
+//!   OK, and the commit delivers the reply. The same for a registry
+//!   change: a device created answers with its token.
 //! - A starting node reads a database's record and stalls, holding its key,
 //!   before its look for orphans in `Prepared`; the server ends its
 //!   transaction at the hold limit and another node prepares a process
@@ -211,6 +212,42 @@ async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered
         r#"{"ok":true}"#,
         "the prepared reply"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_created_whose_commit_answer_was_lost_gets_its_token() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = CommitLoss::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+        proxy.port()
+    );
+    let node = Node::start(dir.path(), "node", &url, &[]).await;
+    let admin: Client = node.client(node.printed_token.as_deref().unwrap());
+    let (db_token, _) = provision_one(&admin).await;
+    // The registry change's COMMIT is made and its answer lost: the device
+    // exists, and its token is only ever shown in this answer.
+    proxy.arm("estafeta registry", 1);
+    let created = admin
+        .create_device(&id("acme"), &id("phone-2"), &id("sales"))
+        .await
+        .expect("the change was made: its answer says so");
+    assert_eq!(proxy.dropped(), 1, "the COMMIT's answer was lost");
+    let sent = admin
+        .with_token(&created.token)
+        .send(&common::message("db-a", r#"{"order":1}"#, None))
+        .await
+        .expect("the answered token is the device's");
+    let started = node
+        .client(&db_token)
+        .start(&start_request("db-a"))
+        .await
+        .unwrap();
+    let offered: Vec<_> = started.messages.unwrap().iter().map(|m| m.id).collect();
+    assert_eq!(offered, [sent.accepted.id]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

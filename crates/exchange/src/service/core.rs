@@ -89,9 +89,6 @@ pub(crate) struct Core {
     pub(crate) deferred_store: Arc<dyn estafeta_repeat::store::Store>,
     /// Where arrivals are pushed.
     pub(crate) push: Arc<dyn super::push::PushSink>,
-    /// The recipients' webhooks when the registry's store does not keep
-    /// them (the embedded one), loaded by start-up processing.
-    pub(crate) webhooks: super::push::Webhooks,
     /// Set once every registered mailbox has been told to the store's
     /// running totals (those registered later are told as they are).
     pub(crate) counting: tokio::sync::OnceCell<()>,

@@ -108,6 +108,9 @@ pub struct Tidied {
     pub expired_keys: usize,
     /// Files older than the retention period.
     pub expired_files: usize,
+    /// Webhooks found in session records (where an earlier version kept
+    /// them), moved into the registry unless it held one set since.
+    pub webhooks_moved: usize,
 }
 
 pub use crate::wire::Upload;
@@ -283,7 +286,6 @@ impl Exchange {
             deferred: stores.scheduled.scheduler,
             deferred_store: stores.scheduled.store,
             push: sinks.push,
-            webhooks: Default::default(),
             counting: Default::default(),
             process_tally,
         });
@@ -360,8 +362,9 @@ impl Exchange {
     }
 
     /// The start-up work that can wait until after [`Exchange::recover`]
-    /// (run it once, beside serving): webhooks loaded and the recipients
-    /// with messages waiting pushed, temporary files of writes a crash
+    /// (run it once, beside serving): webhooks kept in session records
+    /// moved into the registry and the recipients with messages waiting
+    /// pushed, temporary files of writes a crash
     /// interrupted removed, every mailbox checked, expired keys and files
     /// removed (a first retention sweep).
     pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {
@@ -380,8 +383,8 @@ impl Exchange {
     }
 
     /// Waits until start-up processing is done (what depends on its
-    /// results, such as the webhooks it loads, starts after it) or stopping
-    /// began; whether the phase is [`Phase::Ready`].
+    /// results starts after it) or stopping began; whether the phase is
+    /// [`Phase::Ready`].
     pub async fn wait_ready(&self) -> bool {
         let mut phase = self.phase();
         // Err only when the sender is gone, i.e. never while `self` lives.

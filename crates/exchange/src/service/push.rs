@@ -1,23 +1,22 @@
 //! Push notifications: a database or device may have a webhook address
-//! (kept in its session record, set by the admin), and when a message
-//! lands in its `Messages` the exchange hands its id to a [`PushSink`].
+//! (kept by the registry, set by the admin), and when a message lands in
+//! its `Messages` the exchange hands its id to a [`PushSink`].
 //!
 //! The exchange does not send anything itself, so a protocol call never
 //! waits for, or fails because of, a push: the sink is called after the
 //! message file is durable and must return at once (the server's sink
 //! records the recipient and lets its own tasks do the rest).
 //!
-//! Where the webhooks live depends on the registry's store. The embedded
-//! one is not shared: a webhook is kept in its recipient's session record
-//! and in a map in memory, loaded by start-up processing, so that an
-//! arrival for a recipient without one costs a map lookup. A shared store
-//! (a cluster's database) keeps them with the databases and devices
-//! themselves ([`Registry::set_webhook`]); every server's registry holds
-//! them in its copy and reloads it when another server changed the store,
-//! which it checks before each authenticated call and, for arrivals no
-//! call brought (a scheduled message, a deadline), before announcing them.
-//! So an arrival through any server is pushed to the webhook set last
-//! through any server, still at the cost of a lookup in memory.
+//! The webhooks are kept with the databases and devices themselves
+//! ([`Registry::set_webhook`]): every server's registry holds them in its
+//! copy, so an arrival for a recipient without one costs a lookup in
+//! memory, and with a store several servers share it reloads the copy when
+//! another server changed the store, which it checks before each
+//! authenticated call and, for arrivals no call brought (a scheduled
+//! message, a deadline), before announcing them. So an arrival through any
+//! server is pushed to the webhook set last through any server. A webhook
+//! that an earlier version kept in its recipient's session record is moved
+//! into the registry by start-up processing.
 //!
 //! [`Registry::set_webhook`]: crate::tenancy::Registry::set_webhook
 
@@ -29,9 +28,7 @@ use crate::store::{Folder, Location};
 use crate::tenancy::{Kind, Principal, Role};
 use crate::wire::ErrorCode;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::PoisonError;
 
 /// The longest webhook URL accepted.
 const MAX_URL: usize = 2048;
@@ -70,10 +67,6 @@ pub struct NoPush;
 impl PushSink for NoPush {
     fn arrived(&self, _recipient: &Id, _kind: RecipientKind) {}
 }
-
-/// The webhooks in memory when the registry's store does not keep them:
-/// recipient → (kind, URL).
-pub(crate) type Webhooks = std::sync::RwLock<HashMap<Id, (RecipientKind, String)>>;
 
 /// Checks a webhook URL: `http://` or `https://`, a host, an optional
 /// numeric port, no spaces or control characters, at most [`MAX_URL`] bytes.
@@ -175,31 +168,20 @@ impl Core {
     /// Messages are durably in `recipient`'s `Messages`: tell the sink, if
     /// the recipient has a webhook.
     pub(crate) fn arrived(&self, recipient: &Id) {
-        let kind = if self.registry.keeps_webhooks() {
-            self.registry
-                .webhook(recipient)
-                .map(|(kind, _)| kind.into())
-        } else {
-            self.webhooks
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(recipient)
-                .map(|(kind, _)| *kind)
-        };
-        if let Some(kind) = kind {
-            self.push.arrived(recipient, kind);
+        if let Some((kind, _)) = self.registry.webhook(recipient) {
+            self.push.arrived(recipient, kind.into());
         }
     }
 
     /// [`arrived`](Self::arrived) for each of `recipients`, from work that
     /// may run without an authenticated call (which reads the registry's
-    /// changes first): a step run at a deadline, a scheduled message. With
-    /// a shared registry store, what other servers changed is read first,
-    /// once, so that a webhook set through another server is known (a store
-    /// that cannot be read leaves the copy as it is, and is logged); with
-    /// `registry`, the store's change counter read with the lock of the
-    /// step the work holds, the copy is brought up to that instead (no read
-    /// of its own when it is that recent).
+    /// changes first): a step run at a deadline, a scheduled message. What
+    /// other servers changed is read first, once, so that a webhook set
+    /// through another server is known (a store that cannot be read leaves
+    /// the copy as it is, and is logged); with `registry`, the store's
+    /// change counter read with the lock of the step the work holds, the
+    /// copy is brought up to that instead (no read of its own when it is
+    /// that recent).
     pub(crate) async fn announce(
         &self,
         recipients: impl IntoIterator<Item = &Id>,
@@ -209,14 +191,12 @@ impl Core {
         if recipients.peek().is_none() {
             return;
         }
-        if self.registry.keeps_webhooks() {
-            let current = match registry {
-                Some(version) => self.registry.refresh_to(version).await,
-                None => self.registry.refresh().await,
-            };
-            if let Err(e) = current {
-                tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
-            }
+        let current = match registry {
+            Some(version) => self.registry.refresh_to(version).await,
+            None => self.registry.refresh().await,
+        };
+        if let Err(e) = current {
+            tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
         }
         for recipient in recipients {
             self.arrived(recipient);
@@ -225,23 +205,14 @@ impl Core {
 
     /// The webhook of `recipient`, if it has one.
     pub(crate) fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
-        if self.registry.keeps_webhooks() {
-            return self
-                .registry
-                .webhook(recipient)
-                .map(|(kind, url)| (kind.into(), url));
-        }
-        self.webhooks
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(recipient)
-            .cloned()
+        self.registry
+            .webhook(recipient)
+            .map(|(kind, url)| (kind.into(), url))
     }
 
     /// Sets (or with `None` clears) the webhook of a database or device,
-    /// durably: in the registry's store when it keeps webhooks, else in the
-    /// recipient's session, then in memory. 404 if `id` is not one of
-    /// `kind`; 400 for a bad URL (nothing changes then).
+    /// durably, in the registry. 404 if `id` is not one of `kind`; 400 for
+    /// a bad URL (nothing changes then).
     pub(crate) async fn set_webhook(
         &self,
         kind: RecipientKind,
@@ -261,29 +232,9 @@ impl Core {
         if let Some(u) = &url {
             check_url(u)?;
         }
-        if self.registry.keeps_webhooks() {
-            self.registry
-                .set_webhook(kind.into(), id.clone(), url.clone())
-                .await?;
-        } else {
-            let sessions = &self.sessions;
-            match kind {
-                RecipientKind::Database => {
-                    save_webhook(&sessions.db, id, url.clone(), |r| &mut r.webhook).await?
-                }
-                RecipientKind::Device => {
-                    save_webhook(&sessions.device, id, url.clone(), |r| &mut r.webhook).await?
-                }
-            }
-            let mut map = self
-                .webhooks
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            match &url {
-                Some(u) => map.insert(id.clone(), (kind, u.clone())),
-                None => map.remove(id),
-            };
-        }
+        self.registry
+            .set_webhook(kind.into(), id.clone(), url.clone())
+            .await?;
         tracing::info!(target: "estafeta::event", recipient = %id, kind = kind.as_str(), webhook = url.as_deref().unwrap_or("-"), "webhook set");
         Ok(url)
     }
@@ -293,17 +244,7 @@ impl Core {
     /// scheduled durably when the server stopped is still announced (at
     /// least once; a recipient may get one notification more).
     pub(crate) async fn push_waiting(&self) {
-        let hooked: Vec<Id> = if self.registry.keeps_webhooks() {
-            self.registry.hooked()
-        } else {
-            self.webhooks
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .keys()
-                .cloned()
-                .collect()
-        };
-        for id in hooked {
+        for id in self.registry.hooked() {
             let messages = Location::new(id.clone(), Folder::Messages);
             match self.store.count(&messages).await {
                 Ok(waiting) if waiting > 0 => self.arrived(&id),
@@ -315,42 +256,64 @@ impl Core {
         }
     }
 
-    /// Reads every recipient's webhook from its session (once, after
-    /// start-up processing; run again, it reads the same). Each is put in
-    /// memory while its session is held, so that a webhook set or cleared
-    /// meanwhile through the admin API (which saves it holding the session,
-    /// then puts it in memory) is never undone by what was read before.
-    /// Nothing to read when the registry's store keeps the webhooks: the
-    /// registry loaded them with its records.
-    pub(crate) async fn load_webhooks(&self) -> Result<(), ExchangeError> {
-        if self.registry.keeps_webhooks() {
-            return Ok(());
-        }
-        let sessions = &self.sessions;
+    /// Moves into the registry the webhooks an earlier version kept in its
+    /// recipients' session records (start-up processing; run again, it
+    /// finds none). A recipient whose webhook the registry already holds
+    /// keeps that one: it was set since, through the admin API. The
+    /// record's copy is cleared once the registry has the webhook durably,
+    /// so a crash midway moves the rest at the next start. How many moved.
+    pub(crate) async fn adopt_session_webhooks(&self) -> Result<usize, ExchangeError> {
+        let mut moved = 0;
         for e in self.registry.databases() {
-            if let Some(g) = sessions.db.get(e.id.clone(), false).await?
-                && let Some(url) = g.state().webhook.clone()
-            {
-                self.known_webhook(e.id, RecipientKind::Database, url);
-            }
+            let db = &self.sessions.db;
+            moved += usize::from(
+                self.adopt_webhook(db, e.id, Kind::Database, |r| &mut r.webhook)
+                    .await?,
+            );
         }
         for e in self.registry.devices() {
-            if let Some(g) = sessions.device.get(e.id.clone(), false).await?
-                && let Some(url) = g.state().webhook.clone()
-            {
-                self.known_webhook(e.id, RecipientKind::Device, url);
-            }
+            let device = &self.sessions.device;
+            moved += usize::from(
+                self.adopt_webhook(device, e.id, Kind::Device, |r| &mut r.webhook)
+                    .await?,
+            );
         }
-        Ok(())
+        Ok(moved)
     }
 
-    /// A webhook read from its session, unless one is known already.
-    fn known_webhook(&self, id: Id, kind: RecipientKind, url: String) {
-        self.webhooks
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(id)
-            .or_insert((kind, url));
+    /// [`adopt_session_webhooks`](Self::adopt_session_webhooks) for one
+    /// recipient of `engine`, whose record keeps the webhook at `field`
+    /// (read without holding the session; held only to clear one found):
+    /// whether its record held one.
+    async fn adopt_webhook<S: estafeta_session::State + Clone>(
+        &self,
+        engine: &estafeta_session::Engine<Id, S>,
+        id: Id,
+        kind: Kind,
+        field: impl Fn(&mut S) -> &mut Option<String>,
+    ) -> Result<bool, ExchangeError> {
+        let kept = match engine.get(id.clone(), false).await? {
+            Some(g) => field(&mut g.state().clone()).take(),
+            None => None,
+        };
+        let Some(url) = kept else {
+            return Ok(false);
+        };
+        if self.registry.webhook(&id).is_none() {
+            self.registry
+                .set_webhook(kind, id.clone(), Some(url.clone()))
+                .await?;
+        }
+        if let Some(mut g) = engine.get(id.clone(), true).await? {
+            g.update(|s| {
+                *field(s.persistent_mut()) = None;
+                Ok::<_, ExchangeError>(())
+            })
+            .await?;
+            g.release().await?;
+        }
+        tracing::info!(target: "estafeta::event", recipient = %id, kind = kind.as_str(), webhook = %url, "webhook moved from its session record into the registry");
+        Ok(true)
     }
 }
 
@@ -370,20 +333,17 @@ impl super::Exchange {
             .await
     }
 
-    /// The webhook of a database or device, with its kind (the start-up
-    /// work after ready, [`Exchange::tidy`](super::Exchange::tidy), loads
-    /// those of the embedded store; before it, only those set since are
-    /// known). With a shared registry store, as of the registry's last
-    /// refresh: [`current_webhook`](Self::current_webhook) reads what other
-    /// servers changed first.
+    /// The webhook of a database or device, with its kind, as of the
+    /// registry's last refresh: [`current_webhook`](Self::current_webhook)
+    /// reads what other servers changed first.
     pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
         self.core.webhook(recipient)
     }
 
     /// [`webhook`](Self::webhook) once the registry holds what every
     /// server changed (a shared registry store: one read of its change
-    /// counter, and a reload when it moved; nothing more for the embedded
-    /// store). A store that cannot be read is an error (503).
+    /// counter, and a reload when it moved). A store that cannot be read is
+    /// an error (503).
     pub async fn current_webhook(
         &self,
         recipient: &Id,
@@ -391,26 +351,6 @@ impl super::Exchange {
         self.core.registry.refresh().await?;
         Ok(self.core.webhook(recipient))
     }
-}
-
-/// Save `url` as the webhook of `id`'s session in `engine` (a database's
-/// or a device's), durably; `field` is where the record keeps it.
-async fn save_webhook<S: estafeta_session::State + Clone>(
-    engine: &estafeta_session::Engine<Id, S>,
-    id: &Id,
-    url: Option<String>,
-    field: impl FnOnce(&mut S) -> &mut Option<String>,
-) -> Result<(), ExchangeError> {
-    let mut g = engine.get(id.clone(), true).await?.ok_or_else(|| {
-        ExchangeError::unavailable(ErrorCode::StorageError, "recipient session unavailable")
-    })?;
-    g.update(|s| {
-        *field(s.persistent_mut()) = url;
-        Ok::<_, ExchangeError>(())
-    })
-    .await?;
-    g.release().await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -110,7 +110,8 @@ impl Core {
 
     /// Start-up work that can wait until the server is ready, run once
     /// after [`recover`](Self::recover), in time proportional to the
-    /// mailboxes: the webhooks loaded from the sessions, then every
+    /// mailboxes: webhooks kept in session records moved into the
+    /// registry, then every
     /// recipient with a webhook and messages waiting pushed (arrivals
     /// before that are announced then); every mailbox checked for use and
     /// cleared of the temporary files that writes interrupted by a crash
@@ -139,7 +140,7 @@ impl Core {
                 }
             }
         }
-        self.load_webhooks().await?;
+        tidied.webhooks_moved = self.adopt_session_webhooks().await?;
         self.push_waiting().await;
         tidied.expired_keys = self.expire_keys().await?;
         tidied.expired_files = self.remove_expired_files().await?;

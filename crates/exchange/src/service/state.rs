@@ -1,7 +1,7 @@
 //! What the exchange keeps in its sessions, one record type per kind:
 //! a database's [`DbRecord`] (its live process, its processes in doubt and
-//! the last ended ones), a device's [`DeviceRecord`] (its counters and
-//! webhook) and a process's [`ProcessRecord`] (which database it
+//! the last ended ones), a device's [`DeviceRecord`] (its counters)
+//! and a process's [`ProcessRecord`] (which database it
 //! belongs to and how it ended, kept for the retention period so that a
 //! late call is answered correctly).
 
@@ -30,7 +30,8 @@ pub(crate) struct DbRecord {
     /// Counters of the database's processes.
     #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
     pub(crate) counters: DbCounters,
-    /// Where arrivals are pushed ([`super::push`]).
+    /// A webhook an earlier version kept here; start-up processing moves
+    /// it into the registry ([`super::push`]) and clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) webhook: Option<String>,
 }
@@ -46,7 +47,8 @@ pub(crate) struct DeviceRecord {
     /// Counters of the device's uploads and acknowledgements.
     #[serde(default, skip_serializing_if = "DeviceCounters::is_empty")]
     pub(crate) device: DeviceCounters,
-    /// Where arrivals are pushed ([`super::push`]).
+    /// A webhook an earlier version kept here; start-up processing moves
+    /// it into the registry ([`super::push`]) and clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) webhook: Option<String>,
 }

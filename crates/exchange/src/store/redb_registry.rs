@@ -28,6 +28,8 @@ const ENTERPRISES: TableDefinition<'static, &str, ()> = TableDefinition::new("en
 const SUBSYSTEMS: TableDefinition<'static, (&str, &str), ()> = TableDefinition::new("subsystems");
 /// Database or device id → JSON [`Record`].
 const ENDPOINTS: TableDefinition<'static, &str, &str> = TableDefinition::new("endpoints");
+/// Database or device id → its webhook URL.
+const WEBHOOKS: TableDefinition<'static, &str, &str> = TableDefinition::new("webhooks");
 
 /// The stored form of an endpoint.
 #[derive(Serialize, Deserialize)]
@@ -134,6 +136,8 @@ impl Inner {
             Change::DeleteEndpoint(id) => {
                 let mut table = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
                 table.remove(id.as_str()).map_err(redb::Error::from)?;
+                let mut table = txn.open_table(WEBHOOKS).map_err(redb::Error::from)?;
+                table.remove(id.as_str()).map_err(redb::Error::from)?;
             }
             Change::SetToken { endpoint, token } => {
                 let json = record_json(&endpoint, &token)?;
@@ -142,10 +146,27 @@ impl Inner {
                     .insert(endpoint.id.as_str(), json.as_str())
                     .map_err(redb::Error::from)?;
             }
-            // Saved before the transaction; webhooks are kept in the
-            // exchange's session records with this store, which is not
-            // shared, so it never receives theirs.
-            Change::SetAdmin(_) | Change::SetWebhook { .. } => {}
+            Change::SetWebhook { id, url } => {
+                let endpoints = txn.open_table(ENDPOINTS).map_err(redb::Error::from)?;
+                if endpoints
+                    .get(id.as_str())
+                    .map_err(redb::Error::from)?
+                    .is_none()
+                {
+                    return Err(TenancyError::Unknown {
+                        kind: "database or device",
+                        id: id.to_string(),
+                    });
+                }
+                let mut table = txn.open_table(WEBHOOKS).map_err(redb::Error::from)?;
+                match url {
+                    Some(url) => table.insert(id.as_str(), url.as_str()),
+                    None => table.remove(id.as_str()),
+                }
+                .map_err(redb::Error::from)?;
+            }
+            // Saved before the transaction.
+            Change::SetAdmin(_) => {}
         }
         txn.commit().map_err(redb::Error::from)?;
         Ok(())
@@ -197,6 +218,7 @@ fn open_blocking(layout: &DataLayout) -> Result<RedbRegistry, TenancyError> {
         txn.open_table(ENTERPRISES)?;
         txn.open_table(SUBSYSTEMS)?;
         txn.open_table(ENDPOINTS)?;
+        txn.open_table(WEBHOOKS)?;
         txn.commit()?;
         Ok(())
     })?;
@@ -264,6 +286,13 @@ fn load(db: &Database) -> Result<Snapshot, TenancyError> {
             },
             hash,
         ));
+    }
+    let table = txn.open_table(WEBHOOKS).map_err(redb::Error::from)?;
+    for row in table.iter().map_err(redb::Error::from)? {
+        let (key, value) = row.map_err(redb::Error::from)?;
+        snapshot
+            .webhooks
+            .push((stored_id(key.value())?, value.value().to_owned()));
     }
     Ok(snapshot)
 }

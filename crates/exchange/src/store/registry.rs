@@ -17,8 +17,7 @@ pub struct Snapshot {
     /// A shared store's change counter as these records were read (0 for a
     /// store that is not shared).
     pub version: u64,
-    /// A shared store's webhooks: database or device → its URL (empty for
-    /// a store that is not shared; see [`RegistryStore::shared`]).
+    /// Each database's and device's webhook: its id → the URL.
     pub webhooks: Vec<(Id, String)>,
 }
 
@@ -67,8 +66,8 @@ pub enum Change {
     /// keep the token itself where only the operator can read it (the
     /// admin-token file) or only its hash.
     SetAdmin(Token),
-    /// A database's or device's webhook set, or with `None` cleared; sent
-    /// only to a shared store. [`TenancyError::Unknown`] if `id` is gone.
+    /// A database's or device's webhook set, or with `None` cleared.
+    /// [`TenancyError::Unknown`] if `id` is gone.
     SetWebhook {
         /// The database or device.
         id: Id,
@@ -87,8 +86,8 @@ pub enum Change {
 /// ([`version`](Self::version)) in the same transaction, and a registry
 /// whose last-read counter is behind reloads with [`load`](Self::load)
 /// before it answers, so a token revoked through one server is refused by
-/// all at once. A store that is not shared (the embedded one) says so
-/// ([`shared`](Self::shared) false), and its registry never asks.
+/// all at once. A store only its own server changes (the embedded one)
+/// keeps its counter at 0, so its registry never reloads.
 ///
 /// [`Registry`]: crate::tenancy::Registry
 #[async_trait::async_trait]
@@ -110,18 +109,9 @@ pub trait RegistryStore: Send + Sync {
         Ok(true)
     }
 
-    /// Whether other servers change this store too. A shared store also
-    /// keeps each database's and device's webhook (in its
-    /// [`Snapshot`], changed by [`Change::SetWebhook`]), so that every
-    /// server pushes to the one set last through any of them; a store that
-    /// is not shared never receives that change (the exchange keeps
-    /// webhooks in its session records then).
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// The change counter now (a shared store); its value in a
-    /// [`Snapshot`] is what that snapshot holds.
+    /// The change counter now (0 for a store only its own server
+    /// changes: answered at once); its value in a [`Snapshot`] is what
+    /// that snapshot holds.
     async fn version(&self) -> Result<u64, TenancyError> {
         Ok(0)
     }
