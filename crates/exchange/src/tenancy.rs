@@ -34,6 +34,7 @@ use crate::id::Id;
 use crate::layout::DataLayout;
 use crate::store::{Change, RedbRegistry, RegistryStore, Snapshot};
 use crate::token::{Token, TokenHash};
+use tracing::Instrument;
 
 /// Who a token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -829,14 +830,15 @@ impl Registry {
         T: Send + 'static,
     {
         let this = self.clone();
-        tokio::spawn(async move {
+        let change = async move {
             let _changing = this.inner.changing.lock().await;
             let now = this.inner.store.version().await?;
             this.catch_up(now).await?;
             f(this.clone()).await
-        })
-        .await
-        .map_err(|e| TenancyError::Join(e.to_string()))?
+        };
+        tokio::spawn(change.instrument(tracing::Span::current()))
+            .await
+            .map_err(|e| TenancyError::Join(e.to_string()))?
     }
 
     /// Hands a change to the store (inside [`change`](Self::change)).

@@ -3,7 +3,8 @@
 //! against the real `estafeta serve` binary: log in, see a process
 //! READY_TO_COMMIT, watch it go IN_DOUBT on the server's real clock (a
 //! short ready timeout), settle it from the `Unknown` page, acknowledge the
-//! alert; requests without a login or without the CSRF token are refused.
+//! alert; requests without a login or without the CSRF token are refused;
+//! the event log names each step's request and fits the window.
 //! And on the `Error` browser: a discard asks for confirmation (cancelled,
 //! then confirmed), ticked messages are requeued together, and the whole
 //! folder is discarded after its confirmation.
@@ -431,6 +432,37 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
     assert!(
         log.contains("the operator settles a process in doubt"),
         "{log}"
+    );
+    // Each protocol step names the request it happened in, its kind is a
+    // word, and the page fits the window.
+    let steps = c
+        .execute(
+            "return [...document.querySelectorAll('#events tr')]
+                .filter(r => r.textContent.includes('process READY_TO_COMMIT'))
+                .map(r => [r.cells[2].textContent, r.querySelector('td.request').textContent]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let steps = steps.as_array().unwrap();
+    assert!(!steps.is_empty(), "{log}");
+    for step in steps {
+        assert_eq!(step[0], "step", "{step}");
+        assert!(
+            !step[1].as_str().unwrap().is_empty(),
+            "no request id: {step}"
+        );
+    }
+    let widths = c
+        .execute(
+            "return [document.documentElement.scrollWidth, window.innerWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        widths[0].as_u64() <= widths[1].as_u64(),
+        "the event log is wider than the window: {widths}"
     );
     check_page(&c, &shots, "events").await;
     // The overview's live refresh runs (a few seconds) without errors.

@@ -173,6 +173,78 @@ async fn every_text_line_of_a_request_carries_its_id(store: Store) {
     );
 }
 
+/// A `POST` of `body` to `path` with `token` and `x-request-id: request`;
+/// the answer's JSON.
+async fn post(server: &TestServer, path: &str, token: &str, request: &str, body: &Json) -> Json {
+    let response = reqwest::Client::new()
+        .post(server.url(path))
+        .bearer_auth(token)
+        .header("x-request-id", request)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    response.json().await.unwrap()
+}
+
+both_stores!(the_protocols_events_carry_the_request_they_happened_in);
+async fn the_protocols_events_carry_the_request_they_happened_in(store: Store) {
+    let captured = Captured::default();
+    let settings = logging("info", "text");
+    let subscriber =
+        tracing_subscriber::registry().with(stderr_lines(&settings, captured.clone(), false));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let server = TestServer::start_on(store).await;
+    let (db, phone) = common::provision_one(&server.admin).await;
+    let sent = post(
+        &server,
+        "/v1/messages",
+        &phone,
+        "req-upload",
+        &json!({"version": 1, "to": "db-a", "body": {"order": 1}}),
+    )
+    .await;
+    let started = post(
+        &server,
+        "/v1/processes",
+        &db,
+        "req-start",
+        &json!({"version": 1, "db_id": "db-a"}),
+    )
+    .await;
+    let pid = started["process_id"].as_str().unwrap().to_owned();
+    let prepare = json!({
+        "version": 1,
+        "results": [{"message_id": sent["id"], "status": "PROCESSED"}],
+        "replies": [{"to": "phone-1", "body": {"ok": true}}],
+    });
+    let path = format!("/v1/processes/{pid}/prepare");
+    post(&server, &path, &db, "req-prepare", &prepare).await;
+    let path = format!("/v1/processes/{pid}/commit");
+    post(&server, &path, &db, "req-commit", &json!({"version": 1})).await;
+    server.stop().await.unwrap();
+
+    let lines = captured.lines();
+    for (request, event) in [
+        ("req-upload", "message received"),
+        ("req-start", "process started"),
+        ("req-prepare", "process READY_TO_COMMIT"),
+        ("req-commit", "process ended"),
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(event) && l.contains(&format!("request_id={request}"))),
+            "no {event:?} line with {request}: {lines:#?}"
+        );
+    }
+}
+
 both_stores!(json_lines_parse_and_carry_the_request_id);
 async fn json_lines_parse_and_carry_the_request_id(store: Store) {
     let lines = lines_of_one_request(store, "json", "req-json-1").await;

@@ -81,6 +81,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// What start-up processing found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -323,14 +324,16 @@ impl Exchange {
     /// Run a call on a task of its own. A caller that goes away midway (a
     /// client that disconnects or times out drops the request's future)
     /// cannot cancel it half-way: the call finishes, durable or undone, just
-    /// as if the caller had waited for the answer.
+    /// as if the caller had waited for the answer. The task runs in the
+    /// caller's span, so what it logs carries the request's id.
     pub(crate) async fn detached<T, F, Fut>(&self, call: F) -> Result<T, ExchangeError>
     where
         F: FnOnce(Arc<Core>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ExchangeError>> + Send + 'static,
         T: Send + 'static,
     {
-        match tokio::spawn(call(self.core.clone())).await {
+        let call = call(self.core.clone()).instrument(tracing::Span::current());
+        match tokio::spawn(call).await {
             Ok(result) => result,
             Err(e) => Err(ExchangeError::unavailable(
                 ErrorCode::Internal,

@@ -96,6 +96,9 @@ impl EventQuery {
 struct EventRow {
     ts: String,
     level: String,
+    /// What kind of record it is, in words ([`kind`]).
+    kind: &'static str,
+    /// The tracing target that wrote it (shown on hover).
     target: String,
     text: String,
     db: String,
@@ -115,6 +118,17 @@ struct EventsPage {
     error: Option<String>,
     rows: Vec<EventRow>,
     next: Option<String>,
+}
+
+/// A record's kind as a person reads it: a protocol step or admin change,
+/// an alert, or a problem the server logged.
+fn kind(target: &str, level: &str) -> &'static str {
+    match (target, level) {
+        (crate::events::EVENT_TARGET, _) => "step",
+        (crate::events::ALERT_TARGET, _) => "alert",
+        (_, "ERROR") => "error",
+        _ => "warning",
+    }
 }
 
 /// `GET /admin/events`: a page of the event log, newest first, filtered.
@@ -149,6 +163,7 @@ pub async fn events(
                 .records
                 .into_iter()
                 .map(|e| EventRow {
+                    kind: kind(&e.target, &e.level),
                     ts: e.ts,
                     level: e.level,
                     target: e.target,
