@@ -311,6 +311,85 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     server.stop().await.unwrap();
 }
 
+/// Whether the alert `key` is open, as the admin API lists the alerts.
+async fn open_alert(admin: &Client, key: &str) -> bool {
+    let alerts = admin.alerts().await.unwrap().alerts;
+    alerts.iter().any(|a| a.key == key && a.ended_at.is_none())
+}
+
+/// The real binary killed (`kill -9`) while its storage-write alert is
+/// open: the next run closes it at its first good write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_write_alert_left_open_by_a_killed_run_ends_at_the_next_good_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let token = server.printed_token.clone().unwrap();
+    let admin = Client::new(&server.base, &token).unwrap();
+    let (_, phone) = common::provision_one(&admin).await;
+    let upload = message("db-a", "{}", None);
+    let phone1 = Client::new(&server.base, &phone).unwrap();
+    phone1.send(&upload).await.unwrap();
+    // db-a's queue folder is a file instead: every write there fails.
+    let queue = data.join("db-a/Messages");
+    std::fs::remove_dir_all(&queue).unwrap();
+    std::fs::write(&queue, b"not a folder").unwrap();
+    assert!(phone1.send(&upload).await.is_err());
+    assert!(open_alert(&admin, "storage_write:data").await);
+    server.kill9().await;
+
+    std::fs::remove_file(&queue).unwrap();
+    std::fs::create_dir(&queue).unwrap();
+    let server = Binary::serve(dir.path(), &data, &[], &[]).await;
+    let admin = Client::new(&server.base, &token).unwrap();
+    common::wait_ready(&admin).await;
+    let phone1 = Client::new(&server.base, &phone).unwrap();
+    assert!(open_alert(&admin, "storage_write:data").await, "still open");
+    phone1.send(&upload).await.unwrap();
+    assert!(
+        !open_alert(&admin, "storage_write:data").await,
+        "closed by the good write"
+    );
+    server.terminate().await;
+}
+
+/// Waits (at most [`PATIENCE`]) until alert `key` is open or not, as `open`.
+async fn until_alert(admin: &Client, key: &str, open: bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while open_alert(admin, key).await != open {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{key} open: {}, wanted {open}", !open));
+}
+
+/// The real binary killed (`kill -9`) while its disk-space alert is open:
+/// the next run, finding enough space, closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_alert_left_open_by_a_killed_run_ends_when_the_next_finds_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let low = [
+        ("ESTAFETA_DISK_ALERT_MB", "100000000"),
+        ("ESTAFETA_DISK_CHECK", "1s"),
+    ];
+    let server = Binary::serve(dir.path(), &data, &[], &low).await;
+    let token = server.printed_token.clone().unwrap();
+    let admin = Client::new(&server.base, &token).unwrap();
+    until_alert(&admin, "disk_low:data", true).await;
+    server.kill9().await;
+
+    let enough = [
+        ("ESTAFETA_DISK_ALERT_MB", "1"),
+        ("ESTAFETA_DISK_CHECK", "1s"),
+    ];
+    let server = Binary::serve(dir.path(), &data, &[], &enough).await;
+    let admin = Client::new(&server.base, &token).unwrap();
+    until_alert(&admin, "disk_low:data", false).await;
+    server.terminate().await;
+}
+
 async fn a_gateway_failing_its_probes_raises_a_host_down_alert(store: Store) {
     let gateway = recorder::closed_port();
     let (hook_addr, mut hook) = recorder::start().await;

@@ -16,7 +16,7 @@ use crate::wire::ErrorCode;
 use estafeta_session::{BoxFuture, Step};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// One alert: a condition that began.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,7 +125,7 @@ impl Core {
         match &result {
             Err(e)
                 if matches!(e.code(), ErrorCode::StorageError | ErrorCode::StorageFull)
-                    && !self.storage_alert.swap(true, Ordering::SeqCst) =>
+                    && self.storage_alert.holds() =>
             {
                 tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
                 self.raise_alert(
@@ -135,7 +135,7 @@ impl Core {
                 )
                 .await;
             }
-            Ok(_) if self.storage_alert.swap(false, Ordering::SeqCst) => {
+            Ok(_) if self.storage_alert.ended() => {
                 self.clear_alert(AlertKind::StorageWrite, "data").await;
             }
             _ => {}
@@ -144,9 +144,42 @@ impl Core {
     }
 }
 
+/// Whether a condition's alert is open, as this run last told the sink:
+/// unknown until this run first tells it, so an alert an earlier run left
+/// open (killed before the condition ended) is closed by this run's first
+/// good outcome.
+#[derive(Default)]
+pub(crate) struct Condition(AtomicU8);
+
+impl Condition {
+    const OPEN: u8 = 1;
+    const ENDED: u8 = 2;
+
+    /// The condition holds: whether that is news to tell the sink.
+    pub(crate) fn holds(&self) -> bool {
+        self.0.swap(Self::OPEN, Ordering::SeqCst) != Self::OPEN
+    }
+
+    /// The condition ended: whether that is news to tell the sink.
+    pub(crate) fn ended(&self) -> bool {
+        self.0.swap(Self::ENDED, Ordering::SeqCst) != Self::ENDED
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_condition_is_news_once_each_way_and_at_first_either_way() {
+        let fresh = Condition::default();
+        assert!(fresh.ended(), "an earlier run's alert is closed");
+        assert!(!fresh.ended());
+        assert!(fresh.holds());
+        assert!(!fresh.holds());
+        assert!(fresh.ended());
+        assert!(Condition::default().holds());
+    }
 
     #[test]
     fn keys_name_kind_and_subject() {

@@ -20,7 +20,7 @@ use crate::{Id, MessageId, ProcessId, Timestamp, UlidGenerator};
 use estafeta_session::{Clock, SessionData, SessionGuard, SessionKey, State};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 /// What carrying out a lifecycle's steps left over: the answer, the
@@ -79,8 +79,9 @@ pub(crate) struct Core {
     pub(crate) recovery: RecoveryCounters,
     /// Where alerts go.
     pub(crate) alerts: Arc<dyn super::alerts::AlertSink>,
-    /// A storage-write alert is open (cleared by the next good write).
-    pub(crate) storage_alert: AtomicBool,
+    /// Whether the storage-write alert is open (closed by the next good
+    /// write).
+    pub(crate) storage_alert: super::alerts::Condition,
     /// The devices' idempotency keys.
     pub(crate) keys: std::sync::Arc<dyn crate::keys::UploadKeys>,
     /// Messages kept aside until their `deliver_at`.

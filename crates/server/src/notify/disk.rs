@@ -27,7 +27,10 @@ pub async fn watch(
         return stop.cancelled().await;
     }
     let mut tick = tokio::time::interval(period);
-    let mut low = false;
+    // Unknown until the first look: an alert an earlier run left open
+    // (killed before the space came back) is closed by the first look that
+    // finds enough.
+    let mut low: Option<bool> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -45,8 +48,11 @@ pub async fn watch(
                 continue;
             }
         };
-        if free < threshold && !low {
-            low = true;
+        let now_low = free < threshold;
+        if low.replace(now_low) == Some(now_low) {
+            continue;
+        }
+        if now_low {
             let text = format!(
                 "free disk space in {} is {} MB, under the alert threshold of {} MB",
                 data_dir.display(),
@@ -55,8 +61,7 @@ pub async fn watch(
             );
             let alert = Alert::new(AlertKind::DiskLow, "data", text, exchange.now());
             exchange.raise_alert(alert).await;
-        } else if free >= threshold && low {
-            low = false;
+        } else {
             exchange
                 .clear_alert(alert_key(AlertKind::DiskLow, "data"))
                 .await;
