@@ -1,6 +1,7 @@
 //! Bad and hostile input from anonymous clients: body limits and read
 //! timeouts, values that could grow what the server keeps, login
-//! throttling, deeply nested JSON. Through real HTTP on a port-0 listener,
+//! throttling, deeply nested JSON; what error pages and `/metrics` show of
+//! the server's own failures. Through real HTTP on a port-0 listener,
 //! mostly as raw bytes on a socket, since the point is what the server does
 //! before a request is complete.
 
@@ -11,14 +12,18 @@ use std::time::Duration;
 
 use common::raw::{head, send_raw};
 use common::{
-    ADMIN_TOKEN, Binary, PATIENCE, Store, TestServer, both_stores, id, provision_one, wait_ready,
+    ADMIN_TOKEN, Binary, PATIENCE, Store, Tenancy, TestServer, both_stores, id, provision_one,
+    ready_process, wait_ready,
 };
 use estafeta_client::Client;
+use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::wire::ResultStatus;
 use estafeta_server::HttpSettings;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::FORM_LIMIT;
+use estafeta_server::dashboard::pages::SERVER_FAILED;
 use estafeta_server::extract::MAX_JSON_DEPTH;
 use estafeta_server::throttle::{FIRST_DELAY, FREE_FAILURES, MAX_ADDRESSES};
 use serde_json::Value;
@@ -748,19 +753,165 @@ async fn dashboard_login(base: &str, token: &str) -> Result<String, u16> {
         .ok_or(r.status().as_u16())
 }
 
-/// The status of the dashboard's overview with the session `cookie`.
-async fn overview(base: &str, cookie: &str) -> u16 {
-    reqwest::Client::builder()
+/// The status and text of the dashboard's page `path` with the session
+/// `cookie`.
+async fn dashboard_page(base: &str, path: &str, cookie: &str) -> (u16, String) {
+    let r = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
-        .get(format!("{base}/admin"))
+        .get(format!("{base}{path}"))
         .header("cookie", cookie)
         .send()
         .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The status of the dashboard's overview with the session `cookie`.
+async fn overview(base: &str, cookie: &str) -> u16 {
+    dashboard_page(base, "/admin", cookie).await.0
+}
+
+/// Fails if `shown` (a page, an answer, a scrape) names one of `secrets`
+/// (a folder, a host of the server) or quotes an operating system's error.
+fn assert_no_detail(what: &str, shown: &str, secrets: &[&str]) {
+    for secret in secrets.iter().chain(&["os error", "Not a directory"]) {
+        assert!(!shown.contains(secret), "{what} shows {secret:?}: {shown}");
+    }
+}
+
+/// A folder of the data folder that cannot be read under a page, an action
+/// and the admin API: each says so in general terms; the path and the
+/// operating system's error are in the event log only.
+// Embedded only: a folder of the data folder.
+#[tokio::test]
+async fn a_storage_failure_shows_its_path_only_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let server = Binary::serve(dir.path(), &data, &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    let t = Tenancy::provision(&admin).await;
+    let (pid, failed) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
+    t.db_a.commit(&pid).await.unwrap();
+    let cookie = dashboard_login(&server.base, ADMIN_TOKEN).await.unwrap();
+    let message = format!("/admin/browse/Error/db-a/{failed}");
+    assert_eq!(dashboard_page(&server.base, &message, &cookie).await.0, 200);
+
+    // db-a's Error folder becomes a file: reading it fails at its path.
+    let folder = data.join("db-a").join("Error");
+    std::fs::rename(&folder, data.join("db-a").join("Error.aside")).unwrap();
+    std::fs::write(&folder, b"").unwrap();
+    let secrets = [data.to_str().unwrap()];
+    let (status, page) = dashboard_page(&server.base, &message, &cookie).await;
+    assert_eq!(status, 503, "{page}");
+    assert!(page.contains(SERVER_FAILED), "{page}");
+    assert_no_detail(&message, &page, &secrets);
+    // An action fails the same way.
+    let (_, overview) = dashboard_page(&server.base, "/admin", &cookie).await;
+    let csrf = overview
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the overview's forms carry the CSRF token");
+    let requeued = reqwest::Client::new()
+        .post(format!("{}{message}/requeue", server.base))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(requeued.status(), 503);
+    let page = requeued.text().await.unwrap();
+    assert!(page.contains(SERVER_FAILED), "{page}");
+    assert_no_detail("requeue", &page, &secrets);
+    for path in ["/admin", "/admin/databases", "/admin/browse/Error"] {
+        let (status, page) = dashboard_page(&server.base, path, &cookie).await;
+        assert!(
+            status == 200 || page.contains(SERVER_FAILED),
+            "{path}: {page}"
+        );
+        assert_no_detail(path, &page, &secrets);
+    }
+    let api = format!("{}/v1/admin/databases/db-a/folders/Error", server.base);
+    for url in [api.clone(), format!("{api}/{failed}")] {
+        let r = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "{url}");
+        let body = r.text().await.unwrap();
+        let json: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["error"]["code"], "storage_error", "{body}");
+        assert_no_detail(&url, &body, &secrets);
+    }
+    let metrics = admin.metrics().await.unwrap();
+    assert_no_detail("/metrics", &metrics, &secrets);
+    assert_eq!(server.terminate().await, Some(0));
+
+    // The log says why.
+    let lines = event_lines(&data);
+    let folder = folder.to_str().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("dashboard") && l.contains(folder)),
+        "{lines:?}"
+    );
+}
+
+/// A cluster node whose database stops: its pages, its login form and the
+/// admin API say so in general terms, and neither they nor `/metrics` name
+/// the database's host or the connection's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_names_its_database_neither_on_its_pages_nor_in_its_metrics() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url();
+    let env = common::cluster::node_env(&url, &[]);
+    let node = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
+    let admin = Client::new(&node.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    provision_one(&admin).await;
+    let cookie = dashboard_login(&node.base, ADMIN_TOKEN).await.unwrap();
+    let host = pg.host_port();
+    let secrets = [host.as_str(), "postgres", "refused"];
+    assert_no_detail("/metrics", &admin.metrics().await.unwrap(), &secrets);
+
+    pg.stop().unwrap();
+    for path in ["/admin", "/admin/databases", "/admin/events"] {
+        let (status, page) = dashboard_page(&node.base, path, &cookie).await;
+        assert_eq!(status, 503, "{path}: {page}");
+        assert_no_detail(path, &page, &secrets);
+    }
+    let login = try_login(&node.base, ADMIN_TOKEN).await;
+    assert_eq!(login.status(), 503);
+    let page = login.text().await.unwrap();
+    assert!(page.contains(SERVER_FAILED), "{page}");
+    assert_no_detail("a login", &page, &secrets);
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/admin/databases", node.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("storage_error"), "{body}");
+    assert_no_detail("the admin API", &body, &secrets);
+    let metrics = reqwest::get(format!("{}/metrics", node.base))
+        .await
         .unwrap()
-        .status()
-        .as_u16()
+        .text()
+        .await
+        .unwrap();
+    assert_no_detail("/metrics", &metrics, &secrets);
+    node.kill9().await;
 }
 
 // Embedded only: the admin token kept in the data folder.

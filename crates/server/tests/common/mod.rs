@@ -9,6 +9,7 @@ pub mod postgres;
 pub mod raw;
 pub mod recorder;
 pub mod restartable;
+pub mod slow_reads;
 /// The send queue's loopback SMTP server, shared rather than copied.
 #[path = "../../../sendq/tests/common/smtp_server.rs"]
 pub mod smtp_server;

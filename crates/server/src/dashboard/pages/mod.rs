@@ -82,8 +82,14 @@ impl From<ExchangeError> for PageError {
     }
 }
 
+/// A refusal keeps its message (it tells the operator what to change); a
+/// failure of the server's own (a 5xx: storage, a store out of reach) is
+/// [`PageError::failed`], since its message names files and hosts.
 impl From<ApiError> for PageError {
     fn from(e: ApiError) -> Self {
+        if e.status().is_server_error() {
+            return PageError::failed(e.status(), "a call to the exchange", &e.message());
+        }
         PageError(e.status(), e.message().to_owned())
     }
 }
