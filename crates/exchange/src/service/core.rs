@@ -158,9 +158,12 @@ impl Core {
         fail::fail_point!("messages::applied");
         self.announce(&applied.arrivals, registry).await;
         let mut first_error = None;
-        for r in applied.results {
+        for (op, r) in ops.iter().zip(applied.results) {
             let Err(e) = r else { continue };
             match &e {
+                // A reply delivered by an earlier attempt and acknowledged
+                // since (in its recipient's `Log`): done, not missing.
+                MailboxError::NotFound { .. } if self.delivered_before(op).await => {}
                 MailboxError::NotFound { name, .. } => {
                     let alert = Alert::new(
                         AlertKind::MissingFile,
@@ -180,6 +183,18 @@ impl Core {
         match first_error {
             None => Ok(()),
             Some(e) => Err(e),
+        }
+    }
+
+    /// Whether `op` delivers a message into another mailbox that holds it
+    /// already (in `Messages`, `Log`, `Unknown` or `Error`): a move redone
+    /// after its recipient took the message on.
+    async fn delivered_before(&self, op: &Op) -> bool {
+        match op {
+            Op::Move { name, from, to } if from.mailbox != to.mailbox => {
+                self.store.delivered(name).await.unwrap_or(false)
+            }
+            _ => false,
         }
     }
 
@@ -583,6 +598,7 @@ impl Core {
     pub(crate) fn names_in_prepared(rec: &DbRecord) -> HashSet<MessageId> {
         Core::referenced(rec)
             .chain(rec.process.iter().flat_map(|p| p.preparing.iter()))
+            .chain(rec.discarding.iter().flat_map(|d| d.names.iter()))
             .map(|n| n.id)
             .collect()
     }

@@ -43,7 +43,7 @@
 //! is idempotent, so after a crash the moves are simply run again.
 
 use super::alert_kind::AlertKind;
-use super::state::{DbRecord, Ended, FileOp, Process, Verdict};
+use super::state::{DbRecord, Discarding, Ended, FileOp, Process, Verdict};
 use crate::mailbox::{FileName, Folder};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
@@ -330,7 +330,8 @@ fn start(
         return vec![Step::Answer(Answer::Busy)];
     }
     rec.process = Some(Process::started(pid, db.clone(), messages, ctx.now));
-    vec![
+    let mut steps = discard_decided(rec);
+    steps.extend([
         Step::Deadline(next_deadline(rec, ctx)),
         Step::Owner {
             pid,
@@ -339,7 +340,21 @@ fn start(
         },
         Step::Save,
         Step::Answer(Answer::Ok),
-    ]
+    ]);
+    steps
+}
+
+/// The deletion of a given-up process's replies, decided and saved
+/// ([`DbRecord::discarding`]), run (again) before a save that forgets it.
+fn discard_decided(rec: &mut DbRecord) -> Vec<Step> {
+    rec.discarding
+        .take()
+        .map(|d| Step::Discard {
+            db: d.db,
+            names: d.names,
+        })
+        .into_iter()
+        .collect()
 }
 
 fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: &Ctx) -> Vec<Step> {
@@ -402,25 +417,32 @@ fn give_up(
         if !matches!(p.state, ProcessState::Started | ProcessState::ReadyToCommit) {
             return cancelled();
         }
-        let names = p.replies.iter().chain(&p.preparing).cloned().collect();
+        // The end is saved first, with the replies to delete named
+        // (`discarding`): a crash before their deletion leaves a record
+        // that names them, whose start-up processing deletes them, not a
+        // READY_TO_COMMIT process whose replies are gone.
+        let names: Vec<FileName> = p.replies.iter().chain(&p.preparing).cloned().collect();
         let db = p.db.clone();
         if let Some(p) = rec.process.take() {
             end(rec, p, as_state, ctx.now);
         }
-        return vec![
-            Step::Discard {
-                db: db.clone(),
-                names,
-            },
+        let mut steps = discard_decided(rec);
+        rec.discarding = Some(Discarding {
+            db: db.clone(),
+            names: names.clone(),
+        });
+        steps.extend([
             Step::Owner {
                 pid,
-                db,
+                db: db.clone(),
                 ended: Some(as_state),
             },
             Step::Deadline(next_deadline(rec, ctx)),
             Step::Save,
+            Step::Discard { db, names },
             Step::Answer(Answer::Ok),
-        ];
+        ]);
+        return steps;
     }
     if let Some(p) = rec.in_doubt.iter_mut().find(|p| p.id == pid) {
         let steps = settle(p, as_state, ctx);
@@ -431,7 +453,16 @@ fn give_up(
             tracing::info!(target: "estafeta::event", process = %pid, state = ?as_state, "rollback or abort answered CANCELLED");
             cancelled()
         }
-        Some(_) => vec![Step::Answer(Answer::Ok)],
+        // Ended with nothing committed; the deletion of its replies, if a
+        // store out of reach failed it, is tried again.
+        Some(_) => {
+            let mut steps = discard_decided(rec);
+            if !steps.is_empty() {
+                steps.push(Step::Save);
+            }
+            steps.push(Step::Answer(Answer::Ok));
+            steps
+        }
     }
 }
 
@@ -581,7 +612,7 @@ fn time_out(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
 }
 
 fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
-    let mut steps = Vec::new();
+    let mut steps = discard_decided(rec);
     if let Some(p) = rec.process.as_mut() {
         match p.state {
             ProcessState::Started => {

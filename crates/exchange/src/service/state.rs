@@ -18,6 +18,12 @@ pub(crate) struct DbRecord {
     /// The process that has not ended (at most one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) process: Option<Process>,
+    /// The replies of a process given up (rolled back or aborted), deleted
+    /// from `Prepared` once its end is saved: named here until a later
+    /// step sees them gone, so that a crash in between never leaves them
+    /// for a process that no longer names them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) discarding: Option<Discarding>,
     /// Processes in doubt, waiting for a late commit or rollback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) in_doubt: Vec<Process>,
@@ -34,6 +40,16 @@ pub(crate) struct DbRecord {
     /// it into the registry ([`super::push`]) and clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) webhook: Option<String>,
+}
+
+/// Replies whose deletion from a database's `Prepared` is decided.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Discarding {
+    /// The database whose `Prepared` holds them.
+    pub(crate) db: Id,
+    /// The replies.
+    #[serde(with = "display_vec")]
+    pub(crate) names: Vec<FileName>,
 }
 
 /// A device's session.
