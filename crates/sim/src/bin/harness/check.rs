@@ -62,13 +62,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use estafeta_client::Client;
 use estafeta_exchange::AlertKind;
 use estafeta_sim::{Attempt, Device, Kept, Processor};
 use estafeta_wire::{AlertEntry, AlertList, Folder, Id, MessageId, ProcessId, ProcessState};
 
 use crate::run::Faults;
-use crate::server::{DISK_ALERT_MB, READY_BOUND};
+use crate::server::{DISK_ALERT_MB, READY_BOUND, Server};
 
 /// The longest pause of the server's alert recorder between two tries of
 /// an alert's close its store did not take (`notify::record::MAX_RETRY`).
@@ -234,22 +235,20 @@ fn nonce(body: &str) -> Option<String> {
 }
 
 /// Checks the run's outcome from the devices' and processors' records and
-/// the server's folders, processes and alerts; `data`: the server nodes'
-/// data folders (whose free space justifies a `disk_low` alert).
-#[allow(clippy::too_many_arguments)]
+/// the server's folders, processes and alerts (asked of the first of
+/// `nodes`), its nodes' logs and the free space of their data folders.
 pub(crate) async fn check(
-    admin: &Client,
+    nodes: &[Server],
     processors: &[(Id, Processor)],
     devices: &[Device],
     faults: &Faults,
     network_faults: u64,
     db_faults: u64,
-    logs: &[&Path],
-    data: &[&Path],
 ) -> anyhow::Result<Summary> {
+    let admin = &nodes.first().context("a run without a server")?.admin;
     let mut found = Found::default();
     let mut end = Standing {
-        disk_low: data.iter().any(|dir| disk_low(dir)),
+        disk_low: nodes.iter().any(|n| disk_low(n.data())),
         ..Standing::default()
     };
 
@@ -571,6 +570,8 @@ pub(crate) async fn check(
     });
 
     let mut server_errors = 0;
+    let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
+    logs.dedup();
     for log in logs {
         let text = std::fs::read_to_string(log)?;
         for line in text.lines().filter(|l| is_server_error(l)) {
@@ -628,7 +629,9 @@ fn justified(alert: &AlertEntry, end: &Standing) -> bool {
     match kind {
         AlertKind::InDoubt => process() == Some(&ProcessState::InDoubt),
         AlertKind::Failed => process().is_some(),
-        AlertKind::Orphans => subject.parse::<Id>().is_ok_and(|db| end.unknown.contains(&db)),
+        AlertKind::Orphans => subject
+            .parse::<Id>()
+            .is_ok_and(|db| end.unknown.contains(&db)),
         AlertKind::DiskLow => end.disk_low,
         AlertKind::StorageWrite | AlertKind::HostDown | AlertKind::MissingFile => false,
     }
@@ -645,7 +648,10 @@ fn unjustified<'a>(alerts: &'a [AlertEntry], end: &Standing) -> Vec<&'a AlertEnt
 
 /// The server's alerts once none is left open unjustified, or as they are
 /// after [`ALERT_SETTLE`].
-async fn settled(admin: &Client, end: &Standing) -> Result<AlertList, estafeta_client::ClientError> {
+async fn settled(
+    admin: &Client,
+    end: &Standing,
+) -> Result<AlertList, estafeta_client::ClientError> {
     let began = Instant::now();
     loop {
         let list = admin.alerts().await?;
@@ -752,7 +758,10 @@ mod tests {
         ];
         assert_eq!(
             keys(&alerts, &end),
-            [format!("in_doubt:{SETTLED}"), "in_doubt:not-a-process".to_owned()]
+            [
+                format!("in_doubt:{SETTLED}"),
+                "in_doubt:not-a-process".to_owned()
+            ]
         );
         // Closed by its settlement: nothing to say.
         assert!(keys(&[alert("in_doubt", SETTLED, true)], &end).is_empty());

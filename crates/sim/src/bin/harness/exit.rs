@@ -61,7 +61,10 @@ mod tests {
             .expect("starting sh");
         let pid = Pid::from_raw(child.id().expect("its pid") as i32).expect("a pid");
         tokio::task::spawn_blocking(move || {
-            waitid(WaitId::Pid(pid), WaitIdOptions::EXITED | WaitIdOptions::NOWAIT)
+            waitid(
+                WaitId::Pid(pid),
+                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+            )
         })
         .await
         .expect("the wait's thread")

@@ -572,9 +572,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         ));
     }
     drain(&server.admin, &mut processors, &mut devices).await;
-    let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
-    logs.dedup();
-    let data: Vec<&Path> = nodes.iter().map(Server::data).collect();
     for node in &nodes {
         for (point, n) in node.paused() {
             *faults.failpoint_pauses.entry(point).or_default() += n;
@@ -598,14 +595,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         faults.skew_warnings = Some(warnings);
     }
     let mut summary = check::check(
-        &server.admin,
+        &nodes,
         &processors,
         &devices,
         &faults,
         proxy.faults(),
         links.as_ref().map_or(0, Proxy::faults),
-        &logs,
-        &data,
     )
     .await?;
     for server in &mut nodes {

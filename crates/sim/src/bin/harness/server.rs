@@ -264,7 +264,9 @@ impl Server {
         self.child = Some(child);
         while self.outages.own_time(began) <= READY_BOUND {
             if let Ok(true) = self.admin.readyz().await {
-                return Ok(Started::Ready(self.outages.own_time(began)));
+                let own = self.outages.own_time(began);
+                tracing::info!(port = self.port, ?own, wall = ?began.elapsed(), "the server is ready");
+                return Ok(Started::Ready(own));
             }
             if let Some(status) = self.exit_status()? {
                 if let Some(point) = self.died_at_failpoint(status) {
