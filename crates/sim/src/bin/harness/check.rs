@@ -28,20 +28,56 @@
 //! bound. Every in-doubt episode the harness caused (a processor stopped
 //! after its prepare, then the server killed before the commit could come)
 //! must have its alert, `in_doubt:<process>`, as must every episode the
-//! databases' counters record; an exit of the server the harness did not
-//! cause fails the run (its log's tail was printed when it happened), as
-//! does an answer with a server error other than 503.
+//! databases' counters record; an exit of the server or of a processor
+//! the harness did not cause fails the run (its log's tail was printed
+//! when it happened), as does an answer with a server error other than
+//! 503.
+//!
+//! No alert may be left open (`/v1/admin/alerts`, no `ended_at`) that the
+//! final state does not justify (**unjustified alerts**). The server closes
+//! an alert when its condition ends; each kind is justified at the end
+//! only while its condition visibly holds:
+//!
+//! - `in_doubt:<process>`: the process is still in doubt (and so stuck);
+//!   a settled one's alert is closed by its settlement;
+//! - `failed:<process>`: the process has not ended (its moves are still
+//!   retried); moves that succeed close it;
+//! - `orphans:<database>`: the database's `Unknown` still holds files (the
+//!   orphans it moved there wait for an operator; stuck too);
+//! - `disk_low:data`: a data folder's file system has less free space than
+//!   the threshold the harness gives the server ([`DISK_ALERT_MB`]);
+//! - `storage_write:data`: never: the drain runs with every storage fault
+//!   off, and a write that succeeds closes it;
+//! - `host_down:<host>`, `missing_file:<file>`: never: the harness
+//!   configures no outbound host, and removes no file behind the server;
+//! - a kind this judge does not know: never (the harness's build fails on
+//!   a new kind of the exchange until it has a rule here).
+//!
+//! Closing goes through the server's alert recorder, which retries a
+//! close its store did not take (at most [`MAX_RETRY`] apart), and the
+//! disk is looked at every second: the judge reads the alerts again until
+//! none is unjustified, for at most [`ALERT_SETTLE`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use estafeta_client::Client;
+use estafeta_exchange::AlertKind;
 use estafeta_sim::{Attempt, Device, Kept, Processor};
-use estafeta_wire::{Folder, Id, MessageId, ProcessState};
+use estafeta_wire::{AlertEntry, AlertList, Folder, Id, MessageId, ProcessId, ProcessState};
 
 use crate::run::Faults;
-use crate::server::READY_BOUND;
+use crate::server::{DISK_ALERT_MB, READY_BOUND, Server};
+
+/// The longest pause of the server's alert recorder between two tries of
+/// an alert's close its store did not take (`notify::record::MAX_RETRY`).
+const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// How long the judge waits for open alerts to be closed: a close retried
+/// by the recorder, and the disk's next look.
+const ALERT_SETTLE: Duration = MAX_RETRY.saturating_add(Duration::from_secs(5));
 
 /// What the run did and what the checks found.
 #[derive(Debug)]
@@ -67,6 +103,8 @@ pub(crate) struct Summary {
     in_doubt_alerts: u64,
     /// In-doubt episodes the harness caused whose alert is missing.
     unalerted: usize,
+    /// Alerts left open that nothing in the final state justifies.
+    unjustified_alerts: usize,
 }
 
 impl Summary {
@@ -76,7 +114,7 @@ impl Summary {
         format!(
             "rounds={} server_crashes={} processor_crashes={} network_faults={} db_faults={} \
              commit_losses={} failpoint_pauses={} disk_full={} messages={} lost={} duplicated={} \
-             wrong={} stuck={}",
+             wrong={} stuck={} unjustified_alerts={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
@@ -90,6 +128,7 @@ impl Summary {
             self.duplicated,
             self.wrong,
             self.stuck,
+            self.unjustified_alerts,
         )
     }
 
@@ -104,13 +143,15 @@ impl Summary {
             None => String::new(),
         };
         format!(
-            "pauses={} failovers={} db_episodes={} server_deaths={} server_errors={} max_ready_ms={} \
+            "pauses={} failovers={} db_episodes={} server_deaths={} processor_deaths={} \
+             server_errors={} max_ready_ms={} \
              in_doubt={} in_doubt_alerts={} in_doubt_caused={} in_doubt_caused_unalerted={} \
              failpoint_crashes={} [{}] failpoint_pauses=[{}] commit_losses=[{}]{skew}",
             self.faults.pauses,
             self.faults.failovers,
             self.faults.db_episodes,
             self.faults.unexpected_exits,
+            self.faults.processor_exits,
             self.server_errors,
             self.max_ready.as_millis(),
             self.in_doubt,
@@ -125,8 +166,9 @@ impl Summary {
     }
 
     /// Nothing lost, duplicated, wrong or stuck, no server error but 503,
-    /// no exit of the server the harness did not cause, every in-doubt
-    /// episode alerted, and a skewed node that said its clock is off.
+    /// no exit of the server or of a processor the harness did not cause,
+    /// every in-doubt episode alerted, no alert left open unjustified, and
+    /// a skewed node that said its clock is off.
     pub(crate) fn passed(&self) -> bool {
         self.lost == 0
             && self.duplicated == 0
@@ -134,9 +176,17 @@ impl Summary {
             && self.stuck == 0
             && self.server_errors == 0
             && self.faults.unexpected_exits == 0
+            && self.faults.processor_exits == 0
             && self.unalerted == 0
             && self.in_doubt_alerts >= self.in_doubt
+            && self.unjustified_alerts == 0
             && self.faults.skew_warnings != Some(0)
+    }
+
+    /// The run's faults, for an end of the server's found after the checks
+    /// (at its final kill).
+    pub(crate) fn faults_mut(&mut self) -> &mut Faults {
+        &mut self.faults
     }
 }
 
@@ -185,17 +235,22 @@ fn nonce(body: &str) -> Option<String> {
 }
 
 /// Checks the run's outcome from the devices' and processors' records and
-/// the server's folders, processes and alerts.
+/// the server's folders, processes and alerts (asked of the first of
+/// `nodes`), its nodes' logs and the free space of their data folders.
 pub(crate) async fn check(
-    admin: &Client,
+    nodes: &[Server],
     processors: &[(Id, Processor)],
     devices: &[Device],
     faults: &Faults,
     network_faults: u64,
     db_faults: u64,
-    logs: &[&Path],
 ) -> anyhow::Result<Summary> {
+    let admin = &nodes.first().context("a run without a server")?.admin;
     let mut found = Found::default();
+    let mut end = Standing {
+        disk_low: nodes.iter().any(|n| disk_low(n.data())),
+        ..Standing::default()
+    };
 
     // Every request the devices sent, by its nonce.
     let mut requests: HashMap<&str, (&Id, &Attempt)> = HashMap::new();
@@ -441,6 +496,9 @@ pub(crate) async fn check(
                     "{mailbox}: {} files left in {folder:?}: {left:?}",
                     left.len()
                 ));
+                if *folder == Folder::Unknown {
+                    end.unknown.insert(mailbox.clone());
+                }
             }
         }
     }
@@ -453,6 +511,7 @@ pub(crate) async fn check(
                         "process {} of {} left {:?}",
                         p.process_id, p.db_id, p.state
                     ));
+                    end.unended.insert(p.process_id, p.state);
                 }
             }
         }
@@ -464,7 +523,8 @@ pub(crate) async fn check(
         found.stuck(format!("a start took {max_ready:?} of its own to be ready"));
     }
 
-    let (in_doubt, in_doubt_alerts, unalerted) = match (admin.stats().await, admin.alerts().await) {
+    let alerts = settled(admin, &end).await;
+    let (in_doubt, in_doubt_alerts, unalerted) = match (admin.stats().await, &alerts) {
         (Ok(stats), Ok(alerts)) => {
             let episodes: u64 = stats.databases.iter().map(|db| db.in_doubt).sum();
             let alerted: HashSet<&str> = alerts
@@ -489,13 +549,29 @@ pub(crate) async fn check(
             }
             (episodes, alerted.len() as u64, unalerted.len())
         }
-        (Err(e), _) | (_, Err(e)) => {
-            found.stuck(format!("the server did not give its stats or alerts: {e}"));
+        (Err(e), _) => {
+            found.stuck(format!("the server did not give its stats: {e}"));
+            (0, 0, faults.withheld.len())
+        }
+        (_, Err(e)) => {
+            found.stuck(format!("the server did not give its alerts: {e}"));
             (0, 0, faults.withheld.len())
         }
     };
+    let unjustified_alerts = alerts.as_ref().map_or(0, |list| {
+        let open = unjustified(&list.alerts, &end);
+        for a in &open {
+            eprintln!(
+                "unjustified alert: {} open since {}: {}",
+                a.key, a.raised_at, a.text
+            );
+        }
+        open.len()
+    });
 
     let mut server_errors = 0;
+    let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
+    logs.dedup();
     for log in logs {
         let text = std::fs::read_to_string(log)?;
         for line in text.lines().filter(|l| is_server_error(l)) {
@@ -518,7 +594,80 @@ pub(crate) async fn check(
         in_doubt,
         in_doubt_alerts,
         unalerted,
+        unjustified_alerts,
     })
+}
+
+/// What of the final state can justify an alert left open.
+#[derive(Debug, Default)]
+struct Standing {
+    /// Processes not ended (live, or in doubt), with their state.
+    unended: HashMap<ProcessId, ProcessState>,
+    /// Mailboxes with files left in `Unknown`.
+    unknown: HashSet<Id>,
+    /// A data folder's file system has less free space than the server's
+    /// threshold for its `disk_low` alert.
+    disk_low: bool,
+}
+
+/// Whether `alert`, open at the end, has its condition still holding in
+/// `end` (the rule of each kind is in the module's overview).
+fn justified(alert: &AlertEntry, end: &Standing) -> bool {
+    let kind = serde_json::from_value::<AlertKind>(serde_json::Value::String(alert.kind.clone()));
+    let Ok(kind) = kind else {
+        return false;
+    };
+    let Some(subject) = alert.key.strip_prefix(&format!("{kind}:")) else {
+        return false;
+    };
+    let process = || {
+        subject
+            .parse::<ProcessId>()
+            .ok()
+            .and_then(|p| end.unended.get(&p))
+    };
+    match kind {
+        AlertKind::InDoubt => process() == Some(&ProcessState::InDoubt),
+        AlertKind::Failed => process().is_some(),
+        AlertKind::Orphans => subject
+            .parse::<Id>()
+            .is_ok_and(|db| end.unknown.contains(&db)),
+        AlertKind::DiskLow => end.disk_low,
+        AlertKind::StorageWrite | AlertKind::HostDown | AlertKind::MissingFile => false,
+    }
+}
+
+/// The alerts among `alerts` left open (no `ended_at`) that nothing in
+/// `end` justifies.
+fn unjustified<'a>(alerts: &'a [AlertEntry], end: &Standing) -> Vec<&'a AlertEntry> {
+    alerts
+        .iter()
+        .filter(|a| a.ended_at.is_none() && !justified(a, end))
+        .collect()
+}
+
+/// The server's alerts once none is left open unjustified, or as they are
+/// after [`ALERT_SETTLE`].
+async fn settled(
+    admin: &Client,
+    end: &Standing,
+) -> Result<AlertList, estafeta_client::ClientError> {
+    let began = Instant::now();
+    loop {
+        let list = admin.alerts().await?;
+        if unjustified(&list.alerts, end).is_empty() || began.elapsed() >= ALERT_SETTLE {
+            return Ok(list);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether the file system of `dir` has less free space than the server's
+/// `disk_low` threshold (the server's own reading: blocks available to an
+/// unprivileged writer); `false` when it cannot be read.
+fn disk_low(dir: &Path) -> bool {
+    rustix::fs::statvfs(dir)
+        .is_ok_and(|st| st.f_bavail.saturating_mul(st.f_frsize) < DISK_ALERT_MB << 20)
 }
 
 /// The ids in a folder of `mailbox`; `None` (counted as stuck) when the
@@ -560,6 +709,104 @@ mod tests {
         assert!(!is_server_error(
             "INFO estafeta::event: database created db=db-0"
         ));
+    }
+
+    const SETTLED: &str = "01MCC5RM000000000000000003";
+    const IN_DOUBT: &str = "01MCC5RM000000000000000004";
+    const FAILED: &str = "01MCC5RM000000000000000005";
+
+    /// An alert of `kind` for `subject`, open or `ended`.
+    fn alert(kind: &str, subject: &str, ended: bool) -> AlertEntry {
+        AlertEntry {
+            id: 1,
+            kind: kind.to_owned(),
+            key: format!("{kind}:{subject}"),
+            text: "t".to_owned(),
+            raised_at: estafeta_wire::Timestamp::from_millis(1),
+            ended_at: ended.then(|| estafeta_wire::Timestamp::from_millis(2)),
+            acknowledged_at: None,
+        }
+    }
+
+    /// A final state with one process in doubt, one FAILED, files left in
+    /// `db-1`'s `Unknown`, and a disk over the threshold.
+    fn standing() -> Standing {
+        Standing {
+            unended: HashMap::from([
+                (IN_DOUBT.parse().unwrap(), ProcessState::InDoubt),
+                (FAILED.parse().unwrap(), ProcessState::Failed),
+            ]),
+            unknown: HashSet::from(["db-1".parse().unwrap()]),
+            disk_low: false,
+        }
+    }
+
+    fn keys(alerts: &[AlertEntry], end: &Standing) -> Vec<String> {
+        unjustified(alerts, end)
+            .into_iter()
+            .map(|a| a.key.clone())
+            .collect()
+    }
+
+    #[test]
+    fn an_open_in_doubt_alert_of_a_settled_process_is_unjustified() {
+        let end = standing();
+        let alerts = [
+            alert("in_doubt", SETTLED, false),
+            alert("in_doubt", IN_DOUBT, false),
+            alert("in_doubt", "not-a-process", false),
+        ];
+        assert_eq!(
+            keys(&alerts, &end),
+            [
+                format!("in_doubt:{SETTLED}"),
+                "in_doubt:not-a-process".to_owned()
+            ]
+        );
+        // Closed by its settlement: nothing to say.
+        assert!(keys(&[alert("in_doubt", SETTLED, true)], &end).is_empty());
+        // A FAILED process is not in doubt.
+        assert_eq!(
+            keys(&[alert("in_doubt", FAILED, false)], &end),
+            [format!("in_doubt:{FAILED}")]
+        );
+    }
+
+    #[test]
+    fn each_kind_is_justified_only_while_its_condition_holds() {
+        let mut end = standing();
+        let alerts = [
+            alert("failed", FAILED, false),
+            alert("failed", IN_DOUBT, false),
+            alert("failed", SETTLED, false),
+            alert("orphans", "db-1", false),
+            alert("orphans", "db-0", false),
+            alert("disk_low", "data", false),
+            alert("storage_write", "data", false),
+            alert("host_down", "hooks.example", false),
+            alert("missing_file", "01MCC5RM000000000000000006", false),
+            alert("clock_off", "node-2", false),
+        ];
+        let always = [
+            "storage_write:data",
+            "host_down:hooks.example",
+            "missing_file:01MCC5RM000000000000000006",
+            "clock_off:node-2",
+        ];
+        let mut want = vec![
+            format!("failed:{SETTLED}"),
+            "orphans:db-0".to_owned(),
+            "disk_low:data".to_owned(),
+        ];
+        want.extend(always.map(str::to_owned));
+        assert_eq!(keys(&alerts, &end), want);
+        end.disk_low = true;
+        want.retain(|k| k != "disk_low:data");
+        assert_eq!(keys(&alerts, &end), want);
+        // A key that does not name its kind is nobody's condition.
+        let mut odd = alert("disk_low", "data", false);
+        odd.key = "data".to_owned();
+        assert_eq!(keys(&[odd], &end), ["data"]);
     }
 
     #[test]

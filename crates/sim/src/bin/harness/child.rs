@@ -3,10 +3,12 @@
 //! prints `at STEP PROCESS` when it reaches that step and freezes there,
 //! so that the harness kills it (`kill -9`) exactly at that point of its
 //! cycle. When its standard input closes, it finishes the cycle it is in
-//! and exits (the drain's gentle stop).
+//! and exits (the drain's gentle stop). Its standard error goes to a file,
+//! whose tail the harness shows when the child ends by itself.
 
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -18,6 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::exit;
 
 /// The client timeout of simulated clients: shorter than a server pause.
 pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -145,10 +149,16 @@ pub(crate) struct ProcessorChild {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
+    /// Where its standard error is appended (its errors, a panic), to show
+    /// when it ends by itself.
+    log: PathBuf,
+    /// Where this child's part of the log begins.
+    log_from: u64,
 }
 
 impl ProcessorChild {
-    /// Starts a processor child of this executable.
+    /// Starts a processor child of this executable, its standard error
+    /// appended to the file beside its SQLite file (`<db>.log`).
     pub(crate) fn spawn(
         url: &str,
         token: &str,
@@ -157,6 +167,13 @@ impl ProcessorChild {
         seed: u64,
         stop_at: Option<Step>,
     ) -> anyhow::Result<ProcessorChild> {
+        let log = sqlite.with_extension("log");
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let log_from = stderr.metadata()?.len();
         let mut cmd = Command::new(harness_exe()?);
         cmd.arg("processor")
             .args(["--url", url, "--token", token, "--db", db.as_str()])
@@ -165,7 +182,7 @@ impl ProcessorChild {
             .args(["--seed", &seed.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true);
         if let Some(step) = stop_at {
             cmd.args(["--stop-at", step.name()]);
@@ -177,6 +194,8 @@ impl ProcessorChild {
             child,
             stdin,
             lines: BufReader::new(stdout).lines(),
+            log,
+            log_from,
         })
     }
 
@@ -196,23 +215,37 @@ impl ProcessorChild {
     }
 
     /// Closes its standard input and waits (at most `within`) for it to
-    /// finish its cycle and exit; kills it when it does not.
-    pub(crate) async fn stop(mut self, within: Duration) -> anyhow::Result<()> {
+    /// finish its cycle and exit; kills it when it does not. `None` when it
+    /// exited as asked (or was killed), or how it failed and its log's
+    /// tail.
+    pub(crate) async fn stop(mut self, within: Duration) -> anyhow::Result<Option<String>> {
         drop(self.stdin.take());
-        if tokio::time::timeout(within, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.child.start_kill()?;
-            self.child.wait().await?;
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                Ok((!status.success()).then(|| self.ended(status)))
+            }
+            Err(_) => {
+                self.child.start_kill()?;
+                self.child.wait().await?;
+                Ok(None)
+            }
         }
-        Ok(())
     }
 
-    /// `kill -9` and wait for it to be gone.
-    pub(crate) async fn kill9(mut self) -> anyhow::Result<()> {
-        self.child.start_kill()?;
-        self.child.wait().await?;
-        Ok(())
+    /// `kill -9` and wait for it to be gone: `None` when the signal ended
+    /// it, or how it ended by itself before the signal could (see
+    /// [`exit::kill9`]) and its log's tail.
+    pub(crate) async fn kill9(mut self) -> anyhow::Result<Option<String>> {
+        let own = exit::kill9(&mut self.child).await?;
+        Ok(own.map(|status| self.ended(status)))
+    }
+
+    /// What a processor that ended by itself with `status` says of it.
+    fn ended(&self, status: ExitStatus) -> String {
+        format!(
+            "a processor ended by itself ({status})\n{}",
+            exit::log_tail(&self.log, self.log_from)
+        )
     }
 }

@@ -25,6 +25,7 @@
 //! prints one summary line.
 //!
 //! - [`server`]: the `estafeta` child process: start, `/readyz`, kill, pause.
+//! - [`exit`]: a child's end: the harness's `kill -9`, or one of its own.
 //! - [`proxy`]: the fault-injecting TCP proxy, in front of the nodes and of
 //!   PostgreSQL.
 //! - [`disk`]: the tmpfs and its ballast.
@@ -36,6 +37,7 @@
 mod check;
 mod child;
 mod disk;
+mod exit;
 mod outage;
 mod proxy;
 mod run;

@@ -1,8 +1,11 @@
-//! The times the harness itself held PostgreSQL out of the nodes' reach:
-//! a fault fired between them ([`crate::proxy`]), a failover. A node that
-//! starts meanwhile waits for its store, and that wait is the harness's
-//! doing: a start's own time, held to the bound, is its time to `/readyz`
-//! less what these cover of it.
+//! The times the harness itself held PostgreSQL, or a database's lock in
+//! it, out of the nodes' reach: a fault fired between them
+//! ([`crate::proxy`]), a failover, a node it stalled inside a step
+//! ([`crate::server`]; PostgreSQL frees that node's locks at the hold
+//! limit). A node that starts meanwhile waits for its store, or for the
+//! lock of a database its start-up processing loads, and that wait is the
+//! harness's doing: a start's own time, held to the bound, is its time to
+//! `/readyz` less what these cover of it.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -48,8 +49,12 @@ pub(crate) struct Faults {
     /// PostgreSQL primaries killed and their standby promoted.
     pub(crate) failovers: u64,
     /// Times the server exited by itself (not killed by the harness, and
-    /// not at a point it was armed to die at): each fails the run.
+    /// not at a point it was armed to die at), seen before a restart or
+    /// before the harness's own kill: each fails the run.
     pub(crate) unexpected_exits: u64,
+    /// Times a processor child ended by itself (before the harness's kill,
+    /// or with a failure at the drain's gentle stop): each fails the run.
+    pub(crate) processor_exits: u64,
     /// Each start's own time to `/readyz`.
     pub(crate) ready_times: Vec<Duration>,
     /// Processes the harness put in doubt: stopped after their prepare
@@ -154,8 +159,23 @@ async fn restart(
     }
 }
 
-/// Counts a server that ended by itself (at its point, or a death) and
-/// starts it again; nothing when it is running.
+/// Counts an end `server` came to by itself with `status`: at its armed
+/// point, or a death the harness did not cause (its log's tail shown).
+fn ended_by_itself(server: &Server, status: ExitStatus, faults: &mut Faults) {
+    match server.died_at_failpoint(status) {
+        Some(point) => faults.crashed_at(point),
+        None => {
+            eprintln!(
+                "the server exited by itself ({status})\n{}",
+                server.log_tail()
+            );
+            faults.unexpected_exits += 1;
+        }
+    }
+}
+
+/// Counts a server that ended by itself and starts it again; nothing when
+/// it is running.
 async fn revive(
     server: &mut Server,
     injection: &Injection,
@@ -165,17 +185,28 @@ async fn revive(
     let Some(status) = server.exit_status()? else {
         return Ok(());
     };
-    match server.died_at_failpoint(status) {
-        Some(point) => faults.crashed_at(point),
-        None => {
-            eprintln!(
-                "the server exited by itself ({status}); restarting it\n{}",
-                server.log_tail()
-            );
-            faults.unexpected_exits += 1;
-        }
-    }
+    ended_by_itself(server, status, faults);
     restart(server, injection, rng, faults).await
+}
+
+/// `kill -9` of `server`, counted as a crash the harness caused; when it
+/// had ended by itself first, counted as that instead.
+async fn kill(server: &mut Server, faults: &mut Faults) -> anyhow::Result<()> {
+    match server.kill9().await? {
+        None => faults.server_crashes += 1,
+        Some(status) => ended_by_itself(server, status, faults),
+    }
+    Ok(())
+}
+
+/// `kill -9` of a processor child; an end it came to by itself first is
+/// counted (it fails the run) and shown.
+async fn kill_processor(child: ProcessorChild, faults: &mut Faults) -> anyhow::Result<()> {
+    if let Some(ended) = child.kill9().await? {
+        eprintln!("{ended}");
+        faults.processor_exits += 1;
+    }
+    Ok(())
 }
 
 /// Runs the harness as `args` say; the summary of its checks.
@@ -430,8 +461,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 // At a random moment of the traffic.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
                 tracing::info!(round = faults.rounds, "kill -9 of the server");
-                server.kill9().await?;
-                faults.server_crashes += 1;
+                kill(server, &mut faults).await?;
                 restart(server, &injection, &mut rng, &mut faults).await?;
             }
             1 => {
@@ -439,7 +469,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 // Every step in turn, so a short run covers them all.
                 let step = Step::ALL[(faults.processor_crashes as usize) % Step::ALL.len()];
                 let seed = rng.random();
-                let stopped = stop_processor(&proxy, &mut slots[i], step, seed).await?;
+                let stopped =
+                    stop_processor(&proxy, &mut slots[i], step, seed, &mut faults).await?;
                 faults.processor_crashes += 1;
                 // Stopped with its prepare answered and its commit not
                 // sent: with the server killed before its successor can
@@ -447,8 +478,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 // (A node of a shared store runs none.)
                 if let Some(pid) = stopped.filter(|_| !cluster && withholds_commit(step)) {
                     tracing::info!(round = faults.rounds, process = %pid, "kill -9 of the server with a commit withheld");
-                    server.kill9().await?;
-                    faults.server_crashes += 1;
+                    kill(server, &mut faults).await?;
                     faults.withheld.push(pid);
                     restart(server, &injection, &mut rng, &mut faults).await?;
                 }
@@ -473,7 +503,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
                 tracing::info!(round = faults.rounds, db = %slots[i].db, "kill -9 of a processor at a random moment");
                 if let Some(child) = slots[i].child.take() {
-                    child.kill9().await?;
+                    kill_processor(child, &mut faults).await?;
                 }
                 slots[i].child = Some(spawn(&proxy, &slots[i], rng.random(), None)?);
                 faults.processor_crashes += 1;
@@ -503,8 +533,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     for server in &mut nodes {
         revive(server, &injection, &mut rng, &mut faults).await?;
         if server.armed() != Arming::default() {
-            server.kill9().await?;
-            faults.server_crashes += 1;
+            kill(server, &mut faults).await?;
             restart(
                 server,
                 &Injection {
@@ -525,8 +554,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     stop_devices.store(true, Ordering::Relaxed);
     let mut devices = device_task.await.context("the device task")?;
     for slot in &mut slots {
-        if let Some(child) = slot.child.take() {
-            child.stop(Duration::from_secs(30)).await?;
+        if let Some(child) = slot.child.take()
+            && let Some(ended) = child.stop(Duration::from_secs(30)).await?
+        {
+            eprintln!("{ended}");
+            faults.processor_exits += 1;
         }
     }
     let direct = server.admin.base_url().to_owned();
@@ -540,8 +572,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         ));
     }
     drain(&server.admin, &mut processors, &mut devices).await;
-    let mut logs: Vec<&Path> = nodes.iter().map(Server::log).collect();
-    logs.dedup();
     for node in &nodes {
         for (point, n) in node.paused() {
             *faults.failpoint_pauses.entry(point).or_default() += n;
@@ -564,18 +594,19 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
         }
         faults.skew_warnings = Some(warnings);
     }
-    let summary = check::check(
-        &server.admin,
+    let mut summary = check::check(
+        &nodes,
         &processors,
         &devices,
         &faults,
         proxy.faults(),
         links.as_ref().map_or(0, Proxy::faults),
-        &logs,
     )
     .await?;
     for server in &mut nodes {
-        server.kill9().await?;
+        if let Some(status) = server.kill9().await? {
+            ended_by_itself(server, status, summary.faults_mut());
+        }
     }
     drop(tmpfs);
     drop(postgres);
@@ -776,14 +807,15 @@ async fn stop_processor(
     slot: &mut Slot,
     step: Step,
     seed: u64,
+    faults: &mut Faults,
 ) -> anyhow::Result<Option<ProcessId>> {
     if let Some(child) = slot.child.take() {
-        child.kill9().await?;
+        kill_processor(child, faults).await?;
     }
     let mut doomed = spawn(proxy, slot, seed, Some(step))?;
     let reached = doomed.reached(Duration::from_secs(5)).await?;
     tracing::info!(db = %slot.db, step = step.name(), process = ?reached, "killing a processor");
-    doomed.kill9().await?;
+    kill_processor(doomed, faults).await?;
     Ok(reached)
 }
 

@@ -3,9 +3,10 @@
 //! appended to a file, killed with SIGKILL, paused with SIGSTOP, and armed
 //! at each start to kill itself at a named failpoint, to stall there, or
 //! to see a full disk there ([`Arming`]; needs a server built with
-//! `--features failpoints`); the stalls it reports are counted.
-//! A start is held to [`READY_BOUND`] of its own time: what the harness's
-//! outages of the store ([`Outages`]) cover of it does not count.
+//! `--features failpoints`); the stalls it reports are counted, and
+//! recorded as outages of the store (a stalled node holds its database's
+//! lock). A start is held to [`READY_BOUND`] of its own time: what the
+//! harness's outages of the store ([`Outages`]) cover of it does not count.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -19,6 +20,7 @@ use anyhow::{Context, bail};
 use estafeta_client::Client;
 use estafeta_exchange::failpoints::crash_line;
 
+use crate::exit;
 use crate::outage::Outages;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -26,12 +28,18 @@ use tokio::process::{Child, Command};
 /// The admin token the harness gives the server.
 pub(crate) const ADMIN_TOKEN: &str = "harness-admin-token-0123456789abcdef";
 
+/// The free space (MB) of the data folder's file system under which the
+/// server raises its `disk_low` alert: a quarter of the harness's tmpfs
+/// ([`crate::disk`]), so that a disk-full episode crosses it both ways.
+pub(crate) const DISK_ALERT_MB: u64 = 16;
+
+/// How often the server looks at its free disk space: often enough that
+/// its `disk_low` alert follows the episodes.
+const DISK_CHECK: &str = "1s";
+
 /// How long the server may take of its own time to answer `/readyz` after
 /// a (re)start before the run fails.
 pub(crate) const READY_BOUND: Duration = Duration::from_secs(30);
-
-/// How many lines of its log a failed start or an exit shows.
-const TAIL: usize = 40;
 
 /// The points where an injected full disk (`ENOSPC`) can hit a write, one
 /// time in twenty.
@@ -132,14 +140,14 @@ impl Server {
         &self.log
     }
 
+    /// The server's data folder.
+    pub(crate) fn data(&self) -> &Path {
+        &self.data
+    }
+
     /// The last lines the running (or last) process wrote to its log.
     pub(crate) fn log_tail(&self) -> String {
-        let text = std::fs::read(&self.log).unwrap_or_default();
-        let from = usize::try_from(self.log_from).unwrap_or(0).min(text.len());
-        let text = String::from_utf8_lossy(&text[from..]);
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = &lines[lines.len().saturating_sub(TAIL)..];
-        format!("last lines of {}:\n{}", self.log.display(), tail.join("\n"))
+        exit::log_tail(&self.log, self.log_from)
     }
 
     /// The stalls at failpoints its processes reported so far, by point.
@@ -179,6 +187,8 @@ impl Server {
             .env("ESTAFETA_STARTED_TIMEOUT", "3s")
             .env("ESTAFETA_READY_TIMEOUT", "4s")
             .env("ESTAFETA_MAX_FILES", "5")
+            .env("ESTAFETA_DISK_ALERT_MB", DISK_ALERT_MB.to_string())
+            .env("ESTAFETA_DISK_CHECK", DISK_CHECK)
             .env("ESTAFETA_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(log)
@@ -223,7 +233,7 @@ impl Server {
             match line? {
                 Some(line) if line.starts_with("listening on ") => break,
                 Some(line) if line.starts_with("failpoints armed") => has_failpoints = true,
-                Some(_) => {}
+                Some(line) => note_stall(&line, &self.paused, &self.outages),
                 None => {
                     let status = child.wait().await?;
                     if let Some(point) = self.died_at_failpoint(status) {
@@ -244,21 +254,19 @@ impl Server {
             );
         }
         // Keep reading stdout so the child never blocks on a full pipe,
-        // counting the stalls it reports.
-        let paused = self.paused.clone();
+        // noting the stalls it reports.
+        let (paused, outages) = (self.paused.clone(), self.outages.clone());
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(point) = stalled_at(&line) {
-                    tracing::info!(point, "a node stalled at its failpoint");
-                    let mut paused = paused.lock().unwrap_or_else(|e| e.into_inner());
-                    *paused.entry(point.to_owned()).or_default() += 1;
-                }
+                note_stall(&line, &paused, &outages);
             }
         });
         self.child = Some(child);
         while self.outages.own_time(began) <= READY_BOUND {
             if let Ok(true) = self.admin.readyz().await {
-                return Ok(Started::Ready(self.outages.own_time(began)));
+                let own = self.outages.own_time(began);
+                tracing::info!(port = self.port, ?own, wall = ?began.elapsed(), "the server is ready");
+                return Ok(Started::Ready(own));
             }
             if let Some(status) = self.exit_status()? {
                 if let Some(point) = self.died_at_failpoint(status) {
@@ -284,13 +292,14 @@ impl Server {
         killed_itself(self.armed, status, &String::from_utf8_lossy(&text[from..]))
     }
 
-    /// `kill -9` and wait for the process to be gone.
-    pub(crate) async fn kill9(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.child.take() {
-            child.start_kill()?;
-            child.wait().await?;
+    /// `kill -9` and wait for the process to be gone: `None` when the
+    /// signal ended it (or none was running), or how it ended by itself
+    /// before the signal could (see [`exit::kill9`]).
+    pub(crate) async fn kill9(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        match self.child.take() {
+            Some(mut child) => Ok(exit::kill9(&mut child).await?),
+            None => Ok(None),
         }
-        Ok(())
     }
 
     /// SIGSTOP for `pause`, then SIGCONT: a hung server.
@@ -323,11 +332,26 @@ fn killed_itself(armed: Arming, status: ExitStatus, log: &str) -> Option<&'stati
     }
 }
 
-/// The point a server's stdout line says it stalls at
+/// The point a server's stdout line says it stalls at, and for how long
 /// (`failpoint <point>: pausing for <ms> ms`).
-fn stalled_at(line: &str) -> Option<&str> {
+fn stalled_at(line: &str) -> Option<(&str, Duration)> {
     let (point, rest) = line.strip_prefix("failpoint ")?.split_once(": ")?;
-    rest.starts_with("pausing for ").then_some(point)
+    let ms = rest.strip_prefix("pausing for ")?.strip_suffix(" ms")?;
+    Some((point, Duration::from_millis(ms.parse().ok()?)))
+}
+
+/// Counts the stall a node's stdout `line` reports, if it reports one, in
+/// `paused`, and records it in `outages`: the stalled node holds its
+/// database's lock until PostgreSQL ends its transaction (at the hold
+/// limit, within the stall), so a node starting meanwhile waits for it.
+fn note_stall(line: &str, paused: &Mutex<BTreeMap<String, u64>>, outages: &Outages) {
+    let Some((point, length)) = stalled_at(line) else {
+        return;
+    };
+    tracing::info!(point, ?length, "a node stalled at its failpoint");
+    outages.record(Instant::now(), length);
+    let mut paused = paused.lock().unwrap_or_else(|e| e.into_inner());
+    *paused.entry(point.to_owned()).or_default() += 1;
 }
 
 fn signal(signal: &str, pid: u32) -> anyhow::Result<()> {
@@ -372,7 +396,7 @@ mod tests {
     fn a_stall_is_read_from_the_servers_line() {
         assert_eq!(
             stalled_at("failpoint messages::apply: pausing for 4000 ms"),
-            Some("messages::apply")
+            Some(("messages::apply", Duration::from_secs(4)))
         );
         assert_eq!(
             stalled_at("failpoint messages::apply: going on after 4000 ms"),
