@@ -1,8 +1,13 @@
 //! A prepare's replies are deleted when its process ends without them
-//! (rolled back, aborted, timed out): with the message store out of reach
-//! at that moment, the step fails before its save and is tried again,
-//! rather than ending the process and leaving replies no record names (a
-//! shared store has no start-up look for them).
+//! (rolled back, aborted, timed out). A rollback saves its end first, with
+//! the replies to delete named in the database's record, then deletes
+//! them: with the message store out of reach at that moment, the call
+//! fails and the deletion is tried again by the next call, and a server
+//! stopped in between deletes them at its next start. No replies are left
+//! that no record names (a shared store has no start-up look for them),
+//! and no READY_TO_COMMIT process names replies that are gone. And a
+//! commit whose moves failed after its replies were delivered, retried
+//! once the device acknowledged them, finds them delivered, not missing.
 
 use async_trait::async_trait;
 use estafeta_exchange::error::MailboxError;
@@ -12,17 +17,37 @@ use estafeta_exchange::store::{
 };
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores, Timestamp};
+use estafeta_exchange::{
+    Alert, AlertSink, Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores, Timestamp,
+};
+use estafeta_session::BoxFuture;
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The exchange's message store, whose deletes fail as a store out of
-/// reach while `down` is set.
+/// reach while `down` is set, and whose moves into db-a's `Log` fail while
+/// `log_fails` is set.
 struct Flaky {
     inner: Arc<dyn MessageStore>,
     down: Arc<AtomicBool>,
+    log_fails: Arc<AtomicBool>,
+}
+
+/// An alert sink that keeps the keys of the alerts raised.
+#[derive(Default)]
+struct Raised(Mutex<Vec<String>>);
+
+impl AlertSink for Raised {
+    fn raise(&self, alert: Alert) -> BoxFuture<'_, ()> {
+        self.0.lock().unwrap().push(alert.key);
+        Box::pin(async {})
+    }
+    fn clear(&self, _key: String) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 #[async_trait]
@@ -87,7 +112,23 @@ impl MessageStore for Flaky {
                 arrivals: Default::default(),
             };
         }
-        self.inner.apply(step, ops).await
+        let into_log = |op: &Op| matches!(op, Op::Move { to, .. } if to.folder == Folder::Log && to.mailbox.as_str() == "db-a");
+        if !self.log_fails.load(Ordering::SeqCst) || !ops.iter().any(into_log) {
+            return self.inner.apply(step, ops).await;
+        }
+        let rest: Vec<Op> = ops.iter().filter(|op| !into_log(op)).cloned().collect();
+        let applied = self.inner.apply(step, &rest).await;
+        let mut results = applied.results.into_iter();
+        Applied {
+            results: ops
+                .iter()
+                .map(|op| match into_log(op) {
+                    true => Err(MailboxError::store("test:log", "disk error", false)),
+                    false => results.next().unwrap(),
+                })
+                .collect(),
+            arrivals: applied.arrivals,
+        }
     }
     async fn delete_all(
         &self,
@@ -178,25 +219,41 @@ fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut config = ExchangeConfig::new(&data);
+/// An exchange over a [`Flaky`] store with a process of db-a
+/// READY_TO_COMMIT, which processed phone-1's upload and replies twice to
+/// it.
+struct Ready {
+    ex: Exchange,
+    down: Arc<AtomicBool>,
+    log_fails: Arc<AtomicBool>,
+    raised: Arc<Raised>,
+    db: Principal,
+    phone: Principal,
+    pid: String,
+}
+
+/// [`Ready`] over `data`.
+async fn ready_to_commit(data: &std::path::Path) -> Ready {
+    let mut config = ExchangeConfig::new(data);
     config.admin_token = Some("a".repeat(64));
     let clock: Arc<dyn estafeta_session::Clock> =
         Arc::new(TokioClock::starting_at(SessionTime(1_800_000_000_000)));
-    let mut stores = Stores::embedded(&data, clock.clone(), &config.quiesce)
+    let mut stores = Stores::embedded(data, clock.clone(), &config.quiesce)
         .await
         .unwrap();
     let down = Arc::new(AtomicBool::new(false));
+    let log_fails = Arc::new(AtomicBool::new(false));
     stores.messages = Arc::new(Flaky {
         inner: stores.messages,
         down: down.clone(),
+        log_fails: log_fails.clone(),
     });
-    let (ex, _) = Exchange::open(config, clock, Sinks::default(), stores)
-        .await
-        .unwrap();
+    let raised = Arc::new(Raised::default());
+    let sinks = Sinks {
+        alerts: raised.clone(),
+        ..Sinks::default()
+    };
+    let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();
     ex.recover().await.unwrap();
 
     let admin = Principal::Admin;
@@ -265,10 +322,54 @@ async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
     };
     let prepared = ex.prepare(&db, &pid, prepare).await.unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
-    let rollback = || RollbackRequest {
+    Ready {
+        ex,
+        down,
+        log_fails,
+        raised,
+        db,
+        phone,
+        pid,
+    }
+}
+
+/// The exchange over `data`'s embedded stores, start-up processing done.
+async fn reopen(data: &std::path::Path) -> Exchange {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("a".repeat(64));
+    let clock: Arc<dyn estafeta_session::Clock> =
+        Arc::new(TokioClock::starting_at(SessionTime(1_800_000_100_000)));
+    let (ex, _) = Exchange::open_embedded(config, clock, Sinks::default())
+        .await
+        .unwrap();
+    ex.recover().await.unwrap();
+    ex
+}
+
+fn files(data: &std::path::Path, folder: Folder) -> usize {
+    std::fs::read_dir(data.join("db-a").join(folder.as_str()))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn rollback() -> RollbackRequest {
+    RollbackRequest {
         version: Version,
         error_text: "tx failed".into(),
-    };
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let Ready {
+        ex, down, db, pid, ..
+    } = ready_to_commit(&data).await;
 
     down.store(true, Ordering::SeqCst);
     let refused = ex.rollback(&db, &pid, rollback()).await.unwrap_err();
@@ -280,6 +381,7 @@ async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
         ex.process_status(&db, &pid).await.unwrap().state,
         ProcessState::RolledBack
     );
+    assert_eq!(files(&data, Folder::Prepared), 2);
 
     down.store(false, Ordering::SeqCst);
     let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
@@ -288,10 +390,80 @@ async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
         ex.process_status(&db, &pid).await.unwrap().state,
         ProcessState::RolledBack
     );
-    let left = std::fs::read_dir(data.join("db-a").join(Folder::Prepared.as_str()))
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .count();
-    assert_eq!(left, 0, "the replies were deleted");
+    assert_eq!(
+        files(&data, Folder::Prepared),
+        0,
+        "the replies were deleted"
+    );
+}
+
+/// A server stopped between a rollback's saved end and the deletion of its
+/// replies (as by a crash there): its next start deletes them. Nothing is
+/// left in `Prepared`, nothing goes to `Unknown` (no orphan, no process in
+/// doubt whose replies are gone), and the rollback sent again answers OK.
+#[tokio::test(start_paused = true)]
+async fn replies_a_rollback_left_are_deleted_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let Ready {
+        ex, down, db, pid, ..
+    } = ready_to_commit(&data).await;
+    down.store(true, Ordering::SeqCst);
+    ex.rollback(&db, &pid, rollback()).await.unwrap_err();
+    assert_eq!(files(&data, Folder::Prepared), 2);
+    ex.shutdown().await.unwrap();
+    drop(ex);
+
+    let ex = reopen(&data).await;
+    assert_eq!(files(&data, Folder::Prepared), 0, "deleted at the start");
+    assert_eq!(files(&data, Folder::Unknown), 0);
+    assert_eq!(
+        ex.process_status(&db, &pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
+    assert_eq!(again.status, CallStatus::Ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_commit_finds_its_acknowledged_reply_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let r = ready_to_commit(&data).await;
+    // The replies are delivered, the processed message's move to `Log`
+    // fails: the commit is FAILED, its moves to be tried again.
+    r.log_fails.store(true, Ordering::SeqCst);
+    let failed =
+        r.ex.commit(&r.db, &r.pid, CommitRequest { version: Version })
+            .await
+            .unwrap();
+    assert_eq!(failed.status, CallStatus::Failed);
+    let inbox: Inbox = serde_json::from_slice(&r.ex.inbox(&r.phone, None).await.unwrap()).unwrap();
+    assert_eq!(inbox.messages.len(), 2);
+    let ids = inbox.messages.iter().map(|m| m.id).collect();
+    r.ex.ack(
+        &r.phone,
+        AckRequest {
+            version: Version,
+            ids,
+        },
+    )
+    .await
+    .unwrap();
+
+    r.log_fails.store(false, Ordering::SeqCst);
+    let done =
+        r.ex.commit(&r.db, &r.pid, CommitRequest { version: Version })
+            .await
+            .unwrap();
+    assert_eq!(done.status, CallStatus::Ok);
+    assert_eq!(
+        r.ex.process_status(&r.db, &r.pid).await.unwrap().state,
+        ProcessState::Done
+    );
+    let raised = r.raised.0.lock().unwrap().clone();
+    assert!(
+        !raised.iter().any(|key| key.starts_with("missing_file:")),
+        "{raised:?}"
+    );
 }
