@@ -34,8 +34,8 @@ use estafeta_exchange::wire::{
     ResultStatus, SendMessage, StartRequest, StartStatus, Version,
 };
 use estafeta_exchange::{ExchangeConfig, Id};
+use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::open::ClusterStore;
 use estafeta_server::{HttpSettings, Server};
 use tokio_util::sync::CancellationToken;
 

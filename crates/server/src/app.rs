@@ -1,22 +1,25 @@
-//! [`app`]: the router of every route of the HTTP API ([`routes::api`]) and
+//! [`app`]: the router of every route of the HTTP API ([`openapi::router`]) and
 //! of the dashboard, with the body limits, the request counters, and the
 //! request ids and spans.
 
-use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
+use std::time::{Instant, SystemTime};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::Response;
 
 use crate::body_limit::limit_bodies;
 use crate::dashboard;
 use crate::error::ApiError;
 use crate::metrics;
-use crate::routes;
+use crate::openapi;
 use crate::state::AppState;
 use crate::trace::traced;
 
 /// The server's router.
 pub fn app(state: AppState) -> axum::Router {
     let max_body = state.http().max_body_bytes;
-    let (api, _) = routes::api().split_for_parts();
+    let (api, _) = openapi::router().split_for_parts();
     let router = api
         .merge(dashboard::routes(&state))
         .fallback(|| async { ApiError::no_route() })
@@ -24,6 +27,39 @@ pub fn app(state: AppState) -> axum::Router {
         .layer(DefaultBodyLimit::max(max_body));
     let router = router
         .layer(from_fn_with_state(state.clone(), limit_bodies))
-        .layer(from_fn_with_state(state.clone(), metrics::count));
+        .layer(from_fn_with_state(state.clone(), count));
     traced(router).with_state(state)
+}
+
+/// Middleware: counts every answer and its latency by method and route.
+/// Both labels come from closed sets, so no request can add series without
+/// bound: the method is one of HTTP's own (else `other`), the route is the
+/// matched template, never the raw path (`unmatched` when none matched).
+/// Refused and failed requests are counted here and not written to the
+/// event log one by one: a burst of bad requests must neither grow what
+/// the server keeps nor push the log's history out.
+pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = metrics::method_label(request.method());
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    let response = next.run(request).await;
+    if response
+        .extensions()
+        .get::<crate::error::StoreUnavailable>()
+        .is_some()
+    {
+        state.metrics().record_store_unavailable();
+    }
+    state.metrics().record(
+        method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+        SystemTime::now(),
+    );
+    response
 }

@@ -2,13 +2,10 @@
 //! routes that carry messages ([`MESSAGE_ROUTES`]: an upload, a prepare
 //! with its replies) take up to the `max_body_mb` setting, and the bodies
 //! of those held at once are capped by the `bodies_in_flight_mb` setting
-//! ([`BodyRoom`]); a dashboard form takes [`FORM_LIMIT`]; every other body
+//! ([`crate::body_room::BodyRoom`]); a dashboard form takes [`FORM_LIMIT`]; every other body
 //! (ids, settings, a reason) takes [`SMALL_BODY`]. A declared
 //! `Content-Length` over the limit is 413 at once, before any of the body
 //! is read; a body without one is cut off (413) as soon as it passes it.
-
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
@@ -18,9 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use estafeta_exchange::wire::ErrorCode;
 use http_body_util::Limited;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::dashboard::FORM_LIMIT;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -32,42 +27,16 @@ pub const MESSAGE_ROUTES: [&str; 2] = ["/v1/messages", "/v1/processes/{pid}/prep
 /// acknowledgement of several thousand ids (a thousand take 29 KB).
 pub const SMALL_BODY: usize = 256 * 1024;
 
+/// The largest body of a dashboard form, in bytes (the forms carry a token,
+/// a nonce or a CSRF token and a word or two; a bulk action on a folder
+/// also names each ticked message of its page): the limit of every route
+/// under `/admin`.
+pub const FORM_LIMIT: usize = 16 * 1024;
+
 /// The limit of the body of the request it is attached to, for the 413
 /// answers of the extractors that read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BodyLimit(pub usize);
-
-/// Room for the message bodies held at once: each takes its declared
-/// length (the route's limit when it declares none) until its request is
-/// answered.
-pub struct BodyRoom {
-    /// Kibibytes of room.
-    room: Arc<Semaphore>,
-    /// Its size in KiB: no body takes more than all of it.
-    size_kib: u32,
-}
-
-impl BodyRoom {
-    /// Room for `bytes` of bodies at once.
-    pub fn new(bytes: usize) -> BodyRoom {
-        let size_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        BodyRoom {
-            room: Arc::new(Semaphore::new(size_kib as usize)),
-            size_kib,
-        }
-    }
-
-    /// Room for a body of `bytes`, waiting at most `patience` for it.
-    pub async fn take(&self, bytes: usize, patience: Duration) -> Option<OwnedSemaphorePermit> {
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .min(self.size_kib);
-        tokio::time::timeout(patience, self.room.clone().acquire_many_owned(kib))
-            .await
-            .ok()?
-            .ok()
-    }
-}
 
 /// Middleware: the body limit of the request's route (by its matched
 /// path), and for the message routes room among the bodies held at once
@@ -121,22 +90,4 @@ pub fn too_large(limit: usize) -> ApiError {
     ApiError::body_too_large(format!(
         "the request body is larger than {limit} bytes, this route's limit"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn bodies_wait_for_room_and_none_takes_more_than_all_of_it() {
-        let room = BodyRoom::new(10 * 1024);
-        let patience = Duration::from_secs(5);
-        let first = room.take(6 * 1024, patience).await.unwrap();
-        assert!(room.take(6 * 1024, patience).await.is_none(), "no room");
-        drop(first);
-        let all = room.take(1 << 30, patience).await.unwrap();
-        assert!(room.take(1, patience).await.is_none());
-        drop(all);
-        assert!(room.take(1, patience).await.is_some());
-    }
 }

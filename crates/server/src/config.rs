@@ -24,7 +24,6 @@ use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::mailbox::Limits;
 
 use crate::notify::{NotifyConfigError, NotifySettings};
-use crate::open::ClusterStore;
 pub use value::{
     LogFilter, LogFormat, Networks, PrivateTargets, Secret, SecretUrl, Shown, Value, duration_text,
 };
@@ -678,33 +677,24 @@ impl fmt::Display for Effective {
     }
 }
 
-/// The command-line options that choose the settings (`serve`, `config`).
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct SettingsArgs {
-    /// A TOML file with settings [default: ./estafeta.toml, if present]
-    #[arg(long, value_name = "PATH", env = CONFIG_VARIABLE)]
-    pub config: Option<PathBuf>,
-    /// The address to listen on (over ESTAFETA_LISTEN and the file)
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// The data folder (over ESTAFETA_DATA_DIR and the file)
-    #[arg(long, value_name = "PATH")]
-    pub data_dir: Option<String>,
+/// A node's `store` setting in cluster mode: the database's URL and how
+/// the node uses it (its pool's size and limits). Not `Debug`: the URL
+/// may carry a password.
+#[derive(Clone)]
+pub struct ClusterStore {
+    /// A `postgres://` URL (libpq syntax).
+    pub url: String,
+    /// The node's pool over it.
+    pub options: estafeta_cluster::Options,
 }
 
-impl SettingsArgs {
-    /// The file, the process environment and these flags.
-    pub fn sources(&self) -> Sources {
-        let mut sources = Sources::process(self.config.as_deref());
-        if let Some(listen) = &self.listen {
-            sources.flags.push(("--listen", "listen", listen.clone()));
+impl ClusterStore {
+    /// `url` with the default pool.
+    pub fn new(url: impl Into<String>) -> ClusterStore {
+        ClusterStore {
+            url: url.into(),
+            options: estafeta_cluster::Options::default(),
         }
-        if let Some(data_dir) = &self.data_dir {
-            sources
-                .flags
-                .push(("--data-dir", "data_dir", data_dir.clone()));
-        }
-        sources
     }
 }
 

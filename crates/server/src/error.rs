@@ -1,10 +1,14 @@
 //! [`ApiError`]: every HTTP error answer, rendered as the error JSON of
-//! the HTTP API (`{"version":1,"error":{"code":"…","message":"…"}}`).
+//! the HTTP API (`{"version":1,"error":{"code":"…","message":"…"}}`);
+//! [`ServeError`]: why opening or serving the server failed.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use estafeta_exchange::wire::{ErrorBody, ErrorCode};
 use estafeta_exchange::{ErrorKind, ExchangeError};
+
+use crate::events::EventStoreError;
+use crate::notify::NotifyError;
 
 /// Seconds a client is asked to wait before retrying a 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
@@ -167,6 +171,52 @@ impl IntoResponse for ApiError {
             response.extensions_mut().insert(StoreUnavailable);
         }
         response
+    }
+}
+
+/// Opening or serving ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The alert notifier or the pusher could not open.
+    #[error("starting alert delivery failed: {0}")]
+    Notify(#[from] NotifyError),
+    /// The exchange could not open its data folder.
+    #[error("opening the exchange failed: {0}")]
+    Open(ExchangeError),
+    /// The `store` setting is neither unset nor a `postgres://` URL.
+    #[error(
+        "the store setting must be a postgres:// (or postgresql://) URL, or unset for the embedded store"
+    )]
+    StoreUrl,
+    /// The cluster store could not be reached or its schema brought up to
+    /// date.
+    #[error("opening the cluster store failed: {0}")]
+    Store(#[source] estafeta_cluster::Error),
+    /// A cluster node could not make its own state folder under the data
+    /// folder (what `/readyz` writes to).
+    #[error("making the node's folder {0} failed: {1}")]
+    NodeFolder(std::path::PathBuf, #[source] std::io::Error),
+    /// The event log the dashboard reads could not open.
+    #[error("opening the event log failed: {0}")]
+    Events(#[from] EventStoreError),
+    /// The exchange could not save its state when stopping.
+    #[error("stopping the exchange failed: {0}")]
+    Shutdown(ExchangeError),
+}
+
+impl ServeError {
+    /// Whether opening failed only because the cluster store could not be
+    /// reached (no writable PostgreSQL, a connection lost mid-way): worth
+    /// trying again, as opposed to a refusal that will repeat.
+    pub fn is_store_unavailable(&self) -> bool {
+        match self {
+            ServeError::Store(e) => e.is_unavailable(),
+            ServeError::Open(e) => e.is_store_unavailable(),
+            ServeError::Notify(NotifyError::Repeat(estafeta_repeat::StoreError::Backend(e))) => e
+                .downcast_ref::<estafeta_cluster::Error>()
+                .is_some_and(estafeta_cluster::Error::is_unavailable),
+            _ => false,
+        }
     }
 }
 

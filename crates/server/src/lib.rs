@@ -7,9 +7,11 @@
 //!   handlers live in [`routes`]; [`AppState`] ([`state`]) holds the
 //!   exchange, readiness and the request counters of [`metrics`], which
 //!   serves `/metrics` in the Prometheus text format; [`body_limit`] caps
-//!   request bodies per group of routes.
+//!   request bodies per group of routes, [`body_room`] the message bodies
+//!   held at once.
 //! - [`extract`] and [`error`]: authentication and body parsing that answer
-//!   every bad request with the error JSON ([`ApiError`]); [`throttle`]
+//!   every bad request with the error JSON ([`ApiError`]), and why a start
+//!   failed ([`ServeError`]); [`throttle`]
 //!   slows down addresses that give wrong tokens, by the client's address
 //!   ([`client_addr`]).
 //! - [`openapi`]: the OpenAPI document of `/v1/openapi.json`.
@@ -18,8 +20,7 @@
 //!   token ([`Server::run`]), with start-up recovery in the background;
 //!   [`admission`] caps the connections (with a reserve for the operator)
 //!   and [`write_timeout`] ends those whose client stopped reading.
-//! - [`operator`]: the `estafeta admin …` commands, through the client crate;
-//!   [`backup`]: a consistent copy of the data folder made while serving
+//! - [`backup`]: a consistent copy of the data folder made while serving
 //!   (`estafeta backup DIR`, `POST /v1/admin/backup`).
 //! - [`mod@dashboard`]: the admin dashboard at `/admin` (askama pages, login
 //!   session, CSRF-protected operator actions).
@@ -33,7 +34,9 @@
 //!   of raised alerts and their acknowledgements the dashboard shows), and push
 //!   notifications to the webhooks of databases and devices when messages
 //!   arrive for them ([`notify::Pusher`]).
-//! - [`open`]: opening the server at start, waiting out a full disk;
+//! - [`stores`]: the stores a node runs on (embedded, or a cluster's
+//!   PostgreSQL); [`open`]: opening the server at start, waiting out a full
+//!   disk or a store out of reach;
 //!   [`check`]: the state files' health (`estafeta check`, and the look
 //!   before serving that refuses a damaged file).
 //! - `failpoints` (cargo feature `failpoints`, for the fault-injection
@@ -79,6 +82,7 @@ pub mod admission;
 pub mod app;
 pub mod backup;
 pub mod body_limit;
+pub mod body_room;
 pub mod check;
 pub mod client_addr;
 pub mod config;
@@ -94,17 +98,17 @@ pub mod metrics;
 pub mod notify;
 pub mod open;
 pub mod openapi;
-pub mod operator;
 pub mod readiness;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod stores;
 pub mod throttle;
 pub mod trace;
 pub mod write_timeout;
 
 pub use app::app;
 pub use config::{HttpSettings, Settings};
-pub use error::ApiError;
-pub use serve::{ServeError, Server};
+pub use error::{ApiError, ServeError};
+pub use serve::Server;
 pub use state::AppState;

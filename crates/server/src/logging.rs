@@ -29,7 +29,7 @@ pub enum LoggingError {
     EventLog(#[from] crate::events::EventStoreError),
     /// The `store` setting is not a cluster store's URL.
     #[error("{0}")]
-    Store(#[from] crate::serve::ServeError),
+    Store(#[from] crate::error::ServeError),
     /// A global subscriber was installed already.
     #[error("installing the log subscriber: {0}")]
     Init(#[from] tracing_subscriber::util::TryInitError),
@@ -51,7 +51,7 @@ pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingE
             };
             let log = match &settings.store {
                 Some(url) => {
-                    crate::open::check_store_url(url.expose())?;
+                    crate::stores::check_store_url(url.expose())?;
                     EventLog::cluster(url.expose(), retention)?
                 }
                 None => EventLog::open(&events_file(dir), retention)?,

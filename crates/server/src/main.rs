@@ -1,10 +1,13 @@
 //! The `estafeta` binary: parses the command line and hands over to the
 //! library (`serve`, `config`), to the client (`admin …`), or to the demo
 //! (`demo`); `completions` and `man` print what clap derives from this
-//! command line for shells and `man`.
+//! command line for shells and `man`. The command line is the binary's
+//! alone: the `admin …` commands ([`operator`]) and the options that choose
+//! the settings ([`SettingsArgs`]) live here, not in the library.
 
 #[cfg(feature = "demo")]
 mod demo;
+mod operator;
 
 #[cfg(feature = "demo")]
 use estafeta_server::config::{LogFilter, Value as _};
@@ -19,9 +22,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::Settings;
-use estafeta_server::config::{self, SettingsArgs};
+use estafeta_server::config;
 use estafeta_server::open::open_server;
-use estafeta_server::operator::{self, AdminArgs};
+use operator::AdminArgs;
 use tokio_util::sync::CancellationToken;
 
 /// Estafeta: a reliable message server between mobile devices and database
@@ -328,4 +331,34 @@ fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static
             _ = terminate.recv() => {}
         }
     })
+}
+
+/// The command-line options that choose the settings (`serve`, `config`).
+#[derive(Clone, Debug, Default, clap::Args)]
+struct SettingsArgs {
+    /// A TOML file with settings [default: ./estafeta.toml, if present]
+    #[arg(long, value_name = "PATH", env = config::CONFIG_VARIABLE)]
+    config: Option<PathBuf>,
+    /// The address to listen on (over ESTAFETA_LISTEN and the file)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// The data folder (over ESTAFETA_DATA_DIR and the file)
+    #[arg(long, value_name = "PATH")]
+    data_dir: Option<String>,
+}
+
+impl SettingsArgs {
+    /// The file, the process environment and these flags.
+    fn sources(&self) -> config::Sources {
+        let mut sources = config::Sources::process(self.config.as_deref());
+        if let Some(listen) = &self.listen {
+            sources.flags.push(("--listen", "listen", listen.clone()));
+        }
+        if let Some(data_dir) = &self.data_dir {
+            sources
+                .flags
+                .push(("--data-dir", "data_dir", data_dir.clone()));
+        }
+        sources
+    }
 }

@@ -16,16 +16,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
-use axum::middleware::Next;
-use axum::response::Response;
 use estafeta_exchange::mailbox::{COUNTED, Folder};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
-use estafeta_exchange::{CommitObserver, Durable, Verdicts};
+use estafeta_exchange::{CommitObserver, Durable, Exchange, Verdicts};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -35,8 +32,8 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::notify::outbound::{HTTP_QUEUE, HostFigures};
-use crate::notify::{Backlog, push};
-use crate::state::AppState;
+use crate::notify::{Backlog, Notifier, Pusher, push};
+use crate::throttle::AuthThrottle;
 
 /// Upper bounds (seconds) of the request latency histogram buckets: from a
 /// cached read (1 ms) through a group-committed upload (tens of ms) to a
@@ -423,17 +420,32 @@ fn age_secs(now_ms: i64, since_ms: i64) -> f64 {
     now_ms.saturating_sub(since_ms).max(0) as f64 / 1000.0
 }
 
+/// The running server's parts a scrape reads its figures from.
+pub struct Parts<'a> {
+    /// Mailboxes, processes, sessions and scheduled messages.
+    pub exchange: &'a Exchange,
+    /// Alert deliveries and the send queues.
+    pub notifier: &'a Notifier,
+    /// Push notifications.
+    pub pusher: &'a Pusher,
+    /// Wrong tokens by client address.
+    pub auth: &'a AuthThrottle,
+    /// How many databases get a waiting-messages series of their own (the
+    /// `metrics_per_database` setting).
+    pub per_database: usize,
+}
+
 impl Snapshot {
-    /// Gathers the figures at `now` (the caller's clock). A part that
-    /// cannot be read is left out rather than failing the scrape.
-    pub async fn gather(state: &AppState, now: SystemTime) -> Snapshot {
-        let exchange = state.exchange();
+    /// Gathers the figures of `parts` at `now` (the caller's clock). A part
+    /// that cannot be read is left out rather than failing the scrape.
+    pub async fn gather(parts: &Parts<'_>, now: SystemTime) -> Snapshot {
+        let exchange = parts.exchange;
         let admin = Principal::Admin;
         let now_ms = epoch_millis(now);
         let mut s = Snapshot {
-            ready: state.is_ready(),
+            ready: exchange.is_ready(),
             sessions: Some(exchange.session_stats()),
-            auth: state.auth_throttle().figures(tokio::time::Instant::now()),
+            auth: parts.auth.figures(tokio::time::Instant::now()),
             ..Snapshot::default()
         };
         for kind in KINDS {
@@ -448,7 +460,7 @@ impl Snapshot {
             // The first databases by id, as many as the setting allows.
             let mut detailed = dbs;
             detailed.sort();
-            detailed.truncate(state.http().metrics_per_database);
+            detailed.truncate(parts.per_database);
             for db in detailed {
                 if let Ok((n, _)) = exchange
                     .folder_page(&admin, &db, Folder::Messages, 0, 0)
@@ -484,8 +496,8 @@ impl Snapshot {
             }
             s.verdicts = Some(t.verdicts);
         }
-        s.backlogs = backlogs(state).await;
-        let n = state.notifier();
+        s.backlogs = backlogs(parts).await;
+        let n = parts.notifier;
         s.queues = n.outbound().figures();
         s.alerts_open = n.unacknowledged().await.unwrap_or(0);
         let dir = exchange.data_dir().to_path_buf();
@@ -722,15 +734,15 @@ impl Snapshot {
 /// The backlog of each repeat source the server runs: alert deliveries,
 /// push notifications and scheduled messages. A source that cannot be
 /// read is left out.
-pub async fn backlogs(state: &AppState) -> Vec<(&'static str, Backlog)> {
+pub async fn backlogs(parts: &Parts<'_>) -> Vec<(&'static str, Backlog)> {
     let mut out = Vec::new();
-    if let Ok(b) = state.notifier().backlog().await {
+    if let Ok(b) = parts.notifier.backlog().await {
         out.push((crate::notify::SOURCE, b));
     }
-    if let Ok(b) = state.pusher().backlog().await {
+    if let Ok(b) = parts.pusher.backlog().await {
         out.push((push::SOURCE, b));
     }
-    let ex = state.exchange();
+    let ex = parts.exchange;
     if let (Ok(stats), Ok(first)) = (ex.scheduled_stats().await, ex.scheduled(1).await) {
         let now = u64::try_from(ex.now().as_millis() / 1000).unwrap_or(0);
         let counts = stats.sources.get(SCHEDULED).cloned().unwrap_or_default();
@@ -753,39 +765,6 @@ pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
         st.f_bavail.saturating_mul(st.f_frsize),
         st.f_blocks.saturating_mul(st.f_frsize),
     ))
-}
-
-/// Middleware: counts every answer and its latency by method and route.
-/// Both labels come from closed sets, so no request can add series without
-/// bound: the method is one of HTTP's own (else `other`), the route is the
-/// matched template, never the raw path (`unmatched` when none matched).
-/// Refused and failed requests are counted here and not written to the
-/// event log one by one: a burst of bad requests must neither grow what
-/// the server keeps nor push the log's history out.
-pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = method_label(request.method());
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |m| m.as_str())
-        .to_owned();
-    let response = next.run(request).await;
-    if response
-        .extensions()
-        .get::<crate::error::StoreUnavailable>()
-        .is_some()
-    {
-        state.metrics().record_store_unavailable();
-    }
-    state.metrics().record(
-        method,
-        &route,
-        response.status().as_u16(),
-        started.elapsed(),
-        SystemTime::now(),
-    );
-    response
 }
 
 /// The metric label of a request method: HTTP's own methods by name,

@@ -1,10 +1,5 @@
-//! Opening the data folder at start, waiting out a full disk; the stores
-//! a node runs on: embedded under the data folder, or a cluster's
-//! PostgreSQL database (the `store` setting). The choice is made here once,
-//! for the exchange's stores and for the node's own state (alerts and their
-//! deliveries, push notifications, dashboard logins, the event log): in
-//! cluster mode no file under the data folder holds anything needed to
-//! recover.
+//! Opening the server at start, waiting out a full disk or a cluster store
+//! out of reach.
 //!
 //! After a crash, the embedded stores repair themselves on open, and that
 //! writes. On a full disk the open fails; exiting then would leave a server
@@ -20,16 +15,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use estafeta_exchange::ExchangeConfig;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{ExchangeConfig, Gated, Quiesce, Stores};
 use estafeta_session::Clock;
 
-use crate::config::HttpSettings;
-use crate::dashboard::auth::Sessions;
-use crate::events::{EventLogStore, EventStore};
+use crate::config::{ClusterStore, HttpSettings};
+use crate::error::ServeError;
+use crate::notify::NotifySettings;
 use crate::notify::disk::free_bytes;
-use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
-use crate::serve::{ServeError, Server};
+use crate::serve::Server;
 
 /// The first pause after a failed open on a full disk or with the cluster
 /// store out of reach; it doubles.
@@ -39,224 +33,11 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The longest pause between two tries with the cluster store out of
 /// reach (a failover takes seconds).
 const MAX_STORE_WAIT: Duration = Duration::from_secs(5);
-/// The exchange's repeat source: messages kept aside until their `deliver_at`.
-const DEFERRED: &str = "deliver_at";
-/// How long a node holds a due `deliver_at` message it took in the cluster
-/// store: a node that dies holding one leaves it to another node this
-/// long after it took it.
-const DEFERRED_LEASE: Duration = Duration::from_secs(30);
 /// The low-space threshold when the disk alert is off (`disk_alert_mb` 0).
 const DEFAULT_LOW: u64 = 16 << 20;
-/// How often a cluster node reads the database server's time again.
-const CLOCK_READING: Duration = Duration::from_secs(10);
-
-/// A node's `store` setting in cluster mode: the database's URL and how
-/// the node uses it (its pool's size and limits). Not `Debug`: the URL
-/// may carry a password.
-#[derive(Clone)]
-pub struct ClusterStore {
-    /// A `postgres://` URL (libpq syntax).
-    pub url: String,
-    /// The node's pool over it.
-    pub options: estafeta_cluster::Options,
-}
-
-impl ClusterStore {
-    /// `url` with the default pool.
-    pub fn new(url: impl Into<String>) -> ClusterStore {
-        ClusterStore {
-            url: url.into(),
-            options: estafeta_cluster::Options::default(),
-        }
-    }
-}
-
-/// The stores a node runs on, and the clock it runs on with them.
-pub struct NodeStores {
-    /// The exchange's.
-    pub exchange: Stores,
-    /// In cluster mode, the cluster's database (migrated), which also keeps
-    /// the node's own state.
-    pub cluster: Option<estafeta_cluster::Store>,
-    /// What every part of the node reads the time from: the clock given,
-    /// or in cluster mode the database server's time
-    /// ([`estafeta_cluster::DatabaseClock`]), which all nodes share.
-    pub clock: Arc<dyn Clock>,
-    /// In cluster mode, the database's clock itself (how far the node's own
-    /// is off, for the metrics).
-    pub database_clock: Option<estafeta_cluster::DatabaseClock>,
-}
-
-impl NodeStores {
-    /// The alert notifier, its alerts and deliveries in the cluster's
-    /// database or under the data folder.
-    pub async fn notifier(
-        &self,
-        settings: NotifySettings,
-        quiesce: Quiesce,
-    ) -> Result<Notifier, NotifyError> {
-        Notifier::open_in(settings, self.clock.clone(), quiesce, self.cluster.as_ref()).await
-    }
-
-    /// The pusher, its pending notifications in the cluster's database or
-    /// under the data folder.
-    pub async fn pusher(
-        &self,
-        notifier: &Notifier,
-        quiesce: Quiesce,
-    ) -> Result<Pusher, NotifyError> {
-        Pusher::open_in(notifier, self.clock.clone(), quiesce, self.cluster.as_ref()).await
-    }
-
-    /// The event log the dashboard reads: the cluster's `events` table
-    /// (every node's records) or the file under `data_dir`, whose damaged
-    /// predecessor, if its opening set one aside, is named in a warning.
-    pub fn events(
-        &self,
-        data_dir: &Path,
-    ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
-        Ok(match &self.cluster {
-            Some(db) => Arc::new(estafeta_cluster::PgEvents::new(db.clone())),
-            None => {
-                let store = EventStore::open(&crate::events::events_file(data_dir))?;
-                if let Some(aside) = store.take_set_aside() {
-                    tracing::warn!(
-                        damaged = %aside.path.display(), damage = %aside.damage,
-                        "the event log was damaged: set aside, and a new one begun (the history before this start is not shown)"
-                    );
-                }
-                store
-            }
-        })
-    }
-
-    /// The dashboard's login sessions: in the cluster's database (a login
-    /// holds on every node) or in this node's memory.
-    pub fn logins(&self) -> Sessions {
-        match &self.cluster {
-            Some(db) => Sessions::new(estafeta_cluster::PgLogins::new(db.clone())),
-            None => Sessions::default(),
-        }
-    }
-}
-
-/// Whether `url` can be a `store` setting: a `postgres://` (or
-/// `postgresql://`) URL.
-pub fn check_store_url(url: &str) -> Result<(), ServeError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(())
-    } else {
-        Err(ServeError::StoreUrl)
-    }
-}
-
-/// The stores a node runs on: with no `store` URL, the embedded ones under
-/// `data_dir`; with a `postgres://` URL, the cluster's database, its schema
-/// created or brought up to date first (safe when several nodes start at
-/// once).
-pub async fn stores(
-    data_dir: &Path,
-    store: Option<&ClusterStore>,
-    clock: Arc<dyn Clock>,
-    quiesce: &Quiesce,
-) -> Result<NodeStores, ServeError> {
-    let Some(cluster) = store else {
-        let exchange = Stores::embedded(data_dir, clock.clone(), quiesce)
-            .await
-            .map_err(ServeError::Open)?;
-        return Ok(NodeStores {
-            exchange,
-            cluster: None,
-            clock,
-            database_clock: None,
-        });
-    };
-    check_store_url(&cluster.url)?;
-    // A node keeps nothing it needs to recover here, but its folder is
-    // where `/readyz` checks that the node's disk takes writes.
-    let own = estafeta_exchange::DataLayout::new(data_dir).state_dir();
-    estafeta_durable::create_dir_all(&own, 0o700).map_err(|e| ServeError::NodeFolder(own, e))?;
-    // A pool per kind of holder, so that no holder of a connection waits
-    // for another of its own pool: a call's session step holds one of
-    // `steps` while it takes its process's step (`process_steps`), runs
-    // statements beside the step (`db`: a start's selection, a commit's
-    // moves, the replies a prepare stores) and reloads the node's copy of
-    // the registry (`registry_db`). Were they one pool, as many such calls
-    // at once as it holds would each wait for a second connection until
-    // the pool's wait ran out. Each shows in `pg_stat_activity` by its
-    // `application_name`.
-    let pool = |size: usize, name: &str| {
-        estafeta_cluster::Store::connect_with(
-            &cluster.url,
-            &estafeta_cluster::Options {
-                pool_size: size,
-                application_name: Some(format!("estafeta {name}")),
-                ..cluster.options.clone()
-            },
-        )
-        .map_err(ServeError::Store)
-    };
-    let steps = pool(cluster.options.pool_size, "steps")?;
-    let process_steps = pool(cluster.options.pool_size, "process steps")?;
-    let db = pool(cluster.options.pool_size, "statements")?;
-    let registry_db = pool(1, "registry")?;
-    db.migrate().await.map_err(ServeError::Store)?;
-    // Every node runs on the database server's time: deadlines and leases
-    // one node sets mean the same to all, whatever their own clocks say.
-    let database_clock = estafeta_cluster::DatabaseClock::start(db.clone(), clock, CLOCK_READING)
-        .await
-        .map_err(ServeError::Store)?;
-    let clock: Arc<dyn Clock> = Arc::new(database_clock.clone());
-    let sessions = estafeta_cluster::SessionStorage::open(steps)
-        .await
-        .map_err(ServeError::Store)?;
-    let process_sessions = estafeta_cluster::SessionStorage::open(process_steps)
-        .await
-        .map_err(ServeError::Store)?;
-    // Gated for the commit observer (the metrics' commit latency); an online
-    // backup is the database's own (pg_dump, base backups), not a pause.
-    // The exchange's scheduler reads its own source only (the table also
-    // holds the notifier's and the pusher's), and each due message is
-    // claimed by one node; listings read without claiming.
-    let claiming = Arc::new(Gated::new(
-        estafeta_cluster::PgQueue::claiming(db.clone(), &[DEFERRED], DEFERRED_LEASE),
-        quiesce.clone(),
-    ));
-    let listing = Arc::new(Gated::new(
-        estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
-        quiesce.clone(),
-    ));
-    let exchange = Stores {
-        messages: Arc::new(Gated::new(
-            estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
-            quiesce.clone(),
-        )),
-        registry: Arc::new(Gated::new(
-            estafeta_cluster::PgRegistry::new(registry_db),
-            quiesce.clone(),
-        )),
-        sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
-        process_sessions: Arc::new(Gated::new(process_sessions, quiesce.clone())),
-        scheduled: estafeta_exchange::store::Scheduled::with_listing(
-            claiming,
-            listing,
-            clock.clone(),
-        ),
-        keys: Arc::new(Gated::new(
-            estafeta_cluster::PgKeys::new(db.clone()),
-            quiesce.clone(),
-        )),
-    };
-    Ok(NodeStores {
-        exchange,
-        cluster: Some(db),
-        clock,
-        database_clock: Some(database_clock),
-    })
-}
 
 /// Opens the server on `config.data_dir` over the stores `store` names
-/// ([`stores`], [`Server::open_with`]). While opening fails and the file
+/// ([`crate::stores::stores`], [`Server::open_with`]). While opening fails and the file
 /// system has less than `low_bytes` free (0: 16 MiB), or the cluster store
 /// cannot be reached, waits and tries again.
 pub async fn open_server(

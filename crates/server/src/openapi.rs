@@ -1,16 +1,22 @@
 //! [`document`]: the OpenAPI document served on `/v1/openapi.json`: the
 //! frame of [`ApiDoc`] (title, tags, shared schemas) with the operations of
-//! every route that [`routes::api`] registers, from the handlers'
-//! `#[utoipa::path]` annotations, and the conventions every authenticated
-//! call shares.
+//! every route of [`router`] (those [`routes::api`] registers, and the
+//! document's own), from the handlers' `#[utoipa::path]` annotations, and
+//! the conventions every authenticated call shares.
 
+use std::sync::LazyLock;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, RefOr};
+
+use axum::response::Response;
 use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::routes;
+use crate::state::AppState;
 
 /// The name of the bearer security scheme in the document.
 pub const BEARER: &str = "bearer";
@@ -35,14 +41,30 @@ pub const BEARER: &str = "bearer";
 )]
 pub struct ApiDoc;
 
-/// The API's OpenAPI document: every route the server's API router serves,
-/// and only those.
+/// Every route of the API: the handlers' ([`routes::api`]) and
+/// `/v1/openapi.json`, which describes them all.
+pub fn router() -> OpenApiRouter<AppState> {
+    routes::api().routes(routes!(openapi_json))
+}
+
+/// The API's OpenAPI document: every route of [`router`], and only those.
 pub fn document() -> utoipa::openapi::OpenApi {
-    let mut doc = utoipa_axum::router::OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(routes::api())
+    let mut doc = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(router())
         .into_openapi();
     Conventions.modify(&mut doc);
     doc
+}
+
+/// The document never changes while the server runs: built once.
+static OPENAPI_JSON: LazyLock<Vec<u8>> =
+    LazyLock::new(|| serde_json::to_vec(&document()).unwrap_or_default());
+
+/// `GET /v1/openapi.json`: this API's OpenAPI document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
+    (status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi_json() -> Response {
+    routes::raw_json(OPENAPI_JSON.clone())
 }
 
 /// Adds what every authenticated call shares: the bearer scheme, and the

@@ -11,21 +11,21 @@ use serde::Serialize;
 
 /// Where the server is and the admin token to use.
 #[derive(Debug, clap::Args)]
-pub struct AdminArgs {
+pub(crate) struct AdminArgs {
     /// The server's base URL.
     #[arg(long, env = "ESTAFETA_URL", default_value = "http://127.0.0.1:8080")]
-    pub url: String,
+    pub(crate) url: String,
     /// The admin token.
     #[arg(long, env = "ESTAFETA_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub(crate) token: String,
     /// What to do.
     #[command(subcommand)]
-    pub command: AdminCommand,
+    pub(crate) command: AdminCommand,
 }
 
 /// An admin command.
 #[derive(Debug, clap::Subcommand)]
-pub enum AdminCommand {
+pub(crate) enum AdminCommand {
     /// Enterprises (tenants).
     Enterprise {
         /// What to do with enterprises.
@@ -88,7 +88,7 @@ pub enum AdminCommand {
 
 /// How to settle a process in doubt.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Replies go to their devices, PROCESSED messages to `Log`.
     Commit,
     /// Replies are deleted, the messages go back to `Messages`.
@@ -97,7 +97,7 @@ pub enum Outcome {
 
 /// `admin enterprise …`.
 #[derive(Debug, clap::Subcommand)]
-pub enum EnterpriseCommand {
+pub(crate) enum EnterpriseCommand {
     /// Create an enterprise.
     Create {
         /// The new enterprise's id.
@@ -123,7 +123,7 @@ pub enum EnterpriseCommand {
 
 /// `admin subsystem …`.
 #[derive(Debug, clap::Subcommand)]
-pub enum SubsystemCommand {
+pub(crate) enum SubsystemCommand {
     /// Create a subsystem of an enterprise.
     Create {
         /// The enterprise.
@@ -147,7 +147,7 @@ pub enum SubsystemCommand {
 
 /// `admin database create`'s arguments.
 #[derive(Debug, clap::Args)]
-pub struct DatabaseCreate {
+pub(crate) struct DatabaseCreate {
     /// The enterprise.
     enterprise: Id,
     /// The new database's id.
@@ -156,7 +156,7 @@ pub struct DatabaseCreate {
 
 /// `admin device create`'s arguments.
 #[derive(Debug, clap::Args)]
-pub struct DeviceCreate {
+pub(crate) struct DeviceCreate {
     /// The enterprise.
     enterprise: Id,
     /// The new device's id.
@@ -168,7 +168,7 @@ pub struct DeviceCreate {
 
 /// `admin database …` and `admin device …`.
 #[derive(Debug, clap::Subcommand)]
-pub enum EndpointCommand<C: clap::Args> {
+pub(crate) enum EndpointCommand<C: clap::Args> {
     /// Create one; prints its token (shown once).
     Create {
         /// What to create.
@@ -208,7 +208,7 @@ pub enum EndpointCommand<C: clap::Args> {
 
 /// `admin token …`.
 #[derive(Debug, clap::Subcommand)]
-pub enum TokenCommand {
+pub(crate) enum TokenCommand {
     /// Replace the admin token without a restart; prints the new one (shown
     /// once). Refused when ESTAFETA_ADMIN_TOKEN sets the server's token.
     Rotate,
@@ -216,7 +216,7 @@ pub enum TokenCommand {
 
 /// `admin message …`: a message of `Unknown` or `Error`.
 #[derive(Debug, clap::Subcommand)]
-pub enum MessageCommand {
+pub(crate) enum MessageCommand {
     /// Print the message.
     Show {
         /// Where it is.
@@ -239,7 +239,7 @@ pub enum MessageCommand {
 
 /// A message of a mailbox's `Unknown` or `Error`.
 #[derive(Debug, clap::Args)]
-pub struct MessageArgs {
+pub(crate) struct MessageArgs {
     /// The database or device whose mailbox holds it.
     mailbox: Id,
     /// Unknown or Error.
@@ -251,7 +251,7 @@ pub struct MessageArgs {
 
 /// One page of a list.
 #[derive(Debug, clap::Args)]
-pub struct PageArgs {
+pub(crate) struct PageArgs {
     /// How many at most (1–1000; the server's default is 100).
     #[arg(long)]
     limit: Option<usize>,
@@ -268,7 +268,7 @@ fn parse_folder(text: &str) -> Result<Folder, String> {
 
 /// An admin command failed.
 #[derive(Debug, thiserror::Error)]
-pub enum OperatorError {
+pub(crate) enum OperatorError {
     /// The call failed (transport, or the server's error answer).
     #[error(transparent)]
     Client(#[from] ClientError),
@@ -279,16 +279,16 @@ pub enum OperatorError {
 
 /// What a command prints: its answer, and a warning for the operator.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The server's answer as pretty JSON (stdout).
-    pub json: String,
+    pub(crate) json: String,
     /// Something the operator must know (stderr), e.g. what a forced
     /// delete discarded.
-    pub warning: Option<String>,
+    pub(crate) warning: Option<String>,
 }
 
 /// Runs the command against the server.
-pub async fn execute(args: &AdminArgs) -> Result<Answer, OperatorError> {
+pub(crate) async fn execute(args: &AdminArgs) -> Result<Answer, OperatorError> {
     let client = Client::new(&args.url, &args.token)?;
     let json = match &args.command {
         AdminCommand::Enterprise { command } => match command {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use estafeta_exchange::tenancy::AdminToken;
-use estafeta_exchange::{Exchange, ExchangeConfig, ExchangeError, Quiesce, Sinks};
+use estafeta_exchange::{Exchange, ExchangeConfig, Quiesce, Sinks};
 use estafeta_session::Clock;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,60 +34,15 @@ use tower_http::add_extension::AddExtension;
 
 use crate::admission::{Admission, Admitted, Refusals, reserved_routes_only};
 use crate::app::app;
-use crate::config::HttpSettings;
+use crate::config::{ClusterStore, HttpSettings};
+use crate::error::ServeError;
 use crate::metrics::{Commits, Metrics};
-use crate::notify::{NotifyError, NotifySettings};
+use crate::notify::NotifySettings;
 use crate::state::AppState;
 use crate::write_timeout::WriteTimeout;
 
 /// The longest wait between two attempts at start-up recovery.
 const MAX_RECOVERY_BACKOFF: Duration = Duration::from_secs(60);
-
-/// Opening or serving ended with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The alert notifier or the pusher could not open.
-    #[error("starting alert delivery failed: {0}")]
-    Notify(#[from] NotifyError),
-    /// The exchange could not open its data folder.
-    #[error("opening the exchange failed: {0}")]
-    Open(ExchangeError),
-    /// The `store` setting is neither unset nor a `postgres://` URL.
-    #[error(
-        "the store setting must be a postgres:// (or postgresql://) URL, or unset for the embedded store"
-    )]
-    StoreUrl,
-    /// The cluster store could not be reached or its schema brought up to
-    /// date.
-    #[error("opening the cluster store failed: {0}")]
-    Store(#[source] estafeta_cluster::Error),
-    /// A cluster node could not make its own state folder under the data
-    /// folder (what `/readyz` writes to).
-    #[error("making the node's folder {0} failed: {1}")]
-    NodeFolder(std::path::PathBuf, #[source] std::io::Error),
-    /// The event log the dashboard reads could not open.
-    #[error("opening the event log failed: {0}")]
-    Events(#[from] crate::events::EventStoreError),
-    /// The exchange could not save its state when stopping.
-    #[error("stopping the exchange failed: {0}")]
-    Shutdown(ExchangeError),
-}
-
-impl ServeError {
-    /// Whether opening failed only because the cluster store could not be
-    /// reached (no writable PostgreSQL, a connection lost mid-way): worth
-    /// trying again, as opposed to a refusal that will repeat.
-    pub fn is_store_unavailable(&self) -> bool {
-        match self {
-            ServeError::Store(e) => e.is_unavailable(),
-            ServeError::Open(e) => e.is_store_unavailable(),
-            ServeError::Notify(NotifyError::Repeat(estafeta_repeat::StoreError::Backend(e))) => e
-                .downcast_ref::<estafeta_cluster::Error>()
-                .is_some_and(estafeta_cluster::Error::is_unavailable),
-            _ => false,
-        }
-    }
-}
 
 /// The server, assembled: every part was given what it needs when it was
 /// built, and nothing refers back to what owns it.
@@ -112,19 +67,19 @@ impl Server {
 
     /// [`Server::open`] over the stores the `store` setting names: the
     /// embedded ones under the data folder, or a cluster's PostgreSQL
-    /// database ([`crate::open::stores`]).
+    /// database ([`crate::stores::stores`]).
     pub async fn open_with(
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
         http: HttpSettings,
         notify: NotifySettings,
-        store: Option<&crate::open::ClusterStore>,
+        store: Option<&ClusterStore>,
     ) -> Result<(Server, AdminToken), ServeError> {
         // The exchange tells the metrics of its commits.
         let commits = Arc::new(Commits::default());
         let mut config = config;
         config.quiesce = Quiesce::observed(commits.clone());
-        let stores = crate::open::stores(&config.data_dir, store, clock, &config.quiesce).await?;
+        let stores = crate::stores::stores(&config.data_dir, store, clock, &config.quiesce).await?;
         let clock = stores.clock.clone();
         let metrics = Metrics::new(commits, stores.database_clock.clone());
         let notifier = stores.notifier(notify, config.quiesce.clone()).await?;

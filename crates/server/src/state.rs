@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use estafeta_exchange::Exchange;
 
-use crate::body_limit::BodyRoom;
+use crate::body_room::BodyRoom;
 use crate::config::HttpSettings;
-use crate::dashboard::auth::Sessions;
+use crate::dashboard::sessions::Sessions;
 use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Parts};
 use crate::notify::{Notifier, Pusher};
 use crate::readiness::Readiness;
 use crate::throttle::AuthThrottle;
@@ -130,6 +130,17 @@ impl AppState {
     /// Push notifications.
     pub fn pusher(&self) -> &Pusher {
         &self.inner.pusher
+    }
+
+    /// The parts `/metrics` and the dashboard read their figures from.
+    pub fn metric_parts(&self) -> Parts<'_> {
+        Parts {
+            exchange: &self.inner.exchange,
+            notifier: &self.inner.notifier,
+            pusher: &self.inner.pusher,
+            auth: &self.inner.auth_throttle,
+            per_database: self.inner.http.metrics_per_database,
+        }
     }
 
     /// What `/readyz` checks storage with.

@@ -104,8 +104,8 @@ async fn two_nodes_serve_one_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_on_a_new_data_folder_becomes_ready() {
     use estafeta_exchange::ExchangeConfig;
+    use estafeta_server::config::ClusterStore;
     use estafeta_server::notify::NotifySettings;
-    use estafeta_server::open::ClusterStore;
     use estafeta_server::{HttpSettings, Server};
     use std::sync::Arc;
     use std::time::{Duration, Instant};

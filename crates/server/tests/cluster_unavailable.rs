@@ -14,8 +14,9 @@ use estafeta_client::Client;
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::ExchangeConfig;
 use estafeta_server::HttpSettings;
+use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
-use estafeta_server::open::{ClusterStore, open_server};
+use estafeta_server::open::open_server;
 use reqwest::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 

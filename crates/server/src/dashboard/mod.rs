@@ -6,13 +6,16 @@
 //! runs: at most [`FORM_LIMIT`] bytes, within the request timeout, so that
 //! anonymous clients can pin neither memory nor connections with forms.
 //!
-//! - [`auth`]: login, logout, sessions, CSRF.
-//! - [`pages`]: the pages and the operator actions.
+//! - [`auth`]: login, logout, CSRF; [`sessions`]: the login sessions.
+//! - [`pages`]: the pages and the operator actions; [`page`]: how each is
+//!   rendered, or its error page.
 //! - [`chart`]: the messages-per-minute chart.
 
 pub mod auth;
 pub mod chart;
+pub mod page;
 pub mod pages;
+pub mod sessions;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -25,14 +28,9 @@ use axum::routing::{get, post};
 
 use estafeta_exchange::wire::ErrorCode;
 
+use crate::body_limit::FORM_LIMIT;
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// The largest body of a dashboard form, in bytes (the forms carry a token,
-/// a nonce or a CSRF token and a word or two; a bulk action on a folder
-/// also names each ticked message of its page); the server's body limits
-/// ([`crate::body_limit`]) hold the dashboard's routes to it.
-pub const FORM_LIMIT: usize = 16 * 1024;
 
 /// The dashboard's routes (merged into the server's router).
 pub fn routes(state: &AppState) -> Router<AppState> {

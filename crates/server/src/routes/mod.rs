@@ -26,7 +26,6 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
-        .routes(routes!(ops::openapi))
         .routes(routes!(admin::create_enterprise, admin::list_enterprises))
         .routes(routes!(admin::show_enterprise, admin::delete_enterprise))
         .routes(routes!(admin::create_subsystem, admin::list_subsystems))
@@ -70,6 +69,6 @@ pub fn api() -> OpenApiRouter<AppState> {
 }
 
 /// An answer whose body the exchange assembled as JSON bytes already.
-fn raw_json(bytes: Vec<u8>) -> Response {
+pub(crate) fn raw_json(bytes: Vec<u8>) -> Response {
     ([(CONTENT_TYPE, "application/json")], bytes).into_response()
 }

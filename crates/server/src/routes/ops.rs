@@ -1,16 +1,14 @@
-//! Operations: liveness, readiness, metrics and the OpenAPI document. None
-//! of them needs a token.
+//! Operations: liveness, readiness and metrics (the OpenAPI document is
+//! served by [`crate::openapi`]). None of them needs a token.
 
-use std::sync::LazyLock;
 use std::time::SystemTime;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 
 use crate::metrics::Snapshot;
-use crate::openapi::document;
 use crate::state::AppState;
 
 /// `GET /healthz`: 200 while the process runs.
@@ -44,20 +42,9 @@ pub async fn readyz(State(state): State<AppState>) -> StatusCode {
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let snapshot = Snapshot::gather(&state, SystemTime::now()).await;
+    let snapshot = Snapshot::gather(&state.metric_parts(), SystemTime::now()).await;
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         state.metrics().render(&snapshot),
     )
-}
-
-/// The document never changes while the server runs: built once.
-static OPENAPI_JSON: LazyLock<Vec<u8>> =
-    LazyLock::new(|| serde_json::to_vec(&document()).unwrap_or_default());
-
-/// `GET /v1/openapi.json`: this API's OpenAPI document.
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
-    (status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi() -> Response {
-    super::raw_json(OPENAPI_JSON.clone())
 }

@@ -82,7 +82,7 @@ pub async fn deliveries(State(state): State<AppState>, session: AdminSession) ->
             id: r.id,
         })
         .collect();
-    let sources = backlogs(&state)
+    let sources = backlogs(&state.metric_parts())
         .await
         .into_iter()
         .map(|(source, b)| SourceRow {
