@@ -68,7 +68,7 @@ use estafeta_exchange::AlertKind;
 use estafeta_sim::{Attempt, Device, Kept, Processor};
 use estafeta_wire::{AlertEntry, AlertList, Folder, Id, MessageId, ProcessId, ProcessState};
 
-use crate::run::Faults;
+use crate::faults::Faults;
 use crate::server::{DISK_ALERT_MB, READY_BOUND, Server};
 
 /// The longest pause of the server's alert recorder between two tries of

@@ -38,6 +38,7 @@ mod check;
 mod child;
 mod disk;
 mod exit;
+mod faults;
 mod outage;
 mod proxy;
 mod run;
