@@ -950,7 +950,7 @@ fn millis(d: Duration) -> i64 {
 fn end(rec: &mut DbRecord, mut p: Process, state: ProcessState, now: Timestamp) {
     p.state = state;
     p.ended_at = Some(now);
-    rec.counters.ended(&p, state, now);
+    p.count_end(&mut rec.counters, state, now);
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
     rec.recent.push_back(Ended::of(&p));
     while rec.recent.len() > RECENT {

@@ -12,6 +12,9 @@ use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
+/// The longest error text kept as a database's last error.
+const MAX_ERROR: usize = 500;
+
 /// A database's session.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct DbRecord {
@@ -145,6 +148,49 @@ pub(crate) struct Process {
 }
 
 impl Process {
+    /// Counts in `c` this process's end as `state` at `now`.
+    pub(crate) fn count_end(&self, c: &mut DbCounters, state: ProcessState, now: Timestamp) {
+        c.ended += 1;
+        c.last_seen = Some(now);
+        match state {
+            ProcessState::Done => {
+                c.processed += self.verdicts(ResultStatus::Processed).len() as u64;
+                c.deadlocks += self.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
+                c.incorrect += self.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
+                c.replies += self.replies.len() as u64;
+                for v in &self.results {
+                    let sender = c.by_sender.entry(v.name.from.clone()).or_default();
+                    match v.status {
+                        ResultStatus::Processed => sender.processed += 1,
+                        ResultStatus::ProcessedDeadlock => sender.deadlocks += 1,
+                        ResultStatus::ProcessedIncorrect => sender.incorrect += 1,
+                    }
+                }
+                if let Some(v) = self
+                    .results
+                    .iter()
+                    .rev()
+                    .find(|v| v.status == ResultStatus::ProcessedIncorrect)
+                {
+                    let mut text = match (v.error_code, &v.error_text) {
+                        (Some(code), Some(text)) => format!("{code}: {text}"),
+                        (Some(code), None) => code.to_string(),
+                        (None, Some(text)) => text.clone(),
+                        (None, None) => "PROCESSED_INCORRECT".to_owned(),
+                    };
+                    if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR) {
+                        text.truncate(cut);
+                    }
+                    c.last_error = Some(text);
+                }
+            }
+            ProcessState::RolledBack | ProcessState::Aborted | ProcessState::TimedOut => {
+                c.not_committed += 1;
+            }
+            _ => {}
+        }
+    }
+
     /// A new STARTED process of `messages`.
     pub(crate) fn started(
         id: ProcessId,

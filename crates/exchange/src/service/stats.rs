@@ -3,14 +3,9 @@
 //! of their own): they are updated only where the record changes anyway,
 //! when a process ends or goes in doubt.
 
-use super::state::Process;
-use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// The longest error text kept as the last error.
-const MAX_ERROR: usize = 500;
 
 /// A database's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,49 +70,6 @@ impl DbCounters {
     /// Whether nothing was counted (the record then leaves them out).
     pub(crate) fn is_empty(&self) -> bool {
         *self == DbCounters::default()
-    }
-
-    /// Process `p` ended as `state` at `now`.
-    pub(crate) fn ended(&mut self, p: &Process, state: ProcessState, now: Timestamp) {
-        self.ended += 1;
-        self.last_seen = Some(now);
-        match state {
-            ProcessState::Done => {
-                self.processed += p.verdicts(ResultStatus::Processed).len() as u64;
-                self.deadlocks += p.verdicts(ResultStatus::ProcessedDeadlock).len() as u64;
-                self.incorrect += p.verdicts(ResultStatus::ProcessedIncorrect).len() as u64;
-                self.replies += p.replies.len() as u64;
-                for v in &p.results {
-                    let c = self.by_sender.entry(v.name.from.clone()).or_default();
-                    match v.status {
-                        ResultStatus::Processed => c.processed += 1,
-                        ResultStatus::ProcessedDeadlock => c.deadlocks += 1,
-                        ResultStatus::ProcessedIncorrect => c.incorrect += 1,
-                    }
-                }
-                if let Some(v) = p
-                    .results
-                    .iter()
-                    .rev()
-                    .find(|v| v.status == ResultStatus::ProcessedIncorrect)
-                {
-                    let mut text = match (v.error_code, &v.error_text) {
-                        (Some(code), Some(text)) => format!("{code}: {text}"),
-                        (Some(code), None) => code.to_string(),
-                        (None, Some(text)) => text.clone(),
-                        (None, None) => "PROCESSED_INCORRECT".to_owned(),
-                    };
-                    if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR) {
-                        text.truncate(cut);
-                    }
-                    self.last_error = Some(text);
-                }
-            }
-            ProcessState::RolledBack | ProcessState::Aborted | ProcessState::TimedOut => {
-                self.not_committed += 1;
-            }
-            _ => {}
-        }
     }
 
     /// A process went in doubt at `now`.
