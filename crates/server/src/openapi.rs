@@ -44,7 +44,7 @@ pub struct ApiDoc;
 /// Every route of the API: the handlers' ([`routes::api`]) and
 /// `/v1/openapi.json`, which describes them all.
 pub fn router() -> OpenApiRouter<AppState> {
-    routes::api().routes(routes!(openapi_json))
+    routes::api().routes(routes!(openapi))
 }
 
 /// The API's OpenAPI document: every route of [`router`], and only those.
@@ -63,7 +63,7 @@ static OPENAPI_JSON: LazyLock<Vec<u8>> =
 /// `GET /v1/openapi.json`: this API's OpenAPI document.
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
     (status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi_json() -> Response {
+pub async fn openapi() -> Response {
     routes::raw_json(OPENAPI_JSON.clone())
 }
 
