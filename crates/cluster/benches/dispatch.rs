@@ -36,6 +36,9 @@ use estafeta_cluster::{PgQueue, Store};
 use estafeta_repeat::{Entry, Options, Outcome, Scheduler, SystemClock, WorkerPool};
 use tokio::sync::{Notify, mpsc};
 
+/// How far ahead of now a round's entries fall due: time to write
+/// 100,000 of them first (each side's timing starts at the due second).
+const LEAD: u64 = 5;
 const TOTAL: usize = 1_000_000;
 const SOURCES: usize = 16;
 const DUE: usize = 100_000;
@@ -135,7 +138,7 @@ impl Cluster {
             "INSERT INTO repeat_entries (id, source, due, attempt, payload)
              SELECT $1 || '-' || i, 's' || lpad((i % $2)::text, 2, '0'), $3 + i % $4, 0,
                     '\\x00000000000000000000000000000000'::bytea
-             FROM generate_series(0, $5 - 1) AS i",
+             FROM generate_series(0::bigint, $5::bigint - 1) AS i",
             &[&prefix, &(SOURCES as i64), &(due as i64), &spread, &n],
         )
         .await
@@ -144,7 +147,7 @@ impl Cluster {
 
     async fn round(&mut self) -> (Duration, Vec<Duration>) {
         self.round += 1;
-        let due = now_secs() + 2;
+        let due = now_secs() + LEAD;
         Cluster::insert(&self.sql, &format!("r{}", self.round), DUE as i64, due, 1).await;
         assert!(
             now_secs() < due,
@@ -228,7 +231,7 @@ impl JobQueue {
                 "INSERT INTO jobs (queue, run_at, payload)
                  SELECT 's' || lpad((i % $1)::text, 2, '0'), $2 + i % $3,
                         '\\x00000000000000000000000000000000'::bytea
-                 FROM generate_series(0, $4 - 1) AS i",
+                 FROM generate_series(0::bigint, $4::bigint - 1) AS i",
                 &[&(SOURCES as i64), &(due as i64), &spread, &n],
             )
             .await
@@ -237,7 +240,7 @@ impl JobQueue {
     }
 
     async fn round(&self) -> (Duration, Vec<Duration>) {
-        let due = now_secs() + 2;
+        let due = now_secs() + LEAD;
         self.insert(DUE as i64, due, 1).await;
         assert!(
             now_secs() < due,
