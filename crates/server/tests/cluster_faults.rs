@@ -168,10 +168,10 @@ async fn a_node_that_lost_its_lock_writes_nothing_after_another_took_over() {
     assert_eq!(offered, [message], "offered again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered() {
+/// A node over a throwaway PostgreSQL reached through a proxy that can
+/// lose the answers to its COMMITs.
+async fn behind_commit_loss(dir: &std::path::Path) -> (Postgres, CommitLoss, Node) {
     let pg = Postgres::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let proxy = CommitLoss::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
         .await
         .unwrap();
@@ -179,7 +179,14 @@ async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered
         "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
         proxy.port()
     );
-    let node = Node::start(dir.path(), "node", &url, &[]).await;
+    let node = Node::start(dir, "node", &url, &[]).await;
+    (pg, proxy, node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_pg, proxy, node) = behind_commit_loss(dir.path()).await;
     let admin: Client = node.client(node.printed_token.as_deref().unwrap());
     let t = Tenancy::provision(&admin).await;
     let sent = t
@@ -216,16 +223,8 @@ async fn a_prepare_whose_commit_answer_was_lost_is_ready_and_its_reply_delivered
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_created_whose_commit_answer_was_lost_gets_its_token() {
-    let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let proxy = CommitLoss::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
-        proxy.port()
-    );
-    let node = Node::start(dir.path(), "node", &url, &[]).await;
+    let (_pg, proxy, node) = behind_commit_loss(dir.path()).await;
     let admin: Client = node.client(node.printed_token.as_deref().unwrap());
     let (db_token, _) = provision_one(&admin).await;
     // The registry change's COMMIT is made and its answer lost: the device
