@@ -13,7 +13,9 @@
 //! dies holding an entry leaves it due again when the lease ends, and any
 //! live node takes it then; a handler that outlives its lease may see its
 //! entry taken by another node (delivery is at least once at the transport,
-//! once per event in the store). Listing a claiming queue would claim what
+//! once per event in the store). A claim's commit does not wait for the
+//! database's log to reach its disk: a claim the database loses in a crash
+//! leaves its entries due at once, as if their claimer had died. Listing a claiming queue would claim what
 //! it lists: list through a plain one ([`PgQueue::new`]).
 
 use std::ops::Bound;
@@ -22,12 +24,16 @@ use std::time::Duration;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 
+use tokio_postgres::types::ToSql;
+
 use crate::schedule::{PgSchedule, to_sql};
 use crate::{Error, Store as Db};
 
 const DUE: &str = "SELECT due, id, attempt, payload FROM repeat_entries
     WHERE source = $1 AND due <= $2 ORDER BY due, id LIMIT $3 FOR UPDATE SKIP LOCKED";
 const CLAIM: &str = "UPDATE repeat_entries SET due = $2 WHERE id = ANY($1)";
+/// A claim's transaction commits without waiting for its log's flush.
+const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 const HEAD: &str = "SELECT due FROM repeat_entries WHERE source = $1 AND due > $2
     ORDER BY due, id LIMIT 1";
 
@@ -87,10 +93,24 @@ impl PgQueue {
         self.run(async {
             let mut client = self.db.client().await?;
             let tx = client.transaction().await?;
+            let (due, claim, head) = tokio::try_join!(
+                tx.prepare_cached(DUE),
+                tx.prepare_cached(CLAIM),
+                tx.prepare_cached(HEAD),
+            )?;
             let mut scan = Scan::default();
             let mut ids = Vec::new();
             if limit > 0 {
-                for row in tx.query(DUE, &[&source, &to_sql(now), &ask]).await? {
+                // A claim is not waited for on disk: one lost in a crash
+                // of the database leaves its entries due again, handed out
+                // again as when a claimer dies (see the module's doc); the
+                // outcomes' commits are durable, and with them what the
+                // log holds before them.
+                let now = to_sql(now);
+                let params: [&(dyn ToSql + Sync); 3] = [&source, &now, &ask];
+                let (_, rows) =
+                    tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params),)?;
+                for row in rows {
                     let (due, attempt): (i64, i32) = (row.get(0), row.get(2));
                     let entry = Entry {
                         source: source.to_owned(),
@@ -113,17 +133,25 @@ impl PgQueue {
                         ..entry
                     });
                 }
-                if !ids.is_empty() {
-                    tx.execute(CLAIM, &[&ids, &to_sql(until)]).await?;
-                }
             }
             // The next due second after what was read: due entries left
             // unread (in flight here, or being claimed by another node) are
-            // not waited for.
+            // not waited for. Asked with the claim, in one round trip.
             let after = if limit == 0 { -1 } else { to_sql(now) };
-            if scan.next_due.is_none()
-                && let Some(row) = tx.query_opt(HEAD, &[&source, &after]).await?
-            {
+            let claimed = async {
+                match ids.is_empty() {
+                    true => Ok(0),
+                    false => tx.execute(&claim, &[&ids, &to_sql(until)]).await,
+                }
+            };
+            let next = async {
+                match scan.next_due {
+                    Some(_) => Ok(None),
+                    None => tx.query_opt(&head, &[&source, &after]).await,
+                }
+            };
+            let (_, next) = tokio::try_join!(claimed, next)?;
+            if let Some(row) = next {
                 let due: i64 = row.get(0);
                 scan.next_due = Some(u64::try_from(due).unwrap_or(0));
             }

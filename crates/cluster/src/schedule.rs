@@ -19,11 +19,13 @@
 //! entry is removed once, by whichever outcome comes first. A node hands
 //! each due entry to one node by reading through [`crate::PgQueue::claiming`].
 
+use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 
+use deadpool_postgres::Transaction;
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
-use tokio_postgres::Transaction;
+use tokio_postgres::types::ToSql;
 
 use crate::Error;
 
@@ -33,15 +35,52 @@ pub(crate) const PUT_ENTRY: &str = "WITH source AS (
     INSERT INTO repeat_entries (id, source, due, attempt, payload) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (id) DO UPDATE SET source = EXCLUDED.source, due = EXCLUDED.due,
         attempt = EXCLUDED.attempt, payload = EXCLUDED.payload";
-const RESTORE: &str = "WITH source AS (
-        INSERT INTO repeat_sources (name) VALUES ($2) ON CONFLICT DO NOTHING)
-    INSERT INTO repeat_entries (id, source, due, attempt, payload) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (id) DO NOTHING";
-const CANCEL: &str = "DELETE FROM repeat_entries WHERE id = $1";
-const RESCHEDULE: &str =
-    "UPDATE repeat_entries SET due = $2, attempt = 0 WHERE id = $1 RETURNING source";
-/// The entry exactly as read: place, attempt and payload.
-const EXACT: &str = "id = $1 AND source = $2 AND due = $3 AND attempt = $4 AND payload = $5";
+
+// The statements below each apply a run of ops of one kind on distinct
+// ids, their entries as one array per column: `$1` ids, `$2` sources,
+// `$3` due seconds, `$4` attempts, `$5` payloads.
+
+/// `PUT_ENTRY` for a run of entries.
+const PUT_RUN: &str = "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[],
+        $4::integer[], $5::bytea[]) AS t(id, source, due, attempt, payload)),
+    source AS (INSERT INTO repeat_sources (name) SELECT DISTINCT source FROM t
+        ON CONFLICT DO NOTHING)
+    INSERT INTO repeat_entries (id, source, due, attempt, payload)
+    SELECT id, source, due, attempt, payload FROM t
+    ON CONFLICT (id) DO UPDATE SET source = EXCLUDED.source, due = EXCLUDED.due,
+        attempt = EXCLUDED.attempt, payload = EXCLUDED.payload";
+/// Inserts each entry whose id is free; returns the ids inserted.
+const RESTORE_RUN: &str = "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[],
+        $3::bigint[], $4::integer[], $5::bytea[]) AS t(id, source, due, attempt, payload)),
+    source AS (INSERT INTO repeat_sources (name) SELECT DISTINCT source FROM t
+        ON CONFLICT DO NOTHING)
+    INSERT INTO repeat_entries (id, source, due, attempt, payload)
+    SELECT id, source, due, attempt, payload FROM t
+    ON CONFLICT (id) DO NOTHING RETURNING id";
+/// Removes the entries with these ids; returns the ids removed.
+const CANCEL_RUN: &str = "DELETE FROM repeat_entries WHERE id = ANY($1) RETURNING id";
+/// Moves each id to its due second (`$2`), attempts back to 0; returns
+/// the ids moved and their sources.
+const RESCHEDULE_RUN: &str = "UPDATE repeat_entries r SET due = t.due, attempt = 0
+    FROM unnest($1::text[], $2::bigint[]) AS t(id, due)
+    WHERE r.id = t.id RETURNING r.id, r.source";
+/// Removes each entry exactly as read (place, attempt and payload);
+/// returns the ids removed.
+const REMOVE_RUN: &str = "DELETE FROM repeat_entries r
+    USING unnest($1::text[], $2::text[], $3::bigint[], $4::integer[], $5::bytea[])
+        AS t(id, source, due, attempt, payload)
+    WHERE r.id = t.id AND r.source = t.source AND r.due = t.due
+        AND r.attempt = t.attempt AND r.payload = t.payload
+    RETURNING r.id";
+/// Moves each entry exactly as read to its new due second (`$6`) and
+/// attempt (`$7`); returns the ids moved.
+const MOVE_RUN: &str = "UPDATE repeat_entries r SET due = t.to_due, attempt = t.to_attempt
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::integer[], $5::bytea[],
+        $6::bigint[], $7::integer[])
+        AS t(id, source, due, attempt, payload, to_due, to_attempt)
+    WHERE r.id = t.id AND r.source = t.source AND r.due = t.due
+        AND r.attempt = t.attempt AND r.payload = t.payload
+    RETURNING r.id";
 const FIRST_PAGE: &str = "SELECT due, id, attempt, payload FROM repeat_entries
     WHERE source = $1 ORDER BY due, id LIMIT $2";
 const NEXT_PAGE: &str = "SELECT due, id, attempt, payload FROM repeat_entries
@@ -96,64 +135,193 @@ fn placed(source: String, due: u64, id: &str) -> Applied {
     }
 }
 
-async fn apply_one(tx: &Transaction<'_>, op: &Op) -> Result<Applied, Error> {
-    Ok(match op {
-        Op::Put(e) => {
-            let (due, attempt) = (to_sql(e.due), attempt_to_sql(e.attempt));
-            tx.execute(PUT_ENTRY, &[&e.id, &e.source, &due, &attempt, &e.payload])
-                .await?;
-            placed(e.source.clone(), e.due, &e.id)
+/// The kind of an [`Op`]: consecutive ops of one kind are one statement.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Put,
+    Cancel,
+    Reschedule,
+    Remove,
+    Move,
+    Restore,
+}
+
+fn kind_and_id(op: &Op) -> (Kind, &str) {
+    match op {
+        Op::Put(e) => (Kind::Put, &e.id),
+        Op::Cancel { id } => (Kind::Cancel, id),
+        Op::Reschedule { id, .. } => (Kind::Reschedule, id),
+        Op::Remove(e) => (Kind::Remove, &e.id),
+        Op::Move { entry, .. } => (Kind::Move, &entry.id),
+        Op::Restore(e) => (Kind::Restore, &e.id),
+    }
+}
+
+/// Splits `ops` into runs of one kind, each id at most once in a run, so
+/// that a run is one statement and an op on an id sees what the ops
+/// before it did (a run ends where its id comes again).
+fn runs(ops: &[Op]) -> Vec<&[Op]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    let mut ids = HashSet::new();
+    for (i, op) in ops.iter().enumerate() {
+        let (kind, id) = kind_and_id(op);
+        let same = i > start && kind_and_id(&ops[start]).0 == kind;
+        if !same || !ids.insert(id) {
+            if i > start {
+                runs.push(&ops[start..i]);
+            }
+            start = i;
+            ids.clear();
+            ids.insert(id);
         }
-        Op::Cancel { id } => match tx.execute(CANCEL, &[id]).await? {
-            0 => Applied::Unchanged,
-            _ => Applied::Removed,
-        },
-        Op::Reschedule { id, due } => match tx.query_opt(RESCHEDULE, &[id, &to_sql(*due)]).await? {
-            Some(row) => placed(row.get(0), *due, id),
-            None => Applied::Unchanged,
-        },
-        Op::Remove(e) => {
-            let (due, attempt) = (to_sql(e.due), attempt_to_sql(e.attempt));
-            let sql = format!("DELETE FROM repeat_entries WHERE {EXACT}");
-            match tx
-                .execute(&sql, &[&e.id, &e.source, &due, &attempt, &e.payload])
+    }
+    if start < ops.len() {
+        runs.push(&ops[start..]);
+    }
+    runs
+}
+
+/// A run's entries as the statements take them: one array per column.
+#[derive(Default)]
+struct Columns<'a> {
+    ids: Vec<&'a str>,
+    sources: Vec<&'a str>,
+    dues: Vec<i64>,
+    attempts: Vec<i32>,
+    payloads: Vec<&'a [u8]>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(entries: impl Iterator<Item = &'a Entry>) -> Columns<'a> {
+        let mut columns = Columns::default();
+        for e in entries {
+            columns.ids.push(&e.id);
+            columns.sources.push(&e.source);
+            columns.dues.push(to_sql(e.due));
+            columns.attempts.push(attempt_to_sql(e.attempt));
+            columns.payloads.push(&e.payload);
+        }
+        columns
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.ids,
+            &self.sources,
+            &self.dues,
+            &self.attempts,
+            &self.payloads,
+        ]
+    }
+}
+
+/// The entries of a run of `Put`, `Remove` or `Restore` ops.
+fn entries(run: &[Op]) -> impl Iterator<Item = &Entry> {
+    run.iter().filter_map(|op| match op {
+        Op::Put(e) | Op::Remove(e) | Op::Restore(e) | Op::Move { entry: e, .. } => Some(e),
+        Op::Cancel { .. } | Op::Reschedule { .. } => None,
+    })
+}
+
+/// Applies one run (see [`runs`]) with one statement, prepared once per
+/// connection.
+async fn apply_run(tx: &Transaction<'_>, run: &[Op]) -> Result<Vec<Applied>, Error> {
+    let Some(first) = run.first() else {
+        return Ok(Vec::new());
+    };
+    /// The ids a statement's rows name first.
+    async fn touched(
+        tx: &Transaction<'_>,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<HashSet<String>, Error> {
+        let statement = tx.prepare_cached(sql).await?;
+        let rows = tx.query(&statement, params).await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+    let ids = || -> Vec<&str> { run.iter().map(|op| kind_and_id(op).1).collect() };
+    let was =
+        |done: &HashSet<String>, op: &Op, then: Applied| match done.contains(kind_and_id(op).1) {
+            true => then,
+            false => Applied::Unchanged,
+        };
+    Ok(match kind_and_id(first).0 {
+        Kind::Put => {
+            let columns = Columns::of(entries(run));
+            let statement = tx.prepare_cached(PUT_RUN).await?;
+            tx.execute(&statement, &columns.params()).await?;
+            entries(run)
+                .map(|e| placed(e.source.clone(), e.due, &e.id))
+                .collect()
+        }
+        Kind::Restore => {
+            let columns = Columns::of(entries(run));
+            let done = touched(tx, RESTORE_RUN, &columns.params()).await?;
+            entries(run)
+                .map(|e| match done.contains(&e.id) {
+                    true => placed(e.source.clone(), e.due, &e.id),
+                    false => Applied::Unchanged,
+                })
+                .collect()
+        }
+        Kind::Remove => {
+            let columns = Columns::of(entries(run));
+            let done = touched(tx, REMOVE_RUN, &columns.params()).await?;
+            run.iter()
+                .map(|op| was(&done, op, Applied::Removed))
+                .collect()
+        }
+        Kind::Cancel => {
+            let done = touched(tx, CANCEL_RUN, &[&ids()]).await?;
+            run.iter()
+                .map(|op| was(&done, op, Applied::Removed))
+                .collect()
+        }
+        Kind::Move => {
+            let columns = Columns::of(entries(run));
+            let (mut to_dues, mut to_attempts) = (Vec::new(), Vec::new());
+            for op in run {
+                if let Op::Move { due, attempt, .. } = op {
+                    to_dues.push(to_sql(*due));
+                    to_attempts.push(attempt_to_sql(*attempt));
+                }
+            }
+            let [a, b, c, d, e] = columns.params();
+            let done = touched(tx, MOVE_RUN, &[a, b, c, d, e, &to_dues, &to_attempts]).await?;
+            run.iter()
+                .map(|op| match op {
+                    Op::Move { entry, due, .. } if done.contains(&entry.id) => {
+                        placed(entry.source.clone(), *due, &entry.id)
+                    }
+                    _ => Applied::Unchanged,
+                })
+                .collect()
+        }
+        Kind::Reschedule => {
+            let dues: Vec<i64> = run
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Reschedule { due, .. } => Some(to_sql(*due)),
+                    _ => None,
+                })
+                .collect();
+            let statement = tx.prepare_cached(RESCHEDULE_RUN).await?;
+            let sources: HashMap<String, String> = tx
+                .query(&statement, &[&ids(), &dues])
                 .await?
-            {
-                0 => Applied::Unchanged,
-                _ => Applied::Removed,
-            }
-        }
-        Op::Move {
-            entry: e,
-            due: new_due,
-            attempt: new_attempt,
-        } => {
-            let (due, attempt) = (to_sql(e.due), attempt_to_sql(e.attempt));
-            let sql = format!("UPDATE repeat_entries SET due = $6, attempt = $7 WHERE {EXACT}");
-            let (to_due, to_attempt) = (to_sql(*new_due), attempt_to_sql(*new_attempt));
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-                &e.id,
-                &e.source,
-                &due,
-                &attempt,
-                &e.payload,
-                &to_due,
-                &to_attempt,
-            ];
-            match tx.execute(&sql, &params).await? {
-                0 => Applied::Unchanged,
-                _ => placed(e.source.clone(), *new_due, &e.id),
-            }
-        }
-        Op::Restore(e) => {
-            let (due, attempt) = (to_sql(e.due), attempt_to_sql(e.attempt));
-            match tx
-                .execute(RESTORE, &[&e.id, &e.source, &due, &attempt, &e.payload])
-                .await?
-            {
-                0 => Applied::Unchanged,
-                _ => placed(e.source.clone(), e.due, &e.id),
-            }
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            run.iter()
+                .map(|op| match op {
+                    Op::Reschedule { id, due } => match sources.get(id) {
+                        Some(source) => placed(source.clone(), *due, id),
+                        None => Applied::Unchanged,
+                    },
+                    _ => Applied::Unchanged,
+                })
+                .collect()
         }
     })
 }
@@ -164,8 +332,8 @@ impl Store for PgSchedule {
             let mut client = self.store.client().await?;
             let tx = client.transaction().await?;
             let mut applied = Vec::with_capacity(ops.len());
-            for op in ops {
-                applied.push(apply_one(&tx, op).await?);
+            for run in runs(ops) {
+                applied.extend(apply_run(&tx, run).await?);
             }
             tx.commit().await?;
             Ok(applied)

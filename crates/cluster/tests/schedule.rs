@@ -62,6 +62,78 @@ fn ids(store: &PgSchedule, source: &str, now: u64) -> Vec<String> {
     scan.entries.into_iter().map(|e| e.id).collect()
 }
 
+/// A batch of outcomes costs a statement per run of one kind of op, not a
+/// statement per entry (a dispatch of 100,000 due entries is 100,000
+/// removals): counted by a statement-level trigger on the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_ops_is_one_statement_per_run_of_one_kind() {
+    let pg = Postgres::start().unwrap();
+    let db = store(&pg).await;
+    db.client()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE TABLE statements (n integer NOT NULL);
+             INSERT INTO statements VALUES (0);
+             CREATE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN UPDATE statements SET n = n + 1; RETURN NULL; END $$;
+             CREATE TRIGGER counted AFTER INSERT OR UPDATE OR DELETE ON repeat_entries
+                 FOR EACH STATEMENT EXECUTE FUNCTION count_statement();",
+        )
+        .await
+        .unwrap();
+    let statements = || {
+        let db = db.clone();
+        async move {
+            let client = db.client().await.unwrap();
+            let n: i32 = client
+                .query_one("SELECT n FROM statements", &[])
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    let schedule = Arc::new(PgSchedule::new(db.clone()));
+    let apply = |ops: Vec<Op>| {
+        let schedule = schedule.clone();
+        blocking(move || schedule.apply(&ops).unwrap())
+    };
+    let all: Vec<Entry> = (0..200)
+        .map(|i| entry("a", 10, &format!("e{i:03}")))
+        .collect();
+
+    let applied = apply(all.iter().cloned().map(Op::Put).collect()).await;
+    assert_eq!(applied[199], placed("a", 10, "e199"));
+    // An upsert fires the triggers of both an INSERT and an UPDATE.
+    assert_eq!(statements().await, 2, "200 puts");
+
+    let mut ops: Vec<Op> = all[..100].iter().cloned().map(Op::Remove).collect();
+    ops.extend(all[100..].iter().map(|e| Op::Move {
+        entry: e.clone(),
+        due: 20,
+        attempt: 1,
+    }));
+    // The same entry again: the run ends there, and the second removal
+    // sees the first.
+    ops.push(Op::Remove(all[0].clone()));
+    let applied = apply(ops).await;
+    assert!(applied[..100].iter().all(|a| *a == Applied::Removed));
+    assert_eq!(applied[150], placed("a", 20, "e150"));
+    assert_eq!(applied[200], Applied::Unchanged);
+    assert_eq!(
+        statements().await,
+        2 + 3,
+        "100 removals, 100 moves, 1 removal"
+    );
+    let scan = blocking({
+        let schedule = schedule.clone();
+        move || ids(&schedule, "a", 100)
+    })
+    .await;
+    assert_eq!(scan.len(), 100);
+}
+
 /// Every op as the redb and memory stores do it (the same cases as the
 /// repeat crate's store contract), and the two ways reads differ: they
 /// start at the source's first entry whatever the cursor, and a read that
