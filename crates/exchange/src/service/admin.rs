@@ -8,41 +8,13 @@ use crate::Id;
 use crate::store::{FileEntry, Folder, MailboxKind};
 use crate::tenancy::{Principal, Role};
 use crate::token::Token;
-use crate::wire::{
-    DatabaseStats, DeviceStats, FolderListing, ProcessList, ProcessSummary, Stats, Version,
-};
+use crate::wire::{DatabaseStats, DeviceStats, FolderListing, ProcessList, Stats, Version};
 use std::collections::HashMap;
 
 pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
     match who {
         Principal::Admin => Ok(()),
         _ => Err(ExchangeError::forbidden("this call needs the admin token")),
-    }
-}
-
-pub(crate) fn summary(p: &Process) -> ProcessSummary {
-    ProcessSummary {
-        process_id: p.id,
-        db_id: p.db.clone(),
-        state: p.state,
-        started_at: p.started_at,
-        ready_at: p.ready_at,
-        ended_at: p.ended_at,
-        messages: p.messages.len() as u64,
-        replies: p.replies.len() as u64,
-    }
-}
-
-pub(crate) fn ended_summary(e: &Ended) -> ProcessSummary {
-    ProcessSummary {
-        process_id: e.id,
-        db_id: e.db.clone(),
-        state: e.state,
-        started_at: e.started_at,
-        ready_at: e.ready_at,
-        ended_at: e.ended_at,
-        messages: e.messages,
-        replies: e.replies,
     }
 }
 
@@ -90,8 +62,8 @@ impl Core {
                 rec.process
                     .iter()
                     .chain(rec.in_doubt.iter())
-                    .map(summary)
-                    .chain(rec.recent.iter().map(ended_summary)),
+                    .map(Process::summary)
+                    .chain(rec.recent.iter().map(Ended::summary)),
             );
         }
         processes.sort_by_key(|p| p.started_at);

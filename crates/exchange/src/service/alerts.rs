@@ -10,9 +10,7 @@
 //! while the condition lasts, and [`AlertSink::clear`] says when it ended.
 
 pub use super::alert_kind::AlertKind;
-use super::core::Core;
 use crate::Timestamp;
-use crate::wire::ErrorCode;
 use estafeta_session::{BoxFuture, Step};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -90,57 +88,6 @@ impl AlertSink for LogOnly {
     }
     fn clear(&self, _key: String) -> BoxFuture<'_, ()> {
         Box::pin(async {})
-    }
-}
-
-impl Core {
-    /// Raise an alert of `kind` for `subject` with the current time.
-    pub(crate) async fn raise_alert(
-        &self,
-        kind: AlertKind,
-        subject: impl fmt::Display,
-        text: impl Into<String>,
-    ) {
-        let alert = Alert::new(kind, subject, text, self.now());
-        self.alerts.raise(alert).await;
-    }
-
-    /// The condition `kind` of `subject` ended.
-    pub(crate) async fn clear_alert(&self, kind: AlertKind, subject: impl fmt::Display) {
-        self.alerts.clear(key(kind, subject)).await;
-    }
-
-    /// Raise a storage-write alert when `result` failed on storage and none
-    /// is open, and clear the open one when a write succeeds again. While
-    /// it is open a failed write has nothing new to tell the sink, and is
-    /// not held up by it: a sink that records alerts in the store that
-    /// failed goes on retrying its first record, and a second raise would
-    /// wait for that to end (a call answered only once the store is back,
-    /// instead of 503 at once).
-    pub(crate) async fn watch_storage<T>(
-        &self,
-        what: &str,
-        result: Result<T, super::ExchangeError>,
-    ) -> Result<T, super::ExchangeError> {
-        match &result {
-            Err(e)
-                if matches!(e.code(), ErrorCode::StorageError | ErrorCode::StorageFull)
-                    && self.storage_alert.holds() =>
-            {
-                tracing::error!(target: "estafeta::alert", what, error = %e, "storage write failed");
-                self.raise_alert(
-                    AlertKind::StorageWrite,
-                    "data",
-                    format!("a storage write failed ({what}): {e}"),
-                )
-                .await;
-            }
-            Ok(_) if self.storage_alert.ended() => {
-                self.clear_alert(AlertKind::StorageWrite, "data").await;
-            }
-            _ => {}
-        }
-        result
     }
 }
 

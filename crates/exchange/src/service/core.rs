@@ -198,29 +198,6 @@ impl Core {
         }
     }
 
-    /// Raise `alert` as part of `held` when the alert sink writes in the
-    /// step's store (durable with the step's save, or not at all), else on
-    /// its own.
-    pub(crate) async fn raise_in(&self, held: Held<'_>, alert: Alert) {
-        if let Some(step) = held
-            && self.alerts.raise_in_step(step, &alert)
-        {
-            return;
-        }
-        self.alerts.raise(alert).await;
-    }
-
-    /// The condition `key` ended, as part of `held` when the sink can (as
-    /// [`raise_in`](Self::raise_in)).
-    pub(crate) async fn clear_in(&self, held: Held<'_>, key: String) {
-        if let Some(step) = held
-            && self.alerts.clear_in_step(step, &key)
-        {
-            return;
-        }
-        self.alerts.clear(key).await;
-    }
-
     /// The session `g` a call took for `who` (its device's or database's),
     /// once `who` is confirmed ([`confirm`](Self::confirm)) with the change
     /// counter its step's lock read. A token that is no longer `who`'s is

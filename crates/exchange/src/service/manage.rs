@@ -12,11 +12,11 @@ use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::Exchange;
-use super::admin::{admin, summary};
+use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
 use super::lifecycle::Event;
-use super::state::{DbRecord, DeviceRecord};
+use super::state::{DbRecord, DeviceRecord, Process};
 use crate::store::Folder;
 use crate::tenancy::{Endpoint, Kind, Principal, Role};
 use crate::token::Token;
@@ -229,7 +229,7 @@ impl Exchange {
             .process
             .iter()
             .chain(rec.in_doubt.iter())
-            .map(summary)
+            .map(Process::summary)
             .collect())
     }
 }

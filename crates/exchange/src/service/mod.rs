@@ -17,8 +17,10 @@
 //!   lifecycle's steps; a batch of moves goes to the message store
 //!   ([`crate::store::MessageStore`]) as one `apply`.
 //! - `hooks.rs` (deadlines and start-up processing of database sessions),
-//!   `recovery.rs`, `push.rs`, `schedule.rs` (messages kept aside until
-//!   their `deliver_at`), `alerts.rs`, `stats.rs`.
+//!   `recovery.rs`, `webhooks.rs` (arrivals told to the [`PushSink`] of
+//!   `push.rs`), `schedule.rs` (messages kept aside until their
+//!   `deliver_at`), `alerting.rs` (alerts raised and cleared through the
+//!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
 //! - `sessions.rs` and `state.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
 //!
@@ -29,6 +31,7 @@
 
 mod admin;
 mod alert_kind;
+mod alerting;
 mod alerts;
 mod config;
 mod core;
@@ -49,6 +52,7 @@ mod state;
 mod stats;
 mod tally;
 mod totals;
+mod webhooks;
 
 pub use crate::store::Listed;
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
@@ -269,7 +273,10 @@ impl Exchange {
         let sessions =
             sessions::Sessions::open(stores.sessions, stores.process_sessions, clock.clone())
                 .await?;
-        let process_tally = sessions.process_tally();
+        // The process list this server keeps in memory as records are
+        // saved: only where it sees every save (with a store other servers
+        // share, the list is read from the records).
+        let process_tally = (!sessions.shared()).then(tally::ProcessTally::default);
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {

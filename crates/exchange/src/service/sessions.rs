@@ -4,12 +4,13 @@
 //! [`ProcessId`]). The three share one durable store, each in its own
 //! [`Namespace`] of it.
 
-use super::hooks::ExchangeHooks;
 use super::state::{DbRecord, DeviceRecord, ProcessRecord};
 use crate::{Id, ProcessId};
 use estafeta_session::index::DefaultIndex;
 use estafeta_session::storage::{Pending, Shared, Step, Write};
-use estafeta_session::{Clock, Engine, Error, Loaded, Stats, Storage, StorageError, Timestamp};
+use estafeta_session::{
+    Clock, Engine, Error, Hooks, Loaded, Stats, Storage, StorageError, Timestamp,
+};
 use std::sync::Arc;
 
 /// One kind's part of a shared store: its keys are stored behind a
@@ -134,15 +135,13 @@ pub(crate) struct Opening {
 }
 
 impl Opening {
-    /// The process list this server can keep in memory as records are
-    /// saved: only when it sees every save (none where other servers share
-    /// the store: the list is then read from the records).
-    pub(crate) fn process_tally(&self) -> Option<super::tally::ProcessTally> {
-        (!self.shared).then(Default::default)
+    /// Whether other servers share the store (and change its records).
+    pub(crate) fn shared(&self) -> bool {
+        self.shared
     }
 
     /// Start the database engine with `hooks` (without waiting).
-    pub(crate) fn start(self, hooks: Arc<ExchangeHooks>) -> Sessions {
+    pub(crate) fn start(self, hooks: Arc<dyn Hooks<Id, DbRecord>>) -> Sessions {
         Sessions {
             db: self.db.hooks(hooks).start(),
             device: self.device,

@@ -7,7 +7,7 @@
 
 use super::stats::{DbCounters, DeviceCounters};
 use crate::store::{FileName, Folder, Location};
-use crate::wire::{ProcessState, ResultStatus};
+use crate::wire::{ProcessState, ProcessSummary, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -148,6 +148,20 @@ pub(crate) struct Process {
 }
 
 impl Process {
+    /// The process as the admin's process list shows it.
+    pub(crate) fn summary(&self) -> ProcessSummary {
+        ProcessSummary {
+            process_id: self.id,
+            db_id: self.db.clone(),
+            state: self.state,
+            started_at: self.started_at,
+            ready_at: self.ready_at,
+            ended_at: self.ended_at,
+            messages: self.messages.len() as u64,
+            replies: self.replies.len() as u64,
+        }
+    }
+
     /// Counts in `c` this process's end as `state` at `now`.
     pub(crate) fn count_end(&self, c: &mut DbCounters, state: ProcessState, now: Timestamp) {
         c.ended += 1;
@@ -260,6 +274,20 @@ pub(crate) struct Ended {
 }
 
 impl Ended {
+    /// The ended process as the admin's process list shows it.
+    pub(crate) fn summary(&self) -> ProcessSummary {
+        ProcessSummary {
+            process_id: self.id,
+            db_id: self.db.clone(),
+            state: self.state,
+            started_at: self.started_at,
+            ready_at: self.ready_at,
+            ended_at: self.ended_at,
+            messages: self.messages,
+            replies: self.replies,
+        }
+    }
+
     /// What is remembered of `p`, which ended.
     pub(crate) fn of(p: &Process) -> Ended {
         Ended {

@@ -12,7 +12,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::admin::{ended_summary, summary};
 use super::state::DbRecord;
 use crate::wire::{ProcessState, ProcessSummary};
 use crate::{Id, ProcessId, Timestamp};
@@ -35,8 +34,8 @@ impl DbRows {
             rec.process
                 .iter()
                 .chain(rec.in_doubt.iter())
-                .map(|p| row(false, summary(p)))
-                .chain(rec.recent.iter().map(|e| row(true, ended_summary(e))))
+                .map(|p| row(false, p.summary()))
+                .chain(rec.recent.iter().map(|e| row(true, e.summary())))
                 .collect(),
             Verdicts {
                 processed: rec.counters.processed,
