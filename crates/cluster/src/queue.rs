@@ -21,7 +21,7 @@
 use std::ops::Bound;
 use std::time::Duration;
 
-use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
+use estafeta_repeat::store::{Applied, Op, Read, Scan, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 
 use tokio_postgres::types::ToSql;
@@ -29,13 +29,22 @@ use tokio_postgres::types::ToSql;
 use crate::schedule::{PgSchedule, to_sql};
 use crate::{Error, Store as Db};
 
-const DUE: &str = "SELECT due, id, attempt, payload FROM repeat_entries
-    WHERE source = $1 AND due <= $2 ORDER BY due, id LIMIT $3 FOR UPDATE SKIP LOCKED";
+/// Up to `$2` due entries of each source `$1` (with its place `ord` in
+/// the arrays), locked, passing over those other transactions hold.
+const DUE: &str = "SELECT s.ord, e.due, e.id, e.attempt, e.payload
+    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS s(source, n, ord)
+    CROSS JOIN LATERAL (SELECT due, id, attempt, payload FROM repeat_entries
+        WHERE source = s.source AND due <= $3 ORDER BY due, id LIMIT s.n
+        FOR UPDATE SKIP LOCKED) AS e
+    ORDER BY s.ord, e.due, e.id";
 const CLAIM: &str = "UPDATE repeat_entries SET due = $2 WHERE id = ANY($1)";
 /// A claim's transaction commits without waiting for its log's flush.
 const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
-const HEAD: &str = "SELECT due FROM repeat_entries WHERE source = $1 AND due > $2
-    ORDER BY due, id LIMIT 1";
+/// The first due second of each source `$1` after its second `$2`.
+const HEAD: &str = "SELECT s.ord, h.due
+    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS s(source, after, ord)
+    CROSS JOIN LATERAL (SELECT due FROM repeat_entries
+        WHERE source = s.source AND due > s.after ORDER BY due, id LIMIT 1) AS h";
 
 /// Some sources of the repeat scheduler's entries in the cluster store.
 pub struct PgQueue {
@@ -79,17 +88,25 @@ impl PgQueue {
             .map_err(|e| StoreError::Backend(Box::new(e)))
     }
 
-    /// Takes up to `limit` due entries of `source` for `lease`.
+    /// Takes up to its limit of due entries of each read's source for
+    /// `lease`, all in one transaction; one scan per read, in order.
     fn claim(
         &self,
-        source: &str,
+        reads: &[Read<'_>],
         now: u64,
-        limit: usize,
         lease: Duration,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> Result<Vec<Scan>, StoreError> {
         let until = now.saturating_add(lease.as_secs());
-        let ask = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+        let sources: Vec<&str> = reads.iter().map(|r| r.source).collect();
+        // One more than asked: the first one left says when to read again.
+        let asks: Vec<i64> = reads
+            .iter()
+            .map(|r| match r.limit {
+                0 => 0,
+                n => i64::try_from(n.saturating_add(1)).unwrap_or(i64::MAX),
+            })
+            .collect();
         self.run(async {
             let mut client = self.db.client().await?;
             let tx = client.transaction().await?;
@@ -98,46 +115,56 @@ impl PgQueue {
                 tx.prepare_cached(CLAIM),
                 tx.prepare_cached(HEAD),
             )?;
-            let mut scan = Scan::default();
+            let mut scans = vec![Scan::default(); reads.len()];
             let mut ids = Vec::new();
-            if limit > 0 {
-                // A claim is not waited for on disk: one lost in a crash
-                // of the database leaves its entries due again, handed out
-                // again as when a claimer dies (see the module's doc); the
-                // outcomes' commits are durable, and with them what the
-                // log holds before them.
-                let now = to_sql(now);
-                let params: [&(dyn ToSql + Sync); 3] = [&source, &now, &ask];
-                let (_, rows) =
-                    tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params),)?;
-                for row in rows {
-                    let (due, attempt): (i64, i32) = (row.get(0), row.get(2));
-                    let entry = Entry {
-                        source: source.to_owned(),
-                        due: u64::try_from(due).unwrap_or(0),
-                        id: row.get(1),
-                        payload: row.get(3),
-                        attempt: u32::try_from(attempt).unwrap_or(0),
-                    };
-                    if skip(&entry.position()) {
-                        continue;
-                    }
-                    if scan.entries.len() >= limit {
-                        // More is due: read again at once.
-                        scan.next_due = Some(entry.due);
-                        break;
-                    }
-                    ids.push(entry.id.clone());
-                    scan.entries.push(Entry {
-                        due: until,
-                        ..entry
-                    });
+            // A claim is not waited for on disk: one lost in a crash of the
+            // database leaves its entries due again, handed out again as
+            // when a claimer dies (see the module's doc); the outcomes'
+            // commits are durable, and with them what the log holds before
+            // them.
+            let at = to_sql(now);
+            let params: [&(dyn ToSql + Sync); 3] = [&sources, &asks, &at];
+            let (_, rows) =
+                tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params))?;
+            for row in rows {
+                let Some(i) = ordinal(row.get(0), reads.len()) else {
+                    continue;
+                };
+                let (read, scan) = (&reads[i], &mut scans[i]);
+                let (due, attempt): (i64, i32) = (row.get(1), row.get(3));
+                let entry = Entry {
+                    source: read.source.to_owned(),
+                    due: u64::try_from(due).unwrap_or(0),
+                    id: row.get(2),
+                    payload: row.get(4),
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                };
+                if scan.next_due.is_some() || skip(read.source, &entry.position()) {
+                    continue;
+                }
+                if scan.entries.len() >= read.limit {
+                    // More is due: read again at once.
+                    scan.next_due = Some(entry.due);
+                    continue;
+                }
+                ids.push(entry.id.clone());
+                scan.entries.push(Entry {
+                    due: until,
+                    ..entry
+                });
+            }
+            // The next due second after what was read, for the reads that
+            // did not find one: due entries left unread (in flight here, or
+            // being claimed by another node) are not waited for. Asked with
+            // the claim, in one round trip.
+            let (mut heads, mut afters, mut of) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, (read, scan)) in reads.iter().zip(&scans).enumerate() {
+                if scan.next_due.is_none() {
+                    heads.push(read.source);
+                    afters.push(if read.limit == 0 { -1 } else { at });
+                    of.push(i);
                 }
             }
-            // The next due second after what was read: due entries left
-            // unread (in flight here, or being claimed by another node) are
-            // not waited for. Asked with the claim, in one round trip.
-            let after = if limit == 0 { -1 } else { to_sql(now) };
             let claimed = async {
                 match ids.is_empty() {
                     true => Ok(0),
@@ -145,27 +172,43 @@ impl PgQueue {
                 }
             };
             let next = async {
-                match scan.next_due {
-                    Some(_) => Ok(None),
-                    None => tx.query_opt(&head, &[&source, &after]).await,
+                match heads.is_empty() {
+                    true => Ok(Vec::new()),
+                    false => tx.query(&head, &[&heads, &afters]).await,
                 }
             };
             let (_, next) = tokio::try_join!(claimed, next)?;
-            if let Some(row) = next {
-                let due: i64 = row.get(0);
-                scan.next_due = Some(u64::try_from(due).unwrap_or(0));
+            for row in next {
+                let Some(i) = ordinal(row.get(0), heads.len()) else {
+                    continue;
+                };
+                let due: i64 = row.get(1);
+                scans[of[i]].next_due = Some(u64::try_from(due).unwrap_or(0));
             }
             tx.commit().await?;
-            Ok(scan)
+            Ok(scans)
         })
-        .map(|mut scan| {
+        .map(|scans| {
             // Entries of other nodes (and lapsed leases) are found by
             // looking again at the next second.
             let poll = now.saturating_add(1);
-            scan.next_due = Some(scan.next_due.map_or(poll, |d| d.min(poll)));
-            scan
+            scans
+                .into_iter()
+                .map(|mut scan| {
+                    scan.next_due = Some(scan.next_due.map_or(poll, |d| d.min(poll)));
+                    scan
+                })
+                .collect()
         })
     }
+}
+
+/// The index an `ord` column (from 1, `WITH ORDINALITY`) names among `len`.
+fn ordinal(ord: i64, len: usize) -> Option<usize> {
+    usize::try_from(ord)
+        .ok()?
+        .checked_sub(1)
+        .filter(|i| *i < len)
 }
 
 impl Store for PgQueue {
@@ -188,9 +231,61 @@ impl Store for PgQueue {
         if !self.sources.iter().any(|s| s == source) {
             return Ok(Scan::default());
         }
+        let read = Read {
+            source,
+            from,
+            limit,
+        };
         match self.lease {
-            Some(lease) => self.claim(source, now, limit, lease, skip),
+            Some(lease) => self
+                .claim(&[read], now, lease, &|_, at| skip(at))
+                .map(|mut scans| scans.pop().unwrap_or_default()),
             None => self.plain.scan(source, from, now, limit, skip),
+        }
+    }
+
+    /// A claiming queue takes every read's share in one transaction.
+    fn scan_sources(
+        &self,
+        reads: &[Read<'_>],
+        now: u64,
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> Vec<Result<Scan, StoreError>> {
+        let (Some(lease), false) = (self.lease, reads.is_empty()) else {
+            return reads
+                .iter()
+                .map(|r| self.scan(r.source, r.from, now, r.limit, &|at| skip(r.source, at)))
+                .collect();
+        };
+        // Sources not this queue's are read as empty.
+        let ours: Vec<Read<'_>> = reads
+            .iter()
+            .filter(|r| self.sources.iter().any(|s| s == r.source))
+            .copied()
+            .collect();
+        match self.claim(&ours, now, lease, skip) {
+            Ok(scans) => {
+                let mut scans = ours.iter().map(|r| r.source).zip(scans);
+                let mut next = scans.next();
+                reads
+                    .iter()
+                    .map(|r| match &next {
+                        Some((source, _)) if *source == r.source => {
+                            let scan = next.take().map(|(_, scan)| scan).unwrap_or_default();
+                            next = scans.next();
+                            Ok(scan)
+                        }
+                        _ => Ok(Scan::default()),
+                    })
+                    .collect()
+            }
+            Err(e) => {
+                let text = e.to_string();
+                reads
+                    .iter()
+                    .map(|_| Err(StoreError::Backend(text.clone().into())))
+                    .collect()
+            }
         }
     }
 

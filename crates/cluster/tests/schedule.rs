@@ -9,7 +9,7 @@ use estafeta_cluster::{PgMessages, PgQueue, PgSchedule, Store};
 use estafeta_exchange::store::{FileName, Folder, Listed, Location, MessageStore, Op as MessageOp};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
-use estafeta_repeat::store::{Applied, Op, SourceCount};
+use estafeta_repeat::store::{Applied, Op, Read, SourceCount};
 use estafeta_repeat::{
     Entry, Options, Outcome, Position, Scheduler, Store as _, TestClock, WorkerPool,
 };
@@ -376,6 +376,62 @@ async fn two_nodes_dispatching_one_due_message_deliver_it_once() {
     }
     assert_eq!(third.list(&inbox).await.unwrap().len(), 1);
     assert!(handouts.try_recv().is_err(), "handed out twice in all");
+}
+
+/// A claiming queue reads the shares of all the sources a dispatch pass
+/// serves at once: each source up to its limit, with where to read it
+/// again; a source not the queue's reads as empty; what it took is not
+/// due again until the lease ends, and the next read takes what was left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claiming_read_of_several_sources_takes_each_share() {
+    let pg = Postgres::start().unwrap();
+    let db = store(&pg).await;
+    let queue = PgQueue::claiming(db.clone(), &["a", "b"], Duration::from_secs(30));
+    blocking(move || {
+        let put = |src: &str, due, id: &str| Op::Put(entry(src, due, id));
+        queue
+            .apply(&[
+                put("a", 10, "a1"),
+                put("a", 11, "a2"),
+                put("a", 12, "a3"),
+                put("b", 10, "b1"),
+                put("b", 500, "b2"),
+                put("c", 10, "c1"),
+            ])
+            .unwrap();
+        let reads = |limits: [usize; 3]| -> Vec<(Vec<String>, Option<u64>)> {
+            let reads: Vec<Read<'_>> = ["a", "c", "b"]
+                .into_iter()
+                .zip(limits)
+                .map(|(source, limit)| Read {
+                    source,
+                    from: Bound::Unbounded,
+                    limit,
+                })
+                .collect();
+            queue
+                .scan_sources(&reads, 100, &|_, at| at.id == "never")
+                .into_iter()
+                .map(|scan| {
+                    let scan = scan.unwrap();
+                    let ids = scan.entries.iter().map(|e| e.id.clone()).collect();
+                    (ids, scan.next_due)
+                })
+                .collect()
+        };
+        let first = reads([2, 5, 5]);
+        assert_eq!(first[0], (vec!["a1".into(), "a2".into()], Some(12)), "a");
+        assert_eq!(first[1], (vec![], None), "c is not the queue's");
+        assert_eq!(
+            first[2],
+            (vec!["b1".into()], Some(101)),
+            "b: look again next second"
+        );
+        let second = reads([5, 5, 5]);
+        assert_eq!(second[0].0, ["a3"]);
+        assert!(second[2].0.is_empty(), "b1 is claimed, b2 not due");
+    })
+    .await;
 }
 
 /// The lease of the claiming tests below.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::entry::lower_bound;
-use crate::store::Store;
+use crate::store::{Read, Scan, Store};
 use crate::{Entry, Options, Position, SourceOrder, StoreError};
 
 /// One source as the dispatcher tracks it.
@@ -148,7 +148,7 @@ impl Sources {
                 // read with limit 0 only looks), so "nearest" is true.
                 for name in &ready {
                     if self.sources.get(name).is_some_and(|s| !s.known) {
-                        self.read(store, name, now, mono, 0, options, &mut pass);
+                        self.read(store, &[(name.clone(), 0)], now, mono, options, &mut pass);
                     }
                 }
                 ready.retain(|n| self.sources.get(n).is_some_and(|s| s.ready(now, mono)));
@@ -158,7 +158,7 @@ impl Sources {
                     if want == 0 {
                         break;
                     }
-                    self.read(store, &name, now, mono, want, options, &mut pass);
+                    self.read(store, &[(name, want)], now, mono, options, &mut pass);
                 }
             }
             SourceOrder::Fair => {
@@ -167,23 +167,29 @@ impl Sources {
                 let order = ready.clone();
                 let mut served_first = None;
                 while pass.entries.len() < limit && !ready.is_empty() {
+                    // Each ready source's share of the room, read together.
                     let share = ((limit - pass.entries.len()) / ready.len()).max(1);
-                    let mut still = Vec::new();
-                    let mut served = 0;
+                    let mut room = limit - pass.entries.len();
+                    let mut wants = Vec::new();
                     for name in &ready {
-                        let want = share.min(limit - pass.entries.len());
+                        let want = share.min(room);
                         if want == 0 {
                             break;
                         }
-                        served += 1;
-                        let got = self.read(store, name, now, mono, want, options, &mut pass);
-                        let more = self.sources.get(name).is_some_and(|s| s.ready(now, mono));
-                        if got == want && more {
-                            still.push(name.clone());
-                        }
+                        room -= want;
+                        wants.push((name.clone(), want));
                     }
-                    served_first.get_or_insert(served);
-                    ready = still;
+                    let got = self.read(store, &wants, now, mono, options, &mut pass);
+                    served_first.get_or_insert(wants.len());
+                    ready = wants
+                        .into_iter()
+                        .zip(got)
+                        .filter(|((name, want), got)| {
+                            got == want
+                                && self.sources.get(name).is_some_and(|s| s.ready(now, mono))
+                        })
+                        .map(|((name, _), _)| name)
+                        .collect();
                 }
                 // The next pass starts at the first source not served in this
                 // pass's first round, or one further if all were served.
@@ -200,25 +206,58 @@ impl Sources {
         pass
     }
 
-    /// Reads one source; returns how many entries it gave.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads each named source for up to its number of entries, all in one
+    /// store call; returns how many entries each gave.
     fn read<S: Store>(
         &mut self,
         store: &S,
-        name: &str,
+        wants: &[(String, usize)],
         now: u64,
         mono: Instant,
-        want: usize,
+        options: &Options,
+        pass: &mut Pass,
+    ) -> Vec<usize> {
+        let reads: Vec<Read<'_>> = wants
+            .iter()
+            .filter_map(|(name, want)| {
+                let s = self.sources.get(name)?;
+                Some(Read {
+                    source: name,
+                    from: s.cursor.as_ref(),
+                    limit: *want,
+                })
+            })
+            .collect();
+        let sources = &self.sources;
+        let results = store.scan_sources(&reads, now, &|source, at| {
+            sources
+                .get(source)
+                .is_some_and(|s| s.in_flight.contains(at))
+        });
+        let read: Vec<String> = reads.iter().map(|r| r.source.to_owned()).collect();
+        let mut results: BTreeMap<String, Result<Scan, StoreError>> =
+            read.into_iter().zip(results).collect();
+        wants
+            .iter()
+            .map(|(name, _)| match results.remove(name) {
+                Some(result) => self.absorb(name, result, mono, options, pass),
+                None => 0,
+            })
+            .collect()
+    }
+
+    /// Takes in one source's read; returns how many entries it gave.
+    fn absorb(
+        &mut self,
+        name: &str,
+        result: Result<Scan, StoreError>,
+        mono: Instant,
         options: &Options,
         pass: &mut Pass,
     ) -> usize {
         let Some(s) = self.sources.get_mut(name) else {
             return 0;
         };
-        let in_flight = &s.in_flight;
-        let result = store.scan(name, s.cursor.as_ref(), now, want, &|at| {
-            in_flight.contains(at)
-        });
         match result {
             Ok(scan) => {
                 if s.failures > 0 {

@@ -178,6 +178,14 @@ impl<S: estafeta_repeat::store::Store> estafeta_repeat::store::Store for Gated<S
     ) -> Result<estafeta_repeat::store::Scan, estafeta_repeat::StoreError> {
         self.inner.scan(source, from, now, limit, skip)
     }
+    fn scan_sources(
+        &self,
+        reads: &[estafeta_repeat::store::Read<'_>],
+        now: u64,
+        skip: &dyn Fn(&str, &estafeta_repeat::Position) -> bool,
+    ) -> Vec<Result<estafeta_repeat::store::Scan, estafeta_repeat::StoreError>> {
+        self.inner.scan_sources(reads, now, skip)
+    }
     fn count(
         &self,
         source: &str,

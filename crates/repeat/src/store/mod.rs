@@ -81,6 +81,18 @@ pub struct Scan {
     pub next_due: Option<u64>,
 }
 
+/// One source's part of [`Store::scan_sources`]: what [`Store::scan`]
+/// takes for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Read<'a> {
+    /// The source.
+    pub source: &'a str,
+    /// Where the read starts.
+    pub from: Bound<&'a Position>,
+    /// The most due entries to return.
+    pub limit: usize,
+}
+
 /// Counts for one source, for [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceCount {
@@ -116,6 +128,23 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         skip: &dyn Fn(&Position) -> bool,
     ) -> Result<Scan, StoreError>;
+
+    /// Reads several sources as [`scan`](Self::scan) reads each: one result
+    /// per read, in order; `skip` is asked with the source's name. The
+    /// dispatcher reads all the sources it serves in a pass with one call,
+    /// so a store that can read them together (one round trip, one
+    /// transaction) overrides this; the default reads them one by one.
+    fn scan_sources(
+        &self,
+        reads: &[Read<'_>],
+        now: u64,
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> Vec<Result<Scan, StoreError>> {
+        reads
+            .iter()
+            .map(|r| self.scan(r.source, r.from, now, r.limit, &|at| skip(r.source, at)))
+            .collect()
+    }
 
     /// Counts entries in `source`, and those due at or before `now`.
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError>;
