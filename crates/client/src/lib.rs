@@ -10,7 +10,7 @@
 //! server's error code and message.
 //!
 //! The simulated processor and device built on it, and the fault-injection
-//! harness, are in the `estafeta-sim` crate.
+//! harness, are in the `estafeta-sim` and `estafeta-faults` crates.
 //!
 //! # Example
 //!

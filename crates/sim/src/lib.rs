@@ -1,8 +1,7 @@
-//! Simulators of Estafeta's two kinds of clients, and the fault-injection
-//! harness built on them (the `estafeta-harness` binary, in
-//! `src/bin/harness/`; its findings are in `RELIABILITY.md` beside this
-//! crate's manifest). The server's tests and `estafeta demo` (the server's
-//! `demo` feature) run the simulators too.
+//! Simulators of Estafeta's two kinds of clients. The server's tests,
+//! `estafeta demo` (the server's `demo` feature) and the fault runs of the
+//! `estafeta-faults` crate (the harness and the power-loss checker) drive
+//! them.
 //!
 //! - [`processor`]: [`Processor`], a database processor that behaves like a
 //!   real one (Gedemin): one SQLite transaction per process, a SAVEPOINT per
@@ -15,9 +14,7 @@
 //!
 //! This crate is where SQLite (bundled) comes in: the typed client
 //! (`estafeta-client`) and the server binary without its `demo` feature do
-//! not link it. The `harness` feature (on by default) builds the harness
-//! binary and brings in what only it needs (clap, anyhow, tracing-subscriber,
-//! humantime, tempfile); the library alone needs none of them.
+//! not link it.
 //!
 //! # Example
 //!
