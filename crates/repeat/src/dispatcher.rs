@@ -1,4 +1,4 @@
-//! The dispatcher loop: sleeps until the
+//! The dispatcher ([`Scheduler::run`]): a loop that sleeps until the
 //! earliest due second, then hands due entries to free workers and records
 //! what their handlers decided.
 
@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::task::{Id, JoinError, JoinSet};
@@ -44,8 +44,38 @@ struct Dispatcher<'a, S, C, H> {
     latest: HashMap<String, Id>,
 }
 
+impl<S: Store, C: Clock> Scheduler<S, C> {
+    /// Runs the dispatcher until `shutdown` completes: due entries are handed
+    /// to `handler` on workers of `pool`. On shutdown no new entries are
+    /// taken; the call returns once running handlers finished and their
+    /// outcomes were written. Dropping the returned future instead stops at
+    /// once; entries in flight are then handed out again by the next run
+    /// (with [`Delivery::AtLeastOnce`]).
+    pub async fn run<H: Handler>(
+        &self,
+        pool: WorkerPool,
+        handler: H,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        if self.inner.running.swap(true, Ordering::SeqCst) {
+            return Err(Error::AlreadyRunning);
+        }
+        let _running = RunningGuard(&self.inner.running);
+        run(self, pool, handler, shutdown).await
+    }
+}
+
+/// Clears the running flag however `run` ends, even if its future is dropped.
+struct RunningGuard<'a>(&'a AtomicBool);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// See [`Scheduler::run`].
-pub(crate) async fn run<S: Store, C: Clock, H: Handler>(
+async fn run<S: Store, C: Clock, H: Handler>(
     scheduler: &Scheduler<S, C>,
     pool: WorkerPool,
     handler: H,

@@ -1,19 +1,17 @@
-//! The scheduler handle: schedule, cancel, reschedule, stats, and running
-//! the dispatcher.
+//! The scheduler handle: schedule, cancel, reschedule and stats (its
+//! dispatcher, `run`, is in `dispatcher.rs`).
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::dispatcher;
 use crate::entry::{check_id, check_payload, check_source};
 use crate::stats::Stats;
 use crate::store::{Applied, Op, Store};
 use crate::writer::{self, Shared, Waiter, WriteRequest};
-use crate::{Clock, Entry, Error, Handler, Options, StoreError, WorkerPool};
+use crate::{Clock, Entry, Error, Options, StoreError};
 
 /// A handle to a repeat scheduler over a store. Clones share everything.
 ///
@@ -171,25 +169,6 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
         Ok(stats)
     }
 
-    /// Runs the dispatcher until `shutdown` completes: due entries are handed
-    /// to `handler` on workers of `pool`. On shutdown no new entries are
-    /// taken; the call returns once running handlers finished and their
-    /// outcomes were written. Dropping the returned future instead stops at
-    /// once; entries in flight are then handed out again by the next run
-    /// (with [`Delivery::AtLeastOnce`](crate::Delivery::AtLeastOnce)).
-    pub async fn run<H: Handler>(
-        &self,
-        pool: WorkerPool,
-        handler: H,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), Error> {
-        if self.inner.running.swap(true, Ordering::SeqCst) {
-            return Err(Error::AlreadyRunning);
-        }
-        let _running = RunningGuard(&self.inner.running);
-        dispatcher::run(self, pool, handler, shutdown).await
-    }
-
     /// Stops accepting writes and waits until the writer has finished the
     /// ones already made; later calls fail with [`Error::Closed`]. The store
     /// is released when the last handle is dropped.
@@ -238,15 +217,6 @@ impl<S: Store, C: Clock> Scheduler<S, C> {
             Some(tx) => tx.send(request).map_err(|_| Error::Closed),
             None => Err(Error::Closed),
         }
-    }
-}
-
-/// Clears the running flag however `run` ends, even if its future is dropped.
-struct RunningGuard<'a>(&'a AtomicBool);
-
-impl Drop for RunningGuard<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
     }
 }
 

@@ -93,6 +93,7 @@ mod error;
 mod http;
 mod probe;
 mod queue;
+mod shared;
 mod slab;
 mod sms;
 mod smtp;

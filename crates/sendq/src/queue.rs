@@ -7,11 +7,10 @@ use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use tokio::sync::{Notify, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Intake};
@@ -19,9 +18,10 @@ use crate::body::Body;
 use crate::completion::{Completion, OnDone};
 use crate::config::{Kind, QueueConfig};
 use crate::error::{ConfigError, SendError};
+use crate::shared::{Closing, Shared};
 use crate::state::{Done, Finished, State, TypeStats};
-use crate::transport::{ReplySink, Transport};
-use crate::worker::{Closing, work};
+use crate::transport::Transport;
+use crate::worker::work;
 
 /// Outbound requests per remote host and per request type, each type with a
 /// window of entries in flight. Cloning gives another handle to the same
@@ -46,26 +46,6 @@ impl<H, P, T: Transport<H, P>, C> std::fmt::Debug for SendQueue<H, P, T, C> {
     }
 }
 
-/// What the background tasks share with the handles.
-pub(crate) struct Shared<H, P, T: Transport<H, P>, C> {
-    config: Arc<QueueConfig>,
-    state: Mutex<State<H, P, T::Answer, C>>,
-    /// Also held by the state; see [`crate::admission`].
-    admission: Arc<Mutex<Admission<H, P, C>>>,
-    pub(crate) transport: T,
-    /// One per send worker: woken when it is idle and work arrives.
-    pub(crate) workers: Vec<Notify>,
-    /// Woken when the finalizer's batch goes from empty to non-empty.
-    finalizer_wake: Notify,
-    expiry: Notify,
-    /// Stops workers waiting on a transport when the queue shuts down.
-    pub(crate) closing: Closing,
-    /// The state's count of host-down, removal and shutdown events, readable
-    /// without the lock.
-    pub(crate) changes: Arc<AtomicU64>,
-    finalizer: Mutex<Option<JoinHandle<()>>>,
-}
-
 /// Shuts the queue down when the last handle goes, so the tasks never outlive it.
 struct Owner<H, P, T: Transport<H, P>, C> {
     shared: Arc<Shared<H, P, T, C>>,
@@ -74,52 +54,6 @@ struct Owner<H, P, T: Transport<H, P>, C> {
 impl<H, P, T: Transport<H, P>, C> Drop for Owner<H, P, T, C> {
     fn drop(&mut self) {
         self.shared.close();
-    }
-}
-
-impl<H, P, T: Transport<H, P>, C> Shared<H, P, T, C> {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State<H, P, T::Answer, C>> {
-        // Nothing panics while holding the lock; recover the state if a bug ever does.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn admit(&self) -> MutexGuard<'_, Admission<H, P, C>> {
-        self.admission
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Releases the lock and wakes whoever the state says has something to do.
-    pub(crate) fn release(&self, mut st: MutexGuard<'_, State<H, P, T::Answer, C>>) {
-        let wakes = st.wakes(|worker| self.workers[worker].notify_one());
-        drop(st);
-        if wakes.finalizer {
-            self.finalizer_wake.notify_one();
-        }
-    }
-
-    fn close(&self) {
-        let mut st = self.lock();
-        for worker in st.close() {
-            self.workers[worker].notify_one();
-        }
-        self.release(st);
-        self.closing.close();
-        self.expiry.notify_one();
-    }
-}
-
-impl<H, P, T, C> ReplySink<T::Answer> for Shared<H, P, T, C>
-where
-    H: Clone + Eq + Hash + Send + Sync + 'static,
-    P: Send + Sync + 'static,
-    T: Transport<H, P>,
-    C: Completion<H, P, T::Answer>,
-{
-    fn settle(&self, id: u64, result: Result<T::Answer, SendError>, abandoned: bool) {
-        let mut st = self.lock();
-        st.answer(id, result, abandoned);
-        self.release(st);
     }
 }
 

@@ -21,14 +21,12 @@ use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-
-use tokio::sync::Notify;
 
 use crate::completion::Completion;
 use crate::error::{SendError, TransportError};
-use crate::queue::Shared;
+use crate::shared::{Closing, Shared};
 use crate::state::Written;
 use crate::transport::{Parking, Reply, ReplySink, Transport};
 
@@ -141,21 +139,6 @@ where
     tokio::select! {
         result = send => result,
         () = closed => Err(SendError::ShuttingDown),
-    }
-}
-
-/// Tells workers that are waiting on a transport that the queue is closing.
-#[derive(Default)]
-pub(crate) struct Closing {
-    done: AtomicBool,
-    notify: Notify,
-}
-
-impl Closing {
-    /// Marks the queue closing and wakes every worker waiting on a send.
-    pub(crate) fn close(&self) {
-        self.done.store(true, Ordering::Release);
-        self.notify.notify_waiters();
     }
 }
 

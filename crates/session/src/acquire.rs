@@ -11,11 +11,12 @@
 //! thread handed a key to a waiter, it yields before taking another key, so
 //! that the waiter, which holds the key from then on, runs at once.
 
-use crate::engine::{Shared, State};
+use crate::data::State;
 use crate::error::Error;
-use crate::guard::SessionGuard;
+use crate::guard::{SessionGuard, complete};
 use crate::key::SessionKey;
 use crate::shard::{self, Entered, Held};
+use crate::shared::Shared;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -72,7 +73,7 @@ impl<'a, K: SessionKey, S: State> Acquire<'a, K, S> {
 #[cold]
 #[inline(never)]
 fn slow<K: SessionKey, S: State>(entered: Entered<K, S>, create: bool) -> Slow<K, S> {
-    Box::pin(shard::complete(entered, create))
+    Box::pin(complete(entered, create))
 }
 
 /// The yield after a hand-over, built out of line like [`slow`].
@@ -105,8 +106,12 @@ impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
                     coop.made_progress();
                     match this.shared.enter(key, this.wait) {
                         Err(e) => return Poll::Ready(Err(e)),
-                        Ok(Entered::Ready(guard)) if !this.shared.core().needs_ready(&guard) => {
-                            return Poll::Ready(Ok(Some(guard)));
+                        Ok(Entered::Ready(held))
+                            if held
+                                .session()
+                                .is_some_and(|s| !this.shared.core().needs_ready(s)) =>
+                        {
+                            return Poll::Ready(Ok(SessionGuard::from_held(held)));
                         }
                         Ok(Entered::Queued(rx)) => Step::Queued(rx),
                         Ok(entered) => Step::Slow(slow(entered, this.create)),
@@ -131,7 +136,7 @@ impl<K: SessionKey, S: State> Future for Acquire<'_, K, S> {
                     };
                     let core = this.shared.core();
                     if held.session().is_some_and(|s| !core.needs_ready(s)) {
-                        return Poll::Ready(Ok(held.into_guard()));
+                        return Poll::Ready(Ok(SessionGuard::from_held(held)));
                     }
                     Step::Slow(slow(Entered::Held(held), this.create))
                 }

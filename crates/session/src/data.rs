@@ -1,6 +1,12 @@
-//! A session's contents and the marks that decide whether it is saved.
+//! A session's contents, what its state must be, and the marks that
+//! decide whether it is saved.
 
 use crate::clock::Timestamp;
+use serde::{Serialize, de::DeserializeOwned};
+
+/// What a session's state must be: stored as JSON, created empty.
+pub trait State: Serialize + DeserializeOwned + Default + Send + 'static {}
+impl<T: Serialize + DeserializeOwned + Default + Send + 'static> State for T {}
 
 /// One session: the user's state plus its times and marks.
 ///

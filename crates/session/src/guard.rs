@@ -1,11 +1,10 @@
 //! Exclusive access to one session.
 
 use crate::data::SessionData;
-use crate::engine::State;
+use crate::data::State;
 use crate::error::Error;
 use crate::key::SessionKey;
-use crate::lifecycle::Core;
-use crate::shard::{self, Held, Owned};
+use crate::shard::{self, Entered, Held, Owned};
 use std::ops::{Deref, DerefMut};
 
 const HELD: &str = "a guard holds its session until it is released";
@@ -34,19 +33,10 @@ impl<K: SessionKey, S: State> SessionGuard<K, S> {
         }
     }
 
-    /// The engine's shared parts.
-    pub(crate) fn core(&self) -> &Core<K, S> {
-        &self.owned.as_ref().expect(HELD).home.core
-    }
-
-    /// Go on holding the key without a command (the engine finalizes or
-    /// recovers the session first).
-    pub(crate) fn into_held(mut self) -> Held<K, S> {
-        Held {
-            hash: self.hash,
-            key: self.key.clone(),
-            owned: self.owned.take(),
-        }
+    /// A command gets the key `held`.
+    pub(crate) fn from_held(mut held: Held<K, S>) -> Option<Self> {
+        let owned = held.owned.take()?;
+        Some(SessionGuard::new(held.hash, held.key.clone(), owned))
     }
 
     /// The session's key.
@@ -232,5 +222,62 @@ impl<K: SessionKey, S: State + std::fmt::Debug> std::fmt::Debug for SessionGuard
             .field("key", &self.key)
             .field("session", &self.owned.as_ref().map(|o| &o.session))
             .finish()
+    }
+}
+
+/// Wait for the key if queued, then make its session ready: loaded,
+/// finalized if its time has passed, recovered on first load, created if
+/// asked. `None`: no session and `create` was false.
+pub(crate) async fn complete<K: SessionKey, S: State>(
+    entered: Entered<K, S>,
+    create: bool,
+) -> Result<Option<SessionGuard<K, S>>, Error> {
+    let mut held = match entered {
+        Entered::Ready(held) => {
+            let ready = held
+                .owned
+                .as_ref()
+                .and_then(|o| Some(!o.home.core.needs_ready(o.session.as_ref()?)));
+            if ready == Some(true) {
+                return Ok(SessionGuard::from_held(held));
+            }
+            held
+        }
+        Entered::Held(h) => h,
+        Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
+    };
+    let Some(cell) = held.owned.as_mut() else {
+        return Ok(None);
+    };
+    let home = cell.home.clone();
+    let core = &home.core;
+    // With a shared storage the session is what is stored now, whatever
+    // memory holds: another engine may have changed it.
+    if core.shared {
+        cell.loaded = false;
+        let (step, session) = core.begin(&held.key).await?;
+        cell.step = Some(step);
+        cell.session = session;
+        cell.loaded = true;
+    }
+    // If this future is dropped (its caller went away) while loading or
+    // finalizing, `held` passes the key on with `loaded` false and its next
+    // holder reads the session from storage again; on a load error too.
+    if !cell.loaded {
+        cell.session = core.load(&held.key).await?;
+        cell.loaded = true;
+    }
+    if let Some(s) = cell.session.take() {
+        cell.loaded = false;
+        cell.session = core.ready(&held.key, s, &mut cell.step).await;
+        cell.loaded = true;
+    }
+    if cell.session.is_none() && create {
+        cell.session = Some(core.fresh());
+    }
+    if cell.session.is_some() {
+        Ok(SessionGuard::from_held(held))
+    } else {
+        Ok(None)
     }
 }

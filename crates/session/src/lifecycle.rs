@@ -6,13 +6,12 @@
 use crate::clock::{Clock, Timestamp};
 use crate::config::Config;
 use crate::data::SessionData;
-use crate::engine::State;
+use crate::data::State;
 use crate::error::Error;
-use crate::expiry::ExpiryMsg;
+use crate::expiry::message::ExpiryMsg;
 use crate::hooks::{Finalize, Hooks};
 use crate::key::SessionKey;
 use crate::record::{self, Record};
-use crate::shard::Cell;
 use crate::stats::Counters;
 use crate::storage::{Step, Storage, StorageError, Write};
 use crate::sync::AtomicBool;
@@ -342,15 +341,15 @@ impl<K: SessionKey, S: State> Core<K, S> {
     /// Lazy creation and the begin notification, at release: a new session
     /// its creating command left untouched is dropped (the cell keeps
     /// knowing that the key has no session).
-    pub(crate) fn begin_if_kept(&self, key: &K, cell: &mut Cell<K, S>) {
-        let Some(s) = cell.session.as_mut() else {
+    pub(crate) fn begin_if_kept(&self, key: &K, session: &mut Option<SessionData<S>>) {
+        let Some(s) = session.as_mut() else {
             return;
         };
         if s.begun {
             return;
         }
         if !s.stored && !s.touched {
-            cell.session = None;
+            *session = None;
             return;
         }
         if !s.begun {

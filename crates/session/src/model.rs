@@ -14,7 +14,8 @@
 //! as loom's deadlock.
 
 use crate::clock::{Clock, Timestamp};
-use crate::shard::{self, Entered};
+use crate::guard::complete;
+use crate::shard::Entered;
 use crate::{Config, Engine, MemoryStorage, SessionGuard};
 use loom::future::block_on;
 use loom::sync::atomic::AtomicUsize;
@@ -91,7 +92,7 @@ fn resident(engine: &Model, key: u64, expiring: bool) {
     }
     cell.session = Some(session);
     cell.loaded = true;
-    drop(held.into_guard());
+    drop(SessionGuard::from_held(held));
 }
 
 /// The expiry manager has looked at every listed key: the next release of
@@ -177,7 +178,7 @@ fn queued_commands_get_the_key_in_arrival_order() {
             .map(|(rank, entered)| {
                 let order = order.clone();
                 spawn(move || {
-                    let guard = block_on(shard::complete(entered, false))
+                    let guard = block_on(complete(entered, false))
                         .expect("handed over")
                         .expect("a session");
                     assert_eq!(order.fetch_add(1, SeqCst), rank, "out of turn");
@@ -212,7 +213,7 @@ fn a_waiter_gives_up() {
         let threads = vec![
             spawn(move || drop(first)),
             spawn(move || {
-                block_on(shard::complete(second, false))
+                block_on(complete(second, false))
                     .expect("handed over")
                     .expect("a session");
             }),
@@ -333,7 +334,7 @@ fn stop_hears_a_hand_over() {
         let waiter = queue(&engine, 1);
         let threads = vec![
             spawn(move || drop(holder)),
-            spawn(move || match block_on(shard::complete(waiter, false)) {
+            spawn(move || match block_on(complete(waiter, false)) {
                 Ok(guard) => drop(guard.expect("a session")),
                 Err(e) => assert!(matches!(e, crate::Error::Stopping), "{e}"),
             }),

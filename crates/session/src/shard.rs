@@ -35,10 +35,9 @@
 
 use crate::clock::Timestamp;
 use crate::data::SessionData;
-use crate::engine::State;
+use crate::data::State;
 use crate::error::Error;
-use crate::expiry;
-use crate::guard::SessionGuard;
+use crate::expiry::message::Flushed;
 use crate::key::SessionKey;
 use crate::lifecycle::Core;
 use crate::lock::{self, ArcGuard, Mutex};
@@ -156,12 +155,6 @@ impl<K: SessionKey, S: State> Held<K, S> {
     pub(crate) fn session(&self) -> Option<&SessionData<S>> {
         self.owned.as_ref().and_then(|o| o.session.as_ref())
     }
-
-    /// A command gets the key.
-    pub(crate) fn into_guard(mut self) -> Option<SessionGuard<K, S>> {
-        let owned = self.owned.take()?;
-        Some(SessionGuard::new(self.hash, self.key.clone(), owned))
-    }
 }
 
 impl<K: SessionKey, S: State> Drop for Held<K, S> {
@@ -174,8 +167,9 @@ impl<K: SessionKey, S: State> Drop for Held<K, S> {
 
 /// What taking a key gave.
 pub(crate) enum Entered<K: SessionKey, S: State> {
-    /// A free session, taken at once (the common case: no hand-over).
-    Ready(SessionGuard<K, S>),
+    /// A free session, taken at once (the common case: no hand-over): the
+    /// key with its session in memory, for a guard.
+    Ready(Held<K, S>),
     /// The key, with nothing ready in memory.
     Held(Held<K, S>),
     /// A place in the key's queue.
@@ -189,14 +183,15 @@ fn lock<T>(m: &sync::Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
 
 /// The key is ours: a guard if its session is in memory.
 fn entered<K: SessionKey, S: State>(hash: u64, key: K, owned: Owned<K, S>) -> Entered<K, S> {
-    if owned.session.is_some() {
-        Entered::Ready(SessionGuard::new(hash, key, owned))
-    } else {
-        Entered::Held(Held {
-            hash,
-            key,
-            owned: Some(owned),
-        })
+    let ready = owned.session.is_some();
+    let held = Held {
+        hash,
+        key,
+        owned: Some(owned),
+    };
+    match ready {
+        true => Entered::Ready(held),
+        false => Entered::Held(held),
     }
 }
 
@@ -517,7 +512,7 @@ pub(crate) fn release_from_drop<K: SessionKey, S: State>(
             }
             if !s.begun {
                 let home = owned.home.clone();
-                home.core.begin_if_kept(key, &mut owned);
+                home.core.begin_if_kept(key, &mut owned.session);
             }
         }
         None => {}
@@ -557,7 +552,7 @@ pub(crate) async fn finish<K: SessionKey, S: State>(
         (None, None) => Ok(()),
     };
     let home = owned.home.clone();
-    home.core.begin_if_kept(&key, &mut owned);
+    home.core.begin_if_kept(&key, &mut owned.session);
     release(hash, &key, owned, false);
     result
 }
@@ -628,7 +623,7 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         key: &K,
         last_access: Timestamp,
         now: Timestamp,
-    ) -> Result<Owned<K, S>, expiry::Flushed> {
+    ) -> Result<Owned<K, S>, Flushed> {
         let taken = self.look_for_flush(hash, key, last_access, now);
         if taken.is_err() {
             self.looked();
@@ -644,27 +639,27 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         key: &K,
         last_access: Timestamp,
         now: Timestamp,
-    ) -> Result<Owned<K, S>, expiry::Flushed> {
+    ) -> Result<Owned<K, S>, Flushed> {
         let mut table = self.shard(hash).write();
         let Ok(slot) = table.slots.find_entry(hash, |e| e.key == *key) else {
-            return Err(expiry::Flushed::Skipped);
+            return Err(Flushed::Skipped);
         };
         if slot.get().waiters.is_some() {
-            return Err(expiry::Flushed::Skipped);
+            return Err(Flushed::Skipped);
         }
         let Some(owned) = slot.get().cell.try_lock_arc() else {
-            return Err(expiry::Flushed::Skipped);
+            return Err(Flushed::Skipped);
         };
         let Some(s) = owned.session.as_ref() else {
-            return Err(expiry::Flushed::Skipped);
+            return Err(Flushed::Skipped);
         };
         if s.touch_pending || s.last_access > last_access {
-            return Err(expiry::Flushed::Skipped); // touched since it was picked
+            return Err(Flushed::Skipped); // touched since it was picked
         }
         if s.expires_at
             .is_some_and(|t| t <= now.after(Duration::from_secs(5)))
         {
-            return Err(expiry::Flushed::KeepResident(s.expires_at));
+            return Err(Flushed::KeepResident(s.expires_at));
         }
         if s.dirty {
             return Ok(owned);
@@ -674,9 +669,9 @@ impl<K: SessionKey, S: State> Cache<K, S> {
         drop(owned);
         Counters::add(&self.core.counters.flushes, 1);
         Err(if stored {
-            expiry::Flushed::Done
+            Flushed::Done
         } else {
-            expiry::Flushed::Forget
+            Flushed::Forget
         })
     }
 
@@ -766,58 +761,5 @@ impl<K: SessionKey, S: State> Cache<K, S> {
             s.dirty = false;
             s.stored = true;
         }
-    }
-}
-
-/// Wait for the key if queued, then make its session ready: loaded,
-/// finalized if its time has passed, recovered on first load, created if
-/// asked. `None`: no session and `create` was false.
-pub(crate) async fn complete<K: SessionKey, S: State>(
-    entered: Entered<K, S>,
-    create: bool,
-) -> Result<Option<SessionGuard<K, S>>, Error> {
-    let mut held = match entered {
-        Entered::Ready(guard) => {
-            if !guard.core().needs_ready(&guard) {
-                return Ok(Some(guard));
-            }
-            guard.into_held()
-        }
-        Entered::Held(h) => h,
-        Entered::Queued(rx) => rx.await.map_err(|_| Error::Stopping)??,
-    };
-    let Some(cell) = held.owned.as_mut() else {
-        return Ok(None);
-    };
-    let home = cell.home.clone();
-    let core = &home.core;
-    // With a shared storage the session is what is stored now, whatever
-    // memory holds: another engine may have changed it.
-    if core.shared {
-        cell.loaded = false;
-        let (step, session) = core.begin(&held.key).await?;
-        cell.step = Some(step);
-        cell.session = session;
-        cell.loaded = true;
-    }
-    // If this future is dropped (its caller went away) while loading or
-    // finalizing, `held` passes the key on with `loaded` false and its next
-    // holder reads the session from storage again; on a load error too.
-    if !cell.loaded {
-        cell.session = core.load(&held.key).await?;
-        cell.loaded = true;
-    }
-    if let Some(s) = cell.session.take() {
-        cell.loaded = false;
-        cell.session = core.ready(&held.key, s, &mut cell.step).await;
-        cell.loaded = true;
-    }
-    if cell.session.is_none() && create {
-        cell.session = Some(core.fresh());
-    }
-    if cell.session.is_some() {
-        Ok(held.into_guard())
-    } else {
-        Ok(None)
     }
 }

@@ -1,5 +1,5 @@
 //! Webhooks and arrivals: setting a recipient's webhook (admin), telling
-//! the [`PushSink`] of messages that landed in a `Messages` with one, and
+//! the [`PushSink`](super::PushSink) of messages that landed in a `Messages` with one, and
 //! moving webhooks out of session records where an earlier version kept
 //! them (see [`super::push`] for why the registry keeps them).
 

@@ -9,13 +9,18 @@
 //! one vector push per released key, at most once per key per look.
 
 use crate::clock::Timestamp;
-use crate::engine::{Shared, State};
+use crate::data::State;
 use crate::index::ExpiryIndex;
 use crate::key::SessionKey;
+use crate::shared::Shared;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+pub(crate) mod message;
+
+use message::{ExpiryMsg, Flushed};
 
 /// The longest the manager sleeps without looking again, so that releases
 /// reach the index and a wall-clock step is noticed within a second.
@@ -24,27 +29,6 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// (its finalization is running, was kept without a new deadline, or
 /// failed), so that the manager never spins on it.
 const DUE_AGAIN: Duration = Duration::from_secs(1);
-
-/// What the manager is told besides releases.
-pub(crate) enum ExpiryMsg<K> {
-    /// A session ended.
-    Remove(K),
-    /// The engine stopped.
-    Stop,
-}
-
-/// What became of a flush attempt.
-pub(crate) enum Flushed {
-    /// Flushed, or not needed any more (touched or locked meanwhile; its
-    /// release lists it again).
-    Done,
-    /// Nothing to flush or it changed meanwhile.
-    Skipped,
-    /// It expires soon: stays in memory with this expiration.
-    KeepResident(Option<Timestamp>),
-    /// It was never stored and is gone now: forget it.
-    Forget,
-}
 
 fn touch<K: SessionKey, I: ExpiryIndex<K>>(
     index: &mut I,
