@@ -4,13 +4,13 @@
 //! protocol calls and for the session hooks.
 
 use super::ExchangeConfig;
+use super::admin::tally::DbRows;
 use super::alert_kind::AlertKind;
 use super::alerts::{Alert, key};
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
 use super::sessions::Sessions;
 use super::state::{DbRecord, FileOp, Owner, ProcessRecord, loc};
-use super::tally::DbRows;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder, Location, MessageStore, Op};
 use crate::tenancy::Registry;
@@ -96,7 +96,7 @@ pub(crate) struct Core {
     /// The processes of every database, kept as their records are saved:
     /// only where this server sees every save (a store of its own; with a
     /// shared store the list is read from the records when asked).
-    pub(crate) process_tally: Option<super::tally::ProcessTally>,
+    pub(crate) process_tally: Option<super::admin::tally::ProcessTally>,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {

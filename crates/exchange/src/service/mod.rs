@@ -6,7 +6,8 @@
 //!
 //! Where things are, in the order a call flows through them:
 //! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
-//!   `operator.rs`, `admin.rs`, `manage.rs`: the calls; a call that
+//!   `admin/` (provisioning, deletion, operator actions, the admin's
+//!   figures and process list): the calls; a call that
 //!   changes a database's processes or a device's records holds that
 //!   database's or device's session while it runs.
 //! - `lifecycle.rs`: the process lifecycle as one pure function (state
@@ -39,8 +40,6 @@ mod device;
 mod error;
 mod hooks;
 mod lifecycle;
-mod manage;
-mod operator;
 mod phase;
 mod protocol;
 mod push;
@@ -50,19 +49,17 @@ mod sessions;
 mod snapshot;
 mod state;
 mod stats;
-mod tally;
-mod totals;
 mod webhooks;
 
 pub use crate::store::Listed;
+pub use admin::Totals;
+pub use admin::tally::{ProcessTotals, Verdicts};
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
-pub use tally::{ProcessTotals, Verdicts};
-pub use totals::Totals;
 
 use crate::keys::UploadKeys;
 use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
@@ -276,7 +273,7 @@ impl Exchange {
         // The process list this server keeps in memory as records are
         // saved: only where it sees every save (with a store other servers
         // share, the list is read from the records).
-        let process_tally = (!sessions.shared()).then(tally::ProcessTally::default);
+        let process_tally = (!sessions.shared()).then(admin::tally::ProcessTally::default);
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let core = Arc::new_cyclic(|core| Core {

@@ -8,10 +8,10 @@
 //! rollback a processor would call), so the process record and the folders
 //! never disagree.
 
-use super::Exchange;
-use super::admin::admin;
-use super::core::Core;
-use super::error::ExchangeError;
+use super::super::Exchange;
+use super::super::core::Core;
+use super::super::error::ExchangeError;
+use super::admin;
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
 use crate::wire::ErrorCode;
@@ -173,7 +173,7 @@ impl Exchange {
             .registry
             .enterprise_of(&owner.db)
             .ok_or_else(|| ExchangeError::not_found(format!("no database {}", owner.db)))?;
-        let processor = super::Presented::from(&Principal::Database {
+        let processor = super::super::Presented::from(&Principal::Database {
             id: owner.db.clone(),
             enterprise,
         });

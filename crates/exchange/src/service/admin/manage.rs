@@ -11,12 +11,12 @@
 use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
-use super::Exchange;
-use super::admin::admin;
-use super::core::Core;
-use super::error::ExchangeError;
-use super::lifecycle::Event;
-use super::state::{DbRecord, DeviceRecord, Process};
+use super::super::Exchange;
+use super::super::core::Core;
+use super::super::error::ExchangeError;
+use super::super::lifecycle::Event;
+use super::super::state::{DbRecord, DeviceRecord, Process};
+use super::admin;
 use crate::store::Folder;
 use crate::tenancy::{Endpoint, Kind, Principal, Role};
 use crate::token::Token;
@@ -374,7 +374,7 @@ impl Core {
 
 fn not_empty(kind: Kind, why: String) -> ExchangeError {
     ExchangeError::new(
-        super::ErrorKind::Conflict,
+        super::super::ErrorKind::Conflict,
         ErrorCode::NotEmpty,
         format!("{} {why}", kind.as_str()),
     )

@@ -4,9 +4,9 @@
 //! processes by state and a page of the process list (kept as database
 //! records are saved), and one page of a folder.
 
-use super::Exchange;
-use super::admin::admin;
-use super::error::ExchangeError;
+use super::super::Exchange;
+use super::super::error::ExchangeError;
+use super::admin;
 use super::tally::{DbRows, ProcessTotals};
 use crate::store::{FileName, Folder, MailboxKind, Tallies};
 use crate::tenancy::Principal;

@@ -1,4 +1,8 @@
-//! Administration: provisioning, the process list, statistics, folders.
+//! Administration, in one place: provisioning, the process list,
+//! statistics and folders here; what exists and its deletion
+//! (`manage.rs`); the dashboard's operator actions (`operator.rs`); the
+//! figures that stay cheap at any size (`totals.rs`) over the process list
+//! kept as records are saved (`tally.rs`).
 
 use super::core::Core;
 use super::error::ExchangeError;
@@ -10,6 +14,13 @@ use crate::tenancy::{Principal, Role};
 use crate::token::Token;
 use crate::wire::{DatabaseStats, DeviceStats, FolderListing, ProcessList, Stats, Version};
 use std::collections::HashMap;
+
+mod manage;
+mod operator;
+pub(crate) mod tally;
+mod totals;
+
+pub use totals::Totals;
 
 pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
     match who {
