@@ -19,11 +19,11 @@
 //! - The exchange's data: [`PgMessages`] (its message store: every message
 //!   and its place, a step's batch in one transaction), [`PgKeys`] (upload
 //!   idempotency keys) and [`PgSchedule`] (the repeat scheduler's entries:
-//!   messages kept aside until their `deliver_at`). An upload's message and
+//!   messages scheduled for their `deliver_at`). An upload's message and
 //!   key are rows of the device's session step (`Step::joint`), written by
 //!   the step's commit with the device's record: one commit per upload.
 //! - [`PgQueue`]: the repeat scheduler's store limited to some sources,
-//!   each due entry claimed by one node (messages kept aside until their
+//!   each due entry claimed by one node (messages scheduled for their
 //!   `deliver_at`, alert deliveries, push notifications).
 //! - What a node of the embedded store keeps in its data folder, shared
 //!   here by every node: [`PgAlerts`] (alerts raised to the administrators,

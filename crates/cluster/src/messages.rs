@@ -10,7 +10,7 @@
 //! `NotFound`. Moves with the same source and target are one `UPDATE` of
 //! all their ids, so a commit of 100 messages is a few statements.
 //!
-//! A message kept aside until its `deliver_at` ([`Op::Schedule`] with a
+//! A message scheduled for its `deliver_at` ([`Op::Schedule`] with a
 //! time still to come) becomes an entry of the repeat scheduler's table
 //! (`repeat_entries`, see [`PgSchedule`](crate::PgSchedule)), exactly the
 //! entry the exchange's scheduler makes for an upload due later, written in
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
     Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
-    Outcome, RawArray, Tallies, kept_aside, take_within,
+    Outcome, RawArray, Tallies, scheduled_entry, take_within,
 };
 use estafeta_exchange::wire::Message;
 use estafeta_exchange::{Id, MessageId, Timestamp};
@@ -104,15 +104,15 @@ const DELIVER_NOW: &str = "UPDATE messages SET owner = recipient, place = 'Messa
     WHERE id = $1 AND owner = $2 AND place = $3 RETURNING recipient";
 /// Whether a mailbox is held (not removed).
 const OWNED: &str = "SELECT EXISTS (SELECT 1 FROM message_owners WHERE id = $1)";
-/// Keeps a message aside for its recipient `$6` (see
+/// Schedules a message for its recipient `$6` (see
 /// [`PUT_ENTRY`](crate::schedule::PUT_ENTRY)): removed with the recipient.
-const KEEP_ASIDE: &str = "INSERT INTO repeat_entries (id, source, due, attempt, payload, owner)
+const SCHEDULE: &str = "INSERT INTO repeat_entries (id, source, due, attempt, payload, owner)
     VALUES ($1, $2, $3, $4, $5, $6)
     ON CONFLICT (id) DO UPDATE SET source = EXCLUDED.source, due = EXCLUDED.due,
         attempt = EXCLUDED.attempt, payload = EXCLUDED.payload, owner = EXCLUDED.owner";
 const MAKE_OWNERS: &str =
     "INSERT INTO message_owners (id) SELECT * FROM unnest($1::text[]) ON CONFLICT DO NOTHING";
-/// Removes a mailbox, its messages and those kept aside for it (the
+/// Removes a mailbox, its messages and those scheduled for it (the
 /// foreign keys cascade), counting them first.
 const REMOVE_OWNER: &str = "WITH held AS (
         SELECT (SELECT count(*) FROM messages WHERE owner = $1)
@@ -323,11 +323,11 @@ impl PgMessages {
                     .await?
                 {
                     Some(row) => {
-                        let entry = kept_aside(name.id, row.get(0), *until);
+                        let entry = scheduled_entry(name.id, row.get(0), *until);
                         let due = crate::schedule::to_sql(entry.due);
                         let attempt = crate::schedule::attempt_to_sql(entry.attempt);
                         on.execute(
-                            &on.prepare_cached(KEEP_ASIDE).await?,
+                            &on.prepare_cached(SCHEDULE).await?,
                             &[
                                 &entry.id,
                                 &entry.source,
@@ -709,7 +709,7 @@ impl MessageStore for PgMessages {
     }
 
     /// The mailbox's row goes, and with it (the foreign keys cascade) its
-    /// messages and those kept aside for it, in one transaction: a write
+    /// messages and those scheduled for it, in one transaction: a write
     /// for it that holds its row's key lock commits first and goes with
     /// it; any later one fails on the missing row.
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
@@ -739,11 +739,11 @@ impl MessageStore for PgMessages {
     /// whichever node polls first delivers at its time.
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
-        let entry = kept_aside(message.id, bytes, until);
+        let entry = scheduled_entry(message.id, bytes, until);
         let to = message.to.as_str();
         let client = self.client(to).await?;
         let statement = client
-            .prepare_cached(KEEP_ASIDE)
+            .prepare_cached(SCHEDULE)
             .await
             .map_err(|e| failed(to, e))?;
         let (due, attempt) = (

@@ -1,6 +1,6 @@
 //! The repeat scheduler's store (`estafeta_repeat::store::Store`) over the
 //! `repeat_entries` and `repeat_sources` tables, so that the exchange's
-//! deferred deliveries (and any other repeat source) are kept in the
+//! scheduled deliveries (and any other repeat source) are kept in the
 //! cluster store and dispatched by whichever nodes run a scheduler on it.
 //!
 //! The trait is synchronous and the scheduler calls it from blocking
@@ -9,8 +9,8 @@
 //!
 //! Several nodes share the table, and a node's scheduler is told only of
 //! the entries it writes itself. So that every node sees entries written by
-//! others (another node's scheduler, a message batch that kept a message
-//! aside), a read ignores the scheduler's read cursor and starts at the
+//! others (another node's scheduler, a message batch that scheduled a
+//! message), a read ignores the scheduler's read cursor and starts at the
 //! source's first entry (passing over the entries this node has in flight),
 //! and a read that finds nothing more due reports the next second as the
 //! source's next due time: each node looks at the table once a second.

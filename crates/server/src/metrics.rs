@@ -755,7 +755,7 @@ pub async fn backlogs(parts: &Parts<'_>) -> Vec<(&'static str, Backlog)> {
     out
 }
 
-/// The repeat source of messages kept aside until their `deliver_at`.
+/// The repeat source of messages scheduled for their `deliver_at`.
 pub const SCHEDULED: &str = "deliver_at";
 
 /// Free (for unprivileged users) and total bytes of the file system of `dir`.

@@ -18,7 +18,7 @@ use crate::error::ServeError;
 use crate::events::{EventLogStore, EventStore};
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 
-/// The exchange's repeat source: messages kept aside until their `deliver_at`.
+/// The exchange's repeat source: messages scheduled for their `deliver_at`.
 const DEFERRED: &str = "deliver_at";
 /// How long a node holds a due `deliver_at` message it took in the cluster
 /// store: a node that dies holding one leaves it to another node this

@@ -52,7 +52,7 @@ pub struct SendMessage {
     /// gets the same message id and no second message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
-    /// Scheduled delivery (RFC 3339): the message is kept aside durably and
+    /// Scheduled delivery (RFC 3339): the message is scheduled durably and
     /// enters the database's queue at this time, not before. Absent or in
     /// the past: at once. The answer (201 with the id) comes once the
     /// message is kept durably either way.

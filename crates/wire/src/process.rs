@@ -123,7 +123,7 @@ pub struct Reply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Timestamp>,
     /// Scheduled delivery (RFC 3339): once the process commits, the reply
-    /// is kept aside durably and enters the recipient's inbox at this time,
+    /// is scheduled durably and enters the recipient's inbox at this time,
     /// not before. Absent or in the past: at commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver_at: Option<Timestamp>,

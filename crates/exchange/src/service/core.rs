@@ -84,10 +84,10 @@ pub(crate) struct Core {
     pub(crate) storage_alert: super::alerts::Condition,
     /// The devices' idempotency keys.
     pub(crate) keys: std::sync::Arc<dyn crate::keys::UploadKeys>,
-    /// Messages kept aside until their `deliver_at`.
-    pub(crate) deferred: std::sync::Arc<crate::store::deferred::Deferred>,
-    /// The store under `deferred`, read to list what is scheduled.
-    pub(crate) deferred_store: Arc<dyn estafeta_repeat::store::Store>,
+    /// Messages scheduled for their `deliver_at`.
+    pub(crate) scheduled: std::sync::Arc<crate::store::scheduled::DeliveryScheduler>,
+    /// The store under `scheduled`, read to list what is scheduled.
+    pub(crate) scheduled_store: Arc<dyn estafeta_repeat::store::Store>,
     /// Where arrivals are pushed.
     pub(crate) push: Arc<dyn super::push::PushSink>,
     /// Set once every registered mailbox has been told to the store's

@@ -246,7 +246,7 @@ impl Core {
         let placing = async {
             let due_later = deliver_at.is_some_and(|at| at > self.now());
             match key {
-                // Kept aside: the scheduler has no go-ahead to wait for.
+                // Scheduled: the scheduler has no go-ahead to wait for.
                 Some(key) if due_later => {
                     record(key).await?;
                     self.place(message, deliver_at).await

@@ -130,7 +130,7 @@ pub(crate) enum Event {
         pid: ProcessId,
         results: Vec<Verdict>,
         replies: Vec<FileName>,
-        deferred: Vec<(MessageId, Timestamp)>,
+        scheduled: Vec<(MessageId, Timestamp)>,
     },
     /// API_4, or the operator settling a process in doubt as committed.
     /// `ended`: how the owner record says the process ended, when the
@@ -272,13 +272,13 @@ pub(crate) fn step(rec: &mut DbRecord, event: Event, ctx: &Ctx) -> Vec<Step> {
             pid,
             results,
             replies,
-            deferred,
+            scheduled,
         } => match live_started(rec, &pid) {
             Some(p) => {
                 p.results = results;
                 p.replies = replies;
                 p.preparing.clear();
-                p.deferred = deferred;
+                p.scheduled = scheduled;
                 p.state = ProcessState::ReadyToCommit;
                 p.ready_at = Some(ctx.now);
                 for v in &p.results {
@@ -870,8 +870,8 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     steps
 }
 
-/// The moves of a confirmed commit: replies to their recipients (or kept
-/// aside until their `deliver_at`), processed messages to `Log`, incorrect
+/// The moves of a confirmed commit: replies to their recipients (or
+/// scheduled for their `deliver_at`), processed messages to `Log`, incorrect
 /// ones to `Error`; deadlocked ones stay in `Messages`.
 fn commit_ops(p: &Process) -> Vec<FileOp> {
     let db = &p.db;

@@ -41,7 +41,7 @@ fn id(s: &str) -> Id {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Place {
     At(Id, Folder),
-    /// Kept aside until its `deliver_at`.
+    /// Scheduled until its `deliver_at`.
     Scheduled,
 }
 
@@ -544,7 +544,7 @@ impl World {
         if let Some(l) = self.local.get_mut(&pid) {
             l.verdicts = results.iter().map(|v| (v.name.id, v.status)).collect();
         }
-        let deferred = replies
+        let scheduled = replies
             .iter()
             .filter(|r| pick & 0x80 != 0 && r.id.timestamp().as_millis() % 2 == 0)
             .map(|r| (r.id, T::from_millis(self.now + 10 * MINUTE)))
@@ -567,7 +567,7 @@ impl World {
             pid,
             results,
             replies,
-            deferred,
+            scheduled,
         };
         match self.call(event, Mode::Call) {
             Some(Answer::Ok) => {
@@ -939,7 +939,7 @@ fn the_record_does_not_grow_with_the_batches_it_remembers() {
                 pid,
                 results,
                 replies,
-                deferred: Vec::new(),
+                scheduled: Vec::new(),
             },
             Event::Commit { pid, ended: None },
             Event::Ran {

@@ -19,7 +19,7 @@
 //!   ([`crate::store::MessageStore`]) as one `apply`.
 //! - `hooks.rs` (deadlines and start-up processing of database sessions),
 //!   `recovery.rs`, `webhooks.rs` (arrivals told to the [`PushSink`] of
-//!   `push.rs`), `schedule.rs` (messages kept aside until their
+//!   `push.rs`), `schedule.rs` (messages scheduled for their
 //!   `deliver_at`), `alerting.rs` (alerts raised and cleared through the
 //!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
 //! - `sessions.rs` and `state.rs`: the session engines (databases,
@@ -193,7 +193,7 @@ pub struct Stores {
     /// its database's step takes its process's step too, and calls that
     /// hold every connection of one pool must not wait on it for another.
     pub process_sessions: Arc<dyn Storage>,
-    /// Messages kept aside until their `deliver_at`.
+    /// Messages scheduled for their `deliver_at`.
     pub scheduled: Scheduled,
     /// The devices' idempotency keys.
     pub keys: Arc<dyn UploadKeys>,
@@ -204,7 +204,7 @@ impl Stores {
     /// `registry.redb`, `sessions.redb`, `scheduled.redb` and `keys.redb`
     /// in its state folder, each opened (and repaired after a crash) here.
     /// `clock` is the one the exchange is opened with (the scheduler of
-    /// messages kept aside runs on it); every store's writes wait out
+    /// scheduled messages runs on it); every store's writes wait out
     /// `quiesce`'s pauses (an online backup) and report their commits to
     /// its observer.
     pub async fn embedded(
@@ -288,8 +288,8 @@ impl Exchange {
             alerts: sinks.alerts,
             storage_alert: Default::default(),
             keys: stores.keys,
-            deferred: stores.scheduled.scheduler,
-            deferred_store: stores.scheduled.store,
+            scheduled: stores.scheduled.scheduler,
+            scheduled_store: stores.scheduled.store,
             push: sinks.push,
             counting: Default::default(),
             process_tally,
@@ -660,7 +660,7 @@ impl Exchange {
             async move { core.deliver_due(entry).await }
         };
         self.core
-            .deferred
+            .scheduled
             .run(
                 estafeta_repeat::WorkerPool::new(4),
                 handler,
@@ -670,14 +670,14 @@ impl Exchange {
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
     }
 
-    /// Messages kept aside until their `deliver_at` (the first `limit`,
+    /// Messages scheduled for their `deliver_at` (the first `limit`,
     /// soonest first): each entry's payload is the message file.
     pub async fn scheduled(
         &self,
         limit: usize,
     ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
-        let listed = Listed(self.core.deferred_store.clone());
-        tokio::task::spawn_blocking(move || listed.entries(crate::store::deferred::SOURCE, limit))
+        let listed = Listed(self.core.scheduled_store.clone());
+        tokio::task::spawn_blocking(move || listed.entries(crate::store::scheduled::SOURCE, limit))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
@@ -686,7 +686,7 @@ impl Exchange {
     /// The scheduled-delivery store's counts (backlog) and dispatch figures.
     pub async fn scheduled_stats(&self) -> Result<estafeta_repeat::Stats, ExchangeError> {
         self.core
-            .deferred
+            .scheduled
             .stats()
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
@@ -696,7 +696,7 @@ impl Exchange {
     /// ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
         self.begin_stopping();
-        self.core.deferred.close().await;
+        self.core.scheduled.close().await;
         self.core.sessions.stop().await?;
         Ok(())
     }

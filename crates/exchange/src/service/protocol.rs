@@ -209,7 +209,7 @@ impl Core {
             .map_or_else(|| db.clone(), |n| n.subsystem.clone());
         let now = self.now();
         let mut replies = Vec::with_capacity(req.replies.len());
-        let mut deferred = Vec::new();
+        let mut scheduled = Vec::new();
         for r in req.replies {
             let endpoint = self
                 .registry
@@ -227,7 +227,7 @@ impl Core {
             };
             let id = self.ids.message_id(self.now_system());
             if let Some(at) = r.deliver_at.filter(|at| *at > now) {
-                deferred.push((id, at));
+                scheduled.push((id, at));
             }
             replies.push(Message {
                 version: Version,
@@ -290,7 +290,7 @@ impl Core {
             pid,
             results: verdicts,
             replies: written,
-            deferred,
+            scheduled,
         };
         // A failed save leaves the replies where they are: the record
         // names them (as a prepare under way, or, should the save have

@@ -1,4 +1,4 @@
-//! Scheduled delivery (`deliver_at`): a message due later is kept aside in
+//! Scheduled delivery (`deliver_at`): a message due later is scheduled in
 //! the repeat scheduler (`<data>/.estafeta/scheduled.redb`, durable before
 //! the upload is answered) with its file bytes as the entry's payload, and
 //! enters its recipient's `Messages` when the exchange's clock reaches the
@@ -15,8 +15,8 @@ use crate::wire::Message;
 use estafeta_repeat::{Entry, Outcome};
 
 impl Core {
-    /// Write `message` into its recipient's `Messages` now, or keep it
-    /// aside until `deliver_at` when that is later than now.
+    /// Write `message` into its recipient's `Messages` now, or schedule it
+    /// for its `deliver_at` when that is later than now.
     pub(crate) async fn place(
         &self,
         message: &Message,

@@ -11,8 +11,8 @@
 //! start-up recovery already handles. Reads go on.
 //!
 //! Two locks, always taken in the same order: the message store's
-//! (`files`) and the redb stores' (`stores`). A batch of moves can keep a
-//! message aside in the scheduled store while it holds `files`, so it takes
+//! (`files`) and the redb stores' (`stores`). A batch of moves can schedule a
+//! message in the scheduled store while it holds `files`, so it takes
 //! `stores` inside `files`; nothing takes `files` inside `stores`, and the
 //! pause takes `files` first, then `stores`.
 
@@ -390,7 +390,7 @@ impl<M: MessageStore> MessageStore for Gated<M> {
     async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
         self.inner.scheduled_for(owner).await
     }
-    // Kept aside in the scheduler's store, whose writes wait out a pause.
+    // Scheduled in the scheduler's store, whose writes wait out a pause.
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         self.inner.schedule(message, until).await
     }

@@ -142,9 +142,9 @@ pub(crate) struct Process {
     /// this state once they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) verdict: Option<ProcessState>,
-    /// Replies with a `deliver_at`: kept aside at commit until that time.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) deferred: Vec<(MessageId, Timestamp)>,
+    /// Replies with a `deliver_at`: scheduled at commit for that time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "deferred")]
+    pub(crate) scheduled: Vec<(MessageId, Timestamp)>,
 }
 
 impl Process {
@@ -229,7 +229,7 @@ impl Process {
             attempts: 0,
             retry_at: None,
             verdict: None,
-            deferred: Vec::new(),
+            scheduled: Vec::new(),
         }
     }
 
@@ -383,7 +383,7 @@ pub(crate) enum FileOp {
         name: FileName,
         at: (Id, Folder),
     },
-    /// Keep the file aside until `at` (scheduled delivery), then it leaves `from`.
+    /// Schedule the file for `at` (scheduled delivery): it leaves `from`.
     Schedule {
         #[serde(with = "display")]
         name: FileName,
@@ -400,10 +400,10 @@ impl FileOp {
             to: (to.0.clone(), to.1),
         }
     }
-    /// A reply's way to its recipient's `Messages`: moved now, or kept
-    /// aside until its `deliver_at`.
+    /// A reply's way to its recipient's `Messages`: moved now, or scheduled
+    /// for its `deliver_at`.
     pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> FileOp {
-        match p.deferred.iter().find(|(id, _)| *id == name.id) {
+        match p.scheduled.iter().find(|(id, _)| *id == name.id) {
             Some((_, at)) => FileOp::Schedule {
                 name: name.clone(),
                 from: (from.0.clone(), from.1),
@@ -477,5 +477,32 @@ mod display_vec {
             .iter()
             .map(|s| s.parse().map_err(D::Error::custom))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::UlidGenerator;
+    use std::time::SystemTime;
+
+    /// A database record saved before reads back after: the replies a
+    /// commit scheduled keep the key they are stored under.
+    #[test]
+    fn scheduled_replies_keep_their_stored_key() {
+        let ids = UlidGenerator::new();
+        let now = Timestamp::from_millis(1_764_064_800_000);
+        let mut process = Process::started(
+            ids.process_id(SystemTime::now()),
+            Id::new("db-a").unwrap(),
+            Vec::new(),
+            now,
+        );
+        let reply = ids.message_id(SystemTime::now());
+        process.scheduled.push((reply, now));
+        let stored = serde_json::to_value(&process).unwrap();
+        assert!(stored.get("deferred").is_some(), "{stored}");
+        let back: Process = serde_json::from_value(stored).unwrap();
+        assert_eq!(back.scheduled, [(reply, now)]);
     }
 }

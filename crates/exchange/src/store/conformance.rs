@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use estafeta_repeat::RedbStore;
 
-use super::deferred::Scheduled;
+use super::scheduled::Scheduled;
 use super::{
     FileEntry, FileName, FileStore, Filter, Folder, Limits, Location, MessageStore, Op, Outcome,
-    kept_aside,
+    scheduled_entry,
 };
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -69,8 +69,8 @@ fn outcome(r: Result<Outcome, MailboxError>) -> Option<Outcome> {
 
 /// The embedded message store under the folder `dir` (messages in
 /// `dir/data`, kept-aside messages in `dir/scheduled.redb`, on the system
-/// clock), as the exchange opens it, and the repeat store it keeps
-/// messages aside in: for tests and benchmarks that hold another backend
+/// clock), as the exchange opens it, and the repeat store it schedules
+/// messages in: for tests and benchmarks that hold another backend
 /// to it.
 pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
     let scheduled = Arc::new(RedbStore::open(dir.join("scheduled.redb")).unwrap());
@@ -80,8 +80,8 @@ pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
 }
 
 /// Runs every check of the [`MessageStore`] contract on `store`, a fresh
-/// store whose messages kept aside (by [`Op::Schedule`]) go to `kept`, the
-/// repeat store of its deferred-delivery scheduler.
+/// store whose scheduled messages (by [`Op::Schedule`]) go to `kept`, the
+/// repeat store of its scheduled-delivery scheduler.
 pub async fn message_store_contract(
     store: &dyn MessageStore,
     kept: Arc<dyn estafeta_repeat::Store>,
@@ -352,7 +352,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
     assert_eq!(store.count(&prepared).await.unwrap(), 0);
     assert_eq!(store.count(&queue).await.unwrap(), 0);
     assert_eq!(store.oldest(&log, 10).await.unwrap(), [name(&upload)]);
-    let expected = kept_aside(later.id, later.to_file_bytes().unwrap(), far);
+    let expected = scheduled_entry(later.id, later.to_file_bytes().unwrap(), far);
     let source = expected.source.clone();
     let aside = tokio::task::spawn_blocking(move || {
         kept.scan(&source, Bound::Unbounded, u64::MAX, 10, &|_| false)
@@ -474,8 +474,8 @@ async fn retention_and_removal(store: &dyn MessageStore) {
     store.create_mailbox(&id("old-db")).await.unwrap();
 }
 
-/// A removed mailbox: its messages and those kept aside for it are gone;
-/// a new message for it is refused, one a batch moves or keeps aside for
+/// A removed mailbox: its messages and those scheduled for it are gone;
+/// a new message for it is refused, one a batch moves or schedules for
 /// it is discarded; made again, it starts empty and takes messages.
 async fn a_removed_mailbox_takes_nothing_until_made_again(store: &dyn MessageStore) {
     let (phone, db) = (id("gone-phone"), id("gone-db"));

@@ -1,7 +1,7 @@
 //! The embedded message store: one file per message under the data
 //! folder (`<data>/<id>/<Folder>/<name>.msg`), written, moved and deleted
 //! through the [`Mailboxes`] engine (temporary file, fsync, rename, folder
-//! fsync, group-committed), with messages due later kept aside in the
+//! fsync, group-committed), with messages due later scheduled in the
 //! repeat scheduler (`<data>/.estafeta/scheduled.redb`).
 //!
 //! Files cannot move together atomically, so every op is idempotent: a
@@ -15,8 +15,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::deferred::{self, Deferred, Listed, SOURCE, Scheduled};
 use super::removal::Removals;
+use super::scheduled::{self, DeliveryScheduler, Listed, SOURCE, Scheduled};
 use super::{Applied, MessageStore, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -33,15 +33,15 @@ use crate::wire::Message;
 pub(crate) struct FileStore {
     mailboxes: Mailboxes,
     /// Where a message due later is kept until its time.
-    deferred: Arc<Deferred>,
-    /// The entries of `deferred`, read to find a mailbox's.
+    scheduled: Arc<DeliveryScheduler>,
+    /// The entries of `scheduled`, read to find a mailbox's.
     kept: Arc<dyn estafeta_repeat::store::Store>,
     /// Orders writes into a mailbox from outside its owner's session with
     /// the mailbox's removal.
     removals: Arc<Removals>,
 }
 
-/// The recipient of a message kept aside, read from its entry's payload.
+/// The recipient of a scheduled message, read from its entry's payload.
 #[derive(serde::Deserialize)]
 struct Recipient {
     to: Id,
@@ -55,13 +55,13 @@ impl FileStore {
         let removals = Removals::open(crate::DataLayout::new(root).removed()).await?;
         Ok(Self {
             mailboxes: Mailboxes::open(root, SyncConfig::default()).await?,
-            deferred: scheduled.scheduler.clone(),
+            scheduled: scheduled.scheduler.clone(),
             kept: scheduled.store.clone(),
             removals: Arc::new(removals),
         })
     }
 
-    /// The ids of the messages kept aside for `owner` (every entry is read:
+    /// The ids of the messages scheduled for `owner` (every entry is read:
     /// a deletion's cost, not an upload's).
     async fn kept_for(&self, owner: &Id) -> Result<Vec<String>, MailboxError> {
         let kept = Listed(self.kept.clone());
@@ -85,11 +85,11 @@ impl FileStore {
 
     /// The exchange's clock now (the scheduler runs on it).
     fn now(&self) -> Timestamp {
-        let ms = self.deferred.clock().0.now().0;
+        let ms = self.scheduled.clock().0.now().0;
         Timestamp::from_millis(i64::try_from(ms).unwrap_or(i64::MAX))
     }
 
-    /// [`Op::Schedule`]: the message read from `from`, kept aside until
+    /// [`Op::Schedule`]: the message read from `from`, scheduled for
     /// `until` (or written into its recipient's `Messages` if that time has
     /// passed, noted in `arrivals`), then removed from `from`. Run again
     /// after a crash, it schedules the same entry again (same id, replaced)
@@ -124,7 +124,7 @@ impl FileStore {
             return self.mailboxes.delete(from, name).await;
         }
         let kept = if until > self.now() {
-            deferred::keep_aside(&self.deferred, &message, until)
+            scheduled::schedule(&self.scheduled, &message, until)
                 .await
                 .map_err(|e| e.to_string())
         } else {
@@ -157,7 +157,7 @@ impl MessageStore for FileStore {
         let mut discarded = 0;
         for id in self.kept_for(owner).await? {
             if self
-                .deferred
+                .scheduled
                 .cancel(&id)
                 .await
                 .map_err(|e| MailboxError::io(self.mailboxes.root(), std::io::Error::other(e)))?
@@ -230,7 +230,7 @@ impl MessageStore for FileStore {
         if entered.is_removed(&message.to) {
             return Err(MailboxError::NoMailbox(message.to.clone()));
         }
-        deferred::keep_aside(&self.deferred, message, until)
+        scheduled::schedule(&self.scheduled, message, until)
             .await
             .map_err(|e| {
                 MailboxError::io(
@@ -439,7 +439,7 @@ impl MessageStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::deferred::{Listed, SOURCE};
+    use crate::store::scheduled::{Listed, SOURCE};
     use crate::wire::{Body, Version};
 
     fn id(s: &str) -> Id {

@@ -16,16 +16,16 @@
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod conformance;
-pub(crate) mod deferred;
 mod files;
 mod redb_registry;
 mod registry;
 mod removal;
+pub(crate) mod scheduled;
 
-pub use deferred::{Listed, Scheduled, WallClock, kept_aside};
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};
+pub use scheduled::{Listed, Scheduled, WallClock, scheduled_entry};
 
 pub use crate::mailbox::{
     FileEntry, FileName, Filter, Folder, KindTotals, Limits, Location, MailboxKind, Outcome,
@@ -59,7 +59,7 @@ pub enum Op {
         /// Where it is.
         at: Location,
     },
-    /// The message leaves `from` and is kept aside until `until` (scheduled
+    /// The message leaves `from` and is scheduled for `until` (scheduled
     /// delivery); if that time has passed it goes into its recipient's
     /// `Messages` at once.
     Schedule {
@@ -85,8 +85,8 @@ pub struct Applied {
 }
 
 /// Where messages live: the places (`Messages`, `Prepared`, `Log`,
-/// `Unknown`, `Error`) of each database and device, and the messages kept
-/// aside until their `deliver_at`.
+/// `Unknown`, `Error`) of each database and device, and the messages scheduled
+/// for their `deliver_at`.
 ///
 /// Every write is durable when its call returns. A batch of [`Op`]s is the
 /// changes of one protocol step: a transactional backend applies it
@@ -112,17 +112,17 @@ pub trait MessageStore: Send + Sync {
     }
 
     /// Removes everything of a deleted database or device, the messages
-    /// kept aside for it included; how many messages there were. Called
+    /// scheduled for it included; how many messages there were. Called
     /// while the caller holds the owner's session. From then on nothing is
     /// written into the mailbox until it is made again
     /// ([`create_mailbox`](Self::create_mailbox)): a new message for it is
-    /// refused ([`MailboxError::NoMailbox`]) and a message moved or kept
-    /// aside for it by a batch is discarded. A write under way when the
+    /// refused ([`MailboxError::NoMailbox`]) and a message moved or scheduled
+    /// for it by a batch is discarded. A write under way when the
     /// removal began either finishes first (and is removed with the rest)
     /// or finds the mailbox gone.
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError>;
 
-    /// How many messages are kept aside until their `deliver_at` for
+    /// How many messages are scheduled for their `deliver_at` for
     /// `owner`.
     async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError>;
 
@@ -147,7 +147,7 @@ pub trait MessageStore: Send + Sync {
         }
     }
 
-    /// Keeps a new message aside until `until`, when it enters its
+    /// Schedules a new message for `until`, when it enters its
     /// recipient's `Messages` ([`MailboxError::NoMailbox`] if the
     /// recipient's mailbox was removed).
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError>;

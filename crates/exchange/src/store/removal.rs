@@ -1,6 +1,6 @@
 //! Writes that land in a mailbox from outside its owner's session (an
 //! upload into a database's queue, a reply delivered to a device, a message
-//! kept aside for either, a scheduled delivery) against the mailbox's
+//! scheduled for either, a scheduled delivery) against the mailbox's
 //! removal. Such a write holds its recipient's lock shared for as long as
 //! it runs and first checks that the mailbox is not removed; a removal
 //! holds it exclusively while it marks the mailbox removed. So every write

@@ -6,7 +6,7 @@
 //! besides `Log`, none waits for its `deliver_at` to enter it and no
 //! process of it is open, unless forced: a forced delete aborts the live
 //! process, settles those in doubt as rolled back, and discards every
-//! message of the mailbox and every one kept aside for it.
+//! message of the mailbox and every one scheduled for it.
 
 use crate::wire::ErrorCode;
 use std::collections::HashMap;
@@ -130,7 +130,7 @@ impl Exchange {
     /// `not_empty`) while its mailbox holds messages besides `Log`,
     /// messages wait for their `deliver_at` to enter it, or a process of it
     /// is open, unless `force`: then its live process is aborted, those in
-    /// doubt are rolled back, and every message of it or kept aside for it
+    /// doubt are rolled back, and every message of it or scheduled for it
     /// is discarded. It runs on the mailbox's session, so no call of the
     /// database or device runs meanwhile; nothing is written under the id
     /// afterwards, and a database or device made again under it starts
@@ -251,7 +251,7 @@ impl Core {
     }
 
     /// What a delete of `id` is refused for unless forced: messages held
-    /// besides `Log`, messages kept aside for it, open processes.
+    /// besides `Log`, messages scheduled for it, open processes.
     async fn holds(&self, id: &Id, open: usize) -> Result<Option<String>, ExchangeError> {
         let c = self.folder_counts_of(id).await?;
         let scheduled = self.store.scheduled_for(id).await?;

@@ -1,5 +1,5 @@
 //! `/admin/deliveries`: the repeat schedulers' entries (alert deliveries,
-//! push notifications and their retries, messages kept aside until their
+//! push notifications and their retries, messages scheduled for their
 //! `deliver_at`), soonest first.
 
 use askama::Template;

@@ -1,4 +1,4 @@
-//! Messages kept aside until their `deliver_at`: entries of the repeat
+//! Messages scheduled for their `deliver_at`: entries of the repeat
 //! scheduler (embedded: `<data>/.estafeta/scheduled.redb`) with the
 //! message's bytes as the payload, due at the first whole second at or
 //! after the time.
@@ -26,17 +26,17 @@ impl estafeta_repeat::Clock for WallClock {
     }
 }
 
-/// The store of messages kept aside.
-pub(crate) type Deferred = Scheduler<Listed<dyn Store>, WallClock>;
+/// The scheduler of messages due later.
+pub(crate) type DeliveryScheduler = Scheduler<Listed<dyn Store>, WallClock>;
 
-/// Where messages are kept aside until their `deliver_at`: a repeat store
+/// Where messages wait for their `deliver_at`: a repeat store
 /// (embedded: `scheduled.redb`) and the one scheduler over it, running on
 /// the exchange's clock. The message store hands due-later messages to the
 /// scheduler, and the exchange runs its deliveries and lists its entries.
 #[derive(Clone)]
 pub struct Scheduled {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) scheduler: Arc<Deferred>,
+    pub(crate) scheduler: Arc<DeliveryScheduler>,
 }
 
 impl Scheduled {
@@ -106,9 +106,9 @@ impl<S: Store + ?Sized> Store for Listed<S> {
     }
 }
 
-/// Why a message could not be kept aside.
+/// Why a message could not be scheduled.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum KeepAsideError {
+pub(crate) enum ScheduleError {
     /// The message could not be serialized.
     #[error(transparent)]
     Serialize(#[from] serde_json::Error),
@@ -123,11 +123,11 @@ fn due_second(t: Timestamp) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// The repeat entry that keeps the message `id`, stored as `bytes` (its
-/// file bytes), aside until `at`: what the exchange schedules, and what a
-/// transactional message store writes itself when a batch keeps a message
-/// aside in the same transaction.
-pub fn kept_aside(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
+/// The repeat entry that schedules the message `id`, stored as `bytes` (its
+/// file bytes), for `at`: what the exchange schedules, and what a
+/// transactional message store writes itself when a batch schedules a
+/// message in the same transaction.
+pub fn scheduled_entry(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
     Entry {
         source: SOURCE.to_owned(),
         due: due_second(at),
@@ -137,14 +137,14 @@ pub fn kept_aside(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
     }
 }
 
-/// Keeps `message` aside in `deferred` until `at`, durably.
-pub(crate) async fn keep_aside(
-    deferred: &Deferred,
+/// Schedules `message` in `scheduler` for `at`, durably.
+pub(crate) async fn schedule(
+    scheduler: &DeliveryScheduler,
     message: &Message,
     at: Timestamp,
-) -> Result<(), KeepAsideError> {
-    let entry = kept_aside(message.id, message.to_file_bytes()?, at);
-    deferred
+) -> Result<(), ScheduleError> {
+    let entry = scheduled_entry(message.id, message.to_file_bytes()?, at);
+    scheduler
         .schedule(&entry.source, entry.due, &entry.id, &entry.payload)
         .await?;
     tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, deliver_at = %at, "message scheduled");
