@@ -2,12 +2,12 @@
 //! library (`serve`, `config`), to the client (`admin …`), or to the demo
 //! (`demo`); `completions` and `man` print what clap derives from this
 //! command line for shells and `man`. The command line is the binary's
-//! alone: the `admin …` commands ([`operator`]) and the options that choose
+//! alone: the `admin …` commands ([`admin_commands`]) and the options that choose
 //! the settings ([`SettingsArgs`]) live here, not in the library.
 
+mod admin_commands;
 #[cfg(feature = "demo")]
 mod demo;
-mod operator;
 
 #[cfg(feature = "demo")]
 use estafeta_server::config::{LogFilter, Value as _};
@@ -17,6 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use admin_commands::AdminArgs;
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
 use estafeta_exchange::DataLayout;
@@ -24,7 +25,6 @@ use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::Settings;
 use estafeta_server::config;
 use estafeta_server::open::open_server;
-use operator::AdminArgs;
 use tokio_util::sync::CancellationToken;
 
 /// Estafeta: a reliable message server between mobile devices and database
@@ -142,7 +142,7 @@ fn main() -> anyhow::Result<()> {
         },
         Command::Admin(args) => {
             estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
-            let out = runtime()?.block_on(operator::execute(&args))?;
+            let out = runtime()?.block_on(admin_commands::execute(&args))?;
             if let Some(warning) = out.warning {
                 eprintln!("warning: {warning}");
             }

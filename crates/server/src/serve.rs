@@ -84,7 +84,7 @@ impl Server {
         let metrics = Metrics::new(commits, stores.database_clock.clone());
         let notifier = stores.notifier(notify, config.quiesce.clone()).await?;
         let pusher = stores.pusher(&notifier, config.quiesce.clone()).await?;
-        let sessions = stores.logins();
+        let logins = stores.logins();
         let events = stores.events(&config.data_dir)?;
         // In a cluster, wrong tokens are counted across the nodes.
         let auth_throttle =
@@ -107,7 +107,7 @@ impl Server {
             http,
             notifier,
             pusher,
-            sessions,
+            logins,
             events,
             metrics,
             auth_throttle,

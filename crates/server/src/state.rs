@@ -10,7 +10,7 @@ use estafeta_exchange::Exchange;
 
 use crate::body_room::BodyRoom;
 use crate::config::HttpSettings;
-use crate::dashboard::sessions::Sessions;
+use crate::dashboard::logins::Logins;
 use crate::events::EventLogStore;
 use crate::last_seen::LastSeen;
 use crate::metrics::{Metrics, Parts};
@@ -30,7 +30,7 @@ struct Inner {
     /// Room for the message bodies held at once.
     body_room: BodyRoom,
     metrics: Metrics,
-    sessions: Sessions,
+    logins: Logins,
     /// Wrong tokens by client address (bearer tokens and dashboard logins),
     /// in a cluster shared with the other nodes.
     auth_throttle: AuthThrottle,
@@ -50,7 +50,7 @@ struct Inner {
 impl AppState {
     /// State around an exchange opened with `notifier` and `pusher` as its
     /// sinks and `metrics`' commits as its observer, the dashboard's logins
-    /// kept in `sessions`, the event log read from `events`, wrong tokens
+    /// kept in `logins`, the event log read from `events`, wrong tokens
     /// counted by `auth_throttle`, storage checked by `readiness`
     /// ([`crate::Server::open`] builds them in that order).
     #[allow(clippy::too_many_arguments)]
@@ -59,7 +59,7 @@ impl AppState {
         http: HttpSettings,
         notifier: Notifier,
         pusher: Pusher,
-        sessions: Sessions,
+        logins: Logins,
         events: Arc<dyn EventLogStore>,
         metrics: Metrics,
         auth_throttle: AuthThrottle,
@@ -70,7 +70,7 @@ impl AppState {
                 body_room: BodyRoom::new(http.bodies_in_flight_bytes),
                 http,
                 metrics,
-                sessions,
+                logins,
                 auth_throttle,
                 readiness,
                 last_seen: LastSeen::default(),
@@ -108,8 +108,8 @@ impl AppState {
     }
 
     /// The dashboard's login sessions.
-    pub fn sessions(&self) -> &Sessions {
-        &self.inner.sessions
+    pub fn logins(&self) -> &Logins {
+        &self.inner.logins
     }
 
     /// Wrong tokens by client address: bearer tokens and dashboard logins.

@@ -13,7 +13,7 @@ use estafeta_exchange::{Gated, Quiesce, Stores};
 use estafeta_session::Clock;
 
 use crate::config::ClusterStore;
-use crate::dashboard::sessions::Sessions;
+use crate::dashboard::logins::Logins;
 use crate::error::ServeError;
 use crate::events::{EventLogStore, EventStore};
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
@@ -88,10 +88,10 @@ impl NodeStores {
 
     /// The dashboard's login sessions: in the cluster's database (a login
     /// holds on every node) or in this node's memory.
-    pub fn logins(&self) -> Sessions {
+    pub fn logins(&self) -> Logins {
         match &self.cluster {
-            Some(db) => Sessions::new(estafeta_cluster::PgLogins::new(db.clone())),
-            None => Sessions::default(),
+            Some(db) => Logins::new(estafeta_cluster::PgLogins::new(db.clone())),
+            None => Logins::default(),
         }
     }
 }

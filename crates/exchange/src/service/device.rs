@@ -5,7 +5,7 @@ use super::Presented;
 use super::Upload as UploadOutcome;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::DeviceRecord;
+use super::records::DeviceRecord;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;

@@ -4,7 +4,7 @@
 
 use super::core::Core;
 use super::lifecycle::{Event, RETRY};
-use super::state::DbRecord;
+use super::records::DbRecord;
 use crate::Id;
 use estafeta_session::{BoxFuture, Finalize, Hooks, SessionData, Step};
 use std::sync::Weak;

@@ -43,7 +43,7 @@
 //! is idempotent, so after a crash the moves are simply run again.
 
 use super::alert_kind::AlertKind;
-use super::state::{DbRecord, Discarding, Ended, FileOp, Process, Verdict};
+use super::records::{DbRecord, Discarding, Ended, FileOp, Process, Verdict};
 use crate::mailbox::{FileName, Folder};
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};

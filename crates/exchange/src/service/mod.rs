@@ -22,7 +22,7 @@
 //!   `push.rs`), `schedule.rs` (messages scheduled for their
 //!   `deliver_at`), `alerting.rs` (alerts raised and cleared through the
 //!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
-//! - `sessions.rs` and `state.rs`: the session engines (databases,
+//! - `sessions.rs` and `records.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
 //!
 //! The service reaches messages and the registry only through the store
@@ -43,11 +43,11 @@ mod lifecycle;
 mod phase;
 mod protocol;
 mod push;
+mod records;
 mod recovery;
 mod schedule;
 mod sessions;
 mod snapshot;
-mod state;
 mod stats;
 mod webhooks;
 

@@ -8,7 +8,7 @@ use super::Presented;
 use super::core::Core;
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event};
-use super::state::{DbRecord, Verdict};
+use super::records::{DbRecord, Verdict};
 use crate::store::{FileName, Filter, Folder};
 use crate::tenancy::{Principal, Role};
 use crate::wire::ErrorCode;

@@ -4,7 +4,7 @@
 //! [`ProcessId`]). The three share one durable store, each in its own
 //! [`Namespace`] of it.
 
-use super::state::{DbRecord, DeviceRecord, ProcessRecord};
+use super::records::{DbRecord, DeviceRecord, ProcessRecord};
 use crate::{Id, ProcessId};
 use estafeta_session::index::DefaultIndex;
 use estafeta_session::storage::{Pending, Shared, Step, Write};

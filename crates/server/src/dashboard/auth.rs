@@ -1,5 +1,5 @@
 //! Dashboard login: the admin token, typed once into a form, opens a
-//! server-side session under a random id ([`Sessions`](super::sessions::Sessions)),
+//! server-side session under a random id ([`Logins`](super::logins::Logins)),
 //! which travels in a cookie (`HttpOnly`, `SameSite=Strict`, `Secure` when
 //! the request came over TLS through a proxy that says so in `X-Forwarded-Proto`). Each
 //! session has its own CSRF token, which every state-changing form sends
@@ -127,12 +127,12 @@ impl FromRequestParts<AppState> for AdminSession {
             (StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response()
         };
         let session = match cookie(&parts.headers, SESSION_COOKIE) {
-            Some(id) => match state.sessions().touch(&id).await {
+            Some(id) => match state.logins().touch(&id).await {
                 Ok(Some((csrf, admin))) => match state.exchange().is_admin_hash(&admin).await {
                     Ok(true) => Some(AdminSession { id, csrf }),
                     // Opened with an admin token that is no longer the one.
                     Ok(false) => {
-                        if let Err(e) = state.sessions().remove(&id).await {
+                        if let Err(e) = state.logins().remove(&id).await {
                             return Err(unavailable("ending a dashboard login", &e));
                         }
                         None
@@ -236,7 +236,7 @@ pub async fn login(
     }
     state.auth_throttle().succeeded(client, now);
     let id = match state
-        .sessions()
+        .logins()
         .create(&TokenHash::of(form.token.trim()))
         .await
     {
@@ -279,7 +279,7 @@ pub async fn logout(
     if let Err(r) = session.check_csrf(&form.csrf) {
         return r.into_response();
     }
-    if let Err(e) = state.sessions().remove(&session.id).await {
+    if let Err(e) = state.logins().remove(&session.id).await {
         tracing::error!(error = %e, "ending a dashboard login failed");
         return (StatusCode::SERVICE_UNAVAILABLE, "503: try again").into_response();
     }
@@ -294,7 +294,7 @@ pub async fn logout(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dashboard::sessions::Sessions;
+    use crate::dashboard::logins::Logins;
 
     #[test]
     fn cookies_are_found_among_others() {
@@ -319,7 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn csrf_must_match() {
-        let (id, csrf) = Sessions::default()
+        let (id, csrf) = Logins::default()
             .create(&TokenHash::of("the-admin-token"))
             .await
             .unwrap();

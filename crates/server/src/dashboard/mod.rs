@@ -6,16 +6,16 @@
 //! runs: at most [`FORM_LIMIT`] bytes, within the request timeout, so that
 //! anonymous clients can pin neither memory nor connections with forms.
 //!
-//! - [`auth`]: login, logout, CSRF; [`sessions`]: the login sessions.
+//! - [`auth`]: login, logout, CSRF; [`logins`]: the login sessions.
 //! - [`pages`]: the pages and the operator actions; [`page`]: how each is
 //!   rendered, or its error page.
 //! - [`chart`]: the messages-per-minute chart.
 
 pub mod auth;
 pub mod chart;
+pub mod logins;
 pub mod page;
 pub mod pages;
-pub mod sessions;
 
 use axum::Router;
 use axum::body::{Body, Bytes};

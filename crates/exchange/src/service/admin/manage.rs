@@ -15,7 +15,7 @@ use super::super::Exchange;
 use super::super::core::Core;
 use super::super::error::ExchangeError;
 use super::super::lifecycle::Event;
-use super::super::state::{DbRecord, DeviceRecord, Process};
+use super::super::records::{DbRecord, DeviceRecord, Process};
 use super::admin;
 use crate::store::Folder;
 use crate::tenancy::{Endpoint, Kind, Principal, Role};

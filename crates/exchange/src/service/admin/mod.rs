@@ -6,7 +6,7 @@
 
 use super::core::Core;
 use super::error::ExchangeError;
-use super::state::{Ended, Process};
+use super::records::{Ended, Process};
 use super::stats::SenderCounts;
 use crate::Id;
 use crate::store::{FileEntry, Folder, MailboxKind};

@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::super::state::DbRecord;
+use super::super::records::DbRecord;
 use crate::wire::{ProcessState, ProcessSummary};
 use crate::{Id, ProcessId, Timestamp};
 

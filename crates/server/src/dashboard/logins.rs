@@ -1,4 +1,4 @@
-//! The dashboard's login sessions ([`Sessions`]), by a random session id:
+//! The dashboard's login sessions ([`Logins`]), by a random session id:
 //! in the node's memory, or in the cluster's store so that a login holds
 //! on every node. Each keeps its CSRF token and the hash of the admin token
 //! it was opened with, and ends when unused for [`IDLE_TIMEOUT`].
@@ -33,7 +33,7 @@ pub trait LoginStore: Send + Sync {
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LoginError>>;
 }
 
-/// Sessions in this node's memory (the embedded store: one node), on the
+/// Logins in this node's memory (the embedded store: one node), on the
 /// runtime's clock.
 #[derive(Default)]
 pub struct MemoryLogins {
@@ -86,7 +86,7 @@ impl LoginStore for MemoryLogins {
     }
 }
 
-/// Sessions in the cluster's store, by the hash of the session id; the
+/// Logins in the cluster's store, by the hash of the session id; the
 /// idle deadline runs on the database server's clock.
 impl LoginStore for estafeta_cluster::PgLogins {
     fn create<'a>(&'a self, id: &'a str, csrf: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
@@ -115,21 +115,21 @@ impl LoginStore for estafeta_cluster::PgLogins {
 }
 
 /// The logged-in sessions.
-pub struct Sessions {
+pub struct Logins {
     store: Box<dyn LoginStore>,
 }
 
-impl Default for Sessions {
+impl Default for Logins {
     /// In this node's memory.
     fn default() -> Self {
-        Sessions::new(MemoryLogins::default())
+        Logins::new(MemoryLogins::default())
     }
 }
 
-impl Sessions {
-    /// Sessions kept in `store`.
-    pub fn new(store: impl LoginStore + 'static) -> Sessions {
-        Sessions {
+impl Logins {
+    /// Logins kept in `store`.
+    pub fn new(store: impl LoginStore + 'static) -> Logins {
+        Logins {
             store: Box::new(store),
         }
     }
@@ -174,7 +174,7 @@ mod tests {
 
     /// What every login store does: a session is found by its id until
     /// removed, with its own CSRF token.
-    async fn a_login_store_keeps_sessions(one: &Sessions, other: &Sessions) {
+    async fn a_login_store_keeps_sessions(one: &Logins, other: &Logins) {
         let admin = TokenHash::of("the-admin-token");
         let (id, csrf) = one.create(&admin).await.unwrap();
         assert_eq!(other.touch(&id).await.unwrap(), Some((csrf.clone(), admin)));
@@ -188,7 +188,7 @@ mod tests {
 
     #[tokio::test]
     async fn memory_logins_keep_sessions() {
-        let s = Sessions::default();
+        let s = Logins::default();
         a_login_store_keeps_sessions(&s, &s).await;
     }
 
@@ -199,14 +199,14 @@ mod tests {
         let pg = estafeta_cluster::testing::Postgres::start().unwrap();
         let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
         db.migrate().await.unwrap();
-        let a = Sessions::new(estafeta_cluster::PgLogins::new(db.clone()));
-        let b = Sessions::new(estafeta_cluster::PgLogins::new(db));
+        let a = Logins::new(estafeta_cluster::PgLogins::new(db.clone()));
+        let b = Logins::new(estafeta_cluster::PgLogins::new(db));
         a_login_store_keeps_sessions(&a, &b).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn sessions_expire_when_idle() {
-        let s = Sessions::default();
+        let s = Logins::default();
         let admin = TokenHash::of("the-admin-token");
         let (id, csrf) = s.create(&admin).await.unwrap();
         assert_eq!(s.touch(&id).await.unwrap(), Some((csrf, admin)));
