@@ -286,23 +286,7 @@ struct Inner {
 }
 
 /// Which kind of registered id a paged list or a lookup is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Databases.
-    Database,
-    /// Devices.
-    Device,
-}
-
-impl Kind {
-    /// `"database"` or `"device"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Database => "database",
-            Kind::Device => "device",
-        }
-    }
-}
+pub use crate::wire::Kind;
 
 impl Registry {
     /// Opens (creating if needed) the embedded registry in the state folder

@@ -71,6 +71,7 @@ mod body;
 mod error_body;
 mod error_code;
 mod folder;
+mod kind;
 mod message;
 mod process;
 #[cfg(feature = "session-key")]
@@ -91,6 +92,7 @@ pub use error_body::{ErrorBody, ErrorDetail};
 pub use error_code::{ErrorCode, UnknownErrorCode};
 pub use folder::Folder;
 pub use id::Id;
+pub use kind::Kind;
 pub use message::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Upload};
 pub use process::{
     AbortRequest, AcceptRequest, CallResponse, CommitRequest, MessageResult, PrepareRequest,

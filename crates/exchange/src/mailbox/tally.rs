@@ -18,13 +18,7 @@ use crate::id::Id;
 use crate::timestamp::Timestamp;
 
 /// Whose mailbox a folder belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MailboxKind {
-    /// A database's: `Messages` holds the uploads waiting for a process.
-    Database,
-    /// A device's: `Messages` holds what waits for the device to fetch.
-    Device,
-}
+pub use crate::wire::Kind as MailboxKind;
 
 /// The folders the totals count.
 pub const COUNTED: [Folder; 3] = [Folder::Messages, Folder::Unknown, Folder::Error];

@@ -22,33 +22,14 @@
 
 use super::error::ExchangeError;
 use crate::Id;
-use crate::tenancy::Kind;
 use crate::wire::ErrorCode;
-use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
 
 /// The longest webhook URL accepted.
 const MAX_URL: usize = 2048;
 
 /// Whether a push recipient is a database or a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecipientKind {
-    /// A database: a device's upload (or a scheduled one) entered its queue.
-    Database,
-    /// A device: a reply entered its inbox.
-    Device,
-}
-
-impl RecipientKind {
-    /// The kind's name in notifications and paths.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RecipientKind::Database => "database",
-            RecipientKind::Device => "device",
-        }
-    }
-}
+pub use crate::wire::Kind as RecipientKind;
 
 /// Where the exchange hands arrivals for recipients with a webhook.
 pub trait PushSink: Send + Sync + 'static {
@@ -140,24 +121,6 @@ pub fn is_link_local_or_metadata(ip: IpAddr) -> bool {
             Some(v4) => v4.is_link_local(),
             None => v6.is_unicast_link_local() || v6 == METADATA_V6,
         },
-    }
-}
-
-impl From<Kind> for RecipientKind {
-    fn from(kind: Kind) -> Self {
-        match kind {
-            Kind::Database => RecipientKind::Database,
-            Kind::Device => RecipientKind::Device,
-        }
-    }
-}
-
-impl From<RecipientKind> for Kind {
-    fn from(kind: RecipientKind) -> Self {
-        match kind {
-            RecipientKind::Database => Kind::Database,
-            RecipientKind::Device => Kind::Device,
-        }
     }
 }
 

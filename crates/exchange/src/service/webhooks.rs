@@ -16,7 +16,7 @@ impl Core {
     /// the recipient has a webhook.
     pub(crate) fn arrived(&self, recipient: &Id) {
         if let Some((kind, _)) = self.registry.webhook(recipient) {
-            self.push.arrived(recipient, kind.into());
+            self.push.arrived(recipient, kind);
         }
     }
 
@@ -52,9 +52,7 @@ impl Core {
 
     /// The webhook of `recipient`, if it has one.
     pub(crate) fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
-        self.registry
-            .webhook(recipient)
-            .map(|(kind, url)| (kind.into(), url))
+        self.registry.webhook(recipient)
     }
 
     /// Sets (or with `None` clears) the webhook of a database or device,
@@ -80,7 +78,7 @@ impl Core {
             check_url(u)?;
         }
         self.registry
-            .set_webhook(kind.into(), id.clone(), url.clone())
+            .set_webhook(kind, id.clone(), url.clone())
             .await?;
         tracing::info!(target: "estafeta::event", recipient = %id, kind = kind.as_str(), webhook = url.as_deref().unwrap_or("-"), "webhook set");
         Ok(url)
