@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::smtp_server::{self, Options};
 use estafeta_sendq::{
     EmailMessage, Kind, QueueConfig, SendError, SendQueue, SmtpConfig, SmtpTransport,
     TransportError, TypeConfig,
 };
+use estafeta_test_support::smtp_server::{self, Options};
 
 /// The relay `url`, trusting `root` (PEM) for TLS.
 fn config(url: String, root: Option<String>) -> SmtpConfig {

@@ -12,10 +12,11 @@ mod common;
 use std::time::Duration;
 
 use common::cluster::{node_env, two_nodes, wait_count};
+use common::recorder;
 use common::{Binary, Tenancy, message, next, ready_process};
-use common::{recorder, smtp_server};
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
+use estafeta_test_support::smtp_server;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
 

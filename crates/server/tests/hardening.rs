@@ -399,7 +399,7 @@ async fn readyz(base: &str) -> u16 {
 // Embedded only: a full disk under the data folder's store.
 #[tokio::test]
 async fn readyz_is_503_while_storage_is_full_or_read_only_and_200_again_after() {
-    use common::tmpfs::{Tmpfs, fill};
+    use estafeta_test_support::tmpfs::{Tmpfs, fill};
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();

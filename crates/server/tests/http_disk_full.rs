@@ -9,10 +9,10 @@ mod common;
 
 use std::process::Stdio;
 
-use common::tmpfs::{Tmpfs, fill};
 use common::{Binary, estafeta, id, message, provision_one, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
+use estafeta_test_support::tmpfs::{Tmpfs, fill};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[tokio::test]

@@ -7,7 +7,6 @@ mod common;
 use std::time::Duration;
 
 use common::recorder::{self, Hit};
-use common::smtp_server::{self, Received};
 use common::{
     Binary, PATIENCE, Store, Tenancy, TestServer, message, next, quick_retry, start_request,
 };
@@ -19,6 +18,7 @@ use estafeta_exchange::{Alert, AlertKind, ProcessId};
 use estafeta_sendq::{SmsConfig, SmtpConfig};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::{EmailChannel, NotifySettings, SmsChannel};
+use estafeta_test_support::smtp_server::{self, Received};
 
 /// Puts a process of `db-a` in READY_TO_COMMIT (which the short ready
 /// timeout of these tests then turns into IN_DOUBT); its id.

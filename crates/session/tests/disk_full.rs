@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::tmpfs::{Tmpfs, fill};
 use common::*;
 use estafeta_session::{Config, Engine, Error, RedbStorage};
+use estafeta_test_support::tmpfs::{Tmpfs, fill};
 use std::sync::Arc;
 
 /// An engine whose storage is on an 8 MB tmpfs that the test can fill.

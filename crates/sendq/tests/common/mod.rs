@@ -2,8 +2,6 @@
 //! completions, and helpers to let the queue's tasks run until idle.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod smtp_server;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -10,12 +10,6 @@ pub mod raw;
 pub mod recorder;
 pub mod restartable;
 pub mod slow_reads;
-/// The send queue's loopback SMTP server, shared rather than copied.
-#[path = "../../../sendq/tests/common/smtp_server.rs"]
-pub mod smtp_server;
-/// The session engine's real full disk (a tmpfs), shared rather than copied.
-#[path = "../../../session/tests/common/tmpfs.rs"]
-pub mod tmpfs;
 pub mod webhook;
 
 use std::net::SocketAddr;

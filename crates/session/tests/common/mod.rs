@@ -3,8 +3,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-pub mod tmpfs;
-
 use estafeta_session::{
     BoxFuture, Config, Engine, Finalize, Hooks, MemoryStorage, SessionData, Storage, Timestamp,
     TokioClock,

@@ -1,7 +1,7 @@
 //! A real full disk for tests: a size-limited tmpfs mounted by the test,
 //! unmounted on drop, and a ballast file that fills it. Mounting needs
 //! root: CI runs as root, and elsewhere these tests fail saying so rather
-//! than pass without running. Shared with the server's tests.
+//! than pass without running.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

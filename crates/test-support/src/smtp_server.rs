@@ -20,7 +20,9 @@ pub struct Received {
     pub user: Option<String>,
     /// Whether the session was under TLS (after STARTTLS).
     pub tls: bool,
+    /// The envelope's sender (MAIL FROM), without its angle brackets.
     pub from: String,
+    /// The envelope's recipients (RCPT TO), in the order given.
     pub to: Vec<String>,
     /// The DATA section, dot-unstuffed.
     pub data: String,
@@ -39,7 +41,9 @@ pub struct Options {
 
 /// A running server: its address and the messages it accepted.
 pub struct SmtpServer {
+    /// Where it listens (127.0.0.1, a port of its own).
     pub addr: SocketAddr,
+    /// Each message it accepted, as it accepted it.
     pub received: mpsc::UnboundedReceiver<Received>,
 }
 
