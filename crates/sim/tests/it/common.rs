@@ -1,7 +1,6 @@
 //! The shared harness of the simulator tests: the server library's `Server` on
 //! a loopback port-0 listener over a temporary data folder, and a
 //! provisioned enterprise.
-#![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,23 +14,23 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The admin token of the test servers.
-pub const ADMIN_TOKEN: &str = "sim-test-admin-token-0123456789";
+pub(crate) const ADMIN_TOKEN: &str = "sim-test-admin-token-0123456789";
 
-pub fn id(s: &str) -> Id {
+pub(crate) fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
 /// A running server on 127.0.0.1:0.
-pub struct TestServer {
-    pub data: tempfile::TempDir,
-    pub admin: Client,
+pub(crate) struct TestServer {
+    pub(crate) data: tempfile::TempDir,
+    pub(crate) admin: Client,
     stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
 impl TestServer {
     /// A ready server whose exchange settings are `tweak`ed.
-    pub async fn start(tweak: impl FnOnce(&mut ExchangeConfig)) -> TestServer {
+    pub(crate) async fn start(tweak: impl FnOnce(&mut ExchangeConfig)) -> TestServer {
         let data = tempfile::tempdir().unwrap();
         let mut config = ExchangeConfig::new(data.path());
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
@@ -64,13 +63,13 @@ impl TestServer {
     }
 
     /// Stops the server and waits for it.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.stop.cancel();
         self.task.take().unwrap().await.unwrap().unwrap();
     }
 
     /// The ids of the files in `folder` of `mailbox`.
-    pub async fn folder(&self, mailbox: &str, folder: Folder) -> Vec<MessageId> {
+    pub(crate) async fn folder(&self, mailbox: &str, folder: Folder) -> Vec<MessageId> {
         let listing = self.admin.folder(&id(mailbox), folder).await.unwrap();
         listing.files.into_iter().map(|f| f.id).collect()
     }
@@ -78,7 +77,7 @@ impl TestServer {
 
 /// Enterprise `acme`, subsystem `sales`, database `db-a`, devices
 /// `phone-1` and `phone-2`: the database's client and the devices' clients.
-pub async fn provision(admin: &Client) -> (Client, Vec<(Id, Client)>) {
+pub(crate) async fn provision(admin: &Client) -> (Client, Vec<(Id, Client)>) {
     admin.create_enterprise(&id("acme")).await.unwrap();
     admin
         .create_subsystem(&id("acme"), &id("sales"))

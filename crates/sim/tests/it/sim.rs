@@ -3,13 +3,11 @@
 //! reaches its device exactly once, and a processor that dies at any step
 //! of its cycle settles its process when it comes back.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use common::{TestServer, id, provision};
+use crate::common::{TestServer, id, provision};
 use estafeta_client::Client;
 use estafeta_sim::{Cycle, Device, Processor, ProcessorConfig, Step};
 use estafeta_wire::{Folder, MessageId, ProcessState};
