@@ -1,10 +1,8 @@
 //! Both stores obey the same contract; the redb one keeps it across reopen.
 
-mod common;
-
 use std::ops::Bound;
 
-use common::entry;
+use crate::common::entry;
 use estafeta_repeat::store::{Applied, Op, SourceCount};
 use estafeta_repeat::{Entry, MemoryStore, Position, RedbStore, Store};
 

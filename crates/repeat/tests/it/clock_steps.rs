@@ -1,11 +1,9 @@
 //! Wall-clock steps: a step back must not stall the loop or fire anything
 //! early; a step forward fires only what the wall clock now says is due.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Probe, Running, T0, entry};
+use crate::common::{Probe, Running, T0, entry};
 use estafeta_repeat::{Clock, MemoryStore, Options, Outcome, Scheduler, TestClock};
 
 #[tokio::test(start_paused = true)]

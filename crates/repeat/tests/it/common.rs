@@ -2,8 +2,6 @@
 //! every hand-out and the concurrency, and a running dispatcher that can be
 //! stopped.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,21 +14,21 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// A wall-clock second far from zero, so lateness arithmetic never saturates.
-pub const T0: u64 = 1_700_000_000;
+pub(crate) const T0: u64 = 1_700_000_000;
 
 /// One hand-out as the handler saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fired {
-    pub source: String,
-    pub id: String,
-    pub due: u64,
-    pub attempt: u32,
+pub(crate) struct Fired {
+    pub(crate) source: String,
+    pub(crate) id: String,
+    pub(crate) due: u64,
+    pub(crate) attempt: u32,
     /// Wall-clock time when the handler started.
-    pub at: Duration,
+    pub(crate) at: Duration,
 }
 
 /// Records hand-outs and how many handlers run at once.
-pub struct Probe {
+pub(crate) struct Probe {
     clock: TestClock,
     log: Mutex<Vec<Fired>>,
     running: AtomicUsize,
@@ -39,7 +37,7 @@ pub struct Probe {
 }
 
 impl Probe {
-    pub fn new(clock: TestClock) -> Arc<Self> {
+    pub(crate) fn new(clock: TestClock) -> Arc<Self> {
         Arc::new(Self {
             clock,
             log: Mutex::new(Vec::new()),
@@ -51,7 +49,7 @@ impl Probe {
 
     /// A handler that records the entry, holds its worker for `hold` of
     /// (virtual) time, then returns what `decide` says.
-    pub fn handler(
+    pub(crate) fn handler(
         self: &Arc<Self>,
         hold: Duration,
         decide: impl Fn(&Entry) -> Outcome + Send + Sync + 'static,
@@ -86,21 +84,21 @@ impl Probe {
     }
 
     /// Waits until at least `n` hand-outs happened.
-    pub async fn wait_for(&self, n: usize) {
+    pub(crate) async fn wait_for(&self, n: usize) {
         let mut rx = self.count.subscribe();
         let _ = rx.wait_for(|c| *c >= n).await;
     }
 
-    pub fn log(&self) -> Vec<Fired> {
+    pub(crate) fn log(&self) -> Vec<Fired> {
         self.log.lock().unwrap().clone()
     }
 
-    pub fn max_running(&self) -> usize {
+    pub(crate) fn max_running(&self) -> usize {
         self.max_running.load(Ordering::SeqCst)
     }
 
     /// Hand-outs per id.
-    pub fn per_id(&self) -> HashMap<String, usize> {
+    pub(crate) fn per_id(&self) -> HashMap<String, usize> {
         let mut counts = HashMap::new();
         for f in self.log() {
             *counts.entry(f.id).or_insert(0) += 1;
@@ -110,13 +108,13 @@ impl Probe {
 }
 
 /// A dispatcher running in its own task.
-pub struct Running {
+pub(crate) struct Running {
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), Error>>,
 }
 
 impl Running {
-    pub fn start<S: Store, C: Clock, H: Handler>(
+    pub(crate) fn start<S: Store, C: Clock, H: Handler>(
         scheduler: &Scheduler<S, C>,
         workers: usize,
         handler: H,
@@ -134,14 +132,14 @@ impl Running {
     }
 
     /// Stops the dispatcher and waits until it returned.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
     }
 }
 
 /// An entry in `source`, due at `due`, with an empty payload.
-pub fn entry(source: &str, due: u64, id: &str) -> Entry {
+pub(crate) fn entry(source: &str, due: u64, id: &str) -> Entry {
     Entry {
         source: source.to_owned(),
         due,

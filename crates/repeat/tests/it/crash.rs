@@ -5,13 +5,11 @@
 //! The test re-runs its own executable as the child, selected by an
 //! environment variable.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Probe, Running, entry};
+use crate::common::{Probe, Running, entry};
 use estafeta_repeat::{Clock, Options, Outcome, RedbStore, Scheduler, SystemClock, TestClock};
 
 const CHILD_DIR: &str = "ESTAFETA_REPEAT_CRASH_CHILD_DIR";
@@ -52,7 +50,7 @@ fn entries_in_flight_when_killed_are_handed_out_again() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "entries_in_flight_when_killed_are_handed_out_again",
+            "crash::entries_in_flight_when_killed_are_handed_out_again",
             "--nocapture",
             "--test-threads=1",
         ])

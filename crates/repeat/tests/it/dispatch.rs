@@ -1,12 +1,10 @@
 //! The dispatcher loop: worker limit, order within and between sources,
 //! early wake-up, sleeping while no worker is free, retries.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{Probe, Running, T0, entry};
+use crate::common::{Probe, Running, T0, entry};
 use estafeta_repeat::{
     Clock, Delivery, MemoryStore, Options, Outcome, RetryPolicy, Scheduler, SourceOrder, TestClock,
 };

@@ -3,12 +3,10 @@
 //! and the replacement is handed out in its turn, on both stores and in both
 //! delivery modes.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Running, T0};
+use crate::common::{Running, T0};
 use estafeta_repeat::{
     Delivery, Entry, Handler, MemoryStore, Options, Outcome, RedbStore, RetryPolicy, Scheduler,
     Store, TestClock,

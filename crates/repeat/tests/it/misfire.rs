@@ -1,11 +1,9 @@
 //! An hour of downtime: overdue entries follow the misfire policy and never
 //! exceed the free workers.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Probe, Running, T0, entry};
+use crate::common::{Probe, Running, T0, entry};
 use estafeta_repeat::{MemoryStore, Misfire, Options, Outcome, Scheduler, TestClock};
 
 /// 100 one-shot entries due every 36 s over an hour from T0, and a per-minute

@@ -1,11 +1,9 @@
 //! With the redb store, schedule, cancel, reschedule and handler outcomes
 //! are durable: a new scheduler on the reopened file sees them.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Probe, Running, T0};
+use crate::common::{Probe, Running, T0};
 use estafeta_repeat::{Options, Outcome, RedbStore, Scheduler, TestClock};
 
 #[tokio::test(start_paused = true)]

@@ -1,14 +1,12 @@
 //! A source whose reads fail does not stop the others; it is retried with
 //! backoff and reported in the stats.
 
-mod common;
-
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Probe, Running, T0, entry};
+use crate::common::{Probe, Running, T0, entry};
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount};
 use estafeta_repeat::{
     MemoryStore, Options, Outcome, Position, Scheduler, Store, StoreError, TestClock,

@@ -3,14 +3,12 @@
 //! with at-most-once delivery it was removed before its handler ran, so it
 //! is lost, and reported as lost.
 
-mod common;
-
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Probe, Running, T0};
+use crate::common::{Probe, Running, T0};
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount};
 use estafeta_repeat::{
     Delivery, MemoryStore, Options, Outcome, Position, Scheduler, Store, StoreError, TestClock,
