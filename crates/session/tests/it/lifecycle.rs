@@ -1,9 +1,7 @@
 //! Expiry, finalization, flush, restart, storage failures and corrupt
 //! records, on a controlled clock.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use estafeta_session::{Config, Error, MemoryStorage, RedbStorage, Storage, Timestamp};
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,9 +2,7 @@
 //! durably saved; a failed save or a refused change leaves the session as
 //! it was, in memory and in storage.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use estafeta_session::{Config, Error, Timestamp};
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! One command at a time per key, in arrival order; keys independent.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use estafeta_session::{Config, Engine, Error, MemoryStorage};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,9 +1,7 @@
 //! Durability against a real `kill -9`: the test re-runs its own executable
 //! as a child process, which saves sessions and is then killed.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use estafeta_session::{Config, RedbStorage};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -37,7 +35,12 @@ async fn persistent_state_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sessions.redb");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "crash::crash_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, &path)
         .stdout(Stdio::piped())
         .spawn()

@@ -1,8 +1,6 @@
 //! Shared harness for the engine's integration tests: a recording set of
 //! hooks and engine constructors over memory or redb storage.
 
-#![allow(dead_code, unreachable_pub)]
-
 use estafeta_session::{
     BoxFuture, Config, Engine, Finalize, Hooks, MemoryStorage, SessionData, Storage, Timestamp,
     TokioClock,
@@ -12,30 +10,30 @@ use std::time::Duration;
 
 /// A session state with a counter and a note.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Counter {
-    pub n: u64,
-    pub note: String,
+pub(crate) struct Counter {
+    pub(crate) n: u64,
+    pub(crate) note: String,
 }
 
 /// What the finalize hook does.
 #[derive(Clone, Copy, Debug)]
-pub enum OnExpire {
+pub(crate) enum OnExpire {
     End,
     /// Keep it, extending its life by this much.
     Extend(Duration),
 }
 
 /// Hooks that record every notification.
-pub struct Recorder {
-    pub begins: Mutex<Vec<(String, Counter)>>,
-    pub ends: Mutex<Vec<(String, Counter)>>,
-    pub finalized: Mutex<Vec<String>>,
-    pub first_loads: Mutex<Vec<(String, Counter)>>,
-    pub on_expire: Mutex<OnExpire>,
+pub(crate) struct Recorder {
+    pub(crate) begins: Mutex<Vec<(String, Counter)>>,
+    pub(crate) ends: Mutex<Vec<(String, Counter)>>,
+    pub(crate) finalized: Mutex<Vec<String>>,
+    pub(crate) first_loads: Mutex<Vec<(String, Counter)>>,
+    pub(crate) on_expire: Mutex<OnExpire>,
 }
 
 impl Recorder {
-    pub fn new() -> Arc<Recorder> {
+    pub(crate) fn new() -> Arc<Recorder> {
         Arc::new(Recorder {
             begins: Mutex::new(Vec::new()),
             ends: Mutex::new(Vec::new()),
@@ -44,10 +42,10 @@ impl Recorder {
             on_expire: Mutex::new(OnExpire::End),
         })
     }
-    pub fn ends(&self) -> Vec<(String, Counter)> {
+    pub(crate) fn ends(&self) -> Vec<(String, Counter)> {
         self.ends.lock().unwrap().clone()
     }
-    pub fn begins(&self) -> Vec<(String, Counter)> {
+    pub(crate) fn begins(&self) -> Vec<(String, Counter)> {
         self.begins.lock().unwrap().clone()
     }
 }
@@ -98,10 +96,10 @@ impl Hooks<String, Counter> for Recorder {
 }
 
 /// The wall-clock start of every test clock.
-pub const T0: Timestamp = Timestamp(1_800_000_000_000);
+pub(crate) const T0: Timestamp = Timestamp(1_800_000_000_000);
 
 /// An engine on `storage` with the recorder, a tokio-driven clock and `config`.
-pub async fn engine_with(
+pub(crate) async fn engine_with(
     storage: Arc<dyn Storage>,
     hooks: Arc<Recorder>,
     config: Config,
@@ -116,7 +114,8 @@ pub async fn engine_with(
 }
 
 /// An engine over fresh memory storage.
-pub async fn memory_engine() -> (Engine<String, Counter>, Arc<MemoryStorage>, Arc<Recorder>) {
+pub(crate) async fn memory_engine() -> (Engine<String, Counter>, Arc<MemoryStorage>, Arc<Recorder>)
+{
     let storage = Arc::new(MemoryStorage::new());
     let hooks = Recorder::new();
     let engine = engine_with(storage.clone(), hooks.clone(), Config::default()).await;
@@ -124,7 +123,7 @@ pub async fn memory_engine() -> (Engine<String, Counter>, Arc<MemoryStorage>, Ar
 }
 
 /// Increment the counter of `key` persistently, creating it if needed.
-pub async fn bump(engine: &Engine<String, Counter>, key: &str) -> u64 {
+pub(crate) async fn bump(engine: &Engine<String, Counter>, key: &str) -> u64 {
     let mut s = engine.get(key.to_string(), true).await.unwrap().unwrap();
     s.persistent_mut().n += 1;
     let n = s.state().n;
@@ -133,7 +132,7 @@ pub async fn bump(engine: &Engine<String, Counter>, key: &str) -> u64 {
 }
 
 /// Read the counter of `key` without creating it.
-pub async fn read(engine: &Engine<String, Counter>, key: &str) -> Option<Counter> {
+pub(crate) async fn read(engine: &Engine<String, Counter>, key: &str) -> Option<Counter> {
     let s = engine.get(key.to_string(), false).await.unwrap()?;
     let c = s.state().clone();
     s.release().await.unwrap();
@@ -141,7 +140,7 @@ pub async fn read(engine: &Engine<String, Counter>, key: &str) -> Option<Counter
 }
 
 /// Let every ready task run (the expiry manager, background saves).
-pub async fn settle() {
+pub(crate) async fn settle() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }

@@ -3,9 +3,7 @@
 //! ballast file, then freed. Saves fail while it is full and succeed again
 //! once it is not, without reopening anything by hand.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use estafeta_session::{Config, Engine, Error, RedbStorage};
 use estafeta_test_support::tmpfs::{Tmpfs, fill};
 use std::sync::Arc;
