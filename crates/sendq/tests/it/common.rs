@@ -1,6 +1,5 @@
 //! Shared test harness: a transport the test drives by hand, a recorder of
 //! completions, and helpers to let the queue's tasks run until idle.
-#![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,21 +9,21 @@ use estafeta_sendq::{Done, Kind, Reply, Request, SendError, Transport};
 use tokio::sync::{mpsc, oneshot};
 
 /// The host key used by the queue tests.
-pub type Host = &'static str;
+pub(crate) type Host = &'static str;
 
 /// One call of [`Manual::send`], handed to the test.
-pub struct Call {
-    pub host: Host,
-    pub kind: Kind,
-    pub payload: u32,
+pub(crate) struct Call {
+    pub(crate) host: Host,
+    pub(crate) kind: Kind,
+    pub(crate) payload: u32,
     /// Answer through this; keep it to leave the entry unanswered.
-    pub reply: Reply<u32>,
+    pub(crate) reply: Reply<u32>,
     /// When writes are held: send on this to finish writing (the sent event).
-    pub written: Option<oneshot::Sender<()>>,
+    pub(crate) written: Option<oneshot::Sender<()>>,
 }
 
 /// A transport driven by the test: every send is handed over as a [`Call`].
-pub struct Manual {
+pub(crate) struct Manual {
     calls: mpsc::UnboundedSender<Call>,
     hold_writes: bool,
     writing: Arc<Mutex<HashMap<Host, (usize, usize)>>>,
@@ -32,12 +31,12 @@ pub struct Manual {
 
 impl Manual {
     /// Sends resolve at once (written at once); answers wait for the test.
-    pub fn new() -> (Self, mpsc::UnboundedReceiver<Call>) {
+    pub(crate) fn new() -> (Self, mpsc::UnboundedReceiver<Call>) {
         Self::build(false)
     }
 
     /// Sends stay "being written" until the test fires [`Call::written`].
-    pub fn holding_writes() -> (Self, mpsc::UnboundedReceiver<Call>) {
+    pub(crate) fn holding_writes() -> (Self, mpsc::UnboundedReceiver<Call>) {
         Self::build(true)
     }
 
@@ -52,7 +51,7 @@ impl Manual {
     }
 
     /// Per host: (sends being written now, the most ever written at once).
-    pub fn max_writing(&self) -> Arc<Mutex<HashMap<Host, (usize, usize)>>> {
+    pub(crate) fn max_writing(&self) -> Arc<Mutex<HashMap<Host, (usize, usize)>>> {
         Arc::clone(&self.writing)
     }
 }
@@ -100,14 +99,14 @@ impl Transport<Host, u32> for Manual {
 
 /// What a completion saw: the payload and the outcome in short.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub host: Host,
-    pub payload: u32,
-    pub result: Result<u32, String>,
+pub(crate) struct Outcome {
+    pub(crate) host: Host,
+    pub(crate) payload: u32,
+    pub(crate) result: Result<u32, String>,
 }
 
 /// Short names for errors, for compact assertions.
-pub fn short(e: &SendError) -> String {
+pub(crate) fn short(e: &SendError) -> String {
     match e {
         SendError::HostDown => "host down".into(),
         SendError::Busy => "busy".into(),
@@ -121,19 +120,19 @@ pub fn short(e: &SendError) -> String {
 }
 
 /// Collects completions in the order the finalizer ran them.
-pub struct Recorder {
+pub(crate) struct Recorder {
     tx: mpsc::UnboundedSender<Outcome>,
-    pub rx: mpsc::UnboundedReceiver<Outcome>,
+    pub(crate) rx: mpsc::UnboundedReceiver<Outcome>,
 }
 
 impl Recorder {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Self { tx, rx }
     }
 
     /// A completion callback that records into this recorder.
-    pub fn callback(&self) -> impl FnOnce(Done<Host, u32, u32>) + Send + 'static {
+    pub(crate) fn callback(&self) -> impl FnOnce(Done<Host, u32, u32>) + Send + 'static {
         let tx = self.tx.clone();
         move |done| {
             let _ = tx.send(Outcome {
@@ -145,7 +144,7 @@ impl Recorder {
     }
 
     /// Everything recorded so far.
-    pub fn drain(&mut self) -> Vec<Outcome> {
+    pub(crate) fn drain(&mut self) -> Vec<Outcome> {
         let mut out = Vec::new();
         while let Ok(o) = self.rx.try_recv() {
             out.push(o);
@@ -156,12 +155,12 @@ impl Recorder {
 
 /// Lets every task of a paused current-thread runtime run until all are
 /// idle: the paused clock only moves on when nothing else can run.
-pub async fn settle() {
+pub(crate) async fn settle() {
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
 
 /// Takes every call made so far.
-pub fn drain_calls(rx: &mut mpsc::UnboundedReceiver<Call>) -> Vec<Call> {
+pub(crate) fn drain_calls(rx: &mut mpsc::UnboundedReceiver<Call>) -> Vec<Call> {
     let mut out = Vec::new();
     while let Ok(c) = rx.try_recv() {
         out.push(c);
@@ -170,12 +169,12 @@ pub fn drain_calls(rx: &mut mpsc::UnboundedReceiver<Call>) -> Vec<Call> {
 }
 
 /// Payloads of calls, for order assertions.
-pub fn payloads(calls: &[Call]) -> Vec<u32> {
+pub(crate) fn payloads(calls: &[Call]) -> Vec<u32> {
     calls.iter().map(|c| c.payload).collect()
 }
 
 /// Serves `router` on a port-0 loopback listener; returns its address.
-pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
+pub(crate) async fn serve(router: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -183,7 +182,7 @@ pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
 }
 
 /// A loopback address with nothing listening on it.
-pub async fn closed_port() -> std::net::SocketAddr {
+pub(crate) async fn closed_port() -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap()
 }

@@ -1,17 +1,15 @@
 //! Health probes over HTTP against a real axum server: failures past the
 //! threshold mark the host down, a success marks it up.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
+use crate::common::{closed_port, serve};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use common::{closed_port, serve};
 use estafeta_sendq::{
     HttpProbe, Kind, ProbeRequest, QueueConfig, SendError, SendQueue, TypeConfig,
 };

@@ -1,11 +1,10 @@
 //! Behaviour of the queue itself, with a transport the test drives by hand.
 //! Time is paused: `settle()` runs every task until all are idle.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Host, Manual, Outcome, Recorder, drain_calls, payloads, settle};
+use crate::common;
+use crate::common::{Host, Manual, Outcome, Recorder, drain_calls, payloads, settle};
 use estafeta_sendq::{
     Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig,
 };

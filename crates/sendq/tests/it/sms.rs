@@ -1,14 +1,12 @@
 //! SMS through an HTTP gateway: a real axum server on loopback plays the gateway.
 
-mod common;
-
 use std::collections::HashMap;
 
+use crate::common::serve;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use common::serve;
 use estafeta_sendq::{
     Kind, QueueConfig, SendError, SendQueue, SmsConfig, SmsMessage, SmsTransport, TransportError,
     TypeConfig,

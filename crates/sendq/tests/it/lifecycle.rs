@@ -1,13 +1,11 @@
 //! Completion guarantees, adaptive windows, probes, configuration errors and
 //! shutdown.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Host, Manual, Recorder, drain_calls, settle};
+use crate::common::{Host, Manual, Recorder, drain_calls, settle};
 use estafeta_sendq::{
     Adaptive, Completion, ConfigError, Done, Kind, QueueConfig, Reply, Request, SendError,
     SendQueue, Transport, TransportError, TypeConfig,

@@ -1,15 +1,13 @@
 //! Webhooks against a real axum server on a loopback port.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{closed_port, serve};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use common::{closed_port, serve};
 use estafeta_sendq::{
     ConfigError, Kind, QueueConfig, SendError, SendQueue, TransportError, TypeConfig,
     WebhookConfig, WebhookRequest, WebhookTransport,

@@ -1,8 +1,6 @@
 //! E-mail through a real SMTP dialogue with a server on loopback started by
 //! the test: plain, with AUTH, and with STARTTLS on a self-signed certificate.
 
-mod common;
-
 use std::time::Duration;
 
 use estafeta_sendq::{
