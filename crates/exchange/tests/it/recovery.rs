@@ -1,16 +1,13 @@
 //! Start-up processing, retention, and storage failures through the
 //! service facade.
 
-#[path = "common/world.rs"]
-mod world;
-
+use crate::world::*;
 use estafeta_exchange::ErrorKind;
 use estafeta_exchange::Upload;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::*;
 use estafeta_session::Timestamp as SessionTime;
 use std::time::Duration;
-use world::*;
 
 const T0: u64 = 1_800_000_000_000;
 const DAY: u64 = 86_400_000;

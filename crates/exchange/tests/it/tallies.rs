@@ -4,11 +4,9 @@
 //! after the next check of the indexes), mailboxes told to count before and
 //! after they hold files, and restarts.
 
-mod common;
-
 use std::path::Path;
 
-use common::{id, message};
+use crate::common::{id, message};
 use estafeta_exchange::Timestamp;
 use estafeta_exchange::mailbox::{
     FileName, Folder, KindTotals, Location, MailboxKind, Mailboxes, SyncConfig, Tallies,

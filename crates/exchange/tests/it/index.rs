@@ -2,11 +2,9 @@
 //! mailboxes' own changes, and checked against the directories so that files
 //! added or removed by hand are seen.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Data, id, message, sized};
+use crate::common::{Data, id, message, sized};
 use estafeta_exchange::mailbox::{FileName, Filter, Folder, Limits, Location, SyncConfig};
 use estafeta_exchange::wire::Message;
 

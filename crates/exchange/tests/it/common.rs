@@ -1,6 +1,5 @@
 //! Shared harness of the integration tests: a temporary data folder with
 //! mailboxes, and builders for ids and messages.
-#![allow(dead_code, unreachable_pub)]
 
 use std::time::Duration;
 
@@ -9,20 +8,20 @@ use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 
 /// A validated id from a literal.
-pub fn id(s: &str) -> Id {
+pub(crate) fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
 /// A temporary data folder with open mailboxes; removed when dropped.
-pub struct Data {
-    pub dir: tempfile::TempDir,
-    pub mailboxes: Mailboxes,
+pub(crate) struct Data {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) mailboxes: Mailboxes,
 }
 
 impl Data {
     /// The ids a process start would be handed from `queue` with these
     /// subsystem and sender filters and the default limits, oldest first.
-    pub async fn selected(
+    pub(crate) async fn selected(
         &self,
         queue: &Location,
         subsystems: Option<&[&str]>,
@@ -40,12 +39,12 @@ impl Data {
     }
 
     /// Mailboxes with the default group-commit settings.
-    pub async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self::with_config(SyncConfig::default()).await
     }
 
     /// Mailboxes with the given group-commit settings.
-    pub async fn with_config(config: SyncConfig) -> Self {
+    pub(crate) async fn with_config(config: SyncConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mailboxes = Mailboxes::open(dir.path().join("data"), config)
             .await
@@ -54,14 +53,14 @@ impl Data {
     }
 
     /// Creates the mailbox of `name` and returns the location of its folder.
-    pub async fn folder(&self, name: &str, folder: Folder) -> Location {
+    pub(crate) async fn folder(&self, name: &str, folder: Folder) -> Location {
         let mailbox = id(name);
         self.mailboxes.create_mailbox(&mailbox).await.unwrap();
         Location::new(mailbox, folder)
     }
 
     /// Every entry name in a folder, hidden ones included.
-    pub fn raw_entries(&self, loc: &Location) -> Vec<String> {
+    pub(crate) fn raw_entries(&self, loc: &Location) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.mailboxes.path(loc))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -73,7 +72,7 @@ impl Data {
 
 /// A group-commit setting that waits for every concurrent writer, so that
 /// tests of batching do not depend on scheduling.
-pub fn patient() -> SyncConfig {
+pub(crate) fn patient() -> SyncConfig {
     SyncConfig {
         max_batch: 10_000,
         linger: Duration::from_secs(60),
@@ -83,7 +82,7 @@ pub fn patient() -> SyncConfig {
 
 /// A message with the given routing, created at `created_ms` and arrived at
 /// `arrived_ms` (the time inside its id); `seq` keeps ids unique.
-pub fn message(
+pub(crate) fn message(
     from: &str,
     to: &str,
     subsystem: &str,
@@ -104,7 +103,7 @@ pub fn message(
 }
 
 /// A message from phone-1 to db-a in subsystem sales, with a body of about `size` bytes.
-pub fn sized(seq: u128, size: usize) -> Message {
+pub(crate) fn sized(seq: u128, size: usize) -> Message {
     let body = format!("\"{}\"", "x".repeat(size));
     message(
         "phone-1",

@@ -9,18 +9,15 @@
 //! [`Exchange::holding`] the mailboxes whose `Unknown` or `Error` holds
 //! files.
 
-#[path = "common/world.rs"]
-mod world;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::world::*;
 use estafeta_exchange::mailbox::{Folder, MailboxKind};
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{Exchange, Id, ProcessTotals, Totals, Verdicts};
 use estafeta_session::Timestamp as SessionTime;
 use proptest::prelude::*;
-use world::*;
 
 #[derive(Clone, Debug)]
 enum Op {

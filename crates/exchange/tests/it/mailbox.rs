@@ -1,10 +1,8 @@
 //! The mailboxes on real files in a temporary folder.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::{Data, id, message, patient, sized};
+use crate::common::{Data, id, message, patient, sized};
 use estafeta_exchange::mailbox::{FileName, Filter, Folder, Limits, Location, MB, Outcome};
 use estafeta_exchange::wire::{Inbox, Message, StartResponse};
 use estafeta_exchange::{MailboxError, MessageId, ProcessId, Timestamp};

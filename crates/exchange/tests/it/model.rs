@@ -4,16 +4,13 @@
 //! message was applied exactly once or marked incorrect, no file is left in
 //! `Prepared` or `Unknown`, and every reply reached its device once.
 
-#[path = "common/world.rs"]
-mod world;
-
+use crate::world::*;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{Exchange, MessageId};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use world::*;
 
 #[derive(Clone, Debug)]
 enum Op {

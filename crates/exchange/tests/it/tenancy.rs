@@ -1,11 +1,9 @@
 //! The tenancy registry on a real redb file in a temporary folder.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::id;
+use crate::common::id;
 use estafeta_exchange::tenancy::{AdminToken, Principal, Registry, Role};
 use estafeta_exchange::{DataLayout, TenancyError};
 

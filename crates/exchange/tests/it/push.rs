@@ -6,16 +6,13 @@
 //! earlier version is moved there, and the admin call that sets it refuses
 //! what is not an admin or not a good URL.
 
-#[path = "common/world.rs"]
-mod world;
-
+use crate::world::World;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{Body, CallStatus, ErrorCode, ResultStatus, SendMessage, Version};
 use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind, Sinks};
 use estafeta_session::Timestamp as SessionTime;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use world::World;
 
 fn id(s: &str) -> Id {
     Id::new(s).unwrap()

@@ -1,14 +1,11 @@
 //! The six-call protocol through the service facade, transition by
 //! transition, on a controlled clock.
 
-#[path = "common/world.rs"]
-mod world;
-
+use crate::world::*;
 use estafeta_exchange::ErrorKind;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::*;
 use std::time::Duration;
-use world::*;
 
 #[tokio::test(start_paused = true)]
 async fn full_cycle_with_mixed_results() {

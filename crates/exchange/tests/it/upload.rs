@@ -3,13 +3,12 @@
 //! and the device's counters saved beside them, back to what they were
 //! when the upload fails.
 
-#[path = "common/world.rs"]
-mod world;
-
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::world;
+use crate::world::World;
 use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
@@ -17,7 +16,6 @@ use estafeta_exchange::{
     ErrorKind, Exchange, ExchangeConfig, Id, Sinks, Stores, Timestamp, Upload,
 };
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
-use world::World;
 
 const T0: u64 = 1_800_000_000_000;
 

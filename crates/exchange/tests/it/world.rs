@@ -1,6 +1,5 @@
 //! A whole exchange on a temporary data folder with a controlled clock,
 //! provisioned with two enterprises, databases and devices.
-#![allow(dead_code, unreachable_pub)]
 
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
@@ -11,19 +10,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const STARTED_TIMEOUT: Duration = Duration::from_secs(600);
-pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const STARTED_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub struct World {
-    pub dir: tempfile::TempDir,
-    pub ex: Exchange,
-    pub admin: Principal,
-    pub db: Principal,
-    pub db2: Principal,
-    pub phone: Principal,
-    pub phone2: Principal,
-    pub other_db: Principal,
-    pub other_phone: Principal,
+pub(crate) struct World {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ex: Exchange,
+    pub(crate) admin: Principal,
+    pub(crate) db: Principal,
+    pub(crate) db2: Principal,
+    pub(crate) phone: Principal,
+    pub(crate) phone2: Principal,
+    pub(crate) other_db: Principal,
+    pub(crate) other_phone: Principal,
 }
 
 fn id(s: &str) -> Id {
@@ -32,14 +31,18 @@ fn id(s: &str) -> Id {
 
 /// The exchange opened on `dir`'s data folder, handing alerts and arrivals
 /// to `sinks`, and start-up processing run.
-pub async fn open(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
+pub(crate) async fn open(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
     let ex = open_unrecovered(dir, start, sinks).await;
     ex.recover().await.unwrap();
     ex
 }
 
 /// The exchange opened, start-up processing not yet run.
-pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
+pub(crate) async fn open_unrecovered(
+    dir: &std::path::Path,
+    start: SessionTime,
+    sinks: Sinks,
+) -> Exchange {
     let mut config = ExchangeConfig::new(dir.join("data"));
     config.admin_token = Some("a".repeat(64));
     config.started_timeout = STARTED_TIMEOUT;
@@ -50,13 +53,13 @@ pub async fn open_unrecovered(dir: &std::path::Path, start: SessionTime, sinks: 
 }
 
 impl World {
-    pub async fn new() -> World {
+    pub(crate) async fn new() -> World {
         World::with_sinks(|_| Sinks::default()).await
     }
 
     /// A world whose exchange hands alerts and arrivals to the sinks that
     /// `sinks` makes, given the data folder.
-    pub async fn with_sinks(sinks: impl FnOnce(&std::path::Path) -> Sinks) -> World {
+    pub(crate) async fn with_sinks(sinks: impl FnOnce(&std::path::Path) -> Sinks) -> World {
         let dir = tempfile::tempdir().unwrap();
         let sinks = sinks(&dir.path().join("data"));
         let ex = open(dir.path(), SessionTime(1_800_000_000_000), sinks).await;
@@ -101,13 +104,13 @@ impl World {
 
     /// Shut the exchange down, let its tasks close their files, and open
     /// the same data folder again with a clock that reads `at`.
-    pub async fn restart(self, at: SessionTime) -> World {
+    pub(crate) async fn restart(self, at: SessionTime) -> World {
         self.restart_with(at, |_| Sinks::default()).await
     }
 
     /// [`World::restart`] with the sinks that `sinks` makes, given the
     /// data folder.
-    pub async fn restart_with(
+    pub(crate) async fn restart_with(
         self,
         at: SessionTime,
         sinks: impl FnOnce(&std::path::Path) -> Sinks,
@@ -143,12 +146,12 @@ impl World {
         }
     }
 
-    pub fn data(&self) -> PathBuf {
+    pub(crate) fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
     /// File count of a folder of a mailbox.
-    pub fn files(&self, mailbox: &str, folder: Folder) -> usize {
+    pub(crate) fn files(&self, mailbox: &str, folder: Folder) -> usize {
         std::fs::read_dir(self.data().join(mailbox).join(folder.as_str()))
             .map(|d| {
                 d.filter_map(Result::ok)
@@ -158,7 +161,7 @@ impl World {
             .unwrap_or(0)
     }
 
-    pub async fn upload(&self, n: usize) -> Vec<MessageId> {
+    pub(crate) async fn upload(&self, n: usize) -> Vec<MessageId> {
         let mut ids = Vec::new();
         for i in 0..n {
             let req = SendMessage {
@@ -175,7 +178,7 @@ impl World {
         ids
     }
 
-    pub async fn start(&self) -> StartResponse {
+    pub(crate) async fn start(&self) -> StartResponse {
         let req = StartRequest {
             version: Version,
             db_id: id("db-a"),
@@ -189,7 +192,7 @@ impl World {
 
     /// One uploaded message, started and prepared as processed with
     /// `replies` replies; the process id.
-    pub async fn prepared(&self, replies: usize) -> String {
+    pub(crate) async fn prepared(&self, replies: usize) -> String {
         self.upload(1).await;
         let s = self.start().await;
         let pid = s.process_id.unwrap().to_string();
@@ -201,7 +204,7 @@ impl World {
         pid
     }
 
-    pub fn results(start: &StartResponse, status: ResultStatus) -> Vec<MessageResult> {
+    pub(crate) fn results(start: &StartResponse, status: ResultStatus) -> Vec<MessageResult> {
         start
             .messages
             .iter()
@@ -215,7 +218,7 @@ impl World {
             .collect()
     }
 
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         &self,
         pid: &str,
         results: Vec<MessageResult>,
@@ -244,7 +247,7 @@ impl World {
             .status
     }
 
-    pub async fn commit(&self, pid: &str) -> CallStatus {
+    pub(crate) async fn commit(&self, pid: &str) -> CallStatus {
         self.ex
             .commit(&self.db, pid, CommitRequest { version: Version })
             .await
@@ -252,7 +255,7 @@ impl World {
             .status
     }
 
-    pub async fn rollback(&self, pid: &str) -> CallStatus {
+    pub(crate) async fn rollback(&self, pid: &str) -> CallStatus {
         self.ex
             .rollback(
                 &self.db,
@@ -267,11 +270,11 @@ impl World {
             .status
     }
 
-    pub async fn state(&self, pid: &str) -> ProcessState {
+    pub(crate) async fn state(&self, pid: &str) -> ProcessState {
         self.ex.process_status(&self.db, pid).await.unwrap().state
     }
 
-    pub async fn inbox(&self) -> Inbox {
+    pub(crate) async fn inbox(&self) -> Inbox {
         serde_json::from_slice(&self.ex.inbox(&self.phone, None).await.unwrap()).unwrap()
     }
 }
