@@ -8,8 +8,8 @@
 //!
 //! The full size of the issue, measured for the benchmarks:
 //! `ESTAFETA_SCALE_DEVICES=10000 ESTAFETA_SCALE_MESSAGES=1000000
-//! ESTAFETA_SCALE_ROUNDS=20 cargo test --release -p estafeta-server --test
-//! dashboard_scale -- --nocapture`.
+//! ESTAFETA_SCALE_ROUNDS=20 cargo test --release -p estafeta-server --test it
+//! -- dashboard_scale:: --nocapture`.
 
 use std::time::{Duration, Instant};
 
