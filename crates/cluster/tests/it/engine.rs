@@ -4,18 +4,13 @@
 //! without writing afterwards, a command's last commit lets the key go at
 //! once, and a deadline is acted on once.
 
+use crate::common::store;
+use estafeta_cluster::SessionStorage;
 use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{SessionStorage, Store};
 use estafeta_session::{
     BoxFuture, Clock, Engine, Finalize, Hooks, SessionData, SystemClock, Timestamp,
 };
 use std::sync::Arc;
-
-async fn node_store(pg: &Postgres) -> Store {
-    let store = Store::connect(&pg.url()).unwrap();
-    store.migrate().await.unwrap();
-    store
-}
 
 /// A node's engine over the shared store.
 async fn node(pg: &Postgres, hooks: Arc<dyn Hooks<String, u64>>) -> Engine<String, u64> {
@@ -27,7 +22,7 @@ async fn node_on(
     hooks: Arc<dyn Hooks<String, u64>>,
     clock: Arc<dyn Clock>,
 ) -> Engine<String, u64> {
-    let storage = SessionStorage::open(node_store(pg).await).await.unwrap();
+    let storage = SessionStorage::open(store(pg).await).await.unwrap();
     Engine::builder(Arc::new(storage))
         .hooks(hooks)
         .clock(clock)

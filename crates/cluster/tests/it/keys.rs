@@ -1,18 +1,13 @@
 //! Upload idempotency keys over PostgreSQL: the same contract as the
 //! embedded key store, and one row when two nodes write one key at once.
 
+use crate::common::store;
+use estafeta_cluster::PgKeys;
 use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgKeys, Store};
 use estafeta_exchange::keys::{KeyedUpload, UploadKeys};
 use estafeta_exchange::store::conformance::upload_keys_contract;
 use estafeta_exchange::{Id, Timestamp};
 use std::sync::{Arc, Barrier};
-
-async fn store(pg: &Postgres) -> Store {
-    let store = Store::connect(&pg.url()).unwrap();
-    store.migrate().await.unwrap();
-    store
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_keys_keep_the_upload_keys_contract() {

@@ -2,6 +2,7 @@
 //! embedded file store, a batch all or nothing, and `start`'s query one
 //! index range scan that reads only what it returns.
 
+use crate::common::id;
 use estafeta_cluster::testing::{MESSAGES_MOVE, MESSAGES_SELECT, Postgres};
 use estafeta_cluster::{PgMessages, PgSchedule, Store};
 use estafeta_exchange::store::conformance::message_store_contract;
@@ -27,10 +28,6 @@ async fn store(pg: &Postgres) -> Store {
         made.unwrap();
     }
     store
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 fn message(seq: u64, to: &str, subsystem: &str) -> Message {

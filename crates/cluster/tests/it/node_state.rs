@@ -7,31 +7,12 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{blocking, entry, store};
 use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgAlerts, PgLogins, PgQueue, Store};
+use estafeta_cluster::{PgAlerts, PgLogins, PgQueue};
 use estafeta_exchange::{Alert, AlertKind, Timestamp};
 use estafeta_repeat::store::Op;
 use estafeta_repeat::{Entry, Store as _};
-
-async fn store(pg: &Postgres) -> Store {
-    let store = Store::connect(&pg.url()).unwrap();
-    store.migrate().await.unwrap();
-    store
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
-fn entry(source: &str, due: u64, id: &str) -> Entry {
-    Entry {
-        source: source.to_owned(),
-        due,
-        id: id.to_owned(),
-        payload: id.as_bytes().to_vec(),
-        attempt: 0,
-    }
-}
 
 fn claim(queue: &Arc<PgQueue>, source: &str, now: u64, limit: usize) -> Vec<Entry> {
     queue

@@ -3,19 +3,13 @@
 //! their next authentication, and the admin token of a first start is made
 //! once.
 
+use crate::common::{id, store};
 use estafeta_cluster::testing::Postgres;
 use estafeta_cluster::{PgRegistry, Store};
 use estafeta_exchange::TenancyError;
-use estafeta_exchange::id::Id;
 use estafeta_exchange::tenancy::{AdminToken, Kind, Principal, Registry};
 use estafeta_exchange::token::Token;
 use std::sync::Arc;
-
-async fn store(pg: &Postgres) -> Store {
-    let store = Store::connect(&pg.url()).unwrap();
-    store.migrate().await.unwrap();
-    store
-}
 
 /// A node's registry over `store`.
 async fn node(store: &Store) -> (Registry, AdminToken) {
@@ -28,10 +22,6 @@ async fn node(store: &Store) -> (Registry, AdminToken) {
 async fn who(reg: &Registry, token: &str) -> Option<Principal> {
     reg.refresh().await.unwrap();
     reg.authenticate(token)
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

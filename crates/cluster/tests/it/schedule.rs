@@ -4,6 +4,7 @@
 //! message, and claiming reads of `deliver_at` handing each due message to
 //! one node, to another once the lease of a claimer that died ends.
 
+use crate::common::{blocking, entry};
 use estafeta_cluster::testing::Postgres;
 use estafeta_cluster::{PgMessages, PgQueue, PgSchedule, Store};
 use estafeta_exchange::store::{FileName, Folder, Listed, Location, MessageStore, Op as MessageOp};
@@ -29,20 +30,6 @@ async fn store(pg: &Postgres) -> Store {
         made.unwrap();
     }
     store
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
-
-fn entry(source: &str, due: u64, id: &str) -> Entry {
-    Entry {
-        source: source.to_owned(),
-        due,
-        id: id.to_owned(),
-        payload: id.as_bytes().to_vec(),
-        attempt: 0,
-    }
 }
 
 fn placed(source: &str, due: u64, id: &str) -> Applied {

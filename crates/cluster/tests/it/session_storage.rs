@@ -2,23 +2,13 @@
 //! real PostgreSQL, and a session saved by one node's engine loaded by
 //! another's.
 
+use crate::common::{blocking, store};
+use estafeta_cluster::SessionStorage;
 use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{SessionStorage, Store};
 use estafeta_session::clock::Timestamp;
 use estafeta_session::storage::Write;
 use estafeta_session::{Engine, Storage};
 use std::sync::Arc;
-
-async fn store(pg: &Postgres) -> Store {
-    let store = Store::connect(&pg.url()).unwrap();
-    store.migrate().await.unwrap();
-    store
-}
-
-/// Run a storage call as the engine does: on a blocking thread.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_storage_trait_over_postgres() {

@@ -9,6 +9,7 @@
 //! commit whose moves failed after its replies were delivered, retried
 //! once the device acknowledged them, finds them delivered, not missing.
 
+use crate::common::id;
 use async_trait::async_trait;
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
@@ -213,10 +214,6 @@ impl MessageStore for Flaky {
     async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
         self.inner.holding(folder).await
     }
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 /// An exchange over a [`Flaky`] store with a process of db-a

@@ -6,6 +6,7 @@
 //! earlier version is moved there, and the admin call that sets it refuses
 //! what is not an admin or not a good URL.
 
+use crate::common::id;
 use crate::world::World;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{Body, CallStatus, ErrorCode, ResultStatus, SendMessage, Version};
@@ -13,10 +14,6 @@ use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind, Sinks};
 use estafeta_session::Timestamp as SessionTime;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
-}
 
 /// Records each arrival with the number of files its recipient's
 /// `Messages` held at that moment (the message must be there already).

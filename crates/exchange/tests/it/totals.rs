@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::common::id;
 use crate::world::*;
 use estafeta_exchange::mailbox::{Folder, MailboxKind};
 use estafeta_exchange::wire::*;
@@ -60,10 +61,6 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<bool>(), any::<bool>()).prop_map(|(requeue, error)| Op::Operator { requeue, error }),
         1 => Just(Op::Restart),
     ]
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 /// The process figures counted from the full list, and the verdicts

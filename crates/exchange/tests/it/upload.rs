@@ -7,6 +7,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::id;
 use crate::world;
 use crate::world::World;
 use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
@@ -73,10 +74,6 @@ impl UploadKeys for Keys {
     fn len(&self) -> Result<u64, KeysError> {
         self.inner.len()
     }
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 /// An exchange on `data` whose key store's puts do as `puts` says, with a

@@ -1,10 +1,11 @@
 //! A whole exchange on a temporary data folder with a controlled clock,
 //! provisioned with two enterprises, databases and devices.
 
+use crate::common::id;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Exchange, ExchangeConfig, Id, MessageId, Sinks};
+use estafeta_exchange::{Exchange, ExchangeConfig, MessageId, Sinks};
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,10 +24,6 @@ pub(crate) struct World {
     pub(crate) phone2: Principal,
     pub(crate) other_db: Principal,
     pub(crate) other_phone: Principal,
-}
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
 }
 
 /// The exchange opened on `dir`'s data folder, handing alerts and arrivals

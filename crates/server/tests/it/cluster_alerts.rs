@@ -11,20 +11,12 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::cluster::{node_env, two_nodes, wait_count};
-use crate::common::recorder;
-use crate::common::{Binary, Tenancy, message, next, ready_process};
+use crate::common::{Binary, Tenancy, http, message, next, ready_process, recorder};
 use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use estafeta_test_support::smtp_server;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
 
 /// The value of cookie `name` among the answer's `Set-Cookie` headers.
 fn set_cookie(r: &reqwest::Response, name: &str) -> Option<String> {

@@ -4,7 +4,7 @@
 //! send queue and delivery pages showing a push that waits for its host.
 
 use crate::common;
-use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, id, ready_process};
+use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, http, id, ready_process};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use reqwest::StatusCode;
@@ -24,13 +24,6 @@ const PAGES: [&str; 11] = [
     "/admin/queues",
     "/admin/deliveries",
 ];
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
 
 /// The value of cookie `name` among the answer's `Set-Cookie` headers, and
 /// the whole header.

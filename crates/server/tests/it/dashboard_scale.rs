@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{ADMIN_TOKEN, TestServer, id};
+use crate::common::{ADMIN_TOKEN, TestServer, http, id};
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::{MessageId, Timestamp};
@@ -32,13 +32,6 @@ fn setting(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
 }
 
 /// The value of cookie `name` set by the answer.

@@ -594,6 +594,15 @@ pub(crate) fn sizes(name: &str, default: &[u64]) -> Vec<u64> {
         .unwrap_or_else(|| default.to_vec())
 }
 
+/// A plain HTTP client that follows no redirect: a test sees the
+/// dashboard's own `303` answers and the cookies they set.
+pub(crate) fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
 /// The value of one series of `/metrics` at `base`, if the scrape has it.
 pub(crate) async fn metric(base: &str, series: &str) -> Option<f64> {
     let text = reqwest::get(format!("{base}/metrics"))
