@@ -13,7 +13,7 @@
 //!   place, payload and attempt count): if a caller replaced, moved or
 //!   cancelled the entry while the handler ran, the outcome changes nothing
 //!   and a replacement is handed out in its turn, even one at the very same
-//!   place (`tests/replace.rs`, both stores, both delivery modes).
+//!   place (`tests/it/replace.rs`, both stores, both delivery modes).
 //! * A [`Store`] keeps entries durably: [`RedbStore`] (one redb file, a table
 //!   per source plus an id index) by default, [`MemoryStore`] for tests.
 //!   [`Scheduler::schedule`], [`Scheduler::cancel`] and
@@ -42,7 +42,7 @@
 //!   at-least-once delivery, the entry stays stored as it was and is handed
 //!   out again, while with at-most-once delivery a `Failed` or `Reschedule`
 //!   outcome cannot put the entry back and it is lost, as in a crash, and
-//!   counted in [`Stats::lost`] (`tests/close.rs`).
+//!   counted in [`Stats::lost`] (`tests/it/close.rs`).
 //! * Late entries follow the [`Misfire`] policy.
 //! * A source whose reads fail is retried with backoff and reported in
 //!   [`Stats`]; the other sources go on.

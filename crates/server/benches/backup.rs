@@ -13,7 +13,9 @@
 //! # (default: the system temp folder); --profile dev for a debug build
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+// The tests' harness, for a few of its helpers: the rest is unused here.
+#[allow(dead_code)]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;

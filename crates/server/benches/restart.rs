@@ -12,7 +12,9 @@
 //! # ESTAFETA_TEST_BINARY names another server binary
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+// The tests' harness, for a few of its helpers: the rest is unused here.
+#[allow(dead_code)]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -22,7 +22,9 @@
 //! # --profile dev for a debug build
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+// The tests' harness, for a few of its helpers: the rest is unused here.
+#[allow(dead_code)]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::os::unix::fs::DirBuilderExt;

@@ -1,0 +1,36 @@
+//! What the tests of several modules need: a store over a throwaway
+//! PostgreSQL with the schema applied, storage calls run as the engines run
+//! them, and builders of ids and scheduler entries.
+
+use estafeta_cluster::Store;
+use estafeta_cluster::testing::Postgres;
+use estafeta_exchange::Id;
+use estafeta_repeat::Entry;
+
+/// A store over `pg`, its schema migrated.
+pub(crate) async fn store(pg: &Postgres) -> Store {
+    let store = Store::connect(&pg.url()).unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// Run a storage call as the engine does: on a blocking thread.
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+/// A validated id from a literal.
+pub(crate) fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// A scheduler entry `id` of `source`, due at `due`, whose payload is its id.
+pub(crate) fn entry(source: &str, due: u64, id: &str) -> Entry {
+    Entry {
+        source: source.to_owned(),
+        due,
+        id: id.to_owned(),
+        payload: id.as_bytes().to_vec(),
+        attempt: 0,
+    }
+}

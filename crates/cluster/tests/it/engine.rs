@@ -1,0 +1,198 @@
+//! Two session engines (two nodes, each with its own connection pool) over
+//! one PostgreSQL: a key's commands are exclusive across both, each starts
+//! from the stored record, a holder whose connection dies lets the key go
+//! without writing afterwards, a command's last commit lets the key go at
+//! once, and a deadline is acted on once.
+
+use crate::common::store;
+use estafeta_cluster::SessionStorage;
+use estafeta_cluster::testing::Postgres;
+use estafeta_session::{
+    BoxFuture, Clock, Engine, Finalize, Hooks, SessionData, SystemClock, Timestamp,
+};
+use std::sync::Arc;
+
+/// A node's engine over the shared store.
+async fn node(pg: &Postgres, hooks: Arc<dyn Hooks<String, u64>>) -> Engine<String, u64> {
+    node_on(pg, hooks, Arc::new(SystemClock)).await
+}
+
+async fn node_on(
+    pg: &Postgres,
+    hooks: Arc<dyn Hooks<String, u64>>,
+    clock: Arc<dyn Clock>,
+) -> Engine<String, u64> {
+    let storage = SessionStorage::open(store(pg).await).await.unwrap();
+    Engine::builder(Arc::new(storage))
+        .hooks(hooks)
+        .clock(clock)
+        .open()
+        .await
+        .unwrap()
+}
+
+/// A clock stopped at the epoch: no deadline is ever due on it.
+struct Epoch;
+
+impl Clock for Epoch {
+    fn now(&self) -> Timestamp {
+        Timestamp(0)
+    }
+}
+
+/// Adds one to the counter under `key`, through `engine`.
+async fn increment(engine: Engine<String, u64>, key: &str) {
+    let mut g = engine.get(key.to_owned(), true).await.unwrap().unwrap();
+    *g.persistent_mut() += 1;
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_commands_on_one_key_from_two_nodes_lose_no_update() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, Arc::new(())).await;
+    let b = node(&pg, Arc::new(())).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let engine = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(increment(engine, "counter"))
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for engine in [&a, &b] {
+        let g = engine
+            .get("counter".to_owned(), false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(*g.state(), 200);
+        g.release().await.unwrap();
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_connection_dies_lets_the_key_go_and_writes_nothing() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, Arc::new(())).await;
+    let b = node(&pg, Arc::new(())).await;
+    increment(a.clone(), "k").await;
+
+    // A holds the key mid-command; B's command waits for it.
+    let mut held = a.get("k".to_owned(), false).await.unwrap().unwrap();
+    *held.persistent_mut() += 100;
+    let waiting = tokio::spawn(increment(b.clone(), "k"));
+    // A's node dies: its connection is gone (as with SIGKILL), the server
+    // rolls its step back and B's command goes on from the stored record.
+    pg.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE state LIKE 'idle in transaction%'",
+    )
+    .unwrap();
+    waiting.await.unwrap();
+    // A's late release cannot overwrite what B saved.
+    assert!(held.release().await.is_err());
+    let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
+    assert_eq!(*g.state(), 2);
+    g.release().await.unwrap();
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_commit_lets_the_key_go_and_the_command_changes_it_no_more() {
+    let pg = Postgres::start().unwrap();
+    let a = node(&pg, Arc::new(())).await;
+    let b = node(&pg, Arc::new(())).await;
+    increment(a.clone(), "k").await;
+
+    let mut held = a.get("k".to_owned(), false).await.unwrap().unwrap();
+    let mut tx = held.begin();
+    *tx.persistent_mut() += 1;
+    tx.commit_last().await.unwrap();
+    assert_eq!(*held.state(), 2);
+    assert!(!held.holds());
+    // Durable and let go by that commit: B's command goes on while A has
+    // not released its session yet, from what A committed.
+    let through_b = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        increment(b.clone(), "k"),
+    );
+    through_b.await.expect("B waited for a key A let go");
+    // A cannot change the session any more; its release writes nothing.
+    let changed = held
+        .update(|s| {
+            *s.persistent_mut() += 100;
+            Ok::<_, estafeta_session::Error>(())
+        })
+        .await;
+    assert!(changed.is_err());
+    held.release().await.unwrap();
+    let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
+    assert_eq!(*g.state(), 3);
+    g.release().await.unwrap();
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// Tells each finalization, by key.
+struct Finalized(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl Hooks<String, u64> for Finalized {
+    fn finalize<'a>(
+        &'a self,
+        key: &'a String,
+        _session: &'a mut SessionData<u64>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
+    ) -> BoxFuture<'a, Finalize> {
+        let _ = self.0.send(key.clone());
+        Box::pin(async { Finalize::End })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_is_acted_on_once_by_one_of_the_nodes() {
+    let pg = Postgres::start().unwrap();
+    let (tx, mut finalized) = tokio::sync::mpsc::unbounded_channel();
+    // Deadlines set through a node that then dies (its engine gone without
+    // a stop): only the store knows them. Its clock never reaches them, so
+    // it does not act on them itself before it goes.
+    let c = node_on(&pg, Arc::new(()), Arc::new(Epoch)).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+    let now = SystemClock.now();
+    for key in &keys {
+        let mut g = c.get(key.clone(), true).await.unwrap().unwrap();
+        *g.persistent_mut() = 1;
+        g.set_expires_at(Some(now));
+        g.release().await.unwrap();
+    }
+    drop(c);
+    // Two live nodes, whose pollers race for the due keys.
+    let a = node(&pg, Arc::new(Finalized(tx.clone()))).await;
+    let b = node(&pg, Arc::new(Finalized(tx))).await;
+
+    let mut seen = Vec::new();
+    while seen.len() < keys.len() {
+        seen.push(finalized.recv().await.unwrap());
+    }
+    // A finalization still running finishes before stop returns; none may
+    // follow the twenty.
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    while let Ok(again) = finalized.try_recv() {
+        seen.push(again);
+    }
+    seen.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(seen, expected, "each deadline acted on exactly once");
+    // An ended session leaves no row behind (not even its key's lock row):
+    // the table holds what lives.
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM sessions").unwrap().trim(),
+        "0"
+    );
+}

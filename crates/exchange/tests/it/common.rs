@@ -1,0 +1,117 @@
+//! Shared harness of the integration tests: a temporary data folder with
+//! mailboxes, and builders for ids and messages.
+
+use std::time::Duration;
+
+use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
+use estafeta_exchange::wire::{Body, Message, Version};
+use estafeta_exchange::{Id, MessageId, Timestamp};
+
+/// A validated id from a literal.
+pub(crate) fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// A temporary data folder with open mailboxes; removed when dropped.
+pub(crate) struct Data {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) mailboxes: Mailboxes,
+}
+
+impl Data {
+    /// The ids a process start would be handed from `queue` with these
+    /// subsystem and sender filters and the default limits, oldest first.
+    pub(crate) async fn selected(
+        &self,
+        queue: &Location,
+        subsystems: Option<&[&str]>,
+        senders: Option<&[&str]>,
+    ) -> Vec<MessageId> {
+        let ids = |v: &[&str]| v.iter().map(|x| id(x)).collect();
+        let filter = Filter::new(subsystems.map(ids), senders.map(ids));
+        self.mailboxes
+            .select(queue, &filter, Limits::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name.id)
+            .collect()
+    }
+
+    /// Mailboxes with the default group-commit settings.
+    pub(crate) async fn new() -> Self {
+        Self::with_config(SyncConfig::default()).await
+    }
+
+    /// Mailboxes with the given group-commit settings.
+    pub(crate) async fn with_config(config: SyncConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mailboxes = Mailboxes::open(dir.path().join("data"), config)
+            .await
+            .unwrap();
+        Self { dir, mailboxes }
+    }
+
+    /// Creates the mailbox of `name` and returns the location of its folder.
+    pub(crate) async fn folder(&self, name: &str, folder: Folder) -> Location {
+        let mailbox = id(name);
+        self.mailboxes.create_mailbox(&mailbox).await.unwrap();
+        Location::new(mailbox, folder)
+    }
+
+    /// Every entry name in a folder, hidden ones included.
+    pub(crate) fn raw_entries(&self, loc: &Location) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.mailboxes.path(loc))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// A group-commit setting that waits for every concurrent writer, so that
+/// tests of batching do not depend on scheduling.
+pub(crate) fn patient() -> SyncConfig {
+    SyncConfig {
+        max_batch: 10_000,
+        linger: Duration::from_secs(60),
+        ..SyncConfig::default()
+    }
+}
+
+/// A message with the given routing, created at `created_ms` and arrived at
+/// `arrived_ms` (the time inside its id); `seq` keeps ids unique.
+pub(crate) fn message(
+    from: &str,
+    to: &str,
+    subsystem: &str,
+    created_ms: i64,
+    arrived_ms: u64,
+    seq: u128,
+    body: &str,
+) -> Message {
+    Message {
+        version: Version,
+        id: MessageId::from_parts(arrived_ms, seq),
+        from: id(from),
+        to: id(to),
+        subsystem: id(subsystem),
+        created_at: Timestamp::from_millis(created_ms),
+        body: Body::from_json(body).unwrap(),
+    }
+}
+
+/// A message from phone-1 to db-a in subsystem sales, with a body of about `size` bytes.
+pub(crate) fn sized(seq: u128, size: usize) -> Message {
+    let body = format!("\"{}\"", "x".repeat(size));
+    message(
+        "phone-1",
+        "db-a",
+        "sales",
+        1_000 + seq as i64,
+        2_000,
+        seq,
+        &body,
+    )
+}

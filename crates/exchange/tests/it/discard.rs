@@ -1,0 +1,466 @@
+//! A prepare's replies are deleted when its process ends without them
+//! (rolled back, aborted, timed out). A rollback saves its end first, with
+//! the replies to delete named in the database's record, then deletes
+//! them: with the message store out of reach at that moment, the call
+//! fails and the deletion is tried again by the next call, and a server
+//! stopped in between deletes them at its next start. No replies are left
+//! that no record names (a shared store has no start-up look for them),
+//! and no READY_TO_COMMIT process names replies that are gone. And a
+//! commit whose moves failed after its replies were delivered, retried
+//! once the device acknowledged them, finds them delivered, not missing.
+
+use crate::common::id;
+use async_trait::async_trait;
+use estafeta_exchange::error::MailboxError;
+use estafeta_exchange::store::{
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
+    Outcome, RawArray, Tallies,
+};
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::*;
+use estafeta_exchange::{
+    Alert, AlertSink, Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores, Timestamp,
+};
+use estafeta_session::BoxFuture;
+use estafeta_session::{Timestamp as SessionTime, TokioClock};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The exchange's message store, whose deletes fail as a store out of
+/// reach while `down` is set, and whose moves into db-a's `Log` fail while
+/// `log_fails` is set.
+struct Flaky {
+    inner: Arc<dyn MessageStore>,
+    down: Arc<AtomicBool>,
+    log_fails: Arc<AtomicBool>,
+}
+
+/// An alert sink that keeps the keys of the alerts raised.
+#[derive(Default)]
+struct Raised(Mutex<Vec<String>>);
+
+impl AlertSink for Raised {
+    fn raise(&self, alert: Alert) -> BoxFuture<'_, ()> {
+        self.0.lock().unwrap().push(alert.key);
+        Box::pin(async {})
+    }
+    fn clear(&self, _key: String) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[async_trait]
+impl MessageStore for Flaky {
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.inner.create_mailbox(owner).await
+    }
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.remove_mailbox(owner).await
+    }
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.scheduled_for(owner).await
+    }
+    async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
+        self.inner.put(at, message).await
+    }
+    async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
+        self.inner.schedule(message, until).await
+    }
+    fn put_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        message: &Message,
+    ) -> Result<Option<FileEntry>, MailboxError> {
+        self.inner.put_in_step(step, at, message)
+    }
+    async fn put_all(
+        &self,
+        at: &Location,
+        messages: &[Message],
+        when: tokio::sync::oneshot::Receiver<bool>,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        self.inner.put_all(at, messages, when).await
+    }
+    fn put_all_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        at: &Location,
+        messages: &[Message],
+    ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
+        self.inner.put_all_in_step(step, at, messages)
+    }
+    async fn apply(
+        &self,
+        step: Option<&mut dyn estafeta_session::storage::Step>,
+        ops: &[Op],
+    ) -> Applied {
+        let deletes = ops.iter().any(|op| matches!(op, Op::Delete { .. }));
+        if deletes && self.down.load(Ordering::SeqCst) {
+            return Applied {
+                results: ops
+                    .iter()
+                    .map(|_| {
+                        Err(MailboxError::store(
+                            "test:delete",
+                            "connection closed",
+                            true,
+                        ))
+                    })
+                    .collect(),
+                arrivals: Default::default(),
+            };
+        }
+        let into_log = |op: &Op| matches!(op, Op::Move { to, .. } if to.folder == Folder::Log && to.mailbox.as_str() == "db-a");
+        if !self.log_fails.load(Ordering::SeqCst) || !ops.iter().any(into_log) {
+            return self.inner.apply(step, ops).await;
+        }
+        let rest: Vec<Op> = ops.iter().filter(|op| !into_log(op)).cloned().collect();
+        let applied = self.inner.apply(step, &rest).await;
+        let mut results = applied.results.into_iter();
+        Applied {
+            results: ops
+                .iter()
+                .map(|op| match into_log(op) {
+                    true => Err(MailboxError::store("test:log", "disk error", false)),
+                    false => results.next().unwrap(),
+                })
+                .collect(),
+            arrivals: applied.arrivals,
+        }
+    }
+    async fn delete_all(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Vec<Result<Outcome, MailboxError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return names
+                .iter()
+                .map(|_| {
+                    Err(MailboxError::store(
+                        "test:delete",
+                        "connection closed",
+                        true,
+                    ))
+                })
+                .collect();
+        }
+        self.inner.delete_all(at, names).await
+    }
+    async fn select(
+        &self,
+        at: &Location,
+        filter: &Filter,
+        limits: Limits,
+    ) -> Result<Vec<FileEntry>, MailboxError> {
+        self.inner.select(at, filter, limits).await
+    }
+    async fn read_array(
+        &self,
+        at: &Location,
+        names: &[FileName],
+    ) -> Result<RawArray, MailboxError> {
+        self.inner.read_array(at, names).await
+    }
+    async fn count(&self, at: &Location) -> Result<usize, MailboxError> {
+        self.inner.count(at).await
+    }
+    async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
+        self.inner.oldest(at, n).await
+    }
+    async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
+        self.inner.find(at, id).await
+    }
+    async fn find_all(
+        &self,
+        at: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        self.inner.find_all(at, ids).await
+    }
+    async fn delivered(&self, name: &FileName) -> Result<bool, MailboxError> {
+        self.inner.delivered(name).await
+    }
+    async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError> {
+        self.inner.list(at).await
+    }
+    async fn remove_older_than(
+        &self,
+        at: &Location,
+        cutoff: Timestamp,
+        keep: &HashSet<MessageId>,
+    ) -> Result<usize, MailboxError> {
+        self.inner.remove_older_than(at, cutoff, keep).await
+    }
+    async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.inner.recover_writes(owner).await
+    }
+    async fn orphans(
+        &self,
+        db: &Id,
+        referenced: &HashSet<MessageId>,
+    ) -> Result<Vec<FileName>, MailboxError> {
+        self.inner.orphans(db, referenced).await
+    }
+    fn count_as(&self, owner: &Id, kind: MailboxKind) {
+        self.inner.count_as(owner, kind)
+    }
+    async fn tallies(&self) -> Option<Tallies> {
+        self.inner.tallies().await
+    }
+    async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
+        self.inner.holding(folder).await
+    }
+}
+
+/// An exchange over a [`Flaky`] store with a process of db-a
+/// READY_TO_COMMIT, which processed phone-1's upload and replies twice to
+/// it.
+struct Ready {
+    ex: Exchange,
+    down: Arc<AtomicBool>,
+    log_fails: Arc<AtomicBool>,
+    raised: Arc<Raised>,
+    db: Principal,
+    phone: Principal,
+    pid: String,
+}
+
+/// [`Ready`] over `data`.
+async fn ready_to_commit(data: &std::path::Path) -> Ready {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("a".repeat(64));
+    let clock: Arc<dyn estafeta_session::Clock> =
+        Arc::new(TokioClock::starting_at(SessionTime(1_800_000_000_000)));
+    let mut stores = Stores::embedded(data, clock.clone(), &config.quiesce)
+        .await
+        .unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let log_fails = Arc::new(AtomicBool::new(false));
+    stores.messages = Arc::new(Flaky {
+        inner: stores.messages,
+        down: down.clone(),
+        log_fails: log_fails.clone(),
+    });
+    let raised = Arc::new(Raised::default());
+    let sinks = Sinks {
+        alerts: raised.clone(),
+        ..Sinks::default()
+    };
+    let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();
+    ex.recover().await.unwrap();
+
+    let admin = Principal::Admin;
+    ex.create_enterprise(&admin, id("acme")).await.unwrap();
+    ex.create_subsystem(&admin, id("acme"), id("sales"))
+        .await
+        .unwrap();
+    let db_token = ex
+        .create_database(&admin, id("acme"), id("db-a"))
+        .await
+        .unwrap();
+    let phone_token = ex
+        .create_device(&admin, id("acme"), id("phone-1"), id("sales"))
+        .await
+        .unwrap();
+    let db = ex.authenticate(db_token.expose()).await.unwrap().unwrap();
+    let phone = ex
+        .authenticate(phone_token.expose())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let upload = SendMessage {
+        version: Version,
+        to: id("db-a"),
+        body: Body::from_json(r#"{"n":1}"#).unwrap(),
+        created_at: None,
+        deliver_at: None,
+        idempotency_key: None,
+    };
+    ex.send(&phone, upload).await.unwrap();
+    let start = StartRequest {
+        version: Version,
+        db_id: id("db-a"),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    };
+    let started: StartResponse =
+        serde_json::from_slice(&ex.start(&db, start).await.unwrap()).unwrap();
+    let pid = started.process_id.unwrap().to_string();
+    let results = started
+        .messages
+        .iter()
+        .flatten()
+        .map(|m| MessageResult {
+            message_id: m.id,
+            status: ResultStatus::Processed,
+            error_code: None,
+            error_text: None,
+        })
+        .collect();
+    let replies = (0..2)
+        .map(|i| Reply {
+            to: id("phone-1"),
+            body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
+            created_at: None,
+            deliver_at: None,
+        })
+        .collect();
+    let prepare = PrepareRequest {
+        version: Version,
+        results,
+        replies,
+    };
+    let prepared = ex.prepare(&db, &pid, prepare).await.unwrap();
+    assert_eq!(prepared.status, CallStatus::Ok);
+    Ready {
+        ex,
+        down,
+        log_fails,
+        raised,
+        db,
+        phone,
+        pid,
+    }
+}
+
+/// The exchange over `data`'s embedded stores, start-up processing done.
+async fn reopen(data: &std::path::Path) -> Exchange {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("a".repeat(64));
+    let clock: Arc<dyn estafeta_session::Clock> =
+        Arc::new(TokioClock::starting_at(SessionTime(1_800_000_100_000)));
+    let (ex, _) = Exchange::open_embedded(config, clock, Sinks::default())
+        .await
+        .unwrap();
+    ex.recover().await.unwrap();
+    ex
+}
+
+fn files(data: &std::path::Path, folder: Folder) -> usize {
+    std::fs::read_dir(data.join("db-a").join(folder.as_str()))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn rollback() -> RollbackRequest {
+    RollbackRequest {
+        version: Version,
+        error_text: "tx failed".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let Ready {
+        ex, down, db, pid, ..
+    } = ready_to_commit(&data).await;
+
+    down.store(true, Ordering::SeqCst);
+    let refused = ex.rollback(&db, &pid, rollback()).await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StorageError);
+    assert!(refused.is_store_unavailable(), "{refused}");
+    // The end is saved before the replies are deleted: the verdict stands,
+    // and the deletion is what is tried again.
+    assert_eq!(
+        ex.process_status(&db, &pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    assert_eq!(files(&data, Folder::Prepared), 2);
+
+    down.store(false, Ordering::SeqCst);
+    let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
+    assert_eq!(again.status, CallStatus::Ok);
+    assert_eq!(
+        ex.process_status(&db, &pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    assert_eq!(
+        files(&data, Folder::Prepared),
+        0,
+        "the replies were deleted"
+    );
+}
+
+/// A server stopped between a rollback's saved end and the deletion of its
+/// replies (as by a crash there): its next start deletes them. Nothing is
+/// left in `Prepared`, nothing goes to `Unknown` (no orphan, no process in
+/// doubt whose replies are gone), and the rollback sent again answers OK.
+#[tokio::test(start_paused = true)]
+async fn replies_a_rollback_left_are_deleted_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let Ready {
+        ex, down, db, pid, ..
+    } = ready_to_commit(&data).await;
+    down.store(true, Ordering::SeqCst);
+    ex.rollback(&db, &pid, rollback()).await.unwrap_err();
+    assert_eq!(files(&data, Folder::Prepared), 2);
+    ex.shutdown().await.unwrap();
+    drop(ex);
+
+    let ex = reopen(&data).await;
+    assert_eq!(files(&data, Folder::Prepared), 0, "deleted at the start");
+    assert_eq!(files(&data, Folder::Unknown), 0);
+    assert_eq!(
+        ex.process_status(&db, &pid).await.unwrap().state,
+        ProcessState::RolledBack
+    );
+    let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
+    assert_eq!(again.status, CallStatus::Ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_commit_finds_its_acknowledged_reply_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let r = ready_to_commit(&data).await;
+    // The replies are delivered, the processed message's move to `Log`
+    // fails: the commit is FAILED, its moves to be tried again.
+    r.log_fails.store(true, Ordering::SeqCst);
+    let failed =
+        r.ex.commit(&r.db, &r.pid, CommitRequest { version: Version })
+            .await
+            .unwrap();
+    assert_eq!(failed.status, CallStatus::Failed);
+    let inbox: Inbox = serde_json::from_slice(&r.ex.inbox(&r.phone, None).await.unwrap()).unwrap();
+    assert_eq!(inbox.messages.len(), 2);
+    let ids = inbox.messages.iter().map(|m| m.id).collect();
+    r.ex.ack(
+        &r.phone,
+        AckRequest {
+            version: Version,
+            ids,
+        },
+    )
+    .await
+    .unwrap();
+
+    r.log_fails.store(false, Ordering::SeqCst);
+    let done =
+        r.ex.commit(&r.db, &r.pid, CommitRequest { version: Version })
+            .await
+            .unwrap();
+    assert_eq!(done.status, CallStatus::Ok);
+    assert_eq!(
+        r.ex.process_status(&r.db, &r.pid).await.unwrap().state,
+        ProcessState::Done
+    );
+    let raised = r.raised.0.lock().unwrap().clone();
+    assert!(
+        !raised.iter().any(|key| key.starts_with("missing_file:")),
+        "{raised:?}"
+    );
+}

@@ -1,0 +1,277 @@
+//! A whole exchange on a temporary data folder with a controlled clock,
+//! provisioned with two enterprises, databases and devices.
+
+use crate::common::id;
+use estafeta_exchange::mailbox::Folder;
+use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::wire::*;
+use estafeta_exchange::{Exchange, ExchangeConfig, MessageId, Sinks};
+use estafeta_session::{Timestamp as SessionTime, TokioClock};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) const STARTED_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub(crate) struct World {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ex: Exchange,
+    pub(crate) admin: Principal,
+    pub(crate) db: Principal,
+    pub(crate) db2: Principal,
+    pub(crate) phone: Principal,
+    pub(crate) phone2: Principal,
+    pub(crate) other_db: Principal,
+    pub(crate) other_phone: Principal,
+}
+
+/// The exchange opened on `dir`'s data folder, handing alerts and arrivals
+/// to `sinks`, and start-up processing run.
+pub(crate) async fn open(dir: &std::path::Path, start: SessionTime, sinks: Sinks) -> Exchange {
+    let ex = open_unrecovered(dir, start, sinks).await;
+    ex.recover().await.unwrap();
+    ex
+}
+
+/// The exchange opened, start-up processing not yet run.
+pub(crate) async fn open_unrecovered(
+    dir: &std::path::Path,
+    start: SessionTime,
+    sinks: Sinks,
+) -> Exchange {
+    let mut config = ExchangeConfig::new(dir.join("data"));
+    config.admin_token = Some("a".repeat(64));
+    config.started_timeout = STARTED_TIMEOUT;
+    config.ready_timeout = READY_TIMEOUT;
+    let clock: Arc<dyn estafeta_session::Clock> = Arc::new(TokioClock::starting_at(start));
+    let (ex, _) = Exchange::open_embedded(config, clock, sinks).await.unwrap();
+    ex
+}
+
+impl World {
+    pub(crate) async fn new() -> World {
+        World::with_sinks(|_| Sinks::default()).await
+    }
+
+    /// A world whose exchange hands alerts and arrivals to the sinks that
+    /// `sinks` makes, given the data folder.
+    pub(crate) async fn with_sinks(sinks: impl FnOnce(&std::path::Path) -> Sinks) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let sinks = sinks(&dir.path().join("data"));
+        let ex = open(dir.path(), SessionTime(1_800_000_000_000), sinks).await;
+        let admin = Principal::Admin;
+        for ent in ["acme", "other"] {
+            ex.create_enterprise(&admin, id(ent)).await.unwrap();
+            ex.create_subsystem(&admin, id(ent), id("sales"))
+                .await
+                .unwrap();
+        }
+        let mut tokens = Vec::new();
+        for (ent, db) in [("acme", "db-a"), ("acme", "db-b"), ("other", "db-x")] {
+            tokens.push(ex.create_database(&admin, id(ent), id(db)).await.unwrap());
+        }
+        for (ent, dev) in [
+            ("acme", "phone-1"),
+            ("acme", "phone-2"),
+            ("other", "phone-x"),
+        ] {
+            tokens.push(
+                ex.create_device(&admin, id(ent), id(dev), id("sales"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut p: Vec<Principal> = Vec::new();
+        for t in &tokens {
+            p.push(ex.authenticate(t.expose()).await.unwrap().unwrap());
+        }
+        World {
+            dir,
+            ex,
+            admin,
+            db: p[0].clone(),
+            db2: p[1].clone(),
+            other_db: p[2].clone(),
+            phone: p[3].clone(),
+            phone2: p[4].clone(),
+            other_phone: p[5].clone(),
+        }
+    }
+
+    /// Shut the exchange down, let its tasks close their files, and open
+    /// the same data folder again with a clock that reads `at`.
+    pub(crate) async fn restart(self, at: SessionTime) -> World {
+        self.restart_with(at, |_| Sinks::default()).await
+    }
+
+    /// [`World::restart`] with the sinks that `sinks` makes, given the
+    /// data folder.
+    pub(crate) async fn restart_with(
+        self,
+        at: SessionTime,
+        sinks: impl FnOnce(&std::path::Path) -> Sinks,
+    ) -> World {
+        self.ex.shutdown().await.unwrap();
+        let World {
+            ex,
+            dir,
+            admin,
+            db,
+            db2,
+            phone,
+            phone2,
+            other_db,
+            other_phone,
+        } = self;
+        drop(ex);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        let sinks = sinks(&dir.path().join("data"));
+        let ex = open(dir.path(), at, sinks).await;
+        World {
+            dir,
+            ex,
+            admin,
+            db,
+            db2,
+            phone,
+            phone2,
+            other_db,
+            other_phone,
+        }
+    }
+
+    pub(crate) fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// File count of a folder of a mailbox.
+    pub(crate) fn files(&self, mailbox: &str, folder: Folder) -> usize {
+        std::fs::read_dir(self.data().join(mailbox).join(folder.as_str()))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    pub(crate) async fn upload(&self, n: usize) -> Vec<MessageId> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let req = SendMessage {
+                version: Version,
+                to: id("db-a"),
+                body: Body::from_json(format!(r#"{{"n":{i}}}"#)).unwrap(),
+                created_at: None,
+                deliver_at: None,
+                idempotency_key: None,
+            };
+            ids.push(self.ex.send(&self.phone, req).await.unwrap().0.id);
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        ids
+    }
+
+    pub(crate) async fn start(&self) -> StartResponse {
+        let req = StartRequest {
+            version: Version,
+            db_id: id("db-a"),
+            subsystems: None,
+            senders: None,
+            max_files: None,
+            max_mb: None,
+        };
+        serde_json::from_slice(&self.ex.start(&self.db, req).await.unwrap()).unwrap()
+    }
+
+    /// One uploaded message, started and prepared as processed with
+    /// `replies` replies; the process id.
+    pub(crate) async fn prepared(&self, replies: usize) -> String {
+        self.upload(1).await;
+        let s = self.start().await;
+        let pid = s.process_id.unwrap().to_string();
+        assert_eq!(
+            self.prepare(&pid, Self::results(&s, ResultStatus::Processed), replies)
+                .await,
+            CallStatus::Ok
+        );
+        pid
+    }
+
+    pub(crate) fn results(start: &StartResponse, status: ResultStatus) -> Vec<MessageResult> {
+        start
+            .messages
+            .iter()
+            .flatten()
+            .map(|m| MessageResult {
+                message_id: m.id,
+                status,
+                error_code: None,
+                error_text: None,
+            })
+            .collect()
+    }
+
+    pub(crate) async fn prepare(
+        &self,
+        pid: &str,
+        results: Vec<MessageResult>,
+        replies: usize,
+    ) -> CallStatus {
+        let replies = (0..replies)
+            .map(|i| Reply {
+                to: id("phone-1"),
+                body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
+                created_at: None,
+                deliver_at: None,
+            })
+            .collect();
+        self.ex
+            .prepare(
+                &self.db,
+                pid,
+                PrepareRequest {
+                    version: Version,
+                    results,
+                    replies,
+                },
+            )
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub(crate) async fn commit(&self, pid: &str) -> CallStatus {
+        self.ex
+            .commit(&self.db, pid, CommitRequest { version: Version })
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub(crate) async fn rollback(&self, pid: &str) -> CallStatus {
+        self.ex
+            .rollback(
+                &self.db,
+                pid,
+                RollbackRequest {
+                    version: Version,
+                    error_text: "tx failed".into(),
+                },
+            )
+            .await
+            .unwrap()
+            .status
+    }
+
+    pub(crate) async fn state(&self, pid: &str) -> ProcessState {
+        self.ex.process_status(&self.db, pid).await.unwrap().state
+    }
+
+    pub(crate) async fn inbox(&self) -> Inbox {
+        serde_json::from_slice(&self.ex.inbox(&self.phone, None).await.unwrap()).unwrap()
+    }
+}

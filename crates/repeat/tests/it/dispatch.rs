@@ -1,0 +1,413 @@
+//! The dispatcher loop: worker limit, order within and between sources,
+//! early wake-up, sleeping while no worker is free, retries.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::common::{Probe, Running, T0, entry};
+use estafeta_repeat::{
+    Clock, Delivery, MemoryStore, Options, Outcome, RetryPolicy, Scheduler, SourceOrder, TestClock,
+};
+
+fn scheduler(clock: &TestClock, options: Options) -> Scheduler<MemoryStore, TestClock> {
+    Scheduler::new(MemoryStore::new(), clock.clone(), options)
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    let sources = ["a", "b", "c", "d"];
+    let entries = (0..10_000)
+        .map(|i| entry(sources[i % 4], T0 + 5, &format!("{i:05}")))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        8,
+        probe.handler(Duration::from_millis(10), |_| Outcome::Done),
+    );
+    probe.wait_for(10_000).await;
+    running.stop().await;
+
+    let log = probe.log();
+    assert_eq!(log.len(), 10_000);
+    assert_eq!(
+        probe.max_running(),
+        8,
+        "never more than the free workers, and all of them used"
+    );
+    let ids: HashSet<_> = log.iter().map(|f| f.id.clone()).collect();
+    assert_eq!(ids.len(), 10_000, "no entry handed out twice");
+    assert!(
+        log.iter().all(|f| f.at >= Duration::from_secs(T0 + 5)),
+        "none before its time"
+    );
+    for source in sources {
+        let order: Vec<_> = log
+            .iter()
+            .filter(|f| f.source == source)
+            .map(|f| f.id.clone())
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted, "source {source} read in due order");
+    }
+    let stats = s.stats().await.unwrap();
+    assert!(
+        stats.sources.values().all(|s| s.entries == 0),
+        "all removed: {stats:?}"
+    );
+    assert_eq!(stats.done, 10_000);
+    assert_eq!(stats.in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+
+    // The loop is asleep waiting for T0+3600; schedule mid-second for sooner.
+    tokio::time::sleep(Duration::from_millis(10_400)).await;
+    s.schedule("soon", T0 + 20, "soon", b"").await.unwrap();
+    s.schedule("now", T0 + 10, "now", b"").await.unwrap();
+    probe.wait_for(2).await;
+    running.stop().await;
+
+    let log = probe.log();
+    let lag = |id: &str| {
+        let f = log.iter().find(|f| f.id == id).unwrap();
+        f.at - Duration::from_secs(f.due)
+    };
+    assert!(lag("now") < Duration::from_secs(1), "{:?}", lag("now"));
+    assert!(lag("soon") < Duration::from_secs(1), "{:?}", lag("soon"));
+    assert_eq!(log.len(), 2, "the hour-later entry is not due");
+}
+
+/// An entry scheduled only if its id is absent wakes the sleeping loop as a
+/// scheduled one does; scheduled again under the same id, it stays as it
+/// is (not moved, not handed out twice).
+#[tokio::test(start_paused = true)]
+async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+
+    tokio::time::sleep(Duration::from_millis(10_400)).await;
+    assert!(
+        s.schedule_if_absent("now", T0 + 10, "now", b"a")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.schedule_if_absent("now", T0 + 5, "now", b"b")
+            .await
+            .unwrap()
+    );
+    probe.wait_for(1).await;
+    running.stop().await;
+
+    let log = probe.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!((log[0].id.as_str(), log[0].due), ("now", T0 + 10));
+    let lag = log[0].at - Duration::from_secs(log[0].due);
+    assert!(lag < Duration::from_secs(1), "{lag:?}");
+}
+
+/// A busy source `a` with many due entries, and a quiet source `b` with a few.
+async fn busy_and_quiet(order: SourceOrder) -> Vec<String> {
+    let clock = TestClock::new(T0);
+    let s = scheduler(
+        &clock,
+        Options {
+            order,
+            ..Options::default()
+        },
+    );
+    let mut entries: Vec<_> = (0..500)
+        .map(|i| entry("a", T0 - 10, &format!("a{i:03}")))
+        .collect();
+    entries.extend((0..5).map(|i| entry("b", T0, &format!("b{i}"))));
+    s.schedule_all(entries).await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        2,
+        probe.handler(Duration::from_millis(5), |_| Outcome::Done),
+    );
+    probe.wait_for(505).await;
+    running.stop().await;
+    probe.log().into_iter().map(|f| f.source).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn fair_order_does_not_let_a_busy_source_starve_another() {
+    let sources = busy_and_quiet(SourceOrder::Fair).await;
+    let last_b = sources.iter().rposition(|s| s == "b").unwrap();
+    assert!(
+        last_b < 12,
+        "quiet source served alongside the busy one: last at {last_b}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nearest_first_order_drains_the_busy_source_first() {
+    let sources = busy_and_quiet(SourceOrder::NearestFirst).await;
+    let first_b = sources.iter().position(|s| s == "b").unwrap();
+    assert_eq!(
+        first_b, 500,
+        "the seed's order starves the quiet source until the busy one is empty"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    let entries = (0..50)
+        .map(|i| entry("a", T0, &format!("{i:02}")))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        2,
+        probe.handler(Duration::from_secs(3_600), |_| Outcome::Done),
+    );
+    probe.wait_for(2).await;
+    // Paused time only advances once every task is idle, so after this the
+    // dispatcher is parked waiting for a worker.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = s.stats().await.unwrap().wakeups;
+    tokio::time::sleep(Duration::from_secs(3_598)).await;
+    let during = s.stats().await.unwrap();
+    assert_eq!(
+        during.wakeups, before,
+        "no wake-up while every worker is busy"
+    );
+    assert_eq!(during.dispatched, 2);
+    assert_eq!(during.in_flight, 2);
+    probe.wait_for(4).await;
+    running.stop().await;
+    assert_eq!(probe.max_running(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_handler_is_retried_with_backoff() {
+    let clock = TestClock::new(T0);
+    let retry = RetryPolicy {
+        first: Duration::from_secs(10),
+        max: Duration::from_secs(25),
+    };
+    let s = scheduler(
+        &clock,
+        Options {
+            retry,
+            ..Options::default()
+        },
+    );
+    s.schedule("a", T0, "flaky", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let handler = probe.handler(Duration::ZERO, |e| {
+        if e.attempt < 3 {
+            Outcome::Failed("not yet".into())
+        } else {
+            Outcome::Done
+        }
+    });
+    let running = Running::start(&s, 1, handler);
+    probe.wait_for(4).await;
+    running.stop().await;
+    let log = probe.log();
+    let attempts: Vec<_> = log.iter().map(|f| (f.attempt, f.due - T0)).collect();
+    assert_eq!(attempts, vec![(0, 0), (1, 10), (2, 30), (3, 55)]);
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.failed, stats.done), (3, 1));
+    assert_eq!(stats.sources["a"].entries, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    s.schedule("jobs", T0 + 60, "sweep", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        1,
+        probe.handler(Duration::ZERO, |e| Outcome::Reschedule(e.due + 60)),
+    );
+    probe.wait_for(5).await;
+    running.stop().await;
+    let dues: Vec<_> = probe.log().iter().map(|f| f.due - T0).collect();
+    assert_eq!(dues, vec![60, 120, 180, 240, 300]);
+    let log = probe.log();
+    assert!(
+        log.iter()
+            .all(|f| f.at - Duration::from_secs(f.due) < Duration::from_secs(1))
+    );
+    assert_eq!(
+        s.stats().await.unwrap().sources["jobs"].entries,
+        1,
+        "still scheduled"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_removes_the_entry_before_the_handler_runs() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(
+        &clock,
+        Options {
+            delivery: Delivery::AtMostOnce,
+            ..Options::default()
+        },
+    );
+    s.schedule("a", T0, "one", b"").await.unwrap();
+    s.schedule("a", T0, "two", b"").await.unwrap();
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        4,
+        probe.handler(Duration::from_secs(100), |e| {
+            if e.id == "two" {
+                Outcome::Reschedule(e.due + 1_000)
+            } else {
+                Outcome::Done
+            }
+        }),
+    );
+    probe.wait_for(2).await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        stats.sources["a"].entries, 0,
+        "removed while handlers still run"
+    );
+    assert_eq!(stats.in_flight, 2);
+    tokio::time::sleep(Duration::from_secs(101)).await;
+    running.stop().await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.sources["a"].entries, 1, "the rescheduled one is back");
+    assert_eq!(clock.now_secs() - T0, 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_and_reschedule_change_what_fires() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    for id in ["keep", "cancel", "move"] {
+        s.schedule("a", T0 + 10, id, b"").await.unwrap();
+    }
+    assert!(s.cancel("cancel").await.unwrap());
+    assert!(!s.cancel("cancel").await.unwrap());
+    assert!(s.reschedule("move", T0 + 5).await.unwrap());
+    assert!(!s.reschedule("missing", T0 + 5).await.unwrap());
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    probe.wait_for(2).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    running.stop().await;
+    let fired: Vec<_> = probe
+        .log()
+        .iter()
+        .map(|f| (f.id.clone(), f.due - T0))
+        .collect();
+    assert_eq!(fired, vec![("move".to_owned(), 5), ("keep".to_owned(), 10)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    assert!(matches!(
+        s.schedule("bad/name", T0, "x", b"").await,
+        Err(estafeta_repeat::Error::InvalidSource(_))
+    ));
+    assert!(matches!(
+        s.schedule("a", T0, "", b"").await,
+        Err(estafeta_repeat::Error::InvalidId(0))
+    ));
+    let too_big = vec![0u8; estafeta_repeat::MAX_PAYLOAD + 1];
+    assert!(matches!(
+        s.schedule("a", T0, "x", &too_big).await,
+        Err(estafeta_repeat::Error::PayloadTooLarge(_))
+    ));
+    let mixed = vec![entry("a", T0, "fine"), entry("a", T0, "")];
+    assert!(s.schedule_all(mixed).await.is_err());
+    assert!(s.stats().await.unwrap().sources.is_empty());
+    s.close().await;
+    assert!(matches!(
+        s.schedule("a", T0, "x", b"").await,
+        Err(estafeta_repeat::Error::Closed)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_one_dispatcher_runs_at_a_time() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(&s, 1, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = s
+        .run(
+            estafeta_repeat::WorkerPool::new(1),
+            probe.handler(Duration::ZERO, |_| Outcome::Done),
+            async {},
+        )
+        .await;
+    assert!(matches!(
+        second,
+        Err(estafeta_repeat::Error::AlreadyRunning)
+    ));
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_report_backlog_in_flight_and_lag() {
+    let clock = TestClock::new(T0);
+    let s = scheduler(&clock, Options::default());
+    let mut entries: Vec<_> = (0..3)
+        .map(|i| entry("a", T0 - 7, &format!("late{i}")))
+        .collect();
+    entries.push(entry("a", T0 + 100, "later"));
+    entries.push(entry("b", T0 + 100, "other"));
+    s.schedule_all(entries).await.unwrap();
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (4, 3));
+    assert_eq!((stats.sources["b"].entries, stats.sources["b"].due), (1, 0));
+
+    let probe = Probe::new(clock.clone());
+    let running = Running::start(
+        &s,
+        4,
+        probe.handler(Duration::from_secs(2), |_| Outcome::Done),
+    );
+    probe.wait_for(3).await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.in_flight, 3);
+    assert_eq!(stats.dispatched, 3);
+    assert_eq!(
+        stats.sources["a"].due, 3,
+        "in flight entries stay until done"
+    );
+    // Handed out 7 s late: the (5 s, 10 s] bucket.
+    let bucket = estafeta_repeat::LAG_BOUNDS_MS
+        .iter()
+        .position(|&b| b == 10_000)
+        .unwrap();
+    assert_eq!(stats.lag.counts[bucket], 3);
+    assert_eq!(stats.lag.quantile_ms(0.99), Some(10_000));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.stop().await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.in_flight, stats.done), (0, 3));
+    assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (1, 0));
+}

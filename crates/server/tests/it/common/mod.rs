@@ -1,0 +1,629 @@
+//! The shared harness of the server's tests: the library's `run` on a
+//! loopback port-0 listener over a temporary data folder, the real
+//! `estafeta` binary as a child process, and a provisioned tenancy.
+//!
+//! The server's benches `backup`, `restart` and `scale` include this module
+//! too (by `#[path]`), for a few of its helpers.
+
+pub(crate) mod clock;
+pub(crate) mod cluster;
+pub(crate) mod postgres;
+pub(crate) mod raw;
+pub(crate) mod recorder;
+pub(crate) mod restartable;
+pub(crate) mod slow_reads;
+pub(crate) mod webhook;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use estafeta_client::Client;
+use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
+use estafeta_exchange::{Exchange, ExchangeConfig, Id};
+use estafeta_server::config::ClusterStore;
+use estafeta_server::notify::NotifySettings;
+use estafeta_server::{HttpSettings, ServeError, Server};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Which store a test's server keeps everything in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// Files and redb under the data folder (no `store` setting).
+    Embedded,
+    /// A database of its own on the test binary's shared PostgreSQL
+    /// instance ([`postgres::database`]), as a cluster node keeps it.
+    Postgres,
+}
+
+impl Store {
+    /// The `store` setting of a new server: none for the embedded store; for
+    /// PostgreSQL, the URL of a new, empty database. A server restarted by
+    /// the test is given the same setting again.
+    pub(crate) fn setting(self) -> Option<String> {
+        match self {
+            Store::Embedded => None,
+            Store::Postgres => Some(postgres::database()),
+        }
+    }
+}
+
+/// The tests `name::embedded` and `name::postgres`, each running
+/// `async fn name(store: Store)` on its store under the test attribute
+/// given (`#[tokio::test]` when none is):
+/// `both_stores!(#[tokio::test(flavor = "multi_thread")] name);`.
+#[allow(unused_macros)]
+macro_rules! both_stores {
+    ($name:ident) => {
+        $crate::common::both_stores!(#[tokio::test] $name);
+    };
+    ($(#[$attr:meta])+ $name:ident) => {
+        mod $name {
+            $(#[$attr])+
+            async fn embedded() {
+                super::$name($crate::common::Store::Embedded).await;
+            }
+
+            $(#[$attr])+
+            async fn postgres() {
+                super::$name($crate::common::Store::Postgres).await;
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_stores;
+
+/// The admin token of in-process servers.
+pub(crate) const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+/// How long a test waits for something that should happen within seconds.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The next thing a loopback fake received (a mail, an SMS, a POST).
+pub(crate) async fn next<T>(rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("nothing arrived in time")
+        .expect("the channel closed")
+}
+
+/// Notification settings over `data` with a one-second first retry, so a
+/// test that moves its clock past it sees the retry.
+pub(crate) fn quick_retry(data: &Path) -> NotifySettings {
+    NotifySettings {
+        retry: Duration::from_secs(1),
+        ..NotifySettings::log_only(data)
+    }
+}
+
+pub(crate) fn id(s: &str) -> Id {
+    Id::new(s).unwrap()
+}
+
+/// Opens a server on `data` with the test admin token, the default HTTP
+/// settings and logged alerts.
+pub(crate) async fn open_server(data: &Path) -> Server {
+    open_server_with(
+        data,
+        HttpSettings::default(),
+        |_| {},
+        NotifySettings::log_only(data),
+    )
+    .await
+}
+
+/// Opens a server on `data` with the test admin token, `http`, `tweak`ed
+/// exchange settings and `notify`.
+pub(crate) async fn open_server_with(
+    data: &Path,
+    http: HttpSettings,
+    tweak: impl FnOnce(&mut ExchangeConfig),
+    notify: NotifySettings,
+) -> Server {
+    open_server_on(data, None, http, tweak, notify).await
+}
+
+/// [`open_server_with`] over the `store` setting `store` (none: the
+/// embedded store under `data`).
+pub(crate) async fn open_server_on(
+    data: &Path,
+    store: Option<&str>,
+    http: HttpSettings,
+    tweak: impl FnOnce(&mut ExchangeConfig),
+    notify: NotifySettings,
+) -> Server {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some(ADMIN_TOKEN.to_owned());
+    tweak(&mut config);
+    let clock = Arc::new(estafeta_session::SystemClock);
+    let store = store.map(ClusterStore::new);
+    let (server, _) = Server::open_with(config, clock, http, notify, store.as_ref())
+        .await
+        .unwrap();
+    server
+}
+
+/// Waits until `/readyz` answers 200 (start-up recovery runs in the
+/// background); fails after many tries.
+pub(crate) async fn wait_ready(client: &Client) {
+    for _ in 0..1000 {
+        if client.readyz().await.unwrap() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server did not become ready");
+}
+
+/// The library's `run` on 127.0.0.1:0 in a temporary data folder, over
+/// either store.
+pub(crate) struct TestServer {
+    pub(crate) data: tempfile::TempDir,
+    /// Its `store` setting (none: the embedded store under `data`).
+    pub(crate) store: Option<String>,
+    pub(crate) addr: SocketAddr,
+    pub(crate) base: String,
+    /// A client with the admin token.
+    pub(crate) admin: Client,
+    /// The server's exchange (for calls no HTTP route makes).
+    pub(crate) exchange: Exchange,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl TestServer {
+    /// A ready server on the embedded store with the default HTTP settings.
+    pub(crate) async fn start() -> TestServer {
+        Self::start_on(Store::Embedded).await
+    }
+
+    /// A ready server on `store` with the default HTTP settings.
+    pub(crate) async fn start_on(store: Store) -> TestServer {
+        Self::start_with(store, HttpSettings::default()).await
+    }
+
+    /// A ready server on `store` with the given HTTP settings.
+    pub(crate) async fn start_with(store: Store, http: HttpSettings) -> TestServer {
+        Self::start_custom(store, http, |_| {}).await
+    }
+
+    /// A ready server on `store` with the given HTTP settings and `tweak`ed
+    /// exchange settings.
+    pub(crate) async fn start_custom(
+        store: Store,
+        http: HttpSettings,
+        tweak: impl FnOnce(&mut ExchangeConfig),
+    ) -> TestServer {
+        Self::start_notified(store, http, tweak, |data| NotifySettings::log_only(data)).await
+    }
+
+    /// A ready server on `store` whose alerts go where `notify` (given the
+    /// data folder) says.
+    pub(crate) async fn start_notified(
+        store: Store,
+        http: HttpSettings,
+        tweak: impl FnOnce(&mut ExchangeConfig),
+        notify: impl FnOnce(&Path) -> NotifySettings,
+    ) -> TestServer {
+        let data = tempfile::tempdir().unwrap();
+        let store = store.setting();
+        let notify = notify(data.path());
+        let server = open_server_on(data.path(), store.as_deref(), http, tweak, notify).await;
+        let exchange = server.exchange().clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server.run(listener, stop.clone()));
+        let base = format!("http://{addr}");
+        let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
+        wait_ready(&admin).await;
+        TestServer {
+            data,
+            store,
+            addr,
+            base,
+            admin,
+            exchange,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// A client with another token (empty: none).
+    pub(crate) fn client(&self, token: &str) -> Client {
+        self.admin.with_token(token)
+    }
+
+    /// A raw HTTP client for requests the typed client cannot make.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Signals shutdown without waiting for it.
+    pub(crate) fn signal_stop(&mut self) {
+        self.stop.cancel();
+    }
+
+    /// Signals shutdown and waits for `run` to return.
+    pub(crate) async fn stop(mut self) -> Result<(), ServeError> {
+        self.signal_stop();
+        self.task.take().unwrap().await.unwrap()
+    }
+}
+
+/// A provisioned tenancy: enterprise `acme` (subsystem `sales`, databases
+/// `db-a` and `db-b`, devices `phone-1` and `phone-2`) and enterprise
+/// `other` (database `db-x`, device `phone-x`), each with its client.
+pub(crate) struct Tenancy {
+    pub(crate) db_a: Client,
+    pub(crate) db_b: Client,
+    pub(crate) db_x: Client,
+    pub(crate) phone1: Client,
+    pub(crate) phone2: Client,
+    pub(crate) phone_x: Client,
+}
+
+impl Tenancy {
+    pub(crate) async fn provision(admin: &Client) -> Tenancy {
+        for ent in ["acme", "other"] {
+            admin.create_enterprise(&id(ent)).await.unwrap();
+            admin
+                .create_subsystem(&id(ent), &id("sales"))
+                .await
+                .unwrap();
+        }
+        let db = |ent: &'static str, db: &'static str| async move {
+            let c = admin.create_database(&id(ent), &id(db)).await.unwrap();
+            admin.with_token(&c.token)
+        };
+        let dev = |ent: &'static str, dev: &'static str| async move {
+            let c = admin
+                .create_device(&id(ent), &id(dev), &id("sales"))
+                .await
+                .unwrap();
+            admin.with_token(&c.token)
+        };
+        Tenancy {
+            db_a: db("acme", "db-a").await,
+            db_b: db("acme", "db-b").await,
+            db_x: db("other", "db-x").await,
+            phone1: dev("acme", "phone-1").await,
+            phone2: dev("acme", "phone-2").await,
+            phone_x: dev("other", "phone-x").await,
+        }
+    }
+}
+
+/// The smallest tenancy: enterprise `acme` with subsystem `sales`, database
+/// `db-a` and device `phone-1`; their tokens (database, device).
+pub(crate) async fn provision_one(admin: &Client) -> (String, String) {
+    admin.create_enterprise(&id("acme")).await.unwrap();
+    admin
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    let db = admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let phone = admin
+        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
+        .await
+        .unwrap();
+    (db.token, phone.token)
+}
+
+/// An upload of `body` to `to`.
+pub(crate) fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
+    SendMessage {
+        version: Version,
+        to: id(to),
+        body: Body::from_json(body).unwrap(),
+        created_at: None,
+        deliver_at: None,
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+/// A prepare that marks each of `ids` PROCESSED and replies once to
+/// `phone-1` with `reply`.
+pub(crate) fn prepare_all(
+    ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
+    reply: &str,
+) -> estafeta_exchange::wire::PrepareRequest {
+    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply, ResultStatus};
+    PrepareRequest {
+        version: Version,
+        results: ids
+            .into_iter()
+            .map(|message_id| MessageResult {
+                message_id,
+                status: ResultStatus::Processed,
+                error_code: None,
+                error_text: None,
+            })
+            .collect(),
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json(reply).unwrap(),
+            created_at: None,
+            deliver_at: None,
+        }],
+    }
+}
+
+/// Prepares `pid` through `db` with [`prepare_all`] of `ids` and `reply`,
+/// then commits it; both answer OK.
+pub(crate) async fn process_all(
+    db: &Client,
+    pid: &estafeta_exchange::ProcessId,
+    ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
+    reply: &str,
+) {
+    use estafeta_exchange::wire::CallStatus;
+    let prepared = db.prepare(pid, &prepare_all(ids, reply)).await.unwrap();
+    assert_eq!(prepared.status, CallStatus::Ok);
+    assert_eq!(db.commit(pid).await.unwrap().status, CallStatus::Ok);
+}
+
+/// [`provision_one`], then one cycle through `db-a` that leaves `reply`
+/// waiting in `phone-1`'s inbox; `phone-1`'s token.
+pub(crate) async fn reply_waiting(admin: &Client, reply: &str) -> String {
+    let (db, phone) = provision_one(admin).await;
+    let db = admin.with_token(&db);
+    let sent = admin
+        .with_token(&phone)
+        .send(&message("db-a", "{}", None))
+        .await
+        .unwrap();
+    let started = db.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    process_all(&db, &pid, [sent.accepted.id], reply).await;
+    phone
+}
+
+/// A start call for `db` with no filters.
+pub(crate) fn start_request(db: &str) -> StartRequest {
+    StartRequest {
+        version: Version,
+        db_id: id(db),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    }
+}
+
+/// The real `estafeta` binary, started by [`Binary::serve`].
+pub(crate) struct Binary {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
+    pub(crate) base: String,
+    /// The admin token, when this start generated one and printed it.
+    pub(crate) printed_token: Option<String>,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// A command for the binary with no `ESTAFETA_*` setting inherited from
+/// the test's environment, run in `cwd` (so no stray `estafeta.toml`).
+/// The binary is the one built with the tests, or the one named by
+/// `ESTAFETA_TEST_BINARY` (a measurement against an optimized build).
+pub(crate) fn estafeta(cwd: &Path) -> Command {
+    isolated(Command::new(binary()), cwd)
+}
+
+/// [`estafeta`] started by `sh -c` after the shell commands `prelude`
+/// (`ulimit -n 256`, `umask 000`): what the binary inherits from them.
+pub(crate) fn estafeta_after(cwd: &Path, prelude: &str) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{prelude} && exec \"$0\" \"$@\""))
+        .arg(binary());
+    isolated(cmd, cwd)
+}
+
+/// The binary under test.
+fn binary() -> std::ffi::OsString {
+    std::env::var_os("ESTAFETA_TEST_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_estafeta").into())
+}
+
+/// `cmd` without the test's `ESTAFETA_*` variables, in `cwd`, killed with
+/// the test.
+fn isolated(mut cmd: Command, cwd: &Path) -> Command {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ESTAFETA_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.current_dir(cwd).kill_on_drop(true);
+    cmd
+}
+
+impl Binary {
+    /// Starts `estafeta serve` (plus `args`) listening on 127.0.0.1:0 with
+    /// data in `data`, `env` added, and waits for its `listening on` line.
+    pub(crate) async fn serve(
+        cwd: &Path,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
+        Self::serve_on(None, cwd, data, args, env).await
+    }
+
+    /// [`Binary::serve`] with the `store` setting `store` (none: the
+    /// embedded store under `data`) given as `ESTAFETA_STORE`.
+    pub(crate) async fn serve_on(
+        store: Option<&str>,
+        cwd: &Path,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
+        Self::serve_as(estafeta(cwd), store, data, args, env).await
+    }
+
+    /// [`Binary::serve_on`] through `cmd`, a command for the binary made by
+    /// [`estafeta`] or [`estafeta_after`].
+    pub(crate) async fn serve_as(
+        mut cmd: Command,
+        store: Option<&str>,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
+        cmd.arg("serve")
+            .args(args)
+            .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+            .env("ESTAFETA_DATA_DIR", data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(url) = store {
+            cmd.env("ESTAFETA_STORE", url);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut printed_token = None;
+        let addr = loop {
+            let mut line = String::new();
+            let n = stdout.read_line(&mut line).await.unwrap();
+            assert!(
+                n > 0,
+                "the server exited before listening: {:?}",
+                child.wait().await
+            );
+            if let Some(rest) = line.trim().strip_prefix("admin token: ") {
+                printed_token = rest.split_whitespace().next().map(str::to_owned);
+            }
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse::<SocketAddr>().unwrap();
+            }
+        };
+        Binary {
+            child,
+            addr,
+            base: format!("http://{addr}"),
+            printed_token,
+            stdout,
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub(crate) async fn terminate(self) -> Option<i32> {
+        self.signal("-TERM").await
+    }
+
+    /// Kills the server with SIGKILL (no chance to save anything) and waits for it.
+    pub(crate) async fn kill9(self) {
+        assert_eq!(self.signal("-KILL").await, None);
+    }
+
+    async fn signal(mut self, signal: &str) -> Option<i32> {
+        let pid = self.child.id().unwrap().to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().await.unwrap();
+        // Drain what is left of stdout so nothing blocks the child.
+        let mut rest = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut self.stdout, &mut rest).await;
+        exit.code()
+    }
+}
+
+/// Device `phone-1` uploads one message to `db-a`; `db-a` starts a process
+/// and prepares it with `status` for that message and one reply to
+/// `phone-1`: the process is READY_TO_COMMIT. Returns the process and the
+/// message.
+pub(crate) async fn ready_process(
+    t: &Tenancy,
+    status: estafeta_exchange::wire::ResultStatus,
+) -> (estafeta_exchange::ProcessId, estafeta_exchange::MessageId) {
+    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply};
+    let sent = t
+        .phone1
+        .send(&message("db-a", r#"{"order":1}"#, None))
+        .await
+        .unwrap();
+    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![MessageResult {
+            message_id: sent.accepted.id,
+            status,
+            error_code: None,
+            error_text: (status != estafeta_exchange::wire::ResultStatus::Processed)
+                .then(|| "rejected".to_owned()),
+        }],
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
+            created_at: None,
+            deliver_at: None,
+        }],
+    };
+    t.db_a.prepare(&pid, &prepare).await.unwrap();
+    (pid, sent.accepted.id)
+}
+
+/// The sizes a measurement runs at: the comma-separated list in the
+/// environment variable `name` (`_` allowed in numbers), else `default`.
+/// Only the benches use it.
+#[allow(dead_code)]
+pub(crate) fn sizes(name: &str, default: &[u64]) -> Vec<u64> {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|n| n.replace('_', "").trim().parse().unwrap())
+                .collect()
+        })
+        .unwrap_or_else(|| default.to_vec())
+}
+
+/// A plain HTTP client that follows no redirect: a test sees the
+/// dashboard's own `303` answers and the cookies they set.
+pub(crate) fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The value of one series of `/metrics` at `base`, if the scrape has it.
+pub(crate) async fn metric(base: &str, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until the series of `/metrics` at `base` is there with `want` (a
+/// missing series never matches), at most for [`PATIENCE`].
+pub(crate) async fn wait_metric(base: &str, series: &str, want: f64) {
+    let polled = async {
+        while metric(base, series).await != Some(want) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, polled)
+        .await
+        .unwrap_or_else(|_| panic!("{series} did not reach {want}"));
+}

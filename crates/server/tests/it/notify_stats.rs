@@ -1,0 +1,82 @@
+//! Per-database statistics are kept in the database's session: they count
+//! committed work and errors and survive a restart.
+
+use crate::common;
+use crate::common::clock::ManualClock;
+use crate::common::restartable::Server;
+use crate::common::{Store, Tenancy, id, message, start_request};
+use estafeta_exchange::MessageId;
+use estafeta_exchange::wire::{
+    Body, CallStatus, DatabaseStats, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
+};
+
+async fn db_a(server: &Server) -> DatabaseStats {
+    let stats = server.admin.stats().await.unwrap();
+    stats
+        .databases
+        .into_iter()
+        .find(|d| d.id == id("db-a"))
+        .unwrap()
+}
+
+async fn database_counters_survive_a_restart(store: Store) {
+    let store = store.setting();
+    let data = tempfile::tempdir().unwrap();
+    let clock = ManualClock::now();
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    let t = Tenancy::provision(&server.admin).await;
+    for n in 0..2 {
+        t.phone1
+            .send(&message("db-a", &format!(r#"{{"n":{n}}}"#), None))
+            .await
+            .unwrap();
+    }
+    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
+    let pid = started.process_id.unwrap();
+    let ids: Vec<MessageId> = started.messages.unwrap().iter().map(|m| m.id).collect();
+    let prepare = PrepareRequest {
+        version: Version,
+        results: vec![
+            MessageResult {
+                message_id: ids[0],
+                status: ResultStatus::Processed,
+                error_code: None,
+                error_text: None,
+            },
+            MessageResult {
+                message_id: ids[1],
+                status: ResultStatus::ProcessedIncorrect,
+                error_code: Some(7),
+                error_text: Some("bad total".into()),
+            },
+        ],
+        replies: vec![Reply {
+            to: id("phone-1"),
+            body: Body::from_json("{}").unwrap(),
+            created_at: None,
+            deliver_at: None,
+        }],
+    };
+    assert_eq!(
+        t.db_a.prepare(&pid, &prepare).await.unwrap().status,
+        CallStatus::Ok
+    );
+    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    let before = db_a(&server).await;
+    assert_eq!(before.processes, 1);
+    assert_eq!(before.processed, 1);
+    assert_eq!(before.incorrect, 1);
+    assert_eq!(before.replies, 1);
+    assert_eq!(before.last_error.as_deref(), Some("7: bad total"));
+    assert!(before.last_seen.is_some());
+
+    server.stop().await;
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    assert_eq!(db_a(&server).await, before);
+    server.stop().await;
+}
+
+common::both_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    database_counters_survive_a_restart
+);
