@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use estafeta_client::Client;
-use estafeta_cluster::testing::Postgres;
 use estafeta_durable::limits::{Batch, Probe};
 use estafeta_exchange::mailbox::Limits;
 use estafeta_exchange::wire::{
@@ -34,6 +33,7 @@ use estafeta_exchange::wire::{
     ResultStatus, SendMessage, StartRequest, StartStatus, Version,
 };
 use estafeta_exchange::{ExchangeConfig, Id};
+use estafeta_postgres::testing::Postgres;
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};

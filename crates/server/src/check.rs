@@ -178,10 +178,10 @@ pub struct ClusterReport {
     /// The store's URL, its password masked.
     pub url: String,
     /// The schema's version, or why it could not be read.
-    pub schema: Result<estafeta_cluster::SchemaVersion, estafeta_cluster::Error>,
+    pub schema: Result<estafeta_postgres::SchemaVersion, estafeta_postgres::Error>,
     /// What a committed step's durability rests on, or why it could not be
     /// read.
-    pub durability: Result<estafeta_cluster::Durability, estafeta_cluster::Error>,
+    pub durability: Result<estafeta_postgres::Durability, estafeta_postgres::Error>,
 }
 
 impl ClusterReport {
@@ -250,10 +250,10 @@ impl fmt::Display for ClusterReport {
 /// how its schema stands, and whether `synchronous_commit` is on and a
 /// synchronous standby attached; `masked` is the URL as the report shows it.
 pub async fn check_cluster(url: &str, masked: String) -> ClusterReport {
-    let (schema, durability) = match estafeta_cluster::Store::connect(url) {
+    let (schema, durability) = match estafeta_postgres::Store::connect(url) {
         Ok(store) => (store.schema_version().await, store.durability().await),
         Err(e) => {
-            let again = estafeta_cluster::Error::Unavailable(e.to_string());
+            let again = estafeta_postgres::Error::Unavailable(e.to_string());
             (Err(e), Err(again))
         }
     };

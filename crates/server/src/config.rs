@@ -685,7 +685,7 @@ pub struct ClusterStore {
     /// A `postgres://` URL (libpq syntax).
     pub url: String,
     /// The node's pool over it.
-    pub options: estafeta_cluster::Options,
+    pub options: estafeta_postgres::Options,
 }
 
 impl ClusterStore {
@@ -693,7 +693,7 @@ impl ClusterStore {
     pub fn new(url: impl Into<String>) -> ClusterStore {
         ClusterStore {
             url: url.into(),
-            options: estafeta_cluster::Options::default(),
+            options: estafeta_postgres::Options::default(),
         }
     }
 }
@@ -740,9 +740,9 @@ impl Settings {
         let url = self.store.as_ref()?;
         Some(ClusterStore {
             url: url.expose().to_owned(),
-            options: estafeta_cluster::Options {
+            options: estafeta_postgres::Options {
                 pool_size: self.store_pool,
-                ..estafeta_cluster::Options::default()
+                ..estafeta_postgres::Options::default()
             },
         })
     }
@@ -885,7 +885,10 @@ mod tests {
         let s = load(&[]).unwrap();
         assert!(s.cluster_store().is_none());
         // The declared default is the cluster store's own.
-        assert_eq!(s.store_pool, estafeta_cluster::Options::default().pool_size);
+        assert_eq!(
+            s.store_pool,
+            estafeta_postgres::Options::default().pool_size
+        );
         let url = "postgres://estafeta@db1/estafeta";
         let s = load(&[("ESTAFETA_STORE", url), ("ESTAFETA_STORE_POOL", "3")]).unwrap();
         let cluster = s.cluster_store().unwrap();

@@ -191,7 +191,7 @@ pub enum ServeError {
     /// The cluster store could not be reached or its schema brought up to
     /// date.
     #[error("opening the cluster store failed: {0}")]
-    Store(#[source] estafeta_cluster::Error),
+    Store(#[source] estafeta_postgres::Error),
     /// A cluster node could not make its own state folder under the data
     /// folder (what `/readyz` writes to).
     #[error("making the node's folder {0} failed: {1}")]
@@ -213,8 +213,8 @@ impl ServeError {
             ServeError::Store(e) => e.is_unavailable(),
             ServeError::Open(e) => e.is_store_unavailable(),
             ServeError::Notify(NotifyError::Repeat(estafeta_repeat::StoreError::Backend(e))) => e
-                .downcast_ref::<estafeta_cluster::Error>()
-                .is_some_and(estafeta_cluster::Error::is_unavailable),
+                .downcast_ref::<estafeta_postgres::Error>()
+                .is_some_and(estafeta_postgres::Error::is_unavailable),
             _ => false,
         }
     }

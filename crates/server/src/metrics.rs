@@ -167,7 +167,7 @@ pub struct Metrics {
     uploads: Mutex<VecDeque<(u64, u64)>>,
     /// In cluster mode, the database's clock the node runs on: how far
     /// the node's own clock is off from it.
-    database_clock: Option<estafeta_cluster::DatabaseClock>,
+    database_clock: Option<estafeta_postgres::DatabaseClock>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -185,7 +185,7 @@ impl Metrics {
     /// observer, and in cluster mode the node's `database_clock`.
     pub fn new(
         commits: Arc<Commits>,
-        database_clock: Option<estafeta_cluster::DatabaseClock>,
+        database_clock: Option<estafeta_postgres::DatabaseClock>,
     ) -> Self {
         Metrics {
             database_clock,

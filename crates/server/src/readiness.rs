@@ -7,7 +7,7 @@
 //!   keeps everything under, and where a cluster node keeps its folder):
 //!   its file system has room, and a new file there takes one block;
 //! - in a cluster, also the database: a durable commit of one update
-//!   ([`estafeta_cluster::Store::takes_writes`]) within [`DATABASE_WAIT`],
+//!   ([`estafeta_postgres::Store::takes_writes`]) within [`DATABASE_WAIT`],
 //!   which fails on a standby, on a database set read-only, on one out of
 //!   reach and on one that cannot write its write-ahead log.
 
@@ -27,7 +27,7 @@ pub struct Readiness {
     /// The node's state folder, probed with a file.
     state_dir: PathBuf,
     /// In a cluster, the database, probed with a commit.
-    database: Option<estafeta_cluster::Store>,
+    database: Option<estafeta_postgres::Store>,
 }
 
 /// Why storage does not take writes.
@@ -38,7 +38,7 @@ pub enum NotWritable {
     Folder(#[from] std::io::Error),
     /// The cluster's database refused the write, or failed.
     #[error("the database does not take writes: {0}")]
-    Database(#[from] estafeta_cluster::Error),
+    Database(#[from] estafeta_postgres::Error),
     /// The cluster's database did not commit within [`DATABASE_WAIT`].
     #[error("the database did not commit a write within {DATABASE_WAIT:?}")]
     DatabaseSlow,
@@ -46,7 +46,7 @@ pub enum NotWritable {
 
 impl Readiness {
     /// Checks `state_dir`, and in a cluster `database` too.
-    pub fn new(state_dir: PathBuf, database: Option<estafeta_cluster::Store>) -> Readiness {
+    pub fn new(state_dir: PathBuf, database: Option<estafeta_postgres::Store>) -> Readiness {
         Readiness {
             state_dir,
             database,

@@ -89,7 +89,7 @@ impl Server {
         // In a cluster, wrong tokens are counted across the nodes.
         let auth_throttle =
             crate::throttle::AuthThrottle::new(stores.cluster.clone().map(|db| {
-                estafeta_cluster::PgAuthFailures::new(db, crate::throttle::FORGET_AFTER)
+                estafeta_postgres::PgAuthFailures::new(db, crate::throttle::FORGET_AFTER)
             }));
         let readiness = crate::readiness::Readiness::new(
             estafeta_exchange::DataLayout::new(&config.data_dir).state_dir(),

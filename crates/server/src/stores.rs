@@ -33,14 +33,14 @@ pub struct NodeStores {
     pub exchange: Stores,
     /// In cluster mode, the cluster's database (migrated), which also keeps
     /// the node's own state.
-    pub cluster: Option<estafeta_cluster::Store>,
+    pub cluster: Option<estafeta_postgres::Store>,
     /// What every part of the node reads the time from: the clock given,
     /// or in cluster mode the database server's time
-    /// ([`estafeta_cluster::DatabaseClock`]), which all nodes share.
+    /// ([`estafeta_postgres::DatabaseClock`]), which all nodes share.
     pub clock: Arc<dyn Clock>,
     /// In cluster mode, the database's clock itself (how far the node's own
     /// is off, for the metrics).
-    pub database_clock: Option<estafeta_cluster::DatabaseClock>,
+    pub database_clock: Option<estafeta_postgres::DatabaseClock>,
 }
 
 impl NodeStores {
@@ -72,7 +72,7 @@ impl NodeStores {
         data_dir: &Path,
     ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
         Ok(match &self.cluster {
-            Some(db) => Arc::new(estafeta_cluster::PgEvents::new(db.clone())),
+            Some(db) => Arc::new(estafeta_postgres::PgEvents::new(db.clone())),
             None => {
                 let store = EventStore::open(&crate::events::events_file(data_dir))?;
                 if let Some(aside) = store.take_set_aside() {
@@ -90,7 +90,7 @@ impl NodeStores {
     /// holds on every node) or in this node's memory.
     pub fn logins(&self) -> Logins {
         match &self.cluster {
-            Some(db) => Logins::new(estafeta_cluster::PgLogins::new(db.clone())),
+            Some(db) => Logins::new(estafeta_postgres::PgLogins::new(db.clone())),
             None => Logins::default(),
         }
     }
@@ -142,9 +142,9 @@ pub async fn stores(
     // the pool's wait ran out. Each shows in `pg_stat_activity` by its
     // `application_name`.
     let pool = |size: usize, name: &str| {
-        estafeta_cluster::Store::connect_with(
+        estafeta_postgres::Store::connect_with(
             &cluster.url,
-            &estafeta_cluster::Options {
+            &estafeta_postgres::Options {
                 pool_size: size,
                 application_name: Some(format!("estafeta {name}")),
                 ..cluster.options.clone()
@@ -159,14 +159,14 @@ pub async fn stores(
     db.migrate().await.map_err(ServeError::Store)?;
     // Every node runs on the database server's time: deadlines and leases
     // one node sets mean the same to all, whatever their own clocks say.
-    let database_clock = estafeta_cluster::DatabaseClock::start(db.clone(), clock, CLOCK_READING)
+    let database_clock = estafeta_postgres::DatabaseClock::start(db.clone(), clock, CLOCK_READING)
         .await
         .map_err(ServeError::Store)?;
     let clock: Arc<dyn Clock> = Arc::new(database_clock.clone());
-    let sessions = estafeta_cluster::SessionStorage::open(steps)
+    let sessions = estafeta_postgres::SessionStorage::open(steps)
         .await
         .map_err(ServeError::Store)?;
-    let process_sessions = estafeta_cluster::SessionStorage::open(process_steps)
+    let process_sessions = estafeta_postgres::SessionStorage::open(process_steps)
         .await
         .map_err(ServeError::Store)?;
     // Gated for the commit observer (the metrics' commit latency); an online
@@ -175,20 +175,20 @@ pub async fn stores(
     // holds the notifier's and the pusher's), and each due message is
     // claimed by one node; listings read without claiming.
     let claiming = Arc::new(Gated::new(
-        estafeta_cluster::PgQueue::claiming(db.clone(), &[DEFERRED], DEFERRED_LEASE),
+        estafeta_postgres::PgQueue::claiming(db.clone(), &[DEFERRED], DEFERRED_LEASE),
         quiesce.clone(),
     ));
     let listing = Arc::new(Gated::new(
-        estafeta_cluster::PgQueue::new(db.clone(), &[DEFERRED]),
+        estafeta_postgres::PgQueue::new(db.clone(), &[DEFERRED]),
         quiesce.clone(),
     ));
     let exchange = Stores {
         messages: Arc::new(Gated::new(
-            estafeta_cluster::PgMessages::with_clock(db.clone(), clock.clone()),
+            estafeta_postgres::PgMessages::with_clock(db.clone(), clock.clone()),
             quiesce.clone(),
         )),
         registry: Arc::new(Gated::new(
-            estafeta_cluster::PgRegistry::new(registry_db),
+            estafeta_postgres::PgRegistry::new(registry_db),
             quiesce.clone(),
         )),
         sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
@@ -199,7 +199,7 @@ pub async fn stores(
             clock.clone(),
         ),
         keys: Arc::new(Gated::new(
-            estafeta_cluster::PgKeys::new(db.clone()),
+            estafeta_postgres::PgKeys::new(db.clone()),
             quiesce.clone(),
         )),
     };

@@ -80,7 +80,7 @@ impl Via {
 pub struct AuthThrottle {
     state: Mutex<State>,
     /// In a cluster, the store the nodes swap their counts through.
-    shared: Option<estafeta_cluster::PgAuthFailures>,
+    shared: Option<estafeta_postgres::PgAuthFailures>,
 }
 
 impl Default for AuthThrottle {
@@ -212,7 +212,7 @@ impl State {
 impl AuthThrottle {
     /// A throttle whose counts, in a cluster, are swapped with the other
     /// nodes' through `shared` (run by [`run`]).
-    pub fn new(shared: Option<estafeta_cluster::PgAuthFailures>) -> Self {
+    pub fn new(shared: Option<estafeta_postgres::PgAuthFailures>) -> Self {
         AuthThrottle {
             state: Mutex::default(),
             shared,
@@ -340,7 +340,7 @@ impl AuthThrottle {
 
     /// The cluster's counts `known` at `now`, each with what this node
     /// counted since it took its last report.
-    fn learn(&self, known: &[estafeta_cluster::Known], now: Instant) {
+    fn learn(&self, known: &[estafeta_postgres::Known], now: Instant) {
         let mut state = self.state();
         for k in known {
             if k.age >= FORGET_AFTER {
@@ -481,8 +481,8 @@ mod tests {
 
     /// A throttle of a cluster's node (no connection is made).
     fn clustered() -> AuthThrottle {
-        let store = estafeta_cluster::Store::connect("postgres://nobody@localhost/none").unwrap();
-        AuthThrottle::new(Some(estafeta_cluster::PgAuthFailures::new(
+        let store = estafeta_postgres::Store::connect("postgres://nobody@localhost/none").unwrap();
+        AuthThrottle::new(Some(estafeta_postgres::PgAuthFailures::new(
             store,
             FORGET_AFTER,
         )))
@@ -490,7 +490,7 @@ mod tests {
 
     #[test]
     fn a_node_reports_what_it_counted_and_learns_what_every_node_counted() {
-        use estafeta_cluster::Known;
+        use estafeta_postgres::Known;
         let t = clustered();
         let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
             "192.0.2.1".parse().unwrap(),

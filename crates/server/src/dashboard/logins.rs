@@ -88,10 +88,10 @@ impl LoginStore for MemoryLogins {
 
 /// Logins in the cluster's store, by the hash of the session id; the
 /// idle deadline runs on the database server's clock.
-impl LoginStore for estafeta_cluster::PgLogins {
+impl LoginStore for estafeta_postgres::PgLogins {
     fn create<'a>(&'a self, id: &'a str, csrf: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
         Box::pin(async move {
-            estafeta_cluster::PgLogins::create(self, &TokenHash::of(id).0, csrf, IDLE_TIMEOUT)
+            estafeta_postgres::PgLogins::create(self, &TokenHash::of(id).0, csrf, IDLE_TIMEOUT)
                 .await
                 .map_err(|e| LoginError(e.to_string()))
         })
@@ -99,7 +99,7 @@ impl LoginStore for estafeta_cluster::PgLogins {
 
     fn touch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<String>, LoginError>> {
         Box::pin(async move {
-            estafeta_cluster::PgLogins::touch(self, &TokenHash::of(id).0, IDLE_TIMEOUT)
+            estafeta_postgres::PgLogins::touch(self, &TokenHash::of(id).0, IDLE_TIMEOUT)
                 .await
                 .map_err(|e| LoginError(e.to_string()))
         })
@@ -107,7 +107,7 @@ impl LoginStore for estafeta_cluster::PgLogins {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LoginError>> {
         Box::pin(async move {
-            estafeta_cluster::PgLogins::remove(self, &TokenHash::of(id).0)
+            estafeta_postgres::PgLogins::remove(self, &TokenHash::of(id).0)
                 .await
                 .map_err(|e| LoginError(e.to_string()))
         })
@@ -196,11 +196,11 @@ mod tests {
     /// through the other.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cluster_logins_keep_sessions_across_nodes() {
-        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
-        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        let pg = estafeta_postgres::testing::Postgres::start().unwrap();
+        let db = estafeta_postgres::Store::connect(&pg.url()).unwrap();
         db.migrate().await.unwrap();
-        let a = Logins::new(estafeta_cluster::PgLogins::new(db.clone()));
-        let b = Logins::new(estafeta_cluster::PgLogins::new(db));
+        let a = Logins::new(estafeta_postgres::PgLogins::new(db.clone()));
+        let b = Logins::new(estafeta_postgres::PgLogins::new(db));
         a_login_store_keeps_sessions(&a, &b).await;
     }
 

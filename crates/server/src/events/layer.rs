@@ -128,16 +128,16 @@ impl EventLog {
             .enable_all()
             .build()
             .map_err(super::store::cluster_error)?;
-        let options = estafeta_cluster::Options {
+        let options = estafeta_postgres::Options {
             pool_size: 1,
             application_name: Some("estafeta events".to_owned()),
-            ..estafeta_cluster::Options::default()
+            ..estafeta_postgres::Options::default()
         };
-        let store = estafeta_cluster::Store::connect_with(url, &options)
+        let store = estafeta_postgres::Store::connect_with(url, &options)
             .map_err(super::store::cluster_error)?;
         let events = {
             let _inside = runtime.enter();
-            Arc::new(estafeta_cluster::PgEvents::new(store))
+            Arc::new(estafeta_postgres::PgEvents::new(store))
         };
         EventLog::spawn(events, Some(runtime), retention, Box::new(gather_time))
             .map_err(super::store::cluster_error)

@@ -25,7 +25,7 @@
 //! writes back while it copies the file ([`EventStore::hold_writes`]).
 //!
 //! [`EventLogStore`] is what the writer and the readers use: this file, or
-//! the cluster's `events` table ([`estafeta_cluster::PgEvents`]), the same
+//! the cluster's `events` table ([`estafeta_postgres::PgEvents`]), the same
 //! filters and pages over both.
 
 use std::collections::HashMap;
@@ -156,7 +156,7 @@ fn indexed(filter: &EventFilter) -> Option<(&'static str, &str)> {
 }
 
 /// The event log in the cluster's store.
-impl EventLogStore for estafeta_cluster::PgEvents {
+impl EventLogStore for estafeta_postgres::PgEvents {
     fn append(
         &self,
         records: &[EventRecord],
@@ -169,7 +169,7 @@ impl EventLogStore for estafeta_cluster::PgEvents {
                 continue;
             };
             let record = serde_json::to_vec(e).map_err(cluster_error)?;
-            rows.push(estafeta_cluster::EventRow {
+            rows.push(estafeta_postgres::EventRow {
                 key,
                 names: [
                     e.db.clone(),
@@ -183,12 +183,12 @@ impl EventLogStore for estafeta_cluster::PgEvents {
         }
         let cutoff = now_nanos
             .saturating_sub(u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX));
-        estafeta_cluster::PgEvents::append(self, &rows, cutoff, retention.max_bytes, PRUNE_MOST)
+        estafeta_postgres::PgEvents::append(self, &rows, cutoff, retention.max_bytes, PRUNE_MOST)
             .map_err(cluster_error)
     }
 
     fn size(&self) -> Result<(u64, u64), EventStoreError> {
-        estafeta_cluster::PgEvents::size(self).map_err(cluster_error)
+        estafeta_postgres::PgEvents::size(self).map_err(cluster_error)
     }
 
     fn query(
@@ -743,10 +743,10 @@ mod tests {
     /// The cluster's `events` table (its methods block: run off the
     /// runtime's threads).
     async fn on_postgres(check: fn(&dyn EventLogStore)) {
-        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
-        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        let pg = estafeta_postgres::testing::Postgres::start().unwrap();
+        let db = estafeta_postgres::Store::connect(&pg.url()).unwrap();
         db.migrate().await.unwrap();
-        let store = estafeta_cluster::PgEvents::new(db);
+        let store = estafeta_postgres::PgEvents::new(db);
         tokio::task::spawn_blocking(move || check(&store))
             .await
             .unwrap();

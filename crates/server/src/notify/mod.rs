@@ -23,11 +23,11 @@
 //! the repeat entry sends that notice again after the restart.
 //!
 //! In cluster mode ([`Notifier::open_in`] with the cluster's store) the
-//! alerts are [`estafeta_cluster::PgAlerts`] and the deliveries entries of
+//! alerts are [`estafeta_postgres::PgAlerts`] and the deliveries entries of
 //! the shared repeat table, written with their alert in one transaction:
 //! a condition that several nodes see is one alert and one delivery per
 //! channel. Every node runs a scheduler on the table; a due delivery is
-//! claimed by one of them for [`LEASE`] ([`estafeta_cluster::PgQueue`]),
+//! claimed by one of them for [`LEASE`] ([`estafeta_postgres::PgQueue`]),
 //! and taken up by another node if the claimer dies.
 //!
 //! Push notifications to databases' and devices' webhooks ([`push`]) go
@@ -151,7 +151,7 @@ impl Notifier {
         settings: NotifySettings,
         clock: Arc<dyn estafeta_session::Clock>,
         quiesce: Quiesce,
-        cluster: Option<&estafeta_cluster::Store>,
+        cluster: Option<&estafeta_postgres::Store>,
     ) -> Result<Self, NotifyError> {
         let options = Options {
             retry: RetryPolicy {
@@ -164,7 +164,7 @@ impl Notifier {
             match cluster {
                 Some(db) => {
                     let claiming: Arc<dyn RepeatStore> = Arc::new(
-                        estafeta_cluster::PgQueue::claiming(db.clone(), &[SOURCE], LEASE),
+                        estafeta_postgres::PgQueue::claiming(db.clone(), &[SOURCE], LEASE),
                     );
                     let scheduler = Arc::new(Scheduler::new(
                         Gated::new(Listed(claiming), quiesce),
@@ -172,9 +172,9 @@ impl Notifier {
                         options,
                     ));
                     (
-                        Arc::new(estafeta_cluster::PgAlerts::new(db.clone())),
+                        Arc::new(estafeta_postgres::PgAlerts::new(db.clone())),
                         scheduler,
-                        Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE])),
+                        Arc::new(estafeta_postgres::PgQueue::new(db.clone(), &[SOURCE])),
                     )
                 }
                 None => {
@@ -661,12 +661,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cluster_alerts_record_each_condition_once() {
-        let pg = estafeta_cluster::testing::Postgres::start().unwrap();
-        let db = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+        let pg = estafeta_postgres::testing::Postgres::start().unwrap();
+        let db = estafeta_postgres::Store::connect(&pg.url()).unwrap();
         db.migrate().await.unwrap();
         let store: Arc<dyn RepeatStore> =
-            Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE]));
-        let alerts = estafeta_cluster::PgAlerts::new(db);
+            Arc::new(estafeta_postgres::PgQueue::new(db.clone(), &[SOURCE]));
+        let alerts = estafeta_postgres::PgAlerts::new(db);
         an_alert_store_records_each_condition_once(&alerts, || count(&store)).await;
     }
 }

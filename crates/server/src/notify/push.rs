@@ -34,7 +34,7 @@
 //! two POSTs. Each is written through the node's own scheduler, which is
 //! woken by it as by an embedded store's; the other nodes find it at their
 //! next look, within a second. Each due notification is claimed by one node
-//! ([`estafeta_cluster::PgQueue`]): one POST per notification, not one per
+//! ([`estafeta_postgres::PgQueue`]): one POST per notification, not one per
 //! node. The webhooks are the registry's, shared by the nodes: the node
 //! that sends reads the registry's changes first
 //! ([`Exchange::current_webhook`]), so a notification goes to the webhook
@@ -112,7 +112,7 @@ impl Pusher {
         notifier: &Notifier,
         clock: Arc<dyn estafeta_session::Clock>,
         quiesce: Quiesce,
-        cluster: Option<&estafeta_cluster::Store>,
+        cluster: Option<&estafeta_postgres::Store>,
     ) -> Result<Self, NotifyError> {
         let options = Options {
             retry: RetryPolicy {
@@ -123,12 +123,12 @@ impl Pusher {
         };
         let (scheduled, store): (Arc<dyn RepeatStore>, Arc<dyn RepeatStore>) = match cluster {
             Some(db) => (
-                Arc::new(estafeta_cluster::PgQueue::claiming(
+                Arc::new(estafeta_postgres::PgQueue::claiming(
                     db.clone(),
                     &[SOURCE],
                     LEASE,
                 )),
-                Arc::new(estafeta_cluster::PgQueue::new(db.clone(), &[SOURCE])),
+                Arc::new(estafeta_postgres::PgQueue::new(db.clone(), &[SOURCE])),
             ),
             None => {
                 let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();

@@ -14,7 +14,7 @@
 //!
 //! The notifier reaches its alerts through [`AlertStore`]: this file
 //! (with the deliveries in the notifier's repeat store beside it) on the
-//! embedded store, [`estafeta_cluster::PgAlerts`] in cluster mode, where
+//! embedded store, [`estafeta_postgres::PgAlerts`] in cluster mode, where
 //! the alert and its deliveries are one transaction and one event is one
 //! alert whichever nodes raise it.
 
@@ -110,14 +110,14 @@ pub trait AlertStore: Send + Sync {
     fn unacknowledged(&self) -> BoxFuture<'_, Result<u64, RaisedError>>;
 }
 
-impl AlertStore for estafeta_cluster::PgAlerts {
+impl AlertStore for estafeta_postgres::PgAlerts {
     fn raise_in_step(
         &self,
         step: &mut dyn estafeta_session::Step,
         alert: &Alert,
         deliveries: &[Entry],
     ) -> bool {
-        estafeta_cluster::PgAlerts::raise_in_step(self, step, alert, deliveries)
+        estafeta_postgres::PgAlerts::raise_in_step(self, step, alert, deliveries)
     }
 
     fn close_in_step(
@@ -126,7 +126,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
         key: &str,
         at: Timestamp,
     ) -> bool {
-        estafeta_cluster::PgAlerts::close_in_step(self, step, key, at)
+        estafeta_postgres::PgAlerts::close_in_step(self, step, key, at)
     }
 
     fn raise<'a>(
@@ -135,7 +135,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
         deliveries: Vec<Entry>,
     ) -> BoxFuture<'a, Result<bool, RaisedError>> {
         Box::pin(async move {
-            let id = estafeta_cluster::PgAlerts::raise(self, alert, &deliveries)
+            let id = estafeta_postgres::PgAlerts::raise(self, alert, &deliveries)
                 .await
                 .map_err(err)?;
             Ok(id.is_some())
@@ -148,7 +148,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
         at: Timestamp,
     ) -> BoxFuture<'a, Result<bool, RaisedError>> {
         Box::pin(async move {
-            estafeta_cluster::PgAlerts::close(self, key, at)
+            estafeta_postgres::PgAlerts::close(self, key, at)
                 .await
                 .map_err(err)
         })
@@ -156,7 +156,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
 
     fn acknowledge(&self, id: u64, at: Timestamp) -> BoxFuture<'_, Result<(), RaisedError>> {
         Box::pin(async move {
-            match estafeta_cluster::PgAlerts::acknowledge(self, id, at).await {
+            match estafeta_postgres::PgAlerts::acknowledge(self, id, at).await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(RaisedError::Unknown(id)),
                 Err(e) => Err(err(e)),
@@ -166,7 +166,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
 
     fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<AlertRecord>, RaisedError>> {
         Box::pin(async move {
-            let stored = estafeta_cluster::PgAlerts::list(self, limit)
+            let stored = estafeta_postgres::PgAlerts::list(self, limit)
                 .await
                 .map_err(err)?;
             Ok(stored
@@ -183,7 +183,7 @@ impl AlertStore for estafeta_cluster::PgAlerts {
 
     fn unacknowledged(&self) -> BoxFuture<'_, Result<u64, RaisedError>> {
         Box::pin(async move {
-            estafeta_cluster::PgAlerts::unacknowledged(self)
+            estafeta_postgres::PgAlerts::unacknowledged(self)
                 .await
                 .map_err(err)
         })

@@ -2,7 +2,7 @@
 //! [`EXCHANGE_EVERY`] a node reports what it counted since its last report
 //! (wrong tokens and admin tokens, per address with an entry of its own)
 //! and learns the counts every node changed since its last look
-//! ([`estafeta_cluster::PgAuthFailures`]). A request never waits for the
+//! ([`estafeta_postgres::PgAuthFailures`]). A request never waits for the
 //! store, and a flood of wrong tokens costs it one exchange a period, on
 //! one pooled connection, whatever the flood's size. An address that
 //! gives wrong tokens to several nodes at once gets at most
@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use estafeta_cluster::{PgAuthFailures, Reported};
+use estafeta_postgres::{PgAuthFailures, Reported};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 

@@ -6,10 +6,10 @@
 use crate::common::cluster::Node;
 use crate::common::{Binary, id, message, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{
     CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, StartStatus, Version,
 };
+use estafeta_postgres::testing::Postgres;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_serve_one_cluster() {
@@ -163,7 +163,7 @@ async fn store_pool_bounds_a_nodes_connections() {
 
     // The most sessions of each pool PostgreSQL holds at once, sampled
     // while the uploads run.
-    let watcher = estafeta_cluster::Store::connect(&pg.url()).unwrap();
+    let watcher = estafeta_postgres::Store::connect(&pg.url()).unwrap();
     let most: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let sampling = tokio::spawn({
@@ -368,7 +368,7 @@ async fn a_node_is_not_ready_while_its_database_takes_no_writes() {
     wait_ready(&client).await;
 
     // This session stays writable whatever the server's configuration says.
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     let admin = db.client().await.unwrap();
     admin
         .batch_execute("SET default_transaction_read_only = off")

@@ -11,7 +11,7 @@ use estafeta_client::ClientError;
 use estafeta_exchange::wire::{CallStatus, ResultStatus};
 
 /// How many messages `phone-1`'s `place` holds.
-async fn in_place(db: &estafeta_cluster::Store, place: &str) -> i64 {
+async fn in_place(db: &estafeta_postgres::Store, place: &str) -> i64 {
     let client = db.client().await.unwrap();
     client
         .query_one(
@@ -26,7 +26,7 @@ async fn in_place(db: &estafeta_cluster::Store, place: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_whose_step_fails_to_commit_moves_nothing_and_its_retry_acks_once() {
     let server = TestServer::start_on(Store::Postgres).await;
-    let db = estafeta_cluster::Store::connect(server.store.as_deref().unwrap()).unwrap();
+    let db = estafeta_postgres::Store::connect(server.store.as_deref().unwrap()).unwrap();
     let t = Tenancy::provision(&server.admin).await;
     let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
     assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);

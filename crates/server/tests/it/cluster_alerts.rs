@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::common;
 use crate::common::cluster::{node_env, two_nodes, wait_count};
 use crate::common::{Binary, Tenancy, http, message, next, ready_process, recorder};
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
+use estafeta_postgres::testing::Postgres;
 use estafeta_test_support::smtp_server;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
@@ -106,7 +106,7 @@ async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     );
     // Once the delivery is gone from the store, no node can send it again:
     // one e-mail in all.
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     wait_count(
         &db,
         "SELECT count(*) FROM repeat_entries WHERE source = 'alerts'",
@@ -172,7 +172,7 @@ async fn an_arrival_is_pushed_once_by_two_nodes() {
         .unwrap();
     assert_eq!(set.status(), StatusCode::OK);
 
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     let pending = "SELECT count(*) FROM repeat_entries WHERE source = 'push'";
     for n in 1..=2 {
         t.phone1

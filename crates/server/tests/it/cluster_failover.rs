@@ -10,9 +10,9 @@ use std::collections::BTreeSet;
 use crate::common::cluster::{assert_retryable, eventually, folder_ids, retrying, start_nodes};
 use crate::common::{id, message, prepare_all, start_request};
 use estafeta_client::{Client, ClientError};
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::{CallStatus, Folder, ProcessState, StartStatus};
+use estafeta_postgres::testing::Postgres;
 
 /// An answer during the switch: what the call should give, or a failure
 /// the client may retry (503 with `Retry-After`, or no answer).

@@ -26,12 +26,12 @@ use crate::common;
 use crate::common::cluster::{Node, eventually, folder_ids, retrying, with_params};
 use crate::common::{Tenancy, id, provision_one, start_request};
 use estafeta_client::Client;
-use estafeta_cluster::testing::{CommitLoss, Postgres};
 use estafeta_exchange::wire::{
     Body, CallStatus, Folder, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
     StartStatus, Version,
 };
 use estafeta_exchange::{MessageId, ProcessId};
+use estafeta_postgres::testing::{CommitLoss, Postgres};
 
 /// One message of `phone` to db-a, started and prepared through `db` as
 /// processed with a reply: the process and the message.

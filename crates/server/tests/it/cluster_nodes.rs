@@ -20,9 +20,9 @@ use crate::common::cluster::{
 };
 use crate::common::{id, message, prepare_all, process_all, start_request};
 use estafeta_client::{Client, ClientError, Upload};
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::wire::{Body, CallStatus, Folder, Message, ProcessState, StartStatus};
 use estafeta_exchange::{MessageId, ProcessId};
+use estafeta_postgres::testing::Postgres;
 
 /// The tokens of the tenancy the tests use: enterprise `acme` with
 /// subsystem `sales`, databases `db-a` and `db-b`, device `phone-1`.

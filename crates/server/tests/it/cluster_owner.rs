@@ -10,7 +10,7 @@ use estafeta_exchange::wire::StartStatus;
 
 /// Makes every save of a process's record wait two seconds in the
 /// database before it goes through.
-async fn slow_process_saves(db: &estafeta_cluster::Store) {
+async fn slow_process_saves(db: &estafeta_postgres::Store) {
     let client = db.client().await.unwrap();
     client
         .batch_execute(
@@ -27,7 +27,7 @@ async fn slow_process_saves(db: &estafeta_cluster::Store) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_process_is_findable_as_soon_as_start_answers() {
     let server = TestServer::start_on(Store::Postgres).await;
-    let db = estafeta_cluster::Store::connect(server.store.as_deref().unwrap()).unwrap();
+    let db = estafeta_postgres::Store::connect(server.store.as_deref().unwrap()).unwrap();
     let t = Tenancy::provision(&server.admin).await;
     t.phone1
         .send(&message("db-a", r#"{"n":1}"#, None))

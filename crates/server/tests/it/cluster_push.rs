@@ -13,7 +13,7 @@ use crate::common::cluster::{node_env, two_nodes, wait_count};
 use crate::common::recorder::{self, Hit};
 use crate::common::{Binary, id, message, next};
 use estafeta_client::Client;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::testing::Postgres;
 use reqwest::StatusCode;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -38,7 +38,7 @@ async fn pushed_once(
     phone: &Client,
     db: &str,
     hits: &mut UnboundedReceiver<Hit>,
-    store: &estafeta_cluster::Store,
+    store: &estafeta_postgres::Store,
 ) -> Hit {
     phone.send(&message(db, "{}", None)).await.unwrap();
     let hit = next(hits).await;
@@ -77,7 +77,7 @@ async fn every_node_pushes_to_the_webhook_set_last_through_any_node() {
         .unwrap();
     let phone_a = Client::new(&a.base, &phone.token).unwrap();
     let phone_b = Client::new(&b.base, &phone.token).unwrap();
-    let store = estafeta_cluster::Store::connect(&url).unwrap();
+    let store = estafeta_postgres::Store::connect(&url).unwrap();
 
     // Set through A, the arrival through B: B pushes to it.
     set_webhook(&a, "db-a", Some(format!("http://{hook}/first"))).await;

@@ -10,7 +10,6 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server as Node;
 use crate::common::{Store, TestServer, id, message, start_request};
-use estafeta_cluster::PgMessages;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::store::{Location, MessageStore};
 use estafeta_exchange::wire::{
@@ -18,6 +17,7 @@ use estafeta_exchange::wire::{
     Version,
 };
 use estafeta_exchange::{MessageId, Timestamp};
+use estafeta_postgres::PgMessages;
 
 /// The ids in `mailbox`'s `folder`, through `server`.
 async fn listed(server: &TestServer, mailbox: &str, folder: Folder) -> Vec<MessageId> {
@@ -58,7 +58,7 @@ async fn an_unnamed_reply_in_prepared_goes_to_unknown_with_an_alert_and_a_live_p
  {
     let server = TestServer::start_on(Store::Postgres).await;
     let url = server.store.clone().unwrap();
-    let messages = PgMessages::new(estafeta_cluster::Store::connect(&url).unwrap());
+    let messages = PgMessages::new(estafeta_postgres::Store::connect(&url).unwrap());
     let t = common::Tenancy::provision(&server.admin).await;
     let sent = t
         .phone1

@@ -22,7 +22,7 @@ use estafeta_server::notify::NotifySettings;
 use tokio_util::sync::CancellationToken;
 
 /// Rows of `table` (the whole cluster's).
-async fn rows(db: &estafeta_cluster::Store, table: &str) -> i64 {
+async fn rows(db: &estafeta_postgres::Store, table: &str) -> i64 {
     let client = db.client().await.unwrap();
     client
         .query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -34,7 +34,7 @@ async fn rows(db: &estafeta_cluster::Store, table: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_whose_step_fails_to_commit_leaves_nothing_and_its_retry_one_message() {
     let server = TestServer::start_on(Store::Postgres).await;
-    let db = estafeta_cluster::Store::connect(server.store.as_deref().unwrap()).unwrap();
+    let db = estafeta_postgres::Store::connect(server.store.as_deref().unwrap()).unwrap();
     let (db_token, phone_token) = provision_one(&server.admin).await;
     let phone = server.client(&phone_token);
 
@@ -102,7 +102,7 @@ async fn a_registry_change_through_one_node_holds_for_the_next_upload_through_an
     let url = a.store.clone().unwrap();
     let data = tempfile::tempdir().unwrap();
     let b = second_node(data.path(), &url).await;
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     let (_, old_token) = provision_one(&a.admin).await;
     let through_b = |token: &str| Client::new(&b, token).unwrap();
 
@@ -185,7 +185,7 @@ async fn rotated_device(a: &TestServer) -> String {
 }
 
 /// Where the message `id` is (its `place`).
-async fn place_of(db: &estafeta_cluster::Store, id: &estafeta_exchange::MessageId) -> String {
+async fn place_of(db: &estafeta_postgres::Store, id: &estafeta_exchange::MessageId) -> String {
     let client = db.client().await.unwrap();
     client
         .query_one(
@@ -202,7 +202,7 @@ async fn place_of(db: &estafeta_cluster::Store, id: &estafeta_exchange::MessageI
 /// phone's inbox.
 async fn reply_to_phone(
     a: &TestServer,
-    db: &estafeta_cluster::Store,
+    db: &estafeta_postgres::Store,
 ) -> estafeta_exchange::MessageId {
     let token = a
         .admin
@@ -243,7 +243,7 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
     let url = a.store.clone().unwrap();
     let data = tempfile::tempdir().unwrap();
     let b = second_node(data.path(), &url).await;
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     let (old_token, phone_token) = provision_one(&a.admin).await;
     let through_b = |token: &str| Client::new(&b, token).unwrap();
     for n in 0..2 {

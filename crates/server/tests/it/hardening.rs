@@ -15,10 +15,10 @@ use crate::common::{
     ready_process, wait_ready,
 };
 use estafeta_client::Client;
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::DataLayout;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::ResultStatus;
+use estafeta_postgres::testing::Postgres;
 use estafeta_server::HttpSettings;
 use estafeta_server::body_limit::FORM_LIMIT;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;

@@ -73,7 +73,7 @@ async fn wait_retrying(server: &Server, url: Option<&str>, attempts: i32) {
     )
     .await;
     let Some(url) = url else { return };
-    let db = estafeta_cluster::Store::connect(url).unwrap();
+    let db = estafeta_postgres::Store::connect(url).unwrap();
     let polled = async {
         loop {
             let client = db.client().await.unwrap();

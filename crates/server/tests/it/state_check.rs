@@ -167,7 +167,7 @@ async fn check_in_cluster_mode_reports_the_database() {
         "{out}"
     );
 
-    let db = estafeta_cluster::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&url).unwrap();
     db.client()
         .await
         .unwrap()

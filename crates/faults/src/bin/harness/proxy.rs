@@ -39,7 +39,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use estafeta_cluster::testing::{Commit, Conversation};
+use estafeta_postgres::testing::{Commit, Conversation};
 
 use crate::outage::Outages;
 
@@ -539,7 +539,7 @@ mod tests {
     /// transaction that wrote nothing is answered.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_answer_to_a_writing_commit_is_lost_after_the_server_committed() {
-        let pg = tokio::task::spawn_blocking(estafeta_cluster::testing::Postgres::start)
+        let pg = tokio::task::spawn_blocking(estafeta_postgres::testing::Postgres::start)
             .await
             .unwrap()
             .unwrap();
@@ -552,7 +552,7 @@ mod tests {
             "postgres://postgres@{}/postgres?sslmode=disable&application_name=estafeta%20steps",
             proxy.addrs()[0]
         );
-        let store = estafeta_cluster::Store::connect(&url).unwrap();
+        let store = estafeta_postgres::Store::connect(&url).unwrap();
         let node = store.client().await.unwrap();
         node.batch_execute("CREATE TABLE orders (n int)")
             .await

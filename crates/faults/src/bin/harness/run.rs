@@ -22,8 +22,8 @@ use crate::outage::Outages;
 use crate::proxy::Proxy;
 use crate::server::{Arming, Server, Started};
 use crate::{RunArgs, Store};
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::failpoints::{POINTS, STORE_POINTS};
+use estafeta_postgres::testing::Postgres;
 
 /// The longest the drain may take before what is left counts as stuck.
 const DRAIN_BOUND: Duration = Duration::from_secs(60);
@@ -217,7 +217,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<Summary> {
     // How long PostgreSQL lets a node's session sit idle in a transaction.
     let hold_limit = args
         .hold_limit
-        .unwrap_or(estafeta_cluster::Options::default().hold_limit);
+        .unwrap_or(estafeta_postgres::Options::default().hold_limit);
     // The skewed node's environment: libfaketime's wall clock, its
     // monotonic clock untouched.
     let skew = match args.skewed_node {

@@ -287,7 +287,7 @@ pub(crate) async fn two_nodes(dir: &Path, env: &[(&str, &str)]) -> [(Binary, Cli
 }
 
 /// Polls `sql` (one count) on `db` until it gives `want`.
-pub(crate) async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i64) {
+pub(crate) async fn wait_count(db: &estafeta_postgres::Store, sql: &str, want: i64) {
     eventually(&format!("{sql} to give {want}"), || async {
         let client = db.client().await.ok()?;
         let n: i64 = client.query_one(sql, &[]).await.ok()?.get(0);
@@ -298,7 +298,7 @@ pub(crate) async fn wait_count(db: &estafeta_cluster::Store, sql: &str, want: i6
 
 /// Makes every save of `phone-1`'s device session fail (`true`), or lets
 /// them through again (`false`).
-pub(crate) async fn refuse_device_saves(db: &estafeta_cluster::Store, refuse: bool) {
+pub(crate) async fn refuse_device_saves(db: &estafeta_postgres::Store, refuse: bool) {
     let client = db.client().await.unwrap();
     let sql = match refuse {
         true => {

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::testing::Postgres;
 
 /// Connections the shared instance accepts: tests run in parallel, each
 /// server pools up to 16, and a node killed by a crash test leaves its

@@ -3,8 +3,8 @@
 //! another's.
 
 use crate::common::{blocking, store};
-use estafeta_cluster::SessionStorage;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::SessionStorage;
+use estafeta_postgres::testing::Postgres;
 use estafeta_session::clock::Timestamp;
 use estafeta_session::storage::Write;
 use estafeta_session::{Engine, Storage};

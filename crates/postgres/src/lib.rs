@@ -40,9 +40,9 @@
 //!   PostgreSQL instances (crash, standby and failover included) for tests.
 //!
 //! ```no_run
-//! use estafeta_cluster::Store;
+//! use estafeta_postgres::Store;
 //!
-//! # async fn run() -> Result<(), estafeta_cluster::Error> {
+//! # async fn run() -> Result<(), estafeta_postgres::Error> {
 //! let store = Store::connect("postgres://estafeta@db1,db2/estafeta?target_session_attrs=read-write")?;
 //! store.migrate().await?;
 //!

@@ -1,8 +1,8 @@
 //! The hold limit (`Options::hold_limit`) as the server settings every
 //! pooled connection gets, and a URL's own options taking precedence.
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{Options, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Options, Store};
 use std::time::Duration;
 
 /// `idle_in_transaction_session_timeout` and `tcp_user_timeout` as a

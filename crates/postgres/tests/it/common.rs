@@ -2,9 +2,9 @@
 //! PostgreSQL with the schema applied, storage calls run as the engines run
 //! them, and builders of ids and scheduler entries.
 
-use estafeta_cluster::Store;
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::Id;
+use estafeta_postgres::Store;
+use estafeta_postgres::testing::Postgres;
 use estafeta_repeat::Entry;
 
 /// A store over `pg`, its schema migrated.

@@ -4,11 +4,11 @@
 //! once.
 
 use crate::common::{id, store};
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgRegistry, Store};
 use estafeta_exchange::TenancyError;
 use estafeta_exchange::tenancy::{AdminToken, Kind, Principal, Registry};
 use estafeta_exchange::token::Token;
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgRegistry, Store};
 use std::sync::Arc;
 
 /// A node's registry over `store`.

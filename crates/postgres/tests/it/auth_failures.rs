@@ -6,8 +6,8 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{Known, PgAuthFailures, Reported, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Known, PgAuthFailures, Reported, Store};
 
 const FORGET: Duration = Duration::from_secs(3600);
 

@@ -5,8 +5,8 @@
 //! once, and a deadline is acted on once.
 
 use crate::common::store;
-use estafeta_cluster::SessionStorage;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::SessionStorage;
+use estafeta_postgres::testing::Postgres;
 use estafeta_session::{
     BoxFuture, Clock, Engine, Finalize, Hooks, SessionData, SystemClock, Timestamp,
 };

@@ -20,7 +20,7 @@
 //! second. The two sides take turns round by round.
 //!
 //! ```sh
-//! cargo bench -p estafeta-cluster --bench dispatch
+//! cargo bench -p estafeta-postgres --bench dispatch
 //! ```
 //!
 //! Needs Debian's `postgresql` (a throwaway instance is started, with
@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgQueue, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgQueue, Store};
 use estafeta_repeat::{Entry, Options, Outcome, Scheduler, SystemClock, WorkerPool};
 use tokio::sync::{Notify, mpsc};
 

@@ -17,8 +17,8 @@
 //! the WAL flush (round trips and server work alone).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use estafeta_cluster::Store;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::Store;
+use estafeta_postgres::testing::Postgres;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio_postgres::types::ToSql;
 
@@ -49,7 +49,7 @@ async fn row_lock(store: &Store, key: &[u8]) {
 }
 
 /// `row_lock` with the save, the probe and the `COMMIT` sent together
-/// ([`estafeta_cluster::Locked::save_and_commit`]): 2 round trips.
+/// ([`estafeta_postgres::Locked::save_and_commit`]): 2 round trips.
 async fn row_lock_pipelined(store: &Store, key: &[u8]) {
     let step = store.lock(key).await.unwrap();
     let next = step.record().map_or(0, |r| r[0].wrapping_add(1));

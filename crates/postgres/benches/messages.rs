@@ -15,12 +15,12 @@
 //! TCP, default settings (`fsync` and `synchronous_commit` on).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgMessages, Store};
 use estafeta_exchange::store::conformance::file_store;
 use estafeta_exchange::store::{FileName, Filter, Folder, Limits, Location, MessageStore, Op};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgMessages, Store};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

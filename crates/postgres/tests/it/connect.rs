@@ -1,7 +1,7 @@
 //! Connecting to a real PostgreSQL: URLs, several hosts, a crash.
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{Error, Options, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Error, Options, Store};
 use std::net::TcpListener;
 
 /// A loopback port that nothing listens on: a host that is down.

@@ -1,8 +1,8 @@
 //! The primary killed, its synchronous standby promoted: every committed
 //! step survives, and the same store (one multi-host URL) carries on.
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{Options, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Options, Store};
 
 #[tokio::test]
 async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
@@ -73,7 +73,7 @@ async fn lock_through_switch(
     store: &Store,
     key: &[u8],
     pool_size: usize,
-) -> estafeta_cluster::Locked {
+) -> estafeta_postgres::Locked {
     let mut unavailable = 0;
     loop {
         match store.lock(key).await {

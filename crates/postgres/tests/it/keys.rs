@@ -2,11 +2,11 @@
 //! embedded key store, and one row when two nodes write one key at once.
 
 use crate::common::store;
-use estafeta_cluster::PgKeys;
-use estafeta_cluster::testing::Postgres;
 use estafeta_exchange::keys::{KeyedUpload, UploadKeys};
 use estafeta_exchange::store::conformance::upload_keys_contract;
 use estafeta_exchange::{Id, Timestamp};
+use estafeta_postgres::PgKeys;
+use estafeta_postgres::testing::Postgres;
 use std::sync::{Arc, Barrier};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,12 +3,12 @@
 //! index range scan that reads only what it returns.
 
 use crate::common::id;
-use estafeta_cluster::testing::{MESSAGES_MOVE, MESSAGES_SELECT, Postgres};
-use estafeta_cluster::{PgMessages, PgSchedule, Store};
 use estafeta_exchange::store::conformance::message_store_contract;
 use estafeta_exchange::store::{FileName, Folder, Location, MessageStore, Op};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
+use estafeta_postgres::testing::{MESSAGES_MOVE, MESSAGES_SELECT, Postgres};
+use estafeta_postgres::{PgMessages, PgSchedule, Store};
 use std::sync::Arc;
 
 /// The store migrated, with the mailboxes the tests write to made.

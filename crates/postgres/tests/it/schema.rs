@@ -2,8 +2,8 @@
 //! an index, a removed mailbox takes its messages along and refuses new
 //! ones, and due rows are claimed by one node each.
 
-use estafeta_cluster::Store;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::Store;
+use estafeta_postgres::testing::Postgres;
 
 const TENANCY: &str = "INSERT INTO enterprises VALUES ('acme', 0);
     INSERT INTO subsystems VALUES ('acme', 'sales', 0);

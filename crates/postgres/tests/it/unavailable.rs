@@ -5,12 +5,12 @@
 //! exchange answers them as a store unavailable (503 `storage_error`, to be
 //! retried).
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgKeys, PgMessages, SessionStorage, Store};
 use estafeta_exchange::keys::{KeysError, UploadKeys};
 use estafeta_exchange::store::{Folder, Location, MessageStore};
 use estafeta_exchange::wire::ErrorCode;
 use estafeta_exchange::{ExchangeError, Id, Timestamp};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgKeys, PgMessages, SessionStorage, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_down_is_an_unavailable_store_not_failed_io() {

@@ -1,6 +1,6 @@
-//! The integration tests of `estafeta-cluster`, in one test binary: each
+//! The integration tests of `estafeta-postgres`, in one test binary: each
 //! module runs one part of the store against throwaway PostgreSQL servers
-//! (`estafeta_cluster::testing`), through the crate's public API only;
+//! (`estafeta_postgres::testing`), through the crate's public API only;
 //! `common` holds the helpers several of them use.
 
 mod auth_failures;

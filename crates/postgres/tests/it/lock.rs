@@ -1,7 +1,7 @@
 //! Cross-node exclusivity: two pools (two nodes) contend for one key.
 
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{Options, Store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Options, Store};
 use std::time::Duration;
 
 /// The longest a wait of these tests may take: a lock that never comes
@@ -235,7 +235,7 @@ async fn a_save_after_a_failed_statement_does_not_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_was_lost_is_found_out() {
     let pg = Postgres::start().unwrap();
-    let proxy = estafeta_cluster::testing::CommitLoss::start(
+    let proxy = estafeta_postgres::testing::CommitLoss::start(
         format!("127.0.0.1:{}", pg.port()).parse().unwrap(),
     )
     .await

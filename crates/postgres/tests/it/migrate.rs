@@ -1,7 +1,7 @@
 //! The schema: applied once by concurrent starts.
 
-use estafeta_cluster::Store;
-use estafeta_cluster::testing::Postgres;
+use estafeta_postgres::Store;
+use estafeta_postgres::testing::Postgres;
 
 #[tokio::test]
 async fn nodes_starting_at_once_apply_the_schema_exactly_once() {

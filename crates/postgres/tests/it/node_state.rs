@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{blocking, entry, store};
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgAlerts, PgLogins, PgQueue};
 use estafeta_exchange::{Alert, AlertKind, Timestamp};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgAlerts, PgLogins, PgQueue};
 use estafeta_repeat::store::Op;
 use estafeta_repeat::{Entry, Store as _};
 

@@ -5,11 +5,11 @@
 //! one node, to another once the lease of a claimer that died ends.
 
 use crate::common::{blocking, entry};
-use estafeta_cluster::testing::Postgres;
-use estafeta_cluster::{PgMessages, PgQueue, PgSchedule, Store};
 use estafeta_exchange::store::{FileName, Folder, Listed, Location, MessageStore, Op as MessageOp};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{PgMessages, PgQueue, PgSchedule, Store};
 use estafeta_repeat::store::{Applied, Op, Read, SourceCount};
 use estafeta_repeat::{
     Entry, Options, Outcome, Position, Scheduler, Store as _, TestClock, WorkerPool,
