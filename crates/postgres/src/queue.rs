@@ -27,7 +27,7 @@ use estafeta_repeat::{Entry, Position, StoreError};
 use tokio_postgres::types::ToSql;
 
 use crate::schedule::{PgSchedule, to_sql};
-use crate::{Error, Store as Db};
+use crate::Store as Db;
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
 /// the arrays), locked, passing over those other transactions hold.
@@ -48,9 +48,9 @@ const HEAD: &str = "SELECT s.ord, h.due
 
 /// Some sources of the repeat scheduler's entries in the cluster store.
 pub struct PgQueue {
+    /// The whole table, read as every node may read it; its database and
+    /// runtime are the queue's.
     plain: PgSchedule,
-    db: Db,
-    runtime: tokio::runtime::Handle,
     sources: Vec<String>,
     /// How far ahead a claimed entry is moved; `None`: reads do not claim.
     lease: Option<Duration>,
@@ -62,9 +62,7 @@ impl PgQueue {
     /// whose pool it uses; its methods run off that runtime's threads.
     pub fn new(db: Db, sources: &[&str]) -> PgQueue {
         PgQueue {
-            plain: PgSchedule::new(db.clone()),
-            db,
-            runtime: tokio::runtime::Handle::current(),
+            plain: PgSchedule::new(db),
             sources: sources.iter().map(|s| (*s).to_owned()).collect(),
             lease: None,
         }
@@ -77,15 +75,6 @@ impl PgQueue {
             lease: Some(lease.max(Duration::from_secs(1))),
             ..PgQueue::new(db, sources)
         }
-    }
-
-    fn run<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, Error>>,
-    ) -> Result<T, StoreError> {
-        self.runtime
-            .block_on(f)
-            .map_err(|e| StoreError::Backend(Box::new(e)))
     }
 
     /// Takes up to its limit of due entries of each read's source for
@@ -107,99 +96,100 @@ impl PgQueue {
                 n => i64::try_from(n.saturating_add(1)).unwrap_or(i64::MAX),
             })
             .collect();
-        self.run(async {
-            let mut client = self.db.client().await?;
-            let tx = client.transaction().await?;
-            let (due, claim, head) = tokio::try_join!(
-                tx.prepare_cached(DUE),
-                tx.prepare_cached(CLAIM),
-                tx.prepare_cached(HEAD),
-            )?;
-            let mut scans = vec![Scan::default(); reads.len()];
-            let mut ids = Vec::new();
-            // A claim is not waited for on disk: one lost in a crash of the
-            // database leaves its entries due again, handed out again as
-            // when a claimer dies (see the module's doc); the outcomes'
-            // commits are durable, and with them what the log holds before
-            // them.
-            let at = to_sql(now);
-            let params: [&(dyn ToSql + Sync); 3] = [&sources, &asks, &at];
-            let (_, rows) =
-                tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params))?;
-            for row in rows {
-                let Some(i) = ordinal(row.get(0), reads.len()) else {
-                    continue;
+        self.plain
+            .run(async {
+                let mut client = self.plain.db().client().await?;
+                let tx = client.transaction().await?;
+                let (due, claim, head) = tokio::try_join!(
+                    tx.prepare_cached(DUE),
+                    tx.prepare_cached(CLAIM),
+                    tx.prepare_cached(HEAD),
+                )?;
+                let mut scans = vec![Scan::default(); reads.len()];
+                let mut ids = Vec::new();
+                // A claim is not waited for on disk: one lost in a crash of the
+                // database leaves its entries due again, handed out again as
+                // when a claimer dies (see the module's doc); the outcomes'
+                // commits are durable, and with them what the log holds before
+                // them.
+                let at = to_sql(now);
+                let params: [&(dyn ToSql + Sync); 3] = [&sources, &asks, &at];
+                let (_, rows) =
+                    tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params))?;
+                for row in rows {
+                    let Some(i) = ordinal(row.get(0), reads.len()) else {
+                        continue;
+                    };
+                    let (read, scan) = (&reads[i], &mut scans[i]);
+                    let (due, attempt): (i64, i32) = (row.get(1), row.get(3));
+                    let entry = Entry {
+                        source: read.source.to_owned(),
+                        due: u64::try_from(due).unwrap_or(0),
+                        id: row.get(2),
+                        payload: row.get(4),
+                        attempt: u32::try_from(attempt).unwrap_or(0),
+                    };
+                    if scan.next_due.is_some() || skip(read.source, &entry.position()) {
+                        continue;
+                    }
+                    if scan.entries.len() >= read.limit {
+                        // More is due: read again at once.
+                        scan.next_due = Some(entry.due);
+                        continue;
+                    }
+                    ids.push(entry.id.clone());
+                    scan.entries.push(Entry {
+                        due: until,
+                        ..entry
+                    });
+                }
+                // The next due second after what was read, for the reads that
+                // did not find one: due entries left unread (in flight here, or
+                // being claimed by another node) are not waited for. Asked with
+                // the claim, in one round trip.
+                let (mut heads, mut afters, mut of) = (Vec::new(), Vec::new(), Vec::new());
+                for (i, (read, scan)) in reads.iter().zip(&scans).enumerate() {
+                    if scan.next_due.is_none() {
+                        heads.push(read.source);
+                        afters.push(if read.limit == 0 { -1 } else { at });
+                        of.push(i);
+                    }
+                }
+                let claimed = async {
+                    match ids.is_empty() {
+                        true => Ok(0),
+                        false => tx.execute(&claim, &[&ids, &to_sql(until)]).await,
+                    }
                 };
-                let (read, scan) = (&reads[i], &mut scans[i]);
-                let (due, attempt): (i64, i32) = (row.get(1), row.get(3));
-                let entry = Entry {
-                    source: read.source.to_owned(),
-                    due: u64::try_from(due).unwrap_or(0),
-                    id: row.get(2),
-                    payload: row.get(4),
-                    attempt: u32::try_from(attempt).unwrap_or(0),
+                let next = async {
+                    match heads.is_empty() {
+                        true => Ok(Vec::new()),
+                        false => tx.query(&head, &[&heads, &afters]).await,
+                    }
                 };
-                if scan.next_due.is_some() || skip(read.source, &entry.position()) {
-                    continue;
+                let (_, next) = tokio::try_join!(claimed, next)?;
+                for row in next {
+                    let Some(i) = ordinal(row.get(0), heads.len()) else {
+                        continue;
+                    };
+                    let due: i64 = row.get(1);
+                    scans[of[i]].next_due = Some(u64::try_from(due).unwrap_or(0));
                 }
-                if scan.entries.len() >= read.limit {
-                    // More is due: read again at once.
-                    scan.next_due = Some(entry.due);
-                    continue;
-                }
-                ids.push(entry.id.clone());
-                scan.entries.push(Entry {
-                    due: until,
-                    ..entry
-                });
-            }
-            // The next due second after what was read, for the reads that
-            // did not find one: due entries left unread (in flight here, or
-            // being claimed by another node) are not waited for. Asked with
-            // the claim, in one round trip.
-            let (mut heads, mut afters, mut of) = (Vec::new(), Vec::new(), Vec::new());
-            for (i, (read, scan)) in reads.iter().zip(&scans).enumerate() {
-                if scan.next_due.is_none() {
-                    heads.push(read.source);
-                    afters.push(if read.limit == 0 { -1 } else { at });
-                    of.push(i);
-                }
-            }
-            let claimed = async {
-                match ids.is_empty() {
-                    true => Ok(0),
-                    false => tx.execute(&claim, &[&ids, &to_sql(until)]).await,
-                }
-            };
-            let next = async {
-                match heads.is_empty() {
-                    true => Ok(Vec::new()),
-                    false => tx.query(&head, &[&heads, &afters]).await,
-                }
-            };
-            let (_, next) = tokio::try_join!(claimed, next)?;
-            for row in next {
-                let Some(i) = ordinal(row.get(0), heads.len()) else {
-                    continue;
-                };
-                let due: i64 = row.get(1);
-                scans[of[i]].next_due = Some(u64::try_from(due).unwrap_or(0));
-            }
-            tx.commit().await?;
-            Ok(scans)
-        })
-        .map(|scans| {
-            // Entries of other nodes (and lapsed leases) are found by
-            // looking again at the next second.
-            let poll = now.saturating_add(1);
-            scans
-                .into_iter()
-                .map(|mut scan| {
-                    scan.next_due = Some(scan.next_due.map_or(poll, |d| d.min(poll)));
-                    scan
-                })
-                .collect()
-        })
+                tx.commit().await?;
+                Ok(scans)
+            })
+            .map(|scans| {
+                // Entries of other nodes (and lapsed leases) are found by
+                // looking again at the next second.
+                let poll = now.saturating_add(1);
+                scans
+                    .into_iter()
+                    .map(|mut scan| {
+                        scan.next_due = Some(scan.next_due.map_or(poll, |d| d.min(poll)));
+                        scan
+                    })
+                    .collect()
+            })
     }
 }
 

@@ -104,6 +104,11 @@ pub struct PgSchedule {
 }
 
 impl PgSchedule {
+    /// The database the entries are in.
+    pub(crate) fn db(&self) -> &crate::Store {
+        &self.store
+    }
+
     /// The scheduler store over `store` (migrated). Call it within the Tokio
     /// runtime whose pool connections it will use: it keeps that runtime's
     /// handle, and its methods must then be called off the runtime's own
@@ -115,7 +120,9 @@ impl PgSchedule {
         }
     }
 
-    fn run<T>(
+    /// Runs `f` on the runtime taken at [`PgSchedule::new`], from the
+    /// blocking thread the scheduler calls a store from.
+    pub(crate) fn run<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, StoreError> {
