@@ -26,8 +26,8 @@ use estafeta_repeat::{Entry, Position, StoreError};
 
 use tokio_postgres::types::ToSql;
 
-use crate::schedule::{PgSchedule, to_sql};
 use crate::Store as Db;
+use crate::schedule::{PgSchedule, to_sql};
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
 /// the arrays), locked, passing over those other transactions hold.

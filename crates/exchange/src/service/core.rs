@@ -1,14 +1,13 @@
-//! The shared core of the service: its parts, the clock, and the driver
-//! that carries out the process lifecycle's steps (batches of message
-//! moves handed to the message store, owner records, alerts, saves) for
-//! protocol calls and for the session hooks.
+//! The shared core of the service: its parts, the clock, and what the
+//! lifecycle's steps do to the stores (a batch of message moves handed to
+//! the message store, owner records, discarded replies), which the
+//! interpreter in `drive.rs` calls.
 
 use super::ExchangeConfig;
-use super::admin::tally::DbRows;
 use super::alert_kind::AlertKind;
-use super::alerts::{Alert, key};
+use super::alerts::Alert;
 use super::error::ExchangeError;
-use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
+use super::lifecycle::Ctx;
 use super::records::{DbRecord, FileOp, Owner, ProcessRecord, loc};
 use super::sessions::Sessions;
 use crate::error::MailboxError;
@@ -17,45 +16,11 @@ use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::{Id, MessageId, ProcessId, Timestamp, UlidGenerator};
-use estafeta_session::{Clock, SessionData, SessionGuard, SessionKey, State};
-use std::collections::{HashSet, VecDeque};
+use estafeta_session::{Clock, SessionGuard, SessionKey, State};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
-
-/// What carrying out a lifecycle's steps left over: the answer, the
-/// events that file operations gave, and the ended processes whose owner
-/// record this run wrote; and what it knows of the registry.
-#[derive(Default)]
-struct Carried {
-    answer: Option<Answer>,
-    next: VecDeque<Event>,
-    owners: Vec<(ProcessId, ProcessState)>,
-    /// The shared registry's change counter read with the lock of the step
-    /// the run holds, if any: what the recipients of moved messages are
-    /// looked up as of ([`Core::run_ops`]).
-    registry: Option<u64>,
-}
-
-impl Carried {
-    /// Whether the owner record of `pid` is known to say `ended` durably:
-    /// written so by this run. The lifecycle asks for it again once the
-    /// moves of a commit or a settlement are done (the same record it asked
-    /// for with the save that decided them, whose write may have failed in
-    /// an earlier run); the database's session, held all along, is what
-    /// every owner record of its processes is written under, so the record
-    /// cannot have changed since.
-    fn wrote_owner(&self, pid: &ProcessId, ended: Option<ProcessState>) -> bool {
-        ended.is_some_and(|ended| self.owners.contains(&(*pid, ended)))
-    }
-
-    /// The owner record of `pid` says `ended` durably (written by this run).
-    fn owner_written(&mut self, pid: ProcessId, ended: Option<ProcessState>) {
-        if let Some(ended) = ended {
-            self.owners.push((pid, ended));
-        }
-    }
-}
 
 /// Counters of start-up processing, filled by the first-load hook.
 #[derive(Default)]
@@ -252,7 +217,7 @@ impl Core {
     /// other keys' records in a step (a shared store): then durable with
     /// the step's save, fenced by its lock. Else through the process's own
     /// session: durably for an end; a live process's record in the
-    /// background (see [`Step::Owner`]: start-up processing writes it again
+    /// background (see [`Step::Owner`](super::lifecycle::Step::Owner): start-up processing writes it again
     /// when a crash lost it).
     pub(crate) async fn write_owner(
         &self,
@@ -302,7 +267,7 @@ impl Core {
 
     /// Tells the commit observer that a process ended (counted once, by the
     /// write that records the end).
-    fn count_end(&self, ended: Option<ProcessState>) {
+    pub(crate) fn count_end(&self, ended: Option<ProcessState>) {
         if let (Some(state), Some(o)) = (ended, self.config.quiesce.observer()) {
             o.ended(state);
         }
@@ -366,201 +331,6 @@ impl Core {
         }
     }
 
-    /// Carry out one step of the lifecycle that does not touch the
-    /// database record (the callers save it and set its deadline), in
-    /// `held`, the step the database's session holds.
-    async fn carry_out(
-        &self,
-        mut held: Held<'_>,
-        step: Step,
-        out: &mut Carried,
-    ) -> Result<(), ExchangeError> {
-        match step {
-            Step::Owner { pid, db, ended } => {
-                if !out.wrote_owner(&pid, ended) {
-                    self.write_owner(held, &pid, &db, ended).await?;
-                    out.owner_written(pid, ended);
-                }
-            }
-            Step::Discard { db, names } => self.discard_prepared(held, &db, &names).await?,
-            Step::Run { pid, ops } => {
-                let result = self.run_ops(again(&mut held), &ops, out.registry).await;
-                // A step that lost its session's key wrote nothing and can
-                // write nothing more: the call ends here, and whichever
-                // server holds the key now carries on.
-                if let Err(e) = &result
-                    && !held.as_deref().is_none_or(|step| step.held())
-                {
-                    return Err(lost(e));
-                }
-                let result = result.map_err(|e| e.to_string());
-                out.next.push_back(Event::Ran { pid, result });
-            }
-            Step::Raise { kind, pid, text } => {
-                if kind == AlertKind::InDoubt {
-                    self.count_end(Some(ProcessState::InDoubt));
-                }
-                self.raise_in(held, Alert::new(kind, pid, text, self.now()))
-                    .await
-            }
-            Step::Clear { kind, pid } => self.clear_in(held, key(kind, pid)).await,
-            Step::Count(found) => count(match found {
-                Found::TimedOut => &self.recovery.timed_out,
-                Found::Cleanup => &self.recovery.cleanups,
-                Found::InDoubt => &self.recovery.in_doubt,
-            }),
-            Step::Answer(answer) => out.answer = Some(answer),
-            Step::Deadline(_) | Step::Save => {}
-        }
-        Ok(())
-    }
-
-    /// Run `event` through the lifecycle on a held database session (a
-    /// protocol call). Each event's change is staged; the steps before its
-    /// [`Step::Save`] are carried out in the staged change's step, then the
-    /// change becomes the session's state at the save, once durable (with
-    /// a shared store, with everything the steps wrote beside it, in one
-    /// transaction), then the steps after it run in the session's step. An
-    /// error leaves the change of the event at hand unsaved (file
-    /// operations are idempotent and run again). With `last`, the caller
-    /// changes the session no more once this returns: the save after which
-    /// nothing needs the key held ([`ends_step`]) is the session's last
-    /// change ([`Transaction::commit_last`](estafeta_session::Transaction::commit_last):
-    /// with a shared store, its commit lets the key go, and the release has
-    /// nothing left to commit). A session whose step lost its key (another
-    /// server took it over) gets nothing more written.
-    pub(crate) async fn drive(
-        &self,
-        g: &mut SessionGuard<Id, DbRecord>,
-        event: Event,
-        last: bool,
-    ) -> Result<Answer, ExchangeError> {
-        let driven = self.drive_steps(g, event, last).await;
-        // What a failed run wrote beside the record in the session's step
-        // is not kept: the step goes, and the call with it.
-        if driven.is_err()
-            && let Some(step) = g.step()
-        {
-            step.abandon();
-        }
-        driven
-    }
-
-    /// [`drive`](Self::drive), the failures left to it.
-    async fn drive_steps(
-        &self,
-        g: &mut SessionGuard<Id, DbRecord>,
-        event: Event,
-        last: bool,
-    ) -> Result<Answer, ExchangeError> {
-        let ctx = self.ctx();
-        let db = g.key().clone();
-        let mut out = Carried {
-            registry: g
-                .step()
-                .and_then(|step| self.registry.version_in_step(step)),
-            ..Carried::default()
-        };
-        out.next.push_back(event);
-        while let Some(event) = out.next.pop_front() {
-            let mut staged = g.begin();
-            let steps = lifecycle::step(staged.state_mut(), event, &ctx);
-            let save = steps.iter().position(|s| matches!(s, Step::Save));
-            let final_save = match last {
-                true => ends_step(&steps),
-                false => None,
-            };
-            let mut steps = steps.into_iter();
-            for step in steps.by_ref().take(save.unwrap_or(usize::MAX)) {
-                match step {
-                    Step::Deadline(at) => staged.set_expires_at(at),
-                    other => {
-                        let held = held(&other, staged.holds(), staged.step())?;
-                        self.carry_out(held, other, &mut out).await?;
-                    }
-                }
-            }
-            let Some(i) = save else {
-                continue;
-            };
-            staged.persistent_mut();
-            let rows = self
-                .process_tally
-                .as_ref()
-                .map(|_| DbRows::of(staged.state()));
-            match final_save == Some(i) && out.next.is_empty() {
-                true => staged.commit_last().await?,
-                false => staged.commit().await?,
-            }
-            // No await between: the record is the session's exactly when
-            // its processes are the list's.
-            if let (Some(tally), Some(rows)) = (&self.process_tally, rows) {
-                tally.replace(&db, rows);
-            }
-            for step in steps.skip(1) {
-                match step {
-                    Step::Deadline(_) | Step::Save => {}
-                    other => {
-                        let held = held(&other, g.holds(), g.step())?;
-                        self.carry_out(held, other, &mut out).await?;
-                    }
-                }
-            }
-        }
-        Ok(out.answer.unwrap_or(Answer::Ok))
-    }
-
-    /// Run `event` (a deadline, start-up recovery) through the lifecycle
-    /// inside a session hook, in `step`, the step the engine holds the
-    /// session in (with a shared store): the engine saves the session after
-    /// the hook, with everything written in the step. On an error the
-    /// session keeps its state as it was.
-    pub(crate) async fn drive_hook(
-        &self,
-        db: &Id,
-        s: &mut SessionData<DbRecord>,
-        mut step: Held<'_>,
-        event: Event,
-    ) -> Result<(), ExchangeError> {
-        let ctx = self.ctx();
-        let mut rec = s.state().clone();
-        let mut deadline = s.expires_at();
-        let mut changed = false;
-        let mut out = Carried {
-            registry: again(&mut step).and_then(|step| self.registry.version_in_step(step)),
-            ..Carried::default()
-        };
-        out.next.push_back(event);
-        while let Some(event) = out.next.pop_front() {
-            for each in lifecycle::step(&mut rec, event, &ctx) {
-                let done = match each {
-                    Step::Deadline(at) => {
-                        deadline = at;
-                        Ok(())
-                    }
-                    Step::Save => {
-                        changed = true;
-                        Ok(())
-                    }
-                    other => self.carry_out(again(&mut step), other, &mut out).await,
-                };
-                // What the hook wrote in the step is not kept (see `drive`).
-                if let (Err(_), Some(step)) = (&done, again(&mut step)) {
-                    step.abandon();
-                }
-                done?;
-            }
-        }
-        if changed {
-            if let Some(tally) = &self.process_tally {
-                tally.replace(db, DbRows::of(&rec));
-            }
-            *s.persistent_mut() = rec;
-        }
-        s.set_expires_at(deadline);
-        Ok(())
-    }
-
     /// The file names a mailbox's live and in-doubt processes refer to.
     pub(crate) fn referenced(rec: &DbRecord) -> impl Iterator<Item = &FileName> {
         rec.process
@@ -596,99 +366,5 @@ pub(crate) fn again<'b>(held: &'b mut Held<'_>) -> Held<'b> {
     match held {
         Some(step) => Some(&mut **step),
         None => None,
-    }
-}
-
-/// The step to carry `step` out in, `session_step` of a command whose
-/// session `holds` its key. A step that writes under the key (an owner
-/// record, a discard, moves) gets an error once the session does not hold
-/// it (with a shared store, another server took the key over after a
-/// save: nothing more may be written from this command's view); an alert
-/// after the command's last save goes on its own.
-fn held<'a>(step: &Step, holds: bool, session_step: Held<'a>) -> Result<Held<'a>, ExchangeError> {
-    let under_key = matches!(
-        step,
-        Step::Owner { .. } | Step::Discard { .. } | Step::Run { .. }
-    );
-    match (holds, under_key) {
-        (true, _) => Ok(session_step),
-        (false, false) => Ok(None),
-        (false, true) => Err(ExchangeError::unavailable(
-            ErrorCode::StorageError,
-            "another server took the session over; nothing more was written (retry)",
-        )),
-    }
-}
-
-/// A step's writes failed and its step no longer holds the key.
-fn lost(e: &MailboxError) -> ExchangeError {
-    ExchangeError::unavailable(
-        ErrorCode::StorageError,
-        format!("the session's step lost its key while writing ({e}); nothing of it was kept"),
-    )
-}
-
-/// Where in `steps` the save is after which nothing needs the database's
-/// key held: the event's save (its first: the staged change is committed
-/// there), followed only by steps that write nothing under the key (an
-/// answer, alerts, a count, a live process's owner record, which is its
-/// process's own). `None` when moves, discards, an ended process's owner
-/// record or another save follow it (each must happen while the key is
-/// held), or there is no save.
-fn ends_step(steps: &[Step]) -> Option<usize> {
-    let i = steps.iter().position(|s| matches!(s, Step::Save))?;
-    let keyless = |s: &Step| match s {
-        Step::Answer(_)
-        | Step::Raise { .. }
-        | Step::Clear { .. }
-        | Step::Count(_)
-        | Step::Deadline(_) => true,
-        Step::Owner { ended, .. } => ended.is_none(),
-        Step::Save | Step::Run { .. } | Step::Discard { .. } => false,
-    };
-    steps[i + 1..].iter().all(keyless).then_some(i)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_ends_at_the_save_that_nothing_under_the_key_follows() {
-        let pid = UlidGenerator::new().process_id(SystemTime::now());
-        let db = Id::new("db-a").unwrap();
-        let owner = |ended| Step::Owner {
-            pid,
-            db: db.clone(),
-            ended,
-        };
-        let run = || Step::Run {
-            pid,
-            ops: Vec::new(),
-        };
-        let started = [
-            Step::Deadline(None),
-            Step::Save,
-            owner(None),
-            Step::Answer(Answer::Ok),
-        ];
-        assert_eq!(ends_step(&started), Some(1));
-        let committing = [
-            Step::Deadline(None),
-            Step::Save,
-            owner(Some(ProcessState::Done)),
-            run(),
-        ];
-        assert_eq!(ends_step(&committing), None);
-        let moved = [
-            owner(Some(ProcessState::Done)),
-            Step::Deadline(None),
-            Step::Save,
-            Step::Answer(Answer::Ok),
-        ];
-        assert_eq!(ends_step(&moved), Some(2));
-        let settled_at_once = [Step::Deadline(None), Step::Save, Step::Save, run()];
-        assert_eq!(ends_step(&settled_at_once), None);
-        assert_eq!(ends_step(&[Step::Answer(Answer::Busy)]), None);
     }
 }

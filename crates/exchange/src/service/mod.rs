@@ -14,9 +14,10 @@
 //!   diagram in its doc): every change of a process is an event there,
 //!   and the steps it returns say what to do (batches of message moves,
 //!   owner records, alerts, saves).
-//! - `core.rs`: the service's parts and the driver that carries out the
-//!   lifecycle's steps; a batch of moves goes to the message store
-//!   ([`crate::store::MessageStore`]) as one `apply`.
+//! - `drive.rs`: the one interpreter of the lifecycle's steps, for calls
+//!   and for session hooks; `core.rs`: the service's parts and what the
+//!   steps do to the stores (a batch of moves goes to the message store,
+//!   [`crate::store::MessageStore`], as one `apply`).
 //! - `hooks.rs` (deadlines and start-up processing of database sessions),
 //!   `recovery.rs`, `webhooks.rs` (arrivals told to the [`PushSink`] of
 //!   `push.rs`), `schedule.rs` (messages scheduled for their
@@ -37,6 +38,7 @@ mod alerts;
 mod config;
 mod core;
 mod device;
+mod drive;
 mod error;
 mod hooks;
 mod lifecycle;
