@@ -139,20 +139,24 @@ impl Core {
         // The device's session serializes its uploads, so two uploads with
         // one key never race between the lookup and the record.
         if let Some(earlier) = self.earlier_upload(&mut g, dev.id, &key, now).await? {
-            let counters = &mut g.persistent_mut().device;
-            counters.duplicates += 1;
-            counters.last_seen = Some(now);
-            g.release().await?;
             tracing::info!(target: "estafeta::event", device = %dev.id, db = %earlier.to, message = %earlier.id, "repeated upload (same idempotency key)");
-            // A failed look counts as delivered: no second copy.
-            if !self.store.delivered(&earlier).await.unwrap_or(true) {
-                // Recorded but not written (a crash in between): write the
-                // very same message now.
+            // The device's session stays held until the message is known
+            // to be written: another retry with the key waits, and never
+            // finds the file of a write that is still under way (and may
+            // yet fail and take it back). A look that fails answers an
+            // error, to be retried: nothing unverified is acknowledged.
+            if !self.store.delivered(&earlier).await? {
+                // Recorded but not written (a crash, a full disk in
+                // between): write the very same message now.
                 message.id = earlier.id;
                 message.created_at = earlier.created_at;
                 message.to = earlier.to.clone();
                 self.place(&message, deliver_at).await?;
             }
+            let counters = &mut g.persistent_mut().device;
+            counters.duplicates += 1;
+            counters.last_seen = Some(now);
+            g.release().await?;
             return Ok((
                 MessageAccepted {
                     version: Version,
