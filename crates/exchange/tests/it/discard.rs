@@ -8,6 +8,9 @@
 //! and no READY_TO_COMMIT process names replies that are gone. And a
 //! commit whose moves failed after its replies were delivered, retried
 //! once the device acknowledged them, finds them delivered, not missing.
+//! And a retried upload whose message a full disk kept from being written
+//! is written by the retry, while a second retry waits for it rather than
+//! acknowledge a file that write may yet take back.
 
 use crate::common::id;
 use async_trait::async_trait;
@@ -35,6 +38,30 @@ struct Flaky {
     inner: Arc<dyn MessageStore>,
     down: Arc<AtomicBool>,
     log_fails: Arc<AtomicBool>,
+    puts: Arc<Puts>,
+}
+
+/// Faults of new messages' writes, as a full disk gives them: the next
+/// write fails before its file exists, or it shows its file, waits until
+/// released, then takes the file back and fails.
+#[derive(Default)]
+struct Puts {
+    fail_next: AtomicBool,
+    take_back: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+/// A full disk's error at `at`.
+fn full(at: &Location) -> MailboxError {
+    MailboxError::Storage {
+        kind: estafeta_exchange::error::StorageKind::Full,
+        path: format!("{at:?}").into(),
+        source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+    }
 }
 
 /// An alert sink that keeps the keys of the alerts raised.
@@ -63,7 +90,23 @@ impl MessageStore for Flaky {
         self.inner.scheduled_for(owner).await
     }
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
-        self.inner.put(at, message).await
+        if self.puts.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(full(at));
+        }
+        let take_back = self.puts.take_back.lock().unwrap().take();
+        let entry = self.inner.put(at, message).await?;
+        let Some((shown, release)) = take_back else {
+            return Ok(entry);
+        };
+        let _ = shown.send(());
+        let _ = release.await;
+        let gone = Op::Delete {
+            name: entry.name.clone(),
+            at: at.clone(),
+        };
+        let applied = self.inner.apply(None, &[gone]).await;
+        assert!(applied.results.iter().all(Result::is_ok), "{applied:?}");
+        Err(full(at))
     }
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         self.inner.schedule(message, until).await
@@ -221,6 +264,8 @@ impl MessageStore for Flaky {
 /// it.
 struct Ready {
     ex: Exchange,
+    /// Faults of the message store's writes of new messages.
+    puts: Arc<Puts>,
     down: Arc<AtomicBool>,
     log_fails: Arc<AtomicBool>,
     raised: Arc<Raised>,
@@ -240,10 +285,12 @@ async fn ready_to_commit(data: &std::path::Path) -> Ready {
         .unwrap();
     let down = Arc::new(AtomicBool::new(false));
     let log_fails = Arc::new(AtomicBool::new(false));
+    let puts = Arc::new(Puts::default());
     stores.messages = Arc::new(Flaky {
         inner: stores.messages,
         down: down.clone(),
         log_fails: log_fails.clone(),
+        puts: puts.clone(),
     });
     let raised = Arc::new(Raised::default());
     let sinks = Sinks {
@@ -323,6 +370,7 @@ async fn ready_to_commit(data: &std::path::Path) -> Ready {
         ex,
         down,
         log_fails,
+        puts,
         raised,
         db,
         phone,
@@ -462,5 +510,62 @@ async fn a_retried_commit_finds_its_acknowledged_reply_delivered() {
     assert!(
         !raised.iter().any(|key| key.starts_with("missing_file:")),
         "{raised:?}"
+    );
+}
+
+/// An upload repeated with its idempotency key after its message could not
+/// be written (a full disk) is written by the retry; a second retry that
+/// comes while the first one's write is under way waits for it, and does
+/// not acknowledge a file that write then takes back: whatever is
+/// acknowledged is in the database's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_never_acknowledges_the_file_of_another_retrys_write_under_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ready_to_commit(dir.path()).await;
+    let keyed = || SendMessage {
+        version: Version,
+        to: id("db-a"),
+        body: Body::from_json(r#"{"n":2}"#).unwrap(),
+        created_at: None,
+        deliver_at: None,
+        idempotency_key: Some("k-1".into()),
+    };
+    // The key is recorded, the message not written.
+    r.puts.fail_next.store(true, Ordering::SeqCst);
+    assert!(r.ex.send(&r.phone, keyed()).await.is_err());
+
+    // The first retry's write shows its file and waits.
+    let (shown_tx, shown) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = tokio::sync::oneshot::channel();
+    *r.puts.take_back.lock().unwrap() = Some((shown_tx, release_rx));
+    let first = tokio::spawn({
+        let (ex, phone) = (r.ex.clone(), r.phone.clone());
+        async move { ex.send(&phone, keyed()).await }
+    });
+    shown.await.unwrap();
+
+    // The second retry: it waits for the device's session, or (the fault)
+    // answers at once.
+    let second = tokio::spawn({
+        let (ex, phone) = (r.ex.clone(), r.phone.clone());
+        async move { ex.send(&phone, keyed()).await }
+    });
+    while !second.is_finished() && r.ex.session_stats().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The first write takes its file back and fails.
+    release.send(()).unwrap();
+    assert!(first.await.unwrap().is_err());
+    let (accepted, _) = second.await.unwrap().unwrap();
+
+    let queue =
+        r.ex.folder(&Principal::Admin, id("db-a"), Folder::Messages)
+            .await
+            .unwrap();
+    let waiting: Vec<MessageId> = queue.files.iter().map(|f| f.id).collect();
+    assert!(
+        waiting.contains(&accepted.id),
+        "acknowledged {} but the queue holds {waiting:?}",
+        accepted.id
     );
 }
