@@ -15,8 +15,9 @@
 //! entry taken by another node (delivery is at least once at the transport,
 //! once per event in the store). A claim's commit does not wait for the
 //! database's log to reach its disk: a claim the database loses in a crash
-//! leaves its entries due at once, as if their claimer had died. Listing a claiming queue would claim what
-//! it lists: list through a plain one ([`PgQueue::new`]).
+//! leaves its entries due at once, as if their claimer had died. Listing a
+//! claiming queue would claim what it lists: list through a plain one
+//! ([`PgQueue::new`]).
 
 use std::ops::Bound;
 use std::time::Duration;

@@ -223,7 +223,7 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// The entries of a run of `Put`, `Remove` or `Restore` ops.
+/// The entries of a run of `Put`, `Remove`, `Restore` or `Move` ops.
 fn entries(run: &[Op]) -> impl Iterator<Item = &Entry> {
     run.iter().filter_map(|op| match op {
         Op::Put(e) | Op::Remove(e) | Op::Restore(e) | Op::Move { entry: e, .. } => Some(e),
