@@ -78,6 +78,7 @@ async fn node(data: &Path, store: Option<&str>) -> String {
         HttpSettings::default(),
         NotifySettings::log_only(data),
         store.map(ClusterStore::new).as_ref(),
+        None,
     )
     .await
     .unwrap();

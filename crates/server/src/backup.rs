@@ -17,6 +17,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::StatusCode;
@@ -26,7 +27,7 @@ use estafeta_exchange::{DataLayout, Exchange, ExchangeError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::events::EventStore;
+use crate::events::EventLogStore;
 
 /// The body of `POST /v1/admin/backup`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -124,6 +125,7 @@ impl From<BackupError> for ApiError {
 /// the module's doc); `who` must be the admin.
 pub async fn backup(
     exchange: &Exchange,
+    events: &Arc<dyn EventLogStore>,
     who: &Principal,
     dir: &Path,
 ) -> Result<BackupReport, BackupError> {
@@ -137,8 +139,8 @@ pub async fn backup(
         blocking(move || prepare(&data, &dir)).await?
     };
     let copied = {
-        let (data, target) = (data.clone(), target.clone());
-        blocking(move || copy_data(&data, &target.dir)).await
+        let (data, target, events) = (data.clone(), target.clone(), events.clone());
+        blocking(move || copy_data(&data, &target.dir, events.as_ref())).await
     };
     let paused_seconds = started.elapsed().as_secs_f64();
     drop(paused);
@@ -275,13 +277,12 @@ struct Counts {
 /// their permissions, state files copied, message files hard-linked when
 /// `to` is on the same file system and copied otherwise. A file gone
 /// between listing and copying (an event log rotated away) is left out.
-/// The event log's writer, which [`Exchange::pause_writes`] does not hold
-/// back, waits while its file is copied.
-fn copy_data(data: &Path, to: &Path) -> Result<Counts, BackupError> {
+/// The event log's writer (`events`), which [`Exchange::pause_writes`]
+/// does not hold back, waits while its file is copied.
+fn copy_data(data: &Path, to: &Path, events: &dyn EventLogStore) -> Result<Counts, BackupError> {
     let layout = DataLayout::new(data);
     let state = layout.state_dir();
     let events_file = layout.events();
-    let events = EventStore::opened(&events_file);
     let mut counts = Counts::default();
     let mut link = true;
     let mut folders = vec![(data.to_path_buf(), to.to_path_buf())];
@@ -319,10 +320,9 @@ fn copy_data(data: &Path, to: &Path) -> Result<Counts, BackupError> {
                     Err(e) => return Err(failed(e)),
                 }
             }
-            let _held = events
-                .as_ref()
-                .filter(|_| source == events_file)
-                .map(|log| log.hold_writes());
+            let _held = (source == events_file)
+                .then(|| events.hold_writes())
+                .flatten();
             match std::fs::copy(&source, &target) {
                 Ok(bytes) => {
                     counts.files += 1;

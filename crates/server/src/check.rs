@@ -280,12 +280,14 @@ pub struct DamagedState {
 
 /// Before serving: every state file of `data_dir` that exists is opened
 /// (and repaired if a crash left it unfinished); the first that redb
-/// cannot open stops the start.
-pub fn before_serving(data_dir: &Path) -> Result<(), DamagedState> {
+/// cannot open stops the start. `event_log`: the event log this process's
+/// log subscriber opened (and redb repaired) already, passed over.
+pub fn before_serving(
+    data_dir: &Path,
+    event_log: Option<&std::sync::Arc<crate::events::EventStore>>,
+) -> Result<(), DamagedState> {
     for file in state_files(data_dir) {
-        // The event log opened by this process's log subscriber was
-        // opened (and repaired) by redb there already.
-        if crate::events::EventStore::opened(&file.path).is_some() {
+        if event_log.is_some_and(|log| log.path() == file.path) {
             continue;
         }
         let report = examine(&file, false);
@@ -351,7 +353,19 @@ mod tests {
             reports.iter().all(|r| r.health == Health::Whole),
             "{reports:?}"
         );
-        before_serving(dir.path()).unwrap();
+        before_serving(dir.path(), None).unwrap();
+    }
+
+    /// The event log this process's subscriber holds open is passed over
+    /// (redb would not open it a second time), and only that file.
+    #[test]
+    fn the_event_log_open_in_this_process_is_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        made(dir.path());
+        let log = crate::events::EventStore::open(&DataLayout::new(dir.path()).events()).unwrap();
+        before_serving(dir.path(), Some(&log)).unwrap();
+        let err = before_serving(dir.path(), None).unwrap_err().to_string();
+        assert!(err.contains("events.redb"), "{err}");
     }
 
     #[test]
@@ -366,7 +380,7 @@ mod tests {
                 .unwrap()
                 .set_len(len)
                 .unwrap();
-            let err = before_serving(dir.path()).unwrap_err().to_string();
+            let err = before_serving(dir.path(), None).unwrap_err().to_string();
             assert!(err.contains(&sessions.display().to_string()), "{err}");
             assert!(err.contains("estafeta check"), "{err}");
             assert!(err.contains("restore it from a backup"), "{err}");

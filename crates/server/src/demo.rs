@@ -38,15 +38,18 @@ pub(crate) async fn demo(
         .prefix("estafeta-demo-")
         .tempdir()
         .context("making a temporary data folder")?;
-    estafeta_server::logging::init(logging, Some(folder.path()))?;
+    let event_log = estafeta_server::logging::init(logging, Some(folder.path()))?
+        .context("the demo keeps an event log")?;
     let mut config = ExchangeConfig::new(folder.path());
     config.started_timeout = Duration::from_secs(30);
     config.ready_timeout = Duration::from_secs(60);
-    let (server, admin_token) = Server::open(
+    let (server, admin_token) = Server::open_with(
         config,
         Arc::new(estafeta_session::SystemClock),
         HttpSettings::default(),
         NotifySettings::log_only(folder.path()),
+        None,
+        Some(&event_log),
     )
     .await?;
     let AdminToken::Generated(token) = admin_token else {
@@ -65,7 +68,8 @@ pub(crate) async fn demo(
     let (devices, processors) = provision(&admin, folder.path()).await?;
     // The provisioning's events are in the event log before the address
     // is shown.
-    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
+    let flushing = event_log.clone();
+    tokio::task::spawn_blocking(move || flushing.flush()).await?;
     println!("listening on {addr}");
     println!("dashboard: http://{addr}/admin");
     println!("admin token: {token}");
@@ -112,7 +116,7 @@ pub(crate) async fn demo(
     stop_server.cancel();
     server.await.context("the server task")??;
     // Written before the folder goes.
-    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
+    tokio::task::spawn_blocking(move || event_log.flush()).await?;
     println!("demo stopped: {uploaded} messages uploaded, {replies} replies received");
     Ok(())
 }

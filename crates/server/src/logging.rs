@@ -19,7 +19,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, Settings};
 use crate::events::layer::redact_urls;
-use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, Retention, events_file};
+use crate::events::{ALERT_TARGET, EVENT_TARGET, EventLog, EventLogHandle, Retention, events_file};
 
 /// Installing the subscriber failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,10 +39,16 @@ pub enum LoggingError {
 /// `log_format`); with `data_dir`, also the event log, kept as long as the
 /// `events_max_age` and `events_max_mb` settings say: in the cluster store
 /// when the `store` setting names one, else in
-/// `<data_dir>/.estafeta/events.redb`.
-pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingError> {
+/// `<data_dir>/.estafeta/events.redb`. Returns the event log's handle
+/// (with `data_dir`): the server is given its file, and the process
+/// flushes it as it stops.
+pub fn init(
+    settings: &Settings,
+    data_dir: Option<&Path>,
+) -> Result<Option<EventLogHandle>, LoggingError> {
     let ansi = std::io::stderr().is_terminal();
     let stderr = stderr_lines(settings, || Redacting(std::io::stderr()), ansi);
+    let mut handle = None;
     let events = match data_dir {
         Some(dir) => {
             let retention = Retention {
@@ -56,6 +62,7 @@ pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingE
                 }
                 None => EventLog::open(&events_file(dir), retention)?,
             };
+            handle = Some(log.handle());
             // Decided once per call site (not per event): protocol steps and
             // alerts at any level, everything else from WARN up.
             let keep = Targets::new()
@@ -70,7 +77,7 @@ pub fn init(settings: &Settings, data_dir: Option<&Path>) -> Result<(), LoggingE
         .with(stderr)
         .with(events)
         .try_init()?;
-    Ok(())
+    Ok(handle)
 }
 
 /// The layer of the log lines that `init` writes to stderr, writing to

@@ -24,6 +24,7 @@ use estafeta_exchange::DataLayout;
 use estafeta_exchange::tenancy::AdminToken;
 use estafeta_server::Settings;
 use estafeta_server::config;
+use estafeta_server::events::EventLogHandle;
 use estafeta_server::open::open_server;
 use tokio_util::sync::CancellationToken;
 
@@ -121,8 +122,9 @@ fn main() -> anyhow::Result<()> {
             private_files();
             let settings = args.sources().resolve()?.settings;
             // `serve` also keeps the structured event log in its data folder.
-            estafeta_server::logging::init(&settings, Some(&settings.data_dir))?;
-            runtime()?.block_on(serve(settings))
+            let event_log = estafeta_server::logging::init(&settings, Some(&settings.data_dir))?
+                .context("`serve` keeps an event log")?;
+            runtime()?.block_on(serve(settings, event_log))
         }
         Command::Config { settings, check } => match check {
             Some(path) => {
@@ -258,7 +260,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Runtime::new().context("starting the async runtime")
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<()> {
+async fn serve(settings: Settings, event_log: EventLogHandle) -> anyhow::Result<()> {
     tracing::info!(?settings, "starting");
     #[cfg(feature = "failpoints")]
     {
@@ -268,7 +270,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             println!("failpoints armed: {}", armed.join(" "));
         }
     }
-    estafeta_server::check::before_serving(&settings.data_dir)?;
+    estafeta_server::check::before_serving(&settings.data_dir, event_log.file())?;
     let exchange_config = settings.exchange_config()?;
     let (server, admin) = open_server(
         exchange_config,
@@ -277,6 +279,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.notify()?,
         settings.disk_alert_mb << 20,
         settings.cluster_store().as_ref(),
+        Some(&event_log),
     )
     .await
     .with_context(|| format!("opening the data folder {}", settings.data_dir.display()))?;
@@ -312,7 +315,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     });
     let ran = server.run(listener, shutdown).await;
     // What the event log still has queued is written before the process ends.
-    tokio::task::spawn_blocking(estafeta_server::events::flush_all).await?;
+    tokio::task::spawn_blocking(move || event_log.flush()).await?;
     ran?;
     Ok(())
 }

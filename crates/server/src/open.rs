@@ -21,6 +21,7 @@ use estafeta_session::Clock;
 
 use crate::config::{ClusterStore, HttpSettings};
 use crate::error::ServeError;
+use crate::events::EventLogHandle;
 use crate::notify::NotifySettings;
 use crate::notify::disk::free_bytes;
 use crate::serve::Server;
@@ -47,6 +48,7 @@ pub async fn open_server(
     notify: NotifySettings,
     low_bytes: u64,
     store: Option<&ClusterStore>,
+    event_log: Option<&EventLogHandle>,
 ) -> Result<(Server, AdminToken), ServeError> {
     let low = if low_bytes == 0 {
         DEFAULT_LOW
@@ -61,6 +63,7 @@ pub async fn open_server(
             http.clone(),
             notify.clone(),
             store,
+            event_log,
         )
         .await;
         let error = match opened {

@@ -36,6 +36,7 @@ use crate::admission::{Admission, Admitted, Refusals, reserved_routes_only};
 use crate::app::app;
 use crate::config::{ClusterStore, HttpSettings};
 use crate::error::ServeError;
+use crate::events::EventLogHandle;
 use crate::metrics::{Commits, Metrics};
 use crate::notify::NotifySettings;
 use crate::state::AppState;
@@ -62,18 +63,22 @@ impl Server {
         http: HttpSettings,
         notify: NotifySettings,
     ) -> Result<(Server, AdminToken), ServeError> {
-        Server::open_with(config, clock, http, notify, None).await
+        Server::open_with(config, clock, http, notify, None, None).await
     }
 
     /// [`Server::open`] over the stores the `store` setting names: the
     /// embedded ones under the data folder, or a cluster's PostgreSQL
-    /// database ([`crate::stores::stores`]).
+    /// database ([`crate::stores::stores`]). `event_log`: the event log this
+    /// process's log subscriber keeps ([`crate::logging::init`]), whose file
+    /// the dashboard reads rather than opening it again; without it the
+    /// server opens the data folder's log file itself.
     pub async fn open_with(
         config: ExchangeConfig,
         clock: Arc<dyn Clock>,
         http: HttpSettings,
         notify: NotifySettings,
         store: Option<&ClusterStore>,
+        event_log: Option<&EventLogHandle>,
     ) -> Result<(Server, AdminToken), ServeError> {
         // The exchange tells the metrics of its commits.
         let commits = Arc::new(Commits::default());
@@ -85,7 +90,7 @@ impl Server {
         let notifier = stores.notifier(notify, config.quiesce.clone()).await?;
         let pusher = stores.pusher(&notifier, config.quiesce.clone()).await?;
         let logins = stores.logins();
-        let events = stores.events(&config.data_dir)?;
+        let events = stores.events(&config.data_dir, event_log.and_then(EventLogHandle::file))?;
         // In a cluster, wrong tokens are counted across the nodes.
         let auth_throttle =
             crate::throttle::AuthThrottle::new(stores.cluster.clone().map(|db| {

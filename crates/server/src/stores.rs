@@ -65,16 +65,21 @@ impl NodeStores {
     }
 
     /// The event log the dashboard reads: the cluster's `events` table
-    /// (every node's records) or the file under `data_dir`, whose damaged
-    /// predecessor, if its opening set one aside, is named in a warning.
+    /// (every node's records) or the file under `data_dir` (`opened`, when
+    /// this process has it open already), whose damaged predecessor, if its
+    /// opening set one aside, is named in a warning.
     pub fn events(
         &self,
         data_dir: &Path,
+        opened: Option<&Arc<EventStore>>,
     ) -> Result<Arc<dyn EventLogStore>, crate::events::EventStoreError> {
-        Ok(match &self.cluster {
-            Some(db) => Arc::new(estafeta_postgres::PgEvents::new(db.clone())),
-            None => {
-                let store = EventStore::open(&crate::events::events_file(data_dir))?;
+        Ok(match (&self.cluster, opened) {
+            (Some(db), _) => Arc::new(estafeta_postgres::PgEvents::new(db.clone())),
+            (None, opened) => {
+                let store = match opened {
+                    Some(store) => store.clone(),
+                    None => EventStore::open(&crate::events::events_file(data_dir))?,
+                };
                 if let Some(aside) = store.take_set_aside() {
                     tracing::warn!(
                         damaged = %aside.path.display(), damage = %aside.damage,

@@ -17,7 +17,7 @@
 //!
 //! What may be lost: the log is a record of what happened, not data the
 //! server promised to keep. A clean stop writes everything queued
-//! ([`flush_all`]); the records still queued when the process crashes or
+//! ([`EventLogHandle::flush`]); the records still queued when the process crashes or
 //! is killed (at most a [`GATHER`]'s worth, unless the writer is behind)
 //! are lost. A batch whose write fails is kept and tried again
 //! with the next; when more than [`QUEUE`] records wait (in the queue, or
@@ -25,9 +25,9 @@
 //! next batch carries a warning saying how many.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::field::{Field, Visit};
@@ -70,16 +70,26 @@ enum Job {
     Flush(SyncSender<()>),
 }
 
-/// The queues of every event log of this process, for [`flush_all`].
-static QUEUES: Mutex<Vec<SyncSender<Job>>> = Mutex::new(Vec::new());
+/// What the process keeps of the event log its subscriber writes: a way to
+/// wait for what is queued, and the file the log is kept in (embedded
+/// mode), which the server reads rather than opening it a second time.
+#[derive(Clone)]
+pub struct EventLogHandle {
+    queue: SyncSender<Job>,
+    file: Option<Arc<EventStore>>,
+}
 
-/// Waits until every record queued so far by every event log of this
-/// process is written: the server calls it as it stops, so that a clean
-/// stop loses nothing.
-pub fn flush_all() {
-    let queues = QUEUES.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for queue in queues {
-        flush_queue(&queue);
+impl EventLogHandle {
+    /// Waits until every record queued before this call is written: the
+    /// server calls it as it stops, so that a clean stop loses nothing.
+    pub fn flush(&self) {
+        flush_queue(&self.queue);
+    }
+
+    /// The file the log is kept in; `None` in cluster mode (the log is the
+    /// cluster's `events` table).
+    pub fn file(&self) -> Option<&Arc<EventStore>> {
+        self.file.as_ref()
     }
 }
 
@@ -94,6 +104,8 @@ fn flush_queue(queue: &SyncSender<Job>) {
 /// The event-log layer; see the module documentation.
 pub struct EventLog {
     queue: SyncSender<Job>,
+    /// The file the writer writes, when the log is one (for the handle).
+    file: Option<Arc<EventStore>>,
     dropped: Arc<AtomicU64>,
     seq: AtomicU64,
 }
@@ -110,8 +122,14 @@ impl EventLog {
                 .map_err(|e| EventStoreError::from_io(path, e))?;
         }
         let store = EventStore::open(path)?;
-        EventLog::spawn(store, None, retention, Box::new(gather_time))
-            .map_err(|e| EventStoreError::from_io(path, e))
+        EventLog::spawn(
+            store.clone(),
+            Some(store),
+            None,
+            retention,
+            Box::new(gather_time),
+        )
+        .map_err(|e| EventStoreError::from_io(path, e))
     }
 
     /// A layer keeping its records in the `events` table of the cluster
@@ -139,15 +157,23 @@ impl EventLog {
             let _inside = runtime.enter();
             Arc::new(estafeta_postgres::PgEvents::new(store))
         };
-        EventLog::spawn(events, Some(runtime), retention, Box::new(gather_time))
-            .map_err(super::store::cluster_error)
+        EventLog::spawn(
+            events,
+            None,
+            Some(runtime),
+            retention,
+            Box::new(gather_time),
+        )
+        .map_err(super::store::cluster_error)
     }
 
-    /// The layer over `store`, its writer thread started; `runtime` (the
-    /// one `store` runs on, if any) lives as long as the thread; `gather`
-    /// waits while records gather ([`GATHER`]).
+    /// The layer over `store` (the file `file`, if it is one), its writer
+    /// thread started; `runtime` (the one `store` runs on, if any) lives as
+    /// long as the thread; `gather` waits while records gather
+    /// ([`GATHER`]).
     fn spawn(
         store: Arc<dyn EventLogStore>,
+        file: Option<Arc<EventStore>>,
         runtime: Option<tokio::runtime::Runtime>,
         retention: Retention,
         gather: Box<dyn Fn() + Send>,
@@ -161,12 +187,9 @@ impl EventLog {
                 write_batches(store.as_ref(), &jobs, &lost, &retention, gather.as_ref());
                 drop(runtime);
             })?;
-        QUEUES
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(queue.clone());
         Ok(EventLog {
             queue,
+            file,
             dropped,
             seq: AtomicU64::new(0),
         })
@@ -198,6 +221,14 @@ impl EventLog {
     /// Waits until every record queued before this call is written.
     pub fn flush(&self) {
         flush_queue(&self.queue);
+    }
+
+    /// The handle the process keeps once the layer is installed.
+    pub fn handle(&self) -> EventLogHandle {
+        EventLogHandle {
+            queue: self.queue.clone(),
+            file: self.file.clone(),
+        }
     }
 
     fn next_id(&self, nanos: i64) -> String {
@@ -511,11 +542,13 @@ impl Visit for Fields<'_> {
 mod tests {
     use super::*;
     use crate::events::EventFilter;
+    use std::sync::Mutex;
     use tracing_subscriber::layer::SubscriberExt;
 
-    /// Every record of the store at `path`, oldest first.
-    fn records(path: &Path) -> Vec<EventRecord> {
-        let store = EventStore::open(path).unwrap();
+    /// Every record of the file `log` keeps, oldest first.
+    fn records(log: &EventLog) -> Vec<EventRecord> {
+        let handle = log.handle();
+        let store = handle.file().expect("a log kept in a file");
         let mut all = store
             .query(&EventFilter::default(), None, 10_000)
             .unwrap()
@@ -524,13 +557,10 @@ mod tests {
         all
     }
 
-    /// A layer on a new store in `dir`, and the store's path.
-    fn log_in(dir: &Path) -> (Arc<EventLog>, std::path::PathBuf) {
+    /// A layer on a new store in `dir`.
+    fn log_in(dir: &Path) -> Arc<EventLog> {
         let path = dir.join("state").join("events.redb");
-        (
-            Arc::new(EventLog::open(&path, Retention::default()).unwrap()),
-            path,
-        )
+        Arc::new(EventLog::open(&path, Retention::default()).unwrap())
     }
 
     /// A store whose first `failures` appends fail.
@@ -584,7 +614,13 @@ mod tests {
     #[test]
     fn records_of_a_failed_write_are_written_with_the_next_batch() {
         let flaky = Flaky::failing(1);
-        let log = EventLog::spawn(flaky.clone(), None, Retention::default(), Box::new(|| ()));
+        let log = EventLog::spawn(
+            flaky.clone(),
+            None,
+            None,
+            Retention::default(),
+            Box::new(|| ()),
+        );
         let log = Arc::new(log.unwrap());
         with_log(&log, || tracing::warn!("while the database is away"));
         with_log(&log, || tracing::warn!("once it is back"));
@@ -611,7 +647,7 @@ mod tests {
             let bound = std::time::Duration::from_secs(30);
             waits.lock().unwrap().recv_timeout(bound).unwrap();
         });
-        let log = EventLog::spawn(store.clone(), None, Retention::default(), gather);
+        let log = EventLog::spawn(store.clone(), None, None, Retention::default(), gather);
         let log = Arc::new(log.unwrap());
         let subscriber = tracing_subscriber::registry().with(ArcLayer(Arc::clone(&log)));
         tracing::subscriber::with_default(subscriber, || {
@@ -657,7 +693,7 @@ mod tests {
     #[test]
     fn keeps_events_alerts_and_warnings_with_their_fields_and_request_id() {
         let dir = tempfile::tempdir().unwrap();
-        let (log, path) = log_in(dir.path());
+        let log = log_in(dir.path());
         with_log(&log, || {
             let span = tracing::error_span!("request", request_id = "req-7", method = "POST");
             let _in = span.enter();
@@ -667,7 +703,7 @@ mod tests {
             drop(_in);
             tracing::error!(target: "estafeta::alert", db = "db-a", "in doubt");
         });
-        let events = records(&path);
+        let events = records(&log);
         assert_eq!(events.len(), 3, "{events:?}");
         let e = &events[0];
         assert_eq!(e.text, "message received");
@@ -713,11 +749,11 @@ mod tests {
             assert_eq!(redact_urls(given), want, "{given}");
         }
         let dir = tempfile::tempdir().unwrap();
-        let (log, path) = log_in(dir.path());
+        let log = log_in(dir.path());
         with_log(&log, || {
             tracing::info!(target: "estafeta::event", webhook = "http://u:secret@h/x", "set http://v:hidden@h/y");
         });
-        let text = serde_json::to_string(&records(&path)).unwrap();
+        let text = serde_json::to_string(&records(&log)).unwrap();
         assert!(
             !text.contains("secret") && !text.contains("hidden"),
             "{text}"
@@ -728,12 +764,12 @@ mod tests {
     #[test]
     fn every_record_is_size_capped() {
         let dir = tempfile::tempdir().unwrap();
-        let (log, path) = log_in(dir.path());
+        let log = log_in(dir.path());
         let huge = "é".repeat(1 << 20);
         with_log(&log, || {
             tracing::info!(target: "estafeta::event", method = %huge, db = %huge, "{huge}");
         });
-        let e = &records(&path)[0];
+        let e = &records(&log)[0];
         assert!(serde_json::to_vec(e).unwrap().len() <= MAX_RECORD_BYTES);
         assert!(e.text.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
         assert!(e.text.ends_with('…') && e.text.starts_with("éé"));
@@ -741,7 +777,7 @@ mod tests {
         assert!(field.len() <= MAX_VALUE_BYTES + '…'.len_utf8());
 
         // Every value escaped six-fold in JSON still fits, with the names kept.
-        let (log, path) = log_in(&dir.path().join("b"));
+        let log = log_in(&dir.path().join("b"));
         let control = "\u{1}".repeat(MAX_VALUE_BYTES);
         let mut fields = serde_json::Map::new();
         for i in 0..MAX_FIELDS {
@@ -761,19 +797,19 @@ mod tests {
             fields,
         });
         log.flush();
-        let e = &records(&path)[0];
+        let e = &records(&log)[0];
         assert!(serde_json::to_vec(e).unwrap().len() <= MAX_RECORD_BYTES);
         assert_eq!(e.db.as_deref(), Some("db-a"));
         assert_eq!(e.fields["truncated"], true);
 
-        let (log, path) = log_in(&dir.path().join("c"));
+        let log = log_in(&dir.path().join("c"));
         with_log(&log, || {
             tracing::info!(target: "estafeta::event", a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6,
                 a7 = 7, a8 = 8, a9 = 9, b0 = 0, b1 = 1, b2 = 2, b3 = 3, b4 = 4, b5 = 5, b6 = 6, b7 = 7,
                 b8 = 8, b9 = 9, c0 = 0, c1 = 1, c2 = 2, c3 = 3, c4 = 4, c5 = 5, c6 = 6, c7 = 7, c8 = 8,
                 c9 = 9, d0 = 0, d1 = 1, d2 = 2, d3 = 3, "many fields");
         });
-        let e = &records(&path)[0];
+        let e = &records(&log)[0];
         assert_eq!(e.fields.len(), MAX_FIELDS);
         assert_eq!(e.text, "many fields");
     }

@@ -14,7 +14,7 @@
 //! In cluster mode the log is the cluster's `events` table
 //! ([`EventLog::cluster`]), so every node's pages show the events of every
 //! node; the server reads whichever store its node keeps the log in
-//! (`crate::open::NodeStores`).
+//! (`crate::stores::NodeStores`).
 
 pub mod layer;
 pub mod reader;
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use layer::{EventLog, flush_all};
+pub use layer::{EventLog, EventLogHandle};
 pub use reader::EventFilter;
 pub use store::{EventLogStore, EventPage, EventStore, EventStoreError, Retention, SetAside};
 

@@ -15,9 +15,10 @@
 //! batch stays short; the next ones go on). The file does not shrink: redb
 //! reuses the pages freed.
 //!
-//! One process opens a file once ([`EventStore::open`] hands out the same
-//! store to every caller while one is alive): the event log's writer and
-//! the dashboard's pages share it.
+//! redb opens a file once per process: `serve` opens it with its log
+//! subscriber ([`super::EventLog::open`]) and hands that store to the server
+//! ([`super::EventLogHandle::file`]), whose dashboard pages and backups use
+//! it.
 //!
 //! A file redb cannot open for damage is set aside (renamed
 //! `events.redb.damaged-<milliseconds>`) and a new log begun: the server
@@ -28,10 +29,9 @@
 //! the cluster's `events` table ([`estafeta_postgres::PgEvents`]), the same
 //! filters and pages over both.
 
-use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -95,6 +95,13 @@ pub trait EventLogStore: Send + Sync {
         before: Option<EventKey>,
         limit: usize,
     ) -> Result<EventPage, EventStoreError>;
+
+    /// Holds back writes until the guard is dropped, for a store kept in a
+    /// file of the data folder (a backup copies it meanwhile); `None`: the
+    /// store is not in the data folder.
+    fn hold_writes(&self) -> Option<MutexGuard<'_, ()>> {
+        None
+    }
 }
 
 impl EventLogStore for EventStore {
@@ -118,6 +125,10 @@ impl EventLogStore for EventStore {
         limit: usize,
     ) -> Result<EventPage, EventStoreError> {
         EventStore::query(self, filter, before, limit)
+    }
+
+    fn hold_writes(&self) -> Option<MutexGuard<'_, ()>> {
+        Some(EventStore::hold_writes(self))
     }
 }
 
@@ -352,20 +363,14 @@ fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
     Ok(aside)
 }
 
-/// The stores open in this process, by path.
-static OPEN: LazyLock<Mutex<HashMap<PathBuf, Weak<EventStore>>>> = LazyLock::new(Default::default);
-
 impl EventStore {
-    /// The store at `path`: the one already open in this process, or the
-    /// file opened (made if missing, with its tables). A file redb finds
-    /// damaged is set aside and a new one made: the log is a record of what
-    /// happened, not data the server promised to keep, and must never stop
-    /// the server from starting ([`EventStore::take_set_aside`] says so).
+    /// The file at `path` opened (made if missing, with its tables). A file
+    /// redb finds damaged is set aside and a new one made: the log is a
+    /// record of what happened, not data the server promised to keep, and
+    /// must never stop the server from starting
+    /// ([`EventStore::take_set_aside`] says so). A file this process has
+    /// open already is not opened again (redb says so): share that store.
     pub fn open(path: &Path) -> Result<Arc<EventStore>, EventStoreError> {
-        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(store) = open.get(path).and_then(Weak::upgrade) {
-            return Ok(store);
-        }
         let (db, aside) = match open_db(path) {
             Ok(db) => (db, None),
             Err(damage) if is_damage(&damage) => {
@@ -377,23 +382,17 @@ impl EventStore {
             }
             Err(e) => return Err(error(path, e)),
         };
-        let store = Arc::new(EventStore {
+        Ok(Arc::new(EventStore {
             path: path.to_owned(),
             db,
             writing: Mutex::new(()),
             set_aside: Mutex::new(aside),
-        });
-        open.retain(|_, s| s.strong_count() > 0);
-        open.insert(path.to_owned(), Arc::downgrade(&store));
-        Ok(store)
+        }))
     }
 
-    /// The store at `path` if it is open in this process.
-    pub fn opened(path: &Path) -> Option<Arc<EventStore>> {
-        OPEN.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(path)
-            .and_then(Weak::upgrade)
+    /// The file the store is kept in.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The damaged file set aside when this store was opened, once (to the
@@ -762,16 +761,22 @@ mod tests {
         on_postgres(retention_removes_the_oldest_by_age_and_by_size).await;
     }
 
+    /// A second open of a file this process holds is refused, and the
+    /// open file is neither set aside nor touched; closed, it opens again.
     #[test]
-    fn one_process_shares_one_open_store() {
+    fn a_file_open_in_this_process_is_not_opened_twice() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.redb");
-        let a = EventStore::open(&path).unwrap();
-        let b = EventStore::open(&path).unwrap();
-        assert!(Arc::ptr_eq(&a, &b));
-        drop((a, b));
-        // Closed with its last user: opened again.
-        EventStore::open(&path).unwrap();
+        let open = EventStore::open(&path).unwrap();
+        open.append(&[record(1, "db-a")], &keep_all(), T0).unwrap();
+        let again = EventStore::open(&path).err().expect("a second open");
+        assert!(again.to_string().contains("events.redb"), "{again}");
+        assert_eq!(open.take_set_aside(), None);
+        assert_eq!(open.size().unwrap().0, 1);
+        drop(open);
+        let reopened = EventStore::open(&path).unwrap();
+        assert_eq!(reopened.take_set_aside(), None);
+        assert_eq!(reopened.size().unwrap().0, 1);
     }
 
     #[test]

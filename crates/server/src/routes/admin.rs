@@ -823,6 +823,6 @@ pub async fn backup(
     ApiJson(req): ApiJson<BackupRequest>,
 ) -> Result<Json<BackupReport>, ApiError> {
     Ok(Json(
-        crate::backup::backup(state.exchange(), &who, &req.dir).await?,
+        crate::backup::backup(state.exchange(), state.events(), &who, &req.dir).await?,
     ))
 }

@@ -119,6 +119,7 @@ async fn a_node_on_a_new_data_folder_becomes_ready() {
         HttpSettings::default(),
         NotifySettings::log_only(&data),
         Some(&ClusterStore::new(pg.url())),
+        None,
     )
     .await
     .unwrap();

@@ -109,6 +109,7 @@ async fn a_node_whose_database_connection_is_lost_while_it_opens_tries_again() {
         NotifySettings::log_only(dir.path()),
         0,
         Some(&ClusterStore::new(url)),
+        None,
     )
     .await;
     if let Err(e) = opened {
