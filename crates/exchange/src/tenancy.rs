@@ -275,6 +275,9 @@ struct Inner {
     /// it: changes reach the store and the cache in the same order (and a
     /// reload of a shared store's records waits for both).
     changing: tokio::sync::Mutex<()>,
+    /// Whether other servers change the store ([`RegistryStore::shared`]):
+    /// only then is its change counter read.
+    shared: bool,
     /// The shared store's change counter as the cache was last loaded.
     seen: AtomicU64,
     /// The last read of the shared store's change counter: when it began
@@ -333,6 +336,7 @@ impl Registry {
                 }
             },
         };
+        let shared = store.shared();
         let registry = Registry {
             inner: Arc::new(Inner {
                 store,
@@ -340,6 +344,7 @@ impl Registry {
                 admin_pinned,
                 cache: RwLock::new(cache),
                 changing: tokio::sync::Mutex::new(()),
+                shared,
                 seen: AtomicU64::new(seen),
                 counter: tokio::sync::Mutex::new(None),
             }),
@@ -350,8 +355,11 @@ impl Registry {
     /// Brings the copy in memory up to the store when other servers share
     /// it and changed it since it was loaded: call before answering from the
     /// copy ([`Registry::authenticate`]). A store only this server changes
-    /// answers its counter at once, and nothing is reloaded.
+    /// is not read: the copy is the store.
     pub async fn refresh(&self) -> Result<(), TenancyError> {
+        if !self.inner.shared {
+            return Ok(());
+        }
         let asked = std::time::Instant::now();
         let now = {
             let mut last = self.inner.counter.lock().await;
@@ -905,9 +913,10 @@ mod tests {
         assert_eq!(cache.by_token.len(), cache.endpoints.len());
     }
 
-    /// A shared store whose change counter reads are counted and held
-    /// until the test lets them go.
+    /// A store whose change counter reads are counted and held until the
+    /// test lets them go; shared with other servers or not.
     struct Slow {
+        shared: bool,
         reads: std::sync::atomic::AtomicUsize,
         gate: tokio::sync::Semaphore,
     }
@@ -923,6 +932,9 @@ mod tests {
         async fn apply(&self, _change: &Change) -> Result<(), TenancyError> {
             Ok(())
         }
+        fn shared(&self) -> bool {
+            self.shared
+        }
         async fn version(&self) -> Result<u64, TenancyError> {
             self.reads.fetch_add(1, Ordering::SeqCst);
             let _let_go = self.gate.acquire().await;
@@ -936,6 +948,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_tokens_at_once_share_one_read_of_the_shared_store() {
         let store = Arc::new(Slow {
+            shared: true,
             reads: std::sync::atomic::AtomicUsize::new(0),
             gate: tokio::sync::Semaphore::new(0),
         });
@@ -962,6 +975,22 @@ mod tests {
             w.await.unwrap().unwrap();
         }
         assert_eq!(store.reads.load(Ordering::SeqCst), 2);
+    }
+
+    /// A store only this server changes is never asked for its counter:
+    /// the copy is the store, and a call's check costs nothing.
+    #[tokio::test]
+    async fn a_store_only_this_server_changes_is_not_read_to_refresh() {
+        let store = Arc::new(Slow {
+            shared: false,
+            reads: std::sync::atomic::AtomicUsize::new(0),
+            gate: tokio::sync::Semaphore::new(1_000),
+        });
+        let (reg, _) = Registry::with_store(store.clone(), None).await.unwrap();
+        for _ in 0..10 {
+            reg.refresh().await.unwrap();
+        }
+        assert_eq!(store.reads.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

@@ -325,6 +325,11 @@ impl RegistryStore for PgRegistry {
         crate::session_storage::joint_of(step).map(|joint| joint.registry)
     }
 
+    /// Every node of the cluster changes it.
+    fn shared(&self) -> bool {
+        true
+    }
+
     async fn version(&self) -> Result<u64, TenancyError> {
         let client = self.store.client().await.map_err(shared)?;
         let stmt = client.prepare_cached(VERSION).await.map_err(shared)?;

@@ -365,6 +365,9 @@ impl<R: RegistryStore> RegistryStore for Gated<R> {
         let _writing = self.quiesce.inner.stores.read().await;
         self.inner.set_first_admin(token).await
     }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
     async fn version(&self) -> Result<u64, TenancyError> {
         self.inner.version().await
     }

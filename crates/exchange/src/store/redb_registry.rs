@@ -73,6 +73,11 @@ impl RedbRegistry {
 
 #[async_trait::async_trait]
 impl RegistryStore for RedbRegistry {
+    /// The file is this server's alone.
+    fn shared(&self) -> bool {
+        false
+    }
+
     async fn load(&self) -> Result<Snapshot, TenancyError> {
         self.run(|inner| load(&inner.db)).await
     }

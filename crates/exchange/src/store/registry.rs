@@ -109,6 +109,12 @@ pub trait RegistryStore: Send + Sync {
         Ok(true)
     }
 
+    /// Whether other servers change this store too (a cluster's
+    /// database): only then does the registry read its change counter
+    /// before answering from its copy. Every store says so: one that
+    /// wrongly said no would let a token revoked elsewhere pass here.
+    fn shared(&self) -> bool;
+
     /// The change counter now (0 for a store only its own server
     /// changes: answered at once); its value in a [`Snapshot`] is what
     /// that snapshot holds.
