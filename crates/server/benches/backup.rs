@@ -13,20 +13,16 @@
 //! # (default: the system temp folder); --profile dev for a debug build
 //! ```
 
-// The tests' harness, for a few of its helpers: the rest is unused here.
-#[allow(dead_code)]
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::id;
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Sinks, Timestamp, UlidGenerator};
+use estafeta_server_harness::api::id;
+use estafeta_server_harness::measure::sizes;
 
 const ADMIN: &str = "backup-bench-admin-0123456789abcdef0123";
 
@@ -93,7 +89,7 @@ fn main() {
         .build()
         .unwrap();
     let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
-    for n in common::sizes("BACKUP_WAITING", &[1_000, 100_000]) {
+    for n in sizes("BACKUP_WAITING", &[1_000, 100_000]) {
         let n = usize::try_from(n).unwrap();
         let dir = tempfile::tempdir_in(&base).unwrap();
         let data = dir.path().join("data");

@@ -12,19 +12,26 @@
 //! # ESTAFETA_TEST_BINARY names another server binary
 //! ```
 
-// The tests' harness, for a few of its helpers: the rest is unused here.
-#[allow(dead_code)]
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Binary, Tenancy, estafeta, ready_process, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::wire::ResultStatus;
 use estafeta_exchange::{DataLayout, ProcessId};
+use estafeta_server_harness::api::{Tenancy, ready_process, wait_ready};
+use estafeta_server_harness::binary::{self, Program};
+use estafeta_server_harness::measure::sizes;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+/// The `estafeta` binary built with this bench.
+struct Estafeta;
+
+impl Program for Estafeta {
+    const BUILT: &'static str = env!("CARGO_BIN_EXE_estafeta");
+}
+
+/// The real binary, started by [`Binary::serve`].
+type Binary = binary::Binary<Estafeta>;
 
 const TOKEN: &str = "restart-bench-admin-0123456789abcdef012";
 const SESSIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("sessions");
@@ -104,7 +111,7 @@ async fn measure(base: &Path, records: u64) {
     server.kill9().await;
     // `estafeta check` on the crashed folder (it repairs too).
     let began = Instant::now();
-    let out = estafeta(dir.path())
+    let out = Binary::command(dir.path())
         .arg("check")
         .env("ESTAFETA_DATA_DIR", &data)
         .output()
@@ -134,7 +141,7 @@ fn main() {
         .build()
         .unwrap();
     let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
-    for records in common::sizes("RESTART_RECORDS", &[1_000, 100_000]) {
+    for records in sizes("RESTART_RECORDS", &[1_000, 100_000]) {
         runtime.block_on(measure(Path::new(&base), records));
     }
 }

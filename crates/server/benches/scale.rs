@@ -22,24 +22,30 @@
 //! # --profile dev for a debug build
 //! ```
 
-// The tests' harness, for a few of its helpers: the rest is unused here.
-#[allow(dead_code)]
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Binary, id, message, start_request};
 use estafeta_client::Client;
 use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, MessageId, Sinks, Timestamp};
+use estafeta_server_harness::api::{id, message, start_request};
+use estafeta_server_harness::binary::{self, Program};
 use redb::TableDefinition;
+
+/// The `estafeta` binary built with this bench.
+struct Estafeta;
+
+impl Program for Estafeta {
+    const BUILT: &'static str = env!("CARGO_BIN_EXE_estafeta");
+}
+
+/// The real binary, started by [`Binary::serve`].
+type Binary = binary::Binary<Estafeta>;
 
 const ADMIN: &str = "scale-admin-0123456789abcdef0123456789";
 /// Messages waiting in `db-small`, and the real (non-empty) oldest files of

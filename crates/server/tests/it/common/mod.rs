@@ -2,8 +2,9 @@
 //! loopback port-0 listener over a temporary data folder, the real
 //! `estafeta` binary as a child process, and a provisioned tenancy.
 //!
-//! The server's benches `backup`, `restart` and `scale` include this module
-//! too (by `#[path]`), for a few of its helpers.
+//! What the server's benches need too (the binary as a child process, the
+//! tenancy, the requests) lives in the `estafeta-server-harness` crate;
+//! this module re-exports it, so a test takes every helper from here.
 
 pub(crate) mod clock;
 pub(crate) mod cluster;
@@ -16,18 +17,20 @@ pub(crate) mod webhook;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_exchange::wire::{Body, SendMessage, StartRequest, Version};
-use estafeta_exchange::{Exchange, ExchangeConfig, Id};
+use estafeta_exchange::wire::{Body, Version};
+use estafeta_exchange::{Exchange, ExchangeConfig};
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, Server};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+pub(crate) use estafeta_server_harness::api::{
+    Tenancy, id, message, ready_process, start_request, wait_ready,
+};
+use estafeta_server_harness::binary::{self, Program};
+use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -102,10 +105,6 @@ pub(crate) fn quick_retry(data: &Path) -> NotifySettings {
     }
 }
 
-pub(crate) fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
-}
-
 /// Opens a server on `data` with the test admin token, the default HTTP
 /// settings and logged alerts.
 pub(crate) async fn open_server(data: &Path) -> Server {
@@ -147,18 +146,6 @@ pub(crate) async fn open_server_on(
         .await
         .unwrap();
     server
-}
-
-/// Waits until `/readyz` answers 200 (start-up recovery runs in the
-/// background); fails after many tries.
-pub(crate) async fn wait_ready(client: &Client) {
-    for _ in 0..1000 {
-        if client.readyz().await.unwrap() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the server did not become ready");
 }
 
 /// The library's `run` on 127.0.0.1:0 in a temporary data folder, over
@@ -257,49 +244,6 @@ impl TestServer {
     }
 }
 
-/// A provisioned tenancy: enterprise `acme` (subsystem `sales`, databases
-/// `db-a` and `db-b`, devices `phone-1` and `phone-2`) and enterprise
-/// `other` (database `db-x`, device `phone-x`), each with its client.
-pub(crate) struct Tenancy {
-    pub(crate) db_a: Client,
-    pub(crate) db_b: Client,
-    pub(crate) db_x: Client,
-    pub(crate) phone1: Client,
-    pub(crate) phone2: Client,
-    pub(crate) phone_x: Client,
-}
-
-impl Tenancy {
-    pub(crate) async fn provision(admin: &Client) -> Tenancy {
-        for ent in ["acme", "other"] {
-            admin.create_enterprise(&id(ent)).await.unwrap();
-            admin
-                .create_subsystem(&id(ent), &id("sales"))
-                .await
-                .unwrap();
-        }
-        let db = |ent: &'static str, db: &'static str| async move {
-            let c = admin.create_database(&id(ent), &id(db)).await.unwrap();
-            admin.with_token(&c.token)
-        };
-        let dev = |ent: &'static str, dev: &'static str| async move {
-            let c = admin
-                .create_device(&id(ent), &id(dev), &id("sales"))
-                .await
-                .unwrap();
-            admin.with_token(&c.token)
-        };
-        Tenancy {
-            db_a: db("acme", "db-a").await,
-            db_b: db("acme", "db-b").await,
-            db_x: db("other", "db-x").await,
-            phone1: dev("acme", "phone-1").await,
-            phone2: dev("acme", "phone-2").await,
-            phone_x: dev("other", "phone-x").await,
-        }
-    }
-}
-
 /// The smallest tenancy: enterprise `acme` with subsystem `sales`, database
 /// `db-a` and device `phone-1`; their tokens (database, device).
 pub(crate) async fn provision_one(admin: &Client) -> (String, String) {
@@ -317,18 +261,6 @@ pub(crate) async fn provision_one(admin: &Client) -> (String, String) {
         .await
         .unwrap();
     (db.token, phone.token)
-}
-
-/// An upload of `body` to `to`.
-pub(crate) fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
-    SendMessage {
-        version: Version,
-        to: id(to),
-        body: Body::from_json(body).unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: key.map(str::to_owned),
-    }
 }
 
 /// A prepare that marks each of `ids` PROCESSED and replies once to
@@ -388,210 +320,28 @@ pub(crate) async fn reply_waiting(admin: &Client, reply: &str) -> String {
     phone
 }
 
-/// A start call for `db` with no filters.
-pub(crate) fn start_request(db: &str) -> StartRequest {
-    StartRequest {
-        version: Version,
-        db_id: id(db),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    }
+/// The `estafeta` binary built with the tests.
+pub(crate) struct Estafeta;
+
+impl Program for Estafeta {
+    const BUILT: &'static str = env!("CARGO_BIN_EXE_estafeta");
 }
 
 /// The real `estafeta` binary, started by [`Binary::serve`].
-pub(crate) struct Binary {
-    pub(crate) child: Child,
-    pub(crate) addr: SocketAddr,
-    pub(crate) base: String,
-    /// The admin token, when this start generated one and printed it.
-    pub(crate) printed_token: Option<String>,
-    stdout: BufReader<ChildStdout>,
-}
+pub(crate) type Binary = binary::Binary<Estafeta>;
 
 /// A command for the binary with no `ESTAFETA_*` setting inherited from
 /// the test's environment, run in `cwd` (so no stray `estafeta.toml`).
 /// The binary is the one built with the tests, or the one named by
 /// `ESTAFETA_TEST_BINARY` (a measurement against an optimized build).
 pub(crate) fn estafeta(cwd: &Path) -> Command {
-    isolated(Command::new(binary()), cwd)
+    Binary::command(cwd)
 }
 
 /// [`estafeta`] started by `sh -c` after the shell commands `prelude`
 /// (`ulimit -n 256`, `umask 000`): what the binary inherits from them.
 pub(crate) fn estafeta_after(cwd: &Path, prelude: &str) -> Command {
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!("{prelude} && exec \"$0\" \"$@\""))
-        .arg(binary());
-    isolated(cmd, cwd)
-}
-
-/// The binary under test.
-fn binary() -> std::ffi::OsString {
-    std::env::var_os("ESTAFETA_TEST_BINARY")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_estafeta").into())
-}
-
-/// `cmd` without the test's `ESTAFETA_*` variables, in `cwd`, killed with
-/// the test.
-fn isolated(mut cmd: Command, cwd: &Path) -> Command {
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("ESTAFETA_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.current_dir(cwd).kill_on_drop(true);
-    cmd
-}
-
-impl Binary {
-    /// Starts `estafeta serve` (plus `args`) listening on 127.0.0.1:0 with
-    /// data in `data`, `env` added, and waits for its `listening on` line.
-    pub(crate) async fn serve(
-        cwd: &Path,
-        data: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Binary {
-        Self::serve_on(None, cwd, data, args, env).await
-    }
-
-    /// [`Binary::serve`] with the `store` setting `store` (none: the
-    /// embedded store under `data`) given as `ESTAFETA_STORE`.
-    pub(crate) async fn serve_on(
-        store: Option<&str>,
-        cwd: &Path,
-        data: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Binary {
-        Self::serve_as(estafeta(cwd), store, data, args, env).await
-    }
-
-    /// [`Binary::serve_on`] through `cmd`, a command for the binary made by
-    /// [`estafeta`] or [`estafeta_after`].
-    pub(crate) async fn serve_as(
-        mut cmd: Command,
-        store: Option<&str>,
-        data: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Binary {
-        cmd.arg("serve")
-            .args(args)
-            .env("ESTAFETA_LISTEN", "127.0.0.1:0")
-            .env("ESTAFETA_DATA_DIR", data)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        if let Some(url) = store {
-            cmd.env("ESTAFETA_STORE", url);
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut printed_token = None;
-        let addr = loop {
-            let mut line = String::new();
-            let n = stdout.read_line(&mut line).await.unwrap();
-            assert!(
-                n > 0,
-                "the server exited before listening: {:?}",
-                child.wait().await
-            );
-            if let Some(rest) = line.trim().strip_prefix("admin token: ") {
-                printed_token = rest.split_whitespace().next().map(str::to_owned);
-            }
-            if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                break addr.parse::<SocketAddr>().unwrap();
-            }
-        };
-        Binary {
-            child,
-            addr,
-            base: format!("http://{addr}"),
-            printed_token,
-            stdout,
-        }
-    }
-
-    /// Sends SIGTERM and waits for the exit code.
-    pub(crate) async fn terminate(self) -> Option<i32> {
-        self.signal("-TERM").await
-    }
-
-    /// Kills the server with SIGKILL (no chance to save anything) and waits for it.
-    pub(crate) async fn kill9(self) {
-        assert_eq!(self.signal("-KILL").await, None);
-    }
-
-    async fn signal(mut self, signal: &str) -> Option<i32> {
-        let pid = self.child.id().unwrap().to_string();
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let exit = self.child.wait().await.unwrap();
-        // Drain what is left of stdout so nothing blocks the child.
-        let mut rest = String::new();
-        let _ = tokio::io::AsyncReadExt::read_to_string(&mut self.stdout, &mut rest).await;
-        exit.code()
-    }
-}
-
-/// Device `phone-1` uploads one message to `db-a`; `db-a` starts a process
-/// and prepares it with `status` for that message and one reply to
-/// `phone-1`: the process is READY_TO_COMMIT. Returns the process and the
-/// message.
-pub(crate) async fn ready_process(
-    t: &Tenancy,
-    status: estafeta_exchange::wire::ResultStatus,
-) -> (estafeta_exchange::ProcessId, estafeta_exchange::MessageId) {
-    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply};
-    let sent = t
-        .phone1
-        .send(&message("db-a", r#"{"order":1}"#, None))
-        .await
-        .unwrap();
-    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
-    let pid = started.process_id.unwrap();
-    let prepare = PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: sent.accepted.id,
-            status,
-            error_code: None,
-            error_text: (status != estafeta_exchange::wire::ResultStatus::Processed)
-                .then(|| "rejected".to_owned()),
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    };
-    t.db_a.prepare(&pid, &prepare).await.unwrap();
-    (pid, sent.accepted.id)
-}
-
-/// The sizes a measurement runs at: the comma-separated list in the
-/// environment variable `name` (`_` allowed in numbers), else `default`.
-/// Only the benches use it.
-#[allow(dead_code)]
-pub(crate) fn sizes(name: &str, default: &[u64]) -> Vec<u64> {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .map(|n| n.replace('_', "").trim().parse().unwrap())
-                .collect()
-        })
-        .unwrap_or_else(|| default.to_vec())
+    Binary::command_after(cwd, prelude)
 }
 
 /// A plain HTTP client that follows no redirect: a test sees the
