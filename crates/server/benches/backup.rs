@@ -21,6 +21,7 @@ use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Sinks, Timestamp, UlidGenerator};
+use estafeta_server::events::{EventLogStore, EventStore, events_file};
 use estafeta_server_harness::api::id;
 use estafeta_server_harness::measure::sizes;
 
@@ -96,8 +97,11 @@ fn main() {
         runtime.block_on(data_with(&data, n));
         let report = runtime.block_on(async {
             let exchange = open(&data).await;
+            // The server's event log, held back while its file is copied.
+            let events: Arc<dyn EventLogStore> = EventStore::open(&events_file(&data)).unwrap();
             let report = estafeta_server::backup::backup(
                 &exchange,
+                &events,
                 &Principal::Admin,
                 &dir.path().join("copy"),
             )

@@ -770,14 +770,14 @@ common::both_stores!(
 /// The event log page reads the event store: filtered by database,
 /// message and request id, a page at a time with a link to older events,
 /// and each event shows the request it happened in. Embedded only: it
-/// writes the records into the data folder's file itself (the cluster's
-/// log is read across nodes in `cluster_alerts`).
+/// writes the records into the file the server reads (the cluster's log
+/// is read across nodes in `cluster_alerts`).
 #[tokio::test]
 async fn the_event_log_page_filters_and_pages_the_event_store() {
-    use estafeta_server::events::{EventRecord, EventStore, Retention, events_file};
+    use estafeta_server::events::{EventRecord, Retention};
     let server = TestServer::start().await;
     let s = login(&server).await;
-    let store = EventStore::open(&events_file(server.data.path())).unwrap();
+    let store = &server.events;
     let now = chrono::Utc::now();
     let t0 = now.timestamp_nanos_opt().unwrap() as u64 - 3_600_000_000_000;
     let records: Vec<EventRecord> = (0..150u64)

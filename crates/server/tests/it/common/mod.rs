@@ -142,7 +142,7 @@ pub(crate) async fn open_server_on(
     tweak(&mut config);
     let clock = Arc::new(estafeta_session::SystemClock);
     let store = store.map(ClusterStore::new);
-    let (server, _) = Server::open_with(config, clock, http, notify, store.as_ref())
+    let (server, _) = Server::open_with(config, clock, http, notify, store.as_ref(), None)
         .await
         .unwrap();
     server
@@ -160,6 +160,9 @@ pub(crate) struct TestServer {
     pub(crate) admin: Client,
     /// The server's exchange (for calls no HTTP route makes).
     pub(crate) exchange: Exchange,
+    /// The event log its dashboard reads (records a test writes there
+    /// itself: the server holds the file open).
+    pub(crate) events: Arc<dyn estafeta_server::events::EventLogStore>,
     stop: CancellationToken,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
@@ -203,6 +206,7 @@ impl TestServer {
         let notify = notify(data.path());
         let server = open_server_on(data.path(), store.as_deref(), http, tweak, notify).await;
         let exchange = server.exchange().clone();
+        let events = server.state().events().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -217,6 +221,7 @@ impl TestServer {
             base,
             admin,
             exchange,
+            events,
             stop,
             task: Some(task),
         }

@@ -115,7 +115,7 @@ pub(crate) async fn reopen(
         let (http, notify) = (HttpSettings::default(), notify.clone());
         let clock = Arc::new(clock.clone());
         let cluster = store.map(ClusterStore::new);
-        match Assembled::open_with(config, clock, http, notify, cluster.as_ref()).await {
+        match Assembled::open_with(config, clock, http, notify, cluster.as_ref(), None).await {
             Ok((server, _)) => return server,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
