@@ -8,8 +8,10 @@ pub use estafeta_wire::Folder;
 use crate::id::Id;
 
 /// A folder of one mailbox: `<data>/<mailbox>/<folder>`. The mailbox is a
-/// database or device id (they share one namespace).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// database or device id (they share one namespace). Stored as the pair
+/// `[mailbox, folder]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(from = "(Id, Folder)", into = "(Id, Folder)")]
 pub struct Location {
     /// The database or device id owning the mailbox.
     pub mailbox: Id,
@@ -26,6 +28,18 @@ impl Location {
     /// The directory path under the data root.
     pub fn path(&self, root: &Path) -> PathBuf {
         root.join(self.mailbox.as_str()).join(self.folder.as_str())
+    }
+}
+
+impl From<(Id, Folder)> for Location {
+    fn from((mailbox, folder): (Id, Folder)) -> Self {
+        Location { mailbox, folder }
+    }
+}
+
+impl From<Location> for (Id, Folder) {
+    fn from(at: Location) -> Self {
+        (at.mailbox, at.folder)
     }
 }
 

@@ -8,7 +8,7 @@ use super::alert_kind::AlertKind;
 use super::alerts::Alert;
 use super::error::ExchangeError;
 use super::lifecycle::Ctx;
-use super::records::{DbRecord, FileOp, Owner, ProcessRecord, loc};
+use super::records::{DbRecord, Owner, ProcessRecord};
 use super::sessions::Sessions;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder, Location, MessageStore, Op};
@@ -92,34 +92,15 @@ impl Core {
     pub(crate) async fn run_ops(
         &self,
         mut held: Held<'_>,
-        steps: &[FileOp],
+        ops: &[Op],
         registry: Option<u64>,
     ) -> Result<(), MailboxError> {
-        let ops: Vec<Op> = steps
-            .iter()
-            .map(|s| match s {
-                FileOp::Move { name, from, to } => Op::Move {
-                    name: name.clone(),
-                    from: loc(from),
-                    to: loc(to),
-                },
-                FileOp::Delete { name, at } => Op::Delete {
-                    name: name.clone(),
-                    at: loc(at),
-                },
-                FileOp::Schedule { name, from, at } => Op::Schedule {
-                    name: name.clone(),
-                    from: loc(from),
-                    until: *at,
-                },
-            })
-            .collect();
         // Named points for the fault-injection harness: a crash (or a
         // pause) after the step that recorded the batch and before the
         // store has any of it, and a crash once the store has all of it
         // (run again after the crash, each op finds itself done).
         fail::fail_point!("messages::apply");
-        let applied = self.store.apply(again(&mut held), &ops).await;
+        let applied = self.store.apply(again(&mut held), ops).await;
         fail::fail_point!("messages::applied");
         self.announce(&applied.arrivals, registry).await;
         let mut first_error = None;

@@ -43,8 +43,9 @@
 //! is idempotent, so after a crash the moves are simply run again.
 
 use super::alert_kind::AlertKind;
-use super::records::{DbRecord, Discarding, Ended, FileOp, Process, Verdict};
+use super::records::{DbRecord, Discarding, Ended, Process, Verdict, deliver};
 use crate::mailbox::{FileName, Folder};
+use crate::store::Op;
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use std::time::Duration;
@@ -203,7 +204,7 @@ pub(crate) enum Step {
     Save,
     /// Run these file operations (moves concurrently, then deletes); the
     /// outcome comes back as [`Event::Ran`].
-    Run { pid: ProcessId, ops: Vec<FileOp> },
+    Run { pid: ProcessId, ops: Vec<Op> },
     /// Raise an alert about the process.
     Raise {
         kind: AlertKind,
@@ -873,18 +874,18 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
 /// The moves of a confirmed commit: replies to their recipients (or
 /// scheduled for their `deliver_at`), processed messages to `Log`, incorrect
 /// ones to `Error`; deadlocked ones stay in `Messages`.
-fn commit_ops(p: &Process) -> Vec<FileOp> {
+fn commit_ops(p: &Process) -> Vec<Op> {
     let db = &p.db;
-    let mut ops: Vec<FileOp> = p
+    let mut ops: Vec<Op> = p
         .replies
         .iter()
-        .map(|r| FileOp::deliver(p, r, (db, Folder::Prepared)))
+        .map(|r| deliver(p, r, (db, Folder::Prepared)))
         .collect();
     for n in p.verdicts(ResultStatus::Processed) {
-        ops.push(FileOp::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
+        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
     }
     for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-        ops.push(FileOp::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
+        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
     }
     ops
 }
@@ -892,50 +893,42 @@ fn commit_ops(p: &Process) -> Vec<FileOp> {
 /// The moves that put a READY_TO_COMMIT process in doubt: processed
 /// messages and replies to `Unknown`, incorrect ones to `Error`,
 /// deadlocked ones stay.
-fn in_doubt_ops(p: &Process) -> Vec<FileOp> {
+fn in_doubt_ops(p: &Process) -> Vec<Op> {
     let db = &p.db;
-    let mut ops: Vec<FileOp> = p
+    let mut ops: Vec<Op> = p
         .replies
         .iter()
-        .map(|r| FileOp::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
+        .map(|r| Op::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
         .collect();
     for n in p.verdicts(ResultStatus::Processed) {
-        ops.push(FileOp::mv(
-            &n,
-            (db, Folder::Messages),
-            (db, Folder::Unknown),
-        ));
+        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Unknown)));
     }
     for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-        ops.push(FileOp::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
+        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
     }
     ops
 }
 
 /// The moves that settle a process in doubt as committed or rolled back.
-fn settle_ops(p: &Process, commit: bool) -> Vec<FileOp> {
+fn settle_ops(p: &Process, commit: bool) -> Vec<Op> {
     let db = &p.db;
     let mut ops = Vec::new();
     if commit {
         for r in &p.replies {
-            ops.push(FileOp::deliver(p, r, (db, Folder::Unknown)));
+            ops.push(deliver(p, r, (db, Folder::Unknown)));
         }
         for n in p.verdicts(ResultStatus::Processed) {
-            ops.push(FileOp::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
+            ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
         }
     } else {
         for r in &p.replies {
-            ops.push(FileOp::delete(r, (db, Folder::Unknown)));
+            ops.push(Op::delete(r, (db, Folder::Unknown)));
         }
         for n in p.verdicts(ResultStatus::Processed) {
-            ops.push(FileOp::mv(
-                &n,
-                (db, Folder::Unknown),
-                (db, Folder::Messages),
-            ));
+            ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Messages)));
         }
         for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-            ops.push(FileOp::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
+            ops.push(Op::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
         }
     }
     ops

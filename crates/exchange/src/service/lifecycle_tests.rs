@@ -28,6 +28,7 @@
 use super::*;
 use crate::Timestamp as T;
 use crate::service::core::Core;
+use crate::store::Op as StoreOp;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
@@ -219,30 +220,30 @@ impl World {
     /// Runs file operations as the message store does: a move or a
     /// schedule finds its file where it comes from or already where it
     /// goes; a delete of a file that is not there does nothing.
-    fn run(&mut self, ops: &[FileOp], fail_at: Option<usize>) -> Result<(), String> {
+    fn run(&mut self, ops: &[StoreOp], fail_at: Option<usize>) -> Result<(), String> {
         for (i, op) in ops.iter().enumerate() {
             if fail_at == Some(i) {
                 return Err("injected".into());
             }
             match op {
-                FileOp::Move { name, from, to } => {
-                    let from = Place::At(from.0.clone(), from.1);
-                    let to = Place::At(to.0.clone(), to.1);
+                StoreOp::Move { name, from, to } => {
+                    let from = Place::At(from.mailbox.clone(), from.folder);
+                    let to = Place::At(to.mailbox.clone(), to.folder);
                     self.relocate(name, &from, to);
                 }
-                FileOp::Delete { name, at } => {
+                StoreOp::Delete { name, at } => {
                     assert!(
                         !self.uploads.contains(&name.id),
                         "an upload is never deleted"
                     );
-                    let at = Place::At(at.0.clone(), at.1);
+                    let at = Place::At(at.mailbox.clone(), at.folder);
                     if self.files.get(&name.id).is_some_and(|(_, p)| *p == at) {
                         self.files.remove(&name.id);
                         self.deleted.insert(name.id);
                     }
                 }
-                FileOp::Schedule { name, from, .. } => {
-                    let from = Place::At(from.0.clone(), from.1);
+                StoreOp::Schedule { name, from, .. } => {
+                    let from = Place::At(from.mailbox.clone(), from.folder);
                     self.relocate(name, &from, Place::Scheduled);
                 }
             }

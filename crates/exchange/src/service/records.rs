@@ -6,7 +6,7 @@
 //! late call is answered correctly).
 
 use super::stats::{DbCounters, DeviceCounters};
-use crate::store::{FileName, Folder, Location};
+use crate::store::{FileName, Folder, Location, Op};
 use crate::wire::{ProcessState, ProcessSummary, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -128,7 +128,7 @@ pub(crate) struct Process {
     /// record. Each is idempotent, so after a crash they are simply run
     /// again; when all are done the process ends as `target`.
     #[serde(default)]
-    pub(crate) pending: Vec<FileOp>,
+    pub(crate) pending: Vec<Op>,
     #[serde(default)]
     pub(crate) target: Option<ProcessState>,
     /// Failed attempts to run `pending` (for the retry backoff).
@@ -369,59 +369,17 @@ pub(crate) struct Verdict {
     pub(crate) error_text: Option<String>,
 }
 
-/// One idempotent file operation.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) enum FileOp {
-    Move {
-        #[serde(with = "display")]
-        name: FileName,
-        from: (Id, Folder),
-        to: (Id, Folder),
-    },
-    Delete {
-        #[serde(with = "display")]
-        name: FileName,
-        at: (Id, Folder),
-    },
-    /// Schedule the file for `at` (scheduled delivery): it leaves `from`.
-    Schedule {
-        #[serde(with = "display")]
-        name: FileName,
-        from: (Id, Folder),
-        at: Timestamp,
-    },
-}
-
-impl FileOp {
-    pub(crate) fn mv(name: &FileName, from: (&Id, Folder), to: (&Id, Folder)) -> FileOp {
-        FileOp::Move {
+/// A reply's way to its recipient's `Messages`: moved now, or scheduled
+/// for its `deliver_at`.
+pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Op {
+    match p.scheduled.iter().find(|(id, _)| *id == name.id) {
+        Some((_, at)) => Op::Schedule {
             name: name.clone(),
-            from: (from.0.clone(), from.1),
-            to: (to.0.clone(), to.1),
-        }
+            from: Location::new(from.0.clone(), from.1),
+            until: *at,
+        },
+        None => Op::mv(name, from, (&name.to, Folder::Messages)),
     }
-    /// A reply's way to its recipient's `Messages`: moved now, or scheduled
-    /// for its `deliver_at`.
-    pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> FileOp {
-        match p.scheduled.iter().find(|(id, _)| *id == name.id) {
-            Some((_, at)) => FileOp::Schedule {
-                name: name.clone(),
-                from: (from.0.clone(), from.1),
-                at: *at,
-            },
-            None => FileOp::mv(name, from, (&name.to, Folder::Messages)),
-        }
-    }
-    pub(crate) fn delete(name: &FileName, at: (&Id, Folder)) -> FileOp {
-        FileOp::Delete {
-            name: name.clone(),
-            at: (at.0.clone(), at.1),
-        }
-    }
-}
-
-pub(crate) fn loc((id, folder): &(Id, Folder)) -> Location {
-    Location::new(id.clone(), *folder)
 }
 
 /// Serde through `Display` and `FromStr` (file names are stored as names).
@@ -504,5 +462,39 @@ mod tests {
         assert!(stored.get("deferred").is_some(), "{stored}");
         let back: Process = serde_json::from_value(stored).unwrap();
         assert_eq!(back.scheduled, [(reply, now)]);
+    }
+
+    /// The file operations a record keeps (a step's batch, run again after
+    /// a crash) read back as they were stored, and are stored so again.
+    #[test]
+    fn stored_file_operations_keep_their_form() {
+        let (db, phone) = (Id::new("db-a").unwrap(), Id::new("phone-1").unwrap());
+        let file = FileName {
+            created_at: Timestamp::from_millis(1_764_064_700_000),
+            id: "01KAXPJ1NP6ZMWJ3Q6C6SS0W1B".parse().unwrap(),
+            from: phone.clone(),
+            to: db.clone(),
+            subsystem: Id::new("sales").unwrap(),
+        };
+        let name = file.to_string();
+        let at = Timestamp::from_millis(1_764_064_800_000);
+        let due = serde_json::to_string(&at).unwrap();
+        let stored = format!(
+            r#"[{{"Move":{{"name":"{name}","from":["db-a","Prepared"],"to":["phone-1","Messages"]}}}},{{"Delete":{{"name":"{name}","at":["db-a","Unknown"]}}}},{{"Schedule":{{"name":"{name}","from":["db-a","Prepared"],"at":{due}}}}}]"#
+        );
+        let ops: Vec<Op> = serde_json::from_str(&stored).unwrap();
+        assert_eq!(
+            ops,
+            [
+                Op::mv(&file, (&db, Folder::Prepared), (&phone, Folder::Messages)),
+                Op::delete(&file, (&db, Folder::Unknown)),
+                Op::Schedule {
+                    name: file.clone(),
+                    from: Location::new(db.clone(), Folder::Prepared),
+                    until: at,
+                },
+            ]
+        );
+        assert_eq!(serde_json::to_string(&ops).unwrap(), stored);
     }
 }

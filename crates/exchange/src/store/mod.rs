@@ -40,8 +40,10 @@ use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
 
-/// One change of a batch a protocol step makes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One change of a batch a protocol step makes. Idempotent: run again
+/// (after a crash), an op finds itself done. A database's session record
+/// keeps the batch of its step until the batch has run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// The message leaves `from` for `to`.
     Move {
@@ -68,8 +70,28 @@ pub enum Op {
         /// Where it is.
         from: Location,
         /// When it is due.
+        #[serde(rename = "at")]
         until: Timestamp,
     },
+}
+
+impl Op {
+    /// `name` moved from one folder to another.
+    pub(crate) fn mv(name: &FileName, from: (&Id, Folder), to: (&Id, Folder)) -> Op {
+        Op::Move {
+            name: name.clone(),
+            from: Location::new(from.0.clone(), from.1),
+            to: Location::new(to.0.clone(), to.1),
+        }
+    }
+
+    /// `name` removed from a folder.
+    pub(crate) fn delete(name: &FileName, at: (&Id, Folder)) -> Op {
+        Op::Delete {
+            name: name.clone(),
+            at: Location::new(at.0.clone(), at.1),
+        }
+    }
 }
 
 /// What a batch of [`Op`]s did.
