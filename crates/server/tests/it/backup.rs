@@ -142,6 +142,28 @@ async fn every_id_once(admin: &Client, mailboxes: &[&str]) -> HashSet<MessageId>
     }
 }
 
+/// Every file under `root` whose name holds `id`: where a message is, or
+/// was left, in a data folder (for a failure's message).
+fn files_of(root: &Path, id: &MessageId) -> Vec<std::path::PathBuf> {
+    let id = id.to_string();
+    let mut found = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if entry.file_name().to_string_lossy().contains(&id) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
 /// Ids a test's clients noted, shared with the tasks that note them and
 /// those that wait for them.
 #[derive(Clone)]
@@ -263,7 +285,9 @@ async fn a_backup_taken_while_devices_upload_serves_every_acknowledged_message()
     for acked in before.iter().chain([&in_process]) {
         assert!(
             found.contains(acked),
-            "{acked} acknowledged before the backup is missing"
+            "{acked} acknowledged before the backup is missing; its files in the copy: {:?}, in the original: {:?}",
+            files_of(&copy, acked),
+            files_of(&data, acked)
         );
     }
     // Nothing in the copy that was never acknowledged (besides the reply
