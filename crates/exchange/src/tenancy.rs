@@ -921,6 +921,17 @@ mod tests {
         gate: tokio::sync::Semaphore,
     }
 
+    impl Slow {
+        /// Shared or not; `permits` counter reads let through at once.
+        fn new(shared: bool, permits: usize) -> Arc<Slow> {
+            Arc::new(Slow {
+                shared,
+                reads: std::sync::atomic::AtomicUsize::new(0),
+                gate: tokio::sync::Semaphore::new(permits),
+            })
+        }
+    }
+
     #[async_trait::async_trait]
     impl RegistryStore for Slow {
         async fn load(&self) -> Result<Snapshot, TenancyError> {
@@ -947,11 +958,7 @@ mod tests {
     /// them, not a read each.
     #[tokio::test]
     async fn unknown_tokens_at_once_share_one_read_of_the_shared_store() {
-        let store = Arc::new(Slow {
-            shared: true,
-            reads: std::sync::atomic::AtomicUsize::new(0),
-            gate: tokio::sync::Semaphore::new(0),
-        });
+        let store = Slow::new(true, 0);
         let (reg, _) = Registry::with_store(store.clone(), None).await.unwrap();
         let first = tokio::spawn({
             let reg = reg.clone();
@@ -981,11 +988,7 @@ mod tests {
     /// the copy is the store, and a call's check costs nothing.
     #[tokio::test]
     async fn a_store_only_this_server_changes_is_not_read_to_refresh() {
-        let store = Arc::new(Slow {
-            shared: false,
-            reads: std::sync::atomic::AtomicUsize::new(0),
-            gate: tokio::sync::Semaphore::new(1_000),
-        });
+        let store = Slow::new(false, 1_000);
         let (reg, _) = Registry::with_store(store.clone(), None).await.unwrap();
         for _ in 0..10 {
             reg.refresh().await.unwrap();
