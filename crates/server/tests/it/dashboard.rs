@@ -621,9 +621,15 @@ async fn queue_and_delivery_pages_show_a_push_waiting_for_its_host(store: Store)
     t.phone1.send(&later).await.unwrap();
 
     // The push failed once (connection refused) and waits for its retry.
+    // The failure's text is noted as the push fails, its retry once the
+    // scheduler's move of the entry is written: the page is read until it
+    // shows both.
     let page = wait_page(&server, &s, "/admin/deliveries", |html| {
-        html.contains("data-source=\"push\"")
-            && !row_with(html, "data-source=\"push\"").contains("<td class=\"last-error\"></td>")
+        html.contains("data-source=\"push\"") && {
+            let push = row_with(html, "data-source=\"push\"");
+            !push.contains("<td class=\"last-error\"></td>")
+                && push.contains("<td class=\"attempts\">1</td>")
+        }
     })
     .await;
     let push = row_with(&page, "data-source=\"push\"");
