@@ -38,8 +38,7 @@ pub(crate) async fn demo(
         .prefix("estafeta-demo-")
         .tempdir()
         .context("making a temporary data folder")?;
-    let event_log = estafeta_server::logging::init(logging, Some(folder.path()))?
-        .context("the demo keeps an event log")?;
+    let event_log = estafeta_server::logging::init_with_event_log(logging, folder.path())?;
     let mut config = ExchangeConfig::new(folder.path());
     config.started_timeout = Duration::from_secs(30);
     config.ready_timeout = Duration::from_secs(60);

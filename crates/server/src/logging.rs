@@ -36,48 +36,52 @@ pub enum LoggingError {
 }
 
 /// Installs the global subscriber: the stderr lines of `settings` (`log`,
-/// `log_format`); with `data_dir`, also the event log, kept as long as the
-/// `events_max_age` and `events_max_mb` settings say: in the cluster store
-/// when the `store` setting names one, else in
-/// `<data_dir>/.estafeta/events.redb`. Returns the event log's handle
-/// (with `data_dir`): the server is given its file, and the process
+/// `log_format`) alone (the commands that keep no event log).
+pub fn init(settings: &Settings) -> Result<(), LoggingError> {
+    install(settings, None)
+}
+
+/// Installs the global subscriber of `serve`: the stderr lines of
+/// `settings`, and the event log, kept as long as the `events_max_age` and
+/// `events_max_mb` settings say: in the cluster store when the `store`
+/// setting names one, else in `<data_dir>/.estafeta/events.redb`. Returns
+/// the event log's handle: the server is given its file, and the process
 /// flushes it as it stops.
-pub fn init(
+pub fn init_with_event_log(
     settings: &Settings,
-    data_dir: Option<&Path>,
-) -> Result<Option<EventLogHandle>, LoggingError> {
+    data_dir: &Path,
+) -> Result<EventLogHandle, LoggingError> {
+    let retention = Retention {
+        max_age: settings.events_max_age,
+        max_bytes: settings.events_max_mb.saturating_mul(1 << 20),
+    };
+    let log = match &settings.store {
+        Some(url) => {
+            crate::stores::check_store_url(url.expose())?;
+            EventLog::cluster(url.expose(), retention)?
+        }
+        None => EventLog::open(&events_file(data_dir), retention)?,
+    };
+    let handle = log.handle();
+    install(settings, Some(log))?;
+    Ok(handle)
+}
+
+/// The global subscriber: the stderr lines of `settings`, and `events`.
+fn install(settings: &Settings, events: Option<EventLog>) -> Result<(), LoggingError> {
     let ansi = std::io::stderr().is_terminal();
     let stderr = stderr_lines(settings, || Redacting(std::io::stderr()), ansi);
-    let mut handle = None;
-    let events = match data_dir {
-        Some(dir) => {
-            let retention = Retention {
-                max_age: settings.events_max_age,
-                max_bytes: settings.events_max_mb.saturating_mul(1 << 20),
-            };
-            let log = match &settings.store {
-                Some(url) => {
-                    crate::stores::check_store_url(url.expose())?;
-                    EventLog::cluster(url.expose(), retention)?
-                }
-                None => EventLog::open(&events_file(dir), retention)?,
-            };
-            handle = Some(log.handle());
-            // Decided once per call site (not per event): protocol steps and
-            // alerts at any level, everything else from WARN up.
-            let keep = Targets::new()
-                .with_target(EVENT_TARGET, Level::TRACE)
-                .with_target(ALERT_TARGET, Level::TRACE)
-                .with_default(Level::WARN);
-            Some(log.with_filter(keep))
-        }
-        None => None,
-    };
+    // Decided once per call site (not per event): protocol steps and
+    // alerts at any level, everything else from WARN up.
+    let keep = Targets::new()
+        .with_target(EVENT_TARGET, Level::TRACE)
+        .with_target(ALERT_TARGET, Level::TRACE)
+        .with_default(Level::WARN);
     tracing_subscriber::registry()
         .with(stderr)
-        .with(events)
+        .with(events.map(|log| log.with_filter(keep)))
         .try_init()?;
-    Ok(handle)
+    Ok(())
 }
 
 /// The layer of the log lines that `init` writes to stderr, writing to

@@ -122,8 +122,8 @@ fn main() -> anyhow::Result<()> {
             private_files();
             let settings = args.sources().resolve()?.settings;
             // `serve` also keeps the structured event log in its data folder.
-            let event_log = estafeta_server::logging::init(&settings, Some(&settings.data_dir))?
-                .context("`serve` keeps an event log")?;
+            let event_log =
+                estafeta_server::logging::init_with_event_log(&settings, &settings.data_dir)?;
             runtime()?.block_on(serve(settings, event_log))
         }
         Command::Config { settings, check } => match check {
@@ -143,7 +143,7 @@ fn main() -> anyhow::Result<()> {
             }
         },
         Command::Admin(args) => {
-            estafeta_server::logging::init(&Settings::logging_from_env(), None)?;
+            estafeta_server::logging::init(&Settings::logging_from_env())?;
             let out = runtime()?.block_on(admin_commands::execute(&args))?;
             if let Some(warning) = out.warning {
                 eprintln!("warning: {warning}");

@@ -69,7 +69,7 @@ impl Server {
     /// [`Server::open`] over the stores the `store` setting names: the
     /// embedded ones under the data folder, or a cluster's PostgreSQL
     /// database ([`crate::stores::stores`]). `event_log`: the event log this
-    /// process's log subscriber keeps ([`crate::logging::init`]), whose file
+    /// process's log subscriber keeps ([`crate::logging::init_with_event_log`]), whose file
     /// the dashboard reads rather than opening it again; without it the
     /// server opens the data folder's log file itself.
     pub async fn open_with(

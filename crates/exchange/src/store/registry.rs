@@ -86,8 +86,8 @@ pub enum Change {
 /// ([`version`](Self::version)) in the same transaction, and a registry
 /// whose last-read counter is behind reloads with [`load`](Self::load)
 /// before it answers, so a token revoked through one server is refused by
-/// all at once. A store only its own server changes (the embedded one)
-/// keeps its counter at 0, so its registry never reloads.
+/// all at once. A store only its own server changes (the embedded one) is
+/// not [`shared`](Self::shared): its registry never reads the counter.
 ///
 /// [`Registry`]: crate::tenancy::Registry
 #[async_trait::async_trait]
@@ -115,9 +115,9 @@ pub trait RegistryStore: Send + Sync {
     /// wrongly said no would let a token revoked elsewhere pass here.
     fn shared(&self) -> bool;
 
-    /// The change counter now (0 for a store only its own server
-    /// changes: answered at once); its value in a [`Snapshot`] is what
-    /// that snapshot holds.
+    /// The change counter now (asked of a [`shared`](Self::shared) store
+    /// only; 0 by default); its value in a [`Snapshot`] is what that
+    /// snapshot holds.
     async fn version(&self) -> Result<u64, TenancyError> {
         Ok(0)
     }
