@@ -29,6 +29,7 @@
 mod folder;
 mod index;
 mod name;
+mod rounds;
 mod select;
 mod sync;
 mod tally;
@@ -392,12 +393,8 @@ impl Mailboxes {
         loc: &Location,
         message: &Message,
     ) -> Result<FileEntry, MailboxError> {
-        // The ticket makes the batch now forming wait for this file's fsync.
-        let ticket = self.inner.syncer.ticket();
-        let staged = self.stage(loc, message).await?;
-        let (change, settle, entry) = self.publish_change(loc, staged);
-        ticket.submit(change, settle).await?;
-        Ok(entry)
+        let written = self.write_maybe(loc, message, None).await?;
+        written.ok_or(MailboxError::SyncStopped)
     }
 
     /// Like [`write`](Self::write), but the file appears in `loc` only once
@@ -412,47 +409,48 @@ impl Mailboxes {
         message: &Message,
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
-        let ticket = self.inner.syncer.ticket();
-        let (staged, go) = tokio::join!(self.stage(loc, message), when);
-        let staged = staged?;
-        if !go.unwrap_or(false) {
-            drop(ticket);
-            let temp = staged.temp;
-            // The removal is not made durable: a temporary file a crash
-            // brings back is swept at start-up.
-            blocking(move || {
-                let _ = std::fs::remove_file(temp);
-                Ok(())
-            })
-            .await?;
-            return Ok(None);
-        }
-        let (change, settle, entry) = self.publish_change(loc, staged);
-        ticket.submit(change, settle).await?;
-        Ok(Some(entry))
+        self.write_maybe(loc, message, Some(when)).await
     }
 
-    /// Writes `message` into a temporary file of `loc` and fsyncs it; not
-    /// visible until published. On an error the temporary file is removed.
-    async fn stage(&self, loc: &Location, message: &Message) -> Result<Staged, MailboxError> {
+    /// [`write`](Self::write) (`when` none) and
+    /// [`write_when`](Self::write_when), on one blocking thread from the
+    /// temporary file's creation to its folder's fsync
+    /// ([`Syncer::apply_now`]): no hand-over between threads on the way.
+    async fn write_maybe(
+        &self,
+        loc: &Location,
+        message: &Message,
+        when: Option<tokio::sync::oneshot::Receiver<bool>>,
+    ) -> Result<Option<FileEntry>, MailboxError> {
         let name = FileName::of(message);
         let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
-        let size = bytes.len() as u64;
         let dir = self.path(loc);
         let final_name = name.to_string();
-        let target = dir.join(&final_name);
-        let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
-        {
-            let (syncer, temp) = (self.inner.syncer.clone(), temp.clone());
-            blocking(move || write_synced(&syncer, &dir, &temp, &bytes)).await?;
-        }
-        self.inner.syncer.count_file_fsync();
-        Ok(Staged {
+        let staged = Staged {
+            size: bytes.len() as u64,
+            target: dir.join(&final_name),
+            temp: dir.join(format!(".{final_name}{}", self.inner.temp_suffix)),
             name,
-            size,
-            temp,
-            target,
+        };
+        let (syncer, index) = (self.inner.syncer.clone(), self.index(loc));
+        blocking(move || {
+            write_synced(&syncer, &dir, &staged.temp, &bytes)?;
+            syncer.count_file_fsync();
+            // The go-ahead comes from an async task: a blocking thread may
+            // wait for it.
+            if let Some(when) = when
+                && !when.blocking_recv().unwrap_or(false)
+            {
+                // The removal is not made durable: a temporary file a
+                // crash brings back is swept at start-up.
+                let _ = std::fs::remove_file(&staged.temp);
+                return Ok(None);
+            }
+            let (change, settle, entry) = publish_change(index, staged);
+            syncer.apply_now(change, settle)?;
+            Ok(Some(entry))
         })
+        .await
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
@@ -554,28 +552,6 @@ impl Mailboxes {
         (staged, first_error)
     }
 
-    /// The change that publishes a staged file, and what the index learns
-    /// when it is settled (it expects the file from now on).
-    fn publish_change(&self, loc: &Location, staged: Staged) -> (Change, Settle, FileEntry) {
-        let Staged {
-            name,
-            size,
-            temp,
-            target,
-        } = staged;
-        let index = self.index(loc);
-        index.expect(&name);
-        let settled = name.clone();
-        let settle = Settle::new(move |fate| {
-            index.settle_in(&settled, (fate == Fate::Durable).then_some(Some(size)));
-        });
-        (
-            Change::Publish { temp, target },
-            settle,
-            FileEntry { name, size },
-        )
-    }
-
     /// Writes several messages into `loc`, concurrently (so they share
     /// fsyncs), all or nothing: if one fails, those already written are
     /// deleted again and the first error is returned.
@@ -620,7 +596,7 @@ impl Mailboxes {
             .into_iter()
             .flatten()
             .map(|s| {
-                let (change, settle, entry) = self.publish_change(loc, s);
+                let (change, settle, entry) = publish_change(self.index(loc), s);
                 ((change, settle), entry)
             })
             .unzip();
@@ -947,6 +923,27 @@ impl Mailboxes {
     }
 }
 
+/// The change that publishes a staged file, and what `index` (its
+/// folder's) learns when it is settled: it expects the file from now on.
+fn publish_change(index: Arc<FolderIndex>, staged: Staged) -> (Change, Settle, FileEntry) {
+    let Staged {
+        name,
+        size,
+        temp,
+        target,
+    } = staged;
+    index.expect(&name);
+    let settled = name.clone();
+    let settle = Settle::new(move |fate| {
+        index.settle_in(&settled, (fate == Fate::Durable).then_some(Some(size)));
+    });
+    (
+        Change::Publish { temp, target },
+        settle,
+        FileEntry { name, size },
+    )
+}
+
 /// Runs blocking filesystem work off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MailboxError> + Send + 'static,
@@ -1194,6 +1191,39 @@ mod tests {
         go.send(()).unwrap();
         writing.await.unwrap().unwrap();
         assert_eq!(selected(&mailboxes, &queue).await, 1);
+    }
+
+    /// Writes that end while a fsync of their folder is under way share
+    /// the next one: 64 writes, two fsyncs of their folder.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_ending_during_a_folder_fsync_share_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let write = |seq| {
+            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
+            tokio::spawn(async move { mailboxes.write(&queue, &message(seq)).await })
+        };
+        let first = write(0);
+        reached.recv().await.unwrap();
+        let before = mailboxes.stats();
+        let rest: Vec<_> = (1..64).map(write).collect();
+        let dir = mailboxes.path(&queue);
+        while mailboxes.inner.syncer.waiting(&dir) < 63 {
+            tokio::task::yield_now().await;
+        }
+        go.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        for w in rest {
+            w.await.unwrap().unwrap();
+        }
+        let after = mailboxes.stats();
+        assert_eq!(after.changes - before.changes, 64);
+        assert_eq!(after.file_fsyncs - before.file_fsyncs, 63);
+        assert_eq!(after.dir_fsyncs - before.dir_fsyncs, 2);
+        assert_eq!(after.batches - before.batches, 2);
+        assert_eq!(mailboxes.count(&queue).await.unwrap(), 64);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

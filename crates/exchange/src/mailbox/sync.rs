@@ -3,15 +3,19 @@
 //!
 //! Every mailbox change ends with "rename or unlink, then fsync the
 //! directory". One fsync per change would cap the server at the disk's fsync
-//! rate, so changes are funnelled through one task that takes them in
-//! batches: it applies each change of a batch, fsyncs every touched directory
-//! once (in parallel), and only then answers every caller.
+//! rate, so every directory fsync is shared with whoever needs one of the
+//! same folder at the same time ([`Rounds`]). A single write is published on
+//! the thread that wrote its file ([`Syncer::apply_now`]); moves, deletes
+//! and writes of several files are funnelled through one task that takes
+//! them in batches: it applies each change of a batch, fsyncs every touched
+//! directory once (in parallel), and only then answers every caller.
 //!
 //! A batch closes when no other change is under way (every caller that holds
 //! a [`Ticket`] has submitted or given up), when it is full, or when the
 //! linger time since its first change has passed. Callers take a ticket
-//! before their slow part (writing and fsyncing a file), so concurrent writes
-//! that started together are committed together instead of one by one.
+//! before their slow part (writing and fsyncing files), so concurrent
+//! changes that started together are committed together instead of one by
+//! one.
 //!
 //! Each change carries a [`Settle`]: what the folder indexes learn of its
 //! fate. It runs after the directory fsyncs (so an index never shows a file
@@ -30,6 +34,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::rounds::{Rounds, Synced};
 use crate::error::MailboxError;
 
 /// Tuning of the group commit.
@@ -63,7 +68,8 @@ impl Default for SyncConfig {
 pub struct SyncStats {
     /// Changes committed (publishes, moves, deletes).
     pub changes: u64,
-    /// Batches committed.
+    /// Batches committed: the commit task's, and each folder fsync a
+    /// single write made for itself and whoever joined it.
     pub batches: u64,
     /// Directory fsyncs made (a folder made for its first file included).
     pub dir_fsyncs: u64,
@@ -155,6 +161,9 @@ struct Job {
 struct Shared {
     /// Makes a directory's entries durable.
     dir_sync: DirSync,
+    /// Every folder fsync goes through these, so that whoever needs one
+    /// at the same time shares it.
+    rounds: Rounds,
     /// Tickets taken and not yet submitted or dropped.
     in_flight: AtomicUsize,
     /// Wakes the commit task when a ticket is submitted or dropped.
@@ -180,6 +189,7 @@ impl Syncer {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             dir_sync,
+            rounds: Rounds::default(),
             in_flight: AtomicUsize::new(0),
             progress: Notify::new(),
             changes: AtomicU64::new(0),
@@ -189,6 +199,62 @@ impl Syncer {
         });
         tokio::spawn(run(rx, Arc::clone(&shared), config));
         Self { tx, shared }
+    }
+
+    /// Applies `change` on the calling thread (blocking), as a batch
+    /// would but without handing it to the commit task: the change made,
+    /// then each of its folders fsynced in a round shared with whoever else
+    /// needs one ([`Rounds`]), then `settle` told. A lone upload so costs
+    /// no hand-over between threads, and concurrent ones still share
+    /// folder fsyncs.
+    pub(crate) fn apply_now(
+        &self,
+        change: Change,
+        settle: Settle,
+    ) -> Result<Applied, MailboxError> {
+        let shared = &self.shared;
+        // The folders are fsynced after a failed change too: a failed
+        // publish removed its temporary file, and that is made durable.
+        let applied = apply(shared, &change);
+        let mut led = false;
+        let mut unsynced = None;
+        for dir in dirs_of(&change) {
+            let synced = sync_round(shared, dir);
+            led |= synced.led;
+            match synced.result {
+                Ok(()) => {}
+                // A folder that does not exist holds nothing of the change.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    unsynced.get_or_insert(MailboxError::io(dir, e));
+                }
+            }
+        }
+        if led {
+            // What one folder fsync made durable is a batch.
+            shared.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        let answer = applied.and_then(|applied| match unsynced {
+            None => Ok(applied),
+            Some(e) => {
+                if let Change::Publish { target, .. } = &change {
+                    withdraw_unsynced(shared, std::slice::from_ref(target));
+                }
+                Err(e)
+            }
+        });
+        // Durable, but the caller does not know yet: a crash here must
+        // lose nothing.
+        fail::fail_point!("mailbox::synced");
+        shared.changes.fetch_add(1, Ordering::Relaxed);
+        settle.tell(fate(&answer));
+        answer
+    }
+
+    /// How many callers wait for an fsync of `dir` not yet begun.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self, dir: &Path) -> usize {
+        self.shared.rounds.waiting(dir)
     }
 
     /// Makes a folder for its first file (blocking): see [`make_folder`].
@@ -341,7 +407,7 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
         // One folder (a lone upload's): fsynced on this thread, without a
         // hand-over to another; several: each on its own, below.
         let synced = match &dirs[..] {
-            [dir] => vec![(dir.clone(), (applying.dir_sync)(dir))],
+            [dir] => vec![(dir.clone(), sync(&applying, dir))],
             _ => Vec::new(),
         };
         (changes, results, dirs, synced)
@@ -361,9 +427,9 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
     if dirs.len() > 1 {
         let mut fsyncs = JoinSet::new();
         for dir in dirs {
-            let dir_sync = Arc::clone(&shared.dir_sync);
+            let shared = Arc::clone(shared);
             fsyncs.spawn_blocking(move || {
-                let r = dir_sync(&dir);
+                let r = sync(&shared, &dir);
                 (dir, r)
             });
         }
@@ -377,9 +443,7 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
     let mut failed_dirs: Vec<(PathBuf, io::Error)> = Vec::new();
     for (dir, r) in synced {
         match r {
-            Ok(()) => {
-                shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
-            }
+            Ok(()) => {}
             // A folder that does not exist holds none of the batch's entries
             // (a delete of a file in a folder never made).
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -426,12 +490,17 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
             tokio::task::spawn_blocking(move || withdraw_unsynced(&withdrawing, &withdraw)).await;
     }
     for (answer, (settle, reply)) in answers.into_iter().zip(waiting) {
-        settle.tell(match &answer {
-            Ok(_) => Fate::Durable,
-            Err(MailboxError::NotFound { .. }) => Fate::Missing,
-            Err(_) => Fate::Failed,
-        });
+        settle.tell(fate(&answer));
         let _ = reply.send(answer);
+    }
+}
+
+/// What the folder indexes learn of a change that answered `answer`.
+fn fate(answer: &Result<Applied, MailboxError>) -> Fate {
+    match answer {
+        Ok(_) => Fate::Durable,
+        Err(MailboxError::NotFound { .. }) => Fate::Missing,
+        Err(_) => Fate::Failed,
     }
 }
 
@@ -535,11 +604,20 @@ fn made(created: io::Result<()>) -> io::Result<()> {
     }
 }
 
-/// Fsyncs a directory and counts it.
+/// Makes a directory's entries as they are now durable (blocking): an
+/// fsync of it begun after this call, shared with whoever else needs one
+/// ([`Rounds`]), counted by whoever made it.
 fn sync(shared: &Shared, dir: &Path) -> io::Result<()> {
-    (shared.dir_sync)(dir)?;
-    shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    sync_round(shared, dir).result
+}
+
+/// [`sync`], telling whether this caller made the fsync.
+fn sync_round(shared: &Shared, dir: &Path) -> Synced {
+    let synced = shared.rounds.sync(dir, |dir| (shared.dir_sync)(dir));
+    if synced.led && synced.result.is_ok() {
+        shared.dir_fsyncs.fetch_add(1, Ordering::Relaxed);
+    }
+    synced
 }
 
 /// The directories whose entries a change alters.

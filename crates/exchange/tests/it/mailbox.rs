@@ -318,34 +318,6 @@ async fn deletes_are_idempotent() {
     assert!(data.raw_entries(&queue).is_empty());
 }
 
-#[tokio::test]
-async fn concurrent_writes_share_directory_fsyncs() {
-    let data = Data::with_config(patient()).await;
-    let queue = data.folder("db-a", Folder::Messages).await;
-    let before = data.mailboxes.stats();
-    let writes = (0..64u128).map(|seq| {
-        let (mailboxes, queue) = (data.mailboxes.clone(), queue.clone());
-        async move { mailboxes.write(&queue, &sized(seq, 100)).await }
-    });
-    let results = futures_join_all(writes).await;
-    assert!(results.iter().all(Result::is_ok));
-    let after = data.mailboxes.stats();
-    let (changes, batches, dir_fsyncs, file_fsyncs) = (
-        after.changes - before.changes,
-        after.batches - before.batches,
-        after.dir_fsyncs - before.dir_fsyncs,
-        after.file_fsyncs - before.file_fsyncs,
-    );
-    assert_eq!(changes, 64);
-    assert_eq!(file_fsyncs, 64);
-    assert!(batches < 64, "{batches} batches for 64 writes");
-    assert!(
-        dir_fsyncs < 64,
-        "{dir_fsyncs} directory fsyncs for 64 writes"
-    );
-    assert_eq!(data.mailboxes.list_names(&queue).await.unwrap().len(), 64);
-}
-
 /// Polls all futures concurrently in this task (no extra dependency).
 async fn futures_join_all<F: std::future::Future + Send + 'static>(
     futures: impl IntoIterator<Item = F>,
