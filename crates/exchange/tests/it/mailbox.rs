@@ -318,25 +318,6 @@ async fn deletes_are_idempotent() {
     assert!(data.raw_entries(&queue).is_empty());
 }
 
-/// Polls all futures concurrently in this task (no extra dependency).
-async fn futures_join_all<F: std::future::Future + Send + 'static>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output>
-where
-    F::Output: Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for (i, f) in futures.into_iter().enumerate() {
-        set.spawn(async move { (i, f.await) });
-    }
-    let mut out: Vec<_> = Vec::new();
-    while let Some(r) = set.join_next().await {
-        out.push(r.unwrap());
-    }
-    out.sort_by_key(|(i, _)| *i);
-    out.into_iter().map(|(_, r)| r).collect()
-}
-
 #[tokio::test]
 async fn a_failed_write_leaves_nothing_visible() {
     let data = Data::new().await;
