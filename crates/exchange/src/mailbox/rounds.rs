@@ -17,12 +17,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 /// The rounds of directory fsyncs of every folder in use.
 #[derive(Default)]
 pub(crate) struct Rounds {
-    folders: Mutex<HashMap<PathBuf, Folder>>,
+    folders: Mutex<HashMap<PathBuf, FolderRounds>>,
 }
 
 /// One folder's rounds.
 #[derive(Default)]
-struct Folder {
+struct FolderRounds {
     /// The round that whoever arrives now joins: it begins after them.
     next: u64,
     /// A round is under way (the one before `next`).
@@ -122,7 +122,7 @@ impl Rounds {
         folder.rounds.get(&folder.next).map_or(0, |r| r.waiting)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Folder>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, FolderRounds>> {
         self.folders.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

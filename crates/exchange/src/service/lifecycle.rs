@@ -43,16 +43,13 @@
 //! is idempotent, so after a crash the moves are simply run again.
 
 use super::alert_kind::AlertKind;
-use super::records::{DbRecord, Discarding, Ended, Process, Verdict, deliver};
-use crate::mailbox::{FileName, Folder};
+use super::records::{DbRecord, Discarding, Process, Verdict};
+use crate::mailbox::FileName;
 use crate::store::Op;
 use crate::wire::{ProcessState, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use std::time::Duration;
 
-/// How many ended processes a database session remembers in full (for the
-/// admin list); older ones are only in their process sessions.
-const RECENT: usize = 32;
 /// The longest wait between retries of moves that failed.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// How long before a deadline or recovery action that failed outside the
@@ -367,7 +364,7 @@ fn commit(rec: &mut DbRecord, pid: ProcessId, ended: Option<ProcessState>, ctx: 
             ProcessState::ReadyToCommit => {
                 // The intent record: CLEANUP with every move decided,
                 // durable before the first file moves.
-                p.pending = commit_ops(p);
+                p.pending = p.moves_on_commit();
                 p.target = Some(ProcessState::Done);
                 p.state = ProcessState::Cleanup;
                 decided(p, ctx);
@@ -425,7 +422,7 @@ fn give_up(
         let names: Vec<FileName> = p.replies.iter().chain(&p.preparing).cloned().collect();
         let db = p.db.clone();
         if let Some(p) = rec.process.take() {
-            end(rec, p, as_state, ctx.now);
+            rec.end(p, as_state, ctx.now);
         }
         let mut steps = discard_decided(rec);
         rec.discarding = Some(Discarding {
@@ -493,7 +490,7 @@ fn settle(p: &mut Process, target: ProcessState, ctx: &Ctx) -> Vec<Step> {
         None => {}
     }
     tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, commit, "settling a process in doubt");
-    p.pending = settle_ops(p, commit);
+    p.pending = p.moves_settling(commit);
     p.target = Some(target);
     decided(p, ctx);
     vec![
@@ -533,7 +530,7 @@ fn late_verdict(p: &mut Process, verdict: ProcessState) -> Vec<Step> {
 /// node would look for the files where they no longer are.)
 fn go_to_doubt(p: &mut Process, ctx: &Ctx) -> Vec<Step> {
     if p.target.is_none() {
-        p.pending = in_doubt_ops(p);
+        p.pending = p.moves_into_doubt();
         p.target = Some(ProcessState::InDoubt);
         p.retry_at = Some(ctx.now);
         return vec![Step::Save];
@@ -608,7 +605,7 @@ fn time_out(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
         Step::Deadline(next_deadline(rec, ctx)),
         Step::Save,
     ];
-    end(rec, p, ProcessState::TimedOut, ctx.now);
+    rec.end(p, ProcessState::TimedOut, ctx.now);
     steps
 }
 
@@ -753,7 +750,7 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
                     ended: Some(target),
                 });
                 if let Some(p) = rec.process.take() {
-                    end(rec, p, target, ctx.now);
+                    rec.end(p, target, ctx.now);
                 }
                 steps.extend([
                     Step::Deadline(next_deadline(rec, ctx)),
@@ -814,7 +811,7 @@ fn ran(rec: &mut DbRecord, pid: ProcessId, result: Result<(), String>, ctx: &Ctx
                     ended: Some(target),
                 },
             ]);
-            end(rec, p, target, ctx.now);
+            rec.end(p, target, ctx.now);
             steps.extend([
                 Step::Deadline(next_deadline(rec, ctx)),
                 Step::Save,
@@ -871,84 +868,8 @@ fn go_in_doubt(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
     steps
 }
 
-/// The moves of a confirmed commit: replies to their recipients (or
-/// scheduled for their `deliver_at`), processed messages to `Log`, incorrect
-/// ones to `Error`; deadlocked ones stay in `Messages`.
-fn commit_ops(p: &Process) -> Vec<Op> {
-    let db = &p.db;
-    let mut ops: Vec<Op> = p
-        .replies
-        .iter()
-        .map(|r| deliver(p, r, (db, Folder::Prepared)))
-        .collect();
-    for n in p.verdicts(ResultStatus::Processed) {
-        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
-    }
-    for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-    }
-    ops
-}
-
-/// The moves that put a READY_TO_COMMIT process in doubt: processed
-/// messages and replies to `Unknown`, incorrect ones to `Error`,
-/// deadlocked ones stay.
-fn in_doubt_ops(p: &Process) -> Vec<Op> {
-    let db = &p.db;
-    let mut ops: Vec<Op> = p
-        .replies
-        .iter()
-        .map(|r| Op::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
-        .collect();
-    for n in p.verdicts(ResultStatus::Processed) {
-        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Unknown)));
-    }
-    for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-        ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-    }
-    ops
-}
-
-/// The moves that settle a process in doubt as committed or rolled back.
-fn settle_ops(p: &Process, commit: bool) -> Vec<Op> {
-    let db = &p.db;
-    let mut ops = Vec::new();
-    if commit {
-        for r in &p.replies {
-            ops.push(deliver(p, r, (db, Folder::Unknown)));
-        }
-        for n in p.verdicts(ResultStatus::Processed) {
-            ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
-        }
-    } else {
-        for r in &p.replies {
-            ops.push(Op::delete(r, (db, Folder::Unknown)));
-        }
-        for n in p.verdicts(ResultStatus::Processed) {
-            ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Messages)));
-        }
-        for n in p.verdicts(ResultStatus::ProcessedIncorrect) {
-            ops.push(Op::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
-        }
-    }
-    ops
-}
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A process ended as `state` at `now`: it is counted and kept among the
-/// database's recent ones.
-fn end(rec: &mut DbRecord, mut p: Process, state: ProcessState, now: Timestamp) {
-    p.state = state;
-    p.ended_at = Some(now);
-    p.count_end(&mut rec.counters, state, now);
-    tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
-    rec.recent.push_back(Ended::of(&p));
-    while rec.recent.len() > RECENT {
-        rec.recent.pop_front();
-    }
 }
 
 #[cfg(test)]

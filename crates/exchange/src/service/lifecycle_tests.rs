@@ -27,7 +27,9 @@
 
 use super::*;
 use crate::Timestamp as T;
+use crate::mailbox::Folder;
 use crate::service::core::Core;
+use crate::service::records::RECENT;
 use crate::store::Op as StoreOp;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};

@@ -14,6 +14,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// The longest error text kept as a database's last error.
 const MAX_ERROR: usize = 500;
+/// How many ended processes a database session remembers in full (for the
+/// admin list); older ones are only in their process sessions.
+pub(crate) const RECENT: usize = 32;
 
 /// A database's session.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -369,9 +372,89 @@ pub(crate) struct Verdict {
     pub(crate) error_text: Option<String>,
 }
 
+impl Process {
+    /// The moves of a confirmed commit: replies to their recipients (or
+    /// scheduled for their `deliver_at`), processed messages to `Log`, incorrect
+    /// ones to `Error`; deadlocked ones stay in `Messages`.
+    pub(crate) fn moves_on_commit(&self) -> Vec<Op> {
+        let db = &self.db;
+        let mut ops: Vec<Op> = self
+            .replies
+            .iter()
+            .map(|r| deliver(self, r, (db, Folder::Prepared)))
+            .collect();
+        for n in self.verdicts(ResultStatus::Processed) {
+            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
+        }
+        for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
+            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
+        }
+        ops
+    }
+
+    /// The moves that put a READY_TO_COMMIT process in doubt: processed
+    /// messages and replies to `Unknown`, incorrect ones to `Error`,
+    /// deadlocked ones stay.
+    pub(crate) fn moves_into_doubt(&self) -> Vec<Op> {
+        let db = &self.db;
+        let mut ops: Vec<Op> = self
+            .replies
+            .iter()
+            .map(|r| Op::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
+            .collect();
+        for n in self.verdicts(ResultStatus::Processed) {
+            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Unknown)));
+        }
+        for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
+            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
+        }
+        ops
+    }
+
+    /// The moves that settle a process in doubt as committed or rolled back.
+    pub(crate) fn moves_settling(&self, commit: bool) -> Vec<Op> {
+        let db = &self.db;
+        let mut ops = Vec::new();
+        if commit {
+            for r in &self.replies {
+                ops.push(deliver(self, r, (db, Folder::Unknown)));
+            }
+            for n in self.verdicts(ResultStatus::Processed) {
+                ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
+            }
+        } else {
+            for r in &self.replies {
+                ops.push(Op::delete(r, (db, Folder::Unknown)));
+            }
+            for n in self.verdicts(ResultStatus::Processed) {
+                ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Messages)));
+            }
+            for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
+                ops.push(Op::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
+            }
+        }
+        ops
+    }
+}
+
+impl DbRecord {
+    /// A process ended as `state` at `now`: it is counted and kept among the
+    /// database's recent ones.
+    pub(crate) fn end(&mut self, mut p: Process, state: ProcessState, now: Timestamp) {
+        p.state = state;
+        p.ended_at = Some(now);
+        p.count_end(&mut self.counters, state, now);
+        tracing::info!(target: "estafeta::event", process = %p.id, db = %p.db, state = ?state, "process ended");
+        self.recent.push_back(Ended::of(&p));
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+    }
+}
+
 /// A reply's way to its recipient's `Messages`: moved now, or scheduled
 /// for its `deliver_at`.
-pub(crate) fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Op {
+fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Op {
     match p.scheduled.iter().find(|(id, _)| *id == name.id) {
         Some((_, at)) => Op::Schedule {
             name: name.clone(),
