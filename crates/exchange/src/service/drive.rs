@@ -5,7 +5,6 @@
 //! hook inside the engine ([`Core::drive_hook`]), both through one
 //! [`Core::carry_out`].
 
-use super::admin::tally::DbRows;
 use super::alert_kind::AlertKind;
 use super::alerts::{Alert, key};
 use super::core::{Core, Held, again, count};
@@ -171,18 +170,14 @@ impl Core {
                 continue;
             };
             staged.persistent_mut();
-            let rows = self
-                .process_tally
-                .as_ref()
-                .map(|_| DbRows::of(staged.state()));
             match final_save == Some(i) && out.next.is_empty() {
                 true => staged.commit_last().await?,
                 false => staged.commit().await?,
             }
             // No await between: the record is the session's exactly when
             // its processes are the list's.
-            if let (Some(tally), Some(rows)) = (&self.process_tally, rows) {
-                tally.replace(&db, rows);
+            if let Some(tally) = &self.process_tally {
+                tally.replace(&db, g.state());
             }
             for step in steps.skip(1) {
                 match step {
@@ -240,7 +235,7 @@ impl Core {
         }
         if changed {
             if let Some(tally) = &self.process_tally {
-                tally.replace(db, DbRows::of(&rec));
+                tally.replace(db, &rec);
             }
             *s.persistent_mut() = rec;
         }

@@ -23,11 +23,11 @@ type RowKey = (bool, Reverse<Timestamp>, ProcessId);
 /// The processes of one database record: the live one and those in doubt
 /// (open), and the recently ended; and the verdicts of its committed
 /// processes.
-pub(crate) struct DbRows(Vec<(RowKey, ProcessSummary)>, Verdicts);
+struct DbRows(Vec<(RowKey, ProcessSummary)>, Verdicts);
 
 impl DbRows {
     /// The rows of `rec`.
-    pub(crate) fn of(rec: &DbRecord) -> Self {
+    fn of(rec: &DbRecord) -> Self {
         let row =
             |ended: bool, s: ProcessSummary| ((ended, Reverse(s.started_at), s.process_id), s);
         Self(
@@ -170,18 +170,18 @@ impl ProcessTally {
         self.rows.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The rows of `db` are `rows` (its record was just saved).
-    pub(crate) fn replace(&self, db: &Id, rows: DbRows) {
-        self.rows().replace(db, rows);
+    /// The rows of `db` are those of `rec` (its record, just saved).
+    pub(crate) fn replace(&self, db: &Id, rec: &DbRecord) {
+        self.rows().replace(db, DbRows::of(rec));
     }
 
-    /// The rows of `db` are `rows` unless a saved record gave some already
-    /// (the first read of a record of an earlier run, made while holding
-    /// its session, so no save of it can come between).
-    pub(crate) fn first(&self, db: &Id, rows: DbRows) {
+    /// The rows of `db` are those of `rec` unless a saved record gave
+    /// some already (the first read of a record of an earlier run, made
+    /// while holding its session, so no save of it can come between).
+    pub(crate) fn first(&self, db: &Id, rec: &DbRecord) {
         let mut all = self.rows();
         if !all.by_db.contains_key(db) {
-            all.replace(db, rows);
+            all.replace(db, DbRows::of(rec));
         }
     }
 

@@ -7,7 +7,7 @@
 use super::super::Exchange;
 use super::super::error::ExchangeError;
 use super::admin;
-use super::tally::{DbRows, ProcessTotals};
+use super::tally::ProcessTotals;
 use crate::store::{FileName, Folder, MailboxKind, Tallies};
 use crate::tenancy::Principal;
 use crate::wire::ProcessSummary;
@@ -143,7 +143,7 @@ impl Exchange {
             .get_or_try_init(|| async {
                 for db in core.registry.databases() {
                     if let Some(g) = core.sessions.db.get(db.id.clone(), false).await? {
-                        tally.first(&db.id, DbRows::of(g.state()));
+                        tally.first(&db.id, g.state());
                     }
                 }
                 Ok::<_, ExchangeError>(())
@@ -166,7 +166,7 @@ impl Exchange {
         let read = super::tally::ProcessTally::default();
         for db in self.core.registry.databases() {
             if let Some(g) = self.core.sessions.db.get(db.id.clone(), false).await? {
-                read.replace(&db.id, DbRows::of(g.state()));
+                read.replace(&db.id, g.state());
             }
         }
         Ok(read)
