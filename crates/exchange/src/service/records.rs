@@ -374,22 +374,15 @@ pub(crate) struct Verdict {
 
 impl Process {
     /// The moves of a confirmed commit: replies to their recipients (or
-    /// scheduled for their `deliver_at`), processed messages to `Log`, incorrect
-    /// ones to `Error`; deadlocked ones stay in `Messages`.
+    /// scheduled for their `deliver_at`), processed messages to `Log`,
+    /// incorrect ones to `Error`; deadlocked ones stay in `Messages`.
     pub(crate) fn moves_on_commit(&self) -> Vec<Op> {
-        let db = &self.db;
-        let mut ops: Vec<Op> = self
-            .replies
-            .iter()
-            .map(|r| deliver(self, r, (db, Folder::Prepared)))
-            .collect();
-        for n in self.verdicts(ResultStatus::Processed) {
-            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Log)));
-        }
-        for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
-            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-        }
-        ops
+        let prepared = (&self.db, Folder::Prepared);
+        self.moves(
+            |r| deliver(self, r, prepared),
+            [Folder::Messages, Folder::Log],
+            Some([Folder::Messages, Folder::Error]),
+        )
     }
 
     /// The moves that put a READY_TO_COMMIT process in doubt: processed
@@ -397,43 +390,57 @@ impl Process {
     /// deadlocked ones stay.
     pub(crate) fn moves_into_doubt(&self) -> Vec<Op> {
         let db = &self.db;
-        let mut ops: Vec<Op> = self
-            .replies
-            .iter()
-            .map(|r| Op::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)))
-            .collect();
-        for n in self.verdicts(ResultStatus::Processed) {
-            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Unknown)));
-        }
-        for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
-            ops.push(Op::mv(&n, (db, Folder::Messages), (db, Folder::Error)));
-        }
-        ops
+        self.moves(
+            |r| Op::mv(r, (db, Folder::Prepared), (db, Folder::Unknown)),
+            [Folder::Messages, Folder::Unknown],
+            Some([Folder::Messages, Folder::Error]),
+        )
     }
 
-    /// The moves that settle a process in doubt as committed or rolled back.
+    /// The moves that settle a process in doubt as committed (replies on
+    /// their way, processed messages to `Log`) or rolled back (replies
+    /// deleted, processed and incorrect messages back to `Messages`).
     pub(crate) fn moves_settling(&self, commit: bool) -> Vec<Op> {
-        let db = &self.db;
-        let mut ops = Vec::new();
-        if commit {
-            for r in &self.replies {
-                ops.push(deliver(self, r, (db, Folder::Unknown)));
-            }
-            for n in self.verdicts(ResultStatus::Processed) {
-                ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Log)));
-            }
-        } else {
-            for r in &self.replies {
-                ops.push(Op::delete(r, (db, Folder::Unknown)));
-            }
-            for n in self.verdicts(ResultStatus::Processed) {
-                ops.push(Op::mv(&n, (db, Folder::Unknown), (db, Folder::Messages)));
-            }
-            for n in self.verdicts(ResultStatus::ProcessedIncorrect) {
-                ops.push(Op::mv(&n, (db, Folder::Error), (db, Folder::Messages)));
-            }
+        let unknown = (&self.db, Folder::Unknown);
+        match commit {
+            true => self.moves(
+                |r| deliver(self, r, unknown),
+                [Folder::Unknown, Folder::Log],
+                None,
+            ),
+            false => self.moves(
+                |r| Op::delete(r, unknown),
+                [Folder::Unknown, Folder::Messages],
+                Some([Folder::Error, Folder::Messages]),
+            ),
         }
-        ops
+    }
+
+    /// Each reply's operation as `reply` makes it, then the processed
+    /// messages moved from `processed[0]` to `processed[1]`, then, if
+    /// given, the incorrect ones likewise.
+    fn moves(
+        &self,
+        reply: impl Fn(&FileName) -> Op,
+        processed: [Folder; 2],
+        incorrect: Option<[Folder; 2]>,
+    ) -> Vec<Op> {
+        let db = &self.db;
+        let mv = |status, [from, to]: [Folder; 2]| {
+            self.verdicts(status)
+                .into_iter()
+                .map(move |n| Op::mv(&n, (db, from), (db, to)))
+        };
+        self.replies
+            .iter()
+            .map(reply)
+            .chain(mv(ResultStatus::Processed, processed))
+            .chain(
+                incorrect
+                    .into_iter()
+                    .flat_map(|f| mv(ResultStatus::ProcessedIncorrect, f)),
+            )
+            .collect()
     }
 }
 
