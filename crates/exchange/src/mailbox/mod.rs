@@ -10,9 +10,12 @@
 //! Durability: a write goes to a dot-prefixed temporary name in the target
 //! folder (hidden from listings), is fsynced, renamed to its final name, and
 //! the folder is fsynced; a move is a rename plus fsyncs of both folders; a
-//! delete is an unlink plus a folder fsync. The renames, unlinks and folder
-//! fsyncs of concurrent callers are committed in batches by one task (see
-//! [`SyncConfig`]); no call returns before its change is on disk. Moves and
+//! delete is an unlink plus a folder fsync. A folder fsync is shared by
+//! every caller that needs one of that folder at the same time; a single
+//! write is published on the thread that wrote its file, and the moves,
+//! deletes and batch writes of concurrent callers are committed in batches
+//! by one task (see [`SyncConfig`]); no call returns before its change is
+//! on disk. Moves and
 //! deletes are idempotent, so an interrupted sequence of them can simply be
 //! repeated after a crash.
 //!
