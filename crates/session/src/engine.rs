@@ -20,7 +20,7 @@ use crate::shared::Shared;
 use crate::stats::{Counters, Stats};
 use crate::storage::{Storage, Write};
 use crate::sync::AtomicBool;
-use crate::writer;
+use crate::writer::Writer;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -238,7 +238,7 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
     }
 
     /// Open the engine: rebuild the expiry index from storage and start the
-    /// writer and the expiry manager on the current tokio runtime.
+    /// expiry manager on the current tokio runtime.
     pub async fn open(self) -> Result<Engine<K, S>, Error> {
         Ok(self.load().await?.start())
     }
@@ -268,7 +268,12 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
     /// nothing running yet.
     pub(crate) fn assemble(self, runtime: tokio::runtime::Handle) -> Parts<K, S, I> {
         let (expiry_tx, expiry_rx) = mpsc::unbounded_channel();
-        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+        let counters = Arc::new(Counters::default());
+        let writer = Arc::new(Writer::new(
+            Arc::clone(&self.storage),
+            Arc::clone(&counters),
+            self.config.max_batch,
+        ));
         let core = Core {
             hasher: foldhash::fast::RandomState::default(),
             generation: self.storage.generation(),
@@ -282,8 +287,8 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
             wake_expiry: Arc::new(Notify::new()),
             next_wake: AtomicU64::new(0),
             expiry_tx,
-            writer_tx,
-            counters: Arc::new(Counters::default()),
+            writer,
+            counters,
             runtime,
         };
         let cache = Arc::new(Cache::new(core));
@@ -292,7 +297,6 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Builder<K, S, I> {
                 shared: Arc::new(Shared { cache }),
             },
             index: self.index,
-            writer_rx,
             expiry_rx,
         }
     }
@@ -310,18 +314,11 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Loaded<K, S, I> {
         self
     }
 
-    /// Start the writer and the expiry manager on the current tokio
-    /// runtime (call it inside one).
+    /// Start the expiry manager on the current tokio runtime (call it
+    /// inside one), whose blocking threads also commit the saves.
     pub fn start(self) -> Engine<K, S> {
         let runtime = tokio::runtime::Handle::current();
         let parts = self.builder.assemble(runtime.clone());
-        let core = parts.engine.shared.core();
-        runtime.spawn(writer::run(
-            core.storage.clone(),
-            core.counters.clone(),
-            core.config.max_batch,
-            parts.writer_rx,
-        ));
         runtime.spawn(expiry::run(
             Arc::downgrade(&parts.engine.shared),
             parts.index,
@@ -331,11 +328,10 @@ impl<K: SessionKey, S: State, I: ExpiryIndex<K>> Loaded<K, S, I> {
     }
 }
 
-/// An engine not started yet: the writer's and the expiry manager's
-/// inputs are still here.
+/// An engine not started yet: the expiry manager's inputs are still
+/// here.
 pub(crate) struct Parts<K: SessionKey, S: State, I> {
     pub(crate) engine: Engine<K, S>,
     pub(crate) index: I,
-    pub(crate) writer_rx: mpsc::UnboundedReceiver<writer::SaveRequest>,
     pub(crate) expiry_rx: mpsc::UnboundedReceiver<ExpiryMsg<K>>,
 }

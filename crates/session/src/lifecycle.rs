@@ -15,12 +15,12 @@ use crate::record::{self, Record};
 use crate::stats::Counters;
 use crate::storage::{Step, Storage, StorageError, Write};
 use crate::sync::AtomicBool;
-use crate::writer::SaveRequest;
+use crate::writer::Writer;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc};
 
 /// How long before a retry when finalization left a session still due.
 const FINALIZE_RETRY: Duration = Duration::from_secs(1);
@@ -49,7 +49,8 @@ pub(crate) struct Core<K: SessionKey, S: State> {
     /// When the expiry manager plans to look next (ms since the epoch).
     pub(crate) next_wake: AtomicU64,
     pub(crate) expiry_tx: mpsc::UnboundedSender<ExpiryMsg<K>>,
-    pub(crate) writer_tx: mpsc::UnboundedSender<SaveRequest>,
+    /// Commits the saves of commands not in a step ([`Writer`]).
+    pub(crate) writer: Arc<Writer>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) runtime: tokio::runtime::Handle,
 }
@@ -300,12 +301,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
             *step = result.is_ok().then_some(held);
             return result.map_err(Error::from);
         }
-        let (tx, rx) = oneshot::channel();
-        self.writer_tx
-            .send(SaveRequest { write, done: tx })
-            .map_err(|_| Error::Stopping)?;
-        rx.await.map_err(|_| Error::Stopping)??;
-        Ok(())
+        self.writer.save(&self.runtime, write).await
     }
 
     /// With a shared storage, a command is done: save the session if it
