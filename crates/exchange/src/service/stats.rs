@@ -9,51 +9,41 @@ use std::collections::BTreeMap;
 
 /// A database's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct DbCounters {
     /// Processes that ended (any way).
-    #[serde(default)]
     pub(crate) ended: u64,
     /// Messages committed PROCESSED.
-    #[serde(default)]
     pub(crate) processed: u64,
     /// Messages reported PROCESSED_DEADLOCK in committed processes.
-    #[serde(default)]
     pub(crate) deadlocks: u64,
     /// Messages committed PROCESSED_INCORRECT.
-    #[serde(default)]
     pub(crate) incorrect: u64,
     /// Replies committed.
-    #[serde(default)]
     pub(crate) replies: u64,
     /// Processes ended by rollback, abort or timeout.
-    #[serde(default)]
     pub(crate) not_committed: u64,
     /// Processes that went in doubt.
-    #[serde(default)]
     pub(crate) in_doubt: u64,
     /// The last PROCESSED_INCORRECT error (code and text).
-    #[serde(default)]
     pub(crate) last_error: Option<String>,
     /// When a process of this database last ended or went in doubt.
-    #[serde(default)]
     pub(crate) last_seen: Option<Timestamp>,
     /// The committed verdicts by the device (or database) that sent the
     /// message.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) by_sender: BTreeMap<Id, SenderCounts>,
 }
 
 /// The committed verdicts on one sender's messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct SenderCounts {
     /// Committed PROCESSED.
-    #[serde(default)]
     pub(crate) processed: u64,
     /// Reported PROCESSED_DEADLOCK in a committed process.
-    #[serde(default)]
     pub(crate) deadlocks: u64,
     /// Committed PROCESSED_INCORRECT.
-    #[serde(default)]
     pub(crate) incorrect: u64,
 }
 
@@ -81,22 +71,18 @@ impl DbCounters {
 
 /// A device's counters, kept in its session and saved with it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct DeviceCounters {
     /// Messages uploaded (new ones, not repeats).
-    #[serde(default)]
     pub(crate) sent: u64,
     /// Bytes of the message bodies uploaded.
-    #[serde(default)]
     pub(crate) bytes: u64,
     /// Uploads that repeated an idempotency key (answered with the
     /// earlier id).
-    #[serde(default)]
     pub(crate) duplicates: u64,
     /// Replies acknowledged.
-    #[serde(default)]
     pub(crate) acked: u64,
     /// When the device last uploaded or acknowledged.
-    #[serde(default)]
     pub(crate) last_seen: Option<Timestamp>,
 }
 
