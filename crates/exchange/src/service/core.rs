@@ -16,7 +16,7 @@ use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::{Id, MessageId, ProcessId, Timestamp, UlidGenerator};
-use estafeta_session::{Clock, SessionGuard, SessionKey, State};
+use estafeta_session::{Clock, Engine, SessionGuard, State};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,6 +66,21 @@ pub(crate) struct Core {
 
 pub(crate) fn count(c: &AtomicUsize) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The session of `id` in `engine`, held (made if new); `what` names its
+/// kind in the error of an engine that has none to give.
+pub(crate) async fn hold<S: State>(
+    engine: &Engine<Id, S>,
+    id: &Id,
+    what: &str,
+) -> Result<SessionGuard<Id, S>, ExchangeError> {
+    engine.get(id.clone(), true).await?.ok_or_else(|| {
+        ExchangeError::unavailable(
+            ErrorCode::StorageError,
+            format!("{what} session unavailable"),
+        )
+    })
 }
 
 impl Core {
@@ -144,15 +159,19 @@ impl Core {
         }
     }
 
-    /// The session `g` a call took for `who` (its device's or database's),
-    /// once `who` is confirmed ([`confirm`](Self::confirm)) with the change
-    /// counter its step's lock read. A token that is no longer `who`'s is
-    /// refused (401) and the session released, nothing written.
-    pub(crate) async fn confirmed<K: SessionKey, S: State>(
+    /// The session of `id` (the device or database of `who`) in `engine`,
+    /// held ([`hold`]), once `who` is confirmed ([`confirm`](Self::confirm))
+    /// with the change counter its step's lock read. A token that is no
+    /// longer `who`'s is refused (401) and the session released, nothing
+    /// written.
+    pub(crate) async fn hold_for<S: State>(
         &self,
-        mut g: SessionGuard<K, S>,
+        engine: &Engine<Id, S>,
+        id: &Id,
+        what: &str,
         who: &super::Presented,
-    ) -> Result<SessionGuard<K, S>, ExchangeError> {
+    ) -> Result<SessionGuard<Id, S>, ExchangeError> {
+        let mut g = hold(engine, id, what).await?;
         if who.hash.is_none() {
             return Ok(g);
         }

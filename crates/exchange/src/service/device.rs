@@ -58,7 +58,7 @@ fn accepted(message: &Message) -> (MessageAccepted, UploadOutcome) {
 
 impl Core {
     /// POST /v1/messages: on the device's session, the caller confirmed in
-    /// its step ([`confirmed`](Self::confirmed)), the upload checked against
+    /// its step ([`hold_for`](Self::hold_for)), the upload checked against
     /// the registry as that left it (a database created through another
     /// node is known to it).
     pub(crate) async fn send(
@@ -401,21 +401,14 @@ impl Core {
     }
 
     /// The session of the device `who` (its keys and counters), held, the
-    /// caller confirmed in its step ([`confirmed`](Self::confirmed)).
+    /// caller confirmed in its step ([`hold_for`](Self::hold_for)).
     async fn device_session(
         &self,
         who: &Presented,
     ) -> Result<estafeta_session::SessionGuard<Id, DeviceRecord>, ExchangeError> {
         let dev = device(&who.who)?;
-        let g = self
-            .sessions
-            .device
-            .get(dev.id.clone(), true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable(ErrorCode::StorageError, "device session unavailable")
-            })?;
-        self.confirmed(g, who).await
+        self.hold_for(&self.sessions.device, dev.id, "device", who)
+            .await
     }
 
     /// GET /v1/inbox: the messages read, then the caller confirmed with

@@ -40,17 +40,9 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
 
 impl Core {
     /// The session of `db`, the database of `who`, held, the caller
-    /// confirmed in its step ([`confirmed`](Self::confirmed)).
+    /// confirmed in its step ([`hold_for`](Self::hold_for)).
     async fn db_session(&self, db: &Id, who: &Presented) -> Result<Guard, ExchangeError> {
-        let g = self
-            .sessions
-            .db
-            .get(db.clone(), true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable(ErrorCode::StorageError, "database session unavailable")
-            })?;
-        self.confirmed(g, who).await
+        self.hold_for(&self.sessions.db, db, "database", who).await
     }
 
     /// Find `pid` for database `db`: `None` if it is not a process id; with

@@ -12,7 +12,7 @@ use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::super::Exchange;
-use super::super::core::Core;
+use super::super::core::{Core, hold};
 use super::super::error::ExchangeError;
 use super::super::lifecycle::Event;
 use super::super::records::{DbRecord, DeviceRecord, Process};
@@ -289,14 +289,7 @@ impl Core {
         force: bool,
     ) -> Result<Deleted, ExchangeError> {
         let id = &endpoint.id;
-        let mut g = self
-            .sessions
-            .db
-            .get(id.clone(), true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable(ErrorCode::StorageError, "database session unavailable")
-            })?;
+        let mut g = hold(&self.sessions.db, id, "database").await?;
         let open: Vec<(ProcessId, ProcessState)> = g
             .state()
             .process
@@ -343,14 +336,7 @@ impl Core {
         force: bool,
     ) -> Result<Deleted, ExchangeError> {
         let id = &endpoint.id;
-        let mut g = self
-            .sessions
-            .device
-            .get(id.clone(), true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable(ErrorCode::StorageError, "device session unavailable")
-            })?;
+        let mut g = hold(&self.sessions.device, id, "device").await?;
         if !force && let Some(why) = self.holds(id, 0).await? {
             g.release().await?;
             return Err(not_empty(Kind::Device, why));
