@@ -416,9 +416,14 @@ impl Mailboxes {
     }
 
     /// [`write`](Self::write) (`when` none) and
-    /// [`write_when`](Self::write_when), on one blocking thread from the
-    /// temporary file's creation to its folder's fsync
-    /// ([`Syncer::apply_now`]): no hand-over between threads on the way.
+    /// [`write_when`](Self::write_when). Without a go-ahead to wait for,
+    /// one blocking thread does it all, from the temporary file's creation
+    /// to its folder's fsync ([`Syncer::apply_now`]): no hand-over between
+    /// threads on the way. With one, the file is written and fsynced on a
+    /// blocking thread while the go-ahead is awaited here, not on that
+    /// thread (what gives it may need a blocking thread of its own, and a
+    /// pool full of writers waiting would never see it), then published on
+    /// another.
     async fn write_maybe(
         &self,
         loc: &Location,
@@ -436,32 +441,43 @@ impl Mailboxes {
             name,
         };
         let (syncer, index) = (self.inner.syncer.clone(), self.index(loc));
-        blocking(move || {
-            write_synced(&syncer, &dir, &staged.temp, &bytes)?;
-            syncer.count_file_fsync();
-            // The go-ahead comes from an async task: a blocking thread may
-            // wait for it.
-            if let Some(when) = when
-                && !when.blocking_recv().unwrap_or(false)
-            {
-                // The removal is not made durable: a temporary file a
-                // crash brings back is swept at start-up.
-                let _ = std::fs::remove_file(&staged.temp);
-                return Ok(None);
+        let temp = staged.temp.clone();
+        let write = {
+            let (syncer, temp) = (syncer.clone(), temp.clone());
+            move || {
+                write_synced(&syncer, &dir, &temp, &bytes)?;
+                syncer.count_file_fsync();
+                Ok(())
             }
+        };
+        let publish = move || {
             let (change, settle, entry) = publish_change(index, staged);
-            syncer.apply_now(change, settle)?;
-            Ok(Some(entry))
+            syncer.apply_now(change, settle).map(|_| Some(entry))
+        };
+        let Some(when) = when else {
+            return blocking(move || write().and_then(|()| publish())).await;
+        };
+        let (written, go) = tokio::join!(blocking(write), when);
+        written?;
+        if go.unwrap_or(false) {
+            return blocking(publish).await;
+        }
+        // The removal is not made durable: a temporary file a crash brings
+        // back is swept at start-up.
+        blocking(move || {
+            let _ = std::fs::remove_file(temp);
+            Ok(None)
         })
         .await
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
-    /// like [`stage`](Self::stage) for each: the files are created and
-    /// written one after another on one thread (creations in one folder
-    /// take the folder's lock in turn whatever the threads, and threads
-    /// waiting for it spin), then fsynced each on its own thread (so that
-    /// the fsyncs overlap, and the file system and the disk group them).
+    /// as [`write`](Self::write) does before publishing: the files are
+    /// created and written one after another on one thread (creations in
+    /// one folder take the folder's lock in turn whatever the threads, and
+    /// threads waiting for it spin), then fsynced each on its own thread
+    /// (so that the fsyncs overlap, and the file system and the disk group
+    /// them).
     /// Creation stops at the first failure, and then nothing is fsynced.
     /// Answers the files staged, in the order of `messages` (`None` for
     /// one failed or not made, whose temporary file is not left behind),
@@ -1194,6 +1210,57 @@ mod tests {
         go.send(()).unwrap();
         writing.await.unwrap().unwrap();
         assert_eq!(selected(&mailboxes, &queue).await, 1);
+    }
+
+    /// Writes waiting for their go-ahead hold no blocking thread while
+    /// they wait: with as many such writes as the runtime has blocking
+    /// threads, a go-ahead that needs a blocking thread itself (as a key's
+    /// commit does) still comes.
+    #[test]
+    fn writes_waiting_for_their_go_ahead_leave_the_blocking_threads_free() {
+        const THREADS: usize = 2;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(THREADS)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let tmp = tempfile::tempdir().unwrap();
+            let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+                .await
+                .unwrap();
+            let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+            let writes: Vec<_> = (0..THREADS as u128)
+                .map(|seq| {
+                    let (go, when) = tokio::sync::oneshot::channel();
+                    let waiting = mailboxes.clone();
+                    tokio::spawn(async move {
+                        // Once every write's file is fsynced, the go-ahead
+                        // is made on a blocking thread.
+                        while waiting.stats().file_fsyncs < THREADS as u64 {
+                            tokio::task::yield_now().await;
+                        }
+                        let given = tokio::task::spawn_blocking(|| true).await.unwrap();
+                        let _ = go.send(given);
+                    });
+                    let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
+                    tokio::spawn(
+                        async move { mailboxes.write_when(&queue, &message(seq), when).await },
+                    )
+                })
+                .collect();
+            let all = async {
+                for w in writes {
+                    assert!(w.await.unwrap().unwrap().is_some());
+                }
+            };
+            // Only a failure waits this long: the go-ahead never comes.
+            tokio::time::timeout(Duration::from_secs(30), all)
+                .await
+                .expect("the writes held every blocking thread waiting for their go-ahead");
+            assert_eq!(mailboxes.count(&queue).await.unwrap(), THREADS);
+        });
     }
 
     /// Writes that end while a fsync of their folder is under way share
