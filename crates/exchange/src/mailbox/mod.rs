@@ -113,11 +113,40 @@ impl From<Applied> for Outcome {
 }
 
 /// A message written to a temporary file and fsynced, not yet published.
+#[derive(Clone)]
 struct Staged {
     name: FileName,
     size: u64,
     temp: PathBuf,
     target: PathBuf,
+}
+
+/// One message's write into a folder: its temporary file written and
+/// fsynced ([`write`](Single::write)), then published
+/// ([`publish`](Single::publish)); both blocking.
+struct Single {
+    syncer: Syncer,
+    index: Arc<FolderIndex>,
+    staged: Staged,
+    dir: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Single {
+    /// Writes and fsyncs the temporary file (removed again on a failure).
+    fn write(&self) -> Result<(), MailboxError> {
+        write_synced(&self.syncer, &self.dir, &self.staged.temp, &self.bytes)?;
+        self.syncer.count_file_fsync();
+        Ok(())
+    }
+
+    /// Renames the written file to its name and fsyncs its folder
+    /// ([`Syncer::apply_now`]), the folder's index told.
+    fn publish(&self) -> Result<FileEntry, MailboxError> {
+        let (change, settle, entry) = publish_change(Arc::clone(&self.index), self.staged.clone());
+        self.syncer.apply_now(change, settle)?;
+        Ok(entry)
+    }
 }
 
 /// The mailboxes under one data folder. Cheap to clone; all clones share
@@ -396,8 +425,14 @@ impl Mailboxes {
         loc: &Location,
         message: &Message,
     ) -> Result<FileEntry, MailboxError> {
-        let written = self.write_maybe(loc, message, None).await?;
-        written.ok_or(MailboxError::SyncStopped)
+        let single = self.single(loc, message)?;
+        // One blocking thread from the temporary file's creation to its
+        // folder's fsync: no hand-over between threads on the way.
+        blocking(move || {
+            single.write()?;
+            single.publish()
+        })
+        .await
     }
 
     /// Like [`write`](Self::write), but the file appears in `loc` only once
@@ -406,69 +441,54 @@ impl Mailboxes {
     /// overlaps the file's fsync. If `when` answers `false` (or its sender
     /// is dropped), the file does not appear, its temporary file is
     /// removed, and the answer is `None`.
+    ///
+    /// The go-ahead is awaited here, not on the blocking thread that wrote
+    /// the file: what gives it may need a blocking thread of its own (a
+    /// key's commit does), and a pool full of writers waiting would never
+    /// see it.
     pub async fn write_when(
         &self,
         loc: &Location,
         message: &Message,
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
-        self.write_maybe(loc, message, Some(when)).await
-    }
-
-    /// [`write`](Self::write) (`when` none) and
-    /// [`write_when`](Self::write_when). Without a go-ahead to wait for,
-    /// one blocking thread does it all, from the temporary file's creation
-    /// to its folder's fsync ([`Syncer::apply_now`]): no hand-over between
-    /// threads on the way. With one, the file is written and fsynced on a
-    /// blocking thread while the go-ahead is awaited here, not on that
-    /// thread (what gives it may need a blocking thread of its own, and a
-    /// pool full of writers waiting would never see it), then published on
-    /// another.
-    async fn write_maybe(
-        &self,
-        loc: &Location,
-        message: &Message,
-        when: Option<tokio::sync::oneshot::Receiver<bool>>,
-    ) -> Result<Option<FileEntry>, MailboxError> {
-        let name = FileName::of(message);
-        let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
-        let dir = self.path(loc);
-        let final_name = name.to_string();
-        let staged = Staged {
-            size: bytes.len() as u64,
-            target: dir.join(&final_name),
-            temp: dir.join(format!(".{final_name}{}", self.inner.temp_suffix)),
-            name,
+        let single = Arc::new(self.single(loc, message)?);
+        let writing = {
+            let single = Arc::clone(&single);
+            blocking(move || single.write())
         };
-        let (syncer, index) = (self.inner.syncer.clone(), self.index(loc));
-        let temp = staged.temp.clone();
-        let write = {
-            let (syncer, temp) = (syncer.clone(), temp.clone());
-            move || {
-                write_synced(&syncer, &dir, &temp, &bytes)?;
-                syncer.count_file_fsync();
-                Ok(())
-            }
-        };
-        let publish = move || {
-            let (change, settle, entry) = publish_change(index, staged);
-            syncer.apply_now(change, settle).map(|_| Some(entry))
-        };
-        let Some(when) = when else {
-            return blocking(move || write().and_then(|()| publish())).await;
-        };
-        let (written, go) = tokio::join!(blocking(write), when);
+        let (written, go) = tokio::join!(writing, when);
         written?;
         if go.unwrap_or(false) {
-            return blocking(publish).await;
+            return blocking(move || single.publish()).await.map(Some);
         }
         // The removal is not made durable: a temporary file a crash brings
         // back is swept at start-up.
         blocking(move || {
-            let _ = std::fs::remove_file(temp);
+            let _ = std::fs::remove_file(&single.staged.temp);
             Ok(None)
         })
         .await
+    }
+
+    /// How `message` is written into `loc` on its own.
+    fn single(&self, loc: &Location, message: &Message) -> Result<Single, MailboxError> {
+        let name = FileName::of(message);
+        let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
+        let dir = self.path(loc);
+        let final_name = name.to_string();
+        Ok(Single {
+            syncer: self.inner.syncer.clone(),
+            index: self.index(loc),
+            staged: Staged {
+                size: bytes.len() as u64,
+                target: dir.join(&final_name),
+                temp: dir.join(format!(".{final_name}{}", self.inner.temp_suffix)),
+                name,
+            },
+            dir,
+            bytes,
+        })
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
