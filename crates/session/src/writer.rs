@@ -66,29 +66,10 @@ impl Writer {
         };
         if lead {
             let writer = Arc::clone(self);
-            runtime.spawn_blocking(move || writer.commit_all());
+            runtime.spawn_blocking(move || commit_all(writer));
         }
         answer.await.map_err(|_| Error::Stopping)??;
         Ok(())
-    }
-
-    /// Commits batches until no save is waiting (blocking).
-    fn commit_all(&self) {
-        loop {
-            let mut batch = {
-                let mut queue = self.lock();
-                if queue.waiting.is_empty() {
-                    queue.committing = false;
-                    return;
-                }
-                let n = queue.waiting.len().min(self.max_batch);
-                queue.waiting.drain(..n).collect::<Vec<_>>()
-            };
-            let result = self.commit(&batch);
-            for r in batch.drain(..) {
-                let _ = r.done.send(result.clone());
-            }
-        }
     }
 
     /// One durable transaction of `batch`'s writes, counted.
@@ -122,6 +103,45 @@ impl Writer {
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next batch to commit, or none (no commit under way from now).
+    fn next_batch(&self) -> Option<Vec<SaveRequest>> {
+        let mut queue = self.lock();
+        if queue.waiting.is_empty() {
+            queue.committing = false;
+            return None;
+        }
+        let n = queue.waiting.len().min(self.max_batch);
+        Some(queue.waiting.drain(..n).collect())
+    }
+}
+
+/// Commits batches until no save is waiting (blocking). The last batch's
+/// callers are answered only once this thread has let `writer` go, so a
+/// caller that drops the engine after its save finds the storage free
+/// (a redb file can be opened again at once).
+fn commit_all(writer: Arc<Writer>) {
+    let Some(mut batch) = writer.next_batch() else {
+        return;
+    };
+    loop {
+        let result = writer.commit(&batch);
+        match writer.next_batch() {
+            Some(next) => answer(std::mem::replace(&mut batch, next), &result),
+            None => {
+                drop(writer);
+                answer(batch, &result);
+                return;
+            }
+        }
+    }
+}
+
+/// Tells every caller of `batch` its commit's `result`.
+fn answer(batch: Vec<SaveRequest>, result: &Result<(), StorageError>) {
+    for r in batch {
+        let _ = r.done.send(result.clone());
     }
 }
 
@@ -205,6 +225,23 @@ mod tests {
         assert_eq!(storage.inner.batches(), 2);
         let stats = counters.snapshot(0, 0);
         assert_eq!((stats.saves, stats.save_batches), (9, 2));
+    }
+
+    /// Once a save is answered, the thread that committed it holds the
+    /// writer (and so the storage) no more: an engine dropped right after
+    /// its last save leaves its redb file free to open again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answered_save_leaves_the_writer_to_its_owners() {
+        let writer = Arc::new(Writer::new(
+            Arc::new(MemoryStorage::new()),
+            Arc::default(),
+            64,
+        ));
+        let runtime = tokio::runtime::Handle::current();
+        for i in 0..200 {
+            writer.save(&runtime, put(&format!("k{i}"))).await.unwrap();
+            assert_eq!(Arc::strong_count(&writer), 1, "after save {i}");
+        }
     }
 
     /// A storage that panics fails the batch it was writing, and the next
