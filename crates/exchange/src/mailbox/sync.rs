@@ -404,7 +404,7 @@ async fn commit(batch: Vec<Job>, shared: &Arc<Shared>) {
     let applying = Arc::clone(shared);
     let (changes, results, dirs, mut synced) = match tokio::task::spawn_blocking(move || {
         let results: Vec<_> = changes.iter().map(|c| apply(&applying, c)).collect();
-        // One folder (a lone upload's): fsynced on this thread, without a
+        // One folder: fsynced on this thread, without a
         // hand-over to another; several: each on its own, below.
         let synced = match &dirs[..] {
             [dir] => vec![(dir.clone(), sync(&applying, dir))],
