@@ -1,7 +1,8 @@
 //! Durable file-system steps shared by every crate that keeps a file of
 //! its own: making a folder's entries durable, creating folders that
 //! survive a power loss, and creating a redb file so that a power loss
-//! never leaves it half made.
+//! never leaves it half made. A [`WriteGate`] lets an online backup hold
+//! back the durable writes of the stores opened with it.
 //!
 //! A file's contents become durable at its fsync; its entry in a folder (a
 //! create, a rename) only at an fsync of that folder. redb syncs a new
@@ -36,7 +37,10 @@
 //! ```
 #![deny(missing_docs)]
 
+mod gate;
 pub mod limits;
+
+pub use gate::{Closed, Passing, WriteGate};
 
 use std::ffi::OsString;
 use std::io;

@@ -35,6 +35,7 @@
 //! # }
 //! ```
 
+use estafeta_durable::WriteGate;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -162,6 +163,8 @@ pub struct RedbKeys {
     group: Mutex<Group>,
     /// Told when a commit ends.
     committed: Condvar,
+    /// What an online backup closes to hold back this store's writes.
+    gate: WriteGate,
 }
 
 /// The group commit's state (see [`RedbKeys`]).
@@ -188,6 +191,12 @@ impl RedbKeys {
     /// Open the store at `path`, creating it (durably, entry in its folder
     /// included) if it does not exist.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbKeys, KeysError> {
+        RedbKeys::open_gated(path, WriteGate::default())
+    }
+
+    /// [`RedbKeys::open`], every write passing `gate` (an online backup
+    /// closes it to hold them back).
+    pub fn open_gated(path: impl AsRef<Path>, gate: WriteGate) -> Result<RedbKeys, KeysError> {
         let path = path.as_ref().to_path_buf();
         let db = estafeta_durable::open_redb(&path, |db| {
             let txn = db.begin_write()?;
@@ -205,6 +214,7 @@ impl RedbKeys {
             db,
             group: Mutex::default(),
             committed: Condvar::new(),
+            gate,
         })
     }
 
@@ -214,6 +224,10 @@ impl RedbKeys {
 
     /// Writes `entries` in one durable transaction.
     fn commit(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
+        self.gate.pass(|| self.write(entries))
+    }
+
+    fn write(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
         {
             let mut keys = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
@@ -349,6 +363,23 @@ impl UploadKeys for RedbKeys {
     }
 
     fn remove_device(&self, device: &Id) -> Result<u64, KeysError> {
+        self.gate.pass(|| self.remove(device))
+    }
+
+    fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
+        self.gate.pass(|| self.sweep(now, max))
+    }
+
+    fn len(&self) -> Result<u64, KeysError> {
+        let txn = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let table = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
+        table.len().map_err(|e| self.fail(e))
+    }
+}
+
+impl RedbKeys {
+    /// Removes every key of `device`; how many there were.
+    fn remove(&self, device: &Id) -> Result<u64, KeysError> {
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
         let mut removed = 0;
         {
@@ -376,7 +407,8 @@ impl UploadKeys for RedbKeys {
         Ok(removed)
     }
 
-    fn expire(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
+    /// Removes up to `max` keys expired at `now`; how many.
+    fn sweep(&self, now: Timestamp, max: usize) -> Result<usize, KeysError> {
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
         let removed;
         {
@@ -409,12 +441,6 @@ impl UploadKeys for RedbKeys {
         }
         txn.commit().map_err(|e| self.fail(e))?;
         Ok(removed)
-    }
-
-    fn len(&self) -> Result<u64, KeysError> {
-        let txn = self.db.begin_read().map_err(|e| self.fail(e))?;
-        let table = txn.open_table(KEYS).map_err(|e| self.fail(e))?;
-        table.len().map_err(|e| self.fail(e))
     }
 }
 

@@ -93,9 +93,8 @@ pub use id::Id;
 pub use layout::DataLayout;
 pub use service::{
     Alert, AlertKind, AlertSink, CommitObserver, Durable, ErrorKind, Exchange, ExchangeConfig,
-    ExchangeError, Gated, LogOnly, NoPush, Paused, Phase, Presented, ProcessTotals, PushSink,
-    Quiesce, RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, Verdicts,
-    alert_key,
+    ExchangeError, LogOnly, NoPush, Paused, Phase, Presented, ProcessTotals, PushSink, Quiesce,
+    RecipientKind, RecoveryReport, Sinks, Stores, Tidied, Totals, Upload, Verdicts, alert_key,
 };
 pub use timestamp::Timestamp;
 pub use ulid_ids::{MessageId, ProcessId, UlidGenerator};

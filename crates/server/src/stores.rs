@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::{Gated, Quiesce, Stores};
+use estafeta_exchange::{Quiesce, Stores};
 use estafeta_session::Clock;
 
 use crate::config::ClusterStore;
@@ -174,39 +174,29 @@ pub async fn stores(
     let process_sessions = estafeta_postgres::SessionStorage::open(process_steps)
         .await
         .map_err(ServeError::Store)?;
-    // Gated for the commit observer (the metrics' commit latency); an online
-    // backup is the database's own (pg_dump, base backups), not a pause.
     // The exchange's scheduler reads its own source only (the table also
     // holds the notifier's and the pusher's), and each due message is
-    // claimed by one node; listings read without claiming.
-    let claiming = Arc::new(Gated::new(
-        estafeta_postgres::PgQueue::claiming(db.clone(), &[DEFERRED], DEFERRED_LEASE),
-        quiesce.clone(),
-    ));
-    let listing = Arc::new(Gated::new(
-        estafeta_postgres::PgQueue::new(db.clone(), &[DEFERRED]),
-        quiesce.clone(),
-    ));
+    // claimed by one node; listings read without claiming. No store here
+    // passes the data folder's gates: an online backup is the database's
+    // own (pg_dump, base backups), not a pause.
     let exchange = Stores {
-        messages: Arc::new(Gated::new(
-            estafeta_postgres::PgMessages::with_clock(db.clone(), clock.clone()),
-            quiesce.clone(),
+        messages: Arc::new(estafeta_postgres::PgMessages::with_clock(
+            db.clone(),
+            clock.clone(),
         )),
-        registry: Arc::new(Gated::new(
-            estafeta_postgres::PgRegistry::new(registry_db),
-            quiesce.clone(),
-        )),
-        sessions: Arc::new(Gated::new(sessions, quiesce.clone())),
-        process_sessions: Arc::new(Gated::new(process_sessions, quiesce.clone())),
+        registry: Arc::new(estafeta_postgres::PgRegistry::new(registry_db)),
+        sessions: Arc::new(sessions),
+        process_sessions: Arc::new(process_sessions),
         scheduled: estafeta_exchange::store::Scheduled::with_listing(
-            claiming,
-            listing,
+            Arc::new(estafeta_postgres::PgQueue::claiming(
+                db.clone(),
+                &[DEFERRED],
+                DEFERRED_LEASE,
+            )),
+            Arc::new(estafeta_postgres::PgQueue::new(db.clone(), &[DEFERRED])),
             clock.clone(),
         ),
-        keys: Arc::new(Gated::new(
-            estafeta_postgres::PgKeys::new(db.clone()),
-            quiesce.clone(),
-        )),
+        keys: Arc::new(estafeta_postgres::PgKeys::new(db.clone())),
     };
     Ok(NodeStores {
         exchange,

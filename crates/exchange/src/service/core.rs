@@ -11,7 +11,7 @@ use super::lifecycle::Ctx;
 use super::records::{DbRecord, Owner, ProcessRecord};
 use super::sessions::Sessions;
 use crate::error::MailboxError;
-use crate::store::{FileName, Folder, Location, MessageStore, Op};
+use crate::store::{FileName, Folder, Location, Op};
 use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
@@ -34,8 +34,8 @@ pub(crate) struct Core {
     pub(crate) config: ExchangeConfig,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) registry: Registry,
-    /// Where messages live.
-    pub(crate) store: std::sync::Arc<dyn MessageStore>,
+    /// Where messages live, its writes told to the commit observer.
+    pub(crate) store: super::observer::Messages,
     pub(crate) ids: UlidGenerator,
     /// The engines; their hooks reach the core through a `Weak` to it.
     pub(crate) sessions: Sessions,

@@ -42,6 +42,7 @@ mod drive;
 mod error;
 mod hooks;
 mod lifecycle;
+mod observer;
 mod phase;
 mod protocol;
 mod push;
@@ -59,9 +60,10 @@ pub use admin::tally::{ProcessTotals, Verdicts};
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
+pub use observer::{CommitObserver, Durable};
 pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
-pub use snapshot::{CommitObserver, Durable, Gated, Paused, Quiesce};
+pub use snapshot::{Paused, Quiesce};
 
 use crate::keys::UploadKeys;
 use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
@@ -78,6 +80,7 @@ use crate::wire::{
 use crate::{Id, UlidGenerator};
 use admin::admin;
 use core::Core;
+use estafeta_durable::WriteGate;
 use estafeta_session::{Clock, RedbStorage, Storage};
 use hooks::ExchangeHooks;
 use std::path::{Path, PathBuf};
@@ -206,40 +209,47 @@ impl Stores {
     /// `registry.redb`, `sessions.redb`, `scheduled.redb` and `keys.redb`
     /// in its state folder, each opened (and repaired after a crash) here.
     /// `clock` is the one the exchange is opened with (the scheduler of
-    /// scheduled messages runs on it); every store's writes wait out
-    /// `quiesce`'s pauses (an online backup) and report their commits to
-    /// its observer.
+    /// scheduled messages runs on it); every store's writes pass one of
+    /// `quiesce`'s gates, which an online backup closes.
     pub async fn embedded(
         data_dir: &Path,
         clock: Arc<dyn Clock>,
         quiesce: &Quiesce,
     ) -> Result<Stores, ExchangeError> {
         let layout = crate::DataLayout::new(data_dir);
-        let registry = RedbRegistry::open(&layout).await?;
-        let sessions = blocking(RedbStorage::open, layout.sessions()).await?;
-        let scheduled = blocking(estafeta_repeat::RedbStore::open, layout.scheduled()).await?;
-        let keys = blocking(crate::keys::RedbKeys::open, layout.keys()).await?;
-        let scheduled = Scheduled::new(Arc::new(Gated::new(scheduled, quiesce.clone())), clock);
-        let messages = FileStore::open(data_dir, &scheduled).await?;
-        let sessions: Arc<dyn Storage> = Arc::new(Gated::new(sessions, quiesce.clone()));
+        let gate = quiesce.stores();
+        let registry = RedbRegistry::open_gated(&layout, gate.clone()).await?;
+        let sessions = blocking(RedbStorage::open_gated, layout.sessions(), gate).await?;
+        let scheduled = blocking(
+            estafeta_repeat::RedbStore::open_gated,
+            layout.scheduled(),
+            gate,
+        )
+        .await?;
+        let keys = blocking(crate::keys::RedbKeys::open_gated, layout.keys(), gate).await?;
+        let scheduled = Scheduled::new(Arc::new(scheduled), clock);
+        let messages = FileStore::open(data_dir, &scheduled, quiesce.files().clone()).await?;
+        let sessions: Arc<dyn Storage> = Arc::new(sessions);
         Ok(Stores {
-            messages: Arc::new(Gated::new(messages, quiesce.clone())),
-            registry: Arc::new(Gated::new(registry, quiesce.clone())),
+            messages: Arc::new(messages),
+            registry: Arc::new(registry),
             process_sessions: sessions.clone(),
             sessions,
             scheduled,
-            keys: Arc::new(Gated::new(keys, quiesce.clone())),
+            keys: Arc::new(keys),
         })
     }
 }
 
-/// Opens one embedded redb file on a blocking thread (an open after a crash
-/// repairs it, which reads the whole file).
+/// Opens one embedded redb file, its writes passing `gate`, on a blocking
+/// thread (an open after a crash repairs it, which reads the whole file).
 async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
-    open: fn(PathBuf) -> Result<T, E>,
+    open: fn(PathBuf, WriteGate) -> Result<T, E>,
     path: PathBuf,
+    gate: &WriteGate,
 ) -> Result<T, ExchangeError> {
-    tokio::task::spawn_blocking(move || open(path))
+    let gate = gate.clone();
+    tokio::task::spawn_blocking(move || open(path, gate))
         .await
         .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
         .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))
@@ -269,9 +279,14 @@ impl Exchange {
             .map(Token::from_text)
             .transpose()?;
         let (registry, admin_token) = Registry::with_store(stores.registry, configured).await?;
-        let sessions =
-            sessions::Sessions::open(stores.sessions, stores.process_sessions, clock.clone())
-                .await?;
+        let observer = config.quiesce.observer().cloned();
+        let sessions = sessions::Sessions::open(
+            stores.sessions,
+            stores.process_sessions,
+            clock.clone(),
+            observer.as_ref(),
+        )
+        .await?;
         // The process list this server keeps in memory as records are
         // saved: only where it sees every save (with a store other servers
         // share, the list is read from the records).
@@ -282,7 +297,7 @@ impl Exchange {
             config,
             clock,
             registry,
-            store: stores.messages,
+            store: observer::Messages::new(stores.messages, observer),
             ids: UlidGenerator::new(),
             sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
             phase: watch::Sender::new(Phase::Starting),

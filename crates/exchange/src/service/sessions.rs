@@ -12,12 +12,17 @@ use estafeta_session::{
     Clock, Engine, Error, Hooks, Loaded, Stats, Storage, StorageError, Timestamp,
 };
 use std::sync::Arc;
+use std::time::Instant;
+
+use super::observer::{CommitObserver, Durable, TimedStep, committed};
 
 /// One kind's part of a shared store: its keys are stored behind a
 /// prefix of their own, so the kinds never meet.
 pub(crate) struct Namespace {
     prefix: &'static [u8],
     inner: Arc<dyn Storage>,
+    /// Told of each commit (the server's metrics).
+    observer: Option<Arc<dyn CommitObserver>>,
 }
 
 impl Namespace {
@@ -59,7 +64,10 @@ impl Storage for Namespace {
 
     fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
         let batch: Vec<Write> = batch.iter().map(|w| behind(self.prefix, w)).collect();
-        self.inner.write(&batch)
+        let started = Instant::now();
+        let written = self.inner.write(&batch);
+        committed(self.observer.as_ref(), Durable::Sessions, started);
+        written
     }
 
     fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
@@ -97,10 +105,15 @@ impl Storage for Namespace {
 impl Shared for Namespace {
     fn begin<'a>(&'a self, key: &'a [u8]) -> Pending<'a, Box<dyn Step>> {
         Box::pin(async move {
-            match self.inner.shared() {
-                Some(shared) => shared.begin(&self.key(key)).await,
-                None => Err(StorageError::Conflict),
-            }
+            let shared = self.inner.shared().ok_or(StorageError::Conflict)?;
+            let step = shared.begin(&self.key(key)).await?;
+            Ok(match &self.observer {
+                Some(observer) => Box::new(TimedStep {
+                    inner: step,
+                    observer: observer.clone(),
+                }),
+                None => step,
+            })
         })
     }
 
@@ -171,11 +184,13 @@ impl Sessions {
         storage: Arc<dyn Storage>,
         processes: Arc<dyn Storage>,
         clock: Arc<dyn Clock>,
+        observer: Option<&Arc<dyn CommitObserver>>,
     ) -> Result<Opening, Error> {
         let part = |prefix, inner: &Arc<dyn Storage>| -> Arc<dyn Storage> {
             Arc::new(Namespace {
                 prefix,
                 inner: inner.clone(),
+                observer: observer.cloned(),
             })
         };
         Ok(Opening {
@@ -246,10 +261,12 @@ mod tests {
         let db = Namespace {
             prefix: b"db/",
             inner: store.clone(),
+            observer: None,
         };
         let dev = Namespace {
             prefix: b"dev/",
             inner: store.clone(),
+            observer: None,
         };
         let put = |key: &[u8], at| Write::Put {
             key: key.to_vec(),
@@ -304,6 +321,7 @@ mod tests {
             Arc::new(Namespace {
                 prefix,
                 inner: store.clone(),
+                observer: None,
             })
         };
         let db: Engine<Id, DbRecord> = Engine::builder(part(b"db/")).open().await.unwrap();

@@ -9,6 +9,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
+use estafeta_durable::WriteGate;
 use estafeta_repeat::RedbStore;
 
 use super::scheduled::Scheduled;
@@ -75,7 +76,9 @@ fn outcome(r: Result<Outcome, MailboxError>) -> Option<Outcome> {
 pub async fn file_store(dir: &Path) -> (Arc<dyn MessageStore>, Arc<RedbStore>) {
     let scheduled = Arc::new(RedbStore::open(dir.join("scheduled.redb")).unwrap());
     let kept = Scheduled::new(scheduled.clone(), Arc::new(estafeta_session::SystemClock));
-    let store = FileStore::open(&dir.join("data"), &kept).await.unwrap();
+    let store = FileStore::open(&dir.join("data"), &kept, WriteGate::default())
+        .await
+        .unwrap();
     (Arc::new(store), scheduled)
 }
 

@@ -27,6 +27,7 @@ use crate::mailbox::{
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
+use estafeta_durable::WriteGate;
 
 /// Messages as files under the data folder. Cheap to clone.
 #[derive(Clone)]
@@ -39,6 +40,8 @@ pub(crate) struct FileStore {
     /// Orders writes into a mailbox from outside its owner's session with
     /// the mailbox's removal.
     removals: Arc<Removals>,
+    /// What an online backup closes to hold back the writes.
+    gate: WriteGate,
 }
 
 /// The recipient of a scheduled message, read from its entry's payload.
@@ -50,14 +53,19 @@ struct Recipient {
 impl FileStore {
     /// Opens the message files under the data folder `root` (group commit
     /// with its default settings), keeping messages due later in
-    /// `scheduled`.
-    pub(crate) async fn open(root: &Path, scheduled: &Scheduled) -> Result<Self, MailboxError> {
+    /// `scheduled`; every write passes `gate`.
+    pub(crate) async fn open(
+        root: &Path,
+        scheduled: &Scheduled,
+        gate: WriteGate,
+    ) -> Result<Self, MailboxError> {
         let removals = Removals::open(crate::DataLayout::new(root).removed()).await?;
         Ok(Self {
             mailboxes: Mailboxes::open(root, SyncConfig::default()).await?,
             scheduled: scheduled.scheduler.clone(),
             kept: scheduled.store.clone(),
             removals: Arc::new(removals),
+            gate,
         })
     }
 
@@ -148,11 +156,13 @@ impl FileStore {
 #[async_trait::async_trait]
 impl MessageStore for FileStore {
     async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        let _writing = self.gate.enter().await;
         self.removals.restore(owner).await?;
         self.mailboxes.create_mailbox(owner).await
     }
 
     async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let _writing = self.gate.enter().await;
         self.removals.remove(owner).await?;
         let mut discarded = 0;
         for id in self.kept_for(owner).await? {
@@ -203,6 +213,7 @@ impl MessageStore for FileStore {
     }
 
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
+        let _writing = self.gate.enter().await;
         let entered = self.removals.enter([&at.mailbox]).await;
         if entered.is_removed(&at.mailbox) {
             return Err(MailboxError::NoMailbox(at.mailbox.clone()));
@@ -218,6 +229,7 @@ impl MessageStore for FileStore {
         message: &Message,
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
+        let _writing = self.gate.enter().await;
         let entered = self.removals.enter([&at.mailbox]).await;
         if entered.is_removed(&at.mailbox) {
             return Err(MailboxError::NoMailbox(at.mailbox.clone()));
@@ -246,6 +258,7 @@ impl MessageStore for FileStore {
         messages: &[Message],
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Vec<FileEntry>, MailboxError> {
+        let _writing = self.gate.enter().await;
         self.mailboxes.write_all_when(at, messages, when).await
     }
 
@@ -267,6 +280,7 @@ impl MessageStore for FileStore {
         _step: Option<&mut dyn estafeta_session::storage::Step>,
         ops: &[Op],
     ) -> Applied {
+        let _writing = self.gate.enter().await;
         let mut results: Vec<Option<Result<Outcome, MailboxError>>> =
             ops.iter().map(|_| None).collect();
         let mut arrivals = BTreeSet::new();
@@ -332,6 +346,7 @@ impl MessageStore for FileStore {
         at: &Location,
         names: &[FileName],
     ) -> Vec<Result<Outcome, MailboxError>> {
+        let _writing = self.gate.enter().await;
         self.mailboxes.delete_all(at, names).await
     }
 
@@ -405,10 +420,12 @@ impl MessageStore for FileStore {
         cutoff: Timestamp,
         keep: &HashSet<MessageId>,
     ) -> Result<usize, MailboxError> {
+        let _writing = self.gate.enter().await;
         self.mailboxes.remove_older_than(at, cutoff, keep).await
     }
 
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError> {
+        let _writing = self.gate.enter().await;
         self.mailboxes.sweep_temp_files(owner).await.map(|_| ())
     }
 
@@ -463,7 +480,9 @@ mod tests {
             Arc::new(estafeta_repeat::RedbStore::open(dir.join("scheduled.redb")).unwrap());
         let kept = Scheduled::new(scheduled.clone(), Arc::new(estafeta_session::SystemClock));
         (
-            FileStore::open(&dir.join("data"), &kept).await.unwrap(),
+            FileStore::open(&dir.join("data"), &kept, WriteGate::default())
+                .await
+                .unwrap(),
             scheduled,
         )
     }

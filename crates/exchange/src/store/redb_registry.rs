@@ -12,6 +12,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use estafeta_durable::WriteGate;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -51,14 +52,22 @@ struct Inner {
     db: Database,
     /// The admin-token file.
     admin_file: PathBuf,
+    /// What an online backup closes to hold back this store's writes.
+    gate: WriteGate,
 }
 
 impl RedbRegistry {
     /// Opens (creating if needed, with its folders made durable) the
     /// registry of `layout`.
     pub async fn open(layout: &DataLayout) -> Result<Self, TenancyError> {
+        RedbRegistry::open_gated(layout, WriteGate::default()).await
+    }
+
+    /// [`RedbRegistry::open`], every change passing `gate` (an online
+    /// backup closes it to hold them back).
+    pub async fn open_gated(layout: &DataLayout, gate: WriteGate) -> Result<Self, TenancyError> {
         let layout = layout.clone();
-        blocking(move || open_blocking(&layout)).await
+        blocking(move || open_blocking(&layout, gate)).await
     }
 
     /// Runs `f` on a blocking thread (redb commits fsync).
@@ -88,7 +97,8 @@ impl RegistryStore for RedbRegistry {
 
     async fn apply(&self, change: &Change) -> Result<(), TenancyError> {
         let change = change.clone();
-        self.run(move |inner| inner.apply(change)).await
+        self.run(move |inner| inner.gate.pass(|| inner.apply(change)))
+            .await
     }
 }
 
@@ -203,7 +213,7 @@ fn exists(kind: &'static str, id: &Id) -> TenancyError {
 
 /// Makes the state folder (mode 0700) and opens the redb file, making sure
 /// the tables exist; on a first start, each new folder's entry is fsynced.
-fn open_blocking(layout: &DataLayout) -> Result<RedbRegistry, TenancyError> {
+fn open_blocking(layout: &DataLayout, gate: WriteGate) -> Result<RedbRegistry, TenancyError> {
     // Private: it holds the admin token and the registry.
     let dir = layout.state_dir();
     // On a first start, the data folder and `.estafeta` itself.
@@ -240,6 +250,7 @@ fn open_blocking(layout: &DataLayout) -> Result<RedbRegistry, TenancyError> {
         inner: Arc::new(Inner {
             db,
             admin_file: layout.admin_token(),
+            gate,
         }),
     })
 }
@@ -396,11 +407,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let layout = DataLayout::new(&data);
-        drop(open_blocking(&layout).unwrap());
+        drop(open_blocking(&layout, WriteGate::default()).unwrap());
         // `.estafeta` itself is fsynced by the registry's creation.
         let expected: BTreeSet<PathBuf> = [tmp.path().to_path_buf(), data].into();
         assert_eq!(synced(), expected);
-        drop(open_blocking(&layout).unwrap());
+        drop(open_blocking(&layout, WriteGate::default()).unwrap());
         assert_eq!(synced(), BTreeSet::new());
     }
 

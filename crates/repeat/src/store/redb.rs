@@ -12,6 +12,7 @@ use redb::{
 
 use super::{Applied, Op, Scan, SourceCount, Store, collect_scan};
 use crate::{Position, StoreError};
+use estafeta_durable::WriteGate;
 
 /// The id index: id → (source, due).
 const IDS: TableDefinition<'_, &str, (&str, u64)> = TableDefinition::new("repeat.ids");
@@ -31,6 +32,8 @@ fn source_table(name: &str) -> SourceTable<'_> {
 #[derive(Debug)]
 pub struct RedbStore {
     db: Database,
+    /// What an online backup closes to hold back this store's writes.
+    gate: WriteGate,
 }
 
 impl RedbStore {
@@ -38,6 +41,12 @@ impl RedbStore {
     /// A file it creates is durable, entry in its folder included, when
     /// this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        RedbStore::open_gated(path, WriteGate::default())
+    }
+
+    /// [`RedbStore::open`], every [`Store::apply`] passing `gate` (an
+    /// online backup closes it to hold them back).
+    pub fn open_gated(path: impl AsRef<Path>, gate: WriteGate) -> Result<Self, StoreError> {
         let path = path.as_ref();
         let db = estafeta_durable::open_redb(path, |db| {
             let txn = db.begin_write()?;
@@ -46,7 +55,7 @@ impl RedbStore {
             Ok(())
         })
         .map_err(StoreError::redb)?;
-        Ok(Self { db })
+        Ok(Self { db, gate })
     }
 }
 
@@ -232,8 +241,9 @@ impl<'t> Writer<'t> {
     }
 }
 
-impl Store for RedbStore {
-    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+impl RedbStore {
+    /// Applies `ops` in one write transaction: all of them or none.
+    fn write(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let txn = self.db.begin_write().map_err(StoreError::redb)?;
         // The writer (and its open tables) must be gone before commit.
         let applied = Writer::new(&txn).and_then(|mut writer| {
@@ -253,6 +263,12 @@ impl Store for RedbStore {
                 Err(e)
             }
         }
+    }
+}
+
+impl Store for RedbStore {
+    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        self.gate.pass(|| self.write(ops))
     }
 
     fn sources(&self) -> Result<Vec<String>, StoreError> {

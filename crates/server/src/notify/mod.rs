@@ -50,7 +50,7 @@ pub use settings::{EmailChannel, NotifyConfigError, NotifySettings, SmsChannel};
 use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_exchange::service::{Gated, Listed};
+use estafeta_exchange::service::Listed;
 use estafeta_exchange::store::WallClock;
 use estafeta_exchange::{
     Alert, AlertKind, AlertSink, DataLayout, Exchange, Quiesce, Timestamp, alert_key,
@@ -118,7 +118,7 @@ pub struct Notifier {
 }
 
 /// The alert deliveries' scheduler.
-type AlertScheduler = Scheduler<Gated<Listed<dyn RepeatStore>>, WallClock>;
+type AlertScheduler = Scheduler<Listed<dyn RepeatStore>, WallClock>;
 
 struct Inner {
     settings: NotifySettings,
@@ -166,11 +166,8 @@ impl Notifier {
                     let claiming: Arc<dyn RepeatStore> = Arc::new(
                         estafeta_postgres::PgQueue::claiming(db.clone(), &[SOURCE], LEASE),
                     );
-                    let scheduler = Arc::new(Scheduler::new(
-                        Gated::new(Listed(claiming), quiesce),
-                        WallClock(clock),
-                        options,
-                    ));
+                    let scheduler =
+                        Arc::new(Scheduler::new(Listed(claiming), WallClock(clock), options));
                     (
                         Arc::new(estafeta_postgres::PgAlerts::new(db.clone())),
                         scheduler,
@@ -181,15 +178,15 @@ impl Notifier {
                     let layout = DataLayout::new(&settings.data_dir);
                     tokio::fs::create_dir_all(layout.state_dir()).await?;
                     let raised = {
-                        let (path, quiesce) = (layout.alerts(), quiesce.clone());
-                        tokio::task::spawn_blocking(move || Raised::open(&path, quiesce))
+                        let (path, gate) = (layout.alerts(), quiesce.stores().clone());
+                        tokio::task::spawn_blocking(move || Raised::open(&path, gate))
                             .await
                             .map_err(std::io::Error::other)??
                     };
                     let store: Arc<dyn RepeatStore> = {
-                        let path = layout.alert_deliveries();
+                        let (path, gate) = (layout.alert_deliveries(), quiesce.stores().clone());
                         Arc::new(
-                            tokio::task::spawn_blocking(move || RedbStore::open(path))
+                            tokio::task::spawn_blocking(move || RedbStore::open_gated(path, gate))
                                 .await
                                 .map_err(|e| {
                                     estafeta_repeat::StoreError::Backend(e.to_string().into())
@@ -197,7 +194,7 @@ impl Notifier {
                         )
                     };
                     let scheduler = Arc::new(Scheduler::new(
-                        Gated::new(Listed(store.clone()), quiesce),
+                        Listed(store.clone()),
                         WallClock(clock),
                         options,
                     ));
@@ -647,11 +644,11 @@ mod tests {
     #[tokio::test]
     async fn embedded_alerts_record_each_condition_once() {
         let dir = tempfile::tempdir().unwrap();
-        let raised = Raised::open(&dir.path().join("alerts.redb"), Quiesce::default()).unwrap();
+        let raised = Raised::open(&dir.path().join("alerts.redb"), Default::default()).unwrap();
         let store: Arc<dyn RepeatStore> =
             Arc::new(RedbStore::open(dir.path().join("alerts-repeat.redb")).unwrap());
         let scheduler = Arc::new(Scheduler::new(
-            Gated::new(Listed(store.clone()), Quiesce::default()),
+            Listed(store.clone()),
             WallClock(Arc::new(estafeta_session::SystemClock)),
             Options::default(),
         ));

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use estafeta_exchange::Quiesce;
-use estafeta_exchange::service::{Gated, Listed};
+use estafeta_exchange::service::Listed;
 use estafeta_exchange::store::WallClock;
 use estafeta_exchange::{DataLayout, Exchange, Id, PushSink, RecipientKind};
 use estafeta_repeat::store::Store as RepeatStore;
@@ -81,7 +81,7 @@ pub struct Pusher {
 
 struct Inner {
     outbound: Outbound,
-    scheduler: Scheduler<Gated<Listed<dyn RepeatStore>>, WallClock>,
+    scheduler: Scheduler<Listed<dyn RepeatStore>, WallClock>,
     /// The notifications, read to list them (without claiming any).
     store: Arc<dyn RepeatStore>,
     /// Cluster mode: pending notifications are coalesced in the store.
@@ -132,8 +132,9 @@ impl Pusher {
             ),
             None => {
                 let path = DataLayout::new(&notifier.settings().data_dir).push_deliveries();
+                let gate = quiesce.stores().clone();
                 let store: Arc<dyn RepeatStore> = Arc::new(
-                    tokio::task::spawn_blocking(move || RedbStore::open(path))
+                    tokio::task::spawn_blocking(move || RedbStore::open_gated(path, gate))
                         .await
                         .map_err(|e| {
                             estafeta_repeat::StoreError::Backend(e.to_string().into())
@@ -142,11 +143,7 @@ impl Pusher {
                 (store.clone(), store)
             }
         };
-        let scheduler = Scheduler::new(
-            Gated::new(Listed(scheduled), quiesce),
-            WallClock(clock),
-            options,
-        );
+        let scheduler = Scheduler::new(Listed(scheduled), WallClock(clock), options);
         // What an earlier run left pending is pending now: arrivals for
         // those recipients coalesce into it. (Cluster mode coalesces in
         // the store.)

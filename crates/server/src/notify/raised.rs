@@ -21,7 +21,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use estafeta_exchange::{Alert, Quiesce, Timestamp};
+use estafeta_durable::WriteGate;
+use estafeta_exchange::{Alert, Timestamp};
 use estafeta_repeat::Entry;
 use estafeta_session::BoxFuture;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -194,13 +195,13 @@ impl AlertStore for estafeta_postgres::PgAlerts {
 #[derive(Clone, Debug)]
 pub struct Raised {
     db: Arc<Database>,
-    /// Backups pause the writes.
-    quiesce: Quiesce,
+    /// What an online backup closes to hold back the writes.
+    gate: WriteGate,
 }
 
 impl Raised {
-    /// Opens (or creates) the store at `path`, its writes paused by `quiesce`.
-    pub fn open(path: &Path, quiesce: Quiesce) -> Result<Self, RaisedError> {
+    /// Opens (or creates) the store at `path`, its writes passing `gate`.
+    pub fn open(path: &Path, gate: WriteGate) -> Result<Self, RaisedError> {
         let db = estafeta_durable::open_redb(path, |db| {
             let txn = db.begin_write()?;
             txn.open_table(ALERTS)?;
@@ -211,7 +212,7 @@ impl Raised {
         .map_err(err)?;
         Ok(Raised {
             db: Arc::new(db),
-            quiesce,
+            gate,
         })
     }
 
@@ -305,8 +306,8 @@ impl Raised {
         &self,
         f: impl FnOnce() -> Result<T, RaisedError> + Send + 'static,
     ) -> Result<T, RaisedError> {
-        let quiesce = self.quiesce.clone();
-        blocking(move || quiesce.store_write(f)).await
+        let gate = self.gate.clone();
+        blocking(move || gate.pass(f)).await
     }
 
     /// The newest `limit` alerts, newest first.
@@ -377,12 +378,12 @@ mod tests {
         let path = dir.path().join("alerts.redb");
         let t = Timestamp::from_millis;
         let a = Alert::new(AlertKind::InDoubt, "p1", "t", t(1));
-        let raised = Raised::open(&path, Quiesce::default()).unwrap();
+        let raised = Raised::open(&path, WriteGate::default()).unwrap();
         assert!(raised.open_alert(&a).await.unwrap());
         assert!(!raised.open_alert(&a).await.unwrap());
         drop(raised);
 
-        let raised = Raised::open(&path, Quiesce::default()).unwrap();
+        let raised = Raised::open(&path, WriteGate::default()).unwrap();
         assert!(raised.is_open(&a.key).await.unwrap());
         assert_eq!(raised.unacknowledged().await.unwrap(), 1);
         // Acknowledged while it lasts: still not news again.

@@ -12,6 +12,7 @@
 
 use super::{Storage, StorageError, Write};
 use crate::clock::Timestamp;
+use estafeta_durable::WriteGate;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 use std::sync::{RwLock, RwLockReadGuard};
@@ -28,6 +29,8 @@ pub struct RedbStorage {
     /// `None` after a failed reopen: the next operation tries again.
     db: RwLock<Option<Database>>,
     generation: u64,
+    /// What an online backup closes to hold back this store's writes.
+    gate: WriteGate,
 }
 
 impl RedbStorage {
@@ -35,6 +38,15 @@ impl RedbStorage {
     /// A file it creates is durable, entry in its folder included, when
     /// this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbStorage, StorageError> {
+        RedbStorage::open_gated(path, WriteGate::default())
+    }
+
+    /// [`RedbStorage::open`], every write passing `gate` (an online
+    /// backup closes it to hold them back).
+    pub fn open_gated(
+        path: impl AsRef<Path>,
+        gate: WriteGate,
+    ) -> Result<RedbStorage, StorageError> {
         let path = path.as_ref().to_path_buf();
         let mut generation = 0;
         let db = estafeta_durable::open_redb(&path, |db| {
@@ -55,6 +67,7 @@ impl RedbStorage {
             path,
             db: RwLock::new(Some(db)),
             generation,
+            gate,
         })
     }
 
@@ -101,7 +114,7 @@ impl Storage for RedbStorage {
     }
 
     fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
-        self.with_db(|db| write_batch(db, batch))
+        self.gate.pass(|| self.with_db(|db| write_batch(db, batch)))
     }
 
     fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
@@ -118,7 +131,7 @@ impl Storage for RedbStorage {
     }
 
     fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
-        self.with_db(|db| quarantine(db, key))?;
+        self.gate.pass(|| self.with_db(|db| quarantine(db, key)))?;
         tracing::warn!(key = %String::from_utf8_lossy(key), reason, "session record quarantined");
         Ok(())
     }
