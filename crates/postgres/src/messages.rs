@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
-    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
-    Outcome, RawArray, Tallies, scheduled_entry, take_within,
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageReads,
+    MessageSteps, MessageUpkeep, Op, Outcome, RawArray, Tallies, scheduled_entry, take_within,
 };
 use estafeta_exchange::wire::Message;
 use estafeta_exchange::{Id, MessageId, Timestamp};
@@ -671,70 +671,7 @@ fn first_id_at(t: Timestamp) -> String {
 }
 
 #[async_trait::async_trait]
-impl MessageStore for PgMessages {
-    /// Its row in `message_owners`, which its messages reference.
-    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
-        self.create_mailboxes(std::slice::from_ref(owner))
-            .await
-            .pop()
-            .unwrap_or(Ok(()))
-    }
-
-    /// Every row in one statement.
-    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
-        let ids: Vec<&str> = owners.iter().map(Id::as_str).collect();
-        let made = async {
-            let client = self.store.client().await?;
-            let statement = client.prepare_cached(MAKE_OWNERS).await?;
-            client.execute(&statement, &[&ids]).await?;
-            Ok::<_, Error>(())
-        };
-        match made.await {
-            Ok(()) => owners.iter().map(|_| Ok(())).collect(),
-            Err(e) => {
-                let unavailable = e.is_unavailable();
-                let text = e.to_string();
-                owners
-                    .iter()
-                    .map(|o| {
-                        Err(MailboxError::store(
-                            format!("postgres:{o}"),
-                            text.clone(),
-                            unavailable,
-                        ))
-                    })
-                    .collect()
-            }
-        }
-    }
-
-    /// The mailbox's row goes, and with it (the foreign keys cascade) its
-    /// messages and those scheduled for it, in one transaction: a write
-    /// for it that holds its row's key lock commits first and goes with
-    /// it; any later one fails on the missing row.
-    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
-        let client = self.client(owner).await?;
-        let n: i64 = client
-            .query_one(REMOVE_OWNER, &[&owner.as_str()])
-            .await
-            .map_err(|e| failed(owner, e))?
-            .get(0);
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
-        let client = self.client(owner).await?;
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM repeat_entries WHERE owner = $1",
-                &[&owner.as_str()],
-            )
-            .await
-            .map_err(|e| failed(owner, e))?
-            .get(0);
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
+impl MessageSteps for PgMessages {
     /// An entry of the repeat scheduler's table for its recipient, which
     /// whichever node polls first delivers at its time.
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
@@ -894,6 +831,43 @@ impl MessageStore for PgMessages {
         self.apply(None, &ops).await.results
     }
 
+    /// One `UPDATE` in the step's transaction.
+    async fn move_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        from: &Location,
+        to: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
+        let Some(locked) = crate::session_storage::held(step) else {
+            return Ok(None);
+        };
+        let client = locked.client();
+        let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
+        let statement = client
+            .prepare_cached(MOVE_ALL_OF)
+            .await
+            .map_err(|e| failed(from, e))?;
+        let rows = client
+            .query(
+                &statement,
+                &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
+            )
+            .await
+            .map_err(|e| failed(from, e))?;
+        rows.iter()
+            .map(|r| {
+                r.get::<_, &str>(0)
+                    .parse()
+                    .map_err(|_| MailboxError::Corrupt(format!("postgres:{from}").into()))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+}
+
+#[async_trait::async_trait]
+impl MessageReads for PgMessages {
     /// One range scan of `messages_folder` that stops after
     /// `limits.max_files` rows; the byte limit is applied to those.
     async fn select(
@@ -992,40 +966,6 @@ impl MessageStore for PgMessages {
         self.read_oldest(at, n, true).await
     }
 
-    /// One `UPDATE` in the step's transaction.
-    async fn move_in_step(
-        &self,
-        step: &mut dyn estafeta_session::storage::Step,
-        from: &Location,
-        to: &Location,
-        ids: &HashSet<MessageId>,
-    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
-        let Some(locked) = crate::session_storage::held(step) else {
-            return Ok(None);
-        };
-        let client = locked.client();
-        let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
-        let statement = client
-            .prepare_cached(MOVE_ALL_OF)
-            .await
-            .map_err(|e| failed(from, e))?;
-        let rows = client
-            .query(
-                &statement,
-                &[&ids, &loc(from).0, &loc(from).1, &loc(to).0, &loc(to).1],
-            )
-            .await
-            .map_err(|e| failed(from, e))?;
-        rows.iter()
-            .map(|r| {
-                r.get::<_, &str>(0)
-                    .parse()
-                    .map_err(|_| MailboxError::Corrupt(format!("postgres:{from}").into()))
-            })
-            .collect::<Result<_, _>>()
-            .map(Some)
-    }
-
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
         let sql =
             format!("SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2 AND id = $3");
@@ -1065,6 +1005,72 @@ impl MessageStore for PgMessages {
             "SELECT {ENTRY} FROM messages WHERE owner = $1 AND place = $2 ORDER BY created_at, id"
         );
         self.entries(at, &sql, &[]).await
+    }
+}
+
+#[async_trait::async_trait]
+impl MessageUpkeep for PgMessages {
+    /// Its row in `message_owners`, which its messages reference.
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.create_mailboxes(std::slice::from_ref(owner))
+            .await
+            .pop()
+            .unwrap_or(Ok(()))
+    }
+
+    /// Every row in one statement.
+    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
+        let ids: Vec<&str> = owners.iter().map(Id::as_str).collect();
+        let made = async {
+            let client = self.store.client().await?;
+            let statement = client.prepare_cached(MAKE_OWNERS).await?;
+            client.execute(&statement, &[&ids]).await?;
+            Ok::<_, Error>(())
+        };
+        match made.await {
+            Ok(()) => owners.iter().map(|_| Ok(())).collect(),
+            Err(e) => {
+                let unavailable = e.is_unavailable();
+                let text = e.to_string();
+                owners
+                    .iter()
+                    .map(|o| {
+                        Err(MailboxError::store(
+                            format!("postgres:{o}"),
+                            text.clone(),
+                            unavailable,
+                        ))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The mailbox's row goes, and with it (the foreign keys cascade) its
+    /// messages and those scheduled for it, in one transaction: a write
+    /// for it that holds its row's key lock commits first and goes with
+    /// it; any later one fails on the missing row.
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let client = self.client(owner).await?;
+        let n: i64 = client
+            .query_one(REMOVE_OWNER, &[&owner.as_str()])
+            .await
+            .map_err(|e| failed(owner, e))?
+            .get(0);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let client = self.client(owner).await?;
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM repeat_entries WHERE owner = $1",
+                &[&owner.as_str()],
+            )
+            .await
+            .map_err(|e| failed(owner, e))?
+            .get(0);
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Age is the arrival time in the id: the ids below the first id of

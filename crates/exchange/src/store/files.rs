@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::removal::Removals;
 use super::scheduled::{self, DeliveryScheduler, Listed, SOURCE, Scheduled};
-use super::{Applied, MessageStore, Op};
+use super::{Applied, MessageReads, MessageSteps, MessageUpkeep, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
 use crate::mailbox::{
@@ -154,50 +154,7 @@ impl FileStore {
 }
 
 #[async_trait::async_trait]
-impl MessageStore for FileStore {
-    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
-        let _writing = self.gate.enter().await;
-        self.removals.restore(owner).await?;
-        self.mailboxes.create_mailbox(owner).await
-    }
-
-    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
-        let _writing = self.gate.enter().await;
-        self.removals.remove(owner).await?;
-        let mut discarded = 0;
-        for id in self.kept_for(owner).await? {
-            if self
-                .scheduled
-                .cancel(&id)
-                .await
-                .map_err(|e| MailboxError::io(self.mailboxes.root(), std::io::Error::other(e)))?
-            {
-                discarded += 1;
-            }
-        }
-        for folder in Folder::ALL {
-            let at = Location::new(owner.clone(), folder);
-            let names = self.mailboxes.list_names(&at).await?;
-            for outcome in self.mailboxes.delete_all(&at, &names).await {
-                outcome?;
-            }
-            discarded += names.len() as u64;
-        }
-        // The folder goes whole (temporary files of writes a crash cut
-        // included).
-        let base = self.mailboxes.root().join(owner.as_str());
-        let root = self.mailboxes.root().to_path_buf();
-        let remove = move || match std::fs::remove_dir_all(&base) {
-            Ok(()) => estafeta_durable::sync_dir(&root).map_err(|e| MailboxError::io(&root, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(MailboxError::io(&base, e)),
-        };
-        tokio::task::spawn_blocking(remove)
-            .await
-            .map_err(|e| MailboxError::Join(e.to_string()))??;
-        Ok(discarded)
-    }
-
+impl MessageSteps for FileStore {
     /// The files are not written in a session store's transactions.
     fn put_in_step(
         &self,
@@ -206,10 +163,6 @@ impl MessageStore for FileStore {
         _message: &Message,
     ) -> Result<Option<FileEntry>, MailboxError> {
         Ok(None)
-    }
-
-    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
-        Ok(self.kept_for(owner).await?.len() as u64)
     }
 
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
@@ -349,7 +302,10 @@ impl MessageStore for FileStore {
         let _writing = self.gate.enter().await;
         self.mailboxes.delete_all(at, names).await
     }
+}
 
+#[async_trait::async_trait]
+impl MessageReads for FileStore {
     async fn select(
         &self,
         at: &Location,
@@ -412,6 +368,56 @@ impl MessageStore for FileStore {
 
     async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError> {
         self.mailboxes.list(at).await
+    }
+}
+
+#[async_trait::async_trait]
+impl MessageUpkeep for FileStore {
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        let _writing = self.gate.enter().await;
+        self.removals.restore(owner).await?;
+        self.mailboxes.create_mailbox(owner).await
+    }
+
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        let _writing = self.gate.enter().await;
+        self.removals.remove(owner).await?;
+        let mut discarded = 0;
+        for id in self.kept_for(owner).await? {
+            if self
+                .scheduled
+                .cancel(&id)
+                .await
+                .map_err(|e| MailboxError::io(self.mailboxes.root(), std::io::Error::other(e)))?
+            {
+                discarded += 1;
+            }
+        }
+        for folder in Folder::ALL {
+            let at = Location::new(owner.clone(), folder);
+            let names = self.mailboxes.list_names(&at).await?;
+            for outcome in self.mailboxes.delete_all(&at, &names).await {
+                outcome?;
+            }
+            discarded += names.len() as u64;
+        }
+        // The folder goes whole (temporary files of writes a crash cut
+        // included).
+        let base = self.mailboxes.root().join(owner.as_str());
+        let root = self.mailboxes.root().to_path_buf();
+        let remove = move || match std::fs::remove_dir_all(&base) {
+            Ok(()) => estafeta_durable::sync_dir(&root).map_err(|e| MailboxError::io(&root, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MailboxError::io(&base, e)),
+        };
+        tokio::task::spawn_blocking(remove)
+            .await
+            .map_err(|e| MailboxError::Join(e.to_string()))??;
+        Ok(discarded)
+    }
+
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        Ok(self.kept_for(owner).await?.len() as u64)
     }
 
     async fn remove_older_than(

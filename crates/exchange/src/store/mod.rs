@@ -108,7 +108,11 @@ pub struct Applied {
 
 /// Where messages live: the places (`Messages`, `Prepared`, `Log`,
 /// `Unknown`, `Error`) of each database and device, and the messages scheduled
-/// for their `deliver_at`.
+/// for their `deliver_at`. One store, seen through three ports by use: a
+/// call's writes ([`MessageSteps`]), reads ([`MessageReads`]) and the
+/// upkeep of mailboxes, start-up recovery, retention and totals
+/// ([`MessageUpkeep`]); a type that implements the three is a
+/// `MessageStore`.
 ///
 /// Every write is durable when its call returns. A batch of [`Op`]s is the
 /// changes of one protocol step: a transactional backend applies it
@@ -116,38 +120,14 @@ pub struct Applied {
 /// idempotent (an op already done counts as done), so that the lifecycle,
 /// which records the batch before running it, can run it again after a
 /// crash. Reads see every write that returned.
+pub trait MessageStore: MessageSteps + MessageReads + MessageUpkeep {}
+
+impl<S: MessageSteps + MessageReads + MessageUpkeep + ?Sized> MessageStore for S {}
+
+/// The writes of a call or a protocol step: new messages (on their own,
+/// or in a shared session store's step), batches of [`Op`]s, removals.
 #[async_trait::async_trait]
-pub trait MessageStore: Send + Sync {
-    /// Makes room for a new database or device (and checks, at start-up,
-    /// that its places can be used). Doing it again is not an error.
-    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError>;
-
-    /// [`create_mailbox`](Self::create_mailbox) for each of `owners` (a
-    /// start-up's check of every mailbox), one result each, in order. A
-    /// store that makes many in one go overrides it.
-    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
-        let mut made = Vec::with_capacity(owners.len());
-        for owner in owners {
-            made.push(self.create_mailbox(owner).await);
-        }
-        made
-    }
-
-    /// Removes everything of a deleted database or device, the messages
-    /// scheduled for it included; how many messages there were. Called
-    /// while the caller holds the owner's session. From then on nothing is
-    /// written into the mailbox until it is made again
-    /// ([`create_mailbox`](Self::create_mailbox)): a new message for it is
-    /// refused ([`MailboxError::NoMailbox`]) and a message moved or scheduled
-    /// for it by a batch is discarded. A write under way when the
-    /// removal began either finishes first (and is removed with the rest)
-    /// or finds the mailbox gone.
-    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError>;
-
-    /// How many messages are scheduled for their `deliver_at` for
-    /// `owner`.
-    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError>;
-
+pub trait MessageSteps: Send + Sync {
     /// Puts a new message into `at` ([`MailboxError::NoMailbox`] if its
     /// mailbox was removed).
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError>;
@@ -232,6 +212,27 @@ pub trait MessageStore: Send + Sync {
         names: &[FileName],
     ) -> Vec<Result<Outcome, MailboxError>>;
 
+    /// Moves those of `ids` that are in `from` to `to` as part of `step`
+    /// (as [`put_in_step`](Self::put_in_step)): `Some`, the ids moved,
+    /// which stay where they were unless the step's next save or its end
+    /// succeeds. `None`: this store cannot; nothing was done, and
+    /// [`apply`](Self::apply) is the way.
+    async fn move_in_step(
+        &self,
+        step: &mut dyn estafeta_session::storage::Step,
+        from: &Location,
+        to: &Location,
+        ids: &HashSet<MessageId>,
+    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
+        let _ = (step, from, to, ids);
+        Ok(None)
+    }
+}
+
+/// What a call reads: a place's messages, their bodies, counts and
+/// lookups.
+#[async_trait::async_trait]
+pub trait MessageReads: Send + Sync {
     /// The oldest messages of `at` that pass `filter`, within `limits`
     /// (a process start's choice).
     async fn select(
@@ -274,22 +275,6 @@ pub trait MessageStore: Send + Sync {
         Ok((self.oldest_array(at, n).await?, None))
     }
 
-    /// Moves those of `ids` that are in `from` to `to` as part of `step`
-    /// (as [`put_in_step`](Self::put_in_step)): `Some`, the ids moved,
-    /// which stay where they were unless the step's next save or its end
-    /// succeeds. `None`: this store cannot; nothing was done, and
-    /// [`apply`](Self::apply) is the way.
-    async fn move_in_step(
-        &self,
-        step: &mut dyn estafeta_session::storage::Step,
-        from: &Location,
-        to: &Location,
-        ids: &HashSet<MessageId>,
-    ) -> Result<Option<Vec<MessageId>>, MailboxError> {
-        let _ = (step, from, to, ids);
-        Ok(None)
-    }
-
     /// The message `id` in `at`, if it is there.
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError>;
 
@@ -307,6 +292,41 @@ pub trait MessageStore: Send + Sync {
 
     /// Every message of `at`, oldest first (the operator's folder listing).
     async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError>;
+}
+
+/// Mailboxes made and removed, what start-up recovery and retention do,
+/// and the running totals the administrator reads.
+#[async_trait::async_trait]
+pub trait MessageUpkeep: Send + Sync {
+    /// Makes room for a new database or device (and checks, at start-up,
+    /// that its places can be used). Doing it again is not an error.
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError>;
+
+    /// [`create_mailbox`](Self::create_mailbox) for each of `owners` (a
+    /// start-up's check of every mailbox), one result each, in order. A
+    /// store that makes many in one go overrides it.
+    async fn create_mailboxes(&self, owners: &[Id]) -> Vec<Result<(), MailboxError>> {
+        let mut made = Vec::with_capacity(owners.len());
+        for owner in owners {
+            made.push(self.create_mailbox(owner).await);
+        }
+        made
+    }
+
+    /// Removes everything of a deleted database or device, the messages
+    /// scheduled for it included; how many messages there were. Called
+    /// while the caller holds the owner's session. From then on nothing is
+    /// written into the mailbox until it is made again
+    /// ([`create_mailbox`](Self::create_mailbox)): a new message for it is
+    /// refused ([`MailboxError::NoMailbox`]) and a message moved or scheduled
+    /// for it by a batch is discarded. A write under way when the
+    /// removal began either finishes first (and is removed with the rest)
+    /// or finds the mailbox gone.
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError>;
+
+    /// How many messages are scheduled for their `deliver_at` for
+    /// `owner`.
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError>;
 
     /// Removes the messages of `at` that arrived before `cutoff` (by the
     /// time in their id), except those in `keep`; how many were removed.

@@ -16,8 +16,8 @@ use crate::common::id;
 use async_trait::async_trait;
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
-    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageStore, Op,
-    Outcome, RawArray, Tallies,
+    Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageReads,
+    MessageSteps, MessageStore, MessageUpkeep, Op, Outcome, RawArray, Tallies,
 };
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
@@ -79,16 +79,7 @@ impl AlertSink for Raised {
 }
 
 #[async_trait]
-impl MessageStore for Flaky {
-    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
-        self.inner.create_mailbox(owner).await
-    }
-    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
-        self.inner.remove_mailbox(owner).await
-    }
-    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
-        self.inner.scheduled_for(owner).await
-    }
+impl MessageSteps for Flaky {
     async fn put(&self, at: &Location, message: &Message) -> Result<FileEntry, MailboxError> {
         if self.puts.fail_next.swap(false, Ordering::SeqCst) {
             return Err(full(at));
@@ -108,9 +99,11 @@ impl MessageStore for Flaky {
         assert!(applied.results.iter().all(Result::is_ok), "{applied:?}");
         Err(full(at))
     }
+
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         self.inner.schedule(message, until).await
     }
+
     fn put_in_step(
         &self,
         step: &mut dyn estafeta_session::storage::Step,
@@ -119,6 +112,7 @@ impl MessageStore for Flaky {
     ) -> Result<Option<FileEntry>, MailboxError> {
         self.inner.put_in_step(step, at, message)
     }
+
     async fn put_all(
         &self,
         at: &Location,
@@ -127,6 +121,7 @@ impl MessageStore for Flaky {
     ) -> Result<Vec<FileEntry>, MailboxError> {
         self.inner.put_all(at, messages, when).await
     }
+
     fn put_all_in_step(
         &self,
         step: &mut dyn estafeta_session::storage::Step,
@@ -135,6 +130,7 @@ impl MessageStore for Flaky {
     ) -> Result<Option<Vec<FileEntry>>, MailboxError> {
         self.inner.put_all_in_step(step, at, messages)
     }
+
     async fn apply(
         &self,
         step: Option<&mut dyn estafeta_session::storage::Step>,
@@ -174,6 +170,7 @@ impl MessageStore for Flaky {
             arrivals: applied.arrivals,
         }
     }
+
     async fn delete_all(
         &self,
         at: &Location,
@@ -193,6 +190,10 @@ impl MessageStore for Flaky {
         }
         self.inner.delete_all(at, names).await
     }
+}
+
+#[async_trait]
+impl MessageReads for Flaky {
     async fn select(
         &self,
         at: &Location,
@@ -201,6 +202,7 @@ impl MessageStore for Flaky {
     ) -> Result<Vec<FileEntry>, MailboxError> {
         self.inner.select(at, filter, limits).await
     }
+
     async fn read_array(
         &self,
         at: &Location,
@@ -208,15 +210,19 @@ impl MessageStore for Flaky {
     ) -> Result<RawArray, MailboxError> {
         self.inner.read_array(at, names).await
     }
+
     async fn count(&self, at: &Location) -> Result<usize, MailboxError> {
         self.inner.count(at).await
     }
+
     async fn oldest(&self, at: &Location, n: usize) -> Result<Vec<FileName>, MailboxError> {
         self.inner.oldest(at, n).await
     }
+
     async fn find(&self, at: &Location, id: MessageId) -> Result<Option<FileName>, MailboxError> {
         self.inner.find(at, id).await
     }
+
     async fn find_all(
         &self,
         at: &Location,
@@ -224,12 +230,30 @@ impl MessageStore for Flaky {
     ) -> Result<Vec<FileName>, MailboxError> {
         self.inner.find_all(at, ids).await
     }
+
     async fn delivered(&self, name: &FileName) -> Result<bool, MailboxError> {
         self.inner.delivered(name).await
     }
+
     async fn list(&self, at: &Location) -> Result<Vec<FileEntry>, MailboxError> {
         self.inner.list(at).await
     }
+}
+
+#[async_trait]
+impl MessageUpkeep for Flaky {
+    async fn create_mailbox(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.inner.create_mailbox(owner).await
+    }
+
+    async fn remove_mailbox(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.remove_mailbox(owner).await
+    }
+
+    async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
+        self.inner.scheduled_for(owner).await
+    }
+
     async fn remove_older_than(
         &self,
         at: &Location,
@@ -238,9 +262,11 @@ impl MessageStore for Flaky {
     ) -> Result<usize, MailboxError> {
         self.inner.remove_older_than(at, cutoff, keep).await
     }
+
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError> {
         self.inner.recover_writes(owner).await
     }
+
     async fn orphans(
         &self,
         db: &Id,
@@ -248,12 +274,15 @@ impl MessageStore for Flaky {
     ) -> Result<Vec<FileName>, MailboxError> {
         self.inner.orphans(db, referenced).await
     }
+
     fn count_as(&self, owner: &Id, kind: MailboxKind) {
         self.inner.count_as(owner, kind)
     }
+
     async fn tallies(&self) -> Option<Tallies> {
         self.inner.tallies().await
     }
+
     async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
         self.inner.holding(folder).await
     }

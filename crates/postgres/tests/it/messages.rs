@@ -4,7 +4,9 @@
 
 use crate::common::id;
 use estafeta_exchange::store::conformance::message_store_contract;
-use estafeta_exchange::store::{FileName, Folder, Location, MessageStore, Op};
+use estafeta_exchange::store::{
+    FileName, Folder, Location, MessageReads, MessageSteps, MessageUpkeep, Op,
+};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 use estafeta_postgres::testing::{MESSAGES_MOVE, MESSAGES_SELECT, Postgres};

@@ -5,7 +5,9 @@
 //! one node, to another once the lease of a claimer that died ends.
 
 use crate::common::{blocking, entry};
-use estafeta_exchange::store::{FileName, Folder, Listed, Location, MessageStore, Op as MessageOp};
+use estafeta_exchange::store::{
+    FileName, Folder, Listed, Location, MessageReads, MessageSteps, MessageUpkeep, Op as MessageOp,
+};
 use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 use estafeta_postgres::testing::Postgres;

@@ -6,7 +6,7 @@
 //! retried).
 
 use estafeta_exchange::keys::{KeysError, UploadKeys};
-use estafeta_exchange::store::{Folder, Location, MessageStore};
+use estafeta_exchange::store::{Folder, Location, MessageReads};
 use estafeta_exchange::wire::ErrorCode;
 use estafeta_exchange::{ExchangeError, Id, Timestamp};
 use estafeta_postgres::testing::Postgres;

@@ -11,7 +11,7 @@ use crate::common::clock::ManualClock;
 use crate::common::restartable::Server as Node;
 use crate::common::{Store, TestServer, id, message, start_request};
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::store::{Location, MessageStore};
+use estafeta_exchange::store::{Location, MessageSteps};
 use estafeta_exchange::wire::{
     Body, CallStatus, Message, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
     Version,
