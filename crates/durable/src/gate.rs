@@ -24,82 +24,179 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{OwnedRwLockWriteGuard, RwLock, RwLockReadGuard};
+use tokio::sync::Notify;
 
 /// The gate of a set of stores' durable writes. Cheap to clone; clones
-/// are one gate.
+/// are one gate. A write waiting at a closed gate blocks its thread
+/// ([`WriteGate::pass`]) or its task ([`WriteGate::enter`]); neither
+/// panics, inside a runtime or out.
 #[derive(Clone, Debug, Default)]
 pub struct WriteGate {
-    lock: Arc<RwLock<()>>,
-    /// How many writes wait at the gate now.
-    waiting: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
-/// Counts a write as waiting at the gate while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the threads waiting in [`WriteGate::pass`] when the gate opens.
+    opened: Condvar,
+    /// Wakes the tasks waiting for the gate to open or to empty.
+    changed: Notify,
+}
 
-impl<'a> Waiting<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Waiting(count)
+#[derive(Debug, Default)]
+struct State {
+    closed: bool,
+    /// Writes between the gate and their end.
+    passing: usize,
+    /// Writes waiting at the closed gate.
+    waiting: usize,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+    /// A write is through the gate: its guard lets the gate close once
+    /// dropped.
+    fn passed(&self) -> Passing<'_> {
+        Passing { shared: self }
     }
 }
 
 /// Writes through the gate are held back while this lives.
 #[derive(Debug)]
 pub struct Closed {
-    _writes: OwnedRwLockWriteGuard<()>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.shared.state().closed = false;
+        self.shared.opened.notify_all();
+        self.shared.changed.notify_waiters();
+    }
 }
 
 /// A write passing the gate: the gate cannot close while this lives.
 #[derive(Debug)]
 pub struct Passing<'a> {
-    _write: RwLockReadGuard<'a, ()>,
+    shared: &'a Shared,
+}
+
+impl Drop for Passing<'_> {
+    fn drop(&mut self) {
+        let mut state = self.shared.state();
+        state.passing -= 1;
+        if state.passing == 0 && state.closed {
+            self.shared.changed.notify_waiters();
+        }
+    }
 }
 
 impl WriteGate {
     /// Runs `write` once the gate is open, keeping it from closing until
-    /// `write` returns. Blocks: call it on a blocking thread.
+    /// `write` returns. Blocks while the gate is closed: call it where a
+    /// store's blocking write may run.
     pub fn pass<T>(&self, write: impl FnOnce() -> T) -> T {
-        let waiting = Waiting::new(&self.waiting);
-        let _write = self.lock.blocking_read();
-        drop(waiting);
+        let shared = &*self.shared;
+        let mut state = shared.state();
+        if state.closed {
+            state.waiting += 1;
+            while state.closed {
+                state = shared
+                    .opened
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            state.waiting -= 1;
+        }
+        state.passing += 1;
+        drop(state);
+        let _passing = shared.passed();
         write()
     }
 
     /// Waits until the gate is open; it stays open while the guard lives.
     pub async fn enter(&self) -> Passing<'_> {
-        let waiting = Waiting::new(&self.waiting);
-        let write = self.lock.read().await;
-        drop(waiting);
-        Passing { _write: write }
+        let shared = &*self.shared;
+        let mut counted = false;
+        loop {
+            let opened = shared.changed.notified();
+            tokio::pin!(opened);
+            opened.as_mut().enable();
+            {
+                let mut state = shared.state();
+                if !state.closed {
+                    if counted {
+                        state.waiting -= 1;
+                    }
+                    state.passing += 1;
+                    return shared.passed();
+                }
+                if !counted {
+                    state.waiting += 1;
+                    counted = true;
+                }
+            }
+            // Dropped while waiting, the write no longer waits.
+            let _uncount = Uncount(shared);
+            opened.await;
+            std::mem::forget(_uncount);
+        }
     }
 
     /// Waits for the writes passing now to end and holds back new ones
-    /// until the guard is dropped.
+    /// until the guard is dropped (one backup at a time: a second close
+    /// waits for the first guard to go).
     pub async fn close(&self) -> Closed {
-        Closed {
-            _writes: self.lock.clone().write_owned().await,
+        let shared = &*self.shared;
+        let mut mine = false;
+        loop {
+            let changed = shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = shared.state();
+                if !mine && !state.closed {
+                    state.closed = true;
+                    mine = true;
+                }
+                if mine && state.passing == 0 {
+                    return Closed {
+                        shared: self.shared.clone(),
+                    };
+                }
+            }
+            // Dropped before it closed for good, the gate opens again.
+            let reopen = mine.then(|| Closed {
+                shared: self.shared.clone(),
+            });
+            changed.await;
+            std::mem::forget(reopen);
         }
     }
 
     /// Whether a write could pass now.
     pub fn is_open(&self) -> bool {
-        self.lock.try_read().is_ok()
+        !self.shared.state().closed
     }
 
     /// How many writes wait at the gate now (held back by a closed gate).
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.shared.state().waiting
+    }
+}
+
+/// Takes a write that stops waiting (its task dropped) off the count.
+struct Uncount<'a>(&'a Shared);
+
+impl Drop for Uncount<'_> {
+    fn drop(&mut self) {
+        self.0.state().waiting -= 1;
     }
 }
 
@@ -122,6 +219,47 @@ mod tests {
         drop(closed);
         assert_eq!(write.await.unwrap(), "written");
         assert!(gate.is_open());
+    }
+
+    #[tokio::test]
+    async fn an_open_gate_lets_a_write_pass_on_a_runtime_thread() {
+        let gate = WriteGate::default();
+        assert_eq!(gate.pass(|| "written"), "written");
+    }
+
+    #[tokio::test]
+    async fn a_write_or_a_close_given_up_while_waiting_leaves_nothing_behind() {
+        let gate = WriteGate::default();
+        let closed = gate.close().await;
+        let mut entering = Box::pin(gate.enter());
+        assert!(futures_poll_once(entering.as_mut()).is_none());
+        assert_eq!(gate.waiting(), 1);
+        drop(entering);
+        assert_eq!(gate.waiting(), 0);
+        let mut second = Box::pin(gate.close());
+        assert!(futures_poll_once(second.as_mut()).is_none());
+        drop(second);
+        assert!(!gate.is_open(), "the first close still holds");
+        drop(closed);
+        assert!(gate.is_open());
+        let passing = gate.enter().await;
+        let mut closing = Box::pin(gate.close());
+        assert!(futures_poll_once(closing.as_mut()).is_none());
+        assert!(!gate.is_open());
+        drop(closing);
+        assert!(gate.is_open(), "a close given up opens the gate again");
+        drop(passing);
+    }
+
+    /// Polls `f` once: its output if it is ready.
+    fn futures_poll_once<F: std::future::Future + ?Sized>(
+        f: std::pin::Pin<&mut F>,
+    ) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        match f.poll(&mut std::task::Context::from_waker(waker)) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
