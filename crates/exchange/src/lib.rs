@@ -16,10 +16,14 @@
 //!   the driver (`service/core.rs`) carries out against the stores.
 //! - [`store`]: the storage seams. [`store::MessageStore`] keeps the
 //!   messages in their places (`Messages`, `Prepared`, `Log`, `Unknown`,
-//!   `Error` of each database and device) and applies each protocol step's
-//!   batch of moves; [`store::RegistryStore`] keeps the registry's records.
-//!   The session engine and the scheduler have storage traits in their own
-//!   crates. The embedded implementations are files and redb.
+//!   `Error` of each database and device), seen through three ports by
+//!   use: a call's writes and each protocol step's batch of moves
+//!   ([`store::MessageSteps`]), reads ([`store::MessageReads`]), and
+//!   mailboxes, recovery, retention and totals ([`store::MessageUpkeep`]);
+//!   [`store::RegistryStore`] keeps the registry's records. The session
+//!   engine and the scheduler have storage traits in their own crates. The
+//!   embedded implementations are files and redb, each opened with the
+//!   write gate an online backup closes ([`Quiesce`]).
 //! - [`mailbox`]: the files behind the embedded message store,
 //!   `<data>/<id>/{Messages,Prepared,Log,Unknown,Error}`, one file per
 //!   message, with durable, group-committed writes, idempotent moves and

@@ -25,6 +25,9 @@
 //!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
 //! - `sessions.rs` and `records.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
+//! - `snapshot.rs`: the backup's pause ([`Quiesce`]: the gates every
+//!   embedded store is opened with); `observer.rs`: the server's metrics
+//!   told of each durable commit ([`CommitObserver`]).
 //!
 //! The service reaches messages and the registry only through the store
 //! traits; which implementations it runs on is the caller's choice, given
