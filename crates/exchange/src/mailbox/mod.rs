@@ -135,7 +135,10 @@ struct Single {
 impl Single {
     /// Writes and fsyncs the temporary file (removed again on a failure).
     fn write(&self) -> Result<(), MailboxError> {
-        write_synced(&self.syncer, &self.dir, &self.staged.temp, &self.bytes)?;
+        let temp = &self.staged.temp;
+        write_in_folder(&self.syncer, &self.dir, temp, || {
+            write_and_sync(temp, &self.bytes)
+        })?;
         self.syncer.count_file_fsync();
         Ok(())
     }
@@ -533,7 +536,7 @@ impl Mailboxes {
         let created = blocking(move || {
             let mut created = Vec::with_capacity(plans.len());
             for (i, name, bytes, temp, target) in plans {
-                match create_written(&syncer, &dir, &temp, &bytes) {
+                match write_in_folder(&syncer, &dir, &temp, || write_temp(&temp, &bytes)) {
                     Ok(file) => {
                         let size = bytes.len() as u64;
                         let staged = Staged {
@@ -1009,39 +1012,19 @@ async fn verify_every(inner: Weak<Inner>, every: Duration) {
     }
 }
 
-/// Writes and fsyncs a temporary file in `dir`, making the folder first if
-/// it does not exist yet; removes the file again on any failure.
-fn write_synced(
+/// Runs `write` of the temporary file `temp` in `dir`, making the folder
+/// and running it again if the folder does not exist yet; removes the file
+/// again on any failure.
+fn write_in_folder<T>(
     syncer: &Syncer,
     dir: &Path,
     temp: &Path,
-    bytes: &[u8],
-) -> Result<(), MailboxError> {
-    let written = match write_and_sync(temp, bytes) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => syncer
-            .make_folder(dir)
-            .and_then(|()| write_and_sync(temp, bytes)),
-        other => other,
-    };
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(temp);
-        MailboxError::io(temp, e)
-    })
-}
-
-/// Creates and writes a temporary file in `dir`, making the folder first
-/// if it does not exist yet; removes the file again on any failure. The
-/// file is not fsynced yet: see [`sync_written`].
-fn create_written(
-    syncer: &Syncer,
-    dir: &Path,
-    temp: &Path,
-    bytes: &[u8],
-) -> Result<std::fs::File, MailboxError> {
-    let written = match write_temp(temp, bytes) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => syncer
-            .make_folder(dir)
-            .and_then(|()| write_temp(temp, bytes)),
+    write: impl Fn() -> io::Result<T>,
+) -> Result<T, MailboxError> {
+    let written = match write() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            syncer.make_folder(dir).and_then(|()| write())
+        }
         other => other,
     };
     written.map_err(|e| {
@@ -1118,6 +1101,65 @@ mod tests {
         }
     }
 
+    /// Mailboxes over the folder `data` in `tmp`, with default syncing.
+    async fn opened(tmp: &tempfile::TempDir) -> Mailboxes {
+        Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
+            .await
+            .unwrap()
+    }
+
+    /// `folder` of the database `db-a`.
+    fn db_a(folder: Folder) -> Location {
+        Location::new(Id::new("db-a").unwrap(), folder)
+    }
+
+    /// The write of `message(seq)` to `loc`, on a task of its own.
+    fn spawn_write(
+        mailboxes: &Mailboxes,
+        loc: &Location,
+        seq: u128,
+    ) -> tokio::task::JoinHandle<Result<FileEntry, MailboxError>> {
+        let (mailboxes, loc) = (mailboxes.clone(), loc.clone());
+        tokio::spawn(async move { mailboxes.write(&loc, &message(seq)).await })
+    }
+
+    /// The names of the files in `dir`, temporary ones included; none if
+    /// `dir` is not there.
+    fn file_names(dir: &Path) -> Vec<String> {
+        match std::fs::read_dir(dir) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Starts a write that waits for a go-ahead (`start`, given the
+    /// go-ahead's receiver), checks that once it has fsynced `fsyncs` files
+    /// none of them is in `loc` yet, then gives it `go_ahead` and returns
+    /// its answer.
+    async fn answer_to_go_ahead<T: Send + 'static>(
+        mailboxes: &Mailboxes,
+        loc: &Location,
+        fsyncs: u64,
+        go_ahead: bool,
+        start: impl FnOnce(
+            tokio::sync::oneshot::Receiver<bool>,
+        ) -> tokio::task::JoinHandle<Result<T, MailboxError>>,
+    ) -> T {
+        let fsynced = mailboxes.stats().file_fsyncs + fsyncs;
+        let (go, when) = tokio::sync::oneshot::channel();
+        let writing = start(when);
+        while mailboxes.stats().file_fsyncs < fsynced {
+            tokio::task::yield_now().await;
+        }
+        let files = file_names(&mailboxes.path(loc));
+        assert!(files.iter().all(|f| f.starts_with('.')), "{files:?}");
+        assert_eq!(mailboxes.count(loc).await.unwrap(), 0);
+        go.send(go_ahead).unwrap();
+        writing.await.unwrap().unwrap()
+    }
+
     /// Mailboxes whose first fsync of `held` (a folder under the data
     /// folder) tells the test it has begun and waits for its go-ahead.
     async fn holding(
@@ -1161,9 +1203,7 @@ mod tests {
     #[tokio::test]
     async fn looking_at_an_idle_mailbox_leaves_no_index() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
+        let mailboxes = opened(&tmp).await;
         let id = Id::new("phone-1").unwrap();
         for folder in Folder::ALL {
             let loc = Location::new(id.clone(), folder);
@@ -1186,10 +1226,8 @@ mod tests {
     #[tokio::test]
     async fn a_sweep_leaves_the_temporary_files_of_this_run_alone() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
         let dir = mailboxes.path(&queue);
         std::fs::create_dir_all(&dir).unwrap();
         let name = FileName::of(&message(1)).to_string();
@@ -1207,14 +1245,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let queue = db_a(Folder::Messages);
         // The index is built before the write.
         assert_eq!(selected(&mailboxes, &queue).await, 0);
 
-        let writing = {
-            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
-            tokio::spawn(async move { mailboxes.write(&queue, &message(1)).await })
-        };
+        let writing = spawn_write(&mailboxes, &queue, 1);
         reached.recv().await.unwrap();
         // Renamed into the folder, its folder fsync not done: not visible,
         // not even after a check of the folder against its directory.
@@ -1247,10 +1282,8 @@ mod tests {
             .unwrap();
         rt.block_on(async {
             let tmp = tempfile::tempdir().unwrap();
-            let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-                .await
-                .unwrap();
-            let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+            let mailboxes = opened(&tmp).await;
+            let queue = db_a(Folder::Messages);
             let writes: Vec<_> = (0..THREADS as u128)
                 .map(|seq| {
                     let (go, when) = tokio::sync::oneshot::channel();
@@ -1290,11 +1323,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
-        let write = |seq| {
-            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
-            tokio::spawn(async move { mailboxes.write(&queue, &message(seq)).await })
-        };
+        let queue = db_a(Folder::Messages);
+        let write = |seq| spawn_write(&mailboxes, &queue, seq);
         let first = write(0);
         reached.recv().await.unwrap();
         let before = mailboxes.stats();
@@ -1321,11 +1351,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
-        let writing = {
-            let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
-            tokio::spawn(async move { mailboxes.write(&queue, &message(1)).await })
-        };
+        let queue = db_a(Folder::Messages);
+        let writing = spawn_write(&mailboxes, &queue, 1);
         reached.recv().await.unwrap();
         // The folder's first use reads the directory, file included.
         assert_eq!(selected(&mailboxes, &queue).await, 0);
@@ -1339,11 +1366,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let (mailboxes, mut reached, go) = holding(&data, "db-a/Log").await;
-        let db = Id::new("db-a").unwrap();
-        let (queue, log) = (
-            Location::new(db.clone(), Folder::Messages),
-            Location::new(db, Folder::Log),
-        );
+        let (queue, log) = (db_a(Folder::Messages), db_a(Folder::Log));
         let entry = mailboxes.write(&queue, &message(1)).await.unwrap();
         assert_eq!(mailboxes.count(&log).await.unwrap(), 0);
         let moving = {
@@ -1366,33 +1389,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_write_waiting_for_its_go_ahead_appears_only_with_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
-        let dir = mailboxes.path(&queue);
-        let files = || -> Vec<String> {
-            match std::fs::read_dir(&dir) {
-                Ok(entries) => entries
-                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect(),
-                Err(_) => Vec::new(),
-            }
-        };
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
+        let files = || file_names(&mailboxes.path(&queue));
         for (go_ahead, seq) in [(false, 1), (true, 2)] {
-            let fsynced = mailboxes.stats().file_fsyncs + 1;
-            let (go, when) = tokio::sync::oneshot::channel();
-            let writing = {
+            let written = answer_to_go_ahead(&mailboxes, &queue, 1, go_ahead, |when| {
                 let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
                 tokio::spawn(async move { mailboxes.write_when(&queue, &message(seq), when).await })
-            };
-            while mailboxes.stats().file_fsyncs < fsynced {
-                tokio::task::yield_now().await;
-            }
-            assert!(files().iter().all(|f| f.starts_with('.')), "{:?}", files());
-            assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
-            go.send(go_ahead).unwrap();
-            let written = writing.await.unwrap().unwrap();
+            })
+            .await;
             if go_ahead {
                 let name = FileName::of(&message(seq));
                 assert_eq!(written.map(|e| e.name), Some(name.clone()));
@@ -1414,34 +1419,16 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_waiting_for_its_go_ahead_appears_only_with_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
-        let prepared = Location::new(Id::new("db-a").unwrap(), Folder::Prepared);
-        let dir = mailboxes.path(&prepared);
-        let files = || -> Vec<String> {
-            match std::fs::read_dir(&dir) {
-                Ok(entries) => entries
-                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect(),
-                Err(_) => Vec::new(),
-            }
-        };
+        let mailboxes = opened(&tmp).await;
+        let prepared = db_a(Folder::Prepared);
+        let files = || file_names(&mailboxes.path(&prepared));
         for (go_ahead, seqs) in [(false, [1, 2]), (true, [3, 4])] {
             let batch: Vec<Message> = seqs.into_iter().map(message).collect();
-            let fsynced = mailboxes.stats().file_fsyncs + 2;
-            let (go, when) = tokio::sync::oneshot::channel();
-            let writing = {
+            let written = answer_to_go_ahead(&mailboxes, &prepared, 2, go_ahead, |when| {
                 let (mailboxes, prepared) = (mailboxes.clone(), prepared.clone());
                 tokio::spawn(async move { mailboxes.write_all_when(&prepared, &batch, when).await })
-            };
-            while mailboxes.stats().file_fsyncs < fsynced {
-                tokio::task::yield_now().await;
-            }
-            assert!(files().iter().all(|f| f.starts_with('.')), "{:?}", files());
-            assert_eq!(mailboxes.count(&prepared).await.unwrap(), 0);
-            go.send(go_ahead).unwrap();
-            let written = writing.await.unwrap().unwrap();
+            })
+            .await;
             if go_ahead {
                 assert_eq!(written.len(), 2);
                 assert_eq!(mailboxes.count(&prepared).await.unwrap(), 2);
@@ -1460,10 +1447,8 @@ mod tests {
     #[tokio::test]
     async fn a_batch_into_a_new_folder_is_read_back_whole() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
         let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(20_000));
         let batch: Vec<Message> = (1..=5)
             .map(|seq| Message {
@@ -1496,10 +1481,8 @@ mod tests {
     #[tokio::test]
     async fn a_batch_stops_at_its_first_failed_creation_and_leaves_nothing() {
         let tmp = tempfile::tempdir().unwrap();
-        let mailboxes = Mailboxes::open(tmp.path().join("data"), SyncConfig::default())
-            .await
-            .unwrap();
-        let queue = Location::new(Id::new("db-a").unwrap(), Folder::Messages);
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
         let batch: Vec<Message> = (1..=4).map(message).collect();
         let dir = mailboxes.path(&queue);
         std::fs::create_dir_all(&dir).unwrap();
@@ -1514,11 +1497,7 @@ mod tests {
             mailboxes.write_all(&queue, &batch).await,
             Err(MailboxError::Storage { path, .. }) if path == dir.join(&squatted)
         ));
-        let left: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(left, vec![squatted]);
+        assert_eq!(file_names(&dir), vec![squatted]);
         assert_eq!(mailboxes.stats().file_fsyncs, fsyncs);
         assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
     }
