@@ -37,7 +37,11 @@ pub(crate) struct DbRecord {
     /// admin list, the status and the error reasons need (the record is
     /// saved whole at every step: their file names would make it grow
     /// with the batch size times the number remembered).
-    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "VecDeque::is_empty",
+        deserialize_with = "remembered"
+    )]
     pub(crate) recent: VecDeque<Ended>,
     /// Counters of the database's processes.
     #[serde(default, skip_serializing_if = "DbCounters::is_empty")]
@@ -151,18 +155,10 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    /// The process as the admin's process list shows it.
+    /// The process as the admin's process list shows it: as it would be
+    /// remembered if it ended now.
     pub(crate) fn summary(&self) -> ProcessSummary {
-        ProcessSummary {
-            process_id: self.id,
-            db_id: self.db.clone(),
-            state: self.state,
-            started_at: self.started_at,
-            ready_at: self.ready_at,
-            ended_at: self.ended_at,
-            messages: self.messages.len() as u64,
-            replies: self.replies.len() as u64,
-        }
+        Ended::of(self).summary()
     }
 
     /// Counts in `c` this process's end as `state` at `now`.
@@ -260,7 +256,6 @@ impl Process {
 
 /// An ended process as its database remembers it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(from = "Remembered")]
 pub(crate) struct Ended {
     pub(crate) id: ProcessId,
     pub(crate) db: Id,
@@ -317,47 +312,19 @@ impl Ended {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Remembered {
-    Ended {
-        id: ProcessId,
-        db: Id,
-        state: ProcessState,
-        started_at: Timestamp,
-        ready_at: Option<Timestamp>,
-        ended_at: Option<Timestamp>,
-        messages: u64,
-        replies: u64,
-        incorrect: Vec<Verdict>,
-    },
+    Ended(Ended),
     Whole(Box<Process>),
 }
 
-impl From<Remembered> for Ended {
-    fn from(r: Remembered) -> Ended {
-        match r {
-            Remembered::Ended {
-                id,
-                db,
-                state,
-                started_at,
-                ready_at,
-                ended_at,
-                messages,
-                replies,
-                incorrect,
-            } => Ended {
-                id,
-                db,
-                state,
-                started_at,
-                ready_at,
-                ended_at,
-                messages,
-                replies,
-                incorrect,
-            },
-            Remembered::Whole(p) => Ended::of(&p),
-        }
-    }
+/// Reads a database's ended processes, each stored as an [`Ended`] or as
+/// the whole [`Process`] (see [`Remembered`]).
+fn remembered<'de, D: serde::Deserializer<'de>>(d: D) -> Result<VecDeque<Ended>, D::Error> {
+    let stored = VecDeque::<Remembered>::deserialize(d)?;
+    let ended = stored.into_iter().map(|r| match r {
+        Remembered::Ended(e) => e,
+        Remembered::Whole(p) => Ended::of(&p),
+    });
+    Ok(ended.collect())
 }
 
 /// A processor's verdict on one message.
@@ -534,19 +501,37 @@ mod tests {
     use crate::UlidGenerator;
     use std::time::SystemTime;
 
+    /// A process of `db-a` started at `now`, with no messages.
+    fn started_at(now: Timestamp) -> Process {
+        let id = UlidGenerator::new().process_id(SystemTime::now());
+        Process::started(id, Id::new("db-a").unwrap(), Vec::new(), now)
+    }
+
+    /// A database's ended processes read back whether stored as what is
+    /// remembered of them or, as records saved before that, whole; both
+    /// are stored again as what is remembered.
+    #[test]
+    fn ended_processes_read_back_in_either_stored_form() {
+        let now = Timestamp::from_millis(1_764_064_800_000);
+        let mut whole = started_at(now);
+        whole.state = ProcessState::Done;
+        whole.ended_at = Some(now);
+        let ended = Ended::of(&whole);
+        let stored = serde_json::json!({ "recent": [ended, whole] });
+        let back: DbRecord = serde_json::from_value(stored).unwrap();
+        let summaries: Vec<_> = back.recent.iter().map(Ended::summary).collect();
+        assert_eq!(summaries, [ended.summary(), ended.summary()]);
+        let again = serde_json::to_value(&back).unwrap();
+        assert_eq!(again, serde_json::json!({ "recent": [ended, ended] }));
+    }
+
     /// A database record saved before reads back after: the replies a
     /// commit scheduled keep the key they are stored under.
     #[test]
     fn scheduled_replies_keep_their_stored_key() {
-        let ids = UlidGenerator::new();
         let now = Timestamp::from_millis(1_764_064_800_000);
-        let mut process = Process::started(
-            ids.process_id(SystemTime::now()),
-            Id::new("db-a").unwrap(),
-            Vec::new(),
-            now,
-        );
-        let reply = ids.message_id(SystemTime::now());
+        let mut process = started_at(now);
+        let reply = UlidGenerator::new().message_id(SystemTime::now());
         process.scheduled.push((reply, now));
         let stored = serde_json::to_value(&process).unwrap();
         assert!(stored.get("deferred").is_some(), "{stored}");
