@@ -125,11 +125,7 @@ impl Exchange {
         folder: Folder,
         id: MessageId,
     ) -> Result<(), ExchangeError> {
-        admin(who)?;
-        settleable(folder)?;
-        let mailbox = mailbox.clone();
-        self.detached(move |core| async move { core.hand_settle(&mailbox, folder, id, true).await })
-            .await
+        self.settle_by_hand(who, mailbox, folder, id, true).await
     }
 
     /// Admin: delete a message from `Unknown` or `Error` for good. Refused
@@ -141,11 +137,24 @@ impl Exchange {
         folder: Folder,
         id: MessageId,
     ) -> Result<(), ExchangeError> {
+        self.settle_by_hand(who, mailbox, folder, id, false).await
+    }
+
+    /// Admin: [`requeue`](Self::requeue) (`requeue`) or
+    /// [`discard`](Self::discard) a message of `Unknown` or `Error`.
+    async fn settle_by_hand(
+        &self,
+        who: &Principal,
+        mailbox: &Id,
+        folder: Folder,
+        id: MessageId,
+        requeue: bool,
+    ) -> Result<(), ExchangeError> {
         admin(who)?;
         settleable(folder)?;
         let mailbox = mailbox.clone();
         self.detached(
-            move |core| async move { core.hand_settle(&mailbox, folder, id, false).await },
+            move |core| async move { core.hand_settle(&mailbox, folder, id, requeue).await },
         )
         .await
     }
