@@ -782,7 +782,15 @@ impl Mailboxes {
         from: &Location,
         to: &Location,
     ) -> Result<Outcome, MailboxError> {
-        let (change, settle) = self.move_change(name, from, to);
+        self.commit_one(self.move_change(name, from, to)).await
+    }
+
+    /// Makes one change durable, with what its indexes learn when it is
+    /// settled.
+    async fn commit_one(
+        &self,
+        (change, settle): (Change, Settle),
+    ) -> Result<Outcome, MailboxError> {
         Ok(self
             .inner
             .syncer
@@ -879,14 +887,7 @@ impl Mailboxes {
     /// Deletes a file durably. Idempotent: a file already gone is
     /// [`Outcome::AlreadyDone`].
     pub async fn delete(&self, loc: &Location, name: &FileName) -> Result<Outcome, MailboxError> {
-        let (change, settle) = self.delete_change(loc, name);
-        Ok(self
-            .inner
-            .syncer
-            .ticket()
-            .submit(change, settle)
-            .await?
-            .into())
+        self.commit_one(self.delete_change(loc, name)).await
     }
 
     /// The files in `loc` that arrived before `cutoff`. Age is read from the
