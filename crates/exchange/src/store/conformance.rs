@@ -125,24 +125,14 @@ async fn a_put_all_refused_its_go_ahead_leaves_nothing(store: &dyn MessageStore)
     let prepared = at("refused-db", Folder::Prepared);
     store.create_mailbox(&prepared.mailbox).await.unwrap();
     let ms = [message(41, 0, "refused-db", "phone-1", "sales", 0)];
-    let (no, when) = tokio::sync::oneshot::channel();
+    let (no, refused) = tokio::sync::oneshot::channel();
     no.send(false).unwrap();
-    assert!(
-        store
-            .put_all(&prepared, &ms, when)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    let (dropped, when) = tokio::sync::oneshot::channel::<bool>();
+    let (dropped, abandoned) = tokio::sync::oneshot::channel::<bool>();
     drop(dropped);
-    assert!(
-        store
-            .put_all(&prepared, &ms, when)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    for when in [refused, abandoned] {
+        let written = store.put_all(&prepared, &ms, when).await.unwrap();
+        assert!(written.is_empty(), "{written:?}");
+    }
     assert_eq!(store.count(&prepared).await.unwrap(), 0);
     assert!(store.list(&prepared).await.unwrap().is_empty());
 }
