@@ -1,10 +1,11 @@
 //! Shared harness of the integration tests: a temporary data folder with
 //! mailboxes, and builders for ids and messages.
 
+use std::path::Path;
 use std::time::Duration;
 
 use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
-use estafeta_exchange::wire::{Body, Message, Version};
+use estafeta_exchange::wire::{Body, Message, Reply, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 
 /// A validated id from a literal.
@@ -114,4 +115,53 @@ pub(crate) fn sized(seq: u128, size: usize) -> Message {
         seq,
         &body,
     )
+}
+
+/// An upload to `to` with the JSON `body` and the idempotency key `key`,
+/// neither dated nor scheduled.
+pub(crate) fn send_request(to: &str, body: &str, key: Option<&str>) -> SendMessage {
+    SendMessage {
+        version: Version,
+        to: id(to),
+        body: Body::from_json(body).unwrap(),
+        created_at: None,
+        deliver_at: None,
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+/// A start for the database `db` with no filters and the server's limits.
+pub(crate) fn start_request(db: &str) -> StartRequest {
+    StartRequest {
+        version: Version,
+        db_id: id(db),
+        subsystems: None,
+        senders: None,
+        max_files: None,
+        max_mb: None,
+    }
+}
+
+/// `n` replies to phone-1, each body numbering its reply.
+pub(crate) fn replies(n: usize) -> Vec<Reply> {
+    (0..n)
+        .map(|i| Reply {
+            to: id("phone-1"),
+            body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
+            created_at: None,
+            deliver_at: None,
+        })
+        .collect()
+}
+
+/// How many message files the folder `dir` holds, hidden temporary files
+/// left out; none if it is not there.
+pub(crate) fn message_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .count()
+        })
+        .unwrap_or(0)
 }

@@ -12,7 +12,8 @@
 //! is written by the retry, while a second retry waits for it rather than
 //! acknowledge a file that write may yet take back.
 
-use crate::common::id;
+use crate::common::{id, message_files, replies, send_request, start_request};
+use crate::world::{World, config_and_clock, provision_acme};
 use async_trait::async_trait;
 use estafeta_exchange::error::MailboxError;
 use estafeta_exchange::store::{
@@ -21,11 +22,9 @@ use estafeta_exchange::store::{
 };
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{
-    Alert, AlertSink, Exchange, ExchangeConfig, Id, MessageId, Sinks, Stores, Timestamp,
-};
+use estafeta_exchange::{Alert, AlertSink, Exchange, Id, MessageId, Sinks, Stores, Timestamp};
 use estafeta_session::BoxFuture;
-use estafeta_session::{Timestamp as SessionTime, TokioClock};
+use estafeta_session::Timestamp as SessionTime;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -305,10 +304,7 @@ struct Ready {
 
 /// [`Ready`] over `data`.
 async fn ready_to_commit(data: &std::path::Path) -> Ready {
-    let mut config = ExchangeConfig::new(data);
-    config.admin_token = Some("a".repeat(64));
-    let clock: Arc<dyn estafeta_session::Clock> =
-        Arc::new(TokioClock::starting_at(SessionTime(1_800_000_000_000)));
+    let (config, clock) = config_and_clock(data, SessionTime(1_800_000_000_000));
     let mut stores = Stores::embedded(data, clock.clone(), &config.quiesce)
         .await
         .unwrap();
@@ -329,69 +325,17 @@ async fn ready_to_commit(data: &std::path::Path) -> Ready {
     let (ex, _) = Exchange::open(config, clock, sinks, stores).await.unwrap();
     ex.recover().await.unwrap();
 
-    let admin = Principal::Admin;
-    ex.create_enterprise(&admin, id("acme")).await.unwrap();
-    ex.create_subsystem(&admin, id("acme"), id("sales"))
-        .await
-        .unwrap();
-    let db_token = ex
-        .create_database(&admin, id("acme"), id("db-a"))
-        .await
-        .unwrap();
-    let phone_token = ex
-        .create_device(&admin, id("acme"), id("phone-1"), id("sales"))
-        .await
-        .unwrap();
-    let db = ex.authenticate(db_token.expose()).await.unwrap().unwrap();
-    let phone = ex
-        .authenticate(phone_token.expose())
-        .await
-        .unwrap()
-        .unwrap();
+    let (db, phone) = provision_acme(&ex).await;
 
-    let upload = SendMessage {
-        version: Version,
-        to: id("db-a"),
-        body: Body::from_json(r#"{"n":1}"#).unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: None,
-    };
+    let upload = send_request("db-a", r#"{"n":1}"#, None);
     ex.send(&phone, upload).await.unwrap();
-    let start = StartRequest {
-        version: Version,
-        db_id: id("db-a"),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    };
-    let started: StartResponse =
-        serde_json::from_slice(&ex.start(&db, start).await.unwrap()).unwrap();
+    let start = ex.start(&db, start_request("db-a")).await.unwrap();
+    let started: StartResponse = serde_json::from_slice(&start).unwrap();
     let pid = started.process_id.unwrap().to_string();
-    let results = started
-        .messages
-        .iter()
-        .flatten()
-        .map(|m| MessageResult {
-            message_id: m.id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        })
-        .collect();
-    let replies = (0..2)
-        .map(|i| Reply {
-            to: id("phone-1"),
-            body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        })
-        .collect();
     let prepare = PrepareRequest {
         version: Version,
-        results,
-        replies,
+        results: World::results(&started, ResultStatus::Processed),
+        replies: replies(2),
     };
     let prepared = ex.prepare(&db, &pid, prepare).await.unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
@@ -409,10 +353,7 @@ async fn ready_to_commit(data: &std::path::Path) -> Ready {
 
 /// The exchange over `data`'s embedded stores, start-up processing done.
 async fn reopen(data: &std::path::Path) -> Exchange {
-    let mut config = ExchangeConfig::new(data);
-    config.admin_token = Some("a".repeat(64));
-    let clock: Arc<dyn estafeta_session::Clock> =
-        Arc::new(TokioClock::starting_at(SessionTime(1_800_000_100_000)));
+    let (config, clock) = config_and_clock(data, SessionTime(1_800_000_100_000));
     let (ex, _) = Exchange::open_embedded(config, clock, Sinks::default())
         .await
         .unwrap();
@@ -420,14 +361,9 @@ async fn reopen(data: &std::path::Path) -> Exchange {
     ex
 }
 
+/// How many message files `folder` of db-a holds.
 fn files(data: &std::path::Path, folder: Folder) -> usize {
-    std::fs::read_dir(data.join("db-a").join(folder.as_str()))
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                .count()
-        })
-        .unwrap_or(0)
+    message_files(&data.join("db-a").join(folder.as_str()))
 }
 
 fn rollback() -> RollbackRequest {
@@ -551,14 +487,7 @@ async fn a_retried_commit_finds_its_acknowledged_reply_delivered() {
 async fn a_retry_never_acknowledges_the_file_of_another_retrys_write_under_way() {
     let dir = tempfile::tempdir().unwrap();
     let r = ready_to_commit(dir.path()).await;
-    let keyed = || SendMessage {
-        version: Version,
-        to: id("db-a"),
-        body: Body::from_json(r#"{"n":2}"#).unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: Some("k-1".into()),
-    };
+    let keyed = || send_request("db-a", r#"{"n":2}"#, Some("k-1"));
     // The key is recorded, the message not written.
     r.puts.fail_next.store(true, Ordering::SeqCst);
     assert!(r.ex.send(&r.phone, keyed()).await.is_err());

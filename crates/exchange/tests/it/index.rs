@@ -27,6 +27,14 @@ fn on_disk(data: &Data, loc: &Location) -> Vec<FileName> {
     names
 }
 
+/// The names a start would be handed from `loc`, with no filter and the
+/// default limits.
+async fn chosen(data: &Data, loc: &Location) -> Vec<FileName> {
+    let filter = Filter::default();
+    let entries = data.mailboxes.select(loc, &filter, Limits::default());
+    entries.await.unwrap().into_iter().map(|e| e.name).collect()
+}
+
 #[tokio::test]
 async fn files_there_before_the_first_use_are_listed() {
     let data = Data::new().await;
@@ -69,14 +77,7 @@ async fn a_file_added_or_removed_by_hand_is_seen_after_the_verification() {
     assert_eq!(data.mailboxes.list_names(&queue).await.unwrap(), expected);
     assert_eq!(data.mailboxes.count(&queue).await.unwrap(), 3);
     assert_eq!(data.mailboxes.oldest(&queue, 1).await.unwrap(), vec![added]);
-    let chosen: Vec<_> = data
-        .mailboxes
-        .select(&queue, &Filter::default(), Limits::default())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let chosen = chosen(&data, &queue).await;
     assert_eq!(chosen, expected);
     assert_eq!(on_disk(&data, &queue), expected);
     // Nothing read since: nothing to check.
@@ -111,12 +112,7 @@ async fn a_start_skips_a_file_removed_by_hand_and_the_index_forgets_it() {
     let queue = data.folder("db-a", Folder::Messages).await;
     // In use before the writes (a selection builds the index even of a
     // folder not made yet), so their sizes are known and not looked up.
-    let none = data
-        .mailboxes
-        .select(&queue, &Filter::default(), Limits::default())
-        .await
-        .unwrap();
-    assert_eq!(none, vec![]);
+    assert_eq!(chosen(&data, &queue).await, vec![]);
     let entries = data
         .mailboxes
         .write_all(&queue, &[sized(1, 10), sized(2, 10)])
@@ -128,14 +124,7 @@ async fn a_start_skips_a_file_removed_by_hand_and_the_index_forgets_it() {
             .join(entries[0].name.to_string()),
     )
     .unwrap();
-    let chosen: Vec<_> = data
-        .mailboxes
-        .select(&queue, &Filter::default(), Limits::default())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let chosen = chosen(&data, &queue).await;
     assert_eq!(chosen.len(), 2, "not checked yet");
     let raw = data.mailboxes.read_array(&queue, &chosen).await.unwrap();
     assert_eq!(raw.names, vec![entries[1].name.clone()]);

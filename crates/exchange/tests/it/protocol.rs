@@ -1,6 +1,7 @@
 //! The six-call protocol through the service facade, transition by
 //! transition, on a controlled clock.
 
+use crate::common::{send_request, start_request};
 use crate::world::*;
 use estafeta_exchange::ErrorKind;
 use estafeta_exchange::mailbox::Folder;
@@ -10,12 +11,10 @@ use std::time::Duration;
 #[tokio::test(start_paused = true)]
 async fn full_cycle_with_mixed_results() {
     let w = World::new().await;
-    w.upload(3).await;
-    let s = w.start().await;
+    let (s, pid) = w.started(3).await;
     assert_eq!(s.status, StartStatus::Ok);
     let msgs = s.messages.clone().unwrap();
     assert_eq!(msgs.len(), 3);
-    let pid = s.process_id.unwrap().to_string();
     assert_eq!(w.state(&pid).await, ProcessState::Started);
     let statuses = [
         ResultStatus::Processed,
@@ -57,9 +56,7 @@ async fn full_cycle_with_mixed_results() {
 async fn idle_busy_and_accept_narrowing() {
     let w = World::new().await;
     assert_eq!(w.start().await.status, StartStatus::Idle);
-    w.upload(3).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
+    let (s, pid) = w.started(3).await;
     assert_eq!(w.start().await.status, StartStatus::Busy);
     let first = s.messages.unwrap()[0].id;
     let r =
@@ -106,9 +103,7 @@ async fn idle_busy_and_accept_narrowing() {
 #[tokio::test(start_paused = true)]
 async fn started_timeout_then_late_prepare_is_cancelled() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
+    let (s, pid) = w.started(1).await;
     tokio::time::sleep(STARTED_TIMEOUT + Duration::from_secs(2)).await;
     assert_eq!(w.state(&pid).await, ProcessState::TimedOut);
     let results = World::results(&s, ResultStatus::Processed);
@@ -126,12 +121,7 @@ async fn started_timeout_then_late_prepare_is_cancelled() {
 #[tokio::test(start_paused = true)]
 async fn ready_timeout_in_doubt_then_late_commit() {
     let w = World::new().await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let mut results = World::results(&s, ResultStatus::Processed);
-    results[1].status = ResultStatus::ProcessedIncorrect;
-    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let pid = w.prepared_with_an_incorrect().await;
     tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
     assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
     assert_eq!(
@@ -155,12 +145,7 @@ async fn ready_timeout_in_doubt_then_late_commit() {
 #[tokio::test(start_paused = true)]
 async fn ready_timeout_in_doubt_then_late_rollback() {
     let w = World::new().await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let mut results = World::results(&s, ResultStatus::Processed);
-    results[1].status = ResultStatus::ProcessedIncorrect;
-    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let pid = w.prepared_with_an_incorrect().await;
     tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
     assert_eq!(w.state(&pid).await, ProcessState::RolledBack);
@@ -180,21 +165,10 @@ async fn ready_timeout_in_doubt_then_late_rollback() {
 #[tokio::test(start_paused = true)]
 async fn ready_timeout_in_doubt_then_late_abort_ends_aborted() {
     let w = World::new().await;
-    let pid = w.prepared(2).await;
+    let pid = w.prepared(1, 2).await;
     tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
     assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
-    let r =
-        w.ex.abort(
-            &w.db,
-            &pid,
-            AbortRequest {
-                version: Version,
-                message: "the processor gave up".into(),
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, CallStatus::Ok);
+    assert_eq!(w.abort(&pid, "the processor gave up").await, CallStatus::Ok);
     assert_eq!(w.state(&pid).await, ProcessState::Aborted);
     assert_eq!(w.files("db-a", Folder::Messages), 1, "back in the queue");
     assert_eq!(w.files("db-a", Folder::Unknown), 0, "the reply is deleted");
@@ -205,26 +179,14 @@ async fn ready_timeout_in_doubt_then_late_abort_ends_aborted() {
 #[tokio::test(start_paused = true)]
 async fn rollback_and_abort_delete_replies() {
     let w = World::new().await;
-    let pid = w.prepared(2).await;
+    let pid = w.prepared(1, 2).await;
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
     assert_eq!(w.files("db-a", Folder::Prepared), 0);
     assert_eq!(w.files("db-a", Folder::Messages), 1);
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok, "again: still OK");
     assert_eq!(w.commit(&pid).await, CallStatus::Cancelled);
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let r =
-        w.ex.abort(
-            &w.db,
-            &pid,
-            AbortRequest {
-                version: Version,
-                message: "user stop".into(),
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, CallStatus::Ok);
+    let pid = w.start().await.process_id.unwrap().to_string();
+    assert_eq!(w.abort(&pid, "user stop").await, CallStatus::Ok);
     assert_eq!(w.state(&pid).await, ProcessState::Aborted);
     // Never issued.
     assert_eq!(
@@ -243,14 +205,7 @@ async fn rollback_and_abort_delete_replies() {
 #[tokio::test(start_paused = true)]
 async fn idempotent_upload_and_ack() {
     let w = World::new().await;
-    let req = |k: &str| SendMessage {
-        version: Version,
-        to: "db-a".parse().unwrap(),
-        body: Body::from_json("{}").unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: Some(k.into()),
-    };
+    let req = |k: &str| send_request("db-a", "{}", Some(k));
     let (a, first) = w.ex.send(&w.phone, req("k1")).await.unwrap();
     let (b, second) = w.ex.send(&w.phone, req("k1")).await.unwrap();
     assert_eq!(a.id, b.id);
@@ -273,37 +228,15 @@ async fn idempotent_upload_and_ack() {
     w.commit(&pid).await;
     let inbox = w.inbox().await;
     let ids = inbox.messages.iter().map(|m| m.id).collect::<Vec<_>>();
-    let r =
-        w.ex.ack(
-            &w.phone,
-            AckRequest {
-                version: Version,
-                ids: ids.clone(),
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.acked, 1);
-    let r =
-        w.ex.ack(
-            &w.phone,
-            AckRequest {
-                version: Version,
-                ids,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.acked, 0, "already acknowledged: not counted");
+    assert_eq!(w.ack(ids.clone()).await, 1);
+    assert_eq!(w.ack(ids).await, 0, "already acknowledged: not counted");
     assert!(w.inbox().await.messages.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn authorization() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
+    let (_, pid) = w.started(1).await;
     // Another database's token cannot touch this process.
     let e =
         w.ex.commit(&w.db2, &pid, CommitRequest { version: Version })
@@ -315,14 +248,7 @@ async fn authorization() {
         ErrorKind::Forbidden
     );
     // Enterprise isolation: a device cannot send to another enterprise's database.
-    let req = SendMessage {
-        version: Version,
-        to: "db-x".parse().unwrap(),
-        body: Body::from_json("{}").unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: None,
-    };
+    let req = send_request("db-x", "{}", None);
     assert_eq!(
         w.ex.send(&w.phone, req).await.unwrap_err().kind(),
         ErrorKind::Forbidden
@@ -336,14 +262,7 @@ async fn authorization() {
         w.ex.inbox(&w.db, None).await.unwrap_err().kind(),
         ErrorKind::Forbidden
     );
-    let start = StartRequest {
-        version: Version,
-        db_id: "db-a".parse().unwrap(),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    };
+    let start = start_request("db-a");
     assert_eq!(
         w.ex.start(&w.other_db, start).await.unwrap_err().kind(),
         ErrorKind::Forbidden
@@ -354,14 +273,7 @@ async fn authorization() {
 #[tokio::test(start_paused = true)]
 async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
     let w = World::new().await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    assert_eq!(
-        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
-            .await,
-        CallStatus::Ok
-    );
+    let pid = w.prepared(2, 1).await;
     let w = w
         .restart(estafeta_session::Timestamp(1_800_000_100_000))
         .await;
@@ -386,14 +298,7 @@ async fn restart_puts_ready_to_commit_in_doubt_and_finishes_cleanup() {
 async fn commit_failed_then_retried_with_backoff_and_at_once() {
     let alerts = Alerts::default();
     let w = World::with_sinks(|_| alerts.sinks()).await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    assert_eq!(
-        w.prepare(&pid, World::results(&s, ResultStatus::Processed), 1)
-            .await,
-        CallStatus::Ok
-    );
+    let pid = w.prepared(2, 1).await;
     // The Log folder (not made yet) cannot take files: the moves fail.
     let log = w.data().join("db-a/Log");
     std::fs::write(&log, b"not a folder").unwrap();
@@ -439,11 +344,7 @@ fn raises(alerts: &Alerts, key: &str) -> usize {
 async fn late_commit_in_doubt_whose_moves_fail_is_retried_with_backoff() {
     let alerts = Alerts::default();
     let w = World::with_sinks(|_| alerts.sinks()).await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let results = World::results(&s, ResultStatus::Processed);
-    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let pid = w.prepared(2, 1).await;
     tokio::time::sleep(READY_TIMEOUT + Duration::from_secs(2)).await;
     assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
     // The Log folder (not made yet) cannot take files: the settlement's
@@ -485,12 +386,7 @@ async fn late_commit_in_doubt_whose_moves_fail_is_retried_with_backoff() {
 async fn moves_into_doubt_failing_part_way_then_a_late_commit_leave_nothing_in_unknown() {
     let alerts = Alerts::default();
     let w = World::with_sinks(|_| alerts.sinks()).await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let mut results = World::results(&s, ResultStatus::Processed);
-    results[1].status = ResultStatus::ProcessedIncorrect;
-    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let pid = w.prepared_with_an_incorrect().await;
     // The Error folder (not made yet) cannot take files: of the moves into
     // doubt, the reply's and the processed message's are done, the
     // incorrect message's fails.
@@ -523,11 +419,7 @@ async fn moves_into_doubt_failing_part_way_then_a_late_commit_leave_nothing_in_u
 #[tokio::test(start_paused = true)]
 async fn a_later_commit_retries_failed_moves_at_once() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    w.prepare(&pid, World::results(&s, ResultStatus::Processed), 0)
-        .await;
+    let pid = w.prepared(1, 0).await;
     let log = w.data().join("db-a/Log");
     std::fs::write(&log, b"x").unwrap();
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);
@@ -541,14 +433,7 @@ async fn a_later_commit_retries_failed_moves_at_once() {
 async fn start_filters_and_limits() {
     let w = World::new().await;
     let send = |who: &estafeta_exchange::tenancy::Principal, body: String| {
-        let req = SendMessage {
-            version: Version,
-            to: "db-a".parse().unwrap(),
-            body: Body::from_json(body).unwrap(),
-            created_at: None,
-            idempotency_key: None,
-            deliver_at: None,
-        };
+        let req = send_request("db-a", &body, None);
         let ex = w.ex.clone();
         let who = who.clone();
         async move { ex.send(&who, req).await.unwrap().0.id }
@@ -647,18 +532,10 @@ async fn start_filters_and_limits() {
 async fn concurrent_calls_for_one_database_never_interleave() {
     let w = World::new().await;
     w.upload(3).await;
-    let req = |db: &str| StartRequest {
-        version: Version,
-        db_id: db.parse().unwrap(),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    };
     // Twenty simultaneous starts for db-a: exactly one process, the rest BUSY.
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..20 {
-        let (ex, db, r) = (w.ex.clone(), w.db.clone(), req("db-a"));
+        let (ex, db, r) = (w.ex.clone(), w.db.clone(), start_request("db-a"));
         calls.spawn(async move {
             serde_json::from_slice::<StartResponse>(&ex.start(&db, r).await.unwrap())
                 .unwrap()
@@ -667,7 +544,7 @@ async fn concurrent_calls_for_one_database_never_interleave() {
     }
     // Meanwhile db-b, with nothing waiting, answers at once.
     let idle: StartResponse =
-        serde_json::from_slice(&w.ex.start(&w.db2, req("db-b")).await.unwrap()).unwrap();
+        serde_json::from_slice(&w.ex.start(&w.db2, start_request("db-b")).await.unwrap()).unwrap();
     assert_eq!(idle.status, StartStatus::Idle);
     let mut ok = 0;
     while let Some(s) = calls.join_next().await {
@@ -737,7 +614,7 @@ impl estafeta_exchange::AlertSink for Alerts {
 async fn a_commit_whose_message_vanished_alerts_naming_the_file() {
     let alerts = Alerts::default();
     let w = World::with_sinks(|_| alerts.sinks()).await;
-    let pid = w.prepared(1).await;
+    let pid = w.prepared(1, 1).await;
     let queue = w.data().join("db-a").join(Folder::Messages.as_str());
     let file = std::fs::read_dir(&queue)
         .unwrap()
@@ -770,9 +647,7 @@ async fn device_verdicts(w: &World, device: &str) -> (u64, u64, u64) {
 #[tokio::test(start_paused = true)]
 async fn verdicts_are_counted_per_sending_device_when_a_commit_lands_and_kept() {
     let w = World::new().await;
-    w.upload(3).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
+    let (s, pid) = w.started(3).await;
     let mut results = World::results(&s, ResultStatus::Processed);
     results[1].status = ResultStatus::ProcessedDeadlock;
     results[2].status = ResultStatus::ProcessedIncorrect;

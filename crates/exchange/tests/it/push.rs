@@ -6,10 +6,10 @@
 //! earlier version is moved there, and the admin call that sets it refuses
 //! what is not an admin or not a good URL.
 
-use crate::common::id;
+use crate::common::{id, message_files, send_request};
 use crate::world::World;
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::{Body, CallStatus, ErrorCode, ResultStatus, SendMessage, Version};
+use estafeta_exchange::wire::{CallStatus, ErrorCode, ResultStatus, SendMessage};
 use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind, Sinks};
 use estafeta_session::Timestamp as SessionTime;
 use std::path::{Path, PathBuf};
@@ -49,13 +49,7 @@ impl Recorder {
 
 impl PushSink for Recorder {
     fn arrived(&self, recipient: &Id, kind: RecipientKind) {
-        let files = std::fs::read_dir(self.data.join(recipient.as_str()).join("Messages"))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                    .count()
-            })
-            .unwrap_or(0);
+        let files = message_files(&self.data.join(recipient.as_str()).join("Messages"));
         self.seen
             .lock()
             .unwrap()
@@ -63,15 +57,9 @@ impl PushSink for Recorder {
     }
 }
 
+/// An upload of `{}` to `db`, without a key.
 fn upload_to(db: &str) -> SendMessage {
-    SendMessage {
-        version: Version,
-        to: id(db),
-        body: Body::from_json("{}").unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: None,
-    }
+    send_request(db, "{}", None)
 }
 
 #[tokio::test(start_paused = true)]

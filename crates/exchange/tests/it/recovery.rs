@@ -1,6 +1,7 @@
 //! Start-up processing, retention, and storage failures through the
 //! service facade.
 
+use crate::common::send_request;
 use crate::world::*;
 use estafeta_exchange::ErrorKind;
 use estafeta_exchange::Upload;
@@ -21,8 +22,7 @@ async fn restart(w: World, at: u64) -> (estafeta_exchange::Exchange, World) {
 #[tokio::test(start_paused = true)]
 async fn restart_removes_timed_out_started_processes() {
     let w = World::new().await;
-    w.upload(1).await;
-    let pid = w.start().await.process_id.unwrap().to_string();
+    let (_, pid) = w.started(1).await;
     let (_, w) = restart(w, T0 + 3_600_000).await;
     assert_eq!(w.state(&pid).await, ProcessState::TimedOut);
     assert_eq!(
@@ -35,7 +35,7 @@ async fn restart_removes_timed_out_started_processes() {
 #[tokio::test(start_paused = true)]
 async fn orphans_in_prepared_are_moved_to_unknown() {
     let w = World::new().await;
-    let pid = w.prepared(1).await;
+    let pid = w.prepared(1, 1).await;
     assert_eq!(w.rollback(&pid).await, CallStatus::Ok);
     // A reply file nobody refers to (as if a delete had failed).
     let prepared = w.data().join("db-a/Prepared");
@@ -57,23 +57,14 @@ async fn orphans_in_prepared_are_moved_to_unknown() {
 #[tokio::test(start_paused = true)]
 async fn retention_removes_old_files_but_not_live_ones() {
     let w = World::new().await;
-    w.upload(2).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let mut results = World::results(&s, ResultStatus::Processed);
-    results[1].status = ResultStatus::ProcessedIncorrect;
-    w.prepare(&pid, results, 1).await;
+    let pid = w.prepared_with_an_incorrect().await;
     w.commit(&pid).await;
     assert_eq!(
         (w.files("db-a", Folder::Log), w.files("db-a", Folder::Error)),
         (1, 1)
     );
     // A live process on a fresh message, prepared (a reply in Prepared).
-    w.upload(1).await;
-    let s = w.start().await;
-    let live = s.process_id.unwrap().to_string();
-    w.prepare(&live, World::results(&s, ResultStatus::Processed), 1)
-        .await;
+    let live = w.prepared(1, 1).await;
     let (ex, w) = restart(w, T0 + 91 * DAY).await;
     // Ready before the sweep: the old files are still there.
     assert_eq!(w.files("db-a", Folder::Log), 1);
@@ -101,14 +92,7 @@ async fn a_failed_write_is_503_and_other_databases_go_on() {
     let queue = w.data().join("db-a/Messages");
     std::fs::create_dir_all(w.data().join("db-a")).unwrap();
     std::fs::write(&queue, b"not a folder").unwrap();
-    let req = |to: &str| SendMessage {
-        version: Version,
-        to: to.parse().unwrap(),
-        body: Body::from_json("{}").unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: Some(format!("key-{to}")),
-    };
+    let req = |to: &str| send_request(to, "{}", Some(&format!("key-{to}")));
     let e = w.ex.send(&w.phone, req("db-a")).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     let (_, created) = w.ex.send(&w.phone, req("db-b")).await.unwrap();
@@ -130,14 +114,7 @@ async fn a_failed_write_is_503_and_other_databases_go_on() {
 #[tokio::test(start_paused = true)]
 async fn device_counters_are_durable() {
     let w = World::new().await;
-    let req = |key: Option<&str>| SendMessage {
-        version: Version,
-        to: "db-a".parse().unwrap(),
-        body: Body::from_json(r#"{"n":1}"#).unwrap(),
-        created_at: None,
-        idempotency_key: key.map(str::to_owned),
-        deliver_at: None,
-    };
+    let req = |key| send_request("db-a", r#"{"n":1}"#, key);
     w.ex.send(&w.phone, req(None)).await.unwrap();
     w.ex.send(&w.phone, req(Some("k"))).await.unwrap();
     w.ex.send(&w.phone, req(Some("k"))).await.unwrap();
@@ -205,13 +182,9 @@ async fn open_with_a_reader(
 #[tokio::test(start_paused = true)]
 async fn a_deadline_passed_while_down_waits_for_start_up_processing_then_alerts() {
     let w = World::new().await;
-    let pid = w.prepared(1).await;
-    w.ex.shutdown().await.unwrap();
+    let pid = w.prepared(1, 1).await;
     let World { dir, ex, .. } = w;
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    close(ex).await;
 
     // Opened past the READY_TO_COMMIT deadline, and the process's session
     // is touched (the expiry manager, or here a reader) before start-up
@@ -231,15 +204,9 @@ async fn a_deadline_passed_while_down_waits_for_start_up_processing_then_alerts(
     assert_eq!(*raised.0.lock().unwrap(), [format!("in_doubt:{pid}")]);
 }
 
+/// An upload to db-a with the idempotency key `key`.
 fn keyed(key: &str) -> SendMessage {
-    SendMessage {
-        version: Version,
-        to: "db-a".parse().unwrap(),
-        body: Body::from_json(r#"{"n":1}"#).unwrap(),
-        created_at: None,
-        idempotency_key: Some(key.to_owned()),
-        deliver_at: None,
-    }
+    send_request("db-a", r#"{"n":1}"#, Some(key))
 }
 
 /// A key is remembered across restarts for its time to live, then
@@ -266,12 +233,8 @@ async fn idempotency_keys_survive_restarts_and_expire_one_by_one() {
     let (_, w) = restart(w, T0 + 30 * DAY).await;
     w.ex.retention_sweep().await.unwrap();
     let layout = estafeta_exchange::DataLayout::new(w.data());
-    w.ex.shutdown().await.unwrap();
     let World { ex, dir, .. } = w;
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    close(ex).await;
     use estafeta_exchange::keys::UploadKeys;
     let keys = estafeta_exchange::keys::RedbKeys::open(layout.keys()).unwrap();
     assert_eq!(keys.len().unwrap(), 0);
@@ -283,10 +246,7 @@ async fn idempotency_keys_survive_restarts_and_expire_one_by_one() {
 #[tokio::test(start_paused = true)]
 async fn keys_kept_in_a_device_session_are_still_honoured() {
     let w = World::new().await;
-    let plain = SendMessage {
-        idempotency_key: None,
-        ..keyed("unused")
-    };
+    let plain = send_request("db-a", r#"{"n":1}"#, None);
     let (sent, _) = w.ex.send(&w.phone, plain).await.unwrap();
     let name = std::fs::read_dir(w.data().join("db-a/Messages"))
         .unwrap()
@@ -294,12 +254,8 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
         .find(|n| !n.starts_with('.'))
         .unwrap();
     let layout = estafeta_exchange::DataLayout::new(w.data());
-    w.ex.shutdown().await.unwrap();
     let World { ex, dir, phone, .. } = w;
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    close(ex).await;
     {
         use estafeta_session::Storage;
         let storage = estafeta_session::RedbStorage::open(layout.sessions()).unwrap();
@@ -331,11 +287,7 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
     let (again, outcome) = ex.send(&phone, keyed("old-key")).await.unwrap();
     assert_eq!((again.id, outcome), (sent.id, Upload::Repeated));
     // Expired, the old key no longer matches.
-    ex.shutdown().await.unwrap();
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    close(ex).await;
     let ex = open(
         dir.path(),
         SessionTime(T0 + 8 * DAY),
@@ -349,23 +301,15 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_commit_retried_at_start_up_before_the_mailboxes_are_made_raises_no_alert() {
     let w = World::new().await;
-    w.upload(1).await;
-    let s = w.start().await;
-    let pid = s.process_id.unwrap().to_string();
-    let results = World::results(&s, ResultStatus::Processed);
-    assert_eq!(w.prepare(&pid, results, 1).await, CallStatus::Ok);
+    let pid = w.prepared(1, 1).await;
     let log = w.data().join("db-a/Log");
     std::fs::write(&log, b"not a folder").unwrap();
     assert_eq!(w.commit(&pid).await, CallStatus::Failed);
-    w.ex.shutdown().await.unwrap();
     let data = w.data();
     let World {
         dir, ex, db, phone, ..
     } = w;
-    drop(ex);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    close(ex).await;
     // While the server is down the cause goes: the Log folder is not
     // there at all until start-up processing makes the mailboxes' folders.
     std::fs::remove_file(&log).unwrap();

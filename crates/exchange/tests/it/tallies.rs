@@ -90,6 +90,13 @@ fn on_disk(root: &Path, loc: &Location) -> Vec<FileName> {
     names
 }
 
+/// The file on disk in `loc` that `pick` chooses (counting round the
+/// sorted names); none if there is none.
+fn picked(root: &Path, loc: &Location, pick: u8) -> Option<FileName> {
+    let names = on_disk(root, loc);
+    (!names.is_empty()).then(|| names[pick as usize % names.len()].clone())
+}
+
 /// The totals counted from the directories of the mailboxes told to count.
 fn recount(root: &Path, told: &[bool; 4]) -> Tallies {
     let mut t = Tallies::default();
@@ -161,10 +168,10 @@ async fn run(ops: Vec<Op>) {
                 pick,
             } => {
                 let (from, to) = (at(mailbox, from), at(mailbox, to));
-                let names = on_disk(&root, &from);
-                if from != to && !names.is_empty() {
-                    let name = &names[pick as usize % names.len()];
-                    mailboxes.move_file(name, &from, &to).await.unwrap();
+                if from != to
+                    && let Some(name) = picked(&root, &from, pick)
+                {
+                    mailboxes.move_file(&name, &from, &to).await.unwrap();
                 }
             }
             Op::Delete {
@@ -173,10 +180,8 @@ async fn run(ops: Vec<Op>) {
                 pick,
             } => {
                 let loc = at(mailbox, folder);
-                let names = on_disk(&root, &loc);
-                if !names.is_empty() {
-                    let name = &names[pick as usize % names.len()];
-                    mailboxes.delete(&loc, name).await.unwrap();
+                if let Some(name) = picked(&root, &loc, pick) {
+                    mailboxes.delete(&loc, &name).await.unwrap();
                 }
             }
             Op::AddByHand {
@@ -202,9 +207,7 @@ async fn run(ops: Vec<Op>) {
                 pick,
             } => {
                 let loc = at(mailbox, folder);
-                let names = on_disk(&root, &loc);
-                if !names.is_empty() {
-                    let name = &names[pick as usize % names.len()];
+                if let Some(name) = picked(&root, &loc, pick) {
                     std::fs::remove_file(loc.path(&root).join(name.to_string())).unwrap();
                 }
             }

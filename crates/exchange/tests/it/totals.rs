@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::common::id;
+use crate::common::{id, replies};
 use crate::world::*;
 use estafeta_exchange::mailbox::{Folder, MailboxKind};
 use estafeta_exchange::wire::*;
@@ -208,25 +208,20 @@ async fn run(ops: Vec<Op>) {
                     last = Some(s);
                 }
             }
-            Op::Prepare { incorrect, replies } => {
+            Op::Prepare {
+                incorrect,
+                replies: n_replies,
+            } => {
                 if let (Some(s), Some(pid)) = (&last, &pid) {
                     let status = if incorrect {
                         ResultStatus::ProcessedIncorrect
                     } else {
                         ResultStatus::Processed
                     };
-                    let replies = (0..replies)
-                        .map(|i| Reply {
-                            to: id("phone-1"),
-                            body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
-                            created_at: None,
-                            deliver_at: None,
-                        })
-                        .collect();
                     let req = PrepareRequest {
                         version: Version,
                         results: World::results(s, status),
-                        replies,
+                        replies: replies(n_replies.into()),
                     };
                     let _ = w.ex.prepare(&w.db, pid, req).await;
                 }

@@ -7,16 +7,14 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::id;
+use crate::common::{id, send_request};
 use crate::world;
 use crate::world::World;
 use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{
-    ErrorKind, Exchange, ExchangeConfig, Id, Sinks, Stores, Timestamp, Upload,
-};
-use estafeta_session::{Timestamp as SessionTime, TokioClock};
+use estafeta_exchange::{ErrorKind, Exchange, Id, Sinks, Stores, Timestamp, Upload};
+use estafeta_session::Timestamp as SessionTime;
 
 const T0: u64 = 1_800_000_000_000;
 
@@ -80,10 +78,7 @@ impl UploadKeys for Keys {
 /// database `db-a` and a device `phone-1` (made on the first open): the
 /// device's principal.
 async fn open(data: &std::path::Path, puts: Puts) -> (Exchange, Principal) {
-    let mut config = ExchangeConfig::new(data);
-    config.admin_token = Some("a".repeat(64));
-    let clock: Arc<dyn estafeta_session::Clock> =
-        Arc::new(TokioClock::starting_at(SessionTime(T0)));
+    let (config, clock) = world::config_and_clock(data, SessionTime(T0));
     let mut stores = Stores::embedded(data, clock.clone(), &config.quiesce)
         .await
         .unwrap();
@@ -95,31 +90,13 @@ async fn open(data: &std::path::Path, puts: Puts) -> (Exchange, Principal) {
         .await
         .unwrap();
     ex.recover().await.unwrap();
-    let admin = Principal::Admin;
-    ex.create_enterprise(&admin, id("acme")).await.unwrap();
-    ex.create_subsystem(&admin, id("acme"), id("sales"))
-        .await
-        .unwrap();
-    ex.create_database(&admin, id("acme"), id("db-a"))
-        .await
-        .unwrap();
-    let token = ex
-        .create_device(&admin, id("acme"), id("phone-1"), id("sales"))
-        .await
-        .unwrap();
-    let phone = ex.authenticate(token.expose()).await.unwrap().unwrap();
+    let (_, phone) = world::provision_acme(&ex).await;
     (ex, phone)
 }
 
+/// An upload of order 17 to db-a with the idempotency key `key`.
 fn upload(key: Option<&str>) -> SendMessage {
-    SendMessage {
-        version: Version,
-        to: id("db-a"),
-        body: Body::from_json(r#"{"order":17}"#).unwrap(),
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: key.map(str::to_owned),
-    }
+    send_request("db-a", r#"{"order":17}"#, key)
 }
 
 /// The names in `db-a`'s queue: (message files, hidden temporary files).

@@ -1,13 +1,13 @@
 //! A whole exchange on a temporary data folder with a controlled clock,
 //! provisioned with two enterprises, databases and devices.
 
-use crate::common::id;
+use crate::common::{id, message_files, replies, send_request, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{Exchange, ExchangeConfig, MessageId, Sinks};
 use estafeta_session::{Timestamp as SessionTime, TokioClock};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,17 +34,54 @@ pub(crate) async fn open(dir: &std::path::Path, start: SessionTime, sinks: Sinks
     ex
 }
 
+/// The configuration of an exchange on the data folder `data`, with the
+/// tests' admin token, and a clock on tokio's (pausable) time that reads
+/// `start` now.
+pub(crate) fn config_and_clock(
+    data: &Path,
+    start: SessionTime,
+) -> (ExchangeConfig, Arc<dyn estafeta_session::Clock>) {
+    let mut config = ExchangeConfig::new(data);
+    config.admin_token = Some("a".repeat(64));
+    (config, Arc::new(TokioClock::starting_at(start)))
+}
+
+/// Provisions on `ex` the enterprise acme with its subsystem sales, its
+/// database db-a and its device phone-1: the principals of db-a and
+/// phone-1.
+pub(crate) async fn provision_acme(ex: &Exchange) -> (Principal, Principal) {
+    let admin = Principal::Admin;
+    ex.create_enterprise(&admin, id("acme")).await.unwrap();
+    ex.create_subsystem(&admin, id("acme"), id("sales"))
+        .await
+        .unwrap();
+    let db = ex.create_database(&admin, id("acme"), id("db-a")).await;
+    let phone = ex
+        .create_device(&admin, id("acme"), id("phone-1"), id("sales"))
+        .await;
+    let db = ex.authenticate(db.unwrap().expose()).await.unwrap();
+    let phone = ex.authenticate(phone.unwrap().expose()).await.unwrap();
+    (db.unwrap(), phone.unwrap())
+}
+
+/// Shuts `ex` down, drops it and lets its tasks close their files.
+pub(crate) async fn close(ex: Exchange) {
+    ex.shutdown().await.unwrap();
+    drop(ex);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// The exchange opened, start-up processing not yet run.
 pub(crate) async fn open_unrecovered(
     dir: &std::path::Path,
     start: SessionTime,
     sinks: Sinks,
 ) -> Exchange {
-    let mut config = ExchangeConfig::new(dir.join("data"));
-    config.admin_token = Some("a".repeat(64));
+    let (mut config, clock) = config_and_clock(&dir.join("data"), start);
     config.started_timeout = STARTED_TIMEOUT;
     config.ready_timeout = READY_TIMEOUT;
-    let clock: Arc<dyn estafeta_session::Clock> = Arc::new(TokioClock::starting_at(start));
     let (ex, _) = Exchange::open_embedded(config, clock, sinks).await.unwrap();
     ex
 }
@@ -112,35 +149,11 @@ impl World {
         at: SessionTime,
         sinks: impl FnOnce(&std::path::Path) -> Sinks,
     ) -> World {
-        self.ex.shutdown().await.unwrap();
-        let World {
-            ex,
-            dir,
-            admin,
-            db,
-            db2,
-            phone,
-            phone2,
-            other_db,
-            other_phone,
-        } = self;
-        drop(ex);
-        for _ in 0..100 {
-            tokio::task::yield_now().await;
-        }
+        let World { ex, dir, .. } = self;
+        close(ex).await;
         let sinks = sinks(&dir.path().join("data"));
         let ex = open(dir.path(), at, sinks).await;
-        World {
-            dir,
-            ex,
-            admin,
-            db,
-            db2,
-            phone,
-            phone2,
-            other_db,
-            other_phone,
-        }
+        World { ex, dir, ..self }
     }
 
     pub(crate) fn data(&self) -> PathBuf {
@@ -149,26 +162,13 @@ impl World {
 
     /// File count of a folder of a mailbox.
     pub(crate) fn files(&self, mailbox: &str, folder: Folder) -> usize {
-        std::fs::read_dir(self.data().join(mailbox).join(folder.as_str()))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                    .count()
-            })
-            .unwrap_or(0)
+        message_files(&self.data().join(mailbox).join(folder.as_str()))
     }
 
     pub(crate) async fn upload(&self, n: usize) -> Vec<MessageId> {
         let mut ids = Vec::new();
         for i in 0..n {
-            let req = SendMessage {
-                version: Version,
-                to: id("db-a"),
-                body: Body::from_json(format!(r#"{{"n":{i}}}"#)).unwrap(),
-                created_at: None,
-                deliver_at: None,
-                idempotency_key: None,
-            };
+            let req = send_request("db-a", &format!(r#"{{"n":{i}}}"#), None);
             ids.push(self.ex.send(&self.phone, req).await.unwrap().0.id);
             tokio::time::advance(Duration::from_millis(1)).await;
         }
@@ -176,28 +176,38 @@ impl World {
     }
 
     pub(crate) async fn start(&self) -> StartResponse {
-        let req = StartRequest {
-            version: Version,
-            db_id: id("db-a"),
-            subsystems: None,
-            senders: None,
-            max_files: None,
-            max_mb: None,
-        };
+        let req = start_request("db-a");
         serde_json::from_slice(&self.ex.start(&self.db, req).await.unwrap()).unwrap()
     }
 
-    /// One uploaded message, started and prepared as processed with
-    /// `replies` replies; the process id.
-    pub(crate) async fn prepared(&self, replies: usize) -> String {
-        self.upload(1).await;
+    /// `n` messages uploaded and a process started on them: the start's
+    /// answer and the process id.
+    pub(crate) async fn started(&self, n: usize) -> (StartResponse, String) {
+        self.upload(n).await;
         let s = self.start().await;
         let pid = s.process_id.unwrap().to_string();
+        (s, pid)
+    }
+
+    /// `messages` uploaded messages, started and prepared as processed
+    /// with `replies` replies; the process id.
+    pub(crate) async fn prepared(&self, messages: usize, replies: usize) -> String {
+        let (s, pid) = self.started(messages).await;
         assert_eq!(
             self.prepare(&pid, Self::results(&s, ResultStatus::Processed), replies)
                 .await,
             CallStatus::Ok
         );
+        pid
+    }
+
+    /// Two uploaded messages, started and prepared with one reply, the
+    /// first processed and the second incorrect; the process id.
+    pub(crate) async fn prepared_with_an_incorrect(&self) -> String {
+        let (s, pid) = self.started(2).await;
+        let mut results = Self::results(&s, ResultStatus::Processed);
+        results[1].status = ResultStatus::ProcessedIncorrect;
+        assert_eq!(self.prepare(&pid, results, 1).await, CallStatus::Ok);
         pid
     }
 
@@ -219,16 +229,9 @@ impl World {
         &self,
         pid: &str,
         results: Vec<MessageResult>,
-        replies: usize,
+        n_replies: usize,
     ) -> CallStatus {
-        let replies = (0..replies)
-            .map(|i| Reply {
-                to: id("phone-1"),
-                body: Body::from_json(format!(r#"{{"reply":{i}}}"#)).unwrap(),
-                created_at: None,
-                deliver_at: None,
-            })
-            .collect();
+        let replies = replies(n_replies);
         self.ex
             .prepare(
                 &self.db,
@@ -265,6 +268,31 @@ impl World {
             .await
             .unwrap()
             .status
+    }
+
+    /// The abort of process `pid` with `message`.
+    pub(crate) async fn abort(&self, pid: &str, message: &str) -> CallStatus {
+        self.ex
+            .abort(
+                &self.db,
+                pid,
+                AbortRequest {
+                    version: Version,
+                    message: message.into(),
+                },
+            )
+            .await
+            .unwrap()
+            .status
+    }
+
+    /// How many of `ids` phone-1's acknowledgement newly acknowledged.
+    pub(crate) async fn ack(&self, ids: Vec<MessageId>) -> u64 {
+        let req = AckRequest {
+            version: Version,
+            ids,
+        };
+        self.ex.ack(&self.phone, req).await.unwrap().acked
     }
 
     pub(crate) async fn state(&self, pid: &str) -> ProcessState {
