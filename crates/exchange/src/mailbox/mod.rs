@@ -988,7 +988,7 @@ fn publish_change(index: Arc<FolderIndex>, staged: Staged) -> (Change, Settle, F
 }
 
 /// Runs blocking filesystem work off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MailboxError> + Send + 'static,
 ) -> Result<T, MailboxError> {
     tokio::task::spawn_blocking(f)

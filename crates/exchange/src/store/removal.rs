@@ -27,6 +27,7 @@ use tokio::sync::{RwLock, RwLockReadGuard};
 
 use crate::error::MailboxError;
 use crate::id::Id;
+use crate::mailbox::blocking;
 
 /// How many locks the ids share.
 const STRIPES: usize = 64;
@@ -151,14 +152,6 @@ impl Removals {
         self.removed().remove(id);
         Ok(())
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, MailboxError> + Send + 'static,
-) -> Result<T, MailboxError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| MailboxError::Join(e.to_string()))?
 }
 
 #[cfg(test)]
