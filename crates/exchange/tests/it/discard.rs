@@ -22,7 +22,9 @@ use estafeta_exchange::store::{
 };
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
-use estafeta_exchange::{Alert, AlertSink, Exchange, Id, MessageId, Sinks, Stores, Timestamp};
+use estafeta_exchange::{
+    Alert, AlertSink, Exchange, ExchangeError, Id, MessageId, Sinks, Stores, Timestamp,
+};
 use estafeta_session::BoxFuture;
 use estafeta_session::Timestamp as SessionTime;
 use std::collections::HashSet;
@@ -75,6 +77,11 @@ impl AlertSink for Raised {
     fn clear(&self, _key: String) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// The error of each delete while the message store is out of reach.
+fn out_of_reach() -> MailboxError {
+    MailboxError::store("test:delete", "connection closed", true)
 }
 
 #[async_trait]
@@ -138,16 +145,7 @@ impl MessageSteps for Flaky {
         let deletes = ops.iter().any(|op| matches!(op, Op::Delete { .. }));
         if deletes && self.down.load(Ordering::SeqCst) {
             return Applied {
-                results: ops
-                    .iter()
-                    .map(|_| {
-                        Err(MailboxError::store(
-                            "test:delete",
-                            "connection closed",
-                            true,
-                        ))
-                    })
-                    .collect(),
+                results: ops.iter().map(|_| Err(out_of_reach())).collect(),
                 arrivals: Default::default(),
             };
         }
@@ -176,16 +174,7 @@ impl MessageSteps for Flaky {
         names: &[FileName],
     ) -> Vec<Result<Outcome, MailboxError>> {
         if self.down.load(Ordering::SeqCst) {
-            return names
-                .iter()
-                .map(|_| {
-                    Err(MailboxError::store(
-                        "test:delete",
-                        "connection closed",
-                        true,
-                    ))
-                })
-                .collect();
+            return names.iter().map(|_| Err(out_of_reach())).collect();
         }
         self.inner.delete_all(at, names).await
     }
@@ -373,33 +362,41 @@ fn rollback() -> RollbackRequest {
     }
 }
 
+/// [`Ready`] over `data`, and the refusal of its rollback sent while the
+/// message store is out of reach (it stays so).
+async fn refused_rollback(data: &std::path::Path) -> (Ready, ExchangeError) {
+    let r = ready_to_commit(data).await;
+    r.down.store(true, Ordering::SeqCst);
+    let refused = r.ex.rollback(&r.db, &r.pid, rollback()).await.unwrap_err();
+    (r, refused)
+}
+
+/// The state of `db`'s process `pid`, as `ex` tells it.
+async fn state(ex: &Exchange, db: &Principal, pid: &str) -> ProcessState {
+    ex.process_status(db, pid).await.unwrap().state
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let Ready {
-        ex, down, db, pid, ..
-    } = ready_to_commit(&data).await;
-
-    down.store(true, Ordering::SeqCst);
-    let refused = ex.rollback(&db, &pid, rollback()).await.unwrap_err();
+    let (
+        Ready {
+            ex, down, db, pid, ..
+        },
+        refused,
+    ) = refused_rollback(&data).await;
     assert_eq!(refused.code(), ErrorCode::StorageError);
     assert!(refused.is_store_unavailable(), "{refused}");
     // The end is saved before the replies are deleted: the verdict stands,
     // and the deletion is what is tried again.
-    assert_eq!(
-        ex.process_status(&db, &pid).await.unwrap().state,
-        ProcessState::RolledBack
-    );
+    assert_eq!(state(&ex, &db, &pid).await, ProcessState::RolledBack);
     assert_eq!(files(&data, Folder::Prepared), 2);
 
     down.store(false, Ordering::SeqCst);
     let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
     assert_eq!(again.status, CallStatus::Ok);
-    assert_eq!(
-        ex.process_status(&db, &pid).await.unwrap().state,
-        ProcessState::RolledBack
-    );
+    assert_eq!(state(&ex, &db, &pid).await, ProcessState::RolledBack);
     assert_eq!(
         files(&data, Folder::Prepared),
         0,
@@ -415,11 +412,7 @@ async fn a_rollback_whose_replies_cannot_be_deleted_fails_and_is_tried_again() {
 async fn replies_a_rollback_left_are_deleted_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let Ready {
-        ex, down, db, pid, ..
-    } = ready_to_commit(&data).await;
-    down.store(true, Ordering::SeqCst);
-    ex.rollback(&db, &pid, rollback()).await.unwrap_err();
+    let (Ready { ex, db, pid, .. }, _) = refused_rollback(&data).await;
     assert_eq!(files(&data, Folder::Prepared), 2);
     ex.shutdown().await.unwrap();
     drop(ex);
@@ -427,10 +420,7 @@ async fn replies_a_rollback_left_are_deleted_at_the_next_start() {
     let ex = reopen(&data).await;
     assert_eq!(files(&data, Folder::Prepared), 0, "deleted at the start");
     assert_eq!(files(&data, Folder::Unknown), 0);
-    assert_eq!(
-        ex.process_status(&db, &pid).await.unwrap().state,
-        ProcessState::RolledBack
-    );
+    assert_eq!(state(&ex, &db, &pid).await, ProcessState::RolledBack);
     let again = ex.rollback(&db, &pid, rollback()).await.unwrap();
     assert_eq!(again.status, CallStatus::Ok);
 }
@@ -467,10 +457,7 @@ async fn a_retried_commit_finds_its_acknowledged_reply_delivered() {
             .await
             .unwrap();
     assert_eq!(done.status, CallStatus::Ok);
-    assert_eq!(
-        r.ex.process_status(&r.db, &r.pid).await.unwrap().state,
-        ProcessState::Done
-    );
+    assert_eq!(state(&r.ex, &r.db, &r.pid).await, ProcessState::Done);
     let raised = r.raised.0.lock().unwrap().clone();
     assert!(
         !raised.iter().any(|key| key.starts_with("missing_file:")),

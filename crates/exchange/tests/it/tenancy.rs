@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::common::id;
 use estafeta_exchange::tenancy::{AdminToken, Principal, Registry, Role};
+use estafeta_exchange::token::Token;
 use estafeta_exchange::{DataLayout, TenancyError};
 
 async fn open(dir: &Path, admin: Option<&str>) -> (Registry, AdminToken) {
@@ -21,15 +22,19 @@ async fn acme(dir: &Path) -> Registry {
     reg
 }
 
+/// The tokens of a new database db-a and a new device phone-1 (sales) of
+/// acme.
+async fn db_and_phone(reg: &Registry) -> (Token, Token) {
+    let db = reg.create_database(id("acme"), id("db-a")).await.unwrap();
+    let phone = reg.create_device(id("acme"), id("phone-1"), id("sales"));
+    (db, phone.await.unwrap())
+}
+
 #[tokio::test]
 async fn tokens_authenticate_their_owners() {
     let dir = tempfile::tempdir().unwrap();
     let reg = acme(dir.path()).await;
-    let db = reg.create_database(id("acme"), id("db-a")).await.unwrap();
-    let phone = reg
-        .create_device(id("acme"), id("phone-1"), id("sales"))
-        .await
-        .unwrap();
+    let (db, phone) = db_and_phone(&reg).await;
     assert_ne!(db, phone);
 
     assert_eq!(reg.authenticate("admin-secret"), Some(Principal::Admin));
@@ -149,15 +154,7 @@ async fn lookups_answer_the_servers_questions() {
 #[tokio::test]
 async fn everything_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let (db_token, phone_token) = {
-        let reg = acme(dir.path()).await;
-        let db = reg.create_database(id("acme"), id("db-a")).await.unwrap();
-        let phone = reg
-            .create_device(id("acme"), id("phone-1"), id("sales"))
-            .await
-            .unwrap();
-        (db, phone)
-    };
+    let (db_token, phone_token) = db_and_phone(&acme(dir.path()).await).await;
     let (reg, _) = open(dir.path(), Some("admin-secret")).await;
     assert!(matches!(
         reg.authenticate(db_token.expose()),
