@@ -1161,10 +1161,11 @@ mod tests {
         writing.await.unwrap().unwrap()
     }
 
-    /// Mailboxes whose first fsync of `held` (a folder under the data
-    /// folder) tells the test it has begun and waits for its go-ahead.
+    /// Mailboxes over the folder `data` in `tmp` whose first fsync of
+    /// `held` (a folder under the data folder) tells the test it has begun
+    /// and waits for its go-ahead.
     async fn holding(
-        data: &Path,
+        tmp: &tempfile::TempDir,
         held: &str,
     ) -> (
         Mailboxes,
@@ -1174,6 +1175,7 @@ mod tests {
         let (reached, reached_rx) = mpsc::unbounded_channel();
         let (go, go_rx) = std::sync::mpsc::channel();
         let gate = Mutex::new(Some((reached, go_rx)));
+        let data = tmp.path().join("data");
         let held = data.join(held);
         let dir_sync: DirSync = Arc::new(move |dir: &Path| {
             if dir == held {
@@ -1185,7 +1187,7 @@ mod tests {
             }
             sync::fsync_dir(dir)
         });
-        let mailboxes = Mailboxes::open_with(data.to_owned(), SyncConfig::default(), dir_sync)
+        let mailboxes = Mailboxes::open_with(data, SyncConfig::default(), dir_sync)
             .await
             .unwrap();
         (mailboxes, reached_rx, go)
@@ -1244,8 +1246,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_is_not_selected_before_its_folder_fsync_completes() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Messages").await;
         let queue = db_a(Folder::Messages);
         // The index is built before the write.
         assert_eq!(selected(&mailboxes, &queue).await, 0);
@@ -1322,8 +1323,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_ending_during_a_folder_fsync_share_the_next() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Messages").await;
         let queue = db_a(Folder::Messages);
         let write = |seq| spawn_write(&mailboxes, &queue, seq);
         let first = write(0);
@@ -1350,8 +1350,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_first_use_during_a_folder_fsync_does_not_see_the_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let (mailboxes, mut reached, go) = holding(&data, "db-a/Messages").await;
+        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Messages").await;
         let queue = db_a(Folder::Messages);
         let writing = spawn_write(&mailboxes, &queue, 1);
         reached.recv().await.unwrap();
@@ -1365,8 +1364,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_moved_message_appears_in_its_target_only_after_the_fsyncs() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let (mailboxes, mut reached, go) = holding(&data, "db-a/Log").await;
+        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Log").await;
         let (queue, log) = (db_a(Folder::Messages), db_a(Folder::Log));
         let entry = mailboxes.write(&queue, &message(1)).await.unwrap();
         assert_eq!(mailboxes.count(&log).await.unwrap(), 0);
