@@ -7,7 +7,7 @@
 //! what is not an admin or not a good URL.
 
 use crate::common::{id, message_files, send_request};
-use crate::world::World;
+use crate::world::{World, write_old_record};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{CallStatus, ErrorCode, ResultStatus, SendMessage};
 use estafeta_exchange::{ErrorKind, Id, PushSink, RecipientKind, Sinks};
@@ -211,27 +211,6 @@ async fn after_a_restart_recipients_with_waiting_messages_are_pushed_again() {
     );
 }
 
-/// Writes `state` as the session record of `key` in the data folder's
-/// session file, as an earlier version wrote it (the exchange stopped).
-fn write_old_record(data: &Path, key: &[u8], state: &str) {
-    use estafeta_session::storage::{RedbStorage, Storage, Write};
-    let storage = RedbStorage::open(data.join(".estafeta").join("sessions.redb")).unwrap();
-    let mut record = vec![estafeta_session::record::FORMAT_VERSION];
-    record.extend(
-        format!(
-            r#"{{"created_at":1,"last_access":1,"expires_at":null,"generation":0,"state":{state}}}"#
-        )
-        .bytes(),
-    );
-    storage
-        .write(&[Write::Put {
-            key: key.to_vec(),
-            record,
-            expires_at: None,
-        }])
-        .unwrap();
-}
-
 #[tokio::test(start_paused = true)]
 async fn webhooks_an_earlier_version_kept_in_session_records_move_into_the_registry() {
     let w = World::new().await;
@@ -248,13 +227,13 @@ async fn webhooks_an_earlier_version_kept_in_session_records_move_into_the_regis
     let mut rec = None;
     let w = w
         .restart_with(SessionTime(1_800_000_100_000), |data| {
-            write_old_record(
-                data,
-                b"dev/phone-2",
-                r#"{"webhook":"http://127.0.0.1:9/dev"}"#,
-            );
-            write_old_record(data, b"db/db-b", r#"{"webhook":"http://127.0.0.1:9/db"}"#);
-            write_old_record(data, b"db/db-a", r#"{"webhook":"http://127.0.0.1:9/old"}"#);
+            for (key, url) in [
+                (&b"dev/phone-2"[..], "http://127.0.0.1:9/dev"),
+                (b"db/db-b", "http://127.0.0.1:9/db"),
+                (b"db/db-a", "http://127.0.0.1:9/old"),
+            ] {
+                write_old_record(data, key, &format!(r#"{{"webhook":"{url}"}}"#), 1);
+            }
             Recorder::sinks(&mut rec)(data)
         })
         .await;

@@ -253,31 +253,14 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .find(|n| !n.starts_with('.'))
         .unwrap();
-    let layout = estafeta_exchange::DataLayout::new(w.data());
+    let data = w.data();
     let World { ex, dir, phone, .. } = w;
     close(ex).await;
-    {
-        use estafeta_session::Storage;
-        let storage = estafeta_session::RedbStorage::open(layout.sessions()).unwrap();
-        let at = Timestamp::from_millis(i64::try_from(T0).unwrap());
-        let state = format!(
-            r#"{{"keys":{{"old-key":{{"name":"{name}","at":"{at}"}}}},"device":{{"sent":1}}}}"#
-        );
-        let mut record = vec![estafeta_session::record::FORMAT_VERSION];
-        record.extend(
-            format!(
-                r#"{{"created_at":{T0},"last_access":{T0},"expires_at":null,"generation":0,"state":{state}}}"#
-            )
-            .bytes(),
-        );
-        storage
-            .write(&[estafeta_session::storage::Write::Put {
-                key: b"dev/phone-1".to_vec(),
-                record,
-                expires_at: None,
-            }])
-            .unwrap();
-    }
+    let at = Timestamp::from_millis(i64::try_from(T0).unwrap());
+    let state = format!(
+        r#"{{"keys":{{"old-key":{{"name":"{name}","at":"{at}"}}}},"device":{{"sent":1}}}}"#
+    );
+    write_old_record(&data, b"dev/phone-1", &state, T0);
     let ex = open(
         dir.path(),
         SessionTime(T0 + DAY),

@@ -64,6 +64,28 @@ pub(crate) async fn provision_acme(ex: &Exchange) -> (Principal, Principal) {
     (db.unwrap(), phone.unwrap())
 }
 
+/// Writes `state` as the session record of `key` in the session store of
+/// the data folder `data`, made and last used at `at` (ms), as an earlier
+/// version wrote it (the exchange stopped).
+pub(crate) fn write_old_record(data: &Path, key: &[u8], state: &str, at: u64) {
+    use estafeta_session::storage::{RedbStorage, Storage, Write};
+    let sessions = estafeta_exchange::DataLayout::new(data).sessions();
+    let storage = RedbStorage::open(sessions).unwrap();
+    let mut record = vec![estafeta_session::record::FORMAT_VERSION];
+    record.extend(
+        format!(
+            r#"{{"created_at":{at},"last_access":{at},"expires_at":null,"generation":0,"state":{state}}}"#
+        )
+        .bytes(),
+    );
+    let put = Write::Put {
+        key: key.to_vec(),
+        record,
+        expires_at: None,
+    };
+    storage.write(&[put]).unwrap();
+}
+
 /// Shuts `ex` down, drops it and lets its tasks close their files.
 pub(crate) async fn close(ex: Exchange) {
     ex.shutdown().await.unwrap();
