@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use estafeta_exchange::mailbox::{Filter, Folder, Limits, Location, Mailboxes, SyncConfig};
+use estafeta_exchange::mailbox::{
+    FileEntry, Filter, Folder, Limits, Location, Mailboxes, SyncConfig,
+};
 use estafeta_exchange::wire::{Body, Message, Reply, SendMessage, StartRequest, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 
@@ -37,6 +39,25 @@ impl Data {
             .into_iter()
             .map(|e| e.name.id)
             .collect()
+    }
+
+    /// The entries a process start would be handed from `queue` with no
+    /// filter and `limits`, oldest first.
+    pub(crate) async fn unfiltered(&self, queue: &Location, limits: Limits) -> Vec<FileEntry> {
+        let filter = Filter::default();
+        let entries = self.mailboxes.select(queue, &filter, limits).await;
+        entries.unwrap()
+    }
+
+    /// Writes `messages` into `loc`, one after the other.
+    pub(crate) async fn write_each(
+        &self,
+        loc: &Location,
+        messages: impl IntoIterator<Item = &Message>,
+    ) {
+        for m in messages {
+            self.mailboxes.write(loc, m).await.unwrap();
+        }
     }
 
     /// Mailboxes with the default group-commit settings.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::common::{Data, id, message, sized};
-use estafeta_exchange::mailbox::{FileName, Filter, Folder, Limits, Location, SyncConfig};
+use estafeta_exchange::mailbox::{FileName, Folder, Limits, Location, SyncConfig};
 use estafeta_exchange::wire::Message;
 
 /// Puts a message file into a folder by hand, as an operator would.
@@ -30,9 +30,8 @@ fn on_disk(data: &Data, loc: &Location) -> Vec<FileName> {
 /// The names a start would be handed from `loc`, with no filter and the
 /// default limits.
 async fn chosen(data: &Data, loc: &Location) -> Vec<FileName> {
-    let filter = Filter::default();
-    let entries = data.mailboxes.select(loc, &filter, Limits::default());
-    entries.await.unwrap().into_iter().map(|e| e.name).collect()
+    let entries = data.unfiltered(loc, Limits::default()).await;
+    entries.into_iter().map(|e| e.name).collect()
 }
 
 #[tokio::test]
@@ -141,9 +140,7 @@ async fn sizes_and_filters_come_from_the_index() {
     let a = message("phone-1", "db-a", "sales", 1, 1, 1, "1");
     let b = message("phone-2", "db-a", "stock", 2, 2, 2, "2");
     let c = message("phone-1", "db-a", "stock", 3, 3, 3, "3");
-    for m in [&a, &b, &c] {
-        data.mailboxes.write(&queue, m).await.unwrap();
-    }
+    data.write_each(&queue, [&a, &b, &c]).await;
     assert_eq!(
         data.selected(&queue, Some(&["stock"]), None).await,
         vec![b.id, c.id]

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use crate::common::{Data, id, message, patient, sized};
-use estafeta_exchange::mailbox::{FileName, Filter, Folder, Limits, Location, MB, Outcome};
+use estafeta_exchange::mailbox::{FileName, Folder, Limits, Location, MB, Outcome};
 use estafeta_exchange::wire::{Inbox, Message, StartResponse};
 use estafeta_exchange::{MailboxError, MessageId, ProcessId, Timestamp};
 
@@ -16,9 +16,8 @@ async fn listing_is_oldest_created_first_then_arrival() {
     let early = message("phone-2", "db-a", "sales", 1_000, 30, 1, "2");
     let same_time_first = message("phone-3", "db-a", "sales", 3_000, 20, 1, "3");
     let same_time_second = message("phone-1", "db-a", "sales", 3_000, 21, 1, "4");
-    for m in [&late, &same_time_second, &early, &same_time_first] {
-        data.mailboxes.write(&queue, m).await.unwrap();
-    }
+    data.write_each(&queue, [&late, &same_time_second, &early, &same_time_first])
+        .await;
     let listed: Vec<_> = data.mailboxes.list(&queue).await.unwrap();
     let ids: Vec<_> = listed.iter().map(|e| e.name.id).collect();
     assert_eq!(
@@ -73,9 +72,7 @@ async fn select_filters_by_subsystem_and_sender() {
         message("phone-1", "db-a", "stock", 3, 1, 3, "3"),
         message("phone-2", "db-a", "stock", 4, 1, 4, "4"),
     ];
-    for m in &msgs {
-        data.mailboxes.write(&queue, m).await.unwrap();
-    }
+    data.write_each(&queue, &msgs).await;
     assert_eq!(
         data.selected(&queue, None, None).await,
         msgs.iter().map(|m| m.id).collect::<Vec<_>>()
@@ -119,11 +116,7 @@ async fn select_respects_the_file_count_and_the_size_limit() {
     let size = ids[0].size;
 
     let by_count = Limits::default().narrow(Some(4), None).unwrap();
-    let got = data
-        .mailboxes
-        .select(&queue, &Filter::default(), by_count)
-        .await
-        .unwrap();
+    let got = data.unfiltered(&queue, by_count).await;
     assert_eq!(got, ids[..4].to_vec());
 
     // Room for two and a half files: two are sent.
@@ -131,11 +124,7 @@ async fn select_respects_the_file_count_and_the_size_limit() {
         max_files: 10,
         max_bytes: size * 5 / 2,
     };
-    let got = data
-        .mailboxes
-        .select(&queue, &Filter::default(), by_size)
-        .await
-        .unwrap();
+    let got = data.unfiltered(&queue, by_size).await;
     assert_eq!(got, ids[..2].to_vec());
     assert!(got.iter().map(|e| e.size).sum::<u64>() <= by_size.max_bytes);
 
@@ -144,11 +133,7 @@ async fn select_respects_the_file_count_and_the_size_limit() {
         max_files: 10,
         max_bytes: size * 3,
     };
-    let got = data
-        .mailboxes
-        .select(&queue, &Filter::default(), exact)
-        .await
-        .unwrap();
+    let got = data.unfiltered(&queue, exact).await;
     assert_eq!(got, ids[..3].to_vec());
 }
 
@@ -163,19 +148,11 @@ async fn a_single_oversized_message_is_still_sent_alone() {
         .unwrap();
     let small = data.mailboxes.write(&queue, &sized(1, 10)).await.unwrap();
     let limits = Limits::default().narrow(None, Some(1.0)).unwrap();
-    let got = data
-        .mailboxes
-        .select(&queue, &Filter::default(), limits)
-        .await
-        .unwrap();
+    let got = data.unfiltered(&queue, limits).await;
     assert_eq!(got, vec![big.clone()]);
     // Once it is gone, the rest flows again.
     data.mailboxes.delete(&queue, &big.name).await.unwrap();
-    let got = data
-        .mailboxes
-        .select(&queue, &Filter::default(), limits)
-        .await
-        .unwrap();
+    let got = data.unfiltered(&queue, limits).await;
     assert_eq!(got, vec![small]);
 }
 
@@ -388,9 +365,7 @@ async fn retention_uses_arrival_time_and_spares_live_messages() {
     let old = message("phone-1", "db-a", "sales", 0, 1_000, 1, "1");
     let old_but_live = message("phone-1", "db-a", "sales", 0, 1_500, 2, "2");
     let young = message("phone-1", "db-a", "sales", 0, 9_000, 3, "3");
-    for m in [&old, &old_but_live, &young] {
-        data.mailboxes.write(&log, m).await.unwrap();
-    }
+    data.write_each(&log, [&old, &old_but_live, &young]).await;
     let cutoff = Timestamp::from_millis(5_000);
     let expired: Vec<_> = data
         .mailboxes
