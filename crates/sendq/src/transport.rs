@@ -24,6 +24,18 @@ pub struct Request<'a, H, P> {
     pub payload: &'a P,
 }
 
+impl<'a, H, P> Request<'a, H, P> {
+    /// The same entry with another payload: a part of this one, for a
+    /// transport that dispatches each kind of payload to its own transport.
+    pub fn with_payload<Q>(self, payload: &'a Q) -> Request<'a, H, Q> {
+        Request {
+            host: self.host,
+            kind: self.kind,
+            payload,
+        }
+    }
+}
+
 /// Sends entries to hosts over one protocol.
 pub trait Transport<H, P>: Send + Sync + 'static {
     /// What a successful answer carries back to the entry's completion.

@@ -85,59 +85,21 @@ impl Transport<String, HttpOut> for HttpTransport {
         request: Request<'_, String, HttpOut>,
         reply: Reply<HttpAnswer>,
     ) -> Result<(), SendError> {
-        let Request {
-            host,
-            kind,
-            payload,
-        } = request;
-        match payload {
+        match request.payload {
             HttpOut::Sms(sms) => match &self.sms {
-                Some(t) => {
-                    let payload = sms;
-                    t.send(
-                        Request {
-                            host,
-                            kind,
-                            payload,
-                        },
-                        reply,
-                    )
-                    .await
-                }
+                Some(t) => t.send(request.with_payload(sms), reply).await,
                 None => Err(SendError::Config(estafeta_sendq::ConfigError::Invalid {
                     what: "SMS gateway",
                     reason: "not configured".into(),
                 })),
             },
-            HttpOut::Webhook(w) => {
-                let payload = w;
-                self.webhook
-                    .send(
-                        Request {
-                            host,
-                            kind,
-                            payload,
-                        },
-                        reply,
-                    )
-                    .await
-            }
+            HttpOut::Webhook(w) => self.webhook.send(request.with_payload(w), reply).await,
             HttpOut::Probe(p) => {
-                let payload = p;
-                let probe = match self.gateway_host.as_deref() == Some(host.as_str()) {
+                let probe = match self.gateway_host.as_deref() == Some(request.host.as_str()) {
                     true => &self.gateway_probe,
                     false => &self.probe,
                 };
-                probe
-                    .send(
-                        Request {
-                            host,
-                            kind,
-                            payload,
-                        },
-                        reply,
-                    )
-                    .await
+                probe.send(request.with_payload(p), reply).await
             }
         }
     }

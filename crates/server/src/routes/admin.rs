@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use estafeta_exchange::tenancy::{Endpoint, Kind, Principal, Role};
+use estafeta_exchange::token::Token;
 use estafeta_exchange::wire::{
     AdminCredentials, AlertEntry, AlertList, CallResponse, CreateDatabase, CreateDevice,
     CreateEnterprise, CreateSubsystem, Credentials, DatabaseList, Deleted, DeviceList,
@@ -65,6 +66,16 @@ pub async fn create_subsystem(
     Ok((StatusCode::CREATED, Json(req)))
 }
 
+/// The body that shows a database's or device's new token, the only time
+/// it is shown: on creation and on rotation.
+fn credentials(id: Id, token: &Token) -> Json<Credentials> {
+    Json(Credentials {
+        version: Version,
+        id,
+        token: token.expose().to_owned(),
+    })
+}
+
 /// `POST /v1/admin/enterprises/{ent}/databases`: the token, shown once.
 #[utoipa::path(post, path = "/v1/admin/enterprises/{ent}/databases", tag = "admin",
     params(("ent" = String, Path, description = "Enterprise id")),
@@ -85,12 +96,7 @@ pub async fn create_database(
         .exchange()
         .create_database(&who, ent, req.id.clone())
         .await?;
-    let body = Credentials {
-        version: Version,
-        id: req.id,
-        token: token.expose().to_owned(),
-    };
-    Ok((StatusCode::CREATED, Json(body)))
+    Ok((StatusCode::CREATED, credentials(req.id, &token)))
 }
 
 /// `POST /v1/admin/enterprises/{ent}/devices`: the token, shown once.
@@ -113,12 +119,7 @@ pub async fn create_device(
         .exchange()
         .create_device(&who, ent, req.id.clone(), req.subsystem)
         .await?;
-    let body = Credentials {
-        version: Version,
-        id: req.id,
-        token: token.expose().to_owned(),
-    };
-    Ok((StatusCode::CREATED, Json(body)))
+    Ok((StatusCode::CREATED, credentials(req.id, &token)))
 }
 
 /// `GET /v1/admin/processes`.
@@ -493,11 +494,7 @@ async fn rotate(
 ) -> Result<Json<Credentials>, ApiError> {
     let id = path_id(kind.as_str(), id)?;
     let token = state.exchange().rotate_token(who, kind, id.clone()).await?;
-    Ok(Json(Credentials {
-        version: Version,
-        id,
-        token: token.expose().to_owned(),
-    }))
+    Ok(credentials(id, &token))
 }
 
 /// `POST /v1/admin/databases/{db}/token`: a new token; the old one stops

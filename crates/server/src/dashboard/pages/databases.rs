@@ -7,12 +7,11 @@ use std::time::SystemTime;
 use askama::Template;
 use axum::Form;
 use axum::extract::{Query, State};
-use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::{Kind, Principal};
 
 use super::{
-    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
-    query_value, render, seconds_since,
+    EndpointForm, EndpointList, Layout, ListQuery, PageResult, counts_of, endpoint_action,
+    endpoint_page, render, seconds_since,
 };
 use crate::dashboard::auth::AdminSession;
 use crate::extract::ApiPath;
@@ -31,10 +30,8 @@ struct DbRow {
 #[template(path = "databases.html")]
 struct DatabasesPage {
     layout: Layout,
-    folders: Vec<&'static str>,
-    q: String,
+    list: EndpointList,
     rows: Vec<DbRow>,
-    next: Option<String>,
 }
 
 /// `GET /admin/databases?q=&after=`: a page of databases, their folders
@@ -68,13 +65,9 @@ pub async fn databases(
             enterprise: db.enterprise.to_string(),
         });
     }
-    let search = q.search().to_owned();
     let page = DatabasesPage {
+        list: EndpointList::new(&q, next),
         layout: Layout::new("Databases", &session, q.notice),
-        folders: Folder::ALL.iter().map(|f| f.as_str()).collect(),
-        next: next
-            .map(|after| format!("?q={}&after={}", query_value(&search), query_value(&after))),
-        q: search,
         rows,
     };
     Ok(render(&page))

@@ -6,12 +6,11 @@ use std::time::SystemTime;
 use askama::Template;
 use axum::Form;
 use axum::extract::{Query, State};
-use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::tenancy::Kind;
 
 use super::{
-    EndpointForm, Layout, ListQuery, PageResult, counts_of, endpoint_action, endpoint_page,
-    query_value, render, seconds_since_system,
+    EndpointForm, EndpointList, Layout, ListQuery, PageResult, counts_of, endpoint_action,
+    endpoint_page, render, seconds_since_system,
 };
 use crate::dashboard::auth::AdminSession;
 use crate::extract::ApiPath;
@@ -29,10 +28,8 @@ struct DevRow {
 #[template(path = "devices.html")]
 struct DevicesPage {
     layout: Layout,
-    folders: Vec<&'static str>,
-    q: String,
+    list: EndpointList,
     rows: Vec<DevRow>,
-    next: Option<String>,
 }
 
 /// `GET /admin/devices?q=&after=`: a page of devices and their folders.
@@ -56,13 +53,9 @@ pub async fn devices(
             subsystem: d.subsystem.map(|s| s.to_string()).unwrap_or_default(),
         })
         .collect();
-    let search = q.search().to_owned();
     let page = DevicesPage {
+        list: EndpointList::new(&q, next),
         layout: Layout::new("Devices", &session, q.notice),
-        folders: Folder::ALL.iter().map(|f| f.as_str()).collect(),
-        next: next
-            .map(|after| format!("?q={}&after={}", query_value(&search), query_value(&after))),
-        q: search,
         rows,
     };
     Ok(render(&page))

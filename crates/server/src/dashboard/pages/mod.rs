@@ -178,6 +178,30 @@ fn query_value(text: &str) -> String {
         .collect()
 }
 
+/// What the databases and devices pages show besides their rows: the
+/// folders' names (the count columns), the search text and the next page.
+struct EndpointList {
+    /// The folders' names in [`Folder::ALL`] order.
+    folders: Vec<&'static str>,
+    /// The search text, trimmed.
+    q: String,
+    /// The next page's query (`?q=…&after=…`), if there is a next page.
+    next: Option<String>,
+}
+
+impl EndpointList {
+    /// The list for the search `q`, whose next page starts after `next`.
+    fn new(q: &ListQuery, next: Option<String>) -> EndpointList {
+        let search = q.search().to_owned();
+        EndpointList {
+            folders: Folder::ALL.iter().map(|f| f.as_str()).collect(),
+            next: next
+                .map(|after| format!("?q={}&after={}", query_value(&search), query_value(&after))),
+            q: search,
+        }
+    }
+}
+
 /// The folder counts in [`Folder::ALL`] order.
 fn counts_of(c: &estafeta_exchange::wire::FolderCounts) -> Vec<u64> {
     Folder::ALL
