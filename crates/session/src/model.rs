@@ -138,6 +138,27 @@ fn join(threads: Vec<thread::JoinHandle<()>>) {
     }
 }
 
+/// `stop` while `threads` run: it returns, and once they are done nobody
+/// holds any key.
+fn stop_beside(engine: &Model, threads: Vec<thread::JoinHandle<()>>) {
+    block_on(engine.stop()).expect("stopped");
+    join(threads);
+    all_free(engine);
+}
+
+/// `stop` while a command lets go of key 1 (resident, expiring soon if
+/// `expiring`) and the expiry manager's `look` at the key overlaps it.
+fn stop_beside_a_looked_at_release(expiring: bool, look: fn(&Model)) {
+    let engine = engine();
+    resident(&engine, 1, expiring);
+    let holder = take(&engine, 1);
+    let threads = vec![spawn(move || drop(holder)), {
+        let engine = engine.clone();
+        spawn(move || look(&engine))
+    }];
+    stop_beside(&engine, threads);
+}
+
 /// Two commands for one key: never both inside, and neither change lost.
 #[test]
 fn one_holder_at_a_time() {
@@ -236,18 +257,7 @@ fn a_waiter_gives_up() {
 fn stop_hears_a_release_that_the_expiry_manager_overlaps() {
     check(
         "stop_hears_a_release_that_the_expiry_manager_overlaps",
-        || {
-            let engine = engine();
-            resident(&engine, 1, false);
-            let holder = take(&engine, 1);
-            let threads = vec![spawn(move || drop(holder)), {
-                let engine = engine.clone();
-                spawn(move || expiry_iteration(&engine, 1))
-            }];
-            block_on(engine.stop()).expect("stopped");
-            join(threads);
-            all_free(&engine);
-        },
+        || stop_beside_a_looked_at_release(false, |engine| expiry_iteration(engine, 1)),
     );
 }
 
@@ -256,16 +266,7 @@ fn stop_hears_a_release_that_the_expiry_manager_overlaps() {
 #[test]
 fn stop_hears_a_release_that_a_note_overlaps() {
     check("stop_hears_a_release_that_a_note_overlaps", || {
-        let engine = engine();
-        resident(&engine, 1, false);
-        let holder = take(&engine, 1);
-        let threads = vec![spawn(move || drop(holder)), {
-            let engine = engine.clone();
-            spawn(move || noted(&engine))
-        }];
-        block_on(engine.stop()).expect("stopped");
-        join(threads);
-        all_free(&engine);
+        stop_beside_a_looked_at_release(false, noted)
     });
 }
 
@@ -275,18 +276,7 @@ fn stop_hears_a_release_that_a_note_overlaps() {
 fn stop_hears_a_release_that_a_keep_resident_look_overlaps() {
     check(
         "stop_hears_a_release_that_a_keep_resident_look_overlaps",
-        || {
-            let engine = engine();
-            resident(&engine, 1, true);
-            let holder = take(&engine, 1);
-            let threads = vec![spawn(move || drop(holder)), {
-                let engine = engine.clone();
-                spawn(move || expiry_iteration(&engine, 1))
-            }];
-            block_on(engine.stop()).expect("stopped");
-            join(threads);
-            all_free(&engine);
-        },
+        || stop_beside_a_looked_at_release(true, |engine| expiry_iteration(engine, 1)),
     );
 }
 
@@ -300,9 +290,7 @@ fn stop_hears_a_first_release() {
         noted(&engine);
         let holder = take(&engine, 1);
         let threads = vec![spawn(move || drop(holder))];
-        block_on(engine.stop()).expect("stopped");
-        join(threads);
-        all_free(&engine);
+        stop_beside(&engine, threads);
     });
 }
 
@@ -317,9 +305,7 @@ fn stop_hears_a_release_that_leaves_nothing() {
         };
         held.owned.as_mut().expect("held").loaded = true;
         let threads = vec![spawn(move || drop(held))];
-        block_on(engine.stop()).expect("stopped");
-        join(threads);
-        all_free(&engine);
+        stop_beside(&engine, threads);
     });
 }
 
@@ -339,8 +325,6 @@ fn stop_hears_a_hand_over() {
                 Err(e) => assert!(matches!(e, crate::Error::Stopping), "{e}"),
             }),
         ];
-        block_on(engine.stop()).expect("stopped");
-        join(threads);
-        all_free(&engine);
+        stop_beside(&engine, threads);
     });
 }

@@ -1,7 +1,7 @@
 //! Cross-node exclusivity: two pools (two nodes) contend for one key.
 
 use estafeta_postgres::testing::Postgres;
-use estafeta_postgres::{Options, Store};
+use estafeta_postgres::{Locked, Options, Store};
 use std::time::Duration;
 
 /// The longest a wait of these tests may take: a lock that never comes
@@ -19,6 +19,24 @@ async fn node(pg: &Postgres, options: &Options) -> Store {
     let store = Store::connect_with(&pg.url(), options).unwrap();
     store.migrate().await.unwrap();
     store
+}
+
+/// A fresh instance and one node of it (the instance lives as long as the
+/// pair is kept).
+async fn one_node() -> (Postgres, Store) {
+    let pg = Postgres::start().unwrap();
+    let store = node(&pg, &Options::default()).await;
+    (pg, store)
+}
+
+/// A statement of `step` fails and its error is overlooked: the server
+/// rolls the step's transaction back, which its commit must reveal.
+async fn overlook_a_failed_statement(step: &Locked) {
+    let failed = step
+        .client()
+        .execute("SELECT no_such_column FROM sessions", &[])
+        .await;
+    assert!(failed.is_err());
 }
 
 /// Wait until `n` sessions of the instance wait for a lock (the state the
@@ -58,8 +76,7 @@ async fn record(store: &Store, key: &[u8]) -> Option<Vec<u8>> {
 
 #[tokio::test]
 async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
-    let pg = Postgres::start().unwrap();
-    let a = node(&pg, &Options::default()).await;
+    let (pg, a) = one_node().await;
     let b = node(&pg, &Options::default()).await;
 
     let mut held = a.lock(b"db-a").await.unwrap();
@@ -90,8 +107,7 @@ async fn a_second_node_waits_and_then_sees_the_first_nodes_commit() {
 
 #[tokio::test]
 async fn other_keys_do_not_wait() {
-    let pg = Postgres::start().unwrap();
-    let a = node(&pg, &Options::default()).await;
+    let (_pg, a) = one_node().await;
     let mut held = a.lock(b"db-a").await.unwrap();
     let mut other = bounded("another key", a.lock(b"db-b")).await.unwrap();
     other.save(b"free", None).await.unwrap();
@@ -187,16 +203,10 @@ async fn a_paused_holder_loses_the_key_and_cannot_overwrite_newer_state() {
 
 #[tokio::test]
 async fn a_step_whose_statement_failed_does_not_commit() {
-    let pg = Postgres::start().unwrap();
-    let a = node(&pg, &Options::default()).await;
+    let (_pg, a) = one_node().await;
     let mut step = a.lock(b"k").await.unwrap();
     step.save(b"half a step", None).await.unwrap();
-    // A statement of the step fails and its error is overlooked.
-    let failed = step
-        .client()
-        .execute("SELECT no_such_column FROM sessions", &[])
-        .await;
-    assert!(failed.is_err());
+    overlook_a_failed_statement(&step).await;
     assert!(
         step.commit().await.is_err(),
         "a silent rollback must not pass as a commit"
@@ -206,20 +216,15 @@ async fn a_step_whose_statement_failed_does_not_commit() {
 
 #[tokio::test]
 async fn a_save_after_a_failed_statement_does_not_commit() {
-    let pg = Postgres::start().unwrap();
-    let a = node(&pg, &Options::default()).await;
+    let (_pg, a) = one_node().await;
     let mut step = a.lock(b"k").await.unwrap();
     step.save(b"first", None).await.unwrap();
     step.commit().await.unwrap();
 
     let step = a.lock(b"k").await.unwrap();
-    // A statement of the step fails and its error is overlooked; the save
-    // sent with the COMMIT (no probe beside it) is what reveals it.
-    let failed = step
-        .client()
-        .execute("SELECT no_such_column FROM sessions", &[])
-        .await;
-    assert!(failed.is_err());
+    // The save sent with the COMMIT (no probe beside it) is what reveals
+    // the overlooked failure.
+    overlook_a_failed_statement(&step).await;
     assert!(
         step.save_and_commit(Some(b"second"), None).await.is_err(),
         "a silent rollback must not pass as a commit"

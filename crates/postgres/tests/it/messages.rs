@@ -162,18 +162,7 @@ async fn orphans_are_the_unreferenced_rows_of_the_databases_prepared() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn select_reads_only_the_rows_it_returns_whatever_the_queue_length() {
     let pg = Postgres::start().unwrap();
-    let store = store(&pg).await;
-    let client = store.client().await.unwrap();
-    client
-        .batch_execute(
-            "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
-               SELECT format('m%s-%s', db, lpad(i::text, 6, '0')), db, 'Messages', 'phone-1', db,
-                      CASE WHEN i % 2 = 0 THEN 'sales' ELSE 'stock' END, i, 100, '\\x7b7d'
-               FROM generate_series(1, 20000) AS i, unnest(ARRAY['db-a', 'db-b']) AS db;
-             ANALYZE messages;",
-        )
-        .await
-        .unwrap();
+    let client = with_waiting(&pg, "CASE WHEN i % 2 = 0 THEN 'sales' ELSE 'stock' END", "").await;
     // The very statement, its parameters bound as the store binds them.
     client
         .batch_execute(&format!(
@@ -185,17 +174,8 @@ async fn select_reads_only_the_rows_it_returns_whatever_the_queue_length() {
         let explain = format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE sel ('db-a', 'Messages', {subsystems}, NULL, 10)"
         );
-        let rows = client.simple_query(&explain).await.unwrap();
-        let text = rows
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .unwrap();
-        let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let mut nodes = Vec::new();
-        collect_nodes(&plan[0]["Plan"], &mut nodes);
+        let (text, plan) = explained(&client, &explain).await;
+        let nodes = plan_nodes(&plan);
         let scan = nodes
             .iter()
             .find(|n| {
@@ -231,15 +211,10 @@ async fn select_reads_only_the_rows_it_returns_whatever_the_queue_length() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_moves_reads_only_its_rows_whatever_the_table_size() {
     let pg = Postgres::start().unwrap();
-    let store = store(&pg).await;
-    let client = store.client().await.unwrap();
-    client
-        .batch_execute(
-            "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
-               SELECT format('m%s-%s', db, lpad(i::text, 6, '0')), db, 'Messages', 'phone-1', db,
-                      'sales', i, 100, '\\x7b7d'
-               FROM generate_series(1, 20000) AS i, unnest(ARRAY['db-a', 'db-b']) AS db;
-             INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+    let client = with_waiting(
+        &pg,
+        "'sales'",
+        "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
                SELECT format('l%s', lpad(i::text, 6, '0')), 'db-a', 'Log', 'phone-1', 'db-a',
                       'sales', i, 100, '\\x7b7d'
                FROM generate_series(1, 20000) AS i;
@@ -247,11 +222,9 @@ async fn a_batch_of_moves_reads_only_its_rows_whatever_the_table_size() {
                SELECT format('r%s-%s', d, lpad(i::text, 6, '0')), format('phone-%s', d), 'Messages',
                       'db-a', format('phone-%s', d), 'sales', i, 100, '\\x7b7d'
                FROM generate_series(1, 2000) AS i, generate_series(0, 9) AS d;
-             ANALYZE messages;
-             SET plan_cache_mode = force_generic_plan;",
-        )
-        .await
-        .unwrap();
+         SET plan_cache_mode = force_generic_plan;",
+    )
+    .await;
     client
         .batch_execute(&format!(
             "PREPARE mv (text[], text[], text[], text[], text[]) AS {MESSAGES_MOVE}"
@@ -276,23 +249,12 @@ async fn a_batch_of_moves_reads_only_its_rows_whatever_the_table_size() {
             false => "Messages".to_owned(),
         }),
     );
-    let text = client
-        .simple_query(&explain)
-        .await
-        .unwrap()
-        .into_iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap();
-    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let mut nodes = Vec::new();
-    collect_nodes(&plan[0]["Plan"], &mut nodes);
+    let (text, plan) = explained(&client, &explain).await;
+    let nodes = plan_nodes(&plan);
     assert!(nodes.iter().all(|n| n["Node Type"] != "Seq Scan"), "{text}");
     // About 3 pages per move by primary key, each read and the update's.
-    let read = plan[0]["Plan"]["Shared Hit Blocks"].as_u64().unwrap()
-        + plan[0]["Plan"]["Shared Read Blocks"].as_u64().unwrap();
+    let read =
+        plan["Shared Hit Blocks"].as_u64().unwrap() + plan["Shared Read Blocks"].as_u64().unwrap();
     assert!(read < 8_000, "{read} pages read for 200 moves: {text}");
     let moved: i64 = client
         .query_one(
@@ -306,12 +268,49 @@ async fn a_batch_of_moves_reads_only_its_rows_whatever_the_table_size() {
     assert_eq!(moved, 200);
 }
 
+/// A client of `pg`'s store, migrated, with 20,000 messages waiting in
+/// each of `db-a` and `db-b` (their subsystem the SQL expression
+/// `subsystem` of their number `i`), then `more` statements run, then the
+/// table analyzed: the queue lengths the plan tests look at.
+async fn with_waiting(pg: &Postgres, subsystem: &str, more: &str) -> deadpool_postgres::Object {
+    let client = store(pg).await.client().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO messages (id, owner, place, sender, recipient, subsystem, created_at, size, body)
+               SELECT format('m%s-%s', db, lpad(i::text, 6, '0')), db, 'Messages', 'phone-1', db,
+                      {subsystem}, i, 100, '\\x7b7d'
+               FROM generate_series(1, 20000) AS i, unnest(ARRAY['db-a', 'db-b']) AS db;
+             {more}
+             ANALYZE messages;"
+        ))
+        .await
+        .unwrap();
+    client
+}
+
+/// What `explain` (an `EXPLAIN (…, FORMAT JSON)` statement) answers: its
+/// text, to show in a failure, and the plan's top node.
+async fn explained(client: &tokio_postgres::Client, explain: &str) -> (String, serde_json::Value) {
+    let text = client
+        .simple_query(explain)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    (text, plan[0]["Plan"].clone())
+}
+
 /// Every node of an EXPLAIN plan, depth first.
-fn collect_nodes<'a>(node: &'a serde_json::Value, into: &mut Vec<&'a serde_json::Value>) {
-    into.push(node);
-    for child in node["Plans"].as_array().into_iter().flatten() {
-        collect_nodes(child, into);
-    }
+fn plan_nodes(node: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let children = node["Plans"].as_array().into_iter().flatten();
+    std::iter::once(node)
+        .chain(children.flat_map(plan_nodes))
+        .collect()
 }
 
 /// A go-ahead already given.

@@ -293,27 +293,19 @@ async fn two_nodes_dispatching_one_due_message_deliver_it_once() {
         let messages = PgMessages::new(node.clone());
         let (both_read, handed, mut stopped) = (both_read.clone(), handed.clone(), stopped.clone());
         running.push(tokio::spawn(async move {
-            let deliver = move |entry: Entry| {
+            let handler = move |entry: Entry| {
                 let (messages, both_read, handed) =
                     (messages.clone(), both_read.clone(), handed.clone());
                 async move {
                     let _ = handed.send(entry.id.clone());
                     both_read.wait().await;
-                    let message: Message = serde_json::from_slice(&entry.payload).unwrap();
-                    if messages.delivered(&FileName::of(&message)).await.unwrap() {
-                        return Outcome::Done;
-                    }
-                    let inbox = Location::new(message.to.clone(), Folder::Messages);
-                    match messages.put(&inbox, &message).await {
-                        Ok(_) => Outcome::Done,
-                        Err(e) => Outcome::Failed(e.to_string()),
-                    }
+                    deliver(messages, entry).await
                 }
             };
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
             };
-            scheduler.run(WorkerPool::new(2), deliver, shutdown).await
+            scheduler.run(WorkerPool::new(2), handler, shutdown).await
         }));
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Probe, Running, T0, entry};
+use crate::common::{Probe, T0, entry};
 use estafeta_repeat::{Clock, MemoryStore, Options, Outcome, Scheduler, TestClock};
 
 #[tokio::test(start_paused = true)]
@@ -12,8 +12,7 @@ async fn a_backward_step_neither_fires_early_nor_stalls() {
     let started = tokio::time::Instant::now();
     let s = Scheduler::new(MemoryStore::new(), clock.clone(), Options::default());
     s.schedule("a", T0 + 5, "five", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     clock.step_secs(-100);
@@ -49,8 +48,7 @@ async fn a_step_back_then_forward_again_fires_within_a_second() {
     let clock = TestClock::new(T0);
     let s = Scheduler::new(MemoryStore::new(), clock.clone(), Options::default());
     s.schedule("a", T0 + 5, "five", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     clock.step_secs(-3_600);
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -71,8 +69,7 @@ async fn a_forward_step_fires_only_what_the_wall_clock_says_is_due() {
         .map(|d| entry("a", T0 + d, &format!("{d:04}")))
         .collect();
     s.schedule_all(entries).await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert!(probe.log().is_empty());

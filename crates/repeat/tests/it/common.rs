@@ -1,14 +1,17 @@
 //! Shared harness for the integration tests: a probe handler that records
-//! every hand-out and the concurrency, and a running dispatcher that can be
-//! stopped.
+//! every hand-out and the concurrency, a running dispatcher that can be
+//! stopped, and a memory store whose writes or reads can be made to fail.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use estafeta_repeat::store::{Applied, Op, Scan, SourceCount};
 use estafeta_repeat::{
-    Clock, Entry, Error, Handler, Outcome, Scheduler, Store, TestClock, WorkerPool,
+    Clock, Entry, Error, Handler, MemoryStore, Outcome, Position, Scheduler, Store, StoreError,
+    TestClock, WorkerPool,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -45,6 +48,20 @@ impl Probe {
             max_running: AtomicUsize::new(0),
             count: watch::channel(0).0,
         })
+    }
+
+    /// A probe, and a dispatcher of `scheduler` with `workers` workers
+    /// running the probe's [`handler`](Self::handler) of `hold` and `decide`.
+    pub(crate) fn start<S: Store, C: Clock>(
+        scheduler: &Scheduler<S, C>,
+        clock: &TestClock,
+        workers: usize,
+        hold: Duration,
+        decide: impl Fn(&Entry) -> Outcome + Send + Sync + 'static,
+    ) -> (Arc<Self>, Running) {
+        let probe = Self::new(clock.clone());
+        let running = Running::start(scheduler, workers, probe.handler(hold, decide));
+        (probe, running)
     }
 
     /// A handler that records the entry, holds its worker for `hold` of
@@ -146,5 +163,84 @@ pub(crate) fn entry(source: &str, due: u64, id: &str) -> Entry {
         id: id.to_owned(),
         payload: id.as_bytes().to_vec(),
         attempt: 0,
+    }
+}
+
+/// The calls of a [`BreakableStore`] that fail while it is broken.
+#[derive(Clone, Copy)]
+pub(crate) enum Breaks {
+    /// The writes recording a handler's outcome (a move, or putting an
+    /// entry back).
+    Outcomes,
+    /// The reads of this source.
+    Reads(&'static str),
+}
+
+/// A memory store whose calls that `breaks` names fail while `broken` is
+/// set (it starts broken): how the scheduler bears a failing store.
+#[derive(Clone)]
+pub(crate) struct BreakableStore {
+    pub(crate) inner: MemoryStore,
+    pub(crate) broken: Arc<AtomicBool>,
+    breaks: Breaks,
+    /// How many reads of the source of [`Breaks::Reads`] were asked for.
+    pub(crate) reads: Arc<AtomicUsize>,
+}
+
+impl BreakableStore {
+    /// An empty store, broken.
+    pub(crate) fn new(breaks: Breaks) -> Self {
+        Self {
+            inner: MemoryStore::default(),
+            broken: Arc::new(AtomicBool::new(true)),
+            breaks,
+            reads: Arc::default(),
+        }
+    }
+
+    /// A backend error while broken.
+    fn check(&self) -> Result<(), StoreError> {
+        match self.broken.load(Ordering::SeqCst) {
+            true => Err(StoreError::Backend("disk on fire".into())),
+            false => Ok(()),
+        }
+    }
+}
+
+impl Store for BreakableStore {
+    fn apply(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        if let Breaks::Outcomes = self.breaks
+            && ops
+                .iter()
+                .any(|op| matches!(op, Op::Move { .. } | Op::Restore(_)))
+        {
+            self.check()?;
+        }
+        self.inner.apply(ops)
+    }
+
+    fn sources(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.sources()
+    }
+
+    fn scan(
+        &self,
+        source: &str,
+        from: Bound<&Position>,
+        now: u64,
+        limit: usize,
+        skip: &dyn Fn(&Position) -> bool,
+    ) -> Result<Scan, StoreError> {
+        if let Breaks::Reads(failing) = self.breaks
+            && source == failing
+        {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.check()?;
+        }
+        self.inner.scan(source, from, now, limit, skip)
+    }
+
+    fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
+        self.inner.count(source, now)
     }
 }

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{Probe, Running, entry};
+use crate::common::{Probe, entry};
 use estafeta_repeat::{Clock, Options, Outcome, RedbStore, Scheduler, SystemClock, TestClock};
 
 const CHILD_DIR: &str = "ESTAFETA_REPEAT_CRASH_CHILD_DIR";
@@ -80,12 +80,7 @@ fn entries_in_flight_when_killed_are_handed_out_again() {
             before.sources["s"].entries, HANG as u64,
             "finished deliveries stayed removed"
         );
-        let probe = Probe::new(clock);
-        let running = Running::start(
-            &s,
-            WORKERS,
-            probe.handler(Duration::ZERO, |_| Outcome::Done),
-        );
+        let (probe, running) = Probe::start(&s, &clock, WORKERS, Duration::ZERO, |_| Outcome::Done);
         probe.wait_for(HANG).await;
         running.stop().await;
         let per_id = probe.per_id();

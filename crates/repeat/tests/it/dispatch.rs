@@ -23,12 +23,8 @@ async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
         .collect();
     s.schedule_all(entries).await.unwrap();
 
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        8,
-        probe.handler(Duration::from_millis(10), |_| Outcome::Done),
-    );
+    let (probe, running) =
+        Probe::start(&s, &clock, 8, Duration::from_millis(10), |_| Outcome::Done);
     probe.wait_for(10_000).await;
     running.stop().await;
 
@@ -69,8 +65,7 @@ async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
     let clock = TestClock::new(T0);
     let s = scheduler(&clock, Options::default());
     s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
     // The loop is asleep waiting for T0+3600; schedule mid-second for sooner.
     tokio::time::sleep(Duration::from_millis(10_400)).await;
@@ -97,8 +92,7 @@ async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
     let clock = TestClock::new(T0);
     let s = scheduler(&clock, Options::default());
     s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
     tokio::time::sleep(Duration::from_millis(10_400)).await;
     assert!(
@@ -136,12 +130,7 @@ async fn busy_and_quiet(order: SourceOrder) -> Vec<String> {
         .collect();
     entries.extend((0..5).map(|i| entry("b", T0, &format!("b{i}"))));
     s.schedule_all(entries).await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        2,
-        probe.handler(Duration::from_millis(5), |_| Outcome::Done),
-    );
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::from_millis(5), |_| Outcome::Done);
     probe.wait_for(505).await;
     running.stop().await;
     probe.log().into_iter().map(|f| f.source).collect()
@@ -175,12 +164,8 @@ async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
         .map(|i| entry("a", T0, &format!("{i:02}")))
         .collect();
     s.schedule_all(entries).await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        2,
-        probe.handler(Duration::from_secs(3_600), |_| Outcome::Done),
-    );
+    let (probe, running) =
+        Probe::start(&s, &clock, 2, Duration::from_secs(3_600), |_| Outcome::Done);
     probe.wait_for(2).await;
     // Paused time only advances once every task is idle, so after this the
     // dispatcher is parked waiting for a worker.
@@ -238,12 +223,9 @@ async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
     let clock = TestClock::new(T0);
     let s = scheduler(&clock, Options::default());
     s.schedule("jobs", T0 + 60, "sweep", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        1,
-        probe.handler(Duration::ZERO, |e| Outcome::Reschedule(e.due + 60)),
-    );
+    let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |e| {
+        Outcome::Reschedule(e.due + 60)
+    });
     probe.wait_for(5).await;
     running.stop().await;
     let dues: Vec<_> = probe.log().iter().map(|f| f.due - T0).collect();
@@ -272,18 +254,13 @@ async fn at_most_once_removes_the_entry_before_the_handler_runs() {
     );
     s.schedule("a", T0, "one", b"").await.unwrap();
     s.schedule("a", T0, "two", b"").await.unwrap();
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        4,
-        probe.handler(Duration::from_secs(100), |e| {
-            if e.id == "two" {
-                Outcome::Reschedule(e.due + 1_000)
-            } else {
-                Outcome::Done
-            }
-        }),
-    );
+    let (probe, running) = Probe::start(&s, &clock, 4, Duration::from_secs(100), |e| {
+        if e.id == "two" {
+            Outcome::Reschedule(e.due + 1_000)
+        } else {
+            Outcome::Done
+        }
+    });
     probe.wait_for(2).await;
     let stats = s.stats().await.unwrap();
     assert_eq!(
@@ -309,8 +286,7 @@ async fn cancel_and_reschedule_change_what_fires() {
     assert!(!s.cancel("cancel").await.unwrap());
     assert!(s.reschedule("move", T0 + 5).await.unwrap());
     assert!(!s.reschedule("missing", T0 + 5).await.unwrap());
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 2, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
     probe.wait_for(2).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     running.stop().await;
@@ -353,8 +329,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 async fn only_one_dispatcher_runs_at_a_time() {
     let clock = TestClock::new(T0);
     let s = scheduler(&clock, Options::default());
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(&s, 1, probe.handler(Duration::ZERO, |_| Outcome::Done));
+    let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |_| Outcome::Done);
     tokio::time::sleep(Duration::from_millis(1)).await;
     let second = s
         .run(
@@ -384,12 +359,7 @@ async fn stats_report_backlog_in_flight_and_lag() {
     assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (4, 3));
     assert_eq!((stats.sources["b"].entries, stats.sources["b"].due), (1, 0));
 
-    let probe = Probe::new(clock.clone());
-    let running = Running::start(
-        &s,
-        4,
-        probe.handler(Duration::from_secs(2), |_| Outcome::Done),
-    );
+    let (probe, running) = Probe::start(&s, &clock, 4, Duration::from_secs(2), |_| Outcome::Done);
     probe.wait_for(3).await;
     let stats = s.stats().await.unwrap();
     assert_eq!(stats.in_flight, 3);
