@@ -97,6 +97,37 @@ impl Transport<Host, u32> for Manual {
     }
 }
 
+/// What an [`Answering`] transport does with each payload and its reply.
+type Answer = dyn Fn(u32, Reply<u32>) -> Result<(), SendError> + Send + Sync;
+
+/// A transport that deals with each send at once, from the sending task, as
+/// its function says: for the tests whose transport is a few lines.
+pub(crate) struct Answering(Box<Answer>);
+
+impl Answering {
+    pub(crate) fn new(
+        answer: impl Fn(u32, Reply<u32>) -> Result<(), SendError> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Box::new(answer))
+    }
+
+    /// Answers every request at once with its payload.
+    pub(crate) fn echo() -> Self {
+        Self::new(|payload, reply| {
+            reply.answer(Ok(payload));
+            Ok(())
+        })
+    }
+}
+
+impl Transport<Host, u32> for Answering {
+    type Answer = u32;
+
+    async fn send(&self, req: Request<'_, Host, u32>, reply: Reply<u32>) -> Result<(), SendError> {
+        (self.0)(*req.payload, reply)
+    }
+}
+
 /// What a completion saw: the payload and the outcome in short.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Outcome {

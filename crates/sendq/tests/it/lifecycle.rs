@@ -5,40 +5,30 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{Host, Manual, Recorder, drain_calls, settle};
+use crate::common::{Answering, Host, Manual, Recorder, drain_calls, settle};
 use estafeta_sendq::{
-    Adaptive, Completion, ConfigError, Done, Kind, QueueConfig, Reply, Request, SendError,
-    SendQueue, Transport, TransportError, TypeConfig,
+    Adaptive, Completion, ConfigError, Done, Kind, QueueConfig, SendError, SendQueue,
+    TransportError, TypeConfig,
 };
 
 const A: Kind = Kind(0);
 const B: Kind = Kind(1);
 
 /// Ends each entry a different way, chosen by its payload.
-#[derive(Default)]
-struct Scripted {
-    kept: Mutex<Vec<Reply<u32>>>,
-}
-
-impl Transport<Host, u32> for Scripted {
-    type Answer = u32;
-    async fn send(
-        &self,
-        request: Request<'_, Host, u32>,
-        reply: Reply<u32>,
-    ) -> Result<(), SendError> {
-        let p = *request.payload;
+fn scripted() -> Answering {
+    let kept = Mutex::new(Vec::new());
+    Answering::new(move |p, reply| {
         match p % 5 {
             0 => {
                 tokio::spawn(async move { reply.answer(Ok(p)) });
             }
             1 => reply.answer(Err(TransportError::Other("refused".into()).into())),
             2 => drop(reply),
-            3 => self.kept.lock().unwrap().push(reply),
+            3 => kept.lock().unwrap().push(reply),
             _ => return Err(TransportError::Other("write failed".into()).into()),
         }
         Ok(())
-    }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +42,7 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
     ];
     let mut config = QueueConfig::new(types);
     config.workers = 4;
-    let q = SendQueue::new(config, Scripted::default()).unwrap();
+    let q = SendQueue::new(config, scripted()).unwrap();
     let expired = Arc::new(AtomicUsize::new(0));
     let counts: Arc<Vec<AtomicU8>> = Arc::new((0..N).map(|_| AtomicU8::new(0)).collect());
     let accepted: Arc<Vec<AtomicBool>> = Arc::new((0..N).map(|_| AtomicBool::new(false)).collect());
@@ -121,21 +111,6 @@ async fn every_entry_is_finalized_exactly_once_and_callbacks_never_overlap() {
     );
 }
 
-/// Answers every request at once, from the sending task.
-struct Echo;
-
-impl Transport<Host, u32> for Echo {
-    type Answer = u32;
-    async fn send(
-        &self,
-        request: Request<'_, Host, u32>,
-        reply: Reply<u32>,
-    ) -> Result<(), SendError> {
-        reply.answer(Ok(*request.payload));
-        Ok(())
-    }
-}
-
 /// A completion of the caller's own type, stored inline in each entry.
 struct Tally(tokio::sync::mpsc::UnboundedSender<(u32, Result<u32, SendError>)>);
 
@@ -149,7 +124,8 @@ impl Completion<Host, u32, u32> for Tally {
 async fn an_inline_completion_type_gets_each_outcome_once() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let config = QueueConfig::new(vec![TypeConfig::new("a", 3)]);
-    let q = SendQueue::<Host, u32, Echo, Tally>::with_completion(config, Echo).unwrap();
+    let q = SendQueue::<Host, u32, Answering, Tally>::with_completion(config, Answering::echo())
+        .unwrap();
     for i in 0..1_000u32 {
         let host = ["x", "y", "z"][(i % 3) as usize];
         q.add_with(host, A, i, Tally(tx.clone())).unwrap();
@@ -179,7 +155,7 @@ async fn an_inline_completion_type_gets_each_outcome_once() {
 async fn entries_added_while_the_manager_drains_a_host_are_still_sent() {
     let mut config = QueueConfig::new(vec![TypeConfig::new("a", 2), TypeConfig::new("b", 1)]);
     config.workers = 3;
-    let q = SendQueue::new(config, Echo).unwrap();
+    let q = SendQueue::new(config, Answering::echo()).unwrap();
     let mut adders = Vec::new();
     for part in 0..4u32 {
         let q = q.clone();
@@ -301,10 +277,14 @@ async fn probe_failures_beyond_the_threshold_mark_the_host_down_and_a_success_up
 async fn configuration_errors_are_typed() {
     let zero = QueueConfig::new(vec![TypeConfig::new("a", 0)]);
     assert!(matches!(
-        SendQueue::new(zero, Echo),
+        SendQueue::new(zero, Answering::echo()),
         Err(ConfigError::ZeroWindow { kind: 0, .. })
     ));
-    let q = SendQueue::new(QueueConfig::new(vec![TypeConfig::new("a", 1)]), Echo).unwrap();
+    let q = SendQueue::new(
+        QueueConfig::new(vec![TypeConfig::new("a", 1)]),
+        Answering::echo(),
+    )
+    .unwrap();
     assert!(matches!(
         q.submit("h", Kind(5), 1),
         Err(SendError::Config(ConfigError::UnknownKind(5)))
@@ -339,27 +319,17 @@ async fn dropping_the_last_handle_shuts_the_queue_down() {
     assert!(matches!(pending.await, Err(SendError::ShuttingDown)));
 }
 
-/// Panics on payload 13, echoes everything else.
-struct Fragile;
-
-impl Transport<Host, u32> for Fragile {
-    type Answer = u32;
-    async fn send(
-        &self,
-        request: Request<'_, Host, u32>,
-        reply: Reply<u32>,
-    ) -> Result<(), SendError> {
-        assert_ne!(*request.payload, 13, "transport bug");
-        reply.answer(Ok(*request.payload));
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_panicking_transport_fails_its_entry_and_keeps_its_worker() {
     let mut config = QueueConfig::new(vec![TypeConfig::new("a", 1)]);
     config.workers = 1;
-    let q = SendQueue::new(config, Fragile).unwrap();
+    // Panics on payload 13, echoes everything else.
+    let fragile = Answering::new(|payload, reply| {
+        assert_ne!(payload, 13, "transport bug");
+        reply.answer(Ok(payload));
+        Ok(())
+    });
+    let q = SendQueue::new(config, fragile).unwrap();
     let bad = q.submit("h", A, 13).unwrap();
     let good = q.submit("h", A, 14).unwrap();
     assert!(matches!(
