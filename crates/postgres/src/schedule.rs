@@ -388,21 +388,9 @@ impl Store for PgSchedule {
                         payload: row.get(3),
                         attempt: u32::try_from(attempt).unwrap_or(0),
                     };
-                    if entry.due > now {
-                        scan.next_due = Some(entry.due);
+                    if !scan.offer(entry, now, limit, skip) {
                         return Ok(scan);
                     }
-                    let at = entry.position();
-                    if skip(&at) {
-                        scan.last = Some(at);
-                        continue;
-                    }
-                    if scan.entries.len() >= limit {
-                        scan.next_due = Some(entry.due);
-                        return Ok(scan);
-                    }
-                    scan.last = Some(at);
-                    scan.entries.push(entry);
                 }
                 match rows.last() {
                     Some(last) if full => after = Some((last.get(0), last.get(1))),

@@ -81,6 +81,37 @@ pub struct Scan {
     pub next_due: Option<u64>,
 }
 
+impl Scan {
+    /// Takes the next entry of a source read in position order, or passes
+    /// over it if `skip` says so; `false` when the scan ends at it (it is
+    /// not due at `now`, or `limit` entries are taken): the stopping rules
+    /// of every store's [`Store::scan`].
+    pub fn offer(
+        &mut self,
+        entry: Entry,
+        now: u64,
+        limit: usize,
+        skip: &dyn Fn(&Position) -> bool,
+    ) -> bool {
+        if entry.due > now {
+            self.next_due = Some(entry.due);
+            return false;
+        }
+        let at = entry.position();
+        if skip(&at) {
+            self.last = Some(at);
+            return true;
+        }
+        if self.entries.len() >= limit {
+            self.next_due = Some(entry.due);
+            return false;
+        }
+        self.last = Some(at);
+        self.entries.push(entry);
+        true
+    }
+}
+
 /// One source's part of [`Store::scan_sources`]: what [`Store::scan`]
 /// takes for it.
 #[derive(Debug, Clone, Copy)]
@@ -160,22 +191,9 @@ pub(crate) fn collect_scan<E>(
 ) -> Result<Scan, E> {
     let mut scan = Scan::default();
     for entry in entries {
-        let entry = entry?;
-        if entry.due > now {
-            scan.next_due = Some(entry.due);
+        if !scan.offer(entry?, now, limit, skip) {
             break;
         }
-        let at = entry.position();
-        if skip(&at) {
-            scan.last = Some(at);
-            continue;
-        }
-        if scan.entries.len() >= limit {
-            scan.next_due = Some(entry.due);
-            break;
-        }
-        scan.last = Some(at);
-        scan.entries.push(entry);
     }
     Ok(scan)
 }
