@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use estafeta_sendq::{Done, Kind, Reply, Request, SendError, Transport};
+use estafeta_sendq::{Done, Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport};
 use tokio::sync::{mpsc, oneshot};
 
 /// The host key used by the queue tests.
@@ -95,6 +95,20 @@ impl Transport<Host, u32> for Manual {
             .0 -= 1;
         Ok(())
     }
+}
+
+/// A queue of `config` over `manual` (a [`Manual`] transport and its
+/// calls), the calls, and a recorder for the queue's completions.
+pub(crate) fn queue_over(
+    (transport, calls): (Manual, mpsc::UnboundedReceiver<Call>),
+    config: QueueConfig,
+) -> (
+    SendQueue<Host, u32, Manual>,
+    mpsc::UnboundedReceiver<Call>,
+    Recorder,
+) {
+    let q = SendQueue::new(config, transport).unwrap();
+    (q, calls, Recorder::new())
 }
 
 /// What an [`Answering`] transport does with each payload and its reply.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{Answering, Host, Manual, Recorder, drain_calls, settle};
+use crate::common::{Answering, Host, Manual, drain_calls, queue_over, settle};
 use estafeta_sendq::{
     Adaptive, Completion, ConfigError, Done, Kind, QueueConfig, SendError, SendQueue,
     TransportError, TypeConfig,
@@ -193,14 +193,12 @@ async fn entries_added_while_the_manager_drains_a_host_are_still_sent() {
 
 #[tokio::test(start_paused = true)]
 async fn the_adaptive_window_halves_on_errors_and_grows_on_fast_answers() {
-    let (transport, mut calls) = Manual::new();
     let t = TypeConfig::new("a", 4).adaptive(Adaptive {
         min: 1,
         max: 6,
         latency_target: Duration::from_millis(100),
     });
-    let q = SendQueue::new(QueueConfig::new(vec![t]), transport).unwrap();
-    let rec = Recorder::new();
+    let (q, mut calls, rec) = queue_over(Manual::new(), QueueConfig::new(vec![t]));
     for i in 0..200 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -246,10 +244,8 @@ async fn the_adaptive_window_halves_on_errors_and_grows_on_fast_answers() {
 
 #[tokio::test(start_paused = true)]
 async fn probe_failures_beyond_the_threshold_mark_the_host_down_and_a_success_up() {
-    let (transport, mut calls) = Manual::new();
     let types = vec![TypeConfig::new("a", 1), TypeConfig::probe("probe", 2)];
-    let q = SendQueue::new(QueueConfig::new(types), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), QueueConfig::new(types));
     let fail = || Err(TransportError::Other("no route".into()).into());
     for round in 0..2 {
         q.add("h", B, round, rec.callback()).unwrap();

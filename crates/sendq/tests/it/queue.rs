@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::{Host, Manual, Outcome, Recorder, drain_calls, payloads, settle};
+use crate::common::{Host, Manual, Outcome, Recorder, drain_calls, payloads, queue_over, settle};
 use estafeta_sendq::{
     Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport, TypeConfig,
 };
@@ -34,9 +34,7 @@ fn failed(host: Host, payload: u32, why: &str) -> Outcome {
 
 #[tokio::test(start_paused = true)]
 async fn window_of_three_sends_three_and_each_answer_lets_one_more_go() {
-    let (transport, mut calls) = Manual::new();
-    let q = SendQueue::new(config(vec![TypeConfig::new("a", 3)]), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(vec![TypeConfig::new("a", 3)]));
     for i in 0..10 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -60,10 +58,8 @@ async fn window_of_three_sends_three_and_each_answer_lets_one_more_go() {
 
 #[tokio::test(start_paused = true)]
 async fn a_saturated_type_does_not_hold_back_another_type() {
-    let (transport, mut calls) = Manual::new();
     let types = vec![TypeConfig::new("a", 1), TypeConfig::new("b", 1)];
-    let q = SendQueue::new(config(types), transport).unwrap();
-    let rec = Recorder::new();
+    let (q, mut calls, rec) = queue_over(Manual::new(), config(types));
     for i in 0..5 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -79,11 +75,9 @@ async fn a_saturated_type_does_not_hold_back_another_type() {
 
 #[tokio::test(start_paused = true)]
 async fn a_blocked_host_does_not_hold_back_other_hosts() {
-    let (transport, mut calls) = Manual::holding_writes();
     let mut c = config(vec![TypeConfig::new("a", 100)]);
     c.workers = 2;
-    let q = SendQueue::new(c, transport).unwrap();
-    let rec = Recorder::new();
+    let (q, mut calls, rec) = queue_over(Manual::holding_writes(), c);
     for i in 0..50 {
         q.add("slow", A, i, rec.callback()).unwrap();
     }
@@ -133,9 +127,7 @@ async fn per_host_send_concurrency_is_never_exceeded() {
 
 #[tokio::test(start_paused = true)]
 async fn order_within_a_type_equals_order_of_adding() {
-    let (transport, mut calls) = Manual::new();
-    let q = SendQueue::new(config(vec![TypeConfig::new("a", 4)]), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(vec![TypeConfig::new("a", 4)]));
     for i in 0..100 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -158,10 +150,8 @@ async fn order_within_a_type_equals_order_of_adding() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_added_behind_50_ready_entries_is_sent_next() {
-    let (transport, mut calls) = Manual::holding_writes();
     let types = vec![TypeConfig::new("a", 100), TypeConfig::probe("probe", 3)];
-    let q = SendQueue::new(config(types), transport).unwrap();
-    let rec = Recorder::new();
+    let (q, mut calls, rec) = queue_over(Manual::holding_writes(), config(types));
     q.add("h", A, 0, rec.callback()).unwrap();
     settle().await;
     let first = drain_calls(&mut calls);
@@ -189,10 +179,8 @@ async fn a_probe_added_behind_50_ready_entries_is_sent_next() {
 
 #[tokio::test(start_paused = true)]
 async fn a_second_probe_while_one_is_unanswered_is_refused() {
-    let (transport, mut calls) = Manual::new();
     let types = vec![TypeConfig::new("a", 1), TypeConfig::probe("probe", 3)];
-    let q = SendQueue::new(config(types), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(types));
     q.add("h", B, 1, rec.callback()).unwrap();
     assert!(matches!(
         q.add("h", B, 2, rec.callback()),
@@ -214,13 +202,11 @@ async fn a_second_probe_while_one_is_unanswered_is_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn queueable_entries_survive_a_down_period_and_go_out_in_order() {
-    let (transport, mut calls) = Manual::new();
     let types = vec![
         TypeConfig::new("keep", 2).queueable_if_down(),
         TypeConfig::new("plain", 2),
     ];
-    let q = SendQueue::new(config(types), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(types));
     q.add("h", B, 0, rec.callback()).unwrap();
     settle().await;
     drain_calls(&mut calls).pop().unwrap().reply.answer(Ok(0));
@@ -257,14 +243,12 @@ async fn queueable_entries_survive_a_down_period_and_go_out_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn a_queueable_one_shot_added_while_its_host_is_down_waits_for_it_to_come_up() {
-    let (transport, mut calls) = Manual::new();
     let types = vec![
         TypeConfig::new("urgent", 1)
             .prior_one_shot()
             .queueable_if_down(),
     ];
-    let q = SendQueue::new(config(types), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(types));
     q.add("h", A, 0, rec.callback()).unwrap();
     settle().await;
     drain_calls(&mut calls).pop().unwrap().reply.answer(Ok(0));
@@ -322,9 +306,7 @@ fn stage_types() -> Vec<TypeConfig> {
 
 #[tokio::test(start_paused = true)]
 async fn host_down_fails_ready_and_plain_entries_and_keeps_queueable_ones() {
-    let (transport, mut calls) = Manual::holding_writes();
-    let q = SendQueue::new(config(stage_types()), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), config(stage_types()));
     let writing = entries_in_every_stage(&q, &mut calls, &rec).await;
 
     q.host_down(&"h");
@@ -356,9 +338,7 @@ async fn host_down_fails_ready_and_plain_entries_and_keeps_queueable_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn host_removal_fails_every_unsent_entry_queueable_ones_too() {
-    let (transport, mut calls) = Manual::holding_writes();
-    let q = SendQueue::new(config(stage_types()), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), config(stage_types()));
     let writing = entries_in_every_stage(&q, &mut calls, &rec).await;
 
     q.remove_host(&"h");
@@ -381,11 +361,9 @@ async fn host_removal_fails_every_unsent_entry_queueable_ones_too() {
 
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_adds_with_one_stuck_worker_all_return_at_once() {
-    let (transport, mut calls) = Manual::holding_writes();
     let mut c = config(vec![TypeConfig::new("a", 5), TypeConfig::new("b", 1000)]);
     c.workers = 1;
-    let q = SendQueue::new(c, transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), c);
     q.add("stuck", A, 0, rec.callback()).unwrap();
     settle().await;
     let stuck = drain_calls(&mut calls);
@@ -434,10 +412,8 @@ async fn one_sent_one_queued(
 
 #[tokio::test(start_paused = true)]
 async fn queued_entries_past_their_deadline_expire() {
-    let (transport, mut calls) = Manual::new();
     let t = TypeConfig::new("a", 1).deadline(Duration::from_secs(10));
-    let q = SendQueue::new(config(vec![t]), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::new(), config(vec![t]));
     let start = tokio::time::Instant::now();
     let sent = one_sent_one_queued(&q, &mut calls, &rec).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -461,9 +437,7 @@ async fn queued_entries_past_their_deadline_expire() {
 
 #[tokio::test(start_paused = true)]
 async fn the_oldest_queued_age_counts_from_adding() {
-    let (transport, mut calls) = Manual::new();
-    let q = SendQueue::new(config(vec![TypeConfig::new("a", 1)]), transport).unwrap();
-    let rec = Recorder::new();
+    let (q, mut calls, rec) = queue_over(Manual::new(), config(vec![TypeConfig::new("a", 1)]));
     let start = tokio::time::Instant::now();
     let sent = one_sent_one_queued(&q, &mut calls, &rec).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -521,10 +495,8 @@ async fn an_answer_before_the_sent_event_completes_once_after_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_completion_can_add_an_aborted_entry_again_without_a_copy() {
-    let (transport, mut calls) = Manual::holding_writes();
     let types = vec![TypeConfig::new("keep", 4).queueable_if_down()];
-    let q = SendQueue::new(QueueConfig::new(types), transport).unwrap();
-    let mut rec = Recorder::new();
+    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), QueueConfig::new(types));
     q.add("h", A, 1, rec.callback()).unwrap();
     let again = q.clone();
     let record = rec.callback();

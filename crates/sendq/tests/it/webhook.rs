@@ -9,8 +9,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use estafeta_sendq::{
-    ConfigError, Kind, QueueConfig, SendError, SendQueue, TransportError, TypeConfig,
-    WebhookConfig, WebhookRequest, WebhookTransport,
+    ConfigError, Kind, Pending, QueueConfig, SendError, SendQueue, TransportError, TypeConfig,
+    WebhookAnswer, WebhookConfig, WebhookRequest, WebhookTransport,
 };
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
@@ -26,8 +26,14 @@ fn hooks(config: &WebhookConfig, window: usize) -> Hooks {
     .unwrap()
 }
 
-fn hook(url: String, body: Value) -> WebhookRequest {
-    WebhookRequest { url, body }
+/// The webhook of `body` to `url`, submitted on the host `hooks`.
+fn submit(
+    q: &Hooks,
+    url: String,
+    body: Value,
+) -> Pending<&'static str, WebhookRequest, WebhookAnswer> {
+    q.submit("hooks", Kind(0), WebhookRequest { url, body })
+        .unwrap()
 }
 
 #[derive(Clone)]
@@ -84,13 +90,7 @@ async fn a_json_post_with_a_2xx_status_is_the_answer() {
     let addr = serve(router).await;
     let q = hooks(&WebhookConfig::default(), 4);
     let body = json!({"event": "message", "database": "db-1", "count": 3});
-    let answer = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hook"), body.clone()),
-        )
-        .unwrap()
+    let answer = submit(&q, format!("http://{addr}/hook"), body.clone())
         .await
         .unwrap();
     assert_eq!((answer.status, answer.body.as_str()), (200, "thanks"));
@@ -105,14 +105,7 @@ async fn any_other_status_is_an_error() {
     let (router, _, _) = recorder(0);
     let addr = serve(router).await;
     let q = hooks(&WebhookConfig::default(), 4);
-    let result = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/fail"), json!({})),
-        )
-        .unwrap()
-        .await;
+    let result = submit(&q, format!("http://{addr}/fail"), json!({})).await;
     assert!(
         matches!(
             result,
@@ -130,27 +123,9 @@ async fn sent_and_answered_are_separate_events() {
     let (router, mut seen, answer) = recorder(0);
     let addr = serve(router).await;
     let q = hooks(&WebhookConfig::default(), 2);
-    let first = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hook"), json!({"n": 1})),
-        )
-        .unwrap();
-    let second = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hook"), json!({"n": 2})),
-        )
-        .unwrap();
-    let third = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hook"), json!({"n": 3})),
-        )
-        .unwrap();
+    let first = submit(&q, format!("http://{addr}/hook"), json!({"n": 1}));
+    let second = submit(&q, format!("http://{addr}/hook"), json!({"n": 2}));
+    let third = submit(&q, format!("http://{addr}/hook"), json!({"n": 3}));
     let a = seen.recv().await.unwrap().1;
     let b = seen.recv().await.unwrap().1;
     assert_eq!((a["n"].as_u64(), b["n"].as_u64()), (Some(1), Some(2)));
@@ -173,14 +148,7 @@ async fn a_webhook_that_does_not_answer_in_time_fails_with_a_timeout() {
         ..WebhookConfig::default()
     };
     let q = hooks(&config, 1);
-    let result = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hang"), json!({})),
-        )
-        .unwrap()
-        .await;
+    let result = submit(&q, format!("http://{addr}/hang"), json!({})).await;
     match result {
         Err(SendError::Transport(TransportError::Http(e))) => assert!(e.is_timeout(), "{e}"),
         other => panic!("expected a timeout, got {other:?}"),
@@ -192,22 +160,12 @@ async fn a_webhook_that_does_not_answer_in_time_fails_with_a_timeout() {
 async fn an_unreachable_webhook_or_a_bad_url_fails_with_a_typed_error() {
     let addr = closed_port().await;
     let q = hooks(&WebhookConfig::default(), 1);
-    let refused = q
-        .submit(
-            "hooks",
-            Kind(0),
-            hook(format!("http://{addr}/hook"), json!({})),
-        )
-        .unwrap()
-        .await;
+    let refused = submit(&q, format!("http://{addr}/hook"), json!({})).await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Http(_)))),
         "{refused:?}"
     );
-    let bad = q
-        .submit("hooks", Kind(0), hook("not a url".into(), json!({})))
-        .unwrap()
-        .await;
+    let bad = submit(&q, "not a url".into(), json!({})).await;
     assert!(
         matches!(bad, Err(SendError::Config(ConfigError::InvalidUrl { .. }))),
         "{bad:?}"
