@@ -47,11 +47,24 @@ async fn increment(engine: Engine<String, u64>, key: &str) {
     g.release().await.unwrap();
 }
 
+/// Two nodes without hooks over `pg`'s store.
+async fn two_nodes(pg: &Postgres) -> (Engine<String, u64>, Engine<String, u64>) {
+    (node(pg, Arc::new(())).await, node(pg, Arc::new(())).await)
+}
+
+/// The counter under `key`, read through `engine`, which holds the key
+/// meanwhile.
+async fn counter(engine: &Engine<String, u64>, key: &str) -> u64 {
+    let g = engine.get(key.to_owned(), false).await.unwrap().unwrap();
+    let n = *g.state();
+    g.release().await.unwrap();
+    n
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_commands_on_one_key_from_two_nodes_lose_no_update() {
     let pg = Postgres::start().unwrap();
-    let a = node(&pg, Arc::new(())).await;
-    let b = node(&pg, Arc::new(())).await;
+    let (a, b) = two_nodes(&pg).await;
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let engine = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -62,13 +75,7 @@ async fn interleaved_commands_on_one_key_from_two_nodes_lose_no_update() {
         t.await.unwrap();
     }
     for engine in [&a, &b] {
-        let g = engine
-            .get("counter".to_owned(), false)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(*g.state(), 200);
-        g.release().await.unwrap();
+        assert_eq!(counter(engine, "counter").await, 200);
     }
     a.stop().await.unwrap();
     b.stop().await.unwrap();
@@ -77,8 +84,7 @@ async fn interleaved_commands_on_one_key_from_two_nodes_lose_no_update() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_connection_dies_lets_the_key_go_and_writes_nothing() {
     let pg = Postgres::start().unwrap();
-    let a = node(&pg, Arc::new(())).await;
-    let b = node(&pg, Arc::new(())).await;
+    let (a, b) = two_nodes(&pg).await;
     increment(a.clone(), "k").await;
 
     // A holds the key mid-command; B's command waits for it.
@@ -95,9 +101,7 @@ async fn a_holder_whose_connection_dies_lets_the_key_go_and_writes_nothing() {
     waiting.await.unwrap();
     // A's late release cannot overwrite what B saved.
     assert!(held.release().await.is_err());
-    let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
-    assert_eq!(*g.state(), 2);
-    g.release().await.unwrap();
+    assert_eq!(counter(&b, "k").await, 2);
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
@@ -105,8 +109,7 @@ async fn a_holder_whose_connection_dies_lets_the_key_go_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_commit_lets_the_key_go_and_the_command_changes_it_no_more() {
     let pg = Postgres::start().unwrap();
-    let a = node(&pg, Arc::new(())).await;
-    let b = node(&pg, Arc::new(())).await;
+    let (a, b) = two_nodes(&pg).await;
     increment(a.clone(), "k").await;
 
     let mut held = a.get("k".to_owned(), false).await.unwrap().unwrap();
@@ -131,9 +134,7 @@ async fn a_last_commit_lets_the_key_go_and_the_command_changes_it_no_more() {
         .await;
     assert!(changed.is_err());
     held.release().await.unwrap();
-    let g = b.get("k".to_owned(), false).await.unwrap().unwrap();
-    assert_eq!(*g.state(), 3);
-    g.release().await.unwrap();
+    assert_eq!(counter(&b, "k").await, 3);
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }

@@ -4,21 +4,31 @@
 use estafeta_postgres::testing::Postgres;
 use estafeta_postgres::{Options, Store};
 
-#[tokio::test]
-async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
-    let primary = Postgres::start().unwrap();
-    let standby = primary.standby().unwrap();
+/// The connections the failover tests' store keeps open.
+const POOL_SIZE: usize = 2;
+
+/// A store of [`POOL_SIZE`] connections over one multi-host URL that names
+/// `first` and `second`, migrated: it connects to whichever is the primary.
+async fn over_both(first: &Postgres, second: &Postgres) -> Store {
     let url = format!(
         "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
-        primary.host_port(),
-        standby.host_port()
+        first.host_port(),
+        second.host_port()
     );
     let options = Options {
-        pool_size: 2,
+        pool_size: POOL_SIZE,
         ..Options::default()
     };
     let store = Store::connect_with(&url, &options).unwrap();
     store.migrate().await.unwrap();
+    store
+}
+
+#[tokio::test]
+async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
+    let primary = Postgres::start().unwrap();
+    let standby = primary.standby().unwrap();
+    let store = over_both(&primary, &standby).await;
     let durability = store.durability().await.unwrap();
     assert!(durability.flushes(), "{durability:?}");
     assert!(durability.survives_the_primary(), "{durability:?}");
@@ -46,10 +56,7 @@ async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
                 Err(e) => {
                     assert!(e.is_unavailable(), "{e:?}");
                     unavailable += 1;
-                    assert!(
-                        unavailable <= options.pool_size,
-                        "the pool does not reconnect"
-                    );
+                    assert!(unavailable <= POOL_SIZE, "the pool does not reconnect");
                 }
             }
         };
@@ -69,11 +76,7 @@ async fn committed_steps_survive_a_failover_to_the_synchronous_standby() {
 /// Locks `key` through the switch: refusals as unavailable (the pool's
 /// connections to the dead primary, dropped one by one) until a writable
 /// server answers.
-async fn lock_through_switch(
-    store: &Store,
-    key: &[u8],
-    pool_size: usize,
-) -> estafeta_postgres::Locked {
+async fn lock_through_switch(store: &Store, key: &[u8]) -> estafeta_postgres::Locked {
     let mut unavailable = 0;
     loop {
         match store.lock(key).await {
@@ -81,7 +84,7 @@ async fn lock_through_switch(
             Err(e) => {
                 assert!(e.is_unavailable(), "{e:?}");
                 unavailable += 1;
-                assert!(unavailable <= pool_size, "the pool does not reconnect");
+                assert!(unavailable <= POOL_SIZE, "the pool does not reconnect");
             }
         }
     }
@@ -91,22 +94,11 @@ async fn lock_through_switch(
 async fn the_old_primary_rebuilt_as_standby_carries_the_next_failover() {
     let first = Postgres::start().unwrap();
     let second = first.standby().unwrap();
-    let url = format!(
-        "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
-        first.host_port(),
-        second.host_port()
-    );
-    let options = Options {
-        pool_size: 2,
-        ..Options::default()
-    };
-    let store = Store::connect_with(&url, &options).unwrap();
-    store.migrate().await.unwrap();
-    let pool_size = options.pool_size;
+    let store = over_both(&first, &second).await;
     let save = |key: &'static [u8]| {
         let store = store.clone();
         async move {
-            let mut step = lock_through_switch(&store, key, pool_size).await;
+            let mut step = lock_through_switch(&store, key).await;
             step.save(key, None).await.unwrap();
             step.commit().await.unwrap();
         }
@@ -129,7 +121,7 @@ async fn the_old_primary_rebuilt_as_standby_carries_the_next_failover() {
         b"on the second",
         b"on the second, mirrored",
     ] {
-        let step = lock_through_switch(&store, key, pool_size).await;
+        let step = lock_through_switch(&store, key).await;
         assert_eq!(step.record(), Some(key));
         step.commit().await.unwrap();
     }
