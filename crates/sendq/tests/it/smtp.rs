@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use estafeta_sendq::{
-    EmailMessage, Kind, QueueConfig, SendError, SendQueue, SmtpConfig, SmtpTransport,
+    EmailMessage, Kind, QueueConfig, SendError, SendQueue, SmtpAnswer, SmtpConfig, SmtpTransport,
     TransportError, TypeConfig,
 };
-use estafeta_test_support::smtp_server::{self, Options};
+use estafeta_test_support::smtp_server::{self, Options, SmtpServer};
 
 /// The relay `url`, trusting `root` (PEM) for TLS.
 fn config(url: String, root: Option<String>) -> SmtpConfig {
@@ -27,7 +27,12 @@ fn alert() -> EmailMessage {
     }
 }
 
-fn queue(transport: SmtpTransport) -> SendQueue<&'static str, EmailMessage, SmtpTransport> {
+/// A queue over a transport to the relay `url`, trusting `root` (PEM).
+fn queue(
+    url: String,
+    root: Option<String>,
+) -> SendQueue<&'static str, EmailMessage, SmtpTransport> {
+    let transport = SmtpTransport::new(&config(url, root)).unwrap();
     SendQueue::new(
         QueueConfig::new(vec![TypeConfig::new("mail", 2)]),
         transport,
@@ -35,16 +40,31 @@ fn queue(transport: SmtpTransport) -> SendQueue<&'static str, EmailMessage, Smtp
     .unwrap()
 }
 
+/// Sends [`alert`] through `q`.
+async fn send_alert(
+    q: &SendQueue<&'static str, EmailMessage, SmtpTransport>,
+) -> Result<SmtpAnswer, SendError> {
+    q.submit("relay", Kind(0), alert()).unwrap().await
+}
+
+/// A relay on loopback with TLS on a self-signed certificate for localhost
+/// (implicit TLS if `implicit`, STARTTLS otherwise), asking for `login` if
+/// given; and the certificate's root (PEM).
+async fn tls_relay(login: Option<(&str, &str)>, implicit: bool) -> (SmtpServer, String) {
+    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
+    let options = Options {
+        login: login.map(|(user, password)| (user.into(), password.into())),
+        tls: Some(acceptor),
+        implicit,
+    };
+    (smtp_server::start(options).await, root_pem)
+}
+
 #[tokio::test]
 async fn a_message_arrives_with_its_recipients_subject_and_body() {
     let mut server = smtp_server::start(Options::default()).await;
-    let transport = SmtpTransport::new(&config(
-        format!("smtp://localhost:{}", server.addr.port()),
-        None,
-    ))
-    .unwrap();
-    let q = queue(transport);
-    let answer = q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let q = queue(format!("smtp://localhost:{}", server.addr.port()), None);
+    let answer = send_alert(&q).await.unwrap();
     assert_eq!(answer.code, "250");
 
     let got = server.received.recv().await.unwrap();
@@ -78,30 +98,22 @@ async fn authentication_is_used_when_configured() {
     };
     let mut server = smtp_server::start(options).await;
     let port = server.addr.port();
-    let good = queue(
-        SmtpTransport::new(&config(format!("smtp://ops:s3cret@localhost:{port}"), None)).unwrap(),
-    );
-    good.submit("relay", Kind(0), alert())
-        .unwrap()
-        .await
-        .unwrap();
+    let good = queue(format!("smtp://ops:s3cret@localhost:{port}"), None);
+    send_alert(&good).await.unwrap();
     let got = server.received.recv().await.unwrap();
     assert_eq!(got.user.as_deref(), Some("ops"));
     good.shutdown().await;
 
-    let bad = queue(
-        SmtpTransport::new(&config(format!("smtp://ops:wrong@localhost:{port}"), None)).unwrap(),
-    );
-    let refused = bad.submit("relay", Kind(0), alert()).unwrap().await;
+    let bad = queue(format!("smtp://ops:wrong@localhost:{port}"), None);
+    let refused = send_alert(&bad).await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
         "{refused:?}"
     );
     bad.shutdown().await;
 
-    let anonymous =
-        queue(SmtpTransport::new(&config(format!("smtp://localhost:{port}"), None)).unwrap());
-    let refused = anonymous.submit("relay", Kind(0), alert()).unwrap().await;
+    let anonymous = queue(format!("smtp://localhost:{port}"), None);
+    let refused = send_alert(&anonymous).await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
         "{refused:?}"
@@ -115,20 +127,13 @@ async fn authentication_is_used_when_configured() {
 
 #[tokio::test]
 async fn starttls_with_a_self_signed_root_and_authentication() {
-    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
-    let options = Options {
-        login: Some(("ops".into(), "s3cret".into())),
-        tls: Some(acceptor),
-        implicit: false,
-    };
-    let mut server = smtp_server::start(options).await;
+    let (mut server, root_pem) = tls_relay(Some(("ops", "s3cret")), false).await;
     let url = format!(
         "smtp://ops:s3cret@localhost:{}?tls=required",
         server.addr.port()
     );
-    let transport = SmtpTransport::new(&config(url, Some(root_pem))).unwrap();
-    let q = queue(transport);
-    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let q = queue(url, Some(root_pem));
+    send_alert(&q).await.unwrap();
     let got = server.received.recv().await.unwrap();
     assert!(got.tls, "delivered under TLS");
     assert_eq!(got.user.as_deref(), Some("ops"));
@@ -138,17 +143,11 @@ async fn starttls_with_a_self_signed_root_and_authentication() {
 
 #[tokio::test]
 async fn starttls_refuses_a_certificate_it_does_not_trust() {
-    let (acceptor, _) = smtp_server::self_signed_localhost();
+    let (mut server, _) = tls_relay(None, false).await;
     let (_, other_root) = smtp_server::self_signed_localhost();
-    let options = Options {
-        login: None,
-        tls: Some(acceptor),
-        implicit: false,
-    };
-    let mut server = smtp_server::start(options).await;
     let url = format!("smtp://localhost:{}?tls=required", server.addr.port());
-    let q = queue(SmtpTransport::new(&config(url, Some(other_root))).unwrap());
-    let refused = q.submit("relay", Kind(0), alert()).unwrap().await;
+    let q = queue(url, Some(other_root));
+    let refused = send_alert(&q).await;
     assert!(
         matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
         "{refused:?}"
@@ -165,13 +164,7 @@ async fn bad_addresses_are_configuration_errors() {
     };
     assert!(SmtpTransport::new(&bad_from).is_err());
     let server = smtp_server::start(Options::default()).await;
-    let q = queue(
-        SmtpTransport::new(&config(
-            format!("smtp://localhost:{}", server.addr.port()),
-            None,
-        ))
-        .unwrap(),
-    );
+    let q = queue(format!("smtp://localhost:{}", server.addr.port()), None);
     let mut email = alert();
     email.to = vec!["nobody".into()];
     let refused = q.submit("relay", Kind(0), email).unwrap().await;
@@ -181,40 +174,28 @@ async fn bad_addresses_are_configuration_errors() {
 
 #[tokio::test]
 async fn opportunistic_tls_upgrades_when_the_relay_offers_it() {
-    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
-    let options = Options {
-        login: None,
-        tls: Some(acceptor),
-        implicit: false,
-    };
-    let mut server = smtp_server::start(options).await;
+    let (mut server, root_pem) = tls_relay(None, false).await;
     let url = format!("smtp://localhost:{}?tls=opportunistic", server.addr.port());
-    let q = queue(SmtpTransport::new(&config(url, Some(root_pem))).unwrap());
-    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let q = queue(url, Some(root_pem));
+    send_alert(&q).await.unwrap();
     assert!(server.received.recv().await.unwrap().tls);
     q.shutdown().await;
 
     // A relay without STARTTLS gets the message in plain text.
     let mut plain = smtp_server::start(Options::default()).await;
     let url = format!("smtp://localhost:{}?tls=opportunistic", plain.addr.port());
-    let q = queue(SmtpTransport::new(&config(url, None)).unwrap());
-    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let q = queue(url, None);
+    send_alert(&q).await.unwrap();
     assert!(!plain.received.recv().await.unwrap().tls);
     q.shutdown().await;
 }
 
 #[tokio::test]
 async fn smtps_speaks_tls_from_the_first_byte() {
-    let (acceptor, root_pem) = smtp_server::self_signed_localhost();
-    let options = Options {
-        login: Some(("ops".into(), "s3cret".into())),
-        tls: Some(acceptor),
-        implicit: true,
-    };
-    let mut server = smtp_server::start(options).await;
+    let (mut server, root_pem) = tls_relay(Some(("ops", "s3cret")), true).await;
     let url = format!("smtps://ops:s3cret@localhost:{}", server.addr.port());
-    let q = queue(SmtpTransport::new(&config(url, Some(root_pem))).unwrap());
-    q.submit("relay", Kind(0), alert()).unwrap().await.unwrap();
+    let q = queue(url, Some(root_pem));
+    send_alert(&q).await.unwrap();
     let got = server.received.recv().await.unwrap();
     assert!(got.tls);
     assert_eq!(got.user.as_deref(), Some("ops"));
