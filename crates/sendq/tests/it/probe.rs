@@ -1,6 +1,7 @@
 //! Health probes over HTTP against a real axum server: failures past the
 //! threshold mark the host down, a success marks it up.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -17,24 +18,37 @@ use estafeta_sendq::{
 const WORK: Kind = Kind(0);
 const PROBE: Kind = Kind(1);
 
-#[tokio::test]
-async fn failing_probes_mark_the_host_down_and_a_passing_one_marks_it_up() {
-    let status = Arc::new(AtomicU16::new(503));
+/// A server on loopback whose `path` answers with the status that the
+/// returned number holds (`initial` until the test changes it).
+async fn answering(path: &str, initial: u16) -> (SocketAddr, Arc<AtomicU16>) {
+    let status = Arc::new(AtomicU16::new(initial));
     let router = Router::new()
         .route(
-            "/health",
+            path,
             get(|State(s): State<Arc<AtomicU16>>| async move {
                 StatusCode::from_u16(s.load(Ordering::SeqCst)).unwrap()
             }),
         )
         .with_state(Arc::clone(&status));
-    let addr = serve(router).await;
-    let types = vec![TypeConfig::new("work", 2), TypeConfig::probe("health", 2)];
-    let q = SendQueue::new(
-        QueueConfig::new(types),
-        HttpProbe::new(Duration::from_secs(5)).unwrap(),
-    )
-    .unwrap();
+    (serve(router).await, status)
+}
+
+/// A queue of health probes with a five-second timeout: a type `work` of
+/// window `work`, and the probe type, which marks a host down after
+/// `failures` in a row.
+fn health_probes(work: usize, failures: u32) -> SendQueue<&'static str, ProbeRequest, HttpProbe> {
+    let types = vec![
+        TypeConfig::new("work", work),
+        TypeConfig::probe("health", failures),
+    ];
+    let probe = HttpProbe::new(Duration::from_secs(5)).unwrap();
+    SendQueue::new(QueueConfig::new(types), probe).unwrap()
+}
+
+#[tokio::test]
+async fn failing_probes_mark_the_host_down_and_a_passing_one_marks_it_up() {
+    let (addr, status) = answering("/health", 503).await;
+    let q = health_probes(2, 2);
     let probe = || ProbeRequest {
         url: format!("http://{addr}/health"),
     };
@@ -63,12 +77,7 @@ async fn failing_probes_mark_the_host_down_and_a_passing_one_marks_it_up() {
 #[tokio::test]
 async fn an_unreachable_host_is_marked_down() {
     let addr = closed_port().await;
-    let types = vec![TypeConfig::new("work", 1), TypeConfig::probe("health", 1)];
-    let q = SendQueue::new(
-        QueueConfig::new(types),
-        HttpProbe::new(Duration::from_secs(5)).unwrap(),
-    )
-    .unwrap();
+    let q = health_probes(1, 1);
     let url = format!("http://{addr}/health");
     assert!(
         q.submit("api", PROBE, ProbeRequest { url })
@@ -82,16 +91,7 @@ async fn an_unreachable_host_is_marked_down() {
 
 #[tokio::test]
 async fn a_reachability_probe_counts_any_answer_below_500_as_up() {
-    let status = Arc::new(AtomicU16::new(404));
-    let router = Router::new()
-        .route(
-            "/",
-            get(|State(s): State<Arc<AtomicU16>>| async move {
-                StatusCode::from_u16(s.load(Ordering::SeqCst)).unwrap()
-            }),
-        )
-        .with_state(Arc::clone(&status));
-    let addr = serve(router).await;
+    let (addr, status) = answering("/", 404).await;
     let types = vec![TypeConfig::new("work", 2), TypeConfig::probe("health", 1)];
     let timeout = Duration::from_secs(5);
     let reach = SendQueue::new(
