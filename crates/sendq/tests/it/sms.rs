@@ -1,6 +1,7 @@
 //! SMS through an HTTP gateway: a real axum server on loopback plays the gateway.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 
 use crate::common::serve;
 use axum::Router;
@@ -8,14 +9,17 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use estafeta_sendq::{
-    Kind, QueueConfig, SendError, SendQueue, SmsConfig, SmsMessage, SmsTransport, TransportError,
-    TypeConfig,
+    HttpAnswer, Kind, QueueConfig, SendError, SendQueue, SmsConfig, SmsMessage, SmsTransport,
+    TransportError, TypeConfig,
 };
 use tokio::sync::mpsc;
 
 type Gateway = mpsc::UnboundedSender<(String, String)>;
 
-fn gateway() -> (Router, mpsc::UnboundedReceiver<(String, String)>) {
+/// A gateway on loopback that tells what it got at `/json` (the content
+/// type and body) and `/get` (the recipient and text), and refuses at
+/// `/busy`; its address.
+async fn gateway() -> (SocketAddr, mpsc::UnboundedReceiver<(String, String)>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let router = Router::new()
         .route(
@@ -45,12 +49,19 @@ fn gateway() -> (Router, mpsc::UnboundedReceiver<(String, String)>) {
             post(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }),
         )
         .with_state(tx);
-    (router, rx)
+    (serve(router).await, rx)
 }
 
 fn queue(config: SmsConfig) -> SendQueue<&'static str, SmsMessage, SmsTransport> {
     let transport = SmsTransport::new(config).unwrap();
     SendQueue::new(QueueConfig::new(vec![TypeConfig::new("sms", 1)]), transport).unwrap()
+}
+
+/// Sends [`sms`] through `q`.
+async fn send_sms(
+    q: &SendQueue<&'static str, SmsMessage, SmsTransport>,
+) -> Result<HttpAnswer, SendError> {
+    q.submit("gw", Kind(0), sms()).unwrap().await
 }
 
 fn sms() -> SmsMessage {
@@ -62,13 +73,12 @@ fn sms() -> SmsMessage {
 
 #[tokio::test]
 async fn a_json_body_template_carries_recipient_and_text() {
-    let (router, mut got) = gateway();
-    let addr = serve(router).await;
+    let (addr, mut got) = gateway().await;
     let q = queue(SmsConfig {
         url: format!("http://{addr}/json"),
         ..SmsConfig::default()
     });
-    let answer = q.submit("gw", Kind(0), sms()).unwrap().await.unwrap();
+    let answer = send_sms(&q).await.unwrap();
     assert_eq!((answer.status, answer.body.as_str()), (200, "queued"));
     let (content_type, body) = got.recv().await.unwrap();
     assert_eq!(content_type, "application/json");
@@ -80,15 +90,14 @@ async fn a_json_body_template_carries_recipient_and_text() {
 
 #[tokio::test]
 async fn a_get_gateway_gets_recipient_and_text_in_the_query() {
-    let (router, mut got) = gateway();
-    let addr = serve(router).await;
+    let (addr, mut got) = gateway().await;
     let q = queue(SmsConfig {
         url: format!("http://{addr}/get?to={{recipient}}&msg={{text}}"),
         method: "GET".into(),
         body: None,
         ..SmsConfig::default()
     });
-    q.submit("gw", Kind(0), sms()).unwrap().await.unwrap();
+    send_sms(&q).await.unwrap();
     assert_eq!(got.recv().await.unwrap(), (sms().recipient, sms().text));
     q.shutdown().await;
 }
@@ -110,20 +119,19 @@ async fn a_form_body_is_percent_encoded() {
         content_type: "application/x-www-form-urlencoded".into(),
         ..SmsConfig::default()
     });
-    let answer = q.submit("gw", Kind(0), sms()).unwrap().await.unwrap();
+    let answer = send_sms(&q).await.unwrap();
     assert_eq!(answer.body, format!("{}|{}", sms().recipient, sms().text));
     q.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_gateway_refusal_is_an_error() {
-    let (router, _) = gateway();
-    let addr = serve(router).await;
+    let (addr, _) = gateway().await;
     let q = queue(SmsConfig {
         url: format!("http://{addr}/busy"),
         ..SmsConfig::default()
     });
-    let result = q.submit("gw", Kind(0), sms()).unwrap().await;
+    let result = send_sms(&q).await;
     assert!(
         matches!(
             result,
