@@ -9,14 +9,16 @@ use estafeta_repeat::{
     Clock, Delivery, MemoryStore, Options, Outcome, RetryPolicy, Scheduler, SourceOrder, TestClock,
 };
 
-fn scheduler(clock: &TestClock, options: Options) -> Scheduler<MemoryStore, TestClock> {
-    Scheduler::new(MemoryStore::new(), clock.clone(), options)
+/// A clock at [`T0`], and a scheduler of `options` over a memory store on it.
+fn scheduler(options: Options) -> (TestClock, Scheduler<MemoryStore, TestClock>) {
+    let clock = TestClock::new(T0);
+    let s = Scheduler::new(MemoryStore::new(), clock.clone(), options);
+    (clock, s)
 }
 
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     let sources = ["a", "b", "c", "d"];
     let entries = (0..10_000)
         .map(|i| entry(sources[i % 4], T0 + 5, &format!("{i:05}")))
@@ -62,8 +64,7 @@ async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
@@ -89,8 +90,7 @@ async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
 /// is (not moved, not handed out twice).
 #[tokio::test(start_paused = true)]
 async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
@@ -117,14 +117,10 @@ async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
 
 /// A busy source `a` with many due entries, and a quiet source `b` with a few.
 async fn busy_and_quiet(order: SourceOrder) -> Vec<String> {
-    let clock = TestClock::new(T0);
-    let s = scheduler(
-        &clock,
-        Options {
-            order,
-            ..Options::default()
-        },
-    );
+    let (clock, s) = scheduler(Options {
+        order,
+        ..Options::default()
+    });
     let mut entries: Vec<_> = (0..500)
         .map(|i| entry("a", T0 - 10, &format!("a{i:03}")))
         .collect();
@@ -158,8 +154,7 @@ async fn nearest_first_order_drains_the_busy_source_first() {
 
 #[tokio::test(start_paused = true)]
 async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     let entries = (0..50)
         .map(|i| entry("a", T0, &format!("{i:02}")))
         .collect();
@@ -186,18 +181,14 @@ async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_handler_is_retried_with_backoff() {
-    let clock = TestClock::new(T0);
     let retry = RetryPolicy {
         first: Duration::from_secs(10),
         max: Duration::from_secs(25),
     };
-    let s = scheduler(
-        &clock,
-        Options {
-            retry,
-            ..Options::default()
-        },
-    );
+    let (clock, s) = scheduler(Options {
+        retry,
+        ..Options::default()
+    });
     s.schedule("a", T0, "flaky", b"").await.unwrap();
     let probe = Probe::new(clock.clone());
     let handler = probe.handler(Duration::ZERO, |e| {
@@ -220,8 +211,7 @@ async fn a_failed_handler_is_retried_with_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     s.schedule("jobs", T0 + 60, "sweep", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |e| {
         Outcome::Reschedule(e.due + 60)
@@ -244,14 +234,10 @@ async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
 
 #[tokio::test(start_paused = true)]
 async fn at_most_once_removes_the_entry_before_the_handler_runs() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(
-        &clock,
-        Options {
-            delivery: Delivery::AtMostOnce,
-            ..Options::default()
-        },
-    );
+    let (clock, s) = scheduler(Options {
+        delivery: Delivery::AtMostOnce,
+        ..Options::default()
+    });
     s.schedule("a", T0, "one", b"").await.unwrap();
     s.schedule("a", T0, "two", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 4, Duration::from_secs(100), |e| {
@@ -277,8 +263,7 @@ async fn at_most_once_removes_the_entry_before_the_handler_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn cancel_and_reschedule_change_what_fires() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     for id in ["keep", "cancel", "move"] {
         s.schedule("a", T0 + 10, id, b"").await.unwrap();
     }
@@ -300,8 +285,7 @@ async fn cancel_and_reschedule_change_what_fires() {
 
 #[tokio::test(start_paused = true)]
 async fn bad_input_is_refused_and_changes_nothing() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (_, s) = scheduler(Options::default());
     assert!(matches!(
         s.schedule("bad/name", T0, "x", b"").await,
         Err(estafeta_repeat::Error::InvalidSource(_))
@@ -327,8 +311,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn only_one_dispatcher_runs_at_a_time() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |_| Outcome::Done);
     tokio::time::sleep(Duration::from_millis(1)).await;
     let second = s
@@ -347,8 +330,7 @@ async fn only_one_dispatcher_runs_at_a_time() {
 
 #[tokio::test(start_paused = true)]
 async fn stats_report_backlog_in_flight_and_lag() {
-    let clock = TestClock::new(T0);
-    let s = scheduler(&clock, Options::default());
+    let (clock, s) = scheduler(Options::default());
     let mut entries: Vec<_> = (0..3)
         .map(|i| entry("a", T0 - 7, &format!("late{i}")))
         .collect();
