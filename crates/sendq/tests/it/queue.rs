@@ -276,13 +276,20 @@ async fn a_queueable_one_shot_added_while_its_host_is_down_waits_for_it_to_come_
     q.shutdown().await;
 }
 
-/// Builds one host with entries in every stage: `keep` 0 being written,
-/// `keep` 1 ready, `keep` 2 waiting, `plain` 10 and 11 ready, `plain` 12 waiting.
-async fn entries_in_every_stage(
-    q: &SendQueue<Host, u32, Manual>,
-    calls: &mut tokio::sync::mpsc::UnboundedReceiver<common::Call>,
-    rec: &Recorder,
-) -> common::Call {
+/// A queue that holds writes, with one host's entries in every stage:
+/// `keep` 0 being written (its call is returned), `keep` 1 ready, `keep` 2
+/// waiting, `plain` 10 and 11 ready, `plain` 12 waiting.
+async fn entries_in_every_stage() -> (
+    SendQueue<Host, u32, Manual>,
+    tokio::sync::mpsc::UnboundedReceiver<common::Call>,
+    Recorder,
+    common::Call,
+) {
+    let types = vec![
+        TypeConfig::new("keep", 2).queueable_if_down(),
+        TypeConfig::new("plain", 2),
+    ];
+    let (q, mut calls, rec) = queue_over(Manual::holding_writes(), config(types));
     for i in 0..3 {
         q.add("h", A, i, rec.callback()).unwrap();
     }
@@ -290,24 +297,26 @@ async fn entries_in_every_stage(
         q.add("h", B, i, rec.callback()).unwrap();
     }
     settle().await;
-    let mut writing = drain_calls(calls);
+    let mut writing = drain_calls(&mut calls);
     assert_eq!(payloads(&writing), vec![0]);
     assert_eq!(q.stats(&"h", A).unwrap().queued, 1);
     assert_eq!(q.stats(&"h", B).unwrap().queued, 1);
-    writing.pop().unwrap()
+    let call = writing.pop().unwrap();
+    (q, calls, rec, call)
 }
 
-fn stage_types() -> Vec<TypeConfig> {
-    vec![
-        TypeConfig::new("keep", 2).queueable_if_down(),
-        TypeConfig::new("plain", 2),
-    ]
+/// The transport finishes writing entry 0 (`writing`) and answers it: the
+/// entry completes with its payload, whatever befell the host meanwhile.
+async fn finish_writing_0(writing: common::Call, rec: &mut Recorder) {
+    writing.written.unwrap().send(()).unwrap();
+    writing.reply.answer(Ok(0));
+    settle().await;
+    assert_eq!(rec.drain(), vec![ok("h", 0)]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn host_down_fails_ready_and_plain_entries_and_keeps_queueable_ones() {
-    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), config(stage_types()));
-    let writing = entries_in_every_stage(&q, &mut calls, &rec).await;
+    let (q, mut calls, mut rec, writing) = entries_in_every_stage().await;
 
     q.host_down(&"h");
     settle().await;
@@ -323,10 +332,7 @@ async fn host_down_fails_ready_and_plain_entries_and_keeps_queueable_ones() {
         ]
     );
     // The entry being written is settled by its transport.
-    writing.written.unwrap().send(()).unwrap();
-    writing.reply.answer(Ok(0));
-    settle().await;
-    assert_eq!(rec.drain(), vec![ok("h", 0)]);
+    finish_writing_0(writing, &mut rec).await;
     assert!(drain_calls(&mut calls).is_empty());
 
     q.host_up(&"h");
@@ -338,8 +344,7 @@ async fn host_down_fails_ready_and_plain_entries_and_keeps_queueable_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn host_removal_fails_every_unsent_entry_queueable_ones_too() {
-    let (q, mut calls, mut rec) = queue_over(Manual::holding_writes(), config(stage_types()));
-    let writing = entries_in_every_stage(&q, &mut calls, &rec).await;
+    let (q, _calls, mut rec, writing) = entries_in_every_stage().await;
 
     q.remove_host(&"h");
     settle().await;
@@ -352,10 +357,7 @@ async fn host_removal_fails_every_unsent_entry_queueable_ones_too() {
     assert_eq!(fates, expected);
     assert_eq!(q.stats(&"h", A), None);
 
-    writing.written.unwrap().send(()).unwrap();
-    writing.reply.answer(Ok(0));
-    settle().await;
-    assert_eq!(rec.drain(), vec![ok("h", 0)]);
+    finish_writing_0(writing, &mut rec).await;
     q.shutdown().await;
 }
 

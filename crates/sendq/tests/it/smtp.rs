@@ -47,6 +47,15 @@ async fn send_alert(
     q.submit("relay", Kind(0), alert()).unwrap().await
 }
 
+/// Sends [`alert`] through `q` and asserts that the SMTP dialogue fails.
+async fn assert_smtp_refused(q: &SendQueue<&'static str, EmailMessage, SmtpTransport>) {
+    let refused = send_alert(q).await;
+    assert!(
+        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
+        "{refused:?}"
+    );
+}
+
 /// A relay on loopback with TLS on a self-signed certificate for localhost
 /// (implicit TLS if `implicit`, STARTTLS otherwise), asking for `login` if
 /// given; and the certificate's root (PEM).
@@ -105,19 +114,11 @@ async fn authentication_is_used_when_configured() {
     good.shutdown().await;
 
     let bad = queue(format!("smtp://ops:wrong@localhost:{port}"), None);
-    let refused = send_alert(&bad).await;
-    assert!(
-        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
-        "{refused:?}"
-    );
+    assert_smtp_refused(&bad).await;
     bad.shutdown().await;
 
     let anonymous = queue(format!("smtp://localhost:{port}"), None);
-    let refused = send_alert(&anonymous).await;
-    assert!(
-        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
-        "{refused:?}"
-    );
+    assert_smtp_refused(&anonymous).await;
     anonymous.shutdown().await;
     assert!(
         server.received.try_recv().is_err(),
@@ -147,11 +148,7 @@ async fn starttls_refuses_a_certificate_it_does_not_trust() {
     let (_, other_root) = smtp_server::self_signed_localhost();
     let url = format!("smtp://localhost:{}?tls=required", server.addr.port());
     let q = queue(url, Some(other_root));
-    let refused = send_alert(&q).await;
-    assert!(
-        matches!(refused, Err(SendError::Transport(TransportError::Smtp(_)))),
-        "{refused:?}"
-    );
+    assert_smtp_refused(&q).await;
     assert!(server.received.try_recv().is_err());
     q.shutdown().await;
 }
