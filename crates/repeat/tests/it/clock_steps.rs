@@ -3,14 +3,13 @@
 
 use std::time::Duration;
 
-use crate::common::{Probe, T0, entry};
-use estafeta_repeat::{Clock, MemoryStore, Options, Outcome, Scheduler, TestClock};
+use crate::common::{Probe, T0, entry, memory_scheduler};
+use estafeta_repeat::{Clock, Options, Outcome};
 
 #[tokio::test(start_paused = true)]
 async fn a_backward_step_neither_fires_early_nor_stalls() {
-    let clock = TestClock::new(T0);
     let started = tokio::time::Instant::now();
-    let s = Scheduler::new(MemoryStore::new(), clock.clone(), Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     s.schedule("a", T0 + 5, "five", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
 
@@ -45,8 +44,7 @@ async fn a_backward_step_neither_fires_early_nor_stalls() {
 
 #[tokio::test(start_paused = true)]
 async fn a_step_back_then_forward_again_fires_within_a_second() {
-    let clock = TestClock::new(T0);
-    let s = Scheduler::new(MemoryStore::new(), clock.clone(), Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     s.schedule("a", T0 + 5, "five", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
@@ -61,8 +59,7 @@ async fn a_step_back_then_forward_again_fires_within_a_second() {
 
 #[tokio::test(start_paused = true)]
 async fn a_forward_step_fires_only_what_the_wall_clock_says_is_due() {
-    let clock = TestClock::new(T0);
-    let s = Scheduler::new(MemoryStore::new(), clock.clone(), Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     let dues = [10, 600, 1_000, 4_000];
     let entries = dues
         .iter()

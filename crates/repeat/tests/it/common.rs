@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use estafeta_repeat::store::{Applied, Op, Scan, SourceCount};
 use estafeta_repeat::{
-    Clock, Entry, Error, Handler, MemoryStore, Outcome, Position, Scheduler, Store, StoreError,
-    TestClock, WorkerPool,
+    Clock, Entry, Error, Handler, MemoryStore, Options, Outcome, Position, Scheduler, Store,
+    StoreError, TestClock, WorkerPool,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -153,6 +153,13 @@ impl Running {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
     }
+}
+
+/// A clock at [`T0`], and a scheduler of `options` over a memory store on it.
+pub(crate) fn memory_scheduler(options: Options) -> (TestClock, Scheduler<MemoryStore, TestClock>) {
+    let clock = TestClock::new(T0);
+    let s = Scheduler::new(MemoryStore::new(), clock.clone(), options);
+    (clock, s)
 }
 
 /// An entry in `source`, due at `due`, with an empty payload.

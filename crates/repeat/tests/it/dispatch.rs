@@ -2,23 +2,17 @@
 //! early wake-up, sleeping while no worker is free, retries.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{Probe, Running, T0, entry};
+use crate::common::{Probe, Running, T0, entry, memory_scheduler};
 use estafeta_repeat::{
     Clock, Delivery, MemoryStore, Options, Outcome, RetryPolicy, Scheduler, SourceOrder, TestClock,
 };
 
-/// A clock at [`T0`], and a scheduler of `options` over a memory store on it.
-fn scheduler(options: Options) -> (TestClock, Scheduler<MemoryStore, TestClock>) {
-    let clock = TestClock::new(T0);
-    let s = Scheduler::new(MemoryStore::new(), clock.clone(), options);
-    (clock, s)
-}
-
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     let sources = ["a", "b", "c", "d"];
     let entries = (0..10_000)
         .map(|i| entry(sources[i % 4], T0 + 5, &format!("{i:05}")))
@@ -62,14 +56,20 @@ async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
     assert_eq!(stats.in_flight, 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
-    let (clock, s) = scheduler(Options::default());
+/// A dispatcher of two workers whose loop sleeps towards the one entry, an
+/// hour after [`T0`], 10.4 s into that sleep (mid-second).
+async fn asleep_an_hour_ahead() -> (Scheduler<MemoryStore, TestClock>, Arc<Probe>, Running) {
+    let (clock, s) = memory_scheduler(Options::default());
     s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
-
-    // The loop is asleep waiting for T0+3600; schedule mid-second for sooner.
     tokio::time::sleep(Duration::from_millis(10_400)).await;
+    (s, probe, running)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
+    // The loop is asleep waiting for T0+3600; schedule mid-second for sooner.
+    let (s, probe, running) = asleep_an_hour_ahead().await;
     s.schedule("soon", T0 + 20, "soon", b"").await.unwrap();
     s.schedule("now", T0 + 10, "now", b"").await.unwrap();
     probe.wait_for(2).await;
@@ -90,11 +90,7 @@ async fn an_entry_earlier_than_the_deadline_fires_within_a_second() {
 /// is (not moved, not handed out twice).
 #[tokio::test(start_paused = true)]
 async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
-    let (clock, s) = scheduler(Options::default());
-    s.schedule("later", T0 + 3_600, "late", b"").await.unwrap();
-    let (probe, running) = Probe::start(&s, &clock, 2, Duration::ZERO, |_| Outcome::Done);
-
-    tokio::time::sleep(Duration::from_millis(10_400)).await;
+    let (s, probe, running) = asleep_an_hour_ahead().await;
     assert!(
         s.schedule_if_absent("now", T0 + 10, "now", b"a")
             .await
@@ -117,7 +113,7 @@ async fn an_entry_scheduled_if_absent_wakes_the_loop_and_is_kept_once() {
 
 /// A busy source `a` with many due entries, and a quiet source `b` with a few.
 async fn busy_and_quiet(order: SourceOrder) -> Vec<String> {
-    let (clock, s) = scheduler(Options {
+    let (clock, s) = memory_scheduler(Options {
         order,
         ..Options::default()
     });
@@ -154,7 +150,7 @@ async fn nearest_first_order_drains_the_busy_source_first() {
 
 #[tokio::test(start_paused = true)]
 async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     let entries = (0..50)
         .map(|i| entry("a", T0, &format!("{i:02}")))
         .collect();
@@ -185,7 +181,7 @@ async fn a_failed_handler_is_retried_with_backoff() {
         first: Duration::from_secs(10),
         max: Duration::from_secs(25),
     };
-    let (clock, s) = scheduler(Options {
+    let (clock, s) = memory_scheduler(Options {
         retry,
         ..Options::default()
     });
@@ -211,7 +207,7 @@ async fn a_failed_handler_is_retried_with_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     s.schedule("jobs", T0 + 60, "sweep", b"").await.unwrap();
     let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |e| {
         Outcome::Reschedule(e.due + 60)
@@ -234,7 +230,7 @@ async fn reschedule_from_the_handler_keeps_a_periodic_entry_going() {
 
 #[tokio::test(start_paused = true)]
 async fn at_most_once_removes_the_entry_before_the_handler_runs() {
-    let (clock, s) = scheduler(Options {
+    let (clock, s) = memory_scheduler(Options {
         delivery: Delivery::AtMostOnce,
         ..Options::default()
     });
@@ -263,7 +259,7 @@ async fn at_most_once_removes_the_entry_before_the_handler_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn cancel_and_reschedule_change_what_fires() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     for id in ["keep", "cancel", "move"] {
         s.schedule("a", T0 + 10, id, b"").await.unwrap();
     }
@@ -285,7 +281,7 @@ async fn cancel_and_reschedule_change_what_fires() {
 
 #[tokio::test(start_paused = true)]
 async fn bad_input_is_refused_and_changes_nothing() {
-    let (_, s) = scheduler(Options::default());
+    let (_, s) = memory_scheduler(Options::default());
     assert!(matches!(
         s.schedule("bad/name", T0, "x", b"").await,
         Err(estafeta_repeat::Error::InvalidSource(_))
@@ -311,7 +307,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn only_one_dispatcher_runs_at_a_time() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |_| Outcome::Done);
     tokio::time::sleep(Duration::from_millis(1)).await;
     let second = s
@@ -330,7 +326,7 @@ async fn only_one_dispatcher_runs_at_a_time() {
 
 #[tokio::test(start_paused = true)]
 async fn stats_report_backlog_in_flight_and_lag() {
-    let (clock, s) = scheduler(Options::default());
+    let (clock, s) = memory_scheduler(Options::default());
     let mut entries: Vec<_> = (0..3)
         .map(|i| entry("a", T0 - 7, &format!("late{i}")))
         .collect();
