@@ -7,6 +7,7 @@ use crate::common;
 use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, http, id, ready_process};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
+use estafeta_exchange::{MessageId, ProcessId};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 
@@ -53,6 +54,30 @@ fn field(html: &str, name: &str) -> String {
 struct Session {
     cookie: String,
     csrf: String,
+}
+
+impl Session {
+    /// `GET path` on `server` in this session.
+    async fn get(&self, server: &TestServer, path: &str) -> reqwest::Response {
+        http()
+            .get(server.url(path))
+            .header(COOKIE, &self.cookie)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The HTML of `path` on `server` in this session.
+    async fn page(&self, server: &TestServer, path: &str) -> String {
+        self.get(server, path).await.text().await.unwrap()
+    }
+
+    /// Posts to `path` on `server` in this session the form of its CSRF
+    /// token followed by `more` (`&outcome=commit`).
+    async fn act(&self, server: &TestServer, path: &str, more: &str) -> reqwest::Response {
+        let body = format!("csrf={}{more}", self.csrf);
+        post(server, path, Some(&self.cookie), &body).await
+    }
 }
 
 async fn login_with(server: &TestServer, token: &str, extra: &[(&str, &str)]) -> reqwest::Response {
@@ -201,12 +226,7 @@ async fn every_page_renders_with_protective_headers(store: Store) {
     ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     let s = login(&server).await;
     for page in PAGES {
-        let r = http()
-            .get(server.url(page))
-            .header(COOKIE, &s.cookie)
-            .send()
-            .await
-            .unwrap();
+        let r = s.get(&server, page).await;
         assert_eq!(r.status(), StatusCode::OK, "{page}");
         let csp = r.headers()["content-security-policy"]
             .to_str()
@@ -218,25 +238,13 @@ async fn every_page_renders_with_protective_headers(store: Store) {
         assert!(html.contains("/admin/static/app.js"), "{page}");
         assert_eq!(field(&html, "csrf"), s.csrf, "{page}");
     }
-    let processes = http()
-        .get(server.url("/admin/processes"))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let processes = s.page(&server, "/admin/processes").await;
     assert!(
         processes.contains("class=\"warn\""),
         "READY_TO_COMMIT stands out"
     );
     assert!(processes.contains("READY_TO_COMMIT"));
-    let get = |path: &'static str| {
-        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
-        async move { req.send().await.unwrap().text().await.unwrap() }
-    };
-    let devices = get("/admin/devices").await;
+    let devices = s.page(&server, "/admin/devices").await;
     let row = |html: &str, id: &str| {
         let start = html.find(&format!("id=\"{id}\"")).unwrap();
         html[start..html[start..].find("</tr>").unwrap() + start].to_owned()
@@ -249,23 +257,13 @@ async fn every_page_renders_with_protective_headers(store: Store) {
         row(&devices, "device-phone-x").contains("not since"),
         "{devices}"
     );
-    let databases = get("/admin/databases").await;
+    let databases = s.page(&server, "/admin/databases").await;
     // db-a: one message in Messages (in the process), one reply in Prepared.
     let db_a = row(&databases, "db-db-a");
     assert!(db_a.contains("<td>db-a</td><td>1</td><td>1</td>"), "{db_a}");
-    let bad = http()
-        .get(server.url("/admin/browse/Messages"))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap();
+    let bad = s.get(&server, "/admin/browse/Messages").await;
     assert_eq!(bad.status(), StatusCode::NOT_FOUND);
-    let bad = http()
-        .get(server.url("/admin/events?since=yesterday"))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap();
+    let bad = s.get(&server, "/admin/events?since=yesterday").await;
     assert!(bad.text().await.unwrap().contains("filter-error"));
     server.stop().await.unwrap();
 }
@@ -274,12 +272,20 @@ common::both_stores!(
     every_page_renders_with_protective_headers
 );
 
-async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: Store) {
+/// A server on `store` where `db-a` committed a process that marked its
+/// one message PROCESSED_INCORRECT, which is now in `Error`; the process,
+/// the message and a logged-in session.
+async fn message_in_error(store: Store) -> (TestServer, ProcessId, MessageId, Session) {
     let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
     let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     t.db_a.commit(&pid).await.unwrap();
     let s = login(&server).await;
+    (server, pid, incorrect, s)
+}
+
+async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: Store) {
+    let (server, pid, incorrect, s) = message_in_error(store).await;
     let requeue = format!("/admin/browse/Error/db-a/{incorrect}/requeue");
     for body in ["", "csrf=", "csrf=wrong"] {
         let r = post(&server, &requeue, Some(&s.cookie), body).await;
@@ -287,21 +293,11 @@ async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: St
         let r = post(&server, "/admin/logout", Some(&s.cookie), body).await;
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "{body:?}");
     }
-    let error = server
-        .admin
-        .folder(&id("db-a"), Folder::Error)
-        .await
-        .unwrap();
-    assert_eq!(error.files.len(), 1, "still in Error");
+    let error = db_a_files(&server, Folder::Error).await;
+    assert_eq!(error.len(), 1, "still in Error");
 
     // With the token: requeued into Messages.
-    let r = post(
-        &server,
-        &requeue,
-        Some(&s.cookie),
-        &format!("csrf={}", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, &requeue, "").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert!(
         r.headers()[LOCATION]
@@ -309,48 +305,26 @@ async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: St
             .unwrap()
             .starts_with("/admin/browse/Error?notice=")
     );
-    let error = server
-        .admin
-        .folder(&id("db-a"), Folder::Error)
-        .await
-        .unwrap();
-    assert!(error.files.is_empty());
-    let queue = server
-        .admin
-        .folder(&id("db-a"), Folder::Messages)
-        .await
-        .unwrap();
-    assert_eq!(
-        queue.files.iter().map(|f| f.id).collect::<Vec<_>>(),
-        [incorrect]
-    );
+    let error = db_a_files(&server, Folder::Error).await;
+    assert!(error.is_empty());
+    let queue = db_a_files(&server, Folder::Messages).await;
+    assert_eq!(queue, [incorrect]);
 
     // Settling a process that is not in doubt is refused with a reason.
-    let r = post(
-        &server,
-        &format!("/admin/processes/{pid}/settle"),
-        Some(&s.cookie),
-        &format!("csrf={}&outcome=commit", s.csrf),
-    )
-    .await;
+    let r = s
+        .act(
+            &server,
+            &format!("/admin/processes/{pid}/settle"),
+            "&outcome=commit",
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert!(r.text().await.unwrap().contains("not in doubt"));
 
     // Logout ends the session.
-    let r = post(
-        &server,
-        "/admin/logout",
-        Some(&s.cookie),
-        &format!("csrf={}", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, "/admin/logout", "").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let r = http()
-        .get(server.url("/admin"))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&server, "/admin").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     server.stop().await.unwrap();
 }
@@ -360,18 +334,9 @@ common::both_stores!(
 );
 
 async fn a_message_in_error_is_shown_and_discarded(store: Store) {
-    let server = TestServer::start_on(store).await;
-    let t = Tenancy::provision(&server.admin).await;
-    let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
-    t.db_a.commit(&pid).await.unwrap();
-    let s = login(&server).await;
+    let (server, _, incorrect, s) = message_in_error(store).await;
     let view = format!("/admin/browse/Error/db-a/{incorrect}");
-    let r = http()
-        .get(server.url(&view))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&server, &view).await;
     assert_eq!(r.status(), StatusCode::OK);
     let html = r.text().await.unwrap();
     assert!(
@@ -379,13 +344,7 @@ async fn a_message_in_error_is_shown_and_discarded(store: Store) {
         "{html}"
     );
     // Unconfirmed: a confirmation page, nothing deleted.
-    let r = post(
-        &server,
-        &format!("{view}/discard"),
-        Some(&s.cookie),
-        &format!("csrf={}", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, &format!("{view}/discard"), "").await;
     assert_eq!(r.status(), StatusCode::OK);
     let confirm = r.text().await.unwrap();
     assert!(confirm.contains("id=\"confirm-yes\""), "{confirm}");
@@ -393,19 +352,11 @@ async fn a_message_in_error_is_shown_and_discarded(store: Store) {
         confirm.contains("name=\"confirm\" value=\"yes\""),
         "{confirm}"
     );
-    let error = server
-        .admin
-        .folder(&id("db-a"), Folder::Error)
-        .await
-        .unwrap();
-    assert_eq!(error.files.len(), 1, "still in Error until confirmed");
-    let r = post(
-        &server,
-        &format!("{view}/discard"),
-        Some(&s.cookie),
-        &format!("csrf={}&confirm=yes", s.csrf),
-    )
-    .await;
+    let error = db_a_files(&server, Folder::Error).await;
+    assert_eq!(error.len(), 1, "still in Error until confirmed");
+    let r = s
+        .act(&server, &format!("{view}/discard"), "&confirm=yes")
+        .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let notice = r.headers()[LOCATION].to_str().unwrap().to_owned();
     assert!(
@@ -413,22 +364,9 @@ async fn a_message_in_error_is_shown_and_discarded(store: Store) {
         "{notice}"
     );
     for folder in [Folder::Error, Folder::Messages] {
-        assert!(
-            server
-                .admin
-                .folder(&id("db-a"), folder)
-                .await
-                .unwrap()
-                .files
-                .is_empty()
-        );
+        assert!(db_a_files(&server, folder).await.is_empty());
     }
-    let r = http()
-        .get(server.url(&view))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&server, &view).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     server.stop().await.unwrap();
 }
@@ -457,80 +395,31 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand(store: 
 
     // Its files are the process's: no requeue or discard by hand.
     let view = format!("/admin/browse/Unknown/db-a/{mid}");
-    let html = http()
-        .get(server.url(&view))
-        .header(COOKIE, &s.cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = s.page(&server, &view).await;
     assert!(
         html.contains(&format!("Held by process in doubt <code>{pid}</code>")),
         "{html}"
     );
     for action in ["requeue", "discard"] {
-        let r = post(
-            &server,
-            &format!("{view}/{action}"),
-            Some(&s.cookie),
-            &format!("csrf={}&confirm=yes", s.csrf),
-        )
-        .await;
+        let r = s
+            .act(&server, &format!("{view}/{action}"), "&confirm=yes")
+            .await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");
     }
-    assert_eq!(
-        server
-            .admin
-            .folder(&id("db-a"), Folder::Unknown)
-            .await
-            .unwrap()
-            .files
-            .len(),
-        2
-    );
+    assert_eq!(db_a_files(&server, Folder::Unknown).await.len(), 2);
 
     let settle = format!("/admin/processes/{pid}/settle");
-    let r = post(
-        &server,
-        &settle,
-        Some(&s.cookie),
-        &format!("csrf={}&outcome=maybe", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, &settle, "&outcome=maybe").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let r = post(
-        &server,
-        &settle,
-        Some(&s.cookie),
-        &format!("csrf={}&outcome=rollback", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, &settle, "&outcome=rollback").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(
         server.admin.process(&pid).await.unwrap().state,
         ProcessState::RolledBack
     );
-    assert!(
-        server
-            .admin
-            .folder(&id("db-a"), Folder::Unknown)
-            .await
-            .unwrap()
-            .files
-            .is_empty()
-    );
-    let queue = server
-        .admin
-        .folder(&id("db-a"), Folder::Messages)
-        .await
-        .unwrap();
-    assert_eq!(
-        queue.files.iter().map(|f| f.id).collect::<Vec<_>>(),
-        [mid],
-        "back in the queue"
-    );
+    assert!(db_a_files(&server, Folder::Unknown).await.is_empty());
+    let queue = db_a_files(&server, Folder::Messages).await;
+    assert_eq!(queue, [mid], "back in the queue");
     assert!(
         t.phone1.inbox(None).await.unwrap().messages.is_empty(),
         "the reply was deleted"
@@ -542,6 +431,12 @@ common::both_stores!(
     an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand
 );
 
+/// The ids in `db-a`'s `folder`, as the admin API lists them.
+async fn db_a_files(server: &TestServer, folder: Folder) -> Vec<MessageId> {
+    let listing = server.admin.folder(&id("db-a"), folder).await.unwrap();
+    listing.files.into_iter().map(|f| f.id).collect()
+}
+
 /// Fetches `path` until `done` holds for its HTML (the figures are live).
 async fn wait_page(
     server: &TestServer,
@@ -551,15 +446,7 @@ async fn wait_page(
 ) -> String {
     let poll = async {
         loop {
-            let html = http()
-                .get(server.url(path))
-                .header(COOKIE, &s.cookie)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let html = s.page(server, path).await;
             if done(&html) {
                 return html;
             }
@@ -670,12 +557,8 @@ async fn acknowledging_and_the_open_count_read_one_alert_store(store: Store) {
     use estafeta_exchange::{Alert, AlertKind};
     let server = TestServer::start_on(store).await;
     let s = login(&server).await;
-    let page = |path: &'static str| {
-        let req = http().get(server.url(path)).header(COOKIE, &s.cookie);
-        async move { req.send().await.unwrap().text().await.unwrap() }
-    };
     let open_count = || async {
-        let overview = page("/admin").await;
+        let overview = s.page(&server, "/admin").await;
         let at = overview.find("id=\"alerts-open\">").unwrap() + "id=\"alerts-open\">".len();
         let shown: u64 = overview[at..].split('<').next().unwrap().parse().unwrap();
         let metrics = server.admin.metrics().await.unwrap();
@@ -701,30 +584,18 @@ async fn acknowledging_and_the_open_count_read_one_alert_store(store: Store) {
 
     raise("the gateway is down").await;
     assert_eq!(open_count().await, 1);
-    let alerts = page("/admin/alerts").await;
+    let alerts = s.page(&server, "/admin/alerts").await;
     assert!(alerts.contains("<td>http://gw:80</td>"), "{alerts}");
-    let r = post(
-        &server,
-        "/admin/alerts/1/ack",
-        Some(&s.cookie),
-        &format!("csrf={}", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, "/admin/alerts/1/ack", "").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(open_count().await, 0);
-    let r = post(
-        &server,
-        "/admin/alerts/99/ack",
-        Some(&s.cookie),
-        &format!("csrf={}", s.csrf),
-    )
-    .await;
+    let r = s.act(&server, "/admin/alerts/99/ack", "").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 
     // Still down: the same condition again is neither sent nor listed again.
     raise("still down").await;
     assert_eq!(open_count().await, 0);
-    let alerts = page("/admin/alerts").await;
+    let alerts = s.page(&server, "/admin/alerts").await;
     assert!(!alerts.contains("still down"), "{alerts}");
     assert!(alerts.contains("going on"), "{alerts}");
 
@@ -735,7 +606,7 @@ async fn acknowledging_and_the_open_count_read_one_alert_store(store: Store) {
         .await;
     raise("down again").await;
     assert_eq!(open_count().await, 1);
-    let alerts = page("/admin/alerts").await;
+    let alerts = s.page(&server, "/admin/alerts").await;
     assert!(alerts.contains("id=\"alert-2\""), "{alerts}");
     assert!(row_with(&alerts, "id=\"alert-1\"").contains("<span class=\"acked\">"));
     assert!(

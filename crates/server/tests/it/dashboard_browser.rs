@@ -163,7 +163,7 @@ async fn wait_for_state(c: &Client, base: &str, pid: &str, want: &str) {
     let row = format!("#process-{pid}");
     let mut last = None;
     for _ in 0..POLLS {
-        c.goto(&format!("{base}/admin/processes")).await.unwrap();
+        goto(c, base, "/admin/processes").await;
         if let Ok(el) = c.find(Locator::Css(&row)).await
             && let Ok(state) = el.attr("data-state").await
         {
@@ -177,6 +177,49 @@ async fn wait_for_state(c: &Client, base: &str, pid: &str, want: &str) {
     panic!("process {pid} never showed {want}; last seen {last:?}");
 }
 
+/// The real binary with the admin token [`TOKEN`] (and `env`), its
+/// tenancy provisioned, and a headless Chromium to look at its dashboard.
+struct Dashboard {
+    _work: tempfile::TempDir,
+    server: Binary,
+    admin: ApiClient,
+    tenancy: Tenancy,
+    shots: PathBuf,
+    driver: Driver,
+    c: Client,
+}
+
+impl Dashboard {
+    async fn start(env: &[(&str, &str)]) -> Dashboard {
+        let work = tempfile::tempdir().unwrap();
+        let data = work.path().join("data");
+        let env = [&[("ESTAFETA_ADMIN_TOKEN", TOKEN)], env].concat();
+        let server = Binary::serve(work.path(), &data, &[], &env).await;
+        let admin = ApiClient::new(&server.base, TOKEN).unwrap();
+        common::wait_ready(&admin).await;
+        let tenancy = Tenancy::provision(&admin).await;
+        let shots = screenshots();
+        let driver = start_driver().await;
+        let c = browser(&driver, &work.path().join("chromium-profile")).await;
+        Dashboard {
+            _work: work,
+            server,
+            admin,
+            tenancy,
+            shots,
+            driver,
+            c,
+        }
+    }
+
+    /// Closes the browser and stops the server, which exits cleanly.
+    async fn finish(self) {
+        self.c.close().await.unwrap();
+        drop(self.driver);
+        assert_eq!(self.server.terminate().await, Some(0));
+    }
+}
+
 fn screenshots() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
@@ -185,29 +228,11 @@ fn screenshots() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
-    let work = tempfile::tempdir().unwrap();
-    let data = work.path().join("data");
-    let server = Binary::serve(
-        work.path(),
-        &data,
-        &[],
-        &[
-            ("ESTAFETA_ADMIN_TOKEN", TOKEN),
-            ("ESTAFETA_READY_TIMEOUT", "5s"),
-        ],
-    )
-    .await;
-    let base = server.base.clone();
-    let admin = ApiClient::new(&base, TOKEN).unwrap();
-    common::wait_ready(&admin).await;
-    let tenancy = Tenancy::provision(&admin).await;
-    let shots = screenshots();
-
-    let driver = start_driver().await;
-    let c = browser(&driver, &work.path().join("chromium-profile")).await;
+    let d = Dashboard::start(&[("ESTAFETA_READY_TIMEOUT", "5s")]).await;
+    let (c, base, shots, tenancy) = (&d.c, d.server.base.as_str(), &d.shots, &d.tenancy);
 
     // Not logged in: the dashboard sends the browser to the login form.
-    c.goto(&format!("{base}/admin/processes")).await.unwrap();
+    goto(c, base, "/admin/processes").await;
     assert!(
         c.current_url()
             .await
@@ -215,40 +240,18 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
             .path()
             .ends_with("/admin/login")
     );
-    check_page(&c, &shots, "login").await;
-    c.find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys("wrong")
-        .await
-        .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_contains(&c, "login-error", "not the admin token").await;
-    c.find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_path(&c, "/admin").await;
-    assert_eq!(text(&c, "#health").await, "ready");
-    check_page(&c, &shots, "overview").await;
+    check_page(c, shots, "login").await;
+    submit_login(c, "wrong").await;
+    wait_contains(c, "login-error", "not the admin token").await;
+    submit_login(c, TOKEN).await;
+    wait_path(c, "/admin").await;
+    assert_eq!(text(c, "#health").await, "ready");
+    check_page(c, shots, "overview").await;
 
     // A process READY_TO_COMMIT shows, marked; then it goes IN_DOUBT.
-    let (pid, _) = ready_process(&tenancy, ResultStatus::Processed).await;
+    let (pid, _) = ready_process(tenancy, ResultStatus::Processed).await;
     let pid_text = pid.to_string();
-    c.goto(&format!("{base}/admin/processes")).await.unwrap();
+    goto(c, base, "/admin/processes").await;
     let row = c
         .find(Locator::Css(&format!("#process-{pid_text}")))
         .await
@@ -260,36 +263,34 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
     );
     if seen.as_deref() == Some("READY_TO_COMMIT") {
         assert_eq!(row.attr("class").await.unwrap().as_deref(), Some("warn"));
-        check_page(&c, &shots, "processes-ready-to-commit").await;
+        check_page(c, shots, "processes-ready-to-commit").await;
     }
     assert_eq!(
         seen.as_deref(),
         Some("READY_TO_COMMIT"),
         "the page was too slow to see READY_TO_COMMIT within the 5 s ready timeout"
     );
-    wait_for_state(&c, &base, &pid_text, "IN_DOUBT").await;
+    wait_for_state(c, base, &pid_text, "IN_DOUBT").await;
     let row = c
         .find(Locator::Css(&format!("#process-{pid_text}")))
         .await
         .unwrap();
     assert_eq!(row.attr("class").await.unwrap().as_deref(), Some("bad"));
-    check_page(&c, &shots, "processes-in-doubt").await;
+    check_page(c, shots, "processes-in-doubt").await;
 
     // The overview counts the open alert.
-    c.goto(&format!("{base}/admin")).await.unwrap();
-    assert_eq!(text(&c, "#alerts-open").await, "1");
-    check_page(&c, &shots, "overview-alert").await;
+    goto(c, base, "/admin").await;
+    assert_eq!(text(c, "#alerts-open").await, "1");
+    check_page(c, shots, "overview-alert").await;
 
     // Settle it from the Unknown page, as committed.
-    c.goto(&format!("{base}/admin/browse/Unknown"))
-        .await
-        .unwrap();
+    goto(c, base, "/admin/browse/Unknown").await;
     assert_eq!(
         c.find_all(Locator::Css("#files tr")).await.unwrap().len(),
         3,
         "header, message, reply"
     );
-    check_page(&c, &shots, "unknown-in-doubt").await;
+    check_page(c, shots, "unknown-in-doubt").await;
     // One message of the process, shown: it is the process's to move.
     c.find(Locator::Css("#files a"))
         .await
@@ -297,29 +298,25 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert!(wait_text(&c, "message-body").await.contains("\"from\""));
+    assert!(wait_text(c, "message-body").await.contains("\"from\""));
     assert!(c.find(Locator::Id("settle-commit")).await.is_ok());
     assert!(c.find(Locator::Id("requeue")).await.is_err());
-    check_page(&c, &shots, "message").await;
-    c.goto(&format!("{base}/admin/browse/Unknown"))
-        .await
-        .unwrap();
-    c.find(Locator::Id(&format!("settle-commit-{pid_text}")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_contains(&c, "notice", "settled as committed").await;
+    check_page(c, shots, "message").await;
+    goto(c, base, "/admin/browse/Unknown").await;
+    click(c, &format!("settle-commit-{pid_text}")).await;
+    wait_contains(c, "notice", "settled as committed").await;
     assert!(c.find(Locator::Id("no-doubt")).await.is_ok());
     assert!(c.find(Locator::Id("no-files")).await.is_ok());
-    check_page(&c, &shots, "unknown-settled").await;
-    assert_eq!(admin.process(&pid).await.unwrap().state, ProcessState::Done);
+    check_page(c, shots, "unknown-settled").await;
+    assert_eq!(
+        d.admin.process(&pid).await.unwrap().state,
+        ProcessState::Done
+    );
     let inbox = tenancy.phone1.inbox(None).await.unwrap();
     assert_eq!(inbox.messages.len(), 1, "the reply reached the device");
 
     // Acknowledge the alert.
-    c.goto(&format!("{base}/admin/alerts")).await.unwrap();
+    goto(c, base, "/admin/alerts").await;
     let ack = format!("//tr[td[text()='{pid_text}']]//button[contains(@class,'ack')]");
     let button = c.find(Locator::XPath(&ack)).await.unwrap();
     let alert_id = button
@@ -329,7 +326,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .unwrap()
         .trim_start_matches("ack-")
         .to_owned();
-    check_page(&c, &shots, "alerts-open").await;
+    check_page(c, shots, "alerts-open").await;
 
     // Refused: the same action without a login, and without the CSRF token.
     let session = c
@@ -338,10 +335,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .unwrap()
         .value()
         .to_owned();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = common::http();
     let action = format!("{base}/admin/alerts/{alert_id}/ack");
     let anonymous = http
         .post(&action)
@@ -383,7 +377,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         tokio::time::sleep(POLL).await;
     }
     assert!(refused, "the form without its CSRF token was not refused");
-    c.goto(&format!("{base}/admin/alerts")).await.unwrap();
+    goto(c, base, "/admin/alerts").await;
     assert!(
         c.find(Locator::Css("span.acked")).await.is_err(),
         "nothing was acknowledged"
@@ -395,12 +389,12 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    assert_eq!(wait_text(&c, "notice").await, "acknowledged");
+    assert_eq!(wait_text(c, "notice").await, "acknowledged");
     let acked = format!("//tr[td[text()='{pid_text}']]//span[@class='acked']");
     assert!(c.find(Locator::XPath(&acked)).await.is_ok());
-    check_page(&c, &shots, "alerts-acknowledged").await;
-    c.goto(&format!("{base}/admin")).await.unwrap();
-    assert_eq!(text(&c, "#alerts-open").await, "0");
+    check_page(c, shots, "alerts-acknowledged").await;
+    goto(c, base, "/admin").await;
+    assert_eq!(text(c, "#alerts-open").await, "0");
 
     // The other pages render without script errors.
     for (path, name) in [
@@ -410,17 +404,15 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         ("/admin/queues", "queues"),
         ("/admin/deliveries", "deliveries"),
     ] {
-        c.goto(&format!("{base}{path}")).await.unwrap();
-        check_page(&c, &shots, name).await;
+        goto(c, base, path).await;
+        check_page(c, shots, name).await;
     }
     // The event log is written off the request path: looked at until the
     // settle's event is there.
     let mut log = String::new();
     for _ in 0..POLLS {
-        c.goto(&format!("{base}/admin/events?db=db-a"))
-            .await
-            .unwrap();
-        log = text(&c, "#events").await;
+        goto(c, base, "/admin/events?db=db-a").await;
+        log = text(c, "#events").await;
         if log.contains("the operator settles a process in doubt") {
             break;
         }
@@ -463,9 +455,9 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         widths[0].as_u64() <= widths[1].as_u64(),
         "the event log is wider than the window: {widths}"
     );
-    check_page(&c, &shots, "events").await;
+    check_page(c, shots, "events").await;
     // The overview's live refresh runs (a few seconds) without errors.
-    c.goto(&format!("{base}/admin")).await.unwrap();
+    goto(c, base, "/admin").await;
     let mut refreshed = false;
     for _ in 0..POLLS {
         let stale = c
@@ -476,7 +468,7 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
             .await
             .unwrap();
         assert_eq!(stale, None, "the live refresh failed");
-        let requests: u64 = text(&c, "#requests").await.parse().unwrap();
+        let requests: u64 = text(c, "#requests").await.parse().unwrap();
         if requests > 0 && c.execute("return performance.getEntriesByType('resource').filter(e => e.initiatorType === 'fetch').length", vec![]).await.unwrap().as_u64().unwrap_or(0) > 0 {
             refreshed = true;
             break;
@@ -484,36 +476,34 @@ async fn operator_settles_an_in_doubt_process_in_a_real_browser() {
         tokio::time::sleep(POLL).await;
     }
     assert!(refreshed, "the overview never refreshed itself");
-    check_page(&c, &shots, "overview-refreshed").await;
+    check_page(c, shots, "overview-refreshed").await;
 
-    c.find(Locator::Id("logout"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_path(&c, "/admin/login").await;
-    c.close().await.unwrap();
-    drop(driver);
-    assert_eq!(server.terminate().await, Some(0));
+    click(c, "logout").await;
+    wait_path(c, "/admin/login").await;
+    d.finish().await;
 }
 
 /// Logs the browser in with the admin token.
 async fn log_in(c: &Client, base: &str) {
-    c.goto(&format!("{base}/admin/login")).await.unwrap();
+    goto(c, base, "/admin/login").await;
+    submit_login(c, TOKEN).await;
+    wait_path(c, "/admin").await;
+}
+
+/// Types `token` into the login form and submits it.
+async fn submit_login(c: &Client, token: &str) {
     c.find(Locator::Id("token"))
         .await
         .unwrap()
-        .send_keys(TOKEN)
+        .send_keys(token)
         .await
         .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_path(c, "/admin").await;
+    click(c, "login").await;
+}
+
+/// Opens `path` of the server at `base`.
+async fn goto(c: &Client, base: &str, path: &str) {
+    c.goto(&format!("{base}{path}")).await.unwrap();
 }
 
 async fn click(c: &Client, id: &str) {
@@ -528,21 +518,16 @@ async fn click(c: &Client, id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser() {
     use estafeta_exchange::mailbox::Folder;
-    let work = tempfile::tempdir().unwrap();
-    let data = work.path().join("data");
-    let server = Binary::serve(work.path(), &data, &[], &[("ESTAFETA_ADMIN_TOKEN", TOKEN)]).await;
-    let base = server.base.clone();
-    let admin = ApiClient::new(&base, TOKEN).unwrap();
-    common::wait_ready(&admin).await;
-    let tenancy = Tenancy::provision(&admin).await;
+    let d = Dashboard::start(&[]).await;
+    let (c, base, shots, tenancy) = (&d.c, d.server.base.as_str(), &d.shots, &d.tenancy);
     // Three messages processed incorrectly: three in db-a's Error.
     for _ in 0..3 {
-        let (pid, _) = ready_process(&tenancy, ResultStatus::ProcessedIncorrect).await;
+        let (pid, _) = ready_process(tenancy, ResultStatus::ProcessedIncorrect).await;
         tenancy.db_a.commit(&pid).await.unwrap();
     }
     let db_a = common::id("db-a");
     let in_folder = |folder| {
-        let admin = &admin;
+        let admin = &d.admin;
         let db_a = &db_a;
         async move {
             let files = admin.folder(db_a, folder).await.unwrap().files;
@@ -551,47 +536,40 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     };
     let errors = in_folder(Folder::Error).await;
     assert_eq!(errors.len(), 3);
-    let shots = screenshots();
-    let driver = start_driver().await;
-    let c = browser(&driver, &work.path().join("chromium-profile")).await;
-    log_in(&c, &base).await;
+    log_in(c, base).await;
 
     // One discard: a confirmation page first; cancelling keeps the message.
-    c.goto(&format!("{base}/admin/browse/Error")).await.unwrap();
-    assert_eq!(text(&c, "#folder-total").await, "3");
-    check_page(&c, &shots, "error-three").await;
+    goto(c, base, "/admin/browse/Error").await;
+    assert_eq!(text(c, "#folder-total").await, "3");
+    check_page(c, shots, "error-three").await;
     let first = &errors[0];
-    c.goto(&format!("{base}/admin/browse/Error/db-a/{first}"))
-        .await
-        .unwrap();
-    click(&c, "discard").await;
-    wait_contains(&c, "confirm-what", first.as_str()).await;
-    check_page(&c, &shots, "discard-confirm").await;
+    goto(c, base, &format!("/admin/browse/Error/db-a/{first}")).await;
+    click(c, "discard").await;
+    wait_contains(c, "confirm-what", first.as_str()).await;
+    check_page(c, shots, "discard-confirm").await;
     assert_eq!(
         in_folder(Folder::Error).await.len(),
         3,
         "not before the confirmation"
     );
-    click(&c, "cancel").await;
-    wait_path(&c, "/admin/browse/Error").await;
-    assert_eq!(text(&c, "#folder-total").await, "3");
-    c.goto(&format!("{base}/admin/browse/Error/db-a/{first}"))
-        .await
-        .unwrap();
-    click(&c, "discard").await;
-    wait_text(&c, "confirm-what").await;
-    click(&c, "confirm-yes").await;
-    wait_contains(&c, "notice", "discarded").await;
-    assert_eq!(text(&c, "#folder-total").await, "2");
+    click(c, "cancel").await;
+    wait_path(c, "/admin/browse/Error").await;
+    assert_eq!(text(c, "#folder-total").await, "3");
+    goto(c, base, &format!("/admin/browse/Error/db-a/{first}")).await;
+    click(c, "discard").await;
+    wait_text(c, "confirm-what").await;
+    click(c, "confirm-yes").await;
+    wait_contains(c, "notice", "discarded").await;
+    assert_eq!(text(c, "#folder-total").await, "2");
     assert_eq!(in_folder(Folder::Error).await, errors[1..]);
 
     // Bulk: the ticked message is requeued, the other stays.
     let second = &errors[1];
-    click(&c, &format!("pick-{second}")).await;
-    check_page(&c, &shots, "error-ticked").await;
-    click(&c, "bulk-requeue").await;
-    wait_contains(&c, "notice", "requeued 1 of 1 ticked").await;
-    assert_eq!(text(&c, "#folder-total").await, "1");
+    click(c, &format!("pick-{second}")).await;
+    check_page(c, shots, "error-ticked").await;
+    click(c, "bulk-requeue").await;
+    wait_contains(c, "notice", "requeued 1 of 1 ticked").await;
+    assert_eq!(text(c, "#folder-total").await, "1");
     assert_eq!(in_folder(Folder::Error).await, errors[2..]);
     assert_eq!(
         in_folder(Folder::Messages).await,
@@ -599,56 +577,50 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     );
 
     // Bulk on the whole folder: a discard, confirmed.
-    click(&c, "pick-all").await;
-    click(&c, "bulk-discard").await;
-    wait_contains(&c, "confirm-what", "every message of Error").await;
+    click(c, "pick-all").await;
+    click(c, "bulk-discard").await;
+    wait_contains(c, "confirm-what", "every message of Error").await;
     assert_eq!(
         in_folder(Folder::Error).await.len(),
         1,
         "not before the confirmation"
     );
-    click(&c, "confirm-yes").await;
-    wait_contains(&c, "notice", "discarded 1 of every message").await;
+    click(c, "confirm-yes").await;
+    wait_contains(c, "notice", "discarded 1 of every message").await;
     assert!(c.find(Locator::Id("no-files")).await.is_ok());
     assert!(in_folder(Folder::Error).await.is_empty());
-    check_page(&c, &shots, "error-emptied").await;
+    check_page(c, shots, "error-emptied").await;
 
     // A device's token rotated after its confirmation: shown once, the
     // old one refused at once, the new one taken.
-    c.goto(&format!("{base}/admin/devices?q=phone-2"))
-        .await
-        .unwrap();
-    click(&c, "rotate-phone-2").await;
-    wait_contains(&c, "confirm-what", "Rotate the token of device phone-2").await;
+    goto(c, base, "/admin/devices?q=phone-2").await;
+    click(c, "rotate-phone-2").await;
+    wait_contains(c, "confirm-what", "Rotate the token of device phone-2").await;
     tenancy
         .phone2
         .inbox(None)
         .await
         .expect("not before the confirmation");
-    click(&c, "confirm-yes").await;
-    let token = wait_text(&c, "new-token").await;
-    check_page(&c, &shots, "token-rotated").await;
+    click(c, "confirm-yes").await;
+    let token = wait_text(c, "new-token").await;
+    check_page(c, shots, "token-rotated").await;
     assert!(
         tenancy.phone2.inbox(None).await.is_err(),
         "the old token still works"
     );
-    ApiClient::new(&base, token.trim())
+    ApiClient::new(base, token.trim())
         .unwrap()
         .inbox(None)
         .await
         .expect("the new token works");
     // And the device deleted after its confirmation.
-    c.goto(&format!("{base}/admin/devices?q=phone-2"))
-        .await
-        .unwrap();
-    click(&c, "delete-phone-2").await;
-    wait_text(&c, "confirm-what").await;
-    click(&c, "confirm-yes").await;
-    wait_contains(&c, "notice", "device phone-2 deleted").await;
+    goto(c, base, "/admin/devices?q=phone-2").await;
+    click(c, "delete-phone-2").await;
+    wait_text(c, "confirm-what").await;
+    click(c, "confirm-yes").await;
+    wait_contains(c, "notice", "device phone-2 deleted").await;
     assert!(c.find(Locator::Id("device-phone-2")).await.is_err());
-    check_page(&c, &shots, "device-deleted").await;
+    check_page(c, shots, "device-deleted").await;
 
-    c.close().await.unwrap();
-    drop(driver);
-    assert_eq!(server.terminate().await, Some(0));
+    d.finish().await;
 }

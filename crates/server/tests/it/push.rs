@@ -9,6 +9,8 @@
 //! cluster node writes an arrival's notification through its own
 //! scheduler, which it wakes, so nothing waits for the clock to move.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::common;
@@ -27,7 +29,12 @@ use serde_json::{Value, json};
 /// Far past any retry wait of these tests (the first is a second).
 const AN_HOUR: Duration = Duration::from_secs(3600);
 
-fn settings(data: &std::path::Path, probe: Duration) -> NotifySettings {
+/// How often a webhook host marked down is probed, in the tests of one.
+const PROBE: Duration = Duration::from_millis(50);
+
+/// Notifications with a one-second first retry and webhook hosts probed
+/// every `probe`.
+fn settings(data: &Path, probe: Duration) -> NotifySettings {
     NotifySettings {
         probe,
         ..quick_retry(data)
@@ -60,12 +67,7 @@ async fn set_webhook(server: &Server, path: &str, url: &str) {
 /// also until its stored attempts say so: a claimed entry, its attempt
 /// under way, is not due either.
 async fn wait_retrying(server: &Server, url: Option<&str>, attempts: i32) {
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        1.0,
-    )
-    .await;
+    wait_pushes(server, 1.0).await;
     wait_metric(
         &server.base,
         r#"estafeta_repeat_backlog{source="push"}"#,
@@ -95,15 +97,57 @@ async fn wait_retrying(server: &Server, url: Option<&str>, attempts: i32) {
         .unwrap_or_else(|_| panic!("the push never waited after {attempts} attempts"));
 }
 
-/// A server on `store` (its setting `url`) over a new data folder, its
-/// notifications sent as `notify` (given the folder) says.
-async fn start(
-    data: &std::path::Path,
-    url: Option<&str>,
-    clock: &ManualClock,
-    notify: NotifySettings,
-) -> Server {
-    Server::start_notified_on(data, url, clock, notify).await
+/// A push test's server on its store (its setting `url`) over a new data
+/// folder, reading a clock the test moves, with the provisioned tenancy.
+struct Pushing {
+    data: tempfile::TempDir,
+    url: Option<String>,
+    clock: ManualClock,
+    server: Server,
+    t: Tenancy,
+}
+
+impl Pushing {
+    /// A server on `store` whose notifications go out as `notify` (given
+    /// the data folder) says.
+    async fn start(store: Store, notify: impl FnOnce(&Path) -> NotifySettings) -> Pushing {
+        let data = tempfile::tempdir().unwrap();
+        let url = store.setting();
+        let clock = ManualClock::now();
+        let notify = notify(data.path());
+        let server = Server::start_notified_on(data.path(), url.as_deref(), &clock, notify).await;
+        let t = Tenancy::provision(&server.admin).await;
+        Pushing {
+            data,
+            url,
+            clock,
+            server,
+            t,
+        }
+    }
+}
+
+/// Waits until `pending` push notifications are stored (waiting, due or
+/// under way).
+async fn wait_pushes(server: &Server, pending: f64) {
+    wait_metric(
+        &server.base,
+        r#"estafeta_repeat_entries{source="push"}"#,
+        pending,
+    )
+    .await;
+}
+
+/// `db-a` commits a reply to `phone-1`, which lands in its inbox.
+async fn reply_to_phone1(t: &Tenancy) {
+    let (pid, _) = ready_process(t, ResultStatus::Processed).await;
+    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+}
+
+/// A webhook that comes up at `addr`, a port that was closed.
+async fn come_up(addr: SocketAddr) -> webhook::Hook {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    webhook::serve(listener, Script::default())
 }
 
 /// Asserts the notification for `recipient` of `kind`: exactly the small
@@ -128,53 +172,52 @@ both_stores!(
     arrivals_are_pushed_to_database_and_device_webhooks_without_bodies
 );
 async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let notify = settings(data.path(), Duration::ZERO);
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script::default()).await;
-    set_webhook(&server, "databases/db-b", &format!("http://{addr}/db")).await;
-    set_webhook(&server, "devices/phone-1", &format!("http://{addr}/phone")).await;
-    set_webhook(&server, "databases/db-x", &format!("http://{addr}/later")).await;
+    set_webhook(&p.server, "databases/db-b", &format!("http://{addr}/db")).await;
+    set_webhook(
+        &p.server,
+        "devices/phone-1",
+        &format!("http://{addr}/phone"),
+    )
+    .await;
+    set_webhook(&p.server, "databases/db-x", &format!("http://{addr}/later")).await;
 
     // A device's upload lands in db-b's queue.
-    t.phone1
+    p.t.phone1
         .send(&message("db-b", r#"{"secret":"do not push me"}"#, None))
         .await
         .unwrap();
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
-    assert_notification(&post, "db-b", "database", &clock);
+    assert_notification(&post, "db-b", "database", &p.clock);
     assert!(!post.json.to_string().contains("secret"));
 
     // A committed reply lands in phone-1's inbox (db-a has no webhook).
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    reply_to_phone1(&p.t).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
-    assert_notification(&post, "phone-1", "device", &clock);
+    assert_notification(&post, "phone-1", "device", &p.clock);
 
     // A message for later is kept aside; it is pushed when it enters the
     // queue at its time.
     let mut later = message("db-x", "{}", None);
     use estafeta_session::Clock;
-    let due = clock.now().after(AN_HOUR);
+    let due = p.clock.now().after(AN_HOUR);
     later.deliver_at = Some(Timestamp::from_millis(i64::try_from(due.0).unwrap()));
-    t.phone_x.send(&later).await.unwrap();
+    p.t.phone_x.send(&later).await.unwrap();
     wait_metric(
-        &server.base,
+        &p.server.base,
         r#"estafeta_repeat_entries{source="deliver_at"}"#,
         1.0,
     )
     .await;
     assert!(hook.posts.try_recv().is_err(), "pushed before its time");
-    clock.advance(AN_HOUR + Duration::from_secs(1));
+    p.clock.advance(AN_HOUR + Duration::from_secs(1));
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/later");
-    assert_notification(&post, "db-x", "database", &clock);
-    server.stop().await;
+    assert_notification(&post, "db-x", "database", &p.clock);
+    p.server.stop().await;
 }
 
 both_stores!(
@@ -182,25 +225,23 @@ both_stores!(
     fifty_arrivals_while_the_webhook_is_slow_make_two_posts
 );
 async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let notify = settings(data.path(), Duration::ZERO);
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script {
         held: true,
         ..Script::default()
     })
     .await;
-    set_webhook(&server, "databases/db-a", &format!("http://{addr}/db")).await;
+    set_webhook(&p.server, "databases/db-a", &format!("http://{addr}/db")).await;
 
-    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first notification is out and unanswered while 49 more arrive.
     next(&mut hook.posts).await;
     for n in 1..50 {
         let body = format!(r#"{{"n":{n}}}"#);
-        t.phone1.send(&message("db-a", &body, None)).await.unwrap();
+        p.t.phone1
+            .send(&message("db-a", &body, None))
+            .await
+            .unwrap();
     }
     // One more is pending: a mark in memory, or in the cluster's store a
     // second entry (the first one's `again`).
@@ -208,24 +249,14 @@ async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts(store: Store) {
         Store::Embedded => 1.0,
         Store::Postgres => 2.0,
     };
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        pending,
-    )
-    .await;
+    wait_pushes(&p.server, pending).await;
     hook.open();
     let second = next(&mut hook.posts).await;
-    assert_notification(&second, "db-a", "database", &clock);
+    assert_notification(&second, "db-a", "database", &p.clock);
     // Settled: nothing is pending, so nothing more can come.
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        0.0,
-    )
-    .await;
+    wait_pushes(&p.server, 0.0).await;
     assert!(hook.posts.try_recv().is_err(), "a third POST was sent");
-    server.stop().await;
+    p.server.stop().await;
 }
 
 both_stores!(
@@ -233,38 +264,28 @@ both_stores!(
     a_webhook_failing_twice_gets_the_push_on_the_third_try
 );
 async fn a_webhook_failing_twice_gets_the_push_on_the_third_try(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let notify = settings(data.path(), Duration::ZERO);
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script {
         statuses: vec![500, 500],
         ..Script::default()
     })
     .await;
-    set_webhook(&server, "databases/db-a", &format!("http://{addr}/db")).await;
+    set_webhook(&p.server, "databases/db-a", &format!("http://{addr}/db")).await;
 
-    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     for attempts in 1..=2 {
         next(&mut hook.posts).await;
         // Answered 500: the push waits for its retry (backoff), not sent
         // again before the clock moves.
-        wait_retrying(&server, url.as_deref(), attempts).await;
+        wait_retrying(&p.server, p.url.as_deref(), attempts).await;
         assert!(hook.posts.try_recv().is_err());
-        clock.advance(AN_HOUR);
+        p.clock.advance(AN_HOUR);
     }
     let third = next(&mut hook.posts).await;
-    assert_notification(&third, "db-a", "database", &clock);
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        0.0,
-    )
-    .await;
+    assert_notification(&third, "db-a", "database", &p.clock);
+    wait_pushes(&p.server, 0.0).await;
     assert!(hook.posts.try_recv().is_err());
-    server.stop().await;
+    p.server.stop().await;
 }
 
 both_stores!(
@@ -272,25 +293,19 @@ both_stores!(
     a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up
 );
 async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let probe = Duration::from_millis(50);
-    let notify = settings(data.path(), probe);
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, |data| settings(data, PROBE)).await;
     let addr = common::recorder::closed_port();
     let host = format!("http://{addr}");
-    set_webhook(&server, "databases/db-a", &format!("{host}/db")).await;
+    set_webhook(&p.server, "databases/db-a", &format!("{host}/db")).await;
 
-    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first try meets a closed port; the host's probes fail and mark it down.
-    wait_retrying(&server, url.as_deref(), 1).await;
+    wait_retrying(&p.server, p.url.as_deref(), 1).await;
     // The one webhook host is down; `/metrics`, which answers anyone, does
     // not name it.
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
-    wait_metric(&server.base, down, 1.0).await;
-    let exposed = reqwest::get(format!("{}/metrics", server.base))
+    wait_metric(&p.server.base, down, 1.0).await;
+    let exposed = reqwest::get(format!("{}/metrics", p.server.base))
         .await
         .unwrap()
         .text()
@@ -298,23 +313,17 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: 
         .unwrap();
     assert!(!exposed.contains(&addr.to_string()), "{exposed}");
     // The retry finds the host down: queued, not failed.
-    clock.advance(AN_HOUR);
+    p.clock.advance(AN_HOUR);
     let queued = r#"estafeta_sendq_queued{queue="http",type="push"}"#;
-    wait_metric(&server.base, queued, 1.0).await;
+    wait_metric(&p.server.base, queued, 1.0).await;
 
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let mut hook = webhook::serve(listener, Script::default());
+    let mut hook = come_up(addr).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
-    assert_notification(&post, "db-a", "database", &clock);
-    wait_metric(&server.base, down, 0.0).await;
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        0.0,
-    )
-    .await;
-    server.stop().await;
+    assert_notification(&post, "db-a", "database", &p.clock);
+    wait_metric(&p.server.base, down, 0.0).await;
+    wait_pushes(&p.server, 0.0).await;
+    p.server.stop().await;
 }
 
 both_stores!(
@@ -325,38 +334,26 @@ both_stores!(
 /// notification, so that a node (which leaves alone what waits less, as
 /// another node may be sending it) hurries it too.
 async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let probe = Duration::from_millis(50);
-    let notify = NotifySettings {
+    let notify = |data: &Path| NotifySettings {
         retry: AN_HOUR,
-        ..settings(data.path(), probe)
+        ..settings(data, PROBE)
     };
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, notify).await;
     let addr = common::recorder::closed_port();
     let host = format!("http://{addr}");
-    set_webhook(&server, "devices/phone-1", &format!("{host}/phone")).await;
+    set_webhook(&p.server, "devices/phone-1", &format!("{host}/phone")).await;
 
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    wait_retrying(&server, url.as_deref(), 1).await;
+    reply_to_phone1(&p.t).await;
+    wait_retrying(&p.server, p.url.as_deref(), 1).await;
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
-    wait_metric(&server.base, down, 1.0).await;
+    wait_metric(&p.server.base, down, 1.0).await;
 
     // The clock stands still: only the host coming back can send it now.
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let mut hook = webhook::serve(listener, Script::default());
+    let mut hook = come_up(addr).await;
     let post = next(&mut hook.posts).await;
-    assert_notification(&post, "phone-1", "device", &clock);
-    wait_metric(
-        &server.base,
-        r#"estafeta_repeat_entries{source="push"}"#,
-        0.0,
-    )
-    .await;
-    server.stop().await;
+    assert_notification(&post, "phone-1", "device", &p.clock);
+    wait_pushes(&p.server, 0.0).await;
+    p.server.stop().await;
 }
 
 both_stores!(
@@ -364,33 +361,31 @@ both_stores!(
     a_pending_push_survives_a_restart
 );
 async fn a_pending_push_survives_a_restart(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let url = store.setting();
-    let clock = ManualClock::now();
-    let notify = settings(data.path(), Duration::ZERO);
-    let server = start(data.path(), url.as_deref(), &clock, notify.clone()).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
     let addr = common::recorder::closed_port();
-    set_webhook(&server, "devices/phone-1", &format!("http://{addr}/phone")).await;
+    set_webhook(
+        &p.server,
+        "devices/phone-1",
+        &format!("http://{addr}/phone"),
+    )
+    .await;
 
     // A reply for phone-1 while its webhook is unreachable.
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    wait_retrying(&server, url.as_deref(), 1).await;
-    server.stop().await;
+    reply_to_phone1(&p.t).await;
+    wait_retrying(&p.server, p.url.as_deref(), 1).await;
+    p.server.stop().await;
 
     // The webhook comes up and the retry falls due while the server is
     // down; the restarted server (the webhook read back from phone-1's
     // session, or the cluster's registry) sends what was pending.
-    let mut hook = webhook::serve(
-        tokio::net::TcpListener::bind(addr).await.unwrap(),
-        Script::default(),
-    );
-    clock.advance(AN_HOUR);
-    let server = start(data.path(), url.as_deref(), &clock, notify).await;
+    let mut hook = come_up(addr).await;
+    p.clock.advance(AN_HOUR);
+    let (data, url) = (p.data.path(), p.url.as_deref());
+    let notify = settings(data, Duration::ZERO);
+    let server = Server::start_notified_on(data, url, &p.clock, notify).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
-    assert_notification(&post, "phone-1", "device", &clock);
+    assert_notification(&post, "phone-1", "device", &p.clock);
     server.stop().await;
 }
 
@@ -513,34 +508,30 @@ async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting(
     let (addr, mut hook) = webhook::start(Script::default()).await;
     let webhook = format!("http://localhost:{}/db", addr.port());
     for private in [PrivateTargets::Deny, PrivateTargets::Allow] {
-        let data = tempfile::tempdir().unwrap();
-        let url = store.setting();
-        let clock = ManualClock::now();
-        let notify = NotifySettings {
+        let notify = |data: &Path| NotifySettings {
             webhook_private: private,
-            ..settings(data.path(), Duration::ZERO)
+            ..settings(data, Duration::ZERO)
         };
-        let server = start(data.path(), url.as_deref(), &clock, notify).await;
-        let t = Tenancy::provision(&server.admin).await;
+        let p = Pushing::start(store, notify).await;
         match private {
             // localhost resolves to loopback, a private range: refused
             // when set, so it is never stored, sent to or probed.
             PrivateTargets::Deny => {
                 let body = json!({"version": 1, "url": webhook});
                 let (status, answer) =
-                    webhook_call(&server.base, "databases/db-b", ADMIN_TOKEN, Some(body)).await;
+                    webhook_call(&p.server.base, "databases/db-b", ADMIN_TOKEN, Some(body)).await;
                 assert_eq!(status, 400, "{answer}");
                 assert_eq!(answer["error"]["code"], "bad_webhook_url", "{answer}");
-                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
+                p.t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 assert!(hook.posts.try_recv().is_err(), "a refused host got a POST");
             }
             PrivateTargets::Allow => {
-                set_webhook(&server, "databases/db-b", &webhook).await;
-                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
+                set_webhook(&p.server, "databases/db-b", &webhook).await;
+                p.t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 let post = next(&mut hook.posts).await;
                 assert_eq!(post.uri, "/db");
             }
         }
-        server.stop().await;
+        p.server.stop().await;
     }
 }
