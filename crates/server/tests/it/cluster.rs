@@ -6,9 +6,7 @@
 use crate::common::cluster::Node;
 use crate::common::{Binary, id, message, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
-use estafeta_exchange::wire::{
-    CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, StartStatus, Version,
-};
+use estafeta_exchange::wire::{CallStatus, StartStatus};
 use estafeta_postgres::testing::Postgres;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,21 +46,7 @@ async fn two_nodes_serve_one_cluster() {
         .unwrap();
     assert_eq!(second.status, StartStatus::Busy);
 
-    let prepare = PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: sent.accepted.id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: estafeta_exchange::wire::Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    };
+    let prepare = prepare_all([sent.accepted.id], r#"{"ok":true}"#);
     let prepared = on(&b, &db_token).prepare(&pid, &prepare).await.unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
     let committed = on(&a, &db_token).commit(&pid).await.unwrap();

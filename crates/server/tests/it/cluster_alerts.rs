@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::cluster::{node_env, two_nodes, wait_count};
-use crate::common::{Binary, Tenancy, http, message, next, ready_process, recorder};
+use crate::common::cluster::{pushed_once, set_webhook, two_nodes, wait_count};
+use crate::common::{Binary, Tenancy, http, next, ready_process, recorder};
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use estafeta_postgres::testing::Postgres;
 use estafeta_test_support::smtp_server;
@@ -71,18 +71,14 @@ async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     let pg = Postgres::start().unwrap();
     let mut smtp = smtp_server::start(smtp_server::Options::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
     let smtp_url = format!("smtp://{}", smtp.addr);
-    let env = node_env(
-        &url,
-        &[
-            ("ESTAFETA_READY_TIMEOUT", "1s"),
-            ("ESTAFETA_ALERT_RETRY", "1s"),
-            ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
-            ("ESTAFETA_SMTP_URL", smtp_url.as_str()),
-        ],
-    );
-    let [(a, admin_a), (b, admin_b)] = two_nodes(dir.path(), &env).await;
+    let env = [
+        ("ESTAFETA_READY_TIMEOUT", "1s"),
+        ("ESTAFETA_ALERT_RETRY", "1s"),
+        ("ESTAFETA_ALERT_EMAIL", "ops@example.org"),
+        ("ESTAFETA_SMTP_URL", smtp_url.as_str()),
+    ];
+    let [(a, admin_a), (b, admin_b)] = two_nodes(&pg, dir.path(), &env).await;
 
     // A process left READY_TO_COMMIT goes in doubt at its deadline,
     // whichever node acts on it.
@@ -106,7 +102,7 @@ async fn an_alert_is_sent_once_by_two_nodes_and_logins_and_events_are_shared() {
     );
     // Once the delivery is gone from the store, no node can send it again:
     // one e-mail in all.
-    let db = estafeta_postgres::Store::connect(&url).unwrap();
+    let db = estafeta_postgres::Store::connect(&pg.url()).unwrap();
     wait_count(
         &db,
         "SELECT count(*) FROM repeat_entries WHERE source = 'alerts'",
@@ -158,34 +154,17 @@ async fn an_arrival_is_pushed_once_by_two_nodes() {
     let pg = Postgres::start().unwrap();
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = node_env(&url, &[]);
-    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
+    let [(a, admin_a), (b, _)] = two_nodes(&pg, dir.path(), &[]).await;
     let t = Tenancy::provision(&admin_a).await;
     // Set through A, which also takes the uploads; either node sends.
-    let set = http()
-        .put(format!("{}/v1/admin/databases/db-a/webhook", a.base))
-        .bearer_auth(common::ADMIN_TOKEN)
-        .json(&serde_json::json!({"version": 1, "url": format!("http://{hook}/hook")}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(set.status(), StatusCode::OK);
+    set_webhook(&a, "db-a", Some(format!("http://{hook}/hook"))).await;
 
-    let db = estafeta_postgres::Store::connect(&url).unwrap();
-    let pending = "SELECT count(*) FROM repeat_entries WHERE source = 'push'";
-    for n in 1..=2 {
-        t.phone1
-            .send(&message("db-a", &format!(r#"{{"n":{n}}}"#), None))
-            .await
-            .unwrap();
-        let hit = next(&mut hits).await;
+    // Once the notification is gone from the store, no node can send it
+    // again: one POST per arrival.
+    let db = estafeta_postgres::Store::connect(&pg.url()).unwrap();
+    for _ in 1..=2 {
+        let hit = pushed_once(&t.phone1, "db-a", &mut hits, &db).await;
         assert_eq!(hit.uri, "/hook");
-        assert!(hit.body.contains("messages_waiting"), "{}", hit.body);
-        // Once the notification is gone from the store, no node can send
-        // it again: one POST per arrival.
-        wait_count(&db, pending, 0).await;
-        assert!(hits.try_recv().is_err(), "a second POST for arrival {n}");
     }
     a.terminate().await;
     b.terminate().await;
@@ -209,9 +188,8 @@ async fn an_address_that_gave_wrong_tokens_to_one_node_waits_on_the_other() {
     use estafeta_server::throttle::FREE_FAILURES;
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = node_env(&url, &[("ESTAFETA_TRUSTED_PROXIES", "127.0.0.1")]);
-    let [(a, _), (b, _)] = two_nodes(dir.path(), &env).await;
+    let proxy = [("ESTAFETA_TRUSTED_PROXIES", "127.0.0.1")];
+    let [(a, _), (b, _)] = two_nodes(&pg, dir.path(), &proxy).await;
 
     let attacker = "203.0.113.1";
     for _ in 0..FREE_FAILURES {

@@ -24,12 +24,9 @@
 
 use crate::common;
 use crate::common::cluster::{Node, eventually, folder_ids, retrying, with_params};
-use crate::common::{Tenancy, id, provision_one, start_request};
+use crate::common::{Tenancy, id, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
-use estafeta_exchange::wire::{
-    Body, CallStatus, Folder, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
-    StartStatus, Version,
-};
+use estafeta_exchange::wire::{CallStatus, Folder, PrepareRequest, ProcessState, StartStatus};
 use estafeta_exchange::{MessageId, ProcessId};
 use estafeta_postgres::testing::{CommitLoss, Postgres};
 
@@ -49,21 +46,7 @@ async fn ready(db: &Client, phone: &Client) -> (ProcessId, MessageId) {
 
 /// A prepare of `message` as processed, with one reply to phone-1.
 fn prepare(message: MessageId) -> PrepareRequest {
-    PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: message,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    }
+    prepare_all([message], r#"{"ok":true}"#)
 }
 
 /// Sessions of `application` left idle inside a transaction that holds a

@@ -8,60 +8,18 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::common;
-use crate::common::cluster::{node_env, two_nodes, wait_count};
-use crate::common::recorder::{self, Hit};
-use crate::common::{Binary, id, message, next};
+use crate::common::cluster::{pushed_once, set_webhook, two_nodes};
+use crate::common::recorder;
+use crate::common::{id, message, next, provision_one};
 use estafeta_client::Client;
 use estafeta_postgres::testing::Postgres;
-use reqwest::StatusCode;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-/// Sets (`Some`) or removes (`None`) database `db`'s webhook through `node`.
-async fn set_webhook(node: &Binary, db: &str, url: Option<String>) {
-    let http = reqwest::Client::new();
-    let path = format!("{}/v1/admin/databases/{db}/webhook", node.base);
-    let sent = match url {
-        Some(url) => http
-            .put(path)
-            .json(&serde_json::json!({"version": 1, "url": url})),
-        None => http.delete(path),
-    };
-    let answer = sent.bearer_auth(common::ADMIN_TOKEN).send().await.unwrap();
-    assert_eq!(answer.status(), StatusCode::OK, "{:?}", answer.text().await);
-}
-
-/// Uploads one message to `db` through `phone`; waits for the one POST it
-/// makes and returns it, once no notification is pending in the store (so
-/// no node can send one more), checking that no second POST came.
-async fn pushed_once(
-    phone: &Client,
-    db: &str,
-    hits: &mut UnboundedReceiver<Hit>,
-    store: &estafeta_postgres::Store,
-) -> Hit {
-    phone.send(&message(db, "{}", None)).await.unwrap();
-    let hit = next(hits).await;
-    assert!(hit.body.contains("messages_waiting"), "{}", hit.body);
-    assert!(hit.body.contains(db), "{}", hit.body);
-    wait_count(
-        store,
-        "SELECT count(*) FROM repeat_entries WHERE source = 'push'",
-        0,
-    )
-    .await;
-    assert!(hits.try_recv().is_err(), "a second POST for one arrival");
-    hit
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_pushes_to_the_webhook_set_last_through_any_node() {
     let pg = Postgres::start().unwrap();
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = node_env(&url, &[]);
-    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
+    let [(a, admin_a), (b, _)] = two_nodes(&pg, dir.path(), &[]).await;
     // Both nodes loaded the registry before any webhook existed.
     admin_a.create_enterprise(&id("acme")).await.unwrap();
     admin_a
@@ -77,7 +35,7 @@ async fn every_node_pushes_to_the_webhook_set_last_through_any_node() {
         .unwrap();
     let phone_a = Client::new(&a.base, &phone.token).unwrap();
     let phone_b = Client::new(&b.base, &phone.token).unwrap();
-    let store = estafeta_postgres::Store::connect(&url).unwrap();
+    let store = estafeta_postgres::Store::connect(&pg.url()).unwrap();
 
     // Set through A, the arrival through B: B pushes to it.
     set_webhook(&a, "db-a", Some(format!("http://{hook}/first"))).await;
@@ -109,30 +67,16 @@ async fn a_scheduled_message_delivered_by_a_node_no_call_reached_is_pushed() {
     let pg = Postgres::start().unwrap();
     let (hook, mut hits) = recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let url = pg.url();
-    let env = node_env(&url, &[]);
-    let [(a, admin_a), (b, _)] = two_nodes(dir.path(), &env).await;
+    let [(a, admin_a), (b, _)] = two_nodes(&pg, dir.path(), &[]).await;
     // From here on every call goes to A: B's registry is the one it read
     // before any of this.
-    admin_a.create_enterprise(&id("acme")).await.unwrap();
-    admin_a
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    admin_a
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin_a
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
+    let (_, phone) = provision_one(&admin_a).await;
     set_webhook(&a, "db-a", Some(format!("http://{hook}/hook"))).await;
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     let soon = i64::try_from(now.as_millis()).unwrap() + 2_000;
     let mut later = message("db-a", "{}", None);
     later.deliver_at = Some(estafeta_exchange::Timestamp::from_millis(soon));
-    Client::new(&a.base, &phone.token)
+    Client::new(&a.base, &phone)
         .unwrap()
         .send(&later)
         .await

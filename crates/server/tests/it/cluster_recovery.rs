@@ -9,21 +9,12 @@
 use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server as Node;
-use crate::common::{Store, TestServer, id, message, start_request};
+use crate::common::{Store, TestServer, id, listed, message, prepare_all, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::store::{Location, MessageSteps};
-use estafeta_exchange::wire::{
-    Body, CallStatus, Message, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
-    Version,
-};
+use estafeta_exchange::wire::{Body, CallStatus, Message, ProcessState, Version};
 use estafeta_exchange::{MessageId, Timestamp};
 use estafeta_postgres::PgMessages;
-
-/// The ids in `mailbox`'s `folder`, through `server`.
-async fn listed(server: &TestServer, mailbox: &str, folder: Folder) -> Vec<MessageId> {
-    let listing = server.admin.folder(&id(mailbox), folder).await.unwrap();
-    listing.files.into_iter().map(|f| f.id).collect()
-}
 
 /// Stores a reply of db-a to phone-1 in db-a's `Prepared` as a prepare
 /// stores its replies, for a process no record names any more.
@@ -76,24 +67,10 @@ async fn an_unnamed_reply_in_prepared_goes_to_unknown_with_an_alert_and_a_live_p
     // A live process on the same database, READY_TO_COMMIT with a reply.
     let second = t.db_a.start(&start_request("db-a")).await.unwrap();
     let second = second.process_id.unwrap();
-    let prepare = PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: sent.accepted.id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    };
+    let prepare = prepare_all([sent.accepted.id], r#"{"ok":true}"#);
     let prepared = t.db_a.prepare(&second, &prepare).await.unwrap();
     assert_eq!(prepared.status, CallStatus::Ok);
-    let mut before = listed(&server, "db-a", Folder::Prepared).await;
+    let mut before = listed(&server.admin, "db-a", Folder::Prepared).await;
     assert_eq!(before.len(), 2);
     before.retain(|m| *m != orphan);
     let live = before[0];
@@ -101,8 +78,14 @@ async fn an_unnamed_reply_in_prepared_goes_to_unknown_with_an_alert_and_a_live_p
     // Another node's start-up processing looks under each database's key.
     let data = tempfile::tempdir().unwrap();
     let node = Node::start_on(data.path(), Some(&url), &ManualClock::now()).await;
-    assert_eq!(listed(&server, "db-a", Folder::Prepared).await, vec![live]);
-    assert_eq!(listed(&server, "db-a", Folder::Unknown).await, vec![orphan]);
+    assert_eq!(
+        listed(&server.admin, "db-a", Folder::Prepared).await,
+        vec![live]
+    );
+    assert_eq!(
+        listed(&server.admin, "db-a", Folder::Unknown).await,
+        vec![orphan]
+    );
     node.stop().await;
     let alerts = server.admin.alerts().await.unwrap().alerts;
     assert!(
@@ -112,7 +95,7 @@ async fn an_unnamed_reply_in_prepared_goes_to_unknown_with_an_alert_and_a_live_p
         "{alerts:?}"
     );
     assert!(
-        !listed(&server, "phone-1", Folder::Messages)
+        !listed(&server.admin, "phone-1", Folder::Messages)
             .await
             .contains(&orphan)
     );
@@ -123,12 +106,16 @@ async fn an_unnamed_reply_in_prepared_goes_to_unknown_with_an_alert_and_a_live_p
     let state = t.db_a.process(&second).await.unwrap().state;
     assert_eq!(state, ProcessState::Done);
     assert_eq!(
-        listed(&server, "phone-1", Folder::Messages).await,
+        listed(&server.admin, "phone-1", Folder::Messages).await,
         vec![live]
     );
-    assert!(listed(&server, "db-a", Folder::Prepared).await.is_empty());
+    assert!(
+        listed(&server.admin, "db-a", Folder::Prepared)
+            .await
+            .is_empty()
+    );
     assert_eq!(
-        listed(&server, "db-a", Folder::Log).await,
+        listed(&server.admin, "db-a", Folder::Log).await,
         vec![sent.accepted.id]
     );
     server.stop().await.unwrap();

@@ -4,7 +4,7 @@
 //! send queue and delivery pages showing a push that waits for its host.
 
 use crate::common;
-use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, http, id, ready_process};
+use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, http, listed, ready_process};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use estafeta_exchange::{MessageId, ProcessId};
@@ -293,7 +293,7 @@ async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: St
         let r = post(&server, "/admin/logout", Some(&s.cookie), body).await;
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "{body:?}");
     }
-    let error = db_a_files(&server, Folder::Error).await;
+    let error = listed(&server.admin, "db-a", Folder::Error).await;
     assert_eq!(error.len(), 1, "still in Error");
 
     // With the token: requeued into Messages.
@@ -305,9 +305,9 @@ async fn actions_without_the_csrf_token_are_refused_and_change_nothing(store: St
             .unwrap()
             .starts_with("/admin/browse/Error?notice=")
     );
-    let error = db_a_files(&server, Folder::Error).await;
+    let error = listed(&server.admin, "db-a", Folder::Error).await;
     assert!(error.is_empty());
-    let queue = db_a_files(&server, Folder::Messages).await;
+    let queue = listed(&server.admin, "db-a", Folder::Messages).await;
     assert_eq!(queue, [incorrect]);
 
     // Settling a process that is not in doubt is refused with a reason.
@@ -352,7 +352,7 @@ async fn a_message_in_error_is_shown_and_discarded(store: Store) {
         confirm.contains("name=\"confirm\" value=\"yes\""),
         "{confirm}"
     );
-    let error = db_a_files(&server, Folder::Error).await;
+    let error = listed(&server.admin, "db-a", Folder::Error).await;
     assert_eq!(error.len(), 1, "still in Error until confirmed");
     let r = s
         .act(&server, &format!("{view}/discard"), "&confirm=yes")
@@ -364,7 +364,7 @@ async fn a_message_in_error_is_shown_and_discarded(store: Store) {
         "{notice}"
     );
     for folder in [Folder::Error, Folder::Messages] {
-        assert!(db_a_files(&server, folder).await.is_empty());
+        assert!(listed(&server.admin, "db-a", folder).await.is_empty());
     }
     let r = s.get(&server, &view).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
@@ -406,7 +406,10 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand(store: 
             .await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{action}");
     }
-    assert_eq!(db_a_files(&server, Folder::Unknown).await.len(), 2);
+    assert_eq!(
+        listed(&server.admin, "db-a", Folder::Unknown).await.len(),
+        2
+    );
 
     let settle = format!("/admin/processes/{pid}/settle");
     let r = s.act(&server, &settle, "&outcome=maybe").await;
@@ -417,8 +420,12 @@ async fn an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand(store: 
         server.admin.process(&pid).await.unwrap().state,
         ProcessState::RolledBack
     );
-    assert!(db_a_files(&server, Folder::Unknown).await.is_empty());
-    let queue = db_a_files(&server, Folder::Messages).await;
+    assert!(
+        listed(&server.admin, "db-a", Folder::Unknown)
+            .await
+            .is_empty()
+    );
+    let queue = listed(&server.admin, "db-a", Folder::Messages).await;
     assert_eq!(queue, [mid], "back in the queue");
     assert!(
         t.phone1.inbox(None).await.unwrap().messages.is_empty(),
@@ -430,12 +437,6 @@ common::both_stores!(
     #[tokio::test]
     an_in_doubt_process_is_settled_as_rolled_back_not_moved_by_hand
 );
-
-/// The ids in `db-a`'s `folder`, as the admin API lists them.
-async fn db_a_files(server: &TestServer, folder: Folder) -> Vec<MessageId> {
-    let listing = server.admin.folder(&id("db-a"), folder).await.unwrap();
-    listing.files.into_iter().map(|f| f.id).collect()
-}
 
 /// Fetches `path` until `done` holds for its HTML (the figures are live).
 async fn wait_page(

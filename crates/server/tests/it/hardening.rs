@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::common;
-use crate::common::raw::{head, send_raw};
+use crate::common::raw::{Answer, head, send_raw};
 use crate::common::{
     ADMIN_TOKEN, Binary, PATIENCE, Store, Tenancy, TestServer, both_stores, id, provision_one,
     ready_process, wait_ready,
@@ -19,7 +19,6 @@ use estafeta_exchange::DataLayout;
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::ResultStatus;
 use estafeta_postgres::testing::Postgres;
-use estafeta_server::HttpSettings;
 use estafeta_server::body_limit::FORM_LIMIT;
 use estafeta_server::config::MIN_ADMIN_TOKEN_LEN;
 use estafeta_server::dashboard::page::SERVER_FAILED;
@@ -27,36 +26,36 @@ use estafeta_server::extract::MAX_JSON_DEPTH;
 use estafeta_server::throttle::{FIRST_DELAY, FREE_FAILURES, MAX_ADDRESSES};
 use serde_json::Value;
 
+/// The head of a form POST to the login page, its body framed by
+/// `framing` (a `content-length` or `transfer-encoding` header).
+fn login_form_head(framing: &str) -> String {
+    let form = "content-type: application/x-www-form-urlencoded".to_owned();
+    head("POST", "/admin/login", &[form, framing.to_owned()])
+}
+
+/// Sends `request` to `server` as raw bytes and asserts that it answers
+/// `status` with the error JSON of `code`; the answer.
+async fn assert_raw_error(server: &TestServer, request: &[u8], status: u16, code: &str) -> Answer {
+    let answer = send_raw(server.addr, request).await;
+    assert_eq!(answer.status, status, "{answer:?}");
+    assert_eq!(answer.error_code(), code);
+    answer
+}
+
 both_stores!(a_form_declared_over_its_limit_is_413_before_its_body_is_sent);
 async fn a_form_declared_over_its_limit_is_413_before_its_body_is_sent(store: Store) {
     let server = TestServer::start_on(store).await;
     // Well under the API's 32 MB, well over a form's limit. Only the head
     // goes out: an answer can only come from the declared length.
-    let request = head(
-        "POST",
-        "/admin/login",
-        &[
-            "content-type: application/x-www-form-urlencoded".to_owned(),
-            "content-length: 1000000".to_owned(),
-        ],
-    );
-    let answer = send_raw(server.addr, request.as_bytes()).await;
-    assert_eq!(answer.status, 413, "{answer:?}");
+    let request = login_form_head("content-length: 1000000");
+    let answer = assert_raw_error(&server, request.as_bytes(), 413, "body_too_large").await;
     assert_eq!(answer.header("content-type"), Some("application/json"));
-    assert_eq!(answer.error_code(), "body_too_large");
     server.stop().await.unwrap();
 }
 
 both_stores!(an_api_body_declared_over_the_limit_is_413_before_it_is_sent);
 async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent(store: Store) {
-    let server = TestServer::start_with(
-        store,
-        HttpSettings {
-            max_body_bytes: 64 * 1024,
-            ..HttpSettings::default()
-        },
-    )
-    .await;
+    let server = TestServer::start_with(store, |h| h.max_body_bytes = 64 * 1024).await;
     let request = head(
         "POST",
         "/v1/admin/enterprises",
@@ -66,59 +65,34 @@ async fn an_api_body_declared_over_the_limit_is_413_before_it_is_sent(store: Sto
             "content-length: 1000000".to_owned(),
         ],
     );
-    let answer = send_raw(server.addr, request.as_bytes()).await;
-    assert_eq!(answer.status, 413, "{answer:?}");
-    assert_eq!(answer.error_code(), "body_too_large");
+    assert_raw_error(&server, request.as_bytes(), 413, "body_too_large").await;
     server.stop().await.unwrap();
 }
 
 both_stores!(a_chunked_form_over_its_limit_is_413);
 async fn a_chunked_form_over_its_limit_is_413(store: Store) {
     let server = TestServer::start_on(store).await;
-    let mut request = head(
-        "POST",
-        "/admin/login",
-        &[
-            "content-type: application/x-www-form-urlencoded".to_owned(),
-            "transfer-encoding: chunked".to_owned(),
-        ],
-    )
-    .into_bytes();
+    let mut request = login_form_head("transfer-encoding: chunked").into_bytes();
     // No declared length: the limit bites while the body is read.
     let chunk = "a".repeat(1024);
     for _ in 0..(FORM_LIMIT / 1024 + 2) {
         request.extend_from_slice(format!("400\r\n{chunk}\r\n").as_bytes());
     }
     request.extend_from_slice(b"0\r\n\r\n");
-    let answer = send_raw(server.addr, &request).await;
-    assert_eq!(answer.status, 413, "{answer:?}");
-    assert_eq!(answer.error_code(), "body_too_large");
+    assert_raw_error(&server, &request, 413, "body_too_large").await;
     server.stop().await.unwrap();
 }
 
 both_stores!(a_form_body_that_does_not_arrive_in_time_is_408);
 async fn a_form_body_that_does_not_arrive_in_time_is_408(store: Store) {
-    let server = TestServer::start_with(
-        store,
-        HttpSettings {
-            request_timeout: Duration::from_millis(300),
-            ..HttpSettings::default()
-        },
-    )
+    let server = TestServer::start_with(store, |h| {
+        h.request_timeout = Duration::from_millis(300);
+    })
     .await;
-    let mut request = head(
-        "POST",
-        "/admin/login",
-        &[
-            "content-type: application/x-www-form-urlencoded".to_owned(),
-            "content-length: 100".to_owned(),
-        ],
-    );
+    let mut request = login_form_head("content-length: 100");
     request.push_str("token=abc");
     // The rest never comes; the server answers on its own.
-    let answer = send_raw(server.addr, request.as_bytes()).await;
-    assert_eq!(answer.status, 408, "{answer:?}");
-    assert_eq!(answer.error_code(), "request_timeout");
+    assert_raw_error(&server, request.as_bytes(), 408, "request_timeout").await;
     server.stop().await.unwrap();
 }
 
@@ -314,30 +288,36 @@ async fn wrong_logins_from_one_address_must_wait_before_the_next_try(store: Stor
 
 both_stores!(a_short_admin_token_is_refused_at_start);
 async fn a_short_admin_token_is_refused_at_start(store: Store) {
-    let dir = tempfile::tempdir().unwrap();
     let short = "x".repeat(MIN_ADMIN_TOKEN_LEN - 1);
-    let mut serve = common::estafeta(dir.path());
-    serve
-        .arg("serve")
-        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
-        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
-        .env("ESTAFETA_ADMIN_TOKEN", &short);
-    if let Some(url) = store.setting() {
-        serve.env("ESTAFETA_STORE", url);
-    }
-    let run = serve.output();
-    let out = tokio::time::timeout(PATIENCE, run)
-        .await
-        .expect("the server started with a short admin token")
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = token_refused_at_start(store.setting(), &short).await;
     assert!(err.contains("ESTAFETA_ADMIN_TOKEN"), "{err}");
     assert!(
         err.contains(&format!("at least {MIN_ADMIN_TOKEN_LEN}")),
         "{err}"
     );
+}
+
+/// Starts `estafeta serve` over `store` (none: the embedded store) with
+/// the admin token `token`, which it must refuse: it exits with a failure
+/// and creates no data folder. What it wrote to stderr.
+async fn token_refused_at_start(store: Option<String>, token: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut serve = common::estafeta(dir.path());
+    serve
+        .arg("serve")
+        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
+        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
+        .env("ESTAFETA_ADMIN_TOKEN", token);
+    if let Some(url) = store {
+        serve.env("ESTAFETA_STORE", url);
+    }
+    let out = tokio::time::timeout(PATIENCE, serve.output())
+        .await
+        .unwrap_or_else(|_| panic!("the server started with the admin token {token}"))
+        .unwrap();
+    assert!(!out.status.success());
     assert!(!dir.path().join("data").exists(), "nothing was created");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// JSON arrays nested `depth` levels deep.
@@ -1062,21 +1042,8 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
 
 #[tokio::test]
 async fn an_admin_token_that_is_long_but_easy_to_guess_is_refused_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = common::estafeta(dir.path())
-        .arg("serve")
-        .env("ESTAFETA_LISTEN", "127.0.0.1:0")
-        .env("ESTAFETA_DATA_DIR", dir.path().join("data"))
-        .env("ESTAFETA_ADMIN_TOKEN", "x".repeat(MIN_ADMIN_TOKEN_LEN))
-        .output();
-    let out = tokio::time::timeout(PATIENCE, out)
-        .await
-        .expect("the server started with a guessable admin token")
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = token_refused_at_start(None, &"x".repeat(MIN_ADMIN_TOKEN_LEN)).await;
     assert!(err.contains("easy to guess"), "{err}");
-    assert!(!dir.path().join("data").exists(), "nothing was created");
 }
 
 /// The systemd unit and README, as shipped.

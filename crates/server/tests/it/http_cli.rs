@@ -93,21 +93,9 @@ async fn first_start_prints_the_admin_token_and_sigterm_exits_zero() {
     let admin = Client::new(&server.base, &token).unwrap();
     wait_ready(&admin).await;
     admin.healthz().await.unwrap();
-    admin.create_enterprise(&id("acme")).await.unwrap();
+    let (_, phone) = provision_one(&admin).await;
     admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
-    admin
-        .with_token(&phone.token)
+        .with_token(&phone)
         .send(&message("db-a", r#"{"kept":true}"#, None))
         .await
         .unwrap();

@@ -2,98 +2,64 @@
 //! started again on the same data folder.
 
 use crate::common::{
-    Binary, Store, both_stores, id, message, provision_one, start_request, wait_ready,
+    Binary, Store, both_stores, listed, message, prepare_all, provision_one, start_request,
+    wait_ready,
 };
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::{
-    Body, CallStatus, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus, Version,
-};
+use estafeta_exchange::wire::{Body, CallStatus, ProcessState};
+use estafeta_exchange::{MessageId, ProcessId};
+
+/// `processor` prepares `pid` with `msg` PROCESSED and the reply
+/// `{"ok":1}` to `phone-1`: answered OK.
+async fn prepare_ok(processor: &Client, pid: &ProcessId, msg: MessageId) {
+    let prepare = prepare_all([msg], r#"{"ok":1}"#);
+    let status = processor.prepare(pid, &prepare).await.unwrap().status;
+    assert_eq!(status, CallStatus::Ok);
+}
 
 both_stores!(killed_while_ready_to_commit_and_committed_after_the_restart);
 async fn killed_while_ready_to_commit_and_committed_after_the_restart(store: Store) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let store = store.setting();
-    let env = [(
-        "ESTAFETA_ADMIN_TOKEN",
-        "crash-admin-0123456789abcdef0123456789",
-    )];
-    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
-    wait_ready(&admin).await;
-    let (db, phone) = provision_one(&admin).await;
-    admin
-        .with_token(&phone)
+    let mut s = Crashable::start(store).await;
+    let (db, phone) = provision_one(&s.admin).await;
+    s.as_token(&phone)
         .send(&message("db-a", r#"{"order":1}"#, None))
         .await
         .unwrap();
-    let processor = admin.with_token(&db);
+    let processor = s.as_token(&db);
     let started = processor.start(&start_request("db-a")).await.unwrap();
     let pid = started.process_id.unwrap();
     let msg = started.messages.unwrap()[0].id;
-    let prepare = PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: msg,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":1}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    };
-    assert_eq!(
-        processor.prepare(&pid, &prepare).await.unwrap().status,
-        CallStatus::Ok
-    );
-    server.kill9().await;
+    prepare_ok(&processor, &pid, msg).await;
+    s.crash().await;
 
-    let server = Binary::serve_on(store.as_deref(), dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, "crash-admin-0123456789abcdef0123456789").unwrap();
-    wait_ready(&admin).await;
-    let processor = admin.with_token(&db);
+    let processor = s.as_token(&db);
     // The embedded store finds the process at start-up and cannot know
     // whether its transaction committed: in doubt, the message and the
     // reply in `Unknown`. A cluster node's start leaves processes as they
     // are (another node may be serving them): READY_TO_COMMIT, the reply in
     // `Prepared`.
-    let (state, unknown, prepared) = match store {
+    let (state, unknown, prepared) = match s.store {
         None => (ProcessState::InDoubt, 2, 0),
         Some(_) => (ProcessState::ReadyToCommit, 0, 1),
     };
     assert_eq!(processor.process(&pid).await.unwrap().state, state);
     for (folder, files) in [(Folder::Unknown, unknown), (Folder::Prepared, prepared)] {
-        let listed = admin.folder(&id("db-a"), folder).await.unwrap();
-        assert_eq!(listed.files.len(), files, "{listed:?}");
+        let listed = listed(&s.admin, "db-a", folder).await;
+        assert_eq!(listed.len(), files, "{listed:?}");
     }
 
     // The processor learns that its transaction committed.
     assert_eq!(processor.commit(&pid).await.unwrap().status, CallStatus::Ok);
-    assert!(
-        admin
-            .folder(&id("db-a"), Folder::Unknown)
-            .await
-            .unwrap()
-            .files
-            .is_empty()
-    );
-    let log = admin.folder(&id("db-a"), Folder::Log).await.unwrap();
-    assert_eq!(
-        log.files.iter().map(|f| f.id).collect::<Vec<_>>(),
-        vec![msg]
-    );
-    let inbox = admin.with_token(&phone).inbox(None).await.unwrap();
+    assert!(listed(&s.admin, "db-a", Folder::Unknown).await.is_empty());
+    assert_eq!(listed(&s.admin, "db-a", Folder::Log).await, vec![msg]);
+    let inbox = s.as_token(&phone).inbox(None).await.unwrap();
     assert_eq!(inbox.messages.len(), 1);
     assert_eq!(
         inbox.messages[0].body,
         Body::from_json(r#"{"ok":1}"#).unwrap()
     );
-    assert_eq!(server.terminate().await, Some(0));
+    s.stop().await;
 }
 
 /// A server on one data folder (and, on PostgreSQL, one database) that
@@ -144,40 +110,26 @@ impl Crashable {
         self.admin = admin;
     }
 
+    /// Stops the server with SIGTERM: it exits 0.
+    async fn stop(mut self) {
+        if let Some(server) = self.server.take() {
+            assert_eq!(server.terminate().await, Some(0));
+        }
+    }
+
     fn as_token(&self, token: &str) -> Client {
         self.admin.with_token(token)
     }
 
     async fn files(&self, mailbox: &str, folder: Folder) -> usize {
-        self.admin
-            .folder(&id(mailbox), folder)
-            .await
-            .unwrap()
-            .files
-            .len()
+        listed(&self.admin, mailbox, folder).await.len()
     }
 }
 
 both_stores!(killed_after_every_protocol_step_and_restarted);
 async fn killed_after_every_protocol_step_and_restarted(store: Store) {
     let mut s = Crashable::start(store).await;
-    s.admin.create_enterprise(&id("acme")).await.unwrap();
-    s.admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = s
-        .admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap()
-        .token;
-    let phone = s
-        .admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap()
-        .token;
+    let (db, phone) = provision_one(&s.admin).await;
     s.crash().await;
 
     // Upload: the message is durable once answered.
@@ -232,26 +184,8 @@ async fn killed_after_every_protocol_step_and_restarted(store: Store) {
     );
     s.crash().await;
     let processor = s.as_token(&db);
-    let prepare = PrepareRequest {
-        version: Version,
-        results: vec![MessageResult {
-            message_id: messages[0].id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":1}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
-    };
     // Results must name exactly the accepted message, even after the crash.
-    assert_eq!(
-        processor.prepare(&pid, &prepare).await.unwrap().status,
-        CallStatus::Ok
-    );
+    prepare_ok(&processor, &pid, messages[0].id).await;
     assert_eq!(s.files("db-a", Folder::Prepared).await, 1);
 
     // Commit, then crash: DONE, files where they belong.
@@ -307,7 +241,5 @@ async fn killed_after_every_protocol_step_and_restarted(store: Store) {
         ProcessState::RolledBack
     );
     assert_eq!(s.files("db-a", Folder::Messages).await, 1);
-    if let Some(server) = s.server.take() {
-        assert_eq!(server.terminate().await, Some(0));
-    }
+    s.stop().await;
 }

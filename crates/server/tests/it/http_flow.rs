@@ -1,7 +1,7 @@
 //! End to end through the typed client over real HTTP: provisioning, device
 //! uploads, the process cycle, status words and authorization.
 
-use crate::common::{Store, Tenancy, TestServer, both_stores, id, message, start_request};
+use crate::common::{Store, Tenancy, TestServer, both_stores, id, listed, message, start_request};
 use estafeta_client::{ClientError, Upload};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
@@ -110,12 +110,8 @@ async fn device_upload_is_idempotent_per_key(store: Store) {
         .unwrap();
     assert_eq!(other.upload, Upload::Created);
     assert_ne!(other.accepted.id, first.accepted.id);
-    let queue = server
-        .admin
-        .folder(&id("db-a"), Folder::Messages)
-        .await
-        .unwrap();
-    assert_eq!(queue.files.len(), 2);
+    let queue = listed(&server.admin, "db-a", Folder::Messages).await;
+    assert_eq!(queue.len(), 2);
     server.stop().await.unwrap();
 }
 

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use crate::common::{ADMIN_TOKEN, Store, TestServer, both_stores, id, open_server_on};
+use crate::common::{
+    ADMIN_TOKEN, Store, TestServer, both_stores, id, listed, open_server_on, provision_one,
+};
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
 use estafeta_exchange::mailbox::Folder;
@@ -23,6 +25,18 @@ async fn raw(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
     (status, json)
 }
 
+/// Sends `req` and asserts that it is refused with `status` and the error
+/// JSON of `code`.
+async fn assert_refused(req: reqwest::RequestBuilder, status: StatusCode, code: &str) {
+    let (client, req) = req.build_split();
+    let req = req.unwrap();
+    let what = format!("{} {}", req.method(), req.url());
+    let (got, json) = raw(reqwest::RequestBuilder::from_parts(client, req)).await;
+    assert_eq!(got, status, "{what}: {json}");
+    assert_error(&json, code);
+}
+
+/// Asserts that `json` is the error JSON of `code`, with a message.
 fn assert_error(json: &Value, code: &str) {
     assert_eq!(json["version"], 1, "{json}");
     assert_eq!(json["error"]["code"], code, "{json}");
@@ -170,17 +184,14 @@ async fn malformed_bodies_are_400_with_the_error_json_and_change_nothing(store: 
         ),
     ];
     for (req, code) in cases {
-        let (status, json) = raw(req).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{json}");
-        assert_error(&json, code);
+        assert_refused(req, StatusCode::BAD_REQUEST, code).await;
     }
     // Unknown fields are ignored.
     let (status, _) = raw(post(r#"{"version":1,"id":"acme","colour":"red"}"#, json_ct)).await;
     assert_eq!(status, StatusCode::CREATED);
     // Only that one enterprise exists: creating it again is 409.
-    let (status, json) = raw(post(r#"{"version":1,"id":"acme"}"#, json_ct)).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert_error(&json, "already_exists");
+    let again = post(r#"{"version":1,"id":"acme"}"#, json_ct);
+    assert_refused(again, StatusCode::CONFLICT, "already_exists").await;
     server.stop().await.unwrap();
 }
 
@@ -190,32 +201,21 @@ async fn bad_ids_and_folders_in_paths_are_400(store: Store) {
     let http = reqwest::Client::new();
     let sub = json!({"version":1,"id":"sales"});
     for ent in ["a_b", "-a", "a%2Fb", ".estafeta", "a%20b", &"a".repeat(65)] {
-        let (status, json) = raw(http
+        let req = http
             .post(server.url(&format!("/v1/admin/enterprises/{ent}/subsystems")))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&sub))
-        .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{ent}: {json}");
-        assert_error(&json, "bad_id");
+            .json(&sub);
+        assert_refused(req, StatusCode::BAD_REQUEST, "bad_id").await;
     }
-    for (db, folder, code) in [
-        ("a_b", "Log", "bad_id"),
-        ("db-a", "Bogus", "bad_folder"),
-        ("db-a", "log", "bad_folder"),
+    for (path, code) in [
+        ("/v1/admin/databases/a_b/folders/Log", "bad_id"),
+        ("/v1/admin/databases/db-a/folders/Bogus", "bad_folder"),
+        ("/v1/admin/databases/db-a/folders/log", "bad_folder"),
+        ("/v1/inbox?limit=many", "bad_query"),
     ] {
-        let (status, json) = raw(http
-            .get(server.url(&format!("/v1/admin/databases/{db}/folders/{folder}")))
-            .bearer_auth(ADMIN_TOKEN))
-        .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{db}/{folder}: {json}");
-        assert_error(&json, code);
+        let req = http.get(server.url(path)).bearer_auth(ADMIN_TOKEN);
+        assert_refused(req, StatusCode::BAD_REQUEST, code).await;
     }
-    let (status, json) = raw(http
-        .get(server.url("/v1/inbox?limit=many"))
-        .bearer_auth(ADMIN_TOKEN))
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_error(&json, "bad_query");
     server.stop().await.unwrap();
 }
 
@@ -223,81 +223,56 @@ both_stores!(unknown_routes_and_methods_answer_the_error_json);
 async fn unknown_routes_and_methods_answer_the_error_json(store: Store) {
     let server = TestServer::start_on(store).await;
     let http = reqwest::Client::new();
-    let (status, json) = raw(http.get(server.url("/v1/nothing"))).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_error(&json, "not_found");
-    let (status, json) = raw(http
+    let req = http.get(server.url("/v1/nothing"));
+    assert_refused(req, StatusCode::NOT_FOUND, "not_found").await;
+    let req = http
         .delete(server.url("/v1/messages"))
-        .bearer_auth(ADMIN_TOKEN))
-    .await;
-    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_error(&json, "method_not_allowed");
+        .bearer_auth(ADMIN_TOKEN);
+    assert_refused(req, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
     server.stop().await.unwrap();
 }
 
 both_stores!(a_body_over_the_limit_is_413_and_nothing_is_stored);
 async fn a_body_over_the_limit_is_413_and_nothing_is_stored(store: Store) {
-    let http_settings = HttpSettings {
-        max_body_bytes: 64 * 1024,
-        ..HttpSettings::default()
-    };
-    let server = TestServer::start_with(store, http_settings).await;
-    let admin = &server.admin;
-    admin.create_enterprise(&id("acme")).await.unwrap();
-    admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
+    let server = TestServer::start_with(store, |h| h.max_body_bytes = 64 * 1024).await;
+    let (_, phone) = provision_one(&server.admin).await;
     let big = format!(
         r#"{{"version":1,"to":"db-a","body":"{}"}}"#,
         "x".repeat(200 * 1024)
     );
     let http = reqwest::Client::new();
-    let (status, json) = raw(http
-        .post(server.url("/v1/messages"))
-        .bearer_auth(&phone.token)
-        .header("content-type", "application/json")
-        .body(big))
-    .await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_error(&json, "body_too_large");
+    let send = |body: String| {
+        http.post(server.url("/v1/messages"))
+            .bearer_auth(&phone)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    assert_refused(send(big), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large").await;
     // Just under the limit is fine.
     let fits = format!(
         r#"{{"version":1,"to":"db-a","body":"{}"}}"#,
         "x".repeat(60 * 1024)
     );
-    let (status, _) = raw(http
-        .post(server.url("/v1/messages"))
-        .bearer_auth(&phone.token)
-        .header("content-type", "application/json")
-        .body(fits))
-    .await;
+    let (status, _) = raw(send(fits)).await;
     assert_eq!(status, StatusCode::CREATED);
-    let queue = server
-        .admin
-        .folder(&id("db-a"), Folder::Messages)
-        .await
-        .unwrap();
-    assert_eq!(queue.files.len(), 1);
+    let queue = listed(&server.admin, "db-a", Folder::Messages).await;
+    assert_eq!(queue.len(), 1);
     server.stop().await.unwrap();
+}
+
+/// A server on `store` that gives a request 200 ms, and a connection to it.
+async fn impatient_server(store: Store) -> (TestServer, tokio::net::TcpStream) {
+    let server = TestServer::start_with(store, |h| {
+        h.request_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    (server, tcp)
 }
 
 both_stores!(a_body_that_does_not_arrive_in_time_is_408);
 async fn a_body_that_does_not_arrive_in_time_is_408(store: Store) {
-    let http_settings = HttpSettings {
-        request_timeout: Duration::from_millis(200),
-        ..HttpSettings::default()
-    };
-    let server = TestServer::start_with(store, http_settings).await;
-    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (server, mut tcp) = impatient_server(store).await;
     let head = format!(
         "POST /v1/admin/enterprises HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
          content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"version\":1,",
@@ -476,12 +451,7 @@ async fn metrics_count_requests_by_route_and_status(store: Store) {
 
 both_stores!(a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown);
 async fn a_request_head_that_never_ends_is_dropped_and_does_not_hold_shutdown(store: Store) {
-    let http_settings = HttpSettings {
-        request_timeout: Duration::from_millis(200),
-        ..HttpSettings::default()
-    };
-    let server = TestServer::start_with(store, http_settings).await;
-    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (server, mut tcp) = impatient_server(store).await;
     tcp.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
         .await
         .unwrap();

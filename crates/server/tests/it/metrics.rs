@@ -750,14 +750,7 @@ async fn per_database_series_only_when_asked_and_capped(store: Store) {
     Tenancy::provision(&plain.admin).await;
     assert!(per_db(&plain.admin.metrics().await.unwrap()).is_empty());
 
-    let capped = TestServer::start_with(
-        store,
-        estafeta_server::HttpSettings {
-            metrics_per_database: 2,
-            ..Default::default()
-        },
-    )
-    .await;
+    let capped = TestServer::start_with(store, |h| h.metrics_per_database = 2).await;
     let t = Tenancy::provision(&capped.admin).await;
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();

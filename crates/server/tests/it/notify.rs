@@ -2,6 +2,7 @@
 //! on loopback; a gateway that is down gets its alert once it is back, also
 //! across a restart of the real `estafeta` binary.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::common;
@@ -51,6 +52,29 @@ async fn ready_to_commit(t: &Tenancy) -> ProcessId {
     pid
 }
 
+/// An SMS channel through the gateway at `url` to one number, +15550100.
+fn sms_to(url: String) -> Option<SmsChannel> {
+    let gateway = SmsConfig {
+        url,
+        ..SmsConfig::default()
+    };
+    Some(SmsChannel {
+        gateway,
+        to: vec!["+15550100".into()],
+    })
+}
+
+/// A ready server on `store` whose alerts go out as `notify` (given the
+/// data folder) says.
+async fn start_alerting(store: Store, notify: impl FnOnce(&Path) -> NotifySettings) -> TestServer {
+    TestServer::start_notified(store, HttpSettings::default(), |_| {}, notify).await
+}
+
+/// The JSON body of a request the recorder received.
+fn json_body(hit: &Hit) -> serde_json::Value {
+    serde_json::from_str(&hit.body).unwrap()
+}
+
 /// Waits until the process is IN_DOUBT (the alert is scheduled durably by then).
 async fn wait_in_doubt(client: &Client, pid: &ProcessId) {
     for _ in 0..6000 {
@@ -81,13 +105,7 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook(store: 
                 },
                 to: vec!["ops@example.org".into()],
             }),
-            sms: Some(SmsChannel {
-                gateway: SmsConfig {
-                    url: format!("http://{sms_addr}/send"),
-                    ..SmsConfig::default()
-                },
-                to: vec!["+15550100".into()],
-            }),
+            sms: sms_to(format!("http://{sms_addr}/send")),
             webhook: Some(format!("http://{hook_addr}/alerts")),
             ..quick_retry(data)
         },
@@ -105,12 +123,12 @@ async fn an_in_doubt_process_alerts_by_email_once_and_by_sms_and_webhook(store: 
     );
     let text: Hit = next(&mut sms).await;
     assert_eq!(text.uri, "/send");
-    let body: serde_json::Value = serde_json::from_str(&text.body).unwrap();
+    let body = json_body(&text);
     assert_eq!(body["to"], "+15550100");
     assert!(body["text"].as_str().unwrap().contains(&pid.to_string()));
     let call = next(&mut hook).await;
     assert_eq!(call.uri, "/alerts");
-    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    let body = json_body(&call);
     assert_eq!(body["alert"]["key"], format!("in_doubt:{pid}"));
     assert_eq!(body["alert"]["kind"], "in_doubt");
 
@@ -146,21 +164,10 @@ common::both_stores!(
 
 async fn a_gateway_that_is_down_gets_the_alert_once_it_is_back(store: Store) {
     let gateway = recorder::closed_port();
-    let server = TestServer::start_notified(
-        store,
-        HttpSettings::default(),
-        |_| {},
-        |data| NotifySettings {
-            sms: Some(SmsChannel {
-                gateway: SmsConfig {
-                    url: format!("http://{gateway}/send?to={{recipient}}"),
-                    ..SmsConfig::default()
-                },
-                to: vec!["+15550100".into()],
-            }),
-            ..quick_retry(data)
-        },
-    )
+    let server = start_alerting(store, |data| NotifySettings {
+        sms: sms_to(format!("http://{gateway}/send?to={{recipient}}")),
+        ..quick_retry(data)
+    })
     .await;
     let alert = Alert::new(
         AlertKind::DiskLow,
@@ -216,7 +223,7 @@ async fn a_pending_alert_survives_a_restart_of_the_binary(store: Store) {
         }
     };
     assert_eq!(hit.uri, "/hook");
-    let body: serde_json::Value = serde_json::from_str(&hit.body).unwrap();
+    let body = json_body(&hit);
     assert_eq!(body["alert"]["key"], format!("in_doubt:{pid}"));
     assert_eq!(second.terminate().await, Some(0));
 }
@@ -227,19 +234,14 @@ common::both_stores!(
 
 async fn free_disk_under_the_threshold_alerts(store: Store) {
     let (hook_addr, mut hook) = recorder::start().await;
-    let server = TestServer::start_notified(
-        store,
-        HttpSettings::default(),
-        |_| {},
-        |data| NotifySettings {
-            webhook: Some(format!("http://{hook_addr}/")),
-            disk_alert_bytes: u64::MAX,
-            ..quick_retry(data)
-        },
-    )
+    let server = start_alerting(store, |data| NotifySettings {
+        webhook: Some(format!("http://{hook_addr}/")),
+        disk_alert_bytes: u64::MAX,
+        ..quick_retry(data)
+    })
     .await;
     let call = next(&mut hook).await;
-    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    let body = json_body(&call);
     assert_eq!(body["alert"]["kind"], "disk_low");
     assert_eq!(body["alert"]["key"], "disk_low:data");
     server.stop().await.unwrap();
@@ -253,15 +255,10 @@ common::both_stores!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     let (hook_addr, mut hook) = recorder::start().await;
-    let server = TestServer::start_notified(
-        Store::Embedded,
-        HttpSettings::default(),
-        |_| {},
-        |data| NotifySettings {
-            webhook: Some(format!("http://{hook_addr}/")),
-            ..quick_retry(data)
-        },
-    )
+    let server = start_alerting(Store::Embedded, |data| NotifySettings {
+        webhook: Some(format!("http://{hook_addr}/")),
+        ..quick_retry(data)
+    })
     .await;
     let t = Tenancy::provision(&server.admin).await;
     // db-a's queue folder (made with its first file) is a file instead:
@@ -284,7 +281,7 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
         assert!(t.phone1.send(&upload).await.is_err());
     }
     let call = next(&mut hook).await;
-    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    let body = json_body(&call);
     assert_eq!(body["alert"]["key"], "storage_write:data");
 
     // A good write ends the condition; the next failure is news again, and
@@ -392,23 +389,12 @@ async fn a_disk_alert_left_open_by_a_killed_run_ends_when_the_next_finds_space()
 async fn a_gateway_failing_its_probes_raises_a_host_down_alert(store: Store) {
     let gateway = recorder::closed_port();
     let (hook_addr, mut hook) = recorder::start().await;
-    let server = TestServer::start_notified(
-        store,
-        HttpSettings::default(),
-        |_| {},
-        |data| NotifySettings {
-            sms: Some(SmsChannel {
-                gateway: SmsConfig {
-                    url: format!("http://{gateway}/send"),
-                    ..SmsConfig::default()
-                },
-                to: vec!["+15550100".into()],
-            }),
-            webhook: Some(format!("http://{hook_addr}/alerts")),
-            probe: Duration::from_millis(50),
-            ..quick_retry(data)
-        },
-    )
+    let server = start_alerting(store, |data| NotifySettings {
+        sms: sms_to(format!("http://{gateway}/send")),
+        webhook: Some(format!("http://{hook_addr}/alerts")),
+        probe: Duration::from_millis(50),
+        ..quick_retry(data)
+    })
     .await;
     // The webhook host answers its probes (GETs) too; wait for the alert.
     let key = format!("host_down:http://{gateway}");
@@ -417,7 +403,7 @@ async fn a_gateway_failing_its_probes_raises_a_host_down_alert(store: Store) {
         assert!(began.elapsed() < PATIENCE, "no host_down alert");
         let hit = next(&mut hook).await;
         if hit.body.contains("host_down") {
-            let body: serde_json::Value = serde_json::from_str(&hit.body).unwrap();
+            let body = json_body(&hit);
             assert_eq!(body["alert"]["key"], key);
             break;
         }

@@ -12,10 +12,12 @@ use std::time::Duration;
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::Folder;
+use estafeta_postgres::testing::Postgres;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout};
 
-use super::{ADMIN_TOKEN, Binary, PATIENCE, estafeta, id, wait_ready};
+use super::recorder::Hit;
+use super::{ADMIN_TOKEN, Binary, PATIENCE, estafeta, id, message, next, wait_ready};
 
 /// How often a poll asks again.
 const POLL: Duration = Duration::from_millis(20);
@@ -272,18 +274,67 @@ pub(crate) fn node_env<'a>(url: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&
     env
 }
 
-/// Two ready `estafeta serve` binaries with `env`, their data folders `a`
-/// and `b` under `dir`, and their admin clients.
-pub(crate) async fn two_nodes(dir: &Path, env: &[(&str, &str)]) -> [(Binary, Client); 2] {
+/// Two ready `estafeta serve` binaries over `pg` with the settings of
+/// [`node_env`] and `extra`, their data folders `a` and `b` under `dir`,
+/// and their admin clients.
+pub(crate) async fn two_nodes(
+    pg: &Postgres,
+    dir: &Path,
+    extra: &[(&str, &str)],
+) -> [(Binary, Client); 2] {
+    let url = pg.url();
+    let env = node_env(&url, extra);
     let mut nodes = Vec::new();
     for name in ["a", "b"] {
-        let node = Binary::serve(dir, &dir.join(name), &[], env).await;
+        let node = Binary::serve(dir, &dir.join(name), &[], &env).await;
         let admin = Client::new(&node.base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
         nodes.push((node, admin));
     }
     let [a, b] = <[_; 2]>::try_from(nodes).unwrap_or_else(|_| unreachable!());
     [a, b]
+}
+
+/// Sets (`Some`) or removes (`None`) database `db`'s webhook through `node`.
+pub(crate) async fn set_webhook(node: &Binary, db: &str, url: Option<String>) {
+    let http = reqwest::Client::new();
+    let path = format!("{}/v1/admin/databases/{db}/webhook", node.base);
+    let sent = match url {
+        Some(url) => http
+            .put(path)
+            .json(&serde_json::json!({"version": 1, "url": url})),
+        None => http.delete(path),
+    };
+    let answer = sent.bearer_auth(ADMIN_TOKEN).send().await.unwrap();
+    assert_eq!(
+        answer.status(),
+        reqwest::StatusCode::OK,
+        "{:?}",
+        answer.text().await
+    );
+}
+
+/// Uploads one message to `db` through `phone`; waits for the one POST it
+/// makes and returns it, once no notification is pending in the store (so
+/// no node can send one more), checking that no second POST came.
+pub(crate) async fn pushed_once(
+    phone: &Client,
+    db: &str,
+    hits: &mut tokio::sync::mpsc::UnboundedReceiver<Hit>,
+    store: &estafeta_postgres::Store,
+) -> Hit {
+    phone.send(&message(db, "{}", None)).await.unwrap();
+    let hit = next(hits).await;
+    assert!(hit.body.contains("messages_waiting"), "{}", hit.body);
+    assert!(hit.body.contains(db), "{}", hit.body);
+    wait_count(
+        store,
+        "SELECT count(*) FROM repeat_entries WHERE source = 'push'",
+        0,
+    )
+    .await;
+    assert!(hits.try_recv().is_err(), "a second POST for one arrival");
+    hit
 }
 
 /// Polls `sql` (one count) on `db` until it gives `want`.

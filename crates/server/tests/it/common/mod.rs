@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use estafeta_client::Client;
+use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{Body, Version};
-use estafeta_exchange::{Exchange, ExchangeConfig};
+use estafeta_exchange::{Exchange, ExchangeConfig, MessageId};
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, Server};
@@ -175,11 +176,16 @@ impl TestServer {
 
     /// A ready server on `store` with the default HTTP settings.
     pub(crate) async fn start_on(store: Store) -> TestServer {
-        Self::start_with(store, HttpSettings::default()).await
+        Self::start_with(store, |_| {}).await
     }
 
-    /// A ready server on `store` with the given HTTP settings.
-    pub(crate) async fn start_with(store: Store, http: HttpSettings) -> TestServer {
+    /// A ready server on `store` with the default HTTP settings `tweak`ed.
+    pub(crate) async fn start_with(
+        store: Store,
+        tweak: impl FnOnce(&mut HttpSettings),
+    ) -> TestServer {
+        let mut http = HttpSettings::default();
+        tweak(&mut http);
         Self::start_custom(store, http, |_| {}).await
     }
 
@@ -247,6 +253,13 @@ impl TestServer {
         self.signal_stop();
         self.task.take().unwrap().await.unwrap()
     }
+}
+
+/// The ids in `mailbox`'s `folder`, as the admin API lists them to
+/// `admin`.
+pub(crate) async fn listed(admin: &Client, mailbox: &str, folder: Folder) -> Vec<MessageId> {
+    let listing = admin.folder(&id(mailbox), folder).await.unwrap();
+    listing.files.into_iter().map(|f| f.id).collect()
 }
 
 /// The smallest tenancy: enterprise `acme` with subsystem `sales`, database
