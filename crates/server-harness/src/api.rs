@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use estafeta_client::Client;
 use estafeta_wire::{
-    Body, Id, MessageId, MessageResult, PrepareRequest, ProcessId, Reply, ResultStatus,
+    Body, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply, ResultStatus,
     SendMessage, StartRequest, Version,
 };
 
@@ -37,6 +37,58 @@ pub fn start_request(db: &str) -> StartRequest {
         max_files: None,
         max_mb: None,
     }
+}
+
+/// The result of `message_id`: PROCESSED, no error.
+pub fn processed(message_id: MessageId) -> MessageResult {
+    MessageResult {
+        message_id,
+        status: ResultStatus::Processed,
+        error_code: None,
+        error_text: None,
+    }
+}
+
+/// A prepare that marks each of `messages` PROCESSED and answers each one's
+/// sender with `reply` (JSON).
+pub fn answer_each(messages: &[Message], reply: &str) -> PrepareRequest {
+    PrepareRequest {
+        version: Version,
+        results: messages.iter().map(|m| processed(m.id)).collect(),
+        replies: messages
+            .iter()
+            .map(|m| Reply {
+                to: m.from.clone(),
+                body: Body::from_json(reply).unwrap(),
+                created_at: None,
+                deliver_at: None,
+            })
+            .collect(),
+    }
+}
+
+/// Creates, through `admin`, enterprise `acme` with subsystem `sales`,
+/// database `db-a` and the devices `devices` of `sales`, in that order;
+/// the database's token and each device's.
+pub async fn provision_db_a(admin: &Client, devices: &[Id]) -> (String, Vec<String>) {
+    admin.create_enterprise(&id("acme")).await.unwrap();
+    admin
+        .create_subsystem(&id("acme"), &id("sales"))
+        .await
+        .unwrap();
+    let db = admin
+        .create_database(&id("acme"), &id("db-a"))
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for dev in devices {
+        let created = admin
+            .create_device(&id("acme"), dev, &id("sales"))
+            .await
+            .unwrap();
+        tokens.push(created.token);
+    }
+    (db.token, tokens)
 }
 
 /// Waits until `/readyz` answers 200 (start-up recovery runs in the
@@ -116,10 +168,9 @@ pub async fn ready_process(t: &Tenancy, status: ResultStatus) -> (ProcessId, Mes
     let prepare = PrepareRequest {
         version: Version,
         results: vec![MessageResult {
-            message_id: sent.accepted.id,
             status,
-            error_code: None,
             error_text: (status != ResultStatus::Processed).then(|| "rejected".to_owned()),
+            ..processed(sent.accepted.id)
         }],
         replies: vec![Reply {
             to: id("phone-1"),

@@ -11,8 +11,10 @@
 //!
 //! - [`binary`]: the real `estafeta` binary as a child process.
 //! - [`api`]: a running server driven over HTTP with the typed client (a
-//!   provisioned tenancy, a process ready to commit, the requests).
-//! - [`measure`]: the sizes a bench measures at, from the environment.
+//!   provisioned tenancy, a process ready to commit, the requests and the
+//!   prepares).
+//! - [`measure`]: the sizes a bench measures at and the disk it writes on,
+//!   from the environment, and the runtime it measures on.
 #![deny(missing_docs)]
 
 pub mod api;

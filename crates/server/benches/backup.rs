@@ -23,7 +23,7 @@ use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Exchange, ExchangeConfig, Sinks, Timestamp, UlidGenerator};
 use estafeta_server::events::{EventLogStore, EventStore, events_file};
 use estafeta_server_harness::api::id;
-use estafeta_server_harness::measure::sizes;
+use estafeta_server_harness::measure::{bench_dir, sizes, two_threads};
 
 const ADMIN: &str = "backup-bench-admin-0123456789abcdef0123";
 
@@ -84,12 +84,8 @@ async fn data_with(data: &Path, n: usize) {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let runtime = two_threads();
+    let base = bench_dir();
     for n in sizes("BACKUP_WAITING", &[1_000, 100_000]) {
         let n = usize::try_from(n).unwrap();
         let dir = tempfile::tempdir_in(&base).unwrap();

@@ -29,24 +29,23 @@ use estafeta_client::Client;
 use estafeta_durable::limits::{Batch, Probe};
 use estafeta_exchange::mailbox::Limits;
 use estafeta_exchange::wire::{
-    Body, CallStatus, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
-    ResultStatus, SendMessage, StartRequest, StartStatus, Version,
+    CallStatus, Message, MessageId, ProcessId, StartRequest, StartStatus,
 };
 use estafeta_exchange::{ExchangeConfig, Id};
 use estafeta_postgres::testing::Postgres;
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
+use estafeta_server_harness::api::{
+    answer_each, id, message, provision_db_a, start_request, wait_ready,
+};
+use estafeta_server_harness::measure::bench_dir;
 use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
 const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"note":"deliver before noon"}}"#;
 /// Devices sending in parallel (each device's calls run one at a time).
 const DEVICES: usize = 10;
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
-}
 
 struct World {
     /// The processor's client on each node; its calls go to them in turn.
@@ -85,10 +84,7 @@ async fn node(data: &Path, store: Option<&str>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(server.run(listener, CancellationToken::new()));
-    let admin = Client::new(&base, "bench-admin").unwrap();
-    while !admin.readyz().await.unwrap() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_ready(&Client::new(&base, "bench-admin").unwrap()).await;
     base
 }
 
@@ -99,35 +95,16 @@ async fn world(data: &Path, store: Option<&str>, nodes: usize) -> World {
         bases.push(node(&data.join(format!("node-{n}")), store).await);
     }
     let admin = Client::new(&bases[0], "bench-admin").unwrap();
-    admin.create_enterprise(&id("acme")).await.unwrap();
-    admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let mut devices = Vec::new();
-    let mut tokens = Vec::new();
-    for n in 0..DEVICES {
-        let dev = id(&format!("phone-{n}"));
-        let c = admin
-            .create_device(&id("acme"), &dev, &id("sales"))
-            .await
-            .unwrap();
-        let on = Client::new(&bases[n % nodes], &c.token).unwrap();
-        devices.push((dev, on));
-        tokens.push(c.token);
-    }
+    let names: Vec<Id> = (0..DEVICES).map(|n| id(&format!("phone-{n}"))).collect();
+    let (db, tokens) = provision_db_a(&admin, &names).await;
+    let devices = names.into_iter().zip(&tokens).enumerate();
     World {
-        processor: bases
-            .iter()
-            .map(|b| Client::new(b, &db.token).unwrap())
+        processor: bases.iter().map(|b| Client::new(b, &db).unwrap()).collect(),
+        devices: devices
+            .map(|(n, (dev, token))| (dev, Client::new(&bases[n % nodes], token).unwrap()))
             .collect(),
-        devices,
         turn: AtomicU64::new(0),
-        tokens: (db.token, tokens),
+        tokens: (db, tokens),
     }
 }
 
@@ -244,15 +221,7 @@ async fn upload(w: &World, batch: usize) {
         let count = batch / DEVICES.min(batch) + usize::from(d < batch % DEVICES.min(batch));
         uploads.spawn(async move {
             for _ in 0..count {
-                let msg = SendMessage {
-                    version: Version,
-                    to: id("db-a"),
-                    body: Body::from_json(BODY).unwrap(),
-                    created_at: None,
-                    deliver_at: None,
-                    idempotency_key: None,
-                };
-                client.send(&msg).await.unwrap();
+                client.send(&message("db-a", BODY, None)).await.unwrap();
             }
         });
     }
@@ -262,12 +231,8 @@ async fn upload(w: &World, batch: usize) {
 /// The processor starts a process of `batch` messages.
 async fn start(w: &World, batch: usize) -> (ProcessId, Vec<Message>) {
     let start = StartRequest {
-        version: Version,
-        db_id: id("db-a"),
-        subsystems: None,
-        senders: None,
         max_files: Some(batch as u64),
-        max_mb: None,
+        ..start_request("db-a")
     };
     let started = w.processor().start(&start).await.unwrap();
     assert_eq!(started.status, StartStatus::Ok);
@@ -278,27 +243,7 @@ async fn start(w: &World, batch: usize) -> (ProcessId, Vec<Message>) {
 
 /// The processor prepares `messages` processed, with one reply each.
 async fn prepare(w: &World, pid: &ProcessId, messages: &[Message]) {
-    let prepare = PrepareRequest {
-        version: Version,
-        results: messages
-            .iter()
-            .map(|m| MessageResult {
-                message_id: m.id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies: messages
-            .iter()
-            .map(|m| Reply {
-                to: m.from.clone(),
-                body: Body::from_json(r#"{"accepted":true}"#).unwrap(),
-                created_at: None,
-                deliver_at: None,
-            })
-            .collect(),
-    };
+    let prepare = answer_each(messages, r#"{"accepted":true}"#);
     assert_eq!(
         w.processor().prepare(pid, &prepare).await.unwrap().status,
         CallStatus::Ok
@@ -639,10 +584,7 @@ fn embedded(rt: &tokio::runtime::Runtime, w: &World, probe: &Probe, rounds: usiz
 }
 
 fn bench(c: &mut Criterion) {
-    let tmp = tempfile::tempdir_in(
-        std::env::var_os("BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
-    )
-    .unwrap();
+    let tmp = tempfile::tempdir_in(bench_dir()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let w = rt.block_on(world(&tmp.path().join("data"), None, 1));
     let probe = Probe::new(tmp.path().join("probe"), 300).unwrap();

@@ -36,13 +36,14 @@ use criterion::{Criterion, Throughput};
 use estafeta_client::Client;
 use estafeta_durable::limits::Probe;
 use estafeta_exchange::mailbox::{FileName, Limits};
-use estafeta_exchange::wire::{
-    Body, CallStatus, Message, MessageResult, PrepareRequest, Reply, ResultStatus, SendMessage,
-    StartRequest, StartStatus, Version,
-};
+use estafeta_exchange::wire::{Body, CallStatus, Message, StartRequest, StartStatus, Version};
 use estafeta_exchange::{ExchangeConfig, Id, MessageId, Timestamp};
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
+use estafeta_server_harness::api::{
+    answer_each, id, message, provision_db_a, start_request, wait_ready,
+};
+use estafeta_server_harness::measure::bench_dir;
 use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
@@ -51,10 +52,6 @@ const BODY: &str = r#"{"order":{"lines":[{"sku":"A-1","qty":2},{"sku":"B-7","qty
 const DEVICES: usize = 10;
 /// Messages per process.
 const BATCH: usize = 100;
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
-}
 
 fn device(n: usize) -> Id {
     id(&format!("phone-{n}"))
@@ -93,9 +90,7 @@ async fn serve(data: &Path) -> (Client, CancellationToken, tokio::task::JoinHand
         }
     });
     let admin = Client::new(&base, "bench-admin").unwrap();
-    while !admin.readyz().await.unwrap() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_ready(&admin).await;
     (admin, stop, running)
 }
 
@@ -106,25 +101,8 @@ async fn world(data: &Path, tokens: Option<(String, Vec<String>)>) -> World {
     let (db, devices) = match tokens {
         Some(t) => t,
         None => {
-            admin.create_enterprise(&id("acme")).await.unwrap();
-            admin
-                .create_subsystem(&id("acme"), &id("sales"))
-                .await
-                .unwrap();
-            let db = admin
-                .create_database(&id("acme"), &id("db-a"))
-                .await
-                .unwrap()
-                .token;
-            let mut devices = Vec::new();
-            for n in 0..DEVICES {
-                let c = admin
-                    .create_device(&id("acme"), &device(n), &id("sales"))
-                    .await
-                    .unwrap();
-                devices.push(c.token);
-            }
-            (db, devices)
+            let names: Vec<Id> = (0..DEVICES).map(device).collect();
+            provision_db_a(&admin, &names).await
         }
     };
     World {
@@ -166,15 +144,7 @@ async fn upload(w: &World) {
         let client = client.clone();
         uploads.spawn(async move {
             for _ in 0..count {
-                let msg = SendMessage {
-                    version: Version,
-                    to: id("db-a"),
-                    body: Body::from_json(BODY).unwrap(),
-                    created_at: None,
-                    deliver_at: None,
-                    idempotency_key: None,
-                };
-                client.send(&msg).await.unwrap();
+                client.send(&message("db-a", BODY, None)).await.unwrap();
             }
         });
     }
@@ -221,12 +191,8 @@ impl Timed {
 async fn process(w: &World) -> (usize, Timed) {
     let mut timed = Timed::default();
     let start = StartRequest {
-        version: Version,
-        db_id: id("db-a"),
-        subsystems: None,
-        senders: None,
         max_files: Some(BATCH as u64),
-        max_mb: None,
+        ..start_request("db-a")
     };
     let t = Instant::now();
     let started = w.processor.start(&start).await.unwrap();
@@ -237,27 +203,7 @@ async fn process(w: &World) -> (usize, Timed) {
     assert_eq!(started.status, StartStatus::Ok);
     let pid = started.process_id.unwrap();
     let messages = started.messages.unwrap();
-    let prepare = PrepareRequest {
-        version: Version,
-        results: messages
-            .iter()
-            .map(|m| MessageResult {
-                message_id: m.id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
-        replies: messages
-            .iter()
-            .map(|m| Reply {
-                to: m.from.clone(),
-                body: Body::from_json(r#"{"accepted":true}"#).unwrap(),
-                created_at: None,
-                deliver_at: None,
-            })
-            .collect(),
-    };
+    let prepare = answer_each(&messages, r#"{"accepted":true}"#);
     let t = Instant::now();
     let prepared = w.processor.prepare(&pid, &prepare).await.unwrap();
     timed.prepare = t.elapsed();
@@ -270,10 +216,7 @@ async fn process(w: &World) -> (usize, Timed) {
 }
 
 fn temp_root() -> tempfile::TempDir {
-    tempfile::tempdir_in(
-        std::env::var_os("BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
-    )
-    .unwrap()
+    tempfile::tempdir_in(bench_dir()).unwrap()
 }
 
 fn env_usize(name: &str) -> Option<usize> {

@@ -20,7 +20,7 @@ use estafeta_exchange::wire::ResultStatus;
 use estafeta_exchange::{DataLayout, ProcessId};
 use estafeta_server_harness::api::{Tenancy, ready_process, wait_ready};
 use estafeta_server_harness::binary::{self, Program};
-use estafeta_server_harness::measure::sizes;
+use estafeta_server_harness::measure::{bench_dir, sizes, two_threads};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 /// The `estafeta` binary built with this bench.
@@ -135,12 +135,8 @@ async fn measure(base: &Path, records: u64) {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let runtime = two_threads();
+    let base = bench_dir();
     for records in sizes("RESTART_RECORDS", &[1_000, 100_000]) {
         runtime.block_on(measure(Path::new(&base), records));
     }

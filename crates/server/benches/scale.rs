@@ -35,6 +35,7 @@ use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, MessageId, Sinks, Timestamp};
 use estafeta_server_harness::api::{id, message, start_request};
 use estafeta_server_harness::binary::{self, Program};
+use estafeta_server_harness::measure::two_threads;
 use redb::TableDefinition;
 
 /// The `estafeta` binary built with this bench.
@@ -438,11 +439,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wanted = |name: &str| picked.is_empty() || picked.iter().any(|p| p == name);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_threads();
     if wanted("costs") {
         runtime.block_on(costs_stay_flat_as_the_data_grows());
     }

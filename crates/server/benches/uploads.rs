@@ -44,6 +44,8 @@ use estafeta_client::Client;
 use estafeta_durable::limits::{Measured, Probe};
 use estafeta_exchange::Id;
 use estafeta_exchange::wire::{Body, SendMessage, Version};
+use estafeta_server_harness::api::id;
+use estafeta_server_harness::measure::bench_dir;
 
 /// The admin token the servers are started with (32 random hex digits, as
 /// the server's check of a token's length and strength wants).
@@ -56,10 +58,6 @@ const DATABASES: usize = 2;
 const BODY_BYTES: usize = 1024;
 /// How long a started server may take to be ready.
 const READY_WITHIN: Duration = Duration::from_secs(120);
-
-fn id(s: &str) -> Id {
-    Id::new(s).unwrap()
-}
 
 fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -304,8 +302,7 @@ struct Target {
 }
 
 fn main() {
-    let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-    let tmp = tempfile::tempdir_in(base).unwrap();
+    let tmp = tempfile::tempdir_in(bench_dir()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let this = PathBuf::from(env!("CARGO_BIN_EXE_estafeta"));
     let nonce = Arc::new(AtomicU64::new(0));

@@ -9,8 +9,8 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::{
-    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, ready_process,
-    start_request,
+    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, processed,
+    ready_process, start_request,
 };
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::mailbox::Folder;
@@ -649,12 +649,7 @@ async fn a_deleted_mailbox_takes_nothing_more_and_comes_back_empty(store: Store)
     };
     let prepare = PrepareRequest {
         version: Version,
-        results: vec![MessageResult {
-            message_id: sent.accepted.id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
+        results: vec![processed(sent.accepted.id)],
         replies: vec![
             reply(Some(estafeta_exchange::Timestamp::from_millis(
                 i64::try_from(due.0).unwrap(),

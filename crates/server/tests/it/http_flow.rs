@@ -1,26 +1,18 @@
 //! End to end through the typed client over real HTTP: provisioning, device
 //! uploads, the process cycle, status words and authorization.
 
-use crate::common::{Store, Tenancy, TestServer, both_stores, id, listed, message, start_request};
+use crate::common::{
+    Store, Tenancy, TestServer, both_stores, id, listed, message, processed, start_request,
+};
 use estafeta_client::{ClientError, Upload};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
-    Body, CallStatus, MessageResult, PrepareRequest, ProcessState, Reply, ResultStatus,
-    StartStatus, Version,
+    Body, CallStatus, PrepareRequest, ProcessState, Reply, StartStatus, Version,
 };
 use estafeta_exchange::{MessageId, ProcessId};
 
 fn api_status(e: &ClientError) -> (u16, &str) {
     (e.status().map_or(0, |s| s.as_u16()), e.code().unwrap_or(""))
-}
-
-fn processed(id: MessageId) -> MessageResult {
-    MessageResult {
-        message_id: id,
-        status: ResultStatus::Processed,
-        error_code: None,
-        error_text: None,
-    }
 }
 
 both_stores!(admin_provisioning);

@@ -8,12 +8,11 @@ use std::time::Duration;
 use crate::common;
 use crate::common::recorder::{self, Hit};
 use crate::common::{
-    Binary, PATIENCE, Store, Tenancy, TestServer, message, next, quick_retry, start_request,
+    Binary, PATIENCE, Store, Tenancy, TestServer, message, next, processed, quick_retry,
+    start_request,
 };
 use estafeta_client::Client;
-use estafeta_exchange::wire::{
-    CallStatus, MessageResult, PrepareRequest, ProcessState, ResultStatus, Version,
-};
+use estafeta_exchange::wire::{CallStatus, PrepareRequest, ProcessState, Version};
 use estafeta_exchange::{Alert, AlertKind, ProcessId};
 use estafeta_sendq::{SmsConfig, SmtpConfig};
 use estafeta_server::HttpSettings;
@@ -29,20 +28,10 @@ async fn ready_to_commit(t: &Tenancy) -> ProcessId {
         .unwrap();
     let started = t.db_a.start(&start_request("db-a")).await.unwrap();
     let pid = started.process_id.unwrap();
-    let results = started
-        .messages
-        .unwrap()
-        .iter()
-        .map(|m| MessageResult {
-            message_id: m.id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        })
-        .collect();
+    let messages = started.messages.unwrap();
     let prepare = PrepareRequest {
         version: Version,
-        results,
+        results: messages.iter().map(|m| processed(m.id)).collect(),
         replies: vec![],
     };
     assert_eq!(

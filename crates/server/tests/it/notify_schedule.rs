@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
-use crate::common::{Store, Tenancy, id, message, start_request};
+use crate::common::{Store, Tenancy, id, message, processed, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
 use estafeta_exchange::{MessageId, Timestamp};
@@ -74,9 +74,7 @@ common::both_stores!(
 );
 
 async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store: Store) {
-    use estafeta_exchange::wire::{
-        Body, CallStatus, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
-    };
+    use estafeta_exchange::wire::{Body, CallStatus, PrepareRequest, Reply, Version};
     use estafeta_session::Clock;
     let store = store.setting();
     let data = tempfile::tempdir().unwrap();
@@ -89,12 +87,7 @@ async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store:
     let at = clock.now().after(Duration::from_secs(3600));
     let prepare = PrepareRequest {
         version: Version,
-        results: vec![MessageResult {
-            message_id: started.messages.unwrap()[0].id,
-            status: ResultStatus::Processed,
-            error_code: None,
-            error_text: None,
-        }],
+        results: vec![processed(started.messages.unwrap()[0].id)],
         replies: vec![
             Reply {
                 to: id("phone-1"),

@@ -4,7 +4,7 @@
 use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
-use crate::common::{Store, Tenancy, id, message, start_request};
+use crate::common::{Store, Tenancy, id, message, processed, start_request};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::{
     Body, CallStatus, DatabaseStats, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
@@ -37,12 +37,7 @@ async fn database_counters_survive_a_restart(store: Store) {
     let prepare = PrepareRequest {
         version: Version,
         results: vec![
-            MessageResult {
-                message_id: ids[0],
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            },
+            processed(ids[0]),
             MessageResult {
                 message_id: ids[1],
                 status: ResultStatus::ProcessedIncorrect,

@@ -28,7 +28,7 @@ use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, Server};
 pub(crate) use estafeta_server_harness::api::{
-    Tenancy, id, message, ready_process, start_request, wait_ready,
+    Tenancy, id, message, processed, provision_db_a, ready_process, start_request, wait_ready,
 };
 use estafeta_server_harness::binary::{self, Program};
 use tokio::process::Command;
@@ -265,20 +265,8 @@ pub(crate) async fn listed(admin: &Client, mailbox: &str, folder: Folder) -> Vec
 /// The smallest tenancy: enterprise `acme` with subsystem `sales`, database
 /// `db-a` and device `phone-1`; their tokens (database, device).
 pub(crate) async fn provision_one(admin: &Client) -> (String, String) {
-    admin.create_enterprise(&id("acme")).await.unwrap();
-    admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let phone = admin
-        .create_device(&id("acme"), &id("phone-1"), &id("sales"))
-        .await
-        .unwrap();
-    (db.token, phone.token)
+    let (db, mut phones) = provision_db_a(admin, &[id("phone-1")]).await;
+    (db, phones.remove(0))
 }
 
 /// A prepare that marks each of `ids` PROCESSED and replies once to
@@ -287,18 +275,10 @@ pub(crate) fn prepare_all(
     ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
     reply: &str,
 ) -> estafeta_exchange::wire::PrepareRequest {
-    use estafeta_exchange::wire::{MessageResult, PrepareRequest, Reply, ResultStatus};
+    use estafeta_exchange::wire::{PrepareRequest, Reply};
     PrepareRequest {
         version: Version,
-        results: ids
-            .into_iter()
-            .map(|message_id| MessageResult {
-                message_id,
-                status: ResultStatus::Processed,
-                error_code: None,
-                error_text: None,
-            })
-            .collect(),
+        results: ids.into_iter().map(processed).collect(),
         replies: vec![Reply {
             to: id("phone-1"),
             body: Body::from_json(reply).unwrap(),
