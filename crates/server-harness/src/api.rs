@@ -49,20 +49,25 @@ pub fn processed(message_id: MessageId) -> MessageResult {
     }
 }
 
+/// A reply of `body` (JSON) to `to`, delivered at once.
+pub fn reply(to: Id, body: &str) -> Reply {
+    Reply {
+        to,
+        body: Body::from_json(body).unwrap(),
+        created_at: None,
+        deliver_at: None,
+    }
+}
+
 /// A prepare that marks each of `messages` PROCESSED and answers each one's
-/// sender with `reply` (JSON).
-pub fn answer_each(messages: &[Message], reply: &str) -> PrepareRequest {
+/// sender with `body` (JSON).
+pub fn answer_each(messages: &[Message], body: &str) -> PrepareRequest {
     PrepareRequest {
         version: Version,
         results: messages.iter().map(|m| processed(m.id)).collect(),
         replies: messages
             .iter()
-            .map(|m| Reply {
-                to: m.from.clone(),
-                body: Body::from_json(reply).unwrap(),
-                created_at: None,
-                deliver_at: None,
-            })
+            .map(|m| reply(m.from.clone(), body))
             .collect(),
     }
 }
@@ -172,12 +177,7 @@ pub async fn ready_process(t: &Tenancy, status: ResultStatus) -> (ProcessId, Mes
             error_text: (status != ResultStatus::Processed).then(|| "rejected".to_owned()),
             ..processed(sent.accepted.id)
         }],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"ok":true}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
+        replies: vec![reply(id("phone-1"), r#"{"ok":true}"#)],
     };
     t.db_a.prepare(&pid, &prepare).await.unwrap();
     (pid, sent.accepted.id)

@@ -9,7 +9,7 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::{
-    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, processed,
+    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, outcome, processed,
     ready_process, start_request,
 };
 use estafeta_client::{Client, ClientError};
@@ -413,11 +413,7 @@ async fn run(
         .output()
         .await
         .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    outcome(out)
 }
 
 both_stores!(the_cli_lists_shows_deletes_rotates_and_settles);
@@ -642,10 +638,8 @@ async fn a_deleted_mailbox_takes_nothing_more_and_comes_back_empty(store: Store)
         clock.now().after(hour)
     };
     let reply = |deliver_at| estafeta_exchange::wire::Reply {
-        to: id("phone-2"),
-        body: Body::from_json(r#"{"reply":true}"#).unwrap(),
-        created_at: None,
         deliver_at,
+        ..common::reply(id("phone-2"), r#"{"reply":true}"#)
     };
     let prepare = PrepareRequest {
         version: Version,

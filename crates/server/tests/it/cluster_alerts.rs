@@ -16,43 +16,12 @@ use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use estafeta_postgres::testing::Postgres;
 use estafeta_test_support::smtp_server;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
-
-/// The value of cookie `name` among the answer's `Set-Cookie` headers.
-fn set_cookie(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers().get_all(SET_COOKIE).iter().find_map(|v| {
-        let text = v.to_str().ok()?;
-        Some(
-            text.strip_prefix(&format!("{name}="))?
-                .split(';')
-                .next()?
-                .to_owned(),
-        )
-    })
-}
+use reqwest::header::COOKIE;
 
 /// Logs in on `node`'s dashboard; the session cookie header.
 async fn login(node: &Binary) -> String {
-    let http = http();
-    let form = http
-        .get(format!("{}/admin/login", node.base))
-        .send()
-        .await
-        .unwrap();
-    let nonce = set_cookie(&form, "estafeta_login").unwrap();
-    let r = http
-        .post(format!("{}/admin/login", node.base))
-        .header(COOKIE, format!("estafeta_login={nonce}"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(format!("token={}&nonce={nonce}", common::ADMIN_TOKEN))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    format!(
-        "estafeta_admin={}",
-        set_cookie(&r, "estafeta_admin").unwrap()
-    )
+    let dashboard = format!("{}/admin", node.base);
+    common::dashboard_session(&dashboard, common::ADMIN_TOKEN).await
 }
 
 /// `path` of `node`'s dashboard with `cookie`: its status and page.

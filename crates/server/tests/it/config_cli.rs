@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 
-use crate::common::{Binary, estafeta, wait_ready};
+use crate::common::{Binary, estafeta, outcome, wait_ready};
 use estafeta_client::Client;
 use estafeta_server::config::{CONFIG_VARIABLE, SETTINGS, Setting};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
@@ -20,11 +20,7 @@ async fn run(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, 
         .output()
         .await
         .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    outcome(out)
 }
 
 /// Starts `estafeta serve` in `cwd` with `env` and expects it to refuse to

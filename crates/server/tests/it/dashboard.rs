@@ -4,12 +4,14 @@
 //! send queue and delivery pages showing a push that waits for its host.
 
 use crate::common;
-use crate::common::{ADMIN_TOKEN, Store, Tenancy, TestServer, http, listed, ready_process};
+use crate::common::{
+    ADMIN_TOKEN, Store, Tenancy, TestServer, http, listed, ready_process, set_cookie,
+};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use estafeta_exchange::{MessageId, ProcessId};
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION};
 
 /// Every page of the dashboard.
 const PAGES: [&str; 11] = [
@@ -25,20 +27,6 @@ const PAGES: [&str; 11] = [
     "/admin/queues",
     "/admin/deliveries",
 ];
-
-/// The value of cookie `name` among the answer's `Set-Cookie` headers, and
-/// the whole header.
-fn set_cookie(r: &reqwest::Response, name: &str) -> Option<(String, String)> {
-    r.headers().get_all(SET_COOKIE).iter().find_map(|v| {
-        let text = v.to_str().ok()?.to_owned();
-        let value = text
-            .strip_prefix(&format!("{name}="))?
-            .split(';')
-            .next()?
-            .to_owned();
-        Some((value, text))
-    })
-}
 
 /// The value of the first hidden field `name` in a page.
 fn field(html: &str, name: &str) -> String {

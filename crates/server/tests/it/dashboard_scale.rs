@@ -13,12 +13,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{ADMIN_TOKEN, TestServer, http, id};
+use crate::common::{ADMIN_TOKEN, TestServer, dashboard_session, http, id};
 use estafeta_exchange::mailbox::FileName;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::{MessageId, Timestamp};
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
+use reqwest::header::COOKIE;
 
 /// The most bytes of any dashboard page.
 const MOST_BYTES: usize = 200 * 1024;
@@ -34,32 +34,9 @@ fn setting(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The value of cookie `name` set by the answer.
-fn cookie(r: &reqwest::Response, name: &str) -> String {
-    r.headers()
-        .get_all(SET_COOKIE)
-        .iter()
-        .find_map(|v| {
-            let v = v.to_str().ok()?.strip_prefix(&format!("{name}="))?;
-            Some(v.split(';').next()?.to_owned())
-        })
-        .unwrap_or_else(|| panic!("no {name} cookie"))
-}
-
 /// Logs in; the session's cookie header.
 async fn login(server: &TestServer) -> String {
-    let form = http().get(server.url("/admin/login")).send().await.unwrap();
-    let nonce = cookie(&form, "estafeta_login");
-    let r = http()
-        .post(server.url("/admin/login"))
-        .header(COOKIE, format!("estafeta_login={nonce}"))
-        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(format!("token={ADMIN_TOKEN}&nonce={nonce}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    format!("estafeta_admin={}", cookie(&r, "estafeta_admin"))
+    dashboard_session(&server.url("/admin"), ADMIN_TOKEN).await
 }
 
 /// How a file gets its content.

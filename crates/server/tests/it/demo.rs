@@ -10,6 +10,8 @@ use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdout};
 
+use crate::common;
+
 /// `estafeta demo ARGS` in `cwd`, with no `ESTAFETA_*` variable of the
 /// test's environment.
 fn demo(cwd: &std::path::Path, args: &[&str]) -> tokio::process::Command {
@@ -92,45 +94,6 @@ async fn stop(child: &mut Child, signal: &str, stdout: &mut BufReader<ChildStdou
     assert!(status.success(), "{signal}: {status:?}");
 }
 
-/// The value of `name` in a response's `set-cookie` headers.
-fn cookie(r: &reqwest::Response, name: &str) -> String {
-    r.headers()
-        .get_all(reqwest::header::SET_COOKIE)
-        .iter()
-        .find_map(|v| {
-            let text = v.to_str().ok()?;
-            Some(
-                text.strip_prefix(&format!("{name}="))?
-                    .split(';')
-                    .next()?
-                    .to_owned(),
-            )
-        })
-        .unwrap_or_else(|| panic!("no {name} cookie"))
-}
-
-/// Logs in to the dashboard at `dashboard` (`http://…/admin`) with
-/// `token`; the session's cookie header value.
-async fn log_in(http: &reqwest::Client, dashboard: &str, token: &str) -> String {
-    let url = format!("{dashboard}/login");
-    let form = http.get(&url).send().await.unwrap();
-    assert!(form.status().is_success(), "{}", form.status());
-    let nonce = cookie(&form, "estafeta_login");
-    let r = http
-        .post(&url)
-        .header(reqwest::header::COOKIE, format!("estafeta_login={nonce}"))
-        .header(
-            reqwest::header::CONTENT_TYPE,
-            "application/x-www-form-urlencoded",
-        )
-        .body(format!("token={token}&nonce={nonce}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), reqwest::StatusCode::SEE_OTHER);
-    format!("estafeta_admin={}", cookie(&r, "estafeta_admin"))
-}
-
 /// Starts a demo without `--duration`, sends it `signal` once it serves,
 /// and checks that it stops cleanly and removes its data folder.
 async fn stopped_by(signal: &str) {
@@ -168,12 +131,8 @@ async fn the_demos_event_log_page_shows_its_events() {
         .spawn()
         .unwrap();
     let (shown, mut stdout) = shown(&mut child).await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let session = log_in(&http, &shown.dashboard, &shown.token).await;
-    let page = http
+    let session = common::dashboard_session(&shown.dashboard, &shown.token).await;
+    let page = common::http()
         .get(format!("{}/events", shown.dashboard))
         .header(reqwest::header::COOKIE, &session)
         .send()

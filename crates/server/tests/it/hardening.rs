@@ -109,23 +109,29 @@ fn event_lines(data: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// The real binary in `dir` over `data` with the test admin token, ready;
+/// its admin client.
+async fn ready_binary(dir: &std::path::Path, data: &std::path::Path) -> (Binary, Client) {
+    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let server = Binary::serve(dir, data, &[], &env).await;
+    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
+    wait_ready(&admin).await;
+    (server, admin)
+}
+
 // Embedded only: the event log's file.
 #[tokio::test]
 async fn a_damaged_event_log_is_set_aside_and_the_server_starts_with_a_new_one() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    wait_ready(&Client::new(&server.base, "").unwrap()).await;
+    let (server, _) = ready_binary(dir.path(), &data).await;
     assert_eq!(server.terminate().await, Some(0));
 
     let events = estafeta_server::events::events_file(&data);
     let length = std::fs::metadata(&events).unwrap().len();
     let damaged: Vec<u8> = (0..length).map(|i| (i % 251) as u8).collect();
     std::fs::write(&events, &damaged).unwrap();
-    let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
-    wait_ready(&admin).await;
+    let (server, admin) = ready_binary(dir.path(), &data).await;
     provision_one(&admin).await;
     assert_eq!(server.terminate().await, Some(0));
 
@@ -539,10 +545,7 @@ fn peak_memory(pid: u32) -> u64 {
 async fn acknowledgements_are_sized_to_their_route_and_parsed_without_copies() {
     use estafeta_server::body_limit::SMALL_BODY;
     let dir = tempfile::tempdir().unwrap();
-    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let server = Binary::serve(dir.path(), &dir.path().join("data"), &[], &env).await;
-    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
-    wait_ready(&admin).await;
+    let (server, admin) = ready_binary(dir.path(), &dir.path().join("data")).await;
     let phone = common::reply_waiting(&admin, r#"{"ok":true}"#).await;
     let waiting = admin.with_token(&phone).inbox(None).await.unwrap().messages;
     assert_eq!(waiting.len(), 1);
@@ -768,10 +771,7 @@ fn assert_no_detail(what: &str, shown: &str, secrets: &[&str]) {
 async fn a_storage_failure_shows_its_path_only_in_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let env = [("ESTAFETA_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let server = Binary::serve(dir.path(), &data, &[], &env).await;
-    let admin = Client::new(&server.base, ADMIN_TOKEN).unwrap();
-    wait_ready(&admin).await;
+    let (server, admin) = ready_binary(dir.path(), &data).await;
     let t = Tenancy::provision(&admin).await;
     let (pid, failed) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
     t.db_a.commit(&pid).await.unwrap();

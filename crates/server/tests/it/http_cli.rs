@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::common;
 use crate::common::{
-    Binary, TestServer, estafeta, id, message, provision_one, start_request, wait_ready,
+    Binary, TestServer, estafeta, id, message, outcome, provision_one, start_request, wait_ready,
 };
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
@@ -28,11 +28,7 @@ const SETTINGS: [&str; 10] = [
 
 async fn output(cwd: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     let out = estafeta(cwd).args(args).output().await.unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    outcome(out)
 }
 
 #[tokio::test]

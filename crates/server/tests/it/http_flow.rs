@@ -2,12 +2,12 @@
 //! uploads, the process cycle, status words and authorization.
 
 use crate::common::{
-    Store, Tenancy, TestServer, both_stores, id, listed, message, processed, start_request,
+    Store, Tenancy, TestServer, both_stores, id, listed, message, processed, reply, start_request,
 };
 use estafeta_client::{ClientError, Upload};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{
-    Body, CallStatus, PrepareRequest, ProcessState, Reply, StartStatus, Version,
+    Body, CallStatus, PrepareRequest, ProcessState, StartStatus, Version,
 };
 use estafeta_exchange::{MessageId, ProcessId};
 
@@ -158,12 +158,7 @@ async fn full_process_cycle_with_busy_and_idle(store: Store) {
     let prepare = PrepareRequest {
         version: Version,
         results: vec![processed(sent[0]), processed(sent[1])],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#"{"done":[0,1]}"#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
+        replies: vec![reply(id("phone-1"), r#"{"done":[0,1]}"#)],
     };
     assert_eq!(
         t.db_a.prepare(&pid, &prepare).await.unwrap().status,
@@ -288,12 +283,7 @@ async fn authorization_between_devices_databases_and_enterprises(store: Store) {
     let prepare = PrepareRequest {
         version: Version,
         results: vec![processed(ids[0])],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(r#""for phone-1""#).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
+        replies: vec![reply(id("phone-1"), r#""for phone-1""#)],
     };
 
     // A database token cannot touch another database's process.

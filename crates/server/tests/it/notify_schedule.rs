@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
-use crate::common::{Store, Tenancy, id, message, processed, start_request};
+use crate::common::{Store, Tenancy, id, message, processed, reply, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
 use estafeta_exchange::{MessageId, Timestamp};
@@ -74,7 +74,7 @@ common::both_stores!(
 );
 
 async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store: Store) {
-    use estafeta_exchange::wire::{Body, CallStatus, PrepareRequest, Reply, Version};
+    use estafeta_exchange::wire::{CallStatus, PrepareRequest, Reply, Version};
     use estafeta_session::Clock;
     let store = store.setting();
     let data = tempfile::tempdir().unwrap();
@@ -90,17 +90,10 @@ async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store:
         results: vec![processed(started.messages.unwrap()[0].id)],
         replies: vec![
             Reply {
-                to: id("phone-1"),
-                body: Body::from_json(r#"{"later":true}"#).unwrap(),
-                created_at: None,
                 deliver_at: Some(Timestamp::from_millis(i64::try_from(at.0).unwrap())),
+                ..reply(id("phone-1"), r#"{"later":true}"#)
             },
-            Reply {
-                to: id("phone-1"),
-                body: Body::from_json(r#"{"now":true}"#).unwrap(),
-                created_at: None,
-                deliver_at: None,
-            },
+            reply(id("phone-1"), r#"{"now":true}"#),
         ],
     };
     assert_eq!(

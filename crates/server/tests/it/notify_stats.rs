@@ -4,10 +4,10 @@
 use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
-use crate::common::{Store, Tenancy, id, message, processed, start_request};
+use crate::common::{Store, Tenancy, id, message, processed, reply, start_request};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::{
-    Body, CallStatus, DatabaseStats, MessageResult, PrepareRequest, Reply, ResultStatus, Version,
+    CallStatus, DatabaseStats, MessageResult, PrepareRequest, ResultStatus, Version,
 };
 
 async fn db_a(server: &Server) -> DatabaseStats {
@@ -45,12 +45,7 @@ async fn database_counters_survive_a_restart(store: Store) {
                 error_text: Some("bad total".into()),
             },
         ],
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json("{}").unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
+        replies: vec![reply(id("phone-1"), "{}")],
     };
     assert_eq!(
         t.db_a.prepare(&pid, &prepare).await.unwrap().status,

@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
-use estafeta_exchange::wire::{Body, Version};
+use estafeta_exchange::wire::Version;
 use estafeta_exchange::{Exchange, ExchangeConfig, MessageId};
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, Server};
 pub(crate) use estafeta_server_harness::api::{
-    Tenancy, id, message, processed, provision_db_a, ready_process, start_request, wait_ready,
+    Tenancy, id, message, processed, provision_db_a, ready_process, reply, start_request,
+    wait_ready,
 };
 use estafeta_server_harness::binary::{self, Program};
 use tokio::process::Command;
@@ -270,21 +271,15 @@ pub(crate) async fn provision_one(admin: &Client) -> (String, String) {
 }
 
 /// A prepare that marks each of `ids` PROCESSED and replies once to
-/// `phone-1` with `reply`.
+/// `phone-1` with `body`.
 pub(crate) fn prepare_all(
     ids: impl IntoIterator<Item = estafeta_exchange::MessageId>,
-    reply: &str,
+    body: &str,
 ) -> estafeta_exchange::wire::PrepareRequest {
-    use estafeta_exchange::wire::{PrepareRequest, Reply};
-    PrepareRequest {
+    estafeta_exchange::wire::PrepareRequest {
         version: Version,
         results: ids.into_iter().map(processed).collect(),
-        replies: vec![Reply {
-            to: id("phone-1"),
-            body: Body::from_json(reply).unwrap(),
-            created_at: None,
-            deliver_at: None,
-        }],
+        replies: vec![reply(id("phone-1"), body)],
     }
 }
 
@@ -342,6 +337,16 @@ pub(crate) fn estafeta_after(cwd: &Path, prelude: &str) -> Command {
     Binary::command_after(cwd, prelude)
 }
 
+/// What a command that ran to its end gave: whether it succeeded, its
+/// stdout and its stderr (UTF-8).
+pub(crate) fn outcome(out: std::process::Output) -> (bool, String, String) {
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
 /// A plain HTTP client that follows no redirect: a test sees the
 /// dashboard's own `303` answers and the cookies they set.
 pub(crate) fn http() -> reqwest::Client {
@@ -349,6 +354,43 @@ pub(crate) fn http() -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
+}
+
+/// The value of cookie `name` among the answer's `Set-Cookie` headers, and
+/// the whole header.
+pub(crate) fn set_cookie(r: &reqwest::Response, name: &str) -> Option<(String, String)> {
+    let set = r.headers().get_all(reqwest::header::SET_COOKIE);
+    set.iter().find_map(|v| {
+        let text = v.to_str().ok()?.to_owned();
+        let value = text
+            .strip_prefix(&format!("{name}="))?
+            .split(';')
+            .next()?
+            .to_owned();
+        Some((value, text))
+    })
+}
+
+/// Logs in to the dashboard at `dashboard` (`http://…/admin`) with
+/// `token`, through the login form and its nonce; the session's cookie
+/// header value.
+pub(crate) async fn dashboard_session(dashboard: &str, token: &str) -> String {
+    use reqwest::header::{CONTENT_TYPE, COOKIE};
+    let url = format!("{dashboard}/login");
+    let form = http().get(&url).send().await.unwrap();
+    assert!(form.status().is_success(), "{}", form.status());
+    let (nonce, _) = set_cookie(&form, "estafeta_login").expect("no estafeta_login cookie");
+    let r = http()
+        .post(&url)
+        .header(COOKIE, format!("estafeta_login={nonce}"))
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(format!("token={token}&nonce={nonce}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::SEE_OTHER);
+    let (session, _) = set_cookie(&r, "estafeta_admin").expect("no estafeta_admin cookie");
+    format!("estafeta_admin={session}")
 }
 
 /// The value of one series of `/metrics` at `base`, if the scrape has it.
