@@ -9,8 +9,8 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::{
-    Binary, Store, Tenancy, TestServer, both_stores, estafeta, id, message, outcome, processed,
-    ready_process, start_request,
+    Binary, CREATE_PHONE_1, Store, Tenancy, TestServer, both_stores, estafeta, id, message,
+    outcome, processed, ready_process, start_request,
 };
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::mailbox::Folder;
@@ -437,20 +437,7 @@ async fn the_cli_lists_shows_deletes_rotates_and_settles(store: Store) {
         let (ok, _, err) = run(cwd, base, &token, args).await;
         assert!(ok, "{args:?}: {err}");
     }
-    let (ok, out, err) = run(
-        cwd,
-        base,
-        &token,
-        &[
-            "device",
-            "create",
-            "acme",
-            "phone-1",
-            "--subsystem",
-            "sales",
-        ],
-    )
-    .await;
+    let (ok, out, err) = run(cwd, base, &token, &CREATE_PHONE_1).await;
     assert!(ok, "{err}");
     let phone = Client::new(base, json(&out)["token"].as_str().unwrap()).unwrap();
 

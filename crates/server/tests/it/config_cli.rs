@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 
-use crate::common::{Binary, estafeta, outcome, wait_ready};
+use crate::common::{Binary, estafeta, outcome, stderr_of, wait_ready};
 use estafeta_client::Client;
 use estafeta_server::config::{CONFIG_VARIABLE, SETTINGS, Setting};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Runs the binary with `args` and `env` in `cwd`: (success, stdout, stderr).
 async fn run(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
@@ -45,14 +45,7 @@ async fn serve_refused(cwd: &Path, env: &[(&str, &str)]) -> String {
         line.clear();
     }
     let status = child.wait().await.unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
+    let stderr = stderr_of(&mut child).await;
     assert!(!status.success(), "{env:?}: {stderr}");
     stderr
 }

@@ -161,14 +161,7 @@ async fn the_demo_logs_only_warnings_by_default() {
     let mut child = demo(cwd.path(), &["--listen", "127.0.0.1:0", "--duration", "2s"])
         .spawn()
         .unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
+    let stderr = common::stderr_of(&mut child).await;
     assert!(child.wait().await.unwrap().success());
     for level in [" INFO ", " DEBUG ", " TRACE "] {
         assert!(!stderr.contains(level), "{level} lines:\n{stderr}");

@@ -186,12 +186,7 @@ async fn made_up_methods_and_paths_grow_neither_metrics_nor_the_event_log() {
         let answer = send_raw(server.addr, head(&method, "/v1/inbox", &[]).as_bytes()).await;
         assert_eq!(answer.status, 405, "{answer:?}");
     }
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::scrape(&server.base).await;
     assert!(!metrics.contains("XXXX") && !metrics.contains("pppp"));
     let other = |route: &str, status: u16| {
         format!(
@@ -883,12 +878,7 @@ async fn a_cluster_node_names_its_database_neither_on_its_pages_nor_in_its_metri
     let body = r.text().await.unwrap();
     assert!(body.contains("storage_error"), "{body}");
     assert_no_detail("the admin API", &body, &secrets);
-    let metrics = reqwest::get(format!("{}/metrics", node.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::scrape(&node.base).await;
     assert_no_detail("/metrics", &metrics, &secrets);
     node.kill9().await;
 }

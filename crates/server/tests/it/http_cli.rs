@@ -6,7 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::common;
 use crate::common::{
-    Binary, TestServer, estafeta, id, message, outcome, provision_one, start_request, wait_ready,
+    Binary, CREATE_PHONE_1, TestServer, estafeta, id, message, outcome, provision_one,
+    start_request, wait_ready,
 };
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
@@ -220,15 +221,7 @@ async fn admin_subcommands_provision_through_the_api() {
     let (ok, out, err) = admin(&["database", "create", "acme", "db-a"]).await;
     assert!(ok, "{err}");
     let db_token = json(&out)["token"].as_str().unwrap().to_owned();
-    let (ok, out, err) = admin(&[
-        "device",
-        "create",
-        "acme",
-        "phone-1",
-        "--subsystem",
-        "sales",
-    ])
-    .await;
+    let (ok, out, err) = admin(&CREATE_PHONE_1).await;
     assert!(ok, "{err}");
     assert_eq!(json(&out)["id"], "phone-1");
     let (ok, out, _) = admin(&["processes"]).await;

@@ -305,12 +305,7 @@ async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: 
     // not name it.
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
     wait_metric(&p.server.base, down, 1.0).await;
-    let exposed = reqwest::get(format!("{}/metrics", p.server.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let exposed = common::scrape(&p.server.base).await;
     assert!(!exposed.contains(&addr.to_string()), "{exposed}");
     // The retry finds the host down: queued, not failed.
     p.clock.advance(AN_HOUR);

@@ -337,6 +337,17 @@ pub(crate) fn estafeta_after(cwd: &Path, prelude: &str) -> Command {
     Binary::command_after(cwd, prelude)
 }
 
+/// The arguments of `estafeta admin` that create device `phone-1` of
+/// subsystem `sales` in enterprise `acme`.
+pub(crate) const CREATE_PHONE_1: [&str; 6] = [
+    "device",
+    "create",
+    "acme",
+    "phone-1",
+    "--subsystem",
+    "sales",
+];
+
 /// What a command that ran to its end gave: whether it succeeded, its
 /// stdout and its stderr (UTF-8).
 pub(crate) fn outcome(out: std::process::Output) -> (bool, String, String) {
@@ -393,14 +404,24 @@ pub(crate) async fn dashboard_session(dashboard: &str, token: &str) -> String {
     format!("estafeta_admin={session}")
 }
 
+/// The text of `/metrics` at `base`.
+pub(crate) async fn scrape(base: &str) -> String {
+    let answer = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    answer.text().await.unwrap()
+}
+
+/// The whole of what `child` writes to its stderr, until it closes it.
+pub(crate) async fn stderr_of(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = String::new();
+    let mut pipe = child.stderr.take().unwrap();
+    pipe.read_to_string(&mut stderr).await.unwrap();
+    stderr
+}
+
 /// The value of one series of `/metrics` at `base`, if the scrape has it.
 pub(crate) async fn metric(base: &str, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(base).await;
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
