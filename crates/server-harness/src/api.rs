@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use estafeta_client::Client;
 use estafeta_wire::{
-    Body, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply, ResultStatus,
-    SendMessage, StartRequest, Version,
+    Body, CallStatus, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
+    ResultStatus, SendMessage, StartRequest, Version,
 };
 
 /// The id `s`; panics when `s` is not a valid id.
@@ -181,4 +181,13 @@ pub async fn ready_process(t: &Tenancy, status: ResultStatus) -> (ProcessId, Mes
     };
     t.db_a.prepare(&pid, &prepare).await.unwrap();
     (pid, sent.accepted.id)
+}
+
+/// [`ready_process`], then `db-a` commits the process: answered OK.
+/// Returns the process and the message.
+pub async fn committed_process(t: &Tenancy, status: ResultStatus) -> (ProcessId, MessageId) {
+    let (pid, message) = ready_process(t, status).await;
+    let committed = t.db_a.commit(&pid).await.unwrap();
+    assert_eq!(committed.status, CallStatus::Ok);
+    (pid, message)
 }

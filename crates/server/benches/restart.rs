@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use estafeta_client::Client;
 use estafeta_exchange::wire::ResultStatus;
 use estafeta_exchange::{DataLayout, ProcessId};
-use estafeta_server_harness::api::{Tenancy, ready_process, wait_ready};
+use estafeta_server_harness::api::{Tenancy, committed_process, wait_ready};
 use estafeta_server_harness::binary::{self, Program};
 use estafeta_server_harness::measure::{bench_dir, sizes, two_threads};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -51,8 +51,7 @@ async fn data_with(dir: &Path, data: &Path, records: u64) -> u64 {
     let (server, _) = start(dir, data).await;
     let admin = Client::new(&server.base, TOKEN).unwrap();
     let tenancy = Tenancy::provision(&admin).await;
-    let (pid, _) = ready_process(&tenancy, ResultStatus::Processed).await;
-    tenancy.db_a.commit(&pid).await.unwrap();
+    let (pid, _) = committed_process(&tenancy, ResultStatus::Processed).await;
     assert_eq!(server.terminate().await, Some(0));
 
     let sessions = DataLayout::new(data).sessions();

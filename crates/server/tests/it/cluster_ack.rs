@@ -6,9 +6,9 @@
 //! retry acknowledges them once.
 
 use crate::common;
-use crate::common::{Store, Tenancy, TestServer, ready_process};
+use crate::common::{Store, Tenancy, TestServer, committed_process};
 use estafeta_client::ClientError;
-use estafeta_exchange::wire::{CallStatus, ResultStatus};
+use estafeta_exchange::wire::ResultStatus;
 
 /// How many messages `phone-1`'s `place` holds.
 async fn in_place(db: &estafeta_postgres::Store, place: &str) -> i64 {
@@ -28,8 +28,7 @@ async fn an_acknowledgement_whose_step_fails_to_commit_moves_nothing_and_its_ret
     let server = TestServer::start_on(Store::Postgres).await;
     let db = estafeta_postgres::Store::connect(server.store.as_deref().unwrap()).unwrap();
     let t = Tenancy::provision(&server.admin).await;
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
+    committed_process(&t, ResultStatus::Processed).await;
     let inbox = t.phone1.inbox(None).await.unwrap();
     let ids: Vec<_> = inbox.messages.iter().map(|m| m.id).collect();
     assert_eq!(ids.len(), 1);

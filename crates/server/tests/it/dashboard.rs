@@ -5,7 +5,8 @@
 
 use crate::common;
 use crate::common::{
-    ADMIN_TOKEN, Store, Tenancy, TestServer, http, listed, ready_process, set_cookie,
+    ADMIN_TOKEN, Store, Tenancy, TestServer, committed_process, http, listed, ready_process,
+    set_cookie,
 };
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
@@ -266,8 +267,7 @@ common::both_stores!(
 async fn message_in_error(store: Store) -> (TestServer, ProcessId, MessageId, Session) {
     let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
-    let (pid, incorrect) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
-    t.db_a.commit(&pid).await.unwrap();
+    let (pid, incorrect) = committed_process(&t, ResultStatus::ProcessedIncorrect).await;
     let s = login(&server).await;
     (server, pid, incorrect, s)
 }

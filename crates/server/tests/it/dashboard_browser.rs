@@ -17,7 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common;
-use crate::common::{Binary, Tenancy, ready_process};
+use crate::common::{Binary, Tenancy, committed_process, ready_process};
 use estafeta_client::Client as ApiClient;
 use estafeta_exchange::wire::{ProcessState, ResultStatus};
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -522,8 +522,7 @@ async fn discard_asks_for_confirmation_and_bulk_actions_work_in_a_real_browser()
     let (c, base, shots, tenancy) = (&d.c, d.server.base.as_str(), &d.shots, &d.tenancy);
     // Three messages processed incorrectly: three in db-a's Error.
     for _ in 0..3 {
-        let (pid, _) = ready_process(tenancy, ResultStatus::ProcessedIncorrect).await;
-        tenancy.db_a.commit(&pid).await.unwrap();
+        committed_process(tenancy, ResultStatus::ProcessedIncorrect).await;
     }
     let db_a = common::id("db-a");
     let in_folder = |folder| {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use crate::common;
 use crate::common::raw::{Answer, head, send_raw};
 use crate::common::{
-    ADMIN_TOKEN, Binary, PATIENCE, Store, Tenancy, TestServer, both_stores, id, provision_one,
-    ready_process, wait_ready,
+    ADMIN_TOKEN, Binary, PATIENCE, Store, Tenancy, TestServer, both_stores, committed_process, id,
+    provision_one, wait_ready,
 };
 use estafeta_client::Client;
 use estafeta_exchange::DataLayout;
@@ -768,8 +768,7 @@ async fn a_storage_failure_shows_its_path_only_in_the_log() {
     let data = dir.path().join("data");
     let (server, admin) = ready_binary(dir.path(), &data).await;
     let t = Tenancy::provision(&admin).await;
-    let (pid, failed) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
-    t.db_a.commit(&pid).await.unwrap();
+    let (_, failed) = committed_process(&t, ResultStatus::ProcessedIncorrect).await;
     let cookie = dashboard_login(&server.base, ADMIN_TOKEN).await.unwrap();
     let message = format!("/admin/browse/Error/db-a/{failed}");
     assert_eq!(dashboard_page(&server.base, &message, &cookie).await.0, 200);

@@ -7,7 +7,9 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::webhook::{self, Script};
-use crate::common::{Store, Tenancy, TestServer, both_stores, message, ready_process};
+use crate::common::{
+    Store, Tenancy, TestServer, both_stores, committed_process, message, ready_process,
+};
 use estafeta_exchange::Timestamp;
 use estafeta_exchange::wire::ResultStatus;
 use estafeta_server::notify::NotifySettings;
@@ -627,10 +629,8 @@ both_stores!(devices_verdicts_are_totals_in_metrics_and_per_device_in_admin_stat
 async fn devices_verdicts_are_totals_in_metrics_and_per_device_in_admin_stats(store: Store) {
     let server = TestServer::start_on(store).await;
     let t = Tenancy::provision(&server.admin).await;
-    let (pid, _) = ready_process(&t, ResultStatus::ProcessedIncorrect).await;
-    t.db_a.commit(&pid).await.unwrap();
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    t.db_a.commit(&pid).await.unwrap();
+    committed_process(&t, ResultStatus::ProcessedIncorrect).await;
+    committed_process(&t, ResultStatus::Processed).await;
     let samples = parse(&server.admin.metrics().await.unwrap());
     let total = |outcome| {
         value(
@@ -692,8 +692,7 @@ async fn process_outcomes_deliveries_and_commit_latency_are_counted(store: Store
         0.0
     );
 
-    let (pid, _) = ready_process(&t, ResultStatus::Processed).await;
-    t.db_a.commit(&pid).await.unwrap();
+    committed_process(&t, ResultStatus::Processed).await;
     t.phone1
         .send(&message("db-a", r#"{"n":2}"#, None))
         .await

@@ -18,11 +18,11 @@ use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::webhook::{self, Post, Script};
 use crate::common::{
-    ADMIN_TOKEN, PATIENCE, Store, Tenancy, both_stores, message, next, quick_retry, ready_process,
-    wait_metric,
+    ADMIN_TOKEN, PATIENCE, Store, Tenancy, both_stores, committed_process, message, next,
+    quick_retry, wait_metric,
 };
 use estafeta_exchange::Timestamp;
-use estafeta_exchange::wire::{CallStatus, ResultStatus};
+use estafeta_exchange::wire::ResultStatus;
 use estafeta_server::notify::NotifySettings;
 use serde_json::{Value, json};
 
@@ -138,12 +138,6 @@ async fn wait_pushes(server: &Server, pending: f64) {
     .await;
 }
 
-/// `db-a` commits a reply to `phone-1`, which lands in its inbox.
-async fn reply_to_phone1(t: &Tenancy) {
-    let (pid, _) = ready_process(t, ResultStatus::Processed).await;
-    assert_eq!(t.db_a.commit(&pid).await.unwrap().status, CallStatus::Ok);
-}
-
 /// A webhook that comes up at `addr`, a port that was closed.
 async fn come_up(addr: SocketAddr) -> webhook::Hook {
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
@@ -194,7 +188,7 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies(stor
     assert!(!post.json.to_string().contains("secret"));
 
     // A committed reply lands in phone-1's inbox (db-a has no webhook).
-    reply_to_phone1(&p.t).await;
+    committed_process(&p.t, ResultStatus::Processed).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
     assert_notification(&post, "phone-1", "device", &p.clock);
@@ -338,7 +332,7 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up(store: St
     let host = format!("http://{addr}");
     set_webhook(&p.server, "devices/phone-1", &format!("{host}/phone")).await;
 
-    reply_to_phone1(&p.t).await;
+    committed_process(&p.t, ResultStatus::Processed).await;
     wait_retrying(&p.server, p.url.as_deref(), 1).await;
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
     wait_metric(&p.server.base, down, 1.0).await;
@@ -366,7 +360,7 @@ async fn a_pending_push_survives_a_restart(store: Store) {
     .await;
 
     // A reply for phone-1 while its webhook is unreachable.
-    reply_to_phone1(&p.t).await;
+    committed_process(&p.t, ResultStatus::Processed).await;
     wait_retrying(&p.server, p.url.as_deref(), 1).await;
     p.server.stop().await;
 
