@@ -9,7 +9,7 @@ use crate::common;
 use crate::common::clock::ManualClock;
 use crate::common::restartable::Server;
 use crate::common::{
-    Binary, CREATE_PHONE_1, Store, Tenancy, TestServer, both_stores, estafeta, id, message,
+    Binary, CREATE_PHONE_1, Store, Tenancy, TestServer, both_stores, estafeta, id, listed, message,
     outcome, processed, ready_process, start_request,
 };
 use estafeta_client::{Client, ClientError};
@@ -146,15 +146,8 @@ async fn lists_page_and_deletes_are_refused_until_empty_or_forced(store: Store) 
         .unwrap();
     let fresh = admin.database(&id("db-a")).await.unwrap();
     assert_eq!(fresh.folders, Default::default());
-    assert!(
-        admin
-            .folder(&id("db-a"), Folder::Messages)
-            .await
-            .unwrap()
-            .files
-            .iter()
-            .all(|f| f.id != sent.accepted.id)
-    );
+    let queue = listed(admin, "db-a", Folder::Messages).await;
+    assert!(!queue.contains(&sent.accepted.id));
 
     // Empty ones go without force; an enterprise or subsystem in use does not.
     let deleted = admin.delete_database(&id("db-b"), false).await.unwrap();
@@ -307,15 +300,7 @@ async fn settle_requeue_discard_and_the_reason_of_an_error(store: Store) {
     let settled = admin.settle(&pid, Settlement::Commit).await.unwrap();
     assert_eq!(settled.status, CallStatus::Ok);
     assert_eq!(admin.process(&pid).await.unwrap().state, ProcessState::Done);
-    assert_eq!(
-        admin
-            .folder(&id("phone-1"), Folder::Messages)
-            .await
-            .unwrap()
-            .files
-            .len(),
-        1
-    );
+    assert_eq!(listed(admin, "phone-1", Folder::Messages).await.len(), 1);
     assert_eq!(
         refused(admin.settle(&pid, Settlement::Rollback).await),
         (StatusCode::UNPROCESSABLE_ENTITY, "not_in_doubt".to_owned())
@@ -382,14 +367,7 @@ async fn settle_requeue_discard_and_the_reason_of_an_error(store: Store) {
     assert_eq!(ids(&queue.files, |f| f.id.to_string()), [a.to_string()]);
     let done = admin.discard(&id("db-a"), Folder::Error, &b).await.unwrap();
     assert_eq!(done.action, HandAction::Discarded);
-    assert!(
-        admin
-            .folder(&id("db-a"), Folder::Error)
-            .await
-            .unwrap()
-            .files
-            .is_empty()
-    );
+    assert!(listed(admin, "db-a", Folder::Error).await.is_empty());
     assert_eq!(
         refused(admin.discard(&id("db-a"), Folder::Error, &b).await).0,
         StatusCode::NOT_FOUND
@@ -647,12 +625,7 @@ async fn a_deleted_mailbox_takes_nothing_more_and_comes_back_empty(store: Store)
     assert_eq!(deleted.discarded, 0);
     assert_eq!(t.db_b.commit(&pid).await.unwrap().status, CallStatus::Ok);
     assert_eq!(
-        admin
-            .folder(&id("db-b"), Folder::Prepared)
-            .await
-            .unwrap()
-            .files
-            .len(),
+        listed(admin, "db-b", Folder::Prepared).await.len(),
         0,
         "the replies were discarded, not left behind"
     );

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::common::slow_reads::SlowReads;
 use crate::common::{
-    Binary, PATIENCE, estafeta, id, message, prepare_all, process_all, start_request, wait_ready,
+    Binary, PATIENCE, estafeta, id, listed, message, prepare_all, process_all, start_request,
+    wait_ready,
 };
 use estafeta_client::Client;
 use estafeta_exchange::mailbox::Folder;
@@ -300,8 +301,8 @@ async fn a_backup_taken_while_devices_upload_serves_every_acknowledged_message()
 
     // The same tenancy (the tokens work) and the process that was open
     // (ready to commit when the backup was made: in doubt after the start).
-    let messages = admin.folder(&id("db-a"), Folder::Messages).await.unwrap();
-    assert!(messages.files.len() >= before.len());
+    let messages = listed(&admin, "db-a", Folder::Messages).await;
+    assert!(messages.len() >= before.len());
     let status = admin.with_token(&tokens.db).process(&pid).await.unwrap();
     assert_eq!(status.state, ProcessState::InDoubt);
     admin
@@ -384,8 +385,8 @@ async fn bad_backup_folders_are_refused_with_a_clear_error_and_change_nothing() 
     assert!(!copy.exists());
 
     // The server serves on, its messages where they were.
-    let listing = admin.folder(&id("db-a"), Folder::Messages).await.unwrap();
-    assert_eq!(listing.files.len(), 1);
+    let listing = listed(&admin, "db-a", Folder::Messages).await;
+    assert_eq!(listing.len(), 1);
     phone
         .send(&message("db-a", r#"{"n":2}"#, None))
         .await

@@ -4,7 +4,7 @@
 //! BUSY is cluster-wide, and the statistics read the same through both.
 
 use crate::common::cluster::Node;
-use crate::common::{Binary, id, message, prepare_all, provision_one, start_request};
+use crate::common::{Binary, id, listed, message, prepare_all, provision_one, start_request};
 use estafeta_client::Client;
 use estafeta_exchange::wire::{CallStatus, StartStatus};
 use estafeta_postgres::testing::Postgres;
@@ -200,11 +200,8 @@ async fn store_pool_bounds_a_nodes_connections() {
         assert!(seen <= bound, "{seen} sessions of {name:?}: {most:?}");
     }
 
-    let waiting = admin
-        .folder(&id("db-a"), estafeta_exchange::wire::Folder::Messages)
-        .await
-        .unwrap();
-    assert_eq!(waiting.files.len(), 40);
+    let waiting = listed(&admin, "db-a", estafeta_exchange::wire::Folder::Messages).await;
+    assert_eq!(waiting.len(), 40);
     node.terminate().await;
 }
 

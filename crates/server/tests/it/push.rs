@@ -138,6 +138,14 @@ async fn wait_pushes(server: &Server, pending: f64) {
     .await;
 }
 
+/// Points `path`'s webhook at `uri` on a closed loopback port: no POST
+/// gets through until [`come_up`]. The port.
+async fn unreachable_webhook(server: &Server, path: &str, uri: &str) -> SocketAddr {
+    let addr = common::recorder::closed_port();
+    set_webhook(server, path, &format!("http://{addr}{uri}")).await;
+    addr
+}
+
 /// A webhook that comes up at `addr`, a port that was closed.
 async fn come_up(addr: SocketAddr) -> webhook::Hook {
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
@@ -288,9 +296,7 @@ both_stores!(
 );
 async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: Store) {
     let p = Pushing::start(store, |data| settings(data, PROBE)).await;
-    let addr = common::recorder::closed_port();
-    let host = format!("http://{addr}");
-    set_webhook(&p.server, "databases/db-a", &format!("{host}/db")).await;
+    let addr = unreachable_webhook(&p.server, "databases/db-a", "/db").await;
 
     p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first try meets a closed port; the host's probes fail and mark it down.
@@ -328,9 +334,7 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up(store: St
         ..settings(data, PROBE)
     };
     let p = Pushing::start(store, notify).await;
-    let addr = common::recorder::closed_port();
-    let host = format!("http://{addr}");
-    set_webhook(&p.server, "devices/phone-1", &format!("{host}/phone")).await;
+    let addr = unreachable_webhook(&p.server, "devices/phone-1", "/phone").await;
 
     committed_process(&p.t, ResultStatus::Processed).await;
     wait_retrying(&p.server, p.url.as_deref(), 1).await;
@@ -351,13 +355,7 @@ both_stores!(
 );
 async fn a_pending_push_survives_a_restart(store: Store) {
     let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
-    let addr = common::recorder::closed_port();
-    set_webhook(
-        &p.server,
-        "devices/phone-1",
-        &format!("http://{addr}/phone"),
-    )
-    .await;
+    let addr = unreachable_webhook(&p.server, "devices/phone-1", "/phone").await;
 
     // A reply for phone-1 while its webhook is unreachable.
     committed_process(&p.t, ResultStatus::Processed).await;

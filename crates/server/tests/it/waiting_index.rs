@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::common;
 use crate::common::{Binary, PATIENCE, id, message, provision_one, start_request, wait_ready};
 use estafeta_client::Client;
 use estafeta_exchange::MessageId;
@@ -103,16 +104,9 @@ fn entries(dir: &Path) -> Vec<String> {
     }
 }
 
-/// The ids the admin listing of `db-a/Messages` shows.
-async fn listed(admin: &Client) -> Vec<MessageId> {
-    let mut ids: Vec<MessageId> = admin
-        .folder(&id("db-a"), Folder::Messages)
-        .await
-        .unwrap()
-        .files
-        .iter()
-        .map(|f| f.id)
-        .collect();
+/// The ids the admin listing of `db-a/Messages` shows, sorted.
+async fn queued(admin: &Client) -> Vec<MessageId> {
+    let mut ids = common::listed(admin, "db-a", Folder::Messages).await;
     ids.sort();
     ids
 }
@@ -153,7 +147,7 @@ async fn files_added_or_removed_by_hand_while_stopped_are_seen_at_once() {
     let (db, phone) = provision_one(&admin).await;
     let sent = upload(&admin.with_token(&phone), 3).await;
     // The index of db-a/Messages is in use before the stop.
-    assert_eq!(listed(&admin).await, sent);
+    assert_eq!(queued(&admin).await, sent);
     assert_eq!(server.terminate().await, Some(0));
 
     site.remove_by_hand(sent[1]);
@@ -162,7 +156,7 @@ async fn files_added_or_removed_by_hand_while_stopped_are_seen_at_once() {
     let mut expected = vec![sent[0], sent[2], added];
     expected.sort();
     assert_eq!(site.on_disk(), expected);
-    assert_eq!(listed(&admin).await, expected);
+    assert_eq!(queued(&admin).await, expected);
     assert_eq!(started(&admin.with_token(&db)).await, expected);
     assert_eq!(server.terminate().await, Some(0));
 }
@@ -180,7 +174,7 @@ async fn files_added_or_removed_by_hand_while_serving_are_seen() {
     // forgets it.
     site.remove_by_hand(sent[0]);
     assert_eq!(started(&processor).await, sent[1..]);
-    assert_eq!(listed(&admin).await, sent[1..]);
+    assert_eq!(queued(&admin).await, sent[1..]);
 
     // A file added by hand: seen once the background check of the folder
     // (every 10 s) has run.
@@ -188,7 +182,7 @@ async fn files_added_or_removed_by_hand_while_serving_are_seen() {
     let mut expected = vec![added, sent[1], sent[2]];
     expected.sort();
     let began = Instant::now();
-    while listed(&admin).await != expected {
+    while queued(&admin).await != expected {
         assert!(
             began.elapsed() < PATIENCE,
             "the file added by hand was not seen"
@@ -238,7 +232,7 @@ async fn killed_during_an_upload_at(point: &str, message_on_disk: bool) {
     }
 
     let (server, admin) = site.serve(&[], true).await;
-    assert_eq!(listed(&admin).await, on_disk, "{point}");
+    assert_eq!(queued(&admin).await, on_disk, "{point}");
     assert_eq!(started(&admin.with_token(&db)).await, on_disk, "{point}");
     let began = Instant::now();
     while !site.hidden().is_empty() {
@@ -253,7 +247,7 @@ async fn killed_during_an_upload_at(point: &str, message_on_disk: bool) {
     let after = upload(&admin.with_token(&phone), 1).await;
     let mut expected = [on_disk, after].concat();
     expected.sort();
-    assert_eq!(listed(&admin).await, expected, "{point}");
+    assert_eq!(queued(&admin).await, expected, "{point}");
     assert_eq!(server.terminate().await, Some(0));
 }
 
