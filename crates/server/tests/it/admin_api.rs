@@ -7,7 +7,7 @@
 
 use crate::common;
 use crate::common::clock::ManualClock;
-use crate::common::restartable::Server;
+use crate::common::restartable::{self, Server};
 use crate::common::{
     Binary, CREATE_PHONE_1, Store, Tenancy, TestServer, both_stores, estafeta, id, listed, message,
     outcome, processed, ready_process, start_request,
@@ -247,11 +247,7 @@ async fn rotated_tokens_replace_the_old_at_once_and_a_pinned_admin_token_is_refu
 
 both_stores!(settle_requeue_discard_and_the_reason_of_an_error);
 async fn settle_requeue_discard_and_the_reason_of_an_error(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let store = store.setting();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let (data, store, clock, server, t) = restartable::started(store).await;
     let (pid, mid) = ready_process(&t, ResultStatus::Processed).await;
     server.stop().await;
     let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
@@ -572,12 +568,8 @@ both_stores!(
 /// time comes; a reply committed for a device deleted meanwhile is
 /// discarded, not delivered to the device made again.
 async fn a_deleted_mailbox_takes_nothing_more_and_comes_back_empty(store: Store) {
-    let data = tempfile::tempdir().unwrap();
-    let store = store.setting();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    let (_data, _, clock, server, t) = restartable::started(store).await;
     let admin = &server.admin;
-    let t = Tenancy::provision(admin).await;
     let hour = std::time::Duration::from_secs(3600);
 
     // The database: its scheduled message refuses a plain delete.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::clock::ManualClock;
-use crate::common::restartable::Server;
+use crate::common::restartable::{self, Server};
 use crate::common::{Store, Tenancy, id, message, processed, reply, start_request};
 use estafeta_exchange::mailbox::Folder;
 use estafeta_exchange::wire::StartStatus;
@@ -22,11 +22,7 @@ async fn upload_due(t: &Tenancy, clock: &ManualClock, after: Duration) -> Messag
 }
 
 async fn a_scheduled_message_enters_the_queue_at_its_time_and_not_before(store: Store) {
-    let store = store.setting();
-    let data = tempfile::tempdir().unwrap();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let (data, store, clock, server, t) = restartable::started(store).await;
 
     let in_an_hour = upload_due(&t, &clock, Duration::from_secs(3600)).await;
     let in_half_an_hour = upload_due(&t, &clock, Duration::from_secs(1800)).await;
@@ -57,11 +53,7 @@ common::both_stores!(
 );
 
 async fn a_deliver_at_in_the_past_delivers_at_once(store: Store) {
-    let store = store.setting();
-    let data = tempfile::tempdir().unwrap();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let (_data, _, _, server, t) = restartable::started(store).await;
     let mut m = message("db-a", "{}", None);
     m.deliver_at = Some(Timestamp::from_millis(0));
     let sent = t.phone1.send(&m).await.unwrap().accepted.id;
@@ -76,11 +68,7 @@ common::both_stores!(
 async fn a_scheduled_reply_reaches_the_inbox_at_its_time_across_a_restart(store: Store) {
     use estafeta_exchange::wire::{CallStatus, PrepareRequest, Reply, Version};
     use estafeta_session::Clock;
-    let store = store.setting();
-    let data = tempfile::tempdir().unwrap();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let (data, store, clock, server, t) = restartable::started(store).await;
     t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     let started = t.db_a.start(&start_request("db-a")).await.unwrap();
     let pid = started.process_id.unwrap();

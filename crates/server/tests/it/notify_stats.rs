@@ -2,9 +2,8 @@
 //! committed work and errors and survive a restart.
 
 use crate::common;
-use crate::common::clock::ManualClock;
-use crate::common::restartable::Server;
-use crate::common::{Store, Tenancy, id, message, processed, reply, start_request};
+use crate::common::restartable::{self, Server};
+use crate::common::{Store, id, message, processed, reply, start_request};
 use estafeta_exchange::MessageId;
 use estafeta_exchange::wire::{
     CallStatus, DatabaseStats, MessageResult, PrepareRequest, ResultStatus, Version,
@@ -20,11 +19,7 @@ async fn db_a(server: &Server) -> DatabaseStats {
 }
 
 async fn database_counters_survive_a_restart(store: Store) {
-    let store = store.setting();
-    let data = tempfile::tempdir().unwrap();
-    let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
-    let t = Tenancy::provision(&server.admin).await;
+    let (data, store, clock, server, t) = restartable::started(store).await;
     for n in 0..2 {
         t.phone1
             .send(&message("db-a", &format!(r#"{{"n":{n}}}"#), None))

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::clock::ManualClock;
-use super::{ADMIN_TOKEN, id, wait_ready};
+use super::{ADMIN_TOKEN, Store, Tenancy, id, wait_ready};
 
 /// An in-process server on `data` reading `clock`.
 pub(crate) struct Server {
@@ -98,6 +98,27 @@ impl Server {
         }
         panic!("{wanted} did not enter the queue");
     }
+}
+
+/// A new data folder, the `store` setting of `store` (none: the embedded
+/// store), a clock the test moves, a server on them and its provisioned
+/// tenancy: what a test that restarts the server and moves time starts
+/// from.
+pub(crate) async fn started(
+    store: Store,
+) -> (
+    tempfile::TempDir,
+    Option<String>,
+    ManualClock,
+    Server,
+    Tenancy,
+) {
+    let data = tempfile::tempdir().unwrap();
+    let store = store.setting();
+    let clock = ManualClock::now();
+    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    let t = Tenancy::provision(&server.admin).await;
+    (data, store, clock, server, t)
 }
 
 /// Opens the server on `data` over the `store` setting `store`; the last
