@@ -7,7 +7,7 @@ use std::time::Duration;
 use estafeta_client::Client;
 use estafeta_wire::{
     Body, CallStatus, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
-    ResultStatus, SendMessage, StartRequest, Version,
+    ResultStatus, SendMessage, StartRequest, StartResponse, StartStatus, Version,
 };
 
 /// The id `s`; panics when `s` is not a valid id.
@@ -94,6 +94,14 @@ pub async fn provision_db_a(admin: &Client, devices: &[Id]) -> (String, Vec<Stri
         tokens.push(created.token);
     }
     (db.token, tokens)
+}
+
+/// Starts a process of `db` through `processor`, with no filters:
+/// answered OK. The answer.
+pub async fn start_ok(processor: &Client, db: &str) -> StartResponse {
+    let started = processor.start(&start_request(db)).await.unwrap();
+    assert_eq!(started.status, StartStatus::Ok);
+    started
 }
 
 /// Waits until `/readyz` answers 200 (start-up recovery runs in the

@@ -10,7 +10,7 @@ use crate::common::clock::ManualClock;
 use crate::common::restartable::{self, Server};
 use crate::common::{
     Binary, CREATE_PHONE_1, Store, Tenancy, TestServer, both_stores, estafeta, id, listed, message,
-    outcome, processed, ready_process, start_request,
+    outcome, processed, ready_process, start_ok, start_request,
 };
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::mailbox::Folder;
@@ -103,8 +103,7 @@ async fn lists_page_and_deletes_are_refused_until_empty_or_forced(store: Store) 
         refused(admin.delete_database(&id("db-a"), false).await),
         (StatusCode::CONFLICT, "not_empty".to_owned())
     );
-    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&t.db_a, "db-a").await;
     let pid = started.process_id.unwrap();
     let shown = admin.database(&id("db-a")).await.unwrap();
     assert_eq!(shown.open_processes.len(), 1);

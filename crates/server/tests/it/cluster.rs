@@ -4,7 +4,9 @@
 //! BUSY is cluster-wide, and the statistics read the same through both.
 
 use crate::common::cluster::Node;
-use crate::common::{Binary, id, listed, message, prepare_all, provision_one, start_request};
+use crate::common::{
+    Binary, id, listed, message, prepare_all, provision_one, start_ok, start_request,
+};
 use estafeta_client::Client;
 use estafeta_exchange::wire::{CallStatus, StartStatus};
 use estafeta_postgres::testing::Postgres;
@@ -33,11 +35,7 @@ async fn two_nodes_serve_one_cluster() {
         .send(&message("db-a", r#"{"order":1}"#, None))
         .await
         .unwrap();
-    let started = on(&a, &db_token)
-        .start(&start_request("db-a"))
-        .await
-        .unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&on(&a, &db_token), "db-a").await;
     let pid = started.process_id.unwrap();
     // A second start through the other node: BUSY.
     let second = on(&b, &db_token)
@@ -232,8 +230,7 @@ async fn processors_of_more_databases_than_the_pool_holds_all_go_on() {
         let mut calls = tokio::task::JoinSet::new();
         for (db, processor) in processors.clone() {
             calls.spawn(async move {
-                let started = processor.start(&start_request(&db)).await.unwrap();
-                assert_eq!(started.status, StartStatus::Ok);
+                let started = start_ok(&processor, &db).await;
                 let pid = started.process_id.unwrap();
                 let ids = started
                     .messages

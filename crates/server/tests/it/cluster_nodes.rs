@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::cluster::{
     Node, assert_retryable, eventually, folder_ids, retrying, start_nodes, with_params,
 };
-use crate::common::{id, message, prepare_all, process_all, start_request};
+use crate::common::{id, message, prepare_all, process_all, start_ok, start_request};
 use estafeta_client::{Client, ClientError, Upload};
 use estafeta_exchange::wire::{Body, CallStatus, Folder, Message, ProcessState, StartStatus};
 use estafeta_exchange::{MessageId, ProcessId};
@@ -77,12 +77,7 @@ async fn three_nodes_take_turns_on_one_database() {
                 .unwrap();
             sent.insert(s.accepted.id);
         }
-        let started = node(1)
-            .client(&t.db_a)
-            .start(&start_request("db-a"))
-            .await
-            .unwrap();
-        assert_eq!(started.status, StartStatus::Ok);
+        let started = start_ok(&node(1).client(&t.db_a), "db-a").await;
         let pid = started.process_id.unwrap();
         let messages = started.messages.unwrap();
         assert_eq!(
@@ -530,12 +525,7 @@ async fn deadlines_of_a_dead_nodes_processes_are_met_by_a_live_node() {
     let admin = nodes[1].client(&t.admin);
     let queued = folder_ids(&admin, "db-a", Folder::Messages).await;
     assert_eq!(queued, BTreeSet::from([to_a.accepted.id]));
-    let again = nodes[1]
-        .client(&t.db_a)
-        .start(&start_request("db-a"))
-        .await
-        .unwrap();
-    assert_eq!(again.status, StartStatus::Ok);
+    let again = start_ok(&nodes[1].client(&t.db_a), "db-a").await;
     assert_ne!(again.process_id, Some(started_pid));
     assert_eq!(
         ids(&again.messages.unwrap()),

@@ -5,8 +5,7 @@
 //! test holds its save back in the database (a trigger that waits) and
 //! looks for it as soon as the answer is in.
 
-use crate::common::{Store, Tenancy, TestServer, message, start_request};
-use estafeta_exchange::wire::StartStatus;
+use crate::common::{Store, Tenancy, TestServer, message, start_ok};
 
 /// Makes every save of a process's record wait two seconds in the
 /// database before it goes through.
@@ -35,8 +34,7 @@ async fn a_started_process_is_findable_as_soon_as_start_answers() {
         .unwrap();
     slow_process_saves(&db).await;
 
-    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&t.db_a, "db-a").await;
     let pid = started.process_id.unwrap();
     let client = db.client().await.unwrap();
     let stored: bool = client

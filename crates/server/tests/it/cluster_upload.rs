@@ -13,10 +13,10 @@
 use crate::common;
 use crate::common::{
     ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, prepare_all, process_all,
-    provision_one, start_request, wait_ready,
+    provision_one, start_ok, start_request, wait_ready,
 };
 use estafeta_client::{Client, ClientError};
-use estafeta_exchange::wire::{CallStatus, ProcessState, StartStatus};
+use estafeta_exchange::wire::{CallStatus, ProcessState};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::NotifySettings;
 use tokio_util::sync::CancellationToken;
@@ -254,11 +254,7 @@ async fn a_database_token_changed_through_one_node_is_refused_by_the_next_call_t
     }
 
     // B knows the database's token from this start on.
-    let started = through_b(&old_token)
-        .start(&start_request("db-a"))
-        .await
-        .unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&through_b(&old_token), "db-a").await;
     let pid = started.process_id.unwrap();
     let messages = started.messages.unwrap();
 

@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::common;
 use crate::common::{
-    Binary, CREATE_PHONE_1, TestServer, estafeta, id, message, outcome, provision_one,
+    Binary, CREATE_PHONE_1, TestServer, estafeta, id, message, outcome, provision_one, start_ok,
     start_request, wait_ready,
 };
 use estafeta_client::Client;
@@ -152,12 +152,7 @@ async fn environment_overrides_the_config_file() {
             .await
             .unwrap();
     }
-    let started = admin
-        .with_token(&db)
-        .start(&start_request("db-a"))
-        .await
-        .unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&admin.with_token(&db), "db-a").await;
     assert_eq!(started.messages.unwrap().len(), 2);
     assert_eq!(server.terminate().await, Some(0));
 

@@ -2,7 +2,8 @@
 //! uploads, the process cycle, status words and authorization.
 
 use crate::common::{
-    Store, Tenancy, TestServer, both_stores, id, listed, message, processed, reply, start_request,
+    Store, Tenancy, TestServer, both_stores, id, listed, message, processed, reply, start_ok,
+    start_request,
 };
 use estafeta_client::{ClientError, Upload};
 use estafeta_exchange::mailbox::Folder;
@@ -123,8 +124,7 @@ async fn full_process_cycle_with_busy_and_idle(store: Store) {
     }
 
     // API_1: the three messages, oldest first.
-    let started = t.db_a.start(&start_request("db-a")).await.unwrap();
-    assert_eq!(started.status, StartStatus::Ok);
+    let started = start_ok(&t.db_a, "db-a").await;
     let pid: ProcessId = started.process_id.unwrap();
     let messages = started.messages.unwrap();
     assert_eq!(messages.iter().map(|m| m.id).collect::<Vec<_>>(), sent);
@@ -226,8 +226,7 @@ async fn full_process_cycle_with_busy_and_idle(store: Store) {
         t.db_a.process(&next_pid).await.unwrap().state,
         ProcessState::Aborted
     );
-    let again = t.db_a.start(&start_request("db-a")).await.unwrap();
-    assert_eq!(again.status, StartStatus::Ok);
+    let again = start_ok(&t.db_a, "db-a").await;
     let last = again.process_id.unwrap();
     let all = PrepareRequest {
         version: Version,

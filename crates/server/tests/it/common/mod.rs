@@ -29,7 +29,7 @@ use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, ServeError, Server};
 pub(crate) use estafeta_server_harness::api::{
     Tenancy, committed_process, id, message, processed, provision_db_a, ready_process, reply,
-    start_request, wait_ready,
+    start_ok, start_request, wait_ready,
 };
 use estafeta_server_harness::binary::{self, Program};
 use tokio::process::Command;
