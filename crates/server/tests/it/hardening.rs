@@ -249,6 +249,17 @@ async fn two_authorization_headers_are_400(store: Store) {
 
 /// A dashboard login with `token` (the form's nonce in the field and the
 /// cookie, as the login page sets them).
+/// Asserts that `r` (a 429) asks its client to wait through `Retry-After`
+/// for a second at least and the first delay at most.
+fn assert_first_wait(r: &reqwest::Response) {
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+}
+
 async fn try_login(base: &str, token: &str) -> reqwest::Response {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -272,12 +283,7 @@ async fn wrong_logins_from_one_address_must_wait_before_the_next_try(store: Stor
     // Even the right token is not looked at before the wait is over.
     let r = try_login(&server.base, ADMIN_TOKEN).await;
     assert_eq!(r.status(), 429);
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+    assert_first_wait(&r);
     assert!(
         r.headers()
             .get("set-cookie")
@@ -965,12 +971,7 @@ async fn wrong_tokens_are_throttled_per_client_address_and_logged_in_aggregate()
     for token in ["guess", ADMIN_TOKEN] {
         let r = stats(attacker.clone(), token.into()).await;
         assert_eq!(r.status(), 429, "{token}");
-        let retry: u64 = r.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!((1..=FIRST_DELAY.as_secs()).contains(&retry), "{retry}");
+        assert_first_wait(&r);
         let json: Value = r.json().await.unwrap();
         assert_eq!(json["error"]["code"], "too_many_attempts");
     }

@@ -228,14 +228,8 @@ async fn admin_subcommands_provision_through_the_api() {
 
     // The database token the command printed works.
     let processor = Client::new(&server.base, &db_token).unwrap();
-    assert_eq!(
-        processor
-            .start(&start_request("db-a"))
-            .await
-            .unwrap()
-            .status,
-        StartStatus::Idle
-    );
+    let idle = processor.start(&start_request("db-a")).await.unwrap();
+    assert_eq!(idle.status, StartStatus::Idle);
 
     // Errors: the server's answer, a nonzero exit; a bad id never leaves the terminal.
     let (ok, _, err) = admin(&["enterprise", "create", "acme"]).await;
