@@ -5,7 +5,7 @@
 
 use crate::common::cluster::Node;
 use crate::common::{
-    Binary, id, listed, message, prepare_all, provision_one, start_ok, start_request,
+    Binary, id, listed, message, on_loopback, prepare_all, provision_one, start_ok, start_request,
 };
 use estafeta_client::Client;
 use estafeta_exchange::wire::{CallStatus, StartStatus};
@@ -105,10 +105,7 @@ async fn a_node_on_a_new_data_folder_becomes_ready() {
     )
     .await
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let serving = tokio::spawn(server.run(listener, stop.clone()));
+    let (_, base, stop, serving) = on_loopback(server).await;
     let client = Client::new(&base, "cluster-admin-token-0123456789").unwrap();
     let began = Instant::now();
     while !client.readyz().await.unwrap() {

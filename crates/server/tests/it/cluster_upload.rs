@@ -12,14 +12,13 @@
 
 use crate::common;
 use crate::common::{
-    ADMIN_TOKEN, Store, TestServer, id, message, open_server_on, prepare_all, process_all,
-    provision_one, start_ok, start_request, wait_ready,
+    ADMIN_TOKEN, Store, TestServer, id, message, on_loopback, open_server_on, prepare_all,
+    process_all, provision_one, start_ok, start_request, wait_ready,
 };
 use estafeta_client::{Client, ClientError};
 use estafeta_exchange::wire::{CallStatus, ProcessState};
 use estafeta_server::HttpSettings;
 use estafeta_server::notify::NotifySettings;
-use tokio_util::sync::CancellationToken;
 
 /// Rows of `table` (the whole cluster's).
 async fn rows(db: &estafeta_postgres::Store, table: &str) -> i64 {
@@ -85,9 +84,7 @@ async fn second_node(data: &std::path::Path, url: &str) -> String {
         NotifySettings::log_only(data),
     )
     .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(server.run(listener, CancellationToken::new()));
+    let (_, base, _, _) = on_loopback(server).await;
     wait_ready(&Client::new(&base, ADMIN_TOKEN).unwrap()).await;
     base
 }

@@ -214,11 +214,7 @@ impl TestServer {
         let server = open_server_on(data.path(), store.as_deref(), http, tweak, notify).await;
         let exchange = server.exchange().clone();
         let events = server.state().events().clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(server.run(listener, stop.clone()));
-        let base = format!("http://{addr}");
+        let (addr, base, stop, task) = on_loopback(server).await;
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
         TestServer {
@@ -261,6 +257,25 @@ impl TestServer {
 pub(crate) async fn listed(admin: &Client, mailbox: &str, folder: Folder) -> Vec<MessageId> {
     let listing = admin.folder(&id(mailbox), folder).await.unwrap();
     listing.files.into_iter().map(|f| f.id).collect()
+}
+
+/// A server's run on a loopback port: its address, its base URL, the
+/// token that stops it and the task that runs it.
+pub(crate) type Running = (
+    SocketAddr,
+    String,
+    CancellationToken,
+    JoinHandle<Result<(), ServeError>>,
+);
+
+/// Runs `server` on a new loopback port (127.0.0.1:0) until its stop token
+/// is cancelled.
+pub(crate) async fn on_loopback(server: Server) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(server.run(listener, stop.clone()));
+    (addr, format!("http://{addr}"), stop, task)
 }
 
 /// The smallest tenancy: enterprise `acme` with subsystem `sales`, database

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::clock::ManualClock;
-use super::{ADMIN_TOKEN, Store, Tenancy, id, wait_ready};
+use super::{ADMIN_TOKEN, Store, Tenancy, id, on_loopback, wait_ready};
 
 /// An in-process server on `data` reading `clock`.
 pub(crate) struct Server {
@@ -55,10 +55,7 @@ impl Server {
         notify: NotifySettings,
     ) -> Server {
         let server = reopen(data, store, clock, notify).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(server.run(listener, stop.clone()));
+        let (_, base, stop, task) = on_loopback(server).await;
         let admin = Client::new(&base, ADMIN_TOKEN).unwrap();
         wait_ready(&admin).await;
         Server {
