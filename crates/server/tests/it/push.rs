@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::clock::ManualClock;
-use crate::common::restartable::Server;
+use crate::common::restartable::{Server, started_notified};
 use crate::common::webhook::{self, Post, Script};
 use crate::common::{
-    ADMIN_TOKEN, PATIENCE, Store, Tenancy, both_stores, committed_process, message, next,
-    quick_retry, wait_metric,
+    ADMIN_TOKEN, PATIENCE, Store, both_stores, committed_process, message, next, quick_retry,
+    wait_metric,
 };
 use estafeta_exchange::Timestamp;
 use estafeta_exchange::wire::ResultStatus;
@@ -97,36 +97,6 @@ async fn wait_retrying(server: &Server, url: Option<&str>, attempts: i32) {
         .unwrap_or_else(|_| panic!("the push never waited after {attempts} attempts"));
 }
 
-/// A push test's server on its store (its setting `url`) over a new data
-/// folder, reading a clock the test moves, with the provisioned tenancy.
-struct Pushing {
-    data: tempfile::TempDir,
-    url: Option<String>,
-    clock: ManualClock,
-    server: Server,
-    t: Tenancy,
-}
-
-impl Pushing {
-    /// A server on `store` whose notifications go out as `notify` (given
-    /// the data folder) says.
-    async fn start(store: Store, notify: impl FnOnce(&Path) -> NotifySettings) -> Pushing {
-        let data = tempfile::tempdir().unwrap();
-        let url = store.setting();
-        let clock = ManualClock::now();
-        let notify = notify(data.path());
-        let server = Server::start_notified_on(data.path(), url.as_deref(), &clock, notify).await;
-        let t = Tenancy::provision(&server.admin).await;
-        Pushing {
-            data,
-            url,
-            clock,
-            server,
-            t,
-        }
-    }
-}
-
 /// Waits until `pending` push notifications are stored (waiting, due or
 /// under way).
 async fn wait_pushes(server: &Server, pending: f64) {
@@ -174,52 +144,48 @@ both_stores!(
     arrivals_are_pushed_to_database_and_device_webhooks_without_bodies
 );
 async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies(store: Store) {
-    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
+    let (_data, _, clock, server, t) =
+        started_notified(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script::default()).await;
-    set_webhook(&p.server, "databases/db-b", &format!("http://{addr}/db")).await;
-    set_webhook(
-        &p.server,
-        "devices/phone-1",
-        &format!("http://{addr}/phone"),
-    )
-    .await;
-    set_webhook(&p.server, "databases/db-x", &format!("http://{addr}/later")).await;
+    set_webhook(&server, "databases/db-b", &format!("http://{addr}/db")).await;
+    set_webhook(&server, "devices/phone-1", &format!("http://{addr}/phone")).await;
+    set_webhook(&server, "databases/db-x", &format!("http://{addr}/later")).await;
 
     // A device's upload lands in db-b's queue.
-    p.t.phone1
+    t.phone1
         .send(&message("db-b", r#"{"secret":"do not push me"}"#, None))
         .await
         .unwrap();
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
-    assert_notification(&post, "db-b", "database", &p.clock);
+    assert_notification(&post, "db-b", "database", &clock);
     assert!(!post.json.to_string().contains("secret"));
 
     // A committed reply lands in phone-1's inbox (db-a has no webhook).
-    committed_process(&p.t, ResultStatus::Processed).await;
+    committed_process(&t, ResultStatus::Processed).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
-    assert_notification(&post, "phone-1", "device", &p.clock);
+    assert_notification(&post, "phone-1", "device", &clock);
 
     // A message for later is kept aside; it is pushed when it enters the
     // queue at its time.
     let mut later = message("db-x", "{}", None);
     use estafeta_session::Clock;
-    let due = p.clock.now().after(AN_HOUR);
+    let due = clock.now().after(AN_HOUR);
     later.deliver_at = Some(Timestamp::from_millis(i64::try_from(due.0).unwrap()));
-    p.t.phone_x.send(&later).await.unwrap();
+    t.phone_x.send(&later).await.unwrap();
     wait_metric(
-        &p.server.base,
+        &server.base,
         r#"estafeta_repeat_entries{source="deliver_at"}"#,
         1.0,
     )
     .await;
     assert!(hook.posts.try_recv().is_err(), "pushed before its time");
-    p.clock.advance(AN_HOUR + Duration::from_secs(1));
+    clock.advance(AN_HOUR + Duration::from_secs(1));
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/later");
-    assert_notification(&post, "db-x", "database", &p.clock);
-    p.server.stop().await;
+    assert_notification(&post, "db-x", "database", &clock);
+    server.stop().await;
 }
 
 both_stores!(
@@ -227,23 +193,21 @@ both_stores!(
     fifty_arrivals_while_the_webhook_is_slow_make_two_posts
 );
 async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts(store: Store) {
-    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
+    let (_data, _, clock, server, t) =
+        started_notified(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script {
         held: true,
         ..Script::default()
     })
     .await;
-    set_webhook(&p.server, "databases/db-a", &format!("http://{addr}/db")).await;
+    set_webhook(&server, "databases/db-a", &format!("http://{addr}/db")).await;
 
-    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first notification is out and unanswered while 49 more arrive.
     next(&mut hook.posts).await;
     for n in 1..50 {
         let body = format!(r#"{{"n":{n}}}"#);
-        p.t.phone1
-            .send(&message("db-a", &body, None))
-            .await
-            .unwrap();
+        t.phone1.send(&message("db-a", &body, None)).await.unwrap();
     }
     // One more is pending: a mark in memory, or in the cluster's store a
     // second entry (the first one's `again`).
@@ -251,14 +215,14 @@ async fn fifty_arrivals_while_the_webhook_is_slow_make_two_posts(store: Store) {
         Store::Embedded => 1.0,
         Store::Postgres => 2.0,
     };
-    wait_pushes(&p.server, pending).await;
+    wait_pushes(&server, pending).await;
     hook.open();
     let second = next(&mut hook.posts).await;
-    assert_notification(&second, "db-a", "database", &p.clock);
+    assert_notification(&second, "db-a", "database", &clock);
     // Settled: nothing is pending, so nothing more can come.
-    wait_pushes(&p.server, 0.0).await;
+    wait_pushes(&server, 0.0).await;
     assert!(hook.posts.try_recv().is_err(), "a third POST was sent");
-    p.server.stop().await;
+    server.stop().await;
 }
 
 both_stores!(
@@ -266,28 +230,29 @@ both_stores!(
     a_webhook_failing_twice_gets_the_push_on_the_third_try
 );
 async fn a_webhook_failing_twice_gets_the_push_on_the_third_try(store: Store) {
-    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
+    let (_data, url, clock, server, t) =
+        started_notified(store, |data| settings(data, Duration::ZERO)).await;
     let (addr, mut hook) = webhook::start(Script {
         statuses: vec![500, 500],
         ..Script::default()
     })
     .await;
-    set_webhook(&p.server, "databases/db-a", &format!("http://{addr}/db")).await;
+    set_webhook(&server, "databases/db-a", &format!("http://{addr}/db")).await;
 
-    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     for attempts in 1..=2 {
         next(&mut hook.posts).await;
         // Answered 500: the push waits for its retry (backoff), not sent
         // again before the clock moves.
-        wait_retrying(&p.server, p.url.as_deref(), attempts).await;
+        wait_retrying(&server, url.as_deref(), attempts).await;
         assert!(hook.posts.try_recv().is_err());
-        p.clock.advance(AN_HOUR);
+        clock.advance(AN_HOUR);
     }
     let third = next(&mut hook.posts).await;
-    assert_notification(&third, "db-a", "database", &p.clock);
-    wait_pushes(&p.server, 0.0).await;
+    assert_notification(&third, "db-a", "database", &clock);
+    wait_pushes(&server, 0.0).await;
     assert!(hook.posts.try_recv().is_err());
-    p.server.stop().await;
+    server.stop().await;
 }
 
 both_stores!(
@@ -295,30 +260,31 @@ both_stores!(
     a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up
 );
 async fn a_webhook_host_that_is_down_gets_the_waiting_push_once_it_is_up(store: Store) {
-    let p = Pushing::start(store, |data| settings(data, PROBE)).await;
-    let addr = unreachable_webhook(&p.server, "databases/db-a", "/db").await;
+    let (_data, url, clock, server, t) =
+        started_notified(store, |data| settings(data, PROBE)).await;
+    let addr = unreachable_webhook(&server, "databases/db-a", "/db").await;
 
-    p.t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
+    t.phone1.send(&message("db-a", "{}", None)).await.unwrap();
     // The first try meets a closed port; the host's probes fail and mark it down.
-    wait_retrying(&p.server, p.url.as_deref(), 1).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
     // The one webhook host is down; `/metrics`, which answers anyone, does
     // not name it.
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
-    wait_metric(&p.server.base, down, 1.0).await;
-    let exposed = common::scrape(&p.server.base).await;
+    wait_metric(&server.base, down, 1.0).await;
+    let exposed = common::scrape(&server.base).await;
     assert!(!exposed.contains(&addr.to_string()), "{exposed}");
     // The retry finds the host down: queued, not failed.
-    p.clock.advance(AN_HOUR);
+    clock.advance(AN_HOUR);
     let queued = r#"estafeta_sendq_queued{queue="http",type="push"}"#;
-    wait_metric(&p.server.base, queued, 1.0).await;
+    wait_metric(&server.base, queued, 1.0).await;
 
     let mut hook = come_up(addr).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/db");
-    assert_notification(&post, "db-a", "database", &p.clock);
-    wait_metric(&p.server.base, down, 0.0).await;
-    wait_pushes(&p.server, 0.0).await;
-    p.server.stop().await;
+    assert_notification(&post, "db-a", "database", &clock);
+    wait_metric(&server.base, down, 0.0).await;
+    wait_pushes(&server, 0.0).await;
+    server.stop().await;
 }
 
 both_stores!(
@@ -333,20 +299,20 @@ async fn a_push_waiting_out_its_backoff_goes_as_soon_as_its_host_is_up(store: St
         retry: AN_HOUR,
         ..settings(data, PROBE)
     };
-    let p = Pushing::start(store, notify).await;
-    let addr = unreachable_webhook(&p.server, "devices/phone-1", "/phone").await;
+    let (_data, url, clock, server, t) = started_notified(store, notify).await;
+    let addr = unreachable_webhook(&server, "devices/phone-1", "/phone").await;
 
-    committed_process(&p.t, ResultStatus::Processed).await;
-    wait_retrying(&p.server, p.url.as_deref(), 1).await;
+    committed_process(&t, ResultStatus::Processed).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
     let down = r#"estafeta_sendq_hosts_down{queue="http"}"#;
-    wait_metric(&p.server.base, down, 1.0).await;
+    wait_metric(&server.base, down, 1.0).await;
 
     // The clock stands still: only the host coming back can send it now.
     let mut hook = come_up(addr).await;
     let post = next(&mut hook.posts).await;
-    assert_notification(&post, "phone-1", "device", &p.clock);
-    wait_pushes(&p.server, 0.0).await;
-    p.server.stop().await;
+    assert_notification(&post, "phone-1", "device", &clock);
+    wait_pushes(&server, 0.0).await;
+    server.stop().await;
 }
 
 both_stores!(
@@ -354,25 +320,26 @@ both_stores!(
     a_pending_push_survives_a_restart
 );
 async fn a_pending_push_survives_a_restart(store: Store) {
-    let p = Pushing::start(store, |data| settings(data, Duration::ZERO)).await;
-    let addr = unreachable_webhook(&p.server, "devices/phone-1", "/phone").await;
+    let (data, url, clock, server, t) =
+        started_notified(store, |data| settings(data, Duration::ZERO)).await;
+    let addr = unreachable_webhook(&server, "devices/phone-1", "/phone").await;
 
     // A reply for phone-1 while its webhook is unreachable.
-    committed_process(&p.t, ResultStatus::Processed).await;
-    wait_retrying(&p.server, p.url.as_deref(), 1).await;
-    p.server.stop().await;
+    committed_process(&t, ResultStatus::Processed).await;
+    wait_retrying(&server, url.as_deref(), 1).await;
+    server.stop().await;
 
     // The webhook comes up and the retry falls due while the server is
     // down; the restarted server (the webhook read back from phone-1's
     // session, or the cluster's registry) sends what was pending.
     let mut hook = come_up(addr).await;
-    p.clock.advance(AN_HOUR);
-    let (data, url) = (p.data.path(), p.url.as_deref());
+    clock.advance(AN_HOUR);
+    let (data, url) = (data.path(), url.as_deref());
     let notify = settings(data, Duration::ZERO);
-    let server = Server::start_notified_on(data, url, &p.clock, notify).await;
+    let server = Server::start_notified_on(data, url, &clock, notify).await;
     let post = next(&mut hook.posts).await;
     assert_eq!(post.uri, "/phone");
-    assert_notification(&post, "phone-1", "device", &p.clock);
+    assert_notification(&post, "phone-1", "device", &clock);
     server.stop().await;
 }
 
@@ -499,26 +466,26 @@ async fn a_webhook_name_is_resolved_and_its_addresses_checked_before_connecting(
             webhook_private: private,
             ..settings(data, Duration::ZERO)
         };
-        let p = Pushing::start(store, notify).await;
+        let (_data, _, _, server, t) = started_notified(store, notify).await;
         match private {
             // localhost resolves to loopback, a private range: refused
             // when set, so it is never stored, sent to or probed.
             PrivateTargets::Deny => {
                 let body = json!({"version": 1, "url": webhook});
                 let (status, answer) =
-                    webhook_call(&p.server.base, "databases/db-b", ADMIN_TOKEN, Some(body)).await;
+                    webhook_call(&server.base, "databases/db-b", ADMIN_TOKEN, Some(body)).await;
                 assert_eq!(status, 400, "{answer}");
                 assert_eq!(answer["error"]["code"], "bad_webhook_url", "{answer}");
-                p.t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
+                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 assert!(hook.posts.try_recv().is_err(), "a refused host got a POST");
             }
             PrivateTargets::Allow => {
-                set_webhook(&p.server, "databases/db-b", &webhook).await;
-                p.t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
+                set_webhook(&server, "databases/db-b", &webhook).await;
+                t.phone1.send(&message("db-b", "{}", None)).await.unwrap();
                 let post = next(&mut hook.posts).await;
                 assert_eq!(post.uri, "/db");
             }
         }
-        p.server.stop().await;
+        server.stop().await;
     }
 }

@@ -97,23 +97,34 @@ impl Server {
     }
 }
 
-/// A new data folder, the `store` setting of `store` (none: the embedded
+/// A new data folder, the `store` setting of a store (none: the embedded
 /// store), a clock the test moves, a server on them and its provisioned
 /// tenancy: what a test that restarts the server and moves time starts
 /// from.
-pub(crate) async fn started(
-    store: Store,
-) -> (
+pub(crate) type Started = (
     tempfile::TempDir,
     Option<String>,
     ManualClock,
     Server,
     Tenancy,
-) {
+);
+
+/// [`Started`] on `store`, its alerts logged.
+pub(crate) async fn started(store: Store) -> Started {
+    started_notified(store, |data| NotifySettings::log_only(data)).await
+}
+
+/// [`Started`] on `store`, its alerts and push notifications sent as
+/// `notify` (given the data folder) says.
+pub(crate) async fn started_notified(
+    store: Store,
+    notify: impl FnOnce(&Path) -> NotifySettings,
+) -> Started {
     let data = tempfile::tempdir().unwrap();
     let store = store.setting();
     let clock = ManualClock::now();
-    let server = Server::start_on(data.path(), store.as_deref(), &clock).await;
+    let notify = notify(data.path());
+    let server = Server::start_notified_on(data.path(), store.as_deref(), &clock, notify).await;
     let t = Tenancy::provision(&server.admin).await;
     (data, store, clock, server, t)
 }
