@@ -190,6 +190,8 @@ struct Dashboard {
 }
 
 impl Dashboard {
+    /// Starts the binary with `env` added, provisions it and opens the
+    /// browser.
     async fn start(env: &[(&str, &str)]) -> Dashboard {
         let work = tempfile::tempdir().unwrap();
         let data = work.path().join("data");
