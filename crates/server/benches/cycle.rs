@@ -36,9 +36,7 @@ use estafeta_postgres::testing::Postgres;
 use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
-use estafeta_server_harness::api::{
-    answer_each, id, message, provision_db_a, start_request, wait_ready,
-};
+use estafeta_server_harness::api::{answer_each, id, message, provision_db_a, start_request};
 use estafeta_server_harness::measure::bench_dir;
 use tokio_util::sync::CancellationToken;
 
@@ -84,7 +82,10 @@ async fn node(data: &Path, store: Option<&str>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(server.run(listener, CancellationToken::new()));
-    wait_ready(&Client::new(&base, "bench-admin").unwrap()).await;
+    let admin = Client::new(&base, "bench-admin").unwrap();
+    while !admin.readyz().await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     base
 }
 

@@ -40,9 +40,7 @@ use estafeta_exchange::wire::{Body, CallStatus, Message, StartRequest, StartStat
 use estafeta_exchange::{ExchangeConfig, Id, MessageId, Timestamp};
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
-use estafeta_server_harness::api::{
-    answer_each, id, message, provision_db_a, start_request, wait_ready,
-};
+use estafeta_server_harness::api::{answer_each, id, message, provision_db_a, start_request};
 use estafeta_server_harness::measure::bench_dir;
 use tokio_util::sync::CancellationToken;
 
@@ -90,7 +88,9 @@ async fn serve(data: &Path) -> (Client, CancellationToken, tokio::task::JoinHand
         }
     });
     let admin = Client::new(&base, "bench-admin").unwrap();
-    wait_ready(&admin).await;
+    while !admin.readyz().await.unwrap() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     (admin, stop, running)
 }
 
