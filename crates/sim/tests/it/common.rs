@@ -78,22 +78,12 @@ impl TestServer {
 /// Enterprise `acme`, subsystem `sales`, database `db-a`, devices
 /// `phone-1` and `phone-2`: the database's client and the devices' clients.
 pub(crate) async fn provision(admin: &Client) -> (Client, Vec<(Id, Client)>) {
-    admin.create_enterprise(&id("acme")).await.unwrap();
-    admin
-        .create_subsystem(&id("acme"), &id("sales"))
-        .await
-        .unwrap();
-    let db = admin
-        .create_database(&id("acme"), &id("db-a"))
-        .await
-        .unwrap();
-    let mut devices = Vec::new();
-    for name in ["phone-1", "phone-2"] {
-        let dev = admin
-            .create_device(&id("acme"), &id(name), &id("sales"))
-            .await
-            .unwrap();
-        devices.push((id(name), admin.with_token(&dev.token)));
-    }
-    (admin.with_token(&db.token), devices)
+    let phones = [id("phone-1"), id("phone-2")];
+    let (db, tokens) = estafeta_server_harness::api::provision_db_a(admin, &phones).await;
+    let devices = phones
+        .into_iter()
+        .zip(tokens)
+        .map(|(phone, token)| (phone, admin.with_token(&token)))
+        .collect();
+    (admin.with_token(&db), devices)
 }
