@@ -65,6 +65,37 @@ impl Shared {
     fn passed(&self) -> Passing<'_> {
         Passing { shared: self }
     }
+
+    /// Opens the gate and wakes whoever waits for it.
+    fn open(&self) {
+        self.state().closed = false;
+        self.opened.notify_all();
+        self.changed.notify_waiters();
+    }
+
+    /// A write no longer waits at the gate.
+    fn uncount(&self) {
+        self.state().waiting -= 1;
+    }
+}
+
+/// Undoes what a wait marked on the gate if its future is dropped while
+/// it waits (a task given up); disarmed once the wait ends.
+struct Undo<'a> {
+    shared: &'a Shared,
+    undo: fn(&Shared),
+}
+
+impl Undo<'_> {
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        (self.undo)(self.shared);
+    }
 }
 
 /// Writes through the gate are held back while this lives.
@@ -75,9 +106,7 @@ pub struct Closed {
 
 impl Drop for Closed {
     fn drop(&mut self) {
-        self.shared.state().closed = false;
-        self.shared.opened.notify_all();
-        self.shared.changed.notify_waiters();
+        self.shared.open();
     }
 }
 
@@ -142,10 +171,12 @@ impl WriteGate {
                     counted = true;
                 }
             }
-            // Dropped while waiting, the write no longer waits.
-            let _uncount = Uncount(shared);
+            let uncount = Undo {
+                shared,
+                undo: Shared::uncount,
+            };
             opened.await;
-            std::mem::forget(_uncount);
+            uncount.disarm();
         }
     }
 
@@ -172,11 +203,14 @@ impl WriteGate {
                 }
             }
             // Dropped before it closed for good, the gate opens again.
-            let reopen = mine.then(|| Closed {
-                shared: self.shared.clone(),
+            let reopen = mine.then(|| Undo {
+                shared,
+                undo: Shared::open,
             });
             changed.await;
-            std::mem::forget(reopen);
+            if let Some(reopen) = reopen {
+                reopen.disarm();
+            }
         }
     }
 
@@ -188,15 +222,6 @@ impl WriteGate {
     /// How many writes wait at the gate now (held back by a closed gate).
     pub fn waiting(&self) -> usize {
         self.shared.state().waiting
-    }
-}
-
-/// Takes a write that stops waiting (its task dropped) off the count.
-struct Uncount<'a>(&'a Shared);
-
-impl Drop for Uncount<'_> {
-    fn drop(&mut self) {
-        self.0.state().waiting -= 1;
     }
 }
 
@@ -276,5 +301,10 @@ mod tests {
         assert!(!close.is_finished());
         drop(passing);
         close.await.unwrap();
+        assert_eq!(
+            Arc::strong_count(&gate.shared),
+            1,
+            "a close that waited keeps nothing of the gate"
+        );
     }
 }
