@@ -2,8 +2,8 @@
 //! [`lifecycle::step`] and carries out the steps it returns (owner
 //! records, discards, batches of moves, alerts, saves), for a protocol
 //! call on a held database session ([`Core::drive`]) and for a session
-//! hook inside the engine ([`Core::drive_hook`]), both through one
-//! [`Core::carry_out`].
+//! hook inside the engine ([`Core::drive_hook`]), both through one loop:
+//! they differ only in what a save does ([`Driven`]).
 
 use super::alert_kind::AlertKind;
 use super::alerts::{Alert, key};
@@ -14,7 +14,7 @@ use super::records::DbRecord;
 use crate::error::MailboxError;
 use crate::wire::{ErrorCode, ProcessState};
 use crate::{Id, ProcessId};
-use estafeta_session::{SessionData, SessionGuard};
+use estafeta_session::{SessionData, SessionGuard, Timestamp};
 use std::collections::VecDeque;
 
 /// What carrying out a lifecycle's steps left over: the answer, the
@@ -103,7 +103,7 @@ impl Core {
 
     /// Run `event` through the lifecycle on a held database session (a
     /// protocol call). Each event's change is staged; the steps before its
-    /// [`Step::Save`] are carried out in the staged change's step, then the
+    /// [`Step::Save`] are carried out in the session's step, then the
     /// change becomes the session's state at the save, once durable (with
     /// a shared store, with everything the steps wrote beside it, in one
     /// transaction), then the steps after it run in the session's step. An
@@ -121,82 +121,16 @@ impl Core {
         event: Event,
         last: bool,
     ) -> Result<Answer, ExchangeError> {
-        let driven = self.drive_steps(g, event, last).await;
-        // What a failed run wrote beside the record in the session's step
-        // is not kept: the step goes, and the call with it.
-        if driven.is_err()
-            && let Some(step) = g.step()
-        {
-            step.abandon();
-        }
-        driven
-    }
-
-    /// [`drive`](Self::drive), the failures left to it.
-    async fn drive_steps(
-        &self,
-        g: &mut SessionGuard<Id, DbRecord>,
-        event: Event,
-        last: bool,
-    ) -> Result<Answer, ExchangeError> {
-        let ctx = self.ctx();
-        let db = g.key().clone();
-        let mut out = Carried {
-            registry: g
-                .step()
-                .and_then(|step| self.registry.version_in_step(step)),
-            ..Carried::default()
-        };
-        out.next.push_back(event);
-        while let Some(event) = out.next.pop_front() {
-            let mut staged = g.begin();
-            let steps = lifecycle::step(staged.state_mut(), event, &ctx);
-            let save = steps.iter().position(|s| matches!(s, Step::Save));
-            let final_save = match last {
-                true => ends_step(&steps),
-                false => None,
-            };
-            let mut steps = steps.into_iter();
-            for step in steps.by_ref().take(save.unwrap_or(usize::MAX)) {
-                match step {
-                    Step::Deadline(at) => staged.set_expires_at(at),
-                    other => {
-                        let held = held(&other, staged.holds(), staged.step())?;
-                        self.carry_out(held, other, &mut out).await?;
-                    }
-                }
-            }
-            let Some(i) = save else {
-                continue;
-            };
-            staged.persistent_mut();
-            match final_save == Some(i) && out.next.is_empty() {
-                true => staged.commit_last().await?,
-                false => staged.commit().await?,
-            }
-            // No await between: the record is the session's exactly when
-            // its processes are the list's.
-            if let Some(tally) = &self.process_tally {
-                tally.replace(&db, g.state());
-            }
-            for step in steps.skip(1) {
-                match step {
-                    Step::Deadline(_) | Step::Save => {}
-                    other => {
-                        let held = held(&other, g.holds(), g.step())?;
-                        self.carry_out(held, other, &mut out).await?;
-                    }
-                }
-            }
-        }
-        Ok(out.answer.unwrap_or(Answer::Ok))
+        self.run(&mut Driven::Call { g, last }, event).await
     }
 
     /// Run `event` (a deadline, start-up recovery) through the lifecycle
     /// inside a session hook, in `step`, the step the engine holds the
-    /// session in (with a shared store): the engine saves the session after
-    /// the hook, with everything written in the step. On an error the
-    /// session keeps its state as it was.
+    /// session in (with a shared store): each event's change is staged as
+    /// in [`drive`](Self::drive), and the saved ones become the session's
+    /// when the run ends, for the engine to save after the hook with
+    /// everything written in the step. On an error the session keeps its
+    /// state as it was.
     pub(crate) async fn drive_hook(
         &self,
         db: &Id,
@@ -204,43 +138,207 @@ impl Core {
         mut step: Held<'_>,
         event: Event,
     ) -> Result<(), ExchangeError> {
+        let mut kept = Kept {
+            rec: s.state().clone(),
+            deadline: s.expires_at(),
+            changed: false,
+        };
+        self.run(
+            &mut Driven::Hook {
+                step: again(&mut step),
+                kept: &mut kept,
+            },
+            event,
+        )
+        .await?;
+        if kept.changed {
+            if let Some(tally) = &self.process_tally {
+                tally.replace(db, &kept.rec);
+            }
+            *s.persistent_mut() = kept.rec;
+        }
+        s.set_expires_at(kept.deadline);
+        Ok(())
+    }
+
+    /// The one loop of [`drive`](Self::drive) and
+    /// [`drive_hook`](Self::drive_hook): what a failed run wrote beside the
+    /// record in the session's step is not kept; the step goes, and the
+    /// call with it.
+    async fn run(&self, d: &mut Driven<'_>, event: Event) -> Result<Answer, ExchangeError> {
+        let ran = self.run_events(d, event).await;
+        if ran.is_err()
+            && let Some(step) = d.step()
+        {
+            step.abandon();
+        }
+        ran
+    }
+
+    /// [`run`](Self::run), the failures left to it.
+    async fn run_events(&self, d: &mut Driven<'_>, event: Event) -> Result<Answer, ExchangeError> {
         let ctx = self.ctx();
-        let mut rec = s.state().clone();
-        let mut deadline = s.expires_at();
-        let mut changed = false;
         let mut out = Carried {
-            registry: again(&mut step).and_then(|step| self.registry.version_in_step(step)),
+            registry: d
+                .step()
+                .and_then(|step| self.registry.version_in_step(step)),
             ..Carried::default()
         };
         out.next.push_back(event);
         while let Some(event) = out.next.pop_front() {
-            for each in lifecycle::step(&mut rec, event, &ctx) {
-                let done = match each {
-                    Step::Deadline(at) => {
-                        deadline = at;
-                        Ok(())
-                    }
-                    Step::Save => {
-                        changed = true;
-                        Ok(())
-                    }
-                    other => self.carry_out(again(&mut step), other, &mut out).await,
-                };
-                // What the hook wrote in the step is not kept (see `drive`).
-                if let (Err(_), Some(step)) = (&done, again(&mut step)) {
-                    step.abandon();
+            let mut rec = d.record().clone();
+            let steps = lifecycle::step(&mut rec, event, &ctx);
+            let save = steps.iter().position(|s| matches!(s, Step::Save));
+            let ends = ends_step(&steps);
+            let mut deadline = None;
+            let mut steps = steps.into_iter();
+            for step in steps.by_ref().take(save.unwrap_or(usize::MAX)) {
+                match step {
+                    Step::Deadline(at) => deadline = Some(at),
+                    other => self.carry(d, other, &mut out).await?,
                 }
-                done?;
+            }
+            let Some(i) = save else {
+                d.unsaved(Some(rec), deadline);
+                continue;
+            };
+            let ends = ends == Some(i) && out.next.is_empty();
+            self.save(d, rec, deadline, ends).await?;
+            // A deadline set after the save is saved by the next save, if
+            // one follows.
+            let mut later = None;
+            for step in steps.skip(1) {
+                match step {
+                    Step::Deadline(at) => later = Some(at),
+                    Step::Save => {
+                        if let Some(at) = later.take() {
+                            let rec = d.record().clone();
+                            self.save(d, rec, Some(at), false).await?;
+                        }
+                    }
+                    other => self.carry(d, other, &mut out).await?,
+                }
+            }
+            d.unsaved(None, later);
+        }
+        Ok(out.answer.unwrap_or(Answer::Ok))
+    }
+
+    /// Carry out `step` in the step `d` holds, if it may still write there
+    /// ([`held`]).
+    async fn carry(
+        &self,
+        d: &mut Driven<'_>,
+        step: Step,
+        out: &mut Carried,
+    ) -> Result<(), ExchangeError> {
+        let holds = d.holds();
+        let held = held(&step, holds, d.step())?;
+        self.carry_out(held, step, out).await
+    }
+
+    /// An event's change `rec` (and its deadline, if it set one) made the
+    /// session's at its save: a call's committed now, the last change if
+    /// `ends` says nothing after it needs the key; a hook's kept for the
+    /// engine's save.
+    async fn save(
+        &self,
+        d: &mut Driven<'_>,
+        rec: DbRecord,
+        at: Option<Option<Timestamp>>,
+        ends: bool,
+    ) -> Result<(), ExchangeError> {
+        match d {
+            Driven::Call { g, last } => {
+                let mut staged = g.begin();
+                *staged.persistent_mut() = rec;
+                if let Some(at) = at {
+                    staged.set_expires_at(at);
+                }
+                match *last && ends {
+                    true => staged.commit_last().await?,
+                    false => staged.commit().await?,
+                }
+                // No await between: the record is the session's exactly
+                // when its processes are the list's.
+                if let Some(tally) = &self.process_tally {
+                    tally.replace(g.key(), g.state());
+                }
+            }
+            Driven::Hook { kept, .. } => {
+                kept.rec = rec;
+                if let Some(at) = at {
+                    kept.deadline = at;
+                }
+                kept.changed = true;
             }
         }
-        if changed {
-            if let Some(tally) = &self.process_tally {
-                tally.replace(db, &rec);
-            }
-            *s.persistent_mut() = rec;
-        }
-        s.set_expires_at(deadline);
         Ok(())
+    }
+}
+
+/// The session a run of the lifecycle changes, and how an event's change
+/// becomes its state.
+enum Driven<'a> {
+    /// A protocol call's held session: each event's change is committed
+    /// at its save. With `last`, the caller changes the session no more
+    /// once the run ends (see [`Core::drive`]).
+    Call {
+        g: &'a mut SessionGuard<Id, DbRecord>,
+        last: bool,
+    },
+    /// A session hook's: the engine saves the session after the hook, in
+    /// `step`, with everything written in it; the saved changes are
+    /// `kept` until then.
+    Hook { step: Held<'a>, kept: &'a mut Kept },
+}
+
+/// A hook's saved changes, made the session's when its run ends.
+struct Kept {
+    rec: DbRecord,
+    deadline: Option<Timestamp>,
+    /// An event saved its change.
+    changed: bool,
+}
+
+impl Driven<'_> {
+    /// The record as the events so far left it.
+    fn record(&self) -> &DbRecord {
+        match self {
+            Driven::Call { g, .. } => g.state(),
+            Driven::Hook { kept, .. } => &kept.rec,
+        }
+    }
+
+    /// Whether the run still holds the session's key (a hook always does).
+    fn holds(&self) -> bool {
+        match self {
+            Driven::Call { g, .. } => g.holds(),
+            Driven::Hook { .. } => true,
+        }
+    }
+
+    /// The step the run writes in.
+    fn step(&mut self) -> Held<'_> {
+        match self {
+            Driven::Call { g, .. } => g.step(),
+            Driven::Hook { step, .. } => again(step),
+        }
+    }
+
+    /// A change that no save follows (an event's `rec` and deadline, or a
+    /// deadline after the event's last save): a call drops it; a hook keeps
+    /// it (the next event starts from it, it is the session's if a later
+    /// event saves) and its deadline.
+    fn unsaved(&mut self, rec: Option<DbRecord>, at: Option<Option<Timestamp>>) {
+        if let Driven::Hook { kept, .. } = self {
+            if let Some(rec) = rec {
+                kept.rec = rec;
+            }
+            if let Some(at) = at {
+                kept.deadline = at;
+            }
+        }
     }
 }
 
