@@ -83,9 +83,64 @@ pub(crate) async fn hold<S: State>(
     })
 }
 
+/// The exchange's time now, read from `clock`.
+pub(crate) fn now(clock: &dyn Clock) -> Timestamp {
+    Timestamp::from_millis(i64::try_from(clock.now().0).unwrap_or(i64::MAX))
+}
+
+/// The session of `id` (the device or database of `who`) in `engine`,
+/// held ([`hold`]), once `who` is confirmed ([`confirm`]) against
+/// `registry` with the change counter its step's lock read. A token that
+/// is no longer `who`'s is refused (401) and the session released,
+/// nothing written.
+pub(crate) async fn hold_for<S: State>(
+    registry: &Registry,
+    engine: &Engine<Id, S>,
+    id: &Id,
+    what: &str,
+    who: &super::Presented,
+) -> Result<SessionGuard<Id, S>, ExchangeError> {
+    let mut g = hold(engine, id, what).await?;
+    if who.hash.is_none() {
+        return Ok(g);
+    }
+    let version = g.step().and_then(|step| registry.version_in_step(step));
+    match confirm(registry, who, version).await {
+        Ok(()) => Ok(g),
+        Err(refused) => {
+            g.release().await?;
+            Err(refused)
+        }
+    }
+}
+
+/// Confirms `who`: a principal vouched for as it is; a presented token
+/// against `registry` brought up to date, with a shared registry to
+/// `version`, its change counter as a statement of the call read it (a
+/// step's lock, or the call's read): reloaded only when it moved; without
+/// one, the counter is read first. A token that is no longer `who`'s is
+/// refused (401).
+pub(crate) async fn confirm(
+    registry: &Registry,
+    who: &super::Presented,
+    version: Option<u64>,
+) -> Result<(), ExchangeError> {
+    let Some(hash) = &who.hash else {
+        return Ok(());
+    };
+    match version {
+        Some(version) => registry.refresh_to(version).await?,
+        None => registry.refresh().await?,
+    }
+    match registry.authenticate_hash(hash).as_ref() == Some(&who.who) {
+        true => Ok(()),
+        false => Err(ExchangeError::unauthorized("unknown token")),
+    }
+}
+
 impl Core {
     pub(crate) fn now(&self) -> Timestamp {
-        Timestamp::from_millis(i64::try_from(self.clock.now().0).unwrap_or(i64::MAX))
+        now(self.clock.as_ref())
     }
 
     pub(crate) fn now_system(&self) -> SystemTime {
@@ -156,58 +211,6 @@ impl Core {
                 self.store.delivered(name).await.unwrap_or(false)
             }
             _ => false,
-        }
-    }
-
-    /// The session of `id` (the device or database of `who`) in `engine`,
-    /// held ([`hold`]), once `who` is confirmed ([`confirm`](Self::confirm))
-    /// with the change counter its step's lock read. A token that is no
-    /// longer `who`'s is refused (401) and the session released, nothing
-    /// written.
-    pub(crate) async fn hold_for<S: State>(
-        &self,
-        engine: &Engine<Id, S>,
-        id: &Id,
-        what: &str,
-        who: &super::Presented,
-    ) -> Result<SessionGuard<Id, S>, ExchangeError> {
-        let mut g = hold(engine, id, what).await?;
-        if who.hash.is_none() {
-            return Ok(g);
-        }
-        let version = g
-            .step()
-            .and_then(|step| self.registry.version_in_step(step));
-        match self.confirm(who, version).await {
-            Ok(()) => Ok(g),
-            Err(refused) => {
-                g.release().await?;
-                Err(refused)
-            }
-        }
-    }
-
-    /// Confirms `who`: a principal vouched for as it is; a presented token
-    /// against the registry brought up to date, with a shared registry to
-    /// `version`, its change counter as a statement of the call read it (a
-    /// step's lock, or the call's read): reloaded only when it moved;
-    /// without one, the counter is read first. A token that is no longer
-    /// `who`'s is refused (401).
-    pub(crate) async fn confirm(
-        &self,
-        who: &super::Presented,
-        version: Option<u64>,
-    ) -> Result<(), ExchangeError> {
-        let Some(hash) = &who.hash else {
-            return Ok(());
-        };
-        match version {
-            Some(version) => self.registry.refresh_to(version).await?,
-            None => self.registry.refresh().await?,
-        }
-        match self.registry.authenticate_hash(hash).as_ref() == Some(&who.who) {
-            true => Ok(()),
-            false => Err(ExchangeError::unauthorized("unknown token")),
         }
     }
 

@@ -1,18 +1,27 @@
 //! Device calls: upload (idempotent per device and key), inbox,
-//! acknowledge. Each runs as a command on the device's session.
+//! acknowledge. Each runs as a command on the device's session, on
+//! [`DeviceCalls`]: the few parts of the exchange they use (the clock, ids,
+//! the registry, the message and key stores, the devices' sessions, the
+//! push sink), so that what an upload can touch is read in one place.
 
 use super::Presented;
 use super::Upload as UploadOutcome;
-use super::core::Core;
+use super::core::{Core, confirm, hold_for};
 use super::error::ExchangeError;
+use super::observer::Messages;
+use super::push::PushSink;
 use super::records::DeviceRecord;
+use super::webhooks::arrived;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
-use crate::store::{FileName, Folder, Op};
-use crate::tenancy::Principal;
+use crate::store::{FileName, Folder, Location, Op};
+use crate::tenancy::{Principal, Registry};
 use crate::wire::ErrorCode;
 use crate::wire::{AckRequest, AckResponse, Inbox, Message, MessageAccepted, SendMessage, Version};
-use crate::{Id, Timestamp};
+use crate::{Id, Timestamp, UlidGenerator};
+use estafeta_session::{Clock, Engine};
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The longest idempotency key accepted.
 const MAX_KEY_LEN: usize = 200;
@@ -56,9 +65,48 @@ fn accepted(message: &Message) -> (MessageAccepted, UploadOutcome) {
     )
 }
 
-impl Core {
+/// What the device calls (upload, inbox, acknowledge) use of the
+/// exchange, and nothing more.
+pub(crate) struct DeviceCalls<'a> {
+    /// The time of an upload, and of its key's expiry.
+    clock: &'a dyn Clock,
+    /// The new messages' ids.
+    ids: &'a UlidGenerator,
+    /// Who may send to which database; confirms a presented token.
+    registry: &'a Registry,
+    /// Where messages go (and those scheduled for later).
+    store: &'a Messages,
+    /// The devices' sessions: their counters, and the keys of old.
+    devices: &'a Engine<Id, DeviceRecord>,
+    /// The devices' idempotency keys.
+    keys: &'a Arc<dyn UploadKeys>,
+    /// How long an idempotency key is remembered.
+    key_ttl: Duration,
+    /// Told of each arrival.
+    push: &'a dyn PushSink,
+}
+
+impl<'a> DeviceCalls<'a> {
+    /// The parts of `core` the device calls use.
+    pub(crate) fn of(core: &'a Core) -> DeviceCalls<'a> {
+        DeviceCalls {
+            clock: core.clock.as_ref(),
+            ids: &core.ids,
+            registry: &core.registry,
+            store: &core.store,
+            devices: &core.sessions.device,
+            keys: &core.keys,
+            key_ttl: core.config.idempotency_ttl,
+            push: core.push.as_ref(),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        super::core::now(self.clock)
+    }
+
     /// POST /v1/messages: on the device's session, the caller confirmed in
-    /// its step ([`hold_for`](Self::hold_for)), the upload checked against
+    /// its step ([`hold_for`]), the upload checked against
     /// the registry as that left it (a database created through another
     /// node is known to it).
     pub(crate) async fn send(
@@ -75,13 +123,31 @@ impl Core {
         self.upload(g, who, req).await
     }
 
+    /// Write `message` into its recipient's `Messages` now, or schedule it
+    /// for its `deliver_at` when that is later than now.
+    async fn place(
+        &self,
+        message: &Message,
+        deliver_at: Option<Timestamp>,
+    ) -> Result<(), ExchangeError> {
+        match deliver_at.filter(|at| *at > self.now()) {
+            None => {
+                let queue = Location::new(message.to.clone(), Folder::Messages);
+                self.store.put(&queue, message).await?;
+                arrived(self.registry, self.push, &message.to);
+            }
+            Some(at) => self.store.schedule(message, at).await?,
+        }
+        Ok(())
+    }
+
     /// The checks of an upload that need no session: a device of the
     /// enterprise of the target database, a well-formed idempotency key.
-    fn check_upload<'a>(
+    fn check_upload<'w>(
         &self,
-        who: &'a Principal,
+        who: &'w Principal,
         req: &SendMessage,
-    ) -> Result<Device<'a>, ExchangeError> {
+    ) -> Result<Device<'w>, ExchangeError> {
         let dev = device(who)?;
         if !self.registry.is_database_of(&req.to, dev.enterprise) {
             return Err(ExchangeError::forbidden(format!(
@@ -116,7 +182,7 @@ impl Core {
         let deliver_at = req.deliver_at;
         let mut message = Message {
             version: Version,
-            id: self.ids.message_id(self.now_system()),
+            id: self.ids.message_id(self.clock.now().to_system_time()),
             from: dev.id.clone(),
             to: req.to.clone(),
             subsystem: subsystem.clone(),
@@ -167,7 +233,7 @@ impl Core {
         }
         // The key and the file name are durable before the file is
         // written.
-        let ttl = i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
+        let ttl = i64::try_from(self.key_ttl.as_millis()).unwrap_or(i64::MAX);
         let upload = KeyedUpload {
             name: FileName::of(&message).to_string(),
             at: now,
@@ -233,7 +299,7 @@ impl Core {
     ) -> Result<(MessageAccepted, UploadOutcome), ExchangeError> {
         let record = |(key, upload): (String, KeyedUpload)| {
             let device = message.from.clone();
-            self.with_keys(move |keys| keys.put(&device, &key, &upload))
+            with_keys(self.keys, move |keys| keys.put(&device, &key, &upload))
         };
         let embedded = g.holds() && g.step().is_none();
         if !embedded {
@@ -258,7 +324,7 @@ impl Core {
                 None => self.place(message, deliver_at).await,
                 Some(key) => {
                     let (go, when) = tokio::sync::oneshot::channel();
-                    let queue = self.location(&message.to, Folder::Messages);
+                    let queue = Location::new(message.to.clone(), Folder::Messages);
                     let recording = async {
                         let recorded = record(key).await;
                         let _ = go.send(recorded.is_ok());
@@ -273,7 +339,7 @@ impl Core {
                             "the message was not written after its key was recorded",
                         )
                     })?;
-                    self.arrived(&message.to);
+                    arrived(self.registry, self.push, &message.to);
                     Ok(())
                 }
             }
@@ -311,7 +377,7 @@ impl Core {
         let Some(step) = g.step() else {
             return Ok(false);
         };
-        let queue = self.location(&message.to, Folder::Messages);
+        let queue = Location::new(message.to.clone(), Folder::Messages);
         if self.store.put_in_step(step, &queue, message)?.is_none() {
             return Ok(false);
         }
@@ -321,7 +387,7 @@ impl Core {
             // A key store that cannot join the step: the key is durable
             // before the step commits the message, as on the other path (a
             // retry after a failed release writes the very same message).
-            self.with_keys({
+            with_keys(self.keys, {
                 let (device, key, upload) = (message.from.clone(), key.clone(), upload.clone());
                 move |keys| keys.put(&device, &key, &upload)
             })
@@ -334,10 +400,8 @@ impl Core {
     /// durable (the release succeeded): its recipient and the commit
     /// observer are told.
     fn placed_in_step(&self, to: &Id) {
-        self.arrived(to);
-        if let Some(o) = self.config.quiesce.observer() {
-            o.delivered(1);
-        }
+        arrived(self.registry, self.push, to);
+        self.store.delivered_in_step(1);
     }
 
     /// The message an earlier upload of `device` with `key` made, if the key
@@ -351,12 +415,11 @@ impl Core {
         key: &str,
         now: Timestamp,
     ) -> Result<Option<FileName>, ExchangeError> {
-        let found = self
-            .with_keys({
-                let (device, key) = (device.clone(), key.to_owned());
-                move |keys| keys.get(&device, &key, now)
-            })
-            .await?;
+        let found = with_keys(self.keys, {
+            let (device, key) = (device.clone(), key.to_owned());
+            move |keys| keys.get(&device, &key, now)
+        })
+        .await?;
         if let Some(found) = found {
             return found.name.parse().map(Some).map_err(|_| {
                 ExchangeError::unavailable(
@@ -368,7 +431,7 @@ impl Core {
         if g.state().keys.is_empty() {
             return Ok(None);
         }
-        let ttl = i64::try_from(self.config.idempotency_ttl.as_millis()).unwrap_or(i64::MAX);
+        let ttl = i64::try_from(self.key_ttl.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now.as_millis().saturating_sub(ttl);
         let earlier = g
             .state()
@@ -388,27 +451,14 @@ impl Core {
         Ok(earlier)
     }
 
-    /// Run `f` on the key store off the async threads.
-    pub(crate) async fn with_keys<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&dyn UploadKeys) -> Result<T, KeysError> + Send + 'static,
-    ) -> Result<T, ExchangeError> {
-        let keys = self.keys.clone();
-        tokio::task::spawn_blocking(move || f(keys.as_ref()))
-            .await
-            .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
-            .map_err(ExchangeError::from)
-    }
-
     /// The session of the device `who` (its keys and counters), held, the
-    /// caller confirmed in its step ([`hold_for`](Self::hold_for)).
+    /// caller confirmed in its step ([`hold_for`]).
     async fn device_session(
         &self,
         who: &Presented,
     ) -> Result<estafeta_session::SessionGuard<Id, DeviceRecord>, ExchangeError> {
         let dev = device(&who.who)?;
-        self.hold_for(&self.sessions.device, dev.id, "device", who)
-            .await
+        hold_for(self.registry, self.devices, dev.id, "device", who).await
     }
 
     /// GET /v1/inbox: the messages read, then the caller confirmed with
@@ -420,13 +470,13 @@ impl Core {
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
         let dev = device(&who.who)?;
-        let inbox = self.location(dev.id, Folder::Messages);
+        let inbox = Location::new(dev.id.clone(), Folder::Messages);
         let n = limit.unwrap_or(MAX_INBOX).min(MAX_INBOX);
         let (raw, version) = match who.hash {
             Some(_) => self.store.oldest_array_and_registry(&inbox, n).await?,
             None => (self.store.oldest_array(&inbox, n).await?, None),
         };
-        self.confirm(who, version).await?;
+        confirm(self.registry, who, version).await?;
         Ok(Inbox::json_from_raw(&raw.json))
     }
 
@@ -440,9 +490,9 @@ impl Core {
         // On the device's session, so acknowledgements of one device are
         // serialized with each other.
         let mut g = self.device_session(who).await?;
-        let inbox = self.location(dev.id, Folder::Messages);
+        let inbox = Location::new(dev.id.clone(), Folder::Messages);
         let wanted: HashSet<_> = req.ids.iter().copied().collect();
-        let log = self.location(dev.id, Folder::Log);
+        let log = Location::new(dev.id.clone(), Folder::Log);
         // With a shared session store whose transactions the message store
         // writes in: the moves are part of the device's step, durable with
         // its counters at the release, or not at all.
@@ -489,4 +539,16 @@ impl Core {
             acked,
         })
     }
+}
+
+/// Run `f` on the key store `keys` off the async threads.
+pub(crate) async fn with_keys<T: Send + 'static>(
+    keys: &Arc<dyn UploadKeys>,
+    f: impl FnOnce(&dyn UploadKeys) -> Result<T, KeysError> + Send + 'static,
+) -> Result<T, ExchangeError> {
+    let keys = keys.clone();
+    tokio::task::spawn_blocking(move || f(keys.as_ref()))
+        .await
+        .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
+        .map_err(ExchangeError::from)
 }

@@ -5,9 +5,10 @@
 //! server plugs in.
 //!
 //! Where things are, in the order a call flows through them:
-//! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks),
-//!   `admin/` (provisioning, deletion, operator actions, the admin's
-//!   figures and process list): the calls; a call that
+//! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks,
+//!   on `DeviceCalls`: only the parts they use), `admin/` (provisioning,
+//!   deletion, operator actions, the admin's figures and process list):
+//!   the calls; a call that
 //!   changes a database's processes or a device's records holds that
 //!   database's or device's session while it runs.
 //! - `lifecycle.rs`: the process lifecycle as one pure function (state
@@ -83,6 +84,7 @@ use crate::wire::{
 use crate::{Id, UlidGenerator};
 use admin::admin;
 use core::Core;
+use device::DeviceCalls;
 use estafeta_durable::WriteGate;
 use estafeta_session::{Clock, RedbStorage, Storage};
 use hooks::ExchangeHooks;
@@ -537,7 +539,7 @@ impl Exchange {
         self.ready()?;
         let who = who.into();
         self.detached(move |core| async move {
-            let r = core.send(&who, req).await;
+            let r = DeviceCalls::of(&core).send(&who, req).await;
             core.watch_storage("message upload", r).await
         })
         .await
@@ -551,7 +553,7 @@ impl Exchange {
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        self.core.inbox(&who.into(), limit).await
+        DeviceCalls::of(&self.core).inbox(&who.into(), limit).await
     }
 
     /// Device: acknowledge messages (moved to `Log`).
@@ -562,7 +564,7 @@ impl Exchange {
     ) -> Result<AckResponse, ExchangeError> {
         self.ready()?;
         let who = who.into();
-        self.detached(move |core| async move { core.ack(&who, req).await })
+        self.detached(move |core| async move { DeviceCalls::of(&core).ack(&who, req).await })
             .await
     }
 

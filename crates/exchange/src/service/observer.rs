@@ -92,7 +92,16 @@ impl Messages {
         }
     }
 
-    /// [`MessageStore::put`], observed.
+    /// Tells the observer of `n` messages a session's step brought into
+    /// `Messages` folders, durable with its commit (timed with the step's
+    /// commit, not here).
+    pub(crate) fn delivered_in_step(&self, n: u64) {
+        if let Some(o) = &self.observer {
+            o.delivered(n);
+        }
+    }
+
+    /// [`MessageSteps::put`](crate::store::MessageSteps::put), observed.
     pub(crate) async fn put(
         &self,
         at: &Location,
@@ -107,7 +116,7 @@ impl Messages {
         put
     }
 
-    /// [`MessageStore::put_when`], observed.
+    /// [`MessageSteps::put_when`](crate::store::MessageSteps::put_when), observed.
     pub(crate) async fn put_when(
         &self,
         at: &Location,
@@ -121,7 +130,7 @@ impl Messages {
         put
     }
 
-    /// [`MessageStore::put_all`], observed.
+    /// [`MessageSteps::put_all`](crate::store::MessageSteps::put_all), observed.
     pub(crate) async fn put_all(
         &self,
         at: &Location,
@@ -138,7 +147,7 @@ impl Messages {
         put
     }
 
-    /// [`MessageStore::apply`], observed: the moves into a `Messages`
+    /// [`MessageSteps::apply`](crate::store::MessageSteps::apply), observed: the moves into a `Messages`
     /// folder made by this call count as arrivals (not the ones a
     /// repeated step finds done already).
     pub(crate) async fn apply(&self, step: Option<&mut dyn Step>, ops: &[Op]) -> Applied {

@@ -5,7 +5,7 @@
 //! ([`super::lifecycle`]) and carries out its steps ([`Core::drive`]).
 
 use super::Presented;
-use super::core::Core;
+use super::core::{Core, hold_for};
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event};
 use super::records::{DbRecord, Verdict};
@@ -40,9 +40,9 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
 
 impl Core {
     /// The session of `db`, the database of `who`, held, the caller
-    /// confirmed in its step ([`hold_for`](Self::hold_for)).
+    /// confirmed in its step ([`hold_for`]).
     async fn db_session(&self, db: &Id, who: &Presented) -> Result<Guard, ExchangeError> {
-        self.hold_for(&self.sessions.db, db, "database", who).await
+        hold_for(&self.registry, &self.sessions.db, db, "database", who).await
     }
 
     /// Find `pid` for database `db`: `None` if it is not a process id; with

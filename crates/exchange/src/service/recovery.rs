@@ -2,6 +2,7 @@
 
 use super::alerts::AlertKind;
 use super::core::Core;
+use super::device::with_keys;
 use super::error::ExchangeError;
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
@@ -155,9 +156,7 @@ impl Core {
         let mut expired = 0;
         loop {
             let now = self.now();
-            let n = self
-                .with_keys(move |keys| keys.expire(now, KEY_SWEEP_BATCH))
-                .await?;
+            let n = with_keys(&self.keys, move |keys| keys.expire(now, KEY_SWEEP_BATCH)).await?;
             expired += n;
             if n < KEY_SWEEP_BATCH {
                 return Ok(expired);

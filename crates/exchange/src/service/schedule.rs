@@ -7,32 +7,12 @@
 //! recipient is not written twice.
 
 use super::core::Core;
-use super::error::ExchangeError;
-use crate::Timestamp;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder};
 use crate::wire::Message;
 use estafeta_repeat::{Entry, Outcome};
 
 impl Core {
-    /// Write `message` into its recipient's `Messages` now, or schedule it
-    /// for its `deliver_at` when that is later than now.
-    pub(crate) async fn place(
-        &self,
-        message: &Message,
-        deliver_at: Option<Timestamp>,
-    ) -> Result<(), ExchangeError> {
-        match deliver_at.filter(|at| *at > self.now()) {
-            None => {
-                let queue = self.location(&message.to, Folder::Messages);
-                self.store.put(&queue, message).await?;
-                self.arrived(&message.to);
-            }
-            Some(at) => self.store.schedule(message, at).await?,
-        }
-        Ok(())
-    }
-
     /// A kept-aside message came due: into `Messages`, durably, unless a
     /// delivery before a crash got there but not to removing its entry.
     pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {

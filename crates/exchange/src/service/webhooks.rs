@@ -1,23 +1,28 @@
 //! Webhooks and arrivals: setting a recipient's webhook (admin), telling
-//! the [`PushSink`](super::PushSink) of messages that landed in a `Messages` with one, and
+//! the [`PushSink`] of messages that landed in a `Messages` with one, and
 //! moving webhooks out of session records where an earlier version kept
 //! them (see [`super::push`] for why the registry keeps them).
 
 use super::admin::admin;
 use super::core::Core;
 use super::error::ExchangeError;
-use super::push::{RecipientKind, check_url};
+use super::push::{PushSink, RecipientKind, check_url};
 use crate::Id;
 use crate::store::{Folder, Location};
-use crate::tenancy::{Kind, Principal, Role};
+use crate::tenancy::{Kind, Principal, Registry, Role};
+
+/// Messages are durably in `recipient`'s `Messages`: tell `push`, if the
+/// recipient has a webhook in `registry`.
+pub(crate) fn arrived(registry: &Registry, push: &dyn PushSink, recipient: &Id) {
+    if let Some((kind, _)) = registry.webhook(recipient) {
+        push.arrived(recipient, kind);
+    }
+}
 
 impl Core {
-    /// Messages are durably in `recipient`'s `Messages`: tell the sink, if
-    /// the recipient has a webhook.
+    /// [`arrived`] with the core's registry and sink.
     pub(crate) fn arrived(&self, recipient: &Id) {
-        if let Some((kind, _)) = self.registry.webhook(recipient) {
-            self.push.arrived(recipient, kind);
-        }
+        arrived(&self.registry, self.push.as_ref(), recipient);
     }
 
     /// [`arrived`](Self::arrived) for each of `recipients`, from work that

@@ -7,9 +7,9 @@
 //! Files cannot move together atomically, so every op is idempotent: a
 //! move whose file is already in its target, or a delete whose file is
 //! gone, is done. What a crash can leave half-way is cleared at start-up:
-//! temporary files of unfinished writes ([`MessageStore::recover_writes`])
+//! temporary files of unfinished writes ([`MessageUpkeep::recover_writes`])
 //! and replies written to `Prepared` but never recorded
-//! ([`MessageStore::orphans`]).
+//! ([`MessageUpkeep::orphans`]).
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -175,7 +175,7 @@ impl MessageSteps for FileStore {
     }
 
     /// The file is written and fsynced while `when` is awaited, holding the
-    /// mailbox against its removal as [`put`](MessageStore::put) does.
+    /// mailbox against its removal as [`put`](MessageSteps::put) does.
     async fn put_when(
         &self,
         at: &Location,

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use super::super::Exchange;
 use super::super::core::{Core, hold};
+use super::super::device::with_keys;
 use super::super::error::ExchangeError;
 use super::super::lifecycle::Event;
 use super::super::records::{DbRecord, DeviceRecord, Process};
@@ -347,7 +348,7 @@ impl Core {
             Ok::<_, ExchangeError>(())
         })
         .await?;
-        self.with_keys({
+        with_keys(&self.keys, {
             let id = id.clone();
             move |keys| keys.remove_device(&id)
         })
