@@ -42,11 +42,8 @@ pub(crate) struct Core {
     /// The server's phase: the exchange moves it, everyone reads it.
     pub(crate) phase: tokio::sync::watch::Sender<super::Phase>,
     pub(crate) recovery: RecoveryCounters,
-    /// Where alerts go.
-    pub(crate) alerts: Arc<dyn super::alerts::AlertSink>,
-    /// Whether the storage-write alert is open (closed by the next good
-    /// write).
-    pub(crate) storage_alert: super::alerts::Condition,
+    /// Where alerts go, and the storage-write condition.
+    pub(crate) alerting: super::alerting::Alerting,
     /// The devices' idempotency keys.
     pub(crate) keys: std::sync::Arc<dyn crate::keys::UploadKeys>,
     /// Messages scheduled for their `deliver_at`.
@@ -172,7 +169,13 @@ impl Core {
         fail::fail_point!("messages::apply");
         let applied = self.store.apply(again(&mut held), ops).await;
         fail::fail_point!("messages::applied");
-        self.announce(&applied.arrivals, registry).await;
+        super::webhooks::announce(
+            &self.registry,
+            self.push.as_ref(),
+            &applied.arrivals,
+            registry,
+        )
+        .await;
         let mut first_error = None;
         for (op, r) in ops.iter().zip(applied.results) {
             let Err(e) = r else { continue };
@@ -189,7 +192,7 @@ impl Core {
                         ),
                         self.now(),
                     );
-                    self.raise_in(again(&mut held), alert).await;
+                    self.alerting.raise_in(again(&mut held), alert).await;
                 }
                 _ => {
                     first_error.get_or_insert(e);

@@ -73,9 +73,9 @@ pub(crate) struct DeviceCalls<'a> {
     /// The new messages' ids.
     ids: &'a UlidGenerator,
     /// Who may send to which database; confirms a presented token.
-    registry: &'a Registry,
+    pub(super) registry: &'a Registry,
     /// Where messages go (and those scheduled for later).
-    store: &'a Messages,
+    pub(super) store: &'a Messages,
     /// The devices' sessions: their counters, and the keys of old.
     devices: &'a Engine<Id, DeviceRecord>,
     /// The devices' idempotency keys.
@@ -83,7 +83,7 @@ pub(crate) struct DeviceCalls<'a> {
     /// How long an idempotency key is remembered.
     key_ttl: Duration,
     /// Told of each arrival.
-    push: &'a dyn PushSink,
+    pub(super) push: &'a dyn PushSink,
 }
 
 impl<'a> DeviceCalls<'a> {

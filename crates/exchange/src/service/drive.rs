@@ -86,10 +86,11 @@ impl Core {
                 if kind == AlertKind::InDoubt {
                     self.count_end(Some(ProcessState::InDoubt));
                 }
-                self.raise_in(held, Alert::new(kind, pid, text, self.now()))
+                self.alerting
+                    .raise_in(held, Alert::new(kind, pid, text, self.now()))
                     .await
             }
-            Step::Clear { kind, pid } => self.clear_in(held, key(kind, pid)).await,
+            Step::Clear { kind, pid } => self.alerting.clear_in(held, key(kind, pid)).await,
             Step::Count(found) => count(match found {
                 Found::TimedOut => &self.recovery.timed_out,
                 Found::Cleanup => &self.recovery.cleanups,

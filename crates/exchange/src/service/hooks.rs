@@ -27,7 +27,7 @@ impl ExchangeHooks {
         let Some(core) = self.core.upgrade() else {
             return Finalize::Keep;
         };
-        core.wait_started().await;
+        wait_started(&core.phase).await;
         let what = match event {
             Event::Recover => "start-up processing",
             _ => "process deadline handling",
@@ -40,18 +40,13 @@ impl ExchangeHooks {
     }
 }
 
-impl Core {
-    /// Waits until start-up processing has begun: a deadline that passed
-    /// while the server was down is acted on (a process put in doubt, its
-    /// alert raised) only once start-up processing has made the mailboxes.
-    async fn wait_started(&self) {
-        // Err only when the sender is gone, i.e. never while `self` lives.
-        let _ = self
-            .phase
-            .subscribe()
-            .wait_for(|phase| phase.hooks_run())
-            .await;
-    }
+/// Waits until start-up processing has begun (`phase` says so): a
+/// deadline that passed while the server was down is acted on (a process
+/// put in doubt, its alert raised) only once start-up processing has made
+/// the mailboxes.
+async fn wait_started(phase: &tokio::sync::watch::Sender<super::Phase>) {
+    // Err only when the sender is gone, i.e. never while the core lives.
+    let _ = phase.subscribe().wait_for(|phase| phase.hooks_run()).await;
 }
 
 impl Hooks<Id, DbRecord> for ExchangeHooks {

@@ -298,6 +298,7 @@ impl Exchange {
         let process_tally = (!sessions.shared()).then(admin::tally::ProcessTally::default);
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
+        let alerting = alerting::Alerting::new(sinks.alerts, clock.clone());
         let core = Arc::new_cyclic(|core| Core {
             config,
             clock,
@@ -307,8 +308,7 @@ impl Exchange {
             sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
             phase: watch::Sender::new(Phase::Starting),
             recovery: Default::default(),
-            alerts: sinks.alerts,
-            storage_alert: Default::default(),
+            alerting,
             keys: stores.keys,
             scheduled: stores.scheduled.scheduler,
             scheduled_store: stores.scheduled.store,
@@ -334,12 +334,12 @@ impl Exchange {
     /// host down) through the same sink, with the same tracing event.
     pub async fn raise_alert(&self, alert: Alert) {
         tracing::error!(target: "estafeta::alert", key = %alert.key, "{}", alert.text);
-        self.core.alerts.raise(alert).await;
+        self.core.alerting.raise(alert).await;
     }
 
     /// The condition with `key` ended.
     pub async fn clear_alert(&self, key: String) {
-        self.core.alerts.clear(key).await;
+        self.core.alerting.clear(key).await;
     }
 
     /// The exchange's clock (its time is what alerts and schedules read).
@@ -540,7 +540,7 @@ impl Exchange {
         let who = who.into();
         self.detached(move |core| async move {
             let r = DeviceCalls::of(&core).send(&who, req).await;
-            core.watch_storage("message upload", r).await
+            core.alerting.watch_storage("message upload", r).await
         })
         .await
     }
@@ -604,7 +604,7 @@ impl Exchange {
         let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             let r = core.prepare(&who, &pid, req).await;
-            core.watch_storage("prepare", r).await
+            core.alerting.watch_storage("prepare", r).await
         })
         .await
     }
@@ -620,7 +620,7 @@ impl Exchange {
         let (who, pid) = (who.into(), pid.to_owned());
         self.detached(move |core| async move {
             let r = core.commit(&who, &pid).await;
-            core.watch_storage("commit", r).await
+            core.alerting.watch_storage("commit", r).await
         })
         .await
     }
@@ -679,7 +679,7 @@ impl Exchange {
         let core = self.core.clone();
         let handler = move |entry: estafeta_repeat::Entry| {
             let core = core.clone();
-            async move { core.deliver_due(entry).await }
+            async move { DeviceCalls::of(&core).deliver_due(entry).await }
         };
         self.core
             .scheduled

@@ -60,7 +60,8 @@ impl Core {
                 target: "estafeta::alert", db = %db, files = cleared,
                 "orphaned files in Prepared with no process; moved to Unknown"
             );
-            self.raise_alert(
+            self.alerting
+                .raise_now(
                 AlertKind::Orphans,
                 db,
                 format!(

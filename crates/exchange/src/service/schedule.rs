@@ -4,15 +4,17 @@
 //! enters its recipient's `Messages` when the exchange's clock reaches the
 //! time. The entry is removed only after the file is durable there; a crash
 //! in between writes it again, and a message already in any folder of its
-//! recipient is not written twice.
+//! recipient is not written twice. The delivery is the rest of an
+//! upload, on the upload's parts ([`DeviceCalls`]).
 
-use super::core::Core;
+use super::device::DeviceCalls;
+use super::webhooks::announce;
 use crate::error::MailboxError;
-use crate::store::{FileName, Folder};
+use crate::store::{FileName, Folder, Location};
 use crate::wire::Message;
 use estafeta_repeat::{Entry, Outcome};
 
-impl Core {
+impl DeviceCalls<'_> {
     /// A kept-aside message came due: into `Messages`, durably, unless a
     /// delivery before a crash got there but not to removing its entry.
     pub(crate) async fn deliver_due(&self, entry: Entry) -> Outcome {
@@ -31,10 +33,10 @@ impl Core {
         {
             return Outcome::Done;
         }
-        let queue = self.location(&message.to, Folder::Messages);
+        let queue = Location::new(message.to.clone(), Folder::Messages);
         match self.store.put(&queue, &message).await {
             Ok(_) => {
-                self.announce([&message.to], None).await;
+                announce(self.registry, self.push, [&message.to], None).await;
                 tracing::info!(target: "estafeta::event", message = %message.id, to = %message.to, "scheduled message delivered");
                 Outcome::Done
             }

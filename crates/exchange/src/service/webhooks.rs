@@ -19,40 +19,40 @@ pub(crate) fn arrived(registry: &Registry, push: &dyn PushSink, recipient: &Id) 
     }
 }
 
+/// [`arrived`] for each of `recipients`, from work that may run without
+/// an authenticated call (which reads the registry's changes first): a
+/// step run at a deadline, a scheduled message. What other servers
+/// changed is read first, once, so that a webhook set through another
+/// server is known (a store that cannot be read leaves the copy as it is,
+/// and is logged); with `version`, the store's change counter read with
+/// the lock of the step the work holds, the copy is brought up to that
+/// instead (no read of its own when it is that recent).
+pub(crate) async fn announce(
+    registry: &Registry,
+    push: &dyn PushSink,
+    recipients: impl IntoIterator<Item = &Id>,
+    version: Option<u64>,
+) {
+    let mut recipients = recipients.into_iter().peekable();
+    if recipients.peek().is_none() {
+        return;
+    }
+    let current = match version {
+        Some(version) => registry.refresh_to(version).await,
+        None => registry.refresh().await,
+    };
+    if let Err(e) = current {
+        tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
+    }
+    for recipient in recipients {
+        arrived(registry, push, recipient);
+    }
+}
+
 impl Core {
     /// [`arrived`] with the core's registry and sink.
     pub(crate) fn arrived(&self, recipient: &Id) {
         arrived(&self.registry, self.push.as_ref(), recipient);
-    }
-
-    /// [`arrived`](Self::arrived) for each of `recipients`, from work that
-    /// may run without an authenticated call (which reads the registry's
-    /// changes first): a step run at a deadline, a scheduled message. What
-    /// other servers changed is read first, once, so that a webhook set
-    /// through another server is known (a store that cannot be read leaves
-    /// the copy as it is, and is logged); with `registry`, the store's
-    /// change counter read with the lock of the step the work holds, the
-    /// copy is brought up to that instead (no read of its own when it is
-    /// that recent).
-    pub(crate) async fn announce(
-        &self,
-        recipients: impl IntoIterator<Item = &Id>,
-        registry: Option<u64>,
-    ) {
-        let mut recipients = recipients.into_iter().peekable();
-        if recipients.peek().is_none() {
-            return;
-        }
-        let current = match registry {
-            Some(version) => self.registry.refresh_to(version).await,
-            None => self.registry.refresh().await,
-        };
-        if let Err(e) = current {
-            tracing::warn!(error = %e, "reading the registry's changes before a push failed; pushing as last read");
-        }
-        for recipient in recipients {
-            self.arrived(recipient);
-        }
     }
 
     /// The webhook of `recipient`, if it has one.
