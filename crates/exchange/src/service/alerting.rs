@@ -4,7 +4,7 @@
 //! raised by a failed write and cleared by the next good one.
 
 use super::alerts::{Alert, AlertKind, AlertSink, Condition, key};
-use super::core::{Held, now};
+use super::basics::{Held, now};
 use crate::wire::ErrorCode;
 use estafeta_session::Clock;
 use std::fmt;

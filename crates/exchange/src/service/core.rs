@@ -6,6 +6,7 @@
 use super::ExchangeConfig;
 use super::alert_kind::AlertKind;
 use super::alerts::Alert;
+use super::basics::{Held, again, now};
 use super::error::ExchangeError;
 use super::lifecycle::Ctx;
 use super::records::{DbRecord, Owner, ProcessRecord};
@@ -78,11 +79,6 @@ pub(crate) async fn hold<S: State>(
             format!("{what} session unavailable"),
         )
     })
-}
-
-/// The exchange's time now, read from `clock`.
-pub(crate) fn now(clock: &dyn Clock) -> Timestamp {
-    Timestamp::from_millis(i64::try_from(clock.now().0).unwrap_or(i64::MAX))
 }
 
 /// The session of `id` (the device or database of `who`) in `engine`,
@@ -358,19 +354,5 @@ impl Core {
 
     pub(crate) fn location(&self, id: &Id, folder: Folder) -> Location {
         Location::new(id.clone(), folder)
-    }
-}
-
-/// The step a session's command holds in a shared session store, which
-/// writes beside the record join (see
-/// [`Step::joint`](estafeta_session::storage::Step::joint)); `None` with a
-/// session store of this server alone.
-pub(crate) type Held<'a> = Option<&'a mut dyn estafeta_session::storage::Step>;
-
-/// `held` lent for one call, to be used again after it.
-pub(crate) fn again<'b>(held: &'b mut Held<'_>) -> Held<'b> {
-    match held {
-        Some(step) => Some(&mut **step),
-        None => None,
     }
 }

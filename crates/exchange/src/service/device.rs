@@ -102,7 +102,7 @@ impl<'a> DeviceCalls<'a> {
     }
 
     fn now(&self) -> Timestamp {
-        super::core::now(self.clock)
+        super::basics::now(self.clock)
     }
 
     /// POST /v1/messages: on the device's session, the caller confirmed in

@@ -7,7 +7,8 @@
 
 use super::alert_kind::AlertKind;
 use super::alerts::{Alert, key};
-use super::core::{Core, Held, again, count};
+use super::basics::{Held, again};
+use super::core::{Core, count};
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event, Found, Step};
 use super::records::DbRecord;

@@ -24,6 +24,8 @@
 //!   `push.rs`), `schedule.rs` (messages scheduled for their
 //!   `deliver_at`), `alerting.rs` (alerts raised and cleared through the
 //!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
+//! - `basics.rs`: the leaf pieces every part shares (the step a command
+//!   holds, the time now).
 //! - `sessions.rs` and `records.rs`: the session engines (databases,
 //!   devices, processes) and their record types.
 //! - `snapshot.rs`: the backup's pause ([`Quiesce`]: the gates every
@@ -39,6 +41,7 @@ mod admin;
 mod alert_kind;
 mod alerting;
 mod alerts;
+mod basics;
 mod config;
 mod core;
 mod device;

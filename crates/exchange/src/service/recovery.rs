@@ -4,6 +4,7 @@ use super::alerts::AlertKind;
 use super::core::Core;
 use super::device::with_keys;
 use super::error::ExchangeError;
+use super::webhooks::{adopt_session_webhooks, push_waiting};
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
 use crate::{Id, MessageId, Timestamp};
@@ -142,8 +143,8 @@ impl Core {
                 }
             }
         }
-        tidied.webhooks_moved = self.adopt_session_webhooks().await?;
-        self.push_waiting().await;
+        tidied.webhooks_moved = adopt_session_webhooks(&self.registry, &self.sessions).await?;
+        push_waiting(&self.registry, self.push.as_ref(), &self.store).await;
         tidied.expired_keys = self.expire_keys().await?;
         tidied.expired_files = self.remove_expired_files().await?;
         tracing::info!(target: "estafeta::event", ?tidied, "start-up tidying done");

@@ -2,7 +2,7 @@
 //! statistics and folders here; what exists and its deletion
 //! (`manage.rs`); the dashboard's operator actions (`operator.rs`); the
 //! figures that stay cheap at any size (`totals.rs`) over the process list
-//! kept as records are saved (`tally.rs`).
+//! kept as records are saved (`tally.rs`); webhooks (`webhooks.rs`).
 
 use super::core::Core;
 use super::error::ExchangeError;
@@ -19,6 +19,7 @@ mod manage;
 mod operator;
 pub(crate) mod tally;
 mod totals;
+mod webhooks;
 
 pub use totals::Totals;
 

@@ -11,6 +11,7 @@
 use super::super::Exchange;
 use super::super::core::Core;
 use super::super::error::ExchangeError;
+use super::super::webhooks::arrived;
 use super::admin;
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;
@@ -266,7 +267,7 @@ impl Core {
             for r in self.store.apply(held, &requeue).await.results {
                 r?;
             }
-            self.arrived(&name.to);
+            arrived(&self.registry, self.push.as_ref(), &name.to);
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id, to = %name.to,
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"
