@@ -10,7 +10,7 @@ use super::core::{Core, confirm, hold_for};
 use super::error::ExchangeError;
 use super::observer::Messages;
 use super::push::PushSink;
-use super::records::DeviceRecord;
+use super::records::{DeviceRecord, Upload};
 use super::webhooks::arrived;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Location, Op};
@@ -27,6 +27,10 @@ use std::time::Duration;
 const MAX_KEY_LEN: usize = 200;
 /// Inbox answers hold at most this many messages.
 const MAX_INBOX: usize = 1000;
+/// The most idempotency keys a device's record keeps (see
+/// [`DeviceCalls::keep_in_record`]): each upload's save rewrites them, and
+/// every this many uploads share one commit of the key store.
+const KEYS_IN_RECORD: usize = 32;
 
 struct Device<'a> {
     id: &'a Id,
@@ -281,13 +285,17 @@ impl<'a> DeviceCalls<'a> {
     /// step: the message placed ([`place`](Self::place)), its idempotency
     /// `key` (if any) durable before the message can appear, and the
     /// device's counters saved in its session `g`; answered once all of it
-    /// is durable. With a session store of this server alone the three run
-    /// at once: the key's commit overlaps the message file's write and
-    /// fsync (the file appears once both are done), and the counters' save
-    /// overlaps the whole (should the message fail, the counters go back
-    /// to what they were, saved with the session's next save). With a
-    /// shared one, one after the other: the key, the message, the
-    /// counters with the step's end.
+    /// is durable. With a session store of this server alone they run at
+    /// once: a key due now is kept in the device's record
+    /// ([`keep_in_record`](Self::keep_in_record)), saved with the counters
+    /// in one commit that overlaps the message file's write and fsync (the
+    /// file appears once the commit is done); a key of a message scheduled
+    /// for later goes to the key store before the message is scheduled.
+    /// Should the message fail, the counters go back to what they were
+    /// (saved with the session's next save) and the key stays, so that the
+    /// retry with it writes this very message. With a shared store, one
+    /// after the other: the key, the message, the counters with the step's
+    /// end.
     async fn place_counted(
         &self,
         mut g: estafeta_session::SessionGuard<Id, DeviceRecord>,
@@ -312,39 +320,44 @@ impl<'a> DeviceCalls<'a> {
             return Ok(accepted(message));
         }
         let before = g.state().device.clone();
-        count(&mut g, body_bytes, now);
-        let placing = async {
-            let due_later = deliver_at.is_some_and(|at| at > self.now());
-            match key {
-                // Scheduled: the scheduler has no go-ahead to wait for.
-                Some(key) if due_later => {
-                    record(key).await?;
+        let due_later = deliver_at.is_some_and(|at| at > self.now());
+        let (placed, saved) = match key {
+            Some((key, upload)) if !due_later => {
+                self.keep_in_record(&mut g, key, &upload, now).await?;
+                count(&mut g, body_bytes, now);
+                let (go, when) = tokio::sync::oneshot::channel();
+                let queue = Location::new(message.to.clone(), Folder::Messages);
+                let saving = async {
+                    let saved = g.save().await;
+                    let _ = go.send(saved.is_ok());
+                    saved
+                };
+                let (saved, put) = tokio::join!(saving, self.store.put_when(&queue, message, when));
+                let placed = match (saved, put) {
+                    (Err(e), _) => Err(ExchangeError::from(e)),
+                    (Ok(()), Err(e)) => Err(e.into()),
+                    (Ok(()), Ok(None)) => Err(ExchangeError::unavailable(
+                        ErrorCode::Internal,
+                        "the message was not written after its key was recorded",
+                    )),
+                    (Ok(()), Ok(Some(_))) => {
+                        arrived(self.registry, self.push, &message.to);
+                        Ok(())
+                    }
+                };
+                (placed, Ok(()))
+            }
+            key => {
+                count(&mut g, body_bytes, now);
+                let placing = async {
+                    if let Some(key) = key {
+                        record(key).await?;
+                    }
                     self.place(message, deliver_at).await
-                }
-                None => self.place(message, deliver_at).await,
-                Some(key) => {
-                    let (go, when) = tokio::sync::oneshot::channel();
-                    let queue = Location::new(message.to.clone(), Folder::Messages);
-                    let recording = async {
-                        let recorded = record(key).await;
-                        let _ = go.send(recorded.is_ok());
-                        recorded
-                    };
-                    let (recorded, put) =
-                        tokio::join!(recording, self.store.put_when(&queue, message, when));
-                    recorded?;
-                    put?.ok_or_else(|| {
-                        ExchangeError::unavailable(
-                            ErrorCode::Internal,
-                            "the message was not written after its key was recorded",
-                        )
-                    })?;
-                    arrived(self.registry, self.push, &message.to);
-                    Ok(())
-                }
+                };
+                tokio::join!(placing, g.save())
             }
         };
-        let (placed, saved) = tokio::join!(placing, g.save());
         if let Err(e) = placed {
             // Nothing was accepted: the counters as they were (saved, if
             // the save above was, with the session in the background).
@@ -354,6 +367,57 @@ impl<'a> DeviceCalls<'a> {
         saved?;
         g.release().await?;
         Ok(accepted(message))
+    }
+
+    /// Keeps `key`, the upload of `upload` at `now`, in the device's record
+    /// `g`, to be saved with its counters in one commit. A record already
+    /// holding [`KEYS_IN_RECORD`] keys first hands them to the key store in
+    /// one durable commit (the ones expired dropped) and forgets them: a
+    /// record's save stays small, and the key store's commit is shared by
+    /// that many uploads.
+    async fn keep_in_record(
+        &self,
+        g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
+        key: String,
+        upload: &KeyedUpload,
+        now: Timestamp,
+    ) -> Result<(), ExchangeError> {
+        let name: FileName = upload.name.parse().map_err(|_| {
+            ExchangeError::unavailable(
+                ErrorCode::Internal,
+                format!("an upload's file name {:?} does not parse", upload.name),
+            )
+        })?;
+        if g.state().keys.len() >= KEYS_IN_RECORD {
+            let ttl = i64::try_from(self.key_ttl.as_millis()).unwrap_or(i64::MAX);
+            let device = g.key().clone();
+            let entries: Vec<_> = g
+                .state()
+                .keys
+                .iter()
+                .map(|(key, kept)| {
+                    let expires_at =
+                        Timestamp::from_millis(kept.at.as_millis().saturating_add(ttl));
+                    let upload = KeyedUpload {
+                        name: kept.name.to_string(),
+                        at: kept.at,
+                        expires_at,
+                    };
+                    (device.clone(), key.clone(), upload)
+                })
+                .filter(|(_, _, upload)| upload.expires_at > now)
+                .collect();
+            with_keys(self.keys, move |keys| keys.put_all(&entries)).await?;
+            g.persistent_mut().keys.clear();
+        }
+        g.persistent_mut().keys.insert(
+            key,
+            Upload {
+                name,
+                at: upload.at,
+            },
+        );
+        Ok(())
     }
 
     /// With a shared session store whose transactions the message store
@@ -405,9 +469,9 @@ impl<'a> DeviceCalls<'a> {
     }
 
     /// The message an earlier upload of `device` with `key` made, if the key
-    /// is remembered: in the key store, or among the keys a device session
-    /// written before the key store existed still holds (those are dropped
-    /// as they expire, and with them the cost of reading them).
+    /// is remembered: in the key store, or among the keys the device's
+    /// record keeps ([`keep_in_record`](Self::keep_in_record); those
+    /// expired are dropped from it here).
     async fn earlier_upload(
         &self,
         g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,

@@ -65,9 +65,11 @@ pub(crate) struct Discarding {
 /// A device's session.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct DeviceRecord {
-    /// Idempotency keys recorded in the device's session by servers before
-    /// the key store (`crate::keys`): still honoured until they expire,
-    /// never added to.
+    /// The device's latest idempotency keys (with a session store of this
+    /// server alone): saved with its counters in the upload's own commit,
+    /// handed to the key store (`crate::keys`) in batches; and those that
+    /// servers before the key store kept here. Each is honoured until it
+    /// expires.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) keys: BTreeMap<String, Upload>,
     /// Counters of the device's uploads and acknowledgements.
@@ -86,8 +88,8 @@ pub(crate) struct ProcessRecord {
     pub(crate) owner: Option<Owner>,
 }
 
-/// A device upload with an idempotency key, as device sessions recorded it
-/// before the key store kept keys one per entry.
+/// A device upload with an idempotency key, as its device's record keeps
+/// it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Upload {
     #[serde(with = "display")]

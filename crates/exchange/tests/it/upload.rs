@@ -1,8 +1,10 @@
-//! An upload on the embedded store: its message file written while its
-//! idempotency key is recorded, appearing only once the key is durable,
-//! and the device's counters saved beside them, back to what they were
-//! when the upload fails.
+//! An upload on the embedded store: a keyed upload's key kept in the
+//! device's record and saved with its counters in one commit, while its
+//! message file is written; the file appearing only once that commit is
+//! durable; the record's keys handed to the key store in batches; and the
+//! counters back to what they were when the upload fails.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,24 +17,71 @@ use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{ErrorKind, Exchange, Id, Sinks, Stores, Timestamp, Upload};
 use estafeta_session::Timestamp as SessionTime;
+use estafeta_session::storage::{Storage, StorageError, Write};
 
 const T0: u64 = 1_800_000_000_000;
 
-/// What the test key store does with a put.
-enum Puts {
-    /// Tells the test it began, then waits for its go-ahead.
+/// How many keys a device's record keeps before it hands them to the key
+/// store (the exchange's `KEYS_IN_RECORD`).
+const KEYS_IN_RECORD: usize = 32;
+
+/// What a test store does with a write while it is armed.
+enum Writes {
+    /// Tells the test it began, then waits for its go-ahead (once: the
+    /// store disarms itself).
     Held {
         began: Sender<()>,
         go: Mutex<Receiver<()>>,
     },
-    /// Fails, as a key store out of reach.
+    /// Fails, as a store out of reach.
     Failing,
+    /// Goes through.
+    Through,
 }
 
-/// The embedded key store, with its puts held or failing.
+/// A store's writes, as `writes` says while `armed`.
+struct Faults {
+    writes: Writes,
+    armed: AtomicBool,
+}
+
+impl Faults {
+    fn new(writes: Writes) -> Arc<Faults> {
+        Arc::new(Faults {
+            writes,
+            armed: AtomicBool::new(false),
+        })
+    }
+
+    fn arm(&self, armed: bool) {
+        self.armed.store(armed, Ordering::SeqCst);
+    }
+
+    /// A write, done by `write` unless the faults say otherwise.
+    fn write<E>(
+        &self,
+        failed: impl FnOnce() -> E,
+        write: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.armed.load(Ordering::SeqCst) {
+            match &self.writes {
+                Writes::Held { began, go } => {
+                    self.arm(false);
+                    began.send(()).unwrap();
+                    go.lock().unwrap().recv().unwrap();
+                }
+                Writes::Failing => return Err(failed()),
+                Writes::Through => {}
+            }
+        }
+        write()
+    }
+}
+
+/// The embedded key store, its puts as `faults` say.
 struct Keys {
     inner: Arc<dyn UploadKeys>,
-    puts: Puts,
+    faults: Arc<Faults>,
 }
 
 impl UploadKeys for Keys {
@@ -45,14 +94,10 @@ impl UploadKeys for Keys {
         self.inner.get(device, key, now)
     }
     fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
-        match &self.puts {
-            Puts::Held { began, go } => {
-                began.send(()).unwrap();
-                go.lock().unwrap().recv().unwrap();
-                self.inner.put_all(entries)
-            }
-            Puts::Failing => Err(KeysError::Unavailable("the key store is away".into())),
-        }
+        self.faults.write(
+            || KeysError::Unavailable("the key store is away".into()),
+            || self.inner.put_all(entries),
+        )
     }
     fn put_in_step(
         &self,
@@ -74,24 +119,77 @@ impl UploadKeys for Keys {
     }
 }
 
-/// An exchange on `data` whose key store's puts do as `puts` says, with a
-/// database `db-a` and a device `phone-1` (made on the first open): the
-/// device's principal.
-async fn open(data: &std::path::Path, puts: Puts) -> (Exchange, Principal) {
+/// The embedded session store, its writes as `faults` say.
+struct Sessions {
+    inner: Arc<dyn Storage>,
+    faults: Arc<Faults>,
+}
+
+impl Storage for Sessions {
+    fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.load(key)
+    }
+    fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
+        self.faults
+            .write(|| StorageError::Injected, || self.inner.write(batch))
+    }
+    fn deadlines(&self) -> Result<Vec<(Vec<u8>, estafeta_session::Timestamp)>, StorageError> {
+        self.inner.deadlines()
+    }
+    fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
+        self.inner.quarantine(key, reason)
+    }
+    fn quarantined(&self) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.inner.quarantined()
+    }
+    fn generation(&self) -> u64 {
+        self.inner.generation()
+    }
+}
+
+/// The faults of an exchange's key store and session store.
+struct StoreFaults {
+    keys: Arc<Faults>,
+    sessions: Arc<Faults>,
+}
+
+/// An exchange on `data` whose key store's puts and session store's
+/// writes do as `keys` and `sessions` say once armed, with a database
+/// `db-a` and a device `phone-1` (made on the first open): the device's
+/// principal, and the key store itself.
+async fn open(
+    data: &std::path::Path,
+    faults: &StoreFaults,
+) -> (Exchange, Principal, Arc<dyn UploadKeys>) {
     let (config, clock) = world::config_and_clock(data, SessionTime(T0));
     let mut stores = Stores::embedded(data, clock.clone(), &config.quiesce)
         .await
         .unwrap();
+    let keys = stores.keys.clone();
     stores.keys = Arc::new(Keys {
         inner: stores.keys,
-        puts,
+        faults: faults.keys.clone(),
     });
+    let sessions: Arc<dyn Storage> = Arc::new(Sessions {
+        inner: stores.sessions,
+        faults: faults.sessions.clone(),
+    });
+    stores.sessions = sessions.clone();
+    stores.process_sessions = sessions;
     let (ex, _) = Exchange::open(config, clock, Sinks::default(), stores)
         .await
         .unwrap();
     ex.recover().await.unwrap();
     let (_, phone) = world::provision_acme(&ex).await;
-    (ex, phone)
+    (ex, phone, keys)
+}
+
+/// Faults that let every write through.
+fn through() -> StoreFaults {
+    StoreFaults {
+        keys: Faults::new(Writes::Through),
+        sessions: Faults::new(Writes::Through),
+    }
 }
 
 /// An upload of order 17 to db-a with the idempotency key `key`.
@@ -131,26 +229,33 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// While the key is being recorded, the message's file is written (and
-/// fsynced) under its temporary name, not in the queue; it appears once the
-/// key is durable, and the upload is answered then.
+/// While the device's record (its counters and the new key) is being
+/// committed, the message's file is written (and fsynced) under its
+/// temporary name, not in the queue; it appears once the commit is
+/// durable, and the upload is answered then. The key store is not
+/// written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyed_uploads_file_is_written_while_its_key_is_recorded_and_appears_after() {
+async fn a_keyed_uploads_file_is_written_while_its_key_is_committed_and_appears_after() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let (began, begun) = std::sync::mpsc::channel();
     let (go, waits) = std::sync::mpsc::channel();
-    let puts = Puts::Held {
-        began,
-        go: Mutex::new(waits),
+    let faults = StoreFaults {
+        keys: Faults::new(Writes::Failing),
+        sessions: Faults::new(Writes::Held {
+            began,
+            go: Mutex::new(waits),
+        }),
     };
-    let (ex, phone) = open(&data, puts).await;
+    let (ex, phone, keys) = open(&data, &faults).await;
+    faults.keys.arm(true);
+    faults.sessions.arm(true);
     let sending = {
         let (ex, phone) = (ex.clone(), phone.clone());
         tokio::spawn(async move { ex.send(&phone, upload(Some("order-17"))).await })
     };
     let begun = tokio::task::spawn_blocking(move || begun.recv_timeout(Duration::from_secs(30)));
-    begun.await.unwrap().expect("the key's put began");
+    begun.await.unwrap().expect("the device's commit began");
     until("the file is written under its temporary name", || {
         queue(&data) == (0, 1)
     })
@@ -164,23 +269,37 @@ async fn a_keyed_uploads_file_is_written_while_its_key_is_recorded_and_appears_a
     assert_eq!(outcome, Upload::Created);
     assert_eq!(queue(&data), (1, 0));
     assert_eq!(sent(&ex).await, 1);
+    assert_eq!(keys.len().unwrap(), 0, "the key store was not written");
     // The key was recorded: the retry is the same message.
+    let (again, outcome) = ex.send(&phone, upload(Some("order-17"))).await.unwrap();
+    assert_eq!((again.id, outcome), (accepted.id, Upload::Repeated));
+    assert_eq!(queue(&data), (1, 0));
+    // And so after a restart.
+    ex.shutdown().await.unwrap();
+    drop((ex, keys));
+    let ex = world::open(dir.path(), SessionTime(T0 + 1_000), Sinks::default()).await;
     let (again, outcome) = ex.send(&phone, upload(Some("order-17"))).await.unwrap();
     assert_eq!((again.id, outcome), (accepted.id, Upload::Repeated));
     assert_eq!(queue(&data), (1, 0));
 }
 
-/// A key that cannot be recorded fails the upload: no message appears, its
-/// temporary file goes, and the device's counters are as they were (after
-/// a restart too).
+/// A key that cannot be committed fails the upload: no message appears,
+/// its temporary file goes, and the device's counters are as they were
+/// (after a restart too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upload_whose_key_cannot_be_recorded_leaves_nothing() {
+async fn an_upload_whose_key_cannot_be_committed_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (ex, phone) = open(&data, Puts::Failing).await;
+    let faults = StoreFaults {
+        keys: Faults::new(Writes::Through),
+        sessions: Faults::new(Writes::Failing),
+    };
+    let (ex, phone, _) = open(&data, &faults).await;
+    faults.sessions.arm(true);
     let e = ex.send(&phone, upload(Some("order-17"))).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     assert_eq!(queue(&data), (0, 0));
+    faults.sessions.arm(false);
     assert_eq!(sent(&ex).await, 0);
     let (_, created) = ex.send(&phone, upload(None)).await.unwrap();
     assert_eq!(created, Upload::Created);
@@ -190,6 +309,74 @@ async fn an_upload_whose_key_cannot_be_recorded_leaves_nothing() {
     let ex = world::open(dir.path(), SessionTime(T0 + 1_000), Sinks::default()).await;
     assert_eq!(sent(&ex).await, 1);
     assert_eq!(queue(&data), (1, 0));
+}
+
+/// A device's record keeps its latest keys; the upload that finds it full
+/// hands them to the key store in one commit first. Every key is honoured
+/// wherever it is kept, after a restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_records_keys_go_to_the_key_store_in_one_commit_when_it_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (ex, phone, keys) = open(&data, &through()).await;
+    let key = |n: usize| format!("order-{n}");
+    let mut ids = Vec::new();
+    for n in 0..KEYS_IN_RECORD {
+        let (accepted, outcome) = ex.send(&phone, upload(Some(&key(n)))).await.unwrap();
+        assert_eq!(outcome, Upload::Created);
+        ids.push(accepted.id);
+    }
+    assert_eq!(keys.len().unwrap(), 0, "the record keeps them");
+    let (accepted, _) = ex
+        .send(&phone, upload(Some(&key(KEYS_IN_RECORD))))
+        .await
+        .unwrap();
+    ids.push(accepted.id);
+    assert_eq!(keys.len().unwrap(), KEYS_IN_RECORD as u64, "handed over");
+    let repeats = |ex: Exchange, phone: Principal, ids: Vec<_>| async move {
+        for (n, id) in ids.iter().enumerate() {
+            let (again, outcome) = ex.send(&phone, upload(Some(&key(n)))).await.unwrap();
+            assert_eq!((again.id, outcome), (*id, Upload::Repeated), "key {n}");
+        }
+        ex
+    };
+    let ex = repeats(ex, phone.clone(), ids.clone()).await;
+    assert_eq!(queue(&data), (KEYS_IN_RECORD + 1, 0));
+    ex.shutdown().await.unwrap();
+    drop((ex, keys));
+    let ex = world::open(dir.path(), SessionTime(T0 + 1_000), Sinks::default()).await;
+    repeats(ex, phone, ids).await;
+    assert_eq!(queue(&data), (KEYS_IN_RECORD + 1, 0));
+}
+
+/// A hand-off the key store refuses fails the upload that needed it, with
+/// nothing written; the record keeps its keys, each still honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_hand_off_fails_the_upload_and_keeps_the_records_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let faults = StoreFaults {
+        keys: Faults::new(Writes::Failing),
+        sessions: Faults::new(Writes::Through),
+    };
+    let (ex, phone, _) = open(&data, &faults).await;
+    faults.keys.arm(true);
+    let key = |n: usize| format!("order-{n}");
+    let mut ids = Vec::new();
+    for n in 0..KEYS_IN_RECORD {
+        ids.push(ex.send(&phone, upload(Some(&key(n)))).await.unwrap().0.id);
+    }
+    let e = ex
+        .send(&phone, upload(Some(&key(KEYS_IN_RECORD))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert_eq!(queue(&data), (KEYS_IN_RECORD, 0));
+    assert_eq!(sent(&ex).await, KEYS_IN_RECORD as u64);
+    for (n, id) in ids.iter().enumerate() {
+        let (again, outcome) = ex.send(&phone, upload(Some(&key(n)))).await.unwrap();
+        assert_eq!((again.id, outcome), (*id, Upload::Repeated), "key {n}");
+    }
 }
 
 /// An upload whose message cannot be written leaves the device's counters
