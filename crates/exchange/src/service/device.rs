@@ -503,14 +503,12 @@ impl<'a> DeviceCalls<'a> {
             .get(key)
             .filter(|u| u.at.as_millis() >= cutoff)
             .map(|u| u.name.clone());
+        // Dropped with the upload's own save (no commit of their own: a
+        // device whose keys expire one by one would pay one per upload).
         if g.state().keys.values().any(|u| u.at.as_millis() < cutoff) {
-            g.update(|s| {
-                s.persistent_mut()
-                    .keys
-                    .retain(|_, u| u.at.as_millis() >= cutoff);
-                Ok::<_, ExchangeError>(())
-            })
-            .await?;
+            g.persistent_mut()
+                .keys
+                .retain(|_, u| u.at.as_millis() >= cutoff);
         }
         Ok(earlier)
     }

@@ -4,7 +4,7 @@
 //! durable; the record's keys handed to the key store in batches; and the
 //! counters back to what they were when the upload fails.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,10 +39,11 @@ enum Writes {
     Through,
 }
 
-/// A store's writes, as `writes` says while `armed`.
+/// A store's writes, as `writes` says while `armed`; how many were made.
 struct Faults {
     writes: Writes,
     armed: AtomicBool,
+    made: AtomicUsize,
 }
 
 impl Faults {
@@ -50,7 +51,13 @@ impl Faults {
         Arc::new(Faults {
             writes,
             armed: AtomicBool::new(false),
+            made: AtomicUsize::new(0),
         })
+    }
+
+    /// How many writes were made (failed ones too).
+    fn made(&self) -> usize {
+        self.made.load(Ordering::SeqCst)
     }
 
     fn arm(&self, armed: bool) {
@@ -63,6 +70,7 @@ impl Faults {
         failed: impl FnOnce() -> E,
         write: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
+        self.made.fetch_add(1, Ordering::SeqCst);
         if self.armed.load(Ordering::SeqCst) {
             match &self.writes {
                 Writes::Held { began, go } => {
@@ -377,6 +385,28 @@ async fn a_refused_hand_off_fails_the_upload_and_keeps_the_records_keys() {
         let (again, outcome) = ex.send(&phone, upload(Some(&key(n)))).await.unwrap();
         assert_eq!((again.id, outcome), (*id, Upload::Repeated), "key {n}");
     }
+}
+
+/// A key of the record found expired is dropped with the upload's own
+/// commit: a keyed upload makes one commit of the session store, expired
+/// keys or not.
+#[tokio::test(start_paused = true)]
+async fn an_expired_key_is_dropped_with_the_uploads_own_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let faults = through();
+    let (ex, phone, _) = open(&data, &faults).await;
+    let (first, _) = ex.send(&phone, upload(Some("order-1"))).await.unwrap();
+    let week = estafeta_exchange::ExchangeConfig::new(&data).idempotency_ttl;
+    tokio::time::advance(week + Duration::from_secs(1)).await;
+    let before = faults.sessions.made();
+    let (_, outcome) = ex.send(&phone, upload(Some("order-2"))).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
+    assert_eq!(faults.sessions.made() - before, 1, "one commit");
+    // The expired key is forgotten: its upload is a new message.
+    let (again, outcome) = ex.send(&phone, upload(Some("order-1"))).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
+    assert_ne!(again.id, first.id);
 }
 
 /// An upload whose message cannot be written leaves the device's counters
