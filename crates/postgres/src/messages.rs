@@ -771,8 +771,10 @@ impl MessageSteps for PgMessages {
     }
 
     /// In `step`'s transaction when it is one of this store's steps that
-    /// holds its key (fenced by that key's lock); else in a transaction of
-    /// its own.
+    /// holds its key (fenced by that key's lock); without a step, in a
+    /// transaction of its own. A step that no longer holds its key (or is
+    /// not this store's) writes nothing: its command's view may be stale,
+    /// and a write outside the step would escape the fence.
     async fn apply(
         &self,
         step: Option<&mut dyn estafeta_session::storage::Step>,
@@ -782,7 +784,7 @@ impl MessageSteps for PgMessages {
             ops.iter().map(|_| None).collect();
         let mut arrivals = BTreeSet::new();
         let done = match step {
-            Some(step) if step.held() => {
+            Some(step) => {
                 let done = self
                     .apply_in_step(step, ops, &mut results, &mut arrivals)
                     .await;

@@ -262,14 +262,15 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
     }
     // If this future is dropped (its caller went away) while loading or
     // finalizing, `held` passes the key on with `loaded` false and its next
-    // holder reads the session from storage again; on a load error too.
+    // holder reads the session from storage again; on a load error too,
+    // and on a failed save of a finalization in a shared storage.
     if !cell.loaded {
         cell.session = core.load(&held.key).await?;
         cell.loaded = true;
     }
     if let Some(s) = cell.session.take() {
         cell.loaded = false;
-        cell.session = core.ready(&held.key, s, &mut cell.step).await;
+        cell.session = core.ready(&held.key, s, &mut cell.step).await?;
         cell.loaded = true;
     }
     if cell.session.is_none() && create {

@@ -121,13 +121,20 @@ impl<K: SessionKey, S: State> Core<K, S> {
     /// on one saved by an earlier run. With a shared storage there is no
     /// earlier run to recover from (a record of an older generation may be
     /// another live engine's), so only deadlines apply; saves go through the
-    /// held `step`.
+    /// held `step`. `Ok(None)`: the session ended.
+    ///
+    /// With a shared storage a failed save fails the command: the session
+    /// the hook left is not the stored one, and the command no longer holds
+    /// the key, so nothing may be read from it or done beside it (the next
+    /// command starts from the stored record and finalizes it again). With
+    /// a storage of this engine alone, memory is the truth: the session
+    /// stays dirty, to be saved at its release.
     pub(crate) async fn ready(
         &self,
         key: &K,
         mut s: SessionData<S>,
         step: &mut Option<Box<dyn Step>>,
-    ) -> Option<SessionData<S>> {
+    ) -> Result<Option<SessionData<S>>, Error> {
         if s.expires_at.is_some_and(|t| t <= self.now()) {
             Counters::add(&self.counters.finalize_calls, 1);
             let held: Option<&mut dyn Step> = match step.as_deref_mut() {
@@ -135,31 +142,39 @@ impl<K: SessionKey, S: State> Core<K, S> {
                 _ => None,
             };
             let verdict = self.hooks.finalize(key, &mut s, held).await;
-            s = self.settle(key, s, verdict, step).await?;
+            match self.settle(key, s, verdict, step).await? {
+                Some(settled) => s = settled,
+                None => return Ok(None),
+            }
         }
         if !self.shared && s.stored && s.generation < self.generation {
             let verdict = self.hooks.first_load(key, &mut s).await;
             // Saved under the new generation, so the hook runs once per restart.
             s.dirty = true;
-            s = self.settle(key, s, verdict, step).await?;
+            return self.settle(key, s, verdict, step).await;
         }
-        Some(s)
+        Ok(Some(s))
     }
 
-    /// Carry out a hook's verdict.
+    /// Carry out a hook's verdict (see [`ready`](Self::ready) for what a
+    /// failed write does).
     async fn settle(
         &self,
         key: &K,
         mut s: SessionData<S>,
         verdict: Finalize,
         step: &mut Option<Box<dyn Step>>,
-    ) -> Option<SessionData<S>> {
+    ) -> Result<Option<SessionData<S>>, Error> {
         match verdict {
             Finalize::Keep => {
                 if let Err(e) = self.save(key, &mut s, step).await {
+                    if self.shared {
+                        tracing::warn!(?key, error = %e, "saving a finalized session failed; its command fails");
+                        return Err(e);
+                    }
                     tracing::warn!(?key, error = %e, "saving a finalized session failed; it stays dirty");
                 }
-                Some(s)
+                Ok(Some(s))
             }
             Finalize::End => {
                 if s.stored {
@@ -168,9 +183,13 @@ impl<K: SessionKey, S: State> Core<K, S> {
                     };
                     let deleted = self.write(write, step).await;
                     if let Err(e) = deleted {
+                        if self.shared {
+                            tracing::warn!(?key, error = %e, "deleting an ended session failed; its command fails");
+                            return Err(e);
+                        }
                         tracing::warn!(?key, error = %e, "deleting an ended session failed; retrying later");
                         s.expires_at = Some(self.now().after(FINALIZE_RETRY));
-                        return Some(s);
+                        return Ok(Some(s));
                     }
                 }
                 if s.begun || s.stored {
@@ -178,7 +197,7 @@ impl<K: SessionKey, S: State> Core<K, S> {
                 }
                 Counters::add(&self.counters.expiries, 1);
                 let _ = self.expiry_tx.send(ExpiryMsg::Remove(key.clone()));
-                None
+                Ok(None)
             }
         }
     }

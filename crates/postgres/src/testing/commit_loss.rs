@@ -32,6 +32,9 @@ const GSS_REQUEST: u32 = 80_877_104;
 struct Arm {
     /// The `application_name` of the connections it acts on.
     application: String,
+    /// A table the transaction must have written (`None`: any writing
+    /// transaction).
+    table: Option<String>,
     /// Writing `COMMIT`s of such connections still to let through.
     skip: usize,
 }
@@ -48,9 +51,12 @@ struct Shared {
 impl Shared {
     /// Whether the writing `COMMIT` just answered on a connection of
     /// `application` is the one to lose (the arm is spent then).
-    fn take(&self, application: &str) -> bool {
+    fn take(&self, commit: &Commit) -> bool {
         let mut arm = self.arm.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(a) = arm.as_mut().filter(|a| a.application == application) else {
+        let Some(a) = arm.as_mut().filter(|a| {
+            a.application == commit.application
+                && a.table.as_ref().is_none_or(|t| commit.tables.contains(t))
+        }) else {
             return false;
         };
         if a.skip > 0 {
@@ -104,8 +110,20 @@ impl CommitLoss {
     /// Loses the answer to the `nth` (from 1) writing `COMMIT` from now on
     /// a connection whose `application_name` is `application`.
     pub fn arm(&self, application: &str, nth: usize) {
+        self.arm_with(application, None, nth);
+    }
+
+    /// Loses the answer to the `nth` (from 1) `COMMIT` from now on of a
+    /// transaction that wrote `table`, on a connection whose
+    /// `application_name` is `application`.
+    pub fn arm_writing(&self, application: &str, table: &str, nth: usize) {
+        self.arm_with(application, Some(table), nth);
+    }
+
+    fn arm_with(&self, application: &str, table: Option<&str>, nth: usize) {
         *self.shared.arm.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arm {
             application: application.to_owned(),
+            table: table.map(str::to_owned),
             skip: nth.saturating_sub(1),
         });
     }
@@ -166,7 +184,7 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .server_sent(bytes);
-        if let Some(lost) = commits.iter().find(|c| shared.take(&c.application)) {
+        if let Some(lost) = commits.iter().find(|c| shared.take(c)) {
             // What came before the answer goes on; the answer and what
             // follows it are lost with the connection.
             let _ = client_out.write_all(&bytes[..lost.at]).await;

@@ -197,3 +197,57 @@ async fn a_deadline_is_acted_on_once_by_one_of_the_nodes() {
         "0"
     );
 }
+
+/// Changes the session and, before its save, ends the connection of every
+/// step that holds a key (as when the node's connection to the server
+/// drops mid-step).
+struct LosesItsConnection(Arc<Postgres>);
+
+impl Hooks<String, u64> for LosesItsConnection {
+    fn finalize<'a>(
+        &'a self,
+        _key: &'a String,
+        session: &'a mut SessionData<u64>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
+    ) -> BoxFuture<'a, Finalize> {
+        *session.persistent_mut() = 99;
+        session.set_expires_at(None);
+        let pg = self.0.clone();
+        Box::pin(async move {
+            crate::common::blocking(move || {
+                pg.psql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE state LIKE 'idle in transaction%'",
+                )
+                .unwrap()
+            })
+            .await;
+            Finalize::Keep
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalization_that_could_not_save_fails_its_command() {
+    let pg = Arc::new(Postgres::start().unwrap());
+    let c = node_on(&pg, Arc::new(()), Arc::new(Epoch)).await;
+    let mut g = c.get("k".to_owned(), true).await.unwrap().unwrap();
+    *g.persistent_mut() = 1;
+    g.set_expires_at(Some(SystemClock.now()));
+    g.release().await.unwrap();
+
+    // The deadline is due: the command's finalization changes the session,
+    // then its save finds the connection gone. The command must not go on
+    // from a session that is not the stored one, without the key.
+    let a = node(&pg, Arc::new(LosesItsConnection(pg.clone()))).await;
+    let got = a.get("k".to_owned(), false).await;
+    assert!(
+        got.is_err(),
+        "a command went on from an unsaved finalization: {:?}",
+        got.map(|g| g.map(|g| (*g.state(), g.holds())))
+    );
+    // Nothing was written: the stored session is as it was.
+    assert_eq!(counter(&c, "k").await, 1);
+    a.stop().await.unwrap();
+    c.stop().await.unwrap();
+}

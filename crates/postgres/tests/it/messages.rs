@@ -116,6 +116,47 @@ async fn a_batch_and_a_put_all_are_all_or_nothing() {
     assert_eq!(messages.count(&inbox).await.unwrap(), 0);
 }
 
+/// A batch handed over with a step that no longer holds its key (it lost
+/// it, or its command gave it up) writes nothing, not even in a
+/// transaction of its own: its command's view of the session may be stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_lost_its_key_moves_nothing() {
+    let pg = Postgres::start().unwrap();
+    let store = store(&pg).await;
+    let sessions = estafeta_postgres::SessionStorage::open(store.clone())
+        .await
+        .unwrap();
+    let messages = PgMessages::new(store);
+    let queue = Location::new(id("db-a"), Folder::Messages);
+    let log = Location::new(id("db-a"), Folder::Log);
+    let a = message(1, "db-a", "sales");
+    messages
+        .put_all(&queue, std::slice::from_ref(&a), go())
+        .await
+        .unwrap();
+    let mut step = estafeta_session::Storage::shared(&sessions)
+        .unwrap()
+        .begin(b"db/db-a")
+        .await
+        .unwrap();
+    step.abandon();
+    assert!(!step.held());
+
+    let applied = messages
+        .apply(
+            Some(&mut *step),
+            &[Op::Move {
+                name: FileName::of(&a),
+                from: queue.clone(),
+                to: log.clone(),
+            }],
+        )
+        .await;
+    assert!(applied.results.iter().all(Result::is_err), "{applied:?}");
+    assert_eq!(messages.count(&queue).await.unwrap(), 1);
+    assert_eq!(messages.count(&log).await.unwrap(), 0);
+}
+
 /// Nothing is left half-done by a crash: no writes to recover. The
 /// orphans of a database are the rows of its `Prepared` that are not
 /// referenced, and no other place's or mailbox's.

@@ -20,6 +20,15 @@
 //!   with a reply meanwhile. When the stalled node goes on, the live
 //!   prepare's reply is not taken for an orphan: it stays, and the commit
 //!   delivers it.
+//! - A starting node finds a commit's moves due (the node that decided
+//!   them died before making them) and makes them in its step, whose save
+//!   fails: its start-up processing fails and is tried again from the
+//!   stored record, and the reply is not taken for an orphan (moved to
+//!   `Unknown` from what was never saved).
+//! - The same save is made but its answer lost, so the node no longer holds
+//!   the key, and another node prepares a process with a reply meanwhile:
+//!   the starting node moves nothing from what it read before, and the
+//!   live reply stays.
 #![cfg(feature = "failpoints")]
 
 use crate::common;
@@ -294,5 +303,160 @@ async fn a_starting_node_that_lost_its_lock_takes_no_live_reply_for_an_orphan() 
             .len(),
         1,
         "the reply reached its device"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // A dies once a commit's moves are decided and saved, before they are
+    // made: db-a's record asks for them, due shortly after.
+    let crash = ("ESTAFETA_CRASH_AT", "messages::apply");
+    let a = Node::start(dir.path(), "node-a", &pg.url(), &[crash]).await;
+    let admin_token = a.printed_token.clone().unwrap();
+    let (db_token, phone_token) = provision_one(&a.client(&admin_token)).await;
+    let (pid, _) = ready(&a.client(&db_token), &a.client(&phone_token)).await;
+    let _ = a.client(&db_token).commit(&pid).await;
+    eventually("node A killed at its moves", || async {
+        (!a.alive()).then_some(())
+    })
+    .await;
+    eventually("db-a's moves due", || async {
+        let due = pg
+            .psql(
+                "SELECT count(*) FROM sessions WHERE expires_at <= \
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            )
+            .ok()?;
+        (due.trim() != "0").then_some(())
+    })
+    .await;
+
+    // B starts: its start-up processing finds the deadline due and makes
+    // the moves in its step, whose save fails. B must neither go on from
+    // what it did not save (the reply is no orphan) nor lose the reply.
+    let fail = ("ESTAFETA_FAILPOINTS", "session::commit=1*return");
+    let b = Node::start(dir.path(), "node-b", &pg.url(), &[fail]).await;
+    let admin_b = b.client(&admin_token);
+    eventually("node B ready", || async {
+        admin_b.readyz().await.ok()?.then_some(())
+    })
+    .await;
+    let db_b = b.client(&db_token);
+    eventually("the process done through B", || async {
+        let state = db_b.process(&pid).await.ok()?.state;
+        (state == ProcessState::Done).then_some(())
+    })
+    .await;
+    assert!(
+        b.log().contains("saving a finalized session failed"),
+        "the failpoint failed the finalization's save"
+    );
+    assert_eq!(
+        folder_ids(&admin_b, "phone-1", Folder::Messages)
+            .await
+            .len(),
+        1,
+        "the reply reached its device"
+    );
+    assert!(
+        folder_ids(&admin_b, "db-a", Folder::Unknown)
+            .await
+            .is_empty(),
+        "nothing taken for an orphan"
+    );
+    let alerts = admin_b.alerts().await.unwrap().alerts;
+    assert!(
+        !alerts
+            .iter()
+            .any(|a| a.kind == "orphans" || a.kind == "missing_file"),
+        "no orphans or missing file: {alerts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_whose_finalize_lost_the_key_takes_no_later_reply_for_an_orphan() {
+    let pg = Postgres::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // A dies once a commit's moves are decided and saved, before they are
+    // made: db-a's record asks for them, due shortly after.
+    let crash = ("ESTAFETA_CRASH_AT", "messages::apply");
+    let a = Node::start(dir.path(), "node-a", &pg.url(), &[crash]).await;
+    let admin_token = a.printed_token.clone().unwrap();
+    let (db_token, phone_token) = provision_one(&a.client(&admin_token)).await;
+    let (first, _) = ready(&a.client(&db_token), &a.client(&phone_token)).await;
+    let _ = a.client(&db_token).commit(&first).await;
+    eventually("node A killed at its moves", || async {
+        (!a.alive()).then_some(())
+    })
+    .await;
+    eventually("db-a's moves due", || async {
+        let due = pg
+            .psql(
+                "SELECT count(*) FROM sessions WHERE expires_at <= \
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            )
+            .ok()?;
+        (due.trim() != "0").then_some(())
+    })
+    .await;
+
+    // B starts behind a proxy that loses the answer to its first COMMIT of
+    // a session record: its start-up processing makes the moves and saves, learns
+    // that the save was made, and no longer holds db-a's key. It stalls
+    // before its look for orphans.
+    let proxy = CommitLoss::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
+        .await
+        .unwrap();
+    proxy.arm_writing("estafeta steps", "sessions", 1);
+    let url_b = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+        proxy.port()
+    );
+    let stall = ("ESTAFETA_FAILPOINTS", "recovery::orphans=1*sleep(8000)");
+    let b = Node::start(dir.path(), "node-b", &url_b, &[stall]).await;
+    proxy.wait_dropped(0).await;
+
+    // C takes db-a meanwhile and prepares a second process with a reply.
+    let c = Node::start(dir.path(), "node-c", &pg.url(), &[]).await;
+    let admin_c = c.client(&admin_token);
+    eventually("node C ready", || async {
+        admin_c.readyz().await.ok()?.then_some(())
+    })
+    .await;
+    let db_c = c.client(&db_token);
+    let (second, _) = ready(&db_c, &c.client(&phone_token)).await;
+
+    // B goes on: what it read before it lost the key is not the stored
+    // record any more, and it moves nothing from it.
+    let admin_b = b.client(&admin_token);
+    eventually("node B ready", || async {
+        admin_b.readyz().await.ok()?.then_some(())
+    })
+    .await;
+    assert!(
+        folder_ids(&admin_b, "db-a", Folder::Unknown)
+            .await
+            .is_empty(),
+        "the live reply not taken for an orphan"
+    );
+    let alerts = admin_b.alerts().await.unwrap().alerts;
+    assert!(
+        !alerts.iter().any(|a| a.kind == "orphans"),
+        "no orphans alert: {alerts:?}"
+    );
+    let committed = db_c.commit(&second).await.unwrap();
+    assert_eq!(committed.status, CallStatus::Ok);
+    assert_eq!(
+        folder_ids(&admin_b, "phone-1", Folder::Messages)
+            .await
+            .len(),
+        2,
+        "both replies reached their device"
+    );
+    assert!(
+        b.log().contains("another server took the session over"),
+        "B's start-up processing found it lost the key"
     );
 }
