@@ -61,9 +61,10 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// Exclusive access to the session of `key`, waiting in its queue while
     /// another command holds it. `Ok(None)`: the session exists nowhere and
     /// `create` is false (nothing is queued then). With a shared storage,
-    /// an error also when the session's deadline had passed and the save
-    /// of its finalization failed: the command may not go on from a
-    /// session that is not the stored one.
+    /// an error also when the session's deadline had passed and its
+    /// finalization's save failed, or was made but the key could not be
+    /// held again: the command may not go on from a session that is not
+    /// the stored one, nor without the key.
     pub fn get(&self, key: K, create: bool) -> Acquire<'_, K, S> {
         Acquire::new(&self.shared, key, true, create)
     }

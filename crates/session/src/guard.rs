@@ -5,6 +5,7 @@ use crate::data::State;
 use crate::error::Error;
 use crate::key::SessionKey;
 use crate::shard::{self, Entered, Held, Owned};
+use crate::storage::StorageError;
 use std::ops::{Deref, DerefMut};
 
 const HELD: &str = "a guard holds its session until it is released";
@@ -272,6 +273,13 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         cell.loaded = false;
         cell.session = core.ready(&held.key, s, &mut cell.step).await?;
         cell.loaded = true;
+        // A finalization's save was made but the key could not be held
+        // again (another engine took it, and may have changed the record
+        // since): the session read is not the stored one any more.
+        if core.shared && !cell.step.as_deref().is_some_and(|step| step.held()) {
+            cell.loaded = false;
+            return Err(Error::Storage(StorageError::Conflict));
+        }
     }
     if cell.session.is_none() && create {
         cell.session = Some(core.fresh());

@@ -81,28 +81,6 @@ pub(crate) async fn hold<S: State>(
     })
 }
 
-/// The step to write beside `g`'s record in: `None` with a session store of
-/// this server alone. An error once a shared store's step lost the key
-/// (another server took the session over after a save, or a save failed):
-/// then `g`'s state may not be the stored one, and nothing may be written
-/// from it, not even outside the step.
-pub(crate) fn fenced<'g, S: State>(
-    g: &'g mut SessionGuard<Id, S>,
-) -> Result<Held<'g>, ExchangeError> {
-    match g.holds() {
-        true => Ok(g.step()),
-        false => Err(taken_over()),
-    }
-}
-
-/// A command's session store step no longer holds its key.
-pub(crate) fn taken_over() -> ExchangeError {
-    ExchangeError::unavailable(
-        ErrorCode::StorageError,
-        "another server took the session over; nothing more was written (retry)",
-    )
-}
-
 /// The session of `id` (the device or database of `who`) in `engine`,
 /// held ([`hold`]), once `who` is confirmed ([`confirm`]) against
 /// `registry` with the change counter its step's lock read. A token that

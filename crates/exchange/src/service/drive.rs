@@ -8,7 +8,7 @@
 use super::alert_kind::AlertKind;
 use super::alerts::{Alert, key};
 use super::basics::{Held, again};
-use super::core::{Core, count, taken_over};
+use super::core::{Core, count};
 use super::error::ExchangeError;
 use super::lifecycle::{self, Answer, Event, Found, Step};
 use super::records::DbRecord;
@@ -358,7 +358,10 @@ fn held<'a>(step: &Step, holds: bool, session_step: Held<'a>) -> Result<Held<'a>
     match (holds, under_key) {
         (true, _) => Ok(session_step),
         (false, false) => Ok(None),
-        (false, true) => Err(taken_over()),
+        (false, true) => Err(ExchangeError::unavailable(
+            ErrorCode::StorageError,
+            "another server took the session over; nothing more was written (retry)",
+        )),
     }
 }
 

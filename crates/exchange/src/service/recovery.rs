@@ -1,7 +1,7 @@
 //! Start-up processing and retention.
 
 use super::alerts::AlertKind;
-use super::core::{Core, fenced};
+use super::core::Core;
 use super::device::with_keys;
 use super::error::ExchangeError;
 use super::webhooks::{adopt_session_webhooks, push_waiting};
@@ -52,9 +52,7 @@ impl Core {
         let referenced = Core::names_in_prepared(g.state());
         // The harness's point: the record read, its key held, nothing moved.
         fail::fail_point!("recovery::orphans");
-        // The record read is the stored one only while the key is held: a
-        // server that lost it moves nothing, in a step or outside one.
-        let cleared = self.clear_orphans(db, &referenced, fenced(&mut g)?).await?;
+        let cleared = self.clear_orphans(db, &referenced, g.step()).await?;
         // With a shared store the moves commit here, with the step that
         // held the key: a server that lost it meanwhile moved nothing.
         g.release().await?;
