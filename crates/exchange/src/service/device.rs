@@ -323,7 +323,8 @@ impl<'a> DeviceCalls<'a> {
         let due_later = deliver_at.is_some_and(|at| at > self.now());
         let (placed, saved) = match key {
             Some((key, upload)) if !due_later => {
-                self.keep_in_record(&mut g, key, &upload, now).await?;
+                self.keep_in_record(&mut g, key, FileName::of(message), upload.at, now)
+                    .await?;
                 count(&mut g, body_bytes, now);
                 let (go, when) = tokio::sync::oneshot::channel();
                 let queue = Location::new(message.to.clone(), Folder::Messages);
@@ -369,8 +370,8 @@ impl<'a> DeviceCalls<'a> {
         Ok(accepted(message))
     }
 
-    /// Keeps `key`, the upload of `upload` at `now`, in the device's record
-    /// `g`, to be saved with its counters in one commit. A record already
+    /// Keeps `key`, the upload of the file `name` accepted `at`, in the
+    /// device's record `g`, to be saved with its counters in one commit. A record already
     /// holding [`KEYS_IN_RECORD`] keys first hands them to the key store in
     /// one durable commit (the ones expired dropped) and forgets them: a
     /// record's save stays small, and the key store's commit is shared by
@@ -379,15 +380,10 @@ impl<'a> DeviceCalls<'a> {
         &self,
         g: &mut estafeta_session::SessionGuard<Id, DeviceRecord>,
         key: String,
-        upload: &KeyedUpload,
+        name: FileName,
+        at: Timestamp,
         now: Timestamp,
     ) -> Result<(), ExchangeError> {
-        let name: FileName = upload.name.parse().map_err(|_| {
-            ExchangeError::unavailable(
-                ErrorCode::Internal,
-                format!("an upload's file name {:?} does not parse", upload.name),
-            )
-        })?;
         if g.state().keys.len() >= KEYS_IN_RECORD {
             let ttl = i64::try_from(self.key_ttl.as_millis()).unwrap_or(i64::MAX);
             let device = g.key().clone();
@@ -410,13 +406,7 @@ impl<'a> DeviceCalls<'a> {
             with_keys(self.keys, move |keys| keys.put_all(&entries)).await?;
             g.persistent_mut().keys.clear();
         }
-        g.persistent_mut().keys.insert(
-            key,
-            Upload {
-                name,
-                at: upload.at,
-            },
-        );
+        g.persistent_mut().keys.insert(key, Upload { name, at });
         Ok(())
     }
 
