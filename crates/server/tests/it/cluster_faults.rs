@@ -58,6 +58,25 @@ fn prepare(message: MessageId) -> PrepareRequest {
     prepare_all([message], r#"{"ok":true}"#)
 }
 
+/// Waits until the node `admin` calls is ready; `what` names it.
+async fn until_ready(admin: &Client, what: &str) {
+    eventually(what, || async { admin.readyz().await.ok()?.then_some(()) }).await;
+}
+
+/// Nothing of db-a taken for an orphan, as `admin` sees it: its `Unknown`
+/// is empty and no `orphans` alert was raised.
+async fn no_orphans(admin: &Client) {
+    assert!(
+        folder_ids(admin, "db-a", Folder::Unknown).await.is_empty(),
+        "nothing taken for an orphan"
+    );
+    let alerts = admin.alerts().await.unwrap().alerts;
+    assert!(
+        !alerts.iter().any(|a| a.kind == "orphans"),
+        "no orphans alert: {alerts:?}"
+    );
+}
+
 /// Sessions of `application` left idle inside a transaction that holds a
 /// lock (a transaction id) for longer than a step takes.
 fn stalled(pg: &Postgres, application: &str) -> bool {
@@ -279,21 +298,8 @@ async fn a_starting_node_that_lost_its_lock_takes_no_live_reply_for_an_orphan() 
     // A goes on with the record it read before the stall, then looks again
     // and becomes ready.
     let admin_a = a.client(&admin_token);
-    eventually("node A ready", || async {
-        admin_a.readyz().await.ok()?.then_some(())
-    })
-    .await;
-    assert!(
-        folder_ids(&admin_a, "db-a", Folder::Unknown)
-            .await
-            .is_empty(),
-        "nothing taken for an orphan"
-    );
-    let alerts = admin_a.alerts().await.unwrap().alerts;
-    assert!(
-        !alerts.iter().any(|a| a.kind == "orphans"),
-        "no orphans alert: {alerts:?}"
-    );
+    until_ready(&admin_a, "node A ready").await;
+    no_orphans(&admin_a).await;
     let committed = db_b.commit(&pid).await.unwrap();
     assert_eq!(committed.status, CallStatus::Ok);
     assert_eq!(db_b.process(&pid).await.unwrap().state, ProcessState::Done);
@@ -306,14 +312,21 @@ async fn a_starting_node_that_lost_its_lock_takes_no_live_reply_for_an_orphan() 
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
+/// What a test starts from in [`crashed_with_moves_due`].
+struct Crashed {
+    admin_token: String,
+    db_token: String,
+    phone_token: String,
+    /// The process whose commit's moves are due.
+    pid: ProcessId,
+}
+
+/// A cluster whose only node died once a commit's moves were decided and
+/// saved, before it made them: db-a's record asks for them, due now.
+async fn crashed_with_moves_due(dir: &std::path::Path) -> (Postgres, Crashed) {
     let pg = Postgres::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    // A dies once a commit's moves are decided and saved, before they are
-    // made: db-a's record asks for them, due shortly after.
     let crash = ("ESTAFETA_CRASH_AT", "messages::apply");
-    let a = Node::start(dir.path(), "node-a", &pg.url(), &[crash]).await;
+    let a = Node::start(dir, "node-a", &pg.url(), &[crash]).await;
     let admin_token = a.printed_token.clone().unwrap();
     let (db_token, phone_token) = provision_one(&a.client(&admin_token)).await;
     let (pid, _) = ready(&a.client(&db_token), &a.client(&phone_token)).await;
@@ -332,6 +345,27 @@ async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
         (due.trim() != "0").then_some(())
     })
     .await;
+    let crashed = Crashed {
+        admin_token,
+        db_token,
+        phone_token,
+        pid,
+    };
+    (pg, crashed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (
+        pg,
+        Crashed {
+            admin_token,
+            db_token,
+            pid,
+            ..
+        },
+    ) = crashed_with_moves_due(dir.path()).await;
 
     // B starts: its start-up processing finds the deadline due and makes
     // the moves in its step, whose save fails. B must neither go on from
@@ -339,10 +373,7 @@ async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
     let fail = ("ESTAFETA_FAILPOINTS", "session::commit=1*return");
     let b = Node::start(dir.path(), "node-b", &pg.url(), &[fail]).await;
     let admin_b = b.client(&admin_token);
-    eventually("node B ready", || async {
-        admin_b.readyz().await.ok()?.then_some(())
-    })
-    .await;
+    until_ready(&admin_b, "node B ready").await;
     let db_b = b.client(&db_token);
     eventually("the process done through B", || async {
         let state = db_b.process(&pid).await.ok()?.state;
@@ -377,35 +408,21 @@ async fn a_starting_node_whose_finalize_could_not_save_moves_no_reply_aside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starting_node_whose_finalize_lost_the_key_takes_no_later_reply_for_an_orphan() {
-    let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // A dies once a commit's moves are decided and saved, before they are
-    // made: db-a's record asks for them, due shortly after.
-    let crash = ("ESTAFETA_CRASH_AT", "messages::apply");
-    let a = Node::start(dir.path(), "node-a", &pg.url(), &[crash]).await;
-    let admin_token = a.printed_token.clone().unwrap();
-    let (db_token, phone_token) = provision_one(&a.client(&admin_token)).await;
-    let (first, _) = ready(&a.client(&db_token), &a.client(&phone_token)).await;
-    let _ = a.client(&db_token).commit(&first).await;
-    eventually("node A killed at its moves", || async {
-        (!a.alive()).then_some(())
-    })
-    .await;
-    eventually("db-a's moves due", || async {
-        let due = pg
-            .psql(
-                "SELECT count(*) FROM sessions WHERE expires_at <= \
-                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-            )
-            .ok()?;
-        (due.trim() != "0").then_some(())
-    })
-    .await;
+    let (
+        pg,
+        Crashed {
+            admin_token,
+            db_token,
+            phone_token,
+            ..
+        },
+    ) = crashed_with_moves_due(dir.path()).await;
 
     // B starts behind a proxy that loses the answer to its first COMMIT of
-    // a session record: its start-up processing makes the moves and saves, learns
-    // that the save was made, and no longer holds db-a's key. It stalls
-    // before its look for orphans.
+    // a session record: its start-up processing makes the moves and saves,
+    // learns that the save was made, and no longer holds db-a's key. It
+    // stalls before its look for orphans.
     let proxy = CommitLoss::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
         .await
         .unwrap();
@@ -421,31 +438,15 @@ async fn a_starting_node_whose_finalize_lost_the_key_takes_no_later_reply_for_an
     // C takes db-a meanwhile and prepares a second process with a reply.
     let c = Node::start(dir.path(), "node-c", &pg.url(), &[]).await;
     let admin_c = c.client(&admin_token);
-    eventually("node C ready", || async {
-        admin_c.readyz().await.ok()?.then_some(())
-    })
-    .await;
+    until_ready(&admin_c, "node C ready").await;
     let db_c = c.client(&db_token);
     let (second, _) = ready(&db_c, &c.client(&phone_token)).await;
 
     // B goes on: what it read before it lost the key is not the stored
     // record any more, and it moves nothing from it.
     let admin_b = b.client(&admin_token);
-    eventually("node B ready", || async {
-        admin_b.readyz().await.ok()?.then_some(())
-    })
-    .await;
-    assert!(
-        folder_ids(&admin_b, "db-a", Folder::Unknown)
-            .await
-            .is_empty(),
-        "the live reply not taken for an orphan"
-    );
-    let alerts = admin_b.alerts().await.unwrap().alerts;
-    assert!(
-        !alerts.iter().any(|a| a.kind == "orphans"),
-        "no orphans alert: {alerts:?}"
-    );
+    until_ready(&admin_b, "node B ready").await;
+    no_orphans(&admin_b).await;
     let committed = db_c.commit(&second).await.unwrap();
     assert_eq!(committed.status, CallStatus::Ok);
     assert_eq!(
