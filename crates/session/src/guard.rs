@@ -275,8 +275,12 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         cell.loaded = true;
         // A finalization's save was made but the key could not be held
         // again (another engine took it, and may have changed the record
-        // since): the session read is not the stored one any more.
-        if core.shared && !cell.step.as_deref().is_some_and(|step| step.held()) {
+        // since): the session read is not the stored one any more. (A
+        // session that ended took its key's row with it: nothing is read.)
+        if core.shared
+            && cell.session.is_some()
+            && !cell.step.as_deref().is_some_and(|step| step.held())
+        {
             cell.loaded = false;
             return Err(Error::Storage(StorageError::Conflict));
         }

@@ -251,3 +251,20 @@ async fn a_finalization_that_could_not_save_fails_its_command() {
     a.stop().await.unwrap();
     c.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_finds_its_session_ended_gets_none() {
+    let pg = Postgres::start().unwrap();
+    let c = node_on(&pg, Arc::new(()), Arc::new(Epoch)).await;
+    let mut g = c.get("k".to_owned(), true).await.unwrap().unwrap();
+    *g.persistent_mut() = 1;
+    g.set_expires_at(Some(SystemClock.now()));
+    g.release().await.unwrap();
+
+    // The deadline is due and the default hooks end the session: its
+    // record and its key's row go with the step's commit.
+    let a = node(&pg, Arc::new(())).await;
+    assert!(a.get("k".to_owned(), false).await.unwrap().is_none());
+    a.stop().await.unwrap();
+    c.stop().await.unwrap();
+}
