@@ -198,6 +198,17 @@ async fn a_deadline_is_acted_on_once_by_one_of_the_nodes() {
     );
 }
 
+/// A node on the stopped clock ([`Epoch`]) that stored 1 under `key`, due
+/// now: the node never acts on the deadline itself.
+async fn stored_due(pg: &Postgres, key: &str) -> Engine<String, u64> {
+    let c = node_on(pg, Arc::new(()), Arc::new(Epoch)).await;
+    let mut g = c.get(key.to_owned(), true).await.unwrap().unwrap();
+    *g.persistent_mut() = 1;
+    g.set_expires_at(Some(SystemClock.now()));
+    g.release().await.unwrap();
+    c
+}
+
 /// Changes the session and, before its save, ends the connection of every
 /// step that holds a key (as when the node's connection to the server
 /// drops mid-step).
@@ -230,11 +241,7 @@ impl Hooks<String, u64> for LosesItsConnection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalization_that_could_not_save_fails_its_command() {
     let pg = Arc::new(Postgres::start().unwrap());
-    let c = node_on(&pg, Arc::new(()), Arc::new(Epoch)).await;
-    let mut g = c.get("k".to_owned(), true).await.unwrap().unwrap();
-    *g.persistent_mut() = 1;
-    g.set_expires_at(Some(SystemClock.now()));
-    g.release().await.unwrap();
+    let c = stored_due(&pg, "k").await;
 
     // The deadline is due: the command's finalization changes the session,
     // then its save finds the connection gone. The command must not go on
@@ -255,11 +262,7 @@ async fn a_finalization_that_could_not_save_fails_its_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_finds_its_session_ended_gets_none() {
     let pg = Postgres::start().unwrap();
-    let c = node_on(&pg, Arc::new(()), Arc::new(Epoch)).await;
-    let mut g = c.get("k".to_owned(), true).await.unwrap().unwrap();
-    *g.persistent_mut() = 1;
-    g.set_expires_at(Some(SystemClock.now()));
-    g.release().await.unwrap();
+    let c = stored_due(&pg, "k").await;
 
     // The deadline is due and the default hooks end the session: its
     // record and its key's row go with the step's commit.
