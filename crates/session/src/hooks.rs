@@ -38,8 +38,10 @@ pub trait Hooks<K, S>: Send + Sync + 'static {
     /// deadline, or end it. Commands that arrive meanwhile wait and then run
     /// on what it left. With a shared storage, `step` is the step that holds
     /// the key (writes the hook makes beside the session through it become
-    /// durable with the session's save after the hook, or not at all); with
-    /// a storage of this engine alone it is `None`.
+    /// durable with the session's save after the hook, or not at all: if
+    /// that save fails, the command that found the session due fails too,
+    /// and the next one finalizes it again from the stored record); with a
+    /// storage of this engine alone it is `None`.
     fn finalize<'a>(
         &'a self,
         _key: &'a K,
