@@ -275,14 +275,24 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         cell.loaded = true;
         // A finalization's save was made but the key could not be held
         // again (another engine took it, and may have changed the record
-        // since): the session read is not the stored one any more. (A
-        // session that ended took its key's row with it: nothing is read.)
-        if core.shared
-            && cell.session.is_some()
-            && !cell.step.as_deref().is_some_and(|step| step.held())
-        {
-            cell.loaded = false;
-            return Err(Error::Storage(StorageError::Conflict));
+        // since): the session read is not the stored one any more. A
+        // session that ended took its key's row, and the hold, with it.
+        if core.shared && !cell.step.as_deref().is_some_and(|step| step.held()) {
+            if cell.session.is_some() {
+                cell.loaded = false;
+                return Err(Error::Storage(StorageError::Conflict));
+            }
+            if create {
+                // The command makes a new session: it holds the key again,
+                // from the record as stored now (none, unless another
+                // engine made one meanwhile: then this command gives way).
+                let (step, stored) = core.begin(&held.key).await?;
+                cell.step = Some(step);
+                if stored.is_some() {
+                    cell.loaded = false;
+                    return Err(Error::Storage(StorageError::Conflict));
+                }
+            }
         }
     }
     if cell.session.is_none() && create {

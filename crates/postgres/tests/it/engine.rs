@@ -271,3 +271,21 @@ async fn a_command_that_finds_its_session_ended_gets_none() {
     a.stop().await.unwrap();
     c.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_makes_a_session_whose_old_one_ended_holds_its_key() {
+    let pg = Postgres::start().unwrap();
+    let c = stored_due(&pg, "k").await;
+
+    // The old session ends on the command's way in (its row goes with the
+    // step); the command makes a new one and saves it.
+    let a = node(&pg, Arc::new(())).await;
+    let mut g = a.get("k".to_owned(), true).await.unwrap().unwrap();
+    assert_eq!(*g.state(), 0, "a new session");
+    assert!(g.holds());
+    *g.persistent_mut() = 5;
+    g.release().await.unwrap();
+    assert_eq!(counter(&c, "k").await, 5);
+    a.stop().await.unwrap();
+    c.stop().await.unwrap();
+}
