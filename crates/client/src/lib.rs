@@ -31,14 +31,7 @@
 //!
 //! let device = admin.with_token(&phone.token);
 //! let sent = device
-//!     .send(&SendMessage {
-//!         version: Version,
-//!         to: db.id.clone(),
-//!         body: Body::from_json(r#"{"order": 17}"#)?,
-//!         created_at: None,
-//!         deliver_at: None,
-//!         idempotency_key: Some("order-17".into()),
-//!     })
+//!     .send(&SendMessage::new(db.id.clone(), Body::from_json(r#"{"order": 17}"#)?).with_key("order-17"))
 //!     .await?;
 //! println!("message {} ({:?})", sent.accepted.id, sent.upload);
 //!

@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use estafeta_exchange::keys::{KeyedUpload, RedbKeys, UploadKeys};
 use estafeta_exchange::tenancy::Principal;
-use estafeta_exchange::wire::{Body, SendMessage, Version};
+use estafeta_exchange::wire::{Body, SendMessage};
 use estafeta_exchange::{DataLayout, Exchange, ExchangeConfig, Id, Sinks, Stores, Timestamp};
 use estafeta_session::SystemClock;
 
@@ -123,14 +123,9 @@ fn bench(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("send_new_key", n), |b| {
             b.to_async(&rt).iter(|| async {
                 let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-                let req = SendMessage {
-                    version: Version,
-                    to: Id::new("db-a").unwrap(),
-                    body: Body::from_json(BODY).unwrap(),
-                    created_at: None,
-                    deliver_at: None,
-                    idempotency_key: Some(format!("bench-{seq}")),
-                };
+                let req =
+                    SendMessage::new(Id::new("db-a").unwrap(), Body::from_json(BODY).unwrap())
+                        .with_key(format!("bench-{seq}"));
                 ex.send(&phone, req).await.unwrap()
             })
         });

@@ -19,10 +19,9 @@
 //! claiming queue would claim what it lists: list through a plain one
 //! ([`PgQueue::new`]).
 
-use std::ops::Bound;
 use std::time::Duration;
 
-use estafeta_repeat::store::{Applied, Op, Read, Scan, SourceCount, Store};
+use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 
 use tokio_postgres::types::ToSql;
@@ -211,27 +210,15 @@ impl Store for PgQueue {
         Ok(self.sources.clone())
     }
 
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
-        if !self.sources.iter().any(|s| s == source) {
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
+        if !self.sources.iter().any(|s| s == read.source) {
             return Ok(Scan::default());
         }
-        let read = Read {
-            source,
-            from,
-            limit,
-        };
         match self.lease {
             Some(lease) => self
                 .claim(&[read], now, lease, &|_, at| skip(at))
                 .map(|mut scans| scans.pop().unwrap_or_default()),
-            None => self.plain.scan(source, from, now, limit, skip),
+            None => self.plain.scan(read, now, skip),
         }
     }
 
@@ -245,7 +232,7 @@ impl Store for PgQueue {
         let (Some(lease), false) = (self.lease, reads.is_empty()) else {
             return reads
                 .iter()
-                .map(|r| self.scan(r.source, r.from, now, r.limit, &|at| skip(r.source, at)))
+                .map(|r| self.scan(*r, now, &|at| skip(r.source, at)))
                 .collect();
         };
         // Sources not this queue's are read as empty.

@@ -20,10 +20,9 @@
 //! each due entry to one node by reading through [`crate::PgQueue::claiming`].
 
 use std::collections::{HashMap, HashSet};
-use std::ops::Bound;
 
 use deadpool_postgres::Transaction;
-use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
+use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 use tokio_postgres::types::ToSql;
 
@@ -359,15 +358,9 @@ impl Store for PgSchedule {
 
     /// Reads from the source's first entry whatever `from` says (see the
     /// module's doc), a page at a time until the scan's end.
-    fn scan(
-        &self,
-        source: &str,
-        _from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
-        let page = i64::try_from(limit.saturating_add(1).clamp(16, 1024)).unwrap_or(1024);
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
+        let source = read.source;
+        let page = i64::try_from(read.limit.saturating_add(1).clamp(16, 1024)).unwrap_or(1024);
         let mut scan = self.run(async {
             let client = self.store.client().await?;
             let mut scan = Scan::default();
@@ -388,7 +381,7 @@ impl Store for PgSchedule {
                         payload: row.get(3),
                         attempt: u32::try_from(attempt).unwrap_or(0),
                     };
-                    if !scan.offer(entry, now, limit, skip) {
+                    if !scan.offer(entry, now, read.limit, skip) {
                         return Ok(scan);
                     }
                 }

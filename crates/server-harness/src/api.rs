@@ -18,12 +18,8 @@ pub fn id(s: &str) -> Id {
 /// An upload of `body` (JSON) to `to`, with the idempotency key `key`.
 pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
     SendMessage {
-        version: Version,
-        to: id(to),
-        body: Body::from_json(body).unwrap(),
-        created_at: None,
-        deliver_at: None,
         idempotency_key: key.map(str::to_owned),
+        ..SendMessage::new(id(to), Body::from_json(body).unwrap())
     }
 }
 

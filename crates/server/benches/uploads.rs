@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use estafeta_client::Client;
 use estafeta_durable::limits::{Measured, Probe};
 use estafeta_exchange::Id;
-use estafeta_exchange::wire::{Body, SendMessage, Version};
+use estafeta_exchange::wire::{Body, SendMessage};
 use estafeta_server_harness::api::id;
 use estafeta_server_harness::measure::bench_dir;
 
@@ -231,12 +231,8 @@ async fn uploads(devices: &[Device], keyed: bool, time: Duration, nonce: &Arc<At
             while Instant::now() < deadline {
                 let n = nonce.fetch_add(1, Ordering::Relaxed);
                 let message = SendMessage {
-                    version: Version,
-                    to: device.to.clone(),
-                    body: body(n),
-                    created_at: None,
-                    deliver_at: None,
                     idempotency_key: keyed.then(|| format!("key-{n}")),
+                    ..SendMessage::new(device.to.clone(), body(n))
                 };
                 let t = Instant::now();
                 let sent = device.client.send(&message).await.unwrap();
@@ -322,12 +318,8 @@ fn main() {
             let one = &devices[..1];
             for i in 0..n {
                 let message = SendMessage {
-                    version: Version,
-                    to: one[0].to.clone(),
-                    body: body(i),
-                    created_at: None,
-                    deliver_at: None,
                     idempotency_key: keyed.then(|| format!("key-{i}")),
+                    ..SendMessage::new(one[0].to.clone(), body(i))
                 };
                 one[0].client.send(&message).await.unwrap();
             }

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use estafeta_client::Client;
-use estafeta_wire::{Body, Id, Message, MessageId, SendMessage, Upload, Version};
+use estafeta_wire::{Body, Id, Message, MessageId, SendMessage, Upload};
 
 use crate::SimError;
 
@@ -143,14 +143,7 @@ impl Device {
             nonce,
             body: body.get().to_owned(),
         });
-        Ok(SendMessage {
-            version: Version,
-            to: upload.to.clone(),
-            body,
-            created_at: None,
-            idempotency_key: Some(upload.key.clone()),
-            deliver_at: None,
-        })
+        Ok(SendMessage::new(upload.to.clone(), body).with_key(upload.key.clone()))
     }
 
     /// Uploads the outbox in order, retrying transient failures with the

@@ -60,6 +60,29 @@ pub struct SendMessage {
     pub deliver_at: Option<Timestamp>,
 }
 
+impl SendMessage {
+    /// An upload of `body` to the database `to`: undated (the server's
+    /// receive time stands), without an idempotency key, delivered at once.
+    pub fn new(to: Id, body: Body) -> SendMessage {
+        SendMessage {
+            version: Version,
+            to,
+            body,
+            created_at: None,
+            idempotency_key: None,
+            deliver_at: None,
+        }
+    }
+
+    /// This upload, made idempotent by `key`.
+    pub fn with_key(self, key: impl Into<String>) -> SendMessage {
+        SendMessage {
+            idempotency_key: Some(key.into()),
+            ..self
+        }
+    }
+}
+
 /// The answer to `POST /v1/messages` (201, or 200 for a repeated idempotency key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MessageAccepted {

@@ -5,12 +5,12 @@
 //! contract. A failed check panics with what differed.
 
 use std::collections::{BTreeSet, HashSet};
-use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
 use estafeta_durable::WriteGate;
 use estafeta_repeat::RedbStore;
+use estafeta_repeat::store::Read;
 
 use super::scheduled::Scheduled;
 use super::{
@@ -348,7 +348,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
     let expected = scheduled_entry(later.id, later.to_file_bytes().unwrap(), far);
     let source = expected.source.clone();
     let aside = tokio::task::spawn_blocking(move || {
-        kept.scan(&source, Bound::Unbounded, u64::MAX, 10, &|_| false)
+        kept.scan(Read::first(&source, 10), u64::MAX, &|_| false)
     })
     .await
     .unwrap()

@@ -6,9 +6,8 @@
 use crate::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::Message;
-use estafeta_repeat::store::{Applied, Op, Scan, SourceCount, Store};
-use estafeta_repeat::{Entry, Position, Scheduler, StoreError};
-use std::ops::Bound;
+use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount, Store};
+use estafeta_repeat::{Entry, Scheduler, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,7 +78,7 @@ impl<S: Store + ?Sized> Listed<S> {
     pub fn entries(&self, source: &str, limit: usize) -> Result<Vec<Entry>, StoreError> {
         Ok(self
             .0
-            .scan(source, Bound::Unbounded, u64::MAX, limit, &|_| false)?
+            .scan(Read::first(source, limit), u64::MAX, &|_| false)?
             .entries)
     }
 }
@@ -91,15 +90,8 @@ impl<S: Store + ?Sized> Store for Listed<S> {
     fn sources(&self) -> Result<Vec<String>, StoreError> {
         self.0.sources()
     }
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
-        self.0.scan(source, from, now, limit, skip)
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
+        self.0.scan(read, now, skip)
     }
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         self.0.count(source, now)

@@ -142,12 +142,8 @@ pub(crate) fn sized(seq: u128, size: usize) -> Message {
 /// neither dated nor scheduled.
 pub(crate) fn send_request(to: &str, body: &str, key: Option<&str>) -> SendMessage {
     SendMessage {
-        version: Version,
-        to: id(to),
-        body: Body::from_json(body).unwrap(),
-        created_at: None,
-        deliver_at: None,
         idempotency_key: key.map(str::to_owned),
+        ..SendMessage::new(id(to), Body::from_json(body).unwrap())
     }
 }
 

@@ -5,7 +5,6 @@
 use estafeta_exchange::Id;
 use estafeta_postgres::Store;
 use estafeta_postgres::testing::Postgres;
-use estafeta_repeat::Entry;
 
 /// A store over `pg`, its schema migrated.
 pub(crate) async fn store(pg: &Postgres) -> Store {
@@ -24,13 +23,4 @@ pub(crate) fn id(s: &str) -> Id {
     Id::new(s).unwrap()
 }
 
-/// A scheduler entry `id` of `source`, due at `due`, whose payload is its id.
-pub(crate) fn entry(source: &str, due: u64, id: &str) -> Entry {
-    Entry {
-        source: source.to_owned(),
-        due,
-        id: id.to_owned(),
-        payload: id.as_bytes().to_vec(),
-        attempt: 0,
-    }
-}
+pub(crate) use estafeta_repeat::store::conformance::entry;

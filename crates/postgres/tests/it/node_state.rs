@@ -3,7 +3,7 @@
 //! node each ([`PgQueue`]), alerts recorded once per event ([`PgAlerts`]),
 //! dashboard logins valid on every node ([`PgLogins`]).
 
-use std::ops::Bound;
+use estafeta_repeat::store::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use estafeta_repeat::{Entry, Store as _};
 
 fn claim(queue: &Arc<PgQueue>, source: &str, now: u64, limit: usize) -> Vec<Entry> {
     queue
-        .scan(source, Bound::Unbounded, now, limit, &|_| false)
+        .scan(Read::first(source, limit), now, &|_| false)
         .unwrap()
         .entries
 }
@@ -80,11 +80,8 @@ async fn each_due_entry_is_claimed_by_one_node_until_its_lease_ends() {
     }
     {
         let b = b.clone();
-        let scan = blocking(move || {
-            b.scan("push", Bound::Unbounded, 1_000, 10, &|_| false)
-                .unwrap()
-        })
-        .await;
+        let scan =
+            blocking(move || b.scan(Read::first("push", 10), 1_000, &|_| false).unwrap()).await;
         assert!(scan.entries.is_empty());
     }
 
@@ -120,7 +117,7 @@ async fn each_due_entry_is_claimed_by_one_node_until_its_lease_ends() {
         let plain = plain.clone();
         blocking(move || {
             plain
-                .scan("alerts", Bound::Unbounded, u64::MAX, usize::MAX, &|_| false)
+                .scan(Read::all("alerts"), u64::MAX, &|_| false)
                 .unwrap()
                 .entries
         })

@@ -12,7 +12,8 @@ use estafeta_exchange::wire::{Body, Message, Version};
 use estafeta_exchange::{Id, MessageId, Timestamp};
 use estafeta_postgres::testing::Postgres;
 use estafeta_postgres::{PgMessages, PgQueue, PgSchedule, Store};
-use estafeta_repeat::store::{Applied, Op, Read, SourceCount};
+use estafeta_repeat::store::conformance::{self, ids, placed};
+use estafeta_repeat::store::{Applied, Op, Read};
 use estafeta_repeat::{
     Entry, Options, Outcome, Position, Scheduler, Store as _, TestClock, WorkerPool,
 };
@@ -32,23 +33,6 @@ async fn store(pg: &Postgres) -> Store {
         made.unwrap();
     }
     store
-}
-
-fn placed(source: &str, due: u64, id: &str) -> Applied {
-    Applied::Placed {
-        source: source.to_owned(),
-        at: Position {
-            due,
-            id: id.to_owned(),
-        },
-    }
-}
-
-fn ids(store: &PgSchedule, source: &str, now: u64) -> Vec<String> {
-    let scan = store
-        .scan(source, Bound::Unbounded, now, usize::MAX, &|_| false)
-        .unwrap();
-    scan.entries.into_iter().map(|e| e.id).collect()
 }
 
 /// A batch of outcomes costs a statement per run of one kind of op, not a
@@ -117,14 +101,14 @@ async fn a_batch_of_ops_is_one_statement_per_run_of_one_kind() {
     );
     let scan = blocking({
         let schedule = schedule.clone();
-        move || ids(&schedule, "a", 100)
+        move || ids(schedule.as_ref(), "a", 100)
     })
     .await;
     assert_eq!(scan.len(), 100);
 }
 
-/// Every op as the redb and memory stores do it (the same cases as the
-/// repeat crate's store contract), and the two ways reads differ: they
+/// Every op as the redb and memory stores do it (the repeat crate's store
+/// contract, `conformance::ops`), and the two ways reads differ: they
 /// start at the source's first entry whatever the cursor, and a read that
 /// finds nothing more due asks to be read again the next second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,133 +117,49 @@ async fn ops_and_reads_of_the_scheduler_store() {
     let schedule = PgSchedule::new(store(&pg).await);
     blocking(move || {
         let s = &schedule;
-        let put = |src: &str, due, id: &str| Op::Put(entry(src, due, id));
-        let applied = s
-            .apply(&[
-                put("a", 20, "x"),
-                put("a", 10, "y"),
-                put("b", 10, "z"),
-                put("a", 10, "w"),
-            ])
-            .unwrap();
-        assert_eq!(applied[1], placed("a", 10, "y"));
-        let sources = s.sources().unwrap();
-        assert_eq!(sources, ["a", "b", "deliver_at"]);
-        assert_eq!(ids(s, "a", 100), ["w", "y", "x"], "due order, then id");
-
-        // Putting an existing id moves it, even across sources.
-        s.apply(&[put("b", 30, "x")]).unwrap();
-        assert_eq!(ids(s, "a", 100), ["w", "y"]);
-        assert_eq!(ids(s, "b", 100), ["z", "x"]);
-        assert_eq!(
-            s.count("b", 15).unwrap(),
-            SourceCount { entries: 2, due: 1 }
-        );
-        assert_eq!(s.count("nope", 15).unwrap(), SourceCount::default());
-
-        // Limits and skips as the other stores; the cursor is not used.
-        let scan = s
-            .scan("a", Bound::Unbounded, 100, 1, &|p| p.id == "w")
-            .unwrap();
-        assert_eq!(scan.entries, [entry("a", 10, "y")]);
-        // Nothing more in the source: look again at the next second.
-        assert_eq!(scan.next_due, Some(101));
-        let past_all = Position {
-            due: 1_000,
-            id: "z".into(),
-        };
-        let scan = s
-            .scan("a", Bound::Excluded(&past_all), 100, 10, &|_| false)
-            .unwrap();
-        assert_eq!(scan.entries.len(), 2);
-        // The next entry is due at 30, after 20: look again at 21 already.
-        let scan = s.scan("b", Bound::Unbounded, 20, 10, &|_| false).unwrap();
-        assert_eq!((scan.entries.len(), scan.next_due), (1, Some(21)));
-
-        // Exact removes and moves do nothing when the entry moved meanwhile.
-        let results = s
-            .apply(&[
-                Op::Remove(entry("a", 20, "x")),
-                Op::Move {
-                    entry: entry("a", 10, "y"),
-                    due: 50,
-                    attempt: 3,
-                },
-                Op::Remove(entry("a", 10, "w")),
-                Op::Cancel { id: "z".into() },
-                Op::Cancel { id: "z".into() },
-                Op::Reschedule {
-                    id: "x".into(),
-                    due: 5,
-                },
-                Op::Reschedule {
-                    id: "nope".into(),
-                    due: 5,
-                },
-            ])
-            .unwrap();
-        assert_eq!(
-            results,
-            [
-                Applied::Unchanged,
-                placed("a", 50, "y"),
-                Applied::Removed,
-                Applied::Removed,
-                Applied::Unchanged,
-                placed("b", 5, "x"),
-                Applied::Unchanged,
-            ]
-        );
-        let scan = s.scan("a", Bound::Unbounded, 100, 10, &|_| false).unwrap();
-        assert_eq!(scan.entries.len(), 1);
-        assert_eq!((scan.entries[0].due, scan.entries[0].attempt), (50, 3));
-
-        // Nor when it was replaced at the same place; a restore puts an
-        // entry back only if its id is free.
-        let old = entry("c", 7, "r");
-        let new = Entry {
-            payload: b"new".to_vec(),
-            ..old.clone()
-        };
-        s.apply(&[Op::Put(new.clone())]).unwrap();
-        let results = s
-            .apply(&[
-                Op::Remove(old.clone()),
-                Op::Move {
-                    entry: old.clone(),
-                    due: 9,
-                    attempt: 1,
-                },
-                Op::Remove(Entry {
-                    attempt: 1,
-                    ..new.clone()
-                }),
-                Op::Restore(Entry { due: 1, ..old }),
-                Op::Restore(entry("c", 8, "s")),
-            ])
-            .unwrap();
-        assert_eq!(
-            results,
-            [
-                Applied::Unchanged,
-                Applied::Unchanged,
-                Applied::Unchanged,
-                Applied::Unchanged,
-                placed("c", 8, "s"),
-            ]
-        );
-        let scan = s.scan("c", Bound::Unbounded, 100, 10, &|_| false).unwrap();
-        assert_eq!(scan.entries, [new.clone(), entry("c", 8, "s")]);
+        conformance::ops(s, scans);
+        assert_eq!(s.sources().unwrap(), ["a", "b", "c", "deliver_at"]);
 
         // A failed batch changes nothing.
         let bad = Op::Put(Entry {
             id: "bad\0id".into(),
             ..entry("c", 1, "t")
         });
-        assert!(s.apply(&[Op::Remove(new.clone()), bad]).is_err());
-        assert_eq!(ids(s, "c", 100), ["r", "s"]);
+        assert!(s.apply(&[Op::Put(entry("c", 2, "u")), bad]).is_err());
+        assert_eq!(ids(s, "c", 100), Vec::<String>::new());
     })
     .await;
+}
+
+/// The store's scans, on the store as [`conformance::ops`] hands it over:
+/// limits and skips as the embedded stores', but a read starts at the
+/// source's first entry whatever its `from`, and the next due second it
+/// gives is when to look again: the second after `now` when the source
+/// has nothing more due.
+fn scans(s: &PgSchedule) {
+    let scan = s.scan(Read::first("a", 1), 100, &|p| p.id == "w").unwrap();
+    assert_eq!(scan.entries, [entry("a", 10, "y")]);
+    // Nothing more in the source: look again at the next second.
+    assert_eq!(scan.next_due, Some(101));
+    let past_all = Position {
+        due: 1_000,
+        id: "z".into(),
+    };
+    let scan = s
+        .scan(
+            Read {
+                source: "a",
+                from: Bound::Excluded(&past_all),
+                limit: 10,
+            },
+            100,
+            &|_| false,
+        )
+        .unwrap();
+    assert_eq!(scan.entries.len(), 2);
+    // The next entry is due at 30, after 20: look again at 21 already.
+    let scan = s.scan(Read::first("b", 10), 20, &|_| false).unwrap();
+    assert_eq!((scan.entries.len(), scan.next_due), (1, Some(21)));
 }
 
 struct Fixed(u64);
@@ -502,7 +402,7 @@ async fn claiming_reads_of_deliver_at_at_once_take_disjoint_messages() {
                 for _ in 0..10 {
                     at_once.wait();
                     let scan = queue
-                        .scan("deliver_at", Bound::Unbounded, now, 3, &|_| false)
+                        .scan(Read::first("deliver_at", 3), now, &|_| false)
                         .unwrap();
                     got.extend(scan.entries);
                 }
@@ -528,7 +428,7 @@ async fn claiming_reads_of_deliver_at_at_once_take_disjoint_messages() {
         let queue = queue.clone();
         blocking(move || {
             queue
-                .scan("deliver_at", Bound::Unbounded, until - 1, 100, &|_| false)
+                .scan(Read::first("deliver_at", 100), until - 1, &|_| false)
                 .unwrap()
         })
         .await
@@ -593,7 +493,7 @@ async fn a_message_whose_claimer_died_is_delivered_by_another_node_after_the_lea
     let probe = Arc::new(PgQueue::claiming(b.clone(), &["deliver_at"], LEASE));
     let early = blocking(move || {
         probe
-            .scan("deliver_at", Bound::Unbounded, until - 1, 10, &|_| false)
+            .scan(Read::first("deliver_at", 10), until - 1, &|_| false)
             .unwrap()
     })
     .await;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Applied, Op, Scan, SourceCount, Store, collect_scan};
+use super::{Applied, Op, Read, Scan, Skip, SourceCount, Store, collect_scan};
 use crate::{Entry, Position, StoreError};
 
 /// A [`Store`] in memory. Clones share the same entries, so a test can
@@ -130,20 +130,14 @@ impl Store for MemoryStore {
         Ok(self.lock().sources.keys().cloned().collect())
     }
 
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
+        let source = read.source;
         let inner = self.lock();
         let Some(table) = inner.sources.get(source) else {
             return Ok(Scan::default());
         };
         let entries = table
-            .range((from, Bound::Unbounded))
+            .range((read.from, Bound::Unbounded))
             .map(|(at, (payload, attempt))| {
                 Ok::<_, StoreError>(Entry {
                     source: source.to_owned(),
@@ -153,7 +147,7 @@ impl Store for MemoryStore {
                     attempt: *attempt,
                 })
             });
-        collect_scan(entries, now, limit, skip)
+        collect_scan(entries, now, read.limit, skip)
     }
 
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {

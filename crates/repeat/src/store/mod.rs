@@ -6,6 +6,8 @@
 //! returns, which is what makes `schedule`, `cancel` and a finished delivery
 //! survive a crash.
 
+#[cfg(feature = "test-support")]
+pub mod conformance;
 mod memory;
 mod redb;
 
@@ -86,13 +88,7 @@ impl Scan {
     /// over it if `skip` says so; `false` when the scan ends at it (it is
     /// not due at `now`, or `limit` entries are taken): the stopping rules
     /// of every store's [`Store::scan`].
-    pub fn offer(
-        &mut self,
-        entry: Entry,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> bool {
+    pub fn offer(&mut self, entry: Entry, now: u64, limit: usize, skip: Skip<'_>) -> bool {
         if entry.due > now {
             self.next_due = Some(entry.due);
             return false;
@@ -112,8 +108,8 @@ impl Scan {
     }
 }
 
-/// One source's part of [`Store::scan_sources`]: what [`Store::scan`]
-/// takes for it.
+/// What a read of one source asks for: the [`Store::scan`] of it, and its
+/// part of a [`Store::scan_sources`].
 #[derive(Debug, Clone, Copy)]
 pub struct Read<'a> {
     /// The source.
@@ -123,6 +119,29 @@ pub struct Read<'a> {
     /// The most due entries to return.
     pub limit: usize,
 }
+
+impl<'a> Read<'a> {
+    /// A read of every due entry of `source`, from its start.
+    pub fn all(source: &'a str) -> Read<'a> {
+        Read {
+            source,
+            from: Bound::Unbounded,
+            limit: usize::MAX,
+        }
+    }
+
+    /// A read of the first `limit` due entries of `source`.
+    pub fn first(source: &'a str, limit: usize) -> Read<'a> {
+        Read {
+            limit,
+            ..Read::all(source)
+        }
+    }
+}
+
+/// Which positions a scan passes over (counting them as read, returning
+/// none of them): those for which it is true.
+pub type Skip<'a> = &'a dyn Fn(&Position) -> bool;
 
 /// Counts for one source, for [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,20 +164,14 @@ pub trait Store: Send + Sync + 'static {
     /// Names of all sources that hold or held entries.
     fn sources(&self) -> Result<Vec<String>, StoreError>;
 
-    /// Reads `source` in position order from `from`, returning entries due at
-    /// or before `now`, at most `limit` of them, passing over (but counting
-    /// as read) the positions for which `skip` is true.
+    /// Reads the read's `source` in position order from its `from`,
+    /// returning entries due at or before `now`, at most its `limit` of
+    /// them, passing over (but counting as read) the positions `skip`
+    /// names.
     ///
     /// The read stops at the first entry due after `now`, or at the first due
     /// entry beyond the limit; that entry's due second is [`Scan::next_due`].
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError>;
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError>;
 
     /// Reads several sources as [`scan`](Self::scan) reads each: one result
     /// per read, in order; `skip` is asked with the source's name. The
@@ -173,7 +186,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Vec<Result<Scan, StoreError>> {
         reads
             .iter()
-            .map(|r| self.scan(r.source, r.from, now, r.limit, &|at| skip(r.source, at)))
+            .map(|r| self.scan(*r, now, &|at| skip(r.source, at)))
             .collect()
     }
 
@@ -187,7 +200,7 @@ pub(crate) fn collect_scan<E>(
     entries: impl Iterator<Item = Result<Entry, E>>,
     now: u64,
     limit: usize,
-    skip: &dyn Fn(&Position) -> bool,
+    skip: Skip<'_>,
 ) -> Result<Scan, E> {
     let mut scan = Scan::default();
     for entry in entries {

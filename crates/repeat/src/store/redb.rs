@@ -10,7 +10,7 @@ use redb::{
     TableHandle, WriteTransaction,
 };
 
-use super::{Applied, Op, Scan, SourceCount, Store, collect_scan};
+use super::{Applied, Op, Read, Scan, Skip, SourceCount, Store, collect_scan};
 use crate::{Position, StoreError};
 use estafeta_durable::WriteGate;
 
@@ -279,14 +279,8 @@ impl Store for RedbStore {
             .collect())
     }
 
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
+        let source = read.source;
         let txn = self.db.begin_read().map_err(StoreError::redb)?;
         let name = format!("{SOURCE_PREFIX}{source}");
         let table = match txn.open_table(source_table(&name)) {
@@ -294,7 +288,7 @@ impl Store for RedbStore {
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Scan::default()),
             Err(e) => return Err(StoreError::redb(e)),
         };
-        let lower = match from {
+        let lower = match read.from {
             Bound::Included(p) => Bound::Included((p.due, p.id.as_str())),
             Bound::Excluded(p) => Bound::Excluded((p.due, p.id.as_str())),
             Bound::Unbounded => Bound::Unbounded,
@@ -314,7 +308,7 @@ impl Store for RedbStore {
                 attempt,
             })
         });
-        collect_scan(entries, now, limit, skip)
+        collect_scan(entries, now, read.limit, skip)
     }
 
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {

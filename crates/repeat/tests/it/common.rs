@@ -3,15 +3,14 @@
 //! stopped, and a memory store whose writes or reads can be made to fail.
 
 use std::collections::HashMap;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use estafeta_repeat::store::{Applied, Op, Scan, SourceCount};
+use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount};
 use estafeta_repeat::{
-    Clock, Entry, Error, Handler, MemoryStore, Options, Outcome, Position, Scheduler, Store,
-    StoreError, TestClock, WorkerPool,
+    Clock, Entry, Error, Handler, MemoryStore, Options, Outcome, Scheduler, Store, StoreError,
+    TestClock, WorkerPool,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -162,16 +161,7 @@ pub(crate) fn memory_scheduler(options: Options) -> (TestClock, Scheduler<Memory
     (clock, s)
 }
 
-/// An entry in `source`, due at `due`, with an empty payload.
-pub(crate) fn entry(source: &str, due: u64, id: &str) -> Entry {
-    Entry {
-        source: source.to_owned(),
-        due,
-        id: id.to_owned(),
-        payload: id.as_bytes().to_vec(),
-        attempt: 0,
-    }
-}
+pub(crate) use estafeta_repeat::store::conformance::entry;
 
 /// The calls of a [`BreakableStore`] that fail while it is broken.
 #[derive(Clone, Copy)]
@@ -230,21 +220,14 @@ impl Store for BreakableStore {
         self.inner.sources()
     }
 
-    fn scan(
-        &self,
-        source: &str,
-        from: Bound<&Position>,
-        now: u64,
-        limit: usize,
-        skip: &dyn Fn(&Position) -> bool,
-    ) -> Result<Scan, StoreError> {
+    fn scan(&self, read: Read<'_>, now: u64, skip: Skip<'_>) -> Result<Scan, StoreError> {
         if let Breaks::Reads(failing) = self.breaks
-            && source == failing
+            && read.source == failing
         {
             self.reads.fetch_add(1, Ordering::SeqCst);
             self.check()?;
         }
-        self.inner.scan(source, from, now, limit, skip)
+        self.inner.scan(read, now, skip)
     }
 
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {

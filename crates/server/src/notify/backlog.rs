@@ -115,7 +115,9 @@ pub async fn backlog(
     tokio::task::spawn_blocking(move || {
         let count = store.count(source, now)?;
         let oldest = store
-            .scan(source, std::ops::Bound::Unbounded, now, 1, &|_| false)?
+            .scan(estafeta_repeat::store::Read::first(source, 1), now, &|_| {
+                false
+            })?
             .entries
             .first()
             .map(|e| e.due);

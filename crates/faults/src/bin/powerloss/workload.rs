@@ -122,14 +122,8 @@ pub(crate) fn start_request(db: &Id) -> StartRequest {
 }
 
 fn upload(to: &Id, key: &str) -> anyhow::Result<SendMessage> {
-    Ok(SendMessage {
-        version: Version,
-        to: to.clone(),
-        body: Body::from_json(format!(r#"{{"key":"{key}"}}"#))?,
-        created_at: None,
-        deliver_at: None,
-        idempotency_key: Some(key.to_owned()),
-    })
+    let body = Body::from_json(format!(r#"{{"key":"{key}"}}"#))?;
+    Ok(SendMessage::new(to.clone(), body).with_key(key))
 }
 
 /// The same upload again, as a device whose answer was lost sends it:
