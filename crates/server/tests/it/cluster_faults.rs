@@ -94,15 +94,19 @@ fn stalled(pg: &Postgres, application: &str) -> bool {
     n > 0
 }
 
+/// The URLs of nodes `node-a` and `node-b` on `pg`, whose server ends a
+/// transaction left idle for a second: a stalled node's lock goes then.
+fn idle_limited(pg: &Postgres) -> [String; 2] {
+    let hold = "options=-c%20idle_in_transaction_session_timeout%3D1000";
+    ["node-a", "node-b"]
+        .map(|node| with_params(&pg.url(), &[&format!("application_name={node}"), hold]))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_lock_writes_nothing_after_another_took_over() {
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // The server ends a transaction left idle for a second: the stalled
-    // node's lock goes then.
-    let hold = "options=-c%20idle_in_transaction_session_timeout%3D1000";
-    let url_a = with_params(&pg.url(), &["application_name=node-a", hold]);
-    let url_b = with_params(&pg.url(), &["application_name=node-b", hold]);
+    let [url_a, url_b] = idle_limited(&pg);
     let timeout = ("ESTAFETA_READY_TIMEOUT", "2s");
     // A's first batch of moves waits 15 s before it is handed to the store.
     let stall = ("ESTAFETA_FAILPOINTS", "messages::apply=1*sleep(15000)");
@@ -263,9 +267,7 @@ async fn a_device_created_whose_commit_answer_was_lost_gets_its_token() {
 async fn a_starting_node_that_lost_its_lock_takes_no_live_reply_for_an_orphan() {
     let pg = Postgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let hold = "options=-c%20idle_in_transaction_session_timeout%3D1000";
-    let url_a = with_params(&pg.url(), &["application_name=node-a", hold]);
-    let url_b = with_params(&pg.url(), &["application_name=node-b", hold]);
+    let [url_a, url_b] = idle_limited(&pg);
     let b = Node::start(dir.path(), "node-b", &url_b, &[]).await;
     let admin_token = b.printed_token.clone().unwrap();
     let (db_token, phone_token) = provision_one(&b.client(&admin_token)).await;
