@@ -19,7 +19,7 @@
 //!
 //! ```no_run
 //! use estafeta_client::Client;
-//! use estafeta_wire::{Body, Id, SendMessage, StartRequest, StartStatus, Version};
+//! use estafeta_wire::{Body, Id, SendMessage, StartRequest, StartStatus};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let admin = Client::new("http://127.0.0.1:8080", "the-admin-token")?;
@@ -30,22 +30,12 @@
 //! let phone = admin.create_device(&acme, &"phone-1".parse()?, &"sales".parse()?).await?;
 //!
 //! let device = admin.with_token(&phone.token);
-//! let sent = device
-//!     .send(&SendMessage::new(db.id.clone(), Body::from_json(r#"{"order": 17}"#)?).with_key("order-17"))
-//!     .await?;
+//! let order = SendMessage::new(db.id.clone(), Body::from_json(r#"{"order": 17}"#)?);
+//! let sent = device.send(&order.with_key("order-17")).await?;
 //! println!("message {} ({:?})", sent.accepted.id, sent.upload);
 //!
 //! let processor = admin.with_token(&db.token);
-//! let started = processor
-//!     .start(&StartRequest {
-//!         version: Version,
-//!         db_id: db.id.clone(),
-//!         subsystems: None,
-//!         senders: None,
-//!         max_files: None,
-//!         max_mb: None,
-//!     })
-//!     .await?;
+//! let started = processor.start(&StartRequest::new(db.id.clone())).await?;
 //! assert_eq!(started.status, StartStatus::Ok);
 //! # Ok(())
 //! # }

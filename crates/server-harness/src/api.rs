@@ -25,14 +25,7 @@ pub fn message(to: &str, body: &str, key: Option<&str>) -> SendMessage {
 
 /// A start call for `db` with no filters.
 pub fn start_request(db: &str) -> StartRequest {
-    StartRequest {
-        version: Version,
-        db_id: id(db),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    }
+    StartRequest::new(id(db))
 }
 
 /// The result of `message_id`: PROCESSED, no error.

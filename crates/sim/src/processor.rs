@@ -458,12 +458,8 @@ impl Processor {
     /// `start`, with BUSY retried after a random back-off.
     async fn start(&mut self) -> Result<Offer, SimError> {
         let request = StartRequest {
-            version: Version,
-            db_id: self.config.db_id.clone(),
-            subsystems: None,
-            senders: None,
             max_files: self.config.max_files,
-            max_mb: None,
+            ..StartRequest::new(self.config.db_id.clone())
         };
         for attempt in 0..=self.config.busy_retries {
             let answer = self.client.start(&request).await?;

@@ -29,6 +29,21 @@ pub struct StartRequest {
     pub max_mb: Option<f64>,
 }
 
+impl StartRequest {
+    /// A start for the database `db_id`: every subsystem and sender, within
+    /// the server's limits.
+    pub fn new(db_id: Id) -> StartRequest {
+        StartRequest {
+            version: Version,
+            db_id,
+            subsystems: None,
+            senders: None,
+            max_files: None,
+            max_mb: None,
+        }
+    }
+}
+
 /// The answer to API_1: IDLE, BUSY, or OK with a process id and messages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StartResponse {

@@ -149,14 +149,7 @@ pub(crate) fn send_request(to: &str, body: &str, key: Option<&str>) -> SendMessa
 
 /// A start for the database `db` with no filters and the server's limits.
 pub(crate) fn start_request(db: &str) -> StartRequest {
-    StartRequest {
-        version: Version,
-        db_id: id(db),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    }
+    StartRequest::new(id(db))
 }
 
 /// `n` replies to phone-1, each body numbering its reply.

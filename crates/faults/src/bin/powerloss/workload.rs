@@ -111,14 +111,7 @@ fn id(s: &str) -> anyhow::Result<Id> {
 }
 
 pub(crate) fn start_request(db: &Id) -> StartRequest {
-    StartRequest {
-        version: Version,
-        db_id: db.clone(),
-        subsystems: None,
-        senders: None,
-        max_files: None,
-        max_mb: None,
-    }
+    StartRequest::new(db.clone())
 }
 
 fn upload(to: &Id, key: &str) -> anyhow::Result<SendMessage> {
