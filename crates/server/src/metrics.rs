@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::http::Method;
 use estafeta_exchange::mailbox::{COUNTED, Folder};
+use estafeta_exchange::store::SCHEDULED_SOURCE;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::ProcessState;
 use estafeta_exchange::{CommitObserver, Durable, Exchange, Verdicts};
@@ -745,18 +746,19 @@ pub async fn backlogs(parts: &Parts<'_>) -> Vec<(&'static str, Backlog)> {
     let ex = parts.exchange;
     if let (Ok(stats), Ok(first)) = (ex.scheduled_stats().await, ex.scheduled(1).await) {
         let now = u64::try_from(ex.now().as_millis() / 1000).unwrap_or(0);
-        let counts = stats.sources.get(SCHEDULED).cloned().unwrap_or_default();
+        let counts = stats
+            .sources
+            .get(SCHEDULED_SOURCE)
+            .cloned()
+            .unwrap_or_default();
         let oldest = first.first().map(|e| e.due).filter(|d| *d <= now);
         out.push((
-            SCHEDULED,
+            SCHEDULED_SOURCE,
             Backlog::new(counts.entries, counts.due, oldest, now),
         ));
     }
     out
 }
-
-/// The repeat source of messages scheduled for their `deliver_at`.
-pub const SCHEDULED: &str = "deliver_at";
 
 /// Free (for unprivileged users) and total bytes of the file system of `dir`.
 pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {

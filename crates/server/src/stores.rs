@@ -17,13 +17,12 @@ use crate::dashboard::logins::Logins;
 use crate::error::ServeError;
 use crate::events::{EventLogStore, EventStore};
 use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
+use estafeta_exchange::store::SCHEDULED_SOURCE;
 
-/// The exchange's repeat source: messages scheduled for their `deliver_at`.
-const DEFERRED: &str = "deliver_at";
 /// How long a node holds a due `deliver_at` message it took in the cluster
 /// store: a node that dies holding one leaves it to another node this
 /// long after it took it.
-const DEFERRED_LEASE: Duration = Duration::from_secs(30);
+const SCHEDULED_LEASE: Duration = Duration::from_secs(30);
 /// How often a cluster node reads the database server's time again.
 const CLOCK_READING: Duration = Duration::from_secs(10);
 
@@ -190,10 +189,13 @@ pub async fn stores(
         scheduled: estafeta_exchange::store::Scheduled::with_listing(
             Arc::new(estafeta_postgres::PgQueue::claiming(
                 db.clone(),
-                &[DEFERRED],
-                DEFERRED_LEASE,
+                &[SCHEDULED_SOURCE],
+                SCHEDULED_LEASE,
             )),
-            Arc::new(estafeta_postgres::PgQueue::new(db.clone(), &[DEFERRED])),
+            Arc::new(estafeta_postgres::PgQueue::new(
+                db.clone(),
+                &[SCHEDULED_SOURCE],
+            )),
             clock.clone(),
         ),
         keys: Arc::new(estafeta_postgres::PgKeys::new(db.clone())),

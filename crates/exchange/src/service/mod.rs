@@ -702,7 +702,7 @@ impl Exchange {
         limit: usize,
     ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
         let listed = Listed(self.core.scheduled_store.clone());
-        tokio::task::spawn_blocking(move || listed.entries(crate::store::scheduled::SOURCE, limit))
+        tokio::task::spawn_blocking(move || listed.entries(crate::store::SCHEDULED_SOURCE, limit))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| ExchangeError::unavailable(ErrorCode::StorageError, e.to_string()))

@@ -172,7 +172,7 @@ mod tests {
         let scheduled = stores.scheduled.store.clone();
         writes.spawn_blocking(move || {
             let entry = estafeta_repeat::Entry {
-                source: "deliver_at".to_owned(),
+                source: crate::store::SCHEDULED_SOURCE.to_owned(),
                 due: u64::MAX / 2,
                 id: "m1".to_owned(),
                 payload: Vec::new(),

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::removal::Removals;
-use super::scheduled::{self, DeliveryScheduler, Listed, SOURCE, Scheduled};
+use super::scheduled::{self, DeliveryScheduler, Listed, SCHEDULED_SOURCE, Scheduled};
 use super::{Applied, MessageReads, MessageSteps, MessageUpkeep, Op};
 use crate::error::MailboxError;
 use crate::id::Id;
@@ -77,7 +77,7 @@ impl FileStore {
         let scheduled = crate::DataLayout::new(self.mailboxes.root()).scheduled();
         tokio::task::spawn_blocking(move || {
             let entries = kept
-                .entries(SOURCE, usize::MAX)
+                .entries(SCHEDULED_SOURCE, usize::MAX)
                 .map_err(|e| MailboxError::io(&scheduled, std::io::Error::other(e)))?;
             Ok(entries
                 .into_iter()

@@ -25,7 +25,7 @@ pub(crate) mod scheduled;
 pub(crate) use files::FileStore;
 pub use redb_registry::RedbRegistry;
 pub use registry::{Change, RegistryStore, Snapshot};
-pub use scheduled::{Listed, Scheduled, WallClock, scheduled_entry};
+pub use scheduled::{Listed, SCHEDULED_SOURCE, Scheduled, WallClock, scheduled_entry};
 
 pub use crate::mailbox::{
     FileEntry, FileName, Filter, Folder, KindTotals, Limits, Location, MailboxKind, Outcome,

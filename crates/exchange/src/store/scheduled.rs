@@ -11,8 +11,8 @@ use estafeta_repeat::{Entry, Scheduler, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The repeat source of scheduled messages.
-pub(crate) const SOURCE: &str = "deliver_at";
+/// The repeat source of messages scheduled for their `deliver_at`.
+pub const SCHEDULED_SOURCE: &str = "deliver_at";
 
 /// A session clock (the exchange's) as a repeat scheduler's wall clock,
 /// so that whoever controls one controls both (a test's clock, a
@@ -121,7 +121,7 @@ fn due_second(t: Timestamp) -> u64 {
 /// message in the same transaction.
 pub fn scheduled_entry(id: MessageId, bytes: Vec<u8>, at: Timestamp) -> Entry {
     Entry {
-        source: SOURCE.to_owned(),
+        source: SCHEDULED_SOURCE.to_owned(),
         due: due_second(at),
         id: id.to_string(),
         payload: bytes,

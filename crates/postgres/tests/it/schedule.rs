@@ -1,6 +1,6 @@
 //! The repeat scheduler's store over PostgreSQL: its ops as the embedded
 //! stores do them, reads that see what other nodes wrote, the exchange's
-//! deferred delivery run by two nodes' plain schedulers at once giving one
+//! scheduled delivery run by two nodes' plain schedulers at once giving one
 //! message, and claiming reads of `deliver_at` handing each due message to
 //! one node, to another once the lease of a claimer that died ends.
 
@@ -171,7 +171,7 @@ impl estafeta_session::Clock for Fixed {
 }
 
 /// Two nodes, each with its own pool and its own scheduler on the shared
-/// table, both running before the message is kept aside by a third party's
+/// table, both running before the message is scheduled by a third party's
 /// batch: both read the due entry (neither wrote it), both run the
 /// exchange's delivery (look whether it was delivered, else put it in its
 /// recipient's `Messages`) at the same moment, and the recipient gets one
@@ -331,9 +331,9 @@ fn reply(n: u128) -> Message {
     }
 }
 
-/// Keeps `replies` aside, as a step's batch does on a clock that reads 0,
+/// Schedules `replies`, as a step's batch does on a clock that reads 0,
 /// until a time long past by the schedulers' clocks: due at once.
-async fn keep_aside(db: &Store, replies: &[Message]) {
+async fn schedule_replies(db: &Store, replies: &[Message]) {
     let messages = PgMessages::with_clock(db.clone(), Arc::new(Fixed(0)));
     let mut ops = Vec::new();
     for reply in replies {
@@ -382,7 +382,7 @@ async fn claiming_reads_of_deliver_at_at_once_take_disjoint_messages() {
     let pg = Postgres::start().unwrap();
     let db = store(&pg).await;
     let replies: Vec<Message> = (0..40).map(reply).collect();
-    keep_aside(&db, &replies).await;
+    schedule_replies(&db, &replies).await;
 
     let listing = Arc::new(PgQueue::new(db.clone(), &["deliver_at"]));
     let listed = {
@@ -451,7 +451,7 @@ async fn a_message_whose_claimer_died_is_delivered_by_another_node_after_the_lea
     let pg = Postgres::start().unwrap();
     let (a, b) = (store(&pg).await, store(&pg).await);
     let message = reply(7);
-    keep_aside(&b, std::slice::from_ref(&message)).await;
+    schedule_replies(&b, std::slice::from_ref(&message)).await;
     let id = message.id.to_string();
     let clock = TestClock::new(1_000_000);
     let (handed, mut handouts) = tokio::sync::mpsc::unbounded_channel();

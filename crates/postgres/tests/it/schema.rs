@@ -45,15 +45,15 @@ async fn one_message_per_idempotency_key_and_none_for_a_removed_mailbox() {
         .get(0);
     assert_eq!(kept, "m1");
 
-    // A message and a message kept aside reference their mailbox: removed,
+    // A message and a scheduled message reference their mailbox: removed,
     // it takes them along, and a later one for it is refused.
     let message = "INSERT INTO messages (id, owner, place, sender, recipient, subsystem,
                      created_at, size, body)
                    VALUES ($1, 'db-a', 'Messages', 'phone-1', 'db-a', 'sales', 0, 2, '\\x7b7d')";
-    let kept_aside = "INSERT INTO repeat_entries (id, source, due, attempt, payload, owner)
+    let scheduled = "INSERT INTO repeat_entries (id, source, due, attempt, payload, owner)
                       VALUES ($1, 'deliver_at', 0, 0, '\\x7b7d', 'db-a')";
     client.execute(message, &[&"m1"]).await.unwrap();
-    client.execute(kept_aside, &[&"e1"]).await.unwrap();
+    client.execute(scheduled, &[&"e1"]).await.unwrap();
     client
         .execute("DELETE FROM message_owners WHERE id = 'db-a'", &[])
         .await
@@ -69,7 +69,7 @@ async fn one_message_per_idempotency_key_and_none_for_a_removed_mailbox() {
     assert_eq!(left, 0);
     let refused = client.execute(message, &[&"m2"]).await.unwrap_err();
     assert_eq!(sqlstate(&refused), Some("23503"), "{refused}");
-    let refused = client.execute(kept_aside, &[&"e2"]).await.unwrap_err();
+    let refused = client.execute(scheduled, &[&"e2"]).await.unwrap_err();
     assert_eq!(sqlstate(&refused), Some("23503"), "{refused}");
 }
 

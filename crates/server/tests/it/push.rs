@@ -167,7 +167,7 @@ async fn arrivals_are_pushed_to_database_and_device_webhooks_without_bodies(stor
     assert_eq!(post.uri, "/phone");
     assert_notification(&post, "phone-1", "device", &clock);
 
-    // A message for later is kept aside; it is pushed when it enters the
+    // A message for later is scheduled; it is pushed when it enters the
     // queue at its time.
     let mut later = message("db-x", "{}", None);
     use estafeta_session::Clock;

@@ -8,9 +8,10 @@ use estafeta_exchange::Timestamp;
 
 use super::{Layout, PageResult, render};
 use crate::dashboard::auth::AdminSession;
-use crate::metrics::{SCHEDULED, backlogs};
+use crate::metrics::backlogs;
 use crate::notify::{LastErrors, Row};
 use crate::state::AppState;
+use estafeta_exchange::store::SCHEDULED_SOURCE;
 
 /// The most entries per source the page lists.
 const ROWS_SHOWN: usize = 200;
@@ -70,7 +71,11 @@ pub async fn deliveries(State(state): State<AppState>, session: AdminSession) ->
                 i64::try_from(r.due_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
             )
             .to_string(),
-            state: match (r.due_secs <= now, r.attempts > 0, r.source == SCHEDULED) {
+            state: match (
+                r.due_secs <= now,
+                r.attempts > 0,
+                r.source == SCHEDULED_SOURCE,
+            ) {
                 (false, _, true) => "scheduled",
                 (false, true, _) => "retrying",
                 (false, false, _) => "waiting",
