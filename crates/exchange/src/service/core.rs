@@ -59,7 +59,7 @@ pub(crate) struct Core {
     /// The processes of every database, kept as their records are saved:
     /// only where this server sees every save (a store of its own; with a
     /// shared store the list is read from the records when asked).
-    pub(crate) process_tally: Option<super::admin::tally::ProcessTally>,
+    pub(crate) process_tally: Option<super::admin::process_tally::ProcessTally>,
 }
 
 pub(crate) fn count(c: &AtomicUsize) {
@@ -165,7 +165,7 @@ impl Core {
         fail::fail_point!("messages::apply");
         let applied = self.store.apply(again(&mut held), ops).await;
         fail::fail_point!("messages::applied");
-        super::webhooks::announce(
+        super::arrivals::announce(
             &self.registry,
             self.push.as_ref(),
             &applied.arrivals,

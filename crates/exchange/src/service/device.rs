@@ -6,12 +6,12 @@
 
 use super::Presented;
 use super::Upload as UploadOutcome;
+use super::arrivals::arrived;
 use super::core::{Core, confirm, hold_for};
 use super::error::ExchangeError;
 use super::observer::Messages;
 use super::push::PushSink;
 use super::records::{DeviceRecord, Upload};
-use super::webhooks::arrived;
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
 use crate::store::{FileName, Folder, Location, Op};
 use crate::tenancy::{Principal, Registry};

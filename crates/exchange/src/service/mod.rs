@@ -20,7 +20,7 @@
 //!   steps do to the stores (a batch of moves goes to the message store,
 //!   [`crate::store::MessageStore`], as one `apply`).
 //! - `hooks.rs` (deadlines and start-up processing of database sessions),
-//!   `recovery.rs`, `webhooks.rs` (arrivals told to the [`PushSink`] of
+//!   `recovery.rs`, `arrivals.rs` (arrivals told to the [`PushSink`] of
 //!   `push.rs`), `schedule.rs` (messages scheduled for their
 //!   `deliver_at`), `alerting.rs` (alerts raised and cleared through the
 //!   [`AlertSink`] of `alerts.rs`), `stats.rs`.
@@ -41,6 +41,7 @@ mod admin;
 mod alert_kind;
 mod alerting;
 mod alerts;
+mod arrivals;
 mod basics;
 mod config;
 mod core;
@@ -59,11 +60,10 @@ mod schedule;
 mod sessions;
 mod snapshot;
 mod stats;
-mod webhooks;
 
 pub use crate::store::Listed;
 pub use admin::Totals;
-pub use admin::tally::{ProcessTotals, Verdicts};
+pub use admin::process_tally::{ProcessTotals, Verdicts};
 pub use alerts::{Alert, AlertKind, AlertSink, LogOnly, key as alert_key};
 pub use config::ExchangeConfig;
 pub use error::{ErrorKind, ExchangeError};
@@ -298,7 +298,7 @@ impl Exchange {
         // The process list this server keeps in memory as records are
         // saved: only where it sees every save (with a store other servers
         // share, the list is read from the records).
-        let process_tally = (!sessions.shared()).then(admin::tally::ProcessTally::default);
+        let process_tally = (!sessions.shared()).then(admin::process_tally::ProcessTally::default);
         // The database engine's hooks reach the core that owns the engine
         // through a `Weak` to it.
         let alerting = alerting::Alerting::new(sinks.alerts, clock.clone());

@@ -1,10 +1,10 @@
 //! Start-up processing and retention.
 
 use super::alerts::AlertKind;
+use super::arrivals::{adopt_session_webhooks, push_waiting};
 use super::core::Core;
 use super::device::with_keys;
 use super::error::ExchangeError;
-use super::webhooks::{adopt_session_webhooks, push_waiting};
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Op};
 use crate::{Id, MessageId, Timestamp};

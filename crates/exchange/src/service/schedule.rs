@@ -7,8 +7,8 @@
 //! recipient is not written twice. The delivery is the rest of an
 //! upload, on the upload's parts ([`DeviceCalls`]).
 
+use super::arrivals::announce;
 use super::device::DeviceCalls;
-use super::webhooks::announce;
 use crate::error::MailboxError;
 use crate::store::{FileName, Folder, Location};
 use crate::wire::Message;

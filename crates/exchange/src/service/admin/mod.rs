@@ -2,7 +2,7 @@
 //! statistics and folders here; what exists and its deletion
 //! (`manage.rs`); the dashboard's operator actions (`operator.rs`); the
 //! figures that stay cheap at any size (`totals.rs`) over the process list
-//! kept as records are saved (`tally.rs`); webhooks (`webhooks.rs`).
+//! kept as records are saved (`process_tally.rs`); webhooks (`webhooks.rs`).
 
 use super::core::Core;
 use super::error::ExchangeError;
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 mod manage;
 mod operator;
-pub(crate) mod tally;
+pub(crate) mod process_tally;
 mod totals;
 mod webhooks;
 

@@ -9,9 +9,9 @@
 //! never disagree.
 
 use super::super::Exchange;
+use super::super::arrivals::arrived;
 use super::super::core::Core;
 use super::super::error::ExchangeError;
-use super::super::webhooks::arrived;
 use super::admin;
 use crate::store::{FileName, Folder, Op};
 use crate::tenancy::Principal;

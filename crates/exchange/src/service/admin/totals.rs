@@ -7,7 +7,7 @@
 use super::super::Exchange;
 use super::super::error::ExchangeError;
 use super::admin;
-use super::tally::ProcessTotals;
+use super::process_tally::ProcessTotals;
 use crate::store::{FileName, Folder, MailboxKind, Tallies};
 use crate::tenancy::Principal;
 use crate::wire::ProcessSummary;
@@ -132,7 +132,7 @@ impl Exchange {
     /// read from every record where the records are shared; `f` reads it.
     async fn with_process_list<T>(
         &self,
-        f: impl FnOnce(&super::tally::ProcessTally) -> T,
+        f: impl FnOnce(&super::process_tally::ProcessTally) -> T,
     ) -> Result<T, ExchangeError> {
         let core = &self.core;
         let Some(tally) = &core.process_tally else {
@@ -162,8 +162,10 @@ impl Exchange {
     }
 
     /// The process list read from every database's record.
-    async fn read_all_processes(&self) -> Result<super::tally::ProcessTally, ExchangeError> {
-        let read = super::tally::ProcessTally::default();
+    async fn read_all_processes(
+        &self,
+    ) -> Result<super::process_tally::ProcessTally, ExchangeError> {
+        let read = super::process_tally::ProcessTally::default();
         for db in self.core.registry.databases() {
             if let Some(g) = self.core.sessions.db.get(db.id.clone(), false).await? {
                 read.replace(&db.id, g.state());
