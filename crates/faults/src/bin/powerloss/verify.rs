@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use estafeta_client::Client;
-use estafeta_wire::{CallStatus, Folder, MessageId, ProcessId, StartStatus};
+use estafeta_wire::{CallStatus, Folder, MessageId, ProcessId, StartRequest, StartStatus};
 use tokio::process::{Child, Command};
 
 use crate::workload::{self, Ack, DATABASES, DEVICES, Journal};
@@ -263,7 +263,7 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
                 found.push(format!("stuck: {queue}'s queue never became idle"));
                 break;
             }
-            let started = match db.start(&workload::start_request(&queue)).await {
+            let started = match db.start(&StartRequest::new(queue.clone())).await {
                 Ok(s) => s,
                 Err(e) if e.status() == Some(reqwest::StatusCode::UNAUTHORIZED) => {
                     found.push(format!("lost: the database {queue} ({e})"));

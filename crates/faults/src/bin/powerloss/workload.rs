@@ -110,10 +110,6 @@ fn id(s: &str) -> anyhow::Result<Id> {
     Ok(s.parse()?)
 }
 
-pub(crate) fn start_request(db: &Id) -> StartRequest {
-    StartRequest::new(db.clone())
-}
-
 fn upload(to: &Id, key: &str) -> anyhow::Result<SendMessage> {
     let body = Body::from_json(format!(r#"{{"key":"{key}"}}"#))?;
     Ok(SendMessage::new(to.clone(), body).with_key(key))
@@ -281,7 +277,9 @@ async fn process(
     outcome: Outcome<'_>,
 ) -> anyhow::Result<()> {
     let processor = &c.dbs[db];
-    let started = processor.start(&start_request(&id(DATABASES[db])?)).await?;
+    let started = processor
+        .start(&StartRequest::new(id(DATABASES[db])?))
+        .await?;
     if started.status != StartStatus::Ok {
         bail!("the {tag} process's start answered {:?}", started.status);
     }
