@@ -13,7 +13,7 @@
 //!   A call goes through the protocol (`service/protocol.rs`,
 //!   `device.rs`, …) to the process lifecycle (`service/lifecycle.rs`, a
 //!   pure state machine: state + event → new state + steps), whose steps
-//!   the driver (`service/core.rs`) carries out against the stores.
+//!   the interpreter (`service/drive.rs`) carries out against the stores.
 //! - [`store`]: the storage seams. [`store::MessageStore`] keeps the
 //!   messages in their places (`Messages`, `Prepared`, `Log`, `Unknown`,
 //!   `Error` of each database and device), seen through three ports by

@@ -7,9 +7,10 @@
 use super::Presented;
 use super::Upload as UploadOutcome;
 use super::arrivals::arrived;
-use super::core::{Core, confirm, hold_for};
 use super::error::ExchangeError;
+use super::hold::{confirm, hold_for};
 use super::observer::Messages;
+use super::parts::Parts;
 use super::push::PushSink;
 use super::records::{DeviceRecord, Upload};
 use crate::keys::{KeyedUpload, KeysError, UploadKeys};
@@ -91,17 +92,17 @@ pub(crate) struct DeviceCalls<'a> {
 }
 
 impl<'a> DeviceCalls<'a> {
-    /// The parts of `core` the device calls use.
-    pub(crate) fn of(core: &'a Core) -> DeviceCalls<'a> {
+    /// The parts the device calls use.
+    pub(crate) fn of(parts: &'a Parts) -> DeviceCalls<'a> {
         DeviceCalls {
-            clock: core.clock.as_ref(),
-            ids: &core.ids,
-            registry: &core.registry,
-            store: &core.store,
-            devices: &core.sessions.device,
-            keys: &core.keys,
-            key_ttl: core.config.idempotency_ttl,
-            push: core.push.as_ref(),
+            clock: parts.clock.as_ref(),
+            ids: &parts.ids,
+            registry: &parts.registry,
+            store: &parts.store,
+            devices: &parts.sessions.device,
+            keys: &parts.keys,
+            key_ttl: parts.config.idempotency_ttl,
+            push: parts.push.as_ref(),
         }
     }
 

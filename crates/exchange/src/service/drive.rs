@@ -1,22 +1,102 @@
 //! The interpreter of the process lifecycle: runs an event through
 //! [`lifecycle::step`] and carries out the steps it returns (owner
 //! records, discards, batches of moves, alerts, saves), for a protocol
-//! call on a held database session ([`Core::drive`]) and for a session
-//! hook inside the engine ([`Core::drive_hook`]), both through one loop:
-//! they differ only in what a save does ([`Driven`]).
+//! call on a held database session ([`Interpreter::drive`]) and for a
+//! session hook inside the engine ([`Interpreter::drive_hook`]), both
+//! through one loop: they differ only in what a save does ([`Driven`]).
+//! What each step does to the stores is in `effects.rs`.
 
+use super::ExchangeConfig;
+use super::admin::process_tally::ProcessTally;
 use super::alert_kind::AlertKind;
+use super::alerting::Alerting;
 use super::alerts::{Alert, key};
 use super::basics::{Held, again};
-use super::core::{Core, count};
 use super::error::ExchangeError;
-use super::lifecycle::{self, Answer, Event, Found, Step};
+use super::lifecycle::{self, Answer, Ctx, Event, Found, Step};
+use super::observer::{CommitObserver, Messages};
+use super::parts::{Parts, RecoveryCounters};
+use super::push::PushSink;
 use super::records::DbRecord;
+use super::sessions::Sessions;
 use crate::error::MailboxError;
+use crate::tenancy::Registry;
 use crate::wire::{ErrorCode, ProcessState};
 use crate::{Id, ProcessId};
-use estafeta_session::{SessionData, SessionGuard, Timestamp};
+use estafeta_session::{Clock, SessionData, SessionGuard, Timestamp};
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+mod effects;
+
+/// What the lifecycle's steps use of the exchange, and nothing more: the
+/// one way a process's record changes, for the processor calls, the
+/// session hooks and the operator's actions alike.
+pub(crate) struct Interpreter<'a> {
+    /// The time of each event, and of the deadlines it sets.
+    clock: &'a dyn Clock,
+    /// How long a process may stay STARTED, and READY_TO_COMMIT.
+    started_timeout: Duration,
+    ready_timeout: Duration,
+    /// How long an ended process's owner record is kept.
+    retention: Duration,
+    /// Told of each process that ends (the backup pause counts them).
+    observer: Option<&'a Arc<dyn CommitObserver>>,
+    /// Who receives moved messages, and the shared registry's counter.
+    registry: &'a Registry,
+    /// Where the steps' batches of moves and deletes go.
+    store: &'a Messages,
+    /// The process records (who owns a process, how it ended).
+    sessions: &'a Sessions,
+    /// Where the steps' alerts go.
+    alerting: &'a Alerting,
+    /// Told of the arrivals a batch of moves made.
+    push: &'a dyn PushSink,
+    /// What start-up processing found, counted.
+    recovery: &'a RecoveryCounters,
+    /// The process list kept as records are saved, if this server keeps one.
+    process_tally: Option<&'a ProcessTally>,
+}
+
+impl<'a> Interpreter<'a> {
+    /// The parts the lifecycle's steps use.
+    pub(crate) fn of(parts: &'a Parts) -> Interpreter<'a> {
+        let config: &ExchangeConfig = &parts.config;
+        Interpreter {
+            clock: parts.clock.as_ref(),
+            started_timeout: config.started_timeout,
+            ready_timeout: config.ready_timeout,
+            retention: config.retention,
+            observer: config.quiesce.observer(),
+            registry: &parts.registry,
+            store: &parts.store,
+            sessions: &parts.sessions,
+            alerting: &parts.alerting,
+            push: parts.push.as_ref(),
+            recovery: &parts.recovery,
+            process_tally: parts.process_tally.as_ref(),
+        }
+    }
+
+    fn now(&self) -> crate::Timestamp {
+        super::basics::now(self.clock)
+    }
+
+    /// The lifecycle's view of the time and the timeouts now.
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            now: self.now(),
+            started_timeout: self.started_timeout,
+            ready_timeout: self.ready_timeout,
+        }
+    }
+}
+
+fn count(c: &AtomicUsize) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
 
 /// What carrying out a lifecycle's steps left over: the answer, the
 /// events that file operations gave, and the ended processes whose owner
@@ -28,7 +108,7 @@ struct Carried {
     owners: Vec<(ProcessId, ProcessState)>,
     /// The shared registry's change counter read with the lock of the step
     /// the run holds, if any: what the recipients of moved messages are
-    /// looked up as of ([`Core::run_ops`]).
+    /// looked up as of ([`Interpreter::run_ops`]).
     registry: Option<u64>,
 }
 
@@ -52,7 +132,7 @@ impl Carried {
     }
 }
 
-impl Core {
+impl Interpreter<'_> {
     /// Carry out one step of the lifecycle that does not touch the
     /// database record (the callers save it and set its deadline), in
     /// `held`, the step the database's session holds.
@@ -284,7 +364,7 @@ impl Core {
 enum Driven<'a> {
     /// A protocol call's held session: each event's change is committed
     /// at its save. With `last`, the caller changes the session no more
-    /// once the run ends (see [`Core::drive`]).
+    /// once the run ends (see [`Interpreter::drive`]).
     Call {
         g: &'a mut SessionGuard<Id, DbRecord>,
         last: bool,

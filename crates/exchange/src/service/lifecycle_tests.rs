@@ -28,7 +28,6 @@
 use super::*;
 use crate::Timestamp as T;
 use crate::mailbox::Folder;
-use crate::service::core::Core;
 use crate::service::records::RECENT;
 use crate::store::Op as StoreOp;
 use proptest::prelude::*;
@@ -695,7 +694,7 @@ impl World {
             return;
         }
         let m = held[usize::from(pick) % held.len()];
-        if Core::referenced(&self.rec).any(|n| n.id == m) {
+        if self.rec.referenced().any(|n| n.id == m) {
             return;
         }
         self.handled.insert(m);

@@ -5,20 +5,23 @@
 //! server plugs in.
 //!
 //! Where things are, in the order a call flows through them:
-//! - `protocol.rs` (processor calls), `device.rs` (uploads, inbox, acks,
-//!   on `DeviceCalls`: only the parts they use), `admin/` (provisioning,
-//!   deletion, operator actions, the admin's figures and process list):
-//!   the calls; a call that
+//! - `protocol.rs` (processor calls, on `ProcessCalls`), `device.rs`
+//!   (uploads, inbox, acks, on `DeviceCalls`), each borrowing only the
+//!   parts it uses from `parts.rs`; `admin/` (provisioning, deletion,
+//!   operator actions, the admin's figures and process list) and
+//!   `recovery.rs`, methods of the [`Exchange`]: the calls. A call that
 //!   changes a database's processes or a device's records holds that
-//!   database's or device's session while it runs.
+//!   database's or device's session while it runs (`hold.rs`, its caller
+//!   confirmed in the session's step).
 //! - `lifecycle.rs`: the process lifecycle as one pure function (state
 //!   diagram in its doc): every change of a process is an event there,
 //!   and the steps it returns say what to do (batches of message moves,
 //!   owner records, alerts, saves).
-//! - `drive.rs`: the one interpreter of the lifecycle's steps, for calls
-//!   and for session hooks; `core.rs`: the service's parts and what the
-//!   steps do to the stores (a batch of moves goes to the message store,
-//!   [`crate::store::MessageStore`], as one `apply`).
+//! - `drive.rs`: the one interpreter of the lifecycle's steps
+//!   (`Interpreter`, for calls, session hooks and the operator's actions);
+//!   `drive/effects.rs`: what the steps do to the stores (a batch of moves
+//!   goes to the message store, [`crate::store::MessageStore`], as one
+//!   `apply`).
 //! - `hooks.rs` (deadlines and start-up processing of database sessions),
 //!   `recovery.rs`, `arrivals.rs` (arrivals told to the [`PushSink`] of
 //!   `push.rs`), `schedule.rs` (messages scheduled for their
@@ -44,13 +47,14 @@ mod alerts;
 mod arrivals;
 mod basics;
 mod config;
-mod core;
 mod device;
 mod drive;
 mod error;
+mod hold;
 mod hooks;
 mod lifecycle;
 mod observer;
+mod parts;
 mod phase;
 mod protocol;
 mod push;
@@ -72,8 +76,9 @@ pub use phase::Phase;
 pub use push::{NoPush, PushSink, RecipientKind, is_link_local_or_metadata};
 pub use snapshot::{Paused, Quiesce};
 
+use crate::UlidGenerator;
 use crate::keys::UploadKeys;
-use crate::store::{FileStore, Folder, MessageStore, RedbRegistry, RegistryStore, Scheduled};
+use crate::store::{FileStore, MessageStore, RedbRegistry, RegistryStore, Scheduled};
 use crate::tenancy::Registry;
 use crate::tenancy::{AdminToken, Principal};
 use crate::token::{Token, TokenHash};
@@ -81,16 +86,15 @@ use crate::wire::ErrorCode;
 use crate::wire::ProcessState;
 use crate::wire::{
     AbortRequest, AcceptRequest, AckRequest, AckResponse, CallResponse, CommitRequest,
-    FolderListing, MessageAccepted, PrepareRequest, ProcessList, ProcessStatus, RollbackRequest,
-    SendMessage, StartRequest, Stats,
+    MessageAccepted, PrepareRequest, ProcessStatus, RollbackRequest, SendMessage, StartRequest,
 };
-use crate::{Id, UlidGenerator};
 use admin::admin;
-use core::Core;
 use device::DeviceCalls;
 use estafeta_durable::WriteGate;
 use estafeta_session::{Clock, RedbStorage, Storage};
 use hooks::ExchangeHooks;
+use parts::Parts;
+use protocol::ProcessCalls;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -266,7 +270,7 @@ async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
 /// The exchange service. Cheap to clone.
 #[derive(Clone)]
 pub struct Exchange {
-    core: Arc<Core>,
+    parts: Arc<Parts>,
 }
 
 impl Exchange {
@@ -299,16 +303,18 @@ impl Exchange {
         // saved: only where it sees every save (with a store other servers
         // share, the list is read from the records).
         let process_tally = (!sessions.shared()).then(admin::process_tally::ProcessTally::default);
-        // The database engine's hooks reach the core that owns the engine
+        // The database engine's hooks reach the parts that own the engine
         // through a `Weak` to it.
         let alerting = alerting::Alerting::new(sinks.alerts, clock.clone());
-        let core = Arc::new_cyclic(|core| Core {
+        let parts = Arc::new_cyclic(|parts| Parts {
             config,
             clock,
             registry,
             store: observer::Messages::new(stores.messages, observer),
             ids: UlidGenerator::new(),
-            sessions: sessions.start(Arc::new(ExchangeHooks { core: core.clone() })),
+            sessions: sessions.start(Arc::new(ExchangeHooks {
+                parts: parts.clone(),
+            })),
             phase: watch::Sender::new(Phase::Starting),
             recovery: Default::default(),
             alerting,
@@ -319,7 +325,7 @@ impl Exchange {
             counting: Default::default(),
             process_tally,
         });
-        Ok((Exchange { core }, admin_token))
+        Ok((Exchange { parts }, admin_token))
     }
 
     /// [`Exchange::open`] over the embedded stores under
@@ -337,31 +343,31 @@ impl Exchange {
     /// host down) through the same sink, with the same tracing event.
     pub async fn raise_alert(&self, alert: Alert) {
         tracing::error!(target: "estafeta::alert", key = %alert.key, "{}", alert.text);
-        self.core.alerting.raise(alert).await;
+        self.parts.alerting.raise(alert).await;
     }
 
     /// The condition with `key` ended.
     pub async fn clear_alert(&self, key: String) {
-        self.core.alerting.clear(key).await;
+        self.parts.alerting.clear(key).await;
     }
 
     /// The exchange's clock (its time is what alerts and schedules read).
     pub fn now(&self) -> crate::Timestamp {
-        self.core.now()
+        basics::now(self.parts.clock.as_ref())
     }
 
-    /// Run a call on a task of its own. A caller that goes away midway (a
+    /// Run a call on a task of its own, over a clone of the exchange. A caller that goes away midway (a
     /// client that disconnects or times out drops the request's future)
     /// cannot cancel it half-way: the call finishes, durable or undone, just
     /// as if the caller had waited for the answer. The task runs in the
     /// caller's span, so what it logs carries the request's id.
     pub(crate) async fn detached<T, F, Fut>(&self, call: F) -> Result<T, ExchangeError>
     where
-        F: FnOnce(Arc<Core>) -> Fut,
+        F: FnOnce(Exchange) -> Fut,
         Fut: std::future::Future<Output = Result<T, ExchangeError>> + Send + 'static,
         T: Send + 'static,
     {
-        let call = call(self.core.clone()).instrument(tracing::Span::current());
+        let call = call(self.clone()).instrument(tracing::Span::current());
         match tokio::spawn(call).await {
             Ok(result) => result,
             Err(e) => Err(ExchangeError::unavailable(
@@ -374,7 +380,7 @@ impl Exchange {
     /// Protocol calls are served in [`Phase::Ready`] only (503
     /// `not_ready` before and once stopping began).
     fn ready(&self) -> Result<(), ExchangeError> {
-        let why = match *self.core.phase.borrow() {
+        let why = match *self.parts.phase.borrow() {
             Phase::Ready => return Ok(()),
             Phase::Starting | Phase::Recovering => "start-up processing is not done yet",
             Phase::Stopping => "the server is stopping",
@@ -382,36 +388,15 @@ impl Exchange {
         Err(ExchangeError::unavailable(ErrorCode::NotReady, why))
     }
 
-    /// Start-up processing (`docs/protocol.md`, "Crash and start-up
-    /// recovery"): timed-out STARTED removed,
-    /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
-    /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
-    /// (`not_ready`) until it has run. Its cost grows with the databases
-    /// and what they have pending, not with the devices or the messages
-    /// waiting; what can wait is left to [`Exchange::tidy`].
-    pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
-        self.core.recover().await
-    }
-
-    /// The start-up work that can wait until after [`Exchange::recover`]
-    /// (run it once, beside serving): webhooks kept in session records
-    /// moved into the registry and the recipients with messages waiting
-    /// pushed, temporary files of writes a crash
-    /// interrupted removed, every mailbox checked, expired keys and files
-    /// removed (a first retention sweep).
-    pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {
-        self.core.tidy().await
-    }
-
     /// The server's phase, to read or to wait on.
     pub fn phase(&self) -> watch::Receiver<Phase> {
-        self.core.phase.subscribe()
+        self.parts.phase.subscribe()
     }
 
     /// Whether the phase is [`Phase::Ready`]: start-up processing done, not
     /// stopping.
     pub fn is_ready(&self) -> bool {
-        *self.core.phase.borrow() == Phase::Ready
+        *self.parts.phase.borrow() == Phase::Ready
     }
 
     /// Waits until start-up processing is done (what depends on its
@@ -427,23 +412,23 @@ impl Exchange {
     /// Stopping began: the phase becomes [`Phase::Stopping`] (readiness
     /// ends, new protocol calls answer `not_ready`); calls in flight finish.
     pub fn begin_stopping(&self) {
-        self.core.phase.send_replace(Phase::Stopping);
+        self.parts.phase.send_replace(Phase::Stopping);
     }
 
     /// Who a bearer token belongs to (`None`: nobody, 401). With a shared
     /// registry store, what other servers changed is read first; a store
     /// that cannot be read is an error (503), not a refusal.
     pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, ExchangeError> {
-        self.core.registry.refresh().await?;
-        Ok(self.core.registry.authenticate(token))
+        self.parts.registry.refresh().await?;
+        Ok(self.parts.registry.authenticate(token))
     }
 
     /// Whether `hash` is the admin token's hash now (what other servers
     /// changed read first): a dashboard login holds only while the token it
     /// was opened with is the admin token.
     pub async fn is_admin_hash(&self, hash: &TokenHash) -> Result<bool, ExchangeError> {
-        self.core.registry.refresh().await?;
-        Ok(self.core.registry.authenticate_hash(hash) == Some(Principal::Admin))
+        self.parts.registry.refresh().await?;
+        Ok(self.parts.registry.authenticate_hash(hash) == Some(Principal::Admin))
     }
 
     /// Who `token` belongs to by the registry's copy in memory, without
@@ -452,7 +437,7 @@ impl Exchange {
     /// check it inside their step.
     pub fn presented(&self, token: &str) -> Option<Presented> {
         let hash = TokenHash::of(token);
-        let who = self.core.registry.authenticate_hash(&hash)?;
+        let who = self.parts.registry.authenticate_hash(&hash)?;
         Some(Presented {
             who,
             hash: Some(hash),
@@ -466,71 +451,8 @@ impl Exchange {
         if let Some(presented) = self.presented(token) {
             return Ok(Some(presented));
         }
-        self.core.registry.refresh().await?;
+        self.parts.registry.refresh().await?;
         Ok(self.presented(token))
-    }
-
-    /// Admin: create an enterprise (409 if it exists).
-    pub async fn create_enterprise(&self, who: &Principal, id: Id) -> Result<(), ExchangeError> {
-        admin(who)?;
-        Ok(self.core.registry.create_enterprise(id).await?)
-    }
-
-    /// Admin: create a subsystem of an enterprise.
-    pub async fn create_subsystem(
-        &self,
-        who: &Principal,
-        enterprise: Id,
-        id: Id,
-    ) -> Result<(), ExchangeError> {
-        admin(who)?;
-        Ok(self.core.registry.create_subsystem(enterprise, id).await?)
-    }
-
-    /// Admin: create a database of an enterprise; its token, shown once.
-    pub async fn create_database(
-        &self,
-        who: &Principal,
-        enterprise: Id,
-        id: Id,
-    ) -> Result<Token, ExchangeError> {
-        admin(who)?;
-        self.core.create_database(enterprise, id).await
-    }
-
-    /// Admin: create a device of an enterprise and subsystem; its token.
-    pub async fn create_device(
-        &self,
-        who: &Principal,
-        enterprise: Id,
-        id: Id,
-        subsystem: Id,
-    ) -> Result<Token, ExchangeError> {
-        admin(who)?;
-        self.core.create_device(enterprise, id, subsystem).await
-    }
-
-    /// Admin: the live, in-doubt and recently ended processes.
-    pub async fn processes(&self, who: &Principal) -> Result<ProcessList, ExchangeError> {
-        admin(who)?;
-        self.core.processes().await
-    }
-
-    /// Admin: counters per database and device.
-    pub async fn stats(&self, who: &Principal) -> Result<Stats, ExchangeError> {
-        admin(who)?;
-        self.core.stats().await
-    }
-
-    /// Admin: the files of one folder of one mailbox.
-    pub async fn folder(
-        &self,
-        who: &Principal,
-        mailbox: Id,
-        folder: Folder,
-    ) -> Result<FolderListing, ExchangeError> {
-        admin(who)?;
-        self.core.folder(mailbox, folder).await
     }
 
     /// Device: upload a message to a database of its enterprise, durably.
@@ -541,9 +463,9 @@ impl Exchange {
     ) -> Result<(MessageAccepted, Upload), ExchangeError> {
         self.ready()?;
         let who = who.into();
-        self.detached(move |core| async move {
-            let r = DeviceCalls::of(&core).send(&who, req).await;
-            core.alerting.watch_storage("message upload", r).await
+        self.detached(move |ex| async move {
+            let r = DeviceCalls::of(&ex.parts).send(&who, req).await;
+            ex.parts.alerting.watch_storage("message upload", r).await
         })
         .await
     }
@@ -556,7 +478,7 @@ impl Exchange {
         limit: Option<usize>,
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
-        DeviceCalls::of(&self.core).inbox(&who.into(), limit).await
+        DeviceCalls::of(&self.parts).inbox(&who.into(), limit).await
     }
 
     /// Device: acknowledge messages (moved to `Log`).
@@ -567,7 +489,7 @@ impl Exchange {
     ) -> Result<AckResponse, ExchangeError> {
         self.ready()?;
         let who = who.into();
-        self.detached(move |core| async move { DeviceCalls::of(&core).ack(&who, req).await })
+        self.detached(move |ex| async move { DeviceCalls::of(&ex.parts).ack(&who, req).await })
             .await
     }
 
@@ -579,7 +501,7 @@ impl Exchange {
     ) -> Result<Vec<u8>, ExchangeError> {
         self.ready()?;
         let who = who.into();
-        self.detached(move |core| async move { core.start(&who, req).await })
+        self.detached(move |ex| async move { ProcessCalls::of(&ex.parts).start(&who, req).await })
             .await
     }
 
@@ -592,8 +514,10 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
         let (who, pid) = (who.into(), pid.to_owned());
-        self.detached(move |core| async move { core.accept(&who, &pid, req).await })
-            .await
+        self.detached(
+            move |ex| async move { ProcessCalls::of(&ex.parts).accept(&who, &pid, req).await },
+        )
+        .await
     }
 
     /// API_3: results and replies; READY_TO_COMMIT.
@@ -605,9 +529,9 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
         let (who, pid) = (who.into(), pid.to_owned());
-        self.detached(move |core| async move {
-            let r = core.prepare(&who, &pid, req).await;
-            core.alerting.watch_storage("prepare", r).await
+        self.detached(move |ex| async move {
+            let r = ProcessCalls::of(&ex.parts).prepare(&who, &pid, req).await;
+            ex.parts.alerting.watch_storage("prepare", r).await
         })
         .await
     }
@@ -621,9 +545,9 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
         let (who, pid) = (who.into(), pid.to_owned());
-        self.detached(move |core| async move {
-            let r = core.commit(&who, &pid).await;
-            core.alerting.watch_storage("commit", r).await
+        self.detached(move |ex| async move {
+            let r = ProcessCalls::of(&ex.parts).commit(&who, &pid).await;
+            ex.parts.alerting.watch_storage("commit", r).await
         })
         .await
     }
@@ -637,8 +561,9 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
         let (who, pid) = (who.into(), pid.to_owned());
-        self.detached(move |core| async move {
-            core.give_up(&who, &pid, ProcessState::RolledBack, &req.error_text)
+        self.detached(move |ex| async move {
+            ProcessCalls::of(&ex.parts)
+                .give_up(&who, &pid, ProcessState::RolledBack, &req.error_text)
                 .await
         })
         .await
@@ -653,8 +578,9 @@ impl Exchange {
     ) -> Result<CallResponse, ExchangeError> {
         self.ready()?;
         let (who, pid) = (who.into(), pid.to_owned());
-        self.detached(move |core| async move {
-            core.give_up(&who, &pid, ProcessState::Aborted, &req.message)
+        self.detached(move |ex| async move {
+            ProcessCalls::of(&ex.parts)
+                .give_up(&who, &pid, ProcessState::Aborted, &req.message)
                 .await
         })
         .await
@@ -667,24 +593,18 @@ impl Exchange {
         pid: &str,
     ) -> Result<ProcessStatus, ExchangeError> {
         self.ready()?;
-        self.core.status(who, pid).await
-    }
-
-    /// Remove files older than the retention period (never one a live
-    /// process refers to); the number removed.
-    pub async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
-        self.core.retention_sweep().await
+        ProcessCalls::of(&self.parts).status(who, pid).await
     }
 
     /// Move scheduled messages (`deliver_at`) into their queues as they
     /// come due, until `stop` is cancelled. Run it once, beside serving.
     pub async fn run_deliveries(&self, stop: CancellationToken) -> Result<(), ExchangeError> {
-        let core = self.core.clone();
+        let parts = self.parts.clone();
         let handler = move |entry: estafeta_repeat::Entry| {
-            let core = core.clone();
-            async move { DeviceCalls::of(&core).deliver_due(entry).await }
+            let parts = parts.clone();
+            async move { DeviceCalls::of(&parts).deliver_due(entry).await }
         };
-        self.core
+        self.parts
             .scheduled
             .run(
                 estafeta_repeat::WorkerPool::new(4),
@@ -701,7 +621,7 @@ impl Exchange {
         &self,
         limit: usize,
     ) -> Result<Vec<estafeta_repeat::Entry>, ExchangeError> {
-        let listed = Listed(self.core.scheduled_store.clone());
+        let listed = Listed(self.parts.scheduled_store.clone());
         tokio::task::spawn_blocking(move || listed.entries(crate::store::SCHEDULED_SOURCE, limit))
             .await
             .map_err(|e| ExchangeError::unavailable(ErrorCode::Internal, e.to_string()))?
@@ -710,7 +630,7 @@ impl Exchange {
 
     /// The scheduled-delivery store's counts (backlog) and dispatch figures.
     pub async fn scheduled_stats(&self) -> Result<estafeta_repeat::Stats, ExchangeError> {
-        self.core
+        self.parts
             .scheduled
             .stats()
             .await
@@ -721,8 +641,8 @@ impl Exchange {
     /// ones finish, save sessions.
     pub async fn shutdown(&self) -> Result<(), ExchangeError> {
         self.begin_stopping();
-        self.core.scheduled.close().await;
-        self.core.sessions.stop().await?;
+        self.parts.scheduled.close().await;
+        self.parts.sessions.stop().await?;
         Ok(())
     }
 
@@ -731,11 +651,11 @@ impl Exchange {
     /// disk is then a state a crash could have left, safe to copy.
     pub async fn pause_writes(&self, who: &Principal) -> Result<Paused, ExchangeError> {
         admin(who)?;
-        Ok(self.core.config.quiesce.pause().await)
+        Ok(self.parts.config.quiesce.pause().await)
     }
 
     /// The session engines' figures, added up (for metrics).
     pub fn session_stats(&self) -> estafeta_session::Stats {
-        self.core.sessions.stats()
+        self.parts.sessions.stats()
     }
 }

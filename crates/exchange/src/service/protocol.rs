@@ -2,22 +2,27 @@
 //! command on the database's session: two calls for one database never
 //! interleave, and the process record is durable before the answer. A call
 //! checks its request, then hands the process lifecycle an event
-//! ([`super::lifecycle`]) and carries out its steps ([`Core::drive`]).
+//! ([`super::lifecycle`]) and carries out its steps ([`Interpreter::drive`]).
 
 use super::Presented;
-use super::core::{Core, hold_for};
+use super::drive::Interpreter;
 use super::error::ExchangeError;
+use super::hold::hold_for;
 use super::lifecycle::{self, Answer, Event};
+use super::observer::Messages;
+use super::parts::Parts;
 use super::records::{DbRecord, Verdict};
-use crate::store::{FileName, Filter, Folder};
-use crate::tenancy::{Principal, Role};
+use super::sessions::Sessions;
+use crate::store::Limits;
+use crate::store::{FileName, Filter, Folder, Location};
+use crate::tenancy::{Principal, Registry, Role};
 use crate::wire::ErrorCode;
 use crate::wire::{
     AcceptRequest, CallResponse, CallStatus, Message, PrepareRequest, ProcessState, ProcessStatus,
     StartRequest, StartResponse, Version,
 };
-use crate::{Id, MessageId, ProcessId};
-use estafeta_session::SessionGuard;
+use crate::{Id, MessageId, ProcessId, Timestamp, UlidGenerator};
+use estafeta_session::{Clock, SessionGuard};
 use std::collections::HashSet;
 
 type Guard = SessionGuard<Id, DbRecord>;
@@ -38,11 +43,46 @@ pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
     }
 }
 
-impl Core {
+/// What the processor calls use of the exchange, and nothing more.
+pub(crate) struct ProcessCalls<'a> {
+    /// The time of each call: new ids, reply timestamps, deadlines.
+    clock: &'a dyn Clock,
+    /// New process and reply ids.
+    ids: &'a UlidGenerator,
+    /// The server's limits for a process start.
+    limits: &'a Limits,
+    /// Who the replies may go to; confirms a presented token.
+    registry: &'a Registry,
+    /// The database's queue and its `Prepared`.
+    store: &'a Messages,
+    /// The databases' sessions, and the process records.
+    sessions: &'a Sessions,
+    /// How an event changes a database's record, and what it does.
+    lifecycle: Interpreter<'a>,
+}
+
+impl<'a> ProcessCalls<'a> {
+    /// The parts the processor calls use.
+    pub(crate) fn of(parts: &'a Parts) -> ProcessCalls<'a> {
+        ProcessCalls {
+            clock: parts.clock.as_ref(),
+            ids: &parts.ids,
+            limits: &parts.config.limits,
+            registry: &parts.registry,
+            store: &parts.store,
+            sessions: &parts.sessions,
+            lifecycle: Interpreter::of(parts),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        super::basics::now(self.clock)
+    }
+
     /// The session of `db`, the database of `who`, held, the caller
     /// confirmed in its step ([`hold_for`]).
     async fn db_session(&self, db: &Id, who: &Presented) -> Result<Guard, ExchangeError> {
-        hold_for(&self.registry, &self.sessions.db, db, "database", who).await
+        hold_for(self.registry, &self.sessions.db, db, "database", who).await
     }
 
     /// Find `pid` for database `db`: `None` if it is not a process id; with
@@ -60,7 +100,7 @@ impl Core {
         if lifecycle::holds(g.state(), &pid) {
             return Ok(Some((pid, None)));
         }
-        match self.owner(&pid).await? {
+        match self.sessions.owner(&pid).await? {
             Some(o) if &o.db != db => Err(ExchangeError::forbidden(
                 "the process belongs to another database",
             )),
@@ -81,7 +121,6 @@ impl Core {
             ));
         }
         let limits = self
-            .config
             .limits
             .narrow(req.max_files, req.max_mb)
             .map_err(|e| ExchangeError::bad_request(ErrorCode::BadLimits, e.to_string()))?;
@@ -91,7 +130,7 @@ impl Core {
             tracing::info!(target: "estafeta::event", db = %db, "start answered BUSY");
             return Ok(json(&StartResponse::busy()));
         }
-        let queue = self.location(&db, Folder::Messages);
+        let queue = Location::new(db.clone(), Folder::Messages);
         let chosen = self.store.select(&queue, &filter, limits).await?;
         if chosen.is_empty() {
             return Ok(json(&StartResponse::idle()));
@@ -101,13 +140,13 @@ impl Core {
         if raw.names.is_empty() {
             return Ok(json(&StartResponse::idle()));
         }
-        let pid = self.ids.process_id(self.now_system());
+        let pid = self.ids.process_id(self.clock.now().to_system_time());
         let event = Event::Start {
             pid,
             db: db.clone(),
             messages: raw.names,
         };
-        if self.drive(&mut g, event, true).await? == Answer::Busy {
+        if self.lifecycle.drive(&mut g, event, true).await? == Answer::Busy {
             return Ok(json(&StartResponse::busy()));
         }
         g.release().await?;
@@ -142,7 +181,7 @@ impl Core {
             pid,
             ids: req.message_ids,
         };
-        let a = self.drive(&mut g, event, true).await?;
+        let a = self.lifecycle.drive(&mut g, event, true).await?;
         g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, accepted = narrowed, "process narrowed (accept)");
         Ok(answer(a))
@@ -217,7 +256,7 @@ impl Core {
                 Role::Device { subsystem } => subsystem,
                 _ => default_subsystem.clone(),
             };
-            let id = self.ids.message_id(self.now_system());
+            let id = self.ids.message_id(self.clock.now().to_system_time());
             if let Some(at) = r.deliver_at.filter(|at| *at > now) {
                 scheduled.push((id, at));
             }
@@ -231,7 +270,7 @@ impl Core {
                 body: r.body,
             });
         }
-        let prepared = self.location(&db, Folder::Prepared);
+        let prepared = Location::new(db.clone(), Folder::Prepared);
         let names: Vec<FileName> = replies.iter().map(FileName::of).collect();
         let joined = match g.step() {
             Some(step) => self.store.put_all_in_step(step, &prepared, &replies)?,
@@ -242,6 +281,7 @@ impl Core {
             // save of their names, in one transaction, or not at all.
             Some(_) => {
                 let a = self
+                    .lifecycle
                     .drive(&mut g, Event::Preparing { pid, names }, false)
                     .await?;
                 if a != Answer::Ok {
@@ -258,6 +298,7 @@ impl Core {
                 let (go, when) = tokio::sync::oneshot::channel();
                 let saving = async {
                     let a = self
+                        .lifecycle
                         .drive(&mut g, Event::Preparing { pid, names }, false)
                         .await;
                     // For the fault-injection harness: a crash with the
@@ -288,7 +329,7 @@ impl Core {
         // names them (as a prepare under way, or, should the save have
         // been made after all, as the process's replies), and whatever
         // ends the process removes or delivers them.
-        let a = self.drive(&mut g, event, true).await?;
+        let a = self.lifecycle.drive(&mut g, event, true).await?;
         g.release().await?;
         tracing::info!(target: "estafeta::event", process = %pid, db = %db, "process READY_TO_COMMIT (prepare)");
         Ok(answer(a))
@@ -307,6 +348,7 @@ impl Core {
             return Ok(answer(Answer::Cancelled));
         };
         let a = self
+            .lifecycle
             .drive(&mut g, Event::Commit { pid, ended }, true)
             .await?;
         g.release().await?;
@@ -334,7 +376,7 @@ impl Core {
             as_state,
             ended,
         };
-        let a = self.drive(&mut g, event, true).await?;
+        let a = self.lifecycle.drive(&mut g, event, true).await?;
         g.release().await?;
         Ok(answer(a))
     }
@@ -347,7 +389,7 @@ impl Core {
     ) -> Result<ProcessStatus, ExchangeError> {
         let not_found = || ExchangeError::not_found("no such process");
         let pid: ProcessId = pid.parse().map_err(|_| not_found())?;
-        let owner = self.owner(&pid).await?.ok_or_else(not_found)?;
+        let owner = self.sessions.owner(&pid).await?.ok_or_else(not_found)?;
         match who {
             Principal::Admin => {}
             Principal::Database { id, .. } if *id == owner.db => {}

@@ -10,7 +10,7 @@ use crate::store::{FileName, Folder, Location, Op};
 use crate::wire::{ProcessState, ProcessSummary, ResultStatus};
 use crate::{Id, MessageId, ProcessId, Timestamp};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 /// The longest error text kept as a database's last error.
 const MAX_ERROR: usize = 500;
@@ -414,6 +414,25 @@ impl Process {
 }
 
 impl DbRecord {
+    /// The file names this database's live and in-doubt processes refer to.
+    pub(crate) fn referenced(&self) -> impl Iterator<Item = &FileName> {
+        self.process
+            .iter()
+            .chain(self.in_doubt.iter())
+            .flat_map(|p| p.messages.iter().chain(p.replies.iter()))
+    }
+
+    /// Every message of this database's `Prepared` that its record names: its
+    /// processes' messages and replies, and the reply names of a prepare
+    /// under way (whose files may be landing).
+    pub(crate) fn names_in_prepared(&self) -> HashSet<MessageId> {
+        self.referenced()
+            .chain(self.process.iter().flat_map(|p| p.preparing.iter()))
+            .chain(self.discarding.iter().flat_map(|d| d.names.iter()))
+            .map(|n| n.id)
+            .collect()
+    }
+
     /// A process ended as `state` at `now`: it is counted and kept among the
     /// database's recent ones.
     pub(crate) fn end(&mut self, mut p: Process, state: ProcessState, now: Timestamp) {

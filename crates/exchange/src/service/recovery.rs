@@ -1,12 +1,12 @@
 //! Start-up processing and retention.
 
+use super::Exchange;
 use super::alerts::AlertKind;
 use super::arrivals::{adopt_session_webhooks, push_waiting};
-use super::core::Core;
 use super::device::with_keys;
 use super::error::ExchangeError;
 use super::{RecoveryReport, Tidied};
-use crate::store::{Folder, Op};
+use crate::store::{Folder, Location, Op};
 use crate::{Id, MessageId, Timestamp};
 use estafeta_session::storage::Step;
 use std::collections::HashSet;
@@ -16,25 +16,29 @@ use std::sync::atomic::Ordering;
 const KEY_SWEEP_BATCH: usize = 10_000;
 /// Mailboxes checked (made if missing) per call to the store at start-up.
 const TIDY_BATCH: usize = 10_000;
-impl Core {
-    /// What must be done before serving, in time proportional to the
-    /// databases and what they have pending, not to the devices or the
-    /// files waiting: every database session is loaded, which runs the
-    /// first-load hook on each (timeouts, CLEANUP, in doubt); then messages
-    /// in `Prepared` that no process refers to (the store's orphans) are
-    /// moved to `Unknown` and reported. What can wait runs after, in
-    /// [`tidy`](Self::tidy).
-    pub(crate) async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
-        self.phase.send_modify(|phase| *phase = phase.recovering());
+impl Exchange {
+    /// Start-up processing (`docs/protocol.md`, "Crash and start-up
+    /// recovery"): timed-out STARTED removed,
+    /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
+    /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
+    /// (`not_ready`) until it has run. Its cost grows with the databases
+    /// and what they have pending, not with the devices or the messages
+    /// waiting; what can wait is left to [`Exchange::tidy`].
+    pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
+        self.parts
+            .phase
+            .send_modify(|phase| *phase = phase.recovering());
         let mut report = RecoveryReport::default();
-        for db in self.registry.databases() {
+        for db in self.parts.registry.databases() {
             report.databases += 1;
             report.orphans += self.recover_database(&db.id).await?;
         }
-        report.timed_out = self.recovery.timed_out.load(Ordering::Relaxed);
-        report.cleanups_finished = self.recovery.cleanups.load(Ordering::Relaxed);
-        report.in_doubt = self.recovery.in_doubt.load(Ordering::Relaxed);
-        self.phase.send_modify(|phase| *phase = phase.recovered());
+        report.timed_out = self.parts.recovery.timed_out.load(Ordering::Relaxed);
+        report.cleanups_finished = self.parts.recovery.cleanups.load(Ordering::Relaxed);
+        report.in_doubt = self.parts.recovery.in_doubt.load(Ordering::Relaxed);
+        self.parts
+            .phase
+            .send_modify(|phase| *phase = phase.recovered());
         tracing::info!(target: "estafeta::event", ?report, "start-up processing done");
         Ok(report)
     }
@@ -46,10 +50,10 @@ impl Core {
         // Held even for a database never used (its session, made for this
         // look, is dropped untouched at the release), so that no prepare of
         // this server or of another runs between the look and the moves.
-        let Some(mut g) = self.sessions.db.get(db.clone(), true).await? else {
+        let Some(mut g) = self.parts.sessions.db.get(db.clone(), true).await? else {
             return Ok(0);
         };
-        let referenced = Core::names_in_prepared(g.state());
+        let referenced = g.state().names_in_prepared();
         // The harness's point: the record read, its key held, nothing moved.
         fail::fail_point!("recovery::orphans");
         let cleared = self.clear_orphans(db, &referenced, g.step()).await?;
@@ -61,7 +65,7 @@ impl Core {
                 target: "estafeta::alert", db = %db, files = cleared,
                 "orphaned files in Prepared with no process; moved to Unknown"
             );
-            self.alerting
+            self.parts.alerting
                 .raise_now(
                 AlertKind::Orphans,
                 db,
@@ -76,7 +80,7 @@ impl Core {
 
     /// Moves the messages in the `Prepared` of database `db` that are not
     /// in `referenced` (what its record names: see
-    /// [`Core::names_in_prepared`]) to `Unknown`, in `step` where the
+    /// [`DbRecord::names_in_prepared`]) to `Unknown`, in `step` where the
     /// session store is shared; the caller holds the database's session,
     /// so that no prepare stores replies meanwhile. How many there were.
     ///
@@ -91,12 +95,12 @@ impl Core {
         referenced: &HashSet<MessageId>,
         step: Option<&mut dyn Step>,
     ) -> Result<usize, ExchangeError> {
-        let orphans = self.store.orphans(db, referenced).await?;
+        let orphans = self.parts.store.orphans(db, referenced).await?;
         if orphans.is_empty() {
             return Ok(0);
         }
-        let prepared = self.location(db, Folder::Prepared);
-        let unknown = self.location(db, Folder::Unknown);
+        let prepared = Location::new(db.clone(), Folder::Prepared);
+        let unknown = Location::new(db.clone(), Folder::Unknown);
         let moves: Vec<_> = orphans
             .iter()
             .map(|n| Op::Move {
@@ -105,36 +109,33 @@ impl Core {
                 to: unknown.clone(),
             })
             .collect();
-        for r in self.store.apply(step, &moves).await.results {
+        for r in self.parts.store.apply(step, &moves).await.results {
             r?;
         }
         Ok(orphans.len())
     }
 
-    /// Start-up work that can wait until the server is ready, run once
-    /// after [`recover`](Self::recover), in time proportional to the
-    /// mailboxes: webhooks kept in session records moved into the
-    /// registry, then every
-    /// recipient with a webhook and messages waiting pushed (arrivals
-    /// before that are announced then); every mailbox checked for use and
-    /// cleared of the temporary files that writes interrupted by a crash
-    /// left (this run's writes are left alone; a mailbox that fails is
-    /// logged and counted, and the others go on); then a retention sweep
-    /// (expired keys and files).
-    pub(crate) async fn tidy(&self) -> Result<Tidied, ExchangeError> {
+    /// The start-up work that can wait until after [`Exchange::recover`]
+    /// (run it once, beside serving): webhooks kept in session records
+    /// moved into the registry and the recipients with messages waiting
+    /// pushed, temporary files of writes a crash
+    /// interrupted removed, every mailbox checked, expired keys and files
+    /// removed (a first retention sweep).
+    pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {
         let mut tidied = Tidied::default();
         let ids: Vec<Id> = self
+            .parts
             .registry
             .databases()
             .into_iter()
-            .chain(self.registry.devices())
+            .chain(self.parts.registry.devices())
             .map(|e| e.id)
             .collect();
         for chunk in ids.chunks(TIDY_BATCH) {
-            let made = self.store.create_mailboxes(chunk).await;
+            let made = self.parts.store.create_mailboxes(chunk).await;
             for (id, made) in chunk.iter().zip(made) {
                 let checked = match made {
-                    Ok(()) => self.store.recover_writes(id).await,
+                    Ok(()) => self.parts.store.recover_writes(id).await,
                     Err(e) => Err(e),
                 };
                 if let Err(error) = checked {
@@ -143,8 +144,14 @@ impl Core {
                 }
             }
         }
-        tidied.webhooks_moved = adopt_session_webhooks(&self.registry, &self.sessions).await?;
-        push_waiting(&self.registry, self.push.as_ref(), &self.store).await;
+        tidied.webhooks_moved =
+            adopt_session_webhooks(&self.parts.registry, &self.parts.sessions).await?;
+        push_waiting(
+            &self.parts.registry,
+            self.parts.push.as_ref(),
+            &self.parts.store,
+        )
+        .await;
         tidied.expired_keys = self.expire_keys().await?;
         tidied.expired_files = self.remove_expired_files().await?;
         tracing::info!(target: "estafeta::event", ?tidied, "start-up tidying done");
@@ -158,7 +165,10 @@ impl Core {
         let mut expired = 0;
         loop {
             let now = self.now();
-            let n = with_keys(&self.keys, move |keys| keys.expire(now, KEY_SWEEP_BATCH)).await?;
+            let n = with_keys(&self.parts.keys, move |keys| {
+                keys.expire(now, KEY_SWEEP_BATCH)
+            })
+            .await?;
             expired += n;
             if n < KEY_SWEEP_BATCH {
                 return Ok(expired);
@@ -166,32 +176,30 @@ impl Core {
         }
     }
 
-    /// Forget expired idempotency keys, then remove `Log`, `Prepared`,
-    /// `Unknown` and `Error` messages older than the retention period,
-    /// except those a live or in-doubt process refers to; how many files
-    /// went.
-    pub(crate) async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
+    /// Remove files older than the retention period (never one a live
+    /// process refers to); the number removed.
+    pub async fn retention_sweep(&self) -> Result<usize, ExchangeError> {
         self.expire_keys().await?;
         self.remove_expired_files().await
     }
 
     /// The files part of [`retention_sweep`](Self::retention_sweep).
     async fn remove_expired_files(&self) -> Result<usize, ExchangeError> {
-        let cutoff_ms = self
-            .now()
-            .as_millis()
-            .saturating_sub(i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX));
+        let cutoff_ms = self.now().as_millis().saturating_sub(
+            i64::try_from(self.parts.config.retention.as_millis()).unwrap_or(i64::MAX),
+        );
         let cutoff = Timestamp::from_millis(cutoff_ms);
         let mut removed = 0;
         for e in self
+            .parts
             .registry
             .databases()
             .into_iter()
-            .chain(self.registry.devices())
+            .chain(self.parts.registry.devices())
         {
-            let g = self.sessions.db.get(e.id.clone(), false).await?;
+            let g = self.parts.sessions.db.get(e.id.clone(), false).await?;
             let keep: HashSet<MessageId> = match &g {
-                Some(g) => Core::referenced(g.state()).map(|n| n.id).collect(),
+                Some(g) => g.state().referenced().map(|n| n.id).collect(),
                 None => HashSet::new(),
             };
             for folder in [
@@ -201,8 +209,9 @@ impl Core {
                 Folder::Error,
             ] {
                 removed += self
+                    .parts
                     .store
-                    .remove_older_than(&self.location(&e.id, folder), cutoff, &keep)
+                    .remove_older_than(&Location::new(e.id.clone(), folder), cutoff, &keep)
                     .await?;
             }
         }

@@ -4,7 +4,7 @@
 //! [`ProcessId`]). The three share one durable store, each in its own
 //! [`Namespace`] of it.
 
-use super::records::{DbRecord, DeviceRecord, ProcessRecord};
+use super::records::{DbRecord, DeviceRecord, Owner, ProcessRecord};
 use crate::{Id, ProcessId};
 use estafeta_session::index::DefaultIndex;
 use estafeta_session::storage::{Pending, Shared, Step, Write};
@@ -138,7 +138,7 @@ impl Shared for Namespace {
 }
 
 /// The engines opened, the database engine not started: its hooks hold
-/// a `Weak` to the core that will own it.
+/// a `Weak` to the parts that will own it.
 pub(crate) struct Opening {
     db: Loaded<Id, DbRecord, DefaultIndex<Id>>,
     device: Engine<Id, DeviceRecord>,
@@ -222,6 +222,14 @@ impl Sessions {
     ) -> Result<Write, Error> {
         let write = self.process.record(pid, record, expires_at)?;
         Ok(behind(PROCESSES, &write))
+    }
+
+    /// The owner record of process `pid`, if it was ever issued.
+    pub(crate) async fn owner(&self, pid: &ProcessId) -> Result<Option<Owner>, Error> {
+        Ok(match self.process.get(*pid, false).await? {
+            Some(g) => g.state().owner.clone(),
+            None => None,
+        })
     }
 
     /// Stop every engine (each saves its dirty sessions); the first error.

@@ -12,13 +12,14 @@ use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::super::Exchange;
-use super::super::core::{Core, hold};
 use super::super::device::with_keys;
+use super::super::drive::Interpreter;
 use super::super::error::ExchangeError;
+use super::super::hold::hold;
 use super::super::lifecycle::Event;
 use super::super::records::{DbRecord, DeviceRecord, Process};
 use super::admin;
-use crate::store::Folder;
+use crate::store::{Folder, Location};
 use crate::tenancy::{Endpoint, Kind, Principal, Role};
 use crate::token::Token;
 use crate::wire::ProcessState;
@@ -36,14 +37,14 @@ impl Exchange {
         limit: usize,
     ) -> Result<Vec<(Id, Vec<Id>)>, ExchangeError> {
         admin(who)?;
-        Ok(self.core.registry.enterprises_page(after, limit))
+        Ok(self.parts.registry.enterprises_page(after, limit))
     }
 
     /// Admin: an enterprise, its subsystems and how many databases and
     /// devices it has.
     pub fn enterprise(&self, who: &Principal, id: &Id) -> Result<EnterpriseDetail, ExchangeError> {
         admin(who)?;
-        let registry = &self.core.registry;
+        let registry = &self.parts.registry;
         if !registry.enterprise_exists(id) {
             return Err(ExchangeError::not_found(format!("unknown enterprise {id}")));
         }
@@ -73,7 +74,7 @@ impl Exchange {
     ) -> Result<Vec<Endpoint>, ExchangeError> {
         admin(who)?;
         Ok(self
-            .core
+            .parts
             .registry
             .endpoints_page(kind, enterprise, after, limit))
     }
@@ -106,7 +107,7 @@ impl Exchange {
     /// Admin: delete an enterprise that has no subsystems, databases or devices.
     pub async fn delete_enterprise(&self, who: &Principal, id: Id) -> Result<(), ExchangeError> {
         admin(who)?;
-        self.core.registry.delete_enterprise(id.clone()).await?;
+        self.parts.registry.delete_enterprise(id.clone()).await?;
         tracing::warn!(target: "estafeta::event", enterprise = %id, "enterprise deleted");
         Ok(())
     }
@@ -119,7 +120,7 @@ impl Exchange {
         id: Id,
     ) -> Result<(), ExchangeError> {
         admin(who)?;
-        self.core
+        self.parts
             .registry
             .delete_subsystem(enterprise.clone(), id.clone())
             .await?;
@@ -145,10 +146,10 @@ impl Exchange {
     ) -> Result<Deleted, ExchangeError> {
         admin(who)?;
         let endpoint = self.require(kind, &id)?;
-        self.detached(move |core| async move {
+        self.detached(move |ex| async move {
             let deleted = match kind {
-                Kind::Database => core.delete_database(&endpoint, force).await?,
-                Kind::Device => core.delete_device(&endpoint, force).await?,
+                Kind::Database => ex.delete_database(&endpoint, force).await?,
+                Kind::Device => ex.delete_device(&endpoint, force).await?,
             };
             tracing::warn!(
                 target: "estafeta::event", id = %endpoint.id, kind = kind.as_str(), force,
@@ -168,7 +169,7 @@ impl Exchange {
         id: Id,
     ) -> Result<Token, ExchangeError> {
         admin(who)?;
-        let token = self.core.registry.rotate_token(kind, id.clone()).await?;
+        let token = self.parts.registry.rotate_token(kind, id.clone()).await?;
         tracing::warn!(target: "estafeta::event", id = %id, kind = kind.as_str(), "token rotated");
         Ok(token)
     }
@@ -178,7 +179,7 @@ impl Exchange {
     /// sets it.
     pub async fn rotate_admin_token(&self, who: &Principal) -> Result<Token, ExchangeError> {
         admin(who)?;
-        let token = self.core.registry.rotate_admin_token().await?;
+        let token = self.parts.registry.rotate_admin_token().await?;
         tracing::warn!(target: "estafeta::event", "admin token rotated");
         Ok(token)
     }
@@ -192,7 +193,7 @@ impl Exchange {
         db: &Id,
     ) -> Result<HashMap<MessageId, (Option<i64>, Option<String>)>, ExchangeError> {
         admin(who)?;
-        let Some(g) = self.core.sessions.db.get(db.clone(), false).await? else {
+        let Some(g) = self.parts.sessions.db.get(db.clone(), false).await? else {
             return Ok(HashMap::new());
         };
         let rec = g.state();
@@ -207,7 +208,7 @@ impl Exchange {
     }
 
     fn require(&self, kind: Kind, id: &Id) -> Result<Endpoint, ExchangeError> {
-        match self.core.registry.endpoint(id) {
+        match self.parts.registry.endpoint(id) {
             Some(e) if (kind == Kind::Database) == (e.role == Role::Database) => Ok(e),
             _ => Err(ExchangeError::not_found(format!(
                 "no {} {id}",
@@ -216,13 +217,9 @@ impl Exchange {
         }
     }
 
-    async fn folder_counts_of(&self, id: &Id) -> Result<FolderCounts, ExchangeError> {
-        self.core.folder_counts_of(id).await
-    }
-
     /// A database's live process and its processes in doubt.
     async fn open_processes(&self, id: &Id) -> Result<Vec<ProcessSummary>, ExchangeError> {
-        let Some(g) = self.core.sessions.db.get(id.clone(), false).await? else {
+        let Some(g) = self.parts.sessions.db.get(id.clone(), false).await? else {
             return Ok(Vec::new());
         };
         let rec = g.state();
@@ -235,11 +232,15 @@ impl Exchange {
     }
 }
 
-impl Core {
+impl Exchange {
     async fn folder_counts_of(&self, id: &Id) -> Result<FolderCounts, ExchangeError> {
         let mut counts = FolderCounts::default();
         for folder in Folder::ALL {
-            let n = self.store.count(&self.location(id, folder)).await? as u64;
+            let n = self
+                .parts
+                .store
+                .count(&Location::new(id.clone(), folder))
+                .await? as u64;
             *match folder {
                 Folder::Messages => &mut counts.messages,
                 Folder::Prepared => &mut counts.prepared,
@@ -255,7 +256,7 @@ impl Core {
     /// besides `Log`, messages scheduled for it, open processes.
     async fn holds(&self, id: &Id, open: usize) -> Result<Option<String>, ExchangeError> {
         let c = self.folder_counts_of(id).await?;
-        let scheduled = self.store.scheduled_for(id).await?;
+        let scheduled = self.parts.store.scheduled_for(id).await?;
         let held = c.messages + c.prepared + c.unknown + c.error;
         Ok((held > 0 || scheduled > 0 || open > 0).then(|| {
             format!(
@@ -272,9 +273,9 @@ impl Core {
     /// discarded. Should the registry refuse, the mailbox is made again
     /// (empty) so that the id stays usable.
     async fn remove(&self, id: &Id, kind: Kind) -> Result<u64, ExchangeError> {
-        let discarded = self.store.remove_mailbox(id).await?;
-        if let Err(e) = self.registry.delete_endpoint(kind, id.clone()).await {
-            if let Err(again) = self.store.create_mailbox(id).await {
+        let discarded = self.parts.store.remove_mailbox(id).await?;
+        if let Err(e) = self.parts.registry.delete_endpoint(kind, id.clone()).await {
+            if let Err(again) = self.parts.store.create_mailbox(id).await {
                 tracing::error!(id = %id, error = %again, "making a mailbox again after a failed delete");
             }
             return Err(e.into());
@@ -290,7 +291,7 @@ impl Core {
         force: bool,
     ) -> Result<Deleted, ExchangeError> {
         let id = &endpoint.id;
-        let mut g = hold(&self.sessions.db, id, "database").await?;
+        let mut g = hold(&self.parts.sessions.db, id, "database").await?;
         let open: Vec<(ProcessId, ProcessState)> = g
             .state()
             .process
@@ -313,7 +314,9 @@ impl Core {
                 as_state,
                 ended: None,
             };
-            self.drive(&mut g, event, false).await?;
+            Interpreter::of(&self.parts)
+                .drive(&mut g, event, false)
+                .await?;
         }
         g.update(|s| {
             *s.persistent_mut() = DbRecord::default();
@@ -321,7 +324,7 @@ impl Core {
             Ok::<_, ExchangeError>(())
         })
         .await?;
-        if let Some(tally) = &self.process_tally {
+        if let Some(tally) = &self.parts.process_tally {
             tally.forget(id);
         }
         let discarded = self.remove(id, Kind::Database).await?;
@@ -337,7 +340,7 @@ impl Core {
         force: bool,
     ) -> Result<Deleted, ExchangeError> {
         let id = &endpoint.id;
-        let mut g = hold(&self.sessions.device, id, "device").await?;
+        let mut g = hold(&self.parts.sessions.device, id, "device").await?;
         if !force && let Some(why) = self.holds(id, 0).await? {
             g.release().await?;
             return Err(not_empty(Kind::Device, why));
@@ -348,7 +351,7 @@ impl Core {
             Ok::<_, ExchangeError>(())
         })
         .await?;
-        with_keys(&self.keys, {
+        with_keys(&self.parts.keys, {
             let id = id.clone();
             move |keys| keys.remove_device(&id)
         })

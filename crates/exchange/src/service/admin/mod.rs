@@ -4,12 +4,12 @@
 //! figures that stay cheap at any size (`totals.rs`) over the process list
 //! kept as records are saved (`process_tally.rs`); webhooks (`webhooks.rs`).
 
-use super::core::Core;
+use super::Exchange;
 use super::error::ExchangeError;
 use super::records::{Ended, Process};
 use super::stats::SenderCounts;
 use crate::Id;
-use crate::store::{FileEntry, Folder, MailboxKind};
+use crate::store::{FileEntry, Folder, Location, MailboxKind};
 use crate::tenancy::{Principal, Role};
 use crate::token::Token;
 use crate::wire::{DatabaseStats, DeviceStats, FolderListing, ProcessList, Stats, Version};
@@ -30,43 +30,69 @@ pub(crate) fn admin(who: &Principal) -> Result<(), ExchangeError> {
     }
 }
 
-impl Core {
-    pub(crate) async fn create_database(
+impl Exchange {
+    /// Admin: create an enterprise (409 if it exists).
+    pub async fn create_enterprise(&self, who: &Principal, id: Id) -> Result<(), ExchangeError> {
+        admin(who)?;
+        Ok(self.parts.registry.create_enterprise(id).await?)
+    }
+
+    /// Admin: create a subsystem of an enterprise.
+    pub async fn create_subsystem(
         &self,
+        who: &Principal,
+        enterprise: Id,
+        id: Id,
+    ) -> Result<(), ExchangeError> {
+        admin(who)?;
+        Ok(self.parts.registry.create_subsystem(enterprise, id).await?)
+    }
+
+    /// Admin: create a database of an enterprise; its token, shown once.
+    pub async fn create_database(
+        &self,
+        who: &Principal,
         enterprise: Id,
         id: Id,
     ) -> Result<Token, ExchangeError> {
+        admin(who)?;
         let token = self
+            .parts
             .registry
             .create_database(enterprise, id.clone())
             .await?;
-        self.store.create_mailbox(&id).await?;
-        self.store.count_as(&id, MailboxKind::Database);
+        self.parts.store.create_mailbox(&id).await?;
+        self.parts.store.count_as(&id, MailboxKind::Database);
         tracing::info!(target: "estafeta::event", db = %id, "database created");
         Ok(token)
     }
 
-    pub(crate) async fn create_device(
+    /// Admin: create a device of an enterprise and subsystem; its token.
+    pub async fn create_device(
         &self,
+        who: &Principal,
         enterprise: Id,
         id: Id,
         subsystem: Id,
     ) -> Result<Token, ExchangeError> {
+        admin(who)?;
         let token = self
+            .parts
             .registry
             .create_device(enterprise, id.clone(), subsystem)
             .await?;
-        self.store.create_mailbox(&id).await?;
-        self.store.count_as(&id, MailboxKind::Device);
+        self.parts.store.create_mailbox(&id).await?;
+        self.parts.store.count_as(&id, MailboxKind::Device);
         tracing::info!(target: "estafeta::event", device = %id, "device created");
         Ok(token)
     }
 
-    /// The live, in-doubt and recently ended processes of every database.
-    pub(crate) async fn processes(&self) -> Result<ProcessList, ExchangeError> {
+    /// Admin: the live, in-doubt and recently ended processes.
+    pub async fn processes(&self, who: &Principal) -> Result<ProcessList, ExchangeError> {
+        admin(who)?;
         let mut processes = Vec::new();
-        for db in self.registry.databases() {
-            let Some(g) = self.sessions.db.get(db.id.clone(), false).await? else {
+        for db in self.parts.registry.databases() {
+            let Some(g) = self.parts.sessions.db.get(db.id.clone(), false).await? else {
                 continue;
             };
             let rec = g.state();
@@ -85,13 +111,16 @@ impl Core {
         })
     }
 
-    pub(crate) async fn stats(&self) -> Result<Stats, ExchangeError> {
+    /// Admin: counters per database and device.
+    pub async fn stats(&self, who: &Principal) -> Result<Stats, ExchangeError> {
+        admin(who)?;
         let mut databases = Vec::new();
         let mut by_sender: HashMap<Id, SenderCounts> = HashMap::new();
-        for db in self.registry.databases() {
+        for db in self.parts.registry.databases() {
             let waiting = self
+                .parts
                 .store
-                .count(&self.location(&db.id, Folder::Messages))
+                .count(&Location::new(db.id.clone(), Folder::Messages))
                 .await? as u64;
             let mut s = DatabaseStats {
                 id: db.id.clone(),
@@ -108,7 +137,7 @@ impl Core {
                 last_error: None,
                 last_seen: None,
             };
-            if let Some(g) = self.sessions.db.get(db.id.clone(), false).await? {
+            if let Some(g) = self.parts.sessions.db.get(db.id.clone(), false).await? {
                 let rec = g.state();
                 let c = &rec.counters;
                 // Ended processes are counted; the live one and those in
@@ -129,22 +158,28 @@ impl Core {
             }
             s.received = s.waiting
                 + self
+                    .parts
                     .store
-                    .count(&self.location(&db.id, Folder::Log))
+                    .count(&Location::new(db.id.clone(), Folder::Log))
                     .await? as u64;
             databases.push(s);
         }
         let mut devices = Vec::new();
-        for d in self.registry.devices() {
+        for d in self.parts.registry.devices() {
             let Role::Device { subsystem } = d.role.clone() else {
                 continue;
             };
             let inbox = self
+                .parts
                 .store
-                .count(&self.location(&d.id, Folder::Messages))
+                .count(&Location::new(d.id.clone(), Folder::Messages))
                 .await? as u64;
-            let acked = self.store.count(&self.location(&d.id, Folder::Log)).await? as u64;
-            let counters = match self.sessions.device.get(d.id.clone(), false).await? {
+            let acked = self
+                .parts
+                .store
+                .count(&Location::new(d.id.clone(), Folder::Log))
+                .await? as u64;
+            let counters = match self.parts.sessions.device.get(d.id.clone(), false).await? {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),
             };
@@ -169,17 +204,24 @@ impl Core {
         })
     }
 
-    pub(crate) async fn folder(
+    /// Admin: the files of one folder of one mailbox.
+    pub async fn folder(
         &self,
+        who: &Principal,
         mailbox: Id,
         folder: Folder,
     ) -> Result<FolderListing, ExchangeError> {
-        if self.registry.endpoint(&mailbox).is_none() {
+        admin(who)?;
+        if self.parts.registry.endpoint(&mailbox).is_none() {
             return Err(ExchangeError::not_found(format!(
                 "no database or device {mailbox}"
             )));
         }
-        let files: Vec<FileEntry> = self.store.list(&self.location(&mailbox, folder)).await?;
+        let files: Vec<FileEntry> = self
+            .parts
+            .store
+            .list(&Location::new(mailbox.clone(), folder))
+            .await?;
         Ok(FolderListing {
             version: Version,
             db_id: mailbox,

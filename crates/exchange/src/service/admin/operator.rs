@@ -10,10 +10,10 @@
 
 use super::super::Exchange;
 use super::super::arrivals::arrived;
-use super::super::core::Core;
 use super::super::error::ExchangeError;
+use super::super::protocol::ProcessCalls;
 use super::admin;
-use crate::store::{FileName, Folder, Op};
+use crate::store::{FileName, Folder, Location, Op};
 use crate::tenancy::Principal;
 use crate::wire::ErrorCode;
 use crate::wire::{CallResponse, ProcessState};
@@ -37,7 +37,7 @@ fn settleable(folder: Folder) -> Result<(), ExchangeError> {
 impl Exchange {
     /// The data folder (for the disk-free figure and the server's own files).
     pub fn data_dir(&self) -> &Path {
-        &self.core.config.data_dir
+        &self.parts.config.data_dir
     }
 
     /// Admin: every database and device id, databases first.
@@ -45,8 +45,8 @@ impl Exchange {
         admin(who)?;
         let ids = |v: Vec<crate::tenancy::Endpoint>| v.into_iter().map(|e| e.id).collect();
         Ok((
-            ids(self.core.registry.databases()),
-            ids(self.core.registry.devices()),
+            ids(self.parts.registry.databases()),
+            ids(self.parts.registry.devices()),
         ))
     }
 
@@ -60,9 +60,9 @@ impl Exchange {
         let mut out = Vec::new();
         for id in dbs.into_iter().chain(devs) {
             for folder in Folder::ALL {
-                let loc = self.core.location(&id, folder);
+                let loc = Location::new(id.clone(), folder);
                 // A folder that cannot be read counts as empty here.
-                let n = self.core.store.count(&loc).await.map_or(0, |n| n as u64);
+                let n = self.parts.store.count(&loc).await.map_or(0, |n| n as u64);
                 out.push((id.clone(), folder, n));
             }
         }
@@ -76,8 +76,8 @@ impl Exchange {
         db: &Id,
     ) -> Result<Option<FileName>, ExchangeError> {
         admin(who)?;
-        let queue = self.core.location(db, Folder::Messages);
-        Ok(self.core.store.oldest(&queue, 1).await?.into_iter().next())
+        let queue = Location::new(db.clone(), Folder::Messages);
+        Ok(self.parts.store.oldest(&queue, 1).await?.into_iter().next())
     }
 
     /// Admin: a database's processes in doubt and the messages each holds
@@ -88,7 +88,7 @@ impl Exchange {
         db: &Id,
     ) -> Result<Vec<(ProcessId, Vec<MessageId>)>, ExchangeError> {
         admin(who)?;
-        let Some(g) = self.core.sessions.db.get(db.clone(), false).await? else {
+        let Some(g) = self.parts.sessions.db.get(db.clone(), false).await? else {
             return Ok(Vec::new());
         };
         Ok(g.state()
@@ -112,7 +112,7 @@ impl Exchange {
     ) -> Result<Vec<u8>, ExchangeError> {
         admin(who)?;
         settleable(folder)?;
-        let (_, bytes) = self.core.find_file(mailbox, folder, id).await?;
+        let (_, bytes) = self.find_file(mailbox, folder, id).await?;
         Ok(bytes)
     }
 
@@ -154,10 +154,8 @@ impl Exchange {
         admin(who)?;
         settleable(folder)?;
         let mailbox = mailbox.clone();
-        self.detached(
-            move |core| async move { core.hand_settle(&mailbox, folder, id, requeue).await },
-        )
-        .await
+        self.detached(move |ex| async move { ex.hand_settle(&mailbox, folder, id, requeue).await })
+            .await
     }
 
     /// Admin: settle a process in doubt as committed (`commit`) or rolled
@@ -173,13 +171,18 @@ impl Exchange {
         let not_in_doubt =
             || ExchangeError::unprocessable(ErrorCode::NotInDoubt, "the process is not in doubt");
         let parsed: ProcessId = pid.parse().map_err(|_| not_in_doubt())?;
-        let owner = self.core.owner(&parsed).await?.ok_or_else(not_in_doubt)?;
+        let owner = self
+            .parts
+            .sessions
+            .owner(&parsed)
+            .await?
+            .ok_or_else(not_in_doubt)?;
         let in_doubt = self.in_doubt(who, &owner.db).await?;
         if !in_doubt.iter().any(|(p, _)| *p == parsed) {
             return Err(not_in_doubt());
         }
         let enterprise = self
-            .core
+            .parts
             .registry
             .enterprise_of(&owner.db)
             .ok_or_else(|| ExchangeError::not_found(format!("no database {}", owner.db)))?;
@@ -192,12 +195,14 @@ impl Exchange {
             "the operator settles a process in doubt"
         );
         let pid = pid.to_owned();
-        self.detached(move |core| async move {
+        self.detached(move |ex| async move {
+            let calls = ProcessCalls::of(&ex.parts);
             if commit {
-                core.commit(&processor, &pid).await
+                calls.commit(&processor, &pid).await
             } else {
                 let text = "settled as rolled back by the operator";
-                core.give_up(&processor, &pid, ProcessState::RolledBack, text)
+                calls
+                    .give_up(&processor, &pid, ProcessState::RolledBack, text)
                     .await
             }
         })
@@ -205,7 +210,7 @@ impl Exchange {
     }
 }
 
-impl Core {
+impl Exchange {
     /// A message file of a folder and its bytes; 404 if it is not there.
     async fn find_file(
         &self,
@@ -216,12 +221,18 @@ impl Core {
         let not_found = || {
             ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
         };
-        if self.registry.endpoint(mailbox).is_none() {
+        if self.parts.registry.endpoint(mailbox).is_none() {
             return Err(not_found());
         }
-        let at = self.location(mailbox, folder);
-        let name = self.store.find(&at, id).await?.ok_or_else(not_found)?;
+        let at = Location::new(mailbox.clone(), folder);
+        let name = self
+            .parts
+            .store
+            .find(&at, id)
+            .await?
+            .ok_or_else(not_found)?;
         let raw = self
+            .parts
             .store
             .read_array(&at, std::slice::from_ref(&name))
             .await?;
@@ -242,32 +253,37 @@ impl Core {
         id: MessageId,
         requeue: bool,
     ) -> Result<(), ExchangeError> {
-        let mut g = self.sessions.db.get(mailbox.clone(), false).await?;
+        let mut g = self.parts.sessions.db.get(mailbox.clone(), false).await?;
         if let Some(g) = &g
-            && Core::referenced(g.state()).any(|n| n.id == id)
+            && g.state().referenced().any(|n| n.id == id)
         {
             return Err(ExchangeError::unprocessable(
                 ErrorCode::HeldByProcess,
                 format!("message {id} belongs to a process; settle the process instead"),
             ));
         }
-        let at = self.location(mailbox, folder);
+        let at = Location::new(mailbox.clone(), folder);
         let not_found = || {
             ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
         };
-        let name = self.store.find(&at, id).await?.ok_or_else(not_found)?;
+        let name = self
+            .parts
+            .store
+            .find(&at, id)
+            .await?
+            .ok_or_else(not_found)?;
         if requeue {
-            let to = self.location(&name.to, Folder::Messages);
+            let to = Location::new(name.to.clone(), Folder::Messages);
             let requeue = [Op::Move {
                 name: name.clone(),
                 from: at.clone(),
                 to: to.clone(),
             }];
             let held = g.as_mut().and_then(|g| g.step());
-            for r in self.store.apply(held, &requeue).await.results {
+            for r in self.parts.store.apply(held, &requeue).await.results {
                 r?;
             }
-            arrived(&self.registry, self.push.as_ref(), &name.to);
+            arrived(&self.parts.registry, self.parts.push.as_ref(), &name.to);
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id, to = %name.to,
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"
@@ -278,7 +294,7 @@ impl Core {
                 at: at.clone(),
             }];
             let held = g.as_mut().and_then(|g| g.step());
-            for r in self.store.apply(held, &discard).await.results {
+            for r in self.parts.store.apply(held, &discard).await.results {
                 r?;
             }
             tracing::warn!(

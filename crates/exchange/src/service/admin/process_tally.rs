@@ -1,8 +1,8 @@
 //! The processes of every database as the admin pages show them, kept in
 //! memory from the database records as they are saved: the lifecycle's
 //! driver hands each saved record's processes over in the same step that
-//! makes the record the session's ([`Core::drive`](super::super::core::Core::drive)
-//! after its commit, [`Core::drive_hook`](super::super::core::Core::drive_hook)
+//! makes the record the session's ([`Interpreter::drive`](super::super::drive::Interpreter::drive)
+//! after its commit, [`Interpreter::drive_hook`](super::super::drive::Interpreter::drive_hook)
 //! when it changes the session), so the counts by state, the oldest
 //! READY_TO_COMMIT and a page of the list cost the same with ten databases
 //! as with ten thousand. The records of an earlier run are read once, at

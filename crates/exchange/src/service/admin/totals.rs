@@ -8,7 +8,7 @@ use super::super::Exchange;
 use super::super::error::ExchangeError;
 use super::admin;
 use super::process_tally::ProcessTotals;
-use crate::store::{FileName, Folder, MailboxKind, Tallies};
+use crate::store::{FileName, Folder, Location, MailboxKind, Tallies};
 use crate::tenancy::Principal;
 use crate::wire::ProcessSummary;
 use crate::{Id, Timestamp};
@@ -52,7 +52,7 @@ impl Exchange {
     pub async fn tallies(&self, who: &Principal) -> Result<Tallies, ExchangeError> {
         admin(who)?;
         self.counting().await;
-        match self.core.store.tallies().await {
+        match self.parts.store.tallies().await {
             Some(t) => Ok(t),
             None => self.recount_tallies(who).await,
         }
@@ -61,15 +61,16 @@ impl Exchange {
     /// Tells the store, once, every registered mailbox to keep in its
     /// running totals (those registered later are told as they are).
     async fn counting(&self) {
-        let core = &self.core;
-        core.counting
+        let parts = &self.parts;
+        parts
+            .counting
             .get_or_init(|| async {
-                let (dbs, devs) = (core.registry.databases(), core.registry.devices());
+                let (dbs, devs) = (parts.registry.databases(), parts.registry.devices());
                 for db in dbs {
-                    core.store.count_as(&db.id, MailboxKind::Database);
+                    parts.store.count_as(&db.id, MailboxKind::Database);
                 }
                 for dev in devs {
-                    core.store.count_as(&dev.id, MailboxKind::Device);
+                    parts.store.count_as(&dev.id, MailboxKind::Device);
                 }
             })
             .await;
@@ -86,7 +87,7 @@ impl Exchange {
     ) -> Result<Option<Vec<(MailboxKind, Id)>>, ExchangeError> {
         admin(who)?;
         self.counting().await;
-        Ok(self.core.store.holding(folder).await)
+        Ok(self.parts.store.holding(folder).await)
     }
 
     /// Admin: [`totals`](Self::totals) counted place by place from the
@@ -98,19 +99,19 @@ impl Exchange {
     /// [`tallies`](Self::tallies) counted place by place.
     async fn recount_tallies(&self, who: &Principal) -> Result<Tallies, ExchangeError> {
         let (dbs, devs) = self.mailbox_ids(who)?;
-        let store = &self.core.store;
+        let store = &self.parts.store;
         let mut t = Tallies::default();
         let kinds = [(&dbs, &mut t.databases), (&devs, &mut t.devices)];
         for (ids, kind) in kinds {
             for id in ids {
                 let count = |folder| {
-                    let loc = self.core.location(id, folder);
+                    let loc = Location::new(id.clone(), folder);
                     async move { store.count(&loc).await.map_or(0, |c| c as u64) }
                 };
                 let waiting = count(Folder::Messages).await;
                 if waiting > 0 {
                     kind.messages += waiting;
-                    let queue = self.core.location(id, Folder::Messages);
+                    let queue = Location::new(id.clone(), Folder::Messages);
                     if let Ok(Some(oldest)) =
                         store.oldest(&queue, 1).await.map(|v| v.into_iter().next())
                     {
@@ -134,15 +135,15 @@ impl Exchange {
         &self,
         f: impl FnOnce(&super::process_tally::ProcessTally) -> T,
     ) -> Result<T, ExchangeError> {
-        let core = &self.core;
-        let Some(tally) = &core.process_tally else {
+        let parts = &self.parts;
+        let Some(tally) = &parts.process_tally else {
             return Ok(f(&self.read_all_processes().await?));
         };
         tally
             .loaded
             .get_or_try_init(|| async {
-                for db in core.registry.databases() {
-                    if let Some(g) = core.sessions.db.get(db.id.clone(), false).await? {
+                for db in parts.registry.databases() {
+                    if let Some(g) = parts.sessions.db.get(db.id.clone(), false).await? {
                         tally.first(&db.id, g.state());
                     }
                 }
@@ -166,8 +167,8 @@ impl Exchange {
         &self,
     ) -> Result<super::process_tally::ProcessTally, ExchangeError> {
         let read = super::process_tally::ProcessTally::default();
-        for db in self.core.registry.databases() {
-            if let Some(g) = self.core.sessions.db.get(db.id.clone(), false).await? {
+        for db in self.parts.registry.databases() {
+            if let Some(g) = self.parts.sessions.db.get(db.id.clone(), false).await? {
                 read.replace(&db.id, g.state());
             }
         }
@@ -199,13 +200,13 @@ impl Exchange {
         limit: usize,
     ) -> Result<(u64, Vec<FileName>), ExchangeError> {
         admin(who)?;
-        let loc = self.core.location(mailbox, folder);
-        let total = self.core.store.count(&loc).await? as u64;
+        let loc = Location::new(mailbox.clone(), folder);
+        let total = self.parts.store.count(&loc).await? as u64;
         if limit == 0 || skip as u64 >= total {
             return Ok((total, Vec::new()));
         }
         let names = self
-            .core
+            .parts
             .store
             .oldest(&loc, skip.saturating_add(limit))
             .await?;

@@ -47,15 +47,17 @@ impl Exchange {
         url: Option<String>,
     ) -> Result<Option<String>, ExchangeError> {
         admin(who)?;
-        self.detached(move |core| async move { set_webhook(&core.registry, kind, &id, url).await })
-            .await
+        self.detached(
+            move |ex| async move { set_webhook(&ex.parts.registry, kind, &id, url).await },
+        )
+        .await
     }
 
     /// The webhook of a database or device, with its kind, as of the
     /// registry's last refresh: [`current_webhook`](Self::current_webhook)
     /// reads what other servers changed first.
     pub fn webhook(&self, recipient: &Id) -> Option<(RecipientKind, String)> {
-        self.core.registry.webhook(recipient)
+        self.parts.registry.webhook(recipient)
     }
 
     /// [`webhook`](Self::webhook) once the registry holds what every
@@ -66,7 +68,7 @@ impl Exchange {
         &self,
         recipient: &Id,
     ) -> Result<Option<(RecipientKind, String)>, ExchangeError> {
-        self.core.registry.refresh().await?;
-        Ok(self.core.registry.webhook(recipient))
+        self.parts.registry.refresh().await?;
+        Ok(self.parts.registry.webhook(recipient))
     }
 }
