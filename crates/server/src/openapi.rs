@@ -7,7 +7,7 @@
 use std::sync::LazyLock;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, Ref, RefOr};
 
 use axum::response::Response;
@@ -20,6 +20,10 @@ use crate::state::AppState;
 
 /// The name of the bearer security scheme in the document.
 pub const BEARER: &str = "bearer";
+
+/// The tag of the operations that need no token (health, readiness,
+/// metrics, this document); every other operation needs one.
+pub const OPERATIONS: &str = "operations";
 
 /// The frame of the API's OpenAPI document; its operations come from
 /// the router ([`document`]).
@@ -61,14 +65,15 @@ static OPENAPI_JSON: LazyLock<Vec<u8>> =
     LazyLock::new(|| serde_json::to_vec(&document()).unwrap_or_default());
 
 /// `GET /v1/openapi.json`: this API's OpenAPI document.
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses(
+#[utoipa::path(get, path = "/v1/openapi.json", tag = OPERATIONS, responses(
     (status = 200, description = "The OpenAPI document", body = Object)))]
 pub async fn openapi() -> Response {
     routes::raw_json(OPENAPI_JSON.clone())
 }
 
-/// Adds what every authenticated call shares: the bearer scheme, and the
-/// error answers 400, 401, 403 and 503 (and 413 where there is a body).
+/// Adds what every authenticated call (every operation but those tagged
+/// [`OPERATIONS`]) shares: the bearer scheme, and the error answers 400,
+/// 401, 403 and 503 (and 408 and 413 where there is a body).
 struct Conventions;
 
 impl Modify for Conventions {
@@ -93,7 +98,9 @@ impl Modify for Conventions {
                 item.delete.as_mut(),
             ];
             for op in operations.into_iter().flatten() {
-                if op.security.is_some() {
+                let open = (op.tags.iter().flatten()).any(|tag| tag == OPERATIONS);
+                if !open {
+                    op.security = Some(vec![SecurityRequirement::new(BEARER, [""; 0])]);
                     add_errors(op);
                 }
             }
@@ -152,7 +159,9 @@ mod tests {
         for code in ["200", "201", "400", "401", "403", "408", "413", "503"] {
             assert!(send["responses"][code].is_object(), "{code}");
         }
+        assert!(send["security"][0][BEARER].is_array());
         assert!(doc["paths"]["/healthz"]["get"]["responses"]["401"].is_null());
+        assert!(doc["paths"]["/healthz"]["get"]["security"].is_null());
         assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
     }
 }

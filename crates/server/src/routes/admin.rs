@@ -29,8 +29,7 @@ use crate::state::AppState;
     request_body = CreateEnterprise,
     responses(
         (status = 201, description = "Created", body = CreateEnterprise),
-        (status = 409, description = "It exists", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "It exists", body = ErrorBody)))]
 pub async fn create_enterprise(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -50,8 +49,7 @@ pub async fn create_enterprise(
     responses(
         (status = 201, description = "Created", body = CreateSubsystem),
         (status = 404, description = "No such enterprise", body = ErrorBody),
-        (status = 409, description = "It exists", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "It exists", body = ErrorBody)))]
 pub async fn create_subsystem(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -83,8 +81,7 @@ fn credentials(id: Id, token: &Token) -> Json<Credentials> {
     responses(
         (status = 201, description = "Created; the token is shown only now", body = Credentials),
         (status = 404, description = "No such enterprise", body = ErrorBody),
-        (status = 409, description = "The id is taken by a database or device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "The id is taken by a database or device", body = ErrorBody)))]
 pub async fn create_database(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -106,8 +103,7 @@ pub async fn create_database(
     responses(
         (status = 201, description = "Created; the token is shown only now", body = Credentials),
         (status = 404, description = "No such enterprise or subsystem", body = ErrorBody),
-        (status = 409, description = "The id is taken by a database or device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "The id is taken by a database or device", body = ErrorBody)))]
 pub async fn create_device(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -124,8 +120,7 @@ pub async fn create_device(
 
 /// `GET /v1/admin/processes`.
 #[utoipa::path(get, path = "/v1/admin/processes", tag = "admin",
-    responses((status = 200, description = "Current and recently ended processes", body = ProcessList)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "Current and recently ended processes", body = ProcessList)))]
 pub async fn processes(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -135,8 +130,7 @@ pub async fn processes(
 
 /// `GET /v1/admin/stats`.
 #[utoipa::path(get, path = "/v1/admin/stats", tag = "admin",
-    responses((status = 200, description = "Counters per database and per device", body = Stats)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "Counters per database and per device", body = Stats)))]
 pub async fn stats(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -151,8 +145,7 @@ pub async fn stats(
         ("folder" = String, Path, description = "Messages, Prepared, Log, Unknown or Error")),
     responses(
         (status = 200, description = "The files of the folder, oldest first", body = FolderListing),
-        (status = 404, description = "No such mailbox", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such mailbox", body = ErrorBody)))]
 pub async fn folder(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -220,8 +213,7 @@ fn paged<T>(mut items: Vec<T>, limit: usize, id: impl Fn(&T) -> &Id) -> (Vec<T>,
     params(Page),
     responses(
         (status = 200, description = "One page of enterprises; next_after is absent on the last", body = EnterpriseList),
-        (status = 400, description = "Bad limit (bad_limit) or after (bad_request)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 400, description = "Bad limit (bad_limit) or after (bad_request)", body = ErrorBody)))]
 pub async fn list_enterprises(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -247,8 +239,7 @@ pub async fn list_enterprises(
     params(("ent" = String, Path, description = "Enterprise id")),
     responses(
         (status = 200, description = "The enterprise, its subsystems, and how many databases and devices it has", body = EnterpriseDetail),
-        (status = 404, description = "No such enterprise", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such enterprise", body = ErrorBody)))]
 pub async fn show_enterprise(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -264,8 +255,7 @@ pub async fn show_enterprise(
     responses(
         (status = 200, description = "Deleted", body = CreateEnterprise),
         (status = 404, description = "No such enterprise", body = ErrorBody),
-        (status = 409, description = "It still has subsystems, databases or devices (in_use)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "It still has subsystems, databases or devices (in_use)", body = ErrorBody)))]
 pub async fn delete_enterprise(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -285,8 +275,7 @@ pub async fn delete_enterprise(
     params(("ent" = String, Path, description = "Enterprise id")),
     responses(
         (status = 200, description = "The subsystems, sorted", body = SubsystemList),
-        (status = 404, description = "No such enterprise", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such enterprise", body = ErrorBody)))]
 pub async fn list_subsystems(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -309,8 +298,7 @@ pub async fn list_subsystems(
     responses(
         (status = 200, description = "Deleted", body = CreateSubsystem),
         (status = 404, description = "No such enterprise or subsystem", body = ErrorBody),
-        (status = 409, description = "Devices run it (in_use)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "Devices run it (in_use)", body = ErrorBody)))]
 pub async fn delete_subsystem(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -363,8 +351,7 @@ fn endpoints(
     params(Page),
     responses(
         (status = 200, description = "One page of databases; next_after is absent on the last", body = DatabaseList),
-        (status = 400, description = "Bad limit (bad_limit), after or enterprise (bad_request)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 400, description = "Bad limit (bad_limit), after or enterprise (bad_request)", body = ErrorBody)))]
 pub async fn list_databases(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -383,8 +370,7 @@ pub async fn list_databases(
     params(Page),
     responses(
         (status = 200, description = "One page of devices; next_after is absent on the last", body = DeviceList),
-        (status = 400, description = "Bad limit (bad_limit), after or enterprise (bad_request)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 400, description = "Bad limit (bad_limit), after or enterprise (bad_request)", body = ErrorBody)))]
 pub async fn list_devices(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -403,8 +389,7 @@ pub async fn list_devices(
     params(("db" = String, Path, description = "Database id")),
     responses(
         (status = 200, description = "The database, its folders' file counts and open processes", body = EndpointDetail),
-        (status = 404, description = "No such database", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such database", body = ErrorBody)))]
 pub async fn show_database(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -420,8 +405,7 @@ pub async fn show_database(
     params(("dev" = String, Path, description = "Device id")),
     responses(
         (status = 200, description = "The device and its inbox's folders' file counts", body = EndpointDetail),
-        (status = 404, description = "No such device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such device", body = ErrorBody)))]
 pub async fn show_device(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -449,8 +433,7 @@ pub struct Force {
     responses(
         (status = 200, description = "Deleted: its token no longer works, its mailbox is gone", body = Deleted),
         (status = 404, description = "No such database", body = ErrorBody),
-        (status = 409, description = "Messages wait (besides Log) or a process is open, and force was not given (not_empty)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "Messages wait (besides Log) or a process is open, and force was not given (not_empty)", body = ErrorBody)))]
 pub async fn delete_database(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -470,8 +453,7 @@ pub async fn delete_database(
     responses(
         (status = 200, description = "Deleted: its token no longer works, its inbox is gone", body = Deleted),
         (status = 404, description = "No such device", body = ErrorBody),
-        (status = 409, description = "Replies wait in its inbox, and force was not given (not_empty)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "Replies wait in its inbox, and force was not given (not_empty)", body = ErrorBody)))]
 pub async fn delete_device(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -503,8 +485,7 @@ async fn rotate(
     params(("db" = String, Path, description = "Database id")),
     responses(
         (status = 200, description = "The new token, shown only now", body = Credentials),
-        (status = 404, description = "No such database", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such database", body = ErrorBody)))]
 pub async fn rotate_database_token(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -519,8 +500,7 @@ pub async fn rotate_database_token(
     params(("dev" = String, Path, description = "Device id")),
     responses(
         (status = 200, description = "The new token, shown only now", body = Credentials),
-        (status = 404, description = "No such device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such device", body = ErrorBody)))]
 pub async fn rotate_device_token(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -533,8 +513,7 @@ pub async fn rotate_device_token(
 #[utoipa::path(post, path = "/v1/admin/token", tag = "admin",
     responses(
         (status = 200, description = "The new admin token, shown only now; it replaces the saved one and the old one stops working at once", body = AdminCredentials),
-        (status = 409, description = "ESTAFETA_ADMIN_TOKEN pins the admin token: change it there and restart (admin_token_pinned)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "ESTAFETA_ADMIN_TOKEN pins the admin token: change it there and restart (admin_token_pinned)", body = ErrorBody)))]
 pub async fn rotate_admin_token(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -552,8 +531,7 @@ pub async fn rotate_admin_token(
     request_body = SettleRequest,
     responses(
         (status = 200, description = "Settled as a late commit or rollback of its processor would (status OK, or FAILED when files could not be moved yet)", body = CallResponse),
-        (status = 422, description = "The process is not in doubt (not_in_doubt)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 422, description = "The process is not in doubt (not_in_doubt)", body = ErrorBody)))]
 pub async fn settle(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -587,8 +565,7 @@ fn message_path(
         ("id" = String, Path, description = "Message id")),
     responses(
         (status = 200, description = "The message as stored", body = estafeta_exchange::wire::Message),
-        (status = 404, description = "No such message there", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such message there", body = ErrorBody)))]
 pub async fn show_message(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -634,8 +611,7 @@ async fn hand_settle(
         (status = 200, description = "Requeued", body = HandSettled),
         (status = 400, description = "Not Unknown or Error (bad_folder)", body = ErrorBody),
         (status = 404, description = "No such message there", body = ErrorBody),
-        (status = 422, description = "A process in doubt holds it: settle the process (held_by_process)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 422, description = "A process in doubt holds it: settle the process (held_by_process)", body = ErrorBody)))]
 pub async fn requeue(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -655,8 +631,7 @@ pub async fn requeue(
         (status = 200, description = "Discarded", body = HandSettled),
         (status = 400, description = "Not Unknown or Error (bad_folder)", body = ErrorBody),
         (status = 404, description = "No such message there", body = ErrorBody),
-        (status = 422, description = "A process in doubt holds it: settle the process (held_by_process)", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 422, description = "A process in doubt holds it: settle the process (held_by_process)", body = ErrorBody)))]
 pub async fn discard(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -698,8 +673,7 @@ async fn webhook(
     responses(
         (status = 200, description = "The stored value", body = Webhook),
         (status = 400, description = "Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url)", body = ErrorBody),
-        (status = 404, description = "No such database", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such database", body = ErrorBody)))]
 pub async fn set_database_webhook(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -714,8 +688,7 @@ pub async fn set_database_webhook(
     params(("db" = String, Path, description = "Database id")),
     responses(
         (status = 200, description = "Cleared (url is null)", body = Webhook),
-        (status = 404, description = "No such database", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such database", body = ErrorBody)))]
 pub async fn clear_database_webhook(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -733,8 +706,7 @@ pub async fn clear_database_webhook(
     responses(
         (status = 200, description = "The stored value", body = Webhook),
         (status = 400, description = "Not an http(s) URL with a host, or a host refused by webhook_private (bad_webhook_url)", body = ErrorBody),
-        (status = 404, description = "No such device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such device", body = ErrorBody)))]
 pub async fn set_device_webhook(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -749,8 +721,7 @@ pub async fn set_device_webhook(
     params(("dev" = String, Path, description = "Device id")),
     responses(
         (status = 200, description = "Cleared (url is null)", body = Webhook),
-        (status = 404, description = "No such device", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "No such device", body = ErrorBody)))]
 pub async fn clear_device_webhook(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -767,8 +738,7 @@ const ALERTS_LISTED: usize = 10_000;
 #[utoipa::path(get, path = "/v1/admin/alerts", tag = "admin",
     responses(
         (status = 200, description = "The alerts, newest first (at most 10,000)", body = AlertList),
-        (status = 503, description = "The alert store is not open (yet) or failed", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 503, description = "The alert store is not open (yet) or failed", body = ErrorBody)))]
 pub async fn alerts(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -812,8 +782,7 @@ pub async fn alerts(
     responses(
         (status = 200, description = "The copy is made and durable", body = BackupReport),
         (status = 400, description = "The folder is relative, inside the data folder, or cannot be written", body = ErrorBody),
-        (status = 409, description = "The folder exists and is not empty", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 409, description = "The folder exists and is not empty", body = ErrorBody)))]
 pub async fn backup(
     State(state): State<AppState>,
     Caller(who): Caller,

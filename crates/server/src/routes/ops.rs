@@ -9,10 +9,11 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
 use crate::metrics::Snapshot;
+use crate::openapi::OPERATIONS;
 use crate::state::AppState;
 
 /// `GET /healthz`: 200 while the process runs.
-#[utoipa::path(get, path = "/healthz", tag = "operations",
+#[utoipa::path(get, path = "/healthz", tag = OPERATIONS,
     responses((status = 200, description = "The server process runs")))]
 pub async fn healthz() -> StatusCode {
     StatusCode::OK
@@ -22,7 +23,7 @@ pub async fn healthz() -> StatusCode {
 /// writes (the data folder, and in a cluster the database); 503 before recovery, while stopping, and while storage does
 /// not take writes (checked on each call, so it is 200 again as soon as
 /// storage recovers).
-#[utoipa::path(get, path = "/readyz", tag = "operations", responses(
+#[utoipa::path(get, path = "/readyz", tag = OPERATIONS, responses(
     (status = 200, description = "Recovery done; storage writable; serving"),
     (status = 503, description = "Recovering, stopping, or storage not writable or full")))]
 pub async fn readyz(State(state): State<AppState>) -> StatusCode {
@@ -39,7 +40,7 @@ pub async fn readyz(State(state): State<AppState>) -> StatusCode {
 }
 
 /// `GET /metrics`: Prometheus text.
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+#[utoipa::path(get, path = "/metrics", tag = OPERATIONS, responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let snapshot = Snapshot::gather(&state.metric_parts(), SystemTime::now()).await;

@@ -17,8 +17,7 @@ use crate::state::AppState;
 /// API_1, `POST /v1/processes`: IDLE, BUSY, or OK with a process id and messages.
 #[utoipa::path(post, path = "/v1/processes", tag = "processes",
     request_body = StartRequest,
-    responses((status = 200, description = "IDLE, BUSY, or OK with the messages", body = StartResponse)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "IDLE, BUSY, or OK with the messages", body = StartResponse)))]
 pub async fn start(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -31,8 +30,7 @@ pub async fn start(
 #[utoipa::path(post, path = "/v1/processes/{pid}/accept", tag = "processes",
     params(("pid" = String, Path, description = "Process id")),
     request_body = AcceptRequest,
-    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)))]
 pub async fn accept(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -48,8 +46,7 @@ pub async fn accept(
     request_body = PrepareRequest,
     responses(
         (status = 200, description = "OK (replies durable, READY_TO_COMMIT) or CANCELLED", body = CallResponse),
-        (status = 422, description = "The results do not name every accepted message exactly once", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 422, description = "The results do not name every accepted message exactly once", body = ErrorBody)))]
 pub async fn prepare(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -63,8 +60,7 @@ pub async fn prepare(
 #[utoipa::path(post, path = "/v1/processes/{pid}/commit", tag = "processes",
     params(("pid" = String, Path, description = "Process id")),
     request_body = CommitRequest,
-    responses((status = 200, description = "OK, FAILED (moves retried by the server) or CANCELLED", body = CallResponse)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "OK, FAILED (moves retried by the server) or CANCELLED", body = CallResponse)))]
 pub async fn commit(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -78,8 +74,7 @@ pub async fn commit(
 #[utoipa::path(post, path = "/v1/processes/{pid}/rollback", tag = "processes",
     params(("pid" = String, Path, description = "Process id")),
     request_body = RollbackRequest,
-    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)))]
 pub async fn rollback(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -93,8 +88,7 @@ pub async fn rollback(
 #[utoipa::path(post, path = "/v1/processes/{pid}/abort", tag = "processes",
     params(("pid" = String, Path, description = "Process id")),
     request_body = AbortRequest,
-    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "OK or CANCELLED", body = CallResponse)))]
 pub async fn abort(
     State(state): State<AppState>,
     Presenting(who): Presenting,
@@ -109,8 +103,7 @@ pub async fn abort(
     params(("pid" = String, Path, description = "Process id")),
     responses(
         (status = 200, description = "The process's state", body = ProcessStatus),
-        (status = 404, description = "A process id the server never issued", body = ErrorBody)),
-    security(("bearer" = [])))]
+        (status = 404, description = "A process id the server never issued", body = ErrorBody)))]
 pub async fn status(
     State(state): State<AppState>,
     Caller(who): Caller,
