@@ -6,7 +6,7 @@
 
 use super::Exchange;
 use super::error::ExchangeError;
-use super::records::{Ended, Process};
+use super::records::{DbRecord, Ended, Process};
 use super::stats::SenderCounts;
 use crate::Id;
 use crate::store::{FileEntry, Folder, Location, MailboxKind};
@@ -114,72 +114,49 @@ impl Exchange {
     /// Admin: counters per database and device.
     pub async fn stats(&self, who: &Principal) -> Result<Stats, ExchangeError> {
         admin(who)?;
+        let (store, sessions) = (&self.parts.store, &self.parts.sessions);
+        let count = |id: &Id, folder| {
+            let at = Location::new(id.clone(), folder);
+            async move { Ok::<_, ExchangeError>(store.count(&at).await? as u64) }
+        };
         let mut databases = Vec::new();
         let mut by_sender: HashMap<Id, SenderCounts> = HashMap::new();
+        let never_used = DbRecord::default();
         for db in self.parts.registry.databases() {
-            let waiting = self
-                .parts
-                .store
-                .count(&Location::new(db.id.clone(), Folder::Messages))
-                .await? as u64;
-            let mut s = DatabaseStats {
+            let waiting = count(&db.id, Folder::Messages).await?;
+            let logged = count(&db.id, Folder::Log).await?;
+            let g = sessions.db.get(db.id.clone(), false).await?;
+            let rec = g.as_ref().map_or(&never_used, |g| g.state());
+            let c = &rec.counters;
+            for (sender, counts) in &c.by_sender {
+                by_sender.entry(sender.clone()).or_default().add(counts);
+            }
+            databases.push(DatabaseStats {
                 id: db.id.clone(),
                 enterprise: db.enterprise.clone(),
-                received: 0,
+                received: waiting + logged,
                 waiting,
-                processes: 0,
-                processed: 0,
-                deadlocks: 0,
-                incorrect: 0,
-                replies: 0,
-                not_committed: 0,
-                in_doubt: 0,
-                last_error: None,
-                last_seen: None,
-            };
-            if let Some(g) = self.parts.sessions.db.get(db.id.clone(), false).await? {
-                let rec = g.state();
-                let c = &rec.counters;
                 // Ended processes are counted; the live one and those in
                 // doubt are still going.
-                s.processes =
-                    c.ended + u64::from(rec.process.is_some()) + rec.in_doubt.len() as u64;
-                s.processed = c.processed;
-                s.deadlocks = c.deadlocks;
-                s.incorrect = c.incorrect;
-                s.replies = c.replies;
-                s.not_committed = c.not_committed;
-                s.in_doubt = c.in_doubt;
-                s.last_error = c.last_error.clone();
-                s.last_seen = c.last_seen;
-                for (sender, counts) in &c.by_sender {
-                    by_sender.entry(sender.clone()).or_default().add(counts);
-                }
-            }
-            s.received = s.waiting
-                + self
-                    .parts
-                    .store
-                    .count(&Location::new(db.id.clone(), Folder::Log))
-                    .await? as u64;
-            databases.push(s);
+                processes: c.ended + u64::from(rec.process.is_some()) + rec.in_doubt.len() as u64,
+                processed: c.processed,
+                deadlocks: c.deadlocks,
+                incorrect: c.incorrect,
+                replies: c.replies,
+                not_committed: c.not_committed,
+                in_doubt: c.in_doubt,
+                last_error: c.last_error.clone(),
+                last_seen: c.last_seen,
+            });
         }
         let mut devices = Vec::new();
         for d in self.parts.registry.devices() {
             let Role::Device { subsystem } = d.role.clone() else {
                 continue;
             };
-            let inbox = self
-                .parts
-                .store
-                .count(&Location::new(d.id.clone(), Folder::Messages))
-                .await? as u64;
-            let acked = self
-                .parts
-                .store
-                .count(&Location::new(d.id.clone(), Folder::Log))
-                .await? as u64;
-            let counters = match self.parts.sessions.device.get(d.id.clone(), false).await? {
+            let inbox = count(&d.id, Folder::Messages).await?;
+            let acked = count(&d.id, Folder::Log).await?;
+            let counters = match sessions.device.get(d.id.clone(), false).await? {
                 Some(g) => g.state().device.clone(),
                 None => Default::default(),
             };

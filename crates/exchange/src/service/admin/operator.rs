@@ -211,13 +211,14 @@ impl Exchange {
 }
 
 impl Exchange {
-    /// A message file of a folder and its bytes; 404 if it is not there.
-    async fn find_file(
+    /// The file of message `id` in `mailbox`'s `folder`; 404 if it is not
+    /// there.
+    async fn find_name(
         &self,
         mailbox: &Id,
         folder: Folder,
         id: MessageId,
-    ) -> Result<(FileName, Vec<u8>), ExchangeError> {
+    ) -> Result<FileName, ExchangeError> {
         let not_found = || {
             ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
         };
@@ -225,19 +226,25 @@ impl Exchange {
             return Err(not_found());
         }
         let at = Location::new(mailbox.clone(), folder);
-        let name = self
-            .parts
-            .store
-            .find(&at, id)
-            .await?
-            .ok_or_else(not_found)?;
-        let raw = self
-            .parts
-            .store
-            .read_array(&at, std::slice::from_ref(&name))
-            .await?;
+        self.parts.store.find(&at, id).await?.ok_or_else(not_found)
+    }
+
+    /// A message file of a folder and its bytes; 404 if it is not there.
+    async fn find_file(
+        &self,
+        mailbox: &Id,
+        folder: Folder,
+        id: MessageId,
+    ) -> Result<(FileName, Vec<u8>), ExchangeError> {
+        let name = self.find_name(mailbox, folder, id).await?;
+        let at = Location::new(mailbox.clone(), folder);
+        let names = std::slice::from_ref(&name);
+        let raw = self.parts.store.read_array(&at, names).await?;
         if raw.names.is_empty() {
-            return Err(not_found());
+            return Err(ExchangeError::not_found(format!(
+                "no message {id} in {mailbox}/{}",
+                folder.as_str()
+            )));
         }
         // `[` + the file's bytes + `]`.
         let bytes = raw.json[1..raw.json.len() - 1].to_vec();
@@ -262,41 +269,30 @@ impl Exchange {
                 format!("message {id} belongs to a process; settle the process instead"),
             ));
         }
+        let name = self.find_name(mailbox, folder, id).await?;
         let at = Location::new(mailbox.clone(), folder);
-        let not_found = || {
-            ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
-        };
-        let name = self
-            .parts
-            .store
-            .find(&at, id)
-            .await?
-            .ok_or_else(not_found)?;
-        if requeue {
-            let to = Location::new(name.to.clone(), Folder::Messages);
-            let requeue = [Op::Move {
+        let op = match requeue {
+            true => Op::Move {
                 name: name.clone(),
-                from: at.clone(),
-                to: to.clone(),
-            }];
-            let held = g.as_mut().and_then(|g| g.step());
-            for r in self.parts.store.apply(held, &requeue).await.results {
-                r?;
-            }
+                from: at,
+                to: Location::new(name.to.clone(), Folder::Messages),
+            },
+            false => Op::Delete {
+                name: name.clone(),
+                at,
+            },
+        };
+        let held = g.as_mut().and_then(|g| g.step());
+        for r in self.parts.store.apply(held, &[op]).await.results {
+            r?;
+        }
+        if requeue {
             arrived(&self.parts.registry, self.parts.push.as_ref(), &name.to);
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id, to = %name.to,
                 from_folder = folder.as_str(), "the operator requeued a message into Messages"
             );
         } else {
-            let discard = [Op::Delete {
-                name: name.clone(),
-                at: at.clone(),
-            }];
-            let held = g.as_mut().and_then(|g| g.step());
-            for r in self.parts.store.apply(held, &discard).await.results {
-                r?;
-            }
             tracing::warn!(
                 target: "estafeta::event", db = %mailbox, message = %id,
                 from_folder = folder.as_str(), "the operator discarded a message"
