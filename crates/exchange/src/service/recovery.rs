@@ -7,6 +7,7 @@ use super::device::with_keys;
 use super::error::ExchangeError;
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Location, Op};
+use crate::tenancy::Endpoint;
 use crate::{Id, MessageId, Timestamp};
 use estafeta_session::storage::Step;
 use std::collections::HashSet;
@@ -65,15 +66,11 @@ impl Exchange {
                 target: "estafeta::alert", db = %db, files = cleared,
                 "orphaned files in Prepared with no process; moved to Unknown"
             );
-            self.parts.alerting
-                .raise_now(
-                AlertKind::Orphans,
-                db,
-                format!(
-                    "{cleared} orphaned files in Prepared of database {db} with no process; moved to Unknown"
-                ),
-            )
-            .await;
+            let text = format!(
+                "{cleared} orphaned files in Prepared of database {db} with no process; moved to Unknown"
+            );
+            let alerting = &self.parts.alerting;
+            alerting.raise_now(AlertKind::Orphans, db, text).await;
         }
         Ok(cleared)
     }
@@ -122,20 +119,14 @@ impl Exchange {
     /// interrupted removed, every mailbox checked, expired keys and files
     /// removed (a first retention sweep).
     pub async fn tidy(&self) -> Result<Tidied, ExchangeError> {
+        let parts = &self.parts;
         let mut tidied = Tidied::default();
-        let ids: Vec<Id> = self
-            .parts
-            .registry
-            .databases()
-            .into_iter()
-            .chain(self.parts.registry.devices())
-            .map(|e| e.id)
-            .collect();
+        let ids: Vec<Id> = self.endpoints().map(|e| e.id).collect();
         for chunk in ids.chunks(TIDY_BATCH) {
-            let made = self.parts.store.create_mailboxes(chunk).await;
+            let made = parts.store.create_mailboxes(chunk).await;
             for (id, made) in chunk.iter().zip(made) {
                 let checked = match made {
-                    Ok(()) => self.parts.store.recover_writes(id).await,
+                    Ok(()) => parts.store.recover_writes(id).await,
                     Err(e) => Err(e),
                 };
                 if let Err(error) = checked {
@@ -144,14 +135,8 @@ impl Exchange {
                 }
             }
         }
-        tidied.webhooks_moved =
-            adopt_session_webhooks(&self.parts.registry, &self.parts.sessions).await?;
-        push_waiting(
-            &self.parts.registry,
-            self.parts.push.as_ref(),
-            &self.parts.store,
-        )
-        .await;
+        tidied.webhooks_moved = adopt_session_webhooks(&parts.registry, &parts.sessions).await?;
+        push_waiting(&parts.registry, parts.push.as_ref(), &parts.store).await;
         tidied.expired_keys = self.expire_keys().await?;
         tidied.expired_files = self.remove_expired_files().await?;
         tracing::info!(target: "estafeta::event", ?tidied, "start-up tidying done");
@@ -190,13 +175,7 @@ impl Exchange {
         );
         let cutoff = Timestamp::from_millis(cutoff_ms);
         let mut removed = 0;
-        for e in self
-            .parts
-            .registry
-            .databases()
-            .into_iter()
-            .chain(self.parts.registry.devices())
-        {
+        for e in self.endpoints() {
             let g = self.parts.sessions.db.get(e.id.clone(), false).await?;
             let keep: HashSet<MessageId> = match &g {
                 Some(g) => g.state().referenced().map(|n| n.id).collect(),
@@ -208,13 +187,20 @@ impl Exchange {
                 Folder::Unknown,
                 Folder::Error,
             ] {
+                let at = Location::new(e.id.clone(), folder);
                 removed += self
                     .parts
                     .store
-                    .remove_older_than(&Location::new(e.id.clone(), folder), cutoff, &keep)
+                    .remove_older_than(&at, cutoff, &keep)
                     .await?;
             }
         }
         Ok(removed)
+    }
+
+    /// Every database and device, databases first.
+    fn endpoints(&self) -> impl Iterator<Item = Endpoint> {
+        let registry = &self.parts.registry;
+        registry.databases().into_iter().chain(registry.devices())
     }
 }
