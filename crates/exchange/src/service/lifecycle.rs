@@ -657,7 +657,7 @@ fn recover(rec: &mut DbRecord, ctx: &Ctx) -> Vec<Step> {
         });
     }
     // A start's owner record is not waited for: it may be missing.
-    for p in rec.process.iter().chain(&rec.in_doubt) {
+    for p in rec.open() {
         steps.push(Step::Owner {
             pid: p.id,
             db: p.db.clone(),

@@ -404,12 +404,7 @@ impl<'a> ProcessCalls<'a> {
         let (live, remembered) = match self.sessions.db.get(owner.db.clone(), false).await? {
             Some(g) => {
                 let rec = g.state();
-                let live = rec
-                    .process
-                    .iter()
-                    .chain(rec.in_doubt.iter())
-                    .find(|p| p.id == pid)
-                    .map(|p| p.state);
+                let live = rec.open().find(|p| p.id == pid).map(|p| p.state);
                 let remembered = rec.recent.iter().find(|e| e.id == pid).map(|e| e.state);
                 (live, remembered)
             }

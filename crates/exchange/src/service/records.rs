@@ -414,11 +414,14 @@ impl Process {
 }
 
 impl DbRecord {
-    /// The file names this database's live and in-doubt processes refer to.
+    /// This database's open processes: the live one and those in doubt.
+    pub(crate) fn open(&self) -> impl Iterator<Item = &Process> {
+        self.process.iter().chain(&self.in_doubt)
+    }
+
+    /// The file names this database's open processes refer to.
     pub(crate) fn referenced(&self) -> impl Iterator<Item = &FileName> {
-        self.process
-            .iter()
-            .chain(self.in_doubt.iter())
+        self.open()
             .flat_map(|p| p.messages.iter().chain(p.replies.iter()))
     }
 

@@ -222,13 +222,7 @@ impl Exchange {
         let Some(g) = self.parts.sessions.db.get(id.clone(), false).await? else {
             return Ok(Vec::new());
         };
-        let rec = g.state();
-        Ok(rec
-            .process
-            .iter()
-            .chain(rec.in_doubt.iter())
-            .map(Process::summary)
-            .collect())
+        Ok(g.state().open().map(Process::summary).collect())
     }
 }
 
@@ -292,13 +286,8 @@ impl Exchange {
     ) -> Result<Deleted, ExchangeError> {
         let id = &endpoint.id;
         let mut g = hold(&self.parts.sessions.db, id, "database").await?;
-        let open: Vec<(ProcessId, ProcessState)> = g
-            .state()
-            .process
-            .iter()
-            .chain(&g.state().in_doubt)
-            .map(|p| (p.id, p.state))
-            .collect();
+        let open: Vec<(ProcessId, ProcessState)> =
+            g.state().open().map(|p| (p.id, p.state)).collect();
         if !force && let Some(why) = self.holds(id, open.len()).await? {
             g.release().await?;
             return Err(not_empty(Kind::Database, why));

@@ -97,11 +97,7 @@ impl Exchange {
             };
             let rec = g.state();
             processes.extend(
-                rec.process
-                    .iter()
-                    .chain(rec.in_doubt.iter())
-                    .map(Process::summary)
-                    .chain(rec.recent.iter().map(Ended::summary)),
+                (rec.open().map(Process::summary)).chain(rec.recent.iter().map(Ended::summary)),
             );
         }
         processes.sort_by_key(|p| p.started_at);
@@ -138,7 +134,7 @@ impl Exchange {
                 waiting,
                 // Ended processes are counted; the live one and those in
                 // doubt are still going.
-                processes: c.ended + u64::from(rec.process.is_some()) + rec.in_doubt.len() as u64,
+                processes: c.ended + rec.open().count() as u64,
                 processed: c.processed,
                 deadlocks: c.deadlocks,
                 incorrect: c.incorrect,

@@ -31,9 +31,7 @@ impl DbRows {
         let row =
             |ended: bool, s: ProcessSummary| ((ended, Reverse(s.started_at), s.process_id), s);
         Self(
-            rec.process
-                .iter()
-                .chain(rec.in_doubt.iter())
+            rec.open()
                 .map(|p| row(false, p.summary()))
                 .chain(rec.recent.iter().map(|e| row(true, e.summary())))
                 .collect(),
