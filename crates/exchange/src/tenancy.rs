@@ -71,6 +71,16 @@ pub enum Role {
     },
 }
 
+impl Role {
+    /// A device's subsystem; `None` for a database.
+    pub fn subsystem(&self) -> Option<&Id> {
+        match self {
+            Role::Database => None,
+            Role::Device { subsystem } => Some(subsystem),
+        }
+    }
+}
+
 /// A registered database or device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -242,14 +252,11 @@ fn held(
         || Arc::from(endpoint.enterprise.as_str()),
         |(e, _)| Arc::clone(e),
     );
-    let subsystem = match &endpoint.role {
-        Role::Database => None,
-        Role::Device { subsystem } => Some(
-            known
-                .and_then(|(_, subs)| subs.get(subsystem.as_str()))
-                .map_or_else(|| Arc::from(subsystem.as_str()), Arc::clone),
-        ),
-    };
+    let subsystem = endpoint.role.subsystem().map(|subsystem| {
+        known
+            .and_then(|(_, subs)| subs.get(subsystem.as_str()))
+            .map_or_else(|| Arc::from(subsystem.as_str()), Arc::clone)
+    });
     let held = Held {
         enterprise,
         subsystem,

@@ -192,10 +192,7 @@ impl Inner {
 fn record_json(endpoint: &Endpoint, hash: &TokenHash) -> Result<String, TenancyError> {
     let record = Record {
         enterprise: endpoint.enterprise.clone(),
-        device_subsystem: match &endpoint.role {
-            Role::Database => None,
-            Role::Device { subsystem } => Some(subsystem.clone()),
-        },
+        device_subsystem: endpoint.role.subsystem().cloned(),
         token_sha256: hash.to_hex(),
     };
     serde_json::to_string(&record).map_err(|e| TenancyError::Corrupt {

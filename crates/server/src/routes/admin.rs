@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use estafeta_exchange::tenancy::{Endpoint, Kind, Principal, Role};
+use estafeta_exchange::tenancy::{Endpoint, Kind, Principal};
 use estafeta_exchange::token::Token;
 use estafeta_exchange::wire::{
     AdminCredentials, AlertEntry, AlertList, CallResponse, CreateDatabase, CreateDevice,
@@ -318,12 +318,9 @@ pub async fn delete_subsystem(
 
 fn endpoint_info(e: Endpoint) -> EndpointInfo {
     EndpointInfo {
+        subsystem: e.role.subsystem().cloned(),
         id: e.id,
         enterprise: e.enterprise,
-        subsystem: match e.role {
-            Role::Database => None,
-            Role::Device { subsystem } => Some(subsystem),
-        },
     }
 }
 

@@ -95,10 +95,7 @@ impl Exchange {
             version: Version,
             id: endpoint.id,
             enterprise: endpoint.enterprise,
-            subsystem: match endpoint.role {
-                Role::Database => None,
-                Role::Device { subsystem } => Some(subsystem),
-            },
+            subsystem: endpoint.role.subsystem().cloned(),
             folders,
             open_processes,
         })

@@ -31,7 +31,7 @@ impl DbRows {
         let row =
             |ended: bool, s: ProcessSummary| ((ended, Reverse(s.started_at), s.process_id), s);
         Self(
-            rec.open()
+            (rec.process.iter().chain(&rec.in_doubt))
                 .map(|p| row(false, p.summary()))
                 .chain(rec.recent.iter().map(|e| row(true, e.summary())))
                 .collect(),
