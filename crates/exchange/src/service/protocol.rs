@@ -35,10 +35,10 @@ fn answer(a: Answer) -> CallResponse {
     })
 }
 
-/// The database a processor's token stands for.
-pub(crate) fn database_of(who: &Principal) -> Result<Id, ExchangeError> {
+/// The database a processor's token stands for, and its enterprise.
+fn database_of(who: &Principal) -> Result<(Id, &Id), ExchangeError> {
     match who {
-        Principal::Database { id, .. } => Ok(id.clone()),
+        Principal::Database { id, enterprise } => Ok((id.clone(), enterprise)),
         _ => Err(ExchangeError::forbidden("this call needs a database token")),
     }
 }
@@ -114,7 +114,7 @@ impl<'a> ProcessCalls<'a> {
         who: &Presented,
         req: StartRequest,
     ) -> Result<Vec<u8>, ExchangeError> {
-        let db = database_of(&who.who)?;
+        let (db, _) = database_of(&who.who)?;
         if req.db_id != db {
             return Err(ExchangeError::forbidden(
                 "db_id is not the token's database",
@@ -161,7 +161,7 @@ impl<'a> ProcessCalls<'a> {
         pid: &str,
         req: AcceptRequest,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(&who.who)?;
+        let (db, _) = database_of(&who.who)?;
         let mut g = self.db_session(&db, who).await?;
         let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
             return Ok(answer(Answer::Cancelled));
@@ -194,10 +194,7 @@ impl<'a> ProcessCalls<'a> {
         pid: &str,
         req: PrepareRequest,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(&who.who)?;
-        let Principal::Database { enterprise, .. } = &who.who else {
-            return Err(ExchangeError::forbidden("database token needed"));
-        };
+        let (db, enterprise) = database_of(&who.who)?;
         let mut g = self.db_session(&db, who).await?;
         let Some((pid, _)) = self.locate(&db, pid, &g).await? else {
             return Ok(answer(Answer::Cancelled));
@@ -341,7 +338,7 @@ impl<'a> ProcessCalls<'a> {
         who: &Presented,
         pid: &str,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(&who.who)?;
+        let (db, _) = database_of(&who.who)?;
         let mut g = self.db_session(&db, who).await?;
         let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
             tracing::info!(target: "estafeta::event", process = pid, db = %db, "commit answered CANCELLED");
@@ -364,7 +361,7 @@ impl<'a> ProcessCalls<'a> {
         as_state: ProcessState,
         text: &str,
     ) -> Result<CallResponse, ExchangeError> {
-        let db = database_of(&who.who)?;
+        let (db, _) = database_of(&who.who)?;
         let mut g = self.db_session(&db, who).await?;
         let Some((pid, ended)) = self.locate(&db, pid, &g).await? else {
             tracing::info!(target: "estafeta::event", process = pid, db = %db, state = ?as_state, "rollback or abort answered CANCELLED");
