@@ -8,15 +8,15 @@ use super::error::ExchangeError;
 use crate::Id;
 use crate::tenancy::Registry;
 use crate::wire::ErrorCode;
-use estafeta_session::{Engine, SessionGuard, State};
+use estafeta_session::{Engine, SessionGuard, SessionKey, State};
 
 /// The session of `id` in `engine`, held (made if new); `what` names its
 /// kind in the error of an engine that has none to give.
-pub(crate) async fn hold<S: State>(
-    engine: &Engine<Id, S>,
-    id: &Id,
+pub(crate) async fn hold<K: SessionKey, S: State>(
+    engine: &Engine<K, S>,
+    id: &K,
     what: &str,
-) -> Result<SessionGuard<Id, S>, ExchangeError> {
+) -> Result<SessionGuard<K, S>, ExchangeError> {
     engine.get(id.clone(), true).await?.ok_or_else(|| {
         ExchangeError::unavailable(
             ErrorCode::StorageError,

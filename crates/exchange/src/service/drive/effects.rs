@@ -8,9 +8,10 @@ use crate::service::alert_kind::AlertKind;
 use crate::service::alerts::Alert;
 use crate::service::basics::{Held, again};
 use crate::service::error::ExchangeError;
+use crate::service::hold::hold;
 use crate::service::records::{Owner, ProcessRecord};
 use crate::store::{FileName, Folder, Location, Op};
-use crate::wire::{ErrorCode, ProcessState};
+use crate::wire::ProcessState;
 use crate::{Id, ProcessId};
 
 impl Interpreter<'_> {
@@ -108,14 +109,7 @@ impl Interpreter<'_> {
                 return Ok(());
             }
         }
-        let mut g = self
-            .sessions
-            .process
-            .get(*pid, true)
-            .await?
-            .ok_or_else(|| {
-                ExchangeError::unavailable(ErrorCode::StorageError, "process record unavailable")
-            })?;
+        let mut g = hold(&self.sessions.process, pid, "process").await?;
         match &g.state().owner {
             Some(_) if ended.is_none() => return Ok(()),
             Some(o) if *o == wanted && !g.is_dirty() => return Ok(()),
