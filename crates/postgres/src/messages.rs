@@ -425,9 +425,7 @@ impl PgMessages {
         moves.outcomes(ops, &rows, results, arrivals);
         Ok(())
     }
-}
 
-impl PgMessages {
     /// The `n` oldest messages of `at` as one JSON array (one index range
     /// read, names and bodies together), and with `registry` the registry's
     /// change counter, read in the same round trip.

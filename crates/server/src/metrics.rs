@@ -644,9 +644,7 @@ impl Snapshot {
             );
         }
     }
-}
 
-impl Snapshot {
     /// The send queues by queue and type, summed over their hosts. No
     /// host is named: `/metrics` answers anyone, and webhook hosts are the
     /// tenants' (the dashboard's Queues page names each, with its figures).

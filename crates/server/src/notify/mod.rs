@@ -468,9 +468,7 @@ impl Notifier {
             }
         }
     }
-}
 
-impl Notifier {
     /// The deliveries of `alert`, one per channel, due now.
     fn deliveries(&self, alert: &Alert) -> Vec<Entry> {
         let due = self.inner.scheduler.clock().now_secs();

@@ -221,9 +221,7 @@ impl Exchange {
         };
         Ok(g.state().open().map(Process::summary).collect())
     }
-}
 
-impl Exchange {
     async fn folder_counts_of(&self, id: &Id) -> Result<FolderCounts, ExchangeError> {
         let mut counts = FolderCounts::default();
         for folder in Folder::ALL {

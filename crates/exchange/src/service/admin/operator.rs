@@ -34,6 +34,11 @@ fn settleable(folder: Folder) -> Result<(), ExchangeError> {
     }
 }
 
+/// The answer for a message that is not in `mailbox`'s `folder` (404).
+fn no_message(mailbox: &Id, folder: Folder, id: MessageId) -> ExchangeError {
+    ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
+}
+
 impl Exchange {
     /// The data folder (for the disk-free figure and the server's own files).
     pub fn data_dir(&self) -> &Path {
@@ -208,9 +213,7 @@ impl Exchange {
         })
         .await
     }
-}
 
-impl Exchange {
     /// The file of message `id` in `mailbox`'s `folder`; 404 if it is not
     /// there.
     async fn find_name(
@@ -219,9 +222,7 @@ impl Exchange {
         folder: Folder,
         id: MessageId,
     ) -> Result<FileName, ExchangeError> {
-        let not_found = || {
-            ExchangeError::not_found(format!("no message {id} in {mailbox}/{}", folder.as_str()))
-        };
+        let not_found = || no_message(mailbox, folder, id);
         if self.parts.registry.endpoint(mailbox).is_none() {
             return Err(not_found());
         }
@@ -241,10 +242,7 @@ impl Exchange {
         let names = std::slice::from_ref(&name);
         let raw = self.parts.store.read_array(&at, names).await?;
         if raw.names.is_empty() {
-            return Err(ExchangeError::not_found(format!(
-                "no message {id} in {mailbox}/{}",
-                folder.as_str()
-            )));
+            return Err(no_message(mailbox, folder, id));
         }
         // `[` + the file's bytes + `]`.
         let bytes = raw.json[1..raw.json.len() - 1].to_vec();
