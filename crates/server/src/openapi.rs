@@ -16,14 +16,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::routes;
+use crate::routes::ops::OPERATIONS;
 use crate::state::AppState;
 
 /// The name of the bearer security scheme in the document.
 pub const BEARER: &str = "bearer";
-
-/// The tag of the operations that need no token (health, readiness,
-/// metrics, this document); every other operation needs one.
-pub const OPERATIONS: &str = "operations";
 
 /// The frame of the API's OpenAPI document; its operations come from
 /// the router ([`document`]).

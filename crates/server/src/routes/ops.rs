@@ -9,8 +9,11 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
 use crate::metrics::Snapshot;
-use crate::openapi::OPERATIONS;
 use crate::state::AppState;
+
+/// The tag of the operations that need no token (these, and the OpenAPI
+/// document); every other operation needs one.
+pub const OPERATIONS: &str = "operations";
 
 /// `GET /healthz`: 200 while the process runs.
 #[utoipa::path(get, path = "/healthz", tag = OPERATIONS,
