@@ -62,9 +62,11 @@ impl<K: SessionKey, S: State> Engine<K, S> {
     /// another command holds it. `Ok(None)`: the session exists nowhere and
     /// `create` is false (nothing is queued then). With a shared storage,
     /// an error also when the session's deadline had passed and its
-    /// finalization's save failed, or was made but the key could not be
-    /// held again: the command may not go on from a session that is not
-    /// the stored one, nor without the key.
+    /// finalization's save failed: the command may not go on from a
+    /// session that is not the stored one. A save that was made but let
+    /// the key go to another engine is not an error: the command holds the
+    /// key again and goes on from the record as stored then (it fails only
+    /// if that happens eight times in a row).
     pub fn get(&self, key: K, create: bool) -> Acquire<'_, K, S> {
         Acquire::new(&self.shared, key, true, create)
     }

@@ -226,6 +226,10 @@ impl<K: SessionKey, S: State + std::fmt::Debug> std::fmt::Debug for SessionGuard
     }
 }
 
+/// How many times a command holds its key again after a finalization's
+/// save let it go to another engine, before it fails.
+const HOLD_AGAIN: usize = 8;
+
 /// Wait for the key if queued, then make its session ready: loaded,
 /// finalized if its time has passed, recovered on first load, created if
 /// asked. `None`: no session and `create` was false.
@@ -269,31 +273,35 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
         cell.session = core.load(&held.key).await?;
         cell.loaded = true;
     }
-    if let Some(s) = cell.session.take() {
-        cell.loaded = false;
-        cell.session = core.ready(&held.key, s, &mut cell.step).await?;
-        cell.loaded = true;
-        // A finalization's save was made but the key could not be held
-        // again (another engine took it, and may have changed the record
-        // since): the session read is not the stored one any more. A
-        // session that ended took its key's row, and the hold, with it.
-        if core.shared && !cell.step.as_deref().is_some_and(|step| step.held()) {
-            if cell.session.is_some() {
-                cell.loaded = false;
-                return Err(Error::Storage(StorageError::Conflict));
-            }
-            if create {
-                // The command makes a new session: it holds the key again,
-                // from the record as stored now (none, unless another
-                // engine made one meanwhile: then this command gives way).
-                let (step, stored) = core.begin(&held.key).await?;
-                cell.step = Some(step);
-                if stored.is_some() {
-                    cell.loaded = false;
-                    return Err(Error::Storage(StorageError::Conflict));
-                }
-            }
+    // A finalization's save was made but the key could not be held again:
+    // another engine took it at that commit, and may have changed the
+    // record or made a new session since. Nothing of the command is done
+    // yet, so it holds the key again and starts from the record as stored
+    // now, which that engine may have left due or ended in turn; a bounded
+    // number of times, each one another engine's step done meanwhile.
+    let mut held_again = 0;
+    loop {
+        if let Some(s) = cell.session.take() {
+            cell.loaded = false;
+            cell.session = core.ready(&held.key, s, &mut cell.step).await?;
+            cell.loaded = true;
         }
+        let lost = core.shared && !cell.step.as_deref().is_some_and(|step| step.held());
+        // A session that ended took its key's row, and the hold, with it:
+        // a command that makes none is done.
+        if !lost || (cell.session.is_none() && !create) {
+            break;
+        }
+        if held_again == HOLD_AGAIN {
+            cell.loaded = false;
+            return Err(Error::Storage(StorageError::Conflict));
+        }
+        held_again += 1;
+        cell.loaded = false;
+        let (step, stored) = core.begin(&held.key).await?;
+        cell.step = Some(step);
+        cell.session = stored;
+        cell.loaded = true;
     }
     if cell.session.is_none() && create {
         cell.session = Some(core.fresh());

@@ -2,7 +2,8 @@
 //! one PostgreSQL: a key's commands are exclusive across both, each starts
 //! from the stored record, a holder whose connection dies lets the key go
 //! without writing afterwards, a command's last commit lets the key go at
-//! once, and a deadline is acted on once.
+//! once, a deadline is acted on once, and a command whose deadline's save
+//! let the key go to another node goes on from the stored record.
 
 use crate::common::store;
 use estafeta_postgres::SessionStorage;
@@ -286,6 +287,60 @@ async fn a_command_that_makes_a_session_whose_old_one_ended_holds_its_key() {
     *g.persistent_mut() = 5;
     g.release().await.unwrap();
     assert_eq!(counter(&c, "k").await, 5);
+    a.stop().await.unwrap();
+    c.stop().await.unwrap();
+}
+
+/// Changes the session to 2, with no deadline any more, and keeps it.
+struct KeepsTwo;
+
+impl Hooks<String, u64> for KeepsTwo {
+    fn finalize<'a>(
+        &'a self,
+        _key: &'a String,
+        session: &'a mut SessionData<u64>,
+        _step: Option<&'a mut dyn estafeta_session::Step>,
+    ) -> BoxFuture<'a, Finalize> {
+        *session.persistent_mut() = 2;
+        session.set_expires_at(None);
+        Box::pin(async { Finalize::Keep })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_finalization_lost_the_key_goes_on_from_the_stored_record() {
+    let pg = Postgres::start().unwrap();
+    let c = stored_due(&pg, "k").await;
+    let mut g = c.get("other".to_owned(), true).await.unwrap().unwrap();
+    *g.persistent_mut() = 3;
+    g.release().await.unwrap();
+    // What another node does between a save's commit and the saver's hold
+    // of the key again, made certain: a save of `k` stores `other`'s
+    // record (3), so the saver finds the record changed when it holds the
+    // key again, as when another node took the key at that commit and
+    // changed it.
+    pg.psql(
+        "CREATE FUNCTION as_other() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN
+             NEW.record := (SELECT record FROM sessions WHERE position('other'::bytea in key) > 0);
+             RETURN NEW;
+           END $$;
+         CREATE TRIGGER as_other BEFORE INSERT OR UPDATE ON sessions FOR EACH ROW
+           WHEN (position('k'::bytea in NEW.key) > 0 AND NEW.record IS NOT NULL)
+           EXECUTE FUNCTION as_other()",
+    )
+    .unwrap();
+
+    // The deadline is due: the command's finalization saves 2, and then
+    // finds 3 stored. It holds the key again and goes on from what is
+    // stored (a read of a process beside the node acting on its deadline
+    // must not fail for it).
+    let a = node(&pg, Arc::new(KeepsTwo)).await;
+    let g = a.get("k".to_owned(), false).await.unwrap().unwrap();
+    assert_eq!(*g.state(), 3, "the record as stored");
+    assert!(g.holds());
+    g.release().await.unwrap();
+    assert_eq!(counter(&c, "k").await, 3);
     a.stop().await.unwrap();
     c.stop().await.unwrap();
 }
