@@ -297,6 +297,7 @@ pub(crate) async fn complete<K: SessionKey, S: State>(
             return Err(Error::Storage(StorageError::Conflict));
         }
         held_again += 1;
+        tracing::info!(key = ?held.key, "the session's key went to another engine at its finalization's save; holding it again from the stored record");
         cell.loaded = false;
         let (step, stored) = core.begin(&held.key).await?;
         cell.step = Some(step);

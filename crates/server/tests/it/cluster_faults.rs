@@ -444,8 +444,9 @@ async fn a_starting_node_whose_finalize_lost_the_key_takes_no_later_reply_for_an
     let db_c = c.client(&db_token);
     let (second, _) = ready(&db_c, &c.client(&phone_token)).await;
 
-    // B goes on: what it read before it lost the key is not the stored
-    // record any more, and it moves nothing from it.
+    // B goes on once it holds the key again, from the stored record: what
+    // it read before it lost the key is not that any more, and it moves
+    // nothing from it.
     let admin_b = b.client(&admin_token);
     until_ready(&admin_b, "node B ready").await;
     no_orphans(&admin_b).await;
@@ -459,7 +460,7 @@ async fn a_starting_node_whose_finalize_lost_the_key_takes_no_later_reply_for_an
         "both replies reached their device"
     );
     assert!(
-        b.log().contains("the session is not held by this command"),
+        b.log().contains("holding it again from the stored record"),
         "B's start-up processing found it lost the key"
     );
 }
