@@ -306,7 +306,12 @@ fn copy_data(data: &Path, to: &Path, events: &dyn EventLogStore) -> Result<Count
                 folders.push((source, target));
                 continue;
             }
-            if !kind.is_file() {
+            // Not copied: what is not a regular file, and the hidden files
+            // of mailbox folders (writes under way, spares made ahead of
+            // writes), never acknowledged and removed at the restored
+            // copy's start anyway.
+            let hidden = entry.file_name().as_encoded_bytes().starts_with(b".");
+            if !kind.is_file() || (hidden && !source.starts_with(&state)) {
                 continue;
             }
             if link && !source.starts_with(&state) {

@@ -8,7 +8,8 @@
 //! inbox answer is assembled by joining file bytes ([`Mailboxes::read_array`]).
 //!
 //! Durability: a write goes to a dot-prefixed temporary name in the target
-//! folder (hidden from listings), is fsynced, renamed to its final name, and
+//! folder (hidden from listings; an empty file made ahead when one is
+//! ready, see [`SPARE_PREFIX`]), is fsynced, renamed to its final name, and
 //! the folder is fsynced; a move is a rename plus fsyncs of both folders; a
 //! delete is an unlink plus a folder fsync. A folder fsync is shared by
 //! every caller that needs one of that folder at the same time; a single
@@ -34,6 +35,7 @@ mod index;
 mod name;
 mod rounds;
 mod select;
+mod spares;
 mod sync;
 mod tally;
 
@@ -47,6 +49,7 @@ use std::time::{Duration, SystemTime};
 pub use folder::{Folder, Location};
 pub use name::FileName;
 pub use select::{Filter, Limits, MB, take_within};
+pub use spares::{SPARE_PREFIX, is_idle_spare};
 pub use sync::{SyncConfig, SyncStats};
 pub use tally::{COUNTED, KindTotals, MailboxKind, Tallies};
 
@@ -56,6 +59,7 @@ use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::{FileInfo, Message};
 use index::{FolderIndex, Indexes};
+use spares::Spares;
 use sync::{Applied, Change, DirSync, Fate, Settle, Syncer};
 
 /// A message file in a listing: its parsed name and its size in bytes.
@@ -170,6 +174,8 @@ struct Inner {
     /// (`.<run>.tmp`, see [`temp_suffix`]): a temporary file with another
     /// end was left by an earlier run.
     temp_suffix: String,
+    /// Empty temporary files made ahead, so that a write creates none.
+    spares: Spares,
 }
 
 /// The end of the temporary file names of one run of the mailboxes:
@@ -220,12 +226,14 @@ impl Mailboxes {
             sync_root(parent).map_err(|e| MailboxError::io(parent, e))
         })
         .await?;
+        let suffix = temp_suffix();
         let inner = Arc::new(Inner {
             root,
             syncer: Syncer::start(config, dir_sync),
             indexes: Indexes::default(),
             checking: tokio::sync::Mutex::new(()),
-            temp_suffix: temp_suffix(),
+            spares: Spares::new(suffix.clone()),
+            temp_suffix: suffix,
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
         Ok(Self { inner })
@@ -429,13 +437,16 @@ impl Mailboxes {
         message: &Message,
     ) -> Result<FileEntry, MailboxError> {
         let single = self.single(loc, message)?;
+        let dir = single.dir.clone();
         // One blocking thread from the temporary file's creation to its
         // folder's fsync: no hand-over between threads on the way.
-        blocking(move || {
+        let written = blocking(move || {
             single.write()?;
             single.publish()
         })
-        .await
+        .await;
+        self.refill_spares(dir);
+        written
     }
 
     /// Like [`write`](Self::write), but the file appears in `loc` only once
@@ -461,6 +472,7 @@ impl Mailboxes {
             blocking(move || single.write())
         };
         let (written, go) = tokio::join!(writing, when);
+        self.refill_spares(single.dir.clone());
         written?;
         if go.unwrap_or(false) {
             return blocking(move || single.publish()).await.map(Some);
@@ -486,12 +498,63 @@ impl Mailboxes {
             staged: Staged {
                 size: bytes.len() as u64,
                 target: dir.join(&final_name),
-                temp: dir.join(format!(".{final_name}{}", self.inner.temp_suffix)),
+                temp: self.temp_path(&dir, &final_name),
                 name,
             },
             dir,
             bytes,
         })
+    }
+
+    /// Where a write of the file `final_name` into `dir` goes first: a
+    /// spare of the folder if one is ready, else a temporary name of its
+    /// own (`.<final_name>.<run>.tmp`).
+    fn temp_path(&self, dir: &Path, final_name: &str) -> PathBuf {
+        self.inner
+            .spares
+            .take(dir)
+            .unwrap_or_else(|| dir.join(format!(".{final_name}{}", self.inner.temp_suffix)))
+    }
+
+    /// Makes new spares for `dir` on a blocking task of their own, if it
+    /// runs low: after a write, so that the files are made beside its
+    /// answer, not before it.
+    fn refill_spares(&self, dir: PathBuf) {
+        if self.inner.spares.claim_refill(&dir) {
+            let inner = Arc::clone(&self.inner);
+            drop(tokio::task::spawn_blocking(move || {
+                inner.spares.refill(&dir)
+            }));
+        }
+    }
+
+    /// Removes every spare not taken, at a clean stop once nothing more is
+    /// written, and makes no more; a refill under way removes what it makes
+    /// and is waited for (a second at most). The removals are not made
+    /// durable: a spare a crash brings back is swept at the next start.
+    pub async fn remove_spares(&self) {
+        let inner = Arc::clone(&self.inner);
+        let removed = blocking(move || {
+            for spare in inner.spares.close() {
+                if let Err(e) = std::fs::remove_file(&spare) {
+                    tracing::debug!(file = %spare.display(), error = %e, "removing a spare file failed");
+                }
+            }
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            while inner.spares.refilling() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(())
+        });
+        let _ = removed.await;
+    }
+
+    /// Forgets the spares of mailbox `id`'s folders, before the mailbox is
+    /// removed whole (see [`SPARE_PREFIX`]).
+    pub fn forget_spares(&self, id: &Id) {
+        self.inner
+            .spares
+            .forget_under(&self.inner.root.join(id.as_str()));
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
@@ -526,12 +589,13 @@ impl Mailboxes {
             };
             let final_name = name.to_string();
             let target = dir.join(&final_name);
-            let temp = dir.join(format!(".{final_name}{}", self.inner.temp_suffix));
+            let temp = self.temp_path(&dir, &final_name);
             plans.push((plans.len(), name, bytes, temp, target));
         }
         if first_error.is_some() {
             return (staged, first_error);
         }
+        let refill = dir.clone();
         let syncer = self.inner.syncer.clone();
         let created = blocking(move || {
             let mut created = Vec::with_capacity(plans.len());
@@ -553,6 +617,7 @@ impl Mailboxes {
             Ok((created, None))
         })
         .await;
+        self.refill_spares(refill);
         let created = match created {
             Ok((created, failed)) => {
                 first_error = failed;
@@ -1124,12 +1189,17 @@ mod tests {
         tokio::spawn(async move { mailboxes.write(&loc, &message(seq)).await })
     }
 
-    /// The names of the files in `dir`, temporary ones included; none if
-    /// `dir` is not there.
+    /// The names of the files in `dir`, temporary ones included but for
+    /// spares not taken (empty); none if `dir` is not there.
     fn file_names(dir: &Path) -> Vec<String> {
         match std::fs::read_dir(dir) {
             Ok(entries) => entries
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .map(|e| e.unwrap())
+                .filter(|e| {
+                    let len = e.metadata().map_or(1, |m| m.len());
+                    !is_idle_spare(&e.file_name().to_string_lossy(), len)
+                })
+                .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect(),
             Err(_) => Vec::new(),
         }
@@ -1472,6 +1542,62 @@ mod tests {
             mailboxes.read_array(&queue, &names).await,
             Err(MailboxError::Corrupt(_))
         ));
+    }
+
+    /// A write into a folder with spares ready takes one: the message is
+    /// the spare's file, renamed; the first write into a folder finds none
+    /// and makes them beside its answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_takes_a_spare_of_its_folder() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
+        mailboxes.write(&queue, &message(1)).await.unwrap();
+        let dir = mailboxes.path(&queue);
+        let spares = || -> std::collections::HashMap<u64, String> {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .filter(|e| {
+                    let len = e.metadata().unwrap().len();
+                    is_idle_spare(&e.file_name().to_string_lossy(), len)
+                })
+                .map(|e| {
+                    (
+                        e.metadata().unwrap().ino(),
+                        e.file_name().to_string_lossy().into(),
+                    )
+                })
+                .collect()
+        };
+        // The refill runs on a task of its own: wait until it is done.
+        while spares().len() < spares::HIGH {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let before = spares();
+        let written = mailboxes.write(&queue, &message(2)).await.unwrap();
+        let ino = std::fs::metadata(dir.join(written.name.to_string()))
+            .unwrap()
+            .ino();
+        let taken = before.get(&ino).expect("the message is one of the spares");
+        assert!(!dir.join(taken).exists(), "renamed, not copied");
+        assert_eq!(
+            std::fs::read(dir.join(written.name.to_string())).unwrap(),
+            message(2).to_file_bytes().unwrap()
+        );
+        assert_eq!(mailboxes.oldest(&queue, 10).await.unwrap().len(), 2);
+        // A clean stop leaves the messages alone, and no spare behind.
+        mailboxes.remove_spares().await;
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [FileName::of(&message(1)), written.name].map(|n| n.to_string())
+        );
     }
 
     /// A batch whose second file cannot be created fails whole: no file

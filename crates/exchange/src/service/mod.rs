@@ -643,6 +643,7 @@ impl Exchange {
         self.begin_stopping();
         self.parts.scheduled.close().await;
         self.parts.sessions.stop().await?;
+        self.parts.store.close().await;
         Ok(())
     }
 

@@ -402,18 +402,34 @@ impl MessageUpkeep for FileStore {
             discarded += names.len() as u64;
         }
         // The folder goes whole (temporary files of writes a crash cut
-        // included).
+        // included, and spares). A spare made as the folder is emptied
+        // fails its removal once: it is tried again.
+        self.mailboxes.forget_spares(owner);
         let base = self.mailboxes.root().join(owner.as_str());
         let root = self.mailboxes.root().to_path_buf();
-        let remove = move || match std::fs::remove_dir_all(&base) {
-            Ok(()) => estafeta_durable::sync_dir(&root).map_err(|e| MailboxError::io(&root, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(MailboxError::io(&base, e)),
+        let remove = move || {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match std::fs::remove_dir_all(&base) {
+                    Ok(()) => {
+                        return estafeta_durable::sync_dir(&root)
+                            .map_err(|e| MailboxError::io(&root, e));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 3 => {}
+                    Err(e) => return Err(MailboxError::io(&base, e)),
+                }
+            }
         };
         tokio::task::spawn_blocking(remove)
             .await
             .map_err(|e| MailboxError::Join(e.to_string()))??;
         Ok(discarded)
+    }
+
+    async fn close(&self) {
+        self.mailboxes.remove_spares().await;
     }
 
     async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {

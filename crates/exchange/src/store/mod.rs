@@ -343,6 +343,12 @@ pub trait MessageUpkeep: Send + Sync {
     /// transactional backend.
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
 
+    /// At a clean stop, once nothing more is written: lets go of what the
+    /// store keeps ready for writes (the file store's spare files, so that
+    /// a clean stop leaves none behind). Nothing to do for a transactional
+    /// backend.
+    async fn close(&self) {}
+
     /// The messages in the `Prepared` of database `db` that none of its
     /// processes refers to (`referenced`), asked for while the caller
     /// holds the database's session: left by a crash between writing a

@@ -81,11 +81,17 @@ impl Data {
         Location::new(mailbox, folder)
     }
 
-    /// Every entry name in a folder, hidden ones included.
+    /// Every entry name in a folder, hidden ones included but for spares
+    /// not taken (empty files made ahead of writes).
     pub(crate) fn raw_entries(&self, loc: &Location) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.mailboxes.path(loc))
             .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|e| e.unwrap())
+            .filter(|e| {
+                let len = e.metadata().map_or(1, |m| m.len());
+                !estafeta_exchange::mailbox::is_idle_spare(&e.file_name().to_string_lossy(), len)
+            })
+            .map(|e| e.file_name().into_string().unwrap())
             .collect();
         names.sort();
         names

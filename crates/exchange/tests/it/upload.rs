@@ -13,6 +13,7 @@ use crate::common::{id, send_request};
 use crate::world;
 use crate::world::World;
 use estafeta_exchange::keys::{KeyedUpload, KeysError, UploadKeys};
+use estafeta_exchange::mailbox::is_idle_spare;
 use estafeta_exchange::tenancy::Principal;
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{ErrorKind, Exchange, Id, Sinks, Stores, Timestamp, Upload};
@@ -205,11 +206,17 @@ fn upload(key: Option<&str>) -> SendMessage {
     send_request("db-a", r#"{"order":17}"#, key)
 }
 
-/// The names in `db-a`'s queue: (message files, hidden temporary files).
+/// The names in `db-a`'s queue: (message files, hidden temporary files),
+/// spares not taken (empty) left out.
 fn queue(data: &std::path::Path) -> (usize, usize) {
     let names: Vec<String> = std::fs::read_dir(data.join("db-a").join("Messages"))
         .map(|d| {
-            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            d.map(|e| e.unwrap())
+                .filter(|e| {
+                    let len = e.metadata().map_or(1, |m| m.len());
+                    !is_idle_spare(&e.file_name().to_string_lossy(), len)
+                })
+                .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect()
         })
         .unwrap_or_default();

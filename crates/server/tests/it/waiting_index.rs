@@ -61,12 +61,18 @@ impl Site {
         ids
     }
 
-    /// The hidden (temporary) files in `db-a/Messages`.
+    /// The hidden files in `db-a/Messages` but for spares not taken: the
+    /// temporary files of writes.
     #[cfg(feature = "failpoints")]
     fn hidden(&self) -> Vec<String> {
-        entries(&self.queue())
+        let queue = self.queue();
+        entries(&queue)
             .into_iter()
             .filter(|n| n.starts_with('.'))
+            .filter(|n| {
+                let len = std::fs::metadata(queue.join(n)).map_or(1, |m| m.len());
+                !estafeta_exchange::mailbox::is_idle_spare(n, len)
+            })
             .collect()
     }
 
