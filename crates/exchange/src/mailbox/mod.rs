@@ -587,19 +587,26 @@ impl Mailboxes {
                     continue;
                 }
             };
-            let final_name = name.to_string();
-            let target = dir.join(&final_name);
-            let temp = self.temp_path(&dir, &final_name);
-            plans.push((plans.len(), name, bytes, temp, target));
+            plans.push((plans.len(), name, bytes));
         }
         if first_error.is_some() {
             return (staged, first_error);
         }
+        // Spares are taken only for a batch that is written.
+        let plans: Vec<_> = plans
+            .into_iter()
+            .map(|(i, name, bytes)| {
+                let final_name = name.to_string();
+                let temp = self.temp_path(&dir, &final_name);
+                (i, name, bytes, temp, dir.join(final_name))
+            })
+            .collect();
         let refill = dir.clone();
         let syncer = self.inner.syncer.clone();
         let created = blocking(move || {
             let mut created = Vec::with_capacity(plans.len());
-            for (i, name, bytes, temp, target) in plans {
+            let mut plans = plans.into_iter();
+            while let Some((i, name, bytes, temp, target)) = plans.next() {
                 match write_in_folder(&syncer, &dir, &temp, || write_temp(&temp, &bytes)) {
                     Ok(file) => {
                         let size = bytes.len() as u64;
@@ -611,7 +618,13 @@ impl Mailboxes {
                         };
                         created.push((i, file, staged));
                     }
-                    Err(e) => return Ok((created, Some(e))),
+                    Err(e) => {
+                        // The spares taken for the files not made go too.
+                        for (_, _, _, temp, _) in plans {
+                            let _ = std::fs::remove_file(temp);
+                        }
+                        return Ok((created, Some(e)));
+                    }
                 }
             }
             Ok((created, None))
@@ -1625,5 +1638,37 @@ mod tests {
         assert_eq!(file_names(&dir), vec![squatted]);
         assert_eq!(mailboxes.stats().file_fsyncs, fsyncs);
         assert_eq!(mailboxes.count(&queue).await.unwrap(), 0);
+    }
+
+    /// A batch whose second file cannot be written into its spare fails
+    /// whole and gives back the spares it took for the files it did not
+    /// make: after a clean stop's removal of the spares nothing of it is
+    /// left but the spare that could not be opened.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_batch_leaves_none_of_the_spares_it_took() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
+        let first = mailboxes.write(&queue, &message(1)).await.unwrap();
+        let dir = mailboxes.path(&queue);
+        let spare = |n: usize| format!("{SPARE_PREFIX}{n}{}", mailboxes.inner.temp_suffix);
+        // The refill runs on a task of its own: wait until it is done.
+        while !dir.join(spare(spares::HIGH - 1)).exists() || mailboxes.inner.spares.refilling() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Spares are taken last made first: the batch's second file would
+        // go into the second last; it cannot be opened for writing.
+        let unwritable = spare(spares::HIGH - 2);
+        std::fs::remove_file(dir.join(&unwritable)).unwrap();
+        std::fs::create_dir(dir.join(&unwritable)).unwrap();
+        let batch: Vec<Message> = (2..=5).map(message).collect();
+        assert!(mailboxes.write_all(&queue, &batch).await.is_err());
+        mailboxes.remove_spares().await;
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![unwritable, first.name.to_string()]);
     }
 }
