@@ -1218,6 +1218,16 @@ mod tests {
         }
     }
 
+    /// Every name in `dir`, spares included, sorted.
+    fn every_name(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Starts a write that waits for a go-ahead (`start`, given the
     /// go-ahead's receiver), checks that once it has fsynced `fsyncs` files
     /// none of them is in `loc` yet, then gives it `go_ahead` and returns
@@ -1602,13 +1612,8 @@ mod tests {
         assert_eq!(mailboxes.oldest(&queue, 10).await.unwrap().len(), 2);
         // A clean stop leaves the messages alone, and no spare behind.
         mailboxes.remove_spares().await;
-        let mut left: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
         assert_eq!(
-            left,
+            every_name(&dir),
             [FileName::of(&message(1)), written.name].map(|n| n.to_string())
         );
     }
@@ -1664,11 +1669,6 @@ mod tests {
         let batch: Vec<Message> = (2..=5).map(message).collect();
         assert!(mailboxes.write_all(&queue, &batch).await.is_err());
         mailboxes.remove_spares().await;
-        let mut left: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, vec![unwritable, first.name.to_string()]);
+        assert_eq!(every_name(&dir), vec![unwritable, first.name.to_string()]);
     }
 }
