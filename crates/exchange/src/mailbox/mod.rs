@@ -1219,7 +1219,7 @@ mod tests {
     }
 
     /// Every name in `dir`, spares included, sorted.
-    fn every_name(dir: &Path) -> Vec<String> {
+    pub(super) fn every_name(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -169,15 +169,7 @@ impl Spares {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
+    use crate::mailbox::tests::every_name;
 
     #[test]
     fn a_folder_running_low_is_refilled_once_at_a_time_and_its_spares_taken_once() {
@@ -188,7 +180,7 @@ mod tests {
         assert!(spares.claim_refill(dir));
         assert!(!spares.claim_refill(dir), "one refill at a time");
         spares.refill(dir);
-        let made = names(dir);
+        let made = every_name(dir);
         assert_eq!(made.len(), HIGH);
         assert!(
             made.iter()
@@ -216,7 +208,7 @@ mod tests {
         spares.refill(dir);
         let mut handed = spares.close();
         handed.sort();
-        let mut made: Vec<PathBuf> = names(dir).iter().map(|n| dir.join(n)).collect();
+        let mut made: Vec<PathBuf> = every_name(dir).iter().map(|n| dir.join(n)).collect();
         made.sort();
         assert_eq!(handed, made);
         assert_eq!(spares.take(dir), None);
