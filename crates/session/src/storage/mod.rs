@@ -37,6 +37,7 @@
 
 mod memory;
 mod redb_store;
+mod save_log;
 
 pub use memory::MemoryStorage;
 pub use redb_store::RedbStorage;

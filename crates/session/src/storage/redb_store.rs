@@ -1,26 +1,43 @@
-//! The default storage: one embedded redb file.
+//! The default storage: one embedded redb file, and a save log before it.
 //!
 //! Tables: `sessions` (key → record), `deadlines` (key → expiration in
 //! milliseconds, only for sessions that have one, so a restart rebuilds the
 //! expiry index without decoding records), `quarantine` (records that could
-//! not be decoded) and `meta` (the generation counter).
+//! not be decoded) and `meta` (the generation counter, and the last epoch
+//! of the save log folded into the tables).
+//!
+//! A batch of writes is made durable by the save log (`save_log.rs`,
+//! beside the database as `<file>.log`): one append and one `fdatasync`,
+//! where a redb commit would rewrite every page the batch touches. Its
+//! writes are kept in memory, newest per key, and read before the tables
+//! (`unfolded`); when the log is full, they are folded into the tables in
+//! one durable commit, which also records the log's epoch as folded. Opening
+//! folds what the log holds of the epoch after the recorded one.
 //!
 //! After a failed operation the database is closed and opened again before
 //! the next one: redb refuses every write after an I/O error ("close and
 //! re-open the database"), and a full disk that clears must not leave the
-//! engine unable to save until an operator restarts it.
+//! engine unable to save until an operator restarts it. After a failed
+//! append, the log takes no frame before a fold (the failed one may be
+//! partly written, and a frame after it would be unreadable behind it).
 
+use super::save_log::{self, AppendError, SaveLog};
 use super::{Storage, StorageError, Write};
 use crate::clock::Timestamp;
 use estafeta_durable::WriteGate;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 const SESSIONS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("sessions");
 const DEADLINES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("deadlines");
 const QUARANTINE: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("quarantine");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+/// The meta row of the last save log epoch folded into the tables.
+const FOLDED: &str = "folded";
+/// How large the save log grows before its writes are folded.
+const LOG_LIMIT: u64 = 8 * 1024 * 1024;
 
 /// Session storage in a redb database file.
 #[derive(Debug)]
@@ -31,6 +48,19 @@ pub struct RedbStorage {
     generation: u64,
     /// What an online backup closes to hold back this store's writes.
     gate: WriteGate,
+    /// The save log; its lock orders appends and folds.
+    log: Mutex<Logged>,
+    /// The log's writes not folded yet, newest per key: read before the
+    /// tables. Changed only under `log`'s lock.
+    unfolded: RwLock<HashMap<Vec<u8>, Write>>,
+}
+
+/// The save log and whether it must be folded before its next frame.
+#[derive(Debug)]
+struct Logged {
+    log: SaveLog,
+    /// An append failed: its frame may be partly written.
+    broken: bool,
 }
 
 impl RedbStorage {
@@ -47,8 +77,19 @@ impl RedbStorage {
         path: impl AsRef<Path>,
         gate: WriteGate,
     ) -> Result<RedbStorage, StorageError> {
-        let path = path.as_ref().to_path_buf();
+        RedbStorage::open_limited(path.as_ref(), gate, LOG_LIMIT)
+    }
+
+    /// [`RedbStorage::open_gated`] with a save log of at most `log_limit`
+    /// bytes.
+    fn open_limited(
+        path: &Path,
+        gate: WriteGate,
+        log_limit: u64,
+    ) -> Result<RedbStorage, StorageError> {
+        let path = path.to_path_buf();
         let mut generation = 0;
+        let mut folded = 0;
         let db = estafeta_durable::open_redb(&path, |db| {
             let mut tx = db.begin_write()?;
             tx.set_durability(Durability::Immediate)?;
@@ -59,15 +100,25 @@ impl RedbStorage {
                 let mut meta = tx.open_table(META)?;
                 generation = meta.get("generation")?.map(|g| g.value()).unwrap_or(0) + 1;
                 meta.insert("generation", generation)?;
+                folded = meta.get(FOLDED)?.map_or(0, |e| e.value());
             }
             tx.commit()?;
             Ok(())
         })?;
+        let (mut log, batches) = SaveLog::open(&save_log::path_of(&path), folded + 1, log_limit)
+            .map_err(StorageError::from)?;
+        if !batches.is_empty() {
+            let writes: Vec<Write> = batches.into_iter().flatten().collect();
+            write_batch(&db, &writes, Some(log.epoch()))?;
+            log.folded();
+        }
         Ok(RedbStorage {
             path,
             db: RwLock::new(Some(db)),
             generation,
             gate,
+            log: Mutex::new(Logged { log, broken: false }),
+            unfolded: RwLock::default(),
         })
     }
 
@@ -102,10 +153,91 @@ impl RedbStorage {
             }
         }
     }
+
+    fn logged(&self) -> MutexGuard<'_, Logged> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Folds the log's writes into the tables in one durable commit that
+    /// records its epoch as folded; the log starts over in the next epoch.
+    /// Nothing changes if the commit fails.
+    fn fold(&self, logged: &mut Logged) -> Result<(), StorageError> {
+        if logged.log.is_empty() && !logged.broken {
+            return Ok(());
+        }
+        let writes: Vec<Write> = self.unfolded_read().values().cloned().collect();
+        let epoch = logged.log.epoch();
+        self.with_db(|db| write_batch(db, &writes, Some(epoch)))?;
+        self.unfolded
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        logged.log.folded();
+        logged.broken = false;
+        Ok(())
+    }
+
+    fn unfolded_read(&self) -> RwLockReadGuard<'_, HashMap<Vec<u8>, Write>> {
+        self.unfolded.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `batch` made durable through the log (folding first when it is
+    /// full or broken), or, larger than the whole log, by a commit of its
+    /// own after a fold.
+    fn save(&self, batch: &[Write]) -> Result<(), StorageError> {
+        let mut logged = self.logged();
+        if logged.broken {
+            self.fold(&mut logged)?;
+        }
+        // Named points for the fault-injection harness: a crash before the
+        // append (nothing of the batch is stored) or an injected disk-full
+        // error, and a crash after it (stored, but nobody was told).
+        fail::fail_point!("session::commit", |_| Err(injected_disk_full()));
+        let appended = match logged.log.append(batch) {
+            Err(AppendError::Full) => {
+                self.fold(&mut logged)?;
+                logged.log.append(batch)
+            }
+            appended => appended,
+        };
+        match appended {
+            Ok(()) => {}
+            Err(AppendError::Full) => {
+                self.with_db(|db| write_batch(db, batch, None))?;
+                fail::fail_point!("session::committed");
+                return Ok(());
+            }
+            Err(AppendError::Io(e)) => {
+                logged.broken = true;
+                return Err(e.into());
+            }
+        }
+        fail::fail_point!("session::committed");
+        let mut unfolded = self.unfolded.write().unwrap_or_else(|p| p.into_inner());
+        for w in batch {
+            unfolded.insert(w.key().to_vec(), w.clone());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedbStorage {
+    /// What the log holds is folded at a clean close, so that the database
+    /// file alone holds every record (as a copy or a check reads it); if
+    /// that fails, the next opening folds it.
+    fn drop(&mut self) {
+        let mut logged = self.logged();
+        let _ = self.gate.pass(|| self.fold(&mut logged));
+    }
 }
 
 impl Storage for RedbStorage {
     fn load(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        match self.unfolded_read().get(key) {
+            Some(Write::Put { record, .. }) => return Ok(Some(record.clone())),
+            Some(Write::Delete { .. }) => return Ok(None),
+            None => {}
+        }
         self.with_db(|db| {
             let tx = db.begin_read()?;
             let table = tx.open_table(SESSIONS)?;
@@ -114,24 +246,40 @@ impl Storage for RedbStorage {
     }
 
     fn write(&self, batch: &[Write]) -> Result<(), StorageError> {
-        self.gate.pass(|| self.with_db(|db| write_batch(db, batch)))
+        self.gate.pass(|| self.save(batch))
     }
 
     fn deadlines(&self) -> Result<Vec<(Vec<u8>, Timestamp)>, StorageError> {
         self.with_db(|db| {
             let tx = db.begin_read()?;
             let table = tx.open_table(DEADLINES)?;
-            let mut out = Vec::new();
+            let mut stored = HashMap::new();
             for row in table.iter()? {
                 let (k, v) = row?;
-                out.push((k.value().to_vec(), Timestamp(v.value())));
+                stored.insert(k.value().to_vec(), Timestamp(v.value()));
             }
-            Ok(out)
+            Ok(stored)
+        })
+        .map(|mut stored| {
+            for (key, w) in self.unfolded_read().iter() {
+                match w {
+                    Write::Put {
+                        expires_at: Some(at),
+                        ..
+                    } => stored.insert(key.clone(), *at),
+                    _ => stored.remove(key),
+                };
+            }
+            stored.into_iter().collect()
         })
     }
 
     fn quarantine(&self, key: &[u8], reason: &str) -> Result<(), StorageError> {
-        self.gate.pass(|| self.with_db(|db| quarantine(db, key)))?;
+        self.gate.pass(|| {
+            let mut logged = self.logged();
+            self.fold(&mut logged)?;
+            self.with_db(|db| quarantine(db, key))
+        })?;
         tracing::warn!(key = %String::from_utf8_lossy(key), reason, "session record quarantined");
         Ok(())
     }
@@ -171,8 +319,9 @@ fn quarantine(db: &Database, key: &[u8]) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// One batch as one durable write transaction.
-fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
+/// One batch as one durable write transaction; `folded`: the save log's
+/// epoch it completes, recorded in the same commit.
+fn write_batch(db: &Database, batch: &[Write], folded: Option<u64>) -> Result<(), StorageError> {
     let mut tx = db.begin_write()?;
     tx.set_durability(Durability::Immediate)?;
     {
@@ -198,12 +347,10 @@ fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
             }
         }
     }
-    // Named points for the fault-injection harness: a crash before the
-    // commit (nothing of the batch is stored) or an injected disk-full
-    // error, and a crash after it (stored, but nobody was told).
-    fail::fail_point!("session::commit", |_| Err(injected_disk_full()));
+    if let Some(epoch) = folded {
+        tx.open_table(META)?.insert(FOLDED, epoch)?;
+    }
     tx.commit()?;
-    fail::fail_point!("session::committed");
     Ok(())
 }
 
@@ -211,4 +358,117 @@ fn write_batch(db: &Database, batch: &[Write]) -> Result<(), StorageError> {
 #[cfg(feature = "failpoints")]
 fn injected_disk_full() -> StorageError {
     std::io::Error::from(std::io::ErrorKind::StorageFull).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, record: &[u8], at: Option<u64>) -> Write {
+        Write::Put {
+            key: key.into(),
+            record: record.to_vec(),
+            expires_at: at.map(Timestamp),
+        }
+    }
+
+    /// The files of the storage at `from`, copied to `to` while it stays
+    /// open: what a crash now would leave of what was acknowledged.
+    fn crash_copy(from: &Path, to: &Path) {
+        std::fs::copy(from, to).unwrap();
+        std::fs::copy(save_log::path_of(from), save_log::path_of(to)).unwrap();
+    }
+
+    fn folded_epoch(path: &Path) -> u64 {
+        let db = Database::create(path).unwrap();
+        let tx = db.begin_read().unwrap();
+        let meta = tx.open_table(META).unwrap();
+        meta.get(FOLDED).unwrap().map_or(0, |e| e.value())
+    }
+
+    #[test]
+    fn saves_in_the_log_are_read_first_and_survive_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let storage = RedbStorage::open(&path).unwrap();
+        storage
+            .write(&[put("a", b"1", Some(10)), put("b", b"2", None)])
+            .unwrap();
+        storage
+            .write(&[
+                put("a", b"3", Some(20)),
+                Write::Delete { key: b"b".to_vec() },
+            ])
+            .unwrap();
+        storage.write(&[put("c", b"4", Some(30))]).unwrap();
+        storage.write(&[put("c", b"5", None)]).unwrap();
+        let check = |storage: &RedbStorage| {
+            assert_eq!(storage.load(b"a").unwrap(), Some(b"3".to_vec()));
+            assert_eq!(storage.load(b"b").unwrap(), None);
+            assert_eq!(storage.load(b"c").unwrap(), Some(b"5".to_vec()));
+            assert_eq!(
+                storage.deadlines().unwrap(),
+                vec![(b"a".to_vec(), Timestamp(20))]
+            );
+        };
+        check(&storage);
+        // Nothing of it is in the tables yet: the log holds it all.
+        assert!(!storage.logged().log.is_empty());
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed);
+        drop(storage);
+        // Opening folds the log's epoch into the tables.
+        let reopened = RedbStorage::open(&crashed).unwrap();
+        check(&reopened);
+        assert!(reopened.logged().log.is_empty());
+        drop(reopened);
+        assert_eq!(folded_epoch(&crashed), 1);
+        // A clean close folds too.
+        check(&RedbStorage::open(&path).unwrap());
+        assert_eq!(folded_epoch(&path), 1);
+    }
+
+    #[test]
+    fn a_full_log_is_folded_and_a_batch_larger_than_it_committed_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let limit = 256 * 1024;
+        let storage = RedbStorage::open_limited(&path, WriteGate::default(), limit).unwrap();
+        let record = |i: usize| vec![i as u8; 10_000];
+        for i in 0..100 {
+            storage
+                .write(&[put(&format!("k{}", i % 7), &record(i), Some(i as u64))])
+                .unwrap();
+        }
+        let epoch = storage.logged().log.epoch();
+        assert!(epoch > 2, "the log was folded more than once ({epoch})");
+        storage
+            .write(&[put("huge", &vec![7; limit as usize], None)])
+            .unwrap();
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed);
+        for storage in [storage, RedbStorage::open(&crashed).unwrap()] {
+            for k in 0..7 {
+                let last = (93..100).find(|i| i % 7 == k).unwrap();
+                let key = format!("k{k}");
+                assert_eq!(storage.load(key.as_bytes()).unwrap(), Some(record(last)));
+            }
+            assert_eq!(
+                storage.load(b"huge").unwrap().map(|r| r.len()),
+                Some(limit as usize)
+            );
+            assert_eq!(storage.deadlines().unwrap().len(), 7);
+        }
+    }
+
+    #[test]
+    fn a_quarantine_moves_a_record_still_in_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = RedbStorage::open(dir.path().join("s.redb")).unwrap();
+        storage.write(&[put("a", b"garbled", Some(5))]).unwrap();
+        storage.quarantine(b"a", "test").unwrap();
+        assert_eq!(storage.load(b"a").unwrap(), None);
+        assert!(storage.deadlines().unwrap().is_empty());
+        assert_eq!(storage.quarantined().unwrap(), vec![b"a".to_vec()]);
+    }
 }
