@@ -128,18 +128,19 @@ impl Data {
         self.size = self.size.max(end);
     }
 
+    /// The file cut or grown to `len`: no page, nor part of one, is kept
+    /// past it (a mix of pages may hold newer pages than its size reaches).
     fn set_len(&mut self, len: u64) {
-        if len < self.size {
-            let keep = len.div_ceil(PAGE);
-            self.pages.retain(|p, _| *p < keep);
-            let tail = (len % PAGE) as usize;
-            if tail != 0
-                && let Some(page) = self.pages.get_mut(&(len / PAGE))
-            {
-                let mut buf = page.bytes.clone();
-                buf[tail..].fill(0);
-                *page = Page::new(buf);
-            }
+        let keep = len.div_ceil(PAGE);
+        self.pages.retain(|p, _| *p < keep);
+        let tail = (len % PAGE) as usize;
+        if tail != 0
+            && let Some(page) = self.pages.get_mut(&(len / PAGE))
+            && page.bytes[tail..].iter().any(|b| *b != 0)
+        {
+            let mut buf = page.bytes.clone();
+            buf[tail..].fill(0);
+            *page = Page::new(buf);
         }
         self.size = len;
     }
@@ -1009,6 +1010,37 @@ mod tests {
                 assert!(chunk.iter().all(|b| *b == chunk[0]), "a torn page");
             }
         }
+    }
+
+    #[test]
+    fn pages_written_past_a_durable_size_short_of_a_page_are_not_kept_with_it() {
+        let page = PAGE as usize;
+        let events = vec![
+            create("/w/f"),
+            sync("/w"),
+            write("/w/f", 0, &[1u8; 16]),
+            sync("/w/f"),
+            // Unsynced: the file grown by three pages, as a log grows.
+            write("/w/f", 16, &vec![2u8; 3 * page]),
+        ];
+        let states = last_states(&events);
+        let dir = tempfile::tempdir().unwrap();
+        for (i, state) in states.iter().enumerate() {
+            let dest = dir.path().join(i.to_string());
+            materialize(state, &dest).unwrap();
+            let bytes = std::fs::read(dest.join("f")).unwrap();
+            assert!(
+                bytes.len() == 16 || bytes.len() == 16 + 3 * page,
+                "{}",
+                bytes.len()
+            );
+            assert_eq!(file(state, "f"), Some(bytes));
+        }
+        assert!(
+            states
+                .iter()
+                .any(|s| file(s, "f").is_some_and(|f| f.len() == 16))
+        );
     }
 
     #[test]
