@@ -36,6 +36,8 @@ const QUARANTINE: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("quar
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// The meta row of the last save log epoch folded into the tables.
 const FOLDED: &str = "folded";
+/// The meta row of the salt of this database's save log.
+const LOG: &str = "log";
 /// How large the save log grows before its writes are folded.
 const LOG_LIMIT: u64 = 8 * 1024 * 1024;
 
@@ -90,6 +92,7 @@ impl RedbStorage {
         let path = path.to_path_buf();
         let mut generation = 0;
         let mut folded = 0;
+        let mut logged = None;
         let db = estafeta_durable::open_redb(&path, |db| {
             let mut tx = db.begin_write()?;
             tx.set_durability(Durability::Immediate)?;
@@ -101,13 +104,25 @@ impl RedbStorage {
                 generation = meta.get("generation")?.map(|g| g.value()).unwrap_or(0) + 1;
                 meta.insert("generation", generation)?;
                 folded = meta.get(FOLDED)?.map_or(0, |e| e.value());
+                logged = meta.get(LOG)?.map(|salt| salt.value());
             }
             tx.commit()?;
             Ok(())
         })?;
-        let (mut log, batches) = SaveLog::open(&save_log::path_of(&path), folded + 1, log_limit)
-            .map_err(StorageError::from)?;
-        if !batches.is_empty() {
+        let log_path = save_log::path_of(&path);
+        let (mut log, batches) =
+            SaveLog::open(&log_path, folded + 1, log_limit).map_err(StorageError::from)?;
+        if logged != Some(log.salt()) {
+            // Not this database's log (the database is new, or was moved
+            // aside for an empty one): none of its frames is replayed, and
+            // a new log, recorded before its first frame, takes its place.
+            if !batches.is_empty() {
+                tracing::warn!(path = %log_path.display(), batches = batches.len(), "the session save log belongs to another database; removed");
+            }
+            log = SaveLog::create_new(&log_path, folded + 1, log_limit)
+                .map_err(StorageError::from)?;
+            record_log(&db, log.salt())?;
+        } else if !batches.is_empty() {
             let writes: Vec<Write> = batches.into_iter().flatten().collect();
             write_batch(&db, &writes, Some(log.epoch()))?;
             log.folded();
@@ -319,6 +334,15 @@ fn quarantine(db: &Database, key: &[u8]) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Records `salt` as that of this database's save log, durably.
+fn record_log(db: &Database, salt: u64) -> Result<(), StorageError> {
+    let mut tx = db.begin_write()?;
+    tx.set_durability(Durability::Immediate)?;
+    tx.open_table(META)?.insert(LOG, salt)?;
+    tx.commit()?;
+    Ok(())
+}
+
 /// One batch as one durable write transaction; `folded`: the save log's
 /// epoch it completes, recorded in the same commit.
 fn write_batch(db: &Database, batch: &[Write], folded: Option<u64>) -> Result<(), StorageError> {
@@ -459,6 +483,29 @@ mod tests {
             );
             assert_eq!(storage.deadlines().unwrap().len(), 7);
         }
+    }
+
+    #[test]
+    fn a_log_left_beside_a_database_moved_aside_is_not_replayed_into_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let storage = RedbStorage::open(&path).unwrap();
+        storage.write(&[put("a", b"old", None)]).unwrap();
+        // A crash, then the operator moves the database aside to start
+        // with it empty; its log stays.
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed);
+        drop(storage);
+        std::fs::rename(&crashed, dir.path().join("aside.redb")).unwrap();
+        let fresh = RedbStorage::open(&crashed).unwrap();
+        assert_eq!(fresh.load(b"a").unwrap(), None);
+        fresh.write(&[put("b", b"new", None)]).unwrap();
+        let again = dir.path().join("again.redb");
+        crash_copy(&crashed, &again);
+        drop(fresh);
+        let reopened = RedbStorage::open(&again).unwrap();
+        assert_eq!(reopened.load(b"a").unwrap(), None);
+        assert_eq!(reopened.load(b"b").unwrap(), Some(b"new".to_vec()));
     }
 
     #[test]

@@ -111,6 +111,22 @@ impl SaveLog {
         Ok((log, batches))
     }
 
+    /// A log made anew at `path` (whatever was there removed), empty, its
+    /// frames of `epoch` next.
+    pub(super) fn create_new(path: &Path, epoch: u64, limit: u64) -> io::Result<SaveLog> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let (log, _) = SaveLog::open(path, epoch, limit)?;
+        Ok(log)
+    }
+
+    /// What sets this log's frames apart from any other log's.
+    pub(super) fn salt(&self) -> u64 {
+        self.salt
+    }
+
     /// The epoch of the frames written now.
     pub(super) fn epoch(&self) -> u64 {
         self.epoch
