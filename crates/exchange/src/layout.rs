@@ -6,6 +6,7 @@
 //!     registry.redb        tenancy and token hashes
 //!     admin-token          the generated admin token, mode 0600
 //!     sessions.redb        database, device and process sessions
+//!     sessions.redb.log    their save log (the session store's, beside its file)
 //!     scheduled.redb       deliver_at messages waiting for their time
 //!     alerts.redb          raised alerts and their acknowledgements
 //!     alerts-repeat.redb   pending alert deliveries
