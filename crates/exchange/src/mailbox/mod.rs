@@ -156,6 +156,17 @@ impl Single {
     }
 }
 
+/// What the thread that wrote a file of [`Mailboxes::write_when`] found
+/// of its go-ahead once the file was fsynced.
+enum GoAhead {
+    /// Given: the file was published on that thread.
+    Published(Result<FileEntry, MailboxError>),
+    /// Refused (or its sender gone): the file is not to appear.
+    Refused,
+    /// Not given yet: to be awaited off the blocking threads.
+    Awaited(tokio::sync::oneshot::Receiver<bool>),
+}
+
 /// The mailboxes under one data folder. Cheap to clone; all clones share
 /// one group-commit task, which must run on a tokio runtime.
 #[derive(Clone)]
@@ -456,25 +467,40 @@ impl Mailboxes {
     /// is dropped), the file does not appear, its temporary file is
     /// removed, and the answer is `None`.
     ///
-    /// The go-ahead is awaited here, not on the blocking thread that wrote
+    /// The go-ahead is never waited for on the blocking thread that wrote
     /// the file: what gives it may need a blocking thread of its own (a
     /// key's commit does), and a pool full of writers waiting would never
-    /// see it.
+    /// see it. A go-ahead already given when the file is fsynced is taken
+    /// there, and the file published on the same thread; otherwise it is
+    /// awaited here, and the file published on another.
     pub async fn write_when(
         &self,
         loc: &Location,
         message: &Message,
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
+        use tokio::sync::oneshot::error::TryRecvError;
         let single = Arc::new(self.single(loc, message)?);
-        let writing = {
+        let written = {
             let single = Arc::clone(&single);
-            blocking(move || single.write())
+            let mut when = when;
+            blocking(move || {
+                single.write()?;
+                Ok(match when.try_recv() {
+                    Ok(true) => GoAhead::Published(single.publish()),
+                    Ok(false) | Err(TryRecvError::Closed) => GoAhead::Refused,
+                    Err(TryRecvError::Empty) => GoAhead::Awaited(when),
+                })
+            })
+            .await
         };
-        let (written, go) = tokio::join!(writing, when);
         self.refill_spares(single.dir.clone());
-        written?;
-        if go.unwrap_or(false) {
+        let go = match written? {
+            GoAhead::Published(entry) => return entry.map(Some),
+            GoAhead::Refused => false,
+            GoAhead::Awaited(when) => when.await.unwrap_or(false),
+        };
+        if go {
             return blocking(move || single.publish()).await.map(Some);
         }
         // The removal is not made durable: a temporary file a crash brings
@@ -1501,6 +1527,36 @@ mod tests {
             } else {
                 assert_eq!(written, None);
                 assert!(files().is_empty(), "{:?}", files());
+            }
+        }
+    }
+
+    /// A go-ahead given before the file is even written is taken by the
+    /// thread that wrote it: the file appears, or, refused, leaves nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_go_ahead_given_before_the_write_is_taken_when_the_file_is_fsynced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mailboxes = opened(&tmp).await;
+        let queue = db_a(Folder::Messages);
+        for (go_ahead, seq) in [(false, 1), (true, 2)] {
+            let (go, when) = tokio::sync::oneshot::channel();
+            go.send(go_ahead).unwrap();
+            let written = mailboxes
+                .write_when(&queue, &message(seq), when)
+                .await
+                .unwrap();
+            let names = file_names(&mailboxes.path(&queue));
+            if go_ahead {
+                let name = FileName::of(&message(seq));
+                assert_eq!(written.map(|e| e.name), Some(name.clone()));
+                assert_eq!(
+                    mailboxes.oldest(&queue, 10).await.unwrap(),
+                    vec![name.clone()]
+                );
+                assert_eq!(names, vec![name.to_string()]);
+            } else {
+                assert_eq!(written, None);
+                assert!(names.is_empty(), "{names:?}");
             }
         }
     }
