@@ -1509,25 +1509,37 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mailboxes = opened(&tmp).await;
         let queue = db_a(Folder::Messages);
-        let files = || file_names(&mailboxes.path(&queue));
         for (go_ahead, seq) in [(false, 1), (true, 2)] {
             let written = answer_to_go_ahead(&mailboxes, &queue, 1, go_ahead, |when| {
                 let (mailboxes, queue) = (mailboxes.clone(), queue.clone());
                 tokio::spawn(async move { mailboxes.write_when(&queue, &message(seq), when).await })
             })
             .await;
-            if go_ahead {
-                let name = FileName::of(&message(seq));
-                assert_eq!(written.map(|e| e.name), Some(name.clone()));
-                assert_eq!(
-                    mailboxes.oldest(&queue, 10).await.unwrap(),
-                    vec![name.clone()]
-                );
-                assert_eq!(files(), vec![name.to_string()]);
-            } else {
-                assert_eq!(written, None);
-                assert!(files().is_empty(), "{:?}", files());
-            }
+            assert_left_as_told(&mailboxes, &queue, seq, go_ahead, written).await;
+        }
+    }
+
+    /// What a write of `message(seq)` into `queue` (empty before), told
+    /// `go_ahead`, answered (`written`) and left: its file alone, or nothing.
+    async fn assert_left_as_told(
+        mailboxes: &Mailboxes,
+        queue: &Location,
+        seq: u128,
+        go_ahead: bool,
+        written: Option<FileEntry>,
+    ) {
+        let names = file_names(&mailboxes.path(queue));
+        if go_ahead {
+            let name = FileName::of(&message(seq));
+            assert_eq!(written.map(|e| e.name), Some(name.clone()));
+            assert_eq!(
+                mailboxes.oldest(queue, 10).await.unwrap(),
+                vec![name.clone()]
+            );
+            assert_eq!(names, vec![name.to_string()]);
+        } else {
+            assert_eq!(written, None);
+            assert!(names.is_empty(), "{names:?}");
         }
     }
 
@@ -1545,19 +1557,7 @@ mod tests {
                 .write_when(&queue, &message(seq), when)
                 .await
                 .unwrap();
-            let names = file_names(&mailboxes.path(&queue));
-            if go_ahead {
-                let name = FileName::of(&message(seq));
-                assert_eq!(written.map(|e| e.name), Some(name.clone()));
-                assert_eq!(
-                    mailboxes.oldest(&queue, 10).await.unwrap(),
-                    vec![name.clone()]
-                );
-                assert_eq!(names, vec![name.to_string()]);
-            } else {
-                assert_eq!(written, None);
-                assert!(names.is_empty(), "{names:?}");
-            }
+            assert_left_as_told(&mailboxes, &queue, seq, go_ahead, written).await;
         }
     }
 
