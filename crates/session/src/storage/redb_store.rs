@@ -110,23 +110,36 @@ impl RedbStorage {
             Ok(())
         })?;
         let log_path = save_log::path_of(&path);
-        let (mut log, batches) =
-            SaveLog::open(&log_path, folded + 1, log_limit).map_err(StorageError::from)?;
-        if logged != Some(log.salt()) {
-            // Not this database's log (the database is new, or was moved
-            // aside for an empty one): none of its frames is replayed, and
-            // a new log, recorded before its first frame, takes its place.
-            if !batches.is_empty() {
-                tracing::warn!(path = %log_path.display(), batches = batches.len(), "the session save log belongs to another database; removed");
+        // The log recorded in the database is opened; any other (none is
+        // recorded: the database is new, or was moved aside for an empty
+        // one) is replaced by a new log, recorded before its first frame,
+        // and none of its frames is replayed.
+        let ours = match logged {
+            Some(salt) => {
+                Some(SaveLog::open(&log_path, folded + 1, log_limit).map_err(StorageError::from)?)
+                    .filter(|(log, _)| log.salt() == salt)
             }
-            log = SaveLog::create_new(&log_path, folded + 1, log_limit)
-                .map_err(StorageError::from)?;
-            record_log(&db, log.salt())?;
-        } else if !batches.is_empty() {
-            let writes: Vec<Write> = batches.into_iter().flatten().collect();
-            write_batch(&db, &writes, Some(log.epoch()))?;
-            log.folded();
-        }
+            None => None,
+        };
+        let log = match ours {
+            Some((mut log, batches)) => {
+                if !batches.is_empty() {
+                    let writes: Vec<Write> = batches.into_iter().flatten().collect();
+                    write_batch(&db, &writes, Some(log.epoch()))?;
+                    log.folded();
+                }
+                log
+            }
+            None => {
+                if log_path.try_exists().map_err(StorageError::from)? {
+                    tracing::warn!(path = %log_path.display(), "the session save log is not this database's; replaced");
+                }
+                let log = SaveLog::create_new(&log_path, folded + 1, log_limit)
+                    .map_err(StorageError::from)?;
+                record_log(&db, log.salt())?;
+                log
+            }
+        };
         Ok(RedbStorage {
             path,
             db: RwLock::new(Some(db)),
