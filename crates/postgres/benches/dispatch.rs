@@ -29,20 +29,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use estafeta_postgres::testing::Postgres;
 use estafeta_postgres::{PgQueue, Store};
-use estafeta_repeat::{Entry, Options, Outcome, Scheduler, SystemClock, WorkerPool};
+use estafeta_repeat::bench::{self, DUE, Round, SOURCES, TOTAL, WORKERS, lag_since, source};
+use estafeta_repeat::{Clock, Options, Scheduler, SystemClock};
 use tokio::sync::{Notify, mpsc};
 
 /// How far ahead of now a round's entries fall due: time to write
 /// 100,000 of them first (each side's timing starts at the due second).
 const LEAD: u64 = 5;
-const TOTAL: usize = 1_000_000;
-const SOURCES: usize = 16;
-const DUE: usize = 100_000;
-const WORKERS: usize = 256;
 /// How long a node holds an entry it claimed (the server's lease).
 const LEASE: Duration = Duration::from_secs(30);
 /// The most jobs the baseline's producer takes in one fetch.
@@ -52,44 +49,7 @@ const FETCH: i64 = 100;
 const POLL: Duration = Duration::from_millis(100);
 
 fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-fn lag_since(due: u64) -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH + Duration::from_secs(due))
-        .unwrap_or_default()
-}
-
-fn source(i: usize) -> String {
-    format!("s{:02}", i % SOURCES)
-}
-
-/// What one side measured over its rounds.
-#[derive(Default)]
-struct Rounds {
-    elapsed: Vec<Duration>,
-    lags: Vec<Duration>,
-}
-
-impl Rounds {
-    fn add(&mut self, elapsed: Duration, lags: Vec<Duration>) {
-        self.elapsed.push(elapsed);
-        self.lags.extend(lags);
-    }
-
-    /// Entries per second over all rounds, and the lag's p50 and p99.
-    fn summary(&self) -> (f64, Duration, Duration) {
-        let total: Duration = self.elapsed.iter().sum();
-        let rate = (DUE * self.elapsed.len()) as f64 / total.as_secs_f64();
-        let mut lags = self.lags.clone();
-        lags.sort();
-        let q = |f: f64| lags[((lags.len() as f64 * f) as usize).min(lags.len() - 1)];
-        (rate, q(0.5), q(0.99))
-    }
+    SystemClock.now_secs()
 }
 
 /// A connection of the bench's own (set-up statements, the baseline).
@@ -145,7 +105,7 @@ impl Cluster {
         .unwrap();
     }
 
-    async fn round(&mut self) -> (Duration, Vec<Duration>) {
+    async fn round(&mut self) -> Round {
         self.round += 1;
         let due = now_secs() + LEAD;
         Cluster::insert(&self.sql, &format!("r{}", self.round), DUE as i64, due, 1).await;
@@ -153,25 +113,7 @@ impl Cluster {
             now_secs() < due,
             "writing the round's entries took past the due second"
         );
-        let lags = Arc::new(std::sync::Mutex::new(Vec::with_capacity(DUE)));
-        let handled = Arc::new(AtomicUsize::new(0));
-        let all = Arc::new(Notify::new());
-        let handler = {
-            let (lags, handled, all) = (lags.clone(), handled.clone(), all.clone());
-            move |_: Entry| {
-                lags.lock().unwrap().push(lag_since(due));
-                if handled.fetch_add(1, Ordering::SeqCst) + 1 == DUE {
-                    all.notify_one();
-                }
-                std::future::ready(Outcome::Done)
-            }
-        };
-        let stop = async move { all.notified().await };
-        self.scheduler
-            .run(WorkerPool::new(WORKERS), handler, stop)
-            .await
-            .unwrap();
-        let elapsed = lag_since(due);
+        let round = bench::dispatch_round(&self.scheduler, due).await;
         let left: i64 = self
             .sql
             .query_one(
@@ -182,8 +124,7 @@ impl Cluster {
             .unwrap()
             .get(0);
         assert_eq!(left, 0, "every handled entry is removed");
-        let lags = std::mem::take(&mut *lags.lock().unwrap());
-        (elapsed, lags)
+        round
     }
 }
 
@@ -239,7 +180,7 @@ impl JobQueue {
         self.sql.execute("ANALYZE jobs", &[]).await.unwrap();
     }
 
-    async fn round(&self) -> (Duration, Vec<Duration>) {
+    async fn round(&self) -> Round {
         let due = now_secs() + LEAD;
         self.insert(DUE as i64, due, 1).await;
         assert!(
@@ -338,14 +279,6 @@ impl JobQueue {
     }
 }
 
-/// The load average over the last minute.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default()
-}
-
 fn main() {
     let rounds: usize = std::env::var("DISPATCH_ROUNDS")
         .ok()
@@ -370,49 +303,17 @@ fn main() {
     println!(
         "set up in {:.1} s; load average {}",
         began.elapsed().as_secs_f64(),
-        load()
+        bench::load()
     );
-    let (mut ours, mut theirs) = (Rounds::default(), Rounds::default());
-    let mut ratios = Vec::new();
-    for round in 0..rounds {
-        let load_before = load();
-        let mut took = [Duration::ZERO; 2];
-        for k in 0..2 {
-            match (round + k) % 2 {
-                0 => {
-                    let (elapsed, lags) = rt.block_on(cluster.round());
-                    took[0] = elapsed;
-                    ours.add(elapsed, lags);
-                }
-                _ => {
-                    let (elapsed, lags) = rt.block_on(jobs.round());
-                    took[1] = elapsed;
-                    theirs.add(elapsed, lags);
-                }
-            }
-        }
-        ratios.push(took[1].as_secs_f64() / took[0].as_secs_f64());
-        println!(
-            "round {}: scheduler {:.2} s, job queue {:.2} s per 100k (ratio {:.2}); load average {load_before} → {}",
-            round + 1,
-            took[0].as_secs_f64(),
-            took[1].as_secs_f64(),
-            ratios[round],
-            load()
-        );
-    }
-    for (name, r) in [
-        ("estafeta-repeat over PostgreSQL (claiming PgQueue)", &ours),
-        ("job queue (SKIP LOCKED, batch fetch)", &theirs),
-    ] {
-        let (rate, p50, p99) = r.summary();
-        println!("{name}: {rate:.0} entries/s; lag p50 {p50:?} p99 {p99:?}");
-    }
-    ratios.sort_by(f64::total_cmp);
-    println!(
-        "ratio (scheduler ÷ job queue, entries/s): median {:.2}, range {:.2}-{:.2} over {rounds} rounds",
-        ratios[rounds / 2],
-        ratios[0],
-        ratios[rounds - 1]
+    bench::alternate(
+        rounds,
+        [
+            "estafeta-repeat over PostgreSQL (claiming PgQueue)",
+            "job queue (SKIP LOCKED, batch fetch)",
+        ],
+        |side| match side {
+            0 => rt.block_on(cluster.round()),
+            _ => rt.block_on(jobs.round()),
+        },
     );
 }

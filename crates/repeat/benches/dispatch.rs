@@ -9,10 +9,13 @@
 //! Each round schedules 100,000 entries due two seconds ahead (not timed),
 //! then times from that due second until every one was handled (for
 //! estafeta: and its removal committed; for Redis: acknowledged). The other
-//! 900,000 entries stay scheduled for later all along.
+//! 900,000 entries stay scheduled for later all along. The two sides take
+//! turns round by round, so that a change in the machine meets both; the
+//! figure is the median of the rounds' ratios.
 //!
 //! Run: `cargo bench -p estafeta-repeat --bench dispatch` (needs
 //! `redis-server` on the PATH: without it the bench fails).
+//! `DISPATCH_ROUNDS` (default 7) sets the rounds per side.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -20,63 +23,27 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use criterion::{Criterion, SamplingMode, Throughput};
-use estafeta_repeat::{
-    Clock, Entry, Options, Outcome, RedbStore, Scheduler, SystemClock, WorkerPool,
-};
+use estafeta_repeat::bench::{self, DUE, Round, SOURCES, TOTAL, WORKERS, lag_since};
+use estafeta_repeat::{Clock, Entry, Options, RedbStore, Scheduler, SystemClock};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
-const TOTAL: usize = 1_000_000;
-const SOURCES: usize = 16;
-const DUE: usize = 100_000;
-const WORKERS: usize = 256;
+/// How far ahead of now a round's entries fall due: time to schedule
+/// 100,000 of them first (each side's timing starts at the due second).
+const LEAD: u64 = 2;
 /// The baseline's poll interval when nothing was due (asynq's forwarder
 /// default is 5 s, Sidekiq's poller about as long; shorter favours the baseline).
 const POLL: Duration = Duration::from_millis(100);
 
-/// What one round measured.
-#[derive(Default)]
-struct Rounds {
-    elapsed: Vec<Duration>,
-    lags: Vec<Duration>,
-}
-
-impl Rounds {
-    fn report(&self, name: &str) -> Option<f64> {
-        if self.elapsed.is_empty() {
-            return None;
-        }
-        let mean = self.elapsed.iter().sum::<Duration>().as_secs_f64() / self.elapsed.len() as f64;
-        let rate = DUE as f64 / mean;
-        let mut lags = self.lags.clone();
-        lags.sort();
-        let q = |f: f64| lags[((lags.len() as f64 * f) as usize).min(lags.len() - 1)];
-        println!(
-            "{name}: {} rounds, mean {:.3} s per 100k → {rate:.0} entries/s; lag p50 {:?} p99 {:?} max {:?}",
-            self.elapsed.len(),
-            mean,
-            q(0.50),
-            q(0.99),
-            lags[lags.len() - 1]
-        );
-        Some(rate)
-    }
-}
-
-fn due_in_two_seconds() -> u64 {
-    SystemClock.now_secs() + 2
-}
-
-fn lag_since(due: u64) -> Duration {
-    SystemClock.now().saturating_sub(Duration::from_secs(due))
+fn due_ahead() -> u64 {
+    SystemClock.now_secs() + LEAD
 }
 
 /// estafeta-repeat on a redb file.
 struct Estafeta {
     scheduler: Scheduler<RedbStore, SystemClock>,
-    round: AtomicUsize,
+    round: usize,
     _dir: tempfile::TempDir,
 }
 
@@ -88,7 +55,7 @@ impl Estafeta {
         let later = SystemClock.now_secs() + 3_600;
         let entries: Vec<Entry> = (0..TOTAL - DUE)
             .map(|i| Entry {
-                source: format!("s{:02}", i % SOURCES),
+                source: bench::source(i),
                 due: later + (i % 86_400) as u64,
                 id: format!("later-{i:07}"),
                 payload: vec![0; 16],
@@ -100,17 +67,18 @@ impl Estafeta {
         }
         Self {
             scheduler,
-            round: AtomicUsize::new(0),
+            round: 0,
             _dir: dir,
         }
     }
 
-    async fn round(&self, rounds: &Mutex<Rounds>) -> Duration {
-        let round = self.round.fetch_add(1, Ordering::SeqCst);
-        let due = due_in_two_seconds();
+    async fn round(&mut self) -> Round {
+        self.round += 1;
+        let round = self.round;
+        let due = due_ahead();
         let entries = (0..DUE)
             .map(|i| Entry {
-                source: format!("s{:02}", i % SOURCES),
+                source: bench::source(i),
                 due,
                 id: format!("r{round}-{i:06}"),
                 payload: vec![0; 16],
@@ -118,33 +86,11 @@ impl Estafeta {
             })
             .collect();
         self.scheduler.schedule_all(entries).await.unwrap();
-        if SystemClock.now_secs() >= due {
-            println!("warning: scheduling took past the due second");
-        }
-        let lags = Arc::new(Mutex::new(Vec::with_capacity(DUE)));
-        let handled = Arc::new(AtomicUsize::new(0));
-        let all = Arc::new(Notify::new());
-        let handler = {
-            let (lags, handled, all) = (lags.clone(), handled.clone(), all.clone());
-            move |e: Entry| {
-                let lag = lag_since(e.due);
-                lags.lock().unwrap().push(lag);
-                if handled.fetch_add(1, Ordering::SeqCst) + 1 == DUE {
-                    all.notify_one();
-                }
-                std::future::ready(Outcome::Done)
-            }
-        };
-        let stop = async move { all.notified().await };
-        self.scheduler
-            .run(WorkerPool::new(WORKERS), handler, stop)
-            .await
-            .unwrap();
-        let elapsed = lag_since(due);
-        let mut r = rounds.lock().unwrap();
-        r.elapsed.push(elapsed);
-        r.lags.extend(lags.lock().unwrap().drain(..));
-        elapsed
+        assert!(
+            SystemClock.now_secs() < due,
+            "scheduling the round's entries took past the due second"
+        );
+        bench::dispatch_round(&self.scheduler, due).await
     }
 }
 
@@ -244,17 +190,18 @@ impl Redis {
         }
     }
 
-    async fn round(&self, rounds: &Mutex<Rounds>) -> Duration {
+    async fn round(&self) -> Round {
         let round = self.round.fetch_add(1, Ordering::SeqCst);
-        let due = due_in_two_seconds();
+        let due = due_ahead();
         let mut conn = self.connect().await.unwrap();
         let members: Vec<_> = (0..DUE)
             .map(|i| (i % SOURCES, due, format!("r{round}-{i:06}")))
             .collect();
         Redis::zadd(&mut conn, &members).await;
-        if SystemClock.now_secs() >= due {
-            println!("warning: scheduling took past the due second");
-        }
+        assert!(
+            SystemClock.now_secs() < due,
+            "scheduling the round's entries took past the due second"
+        );
         let forward = redis::Script::new(FORWARD);
         forward
             .prepare_invoke()
@@ -338,10 +285,8 @@ impl Redis {
         for worker in workers {
             worker.await.unwrap();
         }
-        let mut r = rounds.lock().unwrap();
-        r.elapsed.push(elapsed);
-        r.lags.extend(lags.lock().unwrap().drain(..));
-        elapsed
+        let lags = std::mem::take(&mut *lags.lock().unwrap());
+        (elapsed, lags)
     }
 }
 
@@ -352,54 +297,20 @@ impl Drop for Redis {
     }
 }
 
-/// The load average over the last minute.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default()
-}
-
 fn main() {
-    let mut criterion = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(1))
-        .measurement_time(Duration::from_secs(5))
-        .configure_from_args();
+    let rounds: usize = std::env::var("DISPATCH_ROUNDS")
+        .ok()
+        .map_or(7, |n| n.parse().expect("DISPATCH_ROUNDS=N"));
     let runtime = Runtime::new().unwrap();
-    let estafeta = runtime.block_on(Estafeta::setup());
+    let mut estafeta = runtime.block_on(Estafeta::setup());
     let redis = runtime.block_on(Redis::setup());
-    println!("load average {} before the runs", load());
-    let ours = Mutex::new(Rounds::default());
-    let theirs = Mutex::new(Rounds::default());
-
-    let mut group = criterion.benchmark_group("dispatch_100k_due_of_1m");
-    group.sampling_mode(SamplingMode::Flat);
-    group.throughput(Throughput::Elements(DUE as u64));
-    group.bench_function("estafeta_redb", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| runtime.block_on(estafeta.round(&ours)))
-                .sum()
-        })
-    });
-    group.bench_function("redis_lua_poll", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| runtime.block_on(redis.round(&theirs)))
-                .sum()
-        })
-    });
-    group.finish();
-    println!("load average {} after the runs", load());
-
-    let ours_rate = ours.lock().unwrap().report("estafeta-repeat (redb)");
-    let theirs_rate = theirs.lock().unwrap().report("redis sorted set + Lua poll");
-    if let (Some(ours), Some(theirs)) = (ours_rate, theirs_rate) {
-        println!(
-            "ratio (estafeta / redis) dispatch rate: {:.2}x",
-            ours / theirs
-        );
-    }
-    criterion.final_summary();
+    println!("set up; load average {}", bench::load());
+    bench::alternate(
+        rounds,
+        ["estafeta-repeat (redb)", "Redis sorted set + Lua poll"],
+        |side| match side {
+            0 => runtime.block_on(estafeta.round()),
+            _ => runtime.block_on(redis.round()),
+        },
+    );
 }

@@ -107,6 +107,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "test-support")]
+pub mod bench;
 mod clock;
 mod dispatcher;
 mod entry;
