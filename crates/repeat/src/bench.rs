@@ -164,3 +164,36 @@ pub fn alternate(rounds: usize, names: [&str; 2], mut round: impl FnMut(usize) -
     );
     median
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sides_take_turns_going_first_and_the_median_ratio_is_returned() {
+        let mut calls = Vec::new();
+        let mut baseline = [3.0, 2.0, 8.0].into_iter();
+        let median = alternate(3, ["ours", "theirs"], |side| {
+            calls.push(side);
+            let secs = match side {
+                0 => 1.0,
+                _ => baseline.next().unwrap(),
+            };
+            (Duration::from_secs_f64(secs), vec![Duration::ZERO])
+        });
+        assert_eq!(calls, [0, 1, 1, 0, 0, 1]);
+        assert_eq!(median, 3.0);
+    }
+
+    #[test]
+    fn rates_and_lags_are_over_every_round() {
+        let rounds = Rounds {
+            elapsed: vec![Duration::from_secs(1), Duration::from_secs(3)],
+            lags: (1..=100).map(Duration::from_millis).collect(),
+        };
+        let (rate, p50, p99) = rounds.summary();
+        assert_eq!(rate, (2 * DUE) as f64 / 4.0);
+        assert_eq!(p50, Duration::from_millis(51));
+        assert_eq!(p99, Duration::from_millis(100));
+    }
+}
