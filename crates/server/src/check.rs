@@ -6,12 +6,18 @@
 //! `estafeta check` then reports whether the database answers and how its
 //! schema stands against this build ([`check_cluster`]).
 //!
+//! The session database's save log (`sessions.redb.log`) is looked at as
+//! the next start will find it: the saves it holds are folded in then, a
+//! log the database does not record is replaced, and one that is not a
+//! save log stops the start.
+//!
 //! After a crash (`kill -9`, a power loss) redb repairs a file when it is
 //! next opened: the time that takes grows with the file's size, not with
 //! what the crash interrupted. A file cut short or overwritten is beyond
 //! that repair: only a backup, or starting with the file empty, helps.
 
 use estafeta_exchange::DataLayout;
+use estafeta_session::{RedbStorage, SaveLogState};
 use redb::{Database, DatabaseError, StorageError};
 use std::fmt;
 use std::io::ErrorKind;
@@ -67,8 +73,18 @@ pub enum Health {
     Repaired,
     /// A running server holds the file.
     InUse,
-    /// redb cannot open or repair the file; the error says why.
+    /// The file cannot be opened or repaired; the error says why.
     Damaged(String),
+    /// The session database's own save log, with this many batches of
+    /// saves that the next start folds into the database.
+    Unfolded(usize),
+    /// A save log the session database does not record as its own: the
+    /// next start replaces it and replays none of it.
+    Foreign,
+    /// The session database records a save log and there is none: what
+    /// was saved since its last fold is lost; the next start makes a new
+    /// one.
+    Missing,
 }
 
 /// The finding on one state file.
@@ -85,10 +101,7 @@ pub struct FileReport {
 impl FileReport {
     /// Whether the file is fit to serve from (absent, whole or repaired).
     pub fn is_fit(&self) -> bool {
-        matches!(
-            self.health,
-            Health::Absent | Health::Whole | Health::Repaired
-        )
+        !matches!(self.health, Health::InUse | Health::Damaged(_))
     }
 }
 
@@ -105,8 +118,25 @@ impl fmt::Display for FileReport {
             ),
             Health::Damaged(e) => write!(
                 f,
-                "{path}: DAMAGED, redb cannot repair it ({e}). It holds {}: restore it from a \
+                "{path}: DAMAGED, it cannot be repaired ({e}). It holds {}: restore it from a \
                  backup, or move it aside to start with it empty (losing what it held)",
+                self.holds
+            ),
+            Health::Unfolded(0) => write!(f, "{path}: ok"),
+            Health::Unfolded(n) => write!(
+                f,
+                "{path}: ok, {n} {} of saves to fold into the database at the next start",
+                if *n == 1 { "batch" } else { "batches" }
+            ),
+            Health::Foreign => write!(
+                f,
+                "{path}: not the session database's own save log (left beside a database \
+                 moved aside?); the next start replaces it and replays none of it"
+            ),
+            Health::Missing => write!(
+                f,
+                "{path}: MISSING, the session database records a save log and it is gone: \
+                 {} since the last fold are lost; the next start makes a new one",
                 self.holds
             ),
         }
@@ -153,6 +183,38 @@ fn open(path: &Path, check: bool) -> Health {
     }
 }
 
+/// The session database's save log, as the next start will find it;
+/// `None` when the database itself is not fit (its own report says what to
+/// do) or is held by a running server.
+fn examine_save_log(sessions: &FileReport) -> Option<FileReport> {
+    let path = RedbStorage::save_log_path(&sessions.path);
+    let health = match &sessions.health {
+        Health::InUse | Health::Damaged(_) => return None,
+        // A new database is made, and any log there replaced.
+        Health::Absent => match path.try_exists() {
+            Ok(true) => Health::Foreign,
+            Ok(false) => Health::Absent,
+            Err(e) => Health::Damaged(e.to_string()),
+        },
+        _ => match Database::open(&sessions.path) {
+            Err(DatabaseError::DatabaseAlreadyOpen) => return None,
+            Err(e) => Health::Damaged(damage(e)),
+            Ok(db) => match RedbStorage::inspect_save_log(&db, &sessions.path) {
+                Ok(SaveLogState::Absent) => Health::Absent,
+                Ok(SaveLogState::Own { batches }) => Health::Unfolded(batches),
+                Ok(SaveLogState::Foreign) => Health::Foreign,
+                Ok(SaveLogState::Missing) => Health::Missing,
+                Err(e) => Health::Damaged(e.to_string()),
+            },
+        },
+    };
+    Some(FileReport {
+        path,
+        holds: "the session saves not yet folded into the session database",
+        health,
+    })
+}
+
 /// What is wrong with a file redb cannot open, in an operator's words.
 fn damage(e: DatabaseError) -> String {
     match e {
@@ -166,10 +228,16 @@ fn damage(e: DatabaseError) -> String {
 /// `estafeta check`: every state file of `data_dir` opened (repaired if a
 /// crash left it unfinished) and checked by redb, one report each.
 pub fn check(data_dir: &Path) -> Vec<FileReport> {
-    state_files(data_dir)
+    let mut reports: Vec<FileReport> = state_files(data_dir)
         .iter()
         .map(|f| examine(f, true))
-        .collect()
+        .collect();
+    let log = reports
+        .iter()
+        .find(|r| r.path == DataLayout::new(data_dir).sessions())
+        .and_then(examine_save_log);
+    reports.extend(log);
+    reports
 }
 
 /// What `estafeta check` found of a cluster's database.
@@ -291,11 +359,16 @@ pub fn before_serving(
             continue;
         }
         let report = examine(&file, false);
-        if !report.is_fit() {
-            return Err(DamagedState {
-                report,
-                data_dir: data_dir.to_path_buf(),
-            });
+        let log = (file.path == DataLayout::new(data_dir).sessions())
+            .then(|| examine_save_log(&report))
+            .flatten();
+        for report in std::iter::once(report).chain(log) {
+            if !report.is_fit() {
+                return Err(DamagedState {
+                    report,
+                    data_dir: data_dir.to_path_buf(),
+                });
+            }
         }
     }
     Ok(())
@@ -349,11 +422,76 @@ mod tests {
         assert!(reports.iter().all(|r| r.health == Health::Absent));
         made(dir.path());
         let reports = check(dir.path());
+        let log = RedbStorage::save_log_path(&DataLayout::new(dir.path()).sessions());
         assert!(
-            reports.iter().all(|r| r.health == Health::Whole),
+            reports.iter().all(|r| r.health == Health::Whole
+                || (r.path == log && r.health == Health::Absent)),
             "{reports:?}"
         );
         before_serving(dir.path(), None).unwrap();
+    }
+
+    /// The session database's save log is reported as the next start will
+    /// find it, and one that is not a save log stops the start, named.
+    #[test]
+    fn the_session_save_log_is_looked_at_as_the_start_will_find_it() {
+        use estafeta_session::Storage;
+        let dir = tempfile::tempdir().unwrap();
+        made(dir.path());
+        let sessions = DataLayout::new(dir.path()).sessions();
+        let log = RedbStorage::save_log_path(&sessions);
+        std::fs::remove_file(&sessions).unwrap();
+        let storage = RedbStorage::open(&sessions).unwrap();
+        storage
+            .write(&[estafeta_session::storage::Write::Delete { key: b"a".to_vec() }])
+            .unwrap();
+        // A crash now: the files as they are while the storage is open.
+        let crashed = tempfile::tempdir().unwrap();
+        made(crashed.path());
+        let crashed_sessions = DataLayout::new(crashed.path()).sessions();
+        let crashed_log = RedbStorage::save_log_path(&crashed_sessions);
+        std::fs::copy(&sessions, &crashed_sessions).unwrap();
+        std::fs::copy(&log, &crashed_log).unwrap();
+        drop(storage);
+        let report = |dir: &Path| {
+            let reports = check(dir);
+            let found = reports
+                .iter()
+                .find(|r| r.path.extension().is_some_and(|x| x == "log"));
+            found.cloned().expect("the save log is reported")
+        };
+        let unfolded = report(crashed.path());
+        assert_eq!(unfolded.health, Health::Unfolded(1));
+        assert!(
+            unfolded.to_string().contains("1 batch of saves to fold"),
+            "{unfolded}"
+        );
+        assert_eq!(
+            report(dir.path()).health,
+            Health::Unfolded(0),
+            "folded at the close"
+        );
+        before_serving(crashed.path(), None).unwrap();
+
+        std::fs::write(&crashed_log, b"not a save log").unwrap();
+        let damaged = report(crashed.path());
+        assert!(!damaged.is_fit());
+        assert!(damaged.to_string().contains("DAMAGED"), "{damaged}");
+        let err = before_serving(crashed.path(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&crashed_log.display().to_string()), "{err}");
+        assert!(err.contains("is not a save log"), "{err}");
+
+        std::fs::remove_file(&crashed_log).unwrap();
+        let missing = report(crashed.path());
+        assert_eq!(missing.health, Health::Missing);
+        assert!(missing.is_fit());
+        assert!(missing.to_string().contains("MISSING"), "{missing}");
+
+        std::fs::write(&log, b"left over").unwrap();
+        std::fs::remove_file(&sessions).unwrap();
+        assert_eq!(report(dir.path()).health, Health::Foreign);
     }
 
     /// The event log this process's subscriber holds open is passed over

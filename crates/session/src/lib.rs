@@ -91,4 +91,4 @@ pub use guard::{SessionGuard, Transaction};
 pub use hooks::{BoxFuture, Finalize, Hooks};
 pub use key::SessionKey;
 pub use stats::Stats;
-pub use storage::{MemoryStorage, RedbStorage, Shared, Step, Storage, StorageError};
+pub use storage::{MemoryStorage, RedbStorage, SaveLogState, Shared, Step, Storage, StorageError};

@@ -40,7 +40,7 @@ mod redb_store;
 mod save_log;
 
 pub use memory::MemoryStorage;
-pub use redb_store::RedbStorage;
+pub use redb_store::{RedbStorage, SaveLogState};
 
 use crate::clock::Timestamp;
 use std::future::Future;

@@ -57,6 +57,29 @@ pub struct RedbStorage {
     unfolded: RwLock<HashMap<Vec<u8>, Write>>,
 }
 
+/// What the next opening of a session database does with the save log
+/// beside it ([`RedbStorage::inspect_save_log`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SaveLogState {
+    /// There is none, and the database records none (it is new): one is
+    /// made.
+    Absent,
+    /// The database's own log: the `batches` saved since the last fold
+    /// are folded into the tables.
+    Own {
+        /// Batches of writes in the log, not in the tables yet.
+        batches: usize,
+    },
+    /// A file the database does not record as its log (another
+    /// database's, or one left beside a database moved aside): it is
+    /// replaced and none of it is replayed.
+    Foreign,
+    /// The database records a log and there is none: whatever was saved
+    /// since the last fold is lost (a clean stop keeps the log); a new one
+    /// is made.
+    Missing,
+}
+
 /// The save log and whether it must be folded before its next frame.
 #[derive(Debug)]
 struct Logged {
@@ -147,6 +170,41 @@ impl RedbStorage {
             gate,
             log: Mutex::new(Logged { log, broken: false }),
             unfolded: RwLock::default(),
+        })
+    }
+
+    /// Where the save log of the database at `path` is: beside it, its
+    /// name with `.log` added.
+    pub fn save_log_path(path: &Path) -> PathBuf {
+        save_log::path_of(path)
+    }
+
+    /// What the save log beside the database at `path`, open as `db` (not
+    /// by a storage), holds for the next opening, read without changing
+    /// either file. An error when the log cannot be read or is not a save
+    /// log: the opening would stop on it too.
+    pub fn inspect_save_log(db: &Database, path: &Path) -> Result<SaveLogState, StorageError> {
+        let txn = db.begin_read()?;
+        let (folded, recorded) = match txn.open_table(META) {
+            Ok(meta) => (
+                meta.get(FOLDED)?.map_or(0, |e| e.value()),
+                meta.get(LOG)?.map(|salt| salt.value()),
+            ),
+            Err(redb::TableError::TableDoesNotExist(_)) => (0, None),
+            Err(e) => return Err(e.into()),
+        };
+        let log = save_log::path_of(path);
+        let Some(recorded) = recorded else {
+            return Ok(if log.try_exists()? {
+                SaveLogState::Foreign
+            } else {
+                SaveLogState::Absent
+            });
+        };
+        Ok(match save_log::inspect(&log, folded + 1)? {
+            None => SaveLogState::Missing,
+            Some((salt, batches)) if salt == recorded => SaveLogState::Own { batches },
+            Some(_) => SaveLogState::Foreign,
         })
     }
 
@@ -519,6 +577,49 @@ mod tests {
         let reopened = RedbStorage::open(&again).unwrap();
         assert_eq!(reopened.load(b"a").unwrap(), None);
         assert_eq!(reopened.load(b"b").unwrap(), Some(b"new".to_vec()));
+    }
+
+    /// What a check reads of the log is what the next opening does with
+    /// it, and reading it changes neither file.
+    #[test]
+    fn the_save_log_is_inspected_as_the_next_opening_finds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let inspect = |path: &Path| {
+            let db = Database::create(path).unwrap();
+            RedbStorage::inspect_save_log(&db, path)
+        };
+        let storage = RedbStorage::open(&path).unwrap();
+        storage.write(&[put("a", b"1", None)]).unwrap();
+        storage.write(&[put("b", b"2", None)]).unwrap();
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed);
+        drop(storage);
+        let log = save_log::path_of(&crashed);
+        let before = std::fs::read(&log).unwrap();
+        assert_eq!(inspect(&crashed).unwrap(), SaveLogState::Own { batches: 2 });
+        assert_eq!(std::fs::read(&log).unwrap(), before, "read only");
+        assert_eq!(folded_epoch(&crashed), 0, "nothing folded by a look");
+        // Opened, the two batches are folded: none is left to fold.
+        drop(RedbStorage::open(&crashed).unwrap());
+        assert_eq!(inspect(&crashed).unwrap(), SaveLogState::Own { batches: 0 });
+        // A database moved aside leaves a log the new one does not record:
+        // replaced at its opening, whatever the file holds.
+        std::fs::rename(&crashed, dir.path().join("aside.redb")).unwrap();
+        assert_eq!(inspect(&crashed).unwrap(), SaveLogState::Foreign);
+        std::fs::write(&log, b"not a log at all").unwrap();
+        assert_eq!(inspect(&crashed).unwrap(), SaveLogState::Foreign);
+        std::fs::remove_file(&log).unwrap();
+        assert_eq!(inspect(&crashed).unwrap(), SaveLogState::Absent);
+        // The log a database records: removed, its saves are lost; not a
+        // save log, it stops the opening, and the check.
+        let log = save_log::path_of(&path);
+        std::fs::remove_file(&log).unwrap();
+        assert_eq!(inspect(&path).unwrap(), SaveLogState::Missing);
+        std::fs::write(&log, b"not a log at all").unwrap();
+        let err = inspect(&path).unwrap_err().to_string();
+        assert!(err.contains("is not a save log"), "{err}");
+        assert!(RedbStorage::open(&path).is_err());
     }
 
     #[test]

@@ -85,21 +85,7 @@ impl SaveLog {
         let mut file = OpenOptions::new().read(true).write(true).open(path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let salt = match bytes.get(..HEADER as usize) {
-            Some(header) if header[..8] == MAGIC[..] => u64_at(header, 8),
-            _ => {
-                return Err(io::Error::other(format!(
-                    "{} is not a save log",
-                    path.display()
-                )));
-            }
-        };
-        let mut batches = Vec::new();
-        let mut at = HEADER as usize;
-        while let Some((batch, next)) = frame_at(&bytes, at, salt, epoch) {
-            batches.push(batch);
-            at = next;
-        }
+        let (salt, batches, at) = parse(path, &bytes, epoch)?;
         let log = SaveLog {
             file,
             salt,
@@ -166,6 +152,39 @@ impl SaveLog {
         self.epoch += 1;
         self.end = HEADER;
     }
+}
+
+/// What the log at `path` holds, read without changing it: its salt and
+/// how many batches of `epoch` it has; `None` when there is no file.
+pub(super) fn inspect(path: &Path, epoch: u64) -> io::Result<Option<(u64, usize)>> {
+    let bytes = match std::fs::read(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        read => read?,
+    };
+    let (salt, batches, _) = parse(path, &bytes, epoch)?;
+    Ok(Some((salt, batches.len())))
+}
+
+/// The salt of the log `bytes` (the file at `path`), its batches of
+/// `epoch` in order, and where the next frame goes; an error if it is not
+/// a save log.
+fn parse(path: &Path, bytes: &[u8], epoch: u64) -> io::Result<(u64, Vec<Vec<Write>>, usize)> {
+    let salt = match bytes.get(..HEADER as usize) {
+        Some(header) if header[..8] == MAGIC[..] => u64_at(header, 8),
+        _ => {
+            return Err(io::Error::other(format!(
+                "{} is not a save log",
+                path.display()
+            )));
+        }
+    };
+    let mut batches = Vec::new();
+    let mut at = HEADER as usize;
+    while let Some((batch, next)) = frame_at(bytes, at, salt, epoch) {
+        batches.push(batch);
+        at = next;
+    }
+    Ok((salt, batches, at))
 }
 
 /// The log's path beside the database at `db`.
