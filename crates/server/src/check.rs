@@ -29,21 +29,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 struct StateFile {
     path: PathBuf,
     holds: &'static str,
+    /// Whether a save log sits beside it (the session database).
+    save_log: bool,
 }
 
 /// Every redb file of the data folder `data_dir`.
 fn state_files(data_dir: &Path) -> [StateFile; 8] {
     let layout = DataLayout::new(data_dir);
-    let file = |path, holds| StateFile { path, holds };
+    let file = |path, holds| StateFile {
+        path,
+        holds,
+        save_log: false,
+    };
     [
         file(
             layout.registry(),
             "the enterprises, subsystems, databases, devices and their token hashes",
         ),
-        file(
-            layout.sessions(),
-            "the processes and the databases' and devices' counters",
-        ),
+        StateFile {
+            path: layout.sessions(),
+            holds: "the processes and the databases' and devices' counters",
+            save_log: true,
+        },
         file(layout.keys(), "the idempotency keys of devices' uploads"),
         file(
             layout.scheduled(),
@@ -143,73 +150,80 @@ impl fmt::Display for FileReport {
     }
 }
 
-/// Opens `path` as redb does at a start (repairing what a crash left
-/// unfinished); `check` adds redb's full integrity check.
-fn examine(file: &StateFile, check: bool) -> FileReport {
-    let health = match file.path.try_exists() {
-        Ok(false) => Health::Absent,
-        Err(e) => Health::Damaged(e.to_string()),
-        Ok(true) => open(&file.path, check),
+/// Opens `file` as redb does at a start (repairing what a crash left
+/// unfinished); `check` adds redb's full integrity check. The session
+/// database's report is followed by its save log's.
+fn examine(file: &StateFile, check: bool) -> Vec<FileReport> {
+    let (health, db) = match file.path.try_exists() {
+        Ok(false) => (Health::Absent, None),
+        Err(e) => (Health::Damaged(e.to_string()), None),
+        Ok(true) => match open(&file.path, check) {
+            Ok((db, health)) => (health, Some(db)),
+            Err(health) => (health, None),
+        },
     };
-    FileReport {
+    let log = file
+        .save_log
+        .then(|| examine_save_log(&file.path, &health, db.as_ref()))
+        .flatten();
+    let report = FileReport {
         path: file.path.clone(),
         holds: file.holds,
         health,
-    }
+    };
+    std::iter::once(report).chain(log).collect()
 }
 
-fn open(path: &Path, check: bool) -> Health {
+/// The database at `path` open, and whether it is whole or was repaired;
+/// or, when it cannot be opened or checked, why.
+fn open(path: &Path, check: bool) -> Result<(Database, Health), Health> {
     let repaired = Arc::new(AtomicBool::new(false));
     let seen = repaired.clone();
     let mut builder = Database::builder();
     builder.set_repair_callback(move |_| seen.store(true, Ordering::Relaxed));
     let mut db = match builder.open(path) {
         Ok(db) => db,
-        Err(DatabaseError::DatabaseAlreadyOpen) => return Health::InUse,
-        Err(e) => return Health::Damaged(damage(e)),
+        Err(DatabaseError::DatabaseAlreadyOpen) => return Err(Health::InUse),
+        Err(e) => return Err(Health::Damaged(damage(e))),
     };
     let whole = if check {
-        match db.check_integrity() {
-            Ok(whole) => whole,
-            Err(e) => return Health::Damaged(e.to_string()),
-        }
+        db.check_integrity()
+            .map_err(|e| Health::Damaged(e.to_string()))?
     } else {
         true
     };
-    if whole && !repaired.load(Ordering::Relaxed) {
+    let health = if whole && !repaired.load(Ordering::Relaxed) {
         Health::Whole
     } else {
         Health::Repaired
-    }
+    };
+    Ok((db, health))
 }
 
-/// The session database's save log, as the next start will find it;
-/// `None` when the database itself is not fit (its own report says what to
-/// do) or is held by a running server.
-fn examine_save_log(sessions: &FileReport) -> Option<FileReport> {
-    let path = RedbStorage::save_log_path(&sessions.path);
-    let health = match &sessions.health {
-        Health::InUse | Health::Damaged(_) => return None,
+/// The save log beside the session database at `path` (found `health`,
+/// open as `db`), as the next start will find it; `None` when the database
+/// could not be opened (held by a running server, or damaged: its own
+/// report says what to do).
+fn examine_save_log(path: &Path, health: &Health, db: Option<&Database>) -> Option<FileReport> {
+    let log = RedbStorage::save_log_path(path);
+    let health = match (health, db) {
         // A new database is made, and any log there replaced.
-        Health::Absent => match path.try_exists() {
+        (Health::Absent, _) => match log.try_exists() {
             Ok(true) => Health::Foreign,
             Ok(false) => Health::Absent,
             Err(e) => Health::Damaged(e.to_string()),
         },
-        _ => match Database::open(&sessions.path) {
-            Err(DatabaseError::DatabaseAlreadyOpen) => return None,
-            Err(e) => Health::Damaged(damage(e)),
-            Ok(db) => match RedbStorage::inspect_save_log(&db, &sessions.path) {
-                Ok(SaveLogState::Absent) => Health::Absent,
-                Ok(SaveLogState::Own { batches }) => Health::Unfolded(batches),
-                Ok(SaveLogState::Foreign) => Health::Foreign,
-                Ok(SaveLogState::Missing) => Health::Missing,
-                Err(e) => Health::Damaged(e.to_string()),
-            },
+        (_, Some(db)) => match RedbStorage::inspect_save_log(db, path) {
+            Ok(SaveLogState::Absent) => Health::Absent,
+            Ok(SaveLogState::Own { batches }) => Health::Unfolded(batches),
+            Ok(SaveLogState::Foreign) => Health::Foreign,
+            Ok(SaveLogState::Missing) => Health::Missing,
+            Err(e) => Health::Damaged(e.to_string()),
         },
+        (_, None) => return None,
     };
     Some(FileReport {
-        path,
+        path: log,
         holds: "the session saves not yet folded into the session database",
         health,
     })
@@ -228,16 +242,10 @@ fn damage(e: DatabaseError) -> String {
 /// `estafeta check`: every state file of `data_dir` opened (repaired if a
 /// crash left it unfinished) and checked by redb, one report each.
 pub fn check(data_dir: &Path) -> Vec<FileReport> {
-    let mut reports: Vec<FileReport> = state_files(data_dir)
+    state_files(data_dir)
         .iter()
-        .map(|f| examine(f, true))
-        .collect();
-    let log = reports
-        .iter()
-        .find(|r| r.path == DataLayout::new(data_dir).sessions())
-        .and_then(examine_save_log);
-    reports.extend(log);
-    reports
+        .flat_map(|f| examine(f, true))
+        .collect()
 }
 
 /// What `estafeta check` found of a cluster's database.
@@ -358,11 +366,7 @@ pub fn before_serving(
         if event_log.is_some_and(|log| log.path() == file.path) {
             continue;
         }
-        let report = examine(&file, false);
-        let log = (file.path == DataLayout::new(data_dir).sessions())
-            .then(|| examine_save_log(&report))
-            .flatten();
-        for report in std::iter::once(report).chain(log) {
+        for report in examine(&file, false) {
             if !report.is_fit() {
                 return Err(DamagedState {
                     report,
