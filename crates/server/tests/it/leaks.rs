@@ -1,6 +1,7 @@
 //! What the server keeps to itself: a storage failure answers a client
 //! with its code and no file or folder of the server.
 
+use crate::common::broken_folder::BrokenFolder;
 use crate::common::{Tenancy, TestServer, message};
 use estafeta_client::ClientError;
 
@@ -10,9 +11,7 @@ async fn a_storage_failure_answers_without_a_server_path() {
     let t = Tenancy::provision(&server.admin).await;
     // The database's queue cannot take files: the upload fails on storage.
     let queue = server.data.path().join("db-a/Messages");
-    let _ = std::fs::remove_dir_all(&queue);
-    std::fs::create_dir_all(queue.parent().unwrap()).unwrap();
-    std::fs::write(&queue, b"not a folder").unwrap();
+    let _broken = BrokenFolder::new(&queue);
     let err = t
         .phone1
         .send(&message("db-a", r#"{"order":1}"#, None))

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common;
+use crate::common::broken_folder::BrokenFolder;
 use crate::common::recorder::{self, Hit};
 use crate::common::{
     Binary, PATIENCE, Store, Tenancy, TestServer, message, next, processed, quick_retry,
@@ -253,19 +254,8 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     // db-a's queue folder (made with its first file) is a file instead:
     // every write there fails.
     let queue = server.data.path().join("db-a/Messages");
-    let break_queue = || {
-        if queue.is_dir() {
-            std::fs::remove_dir_all(&queue).unwrap();
-        }
-        std::fs::create_dir_all(queue.parent().unwrap()).unwrap();
-        std::fs::write(&queue, b"not a folder").unwrap();
-    };
-    let mend_queue = || {
-        std::fs::remove_file(&queue).unwrap();
-        std::fs::create_dir(&queue).unwrap();
-    };
     let upload = message("db-a", "{}", None);
-    break_queue();
+    let broken = BrokenFolder::new(&queue);
     for _ in 0..2 {
         assert!(t.phone1.send(&upload).await.is_err());
     }
@@ -276,7 +266,7 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     // A good write ends the condition; the next failure is news again, and
     // a marker raised before it shows that the second failed upload above
     // sent nothing.
-    mend_queue();
+    broken.mend();
     t.phone1.send(&upload).await.unwrap();
     let marker = Alert::new(
         AlertKind::DiskLow,
@@ -287,12 +277,12 @@ async fn a_failed_storage_write_alerts_once_until_writes_succeed_again() {
     server.exchange.raise_alert(marker).await;
     let call = next(&mut hook).await;
     assert!(call.body.contains("disk_low:marker"), "{}", call.body);
-    break_queue();
+    let broken = BrokenFolder::new(&queue);
     assert!(t.phone1.send(&upload).await.is_err());
     let call = next(&mut hook).await;
     assert!(call.body.contains("storage_write:data"), "{}", call.body);
     assert!(hook.try_recv().is_err());
-    mend_queue();
+    broken.mend();
     server.stop().await.unwrap();
 }
 
@@ -316,15 +306,12 @@ async fn a_storage_write_alert_left_open_by_a_killed_run_ends_at_the_next_good_w
     let phone1 = Client::new(&server.base, &phone).unwrap();
     phone1.send(&upload).await.unwrap();
     // db-a's queue folder is a file instead: every write there fails.
-    let queue = data.join("db-a/Messages");
-    std::fs::remove_dir_all(&queue).unwrap();
-    std::fs::write(&queue, b"not a folder").unwrap();
+    let broken = BrokenFolder::new(&data.join("db-a/Messages"));
     assert!(phone1.send(&upload).await.is_err());
     assert!(open_alert(&admin, "storage_write:data").await);
     server.kill9().await;
 
-    std::fs::remove_file(&queue).unwrap();
-    std::fs::create_dir(&queue).unwrap();
+    broken.mend();
     let server = Binary::serve(dir.path(), &data, &[], &[]).await;
     let admin = Client::new(&server.base, &token).unwrap();
     common::wait_ready(&admin).await;

@@ -6,6 +6,7 @@
 //! tenancy, the requests) lives in the `estafeta-server-harness` crate;
 //! this module re-exports it, so a test takes every helper from here.
 
+pub(crate) mod broken_folder;
 pub(crate) mod clock;
 pub(crate) mod cluster;
 pub(crate) mod postgres;
