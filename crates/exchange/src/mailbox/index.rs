@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::select::{self, Filter, Limits};
+use super::spares::{is_earlier_durable, publish_earlier};
 use super::tally::{COUNTED, Counted, MailboxKind, Share, Tally};
 use super::{FileEntry, FileName, Location};
 use crate::error::{FileNameError, MailboxError};
@@ -44,8 +45,10 @@ use crate::ulid_ids::MessageId;
 
 /// The indexes of every folder used so far, by location, and the running
 /// totals of the counted ones.
-#[derive(Default)]
 pub(crate) struct Indexes {
+    /// The end of this run's temporary names: a durable spare with another
+    /// end, found by a scan, is an earlier run's, published by the scan.
+    ours: Arc<str>,
     folders: Mutex<HashMap<Location, Arc<FolderIndex>>>,
     /// The kind of each mailbox told to count (taken after `folders`).
     kinds: Mutex<HashMap<Id, MailboxKind>>,
@@ -59,6 +62,18 @@ pub(crate) struct Indexes {
 }
 
 impl Indexes {
+    /// No index yet; `ours` ends this run's temporary names.
+    pub(crate) fn new(ours: String) -> Self {
+        Indexes {
+            ours: ours.into(),
+            folders: Mutex::default(),
+            kinds: Mutex::default(),
+            unchecked: Mutex::default(),
+            absent: Mutex::default(),
+            tally: Arc::default(),
+        }
+    }
+
     /// The index of the folder at `dir` (`loc`), made empty and unbuilt on
     /// first call (and, if it is counted, to be checked).
     pub(crate) fn folder(&self, loc: &Location, dir: impl FnOnce() -> PathBuf) -> Arc<FolderIndex> {
@@ -71,7 +86,7 @@ impl Indexes {
             lock(&self.unchecked).insert(loc.clone());
             lock(&self.absent).remove(loc);
         }
-        let index = Arc::new(FolderIndex::new(dir(), counted));
+        let index = Arc::new(FolderIndex::new(dir(), Arc::clone(&self.ours), counted));
         folders.insert(loc.clone(), Arc::clone(&index));
         index
     }
@@ -203,10 +218,13 @@ struct Listing {
 impl Listing {
     /// The listing of the message files in a directory; a directory that
     /// does not exist (a folder not made yet) has none. Temporary files are
-    /// skipped; foreign names are skipped with a warning. A name is parsed
-    /// in full (and its route kept) the first time its route is seen; later
-    /// names with that route only have their time and id parsed.
-    fn read(dir: &Path) -> Result<Self, MailboxError> {
+    /// skipped, but for the durable spares of an earlier run than the one
+    /// whose names end with `ours`: each is published (see
+    /// [`publish_earlier`]) and its message listed. Foreign names are
+    /// skipped with a warning. A name is parsed in full (and its route
+    /// kept) the first time its route is seen; later names with that route
+    /// only have their time and id parsed.
+    fn read(dir: &Path, ours: &str) -> Result<Self, MailboxError> {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self::default()),
@@ -214,6 +232,7 @@ impl Listing {
         };
         let mut routes: HashMap<String, Arc<Route>> = HashMap::new();
         let mut keys = Vec::new();
+        let mut earlier = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
             let os_name = entry.file_name();
@@ -222,12 +241,32 @@ impl Listing {
                 continue;
             };
             if text.starts_with('.') {
+                if is_earlier_durable(text, ours) {
+                    earlier.push(entry.path());
+                }
                 continue;
             }
             match key_of(text, &mut routes) {
                 Ok(key) => keys.push(key),
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), name = text, error = %e, "ignoring a foreign file")
+                }
+            }
+        }
+        // A message whose file was there already is listed twice, and the
+        // map below keeps one.
+        for spare in earlier {
+            match publish_earlier(dir, &spare) {
+                Ok(Some(name)) => match key_of(&name, &mut routes) {
+                    Ok(key) => keys.push(key),
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), name, error = %e, "ignoring a foreign file")
+                    }
+                },
+                Ok(None) => {}
+                // Left for the next scan or the sweep.
+                Err(e) => {
+                    tracing::warn!(file = %spare.display(), error = %e, "a message written before a crash cannot be published yet")
                 }
             }
         }
@@ -333,15 +372,18 @@ impl State {
 /// The index of one folder.
 pub(crate) struct FolderIndex {
     dir: PathBuf,
+    /// The end of this run's temporary names (see [`Listing::read`]).
+    ours: Arc<str>,
     state: Mutex<State>,
     /// Held for a whole scan: one scan of a folder at a time.
     scanning: Mutex<()>,
 }
 
 impl FolderIndex {
-    fn new(dir: PathBuf, counted: Option<Counted>) -> Self {
+    fn new(dir: PathBuf, ours: Arc<str>, counted: Option<Counted>) -> Self {
         Self {
             dir,
+            ours,
             state: Mutex::new(State {
                 built: false,
                 used: false,
@@ -401,7 +443,7 @@ impl FolderIndex {
 
     fn scan_locked(&self) -> Result<(), MailboxError> {
         self.begin_scan();
-        let listing = Listing::read(&self.dir);
+        let listing = Listing::read(&self.dir, &self.ours);
         self.end_scan(listing)
     }
 
@@ -656,6 +698,9 @@ fn size_on_disk(dir: &Path, name: &FileName) -> Result<Option<u64>, MailboxError
 mod tests {
     use super::*;
 
+    /// The end of the temporary names of the tests' run.
+    const OURS: &str = ".ab12.tmp";
+
     fn name(seq: u128) -> FileName {
         FileName {
             created_at: Timestamp::from_millis(1_000),
@@ -674,7 +719,7 @@ mod tests {
     fn changes_settled_during_a_scan_are_not_lost_and_pending_files_stay_out() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let index = FolderIndex::new(dir.to_owned(), None);
+        let index = FolderIndex::new(dir.to_owned(), OURS.into(), None);
         let (kept, deleted, published, arriving) = (name(1), name(2), name(3), name(4));
         for n in [&kept, &deleted, &arriving] {
             put(dir, n);
@@ -682,7 +727,7 @@ mod tests {
         // Renamed in, its folder fsync not done.
         index.expect(&arriving);
         index.begin_scan();
-        let listed = Listing::read(dir);
+        let listed = Listing::read(dir, OURS);
         // Settled while the scan ran, after the directory was read.
         std::fs::remove_file(dir.join(deleted.to_string())).unwrap();
         index.remove(&deleted);
@@ -731,7 +776,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();
-        let index = FolderIndex::new(file, None);
+        let index = FolderIndex::new(file, OURS.into(), None);
         assert!(index.build().is_err());
         assert!(!index.ready());
         assert!(index.state().journal.is_none());

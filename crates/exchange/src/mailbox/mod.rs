@@ -10,7 +10,9 @@
 //! Durability: a write goes to a dot-prefixed temporary name in the target
 //! folder (hidden from listings; an empty file made ahead when one is
 //! ready, see [`SPARE_PREFIX`]), is fsynced, renamed to its final name, and
-//! the folder is fsynced; a move is a rename plus fsyncs of both folders; a
+//! the folder is fsynced, unless the temporary name was durable already (a
+//! durable spare, [`DURABLE_SPARE_PREFIX`], whose written content the next
+//! run publishes if a crash loses the rename); a move is a rename plus fsyncs of both folders; a
 //! delete is an unlink plus a folder fsync. A folder fsync is shared by
 //! every caller that needs one of that folder at the same time; a single
 //! write is published on the thread that wrote its file, and the moves,
@@ -49,7 +51,7 @@ use std::time::{Duration, SystemTime};
 pub use folder::{Folder, Location};
 pub use name::FileName;
 pub use select::{Filter, Limits, MB, take_within};
-pub use spares::{SPARE_PREFIX, is_idle_spare};
+pub use spares::{DURABLE_SPARE_PREFIX, SPARE_PREFIX, is_idle_spare};
 pub use sync::{SyncConfig, SyncStats};
 pub use tally::{COUNTED, KindTotals, MailboxKind, Tallies};
 
@@ -59,8 +61,8 @@ use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
 use crate::wire::{FileInfo, Message};
 use index::{FolderIndex, Indexes};
-use spares::Spares;
-use sync::{Applied, Change, DirSync, Fate, Settle, Syncer};
+use spares::{Kind, Spares};
+use sync::{Applied, Change, DirSync, Entries, Fate, Settle, Syncer};
 
 /// A message file in a listing: its parsed name and its size in bytes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -132,26 +134,36 @@ struct Single {
     syncer: Syncer,
     index: Arc<FolderIndex>,
     staged: Staged,
+    /// Whether the temporary file's name is durable already (a durable
+    /// spare): then the publish needs no folder fsync, and a failed write's
+    /// removal of it does.
+    entries: Entries,
     dir: PathBuf,
     bytes: Vec<u8>,
 }
 
 impl Single {
-    /// Writes and fsyncs the temporary file (removed again on a failure).
+    /// Writes and fsyncs the temporary file (removed again on a failure;
+    /// durably if its name was durable, as it may hold the whole message).
     fn write(&self) -> Result<(), MailboxError> {
         let temp = &self.staged.temp;
-        write_in_folder(&self.syncer, &self.dir, temp, || {
+        let written = write_in_folder(&self.syncer, &self.dir, temp, || {
             write_and_sync(temp, &self.bytes)
-        })?;
+        });
+        if written.is_err() && self.entries == Entries::Durable {
+            let _ = self.syncer.sync_dir(&self.dir);
+        }
+        written?;
         self.syncer.count_file_fsync();
         Ok(())
     }
 
-    /// Renames the written file to its name and fsyncs its folder
-    /// ([`Syncer::apply_now`]), the folder's index told.
+    /// Renames the written file to its name, fsyncs its folder unless the
+    /// temporary name was durable ([`Syncer::apply_now`]), and tells the
+    /// folder's index.
     fn publish(&self) -> Result<FileEntry, MailboxError> {
         let (change, settle, entry) = publish_change(Arc::clone(&self.index), self.staged.clone());
-        self.syncer.apply_now(change, settle)?;
+        self.syncer.apply_now(change, settle, self.entries)?;
         Ok(entry)
     }
 }
@@ -185,8 +197,23 @@ struct Inner {
     /// (`.<run>.tmp`, see [`temp_suffix`]): a temporary file with another
     /// end was left by an earlier run.
     temp_suffix: String,
-    /// Empty temporary files made ahead, so that a write creates none.
+    /// Empty temporary files made ahead for the writes published once
+    /// allowed ([`write_when`](Mailboxes::write_when), the batches), so
+    /// that a write creates none.
     spares: Spares,
+    /// The same, their names durable, for the writes published at once
+    /// ([`write`](Mailboxes::write)).
+    durable_spares: Spares,
+}
+
+impl Inner {
+    /// The spares of `kind`.
+    fn spares(&self, kind: Kind) -> &Spares {
+        match kind {
+            Kind::Gated => &self.spares,
+            Kind::Durable => &self.durable_spares,
+        }
+    }
 }
 
 /// The end of the temporary file names of one run of the mailboxes:
@@ -241,9 +268,10 @@ impl Mailboxes {
         let inner = Arc::new(Inner {
             root,
             syncer: Syncer::start(config, dir_sync),
-            indexes: Indexes::default(),
+            indexes: Indexes::new(suffix.clone()),
             checking: tokio::sync::Mutex::new(()),
-            spares: Spares::new(suffix.clone()),
+            spares: Spares::new(spares::Kind::Gated, suffix.clone()),
+            durable_spares: Spares::new(spares::Kind::Durable, suffix.clone()),
             temp_suffix: suffix,
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
@@ -447,16 +475,23 @@ impl Mailboxes {
         loc: &Location,
         message: &Message,
     ) -> Result<FileEntry, MailboxError> {
-        let single = self.single(loc, message)?;
+        // Durable spares serve `Messages` folders only, the folders whose
+        // leftovers the start looks at before anything moves messages
+        // (`publish_written`).
+        let kind = match loc.folder {
+            Folder::Messages => Kind::Durable,
+            _ => Kind::Gated,
+        };
+        let single = self.single(loc, message, kind)?;
         let dir = single.dir.clone();
         // One blocking thread from the temporary file's creation to its
-        // folder's fsync: no hand-over between threads on the way.
+        // publish: no hand-over between threads on the way.
         let written = blocking(move || {
             single.write()?;
             single.publish()
         })
         .await;
-        self.refill_spares(dir);
+        self.refill_spares(dir, kind);
         written
     }
 
@@ -480,7 +515,7 @@ impl Mailboxes {
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
         use tokio::sync::oneshot::error::TryRecvError;
-        let single = Arc::new(self.single(loc, message)?);
+        let single = Arc::new(self.single(loc, message, Kind::Gated)?);
         let written = {
             let single = Arc::clone(&single);
             let mut when = when;
@@ -494,7 +529,7 @@ impl Mailboxes {
             })
             .await
         };
-        self.refill_spares(single.dir.clone());
+        self.refill_spares(single.dir.clone(), Kind::Gated);
         let go = match written? {
             GoAhead::Published(entry) => return entry.map(Some),
             GoAhead::Refused => false,
@@ -512,44 +547,54 @@ impl Mailboxes {
         .await
     }
 
-    /// How `message` is written into `loc` on its own.
-    fn single(&self, loc: &Location, message: &Message) -> Result<Single, MailboxError> {
+    /// How `message` is written into `loc` on its own, into a spare of
+    /// `kind` if one is ready.
+    fn single(
+        &self,
+        loc: &Location,
+        message: &Message,
+        kind: Kind,
+    ) -> Result<Single, MailboxError> {
         let name = FileName::of(message);
         let bytes = message.to_file_bytes().map_err(MailboxError::Serialize)?;
         let dir = self.path(loc);
         let final_name = name.to_string();
+        let (temp, entries) = match self.inner.spares(kind).take(&dir) {
+            Some(spare) if kind == Kind::Durable => (spare, Entries::Durable),
+            Some(spare) => (spare, Entries::Unsynced),
+            None => (self.own_temp_path(&dir, &final_name), Entries::Unsynced),
+        };
         Ok(Single {
             syncer: self.inner.syncer.clone(),
             index: self.index(loc),
             staged: Staged {
                 size: bytes.len() as u64,
                 target: dir.join(&final_name),
-                temp: self.temp_path(&dir, &final_name),
+                temp,
                 name,
             },
+            entries,
             dir,
             bytes,
         })
     }
 
-    /// Where a write of the file `final_name` into `dir` goes first: a
-    /// spare of the folder if one is ready, else a temporary name of its
-    /// own (`.<final_name>.<run>.tmp`).
-    fn temp_path(&self, dir: &Path, final_name: &str) -> PathBuf {
-        self.inner
-            .spares
-            .take(dir)
-            .unwrap_or_else(|| dir.join(format!(".{final_name}{}", self.inner.temp_suffix)))
+    /// The temporary name of a write of the file `final_name` into `dir`
+    /// that finds no spare: `.<final_name>.<run>.tmp`.
+    fn own_temp_path(&self, dir: &Path, final_name: &str) -> PathBuf {
+        dir.join(format!(".{final_name}{}", self.inner.temp_suffix))
     }
 
-    /// Makes new spares for `dir` on a blocking task of their own, if it
-    /// runs low: after a write, so that the files are made beside its
-    /// answer, not before it.
-    fn refill_spares(&self, dir: PathBuf) {
-        if self.inner.spares.claim_refill(&dir) {
+    /// Makes new spares of `kind` for `dir` on a blocking task of their
+    /// own, if it runs low: after a write, so that the files are made
+    /// beside its answer, not before it.
+    fn refill_spares(&self, dir: PathBuf, kind: Kind) {
+        if self.inner.spares(kind).claim_refill(&dir) {
             let inner = Arc::clone(&self.inner);
             drop(tokio::task::spawn_blocking(move || {
-                inner.spares.refill(&dir)
+                inner
+                    .spares(kind)
+                    .refill(&dir, &|dir| inner.syncer.sync_dir(dir))
             }));
         }
     }
@@ -561,13 +606,14 @@ impl Mailboxes {
     pub async fn remove_spares(&self) {
         let inner = Arc::clone(&self.inner);
         let removed = blocking(move || {
-            for spare in inner.spares.close() {
+            let pools = [&inner.spares, &inner.durable_spares];
+            for spare in pools.iter().flat_map(|pool| pool.close()) {
                 if let Err(e) = std::fs::remove_file(&spare) {
                     tracing::debug!(file = %spare.display(), error = %e, "removing a spare file failed");
                 }
             }
             let until = std::time::Instant::now() + Duration::from_secs(1);
-            while inner.spares.refilling() && std::time::Instant::now() < until {
+            while pools.iter().any(|pool| pool.refilling()) && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(1));
             }
             Ok(())
@@ -578,9 +624,9 @@ impl Mailboxes {
     /// Forgets the spares of mailbox `id`'s folders, before the mailbox is
     /// removed whole (see [`SPARE_PREFIX`]).
     pub fn forget_spares(&self, id: &Id) {
-        self.inner
-            .spares
-            .forget_under(&self.inner.root.join(id.as_str()));
+        let base = self.inner.root.join(id.as_str());
+        self.inner.spares.forget_under(&base);
+        self.inner.durable_spares.forget_under(&base);
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
@@ -623,7 +669,8 @@ impl Mailboxes {
             .into_iter()
             .map(|(i, name, bytes)| {
                 let final_name = name.to_string();
-                let temp = self.temp_path(&dir, &final_name);
+                let temp = (self.inner.spares.take(&dir))
+                    .unwrap_or_else(|| self.own_temp_path(&dir, &final_name));
                 (i, name, bytes, temp, dir.join(final_name))
             })
             .collect();
@@ -656,7 +703,7 @@ impl Mailboxes {
             Ok((created, None))
         })
         .await;
-        self.refill_spares(refill);
+        self.refill_spares(refill, Kind::Gated);
         let created = match created {
             Ok((created, failed)) => {
                 first_error = failed;
@@ -1031,16 +1078,57 @@ impl Mailboxes {
         Ok(removed)
     }
 
+    /// Publishes the messages that writes acknowledged before a crash left
+    /// in durable spares of the `Messages` of `mailbox` (see
+    /// [`DURABLE_SPARE_PREFIX`]), through a scan of the folder's index if
+    /// it holds an earlier run's durable spare; blocking work of one look
+    /// at the folder otherwise. Run before anything moves the mailbox's
+    /// messages at start-up (a database's recovery repeats the moves its
+    /// processes recorded, by name).
+    pub async fn publish_written(&self, mailbox: &Id) -> Result<(), MailboxError> {
+        let loc = Location::new(mailbox.clone(), Folder::Messages);
+        let dir = self.path(&loc);
+        let ours = self.inner.temp_suffix.clone();
+        let earlier = blocking(move || {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(MailboxError::io(&dir, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
+                let name = entry.file_name();
+                if name
+                    .to_str()
+                    .is_some_and(|n| spares::is_earlier_durable(n, &ours))
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await?;
+        if earlier {
+            let index = self.index(&loc);
+            blocking(move || index.rescan()).await?;
+        }
+        Ok(())
+    }
+
     /// Removes temporary files left in a mailbox's folders by writes that
     /// were interrupted by a crash (none of them was ever acknowledged):
     /// every hidden file but the temporary files of this run's writes, so
-    /// that it can run while new writes go on. Returns how many were
-    /// removed.
+    /// that it can run while new writes go on. The durable spares of an
+    /// earlier run (see [`DURABLE_SPARE_PREFIX`]) are left to a scan of
+    /// their folder's index, made here, which publishes or removes each:
+    /// one place decides, under the index's lock. Returns how many files
+    /// were removed here.
     pub async fn sweep_temp_files(&self, mailbox: &Id) -> Result<usize, MailboxError> {
         let base = self.inner.root.join(mailbox.as_str());
         let ours = self.inner.temp_suffix.clone();
-        blocking(move || {
+        let (removed, to_scan) = blocking(move || {
             let mut removed = 0;
+            let mut to_scan = Vec::new();
             for folder in Folder::ALL {
                 let dir = base.join(folder.as_str());
                 let entries = match std::fs::read_dir(&dir) {
@@ -1049,9 +1137,17 @@ impl Mailboxes {
                     Err(e) => return Err(MailboxError::io(&dir, e)),
                 };
                 let mut touched = false;
+                let mut earlier = false;
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
                     let name = entry.file_name();
+                    if name
+                        .to_str()
+                        .is_some_and(|n| spares::is_earlier_durable(n, &ours))
+                    {
+                        earlier = true;
+                        continue;
+                    }
                     let name = name.as_encoded_bytes();
                     if name.starts_with(b".") && !name.ends_with(ours.as_bytes()) {
                         let path = entry.path();
@@ -1063,10 +1159,18 @@ impl Mailboxes {
                 if touched {
                     sync::fsync_dir(&dir).map_err(|e| MailboxError::io(&dir, e))?;
                 }
+                if earlier {
+                    to_scan.push(folder);
+                }
             }
-            Ok(removed)
+            Ok((removed, to_scan))
         })
-        .await
+        .await?;
+        for folder in to_scan {
+            let index = self.index(&Location::new(mailbox.clone(), folder));
+            blocking(move || index.rescan()).await?;
+        }
+        Ok(removed)
     }
 }
 
@@ -1194,7 +1298,7 @@ mod tests {
     use super::*;
     use crate::wire::{Body, Version};
 
-    fn message(seq: u128) -> Message {
+    pub(super) fn message(seq: u128) -> Message {
         Message {
             version: Version,
             id: MessageId::from_parts(1_000, seq),
@@ -1444,7 +1548,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Messages").await;
         let queue = db_a(Folder::Messages);
-        let write = |seq| spawn_write(&mailboxes, &queue, seq);
+        // Writes that publish once allowed (allowed at once): a write
+        // into a durable spare needs no folder fsync to share.
+        let write = |seq| {
+            let (go, when) = tokio::sync::oneshot::channel();
+            let _ = go.send(true);
+            let (mailboxes, loc) = (mailboxes.clone(), queue.clone());
+            tokio::spawn(async move { mailboxes.write_when(&loc, &message(seq), when).await })
+        };
         let first = write(0);
         reached.recv().await.unwrap();
         let before = mailboxes.stats();
@@ -1651,16 +1762,23 @@ mod tests {
                 .collect()
         };
         // The refill runs on a task of its own: wait until it is done.
-        while spares().len() < spares::HIGH {
+        while spares().len() < spares::HIGH || mailboxes.inner.durable_spares.refilling() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let before = spares();
+        let synced = mailboxes.stats().dir_fsyncs;
         let written = mailboxes.write(&queue, &message(2)).await.unwrap();
         let ino = std::fs::metadata(dir.join(written.name.to_string()))
             .unwrap()
             .ino();
         let taken = before.get(&ino).expect("the message is one of the spares");
+        assert!(taken.starts_with(DURABLE_SPARE_PREFIX), "{taken}");
         assert!(!dir.join(taken).exists(), "renamed, not copied");
+        assert_eq!(
+            mailboxes.stats().dir_fsyncs,
+            synced,
+            "a durable spare's name needs no folder fsync"
+        );
         assert_eq!(
             std::fs::read(dir.join(written.name.to_string())).unwrap(),
             message(2).to_file_bytes().unwrap()
@@ -1672,6 +1790,65 @@ mod tests {
             every_name(&dir),
             [FileName::of(&message(1)), written.name].map(|n| n.to_string())
         );
+    }
+
+    /// A message written into a durable spare whose rename a crash lost
+    /// (the spare, written, under its own name) is published by the next
+    /// run: by the first listing of its folder, or by the sweep, whichever
+    /// comes first; a spare holding half a message is removed by either.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_written_durable_spare_left_by_a_crash_is_published_by_the_next_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = db_a(Folder::Messages);
+        let dir = {
+            let mailboxes = opened(&tmp).await;
+            mailboxes.write(&queue, &message(1)).await.unwrap();
+            // No refill left running into the next run's look.
+            mailboxes.remove_spares().await;
+            mailboxes.path(&queue)
+        };
+        let lost = |seq: u128, spare: &str| {
+            let bytes = message(seq).to_file_bytes().unwrap();
+            std::fs::write(dir.join(spare), bytes).unwrap();
+        };
+        let half = |spare: &str| {
+            let bytes = message(9).to_file_bytes().unwrap();
+            std::fs::write(dir.join(spare), &bytes[..bytes.len() / 2]).unwrap();
+        };
+        lost(2, ".durable-1.zz01.tmp");
+        lost(1, ".durable-2.zz01.tmp");
+        half(".durable-3.zz01.tmp");
+
+        // A listing publishes them.
+        let mailboxes = opened(&tmp).await;
+        let listed: Vec<FileName> = mailboxes.oldest(&queue, 10).await.unwrap();
+        assert_eq!(listed, [1, 2].map(|n| FileName::of(&message(n))));
+        assert_eq!(
+            every_name(&dir),
+            [1, 2].map(|n| FileName::of(&message(n)).to_string())
+        );
+        assert_eq!(
+            std::fs::read(dir.join(FileName::of(&message(2)).to_string())).unwrap(),
+            message(2).to_file_bytes().unwrap()
+        );
+
+        // So does the sweep, before any listing (through a scan of the
+        // folder); a spare of this run (a write under way) is left alone.
+        drop(mailboxes);
+        lost(3, ".durable-4.zz01.tmp");
+        half(".durable-5.zz01.tmp");
+        let mailboxes = opened(&tmp).await;
+        let ours = format!(".durable-6{}", mailboxes.inner.temp_suffix);
+        lost(4, &ours);
+        // Removed by the scan, not by the sweep itself: 0.
+        assert_eq!(mailboxes.sweep_temp_files(&queue.mailbox).await.unwrap(), 0);
+        let mut expected: Vec<String> = [1, 2, 3]
+            .map(|n| FileName::of(&message(n)).to_string())
+            .into();
+        expected.push(ours);
+        expected.sort();
+        assert_eq!(every_name(&dir), expected);
+        assert_eq!(mailboxes.oldest(&queue, 10).await.unwrap().len(), 3);
     }
 
     /// A batch whose second file cannot be created fails whole: no file
@@ -1710,7 +1887,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mailboxes = opened(&tmp).await;
         let queue = db_a(Folder::Messages);
-        let first = mailboxes.write(&queue, &message(1)).await.unwrap();
+        // A batch's write makes the spares batches take.
+        let first = mailboxes.write_all(&queue, &[message(1)]).await.unwrap();
+        let first = &first[0];
         let dir = mailboxes.path(&queue);
         let spare = |n: usize| format!("{SPARE_PREFIX}{n}{}", mailboxes.inner.temp_suffix);
         // The refill runs on a task of its own: wait until it is done.

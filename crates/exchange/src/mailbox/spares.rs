@@ -10,26 +10,126 @@
 //!
 //! Spares are hidden and end with the run's temporary suffix, so listings
 //! never see them and the start-up sweep removes those of an earlier run.
-//! They are never made durable: only the name a write renames one to is,
-//! by the folder's fsync that publishes the message.
+//! They come in two [`Kind`]s:
+//! - **gated** spares ([`SPARE_PREFIX`]) serve the writes that may appear
+//!   only once the caller says so (a keyed upload once its key is saved, a
+//!   batch of replies once its process commits). They are never made
+//!   durable: a write is, by the folder's fsync that publishes it, and a
+//!   crash before that leaves a spare that is swept;
+//! - **durable** spares ([`DURABLE_SPARE_PREFIX`]) serve the writes into a
+//!   `Messages` folder that appear at once (uploads, deliveries). Their names are made durable (one folder fsync for a
+//!   refill) before they are handed out, so a message written into one is
+//!   durable once the file is fsynced: its rename to the message's name
+//!   needs no folder fsync before the answer. A crash that loses the
+//!   rename leaves the written spare, and the next run publishes it
+//!   ([`publish_earlier`]) when it first lists the folder (a database's
+//!   queue before its recovery repeats any move; the sweep lists the
+//!   others), exactly as the rename would have; a spare holding no whole message (a
+//!   write a crash cut, never answered) is removed. So is one whose
+//!   message a folder of its mailbox holds: a move of the message out of
+//!   the folder (a process's) fsyncs the folder before it is answered,
+//!   which makes the rename durable, so a spare left beside such a move
+//!   is a move the crash cut, and the recovery that finishes the move must
+//!   not find the message back in the folder.
 
 use std::collections::HashMap;
+use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// How a spare's name begins (then its number and the run's temporary
-/// suffix): `.spare-17.k3x9.tmp`. An empty file of that name is a spare
-/// not taken yet; one with content, a write into a spare under way (or cut
-/// by a crash).
+use super::{FileName, Folder};
+use crate::wire::Message;
+
+/// How a gated spare's name begins (then its number and the run's
+/// temporary suffix): `.spare-17.k3x9.tmp`. An empty file of that name is a
+/// spare not taken yet; one with content, a write under way (or cut by a
+/// crash), never a message.
 pub const SPARE_PREFIX: &str = ".spare-";
+
+/// How a durable spare's name begins: `.durable-17.k3x9.tmp`. An empty file
+/// of that name is a spare not taken yet; one with a whole message in it
+/// that an earlier run left, a message whose rename a crash lost.
+pub const DURABLE_SPARE_PREFIX: &str = ".durable-";
 
 /// Whether a file of a mailbox folder, named `name` and `len` bytes long,
 /// is a spare not taken yet: nothing was ever written into it, and it is
 /// not a message nor a write under way.
 pub fn is_idle_spare(name: &str, len: u64) -> bool {
-    name.starts_with(SPARE_PREFIX) && len == 0
+    (name.starts_with(SPARE_PREFIX) || name.starts_with(DURABLE_SPARE_PREFIX)) && len == 0
+}
+
+/// Whether `name` is a durable spare of an earlier run (its name does not
+/// end with this run's suffix `ours`): to be published or removed by
+/// [`publish_earlier`].
+pub(super) fn is_earlier_durable(name: &str, ours: &str) -> bool {
+    name.starts_with(DURABLE_SPARE_PREFIX) && !name.ends_with(ours)
+}
+
+/// Publishes what an earlier run wrote into the durable spare `path` of
+/// the mailbox folder `dir`: the message it holds, under the message's own
+/// name, and answers that name. The spare is removed instead if a folder
+/// of the mailbox holds a file of that name: `dir` (the rename was durable
+/// after all; the answer is the name all the same) or another (a move of
+/// the message out of `dir` was under way; the answer is `None`). A spare
+/// holding no whole message (empty, or a write a crash cut) is removed,
+/// and the answer is `None`. Blocking; called by a scan of the folder's
+/// index only, under its lock, so one caller decides. A spare gone
+/// meanwhile (removed by hand) is no error. The rename is not fsynced: if
+/// a crash loses it, the next run publishes the spare again.
+pub(super) fn publish_earlier(dir: &Path, path: &Path) -> io::Result<Option<String>> {
+    let gone = |e: io::Error| {
+        if e.kind() == io::ErrorKind::NotFound {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    };
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => return gone(e),
+    };
+    let Ok(message) = serde_json::from_slice::<Message>(&bytes) else {
+        return std::fs::remove_file(path).map(|()| None).or_else(gone);
+    };
+    let name = FileName::of(&message).to_string();
+    let target = dir.join(&name);
+    let there = |folder: &Path| std::fs::symlink_metadata(folder.join(&name)).is_ok();
+    if there(dir) {
+        return std::fs::remove_file(path)
+            .map(|()| Some(name))
+            .or_else(gone);
+    }
+    let mailbox = dir.parent().unwrap_or(dir);
+    if Folder::ALL.iter().any(|f| there(&mailbox.join(f.as_str()))) {
+        return std::fs::remove_file(path).map(|()| None).or_else(gone);
+    }
+    match std::fs::rename(path, &target) {
+        Ok(()) => {
+            tracing::info!(file = %target.display(), "a message written before a crash published");
+            Ok(Some(name))
+        }
+        Err(e) => gone(e),
+    }
+}
+
+/// Which writes a folder's spares serve: see the module's overview.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// For writes published by their folder's fsync, once allowed.
+    Gated,
+    /// For writes published at once; made durable before handed out.
+    Durable,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Gated => SPARE_PREFIX,
+            Kind::Durable => DURABLE_SPARE_PREFIX,
+        }
+    }
 }
 
 /// A folder with fewer spares ready than this gets more after a write.
@@ -43,6 +143,8 @@ const FOLDERS: usize = 64;
 
 /// The spares of the folders written to in this run.
 pub(super) struct Spares {
+    /// What the spares are for, and so how they are named and made.
+    kind: Kind,
     /// The run's temporary suffix (`.<run>.tmp`), which every spare's name ends with.
     suffix: String,
     /// Spares made so far: the next one's number.
@@ -62,9 +164,10 @@ struct Stock {
 }
 
 impl Spares {
-    /// No spares yet; their names end with `suffix`.
-    pub(super) fn new(suffix: String) -> Self {
+    /// No spares of `kind` yet; their names end with `suffix`.
+    pub(super) fn new(kind: Kind, suffix: String) -> Self {
         Spares {
+            kind,
             suffix,
             made: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -104,41 +207,55 @@ impl Spares {
 
     /// Makes spares in `dir` until [`HIGH`] are ready, after
     /// [`claim_refill`](Self::claim_refill) answered `true`; blocking.
-    /// Stops at the first failure (the folder removed meanwhile, a full
-    /// disk): writes then create their own files.
-    pub(super) fn refill(&self, dir: &Path) {
-        loop {
-            let wanted = self
-                .folders()
-                .get(dir)
-                .map_or(0, |s| HIGH.saturating_sub(s.ready.len()));
-            if wanted == 0 {
-                break;
-            }
+    /// Durable spares are handed out only once `sync_dir` made their names
+    /// durable. Stops at the first failure (the folder removed meanwhile, a
+    /// full disk): writes then create their own files.
+    pub(super) fn refill(&self, dir: &Path, sync_dir: &dyn Fn(&Path) -> io::Result<()>) {
+        let wanted = self
+            .folders()
+            .get(dir)
+            .map_or(0, |s| HIGH.saturating_sub(s.ready.len()));
+        let mut made = Vec::with_capacity(wanted);
+        for _ in 0..wanted {
             let number = self.made.fetch_add(1, Ordering::Relaxed);
-            let path = dir.join(format!("{SPARE_PREFIX}{number}{}", self.suffix));
-            let made = std::fs::OpenOptions::new()
+            let prefix = self.kind.prefix();
+            let path = dir.join(format!("{prefix}{number}{}", self.suffix));
+            let created = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .open(&path);
-            if let Err(e) = made {
-                tracing::debug!(folder = %dir.display(), error = %e, "making a spare file failed");
-                break;
-            }
-            let mut folders = self.folders();
-            match folders.get_mut(dir) {
-                Some(stock) if !self.closed.load(Ordering::Relaxed) => stock.ready.push(path),
-                // Forgotten meanwhile (its mailbox is being removed), or
-                // the store closed.
-                _ => {
-                    let _ = std::fs::remove_file(&path);
+            match created {
+                Ok(_) => made.push(path),
+                Err(e) => {
+                    tracing::debug!(folder = %dir.display(), error = %e, "making a spare file failed");
                     break;
                 }
             }
         }
-        if let Some(stock) = self.folders().get_mut(dir) {
-            stock.refilling = false;
+        if self.kind == Kind::Durable
+            && !made.is_empty()
+            && let Err(e) = sync_dir(dir)
+        {
+            tracing::debug!(folder = %dir.display(), error = %e, "making spare files durable failed");
+            remove_all(&made);
+            made.clear();
+        }
+        let mut folders = self.folders();
+        match folders.get_mut(dir) {
+            Some(stock) if !self.closed.load(Ordering::Relaxed) => {
+                stock.ready.append(&mut made);
+                stock.refilling = false;
+            }
+            // Forgotten meanwhile (its mailbox is being removed), or the
+            // store closed.
+            other => {
+                if let Some(stock) = other {
+                    stock.refilling = false;
+                }
+                drop(folders);
+                remove_all(&made);
+            }
         }
     }
 
@@ -166,20 +283,34 @@ impl Spares {
     }
 }
 
+/// Removes the spares `made` (their removal not made durable: a spare a
+/// crash brings back is empty, and swept).
+fn remove_all(made: &[PathBuf]) {
+    for path in made {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mailbox::tests::every_name;
+    use std::sync::atomic::AtomicUsize;
+
+    /// The folder fsync of gated spares: never called.
+    fn unused(dir: &Path) -> io::Result<()> {
+        panic!("gated spares are not made durable: {}", dir.display())
+    }
 
     #[test]
     fn a_folder_running_low_is_refilled_once_at_a_time_and_its_spares_taken_once() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let spares = Spares::new(".ab12.tmp".into());
+        let spares = Spares::new(Kind::Gated, ".ab12.tmp".into());
         assert_eq!(spares.take(dir), None, "none before a refill");
         assert!(spares.claim_refill(dir));
         assert!(!spares.claim_refill(dir), "one refill at a time");
-        spares.refill(dir);
+        spares.refill(dir, &unused);
         let made = every_name(dir);
         assert_eq!(made.len(), HIGH);
         assert!(
@@ -203,9 +334,9 @@ mod tests {
     fn a_closed_store_hands_over_its_spares_and_makes_no_more() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let spares = Spares::new(".ab12.tmp".into());
+        let spares = Spares::new(Kind::Gated, ".ab12.tmp".into());
         assert!(spares.claim_refill(dir));
-        spares.refill(dir);
+        spares.refill(dir, &unused);
         let mut handed = spares.close();
         handed.sort();
         let mut made: Vec<PathBuf> = every_name(dir).iter().map(|n| dir.join(n)).collect();
@@ -218,19 +349,106 @@ mod tests {
     #[test]
     fn a_forgotten_or_missing_folder_gets_no_spares() {
         let tmp = tempfile::tempdir().unwrap();
-        let spares = Spares::new(".ab12.tmp".into());
+        let spares = Spares::new(Kind::Gated, ".ab12.tmp".into());
         let gone = tmp.path().join("db-a").join("Messages");
         assert!(spares.claim_refill(&gone));
-        spares.refill(&gone);
+        spares.refill(&gone, &unused);
         assert_eq!(spares.take(&gone), None, "no folder, no spares");
         assert!(!gone.exists(), "a refill makes no folder");
 
         let dir = tmp.path().join("db-b");
         std::fs::create_dir(&dir).unwrap();
         assert!(spares.claim_refill(&dir));
-        spares.refill(&dir);
+        spares.refill(&dir, &unused);
         spares.forget_under(tmp.path());
         assert_eq!(spares.take(&dir), None);
         assert!(spares.claim_refill(&dir), "forgotten: a fresh start");
+    }
+
+    #[test]
+    fn durable_spares_are_handed_out_only_once_their_folder_is_fsynced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let spares = Spares::new(Kind::Durable, ".ab12.tmp".into());
+        let syncs = AtomicUsize::new(0);
+        let sync = |d: &Path| {
+            assert_eq!(d, dir);
+            // Every spare exists when its folder is fsynced.
+            assert_eq!(every_name(d).len(), HIGH);
+            syncs.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        assert!(spares.claim_refill(dir));
+        spares.refill(dir, &sync);
+        assert_eq!(syncs.load(Ordering::Relaxed), 1, "one fsync for the refill");
+        let made = every_name(dir);
+        assert!(
+            made.iter()
+                .all(|n| n.starts_with(DURABLE_SPARE_PREFIX) && n.ends_with(".ab12.tmp")),
+            "{made:?}"
+        );
+        assert!(spares.take(dir).is_some());
+
+        // A failed fsync hands out none, and leaves none behind.
+        let other = tmp.path().join("db-b");
+        std::fs::create_dir(&other).unwrap();
+        assert!(spares.claim_refill(&other));
+        spares.refill(&other, &|_| Err(io::Error::other("injected")));
+        assert_eq!(spares.take(&other), None);
+        assert!(every_name(&other).is_empty());
+        assert!(spares.claim_refill(&other), "no refill left under way");
+    }
+
+    #[test]
+    fn an_earlier_runs_durable_spare_is_published_or_removed() {
+        use crate::mailbox::tests::message;
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = tmp.path().join("db-a").join("Messages");
+        let log = tmp.path().join("db-a").join("Log");
+        std::fs::create_dir_all(&queue).unwrap();
+        std::fs::create_dir_all(&log).unwrap();
+        let bytes = message(1).to_file_bytes().unwrap();
+        let name = FileName::of(&message(1)).to_string();
+        let spare = |n: u32| queue.join(format!("{DURABLE_SPARE_PREFIX}{n}.zz99.tmp"));
+        assert!(is_earlier_durable(".durable-3.zz99.tmp", ".ab12.tmp"));
+        assert!(!is_earlier_durable(".durable-3.ab12.tmp", ".ab12.tmp"));
+        assert!(!is_earlier_durable(".spare-3.zz99.tmp", ".ab12.tmp"));
+
+        // A whole message: published under its name, bytes as written.
+        std::fs::write(spare(1), &bytes).unwrap();
+        assert_eq!(
+            publish_earlier(&queue, &spare(1)).unwrap(),
+            Some(name.clone())
+        );
+        assert_eq!(every_name(&queue), vec![name.clone()]);
+        assert_eq!(std::fs::read(queue.join(&name)).unwrap(), bytes);
+
+        // The same message again (its rename was durable after all): the
+        // spare goes, the file stays.
+        std::fs::write(spare(2), &bytes).unwrap();
+        assert_eq!(
+            publish_earlier(&queue, &spare(2)).unwrap(),
+            Some(name.clone())
+        );
+        assert_eq!(every_name(&queue), vec![name.clone()]);
+
+        // A message another folder of the mailbox holds (its move out of
+        // the folder, cut by the crash): the spare goes, nothing appears.
+        let moved = FileName::of(&message(2)).to_string();
+        std::fs::write(log.join(&moved), b"moved").unwrap();
+        std::fs::write(spare(3), message(2).to_file_bytes().unwrap()).unwrap();
+        assert_eq!(publish_earlier(&queue, &spare(3)).unwrap(), None);
+        assert_eq!(every_name(&queue), vec![name.clone()]);
+        assert_eq!(every_name(&log), vec![moved]);
+
+        // A write a crash cut, an idle spare: removed, nothing published.
+        std::fs::write(spare(4), &bytes[..bytes.len() / 2]).unwrap();
+        std::fs::write(spare(5), b"").unwrap();
+        assert_eq!(publish_earlier(&queue, &spare(4)).unwrap(), None);
+        assert_eq!(publish_earlier(&queue, &spare(5)).unwrap(), None);
+        assert_eq!(every_name(&queue), vec![name]);
+
+        // Gone meanwhile: no error.
+        assert_eq!(publish_earlier(&queue, &spare(6)).unwrap(), None);
     }
 }

@@ -146,6 +146,16 @@ impl Drop for Settle {
     }
 }
 
+/// What a change applied with [`Syncer::apply_now`] still needs to be
+/// durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entries {
+    /// The folder fsyncs of the folders it changes.
+    Unsynced,
+    /// Nothing more: the entry it renames is durable, and so is the data.
+    Durable,
+}
+
 /// How a directory's entries are made durable: [`fsync_dir`], or in unit
 /// tests a stand-in that fails or waits.
 pub(crate) type DirSync = Arc<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
@@ -207,18 +217,25 @@ impl Syncer {
     /// needs one ([`Rounds`]), then `settle` told. A lone upload so costs
     /// no hand-over between threads, and concurrent ones still share
     /// folder fsyncs.
+    ///
+    /// With [`Entries::Durable`] (a publish from a spare whose name is
+    /// durable) a rename that succeeds needs no folder fsync: a crash that
+    /// loses it leaves the written spare, which the next run publishes
+    /// (see [`spares`](super::spares)).
     pub(crate) fn apply_now(
         &self,
         change: Change,
         settle: Settle,
+        entries: Entries,
     ) -> Result<Applied, MailboxError> {
         let shared = &self.shared;
         // The folders are fsynced after a failed change too: a failed
         // publish removed its temporary file, and that is made durable.
         let applied = apply(shared, &change);
+        let durable = entries == Entries::Durable && applied.is_ok();
         let mut led = false;
         let mut unsynced = None;
-        for dir in dirs_of(&change) {
+        for dir in dirs_of(&change).filter(|_| !durable) {
             let synced = sync_round(shared, dir);
             led |= synced.led;
             match synced.result {
@@ -249,6 +266,12 @@ impl Syncer {
         shared.changes.fetch_add(1, Ordering::Relaxed);
         settle.tell(fate(&answer));
         answer
+    }
+
+    /// Fsyncs the folder `dir` (blocking), in a round shared with whoever
+    /// else needs one of it.
+    pub(crate) fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        sync_round(&self.shared, dir).result
     }
 
     /// How many callers wait for an fsync of `dir` not yet begun.

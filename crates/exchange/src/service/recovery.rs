@@ -23,9 +23,18 @@ impl Exchange {
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
     /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
-    /// and what they have pending, not with the devices or the messages
-    /// waiting; what can wait is left to [`Exchange::tidy`].
+    /// and what they have pending, not with the devices; the messages
+    /// waiting cost one read of each database's queue folder (with the
+    /// file store, for the uploads a crash left unpublished: see
+    /// [`MessageUpkeep::publish_written`](crate::store::MessageUpkeep::publish_written)).
+    /// What can wait is left to [`Exchange::tidy`].
     pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
+        // Before any session hook may run (a first load repeats the moves
+        // its processes recorded, by name): every acknowledged upload is
+        // under its name.
+        for db in self.parts.registry.databases() {
+            self.parts.store.publish_written(&db.id).await?;
+        }
         self.parts
             .phase
             .send_modify(|phase| *phase = phase.recovering());

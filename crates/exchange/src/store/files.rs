@@ -451,6 +451,10 @@ impl MessageUpkeep for FileStore {
         self.mailboxes.sweep_temp_files(owner).await.map(|_| ())
     }
 
+    async fn publish_written(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.mailboxes.publish_written(owner).await
+    }
+
     async fn orphans(
         &self,
         db: &Id,

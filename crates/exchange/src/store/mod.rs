@@ -343,6 +343,15 @@ pub trait MessageUpkeep: Send + Sync {
     /// transactional backend.
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
 
+    /// At start-up, before anything moves the messages of database
+    /// `owner` (its recovery repeats the moves its processes recorded):
+    /// makes every message whose write was acknowledged before a crash
+    /// visible under its name (the file store's written durable spares).
+    /// Nothing to do for a transactional backend.
+    async fn publish_written(&self, _owner: &Id) -> Result<(), MailboxError> {
+        Ok(())
+    }
+
     /// At a clean stop, once nothing more is written: lets go of what the
     /// store keeps ready for writes (the file store's spare files, so that
     /// a clean stop leaves none behind). Nothing to do for a transactional

@@ -255,6 +255,10 @@ impl MessageUpkeep for Flaky {
         self.inner.recover_writes(owner).await
     }
 
+    async fn publish_written(&self, owner: &Id) -> Result<(), MailboxError> {
+        self.inner.publish_written(owner).await
+    }
+
     async fn orphans(
         &self,
         db: &Id,

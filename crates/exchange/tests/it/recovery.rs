@@ -315,3 +315,38 @@ async fn a_failed_commit_retried_at_start_up_before_the_mailboxes_are_made_raise
         raised.0.lock().unwrap()
     );
 }
+
+/// An upload answered once its durable spare was fsynced, whose rename to
+/// its name a crash lost (the message is the spare's file), is published
+/// before start-up processing moves anything: the READY_TO_COMMIT process
+/// that holds it puts it in doubt with the rest, its late commit logs it,
+/// and no start hands it out again.
+#[tokio::test(start_paused = true)]
+async fn an_upload_whose_rename_a_crash_lost_is_there_for_start_up_processing() {
+    let w = World::new().await;
+    let pid = w.prepared(2, 1).await;
+    let queue = w.data().join("db-a/Messages");
+    let message = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| !n.starts_with('.'))
+        .unwrap();
+    let spare = format!(
+        "{}0.zz99.tmp",
+        estafeta_exchange::mailbox::DURABLE_SPARE_PREFIX
+    );
+    std::fs::rename(queue.join(&message), queue.join(&spare)).unwrap();
+
+    let (ex, w) = restart(w, T0 + 100_000).await;
+    assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
+    assert!(w.data().join("db-a/Unknown").join(&message).exists());
+    assert!(!queue.join(&spare).exists());
+    assert_eq!(w.files("db-a", Folder::Messages), 0);
+    let r = ex
+        .commit(&w.db, &pid, CommitRequest { version: Version })
+        .await
+        .unwrap();
+    assert_eq!(r.status, CallStatus::Ok);
+    assert_eq!(w.files("db-a", Folder::Log), 2);
+    assert_eq!(w.start().await.status, StartStatus::Idle);
+}

@@ -6,8 +6,8 @@
 //! the processes it knows (their start was answered) and has not settled:
 //! a late commit if its own transaction committed, a rollback otherwise;
 //! then it processes what its queue offers until it is idle. Each device
-//! reads its inbox, and sends the uploads it had acknowledged again (as
-//! after a lost answer).
+//! reads its inbox, and sends the keyed uploads it had acknowledged again
+//! (as after a lost answer).
 //!
 //! - **Lost**: a database's or a device's token unknown; an acknowledged
 //!   upload never processed by its database; the commit of a process whose
@@ -164,8 +164,9 @@ fn last_line(log: &Path) -> String {
 /// What the clients had acknowledged before the cut, gathered.
 #[derive(Default)]
 struct Before {
-    /// Acknowledged uploads: (device, database, key) → id.
-    uploads: BTreeMap<(usize, usize, String), MessageId>,
+    /// Acknowledged uploads: (device, database, nonce) → id, and whether
+    /// the nonce is its idempotency key.
+    uploads: BTreeMap<(usize, usize, String), (MessageId, bool)>,
     /// Processes whose start was answered, by database: their messages.
     started: BTreeMap<ProcessId, (usize, Vec<MessageId>)>,
     committed: BTreeSet<ProcessId>,
@@ -186,9 +187,10 @@ impl Before {
                     device,
                     db,
                     key,
+                    keyed,
                     id,
                 } => {
-                    b.uploads.insert((*device, *db, key.clone()), *id);
+                    b.uploads.insert((*device, *db, key.clone()), (*id, *keyed));
                 }
                 Ack::Started { db, pid, messages } => {
                     b.started.insert(*pid, (*db, messages.clone()));
@@ -309,7 +311,7 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
             }
         }
     }
-    for ((device, db, key), id) in &b.uploads {
+    for ((device, db, key), (id, _)) in &b.uploads {
         if !applied[*db].contains(id) {
             found.push(format!(
                 "lost: {}'s acknowledged upload {key} to {} ({id}) never processed",
@@ -331,7 +333,7 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
     }
     replies(journal, &b, &devices, &mut found).await;
     // The idempotency keys of acknowledged uploads are still known.
-    for ((device, db, key), id) in &b.uploads {
+    for ((device, db, key), (id, _)) in b.uploads.iter().filter(|(_, (_, keyed))| *keyed) {
         match workload::upload_again(&devices[*device], &DATABASES[*db].parse()?, key).await {
             Ok(again) if again == *id => {}
             Ok(again) => found.push(format!(
@@ -391,7 +393,7 @@ async fn replies(journal: &Journal, b: &Before, devices: &[Client], found: &mut 
     let senders: HashMap<MessageId, usize> = b
         .uploads
         .iter()
-        .map(|((device, _, _), id)| (*id, *device))
+        .map(|((device, _, _), (id, _))| (*id, *device))
         .collect();
     // What must arrive: (tag, message) of committed processes, at the
     // device that sent the message (when its upload was acknowledged).
@@ -498,6 +500,7 @@ mod tests {
                         device: 0,
                         db: 0,
                         key: "key-0".into(),
+                        keyed: true,
                         id: m,
                     },
                 ),

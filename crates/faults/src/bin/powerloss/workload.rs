@@ -2,8 +2,10 @@
 //! had acknowledged, and when (on strace's clock, the wall clock), so that
 //! a crash state is checked against what was acknowledged before its cut.
 //!
-//! Two databases and two devices. Uploads with idempotency keys, one sent
-//! again as after a lost answer; then on `db-0` a process committed
+//! Two databases and two devices. Uploads, `dev-0`'s with idempotency keys
+//! (a file that appears once its key is saved) and `dev-1`'s without (a file
+//! published at once, into a spare whose name is durable), each with a
+//! nonce in its body; a keyed one sent again as after a lost answer; then on `db-0` a process committed
 //! (its replies delivered), on `db-1` one rolled back, more uploads, on
 //! `db-1` one left READY_TO_COMMIT past the server's timeout (in doubt)
 //! and then committed late; the devices read and acknowledge their
@@ -38,11 +40,13 @@ fn now() -> f64 {
 pub(crate) enum Ack {
     /// The databases and devices exist.
     Provisioned,
-    /// An upload answered 201 (or 200 for its key) with this id.
+    /// An upload answered 201 (or 200 for its key) with this id; `key`
+    /// is the nonce in its body, and its idempotency key if `keyed`.
     Upload {
         device: usize,
         db: usize,
         key: String,
+        keyed: bool,
         id: MessageId,
     },
     /// A start answered OK: the processor knows the process.
@@ -110,15 +114,18 @@ fn id(s: &str) -> anyhow::Result<Id> {
     Ok(s.parse()?)
 }
 
-fn upload(to: &Id, key: &str) -> anyhow::Result<SendMessage> {
+/// An upload to `to` with the nonce `key` in its body, and as its
+/// idempotency key if `keyed`.
+fn upload(to: &Id, key: &str, keyed: bool) -> anyhow::Result<SendMessage> {
     let body = Body::from_json(format!(r#"{{"key":"{key}"}}"#))?;
-    Ok(SendMessage::new(to.clone(), body).with_key(key))
+    let upload = SendMessage::new(to.clone(), body);
+    Ok(if keyed { upload.with_key(key) } else { upload })
 }
 
 /// The same upload again, as a device whose answer was lost sends it:
 /// 200 with the same id.
 pub(crate) async fn upload_again(device: &Client, to: &Id, key: &str) -> anyhow::Result<MessageId> {
-    Ok(device.send(&upload(to, key)?).await?.accepted.id)
+    Ok(device.send(&upload(to, key, true)?).await?.accepted.id)
 }
 
 /// Every message PROCESSED, with `replies`.
@@ -186,19 +193,20 @@ pub(crate) async fn run(admin: &Client, uploads: usize) -> anyhow::Result<Journa
     };
 
     batch(&c, &mut j, 0, uploads).await?;
-    // The first upload again, as after a lost answer.
+    // The first keyed upload again, as after a lost answer.
     if let Some((
         _,
         Ack::Upload {
             device,
             db,
             key,
+            keyed,
             id: first,
         },
     )) = j
         .acks
         .iter()
-        .find(|(_, a)| matches!(a, Ack::Upload { .. }))
+        .find(|(_, a)| matches!(a, Ack::Upload { keyed: true, .. }))
         .cloned()
     {
         let again = upload_again(&c.devices[device], &id(DATABASES[db])?, &key).await?;
@@ -209,6 +217,7 @@ pub(crate) async fn run(admin: &Client, uploads: usize) -> anyhow::Result<Journa
             device,
             db,
             key,
+            keyed,
             id: again,
         });
     }
@@ -236,14 +245,15 @@ pub(crate) async fn run(admin: &Client, uploads: usize) -> anyhow::Result<Journa
     Ok(j)
 }
 
-/// `n` keyed uploads, numbered from `first`: each device to each
-/// database in turn.
+/// `n` uploads, numbered from `first`: each device to each database in
+/// turn, `dev-0`'s keyed.
 async fn batch(c: &Clients, j: &mut Journal, first: usize, n: usize) -> anyhow::Result<()> {
     for i in first..first + n {
         let (device, db) = (i % DEVICES.len(), (i / DEVICES.len()) % DATABASES.len());
         let key = format!("key-{i}");
+        let keyed = device == 0;
         let sent = c.devices[device]
-            .send(&upload(&id(DATABASES[db])?, &key)?)
+            .send(&upload(&id(DATABASES[db])?, &key, keyed)?)
             .await?;
         if sent.upload != Upload::Created {
             bail!("the new upload {key} was answered as a repeat");
@@ -252,6 +262,7 @@ async fn batch(c: &Clients, j: &mut Journal, first: usize, n: usize) -> anyhow::
             device,
             db,
             key,
+            keyed,
             id: sent.accepted.id,
         });
     }
