@@ -241,7 +241,7 @@ impl Listing {
                 continue;
             };
             if text.starts_with('.') {
-                if is_earlier_durable(text, ours) {
+                if is_earlier_durable(&os_name, ours) {
                     earlier.push(entry.path());
                 }
                 continue;

@@ -1097,11 +1097,7 @@ impl Mailboxes {
             };
             for entry in entries {
                 let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
-                let name = entry.file_name();
-                if name
-                    .to_str()
-                    .is_some_and(|n| spares::is_earlier_durable(n, &ours))
-                {
+                if spares::is_earlier_durable(&entry.file_name(), &ours) {
                     return Ok(true);
                 }
             }
@@ -1141,10 +1137,7 @@ impl Mailboxes {
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
                     let name = entry.file_name();
-                    if name
-                        .to_str()
-                        .is_some_and(|n| spares::is_earlier_durable(n, &ours))
-                    {
+                    if spares::is_earlier_durable(&name, &ours) {
                         earlier = true;
                         continue;
                     }

@@ -33,6 +33,7 @@
 //!   not find the message back in the folder.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -63,8 +64,9 @@ pub fn is_idle_spare(name: &str, len: u64) -> bool {
 /// Whether `name` is a durable spare of an earlier run (its name does not
 /// end with this run's suffix `ours`): to be published or removed by
 /// [`publish_earlier`].
-pub(super) fn is_earlier_durable(name: &str, ours: &str) -> bool {
-    name.starts_with(DURABLE_SPARE_PREFIX) && !name.ends_with(ours)
+pub(super) fn is_earlier_durable(name: &OsStr, ours: &str) -> bool {
+    let name = name.as_encoded_bytes();
+    name.starts_with(DURABLE_SPARE_PREFIX.as_bytes()) && !name.ends_with(ours.as_bytes())
 }
 
 /// Publishes what an earlier run wrote into the durable spare `path` of
@@ -410,9 +412,10 @@ mod tests {
         let bytes = message(1).to_file_bytes().unwrap();
         let name = FileName::of(&message(1)).to_string();
         let spare = |n: u32| queue.join(format!("{DURABLE_SPARE_PREFIX}{n}.zz99.tmp"));
-        assert!(is_earlier_durable(".durable-3.zz99.tmp", ".ab12.tmp"));
-        assert!(!is_earlier_durable(".durable-3.ab12.tmp", ".ab12.tmp"));
-        assert!(!is_earlier_durable(".spare-3.zz99.tmp", ".ab12.tmp"));
+        let earlier = |name: &str| is_earlier_durable(name.as_ref(), ".ab12.tmp");
+        assert!(earlier(".durable-3.zz99.tmp"));
+        assert!(!earlier(".durable-3.ab12.tmp"));
+        assert!(!earlier(".spare-3.zz99.tmp"));
 
         // A whole message: published under its name, bytes as written.
         std::fs::write(spare(1), &bytes).unwrap();
