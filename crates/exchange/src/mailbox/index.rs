@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::select::{self, Filter, Limits};
-use super::spares::{is_earlier_durable, publish_earlier};
+use super::spares::{Kind, publish_earlier};
 use super::tally::{COUNTED, Counted, MailboxKind, Share, Tally};
 use super::{FileEntry, FileName, Location};
 use crate::error::{FileNameError, MailboxError};
@@ -241,7 +241,7 @@ impl Listing {
                 continue;
             };
             if text.starts_with('.') {
-                if is_earlier_durable(&os_name, ours) {
+                if Kind::Durable.is_earlier(&os_name, ours) {
                     earlier.push(entry.path());
                 }
                 continue;

@@ -51,7 +51,7 @@ use std::time::{Duration, SystemTime};
 pub use folder::{Folder, Location};
 pub use name::FileName;
 pub use select::{Filter, Limits, MB, take_within};
-pub use spares::{DURABLE_SPARE_PREFIX, SPARE_PREFIX, is_idle_spare};
+pub use spares::{CONFIRMED_SPARE_PREFIX, DURABLE_SPARE_PREFIX, SPARE_PREFIX, is_idle_spare};
 pub use sync::{SyncConfig, SyncStats};
 pub use tally::{COUNTED, KindTotals, MailboxKind, Tallies};
 
@@ -198,12 +198,15 @@ struct Inner {
     /// end was left by an earlier run.
     temp_suffix: String,
     /// Empty temporary files made ahead for the writes published once
-    /// allowed ([`write_when`](Mailboxes::write_when), the batches), so
-    /// that a write creates none.
+    /// allowed into folders other than `Messages` (the batches), so that a
+    /// write creates none.
     spares: Spares,
     /// The same, their names durable, for the writes published at once
     /// ([`write`](Mailboxes::write)).
     durable_spares: Spares,
+    /// The same, their names durable, for the writes into `Messages`
+    /// published once allowed ([`write_when`](Mailboxes::write_when)).
+    confirmed_spares: Spares,
 }
 
 impl Inner {
@@ -212,7 +215,13 @@ impl Inner {
         match kind {
             Kind::Gated => &self.spares,
             Kind::Durable => &self.durable_spares,
+            Kind::Confirmed => &self.confirmed_spares,
         }
+    }
+
+    /// Every kind's spares.
+    fn pools(&self) -> [&Spares; 3] {
+        [&self.spares, &self.durable_spares, &self.confirmed_spares]
     }
 }
 
@@ -272,6 +281,7 @@ impl Mailboxes {
             checking: tokio::sync::Mutex::new(()),
             spares: Spares::new(spares::Kind::Gated, suffix.clone()),
             durable_spares: Spares::new(spares::Kind::Durable, suffix.clone()),
+            confirmed_spares: Spares::new(spares::Kind::Confirmed, suffix.clone()),
             temp_suffix: suffix,
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
@@ -502,6 +512,16 @@ impl Mailboxes {
     /// is dropped), the file does not appear, its temporary file is
     /// removed, and the answer is `None`.
     ///
+    /// Into `Messages` the file is written into a confirmed spare (see
+    /// [`CONFIRMED_SPARE_PREFIX`]), and its rename needs no folder fsync: a
+    /// crash may then leave it written but unpublished, and the next start
+    /// asks the caller whether its go-ahead was given
+    /// ([`unconfirmed_written`](Self::unconfirmed_written),
+    /// [`publish_written`](Self::publish_written)). So a caller writing
+    /// into `Messages` must, at the next start, be able to tell from the
+    /// message whether it gave the go-ahead, and must
+    /// [`settle`](Self::settle) the folder before it forgets that it did.
+    ///
     /// The go-ahead is never waited for on the blocking thread that wrote
     /// the file: what gives it may need a blocking thread of its own (a
     /// key's commit does), and a pool full of writers waiting would never
@@ -515,7 +535,11 @@ impl Mailboxes {
         when: tokio::sync::oneshot::Receiver<bool>,
     ) -> Result<Option<FileEntry>, MailboxError> {
         use tokio::sync::oneshot::error::TryRecvError;
-        let single = Arc::new(self.single(loc, message, Kind::Gated)?);
+        let kind = match loc.folder {
+            Folder::Messages => Kind::Confirmed,
+            _ => Kind::Gated,
+        };
+        let single = Arc::new(self.single(loc, message, kind)?);
         let written = {
             let single = Arc::clone(&single);
             let mut when = when;
@@ -529,7 +553,7 @@ impl Mailboxes {
             })
             .await
         };
-        self.refill_spares(single.dir.clone(), Kind::Gated);
+        self.refill_spares(single.dir.clone(), kind);
         let go = match written? {
             GoAhead::Published(entry) => return entry.map(Some),
             GoAhead::Refused => false,
@@ -539,7 +563,8 @@ impl Mailboxes {
             return blocking(move || single.publish()).await.map(Some);
         }
         // The removal is not made durable: a temporary file a crash brings
-        // back is swept at start-up.
+        // back is swept at start-up (a confirmed spare, removed there as
+        // its go-ahead is not confirmed).
         blocking(move || {
             let _ = std::fs::remove_file(&single.staged.temp);
             Ok(None)
@@ -560,7 +585,7 @@ impl Mailboxes {
         let dir = self.path(loc);
         let final_name = name.to_string();
         let (temp, entries) = match self.inner.spares(kind).take(&dir) {
-            Some(spare) if kind == Kind::Durable => (spare, Entries::Durable),
+            Some(spare) if kind.durable() => (spare, Entries::Durable),
             Some(spare) => (spare, Entries::Unsynced),
             None => (self.own_temp_path(&dir, &final_name), Entries::Unsynced),
         };
@@ -606,7 +631,7 @@ impl Mailboxes {
     pub async fn remove_spares(&self) {
         let inner = Arc::clone(&self.inner);
         let removed = blocking(move || {
-            let pools = [&inner.spares, &inner.durable_spares];
+            let pools = inner.pools();
             for spare in pools.iter().flat_map(|pool| pool.close()) {
                 if let Err(e) = std::fs::remove_file(&spare) {
                     tracing::debug!(file = %spare.display(), error = %e, "removing a spare file failed");
@@ -625,8 +650,9 @@ impl Mailboxes {
     /// removed whole (see [`SPARE_PREFIX`]).
     pub fn forget_spares(&self, id: &Id) {
         let base = self.inner.root.join(id.as_str());
-        self.inner.spares.forget_under(&base);
-        self.inner.durable_spares.forget_under(&base);
+        for pool in self.inner.pools() {
+            pool.forget_under(&base);
+        }
     }
 
     /// Writes each message into a temporary file of `loc` and fsyncs it,
@@ -1078,37 +1104,84 @@ impl Mailboxes {
         Ok(removed)
     }
 
+    /// The messages that [`write_when`](Self::write_when)s into the
+    /// `Messages` of `mailbox` wrote before a crash and did not publish
+    /// (its earlier run's written confirmed spares, see
+    /// [`CONFIRMED_SPARE_PREFIX`]), for the caller to tell which of them
+    /// had their go-ahead ([`publish_written`](Self::publish_written)). A
+    /// spare holding no whole message is removed. Blocking work of one look
+    /// at the folder.
+    pub async fn unconfirmed_written(&self, mailbox: &Id) -> Result<Vec<Message>, MailboxError> {
+        let dir = self.path(&Location::new(mailbox.clone(), Folder::Messages));
+        let ours = self.inner.temp_suffix.clone();
+        blocking(move || {
+            let mut written = Vec::new();
+            for path in earlier_spares(&dir, &ours, Kind::Confirmed)? {
+                if let Some(message) =
+                    spares::read_earlier(&path).map_err(|e| MailboxError::io(&path, e))?
+                {
+                    written.push(message);
+                }
+            }
+            Ok(written)
+        })
+        .await
+    }
+
     /// Publishes the messages that writes acknowledged before a crash left
-    /// in durable spares of the `Messages` of `mailbox` (see
-    /// [`DURABLE_SPARE_PREFIX`]), through a scan of the folder's index if
-    /// it holds an earlier run's durable spare; blocking work of one look
-    /// at the folder otherwise. Run before anything moves the mailbox's
-    /// messages at start-up (a database's recovery repeats the moves its
-    /// processes recorded, by name).
-    pub async fn publish_written(&self, mailbox: &Id) -> Result<(), MailboxError> {
+    /// in spares of the `Messages` of `mailbox`: those of confirmed spares
+    /// whose ids are in `confirmed` (the others' are removed: see
+    /// [`unconfirmed_written`](Self::unconfirmed_written)), and those of
+    /// durable spares (see [`DURABLE_SPARE_PREFIX`]), through a scan of the
+    /// folder's index if it holds an earlier run's durable spare; blocking
+    /// work of one look at the folder otherwise. Run before anything moves
+    /// the mailbox's messages at start-up (a database's recovery repeats
+    /// the moves its processes recorded, by name).
+    pub async fn publish_written(
+        &self,
+        mailbox: &Id,
+        confirmed: &HashSet<MessageId>,
+    ) -> Result<(), MailboxError> {
         let loc = Location::new(mailbox.clone(), Folder::Messages);
         let dir = self.path(&loc);
         let ours = self.inner.temp_suffix.clone();
-        let earlier = blocking(move || {
-            let entries = match std::fs::read_dir(&dir) {
-                Ok(e) => e,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-                Err(e) => return Err(MailboxError::io(&dir, e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
-                if spares::is_earlier_durable(&entry.file_name(), &ours) {
-                    return Ok(true);
+        let confirmed = confirmed.clone();
+        let rescan = blocking(move || {
+            let mut published = false;
+            for path in earlier_spares(&dir, &ours, Kind::Confirmed)? {
+                let io = |e| MailboxError::io(&path, e);
+                match spares::read_earlier(&path).map_err(io)? {
+                    Some(message) if confirmed.contains(&message.id) => {
+                        spares::publish_message(&dir, &path, &message).map_err(io)?;
+                        published = true;
+                    }
+                    Some(_) => spares::remove_earlier(&path).map_err(io)?,
+                    None => {}
                 }
             }
-            Ok(false)
+            Ok(published || !earlier_spares(&dir, &ours, Kind::Durable)?.is_empty())
         })
         .await?;
-        if earlier {
+        if rescan {
             let index = self.index(&loc);
             blocking(move || index.rescan()).await?;
         }
         Ok(())
+    }
+
+    /// Makes the renames of the messages published into `loc` so far
+    /// durable: its folder fsynced (in a round shared with other callers).
+    /// What [`write_when`](Self::write_when) into `Messages` asks of its
+    /// caller before it forgets a go-ahead it gave. A folder that does not
+    /// exist (its mailbox removed) holds nothing to settle.
+    pub async fn settle(&self, loc: &Location) -> Result<(), MailboxError> {
+        let dir = self.path(loc);
+        let syncer = self.inner.syncer.clone();
+        blocking(move || match syncer.sync_dir(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(MailboxError::io(&dir, e)),
+            _ => Ok(()),
+        })
+        .await
     }
 
     /// Removes temporary files left in a mailbox's folders by writes that
@@ -1137,7 +1210,7 @@ impl Mailboxes {
                 for entry in entries {
                     let entry = entry.map_err(|e| MailboxError::io(&dir, e))?;
                     let name = entry.file_name();
-                    if spares::is_earlier_durable(&name, &ours) {
+                    if Kind::Durable.is_earlier(&name, &ours) {
                         earlier = true;
                         continue;
                     }
@@ -1165,6 +1238,24 @@ impl Mailboxes {
         }
         Ok(removed)
     }
+}
+
+/// The spares of `kind` an earlier run (one whose temporary suffix is not
+/// `ours`) left in `dir`; none if `dir` does not exist. Blocking.
+fn earlier_spares(dir: &Path, ours: &str, kind: Kind) -> Result<Vec<PathBuf>, MailboxError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(MailboxError::io(dir, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
+        if kind.is_earlier(&entry.file_name(), ours) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
 }
 
 /// The change that publishes a staged file, and what `index` (its
@@ -1539,10 +1630,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_ending_during_a_folder_fsync_share_the_next() {
         let tmp = tempfile::tempdir().unwrap();
-        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Messages").await;
-        let queue = db_a(Folder::Messages);
-        // Writes that publish once allowed (allowed at once): a write
-        // into a durable spare needs no folder fsync to share.
+        let (mailboxes, mut reached, go) = holding(&tmp, "db-a/Prepared").await;
+        let queue = db_a(Folder::Prepared);
+        // Writes that publish once allowed (allowed at once), outside
+        // `Messages`: a write into a durable or confirmed spare needs no
+        // folder fsync to share.
         let write = |seq| {
             let (go, when) = tokio::sync::oneshot::channel();
             let _ = go.send(true);
@@ -1842,6 +1934,95 @@ mod tests {
         expected.sort();
         assert_eq!(every_name(&dir), expected);
         assert_eq!(mailboxes.oldest(&queue, 10).await.unwrap().len(), 3);
+    }
+
+    /// A write into `Messages` published once allowed takes a confirmed
+    /// spare, whose rename needs no folder fsync. What such writes left
+    /// written at a crash is told to the next run, which publishes the
+    /// ones confirmed and removes the others; no listing publishes them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_confirmed_spare_left_by_a_crash_is_published_only_if_confirmed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = db_a(Folder::Messages);
+        let go = |given: bool| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tx.send(given).unwrap();
+            rx
+        };
+        let dir = {
+            let mailboxes = opened(&tmp).await;
+            mailboxes
+                .write_when(&queue, &message(1), go(true))
+                .await
+                .unwrap();
+            let dir = mailboxes.path(&queue);
+            let ready = || {
+                every_name(&dir)
+                    .iter()
+                    .filter(|n| n.starts_with(CONFIRMED_SPARE_PREFIX))
+                    .count()
+            };
+            // The refill runs on a task of its own: wait until it is done.
+            while ready() < spares::HIGH || mailboxes.inner.confirmed_spares.refilling() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let synced = mailboxes.stats().dir_fsyncs;
+            let written = mailboxes.write_when(&queue, &message(2), go(true)).await;
+            assert!(written.unwrap().is_some());
+            assert_eq!(
+                mailboxes.stats().dir_fsyncs,
+                synced,
+                "a confirmed spare's name needs no folder fsync"
+            );
+            assert_eq!(ready(), spares::HIGH - 1);
+            let refused = mailboxes.write_when(&queue, &message(3), go(false)).await;
+            assert!(refused.unwrap().is_none());
+            mailboxes.remove_spares().await;
+            dir
+        };
+        let lost = |seq: u128, spare: &str| {
+            let bytes = message(seq).to_file_bytes().unwrap();
+            std::fs::write(dir.join(spare), bytes).unwrap();
+        };
+        lost(4, ".confirm-1.zz01.tmp");
+        lost(5, ".confirm-2.zz01.tmp");
+        lost(1, ".confirm-3.zz01.tmp");
+        let bytes = message(9).to_file_bytes().unwrap();
+        std::fs::write(dir.join(".confirm-4.zz01.tmp"), &bytes[..bytes.len() / 2]).unwrap();
+        let name = |seq: u128| FileName::of(&message(seq));
+
+        let mailboxes = opened(&tmp).await;
+        assert_eq!(
+            mailboxes.oldest(&queue, 10).await.unwrap(),
+            [1, 2].map(name),
+            "a listing publishes none"
+        );
+        let mut written: Vec<MessageId> = (mailboxes.unconfirmed_written(&queue.mailbox))
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        written.sort();
+        assert_eq!(
+            written,
+            [1, 4, 5].map(|n| message(n).id),
+            "half a message is removed"
+        );
+        let confirmed = HashSet::from([message(1).id, message(4).id]);
+        mailboxes
+            .publish_written(&queue.mailbox, &confirmed)
+            .await
+            .unwrap();
+        assert_eq!(every_name(&dir), [1, 2, 4].map(|n| name(n).to_string()));
+        assert_eq!(
+            std::fs::read(dir.join(name(4).to_string())).unwrap(),
+            message(4).to_file_bytes().unwrap()
+        );
+        assert_eq!(
+            mailboxes.oldest(&queue, 10).await.unwrap(),
+            [1, 2, 4].map(name)
+        );
     }
 
     /// A batch whose second file cannot be created fails whole: no file

@@ -10,27 +10,35 @@
 //!
 //! Spares are hidden and end with the run's temporary suffix, so listings
 //! never see them and the start-up sweep removes those of an earlier run.
-//! They come in two [`Kind`]s:
+//! They come in three [`Kind`]s:
 //! - **gated** spares ([`SPARE_PREFIX`]) serve the writes that may appear
-//!   only once the caller says so (a keyed upload once its key is saved, a
+//!   only once the caller says so into folders other than `Messages` (a
 //!   batch of replies once its process commits). They are never made
 //!   durable: a write is, by the folder's fsync that publishes it, and a
 //!   crash before that leaves a spare that is swept;
 //! - **durable** spares ([`DURABLE_SPARE_PREFIX`]) serve the writes into a
-//!   `Messages` folder that appear at once (uploads, deliveries). Their names are made durable (one folder fsync for a
-//!   refill) before they are handed out, so a message written into one is
-//!   durable once the file is fsynced: its rename to the message's name
-//!   needs no folder fsync before the answer. A crash that loses the
-//!   rename leaves the written spare, and the next run publishes it
-//!   ([`publish_earlier`]) when it first lists the folder (a database's
-//!   queue before its recovery repeats any move; the sweep lists the
-//!   others), exactly as the rename would have; a spare holding no whole message (a
-//!   write a crash cut, never answered) is removed. So is one whose
-//!   message a folder of its mailbox holds: a move of the message out of
-//!   the folder (a process's) fsyncs the folder before it is answered,
-//!   which makes the rename durable, so a spare left beside such a move
-//!   is a move the crash cut, and the recovery that finishes the move must
-//!   not find the message back in the folder.
+//!   `Messages` folder that appear at once (uploads, deliveries). Their
+//!   names are made durable (one folder fsync for a refill) before they
+//!   are handed out, so a message written into one is durable once the
+//!   file is fsynced: its rename to the message's name needs no folder
+//!   fsync before the answer. A crash that loses the rename leaves the
+//!   written spare, and the next run publishes it ([`publish_earlier`])
+//!   when it first lists the folder (a database's queue before its
+//!   recovery repeats any move; the sweep lists the others), exactly as
+//!   the rename would have; a spare holding no whole message (a write a
+//!   crash cut, never answered) is removed. So is one whose message a
+//!   folder of its mailbox holds: a move of the message out of the folder
+//!   (a process's) fsyncs the folder before it is answered, which makes
+//!   the rename durable, so a spare left beside such a move is a move the
+//!   crash cut, and the recovery that finishes the move must not find the
+//!   message back in the folder;
+//! - **confirmed** spares ([`CONFIRMED_SPARE_PREFIX`]) serve the writes
+//!   into a `Messages` folder that may appear only once the caller says so
+//!   (a keyed upload, once its key is saved). Their names are durable as
+//!   the durable spares' are, so the rename needs no folder fsync either;
+//!   but a crash may leave a written spare whose go-ahead was never given,
+//!   so the next run publishes one only if its caller confirms that the
+//!   go-ahead was given (and durably so), and removes it otherwise.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -54,48 +62,57 @@ pub const SPARE_PREFIX: &str = ".spare-";
 /// that an earlier run left, a message whose rename a crash lost.
 pub const DURABLE_SPARE_PREFIX: &str = ".durable-";
 
+/// How a confirmed spare's name begins: `.confirm-17.k3x9.tmp`. An empty
+/// file of that name is a spare not taken yet; one with a whole message in
+/// it that an earlier run left, a message that appears only if its go-ahead
+/// is confirmed.
+pub const CONFIRMED_SPARE_PREFIX: &str = ".confirm-";
+
 /// Whether a file of a mailbox folder, named `name` and `len` bytes long,
 /// is a spare not taken yet: nothing was ever written into it, and it is
 /// not a message nor a write under way.
 pub fn is_idle_spare(name: &str, len: u64) -> bool {
-    (name.starts_with(SPARE_PREFIX) || name.starts_with(DURABLE_SPARE_PREFIX)) && len == 0
-}
-
-/// Whether `name` is a durable spare of an earlier run (its name does not
-/// end with this run's suffix `ours`): to be published or removed by
-/// [`publish_earlier`].
-pub(super) fn is_earlier_durable(name: &OsStr, ours: &str) -> bool {
-    let name = name.as_encoded_bytes();
-    name.starts_with(DURABLE_SPARE_PREFIX.as_bytes()) && !name.ends_with(ours.as_bytes())
+    Kind::ALL.iter().any(|k| name.starts_with(k.prefix())) && len == 0
 }
 
 /// Publishes what an earlier run wrote into the durable spare `path` of
-/// the mailbox folder `dir`: the message it holds, under the message's own
-/// name, and answers that name. The spare is removed instead if a folder
-/// of the mailbox holds a file of that name: `dir` (the rename was durable
-/// after all; the answer is the name all the same) or another (a move of
-/// the message out of `dir` was under way; the answer is `None`). A spare
-/// holding no whole message (empty, or a write a crash cut) is removed,
-/// and the answer is `None`. Blocking; called by a scan of the folder's
-/// index only, under its lock, so one caller decides. A spare gone
-/// meanwhile (removed by hand) is no error. The rename is not fsynced: if
-/// a crash loses it, the next run publishes the spare again.
+/// the mailbox folder `dir`: the message it holds ([`read_earlier`]),
+/// published by [`publish_message`]. Blocking; called by a scan of the
+/// folder's index only, under its lock, so one caller decides.
 pub(super) fn publish_earlier(dir: &Path, path: &Path) -> io::Result<Option<String>> {
-    let gone = |e: io::Error| {
-        if e.kind() == io::ErrorKind::NotFound {
-            Ok(None)
-        } else {
-            Err(e)
-        }
-    };
+    match read_earlier(path)? {
+        Some(message) => publish_message(dir, path, &message),
+        None => Ok(None),
+    }
+}
+
+/// The message an earlier run wrote into the spare `path`. A spare holding
+/// no whole message (empty, or a write a crash cut) is removed, and so is
+/// gone (as is one removed meanwhile, by hand: no error): `None`.
+pub(super) fn read_earlier(path: &Path) -> io::Result<Option<Message>> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) => return gone(e),
     };
-    let Ok(message) = serde_json::from_slice::<Message>(&bytes) else {
-        return std::fs::remove_file(path).map(|()| None).or_else(gone);
-    };
-    let name = FileName::of(&message).to_string();
+    match serde_json::from_slice::<Message>(&bytes) {
+        Ok(message) => Ok(Some(message)),
+        Err(_) => std::fs::remove_file(path).map(|()| None).or_else(gone),
+    }
+}
+
+/// Publishes `message`, which an earlier run wrote into the spare `path`
+/// of the mailbox folder `dir`, under the message's own name, and answers
+/// that name. The spare is removed instead if a folder of the mailbox
+/// holds a file of that name: `dir` (the rename was durable after all; the
+/// answer is the name all the same) or another (a move of the message out
+/// of `dir` was under way; the answer is `None`). The rename is not
+/// fsynced: if a crash loses it, the next run publishes the spare again.
+pub(super) fn publish_message(
+    dir: &Path,
+    path: &Path,
+    message: &Message,
+) -> io::Result<Option<String>> {
+    let name = FileName::of(message).to_string();
     let target = dir.join(&name);
     let there = |folder: &Path| std::fs::symlink_metadata(folder.join(&name)).is_ok();
     if there(dir) {
@@ -116,6 +133,24 @@ pub(super) fn publish_earlier(dir: &Path, path: &Path) -> io::Result<Option<Stri
     }
 }
 
+/// Removes an earlier run's spare `path` whose message is not to appear
+/// (its go-ahead not confirmed); one gone meanwhile is no error.
+pub(super) fn remove_earlier(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A spare found gone (removed by hand) is no error: nothing to publish.
+fn gone<T>(e: io::Error) -> io::Result<Option<T>> {
+    if e.kind() == io::ErrorKind::NotFound {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
 /// Which writes a folder's spares serve: see the module's overview.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -123,14 +158,34 @@ pub(super) enum Kind {
     Gated,
     /// For writes published at once; made durable before handed out.
     Durable,
+    /// For writes into a `Messages` folder published once allowed; made
+    /// durable before handed out, an earlier run's published only if
+    /// confirmed.
+    Confirmed,
 }
 
 impl Kind {
+    const ALL: [Kind; 3] = [Kind::Gated, Kind::Durable, Kind::Confirmed];
+
     fn prefix(self) -> &'static str {
         match self {
             Kind::Gated => SPARE_PREFIX,
             Kind::Durable => DURABLE_SPARE_PREFIX,
+            Kind::Confirmed => CONFIRMED_SPARE_PREFIX,
         }
+    }
+
+    /// Whether the spares' names are made durable before they are handed
+    /// out, so that a write into one needs no folder fsync.
+    pub(super) fn durable(self) -> bool {
+        self != Kind::Gated
+    }
+
+    /// Whether `name` is a spare of this kind made by an earlier run (its
+    /// name does not end with this run's suffix `ours`).
+    pub(super) fn is_earlier(self, name: &OsStr, ours: &str) -> bool {
+        let name = name.as_encoded_bytes();
+        name.starts_with(self.prefix().as_bytes()) && !name.ends_with(ours.as_bytes())
     }
 }
 
@@ -235,7 +290,7 @@ impl Spares {
                 }
             }
         }
-        if self.kind == Kind::Durable
+        if self.kind.durable()
             && !made.is_empty()
             && let Err(e) = sync_dir(dir)
         {
@@ -369,9 +424,17 @@ mod tests {
 
     #[test]
     fn durable_spares_are_handed_out_only_once_their_folder_is_fsynced() {
+        for kind in [Kind::Durable, Kind::Confirmed] {
+            durable_refill(kind);
+        }
+    }
+
+    /// A refill of `kind` (durable names) fsyncs its folder once, before
+    /// handing any out; a failed fsync hands out none.
+    fn durable_refill(kind: Kind) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let spares = Spares::new(Kind::Durable, ".ab12.tmp".into());
+        let spares = Spares::new(kind, ".ab12.tmp".into());
         let syncs = AtomicUsize::new(0);
         let sync = |d: &Path| {
             assert_eq!(d, dir);
@@ -386,7 +449,7 @@ mod tests {
         let made = every_name(dir);
         assert!(
             made.iter()
-                .all(|n| n.starts_with(DURABLE_SPARE_PREFIX) && n.ends_with(".ab12.tmp")),
+                .all(|n| n.starts_with(kind.prefix()) && n.ends_with(".ab12.tmp")),
             "{made:?}"
         );
         assert!(spares.take(dir).is_some());
@@ -412,10 +475,12 @@ mod tests {
         let bytes = message(1).to_file_bytes().unwrap();
         let name = FileName::of(&message(1)).to_string();
         let spare = |n: u32| queue.join(format!("{DURABLE_SPARE_PREFIX}{n}.zz99.tmp"));
-        let earlier = |name: &str| is_earlier_durable(name.as_ref(), ".ab12.tmp");
+        let earlier = |name: &str| Kind::Durable.is_earlier(name.as_ref(), ".ab12.tmp");
         assert!(earlier(".durable-3.zz99.tmp"));
         assert!(!earlier(".durable-3.ab12.tmp"));
         assert!(!earlier(".spare-3.zz99.tmp"));
+        assert!(!earlier(".confirm-3.zz99.tmp"));
+        assert!(Kind::Confirmed.is_earlier(".confirm-3.zz99.tmp".as_ref(), ".ab12.tmp"));
 
         // A whole message: published under its name, bytes as written.
         std::fs::write(spare(1), &bytes).unwrap();

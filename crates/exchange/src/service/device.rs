@@ -404,6 +404,8 @@ impl<'a> DeviceCalls<'a> {
                 })
                 .filter(|(_, _, upload)| upload.expires_at > now)
                 .collect();
+            self.settle(g.state().keys.values().map(|u| &u.name))
+                .await?;
             with_keys(self.keys, move |keys| keys.put_all(&entries)).await?;
             g.persistent_mut().keys.clear();
         }
@@ -497,11 +499,60 @@ impl<'a> DeviceCalls<'a> {
         // Dropped with the upload's own save (no commit of their own: a
         // device whose keys expire one by one would pay one per upload).
         if g.state().keys.values().any(|u| u.at.as_millis() < cutoff) {
+            let expired = g.state().keys.values();
+            self.settle(
+                expired
+                    .filter(|u| u.at.as_millis() < cutoff)
+                    .map(|u| &u.name),
+            )
+            .await?;
             g.persistent_mut()
                 .keys
                 .retain(|_, u| u.at.as_millis() >= cutoff);
         }
         Ok(earlier)
+    }
+
+    /// Makes the uploads of the files `names` durable under their names
+    /// ([`settle`](crate::store::MessageSteps::settle) of their queues),
+    /// before their keys leave a device's record: a keyed upload's file
+    /// may appear once its record's save kept its key, its rename is not
+    /// waited for on disk, and at a start after a crash the record's key
+    /// is what says the upload was accepted ([`saved_uploads`](Self::saved_uploads)).
+    pub(super) async fn settle(
+        &self,
+        names: impl Iterator<Item = &FileName>,
+    ) -> Result<(), ExchangeError> {
+        let queues: std::collections::BTreeSet<&Id> = names.map(|name| &name.to).collect();
+        for to in queues {
+            let queue = Location::new(to.clone(), Folder::Messages);
+            self.store.settle(&queue).await?;
+        }
+        Ok(())
+    }
+
+    /// Of the messages `written` that keyed uploads wrote before a crash
+    /// but did not publish ([`unconfirmed_written`](crate::store::MessageUpkeep::unconfirmed_written)),
+    /// the ids of those accepted: their sender's record keeps their key
+    /// (its save was their go-ahead, see [`place_counted`](Self::place_counted);
+    /// a key leaves the record only once its file is [`settle`](Self::settle)d).
+    /// The others were never answered, and their retry makes them anew.
+    pub(super) async fn saved_uploads(
+        &self,
+        written: &[Message],
+    ) -> Result<HashSet<crate::MessageId>, ExchangeError> {
+        let mut saved = HashSet::new();
+        for message in written {
+            let Some(g) = self.devices.get(message.from.clone(), false).await? else {
+                continue;
+            };
+            let name = FileName::of(message);
+            if g.state().keys.values().any(|kept| kept.name == name) {
+                saved.insert(message.id);
+            }
+            g.release().await?;
+        }
+        Ok(saved)
     }
 
     /// The session of the device `who` (its keys and counters), held, the

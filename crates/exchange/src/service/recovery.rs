@@ -3,7 +3,7 @@
 use super::Exchange;
 use super::alerts::AlertKind;
 use super::arrivals::{adopt_session_webhooks, push_waiting};
-use super::device::with_keys;
+use super::device::{DeviceCalls, with_keys};
 use super::error::ExchangeError;
 use super::{RecoveryReport, Tidied};
 use crate::store::{Folder, Location, Op};
@@ -31,9 +31,12 @@ impl Exchange {
     pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         // Before any session hook may run (a first load repeats the moves
         // its processes recorded, by name): every acknowledged upload is
-        // under its name.
+        // under its name, a keyed one if its key was saved.
+        let devices = DeviceCalls::of(&self.parts);
         for db in self.parts.registry.databases() {
-            self.parts.store.publish_written(&db.id).await?;
+            let written = self.parts.store.unconfirmed_written(&db.id).await?;
+            let saved = devices.saved_uploads(&written).await?;
+            self.parts.store.publish_written(&db.id, &saved).await?;
         }
         self.parts
             .phase

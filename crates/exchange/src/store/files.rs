@@ -190,6 +190,10 @@ impl MessageSteps for FileStore {
         self.mailboxes.write_when(at, message, when).await
     }
 
+    async fn settle(&self, at: &Location) -> Result<(), MailboxError> {
+        self.mailboxes.settle(at).await
+    }
+
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
         let entered = self.removals.enter([&message.to]).await;
         if entered.is_removed(&message.to) {
@@ -451,8 +455,16 @@ impl MessageUpkeep for FileStore {
         self.mailboxes.sweep_temp_files(owner).await.map(|_| ())
     }
 
-    async fn publish_written(&self, owner: &Id) -> Result<(), MailboxError> {
-        self.mailboxes.publish_written(owner).await
+    async fn unconfirmed_written(&self, owner: &Id) -> Result<Vec<Message>, MailboxError> {
+        self.mailboxes.unconfirmed_written(owner).await
+    }
+
+    async fn publish_written(
+        &self,
+        owner: &Id,
+        confirmed: &HashSet<MessageId>,
+    ) -> Result<(), MailboxError> {
+        self.mailboxes.publish_written(owner, confirmed).await
     }
 
     async fn orphans(

@@ -137,6 +137,13 @@ pub trait MessageSteps: Send + Sync {
     /// meanwhile (so that the caller's own durable step overlaps it). If
     /// `when` answers `false` or is dropped, nothing appears and the answer
     /// is `None`.
+    ///
+    /// A store may leave a message put into a `Messages` folder written
+    /// but unpublished by a crash after its go-ahead: the next start asks
+    /// the caller which such messages had their go-ahead
+    /// ([`MessageUpkeep::unconfirmed_written`]). So the caller must be able
+    /// to tell that from the message until it has [`settle`](Self::settle)d
+    /// the folder.
     async fn put_when(
         &self,
         at: &Location,
@@ -147,6 +154,13 @@ pub trait MessageSteps: Send + Sync {
             Ok(true) => self.put(at, message).await.map(Some),
             _ => Ok(None),
         }
+    }
+
+    /// Makes every message [`put_when`](Self::put_when) published into
+    /// `at` so far durable under its name, so that no start asks about it
+    /// again. Nothing to do for a store that publishes durably.
+    async fn settle(&self, _at: &Location) -> Result<(), MailboxError> {
+        Ok(())
     }
 
     /// Schedules a new message for `until`, when it enters its
@@ -343,12 +357,28 @@ pub trait MessageUpkeep: Send + Sync {
     /// transactional backend.
     async fn recover_writes(&self, owner: &Id) -> Result<(), MailboxError>;
 
+    /// At start-up, before [`publish_written`](Self::publish_written):
+    /// the messages [`put_when`](MessageSteps::put_when) wrote into the
+    /// queue of database `owner` before a crash and did not publish,
+    /// whether or not their go-ahead was given. The caller tells which
+    /// were (the file store's written confirmed spares). None for a
+    /// transactional backend.
+    async fn unconfirmed_written(&self, _owner: &Id) -> Result<Vec<Message>, MailboxError> {
+        Ok(Vec::new())
+    }
+
     /// At start-up, before anything moves the messages of database
     /// `owner` (its recovery repeats the moves its processes recorded):
     /// makes every message whose write was acknowledged before a crash
-    /// visible under its name (the file store's written durable spares).
-    /// Nothing to do for a transactional backend.
-    async fn publish_written(&self, _owner: &Id) -> Result<(), MailboxError> {
+    /// visible under its name (the file store's written durable spares),
+    /// the [`unconfirmed_written`](Self::unconfirmed_written) ones only if
+    /// their ids are in `confirmed` (the others are removed). Nothing to
+    /// do for a transactional backend.
+    async fn publish_written(
+        &self,
+        _owner: &Id,
+        _confirmed: &HashSet<MessageId>,
+    ) -> Result<(), MailboxError> {
         Ok(())
     }
 

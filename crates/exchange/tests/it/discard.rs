@@ -255,8 +255,16 @@ impl MessageUpkeep for Flaky {
         self.inner.recover_writes(owner).await
     }
 
-    async fn publish_written(&self, owner: &Id) -> Result<(), MailboxError> {
-        self.inner.publish_written(owner).await
+    async fn unconfirmed_written(&self, owner: &Id) -> Result<Vec<Message>, MailboxError> {
+        self.inner.unconfirmed_written(owner).await
+    }
+
+    async fn publish_written(
+        &self,
+        owner: &Id,
+        confirmed: &HashSet<MessageId>,
+    ) -> Result<(), MailboxError> {
+        self.inner.publish_written(owner, confirmed).await
     }
 
     async fn orphans(

@@ -209,6 +209,54 @@ fn keyed(key: &str) -> SendMessage {
     send_request("db-a", r#"{"n":1}"#, Some(key))
 }
 
+/// A keyed upload's file appears only once its key is saved, and its rename
+/// is not waited for on disk: a crash may leave it written in a confirmed
+/// spare. The start publishes such a file if the device's record keeps its
+/// key (it may have been answered: a retry finds it), and removes it if not
+/// (never answered: the retry makes it anew).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_upload_a_crash_left_unpublished_appears_only_if_its_key_was_saved() {
+    let w = World::new().await;
+    let (sent, _) = w.ex.send(&w.phone, keyed("k-1")).await.unwrap();
+    let queue = w.data().join("db-a/Messages");
+    let name = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| !n.starts_with('.'))
+        .unwrap();
+    let prefix = estafeta_exchange::mailbox::CONFIRMED_SPARE_PREFIX;
+    let spare = |n: u32| queue.join(format!("{prefix}{n}.zz99.tmp"));
+    // The accepted upload's rename, lost.
+    std::fs::rename(queue.join(&name), spare(0)).unwrap();
+    // Another upload's file, written while its key's save was under way,
+    // which the crash cut: the same message under another id.
+    let mut other: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(spare(0)).unwrap()).unwrap();
+    let id = other["id"].as_str().unwrap().to_owned();
+    let other_id = format!(
+        "{}{}",
+        &id[..id.len() - 1],
+        if id.ends_with('0') { '1' } else { '0' }
+    );
+    other["id"] = other_id.into();
+    std::fs::write(spare(1), serde_json::to_vec(&other).unwrap()).unwrap();
+
+    let (ex, w) = restart(w, T0 + 1_000).await;
+    let left: Vec<String> = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.') || n.ends_with(".zz99.tmp"))
+        .collect();
+    assert_eq!(
+        left,
+        vec![name],
+        "the accepted one published, the other removed"
+    );
+    let (again, outcome) = ex.send(&w.phone, keyed("k-1")).await.unwrap();
+    assert_eq!((again.id, outcome), (sent.id, Upload::Repeated));
+    assert_eq!(w.files("db-a", Folder::Messages), 1);
+}
+
 /// A key is remembered across restarts for its time to live, then
 /// forgotten: the same key makes a new message, and the retention sweep
 /// removes the expired entry from the key store.

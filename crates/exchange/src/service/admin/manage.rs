@@ -12,7 +12,7 @@ use crate::wire::ErrorCode;
 use std::collections::HashMap;
 
 use super::super::Exchange;
-use super::super::device::with_keys;
+use super::super::device::{DeviceCalls, with_keys};
 use super::super::drive::Interpreter;
 use super::super::error::ExchangeError;
 use super::super::hold::hold;
@@ -329,6 +329,11 @@ impl Exchange {
             g.release().await?;
             return Err(not_empty(Kind::Device, why));
         }
+        // Its record's keys are what tells a start after a crash that its
+        // last keyed uploads were accepted: settled before they go.
+        DeviceCalls::of(&self.parts)
+            .settle(g.state().keys.values().map(|u| &u.name))
+            .await?;
         g.update(|s| {
             *s.persistent_mut() = DeviceRecord::default();
             s.set_expires_at(None);
