@@ -1116,7 +1116,7 @@ impl Mailboxes {
         let ours = self.inner.temp_suffix.clone();
         blocking(move || {
             let mut written = Vec::new();
-            for path in earlier_spares(&dir, &ours, Kind::Confirmed)? {
+            for (_, path) in earlier_spares(&dir, &ours, &[Kind::Confirmed])? {
                 if let Some(message) =
                     spares::read_earlier(&path).map_err(|e| MailboxError::io(&path, e))?
                 {
@@ -1147,19 +1147,23 @@ impl Mailboxes {
         let ours = self.inner.temp_suffix.clone();
         let confirmed = confirmed.clone();
         let rescan = blocking(move || {
-            let mut published = false;
-            for path in earlier_spares(&dir, &ours, Kind::Confirmed)? {
+            let mut rescan = false;
+            for (kind, path) in earlier_spares(&dir, &ours, &[Kind::Confirmed, Kind::Durable])? {
                 let io = |e| MailboxError::io(&path, e);
+                if kind == Kind::Durable {
+                    rescan = true;
+                    continue;
+                }
                 match spares::read_earlier(&path).map_err(io)? {
                     Some(message) if confirmed.contains(&message.id) => {
                         spares::publish_message(&dir, &path, &message).map_err(io)?;
-                        published = true;
+                        rescan = true;
                     }
                     Some(_) => spares::remove_earlier(&path).map_err(io)?,
                     None => {}
                 }
             }
-            Ok(published || !earlier_spares(&dir, &ours, Kind::Durable)?.is_empty())
+            Ok(rescan)
         })
         .await?;
         if rescan {
@@ -1240,9 +1244,14 @@ impl Mailboxes {
     }
 }
 
-/// The spares of `kind` an earlier run (one whose temporary suffix is not
-/// `ours`) left in `dir`; none if `dir` does not exist. Blocking.
-fn earlier_spares(dir: &Path, ours: &str, kind: Kind) -> Result<Vec<PathBuf>, MailboxError> {
+/// The spares of `kinds` an earlier run (one whose temporary suffix is not
+/// `ours`) left in `dir`, with their kind; none if `dir` does not exist.
+/// Blocking: one read of the folder.
+fn earlier_spares(
+    dir: &Path,
+    ours: &str,
+    kinds: &[Kind],
+) -> Result<Vec<(Kind, PathBuf)>, MailboxError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -1251,8 +1260,9 @@ fn earlier_spares(dir: &Path, ours: &str, kind: Kind) -> Result<Vec<PathBuf>, Ma
     let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| MailboxError::io(dir, e))?;
-        if kind.is_earlier(&entry.file_name(), ours) {
-            found.push(entry.path());
+        let name = entry.file_name();
+        if let Some(&kind) = kinds.iter().find(|k| k.is_earlier(&name, ours)) {
+            found.push((kind, entry.path()));
         }
     }
     Ok(found)

@@ -6,16 +6,20 @@
 //! the processes it knows (their start was answered) and has not settled:
 //! a late commit if its own transaction committed, a rollback otherwise;
 //! then it processes what its queue offers until it is idle. Each device
-//! reads its inbox, and sends the keyed uploads it had acknowledged again
-//! (as after a lost answer).
+//! first sends again the keyed uploads it had sent and not seen answered
+//! (their answer lost with the crash); then it reads its inbox, and sends
+//! the keyed uploads it had acknowledged again (as after a lost answer).
 //!
 //! - **Lost**: a database's or a device's token unknown; an acknowledged
-//!   upload never processed by its database; the commit of a process whose
+//!   upload (or one sent again after the crash) never processed by its
+//!   database; the commit of a process whose
 //!   transaction committed not answered OK; a reply of such a process that
 //!   never reached its device.
-//! - **Duplicated**: a message offered again after it was processed; a
-//!   reply delivered twice (two ids), or again after its acknowledgement
-//!   was answered; an acknowledged upload's key giving a new message.
+//! - **Duplicated**: a message offered again after it was processed; an
+//!   upload's nonce offered under two ids (or under another id than its
+//!   answer gave); a reply delivered twice (two ids), or again after its
+//!   acknowledgement was answered; an acknowledged upload's key giving a
+//!   new message.
 //! - **Wrong**: a reply of a process whose transaction did not commit.
 //! - **Stuck**: a server that does not start or answer, files left in
 //!   `Messages`, `Prepared` or `Unknown` of a database or in `Prepared` or
@@ -167,6 +171,9 @@ struct Before {
     /// Acknowledged uploads: (device, database, nonce) → id, and whether
     /// the nonce is its idempotency key.
     uploads: BTreeMap<(usize, usize, String), (MessageId, bool)>,
+    /// Keyed uploads sent and not answered before the cut: (device,
+    /// database, nonce and key). Their device sends them again.
+    in_flight: BTreeSet<(usize, usize, String)>,
     /// Processes whose start was answered, by database: their messages.
     started: BTreeMap<ProcessId, (usize, Vec<MessageId>)>,
     committed: BTreeSet<ProcessId>,
@@ -183,6 +190,16 @@ impl Before {
         for ack in journal.before(until) {
             match ack {
                 Ack::Provisioned => {}
+                Ack::Sending {
+                    device,
+                    db,
+                    key,
+                    keyed,
+                } => {
+                    if *keyed {
+                        b.in_flight.insert((*device, *db, key.clone()));
+                    }
+                }
                 Ack::Upload {
                     device,
                     db,
@@ -190,6 +207,7 @@ impl Before {
                     keyed,
                     id,
                 } => {
+                    b.in_flight.remove(&(*device, *db, key.clone()));
                     b.uploads.insert((*device, *db, key.clone()), (*id, *keyed));
                 }
                 Ack::Started { db, pid, messages } => {
@@ -255,8 +273,26 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
             found.push(format!("stuck: {pid}: its rollback answered {e}"));
         }
     }
+    // A device sends again the keyed uploads whose answers the crash
+    // lost: the server must answer each, and it must then be processed.
+    let mut resent = BTreeMap::new();
+    for (device, db, key) in &b.in_flight {
+        match workload::upload_again(&devices[*device], &DATABASES[*db].parse()?, key).await {
+            Ok(id) => {
+                resent.insert((*device, *db, key.clone()), (id, true));
+            }
+            Err(e) => found.push(format!(
+                "stuck: {}'s unanswered upload {key} sent again answered {e:#}",
+                DEVICES[*device]
+            )),
+        }
+    }
     // Then each processor processes whatever its queue offers until idle
-    // (its own starts included).
+    // (its own starts included): each upload's nonce under one id, the
+    // one its answer gave if it had one.
+    let mut nonces: BTreeMap<String, MessageId> = (b.uploads.iter().chain(&resent))
+        .map(|((_, _, key), (id, _))| (key.clone(), *id))
+        .collect();
     for (i, db) in dbs.iter().enumerate() {
         let queue: estafeta_wire::Id = DATABASES[i].parse()?;
         let began = Instant::now();
@@ -285,12 +321,20 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
                 }
                 StartStatus::Ok => {
                     let pid = started.process_id.context("no process id")?;
-                    let ids: Vec<MessageId> = started
-                        .messages
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|m| m.id)
-                        .collect();
+                    let messages = started.messages.unwrap_or_default();
+                    for m in &messages {
+                        let Some(nonce) = workload::nonce_of(m.body.get()) else {
+                            continue;
+                        };
+                        let first = *nonces.entry(nonce.clone()).or_insert(m.id);
+                        if first != m.id {
+                            found.push(format!(
+                                "duplicated: the upload {nonce} offered as {} besides {first}",
+                                m.id
+                            ));
+                        }
+                    }
+                    let ids: Vec<MessageId> = messages.into_iter().map(|m| m.id).collect();
                     for id in &ids {
                         if !applied[i].insert(*id) {
                             found.push(format!(
@@ -311,7 +355,7 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
             }
         }
     }
-    for ((device, db, key), (id, _)) in &b.uploads {
+    for ((device, db, key), (id, _)) in b.uploads.iter().chain(&resent) {
         if !applied[*db].contains(id) {
             found.push(format!(
                 "lost: {}'s acknowledged upload {key} to {} ({id}) never processed",
@@ -535,6 +579,51 @@ mod tests {
         assert_eq!(b.started[&pid].1, vec![m]);
         assert_ne!(j.signature(3.5), j.signature(4.5));
         assert_eq!(j.signature(4.2), j.signature(4.5));
+    }
+
+    /// A keyed upload sent before the cut is in flight (its device sends
+    /// it again) until its answer came before the cut; an unkeyed one
+    /// never is.
+    #[test]
+    fn a_keyed_upload_sent_and_not_answered_before_the_cut_is_sent_again() {
+        let m = UlidGenerator::new().message_id(SystemTime::now());
+        let sending = |key: &str, keyed| Ack::Sending {
+            device: 0,
+            db: 1,
+            key: key.into(),
+            keyed,
+        };
+        let j = Journal {
+            acks: vec![
+                (1.0, Ack::Provisioned),
+                (2.0, sending("key-0", true)),
+                (
+                    3.0,
+                    Ack::Upload {
+                        device: 0,
+                        db: 1,
+                        key: "key-0".into(),
+                        keyed: true,
+                        id: m,
+                    },
+                ),
+                (4.0, sending("key-1", false)),
+            ],
+            ..Journal::default()
+        };
+        let in_flight = |until| Vec::from_iter(Before::of(&j, until).in_flight);
+        assert_eq!(in_flight(1.5), vec![]);
+        assert_eq!(in_flight(2.5), vec![(0, 1, "key-0".to_owned())]);
+        assert_eq!(in_flight(3.5), vec![]);
+        assert_eq!(
+            in_flight(4.5),
+            vec![],
+            "an unkeyed upload is not sent again"
+        );
+        assert_eq!(
+            workload::nonce_of(r#"{"key":"key-0"}"#).as_deref(),
+            Some("key-0")
+        );
     }
 
     #[test]

@@ -40,6 +40,14 @@ fn now() -> f64 {
 pub(crate) enum Ack {
     /// The databases and devices exist.
     Provisioned,
+    /// An upload about to be sent: its answer may be lost at a cut, and a
+    /// device sends a keyed one again then (`key` as in [`Ack::Upload`]).
+    Sending {
+        device: usize,
+        db: usize,
+        key: String,
+        keyed: bool,
+    },
     /// An upload answered 201 (or 200 for its key) with this id; `key`
     /// is the nonce in its body, and its idempotency key if `keyed`.
     Upload {
@@ -114,8 +122,8 @@ fn id(s: &str) -> anyhow::Result<Id> {
     Ok(s.parse()?)
 }
 
-/// An upload to `to` with the nonce `key` in its body, and as its
-/// idempotency key if `keyed`.
+/// An upload to `to` with the nonce `key` in its body ([`nonce_of`]), and
+/// as its idempotency key if `keyed`.
 fn upload(to: &Id, key: &str, keyed: bool) -> anyhow::Result<SendMessage> {
     let body = Body::from_json(format!(r#"{{"key":"{key}"}}"#))?;
     let upload = SendMessage::new(to.clone(), body);
@@ -148,6 +156,12 @@ pub(crate) fn prepare(messages: &[MessageId], replies: Vec<Reply>) -> PrepareReq
 /// The reply body of message `re` in the process tagged `tag`.
 pub(crate) fn reply_body(tag: &str, re: &MessageId) -> String {
     format!(r#"{{"reply":"{tag}","re":"{re}"}}"#)
+}
+
+/// The nonce in an upload's body (see [`upload`]).
+pub(crate) fn nonce_of(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    Some(v.get("key")?.as_str()?.to_owned())
 }
 
 /// A reply's identity, from its body: the tag of its process and the
@@ -252,6 +266,12 @@ async fn batch(c: &Clients, j: &mut Journal, first: usize, n: usize) -> anyhow::
         let (device, db) = (i % DEVICES.len(), (i / DEVICES.len()) % DATABASES.len());
         let key = format!("key-{i}");
         let keyed = device == 0;
+        j.ack(Ack::Sending {
+            device,
+            db,
+            key: key.clone(),
+            keyed,
+        });
         let sent = c.devices[device]
             .send(&upload(&id(DATABASES[db])?, &key, keyed)?)
             .await?;
