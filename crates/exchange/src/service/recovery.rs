@@ -24,9 +24,12 @@ impl Exchange {
     /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
     /// and what they have pending, not with the devices; the messages
-    /// waiting cost one read of each database's queue folder (with the
+    /// waiting cost two reads of each database's queue folder (with the
     /// file store, for the uploads a crash left unpublished: see
-    /// [`MessageUpkeep::publish_written`](crate::store::MessageUpkeep::publish_written)).
+    /// [`MessageUpkeep::unconfirmed_written`](crate::store::MessageUpkeep::unconfirmed_written)
+    /// and [`publish_written`](crate::store::MessageUpkeep::publish_written)),
+    /// and each keyed upload a crash left unpublished, a look at its
+    /// sender's record.
     /// What can wait is left to [`Exchange::tidy`].
     pub async fn recover(&self) -> Result<RecoveryReport, ExchangeError> {
         // Before any session hook may run (a first load repeats the moves

@@ -13,6 +13,15 @@ use std::time::Duration;
 const T0: u64 = 1_800_000_000_000;
 const DAY: u64 = 86_400_000;
 
+/// The name of a message file in the folder `dir` (not a hidden one).
+fn a_message_in(dir: &std::path::Path) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| !n.starts_with('.'))
+        .expect("a message file")
+}
+
 /// Restart the world's exchange at `at` (ms since the epoch).
 async fn restart(w: World, at: u64) -> (estafeta_exchange::Exchange, World) {
     let w = w.restart(SessionTime(at)).await;
@@ -219,11 +228,7 @@ async fn a_keyed_upload_a_crash_left_unpublished_appears_only_if_its_key_was_sav
     let w = World::new().await;
     let (sent, _) = w.ex.send(&w.phone, keyed("k-1")).await.unwrap();
     let queue = w.data().join("db-a/Messages");
-    let name = std::fs::read_dir(&queue)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .find(|n| !n.starts_with('.'))
-        .unwrap();
+    let name = a_message_in(&queue);
     let prefix = estafeta_exchange::mailbox::CONFIRMED_SPARE_PREFIX;
     let spare = |n: u32| queue.join(format!("{prefix}{n}.zz99.tmp"));
     // The accepted upload's rename, lost.
@@ -296,11 +301,7 @@ async fn keys_kept_in_a_device_session_are_still_honoured() {
     let w = World::new().await;
     let plain = send_request("db-a", r#"{"n":1}"#, None);
     let (sent, _) = w.ex.send(&w.phone, plain).await.unwrap();
-    let name = std::fs::read_dir(w.data().join("db-a/Messages"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .find(|n| !n.starts_with('.'))
-        .unwrap();
+    let name = a_message_in(&w.data().join("db-a/Messages"));
     let data = w.data();
     let World { ex, dir, phone, .. } = w;
     close(ex).await;
@@ -374,11 +375,7 @@ async fn an_upload_whose_rename_a_crash_lost_is_there_for_start_up_processing() 
     let w = World::new().await;
     let pid = w.prepared(2, 1).await;
     let queue = w.data().join("db-a/Messages");
-    let message = std::fs::read_dir(&queue)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .find(|n| !n.starts_with('.'))
-        .unwrap();
+    let message = a_message_in(&queue);
     let spare = format!(
         "{}0.zz99.tmp",
         estafeta_exchange::mailbox::DURABLE_SPARE_PREFIX
