@@ -1984,6 +1984,12 @@ mod tests {
                 synced,
                 "a confirmed spare's name needs no folder fsync"
             );
+            mailboxes.settle(&queue).await.unwrap();
+            assert_eq!(
+                mailboxes.stats().dir_fsyncs,
+                synced + 1,
+                "settling the queue fsyncs its folder"
+            );
             assert_eq!(ready(), spares::HIGH - 1);
             let refused = mailboxes.write_when(&queue, &message(3), go(false)).await;
             assert!(refused.unwrap().is_none());

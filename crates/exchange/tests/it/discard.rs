@@ -10,7 +10,10 @@
 //! once the device acknowledged them, finds them delivered, not missing.
 //! And a retried upload whose message a full disk kept from being written
 //! is written by the retry, while a second retry waits for it rather than
-//! acknowledge a file that write may yet take back.
+//! acknowledge a file that write may yet take back. And a device's
+//! idempotency keys leave its record (handed to the key store, expired,
+//! the device deleted) only once their uploads' queue is settled: with the
+//! queue's folder failing to sync, the call fails and no key leaves.
 
 use crate::common::{id, message_files, replies, send_request, start_request};
 use crate::world::{World, config_and_clock, provision_acme};
@@ -20,10 +23,11 @@ use estafeta_exchange::store::{
     Applied, FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, MessageReads,
     MessageSteps, MessageStore, MessageUpkeep, Op, Outcome, RawArray, Tallies,
 };
-use estafeta_exchange::tenancy::Principal;
+use estafeta_exchange::tenancy::{Kind, Principal};
 use estafeta_exchange::wire::*;
 use estafeta_exchange::{
-    Alert, AlertSink, Exchange, ExchangeError, Id, MessageId, Sinks, Stores, Timestamp,
+    Alert, AlertSink, Exchange, ExchangeConfig, ExchangeError, Id, MessageId, Sinks, Stores,
+    Timestamp, Upload,
 };
 use estafeta_session::BoxFuture;
 use estafeta_session::Timestamp as SessionTime;
@@ -54,6 +58,8 @@ struct Puts {
             tokio::sync::oneshot::Receiver<()>,
         )>,
     >,
+    /// Settling a queue fails (its folder's fsync, on a full disk).
+    settle_fails: AtomicBool,
 }
 
 /// A full disk's error at `at`.
@@ -104,6 +110,13 @@ impl MessageSteps for Flaky {
         let applied = self.inner.apply(None, &[gone]).await;
         assert!(applied.results.iter().all(Result::is_ok), "{applied:?}");
         Err(full(at))
+    }
+
+    async fn settle(&self, at: &Location) -> Result<(), MailboxError> {
+        if self.puts.settle_fails.load(Ordering::SeqCst) {
+            return Err(full(at));
+        }
+        self.inner.settle(at).await
     }
 
     async fn schedule(&self, message: &Message, until: Timestamp) -> Result<(), MailboxError> {
@@ -525,4 +538,84 @@ async fn a_retry_never_acknowledges_the_file_of_another_retrys_write_under_way()
         "acknowledged {} but the queue holds {waiting:?}",
         accepted.id
     );
+}
+
+/// phone-1's upload to db-a with the idempotency key `k-<n>`.
+fn keyed(n: usize) -> SendMessage {
+    send_request("db-a", &format!(r#"{{"n":{n}}}"#), Some(&format!("k-{n}")))
+}
+
+/// A keyed upload's file appears once its key is in the device's record,
+/// and its rename is not waited for on disk: after a crash the record's
+/// key is what says the upload was accepted. So the 32 keys a record holds
+/// go to the key store only once their queue is settled, and a device is
+/// deleted (its keys with it) only then: with the queue's folder failing to
+/// sync, both fail and every key stays; once it syncs, the upload is made
+/// and every key still answers its first upload.
+#[tokio::test(start_paused = true)]
+async fn keys_leave_a_device_record_only_once_their_uploads_are_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ready_to_commit(dir.path()).await;
+    let before = files(dir.path(), Folder::Messages);
+    let mut ids = Vec::new();
+    for n in 0..32 {
+        let (sent, outcome) = r.ex.send(&r.phone, keyed(n)).await.unwrap();
+        assert_eq!(outcome, Upload::Created);
+        ids.push(sent.id);
+    }
+
+    r.puts.settle_fails.store(true, Ordering::SeqCst);
+    let refused = r.ex.send(&r.phone, keyed(32)).await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StorageFull, "{refused}");
+    let phone = id("phone-1");
+    let kept =
+        r.ex.delete_endpoint(&Principal::Admin, Kind::Device, phone.clone(), true)
+            .await
+            .unwrap_err();
+    assert_eq!(kept.code(), ErrorCode::StorageFull, "{kept}");
+    assert_eq!(
+        files(dir.path(), Folder::Messages),
+        before + 32,
+        "nothing written"
+    );
+
+    r.puts.settle_fails.store(false, Ordering::SeqCst);
+    let (last, outcome) = r.ex.send(&r.phone, keyed(32)).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
+    ids.push(last.id);
+    for (n, first) in ids.iter().enumerate() {
+        let (again, outcome) = r.ex.send(&r.phone, keyed(n)).await.unwrap();
+        assert_eq!((again.id, outcome), (*first, Upload::Repeated), "k-{n}");
+    }
+    assert_eq!(files(dir.path(), Folder::Messages), before + 33);
+}
+
+/// An expired key leaves the device's record with the next keyed upload's
+/// save, once its queue is settled: with the folder failing to sync, that
+/// upload fails and nothing is written; once it syncs, both keys make new
+/// uploads (the expired one is forgotten).
+#[tokio::test(start_paused = true)]
+async fn expired_keys_leave_a_device_record_only_once_their_uploads_are_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ready_to_commit(dir.path()).await;
+    let before = files(dir.path(), Folder::Messages);
+    let (first, _) = r.ex.send(&r.phone, keyed(0)).await.unwrap();
+    tokio::time::advance(ExchangeConfig::new(dir.path()).idempotency_ttl * 2).await;
+
+    r.puts.settle_fails.store(true, Ordering::SeqCst);
+    let refused = r.ex.send(&r.phone, keyed(1)).await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::StorageFull, "{refused}");
+    assert_eq!(
+        files(dir.path(), Folder::Messages),
+        before + 1,
+        "nothing written"
+    );
+
+    r.puts.settle_fails.store(false, Ordering::SeqCst);
+    let (_, outcome) = r.ex.send(&r.phone, keyed(1)).await.unwrap();
+    assert_eq!(outcome, Upload::Created);
+    let (again, outcome) = r.ex.send(&r.phone, keyed(0)).await.unwrap();
+    assert_eq!(outcome, Upload::Created, "the expired key is forgotten");
+    assert_ne!(again.id, first.id);
+    assert_eq!(files(dir.path(), Folder::Messages), before + 3);
 }
