@@ -55,6 +55,15 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// Makes everything written to the file system that holds `dir` durable
+/// (`syncfs`): every file's data and every folder's entries, whoever
+/// wrote them. For a clean stop, when what was left to the page cache
+/// must be on disk before a marker says so.
+pub fn sync_file_system(dir: &Path) -> io::Result<()> {
+    let folder = std::fs::File::open(dir)?;
+    rustix::fs::syncfs(&folder).map_err(io::Error::from)
+}
+
 /// Makes `path`'s entry in its folder durable.
 pub fn sync_parent(path: &Path) -> io::Result<()> {
     sync_dir(parent(path))

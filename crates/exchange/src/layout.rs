@@ -13,6 +13,7 @@
 //!     push-repeat.redb     pending push notifications
 //!     events.redb          the event log
 //!     removed/<id>         one empty file per deleted mailbox (until made again)
+//!     clean-stop           present between a clean stop and the next start
 //! ```
 //!
 //! Mailbox ids never start with a dot ([`crate::Id`]), so `.estafeta` cannot
@@ -100,6 +101,14 @@ impl DataLayout {
     pub fn removed(&self) -> PathBuf {
         self.state_dir().join("removed")
     }
+
+    /// An empty file made at a clean stop once every message file is
+    /// durable under its name and no spare file is left, and removed by
+    /// the next start before anything is written: a start that finds it
+    /// has no writes of a crash to look for.
+    pub fn clean_stop(&self) -> PathBuf {
+        self.state_dir().join("clean-stop")
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +128,7 @@ mod tests {
             layout.push_deliveries(),
             layout.events(),
             layout.removed(),
+            layout.clean_stop(),
         ];
         let names: std::collections::BTreeSet<_> = files.iter().map(|f| f.file_name()).collect();
         assert_eq!(names.len(), files.len());

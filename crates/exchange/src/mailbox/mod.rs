@@ -628,22 +628,25 @@ impl Mailboxes {
     /// written, and makes no more; a refill under way removes what it makes
     /// and is waited for (a second at most). The removals are not made
     /// durable: a spare a crash brings back is swept at the next start.
-    pub async fn remove_spares(&self) {
+    /// `true` if no spare is left (every removal done, no refill under way).
+    pub async fn remove_spares(&self) -> bool {
         let inner = Arc::clone(&self.inner);
         let removed = blocking(move || {
             let pools = inner.pools();
+            let mut all = true;
             for spare in pools.iter().flat_map(|pool| pool.close()) {
                 if let Err(e) = std::fs::remove_file(&spare) {
                     tracing::debug!(file = %spare.display(), error = %e, "removing a spare file failed");
+                    all = false;
                 }
             }
             let until = std::time::Instant::now() + Duration::from_secs(1);
             while pools.iter().any(|pool| pool.refilling()) && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Ok(())
+            Ok(all && !pools.iter().any(|pool| pool.refilling()))
         });
-        let _ = removed.await;
+        removed.await.unwrap_or(false)
     }
 
     /// Forgets the spares of mailbox `id`'s folders, before the mailbox is

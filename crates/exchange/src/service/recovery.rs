@@ -23,9 +23,10 @@ impl Exchange {
     /// CLEANUP finished, READY_TO_COMMIT put in doubt, orphans in `Prepared`
     /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
-    /// and what they have pending, not with the devices; the messages
-    /// waiting cost two reads of each database's queue folder (with the
-    /// file store, for the uploads a crash left unpublished: see
+    /// and what they have pending, not with the devices. After a crash,
+    /// the messages waiting cost two reads of each database's queue folder
+    /// (with the file store, for the uploads a crash left unpublished, a
+    /// look a clean stop's marker spares: see
     /// [`MessageUpkeep::unconfirmed_written`](crate::store::MessageUpkeep::unconfirmed_written)
     /// and [`publish_written`](crate::store::MessageUpkeep::publish_written)),
     /// and each keyed upload a crash left unpublished, a look at its

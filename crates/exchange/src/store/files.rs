@@ -7,9 +7,16 @@
 //! Files cannot move together atomically, so every op is idempotent: a
 //! move whose file is already in its target, or a delete whose file is
 //! gone, is done. What a crash can leave half-way is cleared at start-up:
-//! temporary files of unfinished writes ([`MessageUpkeep::recover_writes`])
-//! and replies written to `Prepared` but never recorded
-//! ([`MessageUpkeep::orphans`]).
+//! temporary files of unfinished writes ([`MessageUpkeep::recover_writes`]),
+//! uploads written and not yet under their names
+//! ([`MessageUpkeep::unconfirmed_written`]) and replies written to
+//! `Prepared` but never recorded ([`MessageUpkeep::orphans`]).
+//!
+//! Finding the uploads a crash left unpublished takes a read of every
+//! database's queue folder before the server is ready. A clean stop that
+//! leaves nothing to find says so with a marker
+//! ([`DataLayout::clean_stop`](crate::DataLayout::clean_stop)), and the
+//! next start, finding it, skips those reads.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -22,7 +29,7 @@ use crate::error::MailboxError;
 use crate::id::Id;
 use crate::mailbox::{
     FileEntry, FileName, Filter, Folder, Limits, Location, MailboxKind, Mailboxes, Outcome,
-    RawArray, SyncConfig, Tallies,
+    RawArray, SyncConfig, Tallies, blocking,
 };
 use crate::timestamp::Timestamp;
 use crate::ulid_ids::MessageId;
@@ -42,6 +49,9 @@ pub(crate) struct FileStore {
     removals: Arc<Removals>,
     /// What an online backup closes to hold back the writes.
     gate: WriteGate,
+    /// The start found the clean stop's marker: no upload of an earlier
+    /// run is waiting to be published.
+    left_clean: bool,
 }
 
 /// The recipient of a scheduled message, read from its entry's payload.
@@ -59,13 +69,16 @@ impl FileStore {
         scheduled: &Scheduled,
         gate: WriteGate,
     ) -> Result<Self, MailboxError> {
-        let removals = Removals::open(crate::DataLayout::new(root).removed()).await?;
+        let layout = crate::DataLayout::new(root);
+        let removals = Removals::open(layout.removed()).await?;
+        let left_clean = blocking(move || took_clean_stop(&layout.clean_stop())).await?;
         Ok(Self {
             mailboxes: Mailboxes::open(root, SyncConfig::default()).await?,
             scheduled: scheduled.scheduler.clone(),
             kept: scheduled.store.clone(),
             removals: Arc::new(removals),
             gate,
+            left_clean,
         })
     }
 
@@ -432,8 +445,20 @@ impl MessageUpkeep for FileStore {
         Ok(discarded)
     }
 
+    /// Removes the spares, then makes every write durable (renames from
+    /// spares need no folder fsync as they go) and leaves the clean stop's
+    /// marker; if any step fails, no marker: the next start looks.
     async fn close(&self) {
-        self.mailboxes.remove_spares().await;
+        if !self.mailboxes.remove_spares().await {
+            tracing::warn!(
+                "a spare file was left at the stop: the next start looks for unpublished uploads"
+            );
+            return;
+        }
+        let layout = crate::DataLayout::new(self.mailboxes.root());
+        if let Err(e) = blocking(move || leave_clean_stop(&layout)).await {
+            tracing::warn!(error = %e, "the clean stop's marker was not made: the next start looks for unpublished uploads");
+        }
     }
 
     async fn scheduled_for(&self, owner: &Id) -> Result<u64, MailboxError> {
@@ -456,6 +481,9 @@ impl MessageUpkeep for FileStore {
     }
 
     async fn unconfirmed_written(&self, owner: &Id) -> Result<Vec<Message>, MailboxError> {
+        if self.left_clean {
+            return Ok(Vec::new());
+        }
         self.mailboxes.unconfirmed_written(owner).await
     }
 
@@ -464,6 +492,9 @@ impl MessageUpkeep for FileStore {
         owner: &Id,
         confirmed: &HashSet<MessageId>,
     ) -> Result<(), MailboxError> {
+        if self.left_clean {
+            return Ok(());
+        }
         self.mailboxes.publish_written(owner, confirmed).await
     }
 
@@ -489,4 +520,31 @@ impl MessageUpkeep for FileStore {
     async fn holding(&self, folder: Folder) -> Option<Vec<(MailboxKind, Id)>> {
         Some(self.mailboxes.holding(folder).await)
     }
+}
+
+/// Whether the clean stop's `marker` is there; if so it is removed, and
+/// its removal made durable, before anything of this run is written (a
+/// crash later in the run must not find it).
+fn took_clean_stop(marker: &Path) -> Result<bool, MailboxError> {
+    match std::fs::remove_file(marker) {
+        Ok(()) => {
+            estafeta_durable::sync_parent(marker).map_err(|e| MailboxError::io(marker, e))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(MailboxError::io(marker, e)),
+    }
+}
+
+/// Makes everything under the data folder durable, then the clean stop's
+/// marker.
+fn leave_clean_stop(layout: &crate::DataLayout) -> Result<(), MailboxError> {
+    let root = layout.root();
+    estafeta_durable::sync_file_system(root).map_err(|e| MailboxError::io(root, e))?;
+    let marker = layout.clean_stop();
+    let io = |e| MailboxError::io(&marker, e);
+    std::fs::File::create(&marker)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    estafeta_durable::sync_parent(&marker).map_err(io)
 }

@@ -246,7 +246,8 @@ async fn a_keyed_upload_a_crash_left_unpublished_appears_only_if_its_key_was_sav
     other["id"] = other_id.into();
     std::fs::write(spare(1), serde_json::to_vec(&other).unwrap()).unwrap();
 
-    let (ex, w) = restart(w, T0 + 1_000).await;
+    let w = w.restart_as_after_a_crash(SessionTime(T0 + 1_000)).await;
+    let ex = w.ex.clone();
     let left: Vec<String> = std::fs::read_dir(&queue)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -382,7 +383,8 @@ async fn an_upload_whose_rename_a_crash_lost_is_there_for_start_up_processing() 
     );
     std::fs::rename(queue.join(&message), queue.join(&spare)).unwrap();
 
-    let (ex, w) = restart(w, T0 + 100_000).await;
+    let w = w.restart_as_after_a_crash(SessionTime(T0 + 100_000)).await;
+    let ex = w.ex.clone();
     assert_eq!(w.state(&pid).await, ProcessState::InDoubt);
     assert!(w.data().join("db-a/Unknown").join(&message).exists());
     assert!(!queue.join(&spare).exists());
@@ -394,4 +396,58 @@ async fn an_upload_whose_rename_a_crash_lost_is_there_for_start_up_processing() 
     assert_eq!(r.status, CallStatus::Ok);
     assert_eq!(w.files("db-a", Folder::Log), 2);
     assert_eq!(w.start().await.status, StartStatus::Idle);
+}
+
+/// A clean stop leaves its marker once every write is durable and no
+/// spare is left; the next start, finding it, skips the look for the
+/// uploads a crash leaves unpublished (a read of every database's queue
+/// before the server is ready), and removes the marker before anything
+/// is written, so that a crash in that run is looked for at the start
+/// after it.
+#[tokio::test(start_paused = true)]
+async fn a_start_after_a_clean_stop_skips_the_look_for_a_crashs_uploads() {
+    let w = World::new().await;
+    w.ex.send(&w.phone, keyed("k-1")).await.unwrap();
+    let queue = w.data().join("db-a/Messages");
+    let name = a_message_in(&queue);
+    let marker = estafeta_exchange::DataLayout::new(w.data()).clean_stop();
+    assert!(!marker.exists(), "none while serving");
+
+    // A confirmed spare whose key the record keeps, where no clean stop
+    // can leave one (put here between the stop and the start): a start
+    // that finds the marker does not read the queue for it.
+    let w = w.restart(SessionTime(T0 + 1_000)).await;
+    assert!(!marker.exists(), "the start removed it");
+    let spare = queue.join(format!(
+        "{}0.zz99.tmp",
+        estafeta_exchange::mailbox::CONFIRMED_SPARE_PREFIX
+    ));
+    let World { ex, dir, .. } = w;
+    close(ex).await;
+    assert!(marker.exists(), "a clean stop leaves it");
+    std::fs::rename(queue.join(&name), &spare).unwrap();
+    let ex = open(
+        dir.path(),
+        SessionTime(T0 + 2_000),
+        estafeta_exchange::Sinks::default(),
+    )
+    .await;
+    assert!(!marker.exists());
+    assert!(
+        spare.exists() && !queue.join(&name).exists(),
+        "not looked for"
+    );
+    close(ex).await;
+
+    // Without the marker (as after a crash) the start looks, and
+    // publishes it.
+    std::fs::remove_file(&marker).unwrap();
+    let ex = open(
+        dir.path(),
+        SessionTime(T0 + 3_000),
+        estafeta_exchange::Sinks::default(),
+    )
+    .await;
+    assert!(queue.join(&name).exists() && !spare.exists());
+    close(ex).await;
 }

@@ -178,6 +178,18 @@ impl World {
         World { ex, dir, ..self }
     }
 
+    /// [`World::restart`] as after a crash: the clean stop's marker
+    /// removed, so that the start looks for what a crash leaves (files a
+    /// test put in place of a crash's between the two).
+    pub(crate) async fn restart_as_after_a_crash(self, at: SessionTime) -> World {
+        let World { ex, dir, .. } = self;
+        close(ex).await;
+        let data = dir.path().join("data");
+        std::fs::remove_file(estafeta_exchange::DataLayout::new(&data).clean_stop()).unwrap();
+        let ex = open(dir.path(), at, Sinks::default()).await;
+        World { ex, dir, ..self }
+    }
+
     pub(crate) fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }

@@ -145,16 +145,41 @@ pub struct Postgres {
 impl Postgres {
     /// Make and start a fresh instance.
     pub fn start() -> Result<Postgres, HarnessError> {
-        let pg = Postgres::initialized()?;
-        pg.restart()?;
+        Postgres::start_with(&[])
+    }
+
+    /// Make and start a fresh instance with `settings` (lines of
+    /// `postgresql.conf`, after the harness's own) from its first start.
+    pub fn start_with(settings: &[&str]) -> Result<Postgres, HarnessError> {
+        let mut pg = Postgres::initialized()?;
+        pg.configure(settings)?;
+        pg.first_start()?;
         Ok(pg)
+    }
+
+    /// The first start: on another free port if the one picked was taken
+    /// meanwhile (a loopback client's own port can be any free one), as
+    /// nobody knows the port yet.
+    fn first_start(&mut self) -> Result<(), HarnessError> {
+        let mut tries = 0;
+        loop {
+            match self.restart() {
+                Err(HarnessError::Command { output, .. })
+                    if tries < 5 && output.contains("Address already in use") =>
+                {
+                    tries += 1;
+                    self.port = free_port()?;
+                }
+                started => return started,
+            }
+        }
     }
 
     /// Make and start a fresh instance that takes TCP connections only
     /// over TLS, showing the given certificate chain (PEM) and holding its
     /// key (PEM).
     pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Result<Postgres, HarnessError> {
-        let pg = Postgres::initialized()?;
+        let mut pg = Postgres::initialized()?;
         pg.write_file("server.crt", cert_pem)?;
         pg.write_file("server.key", key_pem)?;
         pg.write_file(
@@ -162,7 +187,7 @@ impl Postgres {
             "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
         )?;
         pg.configure(&["ssl = on"])?;
-        pg.restart()?;
+        pg.first_start()?;
         Ok(pg)
     }
 

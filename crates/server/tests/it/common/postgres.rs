@@ -44,13 +44,9 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// The instance, started on first use.
 fn shared() -> &'static Shared {
     SHARED.get_or_init(|| {
-        let pg = Postgres::start().expect("start the tests' PostgreSQL instance");
-        pg.psql(&format!(
-            "ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}"
-        ))
-        .unwrap();
-        pg.stop().unwrap();
-        pg.restart().unwrap();
+        let connections = format!("max_connections = {MAX_CONNECTIONS}");
+        let pg =
+            Postgres::start_with(&[&connections]).expect("start the tests' PostgreSQL instance");
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
