@@ -1883,7 +1883,7 @@ mod tests {
         );
         assert_eq!(mailboxes.oldest(&queue, 10).await.unwrap().len(), 2);
         // A clean stop leaves the messages alone, and no spare behind.
-        mailboxes.remove_spares().await;
+        assert!(mailboxes.remove_spares().await, "every spare removed");
         assert_eq!(
             every_name(&dir),
             [FileName::of(&message(1)), written.name].map(|n| n.to_string())
