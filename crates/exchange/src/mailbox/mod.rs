@@ -41,7 +41,7 @@ mod spares;
 mod sync;
 mod tally;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -207,9 +207,28 @@ struct Inner {
     /// The same, their names durable, for the writes into `Messages`
     /// published once allowed ([`write_when`](Mailboxes::write_when)).
     confirmed_spares: Spares,
+    /// The earlier runs' spares found in each queue folder by
+    /// [`unconfirmed_written`](Mailboxes::unconfirmed_written), for the
+    /// [`publish_written`](Mailboxes::publish_written) that follows it:
+    /// a start reads each queue's folder once (nothing else writes an
+    /// earlier run's spare in between).
+    earlier_found: std::sync::Mutex<HashMap<PathBuf, Vec<(Kind, PathBuf)>>>,
 }
 
 impl Inner {
+    /// Keeps what a look at the queue folder `dir` found of earlier runs'
+    /// spares, for the publish that follows.
+    fn found_earlier(&self, dir: PathBuf, found: Vec<(Kind, PathBuf)>) {
+        if let Ok(mut kept) = self.earlier_found.lock() {
+            kept.insert(dir, found);
+        }
+    }
+
+    /// What [`found_earlier`](Self::found_earlier) kept of `dir`, taken.
+    fn take_found_earlier(&self, dir: &Path) -> Option<Vec<(Kind, PathBuf)>> {
+        self.earlier_found.lock().ok()?.remove(dir)
+    }
+
     /// The spares of `kind`.
     fn spares(&self, kind: Kind) -> &Spares {
         match kind {
@@ -282,6 +301,7 @@ impl Mailboxes {
             spares: Spares::new(spares::Kind::Gated, suffix.clone()),
             durable_spares: Spares::new(spares::Kind::Durable, suffix.clone()),
             confirmed_spares: Spares::new(spares::Kind::Confirmed, suffix.clone()),
+            earlier_found: std::sync::Mutex::default(),
             temp_suffix: suffix,
         });
         tokio::spawn(verify_every(Arc::downgrade(&inner), config.verify_every));
@@ -1113,19 +1133,22 @@ impl Mailboxes {
     /// [`CONFIRMED_SPARE_PREFIX`]), for the caller to tell which of them
     /// had their go-ahead ([`publish_written`](Self::publish_written)). A
     /// spare holding no whole message is removed. Blocking work of one look
-    /// at the folder.
+    /// at the folder, whose findings `publish_written` takes.
     pub async fn unconfirmed_written(&self, mailbox: &Id) -> Result<Vec<Message>, MailboxError> {
         let dir = self.path(&Location::new(mailbox.clone(), Folder::Messages));
         let ours = self.inner.temp_suffix.clone();
+        let inner = Arc::clone(&self.inner);
         blocking(move || {
+            let found = earlier_spares(&dir, &ours, &[Kind::Confirmed, Kind::Durable])?;
             let mut written = Vec::new();
-            for (_, path) in earlier_spares(&dir, &ours, &[Kind::Confirmed])? {
+            for (_, path) in found.iter().filter(|(kind, _)| *kind == Kind::Confirmed) {
                 if let Some(message) =
-                    spares::read_earlier(&path).map_err(|e| MailboxError::io(&path, e))?
+                    spares::read_earlier(path).map_err(|e| MailboxError::io(path, e))?
                 {
                     written.push(message);
                 }
             }
+            inner.found_earlier(dir, found);
             Ok(written)
         })
         .await
@@ -1149,9 +1172,14 @@ impl Mailboxes {
         let dir = self.path(&loc);
         let ours = self.inner.temp_suffix.clone();
         let confirmed = confirmed.clone();
+        let inner = Arc::clone(&self.inner);
         let rescan = blocking(move || {
+            let found = match inner.take_found_earlier(&dir) {
+                Some(found) => found,
+                None => earlier_spares(&dir, &ours, &[Kind::Confirmed, Kind::Durable])?,
+            };
             let mut rescan = false;
-            for (kind, path) in earlier_spares(&dir, &ours, &[Kind::Confirmed, Kind::Durable])? {
+            for (kind, path) in found {
                 let io = |e| MailboxError::io(&path, e);
                 if kind == Kind::Durable {
                     rescan = true;

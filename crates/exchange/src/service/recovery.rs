@@ -24,7 +24,7 @@ impl Exchange {
     /// moved to `Unknown` (removed with a shared store). Protocol calls answer 503
     /// (`not_ready`) until it has run. Its cost grows with the databases
     /// and what they have pending, not with the devices. After a crash,
-    /// the messages waiting cost two reads of each database's queue folder
+    /// the messages waiting cost a read of each database's queue folder
     /// (with the file store, for the uploads a crash left unpublished, a
     /// look a clean stop's marker spares: see
     /// [`MessageUpkeep::unconfirmed_written`](crate::store::MessageUpkeep::unconfirmed_written)
