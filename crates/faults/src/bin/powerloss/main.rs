@@ -67,6 +67,11 @@ struct Cli {
     /// given, removed after a clean run.
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
+    /// End the recorded run with a clean stop (SIGTERM) rather than a
+    /// kill, so that the cuts include the stop's own writes (the sessions'
+    /// last save, the sync of the data folder, the clean stop's marker).
+    #[arg(long)]
+    clean_stop: bool,
 }
 
 /// What a run found.
@@ -156,7 +161,8 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
     }
     let root = root.canonicalize()?;
     let began = Instant::now();
-    let (journal, events) = record(&binary, &work, &root, cli.uploads as usize).await?;
+    let (journal, events) =
+        record(&binary, &work, &root, cli.uploads as usize, cli.clean_stop).await?;
     eprintln!(
         "recorded {} operations in {:.1?}",
         events.len(),
@@ -242,14 +248,15 @@ async fn run(cli: Cli) -> anyhow::Result<Summary> {
     })
 }
 
-/// Runs the workload against the server under strace; the journal and
-/// the events of the trace. Fails on a traced call the model does not
-/// know.
+/// Runs the workload against the server under strace, ended by a kill or
+/// a `clean_stop`; the journal and the events of the trace. Fails on a
+/// traced call the model does not know.
 async fn record(
     binary: &Path,
     work: &Path,
     root: &Path,
     uploads: usize,
+    clean_stop: bool,
 ) -> anyhow::Result<(Journal, Vec<record::Event>)> {
     let trace_file = work.join("trace.txt");
     let port = free_port()?;
@@ -267,10 +274,15 @@ async fn record(
     // The server is strace's child. Stopped first, so that every call
     // under way completes and is traced, then killed (strace ends with
     // it); the page cache holds what it wrote, which the model must match.
+    // Or stopped cleanly, its stop traced to its end.
     if let Some(strace) = server.id() {
-        signal_children(strace, "-STOP")?;
-        quiet(&trace_file).await?;
-        signal_children(strace, "-KILL")?;
+        if clean_stop {
+            signal_children(strace, "-TERM")?;
+        } else {
+            signal_children(strace, "-STOP")?;
+            quiet(&trace_file).await?;
+            signal_children(strace, "-KILL")?;
+        }
     }
     server.wait().await?;
     let journal = journal.context("the workload")?;
