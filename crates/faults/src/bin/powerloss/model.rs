@@ -473,13 +473,14 @@ impl Fs {
             Op::Sync(path) => {
                 let ino = self.resolve(path)?;
                 if self.dirs.contains(&ino) {
-                    let (now, later): (Vec<Pending>, Vec<Pending>) =
-                        std::mem::take(&mut self.pending)
-                            .into_iter()
-                            .partition(|p| p.dirs().contains(&ino));
-                    for p in now {
-                        if let Pending::Entries(changes) = p {
-                            set(&mut self.durable, &changes);
+                    let now = self.synced_with(ino);
+                    let mut later = Vec::with_capacity(self.pending.len() - now.len());
+                    for (i, p) in std::mem::take(&mut self.pending).into_iter().enumerate() {
+                        match p {
+                            Pending::Entries(changes) if now.contains(&i) => {
+                                set(&mut self.durable, &changes);
+                            }
+                            p => later.push(p),
                         }
                     }
                     self.pending = later;
@@ -497,6 +498,54 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// The pending entry changes an fsync of folder `dir` makes durable:
+    /// those touching it, and with each of them every earlier change of
+    /// the other folder it touches (a rename), since a folder's durable
+    /// changes are a prefix of its changes. A rename out of a folder made
+    /// durable through the folder it goes to brings the changes that made
+    /// its name there with it: the file is never in both.
+    fn synced_with(&self, dir: Ino) -> BTreeSet<usize> {
+        // Per folder, the last of its pending changes that becomes durable.
+        let mut need: HashMap<Ino, usize> = HashMap::new();
+        if let Some(end) = self.pending.iter().rposition(|p| p.dirs().contains(&dir)) {
+            need.insert(dir, end);
+        }
+        let wanted = |need: &HashMap<Ino, usize>, i: usize, dirs: &[Ino]| {
+            dirs.iter().any(|d| need.get(d).is_some_and(|n| i <= *n))
+        };
+        loop {
+            let mut grown = false;
+            for (i, p) in self.pending.iter().enumerate() {
+                let dirs = p.dirs();
+                if !wanted(&need, i, &dirs) {
+                    continue;
+                }
+                for d in dirs {
+                    match need.get_mut(&d) {
+                        Some(n) if *n >= i => {}
+                        Some(n) => {
+                            *n = i;
+                            grown = true;
+                        }
+                        None => {
+                            need.insert(d, i);
+                            grown = true;
+                        }
+                    }
+                }
+            }
+            if !grown {
+                break;
+            }
+        }
+        self.pending
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| wanted(&need, *i, &p.dirs()))
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// The state the running system sees (every change kept).
@@ -1073,6 +1122,36 @@ mod tests {
         synced.push(sync("/w/b"));
         for s in last_states(&synced) {
             assert!(s.contains_key(Path::new("b/x")) && !s.contains_key(Path::new("a/x")));
+        }
+    }
+
+    #[test]
+    fn a_rename_made_durable_through_its_target_folder_takes_what_named_it_along() {
+        // A spare renamed to its name in `a` (not synced), then moved to
+        // `b`, and `b` synced before `a`: the order of a server's fsyncs on
+        // two threads.
+        let events = vec![
+            at(Op::Mkdir("/w/a".into())),
+            at(Op::Mkdir("/w/b".into())),
+            sync("/w"),
+            create("/w/a/.t"),
+            sync("/w/a"),
+            at(Op::Rename("/w/a/.t".into(), "/w/a/x".into())),
+            at(Op::Rename("/w/a/x".into(), "/w/b/x".into())),
+            sync("/w/b"),
+        ];
+        let after_b = last_states(&events);
+        let mut both = events.clone();
+        both.push(sync("/w/a"));
+        let after_a = last_states(&both);
+        for s in after_b.iter().chain(&after_a) {
+            assert!(
+                s.contains_key(Path::new("b/x"))
+                    && !s.contains_key(Path::new("a/x"))
+                    && !s.contains_key(Path::new("a/.t")),
+                "the moved file is in b alone: {:?}",
+                s.keys().collect::<Vec<_>>()
+            );
         }
     }
 
