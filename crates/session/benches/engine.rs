@@ -14,7 +14,8 @@
 //!   commands), and SQLite in WAL mode with `synchronous=FULL`, its updates
 //!   batched into transactions by one writer thread (printed: rates and
 //!   median ratios). Needs `redis-server`; without it the bench fails.
-//! - `memory`: resident bytes per idle session (printed, from /proc).
+//! - `memory`: resident bytes per idle session, and per entry of the
+//!   `DashMap` baseline (printed, from /proc).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dashmap::DashMap;
@@ -482,6 +483,22 @@ fn memory(_c: &mut Criterion) {
         (after - before) as f64 / (1 << 20) as f64
     );
     assert_eq!(engine.stats().in_memory, n);
+    // The baseline, measured while the engine's sessions are still held,
+    // so its growth is memory of its own (not the engine's, freed and
+    // reused).
+    let before = resident_bytes();
+    let map: DashMap<u64, Arc<tokio::sync::Mutex<u64>>> = DashMap::new();
+    for k in 0..n {
+        map.insert(k, Arc::new(tokio::sync::Mutex::new(k)));
+    }
+    let after = resident_bytes();
+    let base = (after.saturating_sub(before)) as f64 / n as f64;
+    println!(
+        "memory: {n} entries of DashMap<u64, Arc<tokio::sync::Mutex<u64>>>: resident +{:.1} MiB, {base:.0} bytes per entry; engine / baseline {:.2}",
+        (after - before) as f64 / (1 << 20) as f64,
+        per / base
+    );
+    assert_eq!(map.len() as u64, n);
 }
 
 criterion_group!(benches, in_memory, paired, durable, memory);
