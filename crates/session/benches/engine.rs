@@ -14,8 +14,6 @@
 //!   commands), and SQLite in WAL mode with `synchronous=FULL`, its updates
 //!   batched into transactions by one writer thread (printed: rates and
 //!   median ratios). Needs `redis-server`; without it the bench fails.
-//! - `memory`: resident bytes per idle session, and per entry of the
-//!   `DashMap` baseline (printed, from /proc).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dashmap::DashMap;
@@ -366,19 +364,9 @@ fn durable(_c: &mut Criterion) {
     }
 }
 
-fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
-}
-
 /// Whether criterion's command line names a filter that leaves the step
 /// `name` out (criterion only filters what runs through it; the `paired`
-/// and `memory` steps do not).
+/// and `durable` steps do not).
 fn filtered_out(name: &str) -> bool {
     const WITH_VALUE: &[&str] = &[
         "-s",
@@ -457,49 +445,5 @@ fn paired(_c: &mut Criterion) {
     }
 }
 
-/// Not a timing: prints resident bytes per idle in-memory session.
-fn memory(_c: &mut Criterion) {
-    if filtered_out("memory") {
-        return;
-    }
-    let rt = runtime();
-    let n = 1_000_000u64;
-    let before = resident_bytes();
-    let engine: Engine<u64, u64> = rt
-        .block_on(Engine::builder(Arc::new(MemoryStorage::new())).open())
-        .unwrap();
-    rt.block_on(async {
-        for k in 0..n {
-            let mut s = engine.get(k, true).await.unwrap().unwrap();
-            *s.state_mut() = k;
-        }
-        // Let the expiry manager index them all.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    });
-    let after = resident_bytes();
-    let per = (after.saturating_sub(before)) as f64 / n as f64;
-    println!(
-        "memory: {n} idle sessions (u64 key, u64 state): resident +{:.1} MiB, {per:.0} bytes per session (state itself: 8)",
-        (after - before) as f64 / (1 << 20) as f64
-    );
-    assert_eq!(engine.stats().in_memory, n);
-    // The baseline, measured while the engine's sessions are still held,
-    // so its growth is memory of its own (not the engine's, freed and
-    // reused).
-    let before = resident_bytes();
-    let map: DashMap<u64, Arc<tokio::sync::Mutex<u64>>> = DashMap::new();
-    for k in 0..n {
-        map.insert(k, Arc::new(tokio::sync::Mutex::new(k)));
-    }
-    let after = resident_bytes();
-    let base = (after.saturating_sub(before)) as f64 / n as f64;
-    println!(
-        "memory: {n} entries of DashMap<u64, Arc<tokio::sync::Mutex<u64>>>: resident +{:.1} MiB, {base:.0} bytes per entry; engine / baseline {:.2}",
-        (after - before) as f64 / (1 << 20) as f64,
-        per / base
-    );
-    assert_eq!(map.len() as u64, n);
-}
-
-criterion_group!(benches, in_memory, paired, durable, memory);
+criterion_group!(benches, in_memory, paired, durable);
 criterion_main!(benches);
