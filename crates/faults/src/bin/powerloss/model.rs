@@ -508,44 +508,25 @@ impl Fs {
     /// its name there with it: the file is never in both.
     fn synced_with(&self, dir: Ino) -> BTreeSet<usize> {
         // Per folder, the last of its pending changes that becomes durable.
+        // Walked from the last change back, a change taken marks each
+        // folder it touches that has no mark yet at itself: a mark only
+        // takes changes still to be walked.
         let mut need: HashMap<Ino, usize> = HashMap::new();
-        if let Some(end) = self.pending.iter().rposition(|p| p.dirs().contains(&dir)) {
-            need.insert(dir, end);
-        }
-        let wanted = |need: &HashMap<Ino, usize>, i: usize, dirs: &[Ino]| {
-            dirs.iter().any(|d| need.get(d).is_some_and(|n| i <= *n))
-        };
-        loop {
-            let mut grown = false;
-            for (i, p) in self.pending.iter().enumerate() {
-                let dirs = p.dirs();
-                if !wanted(&need, i, &dirs) {
-                    continue;
-                }
-                for d in dirs {
-                    match need.get_mut(&d) {
-                        Some(n) if *n >= i => {}
-                        Some(n) => {
-                            *n = i;
-                            grown = true;
-                        }
-                        None => {
-                            need.insert(d, i);
-                            grown = true;
-                        }
-                    }
-                }
+        let mut now = BTreeSet::new();
+        for (i, p) in self.pending.iter().enumerate().rev() {
+            let dirs = p.dirs();
+            let taken = dirs
+                .iter()
+                .any(|d| *d == dir || need.get(d).is_some_and(|n| i <= *n));
+            if !taken {
+                continue;
             }
-            if !grown {
-                break;
+            for d in dirs {
+                need.entry(d).or_insert(i);
             }
+            now.insert(i);
         }
-        self.pending
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| wanted(&need, *i, &p.dirs()))
-            .map(|(i, _)| i)
-            .collect()
+        now
     }
 
     /// The state the running system sees (every change kept).
