@@ -147,6 +147,12 @@ impl Reader {
             return;
         }
         let (call, began) = if let Some(head) = rest.strip_suffix(" <unfinished ...>") {
+            // The kernel frees a closed descriptor's number as the close
+            // begins, so another thread's open may take it, and write
+            // through it, before this close is reported done.
+            if let Some(fd) = head.strip_prefix("close(").and_then(fd_number) {
+                self.fds.remove(&fd);
+            }
             self.unfinished.insert(tid, (head.to_owned(), began));
             return;
         } else if let Some(tail) = rest.strip_prefix("<... ") {
@@ -154,6 +160,7 @@ impl Reader {
                 return self.unmodelled(line);
             };
             match self.unfinished.remove(&tid) {
+                Some((head, _)) if head.starts_with("close(") => return,
                 Some((head, began)) => (format!("{head}{tail}"), began),
                 None => return self.unmodelled(line),
             }
@@ -758,6 +765,28 @@ mod tests {
         assert!(t.unmodelled.is_empty(), "{:?}", t.unmodelled);
         let at: Vec<f64> = t.events.iter().map(|e| e.at).collect();
         assert_eq!(at, vec![1.6, 2.5]);
+    }
+
+    #[test]
+    fn a_descriptor_closed_on_one_thread_can_be_opened_again_on_another_before_the_close_is_reported()
+    {
+        let (a, b) = (hex("/w/a"), hex("/w/b"));
+        let lines = vec![
+            format!("5 1.0 close(20<{a}> <unfinished ...>"),
+            format!(
+                r#"6 1.1 openat(AT_FDCWD<{0}>, "{b}", O_WRONLY|O_CREAT, 0600) = 20<{b}> <0.1>"#,
+                hex("/w")
+            ),
+            format!(r#"6 1.3 write(20<{b}>, "{}", 3 <unfinished ...>"#, hex("abc")),
+            "5 1.4 <... close resumed>) = 0 <0.4>".to_owned(),
+            "6 1.5 <... write resumed>) = 3 <0.2>".to_owned(),
+        ];
+        let t = read(&lines);
+        assert!(t.unmodelled.is_empty(), "{:?}", t.unmodelled);
+        assert_eq!(
+            format!("{:?}", t.events[1].op),
+            r#"Write { path: "/w/b", offset: 0, bytes: [97, 98, 99] }"#
+        );
     }
 
     #[test]
