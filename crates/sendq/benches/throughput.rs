@@ -1,13 +1,14 @@
 //! Entries per second through the send queue against what a user would write
 //! instead: a `tokio::sync::Semaphore` per host and type in front of a task
-//! per request. 100 hosts × 3 types, a no-op transport that answers at once;
-//! both sides count entries in flight per host and type and the run fails if
-//! a window is ever exceeded.
+//! per request. 100 hosts × 3 types, a no-op transport that answers at once,
+//! 1,000 and 1,000,000 entries added at once (so the cost per entry can be
+//! seen to stay flat as the backlog grows); both sides count entries in
+//! flight per host and type and the run fails if a window is ever exceeded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use estafeta_sendq::{
     Completion, Done, Kind, QueueConfig, Reply, Request, SendError, SendQueue, Transport,
     TypeConfig,
@@ -17,8 +18,8 @@ use tokio::sync::{Notify, Semaphore};
 const HOSTS: usize = 100;
 const TYPES: usize = 3;
 const WINDOWS: [usize; TYPES] = [1, 4, 8];
-const PER_QUEUE: usize = 100;
-const ENTRIES: usize = HOSTS * TYPES * PER_QUEUE;
+/// Entries added at once in one iteration: the backlog sizes measured.
+const SIZES: [usize; 2] = [1_000, 1_000_000];
 
 /// In-flight counters per host and type, with the highest count seen.
 struct Counters {
@@ -75,9 +76,9 @@ struct Finish {
 }
 
 impl Finish {
-    fn new() -> Arc<Self> {
+    fn new(entries: usize) -> Arc<Self> {
         Arc::new(Self {
-            left: AtomicUsize::new(ENTRIES),
+            left: AtomicUsize::new(entries),
             all: Notify::new(),
         })
     }
@@ -100,8 +101,9 @@ impl Completion<usize, (), ()> for Counted {
     }
 }
 
-fn order() -> impl Iterator<Item = (usize, usize)> {
-    (0..PER_QUEUE).flat_map(|_| (0..HOSTS).flat_map(|h| (0..TYPES).map(move |k| (h, k))))
+/// `entries` (host, type) pairs, round-robin over every host and type.
+fn order(entries: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..entries).map(|i| ((i / TYPES) % HOSTS, i % TYPES))
 }
 
 fn bench(c: &mut Criterion) {
@@ -111,8 +113,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let mut group = c.benchmark_group("sendq_100_hosts_x_3_types");
-    group.throughput(Throughput::Elements(ENTRIES as u64));
-    group.sample_size(20);
+    group.sample_size(10);
 
     let queue_counters = Counters::new();
     let queue = rt.block_on(async {
@@ -129,52 +130,64 @@ fn bench(c: &mut Criterion) {
         )
         .unwrap()
     });
-    group.bench_function("send_queue", |b| {
-        b.to_async(&rt).iter(|| async {
-            let queue = queue.clone();
-            // The adding code runs on the runtime, as it does in the server.
-            let run = tokio::spawn(async move {
-                let finish = Finish::new();
-                for (host, kind) in order() {
-                    queue
-                        .add_with(host, Kind(kind), (), Counted(Arc::clone(&finish)))
-                        .unwrap();
-                }
-                finish.all.notified().await;
-            });
-            run.await.unwrap();
-        });
-    });
-
     let base_counters = Counters::new();
     let semaphores: Arc<Vec<Arc<Semaphore>>> = Arc::new(
         (0..HOSTS * TYPES)
             .map(|i| Arc::new(Semaphore::new(WINDOWS[i % TYPES])))
             .collect(),
     );
-    group.bench_function("semaphore_baseline", |b| {
-        b.to_async(&rt).iter(|| async {
-            let (semaphores, base_counters) = (Arc::clone(&semaphores), Arc::clone(&base_counters));
-            let run = tokio::spawn(async move {
-                let finish = Finish::new();
-                for (host, kind) in order() {
-                    let finish = Arc::clone(&finish);
-                    let counters = Arc::clone(&base_counters);
-                    let permit = Arc::clone(&semaphores[host * TYPES + kind]);
-                    tokio::spawn(async move {
-                        let Ok(_permit) = permit.acquire_owned().await else {
-                            return;
-                        };
-                        counters.enter(host, kind);
-                        counters.leave(host, kind);
-                        finish.one();
+    for entries in SIZES {
+        group.throughput(Throughput::Elements(entries as u64));
+        group.bench_with_input(
+            BenchmarkId::new("send_queue", entries),
+            &entries,
+            |b, &entries| {
+                b.to_async(&rt).iter(|| async {
+                    let queue = queue.clone();
+                    // The adding code runs on the runtime, as it does in the server.
+                    let run = tokio::spawn(async move {
+                        let finish = Finish::new(entries);
+                        for (host, kind) in order(entries) {
+                            queue
+                                .add_with(host, Kind(kind), (), Counted(Arc::clone(&finish)))
+                                .unwrap();
+                        }
+                        finish.all.notified().await;
                     });
-                }
-                finish.all.notified().await;
-            });
-            run.await.unwrap();
-        });
-    });
+                    run.await.unwrap();
+                });
+            },
+        );
+
+        group.bench_with_input(
+            BenchmarkId::new("semaphore_baseline", entries),
+            &entries,
+            |b, &entries| {
+                b.to_async(&rt).iter(|| async {
+                    let (semaphores, base_counters) =
+                        (Arc::clone(&semaphores), Arc::clone(&base_counters));
+                    let run = tokio::spawn(async move {
+                        let finish = Finish::new(entries);
+                        for (host, kind) in order(entries) {
+                            let finish = Arc::clone(&finish);
+                            let counters = Arc::clone(&base_counters);
+                            let permit = Arc::clone(&semaphores[host * TYPES + kind]);
+                            tokio::spawn(async move {
+                                let Ok(_permit) = permit.acquire_owned().await else {
+                                    return;
+                                };
+                                counters.enter(host, kind);
+                                counters.leave(host, kind);
+                                finish.one();
+                            });
+                        }
+                        finish.all.notified().await;
+                    });
+                    run.await.unwrap();
+                });
+            },
+        );
+    }
     group.finish();
 
     rt.block_on(queue.shutdown());
