@@ -86,12 +86,22 @@ fn bench(c: &mut Criterion) {
     let (postgres, files) = runtime.block_on(async {
         let store = Store::connect(&pg.url()).unwrap();
         store.migrate().await.unwrap();
+        let postgres: Arc<dyn MessageStore> = Arc::new(PgMessages::new(store.clone()));
+        let (files, _) = file_store(dir.path()).await;
+        // Every mailbox exists before its first message, as in the server.
+        let owners: Vec<Id> = ["sel-1000", "sel-10000", "sel-1000000", "put-db", "apply-db"]
+            .into_iter()
+            .map(|o| Id::new(o).unwrap())
+            .collect();
+        for made in [&postgres, &files] {
+            for result in made.create_mailboxes(&owners).await {
+                result.unwrap();
+            }
+        }
         fill_postgres(&store, "sel-1000", 0, 1_000).await;
         fill_postgres(&store, "sel-1000000", 1_000_000, 1_000_000).await;
-        let (files, _) = file_store(dir.path()).await;
         fill_files(&*files, "sel-1000", 1_000).await;
         fill_files(&*files, "sel-10000", 10_000).await;
-        let postgres: Arc<dyn MessageStore> = Arc::new(PgMessages::new(store));
         (postgres, files)
     });
     let stores = [("files", files), ("postgres", postgres)];

@@ -768,8 +768,7 @@ mod tests {
     }
 
     #[test]
-    fn a_descriptor_closed_on_one_thread_can_be_opened_again_on_another_before_the_close_is_reported()
-    {
+    fn a_descriptor_number_reused_before_its_close_is_reported() {
         let (a, b) = (hex("/w/a"), hex("/w/b"));
         let lines = vec![
             format!("5 1.0 close(20<{a}> <unfinished ...>"),
@@ -777,7 +776,10 @@ mod tests {
                 r#"6 1.1 openat(AT_FDCWD<{0}>, "{b}", O_WRONLY|O_CREAT, 0600) = 20<{b}> <0.1>"#,
                 hex("/w")
             ),
-            format!(r#"6 1.3 write(20<{b}>, "{}", 3 <unfinished ...>"#, hex("abc")),
+            format!(
+                r#"6 1.3 write(20<{b}>, "{}", 3 <unfinished ...>"#,
+                hex("abc")
+            ),
             "5 1.4 <... close resumed>) = 0 <0.4>".to_owned(),
             "6 1.5 <... write resumed>) = 3 <0.2>".to_owned(),
         ];
