@@ -42,6 +42,8 @@ use tokio::sync::{Notify, mpsc};
 const LEAD: u64 = 5;
 /// How long a node holds an entry it claimed (the server's lease).
 const LEASE: Duration = Duration::from_secs(30);
+/// How many claims a node holds open at once (the server's).
+const HOLDS: usize = 4;
 /// The most jobs the baseline's producer takes in one fetch.
 const FETCH: i64 = 100;
 /// The baseline's poll interval when a fetch found nothing (River's
@@ -83,7 +85,7 @@ impl Cluster {
         .unwrap();
         Cluster::insert(&sql, "later", (TOTAL - DUE) as i64, later, 86_400).await;
         let sources: Vec<&str> = names.iter().map(String::as_str).collect();
-        let queue = PgQueue::claiming(store, &sources, LEASE);
+        let queue = PgQueue::holding(store, &sources, LEASE, HOLDS);
         Cluster {
             scheduler: Scheduler::new(queue, SystemClock, Options::default()),
             sql,

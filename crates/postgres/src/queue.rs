@@ -18,16 +18,30 @@
 //! leaves its entries due at once, as if their claimer had died. Listing a
 //! claiming queue would claim what it lists: list through a plain one
 //! ([`PgQueue::new`]).
+//!
+//! A holding queue ([`PgQueue::holding`]) writes no lease: its dispatching
+//! read locks the due rows and leaves its transaction open while their
+//! handlers run, and their outcomes are applied and committed in that same
+//! transaction ([`Held`]). Other nodes pass over the locked rows. A node
+//! that dies loses its connection, its transaction aborts and the rows are
+//! due again at once; one paused past the store's hold limit
+//! ([`Options::hold_limit`](crate::Options::hold_limit)) is cut off by the
+//! database, its late outcomes fail and the entries are handed out again. Each hold keeps a pooled
+//! connection; when all of a queue's holds are in use, its reads claim
+//! with a lease.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount, Store};
+use deadpool_postgres::Object;
+use estafeta_repeat::store::{Applied, Held, Holding, Op, Read, Scan, Skip, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
-
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::ToSql;
 
+use crate::Error;
 use crate::Store as Db;
-use crate::schedule::{PgSchedule, to_sql};
+use crate::schedule::{PgSchedule, apply_run, runs, to_sql};
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
 /// the arrays), locked, passing over those other transactions hold.
@@ -38,8 +52,9 @@ const DUE: &str = "SELECT s.ord, e.due, e.id, e.attempt, e.payload
         FOR UPDATE SKIP LOCKED) AS e
     ORDER BY s.ord, e.due, e.id";
 const CLAIM: &str = "UPDATE repeat_entries SET due = $2 WHERE id = ANY($1)";
-/// A claim's transaction commits without waiting for its log's flush.
-const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
+/// A leasing claim's transaction, committed without waiting for its log's
+/// flush.
+const BEGIN_LEASE: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 /// The first due second of each source `$1` after its second `$2`.
 const HEAD: &str = "SELECT s.ord, h.due
     FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS s(source, after, ord)
@@ -54,6 +69,75 @@ pub struct PgQueue {
     sources: Vec<String>,
     /// How far ahead a claimed entry is moved; `None`: reads do not claim.
     lease: Option<Duration>,
+    /// A holding queue's holds (see the module's doc), one permit each.
+    holds: Option<Arc<Semaphore>>,
+}
+
+/// How a read takes what it returns.
+#[derive(Clone, Copy)]
+enum Take {
+    /// Moved ahead to this second, committed at once.
+    Lease(u64),
+    /// Locked by a transaction left open.
+    Hold,
+}
+
+/// A transaction begun by hand on a pooled connection: dropped before it
+/// ends, its connection is closed (the database aborts the transaction)
+/// rather than handed back to the pool inside it.
+struct Open(Option<Object>);
+
+impl Open {
+    fn client(&self) -> Result<&Object, Error> {
+        self.0
+            .as_ref()
+            .ok_or_else(|| Error::Options("a transaction used after its end".into()))
+    }
+
+    /// Commits; the connection goes back to the pool.
+    async fn commit(mut self) -> Result<(), Error> {
+        self.client()?.batch_execute("COMMIT").await?;
+        self.0.take();
+        Ok(())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(Object::take(client));
+        }
+    }
+}
+
+/// A holding queue's open claim ([`Held`]).
+struct PgHold {
+    tx: Open,
+    runtime: tokio::runtime::Handle,
+    /// One of the queue's holds, given back when this ends.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for PgHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgHold").finish_non_exhaustive()
+    }
+}
+
+impl Held for PgHold {
+    fn settle(self: Box<Self>, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        let PgHold { tx, runtime, _slot } = *self;
+        runtime
+            .block_on(async {
+                let mut applied = Vec::with_capacity(ops.len());
+                for run in runs(ops) {
+                    applied.extend(apply_run(tx.client()?, run).await?);
+                }
+                tx.commit().await?;
+                Ok::<_, Error>(applied)
+            })
+            .map_err(|e| StoreError::Backend(Box::new(e)))
+    }
 }
 
 impl PgQueue {
@@ -65,6 +149,7 @@ impl PgQueue {
             plain: PgSchedule::new(db),
             sources: sources.iter().map(|s| (*s).to_owned()).collect(),
             lease: None,
+            holds: None,
         }
     }
 
@@ -77,45 +162,66 @@ impl PgQueue {
         }
     }
 
-    /// Takes up to its limit of due entries of each read's source for
-    /// `lease`, all in one transaction; one scan per read, in order.
+    /// The entries of `sources`, each due entry handed to one node by a
+    /// dispatching read that holds it (see the module's doc), with at most
+    /// `holds` held at once; other reads claim for `lease`.
+    pub fn holding(db: Db, sources: &[&str], lease: Duration, holds: usize) -> PgQueue {
+        PgQueue {
+            holds: Some(Arc::new(Semaphore::new(holds))),
+            ..PgQueue::claiming(db, sources, lease)
+        }
+    }
+
+    /// Takes up to its limit of due entries of each read's source, all in
+    /// one transaction; one scan per read, in order, and the transaction if
+    /// it holds what it took.
     fn claim(
         &self,
         reads: &[Read<'_>],
         now: u64,
-        lease: Duration,
+        take: Take,
         skip: &dyn Fn(&str, &Position) -> bool,
-    ) -> Result<Vec<Scan>, StoreError> {
-        let until = now.saturating_add(lease.as_secs());
+    ) -> Result<(Vec<Scan>, Option<Open>), StoreError> {
         let sources: Vec<&str> = reads.iter().map(|r| r.source).collect();
-        // One more than asked: the first one left says when to read again.
+        // A lease asks one more than the limit: the first one left says when
+        // to read again (its lock ends with the claim's commit). A hold asks
+        // no more than it hands out, or it would keep the one left from
+        // every reader while it is open.
+        let extra = match take {
+            Take::Lease(_) => 1,
+            Take::Hold => 0,
+        };
         let asks: Vec<i64> = reads
             .iter()
             .map(|r| match r.limit {
                 0 => 0,
-                n => i64::try_from(n.saturating_add(1)).unwrap_or(i64::MAX),
+                n => i64::try_from(n.saturating_add(extra)).unwrap_or(i64::MAX),
             })
             .collect();
         self.plain
             .run(async {
-                let mut client = self.plain.db().client().await?;
-                let tx = client.transaction().await?;
+                let tx = Open(Some(self.plain.db().client().await?));
+                let client = tx.client()?;
                 let (due, claim, head) = tokio::try_join!(
-                    tx.prepare_cached(DUE),
-                    tx.prepare_cached(CLAIM),
-                    tx.prepare_cached(HEAD),
+                    client.prepare_cached(DUE),
+                    client.prepare_cached(CLAIM),
+                    client.prepare_cached(HEAD),
                 )?;
                 let mut scans = vec![Scan::default(); reads.len()];
                 let mut ids = Vec::new();
-                // A claim is not waited for on disk: one lost in a crash of the
-                // database leaves its entries due again, handed out again as
-                // when a claimer dies (see the module's doc); the outcomes'
-                // commits are durable, and with them what the log holds before
-                // them.
+                // A leasing claim is not waited for on disk: one lost in a
+                // crash of the database leaves its entries due again, handed
+                // out again as when a claimer dies (see the module's doc); the
+                // outcomes' commits are durable, and with them what the log
+                // holds before them.
+                let begin = match take {
+                    Take::Lease(_) => BEGIN_LEASE,
+                    Take::Hold => "BEGIN",
+                };
                 let at = to_sql(now);
                 let params: [&(dyn ToSql + Sync); 3] = [&sources, &asks, &at];
                 let (_, rows) =
-                    tokio::try_join!(tx.batch_execute(ASYNC_COMMIT), tx.query(&due, &params))?;
+                    tokio::try_join!(client.batch_execute(begin), client.query(&due, &params))?;
                 for row in rows {
                     let Some(i) = ordinal(row.get(0), reads.len()) else {
                         continue;
@@ -138,10 +244,21 @@ impl PgQueue {
                         continue;
                     }
                     ids.push(entry.id.clone());
-                    scan.entries.push(Entry {
-                        due: until,
-                        ..entry
+                    scan.entries.push(match take {
+                        Take::Lease(until) => Entry {
+                            due: until,
+                            ..entry
+                        },
+                        Take::Hold => entry,
                     });
+                }
+                // A full hold may have left more due: read again at once.
+                if let Take::Hold = take {
+                    for (read, scan) in reads.iter().zip(&mut scans) {
+                        if read.limit > 0 && scan.entries.len() >= read.limit {
+                            scan.next_due.get_or_insert(now);
+                        }
+                    }
                 }
                 // The next due second after what was read, for the reads that
                 // did not find one: due entries left unread (in flight here, or
@@ -156,15 +273,17 @@ impl PgQueue {
                     }
                 }
                 let claimed = async {
-                    match ids.is_empty() {
-                        true => Ok(0),
-                        false => tx.execute(&claim, &[&ids, &to_sql(until)]).await,
+                    match (take, ids.is_empty()) {
+                        (Take::Lease(until), false) => {
+                            client.execute(&claim, &[&ids, &to_sql(until)]).await
+                        }
+                        _ => Ok(0),
                     }
                 };
                 let next = async {
                     match heads.is_empty() {
                         true => Ok(Vec::new()),
-                        false => tx.query(&head, &[&heads, &afters]).await,
+                        false => client.query(&head, &[&heads, &afters]).await,
                     }
                 };
                 let (_, next) = tokio::try_join!(claimed, next)?;
@@ -175,22 +294,75 @@ impl PgQueue {
                     let due: i64 = row.get(1);
                     scans[of[i]].next_due = Some(u64::try_from(due).unwrap_or(0));
                 }
-                tx.commit().await?;
-                Ok(scans)
+                match take {
+                    Take::Hold if !ids.is_empty() => Ok((scans, Some(tx))),
+                    _ => {
+                        tx.commit().await?;
+                        Ok((scans, None))
+                    }
+                }
             })
-            .map(|scans| {
+            .map(|(scans, held)| {
                 // Entries of other nodes (and lapsed leases) are found by
                 // looking again at the next second.
                 let poll = now.saturating_add(1);
-                scans
+                let scans = scans
                     .into_iter()
                     .map(|mut scan| {
                         scan.next_due = Some(scan.next_due.map_or(poll, |d| d.min(poll)));
                         scan
                     })
-                    .collect()
+                    .collect();
+                (scans, held)
             })
     }
+
+    /// Claims for every read of this queue's sources in one transaction
+    /// (other sources are read as empty), as `take` says.
+    fn claim_sources(
+        &self,
+        reads: &[Read<'_>],
+        now: u64,
+        take: Take,
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> (Vec<Result<Scan, StoreError>>, Option<Open>) {
+        let ours: Vec<Read<'_>> = reads
+            .iter()
+            .filter(|r| self.sources.iter().any(|s| s == r.source))
+            .copied()
+            .collect();
+        match self.claim(&ours, now, take, skip) {
+            Ok((scans, held)) => {
+                let mut scans = ours.iter().map(|r| r.source).zip(scans);
+                let mut next = scans.next();
+                let scans = reads
+                    .iter()
+                    .map(|r| match &next {
+                        Some((source, _)) if *source == r.source => {
+                            let scan = next.take().map(|(_, scan)| scan).unwrap_or_default();
+                            next = scans.next();
+                            Ok(scan)
+                        }
+                        _ => Ok(Scan::default()),
+                    })
+                    .collect();
+                (scans, held)
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let scans = reads
+                    .iter()
+                    .map(|_| Err(StoreError::Backend(text.clone().into())))
+                    .collect();
+                (scans, None)
+            }
+        }
+    }
+}
+
+/// A leasing claim at `now`.
+fn lease_until(now: u64, lease: Duration) -> Take {
+    Take::Lease(now.saturating_add(lease.as_secs()))
 }
 
 /// The index an `ord` column (from 1, `WITH ORDINALITY`) names among `len`.
@@ -216,8 +388,8 @@ impl Store for PgQueue {
         }
         match self.lease {
             Some(lease) => self
-                .claim(&[read], now, lease, &|_, at| skip(at))
-                .map(|mut scans| scans.pop().unwrap_or_default()),
+                .claim(&[read], now, lease_until(now, lease), &|_, at| skip(at))
+                .map(|(mut scans, _)| scans.pop().unwrap_or_default()),
             None => self.plain.scan(read, now, skip),
         }
     }
@@ -235,36 +407,38 @@ impl Store for PgQueue {
                 .map(|r| self.scan(*r, now, &|at| skip(r.source, at)))
                 .collect();
         };
-        // Sources not this queue's are read as empty.
-        let ours: Vec<Read<'_>> = reads
-            .iter()
-            .filter(|r| self.sources.iter().any(|s| s == r.source))
-            .copied()
-            .collect();
-        match self.claim(&ours, now, lease, skip) {
-            Ok(scans) => {
-                let mut scans = ours.iter().map(|r| r.source).zip(scans);
-                let mut next = scans.next();
-                reads
-                    .iter()
-                    .map(|r| match &next {
-                        Some((source, _)) if *source == r.source => {
-                            let scan = next.take().map(|(_, scan)| scan).unwrap_or_default();
-                            next = scans.next();
-                            Ok(scan)
-                        }
-                        _ => Ok(Scan::default()),
-                    })
-                    .collect()
-            }
-            Err(e) => {
-                let text = e.to_string();
-                reads
-                    .iter()
-                    .map(|_| Err(StoreError::Backend(text.clone().into())))
-                    .collect()
-            }
-        }
+        self.claim_sources(reads, now, lease_until(now, lease), skip)
+            .0
+    }
+
+    /// A holding queue holds what it reads while one of its holds is free.
+    fn hold_sources(
+        &self,
+        reads: &[Read<'_>],
+        now: u64,
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> Holding {
+        let (Some(holds), false) = (&self.holds, reads.is_empty()) else {
+            return Holding {
+                scans: self.scan_sources(reads, now, skip),
+                held: None,
+            };
+        };
+        let Ok(slot) = Arc::clone(holds).try_acquire_owned() else {
+            return Holding {
+                scans: self.scan_sources(reads, now, skip),
+                held: None,
+            };
+        };
+        let (scans, tx) = self.claim_sources(reads, now, Take::Hold, skip);
+        let held = tx.map(|tx| {
+            Box::new(PgHold {
+                tx,
+                runtime: self.plain.runtime().clone(),
+                _slot: slot,
+            }) as Box<dyn Held>
+        });
+        Holding { scans, held }
     }
 
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {

@@ -21,7 +21,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::GenericClient;
 use estafeta_repeat::store::{Applied, Op, Read, Scan, Skip, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 use tokio_postgres::types::ToSql;
@@ -119,6 +119,11 @@ impl PgSchedule {
         }
     }
 
+    /// The runtime taken at [`PgSchedule::new`].
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
     /// Runs `f` on the runtime taken at [`PgSchedule::new`], from the
     /// blocking thread the scheduler calls a store from.
     pub(crate) fn run<T>(
@@ -166,7 +171,7 @@ fn kind_and_id(op: &Op) -> (Kind, &str) {
 /// Splits `ops` into runs of one kind, each id at most once in a run, so
 /// that a run is one statement and an op on an id sees what the ops
 /// before it did (a run ends where its id comes again).
-fn runs(ops: &[Op]) -> Vec<&[Op]> {
+pub(crate) fn runs(ops: &[Op]) -> Vec<&[Op]> {
     let mut runs = Vec::new();
     let mut start = 0;
     let mut ids = HashSet::new();
@@ -232,13 +237,13 @@ fn entries(run: &[Op]) -> impl Iterator<Item = &Entry> {
 
 /// Applies one run (see [`runs`]) with one statement, prepared once per
 /// connection.
-async fn apply_run(tx: &Transaction<'_>, run: &[Op]) -> Result<Vec<Applied>, Error> {
+pub(crate) async fn apply_run(tx: &impl GenericClient, run: &[Op]) -> Result<Vec<Applied>, Error> {
     let Some(first) = run.first() else {
         return Ok(Vec::new());
     };
     /// The ids a statement's rows name first.
     async fn touched(
-        tx: &Transaction<'_>,
+        tx: &impl GenericClient,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<HashSet<String>, Error> {

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +16,8 @@ use tokio::time::Instant;
 use crate::scheduler::Scheduler;
 use crate::sources::Sources;
 use crate::stats::Counters;
-use crate::store::{Applied, Op, Store};
-use crate::writer::{Waiter, WriteRequest};
+use crate::store::{Applied, Held, Op, Store};
+use crate::writer::{Waiter, WriteRequest, finish, unsettled};
 use crate::{
     Clock, Delivery, Entry, Error, Handler, Misfire, Outcome, Position, StoreError, WorkerPool,
 };
@@ -30,6 +31,18 @@ struct InFlight {
     /// scheduled it anew) while this handler ran, so this outcome is not
     /// put back.
     superseded: bool,
+    /// The store's hold its outcome is settled through, if any.
+    claim: Option<u64>,
+}
+
+/// A store's hold on handed-out entries (see [`Held`]), until every one of
+/// them has its outcome.
+struct Claim {
+    held: Box<dyn Held>,
+    /// Entries still with their handler.
+    left: usize,
+    /// The outcomes known so far.
+    ops: Vec<Op>,
 }
 
 /// The dispatcher's running state.
@@ -42,6 +55,12 @@ struct Dispatcher<'a, S, C, H> {
     in_flight: HashMap<Id, InFlight>,
     /// With at-most-once delivery: the latest hand-out of each id in flight.
     latest: HashMap<String, Id>,
+    /// The store's holds whose entries are with their handlers, by number.
+    claims: HashMap<u64, Claim>,
+    /// The number the next hold gets.
+    next_claim: u64,
+    /// Holds being settled.
+    settling: JoinSet<()>,
 }
 
 impl<S: Store, C: Clock> Scheduler<S, C> {
@@ -93,6 +112,9 @@ async fn run<S: Store, C: Clock, H: Handler>(
         tasks: JoinSet::new(),
         in_flight: HashMap::new(),
         latest: HashMap::new(),
+        claims: HashMap::new(),
+        next_claim: 0,
+        settling: JoinSet::new(),
     };
     let result = dispatcher.run(shutdown).await;
     dispatcher.drain().await;
@@ -117,6 +139,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 finished.push(result);
             }
             self.record(finished)?;
+            while self.settling.try_join_next().is_some() {}
 
             let now = inner.clock.now();
             let now_secs = now.as_secs();
@@ -240,27 +263,76 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 );
             }
         }
-        let entries = pass.entries;
-
-        let (run, skip): (Vec<Entry>, Vec<Entry>) =
-            entries.into_iter().partition(|e| match options.misfire {
-                Misfire::Skip { threshold } => {
-                    now.saturating_sub(Duration::from_secs(e.due)) <= threshold
+        // Each entry with the number of the hold it came in, if any.
+        let mut claim_of = vec![None; pass.entries.len()];
+        let mut claims = Vec::new();
+        for hold in pass.holds {
+            let number = self.next_claim;
+            self.next_claim += 1;
+            for at in hold.entries {
+                if let Some(claim) = claim_of.get_mut(at) {
+                    *claim = Some(number);
                 }
-                Misfire::FireNow | Misfire::Coalesce => true,
-            });
+            }
+            claims.push((
+                number,
+                Claim {
+                    held: hold.held,
+                    left: 0,
+                    ops: Vec::new(),
+                },
+            ));
+        }
+        self.claims.extend(claims);
+
+        let (run, skip): (Vec<_>, Vec<_>) =
+            pass.entries
+                .into_iter()
+                .zip(claim_of)
+                .partition(|(e, _)| match options.misfire {
+                    Misfire::Skip { threshold } => {
+                        now.saturating_sub(Duration::from_secs(e.due)) <= threshold
+                    }
+                    Misfire::FireNow | Misfire::Coalesce => true,
+                });
         Counters::bump(&self.counters().skipped, skip.len() as u64);
         let run = match options.delivery {
             Delivery::AtLeastOnce => {
-                if !skip.is_empty() {
+                let mut removals = Vec::new();
+                for (entry, claim) in skip {
+                    match claim.and_then(|c| self.claims.get_mut(&c)) {
+                        Some(claim) => claim.ops.push(Op::Remove(entry)),
+                        None => removals.push(Op::Remove(entry)),
+                    }
+                }
+                if !removals.is_empty() {
                     self.scheduler.submit(WriteRequest {
-                        ops: skip.into_iter().map(Op::Remove).collect(),
+                        ops: removals,
                         waiter: Waiter::Background,
                     })?;
+                }
+                for (_, claim) in &run {
+                    if let Some(claim) = claim.and_then(|c| self.claims.get_mut(&c)) {
+                        claim.left += 1;
+                    }
+                }
+                // A hold none of whose entries runs is settled now.
+                let idle: Vec<u64> = self
+                    .claims
+                    .iter()
+                    .filter(|(_, c)| c.left == 0)
+                    .map(|(n, _)| *n)
+                    .collect();
+                for number in idle {
+                    self.settle(number);
                 }
                 run
             }
             Delivery::AtMostOnce => {
+                let (run, skip): (Vec<Entry>, Vec<Entry>) = (
+                    run.into_iter().map(|(e, _)| e).collect(),
+                    skip.into_iter().map(|(e, _)| e).collect(),
+                );
                 let places: Vec<(String, Position)> = skip
                     .iter()
                     .chain(&run)
@@ -285,7 +357,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                         run.into_iter()
                             .zip(&applied[skipped..])
                             .filter(|(_, a)| **a == Applied::Removed)
-                            .map(|(e, _)| e)
+                            .map(|(e, _)| (e, None))
                             .collect()
                     }
                     Err(e) => {
@@ -305,17 +377,18 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         let counters = &inner.shared.counters;
         {
             let mut lag = counters.lag.lock().unwrap_or_else(|e| e.into_inner());
-            for entry in &run {
+            for (entry, _) in &run {
                 lag.record(now.saturating_sub(Duration::from_secs(entry.due)));
             }
         }
         Counters::bump(&counters.dispatched, run.len() as u64);
         Counters::bump(&counters.in_flight, run.len() as u64);
-        for (entry, worker) in run.into_iter().zip(workers) {
+        for ((entry, claim), worker) in run.into_iter().zip(workers) {
             let handler = Arc::clone(&self.handler);
             let meta = InFlight {
                 entry: entry.clone(),
                 superseded: false,
+                claim,
             };
             let task = self.tasks.spawn(async move {
                 let _worker = worker;
@@ -361,7 +434,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 Outcome::Done => {
                     Counters::bump(&counters.done, 1);
                     if options.delivery == Delivery::AtLeastOnce {
-                        ops.push(Op::Remove(job.entry));
+                        self.outcome(job.claim, Op::Remove(job.entry), &mut ops);
                     }
                     continue;
                 }
@@ -384,11 +457,15 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 }
             };
             match options.delivery {
-                Delivery::AtLeastOnce => ops.push(Op::Move {
-                    entry: job.entry,
-                    due,
-                    attempt,
-                }),
+                Delivery::AtLeastOnce => self.outcome(
+                    job.claim,
+                    Op::Move {
+                        entry: job.entry,
+                        due,
+                        attempt,
+                    },
+                    &mut ops,
+                ),
                 Delivery::AtMostOnce if job.superseded => {}
                 Delivery::AtMostOnce => ops.push(Op::Restore(Entry {
                     due,
@@ -406,6 +483,48 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         Ok(())
     }
 
+    /// Files one entry's outcome: with its hold, settled once the hold's
+    /// last entry has its outcome, or with the `ops` for the writer.
+    fn outcome(&mut self, claim: Option<u64>, op: Op, ops: &mut Vec<Op>) {
+        let Some(number) = claim else {
+            ops.push(op);
+            return;
+        };
+        let Some(claim) = self.claims.get_mut(&number) else {
+            ops.push(op);
+            return;
+        };
+        claim.ops.push(op);
+        claim.left = claim.left.saturating_sub(1);
+        if claim.left == 0 {
+            self.settle(number);
+        }
+    }
+
+    /// Applies a hold's outcomes through it on a blocking thread, then
+    /// tells the dispatcher, as the writer does for its own writes.
+    fn settle(&mut self, number: u64) {
+        let Some(Claim { held, ops, .. }) = self.claims.remove(&number) else {
+            return;
+        };
+        let shared = Arc::clone(&self.scheduler.inner.shared);
+        self.settling.spawn(async move {
+            let settled = tokio::task::spawn_blocking(move || {
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| held.settle(&ops)))
+                    .unwrap_or_else(|_| Err(StoreError::Backend("the store panicked".into())));
+                (ops, result)
+            })
+            .await;
+            match settled {
+                Ok((ops, Ok(applied))) => finish(&shared, Waiter::Background, &ops, applied),
+                Ok((ops, Err(e))) => unsettled(&shared, &ops, &e),
+                // Only cancellation of the runtime gets here; the hold ended
+                // with its thread, and its entries are due again.
+                Err(_) => {}
+            }
+        });
+    }
+
     /// After shutdown: waits for running handlers and records their outcomes
     /// durably before returning.
     async fn drain(&mut self) {
@@ -414,6 +533,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 return;
             }
         }
+        while self.settling.join_next().await.is_some() {}
         // An empty caller write returns once every write queued before it
         // was tried; background writes that failed are retried until the
         // scheduler closes.

@@ -3,14 +3,14 @@
 //! read (fair or nearest first).
 
 use std::collections::{BTreeMap, HashSet};
-use std::ops::Bound;
+use std::ops::{Bound, Range};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::entry::lower_bound;
-use crate::store::{Read, Scan, Store};
-use crate::{Entry, Options, Position, SourceOrder, StoreError};
+use crate::store::{Held, Holding, Read, Scan, Store};
+use crate::{Delivery, Entry, Options, Position, SourceOrder, StoreError};
 
 /// One source as the dispatcher tracks it.
 #[derive(Debug)]
@@ -57,11 +57,22 @@ pub(crate) struct ReadFailure {
     pub(crate) error: StoreError,
 }
 
+/// A store's hold on some of a pass's entries (see [`Held`]).
+#[derive(Debug)]
+pub(crate) struct Hold {
+    /// The claim their outcomes are settled through.
+    pub(crate) held: Box<dyn Held>,
+    /// Which of the pass's entries it holds.
+    pub(crate) entries: Range<usize>,
+}
+
 /// What one pass over the sources produced.
 #[derive(Debug, Default)]
 pub(crate) struct Pass {
     /// Due entries taken, now in flight.
     pub(crate) entries: Vec<Entry>,
+    /// The store's holds on some of them, in the order read.
+    pub(crate) holds: Vec<Hold>,
     /// Sources whose read failed.
     pub(crate) failed: Vec<ReadFailure>,
     /// Sources read successfully after failing before.
@@ -229,21 +240,38 @@ impl Sources {
             })
             .collect();
         let sources = &self.sources;
-        let results = store.scan_sources(&reads, now, &|source, at| {
+        let skip = |source: &str, at: &Position| {
             sources
                 .get(source)
                 .is_some_and(|s| s.in_flight.contains(at))
-        });
+        };
+        // Only an at-least-once delivery can settle a hold after its
+        // handlers ran: an at-most-once one removes entries before.
+        let Holding { scans, held } = match options.delivery {
+            Delivery::AtLeastOnce => store.hold_sources(&reads, now, &skip),
+            Delivery::AtMostOnce => Holding {
+                scans: store.scan_sources(&reads, now, &skip),
+                held: None,
+            },
+        };
         let read: Vec<String> = reads.iter().map(|r| r.source.to_owned()).collect();
         let mut results: BTreeMap<String, Result<Scan, StoreError>> =
-            read.into_iter().zip(results).collect();
-        wants
+            read.into_iter().zip(scans).collect();
+        let start = pass.entries.len();
+        let got = wants
             .iter()
             .map(|(name, _)| match results.remove(name) {
                 Some(result) => self.absorb(name, result, mono, options, pass),
                 None => 0,
             })
-            .collect()
+            .collect();
+        if let Some(held) = held {
+            pass.holds.push(Hold {
+                held,
+                entries: start..pass.entries.len(),
+            });
+        }
+        got
     }
 
     /// Takes in one source's read; returns how many entries it gave.

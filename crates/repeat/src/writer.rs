@@ -245,7 +245,7 @@ async fn commit<S: Store>(
 }
 
 /// Tells the dispatcher what was placed and settled, then the waiter.
-fn finish(shared: &Shared, waiter: Waiter, ops: &[Op], applied: Vec<Applied>) {
+pub(crate) fn finish(shared: &Shared, waiter: Waiter, ops: &[Op], applied: Vec<Applied>) {
     let mut wake = false;
     let reply = {
         let mut inbox = shared.inbox();
@@ -284,6 +284,20 @@ fn finish(shared: &Shared, waiter: Waiter, ops: &[Op], applied: Vec<Applied>) {
         // The caller may have stopped waiting; the write stands either way.
         let _ = reply.send(Ok(applied));
     }
+}
+
+/// A store's hold ended without its outcomes (`ops`, each naming its
+/// entry as it was read): the entries are due again as they were, so the
+/// dispatcher reads them again.
+pub(crate) fn unsettled(shared: &Shared, ops: &[Op], e: &StoreError) {
+    Counters::bump(&shared.counters.write_errors, 1);
+    tracing::warn!(error = %e, entries = ops.len(), "recording finished deliveries in their claim failed; they are due again");
+    finish(
+        shared,
+        Waiter::Background,
+        ops,
+        vec![Applied::Unchanged; ops.len()],
+    );
 }
 
 /// Reports a failed write: to its caller, or queues a background one for retry.

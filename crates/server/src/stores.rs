@@ -20,9 +20,12 @@ use crate::notify::{Notifier, NotifyError, NotifySettings, Pusher};
 use estafeta_exchange::store::SCHEDULED_SOURCE;
 
 /// How long a node holds a due `deliver_at` message it took in the cluster
-/// store: a node that dies holding one leaves it to another node this
-/// long after it took it.
+/// store: a node paused holding one leaves it to another node this long
+/// after it took it (one that dies, at once: see `PgQueue::holding`).
 const SCHEDULED_LEASE: Duration = Duration::from_secs(30);
+/// How many claims on due `deliver_at` messages a node holds open at once,
+/// each on a pooled connection (beyond them, it claims with the lease).
+const SCHEDULED_HOLDS: usize = 4;
 /// How often a cluster node reads the database server's time again.
 const CLOCK_READING: Duration = Duration::from_secs(10);
 
@@ -175,7 +178,8 @@ pub async fn stores(
         .map_err(ServeError::Store)?;
     // The exchange's scheduler reads its own source only (the table also
     // holds the notifier's and the pusher's), and each due message is
-    // claimed by one node; listings read without claiming. No store here
+    // claimed by one node, held by the claim's open transaction while it is
+    // delivered (a delivery is one insert); listings read without claiming. No store here
     // passes the data folder's gates: an online backup is the database's
     // own (pg_dump, base backups), not a pause.
     let exchange = Stores {
@@ -187,10 +191,11 @@ pub async fn stores(
         sessions: Arc::new(sessions),
         process_sessions: Arc::new(process_sessions),
         scheduled: estafeta_exchange::store::Scheduled::with_listing(
-            Arc::new(estafeta_postgres::PgQueue::claiming(
+            Arc::new(estafeta_postgres::PgQueue::holding(
                 db.clone(),
                 &[SCHEDULED_SOURCE],
                 SCHEDULED_LEASE,
+                SCHEDULED_HOLDS,
             )),
             Arc::new(estafeta_postgres::PgQueue::new(
                 db.clone(),

@@ -8,6 +8,7 @@ mod common;
 mod connect;
 mod engine;
 mod failover;
+mod held_claims;
 mod hold;
 mod keys;
 mod lock;

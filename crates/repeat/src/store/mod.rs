@@ -143,6 +143,28 @@ impl<'a> Read<'a> {
 /// none of them): those for which it is true.
 pub type Skip<'a> = &'a dyn Fn(&Position) -> bool;
 
+/// Entries a read holds for its caller ([`Store::hold_sources`]): the
+/// store keeps them from every other reader, as they were read, until
+/// [`Held::settle`] applies their outcomes in the read's own transaction.
+/// Dropped unsettled, the hold ends and the entries are due again as they
+/// were.
+pub trait Held: Send + std::fmt::Debug {
+    /// Applies `ops` (the held entries' outcomes) and ends the hold; durable
+    /// when it returns `Ok`. On `Err` nothing was applied and the held
+    /// entries are due again as they were read.
+    fn settle(self: Box<Self>, ops: &[Op]) -> Result<Vec<Applied>, StoreError>;
+}
+
+/// What [`Store::hold_sources`] read.
+#[derive(Debug)]
+pub struct Holding {
+    /// One result per read, as [`Store::scan_sources`] gives them.
+    pub scans: Vec<Result<Scan, StoreError>>,
+    /// The hold on every entry the scans returned; `None`: nothing is held,
+    /// and their outcomes are applied with [`Store::apply`].
+    pub held: Option<Box<dyn Held>>,
+}
+
 /// Counts for one source, for [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceCount {
@@ -188,6 +210,24 @@ pub trait Store: Send + Sync + 'static {
             .iter()
             .map(|r| self.scan(*r, now, &|at| skip(r.source, at)))
             .collect()
+    }
+
+    /// Reads as [`scan_sources`](Self::scan_sources) does, for a dispatcher
+    /// that delivers at least once: a store that can keep the entries it
+    /// returns from other readers until their outcomes are known (a
+    /// database transaction left open) returns that [`Held`] claim, and
+    /// the outcomes are applied through it instead of through
+    /// [`apply`](Self::apply). The default holds nothing.
+    fn hold_sources(
+        &self,
+        reads: &[Read<'_>],
+        now: u64,
+        skip: &dyn Fn(&str, &Position) -> bool,
+    ) -> Holding {
+        Holding {
+            scans: self.scan_sources(reads, now, skip),
+            held: None,
+        }
     }
 
     /// Counts entries in `source`, and those due at or before `now`.

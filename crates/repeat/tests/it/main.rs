@@ -10,6 +10,7 @@ mod crash;
 mod dispatch;
 mod durability;
 mod failing_source;
+mod held;
 mod misfire;
 mod replace;
 mod store;

@@ -1,0 +1,239 @@
+//! A holding queue (`PgQueue::holding`): its dispatching read locks what
+//! it returns in a transaction left open, other nodes pass over those
+//! entries, the outcomes commit in that transaction; a hold that ends
+//! without them (its node died, or it sat idle past the store's hold
+//! limit) leaves the entries due again as they were.
+
+use crate::common::{blocking, entry, store};
+use estafeta_postgres::testing::Postgres;
+use estafeta_postgres::{Options as StoreOptions, PgQueue, Store};
+use estafeta_repeat::store::{Applied, Holding, Op, Read};
+use estafeta_repeat::{Entry, Options, Outcome, Scheduler, Store as _, TestClock, WorkerPool};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// A store with `n` entries of source `a` due at second 10.
+async fn with_entries(pg: &Postgres, n: usize) -> Store {
+    let db = store(pg).await;
+    let queue = PgQueue::new(db.clone(), &["a"]);
+    blocking(move || {
+        let ops: Vec<Op> = (0..n)
+            .map(|i| Op::Put(entry("a", 10, &format!("e{i:03}"))))
+            .collect();
+        queue.apply(&ops).unwrap();
+    })
+    .await;
+    db
+}
+
+/// What a dispatching read of the first `limit` due entries of `a` at
+/// second 100 returns.
+async fn hold(queue: &Arc<PgQueue>, limit: usize) -> (Vec<Entry>, Holding) {
+    let queue = Arc::clone(queue);
+    blocking(move || {
+        let mut holding = queue.hold_sources(&[Read::first("a", limit)], 100, &|_, _| false);
+        let entries = match holding.scans.pop() {
+            Some(Ok(scan)) => scan.entries,
+            other => panic!("the read failed: {other:?}"),
+        };
+        (entries, holding)
+    })
+    .await
+}
+
+/// The ids another node's claiming read of `a` at second 100 takes.
+async fn claim_elsewhere(db: &Store) -> Vec<String> {
+    let queue = PgQueue::claiming(db.clone(), &["a"], LEASE);
+    blocking(move || {
+        let scan = queue.scan(Read::first("a", 100), 100, &|_| false).unwrap();
+        scan.entries.into_iter().map(|e| e.id).collect()
+    })
+    .await
+}
+
+/// Reads with another node until it takes something, for at most 30
+/// seconds: a hold the database ends (a closed connection, a timeout) is
+/// let go on the server's own time.
+async fn claim_elsewhere_once_free(db: &Store) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let got = claim_elsewhere(db).await;
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the hold never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ids(entries: &[Entry]) -> Vec<String> {
+    entries.iter().map(|e| e.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_keeps_its_entries_from_other_nodes_and_commits_their_outcomes() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 5).await;
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2));
+    let (held, holding) = hold(&queue, 3).await;
+    assert_eq!(ids(&held), ["e000", "e001", "e002"]);
+    assert!(
+        held.iter().all(|e| e.due == 10),
+        "handed out as stored, no lease written"
+    );
+    let held_by = holding.held.expect("a hold");
+
+    assert_eq!(
+        claim_elsewhere(&db).await,
+        ["e003", "e004"],
+        "the other node passes over the held entries"
+    );
+
+    let ops = vec![
+        Op::Remove(held[0].clone()),
+        Op::Remove(held[1].clone()),
+        Op::Move {
+            entry: held[2].clone(),
+            due: 500,
+            attempt: 1,
+        },
+    ];
+    let applied = blocking(move || held_by.settle(&ops).unwrap()).await;
+    assert_eq!(applied[..2], [Applied::Removed, Applied::Removed]);
+    assert!(matches!(&applied[2], Applied::Placed { at, .. } if at.due == 500));
+
+    let client = db.client().await.unwrap();
+    let rows = client
+        .query("SELECT id, due FROM repeat_entries ORDER BY id", &[])
+        .await
+        .unwrap();
+    let left: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let lease_end = 100 + i64::try_from(LEASE.as_secs()).unwrap();
+    assert_eq!(
+        left,
+        [
+            ("e002".to_owned(), 500),
+            ("e003".to_owned(), lease_end),
+            ("e004".to_owned(), lease_end)
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_dropped_with_its_node_leaves_its_entries_due_at_once() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 3).await;
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2));
+    let (held, holding) = hold(&queue, 3).await;
+    assert_eq!(held.len(), 3);
+    assert!(claim_elsewhere(&db).await.is_empty(), "all held");
+    drop(holding);
+    assert_eq!(
+        claim_elsewhere_once_free(&db).await,
+        ["e000", "e001", "e002"],
+        "due again without waiting out a lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_idle_past_the_hold_limit_is_cut_off_and_its_outcomes_fail() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 2).await;
+    let paused = Store::connect_with(
+        &pg.url(),
+        &StoreOptions {
+            hold_limit: Duration::from_secs(1),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let queue = Arc::new(PgQueue::holding(paused, &["a"], LEASE, 2));
+    let (held, holding) = hold(&queue, 2).await;
+    let held_by = holding.held.expect("a hold");
+    assert_eq!(claim_elsewhere_once_free(&db).await, ["e000", "e001"]);
+    let ops: Vec<Op> = held.into_iter().map(Op::Remove).collect();
+    let late = blocking(move || held_by.settle(&ops)).await;
+    assert!(late.is_err(), "a late outcome is refused: {late:?}");
+    let client = db.client().await.unwrap();
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM repeat_entries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "both still there, with the node that took them");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_hold_in_use_a_read_claims_with_a_lease() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 4).await;
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 1));
+    let (first, holding) = hold(&queue, 2).await;
+    assert!(holding.held.is_some());
+    let (second, leased) = hold(&queue, 2).await;
+    assert!(leased.held.is_none(), "no hold left: a lease");
+    assert_eq!(ids(&first), ["e000", "e001"]);
+    assert_eq!(ids(&second), ["e002", "e003"]);
+    assert!(second.iter().all(|e| e.due == 100 + LEASE.as_secs()));
+    drop(holding);
+    let (_, again) = hold(&queue, 2).await;
+    assert!(again.held.is_some(), "the hold is free again");
+}
+
+/// Two nodes' schedulers over holding queues of one table dispatch 300
+/// due entries: each handed out once, and the table left empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_holding_what_they_dispatch_hand_each_entry_out_once() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 300).await;
+    let handed: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let (all_in, mut all) = tokio::sync::watch::channel(0usize);
+    let all_in = Arc::new(all_in);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let scheduler = Scheduler::new(
+            PgQueue::holding(db.clone(), &["a"], LEASE, 4),
+            TestClock::new(100),
+            Options::default(),
+        );
+        let (handed, all_in, mut stopped) =
+            (Arc::clone(&handed), Arc::clone(&all_in), stopped.clone());
+        nodes.push(tokio::spawn(async move {
+            let handler = move |entry: Entry| {
+                let (handed, all_in) = (Arc::clone(&handed), Arc::clone(&all_in));
+                async move {
+                    let mut handed = handed.lock().unwrap();
+                    *handed.entry(entry.id).or_insert(0) += 1;
+                    all_in.send_replace(handed.len());
+                    Outcome::Done
+                }
+            };
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            scheduler.run(WorkerPool::new(16), handler, shutdown).await
+        }));
+    }
+    all.wait_for(|n| *n == 300).await.unwrap();
+    stop.send_replace(true);
+    for node in nodes {
+        node.await.unwrap().unwrap();
+    }
+    let handed = handed.lock().unwrap().clone();
+    assert_eq!(handed.len(), 300);
+    assert!(handed.values().all(|n| *n == 1), "none twice");
+    let client = db.client().await.unwrap();
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM repeat_entries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "every outcome committed in its hold");
+}
