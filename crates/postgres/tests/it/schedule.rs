@@ -530,3 +530,78 @@ async fn a_message_whose_claimer_died_is_delivered_by_another_node_after_the_lea
     assert_eq!(PgMessages::new(b).list(&inbox).await.unwrap().len(), 1);
     assert!(handouts.try_recv().is_err(), "handed out twice in all");
 }
+
+/// A recipient removed while a node holding its due message delivers it:
+/// the removal waits on the held entry, the delivery's insert on the
+/// removal, and the hold on the delivery; PostgreSQL cannot see that
+/// cycle (one edge of it is the node). The store's hold limit ends the
+/// hold: the removal completes, the delivery finds no mailbox, the late
+/// outcome fails, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recipient_removed_during_a_held_delivery_goes_within_the_hold_limit() {
+    let pg = Postgres::start().unwrap();
+    let db = store(&pg).await;
+    let message = reply(9);
+    schedule_replies(&db, std::slice::from_ref(&message)).await;
+    let node = Store::connect_with(
+        &pg.url(),
+        &estafeta_postgres::Options {
+            hold_limit: Duration::from_secs(1),
+            ..estafeta_postgres::Options::default()
+        },
+    )
+    .unwrap();
+    let queue = Arc::new(PgQueue::holding(node, &["deliver_at"], LEASE, 1));
+    let (entries, held) = blocking(move || {
+        let mut holding =
+            queue.hold_sources(&[Read::first("deliver_at", 10)], 1_000_000, &|_, _| false);
+        (holding.scans.pop().unwrap().unwrap().entries, holding.held)
+    })
+    .await;
+    assert_eq!(entries.len(), 1);
+    let held = held.expect("a hold");
+
+    let removal = {
+        let messages = PgMessages::new(db.clone());
+        tokio::spawn(async move { messages.remove_mailbox(&Id::new("phone-1").unwrap()).await })
+    };
+    let client = db.client().await.unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the removal never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let outcome = deliver(PgMessages::new(db.clone()), entries[0].clone()).await;
+    assert!(
+        matches!(&outcome, Outcome::Failed(e) if e.contains("phone-1")),
+        "no mailbox to deliver to: {outcome:?}"
+    );
+    assert!(
+        removal.await.unwrap().unwrap() >= 1,
+        "the removal completed"
+    );
+    let ops = vec![Op::Remove(entries[0].clone())];
+    assert!(blocking(move || held.settle(&ops)).await.is_err());
+    assert_eq!(entries_left(&db).await, 0, "removed with its recipient");
+    let delivered: i64 = client
+        .query_one("SELECT count(*) FROM messages WHERE owner = 'phone-1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(delivered, 0);
+}
