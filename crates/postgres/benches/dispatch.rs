@@ -310,7 +310,7 @@ fn main() {
     bench::alternate(
         rounds,
         [
-            "estafeta-repeat over PostgreSQL (claiming PgQueue)",
+            "estafeta-repeat over PostgreSQL (holding PgQueue)",
             "job queue (SKIP LOCKED, batch fetch)",
         ],
         |side| match side {

@@ -127,10 +127,22 @@ impl std::fmt::Debug for PgHold {
 impl Held for PgHold {
     fn settle(self: Box<Self>, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let PgHold { tx, runtime, _slot } = *self;
+        // A held row is as it was read (every other writer waits on its
+        // lock), so removing it by id is removing that version, without
+        // sending its payload back.
+        let ops: Vec<Op> = ops
+            .iter()
+            .map(|op| match op {
+                Op::Remove(entry) => Op::Cancel {
+                    id: entry.id.clone(),
+                },
+                other => other.clone(),
+            })
+            .collect();
         runtime
             .block_on(async {
                 let mut applied = Vec::with_capacity(ops.len());
-                for run in runs(ops) {
+                for run in runs(&ops) {
                     applied.extend(apply_run(tx.client()?, run).await?);
                 }
                 tx.commit().await?;
