@@ -237,3 +237,69 @@ async fn two_nodes_holding_what_they_dispatch_hand_each_entry_out_once() {
         .get(0);
     assert_eq!(n, 0, "every outcome committed in its hold");
 }
+
+/// A node's scheduler holds due entries and dies with them in hand (its
+/// run dropped, their handlers never done): another node's scheduler
+/// takes them at the same second, without a lease to wait out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_held_by_a_node_that_died_go_to_another_node_at_once() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 3).await;
+    let clock = TestClock::new(100);
+    let (handed, mut handouts) = tokio::sync::mpsc::unbounded_channel();
+    let node = |handed: tokio::sync::mpsc::UnboundedSender<(&'static str, String)>,
+                name: &'static str,
+                finish: bool| {
+        let scheduler = Scheduler::new(
+            PgQueue::holding(db.clone(), &["a"], LEASE, 4),
+            clock.clone(),
+            Options::default(),
+        );
+        tokio::spawn(async move {
+            let handler = move |entry: Entry| {
+                let handed = handed.clone();
+                async move {
+                    let _ = handed.send((name, entry.id));
+                    if !finish {
+                        std::future::pending::<()>().await;
+                    }
+                    Outcome::Done
+                }
+            };
+            scheduler
+                .run(WorkerPool::new(8), handler, std::future::pending())
+                .await
+        })
+    };
+    let dying = node(handed.clone(), "a", false);
+    for _ in 0..3 {
+        assert_eq!(handouts.recv().await.unwrap().0, "a");
+    }
+    dying.abort();
+    assert!(dying.await.unwrap_err().is_cancelled());
+
+    let live = node(handed, "b", true);
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        let (name, id) = handouts.recv().await.unwrap();
+        assert_eq!(name, "b");
+        taken.push(id);
+    }
+    taken.sort();
+    assert_eq!(taken, ["e000", "e001", "e002"]);
+    let client = db.client().await.unwrap();
+    let start = Instant::now();
+    loop {
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM repeat_entries", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if n == 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never removed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    live.abort();
+}
