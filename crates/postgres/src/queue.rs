@@ -26,7 +26,10 @@
 //! that dies loses its connection, its transaction aborts and the rows are
 //! due again at once; one paused past the store's hold limit
 //! ([`Options::hold_limit`](crate::Options::hold_limit)) is cut off by the
-//! database, its late outcomes fail and the entries are handed out again. Each hold keeps a pooled
+//! database, its late outcomes fail and the entries are handed out again.
+//! A hold settles when the last of its entries' handlers returns, so it
+//! suits handlers that take well under the hold limit (one slow handler
+//! keeps its pass's other entries locked). Each hold keeps a pooled
 //! connection; when all of a queue's holds are in use, its reads claim
 //! with a lease.
 
@@ -431,16 +434,10 @@ impl Store for PgQueue {
         skip: &dyn Fn(&str, &Position) -> bool,
     ) -> Holding {
         let (Some(holds), false) = (&self.holds, reads.is_empty()) else {
-            return Holding {
-                scans: self.scan_sources(reads, now, skip),
-                held: None,
-            };
+            return Holding::unheld(self.scan_sources(reads, now, skip));
         };
         let Ok(slot) = Arc::clone(holds).try_acquire_owned() else {
-            return Holding {
-                scans: self.scan_sources(reads, now, skip),
-                held: None,
-            };
+            return Holding::unheld(self.scan_sources(reads, now, skip));
         };
         let (scans, tx) = self.claim_sources(reads, now, Take::Hold, skip);
         let held = tx.map(|tx| {

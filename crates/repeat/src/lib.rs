@@ -43,6 +43,12 @@
 //!   out again, while with at-most-once delivery a `Failed` or `Reschedule`
 //!   outcome cannot put the entry back and it is lost, as in a crash, and
 //!   counted in [`Stats::lost`] (`tests/it/close.rs`).
+//!   A store shared by several processes may instead hold what a read
+//!   returns ([`store::Held`], [`Store::hold_sources`]: a database
+//!   transaction left open on the rows): the outcomes of those entries are
+//!   applied through their hold, in its transaction, once the last of them
+//!   is known; a hold that fails to settle leaves its entries due again
+//!   (`tests/it/held.rs`).
 //! * Late entries follow the [`Misfire`] policy.
 //! * A source whose reads fail is retried with backoff and reported in
 //!   [`Stats`]; the other sources go on.

@@ -249,10 +249,7 @@ impl Sources {
         // handlers ran: an at-most-once one removes entries before.
         let Holding { scans, held } = match options.delivery {
             Delivery::AtLeastOnce => store.hold_sources(&reads, now, &skip),
-            Delivery::AtMostOnce => Holding {
-                scans: store.scan_sources(&reads, now, &skip),
-                held: None,
-            },
+            Delivery::AtMostOnce => Holding::unheld(store.scan_sources(&reads, now, &skip)),
         };
         let read: Vec<String> = reads.iter().map(|r| r.source.to_owned()).collect();
         let mut results: BTreeMap<String, Result<Scan, StoreError>> =

@@ -1,19 +1,9 @@
 //! Cross-node exclusivity: two pools (two nodes) contend for one key.
 
+use crate::common::{bounded, until_waiting_for_lock};
 use estafeta_postgres::testing::Postgres;
 use estafeta_postgres::{Locked, Options, Store};
 use std::time::Duration;
-
-/// The longest a wait of these tests may take: a lock that never comes
-/// fails the test instead of hanging it.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// `wait`, which must end within [`PATIENCE`].
-async fn bounded<T>(what: &str, wait: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not come within {PATIENCE:?}"))
-}
 
 async fn node(pg: &Postgres, options: &Options) -> Store {
     let store = Store::connect_with(&pg.url(), options).unwrap();
@@ -37,34 +27,6 @@ async fn overlook_a_failed_statement(step: &Locked) {
         .execute("SELECT no_such_column FROM sessions", &[])
         .await;
     assert!(failed.is_err());
-}
-
-/// Wait until `n` sessions of the instance wait for a lock (the state the
-/// test needs, observed, not slept for).
-async fn until_waiting_for_lock(observer: &Store, n: i64) {
-    bounded(
-        "a session waiting for the lock",
-        waiting_for_lock(observer, n),
-    )
-    .await;
-}
-
-async fn waiting_for_lock(observer: &Store, n: i64) {
-    let client = observer.client().await.unwrap();
-    loop {
-        let waiting: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting >= n {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
 }
 
 async fn record(store: &Store, key: &[u8]) -> Option<Vec<u8>> {

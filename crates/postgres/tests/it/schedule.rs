@@ -4,7 +4,7 @@
 //! message, and claiming reads of `deliver_at` handing each due message to
 //! one node, to another once the lease of a claimer that died ends.
 
-use crate::common::{blocking, entry};
+use crate::common::{blocking, entries_left, entry, until_waiting_for_lock};
 use estafeta_exchange::store::{
     FileName, Folder, Listed, Location, MessageReads, MessageSteps, MessageUpkeep, Op as MessageOp,
 };
@@ -363,15 +363,6 @@ async fn deliver(messages: PgMessages, entry: Entry) -> Outcome {
     }
 }
 
-async fn entries_left(db: &Store) -> i64 {
-    let client = db.client().await.unwrap();
-    client
-        .query_one("SELECT count(*) FROM repeat_entries", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// Two nodes' claiming reads of the `deliver_at` source at the same moment
 /// take disjoint entries, together every due message; what they took is
 /// not due for anyone until the lease ends. Listing the source (the
@@ -565,26 +556,8 @@ async fn a_recipient_removed_during_a_held_delivery_goes_within_the_hold_limit()
         let messages = PgMessages::new(db.clone());
         tokio::spawn(async move { messages.remove_mailbox(&Id::new("phone-1").unwrap()).await })
     };
+    until_waiting_for_lock(&db, 1).await;
     let client = db.client().await.unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        let waiting: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the removal never waited"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 
     let outcome = deliver(PgMessages::new(db.clone()), entries[0].clone()).await;
     assert!(

@@ -165,6 +165,13 @@ pub struct Holding {
     pub held: Option<Box<dyn Held>>,
 }
 
+impl Holding {
+    /// Scans that hold nothing.
+    pub fn unheld(scans: Vec<Result<Scan, StoreError>>) -> Holding {
+        Holding { scans, held: None }
+    }
+}
+
 /// Counts for one source, for [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceCount {
@@ -224,10 +231,7 @@ pub trait Store: Send + Sync + 'static {
         now: u64,
         skip: &dyn Fn(&str, &Position) -> bool,
     ) -> Holding {
-        Holding {
-            scans: self.scan_sources(reads, now, skip),
-            held: None,
-        }
+        Holding::unheld(self.scan_sources(reads, now, skip))
     }
 
     /// Counts entries in `source`, and those due at or before `now`.
