@@ -29,12 +29,12 @@
 //! double processing the harness looks for) and does not apply it twice.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use estafeta_client::Client;
 use estafeta_wire::{
     Body, CallStatus, Id, Message, MessageId, MessageResult, PrepareRequest, ProcessId, Reply,
-    ResultStatus, StartRequest, StartStatus, Version,
+    ResultStatus, StartRequest, StartStatus, Timestamp, Version,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -70,6 +70,11 @@ CREATE TABLE IF NOT EXISTS pending (process_id TEXT PRIMARY KEY);
 /// realistic number.
 const INCORRECT_CODE: i64 = 335_544_665;
 
+/// The time `delay` from now, as a `deliver_at`.
+fn due_after(delay: Duration) -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now() + delay)
+}
+
 /// How a processor behaves.
 #[derive(Clone, Debug)]
 pub struct ProcessorConfig {
@@ -89,6 +94,11 @@ pub struct ProcessorConfig {
     pub busy_retries: u32,
     /// The longest random wait between two BUSY retries.
     pub busy_backoff: Duration,
+    /// The share of replies scheduled for later (`deliver_at`), the others
+    /// delivered at commit.
+    pub scheduled_reply_rate: f64,
+    /// How long after it is made a scheduled reply is due.
+    pub reply_delay: Duration,
     /// The seed of its random choices.
     pub seed: u64,
 }
@@ -106,6 +116,8 @@ impl ProcessorConfig {
             commit_failure_rate: 0.0,
             busy_retries: 5,
             busy_backoff: Duration::from_millis(100),
+            scheduled_reply_rate: 0.0,
+            reply_delay: Duration::from_secs(1),
             seed: 0,
         }
     }
@@ -537,6 +549,11 @@ impl Processor {
                     .ok()
                     .and_then(|b| b.get("nonce").cloned())
                     .unwrap_or(serde_json::Value::Null);
+                // Drawn only when some replies are scheduled, so that a
+                // processor that schedules none makes the choices its seed
+                // always made.
+                let scheduled = self.config.scheduled_reply_rate > 0.0
+                    && self.rng.random_bool(self.config.scheduled_reply_rate);
                 replies.push(Reply {
                     to: m.from.clone(),
                     body: Body::from_value(&serde_json::json!({
@@ -544,9 +561,10 @@ impl Processor {
                         "db": self.config.db_id.to_string(),
                         "verdict": verdict,
                         "nonce": nonce,
+                        "scheduled": scheduled,
                     }))?,
                     created_at: None,
-                    deliver_at: None,
+                    deliver_at: scheduled.then(|| due_after(self.config.reply_delay)),
                 });
             }
         }

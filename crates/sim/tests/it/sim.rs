@@ -37,6 +37,17 @@ async fn upload(devices: &mut [Device], per_device: usize) -> Vec<MessageId> {
     devices.iter().flat_map(|d| d.sent().to_vec()).collect()
 }
 
+/// A server with `db-a` provisioned: its client, and its devices.
+async fn provisioned() -> (TestServer, Client, Vec<Device>) {
+    let server = TestServer::start(|_| {}).await;
+    let (db, phones) = provision(&server.admin).await;
+    let devices = phones
+        .into_iter()
+        .map(|(name, c)| Device::new(c, name, "t1"))
+        .collect();
+    (server, db, devices)
+}
+
 /// Runs `p` until the queue is empty (deadlocked messages come back).
 async fn drain(p: &mut Processor, server: &TestServer) {
     for _ in 0..200 {
@@ -101,12 +112,7 @@ async fn check(server: &TestServer, p: &Processor, devices: &mut [Device], sent:
 
 #[tokio::test]
 async fn every_message_is_applied_once_or_incorrect_and_answered_once() {
-    let server = TestServer::start(|_| {}).await;
-    let (db, phones) = provision(&server.admin).await;
-    let mut devices: Vec<Device> = phones
-        .into_iter()
-        .map(|(name, c)| Device::new(c, name, "t1"))
-        .collect();
+    let (server, db, mut devices) = provisioned().await;
     let sent = upload(&mut devices, 15).await;
     let sqlite = server.data.path().join("db-a.sqlite");
     let mut p = processor(&sqlite, &db, 7, true);
@@ -201,4 +207,30 @@ async fn a_processor_back_after_the_ready_timeout_settles_the_doubt() {
     for step in [Step::Prepared, Step::CommittedLocally] {
         crash_at(step, Some(Duration::from_millis(300))).await;
     }
+}
+
+/// A processor that schedules its replies (`deliver_at`, an hour ahead):
+/// its cycles complete as usual, no reply reaches a device before its
+/// time, and the server's scheduler keeps every one of them meanwhile.
+#[tokio::test]
+async fn scheduled_replies_are_kept_for_their_time() {
+    let (server, db, mut devices) = provisioned().await;
+    let sent = upload(&mut devices, 5).await;
+    let mut config = ProcessorConfig::new(id("db-a"));
+    config.scheduled_reply_rate = 1.0;
+    config.reply_delay = Duration::from_secs(3_600);
+    let sqlite = server.data.path().join("db-a.sqlite");
+    let mut p = Processor::open(&sqlite, db.clone(), config).unwrap();
+    drain(&mut p, &server).await;
+    assert_eq!(p.applied().unwrap().len(), sent.len());
+    for d in devices.iter_mut() {
+        assert_eq!(d.poll(100).await.unwrap(), 0, "no reply before its time");
+    }
+    let metrics = server.admin.metrics().await.unwrap();
+    let scheduled = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("estafeta_repeat_entries{source=\"deliver_at\"} "))
+        .expect("the scheduled messages' gauge");
+    assert_eq!(scheduled.trim(), sent.len().to_string());
+    server.stop().await;
 }

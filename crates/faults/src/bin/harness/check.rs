@@ -93,6 +93,9 @@ pub(crate) struct Summary {
     /// Processed or delivered where it was not sent, or changed on the way.
     wrong: usize,
     stuck: usize,
+    /// Replies received that their processor scheduled (`deliver_at`):
+    /// how much of the run went through the scheduler.
+    scheduled_replies: usize,
     max_ready: Duration,
     /// Answers with a server error other than 503 (storage out of reach,
     /// not ready, stopping: retry later), which are never right.
@@ -114,7 +117,7 @@ impl Summary {
         format!(
             "rounds={} server_crashes={} processor_crashes={} network_faults={} db_faults={} \
              commit_losses={} failpoint_pauses={} disk_full={} messages={} lost={} duplicated={} \
-             wrong={} stuck={} unjustified_alerts={}",
+             wrong={} stuck={} unjustified_alerts={} scheduled_replies={}",
             f.rounds,
             f.server_crashes,
             f.processor_crashes,
@@ -129,6 +132,7 @@ impl Summary {
             self.wrong,
             self.stuck,
             self.unjustified_alerts,
+            self.scheduled_replies,
         )
     }
 
@@ -388,6 +392,7 @@ pub(crate) async fn check(
     // Each processed message's reply at its device, once, as decided.
     let by_id: HashMap<MessageId, &Handled<'_>> = handled.iter().map(|h| (h.kept.id, h)).collect();
     let mut replies: HashMap<MessageId, usize> = HashMap::new();
+    let mut scheduled_replies = 0;
     for d in devices {
         for m in d.received() {
             let body: serde_json::Value = serde_json::from_str(m.body.get()).unwrap_or_default();
@@ -405,6 +410,9 @@ pub(crate) async fn check(
                 continue;
             };
             *replies.entry(h.kept.id).or_default() += 1;
+            if body["scheduled"] == true {
+                scheduled_replies += 1;
+            }
             let verdict = if h.incorrect {
                 "PROCESSED_INCORRECT"
             } else {
@@ -595,6 +603,7 @@ pub(crate) async fn check(
         in_doubt_alerts,
         unalerted,
         unjustified_alerts,
+        scheduled_replies,
     })
 }
 

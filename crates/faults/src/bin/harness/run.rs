@@ -798,8 +798,9 @@ async fn devices_loop(
 }
 
 /// Lets processors and devices finish: uploads flushed, queues empty,
-/// processes settled, replies read. Returns when everything is quiet or
-/// after [`DRAIN_BOUND`] (what is left then counts as stuck).
+/// processes settled, scheduled replies delivered, replies read. Returns
+/// when everything is quiet or after [`DRAIN_BOUND`] (what is left then
+/// counts as stuck).
 async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut [Device]) {
     let began = Instant::now();
     while began.elapsed() < DRAIN_BOUND {
@@ -840,11 +841,26 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
                 quiet = false;
             }
         }
+        if scheduled(admin).await != Some(0) {
+            quiet = false;
+        }
         if quiet {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// How many messages the server still keeps scheduled (`deliver_at`), as
+/// its metrics say; `None` when it cannot say.
+async fn scheduled(admin: &Client) -> Option<u64> {
+    let metrics = admin.metrics().await.ok()?;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("estafeta_repeat_entries{source=\"deliver_at\"} "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
