@@ -110,6 +110,14 @@ const SCHEDULE: &str = "INSERT INTO repeat_entries (id, source, due, attempt, pa
     VALUES ($1, $2, $3, $4, $5, $6)
     ON CONFLICT (id) DO UPDATE SET source = EXCLUDED.source, due = EXCLUDED.due,
         attempt = EXCLUDED.attempt, payload = EXCLUDED.payload, owner = EXCLUDED.owner";
+/// Whether the message `$1` for `$2`, which a batch schedules and which is
+/// no longer where the batch takes it from, is where an earlier run of the
+/// batch put it: waiting in the scheduler, or delivered (the scheduler
+/// writes a due message into its recipient's `Messages` before it removes
+/// the entry, so one of the two holds it throughout).
+const SCHEDULED_BEFORE: &str = "SELECT EXISTS (SELECT 1 FROM repeat_entries WHERE id = $1)
+    OR EXISTS (SELECT 1 FROM messages WHERE id = $1 AND owner = $2
+        AND place IN ('Messages', 'Log', 'Unknown', 'Error'))";
 const MAKE_OWNERS: &str =
     "INSERT INTO message_owners (id) SELECT * FROM unnest($1::text[]) ON CONFLICT DO NOTHING";
 /// Removes a mailbox, its messages and those scheduled for it (the
@@ -305,15 +313,16 @@ impl PgMessages {
                 .query_one(&on.prepare_cached(OWNED).await?, &[&name.to.as_str()])
                 .await?
                 .get(0);
-            let outcome = if !owned {
+            // The message taken from `from`: `None` if it is not there.
+            let taken = if !owned {
                 // For a removed mailbox: the message goes.
                 let deleted = on
                     .execute(
                         &on.prepare_cached(DELETE).await?,
-                        &[&vec![id], &owner, &place],
+                        &[&vec![id.clone()], &owner, &place],
                     )
                     .await?;
-                Ok(match deleted {
+                Some(match deleted {
                     0 => Outcome::AlreadyDone,
                     _ => Outcome::Done,
                 })
@@ -338,9 +347,9 @@ impl PgMessages {
                             ],
                         )
                         .await?;
-                        Ok(Outcome::Done)
+                        Some(Outcome::Done)
                     }
-                    None => Err(not_found(op, from, &to)),
+                    None => None,
                 }
             } else {
                 match on
@@ -352,9 +361,25 @@ impl PgMessages {
                 {
                     Some(_) => {
                         arrivals.insert(name.to.clone());
-                        Ok(Outcome::Done)
+                        Some(Outcome::Done)
                     }
-                    None => Err(not_found(op, from, &to)),
+                    None => None,
+                }
+            };
+            let outcome = match taken {
+                Some(taken) => Ok(taken),
+                None => {
+                    let before: bool = on
+                        .query_one(
+                            &on.prepare_cached(SCHEDULED_BEFORE).await?,
+                            &[&id, &name.to.as_str()],
+                        )
+                        .await?
+                        .get(0);
+                    match before {
+                        true => Ok(Outcome::AlreadyDone),
+                        false => Err(not_found(op, from, &to)),
+                    }
                 }
             };
             results[i] = Some(outcome);

@@ -453,4 +453,8 @@ impl Store for PgQueue {
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         self.plain.count(source, now)
     }
+
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        self.plain.contains(id)
+    }
 }

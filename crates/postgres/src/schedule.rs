@@ -422,4 +422,17 @@ impl Store for PgSchedule {
             })
         })
     }
+
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        self.run(async {
+            let client = self.store.client().await?;
+            let row = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM repeat_entries WHERE id = $1)",
+                    &[&id],
+                )
+                .await?;
+            Ok(row.get(0))
+        })
+    }
 }

@@ -279,8 +279,9 @@ async fn reads_and_lookups(store: &dyn MessageStore) {
 }
 
 /// `apply`: each op's result in the ops' order, arrivals, and a batch run
-/// again (the lifecycle repeats a recorded batch after a crash): a move or
-/// delete already done is `AlreadyDone`, a message in none of an op's
+/// again (the lifecycle repeats a recorded batch after a crash): a move,
+/// delete or schedule already done is `AlreadyDone` (a scheduled message
+/// waiting in the scheduler or delivered), a message in none of an op's
 /// places is `NotFound`; `delete_all` likewise.
 async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_repeat::Store>) {
     let db = "batch-db";
@@ -347,6 +348,7 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
     assert_eq!(store.oldest(&log, 10).await.unwrap(), [name(&upload)]);
     let expected = scheduled_entry(later.id, later.to_file_bytes().unwrap(), far);
     let source = expected.source.clone();
+    let scheduler = kept.clone();
     let aside = tokio::task::spawn_blocking(move || {
         kept.scan(Read::first(&source, 10), u64::MAX, &|_| false)
     })
@@ -362,7 +364,36 @@ async fn a_batch_is_idempotent(store: &dyn MessageStore, kept: Arc<dyn estafeta_
     assert_eq!(again.arrivals, BTreeSet::from([id("batch-phone")]));
     let again: Vec<_> = again.results.into_iter().map(outcome).collect();
     let already = Some(Outcome::AlreadyDone);
-    assert_eq!(again, [already, None, already, already, None, None]);
+    assert_eq!(again, [already, already, already, already, already, None]);
+
+    // A scheduled message is found done where the scheduler's delivery and
+    // its recipient's acknowledgement took it (`past`, in `Log`); one gone
+    // from the scheduler and never delivered (`later`, cancelled) is missing.
+    let acked = store
+        .apply(
+            None,
+            &[Op::Move {
+                name: name(&past),
+                from: inbox.clone(),
+                to: at("batch-phone", Folder::Log),
+            }],
+        )
+        .await;
+    assert_eq!(
+        acked.results.into_iter().map(outcome).collect::<Vec<_>>(),
+        [done]
+    );
+    let cancel = estafeta_repeat::store::Op::Cancel {
+        id: later.id.to_string(),
+    };
+    tokio::task::spawn_blocking(move || scheduler.apply(&[cancel]))
+        .await
+        .unwrap()
+        .unwrap();
+    let schedules = [ops[1].clone(), ops[4].clone()];
+    let third = store.apply(None, &schedules).await;
+    let third: Vec<_> = third.results.into_iter().map(outcome).collect();
+    assert_eq!(third, [None, already]);
 
     let inbox_names = store.oldest(&inbox, 10).await.unwrap();
     let results = store.delete_all(&inbox, &inbox_names).await;

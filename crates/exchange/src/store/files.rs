@@ -42,7 +42,8 @@ pub(crate) struct FileStore {
     mailboxes: Mailboxes,
     /// Where a message due later is kept until its time.
     scheduled: Arc<DeliveryScheduler>,
-    /// The entries of `scheduled`, read to find a mailbox's.
+    /// The entries of `scheduled`, read to find a mailbox's, and to ask
+    /// whether a message is waiting there.
     kept: Arc<dyn estafeta_repeat::store::Store>,
     /// Orders writes into a mailbox from outside its owner's session with
     /// the mailbox's removal.
@@ -104,6 +105,26 @@ impl FileStore {
         .map_err(|e| MailboxError::Join(e.to_string()))?
     }
 
+    /// Whether the message `name`, no longer where a batch schedules it
+    /// from, is where an earlier run of the batch put it: waiting in the
+    /// scheduler, or delivered. Asked in that order: the scheduler writes a
+    /// due message into its recipient's `Messages` before it removes the
+    /// entry, so one of the two holds it throughout.
+    async fn scheduled_before(&self, name: &FileName) -> Result<bool, MailboxError> {
+        let kept = self.kept.clone();
+        let id = name.id.to_string();
+        let waiting = tokio::task::spawn_blocking(move || kept.contains(&id))
+            .await
+            .map_err(|e| MailboxError::Join(e.to_string()))?
+            .map_err(|e| {
+                MailboxError::io(
+                    crate::DataLayout::new(self.mailboxes.root()).scheduled(),
+                    std::io::Error::other(e),
+                )
+            })?;
+        Ok(waiting || self.delivered(name).await?)
+    }
+
     /// The exchange's clock now (the scheduler runs on it).
     fn now(&self) -> Timestamp {
         let ms = self.scheduled.clock().0.now().0;
@@ -114,7 +135,8 @@ impl FileStore {
     /// `until` (or written into its recipient's `Messages` if that time has
     /// passed, noted in `arrivals`), then removed from `from`. Run again
     /// after a crash, it schedules the same entry again (same id, replaced)
-    /// or finds the file gone.
+    /// or, the file gone from `from`, finds the message where the earlier
+    /// run put it ([`scheduled_before`](Self::scheduled_before)).
     async fn schedule(
         &self,
         name: &FileName,
@@ -128,6 +150,9 @@ impl FileStore {
             .read_array(from, std::slice::from_ref(name))
             .await?;
         if raw.names.is_empty() {
+            if self.scheduled_before(name).await? {
+                return Ok(Outcome::AlreadyDone);
+            }
             return Err(MailboxError::NotFound {
                 name: name.to_string(),
                 from: self.mailboxes.path(from),

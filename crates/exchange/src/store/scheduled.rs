@@ -96,6 +96,10 @@ impl<S: Store + ?Sized> Store for Listed<S> {
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         self.0.count(source, now)
     }
+
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        self.0.contains(id)
+    }
 }
 
 /// Why a message could not be scheduled.

@@ -40,7 +40,7 @@ pub fn placed(source: &str, due: u64, id: &str) -> Applied {
 }
 
 /// The ops of a fresh `store`: puts, a put that moves an entry across
-/// sources, counts, and exact removes, moves, cancels, reschedules and
+/// sources, counts, lookups by id, and exact removes, moves, cancels, reschedules and
 /// restores, each doing nothing when its entry moved or was replaced
 /// meanwhile. `reads` is called half-way, when the store holds exactly
 /// source `a`: `w` and `y` due at 10; `b`: `z` at 10, `x` at 30 (for the
@@ -73,6 +73,8 @@ pub fn ops<S: Store>(store: &S, reads: impl FnOnce(&S)) {
         SourceCount { entries: 2, due: 1 }
     );
     assert_eq!(store.count("nope", 15).unwrap(), SourceCount::default());
+    assert!(store.contains("x").unwrap() && store.contains("z").unwrap());
+    assert!(!store.contains("nope").unwrap());
     reads(store);
 
     // Exact removes and moves do nothing when the entry moved meanwhile.
@@ -114,6 +116,8 @@ pub fn ops<S: Store>(store: &S, reads: impl FnOnce(&S)) {
     assert_eq!((scan.entries[0].due, scan.entries[0].attempt), (50, 3));
     assert_eq!(scan.entries[0].payload, b"y");
     assert_eq!(ids(store, "b", 100), ["x"]);
+    assert!(!store.contains("w").unwrap() && !store.contains("z").unwrap());
+    assert!(store.contains("y").unwrap(), "moved, still stored");
 
     // Nor when the entry was replaced at the same place: the replacement
     // stays as it is. A restore puts an entry back only if its id is free.
@@ -154,4 +158,5 @@ pub fn ops<S: Store>(store: &S, reads: impl FnOnce(&S)) {
     let results = store.apply(&[Op::Remove(new), Op::Cancel { id: "s".into() }]);
     assert_eq!(results.unwrap(), [Applied::Removed, Applied::Removed]);
     assert_eq!(ids(store, "c", 100), Vec::<String>::new());
+    assert!(!store.contains("r").unwrap() && !store.contains("s").unwrap());
 }

@@ -150,6 +150,10 @@ impl Store for MemoryStore {
         collect_scan(entries, now, read.limit, skip)
     }
 
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.lock().ids.contains_key(id))
+    }
+
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         let inner = self.lock();
         let Some(table) = inner.sources.get(source) else {

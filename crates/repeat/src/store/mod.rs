@@ -236,6 +236,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Counts entries in `source`, and those due at or before `now`.
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError>;
+
+    /// Whether an entry with this id is stored, in any source: one lookup,
+    /// however many entries there are.
+    fn contains(&self, id: &str) -> Result<bool, StoreError>;
 }
 
 /// Collects a scan from an ordered iterator of entries; shared by both stores

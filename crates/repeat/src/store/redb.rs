@@ -311,6 +311,16 @@ impl Store for RedbStore {
         collect_scan(entries, now, read.limit, skip)
     }
 
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::redb)?;
+        let ids = match txn.open_table(IDS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(e) => return Err(StoreError::redb(e)),
+        };
+        Ok(ids.get(id).map_err(StoreError::redb)?.is_some())
+    }
+
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         let txn = self.db.begin_read().map_err(StoreError::redb)?;
         let name = format!("{SOURCE_PREFIX}{source}");

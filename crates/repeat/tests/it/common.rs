@@ -233,4 +233,8 @@ impl Store for BreakableStore {
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         self.inner.count(source, now)
     }
+
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.contains(id)
+    }
 }

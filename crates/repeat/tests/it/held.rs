@@ -93,6 +93,10 @@ impl Store for HoldingStore {
     fn count(&self, source: &str, now: u64) -> Result<SourceCount, StoreError> {
         self.inner.count(source, now)
     }
+
+    fn contains(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.contains(id)
+    }
 }
 
 fn holding(delivery: Delivery) -> (TestClock, Scheduler<HoldingStore, TestClock>, Arc<Seen>) {

@@ -67,6 +67,10 @@ pub(crate) fn config(db: Id, seed: u64) -> ProcessorConfig {
     config.deadlock_rate = 0.05;
     config.incorrect_rate = 0.05;
     config.commit_failure_rate = 0.05;
+    // A share of the replies goes through the scheduler (`deliver_at`),
+    // so that its hand-offs face the same faults.
+    config.scheduled_reply_rate = 0.2;
+    config.reply_delay = Duration::from_secs(1);
     config
 }
 
