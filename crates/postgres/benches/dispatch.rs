@@ -1,6 +1,8 @@
-//! The repeat scheduler over PostgreSQL, as cluster mode runs it (a
-//! claiming [`PgQueue`]: due rows taken with `FOR UPDATE SKIP LOCKED` and
-//! leased in the same transaction, outcomes committed in batches), against
+//! The repeat scheduler over PostgreSQL, as cluster mode runs its
+//! scheduled deliveries (a holding [`PgQueue`]: due rows locked with `FOR
+//! UPDATE SKIP LOCKED` in a transaction left open while their handlers
+//! run, their outcomes committed in it; up to 4 such holds at once),
+//! against
 //! the job-queue design users run on PostgreSQL (River, Oban,
 //! graphile-worker) on the same instance: a jobs table with a partial index
 //! on the available jobs, a producer per queue fetching due jobs in batches

@@ -31,8 +31,11 @@
 //! suits handlers that take well under the hold limit (one slow handler
 //! keeps its pass's other entries locked). Each hold keeps a pooled
 //! connection; when all of a queue's holds are in use, its reads claim
-//! with a lease.
+//! with a lease. Within a second, a holding read starts where the queue's
+//! last one ended (`Cursor`); the first read of each second starts
+//! from the first entry.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,11 +50,16 @@ use crate::Store as Db;
 use crate::schedule::{PgSchedule, apply_run, runs, to_sql};
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
-/// the arrays), locked, passing over those other transactions hold.
+/// the arrays) at or after its position (`$4` due, `$5` id), locked,
+/// passing over those other transactions hold. The position is a bound of
+/// the index scan, so rows before it are not visited.
 const DUE: &str = "SELECT s.ord, e.due, e.id, e.attempt, e.payload
-    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS s(source, n, ord)
+    FROM unnest($1::text[], $2::bigint[], $4::bigint[], $5::text[])
+        WITH ORDINALITY AS s(source, n, from_due, from_id, ord)
     CROSS JOIN LATERAL (SELECT due, id, attempt, payload FROM repeat_entries
-        WHERE source = s.source AND due <= $3 ORDER BY due, id LIMIT s.n
+        WHERE source = s.source AND (due, id) >= (s.from_due, s.from_id COLLATE \"C\")
+            AND due <= $3
+        ORDER BY due, id LIMIT s.n
         FOR UPDATE SKIP LOCKED) AS e
     ORDER BY s.ord, e.due, e.id";
 const CLAIM: &str = "UPDATE repeat_entries SET due = $2 WHERE id = ANY($1)";
@@ -72,8 +80,39 @@ pub struct PgQueue {
     sources: Vec<String>,
     /// How far ahead a claimed entry is moved; `None`: reads do not claim.
     lease: Option<Duration>,
-    /// A holding queue's holds (see the module's doc), one permit each.
-    holds: Option<Arc<Semaphore>>,
+    /// A holding queue's holds (see the module's doc).
+    holds: Option<Holds>,
+}
+
+/// A holding queue's holds and where its holding reads start.
+struct Holds {
+    /// One permit per hold that may be open at once.
+    slots: Arc<Semaphore>,
+    /// Where each source's next holding read starts.
+    cursors: std::sync::Mutex<HashMap<String, Cursor>>,
+}
+
+/// Where a holding read of a source starts: at the last entry a holding
+/// read of this queue took in the same second. So a read does not step
+/// again over the rows its queue's open holds lock, nor over those its
+/// settled holds removed (their index entries stay until vacuumed, and
+/// are stepped over one by one), which slowed each read as a second's
+/// deliveries went on. The first read of a new second starts from the
+/// source's first entry: within a second it finds what a hold that ended
+/// unsettled, or another node, left due behind the cursor.
+struct Cursor {
+    /// The second of the read that last started from the first entry.
+    second: u64,
+    /// The last entry taken since.
+    at: Position,
+}
+
+/// The position before every entry.
+fn first() -> Position {
+    Position {
+        due: 0,
+        id: String::new(),
+    }
 }
 
 /// How a read takes what it returns.
@@ -182,7 +221,10 @@ impl PgQueue {
     /// `holds` held at once; other reads claim for `lease`.
     pub fn holding(db: Db, sources: &[&str], lease: Duration, holds: usize) -> PgQueue {
         PgQueue {
-            holds: Some(Arc::new(Semaphore::new(holds))),
+            holds: Some(Holds {
+                slots: Arc::new(Semaphore::new(holds)),
+                cursors: std::sync::Mutex::new(HashMap::new()),
+            }),
             ..PgQueue::claiming(db, sources, lease)
         }
     }
@@ -213,6 +255,15 @@ impl PgQueue {
                 n => i64::try_from(n.saturating_add(extra)).unwrap_or(i64::MAX),
             })
             .collect();
+        let froms: Vec<Position> = reads
+            .iter()
+            .map(|r| match take {
+                Take::Hold => self.cursor(r.source, now),
+                Take::Lease(_) => first(),
+            })
+            .collect();
+        let from_dues: Vec<i64> = froms.iter().map(|p| to_sql(p.due)).collect();
+        let from_ids: Vec<&str> = froms.iter().map(|p| p.id.as_str()).collect();
         self.plain
             .run(async {
                 let tx = Open(Some(self.plain.db().client().await?));
@@ -234,7 +285,8 @@ impl PgQueue {
                     Take::Hold => "BEGIN",
                 };
                 let at = to_sql(now);
-                let params: [&(dyn ToSql + Sync); 3] = [&sources, &asks, &at];
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&sources, &asks, &at, &from_dues, &from_ids];
                 let (_, rows) =
                     tokio::try_join!(client.batch_execute(begin), client.query(&due, &params))?;
                 for row in rows {
@@ -267,11 +319,15 @@ impl PgQueue {
                         Take::Hold => entry,
                     });
                 }
-                // A full hold may have left more due: read again at once.
+                // A full hold may have left more due: read again at once,
+                // after what it took.
                 if let Take::Hold = take {
                     for (read, scan) in reads.iter().zip(&mut scans) {
                         if read.limit > 0 && scan.entries.len() >= read.limit {
                             scan.next_due.get_or_insert(now);
+                        }
+                        if let Some(last) = scan.entries.last() {
+                            self.advance(read.source, now, last.position());
                         }
                     }
                 }
@@ -375,6 +431,43 @@ impl PgQueue {
     }
 }
 
+impl PgQueue {
+    /// Where a holding read of `source` at `now` starts (see [`Cursor`]).
+    fn cursor(&self, source: &str, now: u64) -> Position {
+        let Some(holds) = &self.holds else {
+            return first();
+        };
+        let mut cursors = holds.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        match cursors.get(source) {
+            Some(c) if c.second == now => c.at.clone(),
+            _ => {
+                cursors.insert(
+                    source.to_owned(),
+                    Cursor {
+                        second: now,
+                        at: first(),
+                    },
+                );
+                first()
+            }
+        }
+    }
+
+    /// A holding read of `source` at `now` took entries up to `last`.
+    fn advance(&self, source: &str, now: u64, last: Position) {
+        let Some(holds) = &self.holds else {
+            return;
+        };
+        let mut cursors = holds.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cursors.get_mut(source)
+            && c.second == now
+            && last > c.at
+        {
+            c.at = last;
+        }
+    }
+}
+
 /// A leasing claim at `now`.
 fn lease_until(now: u64, lease: Duration) -> Take {
     Take::Lease(now.saturating_add(lease.as_secs()))
@@ -436,7 +529,7 @@ impl Store for PgQueue {
         let (Some(holds), false) = (&self.holds, reads.is_empty()) else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
-        let Ok(slot) = Arc::clone(holds).try_acquire_owned() else {
+        let Ok(slot) = Arc::clone(&holds.slots).try_acquire_owned() else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
         let (scans, tx) = self.claim_sources(reads, now, Take::Hold, skip);

@@ -32,9 +32,15 @@ async fn with_entries(pg: &Postgres, n: usize) -> Store {
 /// What a dispatching read of the first `limit` due entries of `a` at
 /// second 100 returns.
 async fn hold(queue: &Arc<PgQueue>, limit: usize) -> (Vec<Entry>, Holding) {
+    hold_at(queue, limit, 100).await
+}
+
+/// What a dispatching read of up to `limit` due entries of `a` at second
+/// `now` returns.
+async fn hold_at(queue: &Arc<PgQueue>, limit: usize, now: u64) -> (Vec<Entry>, Holding) {
     let queue = Arc::clone(queue);
     blocking(move || {
-        let mut holding = queue.hold_sources(&[Read::first("a", limit)], 100, &|_, _| false);
+        let mut holding = queue.hold_sources(&[Read::first("a", limit)], now, &|_, _| false);
         let entries = match holding.scans.pop() {
             Some(Ok(scan)) => scan.entries,
             other => panic!("the read failed: {other:?}"),
@@ -288,4 +294,31 @@ async fn entries_held_by_a_node_that_died_go_to_another_node_at_once() {
     })
     .await;
     live.abort();
+}
+
+/// Within a second, a holding read starts where the queue's last one
+/// ended, not stepping again over what its holds took; the first read of
+/// the next second starts from the first entry, so entries a hold left
+/// due behind the cursor are handed out again then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_reads_on_from_the_last_within_a_second_and_from_the_first_in_the_next() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 6).await;
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 4));
+    let (first, settled) = hold_at(&queue, 2, 100).await;
+    assert_eq!(ids(&first), ["e000", "e001"]);
+    let (second, _open) = hold_at(&queue, 2, 100).await;
+    assert_eq!(ids(&second), ["e002", "e003"]);
+    // Ended without outcomes: e000 and e001 are due again, behind the cursor.
+    let settled = settled.held.expect("a hold");
+    blocking(move || settled.settle(&[]).unwrap()).await;
+
+    let (same_second, _third) = hold_at(&queue, 4, 100).await;
+    assert_eq!(ids(&same_second), ["e004", "e005"]);
+    let (next_second, _fourth) = hold_at(&queue, 4, 101).await;
+    assert_eq!(
+        ids(&next_second),
+        ["e000", "e001"],
+        "read from the first entry again, passing over the held ones"
+    );
 }
