@@ -58,6 +58,7 @@
 mod alerts;
 mod auth_failures;
 mod clock;
+mod closing;
 mod error;
 mod events;
 mod joint;

@@ -38,6 +38,7 @@ use estafeta_session::Clock;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use crate::closing::Closing;
 use crate::{Error, Store};
 
 /// The columns a [`FileEntry`] is made of, in [`entry`]'s order.
@@ -247,13 +248,11 @@ impl PgMessages {
         // Until the `COMMIT` is answered the connection may be inside the
         // transaction: dropped before (a cancelled call), it is closed, not
         // pooled, and the server rolls the transaction back.
-        let client = Closing(Some(self.store.client().await?));
+        let client = Closing::new(self.store.client().await?);
         let on = client.get();
         on.batch_execute("BEGIN").await?;
         self.run_batch(on, ops, results, arrivals).await?;
-        on.batch_execute("COMMIT").await?;
-        drop(client.keep());
-        Ok(())
+        client.commit().await
     }
 
     /// The batch in the transaction of `step`, the step a command holds
@@ -430,10 +429,8 @@ impl PgMessages {
         // Until the `COMMIT` is answered the connection may be inside the
         // transaction: dropped before (a cancelled call), it is closed, not
         // pooled, and the server rolls the transaction back.
-        let mut client = Some(self.store.client().await?);
-        let on = client
-            .as_ref()
-            .expect("the connection is held until the end");
+        let client = Closing::new(self.store.client().await?);
+        let on = client.get();
         let statement = on.prepare_cached(MOVE).await?;
         let params = moves.params();
         let (begun, rows, committed) = tokio::join!(
@@ -441,12 +438,11 @@ impl PgMessages {
             on.query(&statement, &params),
             on.batch_execute("COMMIT")
         );
-        let kept = Closing(client.take());
         begun?;
         // A failed move aborted the transaction: its `COMMIT` rolled back.
         let rows = rows?;
         committed?;
-        drop(kept.keep());
+        client.keep();
         moves.outcomes(ops, &rows, results, arrivals);
         Ok(())
     }
@@ -509,30 +505,6 @@ impl PgMessages {
         }
         json.push(b']');
         Ok((RawArray { json, names }, counter))
-    }
-}
-
-/// A connection closed when dropped, unless [`Closing::keep`] takes it
-/// back for the pool.
-struct Closing(Option<deadpool_postgres::Object>);
-
-impl Closing {
-    fn get(&self) -> &deadpool_postgres::ClientWrapper {
-        self.0
-            .as_ref()
-            .expect("a Closing holds its connection until kept or dropped")
-    }
-
-    fn keep(mut self) -> Option<deadpool_postgres::Object> {
-        self.0.take()
-    }
-}
-
-impl Drop for Closing {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            drop(deadpool_postgres::Object::take(client));
-        }
     }
 }
 

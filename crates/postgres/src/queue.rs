@@ -39,7 +39,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Object;
 use estafeta_repeat::store::{Applied, Held, Holding, Op, Read, Scan, Skip, SourceCount, Store};
 use estafeta_repeat::{Entry, Position, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -47,6 +46,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::Error;
 use crate::Store as Db;
+use crate::closing::Closing;
 use crate::schedule::{PgSchedule, apply_run, runs, to_sql};
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
@@ -107,6 +107,36 @@ struct Cursor {
     at: Position,
 }
 
+impl Holds {
+    /// Where a holding read of `source` at `now` starts: the first read of
+    /// a second starts from the first entry.
+    fn cursor(&self, source: &str, now: u64) -> Position {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        match cursors.get(source) {
+            Some(c) if c.second == now => c.at.clone(),
+            _ => {
+                let rewound = Cursor {
+                    second: now,
+                    at: first(),
+                };
+                cursors.insert(source.to_owned(), rewound);
+                first()
+            }
+        }
+    }
+
+    /// A holding read of `source` at `now` took entries up to `last`.
+    fn advance(&self, source: &str, now: u64, last: Position) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cursors.get_mut(source)
+            && c.second == now
+            && last > c.at
+        {
+            c.at = last;
+        }
+    }
+}
+
 /// The position before every entry.
 fn first() -> Position {
     Position {
@@ -124,37 +154,9 @@ enum Take {
     Hold,
 }
 
-/// A transaction begun by hand on a pooled connection: dropped before it
-/// ends, its connection is closed (the database aborts the transaction)
-/// rather than handed back to the pool inside it.
-struct Open(Option<Object>);
-
-impl Open {
-    fn client(&self) -> Result<&Object, Error> {
-        self.0
-            .as_ref()
-            .ok_or_else(|| Error::Options("a transaction used after its end".into()))
-    }
-
-    /// Commits; the connection goes back to the pool.
-    async fn commit(mut self) -> Result<(), Error> {
-        self.client()?.batch_execute("COMMIT").await?;
-        self.0.take();
-        Ok(())
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            drop(Object::take(client));
-        }
-    }
-}
-
 /// A holding queue's open claim ([`Held`]).
 struct PgHold {
-    tx: Open,
+    tx: Closing,
     runtime: tokio::runtime::Handle,
     /// One of the queue's holds, given back when this ends.
     _slot: OwnedSemaphorePermit,
@@ -185,7 +187,7 @@ impl Held for PgHold {
             .block_on(async {
                 let mut applied = Vec::with_capacity(ops.len());
                 for run in runs(&ops) {
-                    applied.extend(apply_run(tx.client()?, run).await?);
+                    applied.extend(apply_run(tx.get(), run).await?);
                 }
                 tx.commit().await?;
                 Ok::<_, Error>(applied)
@@ -238,7 +240,7 @@ impl PgQueue {
         now: u64,
         take: Take,
         skip: &dyn Fn(&str, &Position) -> bool,
-    ) -> Result<(Vec<Scan>, Option<Open>), StoreError> {
+    ) -> Result<(Vec<Scan>, Option<Closing>), StoreError> {
         let sources: Vec<&str> = reads.iter().map(|r| r.source).collect();
         // A lease asks one more than the limit: the first one left says when
         // to read again (its lock ends with the claim's commit). A hold asks
@@ -257,17 +259,17 @@ impl PgQueue {
             .collect();
         let froms: Vec<Position> = reads
             .iter()
-            .map(|r| match take {
-                Take::Hold => self.cursor(r.source, now),
-                Take::Lease(_) => first(),
+            .map(|r| match (take, &self.holds) {
+                (Take::Hold, Some(holds)) => holds.cursor(r.source, now),
+                _ => first(),
             })
             .collect();
         let from_dues: Vec<i64> = froms.iter().map(|p| to_sql(p.due)).collect();
         let from_ids: Vec<&str> = froms.iter().map(|p| p.id.as_str()).collect();
         self.plain
             .run(async {
-                let tx = Open(Some(self.plain.db().client().await?));
-                let client = tx.client()?;
+                let tx = Closing::new(self.plain.db().client().await?);
+                let client = tx.get();
                 let (due, claim, head) = tokio::try_join!(
                     client.prepare_cached(DUE),
                     client.prepare_cached(CLAIM),
@@ -321,13 +323,13 @@ impl PgQueue {
                 }
                 // A full hold may have left more due: read again at once,
                 // after what it took.
-                if let Take::Hold = take {
+                if let (Take::Hold, Some(holds)) = (take, &self.holds) {
                     for (read, scan) in reads.iter().zip(&mut scans) {
                         if read.limit > 0 && scan.entries.len() >= read.limit {
                             scan.next_due.get_or_insert(now);
                         }
                         if let Some(last) = scan.entries.last() {
-                            self.advance(read.source, now, last.position());
+                            holds.advance(read.source, now, last.position());
                         }
                     }
                 }
@@ -396,7 +398,7 @@ impl PgQueue {
         now: u64,
         take: Take,
         skip: &dyn Fn(&str, &Position) -> bool,
-    ) -> (Vec<Result<Scan, StoreError>>, Option<Open>) {
+    ) -> (Vec<Result<Scan, StoreError>>, Option<Closing>) {
         let ours: Vec<Read<'_>> = reads
             .iter()
             .filter(|r| self.sources.iter().any(|s| s == r.source))
@@ -427,43 +429,6 @@ impl PgQueue {
                     .collect();
                 (scans, None)
             }
-        }
-    }
-}
-
-impl PgQueue {
-    /// Where a holding read of `source` at `now` starts (see [`Cursor`]).
-    fn cursor(&self, source: &str, now: u64) -> Position {
-        let Some(holds) = &self.holds else {
-            return first();
-        };
-        let mut cursors = holds.cursors.lock().unwrap_or_else(|e| e.into_inner());
-        match cursors.get(source) {
-            Some(c) if c.second == now => c.at.clone(),
-            _ => {
-                cursors.insert(
-                    source.to_owned(),
-                    Cursor {
-                        second: now,
-                        at: first(),
-                    },
-                );
-                first()
-            }
-        }
-    }
-
-    /// A holding read of `source` at `now` took entries up to `last`.
-    fn advance(&self, source: &str, now: u64, last: Position) {
-        let Some(holds) = &self.holds else {
-            return;
-        };
-        let mut cursors = holds.cursors.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = cursors.get_mut(source)
-            && c.second == now
-            && last > c.at
-        {
-            c.at = last;
         }
     }
 }

@@ -178,10 +178,10 @@ pub async fn stores(
         .map_err(ServeError::Store)?;
     // The exchange's scheduler reads its own source only (the table also
     // holds the notifier's and the pusher's), and each due message is
-    // claimed by one node, held by the claim's open transaction while it is
-    // delivered (a delivery is one insert); listings read without claiming. No store here
-    // passes the data folder's gates: an online backup is the database's
-    // own (pg_dump, base backups), not a pause.
+    // claimed by one node, held by the claim's open transaction while it
+    // is delivered (a delivery is one insert); listings read without
+    // claiming. No store here passes the data folder's gates: an online
+    // backup is the database's own (pg_dump, base backups), not a pause.
     let exchange = Stores {
         messages: Arc::new(estafeta_postgres::PgMessages::with_clock(
             db.clone(),

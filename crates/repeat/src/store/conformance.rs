@@ -40,9 +40,9 @@ pub fn placed(source: &str, due: u64, id: &str) -> Applied {
 }
 
 /// The ops of a fresh `store`: puts, a put that moves an entry across
-/// sources, counts, lookups by id, and exact removes, moves, cancels, reschedules and
-/// restores, each doing nothing when its entry moved or was replaced
-/// meanwhile. `reads` is called half-way, when the store holds exactly
+/// sources, counts, lookups by id, and exact removes, moves, cancels,
+/// reschedules and restores, each doing nothing when its entry moved or was
+/// replaced meanwhile. `reads` is called half-way, when the store holds exactly
 /// source `a`: `w` and `y` due at 10; `b`: `z` at 10, `x` at 30 (for the
 /// store's own checks of its scans). The store ends holding `a`: `y` at 50
 /// (attempt 3), `b`: `x` at 5, and nothing else.
