@@ -46,6 +46,8 @@ const LEAD: u64 = 5;
 const LEASE: Duration = Duration::from_secs(30);
 /// How many claims a node holds open at once (the server's).
 const HOLDS: usize = 4;
+/// How long a read waits for a hold to end before it leases (the server's).
+const HOLD_WAIT: Duration = Duration::from_millis(50);
 /// The most jobs the baseline's producer takes in one fetch.
 const FETCH: i64 = 100;
 /// The baseline's poll interval when a fetch found nothing (River's
@@ -87,7 +89,7 @@ impl Cluster {
         .unwrap();
         Cluster::insert(&sql, "later", (TOTAL - DUE) as i64, later, 86_400).await;
         let sources: Vec<&str> = names.iter().map(String::as_str).collect();
-        let queue = PgQueue::holding(store, &sources, LEASE, HOLDS);
+        let queue = PgQueue::holding(store, &sources, LEASE, HOLDS, HOLD_WAIT);
         Cluster {
             scheduler: Scheduler::new(queue, SystemClock, Options::default()),
             sql,

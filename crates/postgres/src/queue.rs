@@ -22,7 +22,8 @@
 //! A holding queue ([`PgQueue::holding`]) writes no lease: its dispatching
 //! read locks the due rows and leaves its transaction open while their
 //! handlers run, and their outcomes are applied and committed in that same
-//! transaction ([`Held`]). Other nodes pass over the locked rows. A node
+//! transaction ([`Held`]); a removal removes the row where the read found
+//! it, sent with the `COMMIT`. Other nodes pass over the locked rows. A node
 //! that dies loses its connection, its transaction aborts and the rows are
 //! due again at once; one paused past the store's hold limit
 //! ([`Options::hold_limit`](crate::Options::hold_limit)) is cut off by the
@@ -30,8 +31,8 @@
 //! A hold settles when the last of its entries' handlers returns, so it
 //! suits handlers that take well under the hold limit (one slow handler
 //! keeps its pass's other entries locked). Each hold keeps a pooled
-//! connection; when all of a queue's holds are in use, its reads claim
-//! with a lease. Within a second, a holding read starts where the queue's
+//! connection; a read that finds all of a queue's holds in use waits a
+//! moment for one to end, then claims with a lease. Within a second, a holding read starts where the queue's
 //! last one ended (`Cursor`); the first read of each second starts
 //! from the first entry.
 
@@ -51,18 +52,22 @@ use crate::schedule::{PgSchedule, apply_run, runs, to_sql};
 
 /// Up to `$2` due entries of each source `$1` (with its place `ord` in
 /// the arrays) at or after its position (`$4` due, `$5` id), locked,
-/// passing over those other transactions hold. The position is a bound of
-/// the index scan, so rows before it are not visited.
-const DUE: &str = "SELECT s.ord, e.due, e.id, e.attempt, e.payload
+/// passing over those other transactions hold, each with its row's place
+/// in the table (`ctid`). The position is a bound of the index scan, so
+/// rows before it are not visited.
+const DUE: &str = "SELECT s.ord, e.due, e.id, e.attempt, e.payload, e.ctid::text
     FROM unnest($1::text[], $2::bigint[], $4::bigint[], $5::text[])
         WITH ORDINALITY AS s(source, n, from_due, from_id, ord)
-    CROSS JOIN LATERAL (SELECT due, id, attempt, payload FROM repeat_entries
+    CROSS JOIN LATERAL (SELECT due, id, attempt, payload, ctid FROM repeat_entries
         WHERE source = s.source AND (due, id) >= (s.from_due, s.from_id COLLATE \"C\")
             AND due <= $3
         ORDER BY due, id LIMIT s.n
         FOR UPDATE SKIP LOCKED) AS e
     ORDER BY s.ord, e.due, e.id";
 const CLAIM: &str = "UPDATE repeat_entries SET due = $2 WHERE id = ANY($1)";
+/// Removes the rows at these places (`ctid`s as text); returns their ids.
+const REMOVE_HELD: &str =
+    "DELETE FROM repeat_entries WHERE ctid = ANY($1::text[]::tid[]) RETURNING id";
 /// A leasing claim's transaction, committed without waiting for its log's
 /// flush.
 const BEGIN_LEASE: &str = "BEGIN; SET LOCAL synchronous_commit = off";
@@ -88,6 +93,11 @@ pub struct PgQueue {
 struct Holds {
     /// One permit per hold that may be open at once.
     slots: Arc<Semaphore>,
+    /// How long a read that finds every hold in use waits for one to end
+    /// before it claims with a lease: a hold ends within milliseconds of
+    /// its handlers, and a leasing claim costs more than that wait (it
+    /// writes every row it takes, and its outcomes commit apart).
+    wait: Duration,
     /// Where each source's next holding read starts.
     cursors: std::sync::Mutex<HashMap<String, Cursor>>,
 }
@@ -156,10 +166,19 @@ enum Take {
 
 /// A holding queue's open claim ([`Held`]).
 struct PgHold {
-    tx: Closing,
+    rows: HeldRows,
     runtime: tokio::runtime::Handle,
     /// One of the queue's holds, given back when this ends.
     _slot: OwnedSemaphorePermit,
+}
+
+/// The transaction of a hold and where the rows it locked are.
+struct HeldRows {
+    tx: Closing,
+    /// Each held entry's row, by id: its `ctid`, which stays while the
+    /// lock is held (every other writer waits on it, and vacuum does not
+    /// move a live row).
+    places: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for PgHold {
@@ -170,26 +189,64 @@ impl std::fmt::Debug for PgHold {
 
 impl Held for PgHold {
     fn settle(self: Box<Self>, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
-        let PgHold { tx, runtime, _slot } = *self;
-        // A held row is as it was read (every other writer waits on its
-        // lock), so removing it by id is removing that version, without
-        // sending its payload back.
-        let ops: Vec<Op> = ops
-            .iter()
-            .map(|op| match op {
-                Op::Remove(entry) => Op::Cancel {
-                    id: entry.id.clone(),
-                },
-                other => other.clone(),
-            })
-            .collect();
+        let PgHold {
+            rows: HeldRows { tx, places },
+            runtime,
+            _slot,
+        } = *self;
+        // A held row is as it was read, where it was read: a removal
+        // removes the row at its place, with no lookup by id and without
+        // sending its payload back. Other outcomes apply as `apply` does.
+        let (mut removals, mut removed_at) = (Vec::new(), Vec::new());
+        let (mut others, mut others_at) = (Vec::new(), Vec::new());
+        for (i, op) in ops.iter().enumerate() {
+            let place = match op {
+                Op::Remove(entry) => places.get(&entry.id).map(|p| (p, entry.id.as_str())),
+                _ => None,
+            };
+            match place {
+                Some((place, id)) => {
+                    removals.push(place.as_str());
+                    removed_at.push((i, id));
+                }
+                None => {
+                    others.push(op.clone());
+                    others_at.push(i);
+                }
+            }
+        }
         runtime
             .block_on(async {
-                let mut applied = Vec::with_capacity(ops.len());
-                for run in runs(&ops) {
-                    applied.extend(apply_run(tx.get(), run).await?);
+                let client = tx.get();
+                let mut applied = vec![Applied::Unchanged; ops.len()];
+                let mut at = others_at.into_iter();
+                for run in runs(&others) {
+                    for (done, i) in apply_run(client, run).await?.into_iter().zip(&mut at) {
+                        applied[i] = done;
+                    }
                 }
-                tx.commit().await?;
+                // The removal goes out with the `COMMIT`, in one round trip
+                // (sent in the order the two are first polled). A failed
+                // removal aborts the transaction, whose `COMMIT` then rolls
+                // it back, and fails the settle.
+                let remove = client.prepare_cached(REMOVE_HELD).await?;
+                let (removed, ()) = tokio::try_join!(
+                    async {
+                        match removals.is_empty() {
+                            true => Ok(Vec::new()),
+                            false => client.query(&remove, &[&removals]).await,
+                        }
+                    },
+                    client.batch_execute("COMMIT"),
+                )?;
+                let removed: std::collections::HashSet<String> =
+                    removed.iter().map(|r| r.get(0)).collect();
+                for (i, id) in removed_at {
+                    if removed.contains(id) {
+                        applied[i] = Applied::Removed;
+                    }
+                }
+                tx.keep();
                 Ok::<_, Error>(applied)
             })
             .map_err(|e| StoreError::Backend(Box::new(e)))
@@ -220,11 +277,19 @@ impl PgQueue {
 
     /// The entries of `sources`, each due entry handed to one node by a
     /// dispatching read that holds it (see the module's doc), with at most
-    /// `holds` held at once; other reads claim for `lease`.
-    pub fn holding(db: Db, sources: &[&str], lease: Duration, holds: usize) -> PgQueue {
+    /// `holds` held at once; a read that finds them all in use waits up to
+    /// `wait` for one to end, then claims for `lease`.
+    pub fn holding(
+        db: Db,
+        sources: &[&str],
+        lease: Duration,
+        holds: usize,
+        wait: Duration,
+    ) -> PgQueue {
         PgQueue {
             holds: Some(Holds {
                 slots: Arc::new(Semaphore::new(holds)),
+                wait,
                 cursors: std::sync::Mutex::new(HashMap::new()),
             }),
             ..PgQueue::claiming(db, sources, lease)
@@ -240,7 +305,7 @@ impl PgQueue {
         now: u64,
         take: Take,
         skip: &dyn Fn(&str, &Position) -> bool,
-    ) -> Result<(Vec<Scan>, Option<Closing>), StoreError> {
+    ) -> Result<(Vec<Scan>, Option<HeldRows>), StoreError> {
         let sources: Vec<&str> = reads.iter().map(|r| r.source).collect();
         // A lease asks one more than the limit: the first one left says when
         // to read again (its lock ends with the claim's commit). A hold asks
@@ -277,6 +342,7 @@ impl PgQueue {
                 )?;
                 let mut scans = vec![Scan::default(); reads.len()];
                 let mut ids = Vec::new();
+                let mut places = HashMap::new();
                 // A leasing claim is not waited for on disk: one lost in a
                 // crash of the database leaves its entries due again, handed
                 // out again as when a claimer dies (see the module's doc); the
@@ -313,6 +379,9 @@ impl PgQueue {
                         continue;
                     }
                     ids.push(entry.id.clone());
+                    if let Take::Hold = take {
+                        places.insert(entry.id.clone(), row.get::<_, String>(5));
+                    }
                     scan.entries.push(match take {
                         Take::Lease(until) => Entry {
                             due: until,
@@ -368,7 +437,7 @@ impl PgQueue {
                     scans[of[i]].next_due = Some(u64::try_from(due).unwrap_or(0));
                 }
                 match take {
-                    Take::Hold if !ids.is_empty() => Ok((scans, Some(tx))),
+                    Take::Hold if !ids.is_empty() => Ok((scans, Some(HeldRows { tx, places }))),
                     _ => {
                         tx.commit().await?;
                         Ok((scans, None))
@@ -398,7 +467,7 @@ impl PgQueue {
         now: u64,
         take: Take,
         skip: &dyn Fn(&str, &Position) -> bool,
-    ) -> (Vec<Result<Scan, StoreError>>, Option<Closing>) {
+    ) -> (Vec<Result<Scan, StoreError>>, Option<HeldRows>) {
         let ours: Vec<Read<'_>> = reads
             .iter()
             .filter(|r| self.sources.iter().any(|s| s == r.source))
@@ -494,13 +563,25 @@ impl Store for PgQueue {
         let (Some(holds), false) = (&self.holds, reads.is_empty()) else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
-        let Ok(slot) = Arc::clone(&holds.slots).try_acquire_owned() else {
+        let slot = match Arc::clone(&holds.slots).try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) => self
+                .plain
+                .runtime()
+                .block_on(tokio::time::timeout(
+                    holds.wait,
+                    Arc::clone(&holds.slots).acquire_owned(),
+                ))
+                .map_err(|_| ())
+                .and_then(|slot| slot.map_err(|_| ())),
+        };
+        let Ok(slot) = slot else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
-        let (scans, tx) = self.claim_sources(reads, now, Take::Hold, skip);
-        let held = tx.map(|tx| {
+        let (scans, rows) = self.claim_sources(reads, now, Take::Hold, skip);
+        let held = rows.map(|rows| {
             Box::new(PgHold {
-                tx,
+                rows,
                 runtime: self.plain.runtime().clone(),
                 _slot: slot,
             }) as Box<dyn Held>

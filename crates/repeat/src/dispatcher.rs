@@ -22,6 +22,10 @@ use crate::{
     Clock, Delivery, Entry, Error, Handler, Misfire, Outcome, Position, StoreError, WorkerPool,
 };
 
+/// How long a pass with few free workers waits for running handlers to
+/// end before it reads for those it has.
+const GATHER: Duration = Duration::from_millis(2);
+
 /// A handed-out entry, remembered until its handler returns.
 struct InFlight {
     /// The entry as it was handed out: the handler's outcome applies to
@@ -151,6 +155,31 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                     match self.pool.try_acquire() {
                         Some(worker) => workers.push(worker),
                         None => break,
+                    }
+                }
+                // A pass costs a store read (a round trip; a hold on a
+                // database) whatever it takes: while handlers still run and
+                // only a few workers are free, give the running handlers a
+                // moment to end, so that passes take many entries, not the
+                // few whose handlers ended first.
+                let enough = (self.pool.size() / 8).clamp(1, options.max_batch.max(1));
+                if !workers.is_empty() && workers.len() < enough && !self.tasks.is_empty() {
+                    let mut gather = pin!(tokio::time::sleep(GATHER));
+                    while workers.len() < enough && !self.tasks.is_empty() {
+                        tokio::select! {
+                            biased;
+                            () = &mut shutdown => return Ok(()),
+                            result = self.tasks.join_next_with_id() => {
+                                self.record(result.into_iter().collect())?;
+                            }
+                            () = &mut gather => break,
+                        }
+                        while workers.len() < options.max_batch.max(1) {
+                            match self.pool.try_acquire() {
+                                Some(worker) => workers.push(worker),
+                                None => break,
+                            }
+                        }
                     }
                 }
                 if workers.is_empty() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SourceOrder {
     /// Round-robin with equal shares: each pass splits the free workers evenly
-    /// over the sources that have due entries, starting one source further
+    /// over the sources that have due entries (the first ones taking one
+    /// more each while some are left over), starting one source further
     /// each pass, and gives what a source cannot use to the others (deficit
     /// round-robin with unit cost). A source that always has due entries
     /// cannot starve another.

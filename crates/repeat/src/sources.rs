@@ -178,16 +178,17 @@ impl Sources {
                 let order = ready.clone();
                 let mut served_first = None;
                 while pass.entries.len() < limit && !ready.is_empty() {
-                    // Each ready source's share of the room, read together.
-                    let share = ((limit - pass.entries.len()) / ready.len()).max(1);
-                    let mut room = limit - pass.entries.len();
+                    // Each ready source's share of the room, read together;
+                    // the first sources take one more each until the room
+                    // is shared out, so that one read fills it.
+                    let room = limit - pass.entries.len();
+                    let (share, more) = (room / ready.len(), room % ready.len());
                     let mut wants = Vec::new();
-                    for name in &ready {
-                        let want = share.min(room);
+                    for (k, name) in ready.iter().enumerate() {
+                        let want = share + usize::from(k < more);
                         if want == 0 {
                             break;
                         }
-                        room -= want;
                         wants.push((name.clone(), want));
                     }
                     let got = self.read(store, &wants, now, mono, options, &mut pass);

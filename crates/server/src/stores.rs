@@ -24,8 +24,11 @@ use estafeta_exchange::store::SCHEDULED_SOURCE;
 /// after it took it (one that dies, at once: see `PgQueue::holding`).
 const SCHEDULED_LEASE: Duration = Duration::from_secs(30);
 /// How many claims on due `deliver_at` messages a node holds open at once,
-/// each on a pooled connection (beyond them, it claims with the lease).
+/// each on a pooled connection.
 const SCHEDULED_HOLDS: usize = 4;
+/// How long a read that finds every hold in use waits for one to end (a
+/// hold ends once its deliveries are written), then claims with the lease.
+const SCHEDULED_HOLD_WAIT: Duration = Duration::from_millis(50);
 /// How often a cluster node reads the database server's time again.
 const CLOCK_READING: Duration = Duration::from_secs(10);
 
@@ -196,6 +199,7 @@ pub async fn stores(
                 &[SCHEDULED_SOURCE],
                 SCHEDULED_LEASE,
                 SCHEDULED_HOLDS,
+                SCHEDULED_HOLD_WAIT,
             )),
             Arc::new(estafeta_postgres::PgQueue::new(
                 db.clone(),

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);
+/// How long a holding read waits for a hold to end before it leases.
+const WAIT: Duration = Duration::from_millis(100);
 
 /// A store with `n` entries of source `a` due at second 10.
 async fn with_entries(pg: &Postgres, n: usize) -> Store {
@@ -84,7 +86,7 @@ fn ids(entries: &[Entry]) -> Vec<String> {
 async fn a_hold_keeps_its_entries_from_other_nodes_and_commits_their_outcomes() {
     let pg = Postgres::start().unwrap();
     let db = with_entries(&pg, 5).await;
-    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2));
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2, WAIT));
     let (held, holding) = hold(&queue, 3).await;
     assert_eq!(ids(&held), ["e000", "e001", "e002"]);
     assert!(
@@ -99,18 +101,20 @@ async fn a_hold_keeps_its_entries_from_other_nodes_and_commits_their_outcomes() 
         "the other node passes over the held entries"
     );
 
+    // Each outcome's result in its place, removals and moves mixed.
     let ops = vec![
         Op::Remove(held[0].clone()),
-        Op::Remove(held[1].clone()),
         Op::Move {
             entry: held[2].clone(),
             due: 500,
             attempt: 1,
         },
+        Op::Remove(held[1].clone()),
     ];
     let applied = blocking(move || held_by.settle(&ops).unwrap()).await;
-    assert_eq!(applied[..2], [Applied::Removed, Applied::Removed]);
-    assert!(matches!(&applied[2], Applied::Placed { at, .. } if at.due == 500));
+    assert_eq!(applied[0], Applied::Removed);
+    assert!(matches!(&applied[1], Applied::Placed { at, .. } if at.due == 500));
+    assert_eq!(applied[2], Applied::Removed);
 
     let client = db.client().await.unwrap();
     let rows = client
@@ -133,7 +137,7 @@ async fn a_hold_keeps_its_entries_from_other_nodes_and_commits_their_outcomes() 
 async fn a_hold_dropped_with_its_node_leaves_its_entries_due_at_once() {
     let pg = Postgres::start().unwrap();
     let db = with_entries(&pg, 3).await;
-    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2));
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 2, WAIT));
     let (held, holding) = hold(&queue, 3).await;
     assert_eq!(held.len(), 3);
     assert!(claim_elsewhere(&db).await.is_empty(), "all held");
@@ -157,7 +161,7 @@ async fn a_hold_idle_past_the_hold_limit_is_cut_off_and_its_outcomes_fail() {
         },
     )
     .unwrap();
-    let queue = Arc::new(PgQueue::holding(paused, &["a"], LEASE, 2));
+    let queue = Arc::new(PgQueue::holding(paused, &["a"], LEASE, 2, WAIT));
     let (held, holding) = hold(&queue, 2).await;
     let held_by = holding.held.expect("a hold");
     assert_eq!(claim_elsewhere_once_free(&db).await, ["e000", "e001"]);
@@ -175,7 +179,7 @@ async fn a_hold_idle_past_the_hold_limit_is_cut_off_and_its_outcomes_fail() {
 async fn with_every_hold_in_use_a_read_claims_with_a_lease() {
     let pg = Postgres::start().unwrap();
     let db = with_entries(&pg, 4).await;
-    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 1));
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 1, WAIT));
     let (first, holding) = hold(&queue, 2).await;
     assert!(holding.held.is_some());
     let (second, leased) = hold(&queue, 2).await;
@@ -183,9 +187,41 @@ async fn with_every_hold_in_use_a_read_claims_with_a_lease() {
     assert_eq!(ids(&first), ["e000", "e001"]);
     assert_eq!(ids(&second), ["e002", "e003"]);
     assert!(second.iter().all(|e| e.due == 100 + LEASE.as_secs()));
-    drop(holding);
+    // Ended by its commit (a dropped hold ends when the database notices
+    // its connection closed, in its own time).
+    let held = holding.held.expect("a hold");
+    blocking(move || held.settle(&[]).unwrap()).await;
     let (_, again) = hold(&queue, 2).await;
     assert!(again.held.is_some(), "the hold is free again");
+}
+
+/// A read that finds every hold in use waits for one to end and holds
+/// what it takes then, rather than leasing it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_finds_every_hold_in_use_waits_for_one_to_end() {
+    let pg = Postgres::start().unwrap();
+    let db = with_entries(&pg, 4).await;
+    let patient = Duration::from_secs(600);
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 1, patient));
+    let (first, holding) = hold(&queue, 2).await;
+    let held_by = holding.held.expect("a hold");
+    let waiting = {
+        let queue = Arc::clone(&queue);
+        tokio::spawn(async move { hold(&queue, 2).await })
+    };
+    // Orders the read before the settle; without the wait the read leases
+    // at once, whenever it runs before the settle.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the read waits while the hold is open"
+    );
+    let ops: Vec<Op> = first.iter().cloned().map(Op::Remove).collect();
+    blocking(move || held_by.settle(&ops).unwrap()).await;
+    let (second, holding) = bounded("the waiting read", waiting).await.unwrap();
+    assert!(holding.held.is_some(), "held once the first hold ended");
+    assert_eq!(ids(&second), ["e002", "e003"]);
+    assert!(second.iter().all(|e| e.due == 10), "as stored, no lease");
 }
 
 /// Two nodes' schedulers over holding queues of one table dispatch 300
@@ -201,7 +237,7 @@ async fn two_nodes_holding_what_they_dispatch_hand_each_entry_out_once() {
     let mut nodes = Vec::new();
     for _ in 0..2 {
         let scheduler = Scheduler::new(
-            PgQueue::holding(db.clone(), &["a"], LEASE, 4),
+            PgQueue::holding(db.clone(), &["a"], LEASE, 4, WAIT),
             TestClock::new(100),
             Options::default(),
         );
@@ -251,7 +287,7 @@ async fn entries_held_by_a_node_that_died_go_to_another_node_at_once() {
                 name: &'static str,
                 finish: bool| {
         let scheduler = Scheduler::new(
-            PgQueue::holding(db.clone(), &["a"], LEASE, 4),
+            PgQueue::holding(db.clone(), &["a"], LEASE, 4, WAIT),
             clock.clone(),
             Options::default(),
         );
@@ -304,7 +340,7 @@ async fn entries_held_by_a_node_that_died_go_to_another_node_at_once() {
 async fn a_hold_reads_on_from_the_last_within_a_second_and_from_the_first_in_the_next() {
     let pg = Postgres::start().unwrap();
     let db = with_entries(&pg, 6).await;
-    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 4));
+    let queue = Arc::new(PgQueue::holding(db.clone(), &["a"], LEASE, 4, WAIT));
     let (first, settled) = hold_at(&queue, 2, 100).await;
     assert_eq!(ids(&first), ["e000", "e001"]);
     let (second, _open) = hold_at(&queue, 2, 100).await;

@@ -317,6 +317,8 @@ async fn a_claiming_read_of_several_sources_takes_each_share() {
 
 /// The lease of the claiming tests below.
 const LEASE: Duration = Duration::from_secs(60);
+/// How long a holding read waits for a hold to end before it leases.
+const WAIT: Duration = Duration::from_millis(100);
 
 /// Reply `n` from `db-a` to `phone-1`.
 fn reply(n: u128) -> Message {
@@ -542,7 +544,7 @@ async fn a_recipient_removed_during_a_held_delivery_goes_within_the_hold_limit()
         },
     )
     .unwrap();
-    let queue = Arc::new(PgQueue::holding(node, &["deliver_at"], LEASE, 1));
+    let queue = Arc::new(PgQueue::holding(node, &["deliver_at"], LEASE, 1, WAIT));
     let (entries, held) = blocking(move || {
         let mut holding =
             queue.hold_sources(&[Read::first("deliver_at", 10)], 1_000_000, &|_, _| false);

@@ -359,3 +359,72 @@ async fn stats_report_backlog_in_flight_and_lag() {
     assert_eq!((stats.in_flight, stats.done), (0, 3));
     assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (1, 0));
 }
+
+/// While handlers run and only a few workers are free, a pass waits a
+/// moment for more to end rather than reading for the few: handlers
+/// ending four at a time, a millisecond apart, are read for eight at a
+/// time (a pool of 64 waits for 8 free), not four or fewer.
+#[tokio::test(start_paused = true)]
+async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
+    use crate::common::{BreakableStore, Breaks};
+    use std::sync::atomic::Ordering;
+
+    let store = BreakableStore::new(Breaks::Reads("a"));
+    store.broken.store(false, Ordering::SeqCst);
+    let clock = TestClock::new(T0);
+    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    let entries = (0..128)
+        .map(|i| entry("a", T0, &format!("e{i:03}")))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+
+    // Entry `i` holds its worker `(i % 64) / 4 + 1` ms: the first pass's
+    // 64 end four at a time, a millisecond apart.
+    let (handed, mut all) = tokio::sync::watch::channel(0usize);
+    let handed = Arc::new(handed);
+    let handler = move |e: estafeta_repeat::Entry| {
+        let handed = Arc::clone(&handed);
+        async move {
+            let i: u64 = e.id[1..].parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis((i % 64) / 4 + 1)).await;
+            handed.send_modify(|n| *n += 1);
+            Outcome::Done
+        }
+    };
+    let running = Running::start(&s, 64, handler);
+    all.wait_for(|n| *n == 128).await.unwrap();
+    running.stop().await;
+
+    // One read for the first 64, then about one per eight handlers ended
+    // (11 when each pass reads for the few free at once).
+    let reads = store.reads.load(Ordering::SeqCst);
+    assert!(reads <= 9, "{reads} reads to hand out 128 entries");
+}
+
+/// Room that does not divide among the ready sources is still one read
+/// of each: a read is a store call (a round trip, and a hold on a
+/// database), so a second read for the remainder would cost as much as
+/// the first. Seven workers over three sources take 3, 2 and 2.
+#[tokio::test(start_paused = true)]
+async fn a_pass_shares_out_its_whole_room_in_one_read() {
+    use crate::common::{BreakableStore, Breaks};
+    use std::sync::atomic::Ordering;
+
+    let store = BreakableStore::new(Breaks::Reads("a"));
+    store.broken.store(false, Ordering::SeqCst);
+    let clock = TestClock::new(T0);
+    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    let entries = ["a", "b", "c"]
+        .iter()
+        .flat_map(|source| (1..=3).map(move |i| entry(source, T0, &format!("{source}{i}"))))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+
+    let (probe, running) =
+        Probe::start(&s, &clock, 7, Duration::from_secs(3_600), |_| Outcome::Done);
+    probe.wait_for(7).await;
+    let ids: Vec<String> = probe.log().into_iter().map(|f| f.id).collect();
+    assert_eq!(ids, ["a1", "a2", "a3", "b1", "b2", "c1", "c2"]);
+    assert_eq!(store.reads.load(Ordering::SeqCst), 1, "source a read once");
+    running.stop().await;
+}
