@@ -5,10 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{Probe, Running, T0, entry, memory_scheduler};
+use crate::common::{BreakableStore, Breaks, Probe, Running, T0, entry, memory_scheduler};
 use estafeta_repeat::{
     Clock, Delivery, MemoryStore, Options, Outcome, RetryPolicy, Scheduler, SourceOrder, TestClock,
 };
+use std::sync::atomic::Ordering;
 
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_due_in_one_second_go_out_eight_at_a_time_in_order() {
@@ -360,19 +361,26 @@ async fn stats_report_backlog_in_flight_and_lag() {
     assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (1, 0));
 }
 
+/// A scheduler over a memory store that counts the reads of source `a`.
+fn counting_reads_of_a() -> (
+    BreakableStore,
+    TestClock,
+    Scheduler<BreakableStore, TestClock>,
+) {
+    let store = BreakableStore::new(Breaks::Reads("a"));
+    store.broken.store(false, Ordering::SeqCst);
+    let clock = TestClock::new(T0);
+    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    (store, clock, s)
+}
+
 /// While handlers run and only a few workers are free, a pass waits a
 /// moment for more to end rather than reading for the few: handlers
 /// ending four at a time, a millisecond apart, are read for eight at a
 /// time (a pool of 64 waits for 8 free), not four or fewer.
 #[tokio::test(start_paused = true)]
 async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
-    use crate::common::{BreakableStore, Breaks};
-    use std::sync::atomic::Ordering;
-
-    let store = BreakableStore::new(Breaks::Reads("a"));
-    store.broken.store(false, Ordering::SeqCst);
-    let clock = TestClock::new(T0);
-    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    let (store, _, s) = counting_reads_of_a();
     let entries = (0..128)
         .map(|i| entry("a", T0, &format!("e{i:03}")))
         .collect();
@@ -407,13 +415,7 @@ async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
 /// the first. Seven workers over three sources take 3, 2 and 2.
 #[tokio::test(start_paused = true)]
 async fn a_pass_shares_out_its_whole_room_in_one_read() {
-    use crate::common::{BreakableStore, Breaks};
-    use std::sync::atomic::Ordering;
-
-    let store = BreakableStore::new(Breaks::Reads("a"));
-    store.broken.store(false, Ordering::SeqCst);
-    let clock = TestClock::new(T0);
-    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    let (store, clock, s) = counting_reads_of_a();
     let entries = ["a", "b", "c"]
         .iter()
         .flat_map(|source| (1..=3).map(move |i| entry(source, T0, &format!("{source}{i}"))))
