@@ -32,9 +32,9 @@
 //! suits handlers that take well under the hold limit (one slow handler
 //! keeps its pass's other entries locked). Each hold keeps a pooled
 //! connection; a read that finds all of a queue's holds in use waits a
-//! moment for one to end, then claims with a lease. Within a second, a holding read starts where the queue's
-//! last one ended (`Cursor`); the first read of each second starts
-//! from the first entry.
+//! moment for one to end, then claims with a lease. Within a second, a
+//! holding read starts where the queue's last one ended (`Cursor`); the
+//! first read of each second starts from the first entry.
 
 use std::collections::HashMap;
 use std::sync::Arc;
