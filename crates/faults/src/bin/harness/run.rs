@@ -833,6 +833,13 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
         if !matches!(live, Ok(false)) {
             quiet = false;
         }
+        // Asked before the devices read their inboxes: nothing scheduled
+        // then means every scheduled reply was delivered, so the reads
+        // below see it. Asked after them, a delivery between the two
+        // would end the drain with its reply unread.
+        if scheduled(admin).await != Some(0) {
+            quiet = false;
+        }
         for device in devices.iter_mut() {
             while let Ok(n) = device.poll(100).await {
                 if n == 0 {
@@ -840,9 +847,6 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
                 }
                 quiet = false;
             }
-        }
-        if scheduled(admin).await != Some(0) {
-            quiet = false;
         }
         if quiet {
             return;
