@@ -117,7 +117,10 @@ async fn due_deadlines_are_claimed_by_one_node_each() {
     .await
     .unwrap();
     a.commit().await.unwrap();
-    drop(b);
+    // Its transaction ends as a dead node's does, by the server rolling it
+    // back; awaited, so the next claim does not race the rollback (a
+    // dropped transaction sends its `ROLLBACK` without waiting for it).
+    b.rollback().await.unwrap();
 
     let mut node_c = store.client().await.unwrap();
     let c = node_c.transaction().await.unwrap();
