@@ -245,9 +245,6 @@ impl PgMessages {
         if ops.iter().all(|op| matches!(op, Op::Move { .. })) {
             return self.move_all(ops, results, arrivals).await;
         }
-        // Until the `COMMIT` is answered the connection may be inside the
-        // transaction: dropped before (a cancelled call), it is closed, not
-        // pooled, and the server rolls the transaction back.
         let client = Closing::new(self.store.client().await?);
         let on = client.get();
         on.batch_execute("BEGIN").await?;
@@ -426,9 +423,6 @@ impl PgMessages {
         if moves.is_empty() {
             return Ok(());
         }
-        // Until the `COMMIT` is answered the connection may be inside the
-        // transaction: dropped before (a cancelled call), it is closed, not
-        // pooled, and the server rolls the transaction back.
         let client = Closing::new(self.store.client().await?);
         let on = client.get();
         let statement = on.prepare_cached(MOVE).await?;

@@ -563,19 +563,12 @@ impl Store for PgQueue {
         let (Some(holds), false) = (&self.holds, reads.is_empty()) else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
-        let slot = match Arc::clone(&holds.slots).try_acquire_owned() {
-            Ok(slot) => Ok(slot),
-            Err(_) => self
-                .plain
-                .runtime()
-                .block_on(tokio::time::timeout(
-                    holds.wait,
-                    Arc::clone(&holds.slots).acquire_owned(),
-                ))
-                .map_err(|_| ())
-                .and_then(|slot| slot.map_err(|_| ())),
-        };
-        let Ok(slot) = slot else {
+        // A free hold is taken at once (the timeout polls first).
+        let slot = self.plain.runtime().block_on(tokio::time::timeout(
+            holds.wait,
+            Arc::clone(&holds.slots).acquire_owned(),
+        ));
+        let Ok(Ok(slot)) = slot else {
             return Holding::unheld(self.scan_sources(reads, now, skip));
         };
         let (scans, rows) = self.claim_sources(reads, now, Take::Hold, skip);

@@ -151,12 +151,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             let sources = self.sources.as_ref().ok_or(Error::Closed)?;
             if sources.any_ready(now_secs, mono) {
                 let mut workers = Vec::new();
-                while workers.len() < options.max_batch.max(1) {
-                    match self.pool.try_acquire() {
-                        Some(worker) => workers.push(worker),
-                        None => break,
-                    }
-                }
+                self.take_free(&mut workers, options.max_batch);
                 // A pass costs a store read (a round trip; a hold on a
                 // database) whatever it takes: while handlers still run and
                 // only a few workers are free, give the running handlers a
@@ -174,12 +169,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                             }
                             () = &mut gather => break,
                         }
-                        while workers.len() < options.max_batch.max(1) {
-                            match self.pool.try_acquire() {
-                                Some(worker) => workers.push(worker),
-                                None => break,
-                            }
-                        }
+                        self.take_free(&mut workers, options.max_batch);
                     }
                 }
                 if workers.is_empty() {
@@ -223,6 +213,16 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 () = tokio::time::sleep_until(wake_at) => {}
             }
             shared.awake();
+        }
+    }
+
+    /// Adds free workers to `workers`, up to `max_batch` in all.
+    fn take_free(&self, workers: &mut Vec<crate::pool::Worker>, max_batch: usize) {
+        while workers.len() < max_batch.max(1) {
+            match self.pool.try_acquire() {
+                Some(worker) => workers.push(worker),
+                None => break,
+            }
         }
     }
 
