@@ -161,6 +161,12 @@ impl Client {
         Ok(resp.text().await?)
     }
 
+    /// How many messages the server keeps scheduled for later
+    /// (`deliver_at`), from its metrics; `None` if they do not say.
+    pub async fn scheduled_messages(&self) -> Result<Option<u64>, ClientError> {
+        Ok(scheduled_in(&self.metrics().await?))
+    }
+
     /// `GET /v1/openapi.json`: the OpenAPI document.
     pub async fn openapi(&self) -> Result<serde_json::Value, ClientError> {
         self.get("/v1/openapi.json").await
@@ -581,6 +587,16 @@ async fn expect_empty(resp: Response) -> Result<(), ClientError> {
     check(resp).await.map(drop)
 }
 
+/// The scheduled messages' gauge in the Prometheus text `metrics`.
+fn scheduled_in(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("estafeta_repeat_entries{source=\"deliver_at\"} "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -606,5 +622,14 @@ mod tests {
         let err = c.healthz().await.unwrap_err();
         assert!(matches!(err, ClientError::Transport(_)), "{err}");
         assert_eq!(err.status(), None);
+    }
+
+    #[test]
+    fn the_scheduled_gauge_is_read_from_the_metrics() {
+        let metrics = "# TYPE estafeta_repeat_entries gauge\n\
+            estafeta_repeat_entries{source=\"alerts\"} 7\n\
+            estafeta_repeat_entries{source=\"deliver_at\"} 3\n";
+        assert_eq!(scheduled_in(metrics), Some(3));
+        assert_eq!(scheduled_in("estafeta_up 1\n"), None);
     }
 }

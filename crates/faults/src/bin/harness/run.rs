@@ -837,7 +837,7 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
         // then means every scheduled reply was delivered, so the reads
         // below see it. Asked after them, a delivery between the two
         // would end the drain with its reply unread.
-        if scheduled(admin).await != Some(0) {
+        if !matches!(admin.scheduled_messages().await, Ok(Some(0))) {
             quiet = false;
         }
         for device in devices.iter_mut() {
@@ -853,18 +853,6 @@ async fn drain(admin: &Client, processors: &mut [(Id, Processor)], devices: &mut
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// How many messages the server still keeps scheduled (`deliver_at`), as
-/// its metrics say; `None` when it cannot say.
-async fn scheduled(admin: &Client) -> Option<u64> {
-    let metrics = admin.metrics().await.ok()?;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("estafeta_repeat_entries{source=\"deliver_at\"} "))?
-        .trim()
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

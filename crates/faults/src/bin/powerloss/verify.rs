@@ -7,8 +7,10 @@
 //! a late commit if its own transaction committed, a rollback otherwise;
 //! then it processes what its queue offers until it is idle. Each device
 //! first sends again the keyed uploads it had sent and not seen answered
-//! (their answer lost with the crash); then it reads its inbox, and sends
-//! the keyed uploads it had acknowledged again (as after a lost answer).
+//! (their answer lost with the crash); then, once the server keeps nothing
+//! scheduled (the replies scheduled before the cut are due by now), it
+//! reads its inbox, and sends the keyed uploads it had acknowledged again
+//! (as after a lost answer).
 //!
 //! - **Lost**: a database's or a device's token unknown; an acknowledged
 //!   upload (or one sent again after the crash) never processed by its
@@ -23,7 +25,8 @@
 //! - **Wrong**: a reply of a process whose transaction did not commit.
 //! - **Stuck**: a server that does not start or answer, files left in
 //!   `Messages`, `Prepared` or `Unknown` of a database or in `Prepared` or
-//!   `Unknown` of a device, a queue never idle.
+//!   `Unknown` of a device, a queue never idle, replies still scheduled
+//!   after [`SCHEDULED_BOUND`](workload::SCHEDULED_BOUND).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -374,6 +377,15 @@ async fn checks(admin: &Client, journal: &Journal, until: f64) -> anyhow::Result
         for folder in [Folder::Prepared, Folder::Unknown] {
             left(admin, &dev, folder, &mut found).await;
         }
+    }
+    // The replies scheduled before the cut are delivered, due by now.
+    match workload::delivered(admin).await {
+        Ok(true) => {}
+        Ok(false) => found.push(format!(
+            "stuck: replies still scheduled after {:?}",
+            workload::SCHEDULED_BOUND
+        )),
+        Err(e) => found.push(format!("stuck: the scheduled count not read: {e:#}")),
     }
     replies(journal, &b, &devices, &mut found).await;
     // The idempotency keys of acknowledged uploads are still known.

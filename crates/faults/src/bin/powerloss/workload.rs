@@ -8,8 +8,10 @@
 //! nonce in its body; a keyed one sent again as after a lost answer; then on `db-0` a process committed
 //! (its replies delivered), on `db-1` one rolled back, more uploads, on
 //! `db-1` one left READY_TO_COMMIT past the server's timeout (in doubt)
-//! and then committed late; the devices read and acknowledge their
-//! replies; more uploads.
+//! and then committed late; every second reply of each process is
+//! scheduled ([`SCHEDULED_AFTER`]), so that the scheduler's store and its
+//! deliveries are in the cuts; once nothing is scheduled any more, the
+//! devices read and acknowledge their replies; more uploads.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,7 +20,7 @@ use anyhow::{Context, bail};
 use estafeta_client::Client;
 use estafeta_wire::{
     Body, CallStatus, Id, MessageId, MessageResult, PrepareRequest, ProcessId, ProcessState, Reply,
-    ResultStatus, SendMessage, StartRequest, StartStatus, Upload, Version,
+    ResultStatus, SendMessage, StartRequest, StartStatus, Timestamp, Upload, Version,
 };
 
 /// The databases and devices of the workload.
@@ -27,6 +29,13 @@ pub(crate) const DEVICES: [&str; 2] = ["dev-0", "dev-1"];
 
 /// How long the workload waits for its process to be put in doubt.
 const DOUBT_BOUND: Duration = Duration::from_secs(30);
+
+/// How far ahead a scheduled reply is due (`deliver_at`).
+const SCHEDULED_AFTER: Duration = Duration::from_secs(2);
+
+/// How long the scheduled replies may take to be delivered, in the
+/// recorded run and at each check.
+pub(crate) const SCHEDULED_BOUND: Duration = Duration::from_secs(30);
 
 /// Seconds since the epoch, as strace's `-ttt` prints them.
 fn now() -> f64 {
@@ -239,6 +248,9 @@ pub(crate) async fn run(admin: &Client, uploads: usize) -> anyhow::Result<Journa
     process(&c, &mut j, 1, "rolled-back", Outcome::Rollback).await?;
     batch(&c, &mut j, uploads, uploads).await?;
     process(&c, &mut j, 1, "in-doubt", Outcome::InDoubtThenCommit(admin)).await?;
+    if !delivered(admin).await? {
+        bail!("the scheduled replies were not delivered within {SCHEDULED_BOUND:?}");
+    }
     for (device, client) in c.devices.iter().enumerate() {
         let inbox = client.inbox(None).await?;
         for m in &inbox.messages {
@@ -306,6 +318,26 @@ fn database_of(device: usize, n: usize) -> usize {
     }
 }
 
+/// Waits until the server `admin` reaches keeps nothing scheduled (its
+/// `deliver_at` entries, from its metrics: when to look, not what
+/// arrived); `false` if that took longer than [`SCHEDULED_BOUND`].
+pub(crate) async fn delivered(admin: &Client) -> anyhow::Result<bool> {
+    let began = Instant::now();
+    loop {
+        let scheduled = admin
+            .scheduled_messages()
+            .await?
+            .context("the server's metrics give no scheduled count")?;
+        if scheduled == 0 {
+            return Ok(true);
+        }
+        if began.elapsed() > SCHEDULED_BOUND {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// How a workload process ends.
 enum Outcome<'a> {
     Commit,
@@ -339,14 +371,16 @@ async fn process(
         pid,
         messages: messages.iter().map(|m| m.id).collect(),
     });
+    let later = Timestamp::from_system_time(SystemTime::now() + SCHEDULED_AFTER);
     let replies = messages
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             Ok(Reply {
                 to: m.from.clone(),
                 body: Body::from_json(reply_body(tag, &m.id))?,
                 created_at: None,
-                deliver_at: None,
+                deliver_at: (i % 2 == 1).then_some(later),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
