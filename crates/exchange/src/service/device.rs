@@ -472,11 +472,16 @@ impl<'a> DeviceCalls<'a> {
         key: &str,
         now: Timestamp,
     ) -> Result<Option<FileName>, ExchangeError> {
-        let found = with_keys(self.keys, {
-            let (device, key) = (device.clone(), key.to_owned());
-            move |keys| keys.get(&device, &key, now)
-        })
-        .await?;
+        let found = match self.keys.reads_in_place() {
+            true => self.keys.get(device, key, now)?,
+            false => {
+                with_keys(self.keys, {
+                    let (device, key) = (device.clone(), key.to_owned());
+                    move |keys| keys.get(&device, &key, now)
+                })
+                .await?
+            }
+        };
         if let Some(found) = found {
             return found.name.parse().map(Some).map_err(|_| {
                 ExchangeError::unavailable(

@@ -102,6 +102,9 @@ impl UploadKeys for Keys {
     ) -> Result<Option<KeyedUpload>, KeysError> {
         self.inner.get(device, key, now)
     }
+    fn reads_in_place(&self) -> bool {
+        self.inner.reads_in_place()
+    }
     fn put_all(&self, entries: &[(Id, String, KeyedUpload)]) -> Result<(), KeysError> {
         self.faults.write(
             || KeysError::Unavailable("the key store is away".into()),
