@@ -29,6 +29,11 @@
 //! PostgreSQL's default `shared_buffers` of 128 MB); without it the bench
 //! fails. `DISPATCH_ROUNDS` (default 5) sets the rounds per side.
 
+/// The `estafeta` binary's allocator: the scheduler is measured as the
+/// server runs it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

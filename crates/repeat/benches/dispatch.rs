@@ -17,6 +17,11 @@
 //! `redis-server` on the PATH: without it the bench fails).
 //! `DISPATCH_ROUNDS` (default 7) sets the rounds per side.
 
+/// The `estafeta` binary's allocator: the scheduler is measured as the
+/// server runs it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

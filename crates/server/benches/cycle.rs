@@ -19,6 +19,10 @@
 //! `CYCLE_EMBEDDED=N` runs instead N rounds of the ceiling and the
 //! embedded store's cycles in turn ([`embedded`]).
 
+/// The `estafeta` binary's allocator: the server is measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

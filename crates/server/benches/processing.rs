@@ -27,6 +27,10 @@
 //!   each `PROCESSING_WINDOW` (default 10,000) messages drained, up to
 //!   `PROCESSING_DRAIN` (default all).
 
+/// The `estafeta` binary's allocator: the server is measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;

@@ -28,6 +28,13 @@ use estafeta_server::events::EventLogHandle;
 use estafeta_server::open::open_server;
 use tokio_util::sync::CancellationToken;
 
+/// The allocator of the whole server (see the workspace's `mimalloc`
+/// entry). The benches that run the server or its scheduler in their own
+/// process (this crate's `cycle` and `processing`, the `dispatch` benches
+/// of `estafeta-repeat` and `estafeta-postgres`) declare the same.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Estafeta: a reliable message server between mobile devices and database
 /// processors.
 #[derive(Debug, Parser)]
