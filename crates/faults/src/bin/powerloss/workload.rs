@@ -318,7 +318,7 @@ fn database_of(device: usize, n: usize) -> usize {
     }
 }
 
-/// Waits until the server `admin` reaches keeps nothing scheduled (its
+/// Waits until the server `admin` keeps nothing scheduled (its
 /// `deliver_at` entries, from its metrics: when to look, not what
 /// arrived); `false` if that took longer than [`SCHEDULED_BOUND`].
 pub(crate) async fn delivered(admin: &Client) -> anyhow::Result<bool> {
