@@ -131,6 +131,15 @@ async fn ops_and_reads_of_the_scheduler_store() {
     .await;
 }
 
+/// Runs of exact removals, as the dispatcher writes finished deliveries,
+/// answer as each would alone (`conformance::removal_runs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_removals_answer_as_each_alone() {
+    let pg = Postgres::start().unwrap();
+    let schedule = PgSchedule::new(store(&pg).await);
+    blocking(move || conformance::removal_runs(&schedule)).await;
+}
+
 /// The store's scans, on the store as [`conformance::ops`] hands it over:
 /// limits and skips as the embedded stores', but a read starts at the
 /// source's first entry whatever its `from`, and the next due second it

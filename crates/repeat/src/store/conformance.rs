@@ -160,3 +160,102 @@ pub fn ops<S: Store>(store: &S, reads: impl FnOnce(&S)) {
     assert_eq!(ids(store, "c", 100), Vec::<String>::new());
     assert!(!store.contains("r").unwrap() && !store.contains("s").unwrap());
 }
+
+/// Runs of exact removes, as the dispatcher writes its finished deliveries,
+/// on a fresh `store`: each remove answers as it would alone, whether its
+/// entries lie close together in their source or far apart, whether one of
+/// them was replaced or moved meanwhile, named twice, or never stored.
+pub fn removal_runs(store: &impl Store) {
+    let puts = |source: &str, count: usize, due: &dyn Fn(usize) -> u64| {
+        let ops: Vec<Op> = (0..count)
+            .map(|i| Op::Put(entry(source, due(i), &format!("{source}-{i:04}"))))
+            .collect();
+        store.apply(&ops).unwrap();
+    };
+    puts("a", 200, &|_| 10);
+    puts("b", 50, &|i| 10 + i as u64);
+    puts("c", 1_000, &|i| (i / 10) as u64);
+    let replaced = Entry {
+        payload: b"new".to_vec(),
+        ..entry("b", 13, "b-0003")
+    };
+    store.apply(&[Op::Put(replaced.clone())]).unwrap();
+
+    // Close together: every other one of a's first 100; far apart: one in
+    // a hundred of c's; and the removes that find nothing to remove.
+    let close: Vec<Entry> = (0..100)
+        .step_by(2)
+        .map(|i| entry("a", 10, &format!("a-{i:04}")))
+        .collect();
+    let far: Vec<Entry> = (0..1_000)
+        .step_by(100)
+        .map(|i| entry("c", (i / 10) as u64, &format!("c-{i:04}")))
+        .collect();
+    let unchanged = [
+        entry("b", 13, "b-0003"),
+        entry("b", 99, "b-0004"),
+        Entry {
+            attempt: 1,
+            ..entry("b", 15, "b-0005")
+        },
+        entry("b", 10, "nope"),
+        close[0].clone(),
+    ];
+    let mut run: Vec<Op> = Vec::new();
+    for (i, e) in far.iter().enumerate() {
+        run.push(Op::Remove(e.clone()));
+        run.extend(
+            close
+                .get(i * 5..i * 5 + 5)
+                .into_iter()
+                .flatten()
+                .cloned()
+                .map(Op::Remove),
+        );
+    }
+    run.push(Op::Remove(entry("b", 16, "b-0006")));
+    run.extend(unchanged.iter().cloned().map(Op::Remove));
+    let results = store.apply(&run).unwrap();
+    let removed = run.len() - unchanged.len();
+    assert!(
+        results[..removed].iter().all(|r| *r == Applied::Removed),
+        "{results:?}"
+    );
+    assert!(
+        results[removed..].iter().all(|r| *r == Applied::Unchanged),
+        "{results:?}"
+    );
+
+    let kept_a: Vec<String> = (1..100)
+        .step_by(2)
+        .chain(100..200)
+        .map(|i| format!("a-{i:04}"))
+        .collect();
+    assert_eq!(ids(store, "a", 100), kept_a);
+    assert_eq!(ids(store, "c", 1_000).len(), 990);
+    assert_eq!(ids(store, "b", 1_000).len(), 49);
+    for gone in close.iter().chain(&far) {
+        assert!(!store.contains(&gone.id).unwrap(), "{} is removed", gone.id);
+    }
+    for kept in ["a-0001", "b-0003", "b-0004", "b-0005", "c-0001", "c-0999"] {
+        assert!(store.contains(kept).unwrap(), "{kept} is kept");
+    }
+    let scan = store.scan(Read::first("b", 10), 13, &|_| false).unwrap();
+    assert_eq!(
+        scan.entries.last(),
+        Some(&replaced),
+        "the replacement stays"
+    );
+
+    // A run that is close together in both the sources and the ids.
+    let rest: Vec<Op> = (100..200)
+        .map(|i| Op::Remove(entry("a", 10, &format!("a-{i:04}"))))
+        .collect();
+    let results = store.apply(&rest).unwrap();
+    assert!(
+        results.iter().all(|r| *r == Applied::Removed),
+        "{results:?}"
+    );
+    assert_eq!(ids(store, "a", 100).len(), 50);
+    assert!(!store.contains("a-0150").unwrap() && store.contains("a-0099").unwrap());
+}

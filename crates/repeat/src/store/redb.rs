@@ -75,6 +75,15 @@ fn decode(id: &str, value: &[u8]) -> Result<(u32, Vec<u8>), StoreError> {
     }
 }
 
+/// How many entries a range may hold per entry removed from it, beside
+/// [`CLOSE_SLACK`], and still be removed from in one pass (see
+/// [`close_together`]): a pass steps over a kept entry for a small part of
+/// what one removal costs.
+const CLOSE_FACTOR: usize = 4;
+/// See [`CLOSE_FACTOR`]: room for the deliveries still in flight among a
+/// run's finished ones.
+const CLOSE_SLACK: usize = 64;
+
 /// A removed entry: (source, due, attempt, payload).
 type Taken = (String, u64, u32, Vec<u8>);
 
@@ -154,31 +163,79 @@ impl<'t> Writer<'t> {
     /// place is put back as it was.
     fn take_exact(&mut self, entry: &crate::Entry) -> Result<bool, StoreError> {
         let table = Self::open_source(self.txn, &mut self.sources, &entry.source)?;
-        let key = (entry.due, entry.id.as_str());
-        // The stored bytes when they are not exactly the entry, to put back.
-        let other = match table.remove(key).map_err(StoreError::redb)? {
-            None => return Ok(false),
-            Some(value) => {
-                let stored = value.value();
-                let exact = stored
-                    .split_first_chunk::<4>()
-                    .is_some_and(|(attempt, payload)| {
-                        *attempt == entry.attempt.to_le_bytes()
-                            && payload == entry.payload.as_slice()
-                    });
-                (!exact).then(|| stored.to_vec())
-            }
-        };
-        if let Some(other) = other {
-            table
-                .insert(key, other.as_slice())
-                .map_err(StoreError::redb)?;
+        if !remove_exact(table, entry)? {
             return Ok(false);
         }
         self.ids
             .remove(entry.id.as_str())
             .map_err(StoreError::redb)?;
         Ok(true)
+    }
+
+    /// [`Writer::take_exact`] of each of `entries` (a run of finished
+    /// deliveries), answering in their order. Where a source's entries lie
+    /// close together, as the dispatcher's hand-outs do, they leave in one
+    /// pass over their range, a leaf rewritten once for all of its
+    /// removals rather than once for each; elsewhere one by one.
+    fn take_exact_all(&mut self, entries: &[&crate::Entry]) -> Result<Vec<bool>, StoreError> {
+        let mut removed = vec![false; entries.len()];
+        let mut by_source: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, entry) in entries.iter().enumerate() {
+            by_source.entry(&entry.source).or_default().push(i);
+        }
+        let place = |i: usize| (entries[i].due, entries[i].id.as_str());
+        for (source, mut run) in by_source {
+            run.sort_by(|&a, &b| place(a).cmp(&place(b)));
+            let table = Self::open_source(self.txn, &mut self.sources, source)?;
+            let (first, last) = (place(run[0]), place(run[run.len() - 1]));
+            if !close_together(table, first..=last, run.len())? {
+                for &i in &run {
+                    removed[i] = remove_exact(table, entries[i])?;
+                }
+                continue;
+            }
+            // The pass visits stored places in order; `next` walks `run`
+            // beside it.
+            let mut next = 0;
+            table
+                .retain_in(first..=last, |(due, id), stored| {
+                    while next < run.len() && place(run[next]) < (due, id) {
+                        next += 1;
+                    }
+                    let same_place = run[next..].iter().take_while(|&&i| place(i) == (due, id));
+                    for &i in same_place {
+                        if !removed[i] && is_exactly(entries[i], stored) {
+                            removed[i] = true;
+                            return false;
+                        }
+                    }
+                    true
+                })
+                .map_err(StoreError::redb)?;
+        }
+        let mut ids: Vec<&str> = (0..entries.len())
+            .filter(|&i| removed[i])
+            .map(|i| entries[i].id.as_str())
+            .collect();
+        ids.sort_unstable();
+        if let (Some(&first), Some(&last)) = (ids.first(), ids.last()) {
+            if close_together(&self.ids, first..=last, ids.len())? {
+                let mut next = 0;
+                self.ids
+                    .retain_in(first..=last, |id, _| {
+                        while next < ids.len() && ids[next] < id {
+                            next += 1;
+                        }
+                        ids.get(next) != Some(&id)
+                    })
+                    .map_err(StoreError::redb)?;
+            } else {
+                for id in ids {
+                    self.ids.remove(id).map_err(StoreError::redb)?;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     fn put(
@@ -203,6 +260,34 @@ impl<'t> Writer<'t> {
                 id: id.to_owned(),
             },
         })
+    }
+
+    /// Applies `ops` in order; a run of exact removals (finished
+    /// deliveries, the bulk of the writes) goes as one batch.
+    fn apply_all(&mut self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
+        let mut applied = Vec::with_capacity(ops.len());
+        let mut rest = ops;
+        while !rest.is_empty() {
+            let removals: Vec<&crate::Entry> = rest
+                .iter()
+                .map_while(|op| match op {
+                    Op::Remove(entry) => Some(entry),
+                    _ => None,
+                })
+                .collect();
+            if removals.len() > 1 {
+                let removed = self.take_exact_all(&removals)?;
+                applied.extend(removed.into_iter().map(|removed| match removed {
+                    true => Applied::Removed,
+                    false => Applied::Unchanged,
+                }));
+                rest = &rest[removals.len()..];
+            } else {
+                applied.push(self.apply(&rest[0])?);
+                rest = &rest[1..];
+            }
+        }
+        Ok(applied)
     }
 
     fn apply(&mut self, op: &Op) -> Result<Applied, StoreError> {
@@ -241,16 +326,72 @@ impl<'t> Writer<'t> {
     }
 }
 
+/// Whether the stored value is exactly `entry`'s attempt and payload.
+fn is_exactly(entry: &crate::Entry, stored: &[u8]) -> bool {
+    stored
+        .split_first_chunk::<4>()
+        .is_some_and(|(attempt, payload)| {
+            *attempt == entry.attempt.to_le_bytes() && payload == entry.payload.as_slice()
+        })
+}
+
+/// Removes `entry` from its source `table` if it is stored there exactly;
+/// an entry replaced at the same place is put back as it was.
+fn remove_exact(table: &mut SourceTableMut<'_>, entry: &crate::Entry) -> Result<bool, StoreError> {
+    let key = (entry.due, entry.id.as_str());
+    // The stored bytes when they are not exactly the entry, to put back.
+    let other = match table.remove(key).map_err(StoreError::redb)? {
+        None => return Ok(false),
+        Some(value) => {
+            let stored = value.value();
+            (!is_exactly(entry, stored)).then(|| stored.to_vec())
+        }
+    };
+    match other {
+        Some(other) => {
+            table
+                .insert(key, other.as_slice())
+                .map_err(StoreError::redb)?;
+            Ok(false)
+        }
+        None => Ok(true),
+    }
+}
+
+/// Whether `range` of `table`, where `wanted` entries are sought, holds
+/// few enough entries in all that one pass over it costs less than a
+/// removal of each: at most [`CLOSE_FACTOR`] times `wanted`, plus
+/// [`CLOSE_SLACK`]. Counting stops there, so a wide range costs no more
+/// than that to rule out.
+fn close_together<'k, K, V>(
+    table: &impl ReadableTable<K, V>,
+    range: std::ops::RangeInclusive<K::SelfType<'k>>,
+    wanted: usize,
+) -> Result<bool, StoreError>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+{
+    let budget = wanted
+        .saturating_mul(CLOSE_FACTOR)
+        .saturating_add(CLOSE_SLACK);
+    let mut held = 0;
+    for item in table.range(range).map_err(StoreError::redb)? {
+        item.map_err(StoreError::redb)?;
+        held += 1;
+        if held > budget {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 impl RedbStore {
     /// Applies `ops` in one write transaction: all of them or none.
     fn write(&self, ops: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let txn = self.db.begin_write().map_err(StoreError::redb)?;
         // The writer (and its open tables) must be gone before commit.
-        let applied = Writer::new(&txn).and_then(|mut writer| {
-            ops.iter()
-                .map(|op| writer.apply(op))
-                .collect::<Result<Vec<_>, _>>()
-        });
+        let applied = Writer::new(&txn).and_then(|mut writer| writer.apply_all(ops));
         match applied {
             Ok(applied) => {
                 txn.commit().map_err(StoreError::redb)?;
