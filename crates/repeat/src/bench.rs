@@ -55,7 +55,8 @@ pub fn load() -> String {
 }
 
 /// Runs `scheduler` with a no-op handler on [`WORKERS`] workers until the
-/// [`DUE`] entries due at `due` were handled and their removals written.
+/// [`DUE`] entries due at `due` were handled and their removals written;
+/// must be called within a Tokio runtime.
 ///
 /// # Panics
 ///
@@ -77,9 +78,13 @@ pub async fn dispatch_round<S: Store, C: Clock>(scheduler: &Scheduler<S, C>, due
         }
     };
     let stop = async move { all.notified().await };
-    scheduler
-        .run(WorkerPool::new(WORKERS), handler, stop)
+    // On a task of its own, as the server runs its dispatcher and as the
+    // baselines run their loops: the handlers it starts go to its worker
+    // thread's own queue, not through the runtime's shared one.
+    let scheduler = scheduler.clone();
+    tokio::spawn(async move { scheduler.run(WorkerPool::new(WORKERS), handler, stop).await })
         .await
+        .expect("the dispatcher's task ends")
         .expect("the scheduler runs the round");
     let elapsed = lag_since(due);
     assert_eq!(
