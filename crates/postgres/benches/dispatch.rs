@@ -27,7 +27,8 @@
 //!
 //! Needs Debian's `postgresql` (a throwaway instance is started, with
 //! PostgreSQL's default `shared_buffers` of 128 MB); without it the bench
-//! fails. `DISPATCH_ROUNDS` (default 5) sets the rounds per side.
+//! fails. `DISPATCH_ROUNDS` (default 5) sets the rounds per side,
+//! `DISPATCH_LATER` (default 900,000) the entries scheduled for later.
 
 /// The `estafeta` binary's allocator: the scheduler is measured as the
 /// server runs it.
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use estafeta_postgres::testing::Postgres;
 use estafeta_postgres::{PgQueue, Store};
-use estafeta_repeat::bench::{self, DUE, Round, SOURCES, TOTAL, WORKERS, lag_since, source};
+use estafeta_repeat::bench::{self, DUE, Round, SOURCES, WORKERS, lag_since, source};
 use estafeta_repeat::{Clock, Options, Scheduler, SystemClock};
 use tokio::sync::{Notify, mpsc};
 
@@ -92,7 +93,7 @@ impl Cluster {
         )
         .await
         .unwrap();
-        Cluster::insert(&sql, "later", (TOTAL - DUE) as i64, later, 86_400).await;
+        Cluster::insert(&sql, "later", bench::later() as i64, later, 86_400).await;
         let sources: Vec<&str> = names.iter().map(String::as_str).collect();
         let queue = PgQueue::holding(store, &sources, LEASE, HOLDS, HOLD_WAIT);
         Cluster {
@@ -172,7 +173,7 @@ impl JobQueue {
             pg_url: pg.url(),
             sql,
         };
-        q.insert((TOTAL - DUE) as i64, now_secs() + 3_600, 86_400)
+        q.insert(bench::later() as i64, now_secs() + 3_600, 86_400)
             .await;
         q
     }

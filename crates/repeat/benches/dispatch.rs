@@ -15,7 +15,8 @@
 //!
 //! Run: `cargo bench -p estafeta-repeat --bench dispatch` (needs
 //! `redis-server` on the PATH: without it the bench fails).
-//! `DISPATCH_ROUNDS` (default 7) sets the rounds per side.
+//! `DISPATCH_ROUNDS` (default 7) sets the rounds per side, `DISPATCH_LATER`
+//! (default 900,000) the entries scheduled for later.
 
 /// The `estafeta` binary's allocator: the scheduler is measured as the
 /// server runs it.
@@ -28,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use estafeta_repeat::bench::{self, DUE, Round, SOURCES, TOTAL, WORKERS, lag_since};
+use estafeta_repeat::bench::{self, DUE, Round, SOURCES, WORKERS, lag_since};
 use estafeta_repeat::{Clock, Entry, Options, RedbStore, Scheduler, SystemClock};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
@@ -58,7 +59,7 @@ impl Estafeta {
         let store = RedbStore::open(dir.path().join("bench.redb")).unwrap();
         let scheduler = Scheduler::new(store, SystemClock, Options::default());
         let later = SystemClock.now_secs() + 3_600;
-        let entries: Vec<Entry> = (0..TOTAL - DUE)
+        let entries: Vec<Entry> = (0..bench::later())
             .map(|i| Entry {
                 source: bench::source(i),
                 due: later + (i % 86_400) as u64,
@@ -156,7 +157,7 @@ impl Redis {
             .await
             .unwrap();
         let later = SystemClock.now_secs() + 3_600;
-        let members: Vec<(usize, u64, String)> = (0..TOTAL - DUE)
+        let members: Vec<(usize, u64, String)> = (0..bench::later())
             .map(|i| {
                 (
                     i % SOURCES,

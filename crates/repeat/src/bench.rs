@@ -1,8 +1,8 @@
 //! The dispatch benchmark's scenario, shared by the bench of every store
 //! (feature `test-support`): 1,000,000 entries over 16 sources, 100,000 of
-//! them due in one second, a no-op handler on 256 workers; and the rounds
-//! that time a scheduler against a baseline, the two sides taking turns so
-//! that both meet the same machine.
+//! them due in one second (the rest: [`later`]), a no-op handler on 256
+//! workers; and the rounds that time a scheduler against a baseline, the
+//! two sides taking turns so that both meet the same machine.
 //!
 //! ```no_run
 //! use estafeta_repeat::bench::{self, Round};
@@ -22,8 +22,19 @@ use tokio::sync::Notify;
 
 use crate::{Clock, Entry, Outcome, Scheduler, Store, SystemClock, WorkerPool};
 
-/// Entries in the store during a round: the round's due ones and the rest.
-pub const TOTAL: usize = 1_000_000;
+/// Entries scheduled for later that stay in the store through every round,
+/// beside the round's [`DUE`] ones: 900,000 (a million in all), or
+/// `DISPATCH_LATER`, to see whether dispatch slows as the store grows.
+///
+/// # Panics
+///
+/// When `DISPATCH_LATER` is not a number (a bench's setting).
+pub fn later() -> usize {
+    std::env::var("DISPATCH_LATER")
+        .ok()
+        .map_or(900_000, |n| n.parse().expect("DISPATCH_LATER=N"))
+}
+
 /// Sources the entries are spread over, round-robin.
 pub const SOURCES: usize = 16;
 /// Entries that come due in a round's one second.
