@@ -80,8 +80,9 @@ fn redb_store_keeps_the_contract_and_its_data_across_reopen() {
     assert_eq!(ids(&reopened, "b", 100), vec!["x"]);
 }
 
-/// A remove as a run may hold it: of stored entry `of` (or of one never
-/// stored), exactly as stored or with its attempt or due changed.
+/// A remove as a run may hold it: of the stored entry its number picks
+/// (see [`stored`]), exactly as stored or with its attempt or due changed,
+/// or of an entry never stored.
 #[derive(Debug, Clone)]
 enum Remove {
     Exact(usize),
