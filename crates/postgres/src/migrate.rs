@@ -122,3 +122,24 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every migration in the folder is in the build (`build.rs` makes an
+    /// added file rebuild the crate).
+    #[test]
+    fn every_migration_file_is_embedded() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let files = std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "sql")
+            })
+            .count();
+        assert_eq!(super::migrations::runner().get_migrations().len(), files);
+    }
+}
