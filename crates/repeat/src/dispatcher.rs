@@ -22,8 +22,8 @@ use crate::{
     Clock, Delivery, Entry, Error, Handler, Misfire, Outcome, Position, StoreError, WorkerPool,
 };
 
-/// How long a pass with few free workers waits for running handlers to
-/// end before it reads for those it has.
+/// How long a pass waits for running handlers to end, so as to read for
+/// the whole pool, before it reads for the workers it has.
 const GATHER: Duration = Duration::from_millis(2);
 
 /// A handed-out entry, remembered until its handler returns.
@@ -159,11 +159,10 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 let mut workers = Vec::new();
                 self.take_free(&mut workers, options.max_batch);
                 // A pass costs a store read (a round trip; a hold on a
-                // database) whatever it takes: while handlers still run and
-                // only a few workers are free, give the running handlers a
-                // moment to end, so that passes take many entries, not the
-                // few whose handlers ended first.
-                let enough = (self.pool.size() / 8).clamp(1, options.max_batch.max(1));
+                // database) whatever it takes: while handlers still run,
+                // give them a moment to end, so that a pass takes the whole
+                // pool's worth, not the entries whose handlers ended first.
+                let enough = self.pool.size().clamp(1, options.max_batch.max(1));
                 if !workers.is_empty() && workers.len() < enough && !self.tasks.is_empty() {
                     let mut gather = pin!(tokio::time::sleep(GATHER));
                     while workers.len() < enough && !self.tasks.is_empty() {

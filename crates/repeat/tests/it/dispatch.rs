@@ -377,7 +377,7 @@ fn counting_reads_of_a() -> (
 /// While handlers run and only a few workers are free, a pass waits a
 /// moment for more to end rather than reading for the few: handlers
 /// ending four at a time, a millisecond apart, are read for eight at a
-/// time (a pool of 64 waits for 8 free), not four or fewer.
+/// time (the moment is two milliseconds), not four or fewer.
 #[tokio::test(start_paused = true)]
 async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
     let (store, _, s) = counting_reads_of_a();
@@ -407,6 +407,37 @@ async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
     // (11 when each pass reads for the few free at once).
     let reads = store.reads.load(Ordering::SeqCst);
     assert!(reads <= 9, "{reads} reads to hand out 128 entries");
+}
+
+/// A pass waits a moment for all of the running handlers' workers, not
+/// only for a few: handlers ending in two halves a millisecond apart are
+/// read for together, a whole pool at a time (a pass taking the half that
+/// ended first reads three times).
+#[tokio::test(start_paused = true)]
+async fn a_pass_waits_a_moment_for_the_whole_pool() {
+    let (store, _, s) = counting_reads_of_a();
+    let entries = (0..128)
+        .map(|i| entry("a", T0, &format!("e{i:03}")))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+
+    // Entry `i` holds its worker 1 ms if `i % 64 < 32`, else 2 ms.
+    let (handed, mut all) = tokio::sync::watch::channel(0usize);
+    let handed = Arc::new(handed);
+    let handler = move |e: estafeta_repeat::Entry| {
+        let handed = Arc::clone(&handed);
+        async move {
+            let i: u64 = e.id[1..].parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(1 + (i % 64) / 32)).await;
+            handed.send_modify(|n| *n += 1);
+            Outcome::Done
+        }
+    };
+    let running = Running::start(&s, 64, handler);
+    all.wait_for(|n| *n == 128).await.unwrap();
+    running.stop().await;
+
+    assert_eq!(store.reads.load(Ordering::SeqCst), 2, "reads of 64 entries");
 }
 
 /// Room that does not divide among the ready sources is still one read
