@@ -374,27 +374,23 @@ fn counting_reads_of_a() -> (
     (store, clock, s)
 }
 
-/// While handlers run and only a few workers are free, a pass waits a
-/// moment for more to end rather than reading for the few: handlers
-/// ending four at a time, a millisecond apart, are read for eight at a
-/// time (the moment is two milliseconds), not four or fewer.
-#[tokio::test(start_paused = true)]
-async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
+/// The reads of source `a` that hand out 128 entries due at once to a
+/// pool of 64 workers, entry `i`'s handler holding its worker
+/// `hold_ms(i % 64)` milliseconds.
+async fn reads_to_hand_out_128(hold_ms: fn(u64) -> u64) -> usize {
     let (store, _, s) = counting_reads_of_a();
     let entries = (0..128)
         .map(|i| entry("a", T0, &format!("e{i:03}")))
         .collect();
     s.schedule_all(entries).await.unwrap();
 
-    // Entry `i` holds its worker `(i % 64) / 4 + 1` ms: the first pass's
-    // 64 end four at a time, a millisecond apart.
     let (handed, mut all) = tokio::sync::watch::channel(0usize);
     let handed = Arc::new(handed);
     let handler = move |e: estafeta_repeat::Entry| {
         let handed = Arc::clone(&handed);
         async move {
             let i: u64 = e.id[1..].parse().unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis((i % 64) / 4 + 1)).await;
+            tokio::time::sleep(Duration::from_millis(hold_ms(i % 64))).await;
             handed.send_modify(|n| *n += 1);
             Outcome::Done
         }
@@ -402,10 +398,18 @@ async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
     let running = Running::start(&s, 64, handler);
     all.wait_for(|n| *n == 128).await.unwrap();
     running.stop().await;
+    store.reads.load(Ordering::SeqCst)
+}
 
+/// While handlers run and only a few workers are free, a pass waits a
+/// moment for more to end rather than reading for the few: handlers
+/// ending four at a time, a millisecond apart, are read for eight at a
+/// time (the moment is two milliseconds), not four or fewer.
+#[tokio::test(start_paused = true)]
+async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
     // One read for the first 64, then about one per eight handlers ended
     // (11 when each pass reads for the few free at once).
-    let reads = store.reads.load(Ordering::SeqCst);
+    let reads = reads_to_hand_out_128(|i| i / 4 + 1).await;
     assert!(reads <= 9, "{reads} reads to hand out 128 entries");
 }
 
@@ -415,29 +419,8 @@ async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
 /// ended first reads three times).
 #[tokio::test(start_paused = true)]
 async fn a_pass_waits_a_moment_for_the_whole_pool() {
-    let (store, _, s) = counting_reads_of_a();
-    let entries = (0..128)
-        .map(|i| entry("a", T0, &format!("e{i:03}")))
-        .collect();
-    s.schedule_all(entries).await.unwrap();
-
-    // Entry `i` holds its worker 1 ms if `i % 64 < 32`, else 2 ms.
-    let (handed, mut all) = tokio::sync::watch::channel(0usize);
-    let handed = Arc::new(handed);
-    let handler = move |e: estafeta_repeat::Entry| {
-        let handed = Arc::clone(&handed);
-        async move {
-            let i: u64 = e.id[1..].parse().unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis(1 + (i % 64) / 32)).await;
-            handed.send_modify(|n| *n += 1);
-            Outcome::Done
-        }
-    };
-    let running = Running::start(&s, 64, handler);
-    all.wait_for(|n| *n == 128).await.unwrap();
-    running.stop().await;
-
-    assert_eq!(store.reads.load(Ordering::SeqCst), 2, "reads of 64 entries");
+    let reads = reads_to_hand_out_128(|i| 1 + i / 32).await;
+    assert_eq!(reads, 2, "reads of 64 entries");
 }
 
 /// Room that does not divide among the ready sources is still one read
