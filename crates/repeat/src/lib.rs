@@ -25,8 +25,8 @@
 //!   goes to sleep: checked on two threads at random offsets). At or after it, it takes due entries —
 //!   overdue ones included — up to the number of free workers of the
 //!   [`WorkerPool`], waiting without spinning while none is free (and, while
-//!   handlers run and fewer than an eighth of the workers are free, up to
-//!   2 ms for more of them: each pass is a store read), and starts
+//!   handlers run, up to 2 ms for the rest of the workers: each pass is a
+//!   store read), and starts
 //!   the [`Handler`] on them. It tracks each source's next due time as it reads.
 //! * Sources are read in [`SourceOrder::Fair`] order (round-robin shares, the
 //!   default) or [`SourceOrder::NearestFirst`] (nearest due source first).
