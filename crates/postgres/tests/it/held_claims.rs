@@ -358,3 +358,63 @@ async fn a_hold_reads_on_from_the_last_within_a_second_and_from_the_first_in_the
         "read from the first entry again, passing over the held ones"
     );
 }
+
+/// A holding read runs its statement with the generic plan, planned once
+/// for every read (PostgreSQL plans a statement's first five runs anew
+/// each time, and this one's every run if its custom plans look cheaper),
+/// while the statements of the hold's outcomes are planned as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holding_read_runs_a_generic_plan_and_its_outcomes_as_usual() {
+    let pg = Postgres::start().unwrap();
+    with_entries(&pg, 8).await;
+    // One connection: every read and outcome below runs on it, and its
+    // prepared statements say how each was planned.
+    let one = Store::connect_with(
+        &pg.url(),
+        &StoreOptions {
+            pool_size: 1,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let queue = Arc::new(PgQueue::holding(one.clone(), &["a"], LEASE, 1, WAIT));
+    for _ in 0..4 {
+        let (held, holding) = hold(&queue, 2).await;
+        assert_eq!(held.len(), 2);
+        let ops = vec![
+            Op::Remove(held[0].clone()),
+            Op::Move {
+                entry: held[1].clone(),
+                due: 500,
+                attempt: 1,
+            },
+        ];
+        let held_by = holding.held.expect("a hold");
+        blocking(move || held_by.settle(&ops).unwrap()).await;
+    }
+    let client = one.client().await.unwrap();
+    let plans = |marker: &'static str| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+                     WHERE statement LIKE '%' || $1 || '%'",
+                    &[&marker],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        }
+    };
+    assert_eq!(
+        plans("FOR UPDATE SKIP LOCKED").await,
+        (4, 0),
+        "each read ran the generic plan"
+    );
+    assert_eq!(
+        plans("to_attempt").await,
+        (0, 4),
+        "each move was planned as usual (its first runs: a custom plan)"
+    );
+}
