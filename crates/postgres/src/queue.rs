@@ -28,7 +28,8 @@
 //! due again at once; one paused past the store's hold limit
 //! ([`Options::hold_limit`](crate::Options::hold_limit)) is cut off by the
 //! database, its late outcomes fail and the entries are handed out again.
-//! A hold settles when the last of its entries' handlers returns, so it
+//! A hold settles when the last of its entries' handlers returns (those
+//! its pass took ahead of the free workers wait for one within it), so it
 //! suits handlers that take well under the hold limit (one slow handler
 //! keeps its pass's other entries locked). Each hold keeps a pooled
 //! connection; a read that finds all of a queue's holds in use waits a

@@ -1,8 +1,9 @@
 //! The dispatcher ([`Scheduler::run`]): a loop that sleeps until the
-//! earliest due second, then hands due entries to free workers and records
-//! what their handlers decided.
+//! earliest due second, then takes due entries for its workers (a few per
+//! worker ahead, [`Options::prefetch`](crate::Options::prefetch)), starts
+//! their handlers as workers are free and records what they decided.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
@@ -65,6 +66,12 @@ struct Dispatcher<'a, S, C, H> {
     next_claim: u64,
     /// Holds being settled.
     settling: JoinSet<()>,
+    /// Entries taken beyond the free workers ([`Options::prefetch`]), with
+    /// their hold, in the order taken: each starts on the next free worker,
+    /// before any new pass.
+    ///
+    /// [`Options::prefetch`]: crate::Options::prefetch
+    waiting: VecDeque<(Entry, Option<u64>)>,
 }
 
 impl<S: Store, C: Clock> Scheduler<S, C> {
@@ -125,6 +132,7 @@ async fn run<S: Store, C: Clock, H: Handler>(
         claims: HashMap::new(),
         next_claim: 0,
         settling: JoinSet::new(),
+        waiting: VecDeque::new(),
     };
     let result = dispatcher.run(shutdown).await;
     dispatcher.drain().await;
@@ -150,6 +158,24 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             }
             self.record(finished)?;
             while self.settling.try_join_next().is_some() {}
+
+            if !self.waiting.is_empty() {
+                let mut workers = Vec::new();
+                self.take_free(&mut workers, self.waiting.len());
+                self.start(workers);
+                if !self.waiting.is_empty() {
+                    // Taken entries go before a new pass: wait for a worker.
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => return Ok(()),
+                        result = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                            self.record(result.into_iter().collect())?;
+                        }
+                        worker = self.pool.acquire() => self.start(vec![worker]),
+                    }
+                    continue;
+                }
+            }
 
             let now = inner.clock.now();
             let now_secs = now.as_secs();
@@ -231,6 +257,21 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         }
     }
 
+    /// How many entries a pass with `free` workers takes: up to
+    /// [`Options::prefetch`] × the pool's size handed out in all, and never
+    /// fewer than the free workers.
+    fn room(&self, free: usize, options: &crate::Options) -> usize {
+        if options.delivery == Delivery::AtMostOnce {
+            return free;
+        }
+        let most = self
+            .pool
+            .size()
+            .saturating_mul(options.prefetch.max(1))
+            .min(options.max_batch.max(1));
+        most.saturating_sub(self.tasks.len()).max(free)
+    }
+
     /// Applies what the writer reported since the last look.
     fn absorb(&mut self) -> Result<(), Error> {
         let (placed, settled) = {
@@ -261,7 +302,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         let options = inner.options;
         let mut sources = self.sources.take().ok_or(Error::Closed)?;
         let store = Arc::clone(&inner.store);
-        let limit = workers.len();
+        let limit = self.room(workers.len(), &options);
         let now_secs = now.as_secs();
         let read = tokio::task::spawn_blocking(move || {
             let taken = sources.take(&*store, now_secs, mono, limit, &options);
@@ -417,7 +458,19 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         }
         Counters::bump(&counters.dispatched, run.len() as u64);
         Counters::bump(&counters.in_flight, run.len() as u64);
-        for ((entry, claim), worker) in run.into_iter().zip(workers) {
+        self.waiting.extend(run);
+        self.start(workers);
+        Ok(())
+    }
+
+    /// Starts the handlers of waiting entries, in the order taken, one on
+    /// each of `workers`; a worker left over goes back to the pool.
+    fn start(&mut self, workers: Vec<crate::pool::Worker>) {
+        let delivery = self.scheduler.inner.options.delivery;
+        for worker in workers {
+            let Some((entry, claim)) = self.waiting.pop_front() else {
+                return;
+            };
             let handler = Arc::clone(&self.handler);
             let meta = InFlight {
                 entry: entry.clone(),
@@ -428,7 +481,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
                 let _worker = worker;
                 handler.handle(entry).await
             });
-            if options.delivery == Delivery::AtMostOnce
+            if delivery == Delivery::AtMostOnce
                 && let Some(older) = self.latest.insert(meta.entry.id.clone(), task.id())
                 && let Some(older) = self.in_flight.get_mut(&older)
             {
@@ -436,7 +489,25 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             }
             self.in_flight.insert(task.id(), meta);
         }
-        Ok(())
+    }
+
+    /// At shutdown: entries still waiting for a worker are not started.
+    /// They stay stored as they were (the next run hands them out); a hold
+    /// waiting for nothing else settles the outcomes it has.
+    fn release_waiting(&mut self) {
+        let released = std::mem::take(&mut self.waiting);
+        self.counters()
+            .in_flight
+            .fetch_sub(released.len() as u64, Ordering::Relaxed);
+        for (_, claim) in released {
+            let Some(number) = claim else { continue };
+            if let Some(claim) = self.claims.get_mut(&number) {
+                claim.left = claim.left.saturating_sub(1);
+                if claim.left == 0 {
+                    self.settle(number);
+                }
+            }
+        }
     }
 
     /// Turns finished handlers into store changes, sent to the writer.
@@ -562,6 +633,7 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
     /// After shutdown: waits for running handlers and records their outcomes
     /// durably before returning.
     async fn drain(&mut self) {
+        self.release_waiting();
         while let Some(result) = self.tasks.join_next_with_id().await {
             if self.record(vec![result]).is_err() {
                 return;

@@ -1,5 +1,5 @@
 //! A durable repeat scheduler: entries come due at a wall-clock second and
-//! are handed to a bounded worker pool no faster than it has free workers.
+//! are handed to a bounded worker pool, a few per worker taken ahead.
 //!
 //! Estafeta uses it for delivery retries with backoff, scheduled delivery and
 //! periodic jobs; it also stands alone.
@@ -23,11 +23,12 @@
 //!   second; before it, it sleeps to the next second (woken early when an
 //!   entry due sooner is scheduled, also when that happens just as the loop
 //!   goes to sleep: checked on two threads at random offsets). At or after it, it takes due entries —
-//!   overdue ones included — up to the number of free workers of the
-//!   [`WorkerPool`], waiting without spinning while none is free (and, while
-//!   handlers run, up to 2 ms for the rest of the workers: each pass is a
-//!   store read), and starts
-//!   the [`Handler`] on them. It tracks each source's next due time as it reads.
+//!   overdue ones included — for the free workers of the [`WorkerPool`]
+//!   and, with at-least-once delivery, ahead of them up to
+//!   [`Options::prefetch`] per worker in all, waiting without spinning
+//!   while none is free (and, while handlers run, up to 2 ms for the rest
+//!   of the workers: each pass is a store read), and starts the
+//!   [`Handler`] on them, each on a worker of its own, in the order taken. It tracks each source's next due time as it reads.
 //! * Sources are read in [`SourceOrder::Fair`] order (round-robin shares, the
 //!   default) or [`SourceOrder::NearestFirst`] (nearest due source first).
 //! * [`Delivery::AtLeastOnce`] (default) removes an entry only when its

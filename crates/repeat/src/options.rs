@@ -6,8 +6,8 @@ use std::time::Duration;
 /// In which order due entries are taken from several sources.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SourceOrder {
-    /// Round-robin with equal shares: each pass splits the free workers evenly
-    /// over the sources that have due entries (the first ones taking one
+    /// Round-robin with equal shares: each pass splits the entries it may
+    /// take evenly over the sources that have due entries (the first ones taking one
     /// more each while some are left over), starting one source further
     /// each pass, and gives what a source cannot use to the others (deficit
     /// round-robin with unit cost). A source that always has due entries
@@ -102,6 +102,18 @@ pub struct Options {
     pub retry: RetryPolicy,
     /// The most entries taken in one pass over the sources.
     pub max_batch: usize,
+    /// How many entries per worker of the pool may be handed out at once,
+    /// running or waiting for a worker (at least 1): a pass takes entries
+    /// for its free workers and, beyond them, up to `prefetch` × the pool's
+    /// size in all, those beyond waiting for a worker in the order taken.
+    /// Each pass is a store read (over a database, a round trip and a
+    /// commit), so fewer, larger passes hand out more entries a second when
+    /// handlers are short. An entry waits for its worker within its hold,
+    /// which settles only when its last entry's handler returns. With
+    /// [`Delivery::AtMostOnce`] a pass takes entries only for its free
+    /// workers: a taken entry is already removed, and one waiting for a
+    /// worker would be lost in a crash.
+    pub prefetch: usize,
     /// The first delay before a failing source is read again; it doubles on
     /// each further failure up to `source_backoff_max`.
     pub source_backoff: Duration,
@@ -117,6 +129,7 @@ impl Default for Options {
             misfire: Misfire::default(),
             retry: RetryPolicy::default(),
             max_batch: 1024,
+            prefetch: 4,
             source_backoff: Duration::from_millis(100),
             source_backoff_max: Duration::from_secs(30),
         }

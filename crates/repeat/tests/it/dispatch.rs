@@ -169,11 +169,57 @@ async fn no_free_worker_for_an_hour_means_the_loop_sleeps() {
         during.wakeups, before,
         "no wake-up while every worker is busy"
     );
-    assert_eq!(during.dispatched, 2);
-    assert_eq!(during.in_flight, 2);
+    assert_eq!(
+        (during.dispatched, during.in_flight),
+        (8, 8),
+        "taken for the pool's 2 workers and 3 more per worker (prefetch 4), 2 started"
+    );
     probe.wait_for(4).await;
+    assert_eq!(
+        s.stats().await.unwrap().dispatched,
+        8,
+        "the next 2 came from those taken, not from a new pass"
+    );
     running.stop().await;
     assert_eq!(probe.max_running(), 2);
+    let started: Vec<String> = probe.log().into_iter().map(|f| f.id).collect();
+    assert_eq!(
+        started,
+        ["00", "01", "02", "03"],
+        "started in the order taken"
+    );
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        (stats.done, stats.in_flight, stats.sources["a"].entries),
+        (4, 0, 46),
+        "the 4 taken and never started are left as they were"
+    );
+}
+
+/// With at-most-once delivery a pass takes entries only for its free
+/// workers: a taken entry is removed at once, and one waiting for a worker
+/// would be lost in a crash.
+#[tokio::test(start_paused = true)]
+async fn at_most_once_takes_only_for_the_free_workers() {
+    let (clock, s) = memory_scheduler(Options {
+        delivery: Delivery::AtMostOnce,
+        ..Options::default()
+    });
+    let entries = (0..10)
+        .map(|i| entry("a", T0, &format!("{i:02}")))
+        .collect();
+    s.schedule_all(entries).await.unwrap();
+    let (probe, running) =
+        Probe::start(&s, &clock, 2, Duration::from_secs(3_600), |_| Outcome::Done);
+    probe.wait_for(2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        (stats.dispatched, stats.sources["a"].entries),
+        (2, 8),
+        "two taken and removed, eight still stored"
+    );
+    running.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -361,8 +407,11 @@ async fn stats_report_backlog_in_flight_and_lag() {
     assert_eq!((stats.sources["a"].entries, stats.sources["a"].due), (1, 0));
 }
 
-/// A scheduler over a memory store that counts the reads of source `a`.
-fn counting_reads_of_a() -> (
+/// A scheduler over a memory store that counts the reads of source `a`,
+/// taking up to `prefetch` entries per worker.
+fn counting_reads_of_a(
+    prefetch: usize,
+) -> (
     BreakableStore,
     TestClock,
     Scheduler<BreakableStore, TestClock>,
@@ -370,15 +419,20 @@ fn counting_reads_of_a() -> (
     let store = BreakableStore::new(Breaks::Reads("a"));
     store.broken.store(false, Ordering::SeqCst);
     let clock = TestClock::new(T0);
-    let s = Scheduler::new(store.clone(), clock.clone(), Options::default());
+    let options = Options {
+        prefetch,
+        ..Options::default()
+    };
+    let s = Scheduler::new(store.clone(), clock.clone(), options);
     (store, clock, s)
 }
 
 /// The reads of source `a` that hand out 128 entries due at once to a
 /// pool of 64 workers, entry `i`'s handler holding its worker
-/// `hold_ms(i % 64)` milliseconds.
-async fn reads_to_hand_out_128(hold_ms: fn(u64) -> u64) -> usize {
-    let (store, _, s) = counting_reads_of_a();
+/// `hold_ms(i % 64)` milliseconds. With `prefetch` 1 a pass takes only
+/// for its free workers, so the reads count how passes gather them.
+async fn reads_to_hand_out_128(prefetch: usize, hold_ms: fn(u64) -> u64) -> usize {
+    let (store, _, s) = counting_reads_of_a(prefetch);
     let entries = (0..128)
         .map(|i| entry("a", T0, &format!("e{i:03}")))
         .collect();
@@ -409,7 +463,7 @@ async fn reads_to_hand_out_128(hold_ms: fn(u64) -> u64) -> usize {
 async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
     // One read for the first 64, then about one per eight handlers ended
     // (11 when each pass reads for the few free at once).
-    let reads = reads_to_hand_out_128(|i| i / 4 + 1).await;
+    let reads = reads_to_hand_out_128(1, |i| i / 4 + 1).await;
     assert!(reads <= 9, "{reads} reads to hand out 128 entries");
 }
 
@@ -419,8 +473,18 @@ async fn a_pass_with_few_free_workers_waits_a_moment_for_more() {
 /// ended first reads three times).
 #[tokio::test(start_paused = true)]
 async fn a_pass_waits_a_moment_for_the_whole_pool() {
-    let reads = reads_to_hand_out_128(|i| 1 + i / 32).await;
+    let reads = reads_to_hand_out_128(1, |i| 1 + i / 32).await;
     assert_eq!(reads, 2, "reads of 64 entries");
+}
+
+/// A pass takes up to [`Options::prefetch`] entries per worker of the
+/// pool, those beyond the free workers starting as workers free up: the
+/// 128 entries for 64 workers are one read, not two.
+#[tokio::test(start_paused = true)]
+async fn a_pass_takes_entries_ahead_for_the_busy_workers() {
+    let reads = reads_to_hand_out_128(Options::default().prefetch, |i| 1 + i / 32).await;
+    assert_eq!(reads, 1, "one read of 128 entries");
+    assert_eq!(reads_to_hand_out_128(2, |i| 1 + i / 32).await, 1);
 }
 
 /// Room that does not divide among the ready sources is still one read
@@ -429,7 +493,7 @@ async fn a_pass_waits_a_moment_for_the_whole_pool() {
 /// the first. Seven workers over three sources take 3, 2 and 2.
 #[tokio::test(start_paused = true)]
 async fn a_pass_shares_out_its_whole_room_in_one_read() {
-    let (store, clock, s) = counting_reads_of_a();
+    let (store, clock, s) = counting_reads_of_a(1);
     let entries = ["a", "b", "c"]
         .iter()
         .flat_map(|source| (1..=3).map(move |i| entry(source, T0, &format!("{source}{i}"))))

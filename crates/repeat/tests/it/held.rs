@@ -136,8 +136,8 @@ async fn outcomes_of_held_entries_are_settled_through_their_hold() {
     let settled = seen.settled.lock().unwrap().clone();
     assert_eq!(settled.len(), seen.holds.load(Ordering::SeqCst));
     assert!(
-        settled.len() >= 5,
-        "4 workers, 20 entries: {}",
+        settled.len() >= 2,
+        "4 workers taking up to 16 a pass, 20 entries: {}",
         settled.len()
     );
     let ops: Vec<&Op> = settled.iter().flatten().collect();
@@ -151,6 +151,44 @@ async fn outcomes_of_held_entries_are_settled_through_their_hold() {
     assert_eq!((stats.done, stats.rescheduled), (10, 10));
     assert_eq!(stats.sources["a"].entries + stats.sources["b"].entries, 10);
     assert_eq!(stats.in_flight, 0);
+}
+
+/// At shutdown, entries taken but still waiting for a worker are not
+/// started: their hold settles the outcome it has, and they stay stored
+/// for the next run.
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_a_hold_settles_without_its_entries_still_waiting_for_a_worker() {
+    let (clock, s, seen) = holding(Delivery::AtLeastOnce);
+    for id in ["x", "y", "z"] {
+        s.schedule("a", T0, id, b"").await.unwrap();
+    }
+    let (probe, running) = Probe::start(&s, &clock, 1, Duration::from_secs(10), |_| Outcome::Done);
+    probe.wait_for(1).await;
+    running.stop().await;
+
+    let started: Vec<String> = probe.log().into_iter().map(|f| f.id).collect();
+    assert_eq!(
+        started,
+        ["x"],
+        "y and z were taken (prefetch) but not started"
+    );
+    assert_eq!(seen.holds.load(Ordering::SeqCst), 1);
+    let settled = seen.settled.lock().unwrap().clone();
+    assert_eq!(settled.len(), 1, "the hold settled");
+    assert!(
+        matches!(settled[0].as_slice(), [Op::Remove(e)] if e.id == "x"),
+        "with x's outcome alone: {settled:?}"
+    );
+    let stats = s.stats().await.unwrap();
+    assert_eq!((stats.done, stats.in_flight), (1, 0));
+    assert_eq!(stats.sources["a"].entries, 2, "y and z still stored");
+
+    let (probe, running) = Probe::start(&s, &clock, 1, Duration::ZERO, |_| Outcome::Done);
+    probe.wait_for(2).await;
+    running.stop().await;
+    let started: Vec<String> = probe.log().into_iter().map(|f| f.id).collect();
+    assert_eq!(started, ["y", "z"], "handed out by the next run");
+    assert_eq!(s.stats().await.unwrap().sources["a"].entries, 0);
 }
 
 #[tokio::test(start_paused = true)]
