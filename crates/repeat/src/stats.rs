@@ -72,9 +72,11 @@ pub struct SourceStats {
 pub struct Stats {
     /// Per source, by name.
     pub sources: BTreeMap<String, SourceStats>,
-    /// Handlers running now.
+    /// Entries taken and not yet finished: handlers running now, and
+    /// entries waiting for a worker ([`Options::prefetch`](crate::Options::prefetch)).
     pub in_flight: u64,
-    /// Entries handed to handlers so far.
+    /// Entries taken for handlers so far, those waiting for a worker
+    /// included.
     pub dispatched: u64,
     /// Handler outcomes: done.
     pub done: u64,
