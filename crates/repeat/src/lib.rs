@@ -28,7 +28,9 @@
 //!   [`Options::prefetch`] per worker in all, waiting without spinning
 //!   while none is free (and, while handlers run, up to 2 ms for the rest
 //!   of the workers: each pass is a store read), and starts the
-//!   [`Handler`] on them, each on a worker of its own, in the order taken. It tracks each source's next due time as it reads.
+//!   [`Handler`] on them, each on a worker of its own, in the order taken.
+//!   On shutdown, entries taken but not started stay stored for the next
+//!   run. It tracks each source's next due time as it reads.
 //! * Sources are read in [`SourceOrder::Fair`] order (round-robin shares, the
 //!   default) or [`SourceOrder::NearestFirst`] (nearest due source first).
 //! * [`Delivery::AtLeastOnce`] (default) removes an entry only when its

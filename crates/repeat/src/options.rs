@@ -7,11 +7,11 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SourceOrder {
     /// Round-robin with equal shares: each pass splits the entries it may
-    /// take evenly over the sources that have due entries (the first ones taking one
-    /// more each while some are left over), starting one source further
-    /// each pass, and gives what a source cannot use to the others (deficit
-    /// round-robin with unit cost). A source that always has due entries
-    /// cannot starve another.
+    /// take evenly over the sources that have due entries (the first ones
+    /// taking one more each while some are left over), starting one source
+    /// further each pass, and gives what a source cannot use to the others
+    /// (deficit round-robin with unit cost). A source that always has due
+    /// entries cannot starve another.
     #[default]
     Fair,
     /// Nearest first: the source with the nearest due entry is drained
@@ -109,7 +109,8 @@ pub struct Options {
     /// Each pass is a store read (over a database, a round trip and a
     /// commit), so fewer, larger passes hand out more entries a second when
     /// handlers are short. An entry waits for its worker within its hold,
-    /// which settles only when its last entry's handler returns. With
+    /// which settles only when its last entry's handler returns; on
+    /// shutdown, entries still waiting are not started and stay stored. With
     /// [`Delivery::AtMostOnce`] a pass takes entries only for its free
     /// workers: a taken entry is already removed, and one waiting for a
     /// worker would be lost in a crash.
