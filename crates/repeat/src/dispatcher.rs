@@ -499,14 +499,8 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
         self.counters()
             .in_flight
             .fetch_sub(released.len() as u64, Ordering::Relaxed);
-        for (_, claim) in released {
-            let Some(number) = claim else { continue };
-            if let Some(claim) = self.claims.get_mut(&number) {
-                claim.left = claim.left.saturating_sub(1);
-                if claim.left == 0 {
-                    self.settle(number);
-                }
-            }
+        for number in released.into_iter().filter_map(|(_, claim)| claim) {
+            self.leave(number);
         }
     }
 
@@ -600,6 +594,15 @@ impl<S: Store, C: Clock, H: Handler> Dispatcher<'_, S, C, H> {
             return;
         };
         claim.ops.push(op);
+        self.leave(number);
+    }
+
+    /// One entry of hold `number` is through (its outcome filed, or it was
+    /// never started): the hold settles once none is left.
+    fn leave(&mut self, number: u64) {
+        let Some(claim) = self.claims.get_mut(&number) else {
+            return;
+        };
         claim.left = claim.left.saturating_sub(1);
         if claim.left == 0 {
             self.settle(number);
