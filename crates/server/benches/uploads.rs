@@ -15,7 +15,11 @@
 //! get durable, one file each), the floor (one file created, written,
 //! fsynced and its folder fsynced), then the uploads. Figures: uploads/s
 //! with 16 devices ÷ the ceiling's files/s; one device's median latency ÷
-//! the floor's.
+//! the floor's. Beside them, where the time goes: the CPU time each upload
+//! took in the server and in the clients, each ceiling's and floor's file
+//! in the probe's threads, and how busy the machine's cores were (from
+//! `/proc`): when the cores are busy, the CPU an upload takes, not the
+//! disk, is what bounds uploads per second.
 //!
 //! ```sh
 //! cargo bench -p estafeta-server --bench uploads
@@ -193,12 +197,100 @@ fn body(nonce: u64) -> Body {
     Body::from_json(format!(r#"{head}{}"}}}}"#, "x".repeat(pad))).unwrap()
 }
 
+/// CPU time used so far, in clock ticks of `/proc` (10 ms: Linux's
+/// `USER_HZ` is 100): where a run's time goes when the machine's cores,
+/// not its disk, are what bounds it.
+#[derive(Clone, Copy)]
+struct CpuTime {
+    /// By the server process, all its threads, user and kernel.
+    server: u64,
+    /// By this process: the clients during uploads, the probe's threads
+    /// during the ceiling.
+    bench: u64,
+    /// By the whole machine, every core: what ran on it (not idle, not
+    /// waiting for I/O, not taken by the host).
+    busy: u64,
+    /// Taken from the machine's cores by its host (`steal`): a virtual
+    /// machine's neighbours at work.
+    stolen: u64,
+    /// Every core's time, idle included.
+    all: u64,
+}
+
+impl CpuTime {
+    fn now(server: u32) -> CpuTime {
+        let process = |pid: &str| -> u64 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The fields after the command's name (in parentheses, which may
+            // hold spaces): utime and stime are the 12th and 13th of them.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum()
+        };
+        let machine: Vec<u64> = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        // user, nice, system, idle, iowait, irq, softirq, steal (guests'
+        // time is counted in user and nice already).
+        let field = |i: usize| machine.get(i).copied().unwrap_or(0);
+        CpuTime {
+            server: process(&server.to_string()),
+            bench: process("self"),
+            busy: [0, 1, 2, 5, 6].into_iter().map(field).sum(),
+            stolen: field(7),
+            all: (0..8).map(field).sum(),
+        }
+    }
+
+    fn since(self, before: CpuTime) -> CpuTime {
+        CpuTime {
+            server: self.server - before.server,
+            bench: self.bench - before.bench,
+            busy: self.busy - before.busy,
+            stolen: self.stolen - before.stolen,
+            all: self.all - before.all,
+        }
+    }
+
+    /// Microseconds of `ticks` per one of `n`.
+    fn micros_each(ticks: u64, n: u64) -> f64 {
+        ticks as f64 * 10_000.0 / n.max(1) as f64
+    }
+
+    /// How busy the machine's cores were: "62% busy" or, when the host
+    /// took some of their time, "62% busy, 9% taken by the host".
+    fn busy(&self) -> String {
+        let share = |ticks: u64| ticks as f64 * 100.0 / self.all.max(1) as f64;
+        match share(self.stolen) {
+            stolen if stolen >= 0.5 => {
+                format!(
+                    "{:.0}% busy, {stolen:.0}% taken by the host",
+                    share(self.busy)
+                )
+            }
+            _ => format!("{:.0}% busy", share(self.busy)),
+        }
+    }
+}
+
 /// What a run of uploads measured.
 struct Run {
     uploads: u64,
     elapsed: Duration,
     /// Each upload's time, sorted.
     latencies: Vec<Duration>,
+    /// The CPU time the run took.
+    cpu: CpuTime,
 }
 
 impl Run {
@@ -219,8 +311,16 @@ impl Run {
 
 /// Every device of `devices` uploads, one upload after another, until
 /// `time` has passed (with a new idempotency key each upload if `keyed`);
-/// every upload must be answered 201.
-async fn uploads(devices: &[Device], keyed: bool, time: Duration, nonce: &Arc<AtomicU64>) -> Run {
+/// every upload must be answered 201. `server` is the server's process id,
+/// whose CPU time is counted.
+async fn uploads(
+    devices: &[Device],
+    keyed: bool,
+    time: Duration,
+    nonce: &Arc<AtomicU64>,
+    server: u32,
+) -> Run {
+    let cpu = CpuTime::now(server);
     let began = Instant::now();
     let deadline = began + time;
     let mut tasks = tokio::task::JoinSet::new();
@@ -244,11 +344,13 @@ async fn uploads(devices: &[Device], keyed: bool, time: Duration, nonce: &Arc<At
     }
     let mut latencies: Vec<Duration> = tasks.join_all().await.into_iter().flatten().collect();
     let elapsed = began.elapsed();
+    let cpu = CpuTime::now(server).since(cpu);
     latencies.sort();
     Run {
         uploads: latencies.len() as u64,
         elapsed,
         latencies,
+        cpu,
     }
 }
 
@@ -362,14 +464,21 @@ fn main() {
     let mut floors: Vec<Measured> = Vec::new();
     for round in 0..rounds {
         let load_before = load();
+        let cpu = CpuTime::now(std::process::id());
         let ceiling = probe.measure(|| batch.run(), DEVICES, time).unwrap();
+        let at_ceiling = CpuTime::now(std::process::id()).since(cpu);
+        let cpu = CpuTime::now(std::process::id());
         let floor = probe.measure(|| probe.one_file(), 1, time / 2).unwrap();
+        let at_floor = CpuTime::now(std::process::id()).since(cpu);
         println!(
-            "round {}: ceiling for {DEVICES}: {:.0} files/s; floor: {:.0} files/s, median {:.3} ms",
+            "round {}: ceiling for {DEVICES}: {:.0} files/s ({:.0} µs of CPU a file, the machine {}); floor: {:.0} files/s, median {:.3} ms ({:.0} µs of CPU a file)",
             round + 1,
             ceiling.files_per_second(),
+            CpuTime::micros_each(at_ceiling.bench, ceiling.files),
+            at_ceiling.busy(),
             floor.files_per_second(),
-            floor.median_round().as_secs_f64() * 1e3
+            floor.median_round().as_secs_f64() * 1e3,
+            CpuTime::micros_each(at_floor.bench, floor.files),
         );
         // Each round begins with another build, so that none always
         // follows the same work.
@@ -379,11 +488,12 @@ fn main() {
             let runs = rt.block_on(async {
                 let all = &t.devices[..];
                 let one = &t.devices[..1];
+                let pid = t.served.child.id();
                 [
-                    uploads(all, false, time, &nonce).await,
-                    uploads(all, true, time, &nonce).await,
-                    uploads(one, false, time / 2, &nonce).await,
-                    uploads(one, true, time / 2, &nonce).await,
+                    uploads(all, false, time, &nonce, pid).await,
+                    uploads(all, true, time, &nonce, pid).await,
+                    uploads(one, false, time / 2, &nonce, pid).await,
+                    uploads(one, true, time / 2, &nonce, pid).await,
                 ]
             });
             t.uploaded += runs.iter().map(|r| r.uploads).sum::<u64>();
@@ -400,11 +510,14 @@ fn main() {
                     false => format!("p50 {:.2} × the floor's", run.ms(0.5) / f),
                 };
                 println!(
-                    "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}",
+                    "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}; µs of CPU an upload: server {:.0}, clients {:.0}; the machine {}",
                     t.name,
                     run.per_second(),
                     run.ms(0.5),
-                    run.ms(0.99)
+                    run.ms(0.99),
+                    CpuTime::micros_each(run.cpu.server, run.uploads),
+                    CpuTime::micros_each(run.cpu.bench, run.uploads),
+                    run.cpu.busy()
                 );
             }
             t.runs.push(runs);

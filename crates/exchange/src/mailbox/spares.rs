@@ -189,11 +189,15 @@ impl Kind {
     }
 }
 
-/// A folder with fewer spares ready than this gets more after a write.
-const LOW: usize = 4;
-/// How many spares a refill leaves ready in a folder: the writes into one
-/// folder at once that find one.
+/// How many spares a refill leaves ready in a folder at first; a folder
+/// with fewer than half its number ready gets more after a write.
 pub(super) const HIGH: usize = 8;
+/// The most spares a refill leaves ready in a folder. A folder whose
+/// writes find none ready after a refill gets twice as many at its next
+/// refill, up to this: the writes into it at once outrun its refills, and
+/// each that finds none makes a file of its own, whose name needs a
+/// folder fsync before its answer.
+const MOST: usize = 64;
 /// How many folders keep spares: the busy ones (a database's queue, its
 /// `Prepared`) are written first and often; the rest create their files.
 const FOLDERS: usize = 64;
@@ -214,10 +218,29 @@ pub(super) struct Spares {
 }
 
 /// One folder's spares.
-#[derive(Default)]
 struct Stock {
     ready: Vec<PathBuf>,
     refilling: bool,
+    /// How many a refill leaves ready: [`HIGH`], doubled up to [`MOST`]
+    /// after each refill that left too few.
+    want: usize,
+    /// Whether a refill has left spares ready yet: before, a write that
+    /// finds none is no sign of too few.
+    filled: bool,
+    /// Whether a write found none ready since the last refill began.
+    short: bool,
+}
+
+impl Default for Stock {
+    fn default() -> Self {
+        Stock {
+            ready: Vec::new(),
+            refilling: false,
+            want: HIGH,
+            filled: false,
+            short: false,
+        }
+    }
 }
 
 impl Spares {
@@ -241,7 +264,13 @@ impl Spares {
     /// A spare of `dir` to write into, if one is ready; it is the caller's
     /// from now on.
     pub(super) fn take(&self, dir: &Path) -> Option<PathBuf> {
-        self.folders().get_mut(dir)?.ready.pop()
+        let mut folders = self.folders();
+        let stock = folders.get_mut(dir)?;
+        let spare = stock.ready.pop();
+        if spare.is_none() && stock.filled {
+            stock.short = true;
+        }
+        spare
     }
 
     /// Whether the caller is to [`refill`](Self::refill) `dir` now: it
@@ -255,23 +284,27 @@ impl Spares {
             return false;
         }
         let stock = folders.entry(dir.to_path_buf()).or_default();
-        if stock.refilling || stock.ready.len() >= LOW {
+        if stock.refilling || stock.ready.len() >= stock.want / 2 {
             return false;
         }
         stock.refilling = true;
         true
     }
 
-    /// Makes spares in `dir` until [`HIGH`] are ready, after
-    /// [`claim_refill`](Self::claim_refill) answered `true`; blocking.
+    /// Makes spares in `dir` until as many are ready as it wants ([`HIGH`]
+    /// at first, twice as many as the last time if a write found none
+    /// since, up to [`MOST`]), after [`claim_refill`](Self::claim_refill)
+    /// answered `true`; blocking.
     /// Durable spares are handed out only once `sync_dir` made their names
     /// durable. Stops at the first failure (the folder removed meanwhile, a
     /// full disk): writes then create their own files.
     pub(super) fn refill(&self, dir: &Path, sync_dir: &dyn Fn(&Path) -> io::Result<()>) {
-        let wanted = self
-            .folders()
-            .get(dir)
-            .map_or(0, |s| HIGH.saturating_sub(s.ready.len()));
+        let wanted = self.folders().get_mut(dir).map_or(0, |stock| {
+            if std::mem::take(&mut stock.short) {
+                stock.want = (stock.want * 2).min(MOST);
+            }
+            stock.want.saturating_sub(stock.ready.len())
+        });
         let mut made = Vec::with_capacity(wanted);
         for _ in 0..wanted {
             let number = self.made.fetch_add(1, Ordering::Relaxed);
@@ -301,6 +334,7 @@ impl Spares {
         let mut folders = self.folders();
         match folders.get_mut(dir) {
             Some(stock) if !self.closed.load(Ordering::Relaxed) => {
+                stock.filled |= !made.is_empty();
                 stock.ready.append(&mut made);
                 stock.refilling = false;
             }
@@ -385,6 +419,47 @@ mod tests {
         taken.dedup();
         assert_eq!(taken.len(), HIGH, "each spare taken once");
         assert!(spares.claim_refill(dir), "low again");
+    }
+
+    /// Takes every spare ready in `dir`: how many there were.
+    fn take_all(spares: &Spares, dir: &Path) -> usize {
+        std::iter::from_fn(|| spares.take(dir)).count()
+    }
+
+    #[test]
+    fn a_folder_whose_writes_find_none_ready_gets_twice_as_many_up_to_the_most() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let spares = Spares::new(Kind::Gated, ".ab12.tmp".into());
+        // Before the first refill is done, finding none is no sign.
+        assert!(spares.claim_refill(dir));
+        assert_eq!(spares.take(dir), None);
+        spares.refill(dir, &unused);
+        assert_eq!(take_all(&spares, dir), HIGH);
+        // Each refill after writes that found none leaves twice as many.
+        for want in [2 * HIGH, 4 * HIGH, MOST, MOST] {
+            assert_eq!(spares.take(dir), None);
+            assert!(spares.claim_refill(dir));
+            spares.refill(dir, &unused);
+            assert_eq!(take_all(&spares, dir), want);
+        }
+    }
+
+    #[test]
+    fn a_folder_whose_writes_always_find_one_keeps_its_number() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let spares = Spares::new(Kind::Gated, ".ab12.tmp".into());
+        assert!(spares.claim_refill(dir));
+        spares.refill(dir, &unused);
+        for _ in 0..3 {
+            for _ in 0..=HIGH / 2 {
+                assert!(spares.take(dir).is_some());
+            }
+            assert!(spares.claim_refill(dir), "fewer than half ready");
+            spares.refill(dir, &unused);
+        }
+        assert_eq!(take_all(&spares, dir), HIGH);
     }
 
     #[test]
