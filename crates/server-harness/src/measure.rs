@@ -1,8 +1,10 @@
 //! The sizes a bench measures at, picked from the environment so a run can
 //! be made smaller or larger without editing the bench; the disk it writes
-//! on and the runtime it measures on.
+//! on and the runtime it measures on; the CPU time a process and the
+//! machine spent, from `/proc`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The sizes a measurement runs at: the comma-separated list in the
 /// environment variable `name` (`_` allowed in numbers), else `default`.
@@ -31,4 +33,55 @@ pub fn two_threads() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// One clock tick of `/proc`'s CPU times (Linux's `USER_HZ` is 100).
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// The CPU time the process `pid` (`"self"` for this one) spent so far,
+/// all its threads, user and kernel, in [`TICK`]s; 0 if it cannot be read.
+pub fn process_cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name (in parentheses, which may hold
+    // spaces): utime and stime are the 12th and 13th of them.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum()
+}
+
+/// The machine's CPU time so far, every core, in [`TICK`]s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MachineTicks {
+    /// What ran on the cores: user, nice, system, irq and softirq (not
+    /// idle, not waiting for the disk, not taken by the host).
+    pub busy: u64,
+    /// Taken from the cores by a virtual machine's host (`steal`).
+    pub stolen: u64,
+    /// Every core's time, idle included.
+    pub all: u64,
+}
+
+/// The machine's CPU time so far (all zero if `/proc/stat` cannot be read).
+pub fn machine_ticks() -> MachineTicks {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user, nice, system, idle, iowait, irq, softirq, steal (guests' time
+    // is counted in user and nice already).
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+    MachineTicks {
+        busy: [0, 1, 2, 5, 6].into_iter().map(field).sum(),
+        stolen: field(7),
+        all: (0..8).map(field).sum(),
+    }
 }

@@ -41,7 +41,7 @@ use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
 use estafeta_server_harness::api::{answer_each, id, message, provision_db_a, start_request};
-use estafeta_server_harness::measure::bench_dir;
+use estafeta_server_harness::measure::{TICK, bench_dir, machine_ticks};
 use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
@@ -333,9 +333,9 @@ fn phases(
     let mut times = vec![Vec::new(); PHASES.len()];
     let mut busy = [0u64; PHASES.len()];
     for _ in 0..cycles {
-        let mut last = (std::time::Instant::now(), busy_ticks());
+        let mut last = (std::time::Instant::now(), machine_ticks().busy);
         rt.block_on(run(w, batch, |phase| {
-            let now = (std::time::Instant::now(), busy_ticks());
+            let now = (std::time::Instant::now(), machine_ticks().busy);
             times[phase].push(now.0 - last.0);
             busy[phase] += now.1 - last.1;
             last = now;
@@ -354,12 +354,13 @@ fn phases(
     // The machine's CPU (every process: the nodes, the bench's clients,
     // PostgreSQL), in µs per message, over all the cycles.
     let messages = (cycles * batch) as f64;
+    let micros = |ticks: u64| ticks as f64 * TICK.as_secs_f64() * 1e6 / messages;
     let mut line = format!("{what}, machine CPU µs per message:");
     for (phase, ticks) in PHASES.iter().zip(busy) {
-        line += &format!(" {phase} {:.0}", ticks as f64 * 1e4 / messages);
+        line += &format!(" {phase} {:.0}", micros(ticks));
     }
     let all: u64 = busy.iter().sum();
-    println!("{line}; all {:.0}", all as f64 * 1e4 / messages);
+    println!("{line}; all {:.0}", micros(all));
     let Some((w, counted)) = counted else {
         return;
     };
@@ -465,20 +466,6 @@ fn interleaved(rt: &tokio::runtime::Runtime, worlds: &[(&str, &World)], time: Du
         }
         println!("{line}");
     }
-}
-
-/// The machine's busy CPU time so far, in the kernel's clock ticks (10 ms
-/// at the usual `USER_HZ` of 100), every CPU: user, nice, system, irq and
-/// softirq (not idle, nor waiting for the disk).
-fn busy_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let cpu = stat.lines().next().unwrap_or_default();
-    cpu.split_whitespace()
-        .skip(1)
-        .enumerate()
-        .filter(|(i, _)| matches!(i, 0 | 1 | 2 | 5 | 6))
-        .filter_map(|(_, f)| f.parse::<u64>().ok())
-        .sum()
 }
 
 /// A loopback TCP proxy in front of a PostgreSQL that counts round trips:

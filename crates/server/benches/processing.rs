@@ -45,7 +45,7 @@ use estafeta_exchange::{ExchangeConfig, Id, MessageId, Timestamp};
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
 use estafeta_server_harness::api::{answer_each, id, message, provision_db_a, start_request};
-use estafeta_server_harness::measure::bench_dir;
+use estafeta_server_harness::measure::{TICK, bench_dir, process_cpu_ticks};
 use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
@@ -242,22 +242,9 @@ fn ceiling_rate(probe: &Probe) -> f64 {
     (10 * BATCH) as f64 / t.elapsed().as_secs_f64()
 }
 
-/// The process's CPU time so far, all threads, user and system (in the
-/// kernel's clock ticks, converted at 100 a second, the usual `USER_HZ`).
+/// The process's CPU time so far, all threads, user and system.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name (which is in parentheses); utime
-    // and stime are the 14th and 15th of the line.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let mut fields = rest.split_whitespace().skip(11);
-    let mut tick = || {
-        fields
-            .next()
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let ticks = tick() + tick();
-    Duration::from_millis(ticks * 10)
+    TICK * u32::try_from(process_cpu_ticks("self")).unwrap_or(u32::MAX)
 }
 
 /// `perf`'s control FIFOs, to profile the timed parts alone.

@@ -49,7 +49,7 @@ use estafeta_durable::limits::{Measured, Probe};
 use estafeta_exchange::Id;
 use estafeta_exchange::wire::{Body, SendMessage};
 use estafeta_server_harness::api::id;
-use estafeta_server_harness::measure::bench_dir;
+use estafeta_server_harness::measure::{TICK, bench_dir, machine_ticks, process_cpu_ticks};
 
 /// The admin token the servers are started with (32 random hex digits, as
 /// the server's check of a token's length and strength wants).
@@ -197,8 +197,7 @@ fn body(nonce: u64) -> Body {
     Body::from_json(format!(r#"{head}{}"}}}}"#, "x".repeat(pad))).unwrap()
 }
 
-/// CPU time used so far, in clock ticks of `/proc` (10 ms: Linux's
-/// `USER_HZ` is 100): where a run's time goes when the machine's cores,
+/// CPU time used so far, in [`TICK`]s of `/proc`: where a run's time goes when the machine's cores,
 /// not its disk, are what bounds it.
 #[derive(Clone, Copy)]
 struct CpuTime {
@@ -219,36 +218,13 @@ struct CpuTime {
 
 impl CpuTime {
     fn now(server: u32) -> CpuTime {
-        let process = |pid: &str| -> u64 {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The fields after the command's name (in parentheses, which may
-            // hold spaces): utime and stime are the 12th and 13th of them.
-            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            after
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse::<u64>().ok())
-                .sum()
-        };
-        let machine: Vec<u64> = std::fs::read_to_string("/proc/stat")
-            .unwrap_or_default()
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        // user, nice, system, idle, iowait, irq, softirq, steal (guests'
-        // time is counted in user and nice already).
-        let field = |i: usize| machine.get(i).copied().unwrap_or(0);
+        let machine = machine_ticks();
         CpuTime {
-            server: process(&server.to_string()),
-            bench: process("self"),
-            busy: [0, 1, 2, 5, 6].into_iter().map(field).sum(),
-            stolen: field(7),
-            all: (0..8).map(field).sum(),
+            server: process_cpu_ticks(&server.to_string()),
+            bench: process_cpu_ticks("self"),
+            busy: machine.busy,
+            stolen: machine.stolen,
+            all: machine.all,
         }
     }
 
@@ -264,7 +240,7 @@ impl CpuTime {
 
     /// Microseconds of `ticks` per one of `n`.
     fn micros_each(ticks: u64, n: u64) -> f64 {
-        ticks as f64 * 10_000.0 / n.max(1) as f64
+        ticks as f64 * TICK.as_secs_f64() * 1e6 / n.max(1) as f64
     }
 
     /// How busy the machine's cores were: "62% busy" or, when the host
