@@ -3,8 +3,9 @@
 //! request it belongs to.
 //!
 //! The id is the client's `x-request-id` when it sent a fit one (at most
-//! [`MAX_REQUEST_ID`] visible ASCII characters), else a new UUID; the answer
-//! carries it back in `x-request-id`. The span is named `request` and has
+//! [`MAX_REQUEST_ID`] visible ASCII characters), else a new time-ordered
+//! UUID (version 7, [`TimeOrderedIds`]); the answer carries it back in
+//! `x-request-id`. The span is named `request` and has
 //! the fields `request_id`, `method` and `path`; `/healthz` and `/readyz`
 //! get a span named `probe` with the same fields.
 //!
@@ -23,7 +24,9 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderName, Response, StatusCode};
 use axum::middleware::map_request;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
@@ -50,8 +53,25 @@ pub fn traced<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> 
                 .on_eos(())
                 .on_failure(()),
         )
-        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, TimeOrderedIds))
         .layer(map_request(drop_unfit_id))
+}
+
+/// Makes the id of a request that came without a fit one: a UUID of
+/// version 7, whose leading bits are the time in milliseconds. The event
+/// log indexes its records by request id; ids that grow with time are
+/// added at the end of that index, where random ones would each dirty a
+/// page of their own in every batch the log writes.
+#[derive(Clone, Copy, Debug)]
+pub struct TimeOrderedIds;
+
+impl MakeRequestId for TimeOrderedIds {
+    fn make_request_id<B>(&mut self, _request: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Uuid::now_v7().to_string();
+        axum::http::HeaderValue::from_str(&id)
+            .ok()
+            .map(RequestId::new)
+    }
 }
 
 /// Removes a client's `x-request-id` that is too long, not visible ASCII,
@@ -105,5 +125,32 @@ fn finished<B>(response: &Response<B>, latency: Duration, span: &Span) {
         StatusCode::SERVICE_UNAVAILABLE => tracing::info!(status, latency_s, "finished"),
         s if s.is_server_error() => tracing::warn!(status, latency_s, "finished"),
         _ => tracing::debug!(status, latency_s, "finished"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_ids_are_uuids_of_version_7_in_the_order_made() {
+        let request = axum::http::Request::new(());
+        let made: Vec<String> = (0..1000)
+            .map(|_| {
+                let id = TimeOrderedIds.make_request_id(&request).unwrap();
+                id.header_value().to_str().unwrap().to_owned()
+            })
+            .collect();
+        for id in &made {
+            let uuid = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(uuid.get_version_num(), 7, "{id}");
+        }
+        let mut sorted = made.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted, made,
+            "each id unique and after the one made before it"
+        );
     }
 }

@@ -4,7 +4,11 @@
 //! one transaction, so a protocol call never waits for the log's disk.
 //! Records arriving one by one are let gather for [`GATHER`] after the
 //! first, so that a steady trickle (an upload's event each) costs one
-//! transaction and one fsync per [`GATHER`], not one per record.
+//! transaction and one fsync per [`GATHER`], not one per record. A
+//! transaction rewrites the pages its records land on (the ends of the
+//! log and of each index it adds to, the pages retention empties) however
+//! few records it holds, so the more a batch holds, the less each record
+//! costs.
 //!
 //! The secrets of URLs (`scheme://user:password@host`, a webhook's path
 //! and query) are masked in every value before it is written
@@ -25,9 +29,9 @@
 //! next batch carries a warning saying how many.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tracing::field::{Field, Visit};
@@ -51,15 +55,48 @@ pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 /// The most records waiting for the writer thread.
 pub const QUEUE: usize = 16 * 1024;
 /// The most records the writer puts in one transaction.
-pub const BATCH: usize = 1024;
+pub const BATCH: usize = 4096;
 
 /// How long records that arrive one by one gather before the writer
-/// writes them together.
-pub const GATHER: Duration = Duration::from_millis(100);
+/// writes them together: what the dashboard's event page may lag behind,
+/// and about what a crash may lose.
+pub const GATHER: Duration = Duration::from_secs(1);
 
-/// Waits for [`GATHER`].
-fn gather_time() {
-    std::thread::sleep(GATHER);
+/// Waits for [`GATHER`], or less if a flush is asked for meanwhile.
+fn gather_time(bell: &FlushBell) {
+    bell.wait(GATHER);
+}
+
+/// Ends the writer's gathering early when a flush is asked for: a stop
+/// waits for what is queued, not for the gathering to run out. Records
+/// queued do not ring it, so a steady trickle wakes the writer once a
+/// [`GATHER`], not once a record.
+#[derive(Default)]
+struct FlushBell {
+    rung: Mutex<bool>,
+    bell: Condvar,
+}
+
+impl FlushBell {
+    /// Ends the gathering under way, or the next one.
+    fn ring(&self) {
+        *self.rung() = true;
+        self.bell.notify_all();
+    }
+
+    /// Waits until rung or `most` has passed; whether it was rung.
+    fn wait(&self, most: Duration) -> bool {
+        let (mut rung, _) = self
+            .bell
+            .wait_timeout_while(self.rung(), most, |rung| !*rung)
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *rung)
+    }
+
+    fn rung(&self) -> MutexGuard<'_, bool> {
+        // A bool: nothing half done if a holder panicked.
+        self.rung.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// What the layer hands the writer thread.
@@ -76,6 +113,7 @@ enum Job {
 #[derive(Clone)]
 pub struct EventLogHandle {
     queue: SyncSender<Job>,
+    bell: Arc<FlushBell>,
     file: Option<Arc<EventStore>>,
 }
 
@@ -83,7 +121,7 @@ impl EventLogHandle {
     /// Waits until every record queued before this call is written: the
     /// server calls it as it stops, so that a clean stop loses nothing.
     pub fn flush(&self) {
-        flush_queue(&self.queue);
+        flush_queue(&self.queue, &self.bell);
     }
 
     /// The file the log is kept in; `None` in cluster mode (the log is the
@@ -93,10 +131,12 @@ impl EventLogHandle {
     }
 }
 
-/// Waits until the writer of `queue` has written what was queued before.
-fn flush_queue(queue: &SyncSender<Job>) {
+/// Waits until the writer of `queue` has written what was queued before,
+/// ringing `bell` to end its gathering.
+fn flush_queue(queue: &SyncSender<Job>, bell: &FlushBell) {
     let (done, wait) = sync_channel(1);
     if queue.send(Job::Flush(done)).is_ok() {
+        bell.ring();
         let _ = wait.recv();
     }
 }
@@ -104,6 +144,8 @@ fn flush_queue(queue: &SyncSender<Job>) {
 /// The event-log layer; see the module documentation.
 pub struct EventLog {
     queue: SyncSender<Job>,
+    /// Rung by a flush, to end the writer's gathering.
+    bell: Arc<FlushBell>,
     /// The file the writer writes, when the log is one (for the handle).
     file: Option<Arc<EventStore>>,
     dropped: Arc<AtomicU64>,
@@ -170,25 +212,29 @@ impl EventLog {
     /// The layer over `store` (the file `file`, if it is one), its writer
     /// thread started; `runtime` (the one `store` runs on, if any) lives as
     /// long as the thread; `gather` waits while records gather
-    /// ([`GATHER`]).
+    /// ([`GATHER`]), or until the bell it is given rings.
     fn spawn(
         store: Arc<dyn EventLogStore>,
         file: Option<Arc<EventStore>>,
         runtime: Option<tokio::runtime::Runtime>,
         retention: Retention,
-        gather: Box<dyn Fn() + Send>,
+        gather: Box<dyn Fn(&FlushBell) + Send>,
     ) -> std::io::Result<EventLog> {
         let (queue, jobs) = sync_channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let lost = Arc::clone(&dropped);
+        let bell = Arc::new(FlushBell::default());
+        let rung = Arc::clone(&bell);
         std::thread::Builder::new()
             .name("estafeta-events".to_owned())
             .spawn(move || {
-                write_batches(store.as_ref(), &jobs, &lost, &retention, gather.as_ref());
+                let gather = || gather(&rung);
+                write_batches(store.as_ref(), &jobs, &lost, &retention, &gather);
                 drop(runtime);
             })?;
         Ok(EventLog {
             queue,
+            bell,
             file,
             dropped,
             seq: AtomicU64::new(0),
@@ -220,13 +266,14 @@ impl EventLog {
 
     /// Waits until every record queued before this call is written.
     pub fn flush(&self) {
-        flush_queue(&self.queue);
+        flush_queue(&self.queue, &self.bell);
     }
 
     /// The handle the process keeps once the layer is installed.
     pub fn handle(&self) -> EventLogHandle {
         EventLogHandle {
             queue: self.queue.clone(),
+            bell: Arc::clone(&self.bell),
             file: self.file.clone(),
         }
     }
@@ -619,7 +666,7 @@ mod tests {
             None,
             None,
             Retention::default(),
-            Box::new(|| ()),
+            Box::new(|_: &FlushBell| ()),
         );
         let log = Arc::new(log.unwrap());
         with_log(&log, || tracing::warn!("while the database is away"));
@@ -642,7 +689,7 @@ mod tests {
         let (gathering, gathers) = std::sync::mpsc::channel();
         let (go_on, waits) = std::sync::mpsc::channel::<()>();
         let waits = Mutex::new(waits);
-        let gather = Box::new(move || {
+        let gather = Box::new(move |_: &FlushBell| {
             gathering.send(()).unwrap();
             let bound = std::time::Duration::from_secs(30);
             waits.lock().unwrap().recv_timeout(bound).unwrap();
@@ -669,6 +716,29 @@ mod tests {
             .map(|r| r.text.clone())
             .collect();
         assert_eq!(texts, ["first", "second", "third"]);
+    }
+
+    /// A flush asked for while the writer gathers ends the gathering: it
+    /// waits for what is queued, not for the gathering to run out.
+    #[test]
+    fn a_flush_ends_the_gathering_under_way() {
+        let store = Flaky::failing(0);
+        let (gathering, gathers) = std::sync::mpsc::channel();
+        let (ended, ends) = std::sync::mpsc::channel();
+        let gather = Box::new(move |bell: &FlushBell| {
+            gathering.send(()).unwrap();
+            ended.send(bell.wait(Duration::from_secs(30))).unwrap();
+        });
+        let log = EventLog::spawn(store.clone(), None, None, Retention::default(), gather);
+        let log = Arc::new(log.unwrap());
+        let subscriber = tracing_subscriber::registry().with(ArcLayer(Arc::clone(&log)));
+        tracing::subscriber::with_default(subscriber, || tracing::warn!("first"));
+        gathers
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the writer gathers after the first record");
+        log.handle().flush();
+        assert!(ends.recv().unwrap(), "the flush rang the bell");
+        assert_eq!(*store.appends.lock().unwrap(), [1]);
     }
 
     /// Runs `f` with `log` as the only layer, then waits for the writes.

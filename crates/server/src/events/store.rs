@@ -449,28 +449,33 @@ impl EventStore {
             }
             let cutoff = now_nanos
                 .saturating_sub(u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX));
-            let mut pruned = 0;
-            while pruned < PRUNE_MOST {
-                let Some((key, json)) = events
-                    .first()
-                    .map_err(|e| self.err(e))?
-                    .map(|(k, v)| (k.value(), v.value().to_vec()))
-                else {
-                    break;
-                };
+            // The oldest records that go are read first, then removed in
+            // one sweep of the table (a removal of each would descend the
+            // tree and rewrite its leaf once per record).
+            let mut last_gone = None;
+            let mut index_gone = Vec::new();
+            for entry in events.iter().map_err(|e| self.err(e))?.take(PRUNE_MOST) {
+                let (key, json) = entry.map_err(|e| self.err(e))?;
+                let key = key.value();
                 if key.0 >= cutoff && bytes <= retention.max_bytes {
                     break;
                 }
-                events.remove(key).map_err(|e| self.err(e))?;
-                if let Ok(old) = serde_json::from_slice::<EventRecord>(&json) {
-                    for k in index_keys(&old) {
-                        index
-                            .remove((k.as_str(), key.0, key.1))
-                            .map_err(|e| self.err(e))?;
-                    }
+                let json = json.value();
+                if let Ok(old) = serde_json::from_slice::<EventRecord>(json) {
+                    index_gone.extend(index_keys(&old).into_iter().map(|k| (k, key)));
                 }
                 bytes = bytes.saturating_sub(json.len() as u64);
-                pruned += 1;
+                last_gone = Some(key);
+            }
+            if let Some(last) = last_gone {
+                events
+                    .retain_in(..=last, |_, _| false)
+                    .map_err(|e| self.err(e))?;
+            }
+            for (k, key) in index_gone {
+                index
+                    .remove((k.as_str(), key.0, key.1))
+                    .map_err(|e| self.err(e))?;
             }
             meta.insert(BYTES, bytes).map_err(|e| self.err(e))?;
         }

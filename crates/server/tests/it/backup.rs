@@ -400,9 +400,9 @@ const BACKUPS: usize = 4;
 
 /// How much longer each read of the event log's file takes while the
 /// backups copy it: with the file's 8 KiB reads, a copy of a few hundred
-/// kilobytes lasts long enough for the log's writer (a batch every
-/// 100 ms while records come) to commit several times were it not held.
-const SLOW_READ: Duration = Duration::from_millis(40);
+/// kilobytes lasts long enough for the log's writer (a batch a second
+/// while records come) to commit a few times were it not held.
+const SLOW_READ: Duration = Duration::from_millis(100);
 
 /// How often a start of the database whose process stays open is answered
 /// BUSY, a record each: often enough that every batch of the log's writer

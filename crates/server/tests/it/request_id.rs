@@ -126,6 +126,7 @@ async fn the_clients_request_id_comes_back_and_one_is_made_when_absent_or_unfit(
     ] {
         let made_id = request_id(&create_database(&server, db, request).await);
         assert_eq!(made_id.len(), 36, "not a UUID: {made_id}");
+        assert_eq!(&made_id[14..15], "7", "not a time-ordered UUID: {made_id}");
         assert_ne!(Some(made_id.as_str()), request);
         made.push(made_id);
     }
