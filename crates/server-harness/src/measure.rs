@@ -1,7 +1,7 @@
 //! The sizes a bench measures at, picked from the environment so a run can
 //! be made smaller or larger without editing the bench; the disk it writes
 //! on and the runtime it measures on; the CPU time a process and the
-//! machine spent, from `/proc`.
+//! machine spent, and the load average, from `/proc`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +33,15 @@ pub fn two_threads() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// The load average over the last minute (NaN if `/proc/loadavg` cannot
+/// be read), which each bench prints beside its figures.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// One clock tick of `/proc`'s CPU times (Linux's `USER_HZ` is 100).

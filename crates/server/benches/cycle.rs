@@ -41,7 +41,7 @@ use estafeta_server::config::ClusterStore;
 use estafeta_server::notify::NotifySettings;
 use estafeta_server::{HttpSettings, Server};
 use estafeta_server_harness::api::{answer_each, id, message, provision_db_a, start_request};
-use estafeta_server_harness::measure::{TICK, bench_dir, machine_ticks};
+use estafeta_server_harness::measure::{TICK, bench_dir, load_average, machine_ticks};
 use tokio_util::sync::CancellationToken;
 
 /// About the size of a small order message.
@@ -540,15 +540,9 @@ async fn pipe(
 fn embedded(rt: &tokio::runtime::Runtime, w: &World, probe: &Probe, rounds: usize) {
     let time = Duration::from_secs(5);
     let mut batch = probe.files_at_once(100).unwrap();
-    let load = || {
-        std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-            .unwrap_or_default()
-    };
     let mut ratios = Vec::new();
     for round in 1..=rounds {
-        let load_before = load();
+        let load_before = load_average();
         let ceiling = probe.measure(|| batch.run(), 100, time).unwrap();
         let began = std::time::Instant::now();
         let mut cycles = 0;
@@ -561,9 +555,9 @@ fn embedded(rt: &tokio::runtime::Runtime, w: &World, probe: &Probe, rounds: usiz
         ratios.push(ratio);
         println!(
             "round {round}: whole cycle at batch 100 {rate:.0} msgs/s, ceiling for 100 {:.0} files/s: \
-             {ratio:.2}; load average {load_before} → {}",
+             {ratio:.2}; load average {load_before:.2} → {:.2}",
             ceiling.files_per_second(),
-            load()
+            load_average()
         );
     }
     ratios.sort_by(f64::total_cmp);

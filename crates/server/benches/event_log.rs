@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use estafeta_server::events::{EventRecord, EventStore, Retention};
-use estafeta_server_harness::measure::{TICK, bench_dir, process_cpu_ticks, sizes};
+use estafeta_server_harness::measure::{TICK, bench_dir, load_average, process_cpu_ticks, sizes};
 
 /// 2026-12-01T00:00:00Z in nanoseconds.
 const T0: u64 = 1_795_996_800_000_000_000;
@@ -227,15 +227,6 @@ fn measure(log: &mut dyn Log, ids: RequestIds, kept: u64, batch: usize, appended
     )
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .next()
-        .unwrap_or("?")
-        .to_owned()
-}
-
 fn main() {
     let batch = sizes("EVENTS_BATCH", &[2500])[0] as usize;
     let appended = sizes("EVENTS_APPENDED", &[100_000])[0];
@@ -244,7 +235,7 @@ fn main() {
     );
     for kept in sizes("EVENTS_KEPT", &[1_000, 1_000_000]) {
         println!(
-            "{kept} records kept (load average {} before)",
+            "{kept} records kept (load average {:.2} before)",
             load_average()
         );
         let mut costs = Vec::new();

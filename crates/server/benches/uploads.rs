@@ -49,7 +49,9 @@ use estafeta_durable::limits::{Measured, Probe};
 use estafeta_exchange::Id;
 use estafeta_exchange::wire::{Body, SendMessage};
 use estafeta_server_harness::api::id;
-use estafeta_server_harness::measure::{TICK, bench_dir, machine_ticks, process_cpu_ticks};
+use estafeta_server_harness::measure::{
+    TICK, bench_dir, load_average, machine_ticks, process_cpu_ticks,
+};
 
 /// The admin token the servers are started with (32 random hex digits, as
 /// the server's check of a token's length and strength wants).
@@ -350,14 +352,6 @@ fn files_waiting(served: &Served) -> u64 {
         .sum()
 }
 
-/// The load average over the last minute.
-fn load() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -439,7 +433,7 @@ fn main() {
     let mut ceilings: Vec<Measured> = Vec::new();
     let mut floors: Vec<Measured> = Vec::new();
     for round in 0..rounds {
-        let load_before = load();
+        let load_before = load_average();
         let cpu = CpuTime::now(std::process::id());
         let ceiling = probe.measure(|| batch.run(), DEVICES, time).unwrap();
         let at_ceiling = CpuTime::now(std::process::id()).since(cpu);
@@ -500,7 +494,7 @@ fn main() {
         }
         println!(
             "  load average {load_before:.2} before the round, {:.2} after",
-            load()
+            load_average()
         );
         ceilings.push(ceiling);
         floors.push(floor);
