@@ -24,7 +24,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use estafeta_server::events::{EventRecord, EventStore, Retention};
+
+#[path = "shared/upload_record.rs"]
+mod upload_record;
 use estafeta_server_harness::measure::{TICK, bench_dir, load_average, process_cpu_ticks, sizes};
+use upload_record::upload_record;
 
 /// 2026-12-01T00:00:00Z in nanoseconds.
 const T0: u64 = 1_795_996_800_000_000_000;
@@ -44,26 +48,11 @@ enum RequestIds {
 
 /// Upload `i`'s record.
 fn record(i: u64, ids: RequestIds) -> EventRecord {
-    let nanos = T0 + i * APART;
-    let ts = chrono::DateTime::from_timestamp_nanos(nanos as i64);
     let request = match ids {
         RequestIds::TimeOrdered => uuid::Uuid::now_v7(),
         RequestIds::Random => uuid::Uuid::new_v4(),
     };
-    EventRecord {
-        id: format!("{nanos}-{i}"),
-        ts: ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        level: "INFO".to_owned(),
-        target: "estafeta::event".to_owned(),
-        text: "message received".to_owned(),
-        db: Some(format!("db-{}", i % 2)),
-        device: Some(format!("phone-{}", i % 16)),
-        process: None,
-        // Message ids are ULIDs: time-ordered.
-        message: Some(format!("01K{:013X}{:010X}", nanos / 1_000_000, i)),
-        request: Some(request.to_string()),
-        fields: serde_json::Map::new(),
-    }
+    upload_record(i, T0 + i * APART, request)
 }
 
 /// What `append` cost a record.
@@ -201,18 +190,24 @@ impl Log for Sqlite {
     }
 }
 
-/// Fills `log` with `kept` records, then measures `appended` more in
-/// batches of `batch` with the log at its size limit.
+/// Fills `log` with `kept` records under a size limit of about as many,
+/// as a server's log fills under its limit, then measures `appended` more
+/// in batches of `batch` with the log at that limit.
 fn measure(log: &mut dyn Log, ids: RequestIds, kept: u64, batch: usize, appended: u64) -> Cost {
+    let end = kept + appended;
+    let limit = kept * serde_json::to_vec(&record(end, ids)).unwrap().len() as u64;
     let mut i = 0;
     while i < kept {
         let n = FILL_BATCH.min(usize::try_from(kept - i).unwrap());
         let records: Vec<_> = (i..i + n as u64).map(|i| record(i, ids)).collect();
-        log.append(&records, u64::MAX);
+        log.append(&records, limit);
         i += n as u64;
     }
-    let limit = log.bytes();
-    let end = kept + appended;
+    assert!(
+        log.bytes() <= limit,
+        "{} bytes kept over a limit of {limit}",
+        log.bytes()
+    );
     let (started, ticks) = (Instant::now(), process_cpu_ticks("self"));
     while i < end {
         let n = batch.min(usize::try_from(end - i).unwrap());

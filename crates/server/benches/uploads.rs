@@ -31,6 +31,11 @@
 //!   runs last half as long); `UPLOADS_ROUNDS` (default 3);
 //! - `UPLOADS_BEFORE=PATH`: also run, in turn with this build, the
 //!   `estafeta` binary at `PATH` (another build), and print the ratios;
+//! - `UPLOADS_EVENTS_KEPT=N`: also run, in turn with the others, this
+//!   build's server with its event log filled first with N upload records
+//!   (up to the log's default size limit, about a million: a server's log
+//!   once it has run a while), and print the ratios to the first server's,
+//!   whose log starts empty;
 //! - `UPLOADS_TRACE=N`: instead, N uploads of one device (`UPLOADS_KEYED=1`:
 //!   with keys) and nothing else after the set-up, for a profile of one
 //!   upload: `UPLOADS_WRAP="strace -f -c -o FILE"` (or `valgrind
@@ -48,10 +53,15 @@ use estafeta_client::Client;
 use estafeta_durable::limits::{Measured, Probe};
 use estafeta_exchange::Id;
 use estafeta_exchange::wire::{Body, SendMessage};
+use estafeta_server::events::{EventStore, Retention, events_file};
 use estafeta_server_harness::api::id;
 use estafeta_server_harness::measure::{
     TICK, bench_dir, load_average, machine_ticks, process_cpu_ticks,
 };
+
+#[path = "shared/upload_record.rs"]
+mod upload_record;
+use upload_record::upload_record;
 
 /// The admin token the servers are started with (32 random hex digits, as
 /// the server's check of a token's length and strength wants).
@@ -158,6 +168,38 @@ async fn serve(bin: &Path, data: &Path, wrap: &[String]) -> Served {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Fills the event log in the data folder `data` (its server stopped) with
+/// `kept` upload records, 400 µs apart (2,500 uploads/s) up to now, under
+/// the server's default retention, as a server's log is once it has run a
+/// while.
+fn fill_event_log(data: &Path, kept: u64) {
+    /// Records a transaction.
+    const BATCH: u64 = 5_000;
+    const APART: u64 = 400_000;
+    let store = EventStore::open(&events_file(data)).unwrap();
+    let now = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap();
+    let first = now - kept * APART;
+    let mut i = 0;
+    while i < kept {
+        let end = kept.min(i + BATCH);
+        let records: Vec<_> = (i..end)
+            .map(|i| upload_record(i, first + i * APART, uuid::Uuid::now_v7()))
+            .collect();
+        store
+            .append(&records, &Retention::default(), first + end * APART)
+            .unwrap();
+        i = end;
+    }
+    let (records, bytes) = store.size().unwrap();
+    println!("  its event log: {records} records kept, {bytes} bytes of JSON");
 }
 
 /// A device's client and the database it sends to.
@@ -357,9 +399,32 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Which server a target runs.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// This build's, its event log empty at first.
+    ThisBuild,
+    /// Another build's (`UPLOADS_BEFORE`).
+    Before,
+    /// This build's, its event log filled first with this many records
+    /// (`UPLOADS_EVENTS_KEPT`).
+    EventsKept(u64),
+}
+
+impl Kind {
+    fn name(self) -> String {
+        match self {
+            Kind::ThisBuild => "this build".to_owned(),
+            Kind::Before => "before".to_owned(),
+            Kind::EventsKept(n) => format!("this build, {n} events kept"),
+        }
+    }
+}
+
 /// A build under test: its binary, its server, its devices, and its
 /// figures round by round.
 struct Target {
+    kind: Kind,
     name: String,
     served: Served,
     devices: Vec<Device>,
@@ -406,19 +471,30 @@ fn main() {
 
     let time = Duration::from_secs(env_number("UPLOADS_SECONDS", 5));
     let rounds = env_number("UPLOADS_ROUNDS", 3) as usize;
-    let mut builds = vec![("this build".to_owned(), this)];
+    let events_kept = env_number("UPLOADS_EVENTS_KEPT", 0);
+    let mut builds = vec![(Kind::ThisBuild, this.clone())];
     if let Some(before) = std::env::var_os("UPLOADS_BEFORE") {
-        builds.push(("before".to_owned(), PathBuf::from(before)));
+        builds.push((Kind::Before, PathBuf::from(before)));
+    }
+    if events_kept > 0 {
+        builds.push((Kind::EventsKept(events_kept), this));
     }
     let mut targets: Vec<Target> = builds
         .into_iter()
         .enumerate()
-        .map(|(i, (name, bin))| {
+        .map(|(i, (kind, bin))| {
             rt.block_on(async {
-                let served = serve(&bin, &tmp.path().join(format!("data-{i}")), &[]).await;
-                let devices = provision(&served.admin).await;
+                let name = kind.name();
                 println!("{name}: {}", bin.display());
+                let data = tmp.path().join(format!("data-{i}"));
+                if let Kind::EventsKept(kept) = kind {
+                    drop(serve(&bin, &data, &[]).await);
+                    fill_event_log(&data, kept);
+                }
+                let served = serve(&bin, &data, &[]).await;
+                let devices = provision(&served.admin).await;
                 Target {
+                    kind,
                     name,
                     served,
                     devices,
@@ -534,7 +610,14 @@ fn main() {
             of_floor(3)
         );
     }
-    if let [after, before] = &targets[..] {
+    let (this, others) = targets.split_first().unwrap();
+    for other in others {
+        // Another build is held against this one; this build with its log
+        // full, against its log empty.
+        let (after, before) = match other.kind {
+            Kind::Before => (this, other),
+            Kind::ThisBuild | Kind::EventsKept(_) => (other, this),
+        };
         let ratio = |i: usize, f: &dyn Fn(&Run) -> f64| {
             median(
                 (0..rounds)
@@ -545,7 +628,9 @@ fn main() {
         let rate = |r: &Run| r.per_second();
         let p50 = |r: &Run| r.ms(0.5);
         println!(
-            "  this build ÷ before, uploads/s: 16 devices {:.2}, keyed {:.2}; 1 device {:.2}, keyed {:.2}; p50 1 device {:.2}, keyed {:.2}",
+            "  {} ÷ {}, uploads/s: 16 devices {:.2}, keyed {:.2}; 1 device {:.2}, keyed {:.2}; p50 1 device {:.2}, keyed {:.2}",
+            after.name,
+            before.name,
             ratio(0, &rate),
             ratio(1, &rate),
             ratio(2, &rate),

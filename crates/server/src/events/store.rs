@@ -4,16 +4,25 @@
 //!
 //! - `events`: `(nanoseconds, sequence)` → the record as JSON; the key is
 //!   the record's id, so the table is in time order.
-//! - `events.index`: `("<kind>:<value>", nanoseconds, sequence)` → `()`, one
-//!   entry per database, device, process, message and request id a record
-//!   names: a filter on one of them reads only its entries.
+//! - `events.index.<n>`: `("<kind>:<value>", nanoseconds, sequence)` → `()`,
+//!   one entry per database, device, process, message and request id a
+//!   record names: a filter on one of them reads only its entries. The
+//!   index is kept in segments, each of the records written while it was
+//!   the newest, about a [`SEGMENTS_KEPT`]th of what the retention keeps.
+//! - `events.segments`: each segment's number → its first record's time,
+//!   its newest record's key and its records' bytes.
 //! - `events.meta`: the bytes of JSON kept, for the retention by size.
 //!
 //! Retention: after each batch written, the oldest records go while they
 //! are older than [`Retention::max_age`] or the JSON kept passes
 //! [`Retention::max_bytes`] (at most [`PRUNE_MOST`] a batch, so that one
-//! batch stays short; the next ones go on). The file does not shrink: redb
-//! reuses the pages freed.
+//! batch stays short; the next ones go on), in one sweep of the table's
+//! start. Their index entries are not removed one by one (each on a page
+//! of its own, in four places a record): a segment goes whole, its table
+//! dropped, once its newest record is gone. Until then a query's range
+//! starts at the oldest record kept, past its older entries. So retention
+//! rewrites the pages at the table's start, not pages all over the index.
+//! The file does not shrink: redb reuses the pages freed.
 //!
 //! redb opens a file once per process: `serve` opens it with its log
 //! subscriber ([`super::EventLog::open`]) and hands that store to the server
@@ -33,13 +42,77 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
 
 use super::{EventFilter, EventRecord};
 
 const EVENTS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("events");
-const INDEX: TableDefinition<'_, (&str, u64, u64), ()> = TableDefinition::new("events.index");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("events.meta");
+/// The index's segments: a segment's number → [`Segment::value`].
+const SEGMENTS: TableDefinition<'_, u64, (u64, u64, u64, u64)> =
+    TableDefinition::new("events.segments");
+/// The one index of a log written before the index had segments: opened,
+/// it becomes segment 0.
+const UNSEGMENTED_INDEX: TableDefinition<'_, (&str, u64, u64), ()> =
+    TableDefinition::new("events.index");
+
+/// How many segments the index of a full log is in: a segment ends once
+/// its records' JSON reaches this share of [`Retention::max_bytes`], or
+/// they span this share of [`Retention::max_age`].
+pub const SEGMENTS_KEPT: u64 = 16;
+
+/// The name of index segment `number`'s table.
+fn segment_name(number: u64) -> String {
+    format!("events.index.{number}")
+}
+
+/// An index segment's table.
+fn index_table(name: &str) -> TableDefinition<'_, (&'static str, u64, u64), ()> {
+    TableDefinition::new(name)
+}
+
+/// What an index segment holds, kept in `events.segments`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    /// The time of its first record: a segment spans at most a
+    /// [`SEGMENTS_KEPT`]th of the age kept.
+    first_nanos: u64,
+    /// Its newest record's key: once that record is gone, so are all of
+    /// the segment's, and the segment is dropped.
+    newest: EventKey,
+    /// Its records' JSON bytes.
+    bytes: u64,
+}
+
+impl Segment {
+    const EMPTY: Segment = Segment {
+        first_nanos: 0,
+        newest: (0, 0),
+        bytes: 0,
+    };
+
+    fn value(self) -> (u64, u64, u64, u64) {
+        (self.first_nanos, self.newest.0, self.newest.1, self.bytes)
+    }
+
+    fn from_value((first_nanos, nanos, sequence, bytes): (u64, u64, u64, u64)) -> Segment {
+        Segment {
+            first_nanos,
+            newest: (nanos, sequence),
+            bytes,
+        }
+    }
+
+    /// Whether the next record, at `nanos`, begins a new segment.
+    fn is_full(&self, retention: &Retention, nanos: u64) -> bool {
+        let max_age = u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX);
+        self.bytes > 0
+            && (self.bytes >= retention.max_bytes / SEGMENTS_KEPT
+                || nanos.saturating_sub(self.first_nanos) >= max_age / SEGMENTS_KEPT)
+    }
+}
 
 /// The key of the JSON bytes kept, in `events.meta`.
 const BYTES: &str = "bytes";
@@ -341,9 +414,32 @@ fn is_damage(e: &redb::Error) -> bool {
 fn open_db(path: &Path) -> Result<Database, redb::Error> {
     estafeta_durable::open_redb(path, |db| {
         let txn = db.begin_write()?;
-        txn.open_table(EVENTS)?;
-        txn.open_table(INDEX)?;
-        txn.open_table(META)?;
+        let (first, newest) = {
+            let events = txn.open_table(EVENTS)?;
+            let first = events.first()?.map(|(k, _)| k.value());
+            let newest = events.last()?.map(|(k, _)| k.value());
+            (first, newest)
+        };
+        let bytes = txn.open_table(META)?.get(BYTES)?.map_or(0, |v| v.value());
+        let mut segments = txn.open_table(SEGMENTS)?;
+        if segments.is_empty()? {
+            let first_segment = segment_name(0);
+            if txn
+                .list_tables()?
+                .any(|t| t.name() == UNSEGMENTED_INDEX.name())
+            {
+                txn.rename_table(UNSEGMENTED_INDEX, index_table(&first_segment))?;
+            } else {
+                txn.open_table(index_table(&first_segment))?;
+            }
+            let segment = Segment {
+                first_nanos: first.map_or(0, |k| k.0),
+                newest: newest.unwrap_or((0, 0)),
+                bytes,
+            };
+            segments.insert(0, segment.value())?;
+        }
+        drop(segments);
         txn.commit()?;
         Ok(())
     })
@@ -426,45 +522,65 @@ impl EventStore {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
-            let mut index = txn.open_table(INDEX).map_err(|e| self.err(e))?;
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            let mut segments = txn.open_table(SEGMENTS).map_err(|e| self.err(e))?;
             let mut bytes = meta
                 .get(BYTES)
                 .map_err(|e| self.err(e))?
                 .map_or(0, |v| v.value());
-            for e in records {
-                let Some(key) = parse_key(&e.id) else {
-                    continue;
-                };
-                let json = serde_json::to_vec(e).map_err(|e| self.err(e))?;
-                bytes += json.len() as u64;
-                events
-                    .insert(key, json.as_slice())
-                    .map_err(|e| self.err(e))?;
-                for k in index_keys(e) {
-                    index
-                        .insert((k.as_str(), key.0, key.1), ())
-                        .map_err(|e| self.err(e))?;
+            let (mut number, mut segment) = segments
+                .last()
+                .map_err(|e| self.err(e))?
+                .map_or((0, Segment::EMPTY), |(n, s)| {
+                    (n.value(), Segment::from_value(s.value()))
+                });
+            if let Some(first) = records.iter().find_map(|e| parse_key(&e.id)) {
+                if segment.is_full(retention, first.0) {
+                    number += 1;
+                    segment = Segment::EMPTY;
+                }
+                if segment.bytes == 0 {
+                    segment.first_nanos = first.0;
                 }
             }
+            {
+                let mut index = txn
+                    .open_table(index_table(&segment_name(number)))
+                    .map_err(|e| self.err(e))?;
+                for e in records {
+                    let Some(key) = parse_key(&e.id) else {
+                        continue;
+                    };
+                    let json = serde_json::to_vec(e).map_err(|e| self.err(e))?;
+                    bytes += json.len() as u64;
+                    segment.bytes += json.len() as u64;
+                    segment.newest = segment.newest.max(key);
+                    events
+                        .insert(key, json.as_slice())
+                        .map_err(|e| self.err(e))?;
+                    for k in index_keys(e) {
+                        index
+                            .insert((k.as_str(), key.0, key.1), ())
+                            .map_err(|e| self.err(e))?;
+                    }
+                }
+            }
+            segments
+                .insert(number, segment.value())
+                .map_err(|e| self.err(e))?;
             let cutoff = now_nanos
                 .saturating_sub(u64::try_from(retention.max_age.as_nanos()).unwrap_or(u64::MAX));
             // The oldest records that go are read first, then removed in
             // one sweep of the table (a removal of each would descend the
             // tree and rewrite its leaf once per record).
             let mut last_gone = None;
-            let mut index_gone = Vec::new();
             for entry in events.iter().map_err(|e| self.err(e))?.take(PRUNE_MOST) {
                 let (key, json) = entry.map_err(|e| self.err(e))?;
                 let key = key.value();
                 if key.0 >= cutoff && bytes <= retention.max_bytes {
                     break;
                 }
-                let json = json.value();
-                if let Ok(old) = serde_json::from_slice::<EventRecord>(json) {
-                    index_gone.extend(index_keys(&old).into_iter().map(|k| (k, key)));
-                }
-                bytes = bytes.saturating_sub(json.len() as u64);
+                bytes = bytes.saturating_sub(json.value().len() as u64);
                 last_gone = Some(key);
             }
             if let Some(last) = last_gone {
@@ -472,12 +588,26 @@ impl EventStore {
                     .retain_in(..=last, |_, _| false)
                     .map_err(|e| self.err(e))?;
             }
-            for (k, key) in index_gone {
-                index
-                    .remove((k.as_str(), key.0, key.1))
+            meta.insert(BYTES, bytes).map_err(|e| self.err(e))?;
+            // A segment none of whose records is kept goes whole: its
+            // index entries are not removed one by one.
+            let oldest = events
+                .first()
+                .map_err(|e| self.err(e))?
+                .map(|(k, _)| k.value());
+            let mut gone = Vec::new();
+            for entry in segments.iter().map_err(|e| self.err(e))? {
+                let (n, s) = entry.map_err(|e| self.err(e))?;
+                let (n, s) = (n.value(), Segment::from_value(s.value()));
+                if n != number && oldest.is_none_or(|oldest| s.newest < oldest) {
+                    gone.push(n);
+                }
+            }
+            for n in gone {
+                segments.remove(n).map_err(|e| self.err(e))?;
+                txn.delete_table(index_table(&segment_name(n)))
                     .map_err(|e| self.err(e))?;
             }
-            meta.insert(BYTES, bytes).map_err(|e| self.err(e))?;
         }
         txn.commit().map_err(|e| self.err(e))
     }
@@ -508,6 +638,24 @@ impl EventStore {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let events = txn.open_table(EVENTS).map_err(|e| self.err(e))?;
         let mut page = EventPage::default();
+        // Index entries older than the oldest record kept are of records
+        // gone, in a segment not yet dropped: the range starts after them.
+        let Some(oldest) = events
+            .first()
+            .map_err(|e| self.err(e))?
+            .map(|(k, _)| k.value())
+        else {
+            return Ok(page);
+        };
+        let low = low.max(oldest);
+        let empty = match high {
+            Bound::Included(h) => h < low,
+            Bound::Excluded(h) => h <= low,
+            Bound::Unbounded => false,
+        };
+        if empty {
+            return Ok(page);
+        }
         let mut looked = 0;
         let mut take = |key: EventKey, page: &mut EventPage| -> Result<bool, EventStoreError> {
             looked += 1;
@@ -526,20 +674,40 @@ impl EventStore {
         };
         match indexed(filter).map(|(kind, v)| format!("{kind}:{v}")) {
             Some(k) => {
-                let index = txn.open_table(INDEX).map_err(|e| self.err(e))?;
+                let segments = txn.open_table(SEGMENTS).map_err(|e| self.err(e))?;
+                let mut tables = Vec::new();
+                for entry in segments.iter().map_err(|e| self.err(e))? {
+                    let (n, _) = entry.map_err(|e| self.err(e))?;
+                    tables.push(
+                        txn.open_table(index_table(&segment_name(n.value())))
+                            .map_err(|e| self.err(e))?,
+                    );
+                }
                 let from = (k.as_str(), low.0, low.1);
                 let to = match high {
                     Bound::Included(h) => Bound::Included((k.as_str(), h.0, h.1)),
                     Bound::Excluded(h) => Bound::Excluded((k.as_str(), h.0, h.1)),
                     Bound::Unbounded => Bound::Included((k.as_str(), u64::MAX, u64::MAX)),
                 };
-                let range = index
-                    .range::<(&str, u64, u64)>((Bound::Included(from), to))
-                    .map_err(|e| self.err(e))?;
-                for entry in range.rev() {
-                    let (key, _) = entry.map_err(|e| self.err(e))?;
-                    let (_, n, s) = key.value();
-                    if !take((n, s), &mut page)? {
+                let mut ranges = Vec::with_capacity(tables.len());
+                for table in &tables {
+                    let range = table
+                        .range::<(&str, u64, u64)>((Bound::Included(from), to))
+                        .map_err(|e| self.err(e))?;
+                    ranges.push(
+                        range
+                            .rev()
+                            .map(|entry| {
+                                entry.map(|(key, _)| {
+                                    let (_, n, s) = key.value();
+                                    (n, s)
+                                })
+                            })
+                            .peekable(),
+                    );
+                }
+                for key in newest_first(ranges) {
+                    if !take(key.map_err(|e| self.err(e))?, &mut page)? {
                         break;
                     }
                 }
@@ -565,6 +733,30 @@ fn error(path: &Path, e: impl std::fmt::Display) -> EventStoreError {
         path: path.display().to_string(),
         message: e.to_string(),
     }
+}
+
+/// The keys of ranges each read newest first, in one newest-first order
+/// (the segments' ranges are in turn unless the clock stepped back; a
+/// read error is passed on where it is met).
+fn newest_first<I>(
+    mut ranges: Vec<std::iter::Peekable<I>>,
+) -> impl Iterator<Item = Result<EventKey, redb::StorageError>>
+where
+    I: Iterator<Item = Result<EventKey, redb::StorageError>>,
+{
+    std::iter::from_fn(move || {
+        let mut newest: Option<(usize, EventKey)> = None;
+        for (i, range) in ranges.iter_mut().enumerate() {
+            match range.peek() {
+                Some(Err(_)) => return range.next(),
+                Some(Ok(key)) if newest.is_none_or(|(_, n)| *key > n) => {
+                    newest = Some((i, *key));
+                }
+                Some(Ok(_)) | None => {}
+            }
+        }
+        newest.and_then(|(i, _)| ranges[i].next())
+    })
 }
 
 #[cfg(test)]
@@ -728,6 +920,160 @@ mod tests {
         };
         assert_eq!(store.query(&db_a, None, 100).unwrap().records.len(), 5);
         assert!(store.size().unwrap().1 <= by_size.max_bytes);
+    }
+
+    /// The index tables in the file.
+    fn index_tables(store: &EventStore) -> Vec<String> {
+        let txn = store.db.begin_read().unwrap();
+        txn.list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .filter(|name| name.starts_with("events.index"))
+            .collect()
+    }
+
+    /// As a log turns over many times, whole segments of its index go,
+    /// and every record kept is still found by each index.
+    #[test]
+    fn the_index_is_dropped_a_segment_at_a_time_as_the_log_turns_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        let one = serde_json::to_vec(&record(1000, "db-a")).unwrap().len() as u64;
+        let retention = Retention {
+            max_age: Duration::from_secs(1 << 40),
+            max_bytes: one * 100,
+        };
+        let mut most = 0;
+        for batch in 0..100 {
+            let records: Vec<_> = (batch * 30..batch * 30 + 30)
+                .map(|i| record(1000 + i, if i % 2 == 0 { "db-a" } else { "db-b" }))
+                .collect();
+            store.append(&records, &retention, T0).unwrap();
+            most = most.max(index_tables(&store).len());
+        }
+        // 16 segments of about 6 records, and the newest beyond the limit;
+        // 100 batches of 30 made 100 segments, all but these dropped.
+        assert!(most <= SEGMENTS_KEPT as usize + 2, "{most} index tables");
+        assert!(!index_tables(&store).contains(&segment_name(0)));
+        let kept = store.query(&EventFilter::default(), None, 1000).unwrap();
+        assert!(
+            (90..=100).contains(&kept.records.len()),
+            "{}",
+            kept.records.len()
+        );
+        for db in ["db-a", "db-b"] {
+            let filter = EventFilter {
+                db: Some(db.into()),
+                ..Default::default()
+            };
+            let by_index = store.query(&filter, None, 1000).unwrap();
+            let expected: Vec<_> = kept
+                .records
+                .iter()
+                .filter(|e| e.db.as_deref() == Some(db))
+                .map(|e| e.id.clone())
+                .collect();
+            let found: Vec<_> = by_index.records.iter().map(|e| e.id.clone()).collect();
+            assert_eq!(found, expected);
+        }
+        let gone = EventFilter {
+            message: Some("m1000".into()),
+            ..Default::default()
+        };
+        assert!(store.query(&gone, None, 10).unwrap().records.is_empty());
+    }
+
+    /// Records written after the clock stepped back, in a later segment
+    /// than newer ones, still come newest first through an index.
+    #[test]
+    fn an_index_read_across_segments_is_newest_first_whatever_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EventStore::open(&dir.path().join("events.redb")).unwrap();
+        let retention = Retention {
+            max_age: Duration::from_secs(1 << 40),
+            max_bytes: u64::MAX,
+        };
+        let a_segment_a_batch = Retention {
+            max_age: Duration::from_secs(SEGMENTS_KEPT),
+            ..retention
+        };
+        store
+            .append(&[record(10, "db-a"), record(30, "db-a")], &retention, T0)
+            .unwrap();
+        store
+            .append(
+                &[record(20, "db-a"), record(40, "db-a")],
+                &a_segment_a_batch,
+                T0,
+            )
+            .unwrap();
+        assert_eq!(index_tables(&store).len(), 2);
+        let db_a = EventFilter {
+            db: Some("db-a".into()),
+            ..Default::default()
+        };
+        let page = store.query(&db_a, None, 3).unwrap();
+        assert_eq!(ids(&page), ["step 40", "step 30", "step 20"]);
+        let rest = store
+            .query(&db_a, page.next.as_deref().and_then(parse_key), 3)
+            .unwrap();
+        assert_eq!(ids(&rest), ["step 10"]);
+    }
+
+    /// A log written before the index had segments keeps its index: that
+    /// table becomes segment 0, dropped once its records are gone.
+    #[test]
+    fn a_log_from_before_index_segments_keeps_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut events = txn.open_table(EVENTS).unwrap();
+                let mut index = txn.open_table(UNSEGMENTED_INDEX).unwrap();
+                let mut bytes = 0;
+                for i in 0..10 {
+                    let e = record(i, "db-a");
+                    let key = parse_key(&e.id).unwrap();
+                    let json = serde_json::to_vec(&e).unwrap();
+                    bytes += json.len() as u64;
+                    events.insert(key, json.as_slice()).unwrap();
+                    for k in index_keys(&e) {
+                        index.insert((k.as_str(), key.0, key.1), ()).unwrap();
+                    }
+                }
+                txn.open_table(META).unwrap().insert(BYTES, bytes).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = EventStore::open(&path).unwrap();
+        assert_eq!(store.take_set_aside(), None);
+        assert_eq!(index_tables(&store), [segment_name(0)]);
+        let device = EventFilter {
+            device: Some("phone-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(&store.query(&device, None, 10).unwrap()),
+            ["step 7", "step 4", "step 1"]
+        );
+        // Ten newer records with room for them only: the old ones and
+        // their segment go.
+        let newer: Vec<_> = (10..20).map(|i| record(i, "db-a")).collect();
+        let retention = Retention {
+            max_age: Duration::from_secs(1 << 40),
+            max_bytes: newer
+                .iter()
+                .map(|e| serde_json::to_vec(e).unwrap().len() as u64)
+                .sum(),
+        };
+        store.append(&newer, &retention, T0).unwrap();
+        assert_eq!(index_tables(&store), [segment_name(1)]);
+        assert_eq!(
+            ids(&store.query(&device, None, 10).unwrap()),
+            ["step 19", "step 16", "step 13", "step 10"]
+        );
     }
 
     #[test]
