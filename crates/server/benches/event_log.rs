@@ -24,11 +24,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use estafeta_server::events::{EventRecord, EventStore, Retention};
+use estafeta_server_harness::measure::{TICK, bench_dir, load_average, process_cpu_ticks, sizes};
+use upload_record::upload_record;
 
 #[path = "shared/upload_record.rs"]
 mod upload_record;
-use estafeta_server_harness::measure::{TICK, bench_dir, load_average, process_cpu_ticks, sizes};
-use upload_record::upload_record;
 
 /// 2026-12-01T00:00:00Z in nanoseconds.
 const T0: u64 = 1_795_996_800_000_000_000;

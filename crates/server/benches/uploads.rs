@@ -425,7 +425,6 @@ impl Kind {
 /// figures round by round.
 struct Target {
     kind: Kind,
-    name: String,
     served: Served,
     devices: Vec<Device>,
     /// Uploads answered 201 so far.
@@ -484,8 +483,7 @@ fn main() {
         .enumerate()
         .map(|(i, (kind, bin))| {
             rt.block_on(async {
-                let name = kind.name();
-                println!("{name}: {}", bin.display());
+                println!("{}: {}", kind.name(), bin.display());
                 let data = tmp.path().join(format!("data-{i}"));
                 if let Kind::EventsKept(kept) = kind {
                     drop(serve(&bin, &data, &[]).await);
@@ -495,7 +493,6 @@ fn main() {
                 let devices = provision(&served.admin).await;
                 Target {
                     kind,
-                    name,
                     served,
                     devices,
                     uploaded: 0,
@@ -557,7 +554,7 @@ fn main() {
                 };
                 println!(
                     "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}; µs of CPU an upload: server {:.0}, clients {:.0}; the machine {}",
-                    t.name,
+                    t.kind.name(),
                     run.per_second(),
                     run.ms(0.5),
                     run.ms(0.99),
@@ -580,7 +577,7 @@ fn main() {
             files_waiting(&t.served),
             t.uploaded,
             "{}: every upload answered 201 is a file in its database's queue",
-            t.name
+            t.kind.name()
         );
     }
     println!("medians over {rounds} rounds (each ratio taken within its round):");
@@ -603,7 +600,7 @@ fn main() {
         };
         println!(
             "  {}: 16 devices {:.2} / keyed {:.2} of the ceiling; 1 device p50 {:.2} / keyed {:.2} × the floor's",
-            t.name,
+            t.kind.name(),
             of_ceiling(0),
             of_ceiling(1),
             of_floor(2),
@@ -629,8 +626,8 @@ fn main() {
         let p50 = |r: &Run| r.ms(0.5);
         println!(
             "  {} ÷ {}, uploads/s: 16 devices {:.2}, keyed {:.2}; 1 device {:.2}, keyed {:.2}; p50 1 device {:.2}, keyed {:.2}",
-            after.name,
-            before.name,
+            after.kind.name(),
+            before.kind.name(),
             ratio(0, &rate),
             ratio(1, &rate),
             ratio(2, &rate),
