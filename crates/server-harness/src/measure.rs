@@ -50,16 +50,51 @@ pub const TICK: Duration = Duration::from_millis(10);
 /// The CPU time the process `pid` (`"self"` for this one) spent so far,
 /// all its threads, user and kernel, in [`TICK`]s; 0 if it cannot be read.
 pub fn process_cpu_ticks(pid: &str) -> u64 {
+    process_cpu(pid).total()
+}
+
+/// A process's CPU time so far, all its threads, in [`TICK`]s, split
+/// between its own code and the kernel's work on its behalf (system
+/// calls, page faults): on a virtual machine, a profiler's samples
+/// under-count the kernel's side, `/proc` does not.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessCpu {
+    /// In the process's own code (`utime`).
+    pub user: u64,
+    /// In the kernel, for the process (`stime`).
+    pub kernel: u64,
+}
+
+impl ProcessCpu {
+    /// User and kernel time together.
+    pub fn total(self) -> u64 {
+        self.user + self.kernel
+    }
+
+    /// The time spent between `before` and `self`.
+    pub fn since(self, before: ProcessCpu) -> ProcessCpu {
+        ProcessCpu {
+            user: self.user.saturating_sub(before.user),
+            kernel: self.kernel.saturating_sub(before.kernel),
+        }
+    }
+}
+
+/// The CPU time the process `pid` (`"self"` for this one) spent so far
+/// (all zero if it cannot be read).
+pub fn process_cpu(pid: &str) -> ProcessCpu {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The fields after the command's name (in parentheses, which may hold
     // spaces): utime and stime are the 12th and 13th of them.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    after
+    let mut times = after
         .split_whitespace()
         .skip(11)
-        .take(2)
-        .filter_map(|f| f.parse::<u64>().ok())
-        .sum()
+        .map(|f| f.parse::<u64>().unwrap_or(0));
+    ProcessCpu {
+        user: times.next().unwrap_or(0),
+        kernel: times.next().unwrap_or(0),
+    }
 }
 
 /// The machine's CPU time so far, every core, in [`TICK`]s.

@@ -5,8 +5,9 @@
 //! `db-small`, `SCALE_KEYS` idempotency keys (100,000) for `phone-1` and
 //! 100 for `phone-0`. Printed: the time to ready after a clean stop and
 //! after `kill -9`, `start` latency (p50, p99) at both backlogs, keyed
-//! upload latency at both key counts, and the server's RSS and the data
-//! folder's size (figures for `BENCHMARKS.md`).
+//! upload latency at both key counts, a device's upload latency into
+//! both backlogs, and the server's RSS and the data folder's size
+//! (figures for `BENCHMARKS.md`).
 //!
 //! Two measurements, each against a baseline in the same run: `costs`
 //! (the figures above, each growing size against its small one) and `idle`
@@ -227,6 +228,24 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.50), at(0.99))
 }
 
+/// Prints the p50 and p99 of `what` at a small and a large size, and
+/// their ratios (large ÷ small).
+fn ratio_line(
+    what: &str,
+    small: &str,
+    (p50_small, p99_small): (Duration, Duration),
+    large: &str,
+    (p50_large, p99_large): (Duration, Duration),
+) {
+    println!("{what}, {small}: p50 {p50_small:.2?}, p99 {p99_small:.2?}");
+    println!("{what}, {large}: p50 {p50_large:.2?}, p99 {p99_large:.2?}");
+    println!(
+        "{what} ratio: p50 {:.2}, p99 {:.2}",
+        p50_large.as_secs_f64() / p50_small.as_secs_f64(),
+        p99_large.as_secs_f64() / p99_small.as_secs_f64()
+    );
+}
+
 /// `CALLS` starts on `db` (each rolled back, so the next start finds the
 /// same backlog); the first start's latency (the folder's first use) and
 /// the p50 and p99 of the others.
@@ -250,18 +269,18 @@ async fn starts(processor: &Client, db: &str) -> (Duration, (Duration, Duration)
     (first.unwrap(), percentiles(samples))
 }
 
-/// `CALLS` keyed uploads (new keys) by each of `few` and `many` to
-/// `db-0`, taking turns so that both see the same machine (the
-/// background work start-up and the first `start`s leave behind): p50 and
-/// p99 of each.
-async fn uploads(few: &Client, many: &Client) -> [(Duration, Duration); 2] {
+/// `CALLS` uploads by each of two sides, a device and the database it
+/// sends to (with a new idempotency key each upload if `keyed`), taking
+/// turns so that both see the same machine (the background work start-up
+/// and the first `start`s leave behind): p50 and p99 of each.
+async fn uploads(sides: [(&Client, &str); 2], keyed: bool) -> [(Duration, Duration); 2] {
     let mut samples = [Vec::new(), Vec::new()];
     for i in 0..CALLS {
-        for (device, taken) in [few, many].into_iter().zip(samples.iter_mut()) {
-            let key = format!("upload-{i}");
+        for ((device, db), taken) in sides.into_iter().zip(samples.iter_mut()) {
+            let key = keyed.then(|| format!("upload-{i}"));
             let began = Instant::now();
             device
-                .send(&message("db-0", r#"{"n":1}"#, Some(&key)))
+                .send(&message(db, r#"{"n":1}"#, key.as_deref()))
                 .await
                 .unwrap();
             taken.push(began.elapsed());
@@ -345,28 +364,34 @@ async fn costs_stay_flat_as_the_data_grows() {
     let rss_idle = rss_kib(&server);
     println!("RSS when ready: {rss_idle} KiB");
 
-    let (first_small, (p50_small, p99_small)) = starts(&admin.with_token(&small), "db-small").await;
-    let (first_big, (p50_big, p99_big)) = starts(&admin.with_token(&big), "db-big").await;
-    println!(
-        "start, {SMALL} waiting: first {first_small:.2?}, p50 {p50_small:.2?}, p99 {p99_small:.2?}"
-    );
-    println!(
-        "start, {waiting} waiting: first {first_big:.2?}, p50 {p50_big:.2?}, p99 {p99_big:.2?}"
-    );
-    println!(
-        "start ratio: p50 {:.2}, p99 {:.2}",
-        p50_big.as_secs_f64() / p50_small.as_secs_f64(),
-        p99_big.as_secs_f64() / p99_small.as_secs_f64()
+    let (first_small, small_starts) = starts(&admin.with_token(&small), "db-small").await;
+    let (first_big, big_starts) = starts(&admin.with_token(&big), "db-big").await;
+    println!("first start, {SMALL} waiting: {first_small:.2?}; {waiting} waiting: {first_big:.2?}");
+    ratio_line(
+        "start",
+        &format!("{SMALL} waiting"),
+        small_starts,
+        &format!("{waiting} waiting"),
+        big_starts,
     );
 
-    let [(p50_few, p99_few), (p50_many, p99_many)] =
-        uploads(&admin.with_token(&phone0), &admin.with_token(&phone1)).await;
-    println!("upload, {FEW_KEYS} keys: p50 {p50_few:.2?}, p99 {p99_few:.2?}");
-    println!("upload, {keys} keys: p50 {p50_many:.2?}, p99 {p99_many:.2?}");
-    println!(
-        "upload ratio: p50 {:.2}, p99 {:.2}",
-        p50_many.as_secs_f64() / p50_few.as_secs_f64(),
-        p99_many.as_secs_f64() / p99_few.as_secs_f64()
+    let (phone0, phone1) = (admin.with_token(&phone0), admin.with_token(&phone1));
+    let [few, many] = uploads([(&phone0, "db-0"), (&phone1, "db-0")], true).await;
+    ratio_line(
+        "upload",
+        &format!("{FEW_KEYS} keys"),
+        few,
+        &format!("{keys} keys"),
+        many,
+    );
+    let [small_queue, big_queue] =
+        uploads([(&phone0, "db-small"), (&phone0, "db-big")], false).await;
+    ratio_line(
+        "upload into a queue",
+        &format!("{SMALL} waiting"),
+        small_queue,
+        &format!("{waiting} waiting"),
+        big_queue,
     );
     println!("RSS after the calls: {} KiB", rss_kib(&server));
 

@@ -16,10 +16,11 @@
 //! fsynced and its folder fsynced), then the uploads. Figures: uploads/s
 //! with 16 devices ÷ the ceiling's files/s; one device's median latency ÷
 //! the floor's. Beside them, where the time goes: the CPU time each upload
-//! took in the server and in the clients, each ceiling's and floor's file
-//! in the probe's threads, and how busy the machine's cores were (from
-//! `/proc`): when the cores are busy, the CPU an upload takes, not the
-//! disk, is what bounds uploads per second.
+//! took in the server (and how much of it in the kernel) and in the
+//! clients, each ceiling's and floor's file in the probe's threads, and
+//! how busy the machine's cores were (from `/proc`): when the cores are
+//! busy, the CPU an upload takes, not the disk, is what bounds uploads per
+//! second.
 //!
 //! ```sh
 //! cargo bench -p estafeta-server --bench uploads
@@ -56,7 +57,7 @@ use estafeta_exchange::wire::{Body, SendMessage};
 use estafeta_server::events::{EventStore, Retention, events_file};
 use estafeta_server_harness::api::id;
 use estafeta_server_harness::measure::{
-    TICK, bench_dir, load_average, machine_ticks, process_cpu_ticks,
+    ProcessCpu, TICK, bench_dir, load_average, machine_ticks, process_cpu, process_cpu_ticks,
 };
 
 #[path = "shared/upload_record.rs"]
@@ -245,8 +246,9 @@ fn body(nonce: u64) -> Body {
 /// not its disk, are what bounds it.
 #[derive(Clone, Copy)]
 struct CpuTime {
-    /// By the server process, all its threads, user and kernel.
-    server: u64,
+    /// By the server process, all its threads, in its own code and in the
+    /// kernel's (its system calls: on this kind of machine, most of it).
+    server: ProcessCpu,
     /// By this process: the clients during uploads, the probe's threads
     /// during the ceiling.
     bench: u64,
@@ -264,7 +266,7 @@ impl CpuTime {
     fn now(server: u32) -> CpuTime {
         let machine = machine_ticks();
         CpuTime {
-            server: process_cpu_ticks(&server.to_string()),
+            server: process_cpu(&server.to_string()),
             bench: process_cpu_ticks("self"),
             busy: machine.busy,
             stolen: machine.stolen,
@@ -274,7 +276,7 @@ impl CpuTime {
 
     fn since(self, before: CpuTime) -> CpuTime {
         CpuTime {
-            server: self.server - before.server,
+            server: self.server.since(before.server),
             bench: self.bench - before.bench,
             busy: self.busy - before.busy,
             stolen: self.stolen - before.stolen,
@@ -553,12 +555,13 @@ fn main() {
                     false => format!("p50 {:.2} × the floor's", run.ms(0.5) / f),
                 };
                 println!(
-                    "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}; µs of CPU an upload: server {:.0}, clients {:.0}; the machine {}",
+                    "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}; µs of CPU an upload: server {:.0} ({:.0} in the kernel), clients {:.0}; the machine {}",
                     t.kind.name(),
                     run.per_second(),
                     run.ms(0.5),
                     run.ms(0.99),
-                    CpuTime::micros_each(run.cpu.server, run.uploads),
+                    CpuTime::micros_each(run.cpu.server.total(), run.uploads),
+                    CpuTime::micros_each(run.cpu.server.kernel, run.uploads),
                     CpuTime::micros_each(run.cpu.bench, run.uploads),
                     run.cpu.busy()
                 );
