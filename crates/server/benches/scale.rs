@@ -261,44 +261,54 @@ async fn start_once(processor: &Client, db: &str) -> Duration {
     took
 }
 
+/// An upload by `device` to `db` (with `key`, if any): its latency.
+async fn upload_once(device: &Client, db: &str, key: Option<&str>) -> Duration {
+    let began = Instant::now();
+    device.send(&message(db, r#"{"n":1}"#, key)).await.unwrap();
+    began.elapsed()
+}
+
+/// `CALLS` timed calls of `call` (given a side and the call's number) on
+/// each of two sides, a client and its database, taking turns so that
+/// both see the same machine (the background work start-up and a folder's
+/// first use leave behind): the p50 and p99 of each side.
+async fn in_turns<'a>(
+    sides: [(&'a Client, &'a str); 2],
+    call: impl AsyncFn(&'a Client, &'a str, usize) -> Duration,
+) -> [(Duration, Duration); 2] {
+    let mut samples = [Vec::new(), Vec::new()];
+    for i in 0..CALLS {
+        for ((client, db), taken) in sides.into_iter().zip(samples.iter_mut()) {
+            taken.push(call(client, db, i).await);
+        }
+    }
+    samples.map(percentiles)
+}
+
 /// Starts on each of two sides, a processor and its database: the first
-/// start of each (the folder's first use), then `CALLS` more each, taking
-/// turns so that both see the same machine (the background check a first
-/// use sets off included): the first's latency, the p50 and p99 of the
-/// others.
+/// start of each (the folder's first use), then `CALLS` more each, in
+/// turns: the first's latency, the p50 and p99 of the others.
 async fn starts(sides: [(&Client, &str); 2]) -> [(Duration, (Duration, Duration)); 2] {
     let mut first = [Duration::ZERO; 2];
     for ((processor, db), first) in sides.into_iter().zip(first.iter_mut()) {
         *first = start_once(processor, db).await;
     }
-    let mut samples = [Vec::new(), Vec::new()];
-    for _ in 0..CALLS {
-        for ((processor, db), taken) in sides.into_iter().zip(samples.iter_mut()) {
-            taken.push(start_once(processor, db).await);
-        }
-    }
-    let [small, big] = samples.map(percentiles);
+    let [small, big] = in_turns(sides, async |processor, db, _| {
+        start_once(processor, db).await
+    })
+    .await;
     [(first[0], small), (first[1], big)]
 }
 
 /// `CALLS` uploads by each of two sides, a device and the database it
-/// sends to (with a new idempotency key each upload if `keyed`), taking
-/// turns so that both see the same machine (the background work start-up
-/// and the first `start`s leave behind): p50 and p99 of each.
+/// sends to (with a new idempotency key each upload if `keyed`), in
+/// turns: the p50 and p99 of each.
 async fn uploads(sides: [(&Client, &str); 2], keyed: bool) -> [(Duration, Duration); 2] {
-    let mut samples = [Vec::new(), Vec::new()];
-    for i in 0..CALLS {
-        for ((device, db), taken) in sides.into_iter().zip(samples.iter_mut()) {
-            let key = keyed.then(|| format!("upload-{i}"));
-            let began = Instant::now();
-            device
-                .send(&message(db, r#"{"n":1}"#, key.as_deref()))
-                .await
-                .unwrap();
-            taken.push(began.elapsed());
-        }
-    }
-    samples.map(percentiles)
+    in_turns(sides, async |device, db, i| {
+        let key = keyed.then(|| format!("upload-{i}"));
+        upload_once(device, db, key.as_deref()).await
+    })
+    .await
 }
 
 fn rss_kib(server: &Binary) -> u64 {
