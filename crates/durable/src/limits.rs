@@ -9,6 +9,9 @@
 //!   kept between batches), then one fsync of their folder. No server that
 //!   gives each message a file of its own can make more than this many
 //!   messages per second durable with `n` of them under way at a time.
+//! - The syncs of one upload, [`Probe::file_beside_record`]: one durable
+//!   file and, at the same time, a record appended to a log and
+//!   fdatasynced; what one device's upload waits for, without the server.
 //!
 //! ```
 //! # fn main() -> std::io::Result<()> {
@@ -69,48 +72,43 @@ impl Probe {
     /// `n` threads ready to write a batch of the ceiling (see
     /// [`Batch::run`]).
     pub fn files_at_once(&self, n: usize) -> io::Result<Batch> {
-        let n = n.max(1);
-        let start = Arc::new(Barrier::new(n + 1));
-        let done = Arc::new(Barrier::new(n + 1));
-        let failed: Arc<Mutex<Option<io::Error>>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut threads = Vec::with_capacity(n);
-        for _ in 0..n {
-            let (start, done, failed, stop) = (
-                Arc::clone(&start),
-                Arc::clone(&done),
-                Arc::clone(&failed),
-                Arc::clone(&stop),
-            );
-            let (dir, seq, bytes) = (
-                self.dir.clone(),
-                Arc::clone(&self.seq),
-                Arc::clone(&self.bytes),
-            );
-            threads.push(std::thread::spawn(move || {
-                loop {
-                    start.wait();
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if let Err(e) = write_synced(&dir, &seq, &bytes) {
-                        failed
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .get_or_insert(e);
-                    }
-                    done.wait();
-                }
-            }));
-        }
-        Ok(Batch {
-            dir: self.dir.clone(),
-            start,
-            done,
-            failed,
-            stop,
-            threads,
-        })
+        let jobs = (0..n.max(1))
+            .map(|_| {
+                let (dir, seq, bytes) = (
+                    self.dir.clone(),
+                    Arc::clone(&self.seq),
+                    Arc::clone(&self.bytes),
+                );
+                Box::new(move || write_synced(&dir, &seq, &bytes)) as Job
+            })
+            .collect();
+        Ok(Batch::spawn(jobs, Some(self.dir.clone())))
+    }
+
+    /// Two threads ready to make, at once, one file durable (created,
+    /// written and fsynced, its folder not) and a `record` of that many
+    /// bytes appended to a log of this folder and fdatasynced: the two
+    /// syncs a device's upload waits for side by side (its message's file
+    /// and its session's save log), on their own. [`Batch::run`] runs one.
+    pub fn file_beside_record(&self, record: usize) -> io::Result<Batch> {
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join("probe.log"))?;
+        let record = vec![b'r'; record];
+        let (dir, seq, bytes) = (
+            self.dir.clone(),
+            Arc::clone(&self.seq),
+            Arc::clone(&self.bytes),
+        );
+        let jobs: Vec<Job> = vec![
+            Box::new(move || write_synced(&dir, &seq, &bytes)),
+            Box::new(move || {
+                log.write_all(&record)?;
+                log.sync_data()
+            }),
+        ];
+        Ok(Batch::spawn(jobs, None))
     }
 
     /// Runs `round` (which makes `files` files durable) again and again
@@ -137,9 +135,14 @@ impl Probe {
     }
 }
 
-/// The threads of a batch of the ceiling; they end when it is dropped.
+/// One piece of a batch's work, on a thread of its own.
+type Job = Box<dyn FnMut() -> io::Result<()> + Send>;
+
+/// Threads that each run their job once a round, all at once; they end
+/// when it is dropped.
 pub struct Batch {
-    dir: PathBuf,
+    /// The folder fsynced once every job of a round is done, if any.
+    sync_dir: Option<PathBuf>,
     start: Arc<Barrier>,
     done: Arc<Barrier>,
     failed: Arc<Mutex<Option<io::Error>>>,
@@ -148,8 +151,51 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// One batch: every thread creates, writes and fsyncs a file of its
-    /// own at once; once all are done, their folder is fsynced.
+    /// A thread for each of `jobs`, waiting for the first round.
+    fn spawn(jobs: Vec<Job>, sync_dir: Option<PathBuf>) -> Batch {
+        let start = Arc::new(Barrier::new(jobs.len() + 1));
+        let done = Arc::new(Barrier::new(jobs.len() + 1));
+        let failed: Arc<Mutex<Option<io::Error>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = jobs
+            .into_iter()
+            .map(|mut job| {
+                let (start, done, failed, stop) = (
+                    Arc::clone(&start),
+                    Arc::clone(&done),
+                    Arc::clone(&failed),
+                    Arc::clone(&stop),
+                );
+                std::thread::spawn(move || {
+                    loop {
+                        start.wait();
+                        if stop.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        if let Err(e) = job() {
+                            failed
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .get_or_insert(e);
+                        }
+                        done.wait();
+                    }
+                })
+            })
+            .collect();
+        Batch {
+            sync_dir,
+            start,
+            done,
+            failed,
+            stop,
+            threads,
+        }
+    }
+
+    /// One round: every thread runs its job at once (for the ceiling,
+    /// each creates, writes and fsyncs a file of its own); once all are
+    /// done, the batch's folder, if it has one, is fsynced.
     pub fn run(&mut self) -> io::Result<()> {
         self.start.wait();
         self.done.wait();
@@ -161,7 +207,10 @@ impl Batch {
         if let Some(e) = failed {
             return Err(e);
         }
-        crate::sync_dir(&self.dir)
+        match &self.sync_dir {
+            Some(dir) => crate::sync_dir(dir),
+            None => Ok(()),
+        }
     }
 }
 
@@ -209,4 +258,35 @@ fn write_synced(dir: &Path, seq: &AtomicU64, bytes: &[u8]) -> io::Result<()> {
         .open(dir.join(format!("probe-{n}.msg")))?;
     f.write_all(bytes)?;
     f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_beside_a_record_makes_both_each_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let probe = Probe::new(dir.path().join("probe"), 100).unwrap();
+        let mut pair = probe.file_beside_record(30).unwrap();
+        pair.run().unwrap();
+        pair.run().unwrap();
+        let files = std::fs::read_dir(probe.dir())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("msg".as_ref()))
+            .count();
+        assert_eq!(files, 2);
+        let log = std::fs::metadata(probe.dir().join("probe.log")).unwrap();
+        assert_eq!(log.len(), 60);
+    }
+
+    #[test]
+    fn a_failed_job_fails_its_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let probe = Probe::new(dir.path().join("probe"), 100).unwrap();
+        let mut batch = probe.files_at_once(2).unwrap();
+        batch.run().unwrap();
+        std::fs::remove_dir_all(probe.dir()).unwrap();
+        assert!(batch.run().is_err());
+    }
 }

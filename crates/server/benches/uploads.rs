@@ -13,9 +13,12 @@
 //! Each round measures, in turn: the batch ceiling for 16 (16 durable files
 //! at once, then their folder: the most uploads per second 16 devices can
 //! get durable, one file each), the floor (one file created, written,
-//! fsynced and its folder fsynced), then the uploads. Figures: uploads/s
-//! with 16 devices ÷ the ceiling's files/s; one device's median latency ÷
-//! the floor's. Beside them, where the time goes: the CPU time each upload
+//! fsynced and its folder fsynced), the syncs of one upload on their own
+//! (one such file fsynced and, at the same time, a record appended to a log
+//! and fdatasynced, as an upload's message and its device's record are),
+//! then the uploads. Figures: uploads/s with 16 devices ÷ the ceiling's
+//! files/s; one device's median latency ÷ the floor's, and ÷ its syncs'
+//! (the part of it that is not the disk's). Beside them, where the time goes: the CPU time each upload
 //! took in the server (and how much of it in the kernel) and in the
 //! clients, each ceiling's and floor's file in the probe's threads, and
 //! how busy the machine's cores were (from `/proc`): when the cores are
@@ -73,6 +76,9 @@ const DEVICES: usize = 16;
 const DATABASES: usize = 2;
 /// The size of a body, in bytes.
 const BODY_BYTES: usize = 1024;
+/// About a device's record appended to the session engine's save log by
+/// an upload (249 bytes, traced).
+const RECORD_BYTES: usize = 250;
 /// How long a started server may take to be ready.
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
@@ -507,6 +513,8 @@ fn main() {
     let mut batch = probe.files_at_once(DEVICES).unwrap();
     let mut ceilings: Vec<Measured> = Vec::new();
     let mut floors: Vec<Measured> = Vec::new();
+    let mut pair = probe.file_beside_record(RECORD_BYTES).unwrap();
+    let mut syncs_each: Vec<Measured> = Vec::new();
     for round in 0..rounds {
         let load_before = load_average();
         let cpu = CpuTime::now(std::process::id());
@@ -515,8 +523,9 @@ fn main() {
         let cpu = CpuTime::now(std::process::id());
         let floor = probe.measure(|| probe.one_file(), 1, time / 2).unwrap();
         let at_floor = CpuTime::now(std::process::id()).since(cpu);
+        let syncs = probe.measure(|| pair.run(), 1, time / 2).unwrap();
         println!(
-            "round {}: ceiling for {DEVICES}: {:.0} files/s ({:.0} µs of CPU a file, the machine {}); floor: {:.0} files/s, median {:.3} ms ({:.0} µs of CPU a file)",
+            "round {}: ceiling for {DEVICES}: {:.0} files/s ({:.0} µs of CPU a file, the machine {}); floor: {:.0} files/s, median {:.3} ms ({:.0} µs of CPU a file); an upload's syncs side by side: median {:.3} ms",
             round + 1,
             ceiling.files_per_second(),
             CpuTime::micros_each(at_ceiling.bench, ceiling.files),
@@ -524,6 +533,7 @@ fn main() {
             floor.files_per_second(),
             floor.median_round().as_secs_f64() * 1e3,
             CpuTime::micros_each(at_floor.bench, floor.files),
+            syncs.median_round().as_secs_f64() * 1e3,
         );
         // Each round begins with another build, so that none always
         // follows the same work.
@@ -544,6 +554,7 @@ fn main() {
             t.uploaded += runs.iter().map(|r| r.uploads).sum::<u64>();
             let c = ceiling.files_per_second();
             let f = floor.median_round().as_secs_f64() * 1e3;
+            let y = syncs.median_round().as_secs_f64() * 1e3;
             for (what, run, of_ceiling) in [
                 ("16 devices", &runs[0], true),
                 ("16 devices, keyed", &runs[1], true),
@@ -552,7 +563,11 @@ fn main() {
             ] {
                 let ratio = match of_ceiling {
                     true => format!("{:.2} of the ceiling", run.per_second() / c),
-                    false => format!("p50 {:.2} × the floor's", run.ms(0.5) / f),
+                    false => format!(
+                        "p50 {:.2} × the floor's, {:.2} × its syncs'",
+                        run.ms(0.5) / f,
+                        run.ms(0.5) / y
+                    ),
                 };
                 println!(
                     "  {}, {what}: {:.0} uploads/s, p50 {:.2} ms, p99 {:.2} ms: {ratio}; µs of CPU an upload: server {:.0} ({:.0} in the kernel), clients {:.0}; the machine {}",
@@ -574,6 +589,7 @@ fn main() {
         );
         ceilings.push(ceiling);
         floors.push(floor);
+        syncs_each.push(syncs);
     }
     for t in &targets {
         assert_eq!(
@@ -586,6 +602,7 @@ fn main() {
     println!("medians over {rounds} rounds (each ratio taken within its round):");
     let ceiling = |r: usize| ceilings[r].files_per_second();
     let floor = |r: usize| floors[r].median_round().as_secs_f64() * 1e3;
+    let syncs = |r: usize| syncs_each[r].median_round().as_secs_f64() * 1e3;
     for t in &targets {
         let of_ceiling = |i: usize| {
             median(
@@ -594,20 +611,22 @@ fn main() {
                     .collect(),
             )
         };
-        let of_floor = |i: usize| {
+        let of = |i: usize, base: &dyn Fn(usize) -> f64| {
             median(
                 (0..rounds)
-                    .map(|r| t.runs[r][i].ms(0.5) / floor(r))
+                    .map(|r| t.runs[r][i].ms(0.5) / base(r))
                     .collect(),
             )
         };
         println!(
-            "  {}: 16 devices {:.2} / keyed {:.2} of the ceiling; 1 device p50 {:.2} / keyed {:.2} × the floor's",
+            "  {}: 16 devices {:.2} / keyed {:.2} of the ceiling; 1 device p50 {:.2} / keyed {:.2} × the floor's, {:.2} / keyed {:.2} × its syncs'",
             t.kind.name(),
             of_ceiling(0),
             of_ceiling(1),
-            of_floor(2),
-            of_floor(3)
+            of(2, &floor),
+            of(3, &floor),
+            of(2, &syncs),
+            of(3, &syncs)
         );
     }
     let (this, others) = targets.split_first().unwrap();
