@@ -72,17 +72,18 @@ impl Probe {
     /// `n` threads ready to write a batch of the ceiling (see
     /// [`Batch::run`]).
     pub fn files_at_once(&self, n: usize) -> io::Result<Batch> {
-        let jobs = (0..n.max(1))
-            .map(|_| {
-                let (dir, seq, bytes) = (
-                    self.dir.clone(),
-                    Arc::clone(&self.seq),
-                    Arc::clone(&self.bytes),
-                );
-                Box::new(move || write_synced(&dir, &seq, &bytes)) as Job
-            })
-            .collect();
+        let jobs = (0..n.max(1)).map(|_| self.file_job()).collect();
         Ok(Batch::spawn(jobs, Some(self.dir.clone())))
+    }
+
+    /// A job that makes one file durable (its folder not).
+    fn file_job(&self) -> Job {
+        let (dir, seq, bytes) = (
+            self.dir.clone(),
+            Arc::clone(&self.seq),
+            Arc::clone(&self.bytes),
+        );
+        Box::new(move || write_synced(&dir, &seq, &bytes))
     }
 
     /// Two threads ready to make, at once, one file durable (created,
@@ -96,13 +97,8 @@ impl Probe {
             .create(true)
             .open(self.dir.join("probe.log"))?;
         let record = vec![b'r'; record];
-        let (dir, seq, bytes) = (
-            self.dir.clone(),
-            Arc::clone(&self.seq),
-            Arc::clone(&self.bytes),
-        );
         let jobs: Vec<Job> = vec![
-            Box::new(move || write_synced(&dir, &seq, &bytes)),
+            self.file_job(),
             Box::new(move || {
                 log.write_all(&record)?;
                 log.sync_data()

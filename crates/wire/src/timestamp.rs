@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chrono::{DateTime, Datelike, NaiveDate, SecondsFormat, Timelike, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Timelike, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
@@ -83,18 +83,7 @@ impl Timestamp {
     /// a `String` of its own: file names are printed for every path,
     /// listing and saved record that holds them.
     pub fn write_compact(self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
-        let t = self.datetime();
-        write!(
-            out,
-            "{:04}{:02}{:02}T{:02}{:02}{:02}{:03}Z",
-            t.year(),
-            t.month(),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second(),
-            t.timestamp_subsec_millis()
-        )
+        out.write_str(self.render(&COMPACT).as_str())
     }
 
     /// Parses the form made by [`to_compact`](Self::to_compact).
@@ -122,11 +111,70 @@ impl Timestamp {
     fn datetime(self) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
+
+    /// The instant in `layout`, its digits written straight into a
+    /// buffer: a device's record saves up to 32 of them, and a process's
+    /// file names hundreds, at every step, so neither goes through the
+    /// formatting machinery piece by piece.
+    fn render<const N: usize>(self, layout: &Layout<N>) -> Rendered<N> {
+        let t = self.datetime();
+        // Within the range the year is 0–9999 by construction.
+        let year = u32::try_from(t.year()).unwrap_or(0);
+        let fields = [
+            year,
+            t.month(),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.timestamp_subsec_millis(),
+        ];
+        let mut out = layout.template;
+        for ((at, width), mut n) in layout.fields.into_iter().zip(WIDTHS).zip(fields) {
+            for b in out[at..at + width].iter_mut().rev() {
+                *b = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+        }
+        Rendered(out)
+    }
+}
+
+/// The digits of year, month, day, hour, minute, second and millisecond.
+const WIDTHS: [usize; 7] = [4, 2, 2, 2, 2, 2, 3];
+
+/// Where a written form puts each field: its fixed bytes, and the offset of
+/// each field's digits (as wide as [`WIDTHS`] says).
+struct Layout<const N: usize> {
+    template: [u8; N],
+    fields: [usize; 7],
+}
+
+/// `YYYYMMDDTHHMMSSmmmZ`, the form of file names.
+const COMPACT: Layout<19> = Layout {
+    template: *b"00000000T000000000Z",
+    fields: [0, 4, 6, 9, 11, 13, 15],
+};
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ`, RFC 3339 with milliseconds.
+const RFC3339: Layout<24> = Layout {
+    template: *b"0000-00-00T00:00:00.000Z",
+    fields: [0, 5, 8, 11, 14, 17, 20],
+};
+
+/// A form [`Timestamp::render`] wrote: ASCII digits in an ASCII template.
+struct Rendered<const N: usize>([u8; N]);
+
+impl<const N: usize> Rendered<N> {
+    fn as_str(&self) -> &str {
+        // Only ASCII digits are written into ASCII templates.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.datetime().to_rfc3339_opts(SecondsFormat::Millis, true))
+        f.write_str(self.render(&RFC3339).as_str())
     }
 }
 
@@ -140,7 +188,7 @@ impl FromStr for Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        serializer.serialize_str(self.render(&RFC3339).as_str())
     }
 }
 
@@ -190,11 +238,32 @@ mod tests {
         assert_eq!(t, Timestamp::MAX);
         assert_eq!(Timestamp::MAX.to_compact(), "99991231T235959999Z");
         assert_eq!(Timestamp::MIN.to_compact(), "00000101T000000000Z");
+        assert_eq!(Timestamp::MAX.to_string(), "9999-12-31T23:59:59.999Z");
+        assert_eq!(Timestamp::MIN.to_string(), "0000-01-01T00:00:00.000Z");
         assert_eq!(Timestamp::from_millis(i64::MIN), Timestamp::MIN);
         assert_eq!(Timestamp::from_millis(i64::MAX), Timestamp::MAX);
         let before = UNIX_EPOCH - Duration::from_secs(1);
         assert_eq!(Timestamp::from_system_time(before).as_millis(), -1000);
         assert_eq!(Timestamp::from_millis(-1000).to_system_time(), before);
+    }
+
+    proptest::proptest! {
+        /// Both forms are chrono's, for any instant of the range.
+        #[test]
+        fn forms_are_chronos(ms in Timestamp::MIN.0..=Timestamp::MAX.0) {
+            let t = Timestamp::from_millis(ms);
+            let c = t.datetime();
+            proptest::prop_assert_eq!(
+                t.to_string(),
+                c.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            );
+            proptest::prop_assert_eq!(
+                t.to_compact(),
+                c.format("%Y%m%dT%H%M%S%3fZ").to_string()
+            );
+            proptest::prop_assert_eq!(Timestamp::parse_compact(&t.to_compact()).unwrap(), t);
+            proptest::prop_assert_eq!(t.to_string().parse::<Timestamp>().unwrap(), t);
+        }
     }
 
     #[test]

@@ -64,7 +64,8 @@ macro_rules! ulid_id {
 
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
+                let mut buf = [0u8; ulid::ULID_LEN];
+                serializer.serialize_str(self.0.array_to_str(&mut buf))
             }
         }
 

@@ -59,11 +59,45 @@ impl FileName {
     }
 }
 
-/// Stored as its name (a step's batch of file operations in a session
-/// record).
+/// Stored as its name (in session records: a step's file operations, a
+/// process's messages and replies, a device's idempotency keys), written
+/// whole on the stack first: a serializer given the pieces `Display` makes
+/// escapes each on its own, and a record holding hundreds of names is
+/// saved at every step.
 impl serde::Serialize for FileName {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        let mut text = NameText {
+            bytes: [0; Self::MAX_LEN],
+            len: 0,
+        };
+        match fmt::Write::write_fmt(&mut text, format_args!("{self}")) {
+            Ok(()) => s.serialize_str(text.as_str()),
+            // A name is never longer than `MAX_LEN`.
+            Err(fmt::Error) => s.collect_str(self),
+        }
+    }
+}
+
+/// A [`FileName`] written out, on the stack.
+struct NameText {
+    bytes: [u8; FileName::MAX_LEN],
+    len: usize,
+}
+
+impl NameText {
+    fn as_str(&self) -> &str {
+        // Only whole `str`s are written in.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+impl fmt::Write for NameText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let room = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        room.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
@@ -138,6 +172,27 @@ mod tests {
         assert!(s.starts_with("20261125T100000123Z_"));
         assert!(s.ends_with("_phone-1_db-a_sales.msg"));
         assert_eq!(s.parse::<FileName>().unwrap(), n);
+    }
+
+    /// Serialized as its name, the longest possible one included.
+    #[test]
+    fn serialized_as_its_name() {
+        let longest = Id::new("x".repeat(Id::MAX_LEN)).unwrap();
+        let names = [
+            sample(),
+            FileName {
+                from: longest.clone(),
+                to: longest.clone(),
+                subsystem: longest,
+                ..sample()
+            },
+        ];
+        assert_eq!(names[1].to_string().len(), FileName::MAX_LEN);
+        for n in names {
+            let json = serde_json::to_string(&n).unwrap();
+            assert_eq!(json, format!("\"{n}\""));
+            assert_eq!(serde_json::from_str::<FileName>(&json).unwrap(), n);
+        }
     }
 
     /// The name's time is the timestamp's compact form, over the whole

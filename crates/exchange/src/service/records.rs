@@ -58,7 +58,6 @@ pub(crate) struct Discarding {
     /// The database whose `Prepared` holds them.
     pub(crate) db: Id,
     /// The replies.
-    #[serde(with = "display_vec")]
     pub(crate) names: Vec<FileName>,
 }
 
@@ -92,7 +91,6 @@ pub(crate) struct ProcessRecord {
 /// it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Upload {
-    #[serde(with = "display")]
     pub(crate) name: FileName,
     pub(crate) at: Timestamp,
 }
@@ -117,7 +115,6 @@ pub(crate) struct Process {
     #[serde(default)]
     pub(crate) ended_at: Option<Timestamp>,
     /// The messages handed out by the start call, in `Messages`.
-    #[serde(with = "display_vec")]
     pub(crate) messages: Vec<FileName>,
     /// The processor's narrowed list (API_2); `None`: all of `messages`.
     #[serde(default)]
@@ -128,10 +125,10 @@ pub(crate) struct Process {
     /// Reply files a prepare is writing: recorded durably before they are
     /// written, so that if the server dies before the prepare is answered,
     /// start-up processing deletes them (the processor never got an OK).
-    #[serde(default, with = "display_vec")]
+    #[serde(default)]
     pub(crate) preparing: Vec<FileName>,
     /// The replies written to `Prepared` (API_3).
-    #[serde(default, with = "display_vec")]
+    #[serde(default)]
     pub(crate) replies: Vec<FileName>,
     /// File moves and deletes decided but maybe not all done: the intent
     /// record. Each is idempotent, so after a crash they are simply run
@@ -332,7 +329,6 @@ fn remembered<'de, D: serde::Deserializer<'de>>(d: D) -> Result<VecDeque<Ended>,
 /// A processor's verdict on one message.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Verdict {
-    #[serde(with = "display")]
     pub(crate) name: FileName,
     pub(crate) status: ResultStatus,
     #[serde(default)]
@@ -460,62 +456,6 @@ fn deliver(p: &Process, name: &FileName, from: (&Id, Folder)) -> Op {
             until: *at,
         },
         None => Op::mv(name, from, (&name.to, Folder::Messages)),
-    }
-}
-
-/// Serde through `Display` and `FromStr` (file names are stored as names).
-mod display {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-    use std::fmt::Display;
-    use std::str::FromStr;
-
-    pub(crate) fn serialize<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(v)
-    }
-    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
-    where
-        T: FromStr,
-        T::Err: Display,
-        D: Deserializer<'de>,
-    {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(D::Error::custom)
-    }
-}
-
-mod display_vec {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error, ser::SerializeSeq};
-    use std::fmt::Display;
-    use std::str::FromStr;
-
-    /// One element, written through `Display` straight into the output
-    /// (no `String` per name: records hold hundreds and are saved at every
-    /// step of a process).
-    struct Shown<'a, T>(&'a T);
-
-    impl<T: Display> serde::Serialize for Shown<'_, T> {
-        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.collect_str(self.0)
-        }
-    }
-
-    pub(crate) fn serialize<T: Display, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(v.len()))?;
-        for x in v {
-            seq.serialize_element(&Shown(x))?;
-        }
-        seq.end()
-    }
-    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<Vec<T>, D::Error>
-    where
-        T: FromStr,
-        T::Err: Display,
-        D: Deserializer<'de>,
-    {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|s| s.parse().map_err(D::Error::custom))
-            .collect()
     }
 }
 
