@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
+use tower::ServiceBuilder;
 
 use crate::body_limit::limit_bodies;
 use crate::dashboard;
@@ -23,12 +24,12 @@ pub fn app(state: AppState) -> axum::Router {
     let router = api
         .merge(dashboard::routes(&state))
         .fallback(|| async { ApiError::no_route() })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(max_body));
-    let router = router
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let within = ServiceBuilder::new()
+        .layer(from_fn_with_state(state.clone(), count))
         .layer(from_fn_with_state(state.clone(), limit_bodies))
-        .layer(from_fn_with_state(state.clone(), count));
-    traced(router).with_state(state)
+        .layer(DefaultBodyLimit::max(max_body));
+    traced(router, within).with_state(state)
 }
 
 /// Middleware: counts every answer and its latency by method and route.
