@@ -45,8 +45,8 @@ const PROBES: [&str; 2] = ["/healthz", "/readyz"];
 /// `router` with request ids and the request span around every route,
 /// outside the layers `within`. All of them are one layer, put on the
 /// routes once: each `Router::layer` wraps every route in a box of its
-/// own, and a request clones each box inside every one it passes, so
-/// nine layers put one by one cost a request some fifty boxes copied.
+/// own, and a request clones each box inside every one it passes: seven
+/// layers put one by one cost a request some fifty boxes copied.
 pub fn traced<S, L>(router: Router<S>, within: L) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
